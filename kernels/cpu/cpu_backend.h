@@ -1,0 +1,42 @@
+// The CPU backend: the reference every other backend is checked against, and
+// a real way to fine-tune small models. OpenMP across rows/heads; f32
+// accumulation everywhere. One file per op family in this folder.
+#pragma once
+#include "kernels/backend.h"
+
+namespace ft {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(Allocator& allocator) : allocator_(allocator) {}
+  const char* name() const override { return "cpu"; }
+  Allocator& allocator() override { return allocator_; }
+
+  void copy(Tensor& dst, const Tensor& src) override;
+  void fill(Tensor& dst, float value) override;
+  void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, float alpha,
+              float beta) override;
+  void add(Tensor& out, const Tensor& a, const Tensor& b) override;
+  void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) override;
+  void embedding_backward(Tensor& dtable, const Tensor& ids, const Tensor& dout) override;
+  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) override;
+  void rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x, const Tensor& weight,
+                        const Tensor& rstd) override;
+  void rope_forward(Tensor& x, const Tensor& positions, int rotary_dim, float theta) override;
+  void rope_backward(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) override;
+  void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) override;
+  void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                       const Tensor& up) override;
+  void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                         float scale) override;
+  void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          float scale) override;
+  void cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,
+                     float dloss) override;
+
+ private:
+  Allocator& allocator_;
+};
+
+}  // namespace ft

@@ -1,0 +1,77 @@
+// Weight I/O in Hugging Face's safetensors format.
+//
+// File layout: u64 little-endian header length N, then N bytes of JSON
+// {"name": {"dtype": "F32"|"F16"|"BF16"|"I8"|"I32", "shape": [...],
+// "data_offsets": [begin, end]}, "__metadata__": {...}}, then the data block
+// (offsets are relative to the start of the data block).
+//
+// Reading maps the file (mmap) and hands out non-owning views, so loading a
+// model never needs a second full copy in memory. Every malformed input is an
+// ft::Error whose message names the file, the tensor and what was expected.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/tensor.h"
+
+namespace ft {
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  const void* data = nullptr;  // points into the mapping
+  size_t size_bytes = 0;
+  std::string file;  // path of the file holding it, for messages
+};
+
+// One memory-mapped .safetensors file, validated at open.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  std::string path_;
+  void* mapping_ = nullptr;
+  size_t mapping_bytes_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A checkpoint: a single .safetensors file, a folder holding model.safetensors,
+// or a folder with model.safetensors.index.json naming several shards.
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  bool contains(const std::string& name) const;
+  // Throws an Error naming the tensor and the checkpoint when it is missing.
+  const SafetensorsEntry& entry(const std::string& name) const;
+  // A non-owning host view of the tensor's bytes (valid while this lives).
+  Tensor view(const std::string& name) const;
+  std::vector<std::string> names() const;
+  size_t total_bytes() const;
+
+ private:
+  std::string path_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const SafetensorsEntry*> by_name_;
+};
+
+// Writes host tensors (in the order given) to path atomically: the bytes go to
+// path + ".tmp", are flushed, then renamed over path.
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace ft
