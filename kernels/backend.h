@@ -16,6 +16,12 @@
 
 namespace ft {
 
+// One AdamW step's scalars (see Backend::adamw_update); step counts from 1.
+struct AdamWStep {
+  float lr, beta1, beta2, eps, weight_decay, grad_scale;
+  int64_t step;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -90,6 +96,47 @@ class Backend {
   // counted tokens pass dloss = 1 / counted.
   virtual void cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,
                              float dloss) = 0;
+
+  // ---- LLM.int8() --------------------------------------------------------
+  // Row-wise absmax quantisation (bitsandbytes' vector-wise scheme): for each
+  // row r of x [R, K] (f32, bf16 or f16), scales[r] = max|x[r, :]| (f32 [R])
+  // and q[r, k] = round-half-even(x[r, k] * 127 / scales[r]) (i8 [R, K]),
+  // rounding the exact quotient. An all-zero row gets scale 0 and zero codes.
+  virtual void quantize_rows_int8(Tensor& q, Tensor& scales, const Tensor& x) = 0;
+  // out[N, O] = LLM.int8() product of x [N, K] with a frozen weight stored as
+  // i8 [O, K] + f32 row scales [O] (W ~ q * scale / 127). Input-feature
+  // columns k where any |x[:, k]| >= threshold (threshold > 0; 0 disables)
+  // are outliers, found anew on every call: they are multiplied in f32
+  // against the dequantised weight columns. The other columns are quantised
+  // per row of x (outlier columns zeroed before the absmax), multiplied
+  // int8 x int8 -> int32 and dequantised with s_x[n] * s_w[o] / 127^2.
+  // out = the sum of both parts (overwritten).
+  virtual void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
+                                   float threshold) = 0;
+  // dx [N, K] = dout [N, O] @ dequant(weight) (dx += ... when accumulate).
+  // The weight is dequantised tile by tile, never as a full f32 copy. No
+  // weight gradient: int8 weights are frozen.
+  virtual void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight,
+                                    const Tensor& weight_scales, bool accumulate) = 0;
+
+  // ---- dropout -----------------------------------------------------------
+  // out = x * keep / (1 - p), keep[i] = hash_uniform(seed, i) >= p with i the
+  // flat element index (kernels/dropout_hash.h), so every backend draws the
+  // same mask and backward needs no saved mask. out may alias x.
+  virtual void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed) = 0;
+  // dx = dout * keep / (1 - p) with the same mask; dx may alias dout.
+  virtual void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed) = 0;
+
+  // ---- optimizer ---------------------------------------------------------
+  // torch.optim.AdamW (foreach=False) on f32 param, grad, m, v, with grad
+  // multiplied by step.grad_scale first (global-norm clipping):
+  //   param *= 1 - lr * wd; m = lerp(m, g, 1 - b1); v = b2 * v + (1 - b2) * g * g;
+  //   denom = sqrt(v) / sqrt(1 - b2^t) + eps; param -= (lr / (1 - b1^t)) * m / denom.
+  virtual void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& step) = 0;
+  // Sum of squares of all elements (f32/bf16) accumulated in double and
+  // returned on the host (for global-norm clipping); independent of the
+  // thread or block count.
+  virtual double sum_squares(const Tensor& x) = 0;
 };
 
 }  // namespace ft

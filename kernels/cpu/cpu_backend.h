@@ -34,6 +34,15 @@ class CpuBackend final : public Backend {
                           float scale) override;
   void cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,
                      float dloss) override;
+  void quantize_rows_int8(Tensor& q, Tensor& scales, const Tensor& x) override;
+  void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
+                           float threshold) override;
+  void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, const Tensor& weight_scales,
+                            bool accumulate) override;
+  void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed) override;
+  void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed) override;
+  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& step) override;
+  double sum_squares(const Tensor& x) override;
 
  private:
   Allocator& allocator_;

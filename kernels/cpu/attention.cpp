@@ -1,0 +1,161 @@
+// Causal grouped-query attention. Forward keeps one score row at a time and
+// saves lse, the log-sum-exp of each row; backward recomputes the
+// probabilities from lse (FlashAttention's math, without the tiling):
+//   P = exp(S - lse), dV += P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)),
+//   dQ = scale * dS K, dK = scale * dS^T Q.
+// Every (batch, head) task first gathers its heads into contiguous f32 [T, D]
+// buffers, so the inner loops are plain dot products and axpys.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_util.h"
+
+namespace ft {
+namespace {
+
+struct AttentionDims {
+  int64_t batch, seq, q_heads, kv_heads, head_dim;
+};
+
+AttentionDims check_attention_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& out, const Tensor& lse) {
+  cpu::check_float(q, op, "q");
+  cpu::check_float(k, op, "k");
+  cpu::check_float(v, op, "v");
+  cpu::check_float(out, op, "out");
+  cpu::check_dtype(lse, DType::f32, op, "lse");
+  FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got q ", shape_string(q.shape),
+           " and k ", shape_string(k.shape));
+  AttentionDims d{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  FT_CHECK(d.kv_heads > 0 && d.q_heads % d.kv_heads == 0, op, ": query heads (", d.q_heads,
+           ") must be a multiple of kv heads (", d.kv_heads, ")");
+  cpu::check_shape(k, {d.batch, d.seq, d.kv_heads, d.head_dim}, op, "k");
+  cpu::check_shape(v, k.shape, op, "v");
+  cpu::check_shape(out, q.shape, op, "out");
+  cpu::check_shape(lse, {d.batch, d.q_heads, d.seq}, op, "lse");
+  return d;
+}
+
+// Element offset of x[b, t, h, 0] in a [B, T, H, D] tensor.
+int64_t head_offset(const AttentionDims& d, int64_t heads, int64_t b, int64_t t, int64_t h) {
+  return ((b * d.seq + t) * heads + h) * d.head_dim;
+}
+
+// dst[T, D] = x[b, :, h, :] as f32.
+void gather_head(float* dst, const Tensor& x, const AttentionDims& d, int64_t b, int64_t h) {
+  int64_t heads = x.dim(2);
+  for (int64_t t = 0; t < d.seq; ++t)
+    cpu::load_row(dst + t * d.head_dim, x, head_offset(d, heads, b, t, h), d.head_dim);
+}
+
+void scatter_head(Tensor& x, const float* src, const AttentionDims& d, int64_t b, int64_t h) {
+  int64_t heads = x.dim(2);
+  for (int64_t t = 0; t < d.seq; ++t)
+    cpu::store_row(x, head_offset(d, heads, b, t, h), src + t * d.head_dim, d.head_dim);
+}
+
+float dot(const float* x, const float* y, int64_t n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += x[i] * y[i];
+  return sum;
+}
+
+// y += alpha * x
+void axpy(float* y, float alpha, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+}  // namespace
+
+void CpuBackend::attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   float scale) {
+  AttentionDims d = check_attention_args("attention_forward", q, k, v, out, lse);
+  int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
+  float* lse_out = lse.ptr<float>();
+#pragma omp parallel
+  {
+    std::vector<float> qh(T * D), kh(T * D), vh(T * D), oh(T * D), p(T);
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < d.batch; ++b)
+      for (int64_t h = 0; h < d.q_heads; ++h) {
+        gather_head(qh.data(), q, d, b, h);
+        gather_head(kh.data(), k, d, b, h / group);
+        gather_head(vh.data(), v, d, b, h / group);
+        for (int64_t t = 0; t < T; ++t) {
+          float max_score = -INFINITY;
+          for (int64_t j = 0; j <= t; ++j) {
+            p[j] = scale * dot(&qh[t * D], &kh[j * D], D);
+            max_score = std::max(max_score, p[j]);
+          }
+          float sum = 0.0f;
+          for (int64_t j = 0; j <= t; ++j) {
+            p[j] = std::exp(p[j] - max_score);
+            sum += p[j];
+          }
+          float* o = &oh[t * D];
+          std::fill(o, o + D, 0.0f);
+          for (int64_t j = 0; j <= t; ++j) axpy(o, p[j] / sum, &vh[j * D], D);
+          lse_out[(b * d.q_heads + h) * T + t] = max_score + std::log(sum);
+        }
+        scatter_head(out, oh.data(), d, b, h);
+      }
+  }
+}
+
+// One task per (batch, kv head): it owns dk and dv for that kv head and loops
+// over the query heads that share it, so no two threads add into the same row.
+void CpuBackend::attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                                    const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                    float scale) {
+  const char* op = "attention_backward";
+  AttentionDims d = check_attention_args(op, q, k, v, out, lse);
+  cpu::check_float(dq, op, "dq");
+  cpu::check_float(dk, op, "dk");
+  cpu::check_float(dv, op, "dv");
+  cpu::check_float(dout, op, "dout");
+  cpu::check_shape(dq, q.shape, op, "dq");
+  cpu::check_shape(dk, k.shape, op, "dk");
+  cpu::check_shape(dv, v.shape, op, "dv");
+  cpu::check_shape(dout, q.shape, op, "dout");
+  int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
+  const float* lse_in = lse.ptr<const float>();
+#pragma omp parallel
+  {
+    std::vector<float> kh(T * D), vh(T * D), dkh(T * D), dvh(T * D), qh(T * D), doh(T * D), oh(T * D), dqh(T * D);
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < d.batch; ++b)
+      for (int64_t hk = 0; hk < d.kv_heads; ++hk) {
+        gather_head(kh.data(), k, d, b, hk);
+        gather_head(vh.data(), v, d, b, hk);
+        std::fill(dkh.begin(), dkh.end(), 0.0f);
+        std::fill(dvh.begin(), dvh.end(), 0.0f);
+        for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+          gather_head(qh.data(), q, d, b, h);
+          gather_head(doh.data(), dout, d, b, h);
+          gather_head(oh.data(), out, d, b, h);
+          std::fill(dqh.begin(), dqh.end(), 0.0f);
+          for (int64_t t = 0; t < T; ++t) {
+            const float* q_t = &qh[t * D];
+            const float* do_t = &doh[t * D];
+            float row_lse = lse_in[(b * d.q_heads + h) * T + t];
+            float do_dot_o = dot(do_t, &oh[t * D], D);
+            for (int64_t j = 0; j <= t; ++j) {
+              float p = std::exp(scale * dot(q_t, &kh[j * D], D) - row_lse);
+              float ds = p * (dot(do_t, &vh[j * D], D) - do_dot_o);
+              axpy(&dvh[j * D], p, do_t, D);
+              axpy(&dqh[t * D], scale * ds, &kh[j * D], D);
+              axpy(&dkh[j * D], scale * ds, q_t, D);
+            }
+          }
+          scatter_head(dq, dqh.data(), d, b, h);
+        }
+        scatter_head(dk, dkh.data(), d, b, hk);
+        scatter_head(dv, dvh.data(), d, b, hk);
+      }
+  }
+}
+
+}  // namespace ft

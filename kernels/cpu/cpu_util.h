@@ -1,0 +1,68 @@
+// Helpers shared by the CPU ops: argument checks with op-named messages, and
+// row conversions between a tensor's storage dtype and f32 scratch buffers
+// (the dtype switch sits outside the loop so each loop vectorises).
+#pragma once
+#include <cstring>
+
+#include "kernels/error.h"
+#include "kernels/tensor.h"
+
+namespace ft::cpu {
+
+inline void check_on_cpu(const Tensor& t, const char* op, const char* name) {
+  FT_CHECK(t.device == Device::cpu && (t.data != nullptr || t.numel() == 0), op, ": ", name,
+           " must be a CPU tensor with data (shape ", shape_string(t.shape), ")");
+}
+
+// f32 or bf16, on the CPU: the dtypes every floating op accepts.
+inline void check_float(const Tensor& t, const char* op, const char* name) {
+  check_on_cpu(t, op, name);
+  FT_CHECK(t.dtype == DType::f32 || t.dtype == DType::bf16, op, ": ", name, " must be f32 or bf16, got ",
+           dtype_name(t.dtype));
+}
+
+inline void check_dtype(const Tensor& t, DType dtype, const char* op, const char* name) {
+  check_on_cpu(t, op, name);
+  FT_CHECK(t.dtype == dtype, op, ": ", name, " must be ", dtype_name(dtype), ", got ", dtype_name(t.dtype));
+}
+
+inline void check_shape(const Tensor& t, const Shape& expected, const char* op, const char* name) {
+  FT_CHECK(t.shape == expected, op, ": ", name, " has shape ", shape_string(t.shape), ", expected ",
+           shape_string(expected));
+}
+
+// For index/statistics vectors that may be [N] or any shape with N elements.
+inline void check_numel(const Tensor& t, int64_t expected, const char* op, const char* name) {
+  FT_CHECK(t.numel() == expected, op, ": ", name, " has shape ", shape_string(t.shape), " (", t.numel(),
+           " elements), expected ", expected, " elements");
+}
+
+// dst[0, count) = elements [offset, offset + count) of t as f32.
+inline void load_row(float* dst, const Tensor& t, int64_t offset, int64_t count) {
+  if (t.dtype == DType::f32) {
+    std::memcpy(dst, t.ptr<const float>() + offset, size_t(count) * sizeof(float));
+  } else if (t.dtype == DType::bf16) {
+    const uint16_t* src = t.ptr<const uint16_t>() + offset;
+    for (int64_t i = 0; i < count; ++i) dst[i] = bf16_to_f32(src[i]);
+  } else {
+    for (int64_t i = 0; i < count; ++i) dst[i] = load_as_f32(t.data, t.dtype, offset + i);
+  }
+}
+
+// Elements [offset, offset + count) of t = src converted to t's dtype.
+inline void store_row(Tensor& t, int64_t offset, const float* src, int64_t count) {
+  if (t.dtype == DType::f32) {
+    std::memcpy(t.ptr<float>() + offset, src, size_t(count) * sizeof(float));
+  } else if (t.dtype == DType::bf16) {
+    uint16_t* dst = t.ptr<uint16_t>() + offset;
+    for (int64_t i = 0; i < count; ++i) dst[i] = f32_to_bf16(src[i]);
+  } else {
+    for (int64_t i = 0; i < count; ++i) store_from_f32(t.data, t.dtype, offset + i, src[i]);
+  }
+}
+
+// Elementwise ops work through f32 scratch in chunks of this many elements:
+// small enough for the stack and L1, large enough to amortise the loop setup.
+constexpr int64_t kChunk = 1024;
+
+}  // namespace ft::cpu

@@ -1,0 +1,60 @@
+// Softmax cross-entropy with ignore_index -100, the loss of causal LM fine-tuning.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_util.h"
+
+namespace ft {
+
+constexpr int32_t kIgnoreIndex = -100;
+
+// Each row is loaded into f32 scratch before anything is written, so dlogits
+// may alias logits.
+void CpuBackend::cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,
+                               float dloss) {
+  const char* op = "cross_entropy";
+  cpu::check_float(logits, op, "logits");
+  cpu::check_dtype(targets, DType::i32, op, "targets");
+  cpu::check_dtype(losses, DType::f32, op, "losses");
+  int64_t rows = logits.rows(), vocab = logits.cols();
+  cpu::check_numel(targets, rows, op, "targets");
+  cpu::check_numel(losses, rows, op, "losses");
+  if (dlogits) {
+    cpu::check_float(*dlogits, op, "dlogits");
+    cpu::check_shape(*dlogits, logits.shape, op, "dlogits");
+  }
+  const int32_t* target = targets.ptr<const int32_t>();
+  for (int64_t n = 0; n < rows; ++n)  // before the parallel region: exceptions must not escape it
+    FT_CHECK(target[n] == kIgnoreIndex || (target[n] >= 0 && target[n] < vocab), op, ": target ", target[n],
+             " at row ", n, " is neither -100 nor in [0, ", vocab, ")");
+  float* loss_out = losses.ptr<float>();
+#pragma omp parallel
+  {
+    std::vector<float> row(vocab);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < rows; ++n) {
+      if (target[n] == kIgnoreIndex) {
+        loss_out[n] = 0.0f;
+        if (dlogits) {
+          std::fill(row.begin(), row.end(), 0.0f);
+          cpu::store_row(*dlogits, n * vocab, row.data(), vocab);
+        }
+        continue;
+      }
+      cpu::load_row(row.data(), logits, n * vocab, vocab);
+      float max_logit = *std::max_element(row.begin(), row.end());
+      float sum = 0.0f;
+      for (int64_t i = 0; i < vocab; ++i) sum += std::exp(row[i] - max_logit);
+      float lse = max_logit + std::log(sum);
+      loss_out[n] = lse - row[target[n]];
+      if (!dlogits) continue;
+      for (int64_t i = 0; i < vocab; ++i) row[i] = std::exp(row[i] - lse) * dloss;
+      row[target[n]] -= dloss;
+      cpu::store_row(*dlogits, n * vocab, row.data(), vocab);
+    }
+  }
+}
+
+}  // namespace ft

@@ -1,0 +1,40 @@
+// Dropout with a counter-based mask (kernels/dropout_hash.h): keep[i] depends
+// only on (seed, i), so backward redraws it and nothing is saved. Chunks are
+// loaded before they are stored, so out may alias x.
+#include <algorithm>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_util.h"
+#include "kernels/dropout_hash.h"
+
+namespace ft {
+
+// out = x * keep / (1 - p). Dropped elements are selected to 0 rather than
+// multiplied, so p = 1 gives zeros (as PyTorch) instead of 0 * inf = NaN.
+static void apply_dropout_mask(Tensor& out, const Tensor& x, float p, uint64_t seed, const char* op) {
+  cpu::check_float(out, op, "out");
+  cpu::check_float(x, op, "x");
+  cpu::check_shape(x, out.shape, op, "x");
+  FT_CHECK(p >= 0.0f && p <= 1.0f, op, ": p must be in [0, 1], got ", p);
+  float scale = 1.0f / (1.0f - p);
+  int64_t n = out.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+    float buf[cpu::kChunk];
+    int64_t count = std::min(cpu::kChunk, n - start);
+    cpu::load_row(buf, x, start, count);
+    for (int64_t i = 0; i < count; ++i) buf[i] = dropout_keep(seed, uint64_t(start + i), p) ? buf[i] * scale : 0.0f;
+    cpu::store_row(out, start, buf, count);
+  }
+}
+
+void CpuBackend::dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed) {
+  apply_dropout_mask(out, x, p, seed, "dropout_forward");
+}
+
+// The derivative of x * keep / (1 - p) is the same mask and scale.
+void CpuBackend::dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed) {
+  apply_dropout_mask(dx, dout, p, seed, "dropout_backward");
+}
+
+}  // namespace ft

@@ -1,0 +1,82 @@
+// Elementwise ops: add and SwiGLU. Each works chunk by chunk through f32
+// scratch, loading every input of a chunk before storing, so outputs may alias
+// inputs.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_util.h"
+
+namespace ft {
+
+void CpuBackend::add(Tensor& out, const Tensor& a, const Tensor& b) {
+  cpu::check_float(out, "add", "out");
+  cpu::check_float(a, "add", "a");
+  cpu::check_float(b, "add", "b");
+  cpu::check_shape(a, out.shape, "add", "a");
+  cpu::check_shape(b, out.shape, "add", "b");
+  int64_t n = out.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+    float x[cpu::kChunk], y[cpu::kChunk];
+    int64_t count = std::min(cpu::kChunk, n - start);
+    cpu::load_row(x, a, start, count);
+    cpu::load_row(y, b, start, count);
+    for (int64_t i = 0; i < count; ++i) x[i] += y[i];
+    cpu::store_row(out, start, x, count);
+  }
+}
+
+static float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+void CpuBackend::swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) {
+  cpu::check_float(out, "swiglu_forward", "out");
+  cpu::check_float(gate, "swiglu_forward", "gate");
+  cpu::check_float(up, "swiglu_forward", "up");
+  cpu::check_shape(gate, out.shape, "swiglu_forward", "gate");
+  cpu::check_shape(up, out.shape, "swiglu_forward", "up");
+  int64_t n = out.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+    float g[cpu::kChunk], u[cpu::kChunk];
+    int64_t count = std::min(cpu::kChunk, n - start);
+    cpu::load_row(g, gate, start, count);
+    cpu::load_row(u, up, start, count);
+    for (int64_t i = 0; i < count; ++i) g[i] = g[i] * sigmoid(g[i]) * u[i];
+    cpu::store_row(out, start, g, count);
+  }
+}
+
+// With s = sigmoid(g): d silu(g)/dg = s * (1 + g * (1 - s)).
+void CpuBackend::swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                                 const Tensor& up) {
+  const char* op = "swiglu_backward";
+  cpu::check_float(dgate, op, "dgate");
+  cpu::check_float(dup, op, "dup");
+  cpu::check_float(dout, op, "dout");
+  cpu::check_float(gate, op, "gate");
+  cpu::check_float(up, op, "up");
+  cpu::check_shape(dgate, dout.shape, op, "dgate");
+  cpu::check_shape(dup, dout.shape, op, "dup");
+  cpu::check_shape(gate, dout.shape, op, "gate");
+  cpu::check_shape(up, dout.shape, op, "up");
+  int64_t n = dout.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+    float g[cpu::kChunk], u[cpu::kChunk], d[cpu::kChunk];
+    int64_t count = std::min(cpu::kChunk, n - start);
+    cpu::load_row(g, gate, start, count);
+    cpu::load_row(u, up, start, count);
+    cpu::load_row(d, dout, start, count);
+    for (int64_t i = 0; i < count; ++i) {
+      float s = sigmoid(g[i]);
+      float silu = g[i] * s;
+      g[i] = d[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+      u[i] = d[i] * silu;
+    }
+    cpu::store_row(dgate, start, g, count);
+    cpu::store_row(dup, start, u, count);
+  }
+}
+
+}  // namespace ft

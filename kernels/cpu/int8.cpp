@@ -1,0 +1,236 @@
+// LLM.int8() as bitsandbytes does it: row-wise absmax quantisation, the
+// forward product split into an int8 part and an f32 part for outlier input
+// columns, and the input gradient through the dequantised frozen weight.
+//
+// Codes are in [-127, 127], so the product of two fits int16. The int8 GEMM
+// therefore runs on codes widened to int16: for an int16 dot product summed in
+// int32 GCC emits pmaddwd (16 multiply-adds per AVX2 instruction), while for
+// int8 operands it falls back to 16-bit multiplies plus widening adds.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_util.h"
+
+namespace ft {
+namespace {
+
+constexpr int64_t kXRowsPerTask = 128;     // rows of x per GEMM task
+constexpr int64_t kWRowsPerTask = 32;      // weight rows per GEMM task, packed as int16 (64 KiB at K = 1024)
+constexpr int64_t kMR = 2, kNR = 4;        // register tile: 2 x-rows by 4 weight rows = 8 vector accumulators
+constexpr int64_t kBackwardWRows = 256;    // weight rows dequantised at a time in backward (the matmul's K slice)
+constexpr float kInv127Sq = 1.0f / (127.0f * 127.0f);
+
+// q = round-half-even(x * 127 / absmax) for one row; returns absmax. The code
+// is computed in double: x * 127 is exact there and the division is correctly
+// rounded, so the result is the rounding of the exact quotient, which is what
+// a float64 reference computes (f32 arithmetic could land on the other side of
+// a .5 boundary).
+template <class Code>
+float quantize_row(Code* q, const float* x, int64_t count) {
+  float absmax = 0.0f;
+  for (int64_t k = 0; k < count; ++k) absmax = std::max(absmax, std::fabs(x[k]));
+  if (absmax == 0.0f) {
+    std::fill_n(q, count, Code(0));
+    return 0.0f;
+  }
+  double s = absmax;
+  for (int64_t k = 0; k < count; ++k) q[k] = Code(std::nearbyint(double(x[k]) * 127.0 / s));
+  return absmax;
+}
+
+// Input-feature columns where any |x[:, k]| >= threshold, ascending. Found
+// anew on every call, as bitsandbytes does: they depend on the batch.
+std::vector<int64_t> find_outlier_columns(const Tensor& x, float threshold) {
+  int64_t N = x.rows(), K = x.cols();
+  std::vector<uint8_t> is_outlier(size_t(K), 0);
+  if (threshold > 0.0f) {
+    uint8_t* flags = is_outlier.data();
+#pragma omp parallel
+    {
+      std::vector<float> row(K);
+#pragma omp for schedule(static) reduction(| : flags[:K])
+      for (int64_t n = 0; n < N; ++n) {
+        cpu::load_row(row.data(), x, n * K, K);
+        for (int64_t k = 0; k < K; ++k) flags[k] |= uint8_t(std::fabs(row[k]) >= threshold);
+      }
+    }
+  }
+  std::vector<int64_t> columns;
+  for (int64_t k = 0; k < K; ++k)
+    if (is_outlier[k]) columns.push_back(k);
+  return columns;
+}
+
+// acc[i][j] = dot(a_i, b_j) over K int16 codes; b rows are ldb apart. Plain
+// loops: GCC vectorises the 8 reductions with pmaddwd.
+void dot_tile(const int16_t* a0, const int16_t* a1, const int16_t* b, int64_t ldb, int64_t K, int32_t acc[kMR][kNR]) {
+  const int16_t *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb;
+  int32_t s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    int32_t x0 = a0[k], x1 = a1[k];
+    s00 += x0 * b0[k], s01 += x0 * b1[k], s02 += x0 * b2[k], s03 += x0 * b3[k];
+    s10 += x1 * b0[k], s11 += x1 * b1[k], s12 += x1 * b2[k], s13 += x1 * b3[k];
+  }
+  acc[0][0] = s00, acc[0][1] = s01, acc[0][2] = s02, acc[0][3] = s03;
+  acc[1][0] = s10, acc[1][1] = s11, acc[1][2] = s12, acc[1][3] = s13;
+}
+
+// The operands of one forward call, prepared once.
+struct Int8Operands {
+  int64_t N, K, O, C;           // C = number of outlier columns
+  std::vector<int16_t> xq;      // [N, K] codes of x with outlier columns zeroed
+  std::vector<float> sx;        // [N] their row scales
+  std::vector<float> x_out;     // [N, C] x's outlier columns
+  std::vector<float> w_out;     // [C, O] dequantised weight columns, transposed so the update runs along O
+  const int8_t* wq;             // [O, K]
+  const float* sw;              // [O]
+};
+
+// out rows [n0, n0 + nb) x columns [o0, o0 + ob): the int32 products of the
+// codes dequantised with s_x[n] * s_w[o] / 127^2, plus the outlier columns in f32.
+void forward_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, int64_t o0, int64_t ob) {
+  int64_t K = op.K;
+  // Weight rows widened to int16, padded with zero rows to a multiple of kNR.
+  std::vector<int16_t> wp(size_t(kWRowsPerTask * K), 0);
+  for (int64_t j = 0; j < ob; ++j)
+    for (int64_t k = 0; k < K; ++k) wp[j * K + k] = op.wq[(o0 + j) * K + k];
+  float tile[kXRowsPerTask][kWRowsPerTask];
+  for (int64_t i = 0; i < nb; i += kMR) {
+    const int16_t* a0 = op.xq.data() + (n0 + i) * K;
+    const int16_t* a1 = i + 1 < nb ? a0 + K : a0;  // a missing last row repeats the row; its results are dropped
+    for (int64_t j = 0; j < ob; j += kNR) {
+      int32_t acc[kMR][kNR];
+      dot_tile(a0, a1, wp.data() + j * K, K, K, acc);
+      for (int64_t r = 0; r < std::min(kMR, nb - i); ++r)
+        for (int64_t c = 0; c < std::min(kNR, ob - j); ++c)
+          tile[i + r][j + c] = float(acc[r][c]) * (op.sx[n0 + i + r] * op.sw[o0 + j + c] * kInv127Sq);
+    }
+  }
+  for (int64_t i = 0; i < nb; ++i) {
+    for (int64_t c = 0; c < op.C; ++c) {
+      float xv = op.x_out[(n0 + i) * op.C + c];
+      const float* w = op.w_out.data() + c * op.O + o0;
+      for (int64_t j = 0; j < ob; ++j) tile[i][j] += xv * w[j];
+    }
+    cpu::store_row(out, (n0 + i) * op.O + o0, tile[i], ob);
+  }
+}
+
+void check_int8_weight(const Tensor& weight, const Tensor& scales, const char* op) {
+  cpu::check_dtype(weight, DType::i8, op, "weight");
+  cpu::check_dtype(scales, DType::f32, op, "weight_scales");
+  FT_CHECK(weight.ndim() == 2, op, ": weight must be 2-D [out, in], got ", shape_string(weight.shape));
+  cpu::check_numel(scales, weight.dim(0), op, "weight_scales");
+}
+
+}  // namespace
+
+void CpuBackend::quantize_rows_int8(Tensor& q, Tensor& scales, const Tensor& x) {
+  const char* op = "quantize_rows_int8";
+  cpu::check_on_cpu(x, op, "x");
+  FT_CHECK(x.dtype == DType::f32 || x.dtype == DType::bf16 || x.dtype == DType::f16, op,
+           ": x must be f32, bf16 or f16, got ", dtype_name(x.dtype));
+  cpu::check_dtype(q, DType::i8, op, "q");
+  cpu::check_dtype(scales, DType::f32, op, "scales");
+  cpu::check_shape(q, x.shape, op, "q");
+  int64_t R = x.rows(), K = x.cols();
+  cpu::check_numel(scales, R, op, "scales");
+#pragma omp parallel
+  {
+    std::vector<float> row(K);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      cpu::load_row(row.data(), x, r * K, K);
+      scales.ptr<float>()[r] = quantize_row(q.ptr<int8_t>() + r * K, row.data(), K);
+    }
+  }
+}
+
+void CpuBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
+                                     float threshold) {
+  const char* op = "int8_linear_forward";
+  cpu::check_float(out, op, "out");
+  cpu::check_float(x, op, "x");
+  check_int8_weight(weight, weight_scales, op);
+  FT_CHECK(threshold >= 0.0f, op, ": threshold must be >= 0 (0 disables outliers), got ", threshold);
+  Int8Operands p;
+  p.N = x.rows(), p.K = x.cols(), p.O = weight.dim(0);
+  FT_CHECK(weight.dim(1) == p.K, op, ": x ", shape_string(x.shape), " does not match weight ",
+           shape_string(weight.shape));
+  FT_CHECK(out.rows() == p.N && out.cols() == p.O, op, ": out has shape ", shape_string(out.shape), ", expected [",
+           p.N, ", ", p.O, "]");
+  std::vector<int64_t> columns = find_outlier_columns(x, threshold);
+  p.C = int64_t(columns.size());
+  p.wq = weight.ptr<const int8_t>();
+  p.sw = weight_scales.ptr<const float>();
+  p.xq.resize(size_t(p.N * p.K));
+  p.sx.resize(size_t(p.N));
+  p.x_out.resize(size_t(p.N * p.C));
+  p.w_out.resize(size_t(p.C * p.O));
+#pragma omp parallel
+  {
+    std::vector<float> row(p.K);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < p.N; ++n) {
+      cpu::load_row(row.data(), x, n * p.K, p.K);
+      for (int64_t c = 0; c < p.C; ++c) {
+        p.x_out[n * p.C + c] = row[columns[c]];
+        row[columns[c]] = 0.0f;  // zeroed before the absmax, so outliers do not inflate the row scale
+      }
+      p.sx[n] = quantize_row(p.xq.data() + n * p.K, row.data(), p.K);
+    }
+  }
+  for (int64_t c = 0; c < p.C; ++c)
+    for (int64_t o = 0; o < p.O; ++o) p.w_out[c * p.O + o] = float(p.wq[o * p.K + columns[c]]) * p.sw[o] / 127.0f;
+  int64_t n_blocks = (p.N + kXRowsPerTask - 1) / kXRowsPerTask, o_blocks = (p.O + kWRowsPerTask - 1) / kWRowsPerTask;
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t ib = 0; ib < n_blocks; ++ib)
+    for (int64_t jb = 0; jb < o_blocks; ++jb) {
+      int64_t n0 = ib * kXRowsPerTask, o0 = jb * kWRowsPerTask;
+      forward_block(out, p, n0, std::min(kXRowsPerTask, p.N - n0), o0, std::min(kWRowsPerTask, p.O - o0));
+    }
+}
+
+// dx = sum over blocks of weight rows of dout[:, block] @ dequant(W[block, :]).
+// Each block is dequantised into an f32 tile of kBackwardWRows rows and fed to
+// this backend's matmul, so no full f32 copy of the weight ever exists.
+void CpuBackend::int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight,
+                                      const Tensor& weight_scales, bool accumulate) {
+  const char* op = "int8_linear_backward";
+  cpu::check_float(dx, op, "dx");
+  cpu::check_float(dout, op, "dout");
+  check_int8_weight(weight, weight_scales, op);
+  int64_t N = dout.rows(), O = dout.cols(), K = weight.dim(1);
+  FT_CHECK(weight.dim(0) == O, op, ": dout ", shape_string(dout.shape), " does not match weight ",
+           shape_string(weight.shape));
+  FT_CHECK(dx.rows() == N && dx.cols() == K, op, ": dx has shape ", shape_string(dx.shape), ", expected [", N, ", ",
+           K, "]");
+  // bf16 dx is summed over the blocks in f32 and rounded once.
+  Tensor sum = dx.dtype == DType::f32 ? dx.reshaped({N, K}) : empty({N, K}, DType::f32, MemCategory::workspace);
+  if (accumulate)
+    copy(sum, dx);
+  else
+    fill(sum, 0.0f);
+  int64_t block = std::min(kBackwardWRows, O);
+  Tensor dout_block = empty({N, block}, DType::f32, MemCategory::workspace);
+  Tensor w_block = empty({block, K}, DType::f32, MemCategory::workspace);
+  const int8_t* wq = weight.ptr<const int8_t>();
+  const float* sw = weight_scales.ptr<const float>();
+  for (int64_t o0 = 0; o0 < O; o0 += block) {
+    int64_t ob = std::min(block, O - o0);
+    Tensor d = Tensor::view_of(dout_block.data, {N, ob}, DType::f32);
+    Tensor w = Tensor::view_of(w_block.data, {ob, K}, DType::f32);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) cpu::load_row(d.ptr<float>() + n * ob, dout, n * O + o0, ob);
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < ob; ++j)
+      for (int64_t k = 0; k < K; ++k)
+        w.ptr<float>()[j * K + k] = float(wq[(o0 + j) * K + k]) * sw[o0 + j] / 127.0f;
+    matmul(sum, d, w, false, false, 1.0f, 1.0f);
+  }
+  if (sum.data != dx.data) copy(dx, sum);
+}
+
+}  // namespace ft

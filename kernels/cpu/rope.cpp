@@ -1,0 +1,60 @@
+// Rotary position embedding, in place, in HF's rotate_half layout. cos/sin are
+// computed exactly as HF LlamaRotaryEmbedding does, all in f32:
+//   inv_freq = 1 / theta^(2i / rotary_dim), angle = float(pos) * inv_freq,
+// so positions in the thousands match HF to f32 rounding rather than drifting.
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_util.h"
+
+namespace ft {
+
+// direction +1 rotates by +angle (forward), -1 by -angle (the transpose, for backward).
+static void rope_rotate(const char* op, Tensor& x, const Tensor& positions, int rotary_dim, float theta,
+                        float direction) {
+  cpu::check_float(x, op, "x");
+  cpu::check_dtype(positions, DType::i32, op, "positions");
+  FT_CHECK(x.ndim() >= 3 && x.dim(-2) > 0 && x.dim(-1) > 0, op, ": x must be [N, H, D], got ",
+           shape_string(x.shape));
+  int64_t heads = x.dim(-2), head_dim = x.dim(-1), tokens = x.numel() / (heads * head_dim);
+  cpu::check_numel(positions, tokens, op, "positions");
+  FT_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim, op, ": rotary_dim ", rotary_dim,
+           " must be even and in (0, head_dim = ", head_dim, "]");
+  int half = rotary_dim / 2;
+  std::vector<float> inv_freq(half);
+  for (int i = 0; i < half; ++i) inv_freq[i] = 1.0f / std::pow(theta, float(2 * i) / float(rotary_dim));
+  const int32_t* pos = positions.ptr<const int32_t>();
+#pragma omp parallel
+  {
+    std::vector<float> cos_t(half), sin_t(half), row(rotary_dim);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < tokens; ++n) {
+      for (int i = 0; i < half; ++i) {
+        float angle = float(pos[n]) * inv_freq[i];
+        cos_t[i] = std::cos(angle);
+        sin_t[i] = direction * std::sin(angle);
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        int64_t offset = (n * heads + h) * head_dim;
+        cpu::load_row(row.data(), x, offset, rotary_dim);
+        for (int i = 0; i < half; ++i) {
+          float x1 = row[i], x2 = row[i + half];
+          row[i] = x1 * cos_t[i] - x2 * sin_t[i];
+          row[i + half] = x2 * cos_t[i] + x1 * sin_t[i];
+        }
+        cpu::store_row(x, offset, row.data(), rotary_dim);
+      }
+    }
+  }
+}
+
+void CpuBackend::rope_forward(Tensor& x, const Tensor& positions, int rotary_dim, float theta) {
+  rope_rotate("rope_forward", x, positions, rotary_dim, theta, 1.0f);
+}
+
+void CpuBackend::rope_backward(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) {
+  rope_rotate("rope_backward", dx, positions, rotary_dim, theta, -1.0f);
+}
+
+}  // namespace ft

@@ -1,0 +1,29 @@
+// LLM.int8() linear layer: a frozen weight stored as i8 codes [out, in] in
+// weight.value plus f32 row scales [out] in weight.scales. Forward routes the
+// outlier input columns (any |x| >= threshold) through an f32 product and the
+// rest through int8 x int8 -> int32; backward yields dx only (no weight
+// gradient: the weight never trains).
+#pragma once
+#include "model/linear.h"
+
+namespace ft {
+
+class Int8Linear final : public Linear {
+ public:
+  // threshold: bitsandbytes' llm_int8_threshold (transformers' default 6.0; 0
+  // disables the outlier path).
+  Int8Linear(Parameter& weight, float threshold);
+  void forward(Backend& backend, Tensor& out, const Tensor& x) override;
+  void backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
+
+ private:
+  Parameter& weight_;
+  float threshold_;
+};
+
+// Replaces p.value with the i8 codes [out, in] and sets p.scales (f32 [out])
+// of a full-precision [out, in] weight, both allocated on the backend as
+// weights; used at load time. The full-precision tensor may live on the host.
+void quantize_parameter(Backend& backend, Parameter& p, const Tensor& full_precision);
+
+}  // namespace ft

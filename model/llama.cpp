@@ -1,0 +1,295 @@
+#include "model/llama.h"
+
+#include <cmath>
+
+#include "kernels/error.h"
+#include "model/safetensors.h"
+
+namespace ft {
+
+struct LlamaModel::Layer {
+  Parameter* input_norm = nullptr;
+  Parameter* post_attention_norm = nullptr;
+  std::unique_ptr<Linear> q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+};
+
+// What one layer's backward needs from its forward.
+struct LlamaModel::LayerActivations {
+  Tensor norm1, rstd1;  // input_layernorm output [N, C] and its f32 rstd [N]
+  Tensor q, k, v;       // after rotary: [B, T, H, D]
+  Tensor attn, lse;     // attention output [B, T, Hq, D], log-sum-exp [B, Hq, T]
+  Tensor residual_mid;  // x + attention block output [N, C]
+  Tensor norm2, rstd2;  // post_attention_layernorm output and rstd
+  Tensor gate, up, act; // MLP [N, I]
+};
+
+struct LlamaModel::StepActivations {
+  int64_t batch = 0, seq = 0;
+  Tensor ids, targets, positions;   // i32 [N] on the backend
+  std::vector<Tensor> residuals;    // residuals[i]: input of layer i; back(): output of the last
+  std::vector<LayerActivations> layers;
+  Tensor final_norm, final_rstd;
+  Tensor logits;                    // [N, V]; holds dlogits after a training forward
+  int64_t counted_tokens = 0;
+};
+
+LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, DType weight_dtype)
+    : config_(config), backend_(backend), weight_dtype_(weight_dtype) {
+  FT_CHECK(!config.attention_bias && !config.mlp_bias, "llama: attention_bias / mlp_bias are not supported yet");
+  const int64_t C = config.hidden_size, I = config.intermediate_size, D = config.head_dim;
+  const int64_t q_features = config.num_attention_heads * D, kv_features = config.num_key_value_heads * D;
+  embed_tokens_ = &add_parameter("model.embed_tokens.weight", {config.vocab_size, C});
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    auto layer = std::make_unique<Layer>();
+    auto dense = [&](const std::string& name, int64_t out, int64_t in) {
+      return std::make_unique<DenseLinear>(add_parameter(prefix + name + ".weight", {out, in}));
+    };
+    layer->input_norm = &add_parameter(prefix + "input_layernorm.weight", {C});
+    layer->q_proj = dense("self_attn.q_proj", q_features, C);
+    layer->k_proj = dense("self_attn.k_proj", kv_features, C);
+    layer->v_proj = dense("self_attn.v_proj", kv_features, C);
+    layer->o_proj = dense("self_attn.o_proj", C, q_features);
+    layer->post_attention_norm = &add_parameter(prefix + "post_attention_layernorm.weight", {C});
+    layer->gate_proj = dense("mlp.gate_proj", I, C);
+    layer->up_proj = dense("mlp.up_proj", I, C);
+    layer->down_proj = dense("mlp.down_proj", C, I);
+    layers_.push_back(std::move(layer));
+  }
+  final_norm_ = &add_parameter("model.norm.weight", {C});
+  lm_head_ = config.tie_word_embeddings ? embed_tokens_ : &add_parameter("lm_head.weight", {config.vocab_size, C});
+}
+
+LlamaModel::~LlamaModel() = default;
+
+Parameter& LlamaModel::add_parameter(const std::string& name, const Shape& shape) {
+  Parameter parameter;
+  parameter.name = name;
+  parameter.value = backend_.empty(shape, weight_dtype_, MemCategory::weights);
+  parameters_.push_back(std::move(parameter));
+  return parameters_.back();
+}
+
+Parameter& LlamaModel::parameter(const std::string& name) {
+  for (Parameter& p : parameters_)
+    if (p.name == name) return p;
+  fail("llama: no parameter named \"", name, "\"");
+}
+
+void LlamaModel::load(const Checkpoint& checkpoint) {
+  for (Parameter& p : parameters_) {
+    const SafetensorsEntry& entry = checkpoint.entry(p.name);
+    FT_CHECK(entry.shape == p.value.shape, entry.file, ": tensor \"", p.name, "\" has shape ",
+             shape_string(entry.shape), " but config.json implies ", shape_string(p.value.shape));
+    backend_.copy(p.value, checkpoint.view(p.name));
+  }
+}
+
+void LlamaModel::set_trainable(const std::function<bool(const std::string&)>& is_trainable) {
+  for (Parameter& p : parameters_) {
+    if (!is_trainable(p.name)) {
+      p.grad = Tensor{};
+    } else if (!p.trainable()) {
+      p.grad = backend_.empty(p.value.shape, DType::f32, MemCategory::gradients);
+      backend_.fill(p.grad, 0.0f);
+    }
+  }
+}
+
+void LlamaModel::zero_grads() {
+  for (Parameter& p : parameters_)
+    if (p.trainable()) backend_.fill(p.grad, 0.0f);
+}
+
+float LlamaModel::forward(const Tensor& input_ids, const Tensor& targets) {
+  StepActivations step;
+  return forward_pass(step, input_ids, targets, true, nullptr);
+}
+
+float LlamaModel::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale) {
+  StepActivations step;
+  float loss = forward_pass(step, input_ids, targets, false, &grad_scale);
+  if (step.counted_tokens > 0) backward_pass(step);
+  return loss;
+}
+
+// ---- forward -------------------------------------------------------------
+
+void LlamaModel::forward_layer(Layer& layer, LayerActivations& saved, const Tensor& x, Tensor& out,
+                               const Tensor& positions) {
+  Backend& be = backend_;
+  const int64_t B = x.dim(0), T = x.dim(1), N = B * T, C = config_.hidden_size;
+  const int64_t Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
+  const int64_t I = config_.intermediate_size;
+  const DType act = DType::f32;
+  const Tensor x2d = x.reshaped({N, C});
+
+  saved.norm1 = be.empty({N, C}, act, MemCategory::activations);
+  saved.rstd1 = be.empty({N}, DType::f32, MemCategory::activations);
+  be.rmsnorm_forward(saved.norm1, saved.rstd1, x2d, layer.input_norm->value, config_.rms_norm_eps);
+
+  saved.q = be.empty({B, T, Hq, D}, act, MemCategory::activations);
+  saved.k = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
+  saved.v = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
+  Tensor q2d = saved.q.reshaped({N, Hq * D}), k2d = saved.k.reshaped({N, Hkv * D}), v2d = saved.v.reshaped({N, Hkv * D});
+  layer.q_proj->forward(be, q2d, saved.norm1);
+  layer.k_proj->forward(be, k2d, saved.norm1);
+  layer.v_proj->forward(be, v2d, saved.norm1);
+  Tensor q_heads = saved.q.reshaped({N, Hq, D}), k_heads = saved.k.reshaped({N, Hkv, D});
+  be.rope_forward(q_heads, positions, int(D), config_.rope_theta);
+  be.rope_forward(k_heads, positions, int(D), config_.rope_theta);
+
+  saved.attn = be.empty({B, T, Hq, D}, act, MemCategory::activations);
+  saved.lse = be.empty({B, Hq, T}, DType::f32, MemCategory::activations);
+  be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)));
+
+  Tensor projected = be.empty({N, C}, act, MemCategory::activations);
+  layer.o_proj->forward(be, projected, saved.attn.reshaped({N, Hq * D}));
+  saved.residual_mid = be.empty({N, C}, act, MemCategory::activations);
+  be.add(saved.residual_mid, x2d, projected);
+
+  saved.norm2 = be.empty({N, C}, act, MemCategory::activations);
+  saved.rstd2 = be.empty({N}, DType::f32, MemCategory::activations);
+  be.rmsnorm_forward(saved.norm2, saved.rstd2, saved.residual_mid, layer.post_attention_norm->value,
+                     config_.rms_norm_eps);
+  saved.gate = be.empty({N, I}, act, MemCategory::activations);
+  saved.up = be.empty({N, I}, act, MemCategory::activations);
+  saved.act = be.empty({N, I}, act, MemCategory::activations);
+  layer.gate_proj->forward(be, saved.gate, saved.norm2);
+  layer.up_proj->forward(be, saved.up, saved.norm2);
+  be.swiglu_forward(saved.act, saved.gate, saved.up);
+  layer.down_proj->forward(be, projected, saved.act);
+  Tensor out2d = out.reshaped({N, C});
+  be.add(out2d, saved.residual_mid, projected);
+}
+
+// Uploads a host i32 [B, T] tensor as i32 [B*T] on the backend.
+static Tensor upload_tokens(Backend& backend, const Tensor& host_tokens) {
+  FT_CHECK(host_tokens.dtype == DType::i32 && host_tokens.ndim() == 2, "llama: token tensors must be i32 [B, T], got ",
+           dtype_name(host_tokens.dtype), " ", shape_string(host_tokens.shape));
+  Tensor tokens = backend.empty({host_tokens.numel()}, DType::i32, MemCategory::activations);
+  backend.copy(tokens, host_tokens.reshaped({host_tokens.numel()}));
+  return tokens;
+}
+
+float LlamaModel::forward_pass(StepActivations& step, const Tensor& input_ids, const Tensor& targets,
+                               bool keep_logits, float* grad_scale) {
+  FT_CHECK(input_ids.shape == targets.shape, "llama: input_ids ", shape_string(input_ids.shape),
+           " and targets ", shape_string(targets.shape), " differ in shape");
+  Backend& be = backend_;
+  const int64_t B = input_ids.dim(0), T = input_ids.dim(1), N = B * T, C = config_.hidden_size;
+  FT_CHECK(T <= config_.max_position_embeddings, "llama: sequence of ", T,
+           " tokens exceeds max_position_embeddings ", config_.max_position_embeddings);
+  step.batch = B;
+  step.seq = T;
+  step.ids = upload_tokens(be, input_ids);
+  step.targets = upload_tokens(be, targets);
+  HostAllocator host;
+  Tensor host_positions = Tensor::empty({B, T}, DType::i32, host, MemCategory::activations);
+  for (int64_t n = 0; n < N; ++n) host_positions.ptr<int32_t>()[n] = int32_t(n % T);
+  step.positions = upload_tokens(be, host_positions);
+  for (int64_t n = 0; n < N; ++n) step.counted_tokens += targets.ptr<int32_t>()[n] != -100;
+
+  step.residuals.push_back(be.empty({B, T, C}, DType::f32, MemCategory::activations));
+  Tensor embedded = step.residuals[0].reshaped({N, C});
+  be.embedding_forward(embedded, step.ids, embed_tokens_->value);
+  step.layers.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    step.residuals.push_back(be.empty({B, T, C}, DType::f32, MemCategory::activations));
+    forward_layer(*layers_[i], step.layers[i], step.residuals[i], step.residuals[i + 1], step.positions);
+  }
+
+  step.final_norm = be.empty({N, C}, DType::f32, MemCategory::activations);
+  step.final_rstd = be.empty({N}, DType::f32, MemCategory::activations);
+  be.rmsnorm_forward(step.final_norm, step.final_rstd, step.residuals.back().reshaped({N, C}), final_norm_->value,
+                     config_.rms_norm_eps);
+  step.logits = be.empty({N, config_.vocab_size}, DType::f32, MemCategory::activations);
+  be.matmul(step.logits, step.final_norm, lm_head_->value, false, true);
+
+  Tensor losses = be.empty({N}, DType::f32, MemCategory::activations);
+  const bool backward = grad_scale && step.counted_tokens > 0;
+  float dloss = backward ? *grad_scale / float(step.counted_tokens) : 0.0f;
+  be.cross_entropy(losses, backward ? &step.logits : nullptr, step.logits, step.targets, dloss);
+  if (keep_logits) last_logits_ = step.logits;
+
+  Tensor host_losses = Tensor::empty({N}, DType::f32, host, MemCategory::activations);
+  be.copy(host_losses, losses);
+  double loss_sum = 0.0;
+  for (int64_t n = 0; n < N; ++n) loss_sum += host_losses.ptr<float>()[n];
+  return step.counted_tokens ? float(loss_sum / double(step.counted_tokens)) : 0.0f;
+}
+
+// ---- backward ------------------------------------------------------------
+
+// On entry dresidual holds d(loss)/d(layer output); on exit d(loss)/d(layer input).
+void LlamaModel::backward_layer(Layer& layer, LayerActivations& saved, Tensor& dresidual, const Tensor& x,
+                                const Tensor& positions) {
+  Backend& be = backend_;
+  const int64_t B = x.dim(0), T = x.dim(1), N = B * T, C = config_.hidden_size;
+  const int64_t Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
+  const int64_t I = config_.intermediate_size;
+  const DType act = DType::f32;
+  Tensor dres = dresidual.reshaped({N, C});
+  Tensor dnorm = be.empty({N, C}, act, MemCategory::activations);
+  Tensor dnorm_input = be.empty({N, C}, act, MemCategory::activations);
+
+  // MLP block: out = residual_mid + down(silu(gate(n2)) * up(n2)).
+  {
+    Tensor dact = be.empty({N, I}, act, MemCategory::activations);
+    layer.down_proj->backward(be, dact, dres, saved.act, false);
+    Tensor dgate = be.empty({N, I}, act, MemCategory::activations);
+    Tensor dup = be.empty({N, I}, act, MemCategory::activations);
+    be.swiglu_backward(dgate, dup, dact, saved.gate, saved.up);
+    layer.gate_proj->backward(be, dnorm, dgate, saved.norm2, false);
+    layer.up_proj->backward(be, dnorm, dup, saved.norm2, true);
+  }
+  Parameter& norm2 = *layer.post_attention_norm;
+  be.rmsnorm_backward(dnorm_input, norm2.trainable() ? &norm2.grad : nullptr, dnorm, saved.residual_mid,
+                      norm2.value, saved.rstd2);
+  be.add(dres, dres, dnorm_input);
+
+  // Attention block: residual_mid = x + o(attention(rope(q(n1)), rope(k(n1)), v(n1))).
+  {
+    Tensor dattn = be.empty({B, T, Hq, D}, act, MemCategory::activations);
+    Tensor dattn2d = dattn.reshaped({N, Hq * D});
+    layer.o_proj->backward(be, dattn2d, dres, saved.attn.reshaped({N, Hq * D}), false);
+    Tensor dq = be.empty({B, T, Hq, D}, act, MemCategory::activations);
+    Tensor dk = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
+    Tensor dv = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
+    be.attention_backward(dq, dk, dv, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse,
+                          1.0f / std::sqrt(float(D)));
+    Tensor dq_heads = dq.reshaped({N, Hq, D}), dk_heads = dk.reshaped({N, Hkv, D});
+    be.rope_backward(dq_heads, positions, int(D), config_.rope_theta);
+    be.rope_backward(dk_heads, positions, int(D), config_.rope_theta);
+    layer.q_proj->backward(be, dnorm, dq.reshaped({N, Hq * D}), saved.norm1, false);
+    layer.k_proj->backward(be, dnorm, dk.reshaped({N, Hkv * D}), saved.norm1, true);
+    layer.v_proj->backward(be, dnorm, dv.reshaped({N, Hkv * D}), saved.norm1, true);
+  }
+  Parameter& norm1 = *layer.input_norm;
+  be.rmsnorm_backward(dnorm_input, norm1.trainable() ? &norm1.grad : nullptr, dnorm, x.reshaped({N, C}),
+                      norm1.value, saved.rstd1);
+  be.add(dres, dres, dnorm_input);
+}
+
+void LlamaModel::backward_pass(StepActivations& step) {
+  Backend& be = backend_;
+  const int64_t N = step.batch * step.seq, C = config_.hidden_size;
+  Tensor dnorm = be.empty({N, C}, DType::f32, MemCategory::activations);
+  be.matmul(dnorm, step.logits, lm_head_->value, false, false);
+  if (lm_head_->trainable()) be.matmul(lm_head_->grad, step.logits, step.final_norm, true, false, 1.0f, 1.0f);
+  step.logits = Tensor{};
+
+  Tensor dresidual = be.empty({step.batch, step.seq, C}, DType::f32, MemCategory::activations);
+  Tensor dresidual2d = dresidual.reshaped({N, C});
+  be.rmsnorm_backward(dresidual2d, final_norm_->trainable() ? &final_norm_->grad : nullptr, dnorm,
+                      step.residuals.back().reshaped({N, C}), final_norm_->value, step.final_rstd);
+  dnorm = Tensor{};
+  for (size_t i = layers_.size(); i-- > 0;) {
+    step.residuals[i + 1] = Tensor{};
+    backward_layer(*layers_[i], step.layers[i], dresidual, step.residuals[i], step.positions);
+    step.layers[i] = LayerActivations{};
+  }
+  if (embed_tokens_->trainable()) be.embedding_backward(embed_tokens_->grad, step.ids, dresidual2d);
+}
+
+}  // namespace ft

@@ -1,0 +1,78 @@
+#include "model/lora_linear.h"
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/dropout_hash.h"
+#include "kernels/error.h"
+
+namespace ft {
+
+LoraLinear::LoraLinear(std::unique_ptr<Linear> base, Parameter& lora_A, Parameter& lora_B, float scaling,
+                       float dropout)
+    : base_(std::move(base)), A_(lora_A), B_(lora_B), scaling_(scaling), dropout_(dropout) {
+  FT_CHECK(lora_A.value.ndim() == 2 && lora_B.value.ndim() == 2 && lora_B.value.dim(1) == lora_A.value.dim(0),
+           "LoraLinear: lora_A ", shape_string(lora_A.value.shape), " and lora_B ", shape_string(lora_B.value.shape),
+           " are not [r, in] and [out, r]");
+  FT_CHECK(dropout >= 0.0f && dropout < 1.0f, "LoraLinear: dropout must be in [0, 1), got ", dropout);
+}
+
+// dropout(x) in f32 (PEFT casts x to lora_A's dtype before its dropout), or x
+// itself when there is no dropout.
+Tensor LoraLinear::adapter_input(Backend& backend, const Tensor& x) {
+  if (dropout_ == 0.0f) return x;
+  Tensor xd = backend.empty(x.shape, DType::f32, MemCategory::activations);
+  backend.dropout_forward(xd, x, dropout_, dropout_seed_);
+  return xd;
+}
+
+void LoraLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
+  base_->forward(backend, out, x);
+  Tensor xd = adapter_input(backend, x);
+  Tensor h = backend.empty({x.rows(), A_.value.dim(0)}, DType::f32, MemCategory::activations);
+  backend.matmul(h, xd, A_.value, false, true);
+  backend.matmul(out, h, B_.value, false, true, scaling_, 1.0f);
+}
+
+// With xd = dropout(x), h = xd A^T and y += scaling * h B^T:
+//   dB += scaling * dout^T h,  g = scaling * dout B (the gradient at h),
+//   dA += g^T xd,              dx += dropout_backward(g A).
+void LoraLinear::backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) {
+  base_->backward(backend, dx, dout, x, accumulate_dx);
+  int64_t N = x.rows(), r = A_.value.dim(0);
+  Tensor xd = adapter_input(backend, x);
+  if (B_.trainable()) {
+    Tensor h = backend.empty({N, r}, DType::f32, MemCategory::activations);
+    backend.matmul(h, xd, A_.value, false, true);
+    backend.matmul(B_.grad, dout, h, true, false, scaling_, 1.0f);
+  }
+  Tensor g = backend.empty({N, r}, DType::f32, MemCategory::activations);
+  backend.matmul(g, dout, B_.value, false, false, scaling_);
+  if (A_.trainable()) backend.matmul(A_.grad, g, xd, true, false, 1.0f, 1.0f);
+  if (dropout_ == 0.0f) {
+    backend.matmul(dx, g, A_.value, false, false, 1.0f, 1.0f);
+    return;
+  }
+  Tensor dxd = backend.empty(x.shape, DType::f32, MemCategory::activations);
+  backend.matmul(dxd, g, A_.value, false, false);
+  backend.dropout_backward(dxd, dxd, dropout_, dropout_seed_);
+  backend.add(dx, dx, dxd);
+}
+
+float lora_scaling(double lora_alpha, int64_t r, bool use_rslora) {
+  return float(use_rslora ? lora_alpha / std::sqrt(double(r)) : lora_alpha / double(r));
+}
+
+// kaiming_uniform_(A, a) with fan_in = in: gain = sqrt(2 / (1 + a^2)),
+// std = gain / sqrt(fan_in), bound = sqrt(3) * std. With a = sqrt(5) the gain
+// is sqrt(1/3), so bound = sqrt(3) * sqrt(1/3) / sqrt(in) = 1 / sqrt(in).
+void init_lora_parameters(Backend& backend, Parameter& A, Parameter& B, uint64_t seed) {
+  double bound = 1.0 / std::sqrt(double(A.value.cols()));
+  std::vector<float> values(size_t(A.value.numel()));
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = float(bound * (2.0 * double(hash_uniform(seed, i)) - 1.0));  // in [-bound, bound)
+  backend.copy(A.value, Tensor::view_of(values.data(), A.value.shape, DType::f32));
+  backend.fill(B.value, 0.0f);
+}
+
+}  // namespace ft

@@ -1,0 +1,45 @@
+// PEFT's LoRA around any base layer (dense or int8):
+//   y = base(x) + scaling * (dropout(x) A^T) B^T
+// with A [r, in] and B [out, r] f32 trainable parameters owned by the model,
+// dropout only on A's input (p = 0: no dropout op at all). Backward recomputes
+// the dropped input and h = dropout(x) A^T from the seed instead of saving
+// them: at rank r that costs little and frees [N, in] + [N, r] per layer.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "model/linear.h"
+
+namespace ft {
+
+class LoraLinear final : public Linear {
+ public:
+  LoraLinear(std::unique_ptr<Linear> base, Parameter& lora_A, Parameter& lora_B, float scaling, float dropout);
+  // The dropout mask is a function of (seed, element index): give every
+  // layer a distinct seed each step, and keep it for the backward (and any
+  // recomputed forward) of that step.
+  void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
+  void forward(Backend& backend, Tensor& out, const Tensor& x) override;
+  void backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
+  Linear& base() { return *base_; }
+
+ private:
+  Tensor adapter_input(Backend& backend, const Tensor& x);
+
+  std::unique_ptr<Linear> base_;
+  Parameter& A_;
+  Parameter& B_;
+  float scaling_;
+  float dropout_;
+  uint64_t dropout_seed_ = 0;
+};
+
+// PEFT's scaling: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora.
+float lora_scaling(double lora_alpha, int64_t r, bool use_rslora);
+
+// PEFT's init_lora_weights=True: A ~ kaiming_uniform_(a = sqrt(5)), B = 0, so
+// the adapted layer starts out equal to its base. A's values come from
+// hash_uniform(seed, i): the same distribution as PyTorch, not its numbers.
+void init_lora_parameters(Backend& backend, Parameter& A, Parameter& B, uint64_t seed);
+
+}  // namespace ft

@@ -1,0 +1,22 @@
+// A named model parameter: its value and, when trainable, its gradient
+// (same shape, f32, category gradients). Frozen parameters have no gradient
+// buffer at all, so they cost nothing beyond their weights.
+#pragma once
+#include <string>
+
+#include "kernels/tensor.h"
+
+namespace ft {
+
+struct Parameter {
+  std::string name;  // Hugging Face tensor name, e.g. model.layers.0.self_attn.q_proj.weight
+  Tensor value;
+  Tensor grad;
+  // Only for quantised parameters (value i8 [out, in]): f32 [out] absmax of
+  // each row of the full-precision weight, so W ~ value * scales / 127.
+  Tensor scales;
+
+  bool trainable() const { return grad.data != nullptr || grad.storage != nullptr; }
+};
+
+}  // namespace ft

@@ -1,0 +1,351 @@
+#include "model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/error.h"
+
+namespace ft {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+struct DTypeName {
+  const char* name;
+  DType dtype;
+};
+// The safetensors spellings of the dtypes we compute with. Others the format
+// allows (F64, I64, U8, BOOL, ...) are refused: no kernel could consume them.
+constexpr DTypeName kDTypeNames[] = {
+    {"F32", DType::f32}, {"F16", DType::f16}, {"BF16", DType::bf16}, {"I8", DType::i8}, {"I32", DType::i32}};
+
+const char* safetensors_name(DType dtype) {
+  for (const DTypeName& entry : kDTypeNames)
+    if (entry.dtype == dtype) return entry.name;
+  fail("safetensors: no name for dtype ", dtype_name(dtype));
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+DType parse_dtype(const json& info, const std::string& where) {
+  FT_CHECK(info.contains("dtype"), where, "missing \"dtype\"");
+  FT_CHECK(info["dtype"].is_string(), where, "\"dtype\" must be a string such as \"BF16\", got ", info["dtype"].dump());
+  std::string name = info["dtype"].get<std::string>();
+  for (const DTypeName& entry : kDTypeNames)
+    if (name == entry.name) return entry.dtype;
+  fail(where, "unsupported dtype \"", name, "\" (supported: F32, F16, BF16, I8, I32)");
+}
+
+Shape parse_shape(const json& info, const std::string& where) {
+  FT_CHECK(info.contains("shape"), where, "missing \"shape\"");
+  FT_CHECK(info["shape"].is_array(), where, "\"shape\" must be an array of integers, got ", info["shape"].dump());
+  Shape shape;
+  for (const json& extent : info["shape"]) {
+    FT_CHECK(extent.is_number_integer(), where, "shape ", info["shape"].dump(), " must hold only integers");
+    // A negative extent parses as a signed integer; non-negative ones as unsigned.
+    FT_CHECK(extent.is_number_unsigned(), where, "negative shape extent in ", info["shape"].dump(),
+             " (expected non-negative integers)");
+    FT_CHECK(extent.get<uint64_t>() <= uint64_t(INT64_MAX), where, "shape ", info["shape"].dump(), " is too large");
+    shape.push_back(extent.get<int64_t>());
+  }
+  return shape;
+}
+
+// Returns [begin, end) relative to the data block, checked against its size.
+std::pair<uint64_t, uint64_t> parse_offsets(const json& info, uint64_t data_bytes, const std::string& where) {
+  FT_CHECK(info.contains("data_offsets"), where, "missing \"data_offsets\"");
+  const json& offsets = info["data_offsets"];
+  FT_CHECK(offsets.is_array() && offsets.size() == 2, where, "\"data_offsets\" must be [begin, end], got ", offsets.dump());
+  FT_CHECK(offsets[0].is_number_unsigned() && offsets[1].is_number_unsigned(), where, "data_offsets ", offsets.dump(),
+           " must be non-negative integers");
+  uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+  FT_CHECK(begin <= end, where, "data_offsets ", offsets.dump(), " have begin > end");
+  FT_CHECK(end <= data_bytes, where, "data_offsets ", offsets.dump(), " run past the end of the data block (",
+           data_bytes, " bytes)");
+  return {begin, end};
+}
+
+SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const json& info,
+                             const uint8_t* data_block, uint64_t data_bytes) {
+  std::string where = path + ": tensor \"" + name + "\": ";
+  FT_CHECK(info.is_object(), where, "expected an object with dtype, shape and data_offsets, got ", info.dump());
+  SafetensorsEntry entry;
+  entry.name = name;
+  entry.file = path;
+  entry.dtype = parse_dtype(info, where);
+  entry.shape = parse_shape(info, where);
+  auto [begin, end] = parse_offsets(info, data_bytes, where);
+  // Overflow-checked dtype size x product(shape): a hostile shape must not wrap around to match.
+  uint64_t needed = dtype_size_bytes(entry.dtype);
+  for (int64_t extent : entry.shape)
+    FT_CHECK(!__builtin_mul_overflow(needed, uint64_t(extent), &needed), where, "shape ", shape_string(entry.shape),
+             " is too large");
+  FT_CHECK(needed == end - begin, where, "data_offsets hold ", end - begin, " bytes but dtype ", info["dtype"].get<std::string>(),
+           " with shape ", shape_string(entry.shape), " needs ", needed, " bytes");
+  entry.data = data_block + begin;
+  entry.size_bytes = end - begin;
+  return entry;
+}
+
+std::map<std::string, std::string> parse_metadata(const std::string& path, const json& value) {
+  FT_CHECK(value.is_object(), path, ": \"__metadata__\" must be an object of strings, got ", value.dump());
+  std::map<std::string, std::string> metadata;
+  for (const auto& [key, text] : value.items()) {
+    FT_CHECK(text.is_string(), path, ": \"__metadata__\" key \"", key, "\" must hold a string, got ", text.dump());
+    metadata[key] = text.get<std::string>();
+  }
+  return metadata;
+}
+
+// Validates the header of a mapped file and returns its entries sorted by offset.
+std::vector<SafetensorsEntry> parse_file(const std::string& path, const uint8_t* bytes, uint64_t file_bytes,
+                                         std::map<std::string, std::string>& metadata) {
+  FT_CHECK(file_bytes >= 8, path, ": file is ", file_bytes, " bytes, shorter than the 8-byte header length");
+  uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | bytes[i];  // little-endian u64
+  FT_CHECK(header_bytes <= file_bytes - 8, path, ": header length ", header_bytes, " exceeds the file (",
+           file_bytes, " bytes)");
+  const char* header_text = reinterpret_cast<const char*>(bytes + 8);
+  json header;
+  try {
+    header = json::parse(header_text, header_text + header_bytes);
+  } catch (const json::parse_error& error) {
+    fail(path, ": header is not valid JSON (", error.what(), ")");
+  }
+  FT_CHECK(header.is_object(), path, ": header must be a JSON object, got ", header.dump());
+  const uint8_t* data_block = bytes + 8 + header_bytes;
+  uint64_t data_bytes = file_bytes - 8 - header_bytes;
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__")
+      metadata = parse_metadata(path, info);
+    else
+      entries.push_back(parse_entry(path, name, info, data_block, data_bytes));
+  }
+  std::sort(entries.begin(), entries.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    return a.data != b.data ? a.data < b.data : a.size_bytes < b.size_bytes;
+  });
+  // Sorted by start, ranges are disjoint iff each starts at or after the previous end.
+  // Empty tensors own no bytes, so they can sit anywhere.
+  const SafetensorsEntry* previous = nullptr;
+  for (const SafetensorsEntry& entry : entries) {
+    if (entry.size_bytes == 0) continue;
+    const uint8_t* start = static_cast<const uint8_t*>(entry.data);
+    FT_CHECK(!previous || static_cast<const uint8_t*>(previous->data) + previous->size_bytes <= start, path,
+             ": tensors \"", previous ? previous->name : "", "\" and \"", entry.name,
+             "\" have overlapping data_offsets (expected disjoint byte ranges)");
+    previous = &entry;
+  }
+  return entries;
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  FT_CHECK(fd >= 0, path, ": cannot open safetensors file (", errno_text(), ")");
+  struct stat info;
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    fail(path, ": not a regular file (expected a .safetensors file)");
+  }
+  size_t file_bytes = size_t(info.st_size);
+  // mmap refuses length 0; such a file fails the size check in parse_file anyway.
+  if (file_bytes > 0) {
+    void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (mapping == MAP_FAILED) {
+      std::string reason = errno_text();
+      ::close(fd);
+      fail(path, ": cannot mmap (", reason, ")");
+    }
+    mapping_ = mapping;
+    mapping_bytes_ = file_bytes;
+  }
+  ::close(fd);  // the mapping keeps the file's pages reachable on its own
+  try {
+    entries_ = parse_file(path, static_cast<const uint8_t*>(mapping_), file_bytes, metadata_);
+  } catch (...) {
+    // The destructor does not run for a half-built object: unmap here.
+    if (mapping_) ::munmap(mapping_, mapping_bytes_);
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (mapping_) ::munmap(mapping_, mapping_bytes_);
+}
+
+namespace {
+
+// Reads model.safetensors.index.json: tensor name -> shard file name.
+std::map<std::string, std::string> read_weight_map(const std::string& index_path) {
+  std::ifstream file(index_path);
+  FT_CHECK(file, index_path, ": cannot open shard index");
+  json index;
+  try {
+    index = json::parse(file);
+  } catch (const json::parse_error& error) {
+    fail(index_path, ": not valid JSON (", error.what(), ")");
+  }
+  FT_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), index_path,
+           ": missing \"weight_map\" (expected an object of tensor name -> shard file)");
+  std::map<std::string, std::string> weight_map;
+  for (const auto& [name, shard] : index["weight_map"].items()) {
+    FT_CHECK(shard.is_string(), index_path, ": weight_map entry for tensor \"", name,
+             "\" must be a shard file name, got ", shard.dump());
+    weight_map[name] = shard.get<std::string>();
+  }
+  return weight_map;
+}
+
+}  // namespace
+
+Checkpoint::Checkpoint(const std::string& path) : path_(path) {
+  std::error_code error;
+  std::map<std::string, std::string> weight_map;  // tensor -> shard path; empty unless sharded
+  std::string index_path = (fs::path(path) / "model.safetensors.index.json").string();
+  std::string single_path = (fs::path(path) / "model.safetensors").string();
+  if (!fs::is_directory(path, error)) {
+    FT_CHECK(fs::exists(path, error), path, ": checkpoint not found (expected a .safetensors file or a folder)");
+    files_.push_back(std::make_unique<SafetensorsFile>(path));
+  } else if (fs::exists(index_path, error)) {
+    for (const auto& [name, shard] : read_weight_map(index_path)) {
+      std::string shard_path = (fs::path(path) / shard).string();
+      weight_map[name] = shard_path;
+      bool opened = std::any_of(files_.begin(), files_.end(), [&](const auto& f) { return f->path() == shard_path; });
+      if (opened) continue;
+      FT_CHECK(fs::is_regular_file(shard_path, error), index_path, ": weight_map puts tensor \"", name, "\" in shard \"",
+               shard, "\" but ", shard_path, " does not exist");
+      files_.push_back(std::make_unique<SafetensorsFile>(shard_path));
+    }
+  } else if (fs::exists(single_path, error)) {
+    files_.push_back(std::make_unique<SafetensorsFile>(single_path));
+  } else {
+    fail(path, ": folder holds neither model.safetensors nor model.safetensors.index.json (expected a Hugging Face "
+         "checkpoint folder)");
+  }
+  for (const auto& file : files_) {
+    for (const SafetensorsEntry& entry : file->entries()) {
+      auto [it, inserted] = by_name_.emplace(entry.name, &entry);
+      FT_CHECK(inserted, path, ": tensor \"", entry.name, "\" appears in both ", it->second->file, " and ", entry.file);
+    }
+  }
+  for (const auto& [name, shard_path] : weight_map) {
+    auto it = by_name_.find(name);
+    FT_CHECK(it != by_name_.end() && it->second->file == shard_path, index_path, ": weight_map puts tensor \"", name,
+             "\" in ", shard_path, " but that shard does not hold it");
+  }
+}
+
+bool Checkpoint::contains(const std::string& name) const { return by_name_.count(name) != 0; }
+
+const SafetensorsEntry& Checkpoint::entry(const std::string& name) const {
+  auto it = by_name_.find(name);
+  FT_CHECK(it != by_name_.end(), path_, ": missing tensor \"", name, "\"");
+  return *it->second;
+}
+
+Tensor Checkpoint::view(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  // The mapping is read-only (PROT_READ): writing through this view faults.
+  return Tensor::view_of(const_cast<void*>(e.data), e.shape, e.dtype, Device::cpu);
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> result;
+  for (const auto& [name, entry] : by_name_) result.push_back(name);
+  return result;
+}
+
+size_t Checkpoint::total_bytes() const {
+  size_t total = 0;
+  for (const auto& [name, entry] : by_name_) total += entry->size_bytes;
+  return total;
+}
+
+namespace {
+
+void write_all(int fd, const void* data, size_t bytes, const std::string& path) {
+  const char* cursor = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t written = ::write(fd, cursor, std::min(bytes, size_t(1) << 30));
+    if (written < 0 && errno == EINTR) continue;
+    FT_CHECK(written > 0, path, ": write failed (", errno_text(), ")");
+    cursor += written;
+    bytes -= size_t(written);
+  }
+}
+
+// The JSON header: tensors in the given order with consecutive data_offsets.
+std::string build_header(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    FT_CHECK(!name.empty() && name != "__metadata__", path, ": invalid tensor name \"", name, "\"");
+    FT_CHECK(!header.contains(name), path, ": tensor \"", name, "\" given twice");
+    FT_CHECK(tensor.device == Device::cpu && (tensor.data || tensor.size_bytes() == 0), path, ": tensor \"", name,
+             "\" must be a host tensor with data");
+    uint64_t end = offset + tensor.size_bytes();
+    header[name] = {{"dtype", safetensors_name(tensor.dtype)},
+                    {"shape", tensor.shape},
+                    {"data_offsets", nlohmann::ordered_json::array({offset, end})}};
+    offset = end;
+  }
+  std::string text = header.dump();
+  // Pad with spaces so the data block starts 8-byte aligned, as the Python writer does.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+// fsync the folder so the rename itself survives a crash. Best effort: some
+// filesystems refuse fsync on directories, and the data is already durable.
+void sync_parent_folder(const std::string& path) {
+  std::string folder = fs::path(path).parent_path().string();
+  int fd = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::string header = build_header(path, tensors, metadata);
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = uint8_t(uint64_t(header.size()) >> (8 * i));  // little-endian u64
+  std::string tmp_path = path + ".tmp";
+  int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  FT_CHECK(fd >= 0, tmp_path, ": cannot create (", errno_text(), ")");
+  try {
+    write_all(fd, length, 8, tmp_path);
+    write_all(fd, header.data(), header.size(), tmp_path);
+    for (const auto& [name, tensor] : tensors) write_all(fd, tensor.data, tensor.size_bytes(), tmp_path);
+    FT_CHECK(::fsync(fd) == 0, tmp_path, ": fsync failed (", errno_text(), ")");
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp_path.c_str());
+    throw;
+  }
+  // close can report a deferred write error (e.g. on NFS), so it is checked too.
+  if (::close(fd) != 0 || ::rename(tmp_path.c_str(), path.c_str()) != 0) {
+    std::string reason = errno_text();
+    ::unlink(tmp_path.c_str());
+    fail(path, ": cannot finish writing (", reason, ")");
+  }
+  sync_parent_folder(path);
+}
+
+}  // namespace ft

@@ -1,0 +1,448 @@
+#!/usr/bin/env python3
+"""Regenerates the reference fixtures under tests/fixtures/ (see tests/fixtures/README.md).
+
+Needs torch, transformers, peft, safetensors, sentencepiece and numpy (CPU is enough).
+CI never runs this: the C++ tests read the committed outputs.
+
+    python3 scripts/make_fixtures.py            # writes tests/fixtures/{tokenizer,llama_gqa,llama_tied,llama_lora}
+    python3 scripts/make_fixtures.py --out DIR  # writes the same tree under DIR instead
+
+Everything is seeded and single-threaded, so two runs give byte-identical files.
+"""
+import argparse
+import copy
+import io
+import json
+import os
+import random
+import shutil
+import sys
+import warnings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_OUT = os.path.join(ROOT, "tests", "fixtures")
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import numpy as np  # noqa: E402
+import sentencepiece as spm  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+import transformers  # noqa: E402
+import peft  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from peft import LoraConfig, get_peft_model  # noqa: E402
+
+torch.set_num_threads(1)
+torch.use_deterministic_algorithms(True)
+transformers.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+warnings.filterwarnings("ignore", message="Could not find a config file in llama_gqa.*")
+
+VOCAB = 320
+BOS, EOS, UNK, PAD = 1, 2, 0, 3
+BATCH, SEQ = 2, 11
+INIT_STD = 0.1
+LORA = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM",
+            bias="none")
+ADAMW = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 1. Tokenizer
+# --------------------------------------------------------------------------------------------------------------
+
+def make_corpus():
+    rng = random.Random(1234)
+    names = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Zoë", "José", "Renée", "Björn"]
+    subjects = ["the weather", "a new book", "the train schedule", "dinner plans", "the project", "a café menu",
+                "the meeting", "a broken laptop", "the garden", "our holiday", "the recipe", "a naïve question"]
+    verbs = ["likes", "wants", "needs", "found", "reads", "writes", "asked about", "forgot", "fixed", "moved"]
+    objects = ["the red box", "two apples", "a small dog", "three letters", "the blue car", "some coffee",
+               "a long story", "the old map", "ten euros (€10)", "a quick summary", "the last page"]
+    questions = ["What time is it?", "Where are you going?", "Can you help me?", "How much does it cost?",
+                 "Did you see that?", "Why is the sky blue?", "Is this seat free?", "Who wrote this?"]
+    answers = ["I think so.", "Not really, sorry.", "Yes, of course!", "It costs 42 dollars.", "About 3 o'clock.",
+               "Let me check.", "No idea, honestly.", "Maybe tomorrow."]
+    lines = []
+    for _ in range(240):
+        kind = rng.randrange(4)
+        a, b = rng.sample(names, 2)
+        if kind == 0:
+            lines.append(f"{a} {rng.choice(verbs)} {rng.choice(objects)}.")
+        elif kind == 1:
+            lines.append(f"#Person1#: {rng.choice(questions)} #Person2#: {rng.choice(answers)}")
+        elif kind == 2:
+            lines.append(f"{a} and {b} talked about {rng.choice(subjects)} on day {rng.randrange(1, 31)}.")
+        else:
+            lines.append(f"Summary: {a} {rng.choice(verbs)} {rng.choice(objects)} and {b} {rng.choice(verbs)} "
+                         f"{rng.choice(subjects)}.")
+    return lines
+
+
+ENCODE_CASES = [
+    "Hello world",
+    "Alice and Bob talked about the weather on day 12.",
+    "#Person1#: Can you help me? #Person2#: Yes, of course!",
+    "  leading and   multiple   spaces  ",
+    "tabs\tand\nnewlines\r\nhere",
+    "Zoë's café serves crème brûlée for €10 — naïve?",
+    "emoji 🙂 and 中文 are not in the vocabulary",
+    "",
+    "a",
+    "1234567890 !@#$%^&*()",
+]
+
+
+def make_tokenizer(out_dir):
+    os.makedirs(out_dir)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(make_corpus()),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=VOCAB,
+        character_coverage=1.0,
+        unk_id=UNK, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+        num_threads=1,
+        shuffle_input_sentence=False,
+        minloglevel=2,
+    )
+    path = os.path.join(out_dir, "tokenizer.model")
+    with open(path, "wb") as f:
+        f.write(model.getvalue())
+    sp = spm.SentencePieceProcessor(model_file=path)
+    assert sp.get_piece_size() == VOCAB, sp.get_piece_size()
+    assert (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (UNK, BOS, EOS, PAD)
+    cases = []
+    for text in ENCODE_CASES:
+        ids = sp.encode(text)
+        assert sp.decode(ids) is not None
+        cases.append({"text": text, "ids": ids, "pieces": sp.encode(text, out_type=str), "decoded": sp.decode(ids)})
+    with open(os.path.join(out_dir, "encode_reference.json"), "w", encoding="utf-8") as f:
+        json.dump(cases, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"tokenizer: {VOCAB} pieces, e.g. {cases[1]['pieces']}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 2. Tiny Llama checkpoints
+# --------------------------------------------------------------------------------------------------------------
+
+def llama_config(tied, kv_heads, theta):
+    return LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=kv_heads, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-5,
+        rope_theta=theta, tie_word_embeddings=tied, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+        attn_implementation="eager",
+    )
+
+
+def build_model(config, seed):
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # tied lm_head is the same Parameter: listed once
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + INIT_STD * noise)
+            else:
+                p.copy_(INIT_STD * noise)
+    model.eval()  # no dropout anywhere (attention_dropout is 0 anyway)
+    return model
+
+
+def make_inputs():
+    gen = torch.Generator().manual_seed(4242)
+    input_ids = torch.randint(4, VOCAB, (BATCH, SEQ), generator=gen, dtype=torch.int64)
+    labels = input_ids.clone()
+    labels[0, :3] = -100
+    labels[1, -2:] = -100
+    return input_ids, labels
+
+
+def forward_backward(model, input_ids, labels, grad_names):
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids).logits.detach().clone()
+    loss = model(input_ids, labels=labels).loss
+    loss.backward()
+    params = dict(model.named_parameters())
+    grads = {n: params[n].grad.detach().clone() for n in grad_names}
+    return logits, loss.detach().clone(), grads
+
+
+def compare(tag, a32, a64):
+    """Prints the worst |f32 - f64| relative to the f64 tensor's max |value|; returns it."""
+    worst = 0.0
+    for key in a64:
+        ref = a64[key]
+        diff = (a32[key].double() - ref).abs().max().item()
+        scale = max(ref.abs().max().item(), 1e-30)
+        worst = max(worst, diff / scale)
+    print(f"  {tag}: float32 vs float64, max |diff| / max |ref| over {len(a64)} tensors = {worst:.2e}")
+    return worst
+
+
+def make_llama(out_dir, tied, kv_heads, theta, seed):
+    config = llama_config(tied, kv_heads, theta)
+    model = build_model(config, seed)
+    model.save_pretrained(out_dir, safe_serialization=True)
+
+    with open(os.path.join(out_dir, "config.json")) as f:
+        saved = json.load(f)
+    assert saved.get("rope_scaling") is None, saved.get("rope_scaling")
+    assert saved["head_dim"] == 16
+    theta_saved = saved.get("rope_theta", saved.get("rope_parameters", {}).get("rope_theta"))
+    assert theta_saved == theta, theta_saved
+    # The saved checkpoint must reload to the same weights.
+    reloaded = load_file(os.path.join(out_dir, "model.safetensors"))
+    state = model.state_dict()
+    for k, v in reloaded.items():
+        assert torch.equal(v, state[k]), k
+
+    input_ids, labels = make_inputs()
+    L = config.num_hidden_layers
+    grad_names = []
+    for i in range(L):
+        grad_names += [f"model.layers.{i}.self_attn.q_proj.weight", f"model.layers.{i}.self_attn.v_proj.weight"]
+    grad_names += ["model.embed_tokens.weight", "model.norm.weight"]
+
+    logits, loss, grads = forward_backward(model, input_ids, labels, grad_names)
+
+    ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32), "logits": logits,
+           "loss": loss.reshape(1)}
+    for n, g in grads.items():
+        ref["grad." + n] = g
+    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out_dir, "reference.safetensors"))
+
+    # Float64 cross-check of the float32 numbers (not written).
+    model64 = copy.deepcopy(model).to(torch.float64)
+    logits64, loss64, grads64 = forward_backward(model64, input_ids, labels, grad_names)
+    print(f"{os.path.basename(out_dir)}: loss f32 {loss.item():.8f}  f64 {loss64.item():.8f}  "
+          f"saved keys {sorted(reloaded)[:3]}... ({len(reloaded)} tensors)")
+    worst = compare("logits+loss", {"logits": logits, "loss": loss}, {"logits": logits64, "loss": loss64})
+    worst = max(worst, compare("grads", grads, grads64))
+    assert worst < 1e-4, worst
+    check_numpy(os.path.basename(out_dir), out_dir, os.path.join(out_dir, "reference.safetensors"))
+    return model
+
+
+def numpy_forward(model_dir, input_ids, labels, lora_dir=None):
+    """An independent float64 NumPy Llama forward from the saved files (the formulas the C++ code implements).
+
+    Returns (logits, loss). Used only to check that the fixtures mean what the README says.
+    """
+    with open(os.path.join(model_dir, "config.json")) as f:
+        c = json.load(f)
+    w = {k: v.double().numpy() for k, v in load_file(os.path.join(model_dir, "model.safetensors")).items()}
+    if lora_dir is not None:  # merge: W += (B @ A) * lora_alpha / r
+        with open(os.path.join(lora_dir, "adapter_config.json")) as f:
+            ac = json.load(f)
+        a = {k: v.double().numpy() for k, v in load_file(os.path.join(lora_dir, "adapter_model.safetensors")).items()}
+        for k in a:
+            if ".lora_A." in k:
+                base = k.replace("base_model.model.", "", 1).replace(".lora_A.weight", ".weight")
+                w[base] = w[base] + a[k.replace("lora_A", "lora_B")] @ a[k] * (ac["lora_alpha"] / ac["r"])
+    H, nh, nkv, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    theta = c.get("rope_theta", c.get("rope_parameters", {}).get("rope_theta"))
+    eps = c["rms_norm_eps"]
+    ids = input_ids.numpy()
+    B, T = ids.shape
+
+    def rms(x, g):
+        return g * (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps))
+
+    inv_freq = 1.0 / theta ** (np.arange(0, hd, 2) / hd)
+    ang = np.arange(T)[:, None] * inv_freq[None, :]
+    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))  # [T, hd]
+
+    def rope(x):  # x: [B, heads, T, hd]; rotate_half pairs i with i + hd/2
+        rot = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], -1)
+        return x * cos + rot * sin
+
+    x = w["model.embed_tokens.weight"][ids]
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        h = rms(x, w[p + "input_layernorm.weight"])
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(B, T, nh, hd).transpose(0, 2, 1, 3)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(B, T, nkv, hd).transpose(0, 2, 1, 3)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(B, T, nkv, hd).transpose(0, 2, 1, 3)
+        q, k = rope(q), rope(k)
+        k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)  # query head j uses kv head j // rep
+        s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd) + mask
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        o = (s @ v).transpose(0, 2, 1, 3).reshape(B, T, nh * hd)
+        x = x + o @ w[p + "self_attn.o_proj.weight"].T
+        h = rms(x, w[p + "post_attention_layernorm.weight"])
+        g = h @ w[p + "mlp.gate_proj.weight"].T
+        u = h @ w[p + "mlp.up_proj.weight"].T
+        x = x + (g / (1 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
+    x = rms(x, w["model.norm.weight"])
+    head = w["model.embed_tokens.weight"] if c["tie_word_embeddings"] else w["lm_head.weight"]
+    logits = x @ head.T
+    lab = labels.numpy()[:, 1:]  # logits[:, t] predicts labels[:, t + 1]; -100 ignored; mean over counted tokens
+    lg = logits[:, :-1]
+    lse = np.log(np.exp(lg - lg.max(-1, keepdims=True)).sum(-1)) + lg.max(-1)
+    keep = lab != -100
+    picked = np.take_along_axis(lg, np.where(keep, lab, 0)[..., None], -1)[..., 0]
+    loss = ((lse - picked) * keep).sum() / keep.sum()
+    return logits, loss
+
+
+def check_numpy(tag, model_dir, ref_path, lora_dir=None):
+    ref = load_file(ref_path)
+    logits, loss = numpy_forward(model_dir, ref["input_ids"].long(), ref["labels"].long(), lora_dir)
+    d_logits = np.abs(logits - ref["logits"].double().numpy()).max() / np.abs(logits).max()
+    d_loss = abs(loss - ref["loss"].double().item()) / abs(loss)
+    print(f"  {tag}: independent NumPy f64 forward vs fixture: logits rel {d_logits:.2e}, loss rel {d_loss:.2e}")
+    assert d_logits < 1e-5 and d_loss < 1e-5
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 3. PEFT LoRA on llama_gqa
+# --------------------------------------------------------------------------------------------------------------
+
+def saved_lora_name(param_name):
+    # PEFT drops the adapter name from saved keys: ...q_proj.lora_A.default.weight -> ...q_proj.lora_A.weight
+    return param_name.replace(".default.", ".")
+
+
+def lora_forward_backward(peft_model, input_ids, labels):
+    peft_model.zero_grad(set_to_none=True)
+    logits = peft_model(input_ids=input_ids).logits.detach().clone()
+    loss = peft_model(input_ids=input_ids, labels=labels).loss
+    loss.backward()
+    grads = {saved_lora_name(n): p.grad.detach().clone()
+             for n, p in peft_model.named_parameters() if p.requires_grad}
+    return logits, loss.detach().clone(), grads
+
+
+def make_lora(out_dir, base_dir, seed):
+    os.makedirs(out_dir)
+    base = LlamaForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager")
+    base.eval()
+    torch.manual_seed(seed)  # lora_A: PEFT's kaiming_uniform_(a=sqrt(5)) draws from the global generator
+    lora_config = LoraConfig(**LORA)
+    model = get_peft_model(base, lora_config)
+    model.peft_config["default"].base_model_name_or_path = "llama_gqa"
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(INIT_STD * torch.randn(p.shape, generator=gen, dtype=torch.float32))
+    model.eval()
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n, _ in trainable), [n for n, _ in trainable]
+
+    adapter_dir = os.path.join(out_dir, "adapter")
+    model.save_pretrained(adapter_dir, safe_serialization=True)
+    card = os.path.join(adapter_dir, "README.md")  # PEFT's boilerplate model card: not a fixture
+    if os.path.exists(card):
+        os.remove(card)
+    # PEFT keeps target_modules as a Python set, so the saved list's order follows the string hash seed: sort it
+    # (written back exactly as PEFT writes the file: json.dumps(indent=2, sort_keys=True), no trailing newline).
+    config_path = os.path.join(adapter_dir, "adapter_config.json")
+    with open(config_path) as f:
+        adapter_config = json.load(f)
+    adapter_config["target_modules"] = sorted(adapter_config["target_modules"])
+    with open(config_path, "w") as f:
+        f.write(json.dumps(adapter_config, indent=2, sort_keys=True))
+    saved = load_file(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    names = {saved_lora_name(n): p for n, p in trainable}
+    assert set(saved) == set(names), (sorted(saved), sorted(names))
+    for k, v in saved.items():
+        assert torch.equal(v, names[k].detach()), k
+
+    input_ids, labels = make_inputs()
+    logits, loss, grads = lora_forward_backward(model, input_ids, labels)
+
+    # float64 cross-check
+    model64 = copy.deepcopy(model).to(torch.float64)
+    logits64, loss64, grads64 = lora_forward_backward(model64, input_ids, labels)
+    print(f"llama_lora: loss f32 {loss.item():.8f}  f64 {loss64.item():.8f}  ({len(grads)} LoRA tensors)")
+    worst = compare("logits+loss", {"logits": logits, "loss": loss}, {"logits": logits64, "loss": loss64})
+    worst = max(worst, compare("grads", grads, grads64))
+    assert worst < 1e-4, worst
+
+    # One AdamW step over the LoRA parameters only (grads from the float32 backward above are still in .grad).
+    before = {saved_lora_name(n): p.detach().clone() for n, p in trainable}
+    optimizer = torch.optim.AdamW([p for _, p in trainable], foreach=False, fused=False, **ADAMW)
+    optimizer.step()
+    after = {saved_lora_name(n): p.detach().clone() for n, p in trainable}
+
+    # Check against the closed form of AdamW's first step (decay first, then the bias-corrected Adam update).
+    lr, (b1, b2), eps, wd = ADAMW["lr"], ADAMW["betas"], ADAMW["eps"], ADAMW["weight_decay"]
+    worst_step = 0.0
+    for k in after:
+        g = grads[k].double()
+        p = before[k].double() * (1 - lr * wd)
+        m = (1 - b1) * g
+        v = (1 - b2) * g * g
+        p = p - (lr / (1 - b1)) * m / (v.sqrt() / np.sqrt(1 - b2) + eps)
+        worst_step = max(worst_step, (after[k].double() - p).abs().max().item())
+    print(f"  AdamW step vs closed form (f64): max |diff| = {worst_step:.2e}")
+    assert worst_step < 1e-6
+
+    with torch.no_grad():
+        loss_after = model(input_ids=input_ids, labels=labels).loss.detach().clone()
+    print(f"  loss after one AdamW step: {loss_after.item():.8f}")
+
+    ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32), "logits": logits,
+           "loss": loss.reshape(1), "loss_after_step": loss_after.reshape(1)}
+    for k, g in grads.items():
+        ref["grad." + k] = g
+    for k, p in after.items():
+        ref["after_step." + k] = p
+    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out_dir, "reference.safetensors"))
+    with open(os.path.join(out_dir, "optimizer.json"), "w") as f:
+        json.dump({"type": "AdamW", "lr": ADAMW["lr"], "beta1": ADAMW["betas"][0], "beta2": ADAMW["betas"][1],
+                   "eps": ADAMW["eps"], "weight_decay": ADAMW["weight_decay"], "amsgrad": False, "maximize": False,
+                   "steps": 1, "implementation": "torch.optim.AdamW(foreach=False, fused=False)"}, f, indent=2)
+        f.write("\n")
+    check_numpy("llama_lora", base_dir, os.path.join(out_dir, "reference.safetensors"), adapter_dir)
+
+
+# --------------------------------------------------------------------------------------------------------------
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=DEFAULT_OUT, help="fixtures root (default: tests/fixtures)")
+    args = parser.parse_args()
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}, "
+          f"sentencepiece {spm.__version__}, python {sys.version.split()[0]}")
+
+    dirs = {name: os.path.join(out, name) for name in ("tokenizer", "llama_gqa", "llama_tied", "llama_lora")}
+    for d in dirs.values():
+        if os.path.exists(d):
+            shutil.rmtree(d)
+
+    make_tokenizer(dirs["tokenizer"])
+    make_llama(dirs["llama_gqa"], tied=False, kv_heads=2, theta=10000.0, seed=1)
+    make_llama(dirs["llama_tied"], tied=True, kv_heads=4, theta=500000.0, seed=2)
+    make_lora(dirs["llama_lora"], dirs["llama_gqa"], seed=3)
+
+    total = 0
+    print("files:")
+    for d in dirs.values():
+        for root, _, files in sorted(os.walk(d)):
+            for name in sorted(files):
+                path = os.path.join(root, name)
+                size = os.path.getsize(path)
+                total += size
+                print(f"  {os.path.relpath(path, out):45s} {size:9d}")
+    print(f"  total {total} bytes")
+    assert total < 5 * 1024 * 1024
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,604 @@
+// CPU backend ops against float64 references written out plainly in this file.
+// Forwards run on random inputs of odd sizes and are compared with the
+// reference; backwards are compared with central finite differences (in
+// double) of the reference forward under a probe loss sum(out * probe), so a
+// wrong reference cannot hide a wrong kernel.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/error.h"
+
+using namespace ft;
+using Vec = std::vector<double>;
+
+namespace {
+
+// Every comparison passes when |got - want| <= tol * (1 + |want|): absolute
+// near zero, relative for large values.
+// f32 kernels on O(1) inputs, reductions of at most a few hundred terms: f32
+// rounding (2^-24 = 6e-8 per operation) stays well below 2e-5 (worst seen:
+// 5e-6, the 301-deep matmul).
+constexpr double kF32Tol = 2e-5;
+// f32 backwards chain two or three reductions (softmax, then weighted sums);
+// worst seen 3e-7, so this leaves room for other thread counts and compilers.
+constexpr double kGradTol = 5e-5;
+// bf16 results carry one final rounding to 8 significant bits: half an ulp is
+// 2^-8 = 3.9e-3 relative, plus f32 noise.
+constexpr double kBf16Tol = 4e-3;
+// Central-difference step in double: truncation error ~h^2 = 1e-10 and
+// cancellation error ~1e-16 / h = 1e-11, both far below kGradTol.
+constexpr double kFdStep = 1e-5;
+
+HostAllocator host;
+CpuBackend cpu_backend(host);
+Backend& backend = cpu_backend;  // through the interface, as model code calls it (default alpha/beta)
+
+Tensor make(const Shape& shape, DType dtype) { return backend.empty(shape, dtype, MemCategory::activations); }
+
+// A tensor holding `values` rounded to dtype.
+Tensor make(const Shape& shape, DType dtype, const Vec& values) {
+  Tensor t = make(shape, dtype);
+  REQUIRE(int64_t(values.size()) == t.numel());
+  for (size_t i = 0; i < values.size(); ++i) store_from_f32(t.data, dtype, int64_t(i), float(values[i]));
+  return t;
+}
+
+Tensor make_i32(const std::vector<int32_t>& values) {
+  Tensor t = make({int64_t(values.size())}, DType::i32);
+  for (size_t i = 0; i < values.size(); ++i) t.ptr<int32_t>()[i] = values[i];
+  return t;
+}
+
+Vec values_of(const Tensor& t) {
+  Vec out(size_t(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) out[size_t(i)] = load_as_f32(t.data, t.dtype, i);
+  return out;
+}
+
+// What a kernel actually reads after `values` are stored as dtype.
+Vec rounded(const Vec& values, DType dtype) {
+  Vec out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint32_t slot = 0;
+    store_from_f32(&slot, dtype, 0, float(values[i]));
+    out[i] = load_as_f32(&slot, dtype, 0);
+  }
+  return out;
+}
+
+Vec random_vec(size_t n, std::mt19937& rng, double lo = -1.0, double hi = 1.0) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  Vec out(n);
+  for (double& x : out) x = dist(rng);
+  return out;
+}
+
+double dot(const Vec& a, const Vec& b) {
+  double sum = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void check_close(const Vec& got, const Vec& want, double tol, const char* what) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0.0;
+  size_t worst_at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double excess = std::abs(got[i] - want[i]) / (1.0 + std::abs(want[i]));
+    if (!(excess <= worst)) {  // also catches NaN
+      worst = excess;
+      worst_at = i;
+    }
+  }
+  INFO(std::string(what), ": worst relative error ", worst, " at ", worst_at, " (got ", got[worst_at], ", want ",
+       want[worst_at], ")");
+  CHECK(worst <= tol);
+}
+
+// Gradient of a scalar function by central differences, one coordinate at a time.
+Vec numeric_grad(const std::function<double(const Vec&)>& f, Vec x) {
+  Vec grad(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    double saved = x[i];
+    x[i] = saved + kFdStep;
+    double up = f(x);
+    x[i] = saved - kFdStep;
+    double down = f(x);
+    x[i] = saved;
+    grad[i] = (up - down) / (2.0 * kFdStep);
+  }
+  return grad;
+}
+
+// ---- references ---------------------------------------------------------
+
+// op(a)[M,K] @ op(b)[K,N]; a is stored [M,K] ([K,M] if ta), b [K,N] ([N,K] if tb).
+Vec matmul_ref(const Vec& a, const Vec& b, int M, int N, int K, bool ta, bool tb) {
+  Vec out(size_t(M) * N, 0.0);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j)
+      for (int p = 0; p < K; ++p)
+        out[size_t(i) * N + j] += (ta ? a[size_t(p) * M + i] : a[size_t(i) * K + p]) *
+                                  (tb ? b[size_t(j) * K + p] : b[size_t(p) * N + j]);
+  return out;
+}
+
+Vec rmsnorm_rstd_ref(const Vec& x, int N, int C, double eps) {
+  Vec rstd(N);
+  for (int n = 0; n < N; ++n) {
+    double sum_sq = 0.0;
+    for (int c = 0; c < C; ++c) sum_sq += x[size_t(n) * C + c] * x[size_t(n) * C + c];
+    rstd[n] = 1.0 / std::sqrt(sum_sq / C + eps);
+  }
+  return rstd;
+}
+
+Vec rmsnorm_ref(const Vec& x, const Vec& w, int N, int C, double eps) {
+  Vec rstd = rmsnorm_rstd_ref(x, N, C, eps), out(x.size());
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) out[size_t(n) * C + c] = w[c] * x[size_t(n) * C + c] * rstd[n];
+  return out;
+}
+
+// HF rotate_half RoPE on x [N, H, D]. inv_freq and the angle are f32, exactly
+// as HF LlamaRotaryEmbedding computes them; the rotation itself in double.
+Vec rope_ref(const Vec& x, const std::vector<int32_t>& pos, int H, int D, int rotary_dim, float theta) {
+  Vec out = x;
+  int half = rotary_dim / 2;
+  for (size_t n = 0; n < pos.size(); ++n)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < half; ++i) {
+        float inv_freq = 1.0f / std::pow(theta, float(2 * i) / float(rotary_dim));
+        double angle = double(float(pos[n]) * inv_freq);
+        size_t at = (n * H + h) * D + i;
+        double x1 = x[at], x2 = x[at + half];
+        out[at] = x1 * std::cos(angle) - x2 * std::sin(angle);
+        out[at + half] = x2 * std::cos(angle) + x1 * std::sin(angle);
+      }
+  return out;
+}
+
+struct AttnShape {
+  int B, T, Hq, Hkv, D;
+};
+
+size_t attn_at(const AttnShape& s, int heads, int b, int t, int h) {
+  return ((size_t(b) * s.T + t) * heads + h) * s.D;
+}
+
+// Causal GQA attention: out [B,T,Hq,D], lse [B,Hq,T].
+void attention_ref(const Vec& q, const Vec& k, const Vec& v, const AttnShape& s, double scale, Vec& out,
+                   Vec& lse) {
+  out.assign(size_t(s.B) * s.T * s.Hq * s.D, 0.0);
+  lse.assign(size_t(s.B) * s.Hq * s.T, 0.0);
+  int group = s.Hq / s.Hkv;
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.Hq; ++h)
+      for (int t = 0; t < s.T; ++t) {
+        Vec score(t + 1);
+        double max_score = -INFINITY;
+        for (int j = 0; j <= t; ++j) {
+          double sum = 0.0;
+          for (int d = 0; d < s.D; ++d)
+            sum += q[attn_at(s, s.Hq, b, t, h) + d] * k[attn_at(s, s.Hkv, b, j, h / group) + d];
+          score[j] = scale * sum;
+          max_score = std::max(max_score, score[j]);
+        }
+        double denom = 0.0;
+        for (int j = 0; j <= t; ++j) denom += std::exp(score[j] - max_score);
+        for (int j = 0; j <= t; ++j)
+          for (int d = 0; d < s.D; ++d)
+            out[attn_at(s, s.Hq, b, t, h) + d] +=
+                std::exp(score[j] - max_score) / denom * v[attn_at(s, s.Hkv, b, j, h / group) + d];
+        lse[(size_t(b) * s.Hq + h) * s.T + t] = max_score + std::log(denom);
+      }
+}
+
+// Per-row softmax cross-entropy, 0 for rows whose target is -100.
+Vec cross_entropy_ref(const Vec& logits, const std::vector<int32_t>& targets, int V) {
+  Vec losses(targets.size(), 0.0);
+  for (size_t n = 0; n < targets.size(); ++n) {
+    if (targets[n] == -100) continue;
+    double max_logit = -INFINITY, sum = 0.0;
+    for (int i = 0; i < V; ++i) max_logit = std::max(max_logit, logits[n * V + i]);
+    for (int i = 0; i < V; ++i) sum += std::exp(logits[n * V + i] - max_logit);
+    losses[n] = max_logit + std::log(sum) - logits[n * V + size_t(targets[n])];
+  }
+  return losses;
+}
+
+double silu(double x) { return x / (1.0 + std::exp(-x)); }
+
+}  // namespace
+
+// ---- copy / fill --------------------------------------------------------
+
+TEST_CASE("copy converts f32 <-> bf16 <-> f16 with round-to-nearest-even") {
+  std::mt19937 rng(1);
+  const int n = 2051;  // crosses the kernels' 1024-element chunks
+  Vec values = random_vec(n, rng, -300.0, 300.0);
+  Tensor f32 = make({n}, DType::f32, values);
+  Tensor bf16 = make({n}, DType::bf16), f16 = make({n}, DType::f16), f16_direct = make({n}, DType::f16);
+  Tensor bf16_from_f16 = make({n}, DType::bf16), f32_from_bf16 = make({n}, DType::f32);
+  Tensor f32_from_f16 = make({n}, DType::f32);
+  backend.copy(bf16, f32);
+  backend.copy(f16, bf16);
+  backend.copy(f16_direct, f32);
+  backend.copy(bf16_from_f16, f16_direct);
+  backend.copy(f32_from_bf16, bf16);
+  backend.copy(f32_from_f16, f16_direct);
+  for (int i = 0; i < n; ++i) {
+    float x = f32.ptr<float>()[i];
+    uint16_t want_bf16 = f32_to_bf16(x), want_f16 = f32_to_f16(x);
+    REQUIRE(bf16.ptr<uint16_t>()[i] == want_bf16);
+    REQUIRE(f16.ptr<uint16_t>()[i] == f32_to_f16(bf16_to_f32(want_bf16)));
+    REQUIRE(f16_direct.ptr<uint16_t>()[i] == want_f16);
+    REQUIRE(bf16_from_f16.ptr<uint16_t>()[i] == f32_to_bf16(f16_to_f32(want_f16)));
+    REQUIRE(f32_from_bf16.ptr<float>()[i] == bf16_to_f32(want_bf16));
+    REQUIRE(f32_from_f16.ptr<float>()[i] == f16_to_f32(want_f16));
+  }
+  Tensor same = make({n}, DType::f32);
+  backend.copy(same, f32.reshaped({7, 293}));  // any shape with the same element count
+  CHECK(values_of(same) == values_of(f32));
+  Tensor short_dst = make({n - 1}, DType::f32);
+  CHECK_THROWS_AS(backend.copy(short_dst, f32), Error);
+  Tensor ints = make_i32({1, 2, 3});
+  Tensor three = make({3}, DType::f32);
+  CHECK_THROWS_AS(backend.copy(three, ints), Error);
+}
+
+TEST_CASE("fill writes the value rounded to the tensor's dtype") {
+  Tensor f32 = make({13}, DType::f32), bf16 = make({13}, DType::bf16);
+  backend.fill(f32, 0.1f);
+  backend.fill(bf16, 0.1f);
+  CHECK(values_of(f32) == Vec(13, double(0.1f)));
+  CHECK(values_of(bf16) == Vec(13, double(bf16_to_f32(f32_to_bf16(0.1f)))));
+}
+
+// ---- matmul -------------------------------------------------------------
+
+TEST_CASE("matmul: all four transpose combinations, beta = 0 ignores NaN in out") {
+  std::mt19937 rng(2);
+  const int M = 13, N = 7, K = 37;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      CAPTURE(ta);
+      CAPTURE(tb);
+      Vec a = random_vec(size_t(M) * K, rng), b = random_vec(size_t(K) * N, rng);
+      Tensor ta_t = make(ta ? Shape{K, M} : Shape{M, K}, DType::f32, a);
+      Tensor tb_t = make(tb ? Shape{N, K} : Shape{K, N}, DType::f32, b);
+      Tensor out = make({M, N}, DType::f32);
+      backend.fill(out, NAN);
+      backend.matmul(out, ta_t, tb_t, ta, tb);
+      check_close(values_of(out), matmul_ref(a, b, M, N, K, ta, tb), kF32Tol, "matmul");
+    }
+}
+
+TEST_CASE("matmul: alpha and beta across every blocking boundary") {
+  // M > 2 row blocks (72), N > one packed slice (1024) and not a multiple of
+  // the 16-wide tile, K > one 256-deep slice: beta must apply exactly once.
+  std::mt19937 rng(3);
+  const int M = 151, N = 1043, K = 301;
+  const float alpha = 0.75f, beta = -1.5f;
+  Vec a = random_vec(size_t(K) * M, rng), b = random_vec(size_t(K) * N, rng), old = random_vec(size_t(M) * N, rng);
+  Tensor ta = make({K, M}, DType::f32, a), tb = make({K, N}, DType::f32, b), out = make({M, N}, DType::f32, old);
+  backend.matmul(out, ta, tb, true, false, alpha, beta);
+  Vec want = matmul_ref(a, b, M, N, K, true, false);
+  for (size_t i = 0; i < want.size(); ++i) want[i] = alpha * want[i] + beta * old[i];
+  check_close(values_of(out), want, kF32Tol, "matmul alpha/beta");
+}
+
+TEST_CASE("matmul: bf16 and mixed inputs, bf16 output") {
+  std::mt19937 rng(4);
+  const int M = 263, N = 19, K = 21;  // M > the 256-row f32 band used for bf16 out
+  Vec a = random_vec(size_t(M) * K, rng), b = random_vec(size_t(N) * K, rng), old = random_vec(size_t(M) * N, rng);
+  Tensor a_bf16 = make({M, K}, DType::bf16, a), b_f32 = make({N, K}, DType::f32, b);
+  Tensor b_bf16 = make({N, K}, DType::bf16, b);
+  // The reference multiplies the bf16-rounded inputs, so f32 accumulation is all that differs.
+  Vec want = matmul_ref(rounded(a, DType::bf16), rounded(b, DType::f32), M, N, K, false, true);
+  Tensor out = make({M, N}, DType::f32);
+  backend.matmul(out, a_bf16, b_f32, false, true);
+  check_close(values_of(out), want, kF32Tol, "bf16 @ f32 -> f32");
+
+  want = matmul_ref(rounded(a, DType::bf16), rounded(b, DType::bf16), M, N, K, false, true);
+  Vec old_bf16 = rounded(old, DType::bf16);
+  for (size_t i = 0; i < want.size(); ++i) want[i] = 2.0 * want[i] + 0.5 * old_bf16[i];
+  Tensor out_bf16 = make({M, N}, DType::bf16, old);
+  backend.matmul(out_bf16, a_bf16, b_bf16, false, true, 2.0f, 0.5f);
+  check_close(values_of(out_bf16), want, kBf16Tol, "bf16 @ bf16 -> bf16 with beta");
+}
+
+// ---- elementwise --------------------------------------------------------
+
+TEST_CASE("add, in place") {
+  std::mt19937 rng(5);
+  Vec a = random_vec(37 * 13, rng), b = random_vec(37 * 13, rng);
+  Tensor ta = make({37, 13}, DType::f32, a), tb = make({37, 13}, DType::bf16, b);
+  backend.add(ta, ta, tb);
+  Vec b_bf16 = rounded(b, DType::bf16), want(a.size());
+  for (size_t i = 0; i < a.size(); ++i) want[i] = a[i] + b_bf16[i];
+  check_close(values_of(ta), want, kF32Tol, "add");
+}
+
+TEST_CASE("swiglu forward and backward") {
+  std::mt19937 rng(6);
+  const int n = 7 * 13;
+  Vec gate = random_vec(n, rng, -4.0, 4.0), up = random_vec(n, rng), probe = random_vec(n, rng);
+  Tensor tg = make({7, 13}, DType::f32, gate), tu = make({7, 13}, DType::f32, up), out = make({7, 13}, DType::f32);
+  backend.swiglu_forward(out, tg, tu);
+  Vec want(n);
+  for (int i = 0; i < n; ++i) want[i] = silu(gate[i]) * up[i];
+  check_close(values_of(out), want, kF32Tol, "swiglu forward");
+
+  Tensor dout = make({7, 13}, DType::f32, probe), dgate = make({7, 13}, DType::f32), dup = make({7, 13}, DType::f32);
+  backend.swiglu_backward(dgate, dup, dout, tg, tu);
+  auto loss_of_gate = [&](const Vec& g) {
+    double sum = 0.0;
+    for (int i = 0; i < n; ++i) sum += silu(g[i]) * up[i] * probe[i];
+    return sum;
+  };
+  auto loss_of_up = [&](const Vec& u) {
+    double sum = 0.0;
+    for (int i = 0; i < n; ++i) sum += silu(gate[i]) * u[i] * probe[i];
+    return sum;
+  };
+  check_close(values_of(dgate), numeric_grad(loss_of_gate, gate), kGradTol, "dgate");
+  check_close(values_of(dup), numeric_grad(loss_of_up, up), kGradTol, "dup");
+}
+
+// ---- embedding ----------------------------------------------------------
+
+TEST_CASE("embedding forward gathers rows; backward accumulates repeated ids") {
+  std::mt19937 rng(7);
+  const int V = 11, C = 71;  // C crosses the backward's 64-channel blocks
+  std::vector<int32_t> ids = {3, 0, 3, 10, 3, 5, 0, 7, 3};
+  const int N = int(ids.size());
+  Vec table = random_vec(size_t(V) * C, rng);
+  Tensor t_table = make({V, C}, DType::bf16, table), t_ids = make_i32(ids), out = make({N, C}, DType::f32);
+  backend.embedding_forward(out, t_ids, t_table);
+  Vec table_bf16 = rounded(table, DType::bf16), want(size_t(N) * C);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) want[size_t(n) * C + c] = table_bf16[size_t(ids[n]) * C + c];
+  CHECK(values_of(out) == want);  // a gather is exact
+
+  Vec probe = random_vec(size_t(N) * C, rng), prior = random_vec(size_t(V) * C, rng);
+  Tensor dout = make({N, C}, DType::f32, probe), dtable = make({V, C}, DType::f32, prior);
+  backend.embedding_backward(dtable, t_ids, dout);
+  auto loss = [&](const Vec& tab) {
+    double sum = 0.0;
+    for (int n = 0; n < N; ++n)
+      for (int c = 0; c < C; ++c) sum += tab[size_t(ids[n]) * C + c] * probe[size_t(n) * C + c];
+    return sum;
+  };
+  Vec grad = numeric_grad(loss, table_bf16);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] += prior[i];
+  check_close(values_of(dtable), grad, kF32Tol, "dtable (+= prior)");
+
+  Tensor bad_ids = make_i32({0, V});
+  Tensor out2 = make({2, C}, DType::f32);
+  CHECK_THROWS_AS(backend.embedding_forward(out2, bad_ids, t_table), Error);
+}
+
+// ---- rmsnorm ------------------------------------------------------------
+
+TEST_CASE("rmsnorm forward matches HF and saves rstd") {
+  std::mt19937 rng(8);
+  const int N = 7, C = 37;
+  const float eps = 1e-5f;
+  Vec x = random_vec(size_t(N) * C, rng, -2.0, 2.0), w = random_vec(C, rng, 0.5, 1.5);
+  Tensor tx = make({N, C}, DType::f32, x), tw = make({C}, DType::f32, w);
+  Tensor out = make({N, C}, DType::f32), rstd = make({N}, DType::f32);
+  backend.rmsnorm_forward(out, rstd, tx, tw, eps);
+  check_close(values_of(out), rmsnorm_ref(x, w, N, C, eps), kF32Tol, "rmsnorm");
+  check_close(values_of(rstd), rmsnorm_rstd_ref(x, N, C, eps), kF32Tol, "rstd");
+
+  // bf16 in and out: HF rounds x * rstd to bf16 before the weight multiply,
+  // whose product is rounded again.
+  Tensor x_bf16 = make({N, C}, DType::bf16, x), w_bf16 = make({C}, DType::bf16, w);
+  Tensor out_bf16 = make({N, C}, DType::bf16);
+  backend.rmsnorm_forward(out_bf16, rstd, x_bf16, w_bf16, eps);
+  Vec x_rounded = rounded(x, DType::bf16), w_rounded = rounded(w, DType::bf16);
+  Vec want_rstd = rmsnorm_rstd_ref(x_rounded, N, C, eps), want(x.size());
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) {
+      size_t at = size_t(n) * C + c;
+      want[at] = w_rounded[c] * rounded({x_rounded[at] * want_rstd[n]}, DType::bf16)[0];
+    }
+  check_close(values_of(out_bf16), rounded(want, DType::bf16), kBf16Tol, "rmsnorm bf16");
+}
+
+TEST_CASE("rmsnorm backward: finite differences, dweight accumulates") {
+  std::mt19937 rng(9);
+  const int N = 7, C = 37;
+  const float eps = 1e-5f;
+  Vec x = random_vec(size_t(N) * C, rng, -2.0, 2.0), w = random_vec(C, rng, 0.5, 1.5);
+  Vec probe = random_vec(size_t(N) * C, rng), prior = random_vec(C, rng);
+  Tensor tx = make({N, C}, DType::f32, x), tw = make({C}, DType::f32, w);
+  Tensor out = make({N, C}, DType::f32), rstd = make({N}, DType::f32);
+  backend.rmsnorm_forward(out, rstd, tx, tw, eps);
+  Tensor dout = make({N, C}, DType::f32, probe), dx = make({N, C}, DType::f32), dw = make({C}, DType::f32, prior);
+  backend.rmsnorm_backward(dx, &dw, dout, tx, tw, rstd);
+
+  Vec want_dx = numeric_grad([&](const Vec& xs) { return dot(rmsnorm_ref(xs, w, N, C, eps), probe); }, x);
+  Vec want_dw = numeric_grad([&](const Vec& ws) { return dot(rmsnorm_ref(x, ws, N, C, eps), probe); }, w);
+  for (int c = 0; c < C; ++c) want_dw[c] += prior[c];
+  check_close(values_of(dx), want_dx, kGradTol, "dx");
+  check_close(values_of(dw), want_dw, kGradTol, "dweight (+= prior)");
+
+  Tensor dx_only = make({N, C}, DType::f32);
+  backend.rmsnorm_backward(dx_only, nullptr, dout, tx, tw, rstd);
+  CHECK(values_of(dx_only) == values_of(dx));
+}
+
+// ---- rope ---------------------------------------------------------------
+
+TEST_CASE("rope forward: partial and full rotary_dim, large positions") {
+  std::mt19937 rng(10);
+  const int H = 3, D = 10;
+  std::vector<int32_t> pos = {0, 1, 7, 4095, 131071};
+  const int N = int(pos.size());
+  for (int rotary_dim : {6, 10})
+    for (float theta : {10000.0f, 500000.0f}) {
+      CAPTURE(rotary_dim);
+      CAPTURE(theta);
+      Vec x = random_vec(size_t(N) * H * D, rng);
+      Tensor tx = make({N, H, D}, DType::f32, x), tpos = make_i32(pos);
+      backend.rope_forward(tx, tpos, rotary_dim, theta);
+      Vec got = values_of(tx);
+      check_close(got, rope_ref(x, pos, H, D, rotary_dim, theta), kF32Tol, "rope");
+      for (int i = 0; i < N * H * D; ++i) {
+        bool untouched = i % D >= rotary_dim || i < H * D;  // features past rotary_dim, and position 0
+        if (untouched) REQUIRE(got[i] == float(x[i]));
+      }
+    }
+}
+
+TEST_CASE("rope backward is the transpose rotation (finite differences)") {
+  std::mt19937 rng(11);
+  const int H = 2, D = 12, rotary_dim = 8;
+  const float theta = 10000.0f;
+  std::vector<int32_t> pos = {0, 3, 17, 1000, 29};
+  const int N = int(pos.size());
+  Vec x = random_vec(size_t(N) * H * D, rng), probe = random_vec(size_t(N) * H * D, rng);
+  Tensor grad = make({N, H, D}, DType::f32, probe), tpos = make_i32(pos);
+  backend.rope_backward(grad, tpos, rotary_dim, theta);
+  Vec want = numeric_grad([&](const Vec& xs) { return dot(rope_ref(xs, pos, H, D, rotary_dim, theta), probe); }, x);
+  check_close(values_of(grad), want, kGradTol, "rope dx");
+
+  Tensor tx = make({N, H, D}, DType::f32, x);
+  backend.rope_forward(tx, tpos, rotary_dim, theta);
+  backend.rope_backward(tx, tpos, rotary_dim, theta);
+  check_close(values_of(tx), x, kF32Tol, "rope backward(forward(x))");
+}
+
+// ---- attention ----------------------------------------------------------
+
+TEST_CASE("attention forward: GQA and MHA, T not a multiple of 8") {
+  std::mt19937 rng(12);
+  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      CAPTURE(s.Hq);
+      CAPTURE(s.Hkv);
+      CAPTURE(dtype_name(dtype));
+      Vec q = random_vec(size_t(s.B) * s.T * s.Hq * s.D, rng, -2.0, 2.0);
+      Vec k = random_vec(size_t(s.B) * s.T * s.Hkv * s.D, rng, -2.0, 2.0);
+      Vec v = random_vec(size_t(s.B) * s.T * s.Hkv * s.D, rng);
+      Tensor tq = make({s.B, s.T, s.Hq, s.D}, dtype, q), tk = make({s.B, s.T, s.Hkv, s.D}, dtype, k);
+      Tensor tv = make({s.B, s.T, s.Hkv, s.D}, dtype, v);
+      Tensor out = make({s.B, s.T, s.Hq, s.D}, dtype), lse = make({s.B, s.Hq, s.T}, DType::f32);
+      double scale = 1.0 / std::sqrt(double(s.D));
+      backend.attention_forward(out, lse, tq, tk, tv, float(scale));
+      Vec want_out, want_lse;
+      attention_ref(rounded(q, dtype), rounded(k, dtype), rounded(v, dtype), s, scale, want_out, want_lse);
+      double tol = dtype == DType::f32 ? kF32Tol : kBf16Tol;
+      check_close(values_of(out), want_out, tol, "attention out");
+      check_close(values_of(lse), want_lse, kF32Tol, "attention lse");
+    }
+}
+
+TEST_CASE("attention backward: finite differences for dq, dk, dv") {
+  std::mt19937 rng(13);
+  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}}) {
+    CAPTURE(s.Hq);
+    CAPTURE(s.Hkv);
+    Vec q = random_vec(size_t(s.B) * s.T * s.Hq * s.D, rng, -2.0, 2.0);
+    Vec k = random_vec(size_t(s.B) * s.T * s.Hkv * s.D, rng, -2.0, 2.0);
+    Vec v = random_vec(size_t(s.B) * s.T * s.Hkv * s.D, rng);
+    Vec probe = random_vec(q.size(), rng);
+    Shape q_shape = {s.B, s.T, s.Hq, s.D}, kv_shape = {s.B, s.T, s.Hkv, s.D};
+    Tensor tq = make(q_shape, DType::f32, q), tk = make(kv_shape, DType::f32, k), tv = make(kv_shape, DType::f32, v);
+    Tensor out = make(q_shape, DType::f32), lse = make({s.B, s.Hq, s.T}, DType::f32);
+    double scale = 1.0 / std::sqrt(double(s.D));
+    backend.attention_forward(out, lse, tq, tk, tv, float(scale));
+    Tensor dout = make(q_shape, DType::f32, probe);
+    Tensor dq = make(q_shape, DType::f32), dk = make(kv_shape, DType::f32), dv = make(kv_shape, DType::f32);
+    backend.fill(dk, NAN);  // overwritten, never accumulated into
+    backend.attention_backward(dq, dk, dv, dout, tq, tk, tv, out, lse, float(scale));
+
+    auto loss = [&](const Vec& qs, const Vec& ks, const Vec& vs) {
+      Vec o, l;
+      attention_ref(qs, ks, vs, s, scale, o, l);
+      return dot(o, probe);
+    };
+    check_close(values_of(dq), numeric_grad([&](const Vec& x) { return loss(x, k, v); }, q), kGradTol, "dq");
+    check_close(values_of(dk), numeric_grad([&](const Vec& x) { return loss(q, x, v); }, k), kGradTol, "dk");
+    check_close(values_of(dv), numeric_grad([&](const Vec& x) { return loss(q, k, x); }, v), kGradTol, "dv");
+  }
+}
+
+// ---- cross entropy ------------------------------------------------------
+
+TEST_CASE("cross entropy: ignored rows, gradient, dlogits aliasing logits") {
+  std::mt19937 rng(14);
+  const int V = 37;
+  std::vector<int32_t> targets = {5, -100, 0, 36, -100, 12, 12};
+  const int N = int(targets.size()), counted = 5;
+  const float dloss = 1.0f / counted;
+  Vec logits = random_vec(size_t(N) * V, rng, -4.0, 4.0);
+  logits[2 * V] = 40.0;  // a dominant logit: stability needs the max subtracted
+  Tensor tl = make({N, V}, DType::f32, logits), tt = make_i32(targets);
+  Tensor losses = make({N}, DType::f32), dlogits = make({N, V}, DType::f32);
+  backend.cross_entropy(losses, &dlogits, tl, tt, dloss);
+  check_close(values_of(losses), cross_entropy_ref(logits, targets, V), kF32Tol, "losses");
+  CHECK(losses.ptr<float>()[1] == 0.0f);
+  Vec want = numeric_grad(
+      [&](const Vec& l) {
+        Vec per_row = cross_entropy_ref(l, targets, V);
+        double sum = 0.0;
+        for (double x : per_row) sum += x;
+        return dloss * sum;
+      },
+      logits);
+  Vec got = values_of(dlogits);
+  check_close(got, want, kGradTol, "dlogits");
+  for (int i = 0; i < V; ++i) REQUIRE(got[size_t(V) + i] == 0.0);  // ignored row
+
+  Tensor aliased = make({N, V}, DType::f32, logits), losses2 = make({N}, DType::f32);
+  backend.cross_entropy(losses2, &aliased, aliased, tt, dloss);
+  CHECK(values_of(aliased) == got);
+  CHECK(values_of(losses2) == values_of(losses));
+
+  Tensor bad_targets = make_i32({0, 1, 2, 3, 4, 5, V});
+  CHECK_THROWS_AS(backend.cross_entropy(losses, nullptr, tl, bad_targets, dloss), Error);
+}
+
+// ---- argument checks ----------------------------------------------------
+
+TEST_CASE("shape and dtype mismatches throw ft::Error") {
+  Tensor a = make({5, 7}, DType::f32), b = make({6, 3}, DType::f32), out = make({5, 3}, DType::f32);
+  CHECK_THROWS_AS(backend.matmul(out, a, b, false, false), Error);  // inner dims 7 vs 6
+  Tensor b_ok = make({7, 3}, DType::f32), out_bad = make({5, 4}, DType::f32);
+  CHECK_THROWS_AS(backend.matmul(out_bad, a, b_ok, false, false), Error);
+  CHECK_THROWS_AS(backend.matmul(a, a, a, false, true), Error);  // out aliases inputs
+  Tensor ints = make({5, 7}, DType::i32);
+  CHECK_THROWS_AS(backend.matmul(out, ints, b_ok, false, false), Error);
+
+  Tensor c = make({7, 5}, DType::f32);
+  CHECK_THROWS_AS(backend.add(a, a, c), Error);
+
+  Tensor x = make({3, 8}, DType::f32), w = make({7}, DType::f32), rstd = make({3}, DType::f32);
+  Tensor y = make({3, 8}, DType::f32);
+  CHECK_THROWS_AS(backend.rmsnorm_forward(y, rstd, x, w, 1e-5f), Error);
+
+  Tensor q = make({1, 5, 3, 4}, DType::f32), kv = make({1, 5, 2, 4}, DType::f32);
+  Tensor attn_out = make({1, 5, 3, 4}, DType::f32), lse = make({1, 3, 5}, DType::f32);
+  CHECK_THROWS_AS(backend.attention_forward(attn_out, lse, q, kv, kv, 0.5f), Error);  // 3 % 2 != 0
+  Tensor kv3 = make({1, 5, 3, 4}, DType::f32), lse_bad = make({1, 5, 3}, DType::f32);
+  CHECK_THROWS_AS(backend.attention_forward(attn_out, lse_bad, q, kv3, kv3, 0.5f), Error);
+
+  Tensor heads = make({5, 3, 4}, DType::f32), pos = make_i32({0, 1, 2, 3, 4});
+  CHECK_THROWS_AS(backend.rope_forward(heads, pos, 3, 10000.0f), Error);  // odd
+  CHECK_THROWS_AS(backend.rope_forward(heads, pos, 6, 10000.0f), Error);  // > head_dim
+  Tensor pos_short = make_i32({0, 1});
+  CHECK_THROWS_AS(backend.rope_forward(heads, pos_short, 4, 10000.0f), Error);
+
+  Tensor ids_f32 = make({5}, DType::f32), emb = make({5, 7}, DType::f32);
+  CHECK_THROWS_AS(backend.embedding_forward(emb, ids_f32, a), Error);
+}
