@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/error.h"
 #include "model/llama.h"
 #include "model/safetensors.h"
 
@@ -90,3 +91,18 @@ TEST_CASE("llama with grouped-query attention and untied embeddings matches tran
 }
 
 TEST_CASE("llama with tied embeddings matches transformers") { check_against_transformers("llama_tied"); }
+
+TEST_CASE("a checkpoint missing a tensor the config needs is refused, naming the tensor") {
+  const std::string dir = std::string(FT_FIXTURES_DIR) + "/llama_gqa";
+  Checkpoint full(dir);
+  std::vector<std::pair<std::string, Tensor>> kept;
+  for (const std::string& name : full.names())
+    if (name != "model.layers.1.mlp.up_proj.weight") kept.emplace_back(name, full.view(name));
+  const std::string path = std::string(FT_BINARY_DIR) + "/llama_missing_tensor.safetensors";
+  save_safetensors(path, kept);
+  HostAllocator host;
+  CpuBackend backend(host);
+  LlamaModel model(ModelConfig::from_json_file(dir + "/config.json"), backend);
+  CHECK_THROWS_WITH_AS(model.load(Checkpoint(path)),
+                       doctest::Contains("missing tensor \"model.layers.1.mlp.up_proj.weight\""), Error);
+}

@@ -1,0 +1,45 @@
+// The SentencePiece wrapper against Python sentencepiece's encodings
+// (tests/fixtures/tokenizer/encode_reference.json, from scripts/make_fixtures.py).
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/error.h"
+#include "tokenizer/sentencepiece_tokenizer.h"
+
+using namespace ft;
+
+static const std::string kTokenizerPath = std::string(FT_FIXTURES_DIR) + "/tokenizer/tokenizer.model";
+
+TEST_CASE("encodings match Python sentencepiece and decode back") {
+  SentencePieceTokenizer tokenizer(kTokenizerPath, 320);
+  CHECK(tokenizer.vocab_size() == 320);
+  CHECK(tokenizer.unk_id() == 0);
+  CHECK(tokenizer.bos_id() == 1);
+  CHECK(tokenizer.eos_id() == 2);
+  CHECK(tokenizer.pad_id() == 3);
+  std::ifstream file(std::string(FT_FIXTURES_DIR) + "/tokenizer/encode_reference.json");
+  nlohmann::json cases = nlohmann::json::parse(file);
+  REQUIRE(cases.size() >= 8);
+  for (const auto& reference : cases) {
+    const std::string text = reference["text"];
+    CAPTURE(text);
+    std::vector<int32_t> ids = tokenizer.encode(text);
+    CHECK(ids == reference["ids"].get<std::vector<int32_t>>());
+    if (reference.contains("decoded")) CHECK(tokenizer.decode(ids) == reference["decoded"].get<std::string>());
+  }
+}
+
+TEST_CASE("a tokenizer whose vocabulary differs from the model's is refused") {
+  CHECK_THROWS_WITH_AS(SentencePieceTokenizer(kTokenizerPath, 32000),
+                       doctest::Contains("tokenizer vocabulary has 320 pieces but the model's vocab_size is 32000"),
+                       Error);
+}
+
+TEST_CASE("a missing or corrupt tokenizer file is an error naming it") {
+  CHECK_THROWS_WITH_AS(SentencePieceTokenizer("/nonexistent/tokenizer.model"),
+                       doctest::Contains("/nonexistent/tokenizer.model"), Error);
+  CHECK_THROWS_WITH_AS(SentencePieceTokenizer(std::string(FT_FIXTURES_DIR) + "/llama_gqa/config.json"),
+                       doctest::Contains("cannot load SentencePiece model"), Error);
+}
