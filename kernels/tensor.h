@@ -48,7 +48,11 @@ struct Tensor {
   // Size of dimension i; negative i counts from the end.
   int64_t dim(int i) const;
   // Product of all dimensions but the last: the row count of a 2-D view.
-  int64_t rows() const { return numel() / (shape.empty() ? 1 : shape.back()); }
+  int64_t rows() const {
+    int64_t count = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) count *= shape[i];
+    return count;
+  }
   int64_t cols() const { return shape.empty() ? 1 : shape.back(); }
 
   template <class T>

@@ -26,8 +26,10 @@ void quantize_parameter(Backend& backend, Parameter& p, const Tensor& full_preci
     source = backend.empty(full_precision.shape, full_precision.dtype, MemCategory::workspace);
     backend.copy(source, full_precision);
   }
-  p.value = backend.empty(full_precision.shape, DType::i8, MemCategory::weights);
-  p.scales = backend.empty({full_precision.dim(0)}, DType::f32, MemCategory::weights);
+  if (p.value.dtype != DType::i8 || p.value.shape != full_precision.shape) {
+    p.value = backend.empty(full_precision.shape, DType::i8, MemCategory::weights);
+    p.scales = backend.empty({full_precision.dim(0)}, DType::f32, MemCategory::weights);
+  }
   backend.quantize_rows_int8(p.value, p.scales, source);
 }
 

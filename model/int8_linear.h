@@ -21,9 +21,10 @@ class Int8Linear final : public Linear {
   float threshold_;
 };
 
-// Replaces p.value with the i8 codes [out, in] and sets p.scales (f32 [out])
-// of a full-precision [out, in] weight, both allocated on the backend as
-// weights; used at load time. The full-precision tensor may live on the host.
+// Sets p.value to the i8 codes [out, in] and p.scales (f32 [out]) of a
+// full-precision [out, in] weight; used at load time. Reuses p.value/p.scales
+// when the model already allocated them (i8 of that shape), else allocates
+// both on the backend as weights. The full-precision tensor may live on the host.
 void quantize_parameter(Backend& backend, Parameter& p, const Tensor& full_precision);
 
 }  // namespace ft

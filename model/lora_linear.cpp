@@ -20,7 +20,7 @@ LoraLinear::LoraLinear(std::unique_ptr<Linear> base, Parameter& lora_A, Paramete
 // dropout(x) in f32 (PEFT casts x to lora_A's dtype before its dropout), or x
 // itself when there is no dropout.
 Tensor LoraLinear::adapter_input(Backend& backend, const Tensor& x) {
-  if (dropout_ == 0.0f) return x;
+  if (!dropout_active()) return x;
   Tensor xd = backend.empty(x.shape, DType::f32, MemCategory::activations);
   backend.dropout_forward(xd, x, dropout_, dropout_seed_);
   return xd;
@@ -49,7 +49,7 @@ void LoraLinear::backward(Backend& backend, Tensor& dx, const Tensor& dout, cons
   Tensor g = backend.empty({N, r}, DType::f32, MemCategory::activations);
   backend.matmul(g, dout, B_.value, false, false, scaling_);
   if (A_.trainable()) backend.matmul(A_.grad, g, xd, true, false, 1.0f, 1.0f);
-  if (dropout_ == 0.0f) {
+  if (!dropout_active()) {
     backend.matmul(dx, g, A_.value, false, false, 1.0f, 1.0f);
     return;
   }

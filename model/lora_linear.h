@@ -19,12 +19,15 @@ class LoraLinear final : public Linear {
   // layer a distinct seed each step, and keep it for the backward (and any
   // recomputed forward) of that step.
   void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
+  // Dropout applies only while training (PEFT's nn.Dropout in train mode).
+  void set_training(bool training) { training_ = training; }
   void forward(Backend& backend, Tensor& out, const Tensor& x) override;
   void backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
   Linear& base() { return *base_; }
 
  private:
   Tensor adapter_input(Backend& backend, const Tensor& x);
+  bool dropout_active() const { return training_ && dropout_ > 0.0f; }
 
   std::unique_ptr<Linear> base_;
   Parameter& A_;
@@ -32,6 +35,7 @@ class LoraLinear final : public Linear {
   float scaling_;
   float dropout_;
   uint64_t dropout_seed_ = 0;
+  bool training_ = true;
 };
 
 // PEFT's scaling: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora.

@@ -89,6 +89,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
              "\" is not supported yet (expected \"default\")");
     result.rope_theta = optional_value<float>(rope, "rope_theta", result.rope_theta, source);
   }
+  result.initializer_range = optional_value<float>(config, "initializer_range", result.initializer_range, source);
   result.tie_word_embeddings = optional_value<bool>(config, "tie_word_embeddings", false, source);
   result.attention_bias = optional_value<bool>(config, "attention_bias", false, source);
   result.mlp_bias = optional_value<bool>(config, "mlp_bias", false, source);

@@ -17,6 +17,7 @@ struct ModelConfig {
   int64_t max_position_embeddings = 2048;
   float rms_norm_eps = 1e-6f;
   float rope_theta = 10000.0f;
+  float initializer_range = 0.02f;  // std of transformers' normal init
   bool tie_word_embeddings = false;
   bool attention_bias = false;
   bool mlp_bias = false;

@@ -8,6 +8,7 @@
 // int8 operands it falls back to 16-bit multiplies plus widening adds.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -18,7 +19,7 @@ namespace {
 
 constexpr int64_t kXRowsPerTask = 128;     // rows of x per GEMM task
 constexpr int64_t kWRowsPerTask = 32;      // weight rows per GEMM task, packed as int16 (64 KiB at K = 1024)
-constexpr int64_t kMR = 2, kNR = 4;        // register tile: 2 x-rows by 4 weight rows = 8 vector accumulators
+constexpr int64_t kMR = 3, kNR = 4;        // register tile: 3 x-rows by 4 weight rows = 12 vector accumulators
 constexpr int64_t kBackwardWRows = 256;    // weight rows dequantised at a time in backward (the matmul's K slice)
 constexpr float kInv127Sq = 1.0f / (127.0f * 127.0f);
 
@@ -63,24 +64,22 @@ std::vector<int64_t> find_outlier_columns(const Tensor& x, float threshold) {
   return columns;
 }
 
-// acc[i][j] = dot(a_i, b_j) over K int16 codes; b rows are ldb apart. Plain
-// loops: GCC vectorises the 8 reductions with pmaddwd.
-void dot_tile(const int16_t* a0, const int16_t* a1, const int16_t* b, int64_t ldb, int64_t K, int32_t acc[kMR][kNR]) {
-  const int16_t *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb;
-  int32_t s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
-  for (int64_t k = 0; k < K; ++k) {
-    int32_t x0 = a0[k], x1 = a1[k];
-    s00 += x0 * b0[k], s01 += x0 * b1[k], s02 += x0 * b2[k], s03 += x0 * b3[k];
-    s10 += x1 * b0[k], s11 += x1 * b1[k], s12 += x1 * b2[k], s13 += x1 * b3[k];
-  }
-  acc[0][0] = s00, acc[0][1] = s01, acc[0][2] = s02, acc[0][3] = s03;
-  acc[1][0] = s10, acc[1][1] = s11, acc[1][2] = s12, acc[1][3] = s13;
+// acc[i][j] = dot(a_i, b_j) over K int16 codes; rows of a and of b are K
+// apart. Plain loops: GCC keeps the 12 sums in vector registers and
+// vectorises them with pmaddwd.
+void dot_tile(const int16_t* a, const int16_t* b, int64_t K, int32_t acc[kMR][kNR]) {
+  int32_t sum[kMR][kNR] = {};
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t i = 0; i < kMR; ++i)
+      for (int64_t j = 0; j < kNR; ++j) sum[i][j] += int32_t(a[i * K + k]) * b[j * K + k];
+  std::memcpy(acc, sum, sizeof(sum));
 }
 
 // The operands of one forward call, prepared once.
 struct Int8Operands {
   int64_t N, K, O, C;           // C = number of outlier columns
-  std::vector<int16_t> xq;      // [N, K] codes of x with outlier columns zeroed
+  std::vector<int16_t> xq;      // [N + kMR - 1, K] codes of x with outlier columns zeroed; the padding
+                                // rows let the last register tile read past row N (results dropped)
   std::vector<float> sx;        // [N] their row scales
   std::vector<float> x_out;     // [N, C] x's outlier columns
   std::vector<float> w_out;     // [C, O] dequantised weight columns, transposed so the update runs along O
@@ -98,11 +97,9 @@ void forward_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, 
     for (int64_t k = 0; k < K; ++k) wp[j * K + k] = op.wq[(o0 + j) * K + k];
   float tile[kXRowsPerTask][kWRowsPerTask];
   for (int64_t i = 0; i < nb; i += kMR) {
-    const int16_t* a0 = op.xq.data() + (n0 + i) * K;
-    const int16_t* a1 = i + 1 < nb ? a0 + K : a0;  // a missing last row repeats the row; its results are dropped
     for (int64_t j = 0; j < ob; j += kNR) {
       int32_t acc[kMR][kNR];
-      dot_tile(a0, a1, wp.data() + j * K, K, K, acc);
+      dot_tile(op.xq.data() + (n0 + i) * K, wp.data() + j * K, K, acc);
       for (int64_t r = 0; r < std::min(kMR, nb - i); ++r)
         for (int64_t c = 0; c < std::min(kNR, ob - j); ++c)
           tile[i + r][j + c] = float(acc[r][c]) * (op.sx[n0 + i + r] * op.sw[o0 + j + c] * kInv127Sq);
@@ -165,7 +162,7 @@ void CpuBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor&
   p.C = int64_t(columns.size());
   p.wq = weight.ptr<const int8_t>();
   p.sw = weight_scales.ptr<const float>();
-  p.xq.resize(size_t(p.N * p.K));
+  p.xq.assign(size_t((p.N + kMR - 1) * p.K), 0);
   p.sx.resize(size_t(p.N));
   p.x_out.resize(size_t(p.N * p.C));
   p.w_out.resize(size_t(p.C * p.O));

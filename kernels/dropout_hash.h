@@ -1,0 +1,35 @@
+// Counter-based random numbers: uniform(seed, i) is a pure function of the
+// seed and an element index, so every backend (CPU, CUDA, the emulator) draws
+// the same dropout mask, and backward recomputes the mask instead of saving it.
+//
+// uniform(seed, i) is output i (counting from 0) of the splitmix64 generator
+// seeded with `seed`, cut to its top 24 bits: a multiple of 2^-24 in [0, 1),
+// exactly representable in f32, so the keep test is the same on every device.
+#pragma once
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define FT_HOST_DEVICE __host__ __device__
+#else
+#define FT_HOST_DEVICE
+#endif
+
+namespace ft {
+
+FT_HOST_DEVICE inline uint64_t splitmix64(uint64_t seed, uint64_t index) {
+  uint64_t z = seed + (index + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+FT_HOST_DEVICE inline float hash_uniform(uint64_t seed, uint64_t index) {
+  return float(splitmix64(seed, index) >> 40) * (1.0f / 16777216.0f);
+}
+
+// Element `index` survives dropout with probability 1 - p.
+FT_HOST_DEVICE inline bool dropout_keep(uint64_t seed, uint64_t index, float p) {
+  return hash_uniform(seed, index) >= p;
+}
+
+}  // namespace ft

@@ -1,0 +1,31 @@
+// How an architecture builds its layers: storage dtype, LLM.int8() for the
+// frozen base, and PEFT-style LoRA adapters. Set by the trainer from its
+// config; the model knows nothing of YAML.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+
+namespace ft {
+
+struct LoraOptions {
+  int64_t r = 0;  // 0: no adapters
+  double lora_alpha = 8.0;
+  double lora_dropout = 0.0;
+  std::vector<std::string> target_modules = {"q_proj", "v_proj"};
+  bool use_rslora = false;
+};
+
+struct ModelOptions {
+  DType weight_dtype = DType::f32;  // non-quantised weights (embeddings, norms, lm_head, dense linears)
+  bool int8_base = false;           // every decoder linear frozen in LLM.int8()
+  float int8_threshold = 6.0f;      // outlier threshold; 0 disables the 16-bit outlier path
+  LoraOptions lora;
+};
+
+// PEFT's target_modules rule: a module matches a target when its name equals
+// the target or ends with "." + target.
+bool module_matches_target(const std::string& module_name, const std::string& target);
+
+}  // namespace ft

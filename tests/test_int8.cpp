@@ -1,0 +1,296 @@
+// LLM.int8(): quantisation, the mixed int8/f32 forward and the input gradient,
+// each against a float64 reference. Sizes are odd on purpose (no multiple of
+// the 3 x 4 register tile or of the 8/16-lane vectors).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+
+using namespace ft;
+
+namespace {
+
+std::vector<float> gaussian(int64_t n, float sigma, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> values(n);
+  for (float& v : values) v = dist(rng);
+  return values;
+}
+
+Tensor make(CpuBackend& backend, const Shape& shape, const std::vector<float>& values, DType dtype = DType::f32) {
+  Tensor t = backend.empty(shape, dtype, MemCategory::activations);
+  for (int64_t i = 0; i < t.numel(); ++i) store_from_f32(t.data, dtype, i, values[size_t(i)]);
+  return t;
+}
+
+std::vector<float> read(const Tensor& t) {
+  std::vector<float> values(t.numel());
+  for (int64_t i = 0; i < t.numel(); ++i) values[size_t(i)] = load_as_f32(t.data, t.dtype, i);
+  return values;
+}
+
+// The float64 quantiser: scale = max|x|, code = round-half-even(x * 127 / scale).
+double quantize_ref(const float* x, int64_t K, std::vector<int>& codes) {
+  double s = 0.0;
+  for (int64_t k = 0; k < K; ++k) s = std::max(s, std::fabs(double(x[k])));
+  codes.assign(size_t(K), 0);
+  if (s > 0.0)
+    for (int64_t k = 0; k < K; ++k) codes[size_t(k)] = int(std::nearbyint(double(x[k]) * 127.0 / s));
+  return s;
+}
+
+// A weight W [O, K] quantised by the backend under test (checked separately).
+struct QuantWeight {
+  Tensor q, scales;
+  std::vector<int8_t> codes;
+  std::vector<float> s;
+  double dequant(int64_t o, int64_t k, int64_t K) const { return double(codes[size_t(o * K + k)]) * s[size_t(o)] / 127.0; }
+};
+
+QuantWeight quantize_weight(CpuBackend& backend, const std::vector<float>& w, int64_t O, int64_t K) {
+  QuantWeight qw;
+  qw.q = backend.empty({O, K}, DType::i8, MemCategory::weights);
+  qw.scales = backend.empty({O}, DType::f32, MemCategory::weights);
+  backend.quantize_rows_int8(qw.q, qw.scales, make(backend, {O, K}, w));
+  qw.codes.assign(qw.q.ptr<int8_t>(), qw.q.ptr<int8_t>() + O * K);
+  qw.s.assign(qw.scales.ptr<float>(), qw.scales.ptr<float>() + O);
+  return qw;
+}
+
+// The LLM.int8() decomposition in float64: outlier columns against the
+// dequantised weight, the rest as an exact integer product dequantised with
+// s_x * s_w / 127^2. magnitude = sum of |terms|, the scale of f32 rounding error.
+struct ForwardRef {
+  std::vector<double> out, magnitude;
+  std::vector<int64_t> outlier_columns;
+};
+
+ForwardRef int8_forward_ref(const std::vector<float>& x, const QuantWeight& w, int64_t N, int64_t K, int64_t O,
+                            float threshold) {
+  ForwardRef ref;
+  for (int64_t k = 0; k < K; ++k) {
+    bool outlier = false;
+    for (int64_t n = 0; n < N; ++n) outlier |= threshold > 0.0f && std::fabs(x[size_t(n * K + k)]) >= threshold;
+    if (outlier) ref.outlier_columns.push_back(k);
+  }
+  ref.out.assign(size_t(N * O), 0.0);
+  ref.magnitude.assign(size_t(N * O), 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<float> row(x.begin() + n * K, x.begin() + (n + 1) * K);
+    for (int64_t c : ref.outlier_columns) row[size_t(c)] = 0.0f;
+    std::vector<int> codes;
+    double sx = quantize_ref(row.data(), K, codes);
+    for (int64_t o = 0; o < O; ++o) {
+      int64_t acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += int64_t(codes[size_t(k)]) * w.codes[size_t(o * K + k)];
+      double int_part = double(acc) * sx * double(w.s[size_t(o)]) / (127.0 * 127.0);
+      double outlier_part = 0.0, outlier_abs = 0.0;
+      for (int64_t c : ref.outlier_columns) {
+        double term = double(x[size_t(n * K + c)]) * w.dequant(o, c, K);
+        outlier_part += term;
+        outlier_abs += std::fabs(term);
+      }
+      ref.out[size_t(n * O + o)] = int_part + outlier_part;
+      ref.magnitude[size_t(n * O + o)] = std::fabs(int_part) + outlier_abs;
+    }
+  }
+  return ref;
+}
+
+// Exact product x W^T of the unquantised operands, in float64.
+std::vector<double> exact_product(const std::vector<float>& x, const std::vector<float>& w, int64_t N, int64_t K,
+                                  int64_t O) {
+  std::vector<double> out(size_t(N * O), 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t k = 0; k < K; ++k) out[size_t(n * O + o)] += double(x[size_t(n * K + k)]) * w[size_t(o * K + k)];
+  return out;
+}
+
+// ||got - want|| / ||want|| over rows [n0, n1) of an [N, O] result.
+double relative_error(const std::vector<float>& got, const std::vector<double>& want, int64_t O, int64_t n0,
+                      int64_t n1) {
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = n0 * O; i < n1 * O; ++i) {
+    diff += (got[size_t(i)] - want[size_t(i)]) * (got[size_t(i)] - want[size_t(i)]);
+    norm += want[size_t(i)] * want[size_t(i)];
+  }
+  return std::sqrt(diff / norm);
+}
+
+std::vector<float> run_forward(CpuBackend& backend, const Tensor& x, const QuantWeight& w, float threshold,
+                               DType out_dtype = DType::f32) {
+  Tensor out = backend.empty({x.rows(), w.q.dim(0)}, out_dtype, MemCategory::activations);
+  backend.int8_linear_forward(out, x, w.q, w.scales, threshold);
+  return read(out);
+}
+
+}  // namespace
+
+TEST_CASE("quantize_rows_int8 matches the float64 quantiser exactly") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t R = 7, K = 37;
+  std::vector<float> x = gaussian(R * K, 1.5f, 1);
+  for (int64_t k = 0; k < K; ++k) x[size_t(3 * K + k)] = 0.0f;  // an all-zero row
+  // Row 5 has absmax 127, so codes are x itself: ties must round to even.
+  for (int64_t k = 0; k < K; ++k) x[size_t(5 * K + k)] = float(k % 7) - 3.5f;
+  x[size_t(5 * K)] = 127.0f;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    Tensor xt = make(backend, {R, K}, x, dtype);
+    std::vector<float> xr = read(xt);  // the values as stored (bf16-rounded)
+    Tensor q = backend.empty({R, K}, DType::i8, MemCategory::activations);
+    Tensor scales = backend.empty({R}, DType::f32, MemCategory::activations);
+    backend.quantize_rows_int8(q, scales, xt);
+    for (int64_t r = 0; r < R; ++r) {
+      std::vector<int> codes;
+      double s = quantize_ref(xr.data() + r * K, K, codes);
+      CHECK(double(scales.ptr<float>()[r]) == s);
+      for (int64_t k = 0; k < K; ++k) CHECK(int(q.ptr<int8_t>()[r * K + k]) == codes[size_t(k)]);
+    }
+  }
+  Tensor q = backend.empty({R, K}, DType::i8, MemCategory::activations);
+  Tensor scales = backend.empty({R}, DType::f32, MemCategory::activations);
+  backend.quantize_rows_int8(q, scales, make(backend, {R, K}, x));
+  CHECK(scales.ptr<float>()[3] == 0.0f);
+  for (int64_t k = 0; k < K; ++k) CHECK(q.ptr<int8_t>()[3 * K + k] == 0);
+  // -3.5 -> -4, -2.5 -> -2, -1.5 -> -2, -0.5 -> 0, 0.5 -> 0, 1.5 -> 2, 2.5 -> 2.
+  const int8_t* row5 = q.ptr<int8_t>() + 5 * K;
+  CHECK(row5[0] == 127);
+  CHECK(row5[1] == -2);
+  CHECK(row5[2] == -2);
+  CHECK(row5[3] == 0);
+  CHECK(row5[4] == 0);
+  CHECK(row5[5] == 2);
+  CHECK(row5[6] == 2);
+}
+
+// f32 vs the float64 decomposition: the integer product is exact in both, so
+// only f32 rounding of the dequantisation (a few ulps) and of the outlier sum
+// (one ulp per term) differ: |got - ref| <= 1e-5 * sum of |terms|.
+TEST_CASE("int8_linear_forward matches the float64 LLM.int8() decomposition") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t N = 13, K = 75, O = 27;
+  std::vector<float> w = gaussian(O * K, 0.05f, 2);
+  QuantWeight qw = quantize_weight(backend, w, O, K);
+  std::vector<float> x = gaussian(N * K, 1.0f, 3);
+  x[size_t(2 * K + 9)] = 8.0f;     // two outlier columns at threshold 6
+  x[size_t(11 * K + 40)] = -6.0f;  // exactly at the threshold: >= counts
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (float threshold : {0.0f, 6.0f}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(threshold);
+      Tensor xt = make(backend, {N, K}, x, dtype);
+      ForwardRef ref = int8_forward_ref(read(xt), qw, N, K, O, threshold);
+      CHECK(ref.outlier_columns.size() == (threshold > 0.0f ? 2u : 0u));
+      std::vector<float> got = run_forward(backend, xt, qw, threshold);
+      for (size_t i = 0; i < got.size(); ++i) CHECK(std::fabs(got[i] - ref.out[i]) <= 1e-5 * ref.magnitude[i]);
+    }
+}
+
+// Quantisation noise: each of x and W is rounded to a step of absmax/127,
+// absmax ~ 3.5 sigma for these row lengths, so each operand carries a
+// relative error of about 3.5 / 127 / sqrt(12) = 0.8% and the product about
+// sqrt(2) * 0.8% = 1.1%. The bound is 2%.
+TEST_CASE("int8_linear_forward is within 2% of the exact product on gaussian data") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t N = 33, K = 515, O = 67;
+  std::vector<float> w = gaussian(O * K, 0.02f, 4);
+  std::vector<float> x = gaussian(N * K, 1.0f, 5);
+  QuantWeight qw = quantize_weight(backend, w, O, K);
+  std::vector<float> got = run_forward(backend, make(backend, {N, K}, x), qw, 6.0f);
+  double error = relative_error(got, exact_product(x, w, N, K, O), O, 0, N);
+  MESSAGE("relative error vs exact product: ", error);
+  CHECK(error < 0.02);
+  CHECK(error > 0.002);  // the weight really is quantised
+}
+
+TEST_CASE("outlier columns go through the 16-bit path only at or above the threshold") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t N = 17, K = 131, O = 29;
+  std::vector<float> w = gaussian(O * K, 0.05f, 6);
+  QuantWeight qw = quantize_weight(backend, w, O, K);
+  std::vector<float> x = gaussian(N * K, 0.5f, 7);
+
+  // 6.5 in column 10 of row 4: with threshold 6 the column leaves the int8
+  // product, so row 4 keeps its small absmax (~1.5 instead of 6.5, a 4x finer
+  // step) and the outlier itself meets only the weight's rounding.
+  std::vector<float> planted = x;
+  planted[size_t(4 * K + 10)] = 6.5f;
+  Tensor xt = make(backend, {N, K}, planted);
+  std::vector<double> exact = exact_product(planted, w, N, K, O);
+  std::vector<float> with_outliers = run_forward(backend, xt, qw, 6.0f);
+  std::vector<float> without = run_forward(backend, xt, qw, 0.0f);
+  ForwardRef ref = int8_forward_ref(planted, qw, N, K, O, 6.0f);
+  REQUIRE(ref.outlier_columns == std::vector<int64_t>{10});
+  for (size_t i = 0; i < with_outliers.size(); ++i)
+    CHECK(std::fabs(with_outliers[i] - ref.out[i]) <= 1e-5 * ref.magnitude[i]);
+  double error_with = relative_error(with_outliers, exact, O, 4, 5);
+  double error_without = relative_error(without, exact, O, 4, 5);
+  MESSAGE("row 4 relative error: threshold 6: ", error_with, ", threshold 0: ", error_without);
+  CHECK(error_with < 0.5 * error_without);
+
+  // 5.9 stays below the threshold: the same result as with outliers disabled.
+  planted[size_t(4 * K + 10)] = 5.9f;
+  xt = make(backend, {N, K}, planted);
+  CHECK(run_forward(backend, xt, qw, 6.0f) == run_forward(backend, xt, qw, 0.0f));
+
+  // Threshold 0 disables the outlier path even for huge values.
+  planted[size_t(4 * K + 10)] = 100.0f;
+  xt = make(backend, {N, K}, planted);
+  ForwardRef no_outliers = int8_forward_ref(planted, qw, N, K, O, 0.0f);
+  std::vector<float> got = run_forward(backend, xt, qw, 0.0f);
+  for (size_t i = 0; i < got.size(); ++i)
+    CHECK(std::fabs(got[i] - no_outliers.out[i]) <= 1e-5 * no_outliers.magnitude[i]);
+
+  // A bf16 output is the f32 result rounded once.
+  std::vector<float> f32_out = run_forward(backend, xt, qw, 6.0f);
+  std::vector<float> bf16_out = run_forward(backend, xt, qw, 6.0f, DType::bf16);
+  for (size_t i = 0; i < got.size(); ++i) CHECK(bf16_out[i] == bf16_to_f32(f32_to_bf16(f32_out[i])));
+}
+
+// dx = dout @ dequant(W) in f32 over O = 300 terms (two dequantised tiles of
+// up to 256 weight rows): |got - ref| <= 1e-5 * sum of |terms|; a bf16 dx
+// adds one rounding (2^-8 relative).
+TEST_CASE("int8_linear_backward matches the float64 product with the dequantised weight") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t N = 19, O = 300, K = 45;
+  QuantWeight qw = quantize_weight(backend, gaussian(O * K, 0.05f, 8), O, K);
+  std::vector<float> dout = gaussian(N * O, 1.0f, 9);
+  std::vector<float> prior = gaussian(N * K, 1.0f, 10);
+  std::vector<double> ref(size_t(N * K), 0.0), magnitude(size_t(N * K), 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t o = 0; o < O; ++o) {
+        double term = double(dout[size_t(n * O + o)]) * qw.dequant(o, k, K);
+        ref[size_t(n * K + k)] += term;
+        magnitude[size_t(n * K + k)] += std::fabs(term);
+      }
+  Tensor dout_t = make(backend, {N, O}, dout);
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (bool accumulate : {false, true}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(accumulate);
+      std::vector<float> start = accumulate ? prior : std::vector<float>(size_t(N * K), NAN);
+      Tensor dx = make(backend, {N, K}, start, dtype);
+      std::vector<float> before = read(dx);
+      backend.int8_linear_backward(dx, dout_t, qw.q, qw.scales, accumulate);
+      std::vector<float> got = read(dx);
+      double rounding = dtype == DType::bf16 ? 1.0 / 256.0 : 0.0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        double want = ref[i] + (accumulate ? double(before[i]) : 0.0);
+        double scale = magnitude[i] + (accumulate ? std::fabs(before[i]) : 0.0);
+        CHECK(std::fabs(got[i] - want) <= 1e-5 * scale + rounding * std::fabs(want));
+      }
+    }
+}
