@@ -1,0 +1,294 @@
+// JSONL loading, tokenisation with loss masks, batching, packing and the
+// shuffled, resumable DataLoader.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "kernels/error.h"
+#include "tokenizer/sentencepiece_tokenizer.h"
+#include "trainer/data.h"
+
+using namespace ft;
+
+namespace {
+
+const std::string kTokenizerPath = std::string(FT_FIXTURES_DIR) + "/tokenizer/tokenizer.model";
+
+// Writes content to a scratch file under the build directory; returns its path.
+std::string write_file(const std::string& name, const std::string& content) {
+  std::filesystem::path dir = std::filesystem::path(FT_BINARY_DIR) / "test_data_tmp";
+  std::filesystem::create_directories(dir);
+  std::string path = (dir / name).string();
+  std::ofstream(path) << content;
+  return path;
+}
+
+std::string load_error(const std::string& name, const std::string& content, DataFormat format = DataFormat::automatic) {
+  std::string path = write_file(name, content);
+  try {
+    load_jsonl(path, format);
+  } catch (const Error& e) {
+    std::string message = e.what();
+    // Strip the scratch directory so messages compare as "name:line: ...".
+    return message.starts_with(path) ? name + message.substr(path.size()) : message;
+  }
+  return "";
+}
+
+std::vector<int32_t> concat(std::vector<std::vector<int32_t>> parts) {
+  std::vector<int32_t> all;
+  for (const auto& part : parts) all.insert(all.end(), part.begin(), part.end());
+  return all;
+}
+
+std::vector<int32_t> row_of(const Tensor& tensor, int64_t row) {
+  const int32_t* begin = tensor.ptr<int32_t>() + row * tensor.cols();
+  return {begin, begin + tensor.cols()};
+}
+
+// Row r holds tokens [100 + r, 200 + r, 300 + r] with loss on the last two, so
+// a batch row's first input names the row it came from.
+std::vector<TokenSequence> numbered_rows(int count) {
+  std::vector<TokenSequence> rows;
+  for (int r = 0; r < count; r++) rows.push_back({{100 + r, 200 + r, 300 + r}, {0, 1, 1}});
+  return rows;
+}
+
+std::vector<int32_t> rows_in(const Batch& batch) {
+  std::vector<int32_t> ids;
+  for (int64_t b = 0; b < batch.input_ids.dim(0); b++)
+    if (batch.targets.ptr<int32_t>()[b * batch.targets.cols() + 1] != kIgnoreIndex)
+      ids.push_back(batch.input_ids.ptr<int32_t>()[b * batch.input_ids.cols()] - 100);
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("load_jsonl reads prompt/completion and text rows, skipping blank lines") {
+  std::string pairs = write_file("pairs.jsonl",
+                                 "{\"prompt\": \"Q: 2+2?\", \"completion\": \" A: 4\", \"id\": 7}\n"
+                                 "\n"
+                                 "   \r\n"
+                                 "{\"completion\": \" world\", \"prompt\": \"Hello\"}\r\n");
+  Dataset data = load_jsonl(pairs, DataFormat::automatic);
+  CHECK(data.path == pairs);
+  CHECK(data.format == DataFormat::prompt_completion);
+  REQUIRE(data.examples.size() == 2);
+  CHECK(data.examples[0].prompt == "Q: 2+2?");
+  CHECK(data.examples[0].completion == " A: 4");
+  CHECK(data.examples[1].prompt == "Hello");
+  CHECK(data.examples[1].completion == " world");
+
+  std::string text = write_file("text.jsonl", "{\"text\": \"Hello world\"}\n{\"text\": \"\"}\n");
+  Dataset corpus = load_jsonl(text, DataFormat::text);
+  CHECK(corpus.format == DataFormat::text);
+  REQUIRE(corpus.examples.size() == 2);
+  CHECK(corpus.examples[0].prompt == "");
+  CHECK(corpus.examples[0].completion == "Hello world");
+  CHECK(load_jsonl(text, DataFormat::automatic).format == DataFormat::text);
+}
+
+TEST_CASE("load_jsonl errors name the file and the line") {
+  CHECK(load_error("bad_json.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"\n")
+            .starts_with("bad_json.jsonl:2: not valid JSON ("));
+  CHECK(load_error("array.jsonl", "\n[1, 2]\n") == "array.jsonl:2: expected a JSON object, got array");
+  CHECK(load_error("fields.jsonl", "{\"question\": \"a\", \"answer\": \"b\"}\n") ==
+        "fields.jsonl:1: expected \"prompt\" and \"completion\" strings or a \"text\" string, got keys \"answer\", "
+        "\"question\"");
+  CHECK(load_error("lacks.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"c\"}\n") ==
+        "lacks.jsonl:2: row lacks \"completion\"");
+  CHECK(load_error("number.jsonl", "{\"prompt\": \"a\", \"completion\": 4}\n") ==
+        "number.jsonl:1: \"completion\" must be a string, got number");
+  CHECK(load_error("null.jsonl", "{\"text\": null}\n") == "null.jsonl:1: \"text\" must be a string, got null");
+  CHECK(load_error("both.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\", \"text\": \"c\"}\n") ==
+        "both.jsonl:1: a row has either \"prompt\"/\"completion\" or \"text\", not both");
+  CHECK(load_error("mixed.jsonl", "\n{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"text\": \"c\"}\n") ==
+        "mixed.jsonl:3: a text row, but line 2 is a prompt_completion row and all rows must agree");
+  CHECK(load_error("forced.jsonl", "{\"text\": \"c\"}\n", DataFormat::prompt_completion) ==
+        "forced.jsonl:1: a text row, but data.format is prompt_completion");
+  CHECK(load_error("empty.jsonl", "\n  \n") == "empty.jsonl: the dataset is empty (no JSON rows)");
+  std::string missing = std::string(FT_BINARY_DIR) + "/test_data_tmp/missing.jsonl";
+  CHECK_THROWS_WITH_AS(load_jsonl(missing, DataFormat::automatic), (missing + ": cannot open data file").c_str(),
+                       Error);
+}
+
+TEST_CASE("tokenisation: bos + prompt + completion + eos, loss on completion and eos") {
+  SentencePieceTokenizer tokenizer(kTokenizerPath);
+  REQUIRE(tokenizer.bos_id() == 1);
+  REQUIRE(tokenizer.eos_id() == 2);
+  CHECK(padding_id(tokenizer) == 3);
+  Dataset data{"mem", DataFormat::prompt_completion, {{"Hello", " world"}, {"", "Alice and Bob"}}};
+  TokenizedDataset tokens = tokenize_dataset(data, tokenizer, 64);
+  REQUIRE(tokens.examples.size() == 2);
+  // "Hello" -> 118 252 260 260 254, " world" -> 51 44 260 259 (fixture tokenizer).
+  CHECK(tokens.examples[0].tokens == concat({{1}, tokenizer.encode("Hello"), tokenizer.encode(" world"), {2}}));
+  CHECK(tokens.examples[0].tokens == std::vector<int32_t>{1, 118, 252, 260, 260, 254, 51, 44, 260, 259, 2});
+  CHECK(tokens.examples[0].loss_mask == std::vector<uint8_t>{0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1});
+  // A text row is an empty prompt: loss on every token after bos.
+  CHECK(tokens.examples[1].tokens == std::vector<int32_t>{1, 107, 13, 86, 2});
+  CHECK(tokens.examples[1].loss_mask == std::vector<uint8_t>{0, 1, 1, 1, 1});
+  CHECK(tokens.truncated_count == 0);
+  CHECK(tokens.dropped_count == 0);
+  CHECK(tokens.loss_token_count == 5 + 4);
+}
+
+TEST_CASE("truncation keeps the first seq_len + 1 tokens; prompt-only windows are dropped") {
+  SentencePieceTokenizer tokenizer(kTokenizerPath);
+  Dataset data{"mem",
+               DataFormat::prompt_completion,
+               {{"Hello", " world"}, {"", "Alice and Bob"}, {"Hello world Hello world", " A: 4"}}};
+  TokenizedDataset tokens = tokenize_dataset(data, tokenizer, 4);
+  CHECK(tokens.truncated_count == 2);  // 11 and 12 tokens exceed 4 + 1; "Alice and Bob" has exactly 5
+  CHECK(tokens.dropped_count == 2);    // the first and third keep only prompt tokens
+  REQUIRE(tokens.examples.size() == 1);
+  CHECK(tokens.examples[0].tokens == std::vector<int32_t>{1, 107, 13, 86, 2});
+  CHECK(tokens.loss_token_count == 4);
+
+  Dataset prompts_only{"long.jsonl", DataFormat::prompt_completion, {{"Hello world", " A: 4"}}};
+  CHECK_THROWS_WITH_AS(tokenize_dataset(prompts_only, tokenizer, 3),
+                       "long.jsonl: no example has a completion token within seq_len = 3 (all 1 prompts fill the "
+                       "window)",
+                       Error);
+}
+
+TEST_CASE("unpacked batches: one example a row, right-padded, targets shifted by one") {
+  HostAllocator host;
+  std::vector<TokenSequence> rows = {{{1, 10, 11, 12, 2}, {0, 0, 1, 1, 1}}, {{1, 20, 2}, {0, 1, 1}}};
+  DataLoader loader(rows, 2, 6, 3, 1234, host);
+  CHECK(loader.batches_per_epoch() == 1);
+  Batch batch = loader.batch_in_order(0);
+  CHECK(batch.input_ids.dtype == DType::i32);
+  CHECK(batch.input_ids.device == Device::cpu);
+  CHECK(batch.input_ids.shape == Shape{2, 6});
+  CHECK(batch.targets.shape == Shape{2, 6});
+  CHECK(row_of(batch.input_ids, 0) == std::vector<int32_t>{1, 10, 11, 12, 2, 3});
+  CHECK(row_of(batch.targets, 0) == std::vector<int32_t>{-100, 11, 12, 2, -100, -100});
+  CHECK(row_of(batch.input_ids, 1) == std::vector<int32_t>{1, 20, 2, 3, 3, 3});
+  CHECK(row_of(batch.targets, 1) == std::vector<int32_t>{20, 2, -100, -100, -100, -100});
+  CHECK(batch.counted_tokens == 5);
+  // A full seq_len + 1 row fills the inputs and predicts its last token.
+  DataLoader full({{{1, 5, 6, 7}, {0, 1, 1, 1}}}, 1, 3, 3, 0, host);
+  Batch one = full.batch_in_order(0);
+  CHECK(row_of(one.input_ids, 0) == std::vector<int32_t>{1, 5, 6});
+  CHECK(row_of(one.targets, 0) == std::vector<int32_t>{5, 6, 7});
+  CHECK(one.counted_tokens == 3);
+}
+
+TEST_CASE("packing: windows of seq_len + 1 tokens, seq_len apart, every token predicted once") {
+  TokenizedDataset data;
+  data.examples = {{{1, 10, 11, 2}, {0, 0, 1, 1}}, {{1, 20, 2}, {0, 1, 1}}};
+  // Stream 1 10 11 2 | 1 20 2, windows at 0 and 3 (sharing token 2).
+  std::vector<TokenSequence> rows = make_rows(data, 3, true);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].tokens == std::vector<int32_t>{1, 10, 11, 2});
+  CHECK(rows[1].tokens == std::vector<int32_t>{2, 1, 20, 2});
+  CHECK(rows[1].loss_mask == std::vector<uint8_t>{1, 0, 1, 1});
+  HostAllocator host;
+  DataLoader loader(rows, 2, 3, 3, 1234, host);
+  Batch batch = loader.batch_in_order(0);
+  CHECK(row_of(batch.input_ids, 0) == std::vector<int32_t>{1, 10, 11});
+  CHECK(row_of(batch.targets, 0) == std::vector<int32_t>{-100, 11, 2});
+  CHECK(row_of(batch.input_ids, 1) == std::vector<int32_t>{2, 1, 20});
+  CHECK(row_of(batch.targets, 1) == std::vector<int32_t>{-100, 20, 2});  // eos -> bos carries no loss
+  CHECK(batch.counted_tokens == 4);  // = the loss tokens of both examples, none lost at the seam
+  // The tail window is short; a lone last token makes no window.
+  CHECK(make_rows(data, 2, true).size() == 3);  // starts 0, 2, 4: [1 10 11] [11 2 1] [1 20 2]
+  CHECK(make_rows(data, 6, true).size() == 1);
+  CHECK(make_rows(data, 3, false).size() == 2);
+}
+
+TEST_CASE("shuffled order: deterministic from the seed, new each epoch, a permutation") {
+  HostAllocator host;
+  DataLoader loader(numbered_rows(10), 3, 4, 0, 1234, host);
+  CHECK(loader.row_count() == 10);
+  CHECK(loader.batches_per_epoch() == 4);
+  std::vector<int64_t> order0 = loader.epoch_order(0), order1 = loader.epoch_order(1);
+  // mt19937_64 is fully specified by the standard and the shuffle is ours, so
+  // these orders hold on every compiler and standard library (cross-checked
+  // with an independent Python MT19937-64 running the same Fisher-Yates).
+  CHECK(order0 == std::vector<int64_t>{0, 3, 4, 7, 9, 8, 5, 6, 1, 2});
+  CHECK(order1 == std::vector<int64_t>{9, 8, 0, 4, 6, 5, 1, 2, 7, 3});
+  std::vector<int64_t> sorted = order1;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  CHECK(order0 != order1);
+  CHECK(DataLoader(numbered_rows(10), 3, 4, 0, 1234, host).epoch_order(1) == order1);
+  CHECK(DataLoader(numbered_rows(10), 3, 4, 0, 1235, host).epoch_order(0) == order1);  // seed + epoch
+  CHECK(DataLoader(numbered_rows(10), 3, 4, 0, 99, host).epoch_order(0) != order0);
+
+  // next() walks epoch 0 in order0, pads the last micro-batch, then epoch 1.
+  std::vector<int32_t> seen;
+  for (int i = 0; i < 4; i++) {
+    Batch batch = loader.next();
+    std::vector<int32_t> ids = rows_in(batch);
+    seen.insert(seen.end(), ids.begin(), ids.end());
+    if (i == 3) {
+      CHECK(ids.size() == 1);
+      CHECK(batch.counted_tokens == 2);
+      CHECK(row_of(batch.targets, 2) == std::vector<int32_t>{-100, -100, -100, -100});
+    }
+  }
+  CHECK(std::vector<int64_t>(seen.begin(), seen.end()) == order0);
+  CHECK(loader.position().epoch == 1);
+  CHECK(loader.position().index == 0);
+  std::vector<int32_t> first_of_epoch1 = rows_in(loader.next());
+  CHECK(std::vector<int64_t>(first_of_epoch1.begin(), first_of_epoch1.end()) ==
+        std::vector<int64_t>(order1.begin(), order1.begin() + 3));
+
+  // Evaluation order is the file order.
+  CHECK(rows_in(loader.batch_in_order(0)) == std::vector<int32_t>{0, 1, 2});
+  CHECK(rows_in(loader.batch_in_order(3)) == std::vector<int32_t>{9});
+}
+
+TEST_CASE("a restored position continues with exactly the same batches") {
+  HostAllocator host;
+  DataLoader run(numbered_rows(7), 2, 4, 0, 42, host);
+  for (int i = 0; i < 6; i++) run.next();  // 4 batches per epoch: now epoch 1, index 2
+  DataPosition saved = run.position();
+  CHECK(saved.epoch == 1);
+  CHECK(saved.index == 2);
+  DataLoader resumed(numbered_rows(7), 2, 4, 0, 42, host);
+  resumed.set_position(saved);
+  for (int i = 0; i < 5; i++) {
+    Batch expected = run.next(), actual = resumed.next();
+    CHECK(row_of(actual.input_ids, 0) == row_of(expected.input_ids, 0));
+    CHECK(row_of(actual.input_ids, 1) == row_of(expected.input_ids, 1));
+    CHECK(row_of(actual.targets, 1) == row_of(expected.targets, 1));
+    CHECK(actual.counted_tokens == expected.counted_tokens);
+  }
+  CHECK(resumed.position().epoch == run.position().epoch);
+  CHECK(resumed.position().index == run.position().index);
+  CHECK_THROWS_WITH_AS(resumed.set_position({0, 4}),
+                       "data position (epoch 0, micro-batch 4) does not exist: this dataset has 4 micro-batches per "
+                       "epoch (did the data, seq_len, packing or micro_batch_size change?)",
+                       Error);
+  CHECK_THROWS_AS(resumed.set_position({-1, 0}), Error);
+  CHECK_THROWS_AS(resumed.batch_in_order(4), Error);
+}
+
+TEST_CASE("end to end: a JSONL file to packed and unpacked batches") {
+  SentencePieceTokenizer tokenizer(kTokenizerPath);
+  std::string path = write_file("e2e.jsonl",
+                                "{\"prompt\": \"Q: 2+2?\", \"completion\": \" A: 4\"}\n"
+                                "{\"prompt\": \"Hello\", \"completion\": \" world\"}\n"
+                                "{\"prompt\": \"Alice and Bob\", \"completion\": \" Hello world\"}\n");
+  TokenizedDataset tokens = tokenize_dataset(load_jsonl(path, DataFormat::automatic), tokenizer, 8);
+  HostAllocator host;
+  for (bool packing : {false, true}) {
+    CAPTURE(packing);
+    DataLoader loader(make_rows(tokens, 8, packing), 2, 8, padding_id(tokenizer), 1234, host);
+    int64_t counted = 0;
+    for (int64_t i = 0; i < loader.batches_per_epoch(); i++) {
+      Batch batch = loader.next();
+      CHECK(batch.input_ids.shape == Shape{2, 8});
+      counted += batch.counted_tokens;
+    }
+    // Every loss token is predicted once either way; with packing because
+    // consecutive windows share a token.
+    CHECK(counted == tokens.loss_token_count);
+    CHECK(loader.position().epoch == 1);
+  }
+  std::filesystem::remove_all(std::filesystem::path(FT_BINARY_DIR) / "test_data_tmp");
+}

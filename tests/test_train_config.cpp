@@ -1,0 +1,306 @@
+// TrainConfig: defaults, every field, path resolution, --set, and each error.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kernels/error.h"
+#include "trainer/train_config.h"
+
+using namespace ft;
+
+namespace {
+
+const char* kMinimal = "model: models/tiny\ndata: {train: data/train.jsonl}\n";
+
+TrainConfig parse(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  return parse_train_config(yaml, "configs/x.yaml", overrides);
+}
+
+// The message of the Error that parsing throws ("" if none).
+std::string error_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse(yaml, overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("defaults, with relative paths resolved against the config's directory") {
+  TrainConfig c = parse(kMinimal);
+  CHECK(c.source == "configs/x.yaml");
+  CHECK(c.model == "configs/models/tiny");
+  CHECK(c.tokenizer == "configs/models/tiny/tokenizer.model");
+  CHECK(c.init == InitMode::pretrained);
+  CHECK(c.trainable == Trainable::lora);
+  CHECK(c.lora.r == 8);
+  CHECK(c.lora.lora_alpha == 16.0);
+  CHECK(c.lora.lora_dropout == 0.05);
+  CHECK(c.lora.target_modules == std::vector<std::string>{"q_proj", "v_proj"});
+  CHECK(c.lora.use_rslora == false);
+  CHECK(c.quantization.mode == QuantMode::int8);
+  CHECK(c.quantization.threshold == 6.0);
+  CHECK(c.precision == Precision::fp32);
+  CHECK(c.device == DeviceChoice::automatic);
+  CHECK(c.data.train == "configs/data/train.jsonl");
+  CHECK(c.data.eval == "");
+  CHECK(c.data.format == DataFormat::automatic);
+  CHECK(c.data.packing == false);
+  CHECK(c.seq_len == 256);
+  CHECK(c.micro_batch_size == 4);
+  CHECK(c.grad_accum_steps == 1);
+  CHECK(c.lr == 2.0e-4);
+  CHECK(c.warmup_steps == 0);
+  CHECK(c.schedule == Schedule::cosine);
+  CHECK(c.min_lr_ratio == 0.0);
+  CHECK(c.weight_decay == 0.0);
+  CHECK(c.max_grad_norm == 1.0);
+  CHECK(c.max_steps == 0);
+  CHECK(c.epochs == 1);
+  CHECK(c.eval_every == 0);
+  CHECK(c.eval_batches == 0);
+  CHECK(c.save_every == 0);
+  CHECK(c.log_every == 1);
+  CHECK(c.seed == 1234);
+  CHECK(c.output_dir == "configs/runs/out");
+  CHECK(c.generate.max_new_tokens == 48);
+  CHECK(c.generate.temperature == 0.7);
+  CHECK(c.generate.top_p == 0.9);
+  CHECK(c.generate.num_samples == 3);
+  CHECK(c.task_metric == TaskMetric::none);
+  CHECK(c.metric_examples == 50);
+}
+
+TEST_CASE("every field can be set from YAML") {
+  TrainConfig c = parse(R"(
+model: /abs/model
+tokenizer: ../shared/tok.model
+init: random
+trainable: all
+lora: {r: 16, lora_alpha: 32, lora_dropout: 0, target_modules: [q_proj, k_proj, o_proj], use_rslora: true}
+quantization:
+  mode: none
+  threshold: 4.5
+precision: bf16
+device: cuda
+data:
+  train: train.jsonl
+  eval: eval.jsonl
+  format: prompt_completion
+  packing: yes
+seq_len: 512
+micro_batch_size: 2
+grad_accum_steps: 8
+lr: 3e-4
+warmup_steps: 10
+schedule: linear
+min_lr_ratio: 0.1
+weight_decay: 0.01
+max_grad_norm: 0
+max_steps: 100
+epochs: 0
+eval_every: 20
+eval_batches: 5
+save_every: 50
+log_every: 10
+seed: 7
+output_dir: /tmp/run
+generate: {max_new_tokens: 16, temperature: 0, top_p: 1, num_samples: 1}
+task_metric: rouge
+metric_examples: 20
+)");
+  CHECK(c.model == "/abs/model");
+  CHECK(c.tokenizer == "shared/tok.model");  // configs/../shared, normalised
+  CHECK(c.init == InitMode::random);
+  CHECK(c.trainable == Trainable::all);
+  CHECK(c.lora.r == 16);
+  CHECK(c.lora.lora_alpha == 32.0);
+  CHECK(c.lora.lora_dropout == 0.0);
+  CHECK(c.lora.target_modules == std::vector<std::string>{"q_proj", "k_proj", "o_proj"});
+  CHECK(c.lora.use_rslora == true);
+  CHECK(c.quantization.mode == QuantMode::none);
+  CHECK(c.quantization.threshold == 4.5);
+  CHECK(c.precision == Precision::bf16);
+  CHECK(c.device == DeviceChoice::cuda);
+  CHECK(c.data.train == "configs/train.jsonl");
+  CHECK(c.data.eval == "configs/eval.jsonl");
+  CHECK(c.data.format == DataFormat::prompt_completion);
+  CHECK(c.data.packing == true);
+  CHECK(c.seq_len == 512);
+  CHECK(c.micro_batch_size == 2);
+  CHECK(c.grad_accum_steps == 8);
+  CHECK(c.lr == 3e-4);
+  CHECK(c.warmup_steps == 10);
+  CHECK(c.schedule == Schedule::linear);
+  CHECK(c.min_lr_ratio == 0.1);
+  CHECK(c.weight_decay == 0.01);
+  CHECK(c.max_grad_norm == 0.0);
+  CHECK(c.max_steps == 100);
+  CHECK(c.epochs == 0);
+  CHECK(c.eval_every == 20);
+  CHECK(c.eval_batches == 5);
+  CHECK(c.save_every == 50);
+  CHECK(c.log_every == 10);
+  CHECK(c.seed == 7);
+  CHECK(c.output_dir == "/tmp/run");
+  CHECK(c.generate.max_new_tokens == 16);
+  CHECK(c.generate.temperature == 0.0);
+  CHECK(c.generate.top_p == 1.0);
+  CHECK(c.generate.num_samples == 1);
+  CHECK(c.task_metric == TaskMetric::rouge);
+  CHECK(c.metric_examples == 20);
+  CHECK(std::string(enum_name(c.schedule)) == "linear");
+  CHECK(std::string(enum_name(c.device)) == "cuda");
+  CHECK(std::string(enum_name(DeviceChoice::automatic)) == "auto");
+  CHECK(std::string(enum_name(c.data.format)) == "prompt_completion");
+}
+
+TEST_CASE("--set overrides: dotted keys, YAML flow values, whole sections, cwd-relative paths") {
+  TrainConfig c = parse(kMinimal, {"lr=3e-4", "lora.r=16", "lora.target_modules=[q_proj,k_proj]", "data.packing=true",
+                                   "output_dir=runs/b", "schedule=constant",
+                                   "generate={temperature: 0, num_samples: 1}", "data.eval=", "seed=99"});
+  CHECK(c.lr == 3e-4);
+  CHECK(c.lora.r == 16);
+  CHECK(c.lora.target_modules == std::vector<std::string>{"q_proj", "k_proj"});
+  CHECK(c.data.packing == true);
+  CHECK(c.output_dir == "runs/b");  // not under configs/: command-line paths are cwd-relative
+  CHECK(c.schedule == Schedule::constant);
+  CHECK(c.generate.temperature == 0.0);
+  CHECK(c.generate.num_samples == 1);
+  CHECK(c.generate.max_new_tokens == 48);  // untouched by the section override
+  CHECK(c.data.eval == "");
+  CHECK(c.seed == 99);
+  // The last --set wins, and --set model moves the default tokenizer along.
+  TrainConfig later = parse(kMinimal, {"lr=1", "lr=0.5", "model=/m"});
+  CHECK(later.lr == 0.5);
+  CHECK(later.tokenizer == "/m/tokenizer.model");
+  // A config without its own directory keeps relative paths as written.
+  TrainConfig bare = parse_train_config(kMinimal, "x.yaml", {});
+  CHECK(bare.model == "models/tiny");
+  CHECK(bare.output_dir == "runs/out");
+}
+
+TEST_CASE("load_train_config reads a file and resolves paths next to it") {
+  std::filesystem::path dir = std::filesystem::path(FT_BINARY_DIR) / "test_train_config_tmp";
+  std::filesystem::create_directories(dir);
+  std::string path = (dir / "run.yaml").string();
+  std::ofstream(path) << kMinimal << "lr: 0.001\n";
+  TrainConfig c = load_train_config(path, {"micro_batch_size=1"});
+  CHECK(c.model == (dir / "models/tiny").string());
+  CHECK(c.data.train == (dir / "data/train.jsonl").string());
+  CHECK(c.lr == 0.001);
+  CHECK(c.micro_batch_size == 1);
+  std::string missing = (dir / "missing.yaml").string();
+  CHECK_THROWS_WITH_AS(load_train_config(missing, {}), (missing + ": cannot open config file").c_str(), Error);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("unknown keys suggest the nearest valid key, at every level and in --set") {
+  CHECK(error_of(std::string(kMinimal) + "lora:\n  rank: 4\n") ==
+        "configs/x.yaml:4: unknown key \"lora.rank\"; did you mean \"lora.r\"?");
+  CHECK(error_of(std::string(kMinimal) + "seq_length: 128\n") ==
+        "configs/x.yaml:3: unknown key \"seq_length\"; did you mean \"seq_len\"?");
+  CHECK(error_of(std::string(kMinimal) + "quantisation: {mode: none}\n") ==
+        "configs/x.yaml:3: unknown key \"quantisation\"; did you mean \"quantization\"?");
+  CHECK(error_of(kMinimal, {"lora.rank=4"}) ==
+        "configs/x.yaml (--set lora.rank=4): unknown key \"lora.rank\"; did you mean \"lora.r\"?");
+  CHECK(error_of(kMinimal, {"learning_rate=1"}).find("unknown key \"learning_rate\"; did you mean") !=
+        std::string::npos);
+  CHECK(error_of(kMinimal, {"generate={top_k: 5}"}) ==
+        "configs/x.yaml (--set generate={top_k: 5}): unknown key \"generate.top_k\"; did you mean \"generate.top_p\"?");
+}
+
+TEST_CASE("wrong types name the file, line, field and what was expected") {
+  std::string base = std::string(kMinimal);
+  CHECK(error_of(base + "lr: fast\n") == "configs/x.yaml:3: lr: expected a number, got \"fast\"");
+  CHECK(error_of(base + "seq_len: 1.5\n") == "configs/x.yaml:3: seq_len: expected an integer, got \"1.5\"");
+  CHECK(error_of(base + "seq_len: 0x10\n") == "configs/x.yaml:3: seq_len: expected an integer, got \"0x10\"");
+  CHECK(error_of(base + "epochs:\n") == "configs/x.yaml:3: epochs: expected an integer, got nothing");
+  CHECK(error_of(base + "lora: {use_rslora: maybe}\n") ==
+        "configs/x.yaml:3: lora.use_rslora: expected true or false, got \"maybe\"");
+  CHECK(error_of(base + "lora: {target_modules: q_proj}\n") ==
+        "configs/x.yaml:3: lora.target_modules: expected a list of strings, got \"q_proj\"");
+  CHECK(error_of(base + "lora: 8\n") == "configs/x.yaml:3: lora: expected a map of keys, got \"8\"");
+  CHECK(error_of(base + "tokenizer: [a, b]\n") == "configs/x.yaml:3: tokenizer: expected a string, got a list");
+  CHECK(error_of(base + "lr: {a: 1}\n") == "configs/x.yaml:3: lr: expected a number, got a map");
+  CHECK(error_of(kMinimal, {"lr=fast"}) == "configs/x.yaml (--set lr=fast): lr: expected a number, got \"fast\"");
+}
+
+TEST_CASE("invalid enum values list the valid ones") {
+  std::string base = std::string(kMinimal);
+  CHECK(error_of(base + "schedule: cos\n") ==
+        "configs/x.yaml:3: schedule: expected one of constant, linear, cosine, got \"cos\"");
+  CHECK(error_of(base + "device: gpu\n") == "configs/x.yaml:3: device: expected one of auto, cpu, cuda, got \"gpu\"");
+  CHECK(error_of(base + "precision: fp16\n") ==
+        "configs/x.yaml:3: precision: expected one of fp32, bf16, got \"fp16\"");
+  CHECK(error_of(base + "init: zeros\n") ==
+        "configs/x.yaml:3: init: expected one of pretrained, random, got \"zeros\"");
+  CHECK(error_of(base + "trainable: some\n") == "configs/x.yaml:3: trainable: expected one of lora, all, got \"some\"");
+  CHECK(error_of(base + "quantization: {mode: int4}\n") ==
+        "configs/x.yaml:3: quantization.mode: expected one of int8, none, got \"int4\"");
+  CHECK(error_of(kMinimal, {"data.format=csv"}) ==
+        "configs/x.yaml (--set data.format=csv): data.format: expected one of auto, prompt_completion, text, got "
+        "\"csv\"");
+  CHECK(error_of(base + "task_metric: bleu\n") ==
+        "configs/x.yaml:3: task_metric: expected one of none, rouge, got \"bleu\"");
+}
+
+TEST_CASE("out-of-range values") {
+  std::string base = std::string(kMinimal);
+  CHECK(error_of(base + "lora: {r: 0}\n") == "configs/x.yaml:3: lora.r: expected an integer > 0, got \"0\"");
+  CHECK(error_of(base + "lora: {r: -4}\n") == "configs/x.yaml:3: lora.r: expected an integer > 0, got \"-4\"");
+  CHECK(error_of(base + "lora: {lora_dropout: 1}\n") ==
+        "configs/x.yaml:3: lora.lora_dropout: expected a number in [0, 1), got \"1\"");
+  CHECK(error_of(base + "lora: {lora_dropout: -0.1}\n") ==
+        "configs/x.yaml:3: lora.lora_dropout: expected a number in [0, 1), got \"-0.1\"");
+  CHECK(error_of(base + "lora: {target_modules: []}\n") ==
+        "configs/x.yaml:3: lora.target_modules: expected a non-empty list of module names such as [q_proj, "
+        "v_proj], got a list");
+  CHECK(error_of(base + "lr: 0\n") == "configs/x.yaml:3: lr: expected a number > 0, got \"0\"");
+  CHECK(error_of(base + "seq_len: 0\n") == "configs/x.yaml:3: seq_len: expected an integer > 0, got \"0\"");
+  CHECK(error_of(base + "micro_batch_size: 0\n") ==
+        "configs/x.yaml:3: micro_batch_size: expected an integer > 0, got \"0\"");
+  CHECK(error_of(base + "grad_accum_steps: -1\n") ==
+        "configs/x.yaml:3: grad_accum_steps: expected an integer > 0, got \"-1\"");
+  CHECK(error_of(base + "min_lr_ratio: 1.5\n") ==
+        "configs/x.yaml:3: min_lr_ratio: expected a number in [0, 1], got \"1.5\"");
+  CHECK(error_of(base + "generate: {top_p: 0}\n") ==
+        "configs/x.yaml:3: generate.top_p: expected a number in (0, 1], got \"0\"");
+  CHECK(error_of(base + "log_every: 0\n") == "configs/x.yaml:3: log_every: expected an integer > 0, got \"0\"");
+  CHECK(error_of(kMinimal, {"lora.r=0"}) ==
+        "configs/x.yaml (--set lora.r=0): lora.r: expected an integer > 0, got \"0\"");
+}
+
+TEST_CASE("rules across fields, required fields, and malformed input") {
+  std::string base = std::string(kMinimal);
+  CHECK(error_of(base + "max_steps: 0\nepochs: 0\n") ==
+        "configs/x.yaml: max_steps and epochs are both 0; set one of them > 0");
+  CHECK(error_of("data: {train: t.jsonl}\n") == "configs/x.yaml: model: required (a Hugging Face checkpoint folder)");
+  CHECK(error_of("model: m\n") == "configs/x.yaml: data.train: required (a JSONL file)");
+  CHECK(error_of("") == "configs/x.yaml: model: required (a Hugging Face checkpoint folder)");
+  CHECK(error_of(base + "trainable: all\n") ==
+        "configs/x.yaml: trainable: all needs quantization.mode: none (INT8 base weights are frozen)");
+  CHECK(error_of(base + "task_metric: rouge\n") ==
+        "configs/x.yaml: task_metric: rouge needs data.eval (prompt/completion pairs to score)");
+  CHECK(error_of(base + "lr: 1\nlr: 2\n") == "configs/x.yaml:4: duplicate key \"lr\"");
+  CHECK(error_of(base + "lr: [1\n").find("configs/x.yaml:") == 0);
+  CHECK(error_of(base + "lr: [1\n").find("invalid YAML") != std::string::npos);
+  CHECK(error_of("- a\n- b\n") == "configs/x.yaml: the config: expected a map of keys, got a list");
+  CHECK(error_of(kMinimal, {"lr"}) == "configs/x.yaml (--set lr): --set expects key=value");
+  CHECK(error_of(kMinimal, {"lr=[1"}).find("configs/x.yaml (--set lr=[1)") == 0);
+}
+
+TEST_CASE("the key list matches the fields configs/README.md documents") {
+  std::ifstream readme(std::string(FT_SOURCE_DIR) + "/configs/README.md");
+  REQUIRE(readme.good());
+  std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
+  std::vector<std::string> keys = train_config_keys();
+  CHECK(keys.size() == 40);
+  for (const std::string& key : keys) {
+    CAPTURE(key);
+    CHECK(text.find("`" + key + "`") != std::string::npos);
+  }
+}

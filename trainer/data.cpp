@@ -1,0 +1,226 @@
+#include "trainer/data.h"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+
+#include "kernels/error.h"
+#include "tokenizer/sentencepiece_tokenizer.h"
+
+namespace ft {
+namespace {
+
+bool is_blank(const std::string& line) {
+  return std::all_of(line.begin(), line.end(), [](char ch) { return std::isspace((unsigned char)ch); });
+}
+
+std::string key_list(const nlohmann::json& row) {
+  std::string keys;
+  for (const auto& item : row.items()) keys += (keys.empty() ? "\"" : ", \"") + item.key() + "\"";
+  return keys.empty() ? "no keys" : "keys " + keys;
+}
+
+// Which kind of row this is, from the fields it has.
+DataFormat row_format(const nlohmann::json& row, const std::string& where) {
+  bool has_pair = row.contains("prompt") || row.contains("completion");
+  FT_CHECK(!(has_pair && row.contains("text")), where,
+           ": a row has either \"prompt\"/\"completion\" or \"text\", not both");
+  FT_CHECK(has_pair || row.contains("text"), where,
+           ": expected \"prompt\" and \"completion\" strings or a \"text\" string, got ", key_list(row));
+  return has_pair ? DataFormat::prompt_completion : DataFormat::text;
+}
+
+std::string string_field(const nlohmann::json& row, const char* key, const std::string& where) {
+  FT_CHECK(row.contains(key), where, ": row lacks \"", key, "\"");
+  const nlohmann::json& value = row[key];
+  FT_CHECK(value.is_string(), where, ": \"", key, "\" must be a string, got ", value.type_name());
+  return value.get<std::string>();
+}
+
+nlohmann::json parse_line(const std::string& line, const std::string& where) {
+  try {
+    return nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail(where, ": not valid JSON (", e.what(), ")");
+  }
+}
+
+}  // namespace
+
+const char* enum_name(DataFormat format) {
+  switch (format) {
+    case DataFormat::automatic:
+      return "auto";
+    case DataFormat::prompt_completion:
+      return "prompt_completion";
+    case DataFormat::text:
+      return "text";
+  }
+  return "?";
+}
+
+Dataset load_jsonl(const std::string& path, DataFormat format) {
+  std::ifstream file(path);
+  FT_CHECK(file.good(), path, ": cannot open data file");
+  Dataset data{path, format, {}};
+  int64_t first_line = 0;  // the row that decided the format when format is auto
+  std::string line;
+  for (int64_t line_number = 1; std::getline(file, line); line_number++) {
+    if (is_blank(line)) continue;
+    std::string where = path + ":" + std::to_string(line_number);
+    nlohmann::json row = parse_line(line, where);
+    FT_CHECK(row.is_object(), where, ": expected a JSON object, got ", row.type_name());
+    DataFormat kind = row_format(row, where);
+    if (data.format == DataFormat::automatic) data.format = kind, first_line = line_number;
+    FT_CHECK(kind == data.format, where, ": a ", enum_name(kind), " row, but ",
+             first_line ? "line " + std::to_string(first_line) + " is a " + enum_name(data.format) +
+                              " row and all rows must agree"
+                        : std::string("data.format is ") + enum_name(data.format));
+    if (kind == DataFormat::text)
+      data.examples.push_back({"", string_field(row, "text", where)});
+    else
+      data.examples.push_back({string_field(row, "prompt", where), string_field(row, "completion", where)});
+  }
+  FT_CHECK(!data.examples.empty(), path, ": the dataset is empty (no JSON rows)");
+  return data;
+}
+
+TokenizedDataset tokenize_dataset(const Dataset& data, const SentencePieceTokenizer& tokenizer, int64_t seq_len) {
+  FT_CHECK(seq_len > 0, "tokenize_dataset: seq_len must be > 0, got ", seq_len);
+  TokenizedDataset out;
+  for (const Example& example : data.examples) {
+    TokenSequence seq;
+    auto append = [&](int32_t id, bool loss) {
+      seq.tokens.push_back(id);
+      seq.loss_mask.push_back(loss ? 1 : 0);
+    };
+    if (tokenizer.bos_id() >= 0) append(tokenizer.bos_id(), false);
+    for (int32_t id : tokenizer.encode(example.prompt)) append(id, false);
+    for (int32_t id : tokenizer.encode(example.completion)) append(id, true);
+    if (tokenizer.eos_id() >= 0) append(tokenizer.eos_id(), true);
+    if (int64_t(seq.tokens.size()) > seq_len + 1) {
+      seq.tokens.resize(size_t(seq_len + 1));
+      seq.loss_mask.resize(size_t(seq_len + 1));
+      out.truncated_count++;
+    }
+    // loss_mask[0] never counts: the first token has nothing before it.
+    int64_t loss_tokens = std::accumulate(seq.loss_mask.begin() + 1, seq.loss_mask.end(), int64_t(0));
+    if (loss_tokens == 0) {
+      out.dropped_count++;
+      continue;
+    }
+    out.loss_token_count += loss_tokens;
+    out.examples.push_back(std::move(seq));
+  }
+  FT_CHECK(!out.examples.empty(), data.path, ": no example has a completion token within seq_len = ", seq_len, " (all ",
+           out.dropped_count, " prompts fill the window)");
+  return out;
+}
+
+int32_t padding_id(const SentencePieceTokenizer& tokenizer) {
+  if (tokenizer.pad_id() >= 0) return tokenizer.pad_id();
+  if (tokenizer.eos_id() >= 0) return tokenizer.eos_id();
+  return 0;
+}
+
+std::vector<TokenSequence> make_rows(const TokenizedDataset& data, int64_t seq_len, bool packing) {
+  if (!packing) return data.examples;
+  TokenSequence stream;
+  for (const TokenSequence& example : data.examples) {
+    stream.tokens.insert(stream.tokens.end(), example.tokens.begin(), example.tokens.end());
+    stream.loss_mask.insert(stream.loss_mask.end(), example.loss_mask.begin(), example.loss_mask.end());
+  }
+  std::vector<TokenSequence> rows;
+  int64_t stream_len = int64_t(stream.tokens.size());
+  // A window needs two tokens to predict anything; windows start seq_len apart.
+  for (int64_t start = 0; start + 1 < stream_len; start += seq_len) {
+    int64_t end = std::min(start + seq_len + 1, stream_len);
+    rows.push_back({{stream.tokens.begin() + start, stream.tokens.begin() + end},
+                    {stream.loss_mask.begin() + start, stream.loss_mask.begin() + end}});
+  }
+  return rows;
+}
+
+DataLoader::DataLoader(std::vector<TokenSequence> rows, int64_t micro_batch_size, int64_t seq_len, int32_t pad_id,
+                       uint64_t seed, Allocator& host_allocator)
+    : rows_(std::move(rows)),
+      micro_batch_size_(micro_batch_size),
+      seq_len_(seq_len),
+      pad_id_(pad_id),
+      seed_(seed),
+      allocator_(host_allocator) {
+  FT_CHECK(!rows_.empty(), "DataLoader: no rows");
+  FT_CHECK(micro_batch_size > 0 && seq_len > 0, "DataLoader: micro_batch_size and seq_len must be > 0");
+  FT_CHECK(host_allocator.device() == Device::cpu, "DataLoader: batches live in host memory");
+  for (const TokenSequence& row : rows_)
+    FT_CHECK(int64_t(row.tokens.size()) <= seq_len + 1 && row.tokens.size() == row.loss_mask.size(),
+             "DataLoader: a row has ", row.tokens.size(), " tokens, more than seq_len + 1 = ", seq_len + 1);
+  identity_order_.resize(rows_.size());
+  std::iota(identity_order_.begin(), identity_order_.end(), int64_t(0));
+  order_ = epoch_order(0);
+}
+
+int64_t DataLoader::batches_per_epoch() const { return (row_count() + micro_batch_size_ - 1) / micro_batch_size_; }
+
+std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
+  std::vector<int64_t> order = identity_order_;
+  std::mt19937_64 rng(seed_ + uint64_t(epoch));
+  for (int64_t i = int64_t(order.size()) - 1; i > 0; i--) {
+    // Plain modulo: its bias is below rows / 2^64, and unlike
+    // std::uniform_int_distribution it gives the same draw on every library.
+    int64_t j = int64_t(rng() % uint64_t(i + 1));
+    std::swap(order[size_t(i)], order[size_t(j)]);
+  }
+  return order;
+}
+
+Batch DataLoader::next() {
+  Batch batch = make_batch(order_, position_.index);
+  position_.index++;
+  if (position_.index == batches_per_epoch()) {
+    position_ = {position_.epoch + 1, 0};
+    order_ = epoch_order(position_.epoch);
+  }
+  return batch;
+}
+
+void DataLoader::set_position(DataPosition position) {
+  FT_CHECK(position.epoch >= 0 && position.index >= 0 && position.index < batches_per_epoch(), "data position (epoch ",
+           position.epoch, ", micro-batch ", position.index, ") does not exist: this dataset has ", batches_per_epoch(),
+           " micro-batches per epoch (did the data, seq_len, packing or micro_batch_size change?)");
+  if (position.epoch != position_.epoch) order_ = epoch_order(position.epoch);
+  position_ = position;
+}
+
+Batch DataLoader::batch_in_order(int64_t index) const {
+  FT_CHECK(index >= 0 && index < batches_per_epoch(), "DataLoader: batch ", index, " out of range [0, ",
+           batches_per_epoch(), ")");
+  return make_batch(identity_order_, index);
+}
+
+Batch DataLoader::make_batch(const std::vector<int64_t>& order, int64_t index) const {
+  Batch batch{Tensor::empty({micro_batch_size_, seq_len_}, DType::i32, allocator_, MemCategory::activations),
+              Tensor::empty({micro_batch_size_, seq_len_}, DType::i32, allocator_, MemCategory::activations), 0};
+  int32_t* inputs = batch.input_ids.ptr<int32_t>();
+  int32_t* targets = batch.targets.ptr<int32_t>();
+  std::fill(inputs, inputs + batch.input_ids.numel(), pad_id_);
+  std::fill(targets, targets + batch.targets.numel(), kIgnoreIndex);
+  for (int64_t b = 0; b < micro_batch_size_; b++) {
+    int64_t slot = index * micro_batch_size_ + b;
+    if (slot >= row_count()) break;  // the epoch's last micro-batch: empty rows stay padding
+    const TokenSequence& row = rows_[size_t(order[size_t(slot)])];
+    int64_t length = std::min(int64_t(row.tokens.size()), seq_len_ + 1);
+    for (int64_t t = 0; t < std::min(length, seq_len_); t++) inputs[b * seq_len_ + t] = row.tokens[size_t(t)];
+    for (int64_t t = 0; t + 1 < length; t++) {
+      if (!row.loss_mask[size_t(t + 1)]) continue;
+      targets[b * seq_len_ + t] = row.tokens[size_t(t + 1)];
+      batch.counted_tokens++;
+    }
+  }
+  return batch;
+}
+
+}  // namespace ft

@@ -1,0 +1,131 @@
+// Training data: JSONL rows -> token sequences with loss masks -> shuffled
+// micro-batches of host i32 tensors. Framework-free: the model code consumes
+// the Batch tensors. The pipeline:
+//
+//   Dataset data = load_jsonl(path, DataFormat::automatic);
+//   TokenizedDataset tokens = tokenize_dataset(data, tokenizer, seq_len);
+//   DataLoader loader(make_rows(tokens, seq_len, packing), micro_batch_size, seq_len,
+//                     padding_id(tokenizer), seed, host_allocator);
+//   Batch batch = loader.next();                 // training, shuffled
+//   Batch batch = loader.batch_in_order(i);      // evaluation, file order
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/tensor.h"
+
+namespace ft {
+
+class SentencePieceTokenizer;
+
+enum class DataFormat { automatic, prompt_completion, text };
+const char* enum_name(DataFormat format);  // "auto", "prompt_completion", "text"
+
+// One JSONL row. Text rows ({"text": ...}) have an empty prompt and the text
+// as completion, so "loss on the completion" covers every token of them.
+struct Example {
+  std::string prompt;
+  std::string completion;
+};
+
+struct Dataset {
+  std::string path;
+  DataFormat format = DataFormat::automatic;  // prompt_completion or text once loaded
+  std::vector<Example> examples;
+};
+
+// Reads one JSON object a line; blank lines are skipped. With format automatic
+// the first row decides, and every row must agree with it. Extra fields in a
+// row are ignored. Errors name the file and the line.
+Dataset load_jsonl(const std::string& path, DataFormat format);
+
+// tokens[i] is a token id; loss_mask[i] = 1 when predicting tokens[i] from
+// tokens[0..i) carries loss (completion tokens and eos; never bos or prompt).
+struct TokenSequence {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> loss_mask;
+};
+
+struct TokenizedDataset {
+  std::vector<TokenSequence> examples;
+  int64_t truncated_count = 0;  // examples cut to seq_len + 1 tokens (beginning kept)
+  int64_t dropped_count = 0;    // examples left with no loss token after truncation
+  int64_t loss_token_count = 0;
+};
+
+// [bos] + encode(prompt) + encode(completion) + [eos] (bos/eos only where the
+// tokenizer defines them), cut to seq_len + 1 tokens. Examples whose prompt
+// fills the whole window teach nothing and are dropped (and counted); an error
+// if that leaves none.
+TokenizedDataset tokenize_dataset(const Dataset& data, const SentencePieceTokenizer& tokenizer, int64_t seq_len);
+
+// The id written into padding positions: pad, else eos, else 0. Padding never
+// carries loss, so the choice only matters for what the model attends to.
+int32_t padding_id(const SentencePieceTokenizer& tokenizer);
+
+// The rows the loader batches, each at most seq_len + 1 tokens. Without
+// packing every example is its own row. With packing the examples are
+// concatenated in order and cut into windows of seq_len + 1 tokens that start
+// seq_len apart: consecutive windows share one token, so every token of the
+// stream is predicted exactly once. Only the last window can be short.
+// (Attention is not masked between packed examples.)
+std::vector<TokenSequence> make_rows(const TokenizedDataset& data, int64_t seq_len, bool packing);
+
+struct Batch {
+  Tensor input_ids;  // i32 [micro_batch_size, seq_len]
+  Tensor targets;    // i32 [micro_batch_size, seq_len]: next token, or -100 = no loss
+  // Targets != -100. Can be 0 (an epoch's padded tail, or with packing a window
+  // inside a long prompt): normalise the loss by the sum over the accumulated
+  // micro-batches, not per micro-batch.
+  int64_t counted_tokens;
+};
+
+constexpr int32_t kIgnoreIndex = -100;
+
+// Position of the next micro-batch: the loader's whole state besides its data.
+struct DataPosition {
+  int64_t epoch = 0;
+  int64_t index = 0;  // micro-batch within the epoch, [0, batches_per_epoch)
+};
+
+class DataLoader {
+ public:
+  // host_allocator must be a CPU allocator that outlives the batches.
+  DataLoader(std::vector<TokenSequence> rows, int64_t micro_batch_size, int64_t seq_len, int32_t pad_id, uint64_t seed,
+             Allocator& host_allocator);
+
+  // Rows per epoch / micro_batch_size, rounded up: the last micro-batch of an
+  // epoch is padded with empty rows (all targets -100).
+  int64_t batches_per_epoch() const;
+  int64_t row_count() const { return int64_t(rows_.size()); }
+
+  // The micro-batch at position(), then advances; after the last micro-batch
+  // of an epoch it moves to index 0 of the next one, which has a new order.
+  Batch next();
+  DataPosition position() const { return position_; }
+  // Restores a position read from position() (e.g. from a checkpoint).
+  void set_position(DataPosition position);
+
+  // Rows in file order, no shuffling: for evaluation.
+  Batch batch_in_order(int64_t index) const;
+
+  // The row order of an epoch: a Fisher-Yates shuffle driven by
+  // std::mt19937_64(seed + epoch), identical on every platform.
+  std::vector<int64_t> epoch_order(int64_t epoch) const;
+
+ private:
+  Batch make_batch(const std::vector<int64_t>& order, int64_t index) const;
+
+  std::vector<TokenSequence> rows_;
+  int64_t micro_batch_size_;
+  int64_t seq_len_;
+  int32_t pad_id_;
+  uint64_t seed_;
+  Allocator& allocator_;
+  DataPosition position_;
+  std::vector<int64_t> order_;  // epoch_order(position_.epoch)
+  std::vector<int64_t> identity_order_;
+};
+
+}  // namespace ft

@@ -1,0 +1,28 @@
+// Text generation for samples and the task metric: batched, greedy
+// (temperature 0) or temperature + nucleus (top-p) sampling as transformers'
+// generate() does it. Rows are right-padded; with causal attention a row's
+// real tokens never see the padding, so one forward serves the whole batch.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/llama.h"
+
+namespace ft {
+
+struct SamplingOptions {
+  int64_t max_new_tokens = 48;
+  double temperature = 0.0;  // 0 = greedy
+  double top_p = 1.0;
+  uint64_t seed = 0;
+};
+
+// Continues every prompt until eos_id or max_new_tokens (or the model's
+// position limit); returns only the new tokens, without the eos.
+std::vector<std::vector<int32_t>> generate(LlamaModel& model, const std::vector<std::vector<int32_t>>& prompts,
+                                           const SamplingOptions& options, int32_t eos_id);
+
+// Picks a token from one row of logits; exposed for tests.
+int32_t sample_token(const float* logits, int64_t vocab_size, const SamplingOptions& options, uint64_t& rng_state);
+
+}  // namespace ft

@@ -1,0 +1,102 @@
+#include "trainer/progress.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "kernels/error.h"
+
+namespace ft {
+
+std::string format_bytes(size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = double(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, unit ? "%.1f %s" : "%.0f %s", value, units[unit]);
+  return text;
+}
+
+std::string format_duration(double seconds) {
+  int64_t total = int64_t(seconds + 0.5);
+  char text[32];
+  if (total >= 3600)
+    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", (long long)(total / 3600), (long long)(total / 60 % 60),
+                  (long long)(total % 60));
+  else
+    std::snprintf(text, sizeof text, "%02lld:%02lld", (long long)(total / 60), (long long)(total % 60));
+  return text;
+}
+
+Progress::Progress(const std::string& metrics_path, int64_t total_steps, int64_t first_step, int64_t log_every)
+    : metrics_(metrics_path, std::ios::app),
+      total_steps_(total_steps),
+      first_step_(first_step),
+      log_every_(log_every > 0 ? log_every : 1),
+      is_terminal_(isatty(STDOUT_FILENO)),
+      start_(std::chrono::steady_clock::now()),
+      last_step_(start_) {
+  FT_CHECK(metrics_, metrics_path, ": cannot open for appending");
+}
+
+void Progress::write_metrics(const nlohmann::json& row) {
+  metrics_ << row.dump() << "\n";
+  metrics_.flush();
+}
+
+std::string Progress::format_bar(const StepReport& report, double tokens_per_s, double elapsed_s) const {
+  const int64_t done = report.step - first_step_, remaining = total_steps_ - report.step;
+  const double eta_s = done > 0 ? elapsed_s / double(done) * double(remaining) : 0.0;
+  const int width = 20;
+  const int filled = int(width * report.step / (total_steps_ ? total_steps_ : 1));
+  std::string bar = std::string(size_t(filled), '=') + std::string(size_t(width - filled), ' ');
+  char text[256];
+  std::snprintf(text, sizeof text, "step %lld/%lld [%s] loss %.4f lr %.2e %.0f tok/s %s<%s peak %s",
+                (long long)report.step, (long long)total_steps_, bar.c_str(), report.loss, report.lr, tokens_per_s,
+                format_duration(elapsed_s).c_str(), format_duration(eta_s).c_str(),
+                format_bytes(report.peak_memory_bytes).c_str());
+  return text;
+}
+
+void Progress::on_step(const StepReport& report) {
+  const auto now = std::chrono::steady_clock::now();
+  const double step_s = std::chrono::duration<double>(now - last_step_).count();
+  const double elapsed_s = std::chrono::duration<double>(now - start_).count();
+  last_step_ = now;
+  tokens_since_start_ += report.tokens;
+  const double tokens_per_s = elapsed_s > 0 ? double(tokens_since_start_) / elapsed_s : 0.0;
+  write_metrics({{"step", report.step}, {"loss", report.loss}, {"lr", report.lr}, {"grad_norm", report.grad_norm},
+                 {"tokens", report.tokens}, {"step_s", step_s}, {"tokens_per_s", tokens_per_s},
+                 {"peak_memory_bytes", report.peak_memory_bytes}});
+  const bool last = report.step == total_steps_;
+  if (is_terminal_) {
+    std::cout << "\r\033[K" << format_bar(report, tokens_per_s, elapsed_s) << std::flush;
+    bar_drawn_ = true;
+  } else if (report.step % log_every_ == 0 || last) {
+    std::cout << format_bar(report, tokens_per_s, elapsed_s) << "\n" << std::flush;
+  }
+}
+
+void Progress::message(const std::string& text) {
+  if (bar_drawn_) std::cout << "\r\033[K";
+  std::cout << text << "\n" << std::flush;
+  bar_drawn_ = false;
+}
+
+void Progress::on_eval(int64_t step, const nlohmann::json& figures) {
+  nlohmann::json row = figures;
+  row["step"] = step;
+  write_metrics(row);
+}
+
+void Progress::finish() {
+  if (bar_drawn_) std::cout << "\n" << std::flush;
+  bar_drawn_ = false;
+}
+
+}  // namespace ft

@@ -1,0 +1,47 @@
+// What the user sees while training: a one-line progress bar redrawn in place
+// on a terminal, plain log lines otherwise (CI logs, pipes, files), and every
+// figure appended as JSON to output_dir/metrics.jsonl.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace ft {
+
+struct StepReport {
+  int64_t step = 0;  // optimizer steps done
+  double loss = 0.0;
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  int64_t tokens = 0;  // tokens processed in this step
+  size_t peak_memory_bytes = 0;
+};
+
+class Progress {
+ public:
+  Progress(const std::string& metrics_path, int64_t total_steps, int64_t first_step, int64_t log_every);
+  void on_step(const StepReport& report);
+  // Prints a line above the bar (eval results, samples) and records it.
+  void on_eval(int64_t step, const nlohmann::json& figures);
+  void message(const std::string& text);
+  void finish();
+
+ private:
+  void write_metrics(const nlohmann::json& row);
+  std::string format_bar(const StepReport& report, double tokens_per_s, double elapsed_s) const;
+
+  std::ofstream metrics_;
+  int64_t total_steps_, first_step_, log_every_;
+  bool is_terminal_;
+  bool bar_drawn_ = false;
+  std::chrono::steady_clock::time_point start_, last_step_;
+  int64_t tokens_since_start_ = 0;
+};
+
+std::string format_bytes(size_t bytes);
+std::string format_duration(double seconds);
+
+}  // namespace ft

@@ -1,0 +1,422 @@
+#include "trainer/train_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "kernels/error.h"
+
+namespace ft {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Enum spellings
+
+template <class E>
+struct Named {
+  const char* name;
+  E value;
+};
+
+const Named<InitMode> kInitModes[] = {{"pretrained", InitMode::pretrained}, {"random", InitMode::random}};
+const Named<Trainable> kTrainables[] = {{"lora", Trainable::lora}, {"all", Trainable::all}};
+const Named<QuantMode> kQuantModes[] = {{"int8", QuantMode::int8}, {"none", QuantMode::none}};
+const Named<Precision> kPrecisions[] = {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}};
+const Named<DeviceChoice> kDevices[] = {
+    {"auto", DeviceChoice::automatic}, {"cpu", DeviceChoice::cpu}, {"cuda", DeviceChoice::cuda}};
+const Named<DataFormat> kFormats[] = {
+    {"auto", DataFormat::automatic}, {"prompt_completion", DataFormat::prompt_completion}, {"text", DataFormat::text}};
+const Named<Schedule> kSchedules[] = {
+    {"constant", Schedule::constant}, {"linear", Schedule::linear}, {"cosine", Schedule::cosine}};
+const Named<TaskMetric> kTaskMetrics[] = {{"none", TaskMetric::none}, {"rouge", TaskMetric::rouge}};
+
+template <class E, size_t N>
+const char* name_in(const Named<E> (&table)[N], E value) {
+  for (const Named<E>& entry : table)
+    if (entry.value == value) return entry.name;
+  return "?";
+}
+
+// ---------------------------------------------------------------------------
+// One value read from the YAML file or from --set, with where it came from.
+
+std::string describe(const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) return "nothing";
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a map";
+  return "\"" + node.Scalar() + "\"";
+}
+
+struct Value {
+  const YAML::Node& node;
+  std::string key;       // dotted, e.g. "lora.r"
+  std::string where;     // "configs/x.yaml:12" or "configs/x.yaml (--set lr=1)"
+  std::string base_dir;  // relative paths are resolved against it ("" = keep as is)
+
+  [[noreturn]] void wrong(const std::string& expected) const {
+    fail(where, ": ", key, ": expected ", expected, ", got ", describe(node));
+  }
+  void require(bool ok, const std::string& expected) const {
+    if (!ok) wrong(expected);
+  }
+  const std::string& scalar(const char* expected) const {
+    if (!node.IsScalar()) wrong(expected);
+    return node.Scalar();
+  }
+
+  // std::from_chars over the whole text: no hex, no octal, no trailing junk.
+  double number() const {
+    const std::string& text = scalar("a number");
+    double value = 0;
+    auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    require(error == std::errc() && end == text.data() + text.size(), "a number");
+    return value;
+  }
+  int64_t integer() const {
+    const std::string& text = scalar("an integer");
+    int64_t value = 0;
+    auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    require(error == std::errc() && end == text.data() + text.size(), "an integer");
+    return value;
+  }
+  bool boolean() const {
+    bool value = false;
+    require(node.IsScalar() && YAML::convert<bool>::decode(node, value), "true or false");
+    return value;
+  }
+  std::string string() const {
+    if (node.IsNull()) return "";
+    return scalar("a string");
+  }
+  std::string path() const {
+    std::string text = string();
+    if (text.empty() || base_dir.empty() || std::filesystem::path(text).is_absolute()) return text;
+    return (std::filesystem::path(base_dir) / text).lexically_normal().string();
+  }
+  std::vector<std::string> strings() const {
+    if (!node.IsSequence()) wrong("a list of strings");
+    std::vector<std::string> items;
+    for (const YAML::Node& item : node) {
+      require(item.IsScalar() && !item.Scalar().empty(), "a list of non-empty strings");
+      items.push_back(item.Scalar());
+    }
+    return items;
+  }
+  template <class E, size_t N>
+  E choice(const Named<E> (&table)[N]) const {
+    std::string valid;
+    for (const Named<E>& entry : table) {
+      if (node.IsScalar() && node.Scalar() == entry.name) return entry.value;
+      valid += (valid.empty() ? "" : ", ") + std::string(entry.name);
+    }
+    wrong("one of " + valid);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// The schema: every leaf key with its setter and range check, in README order.
+
+struct Field {
+  const char* key;
+  void (*set)(TrainConfig& c, const Value& v);
+};
+
+const Field kFields[] = {
+    {"model", [](TrainConfig& c, const Value& v) { c.model = v.path(); }},
+    {"tokenizer", [](TrainConfig& c, const Value& v) { c.tokenizer = v.path(); }},
+    {"init", [](TrainConfig& c, const Value& v) { c.init = v.choice(kInitModes); }},
+    {"trainable", [](TrainConfig& c, const Value& v) { c.trainable = v.choice(kTrainables); }},
+    {"lora.r",
+     [](TrainConfig& c, const Value& v) {
+       c.lora.r = v.integer();
+       v.require(c.lora.r > 0, "an integer > 0");
+     }},
+    {"lora.lora_alpha",
+     [](TrainConfig& c, const Value& v) {
+       c.lora.lora_alpha = v.number();
+       v.require(c.lora.lora_alpha > 0, "a number > 0");
+     }},
+    {"lora.lora_dropout",
+     [](TrainConfig& c, const Value& v) {
+       c.lora.lora_dropout = v.number();
+       v.require(c.lora.lora_dropout >= 0 && c.lora.lora_dropout < 1, "a number in [0, 1)");
+     }},
+    {"lora.target_modules",
+     [](TrainConfig& c, const Value& v) {
+       c.lora.target_modules = v.strings();
+       v.require(!c.lora.target_modules.empty(), "a non-empty list of module names such as [q_proj, v_proj]");
+     }},
+    {"lora.use_rslora", [](TrainConfig& c, const Value& v) { c.lora.use_rslora = v.boolean(); }},
+    {"quantization.mode", [](TrainConfig& c, const Value& v) { c.quantization.mode = v.choice(kQuantModes); }},
+    {"quantization.threshold",
+     [](TrainConfig& c, const Value& v) {
+       c.quantization.threshold = v.number();
+       v.require(c.quantization.threshold >= 0, "a number >= 0");
+     }},
+    {"precision", [](TrainConfig& c, const Value& v) { c.precision = v.choice(kPrecisions); }},
+    {"device", [](TrainConfig& c, const Value& v) { c.device = v.choice(kDevices); }},
+    {"data.train", [](TrainConfig& c, const Value& v) { c.data.train = v.path(); }},
+    {"data.eval", [](TrainConfig& c, const Value& v) { c.data.eval = v.path(); }},
+    {"data.format", [](TrainConfig& c, const Value& v) { c.data.format = v.choice(kFormats); }},
+    {"data.packing", [](TrainConfig& c, const Value& v) { c.data.packing = v.boolean(); }},
+    {"seq_len",
+     [](TrainConfig& c, const Value& v) {
+       c.seq_len = v.integer();
+       v.require(c.seq_len > 0, "an integer > 0");
+     }},
+    {"micro_batch_size",
+     [](TrainConfig& c, const Value& v) {
+       c.micro_batch_size = v.integer();
+       v.require(c.micro_batch_size > 0, "an integer > 0");
+     }},
+    {"grad_accum_steps",
+     [](TrainConfig& c, const Value& v) {
+       c.grad_accum_steps = v.integer();
+       v.require(c.grad_accum_steps > 0, "an integer > 0");
+     }},
+    {"lr",
+     [](TrainConfig& c, const Value& v) {
+       c.lr = v.number();
+       v.require(c.lr > 0, "a number > 0");
+     }},
+    {"warmup_steps",
+     [](TrainConfig& c, const Value& v) {
+       c.warmup_steps = v.integer();
+       v.require(c.warmup_steps >= 0, "an integer >= 0");
+     }},
+    {"schedule", [](TrainConfig& c, const Value& v) { c.schedule = v.choice(kSchedules); }},
+    {"min_lr_ratio",
+     [](TrainConfig& c, const Value& v) {
+       c.min_lr_ratio = v.number();
+       v.require(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1, "a number in [0, 1]");
+     }},
+    {"weight_decay",
+     [](TrainConfig& c, const Value& v) {
+       c.weight_decay = v.number();
+       v.require(c.weight_decay >= 0, "a number >= 0");
+     }},
+    {"max_grad_norm",
+     [](TrainConfig& c, const Value& v) {
+       c.max_grad_norm = v.number();
+       v.require(c.max_grad_norm >= 0, "a number >= 0");
+     }},
+    {"max_steps",
+     [](TrainConfig& c, const Value& v) {
+       c.max_steps = v.integer();
+       v.require(c.max_steps >= 0, "an integer >= 0");
+     }},
+    {"epochs",
+     [](TrainConfig& c, const Value& v) {
+       c.epochs = v.integer();
+       v.require(c.epochs >= 0, "an integer >= 0");
+     }},
+    {"eval_every",
+     [](TrainConfig& c, const Value& v) {
+       c.eval_every = v.integer();
+       v.require(c.eval_every >= 0, "an integer >= 0");
+     }},
+    {"eval_batches",
+     [](TrainConfig& c, const Value& v) {
+       c.eval_batches = v.integer();
+       v.require(c.eval_batches >= 0, "an integer >= 0");
+     }},
+    {"save_every",
+     [](TrainConfig& c, const Value& v) {
+       c.save_every = v.integer();
+       v.require(c.save_every >= 0, "an integer >= 0");
+     }},
+    {"log_every",
+     [](TrainConfig& c, const Value& v) {
+       c.log_every = v.integer();
+       v.require(c.log_every > 0, "an integer > 0");
+     }},
+    {"seed",
+     [](TrainConfig& c, const Value& v) {
+       int64_t seed = v.integer();
+       v.require(seed >= 0, "an integer >= 0");
+       c.seed = uint64_t(seed);
+     }},
+    {"output_dir",
+     [](TrainConfig& c, const Value& v) {
+       c.output_dir = v.path();
+       v.require(!c.output_dir.empty(), "a directory path");
+     }},
+    {"generate.max_new_tokens",
+     [](TrainConfig& c, const Value& v) {
+       c.generate.max_new_tokens = v.integer();
+       v.require(c.generate.max_new_tokens >= 0, "an integer >= 0");
+     }},
+    {"generate.temperature",
+     [](TrainConfig& c, const Value& v) {
+       c.generate.temperature = v.number();
+       v.require(c.generate.temperature >= 0, "a number >= 0 (0 = greedy)");
+     }},
+    {"generate.top_p",
+     [](TrainConfig& c, const Value& v) {
+       c.generate.top_p = v.number();
+       v.require(c.generate.top_p > 0 && c.generate.top_p <= 1, "a number in (0, 1]");
+     }},
+    {"generate.num_samples",
+     [](TrainConfig& c, const Value& v) {
+       c.generate.num_samples = v.integer();
+       v.require(c.generate.num_samples >= 0, "an integer >= 0");
+     }},
+    {"task_metric", [](TrainConfig& c, const Value& v) { c.task_metric = v.choice(kTaskMetrics); }},
+    {"metric_examples",
+     [](TrainConfig& c, const Value& v) {
+       c.metric_examples = v.integer();
+       v.require(c.metric_examples > 0, "an integer > 0");
+     }},
+};
+
+const Field* find_field(const std::string& key) {
+  for (const Field& field : kFields)
+    if (key == field.key) return &field;
+  return nullptr;
+}
+
+// "lora" is a section because "lora.r" is a field.
+bool is_section(const std::string& key) {
+  for (const Field& field : kFields)
+    if (std::string(field.key).starts_with(key + ".")) return true;
+  return false;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> previous(b.size() + 1), current(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); j++) previous[j] = j;
+  for (size_t i = 1; i <= a.size(); i++) {
+    current[0] = i;
+    for (size_t j = 1; j <= b.size(); j++) {
+      size_t substitution = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      current[j] = std::min({previous[j] + 1, current[j - 1] + 1, substitution});
+    }
+    std::swap(previous, current);
+  }
+  return previous[b.size()];
+}
+
+[[noreturn]] void fail_unknown_key(const std::string& where, const std::string& key) {
+  std::string best;
+  size_t best_distance = SIZE_MAX;
+  std::vector<std::string> candidates = train_config_keys();
+  for (const Field& field : kFields) {  // sections too: "quantisation" -> "quantization"
+    std::string key_text = field.key;
+    if (key_text.find('.') != std::string::npos) candidates.push_back(key_text.substr(0, key_text.find('.')));
+  }
+  for (const std::string& candidate : candidates) {
+    size_t distance = edit_distance(key, candidate);
+    if (distance < best_distance) best = candidate, best_distance = distance;
+  }
+  fail(where, ": unknown key \"", key, "\"; did you mean \"", best, "\"?");
+}
+
+// ---------------------------------------------------------------------------
+// Applying a YAML map (the file, a section, or a --set value) to the config.
+
+struct Source {
+  std::string file;      // for messages
+  std::string where;     // "" = use file:line of each key; else e.g. "x.yaml (--set lr=1)"
+  std::string base_dir;  // for relative paths
+};
+
+void apply(TrainConfig& c, const std::string& key, const YAML::Node& node, const std::string& where,
+           const Source& source);
+
+void apply_map(TrainConfig& c, const std::string& prefix, const YAML::Node& map, const std::string& where,
+               const Source& source) {
+  FT_CHECK(map.IsMap() || map.IsNull(), where, ": ", prefix.empty() ? "the config" : prefix,
+           ": expected a map of keys, got ", describe(map));
+  std::set<std::string> seen;
+  for (const auto& entry : map) {
+    std::string key_where =
+        source.where.empty() ? source.file + ":" + std::to_string(entry.first.Mark().line + 1) : source.where;
+    FT_CHECK(entry.first.IsScalar(), key_where, ": keys must be plain names");
+    std::string key = (prefix.empty() ? "" : prefix + ".") + entry.first.Scalar();
+    FT_CHECK(seen.insert(key).second, key_where, ": duplicate key \"", key, "\"");
+    apply(c, key, entry.second, key_where, source);
+  }
+}
+
+void apply(TrainConfig& c, const std::string& key, const YAML::Node& node, const std::string& where,
+           const Source& source) {
+  if (is_section(key)) return apply_map(c, key, node, where, source);
+  const Field* field = find_field(key);
+  if (!field) fail_unknown_key(where, key);
+  field->set(c, Value{node, key, where, source.base_dir});
+}
+
+YAML::Node parse_yaml(const std::string& text, const std::string& where) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    fail(where, ":", e.mark.line + 1, ":", e.mark.column + 1, ": invalid YAML: ", e.msg);
+  }
+}
+
+void apply_override(TrainConfig& c, const std::string& text, const std::string& file) {
+  std::string where = file + " (--set " + text + ")";
+  size_t equals = text.find('=');
+  FT_CHECK(equals != std::string::npos && equals > 0, where, ": --set expects key=value");
+  std::string key = text.substr(0, equals);
+  YAML::Node value = parse_yaml(text.substr(equals + 1), where);
+  // Paths on the command line are relative to the working directory.
+  apply(c, key, value, where, Source{file, where, ""});
+}
+
+// Rules that involve more than one field.
+void check_consistency(const TrainConfig& c) {
+  const std::string& f = c.source;
+  FT_CHECK(!c.model.empty(), f, ": model: required (a Hugging Face checkpoint folder)");
+  FT_CHECK(!c.data.train.empty(), f, ": data.train: required (a JSONL file)");
+  FT_CHECK(c.max_steps > 0 || c.epochs > 0, f, ": max_steps and epochs are both 0; set one of them > 0");
+  FT_CHECK(!(c.trainable == Trainable::all && c.quantization.mode == QuantMode::int8), f,
+           ": trainable: all needs quantization.mode: none (INT8 base weights are frozen)");
+  FT_CHECK(c.task_metric == TaskMetric::none || !c.data.eval.empty(), f, ": task_metric: ", enum_name(c.task_metric),
+           " needs data.eval (prompt/completion pairs to score)");
+}
+
+}  // namespace
+
+std::vector<std::string> train_config_keys() {
+  std::vector<std::string> keys;
+  for (const Field& field : kFields) keys.push_back(field.key);
+  return keys;
+}
+
+TrainConfig parse_train_config(const std::string& yaml_text, const std::string& source,
+                               const std::vector<std::string>& overrides) {
+  std::string config_dir = std::filesystem::path(source).parent_path().string();
+  TrainConfig c;
+  c.source = source;
+  c.output_dir = Value{YAML::Node("runs/out"), "output_dir", source, config_dir}.path();
+  apply_map(c, "", parse_yaml(yaml_text, source), source, Source{source, "", config_dir});
+  for (const std::string& text : overrides) apply_override(c, text, source);
+  if (c.tokenizer.empty() && !c.model.empty())
+    c.tokenizer = (std::filesystem::path(c.model) / "tokenizer.model").string();
+  check_consistency(c);
+  return c;
+}
+
+TrainConfig load_train_config(const std::string& yaml_path, const std::vector<std::string>& overrides) {
+  std::ifstream file(yaml_path);
+  FT_CHECK(file.good(), yaml_path, ": cannot open config file");
+  std::stringstream text;
+  text << file.rdbuf();
+  return parse_train_config(text.str(), yaml_path, overrides);
+}
+
+const char* enum_name(InitMode value) { return name_in(kInitModes, value); }
+const char* enum_name(Trainable value) { return name_in(kTrainables, value); }
+const char* enum_name(QuantMode value) { return name_in(kQuantModes, value); }
+const char* enum_name(Precision value) { return name_in(kPrecisions, value); }
+const char* enum_name(DeviceChoice value) { return name_in(kDevices, value); }
+const char* enum_name(Schedule value) { return name_in(kSchedules, value); }
+const char* enum_name(TaskMetric value) { return name_in(kTaskMetrics, value); }
+
+}  // namespace ft

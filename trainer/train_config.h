@@ -1,0 +1,106 @@
+// The training run's configuration: one YAML file plus `--set key=value`
+// overrides. Every field has a default (see configs/README.md); loading checks
+// keys, types and ranges and throws an ft::Error naming the file and field.
+//
+// Relative paths (model, tokenizer, data.train, data.eval, output_dir) written
+// in the file are resolved against the directory of the config file, so a
+// config works from any working directory. Paths given with --set are shell
+// arguments and stay relative to the current working directory.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/data.h"
+
+namespace ft {
+
+enum class InitMode { pretrained, random };
+enum class Trainable { lora, all };
+enum class QuantMode { int8, none };
+enum class Precision { fp32, bf16 };
+enum class DeviceChoice { automatic, cpu, cuda };
+enum class Schedule { constant, linear, cosine };
+enum class TaskMetric { none, rouge };
+
+struct LoraConfig {
+  int64_t r = 8;
+  double lora_alpha = 16.0;
+  double lora_dropout = 0.05;
+  std::vector<std::string> target_modules = {"q_proj", "v_proj"};
+  bool use_rslora = false;  // scale = alpha / sqrt(r) instead of alpha / r
+};
+
+struct QuantizationConfig {
+  QuantMode mode = QuantMode::int8;
+  double threshold = 6.0;  // LLM.int8() outlier threshold
+};
+
+struct DataConfig {
+  std::string train;  // resolved path, required
+  std::string eval;   // resolved path, "" = no eval set
+  DataFormat format = DataFormat::automatic;
+  bool packing = false;
+};
+
+struct GenerateConfig {
+  int64_t max_new_tokens = 48;
+  double temperature = 0.7;
+  double top_p = 0.9;
+  int64_t num_samples = 3;
+};
+
+struct TrainConfig {
+  std::string source;     // the config file, for messages
+  std::string model;      // resolved path, required
+  std::string tokenizer;  // resolved path; defaults to <model>/tokenizer.model
+  InitMode init = InitMode::pretrained;
+  Trainable trainable = Trainable::lora;
+  LoraConfig lora;
+  QuantizationConfig quantization;
+  Precision precision = Precision::fp32;
+  DeviceChoice device = DeviceChoice::automatic;
+  DataConfig data;
+  int64_t seq_len = 256;
+  int64_t micro_batch_size = 4;
+  int64_t grad_accum_steps = 1;
+  double lr = 2.0e-4;
+  int64_t warmup_steps = 0;
+  Schedule schedule = Schedule::cosine;
+  double min_lr_ratio = 0.0;
+  double weight_decay = 0.0;
+  double max_grad_norm = 1.0;  // 0 disables clipping
+  int64_t max_steps = 0;       // optimizer steps; 0 = use epochs
+  int64_t epochs = 1;
+  int64_t eval_every = 0;    // optimizer steps; 0 = only at start and end
+  int64_t eval_batches = 0;  // 0 = whole eval set
+  int64_t save_every = 0;    // optimizer steps; 0 = only at end
+  int64_t log_every = 1;
+  uint64_t seed = 1234;
+  std::string output_dir;  // resolved path; default "runs/out" next to the config
+  GenerateConfig generate;
+  TaskMetric task_metric = TaskMetric::none;
+  int64_t metric_examples = 50;
+};
+
+// Reads yaml_path, applies overrides ("key=value", dotted keys for nested
+// fields, value parsed as YAML) and validates.
+TrainConfig load_train_config(const std::string& yaml_path, const std::vector<std::string>& overrides = {});
+// The same for YAML text already in memory; source is the file name used for
+// messages and for resolving relative paths.
+TrainConfig parse_train_config(const std::string& yaml_text, const std::string& source,
+                               const std::vector<std::string>& overrides = {});
+
+// Every valid dotted key, in the order of configs/README.md.
+std::vector<std::string> train_config_keys();
+
+// The YAML spelling of each enum value ("auto" for automatic); DataFormat's is in data.h.
+const char* enum_name(InitMode value);
+const char* enum_name(Trainable value);
+const char* enum_name(QuantMode value);
+const char* enum_name(Precision value);
+const char* enum_name(DeviceChoice value);
+const char* enum_name(Schedule value);
+const char* enum_name(TaskMetric value);
+
+}  // namespace ft
