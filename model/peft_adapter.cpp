@@ -1,0 +1,261 @@
+#include "model/peft_adapter.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "kernels/error.h"
+#include "model/safetensors.h"
+
+namespace ft {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+// PEFT saves the adapted model's state dict, whose names start with the
+// PeftModel wrapper ("base_model") and the LoraModel's wrapped model ("model").
+const std::string kKeyPrefix = "base_model.model.";
+
+json read_json_file(const std::string& path) {
+  std::ifstream file(path);
+  FT_CHECK(file, path, ": cannot open (expected a PEFT adapter_config.json)");
+  std::stringstream text;
+  text << file.rdbuf();
+  try {
+    json value = json::parse(text.str());
+    FT_CHECK(value.is_object(), path, ": expected a JSON object");
+    return value;
+  } catch (const json::parse_error& error) {
+    fail(path, ": not valid JSON: ", error.what());
+  }
+}
+
+bool is_set(const json& config, const char* field) { return config.contains(field) && !config[field].is_null(); }
+
+std::string optional_string(const json& config, const char* field, const std::string& fallback,
+                            const std::string& source) {
+  if (!is_set(config, field)) return fallback;
+  FT_CHECK(config[field].is_string(), source, ": field \"", field, "\" must be a string, got ", config[field].dump());
+  return config[field].get<std::string>();
+}
+
+// PEFT options that change what the adapter computes or which modules carry
+// it, and that this trainer does not implement: each must be absent or hold
+// PEFT's default (null, false or empty), or the loaded adapter would compute
+// something else than it did in PEFT.
+void require_peft_default(const json& config, const char* field, const std::string& source) {
+  if (!config.contains(field)) return;
+  const json& value = config[field];
+  const bool is_default = value.is_null() || (value.is_boolean() && !value.get<bool>()) ||
+                          ((value.is_object() || value.is_array()) && value.empty());
+  FT_CHECK(is_default, source, ": field \"", field, "\" = ", value.dump(),
+           " is not supported (only PEFT's default, null/false/empty, is)");
+}
+
+std::vector<std::string> read_target_modules(const json& config, const std::string& source) {
+  FT_CHECK(config.contains("target_modules"), source, ": missing required field \"target_modules\"");
+  const json& targets = config["target_modules"];
+  FT_CHECK(!targets.is_string(), source, ": field \"target_modules\" is the single string ", targets.dump(),
+           ", which PEFT treats as a regular expression over full module names; only a list of module names "
+           "(e.g. [\"q_proj\", \"v_proj\"]) is supported");
+  FT_CHECK(targets.is_array() && !targets.empty(), source,
+           ": field \"target_modules\" must be a non-empty list of module names, got ", targets.dump());
+  std::vector<std::string> names;
+  for (const json& target : targets) {
+    FT_CHECK(target.is_string(), source, ": field \"target_modules\" must hold strings, got ", target.dump());
+    names.push_back(target.get<std::string>());
+  }
+  return names;
+}
+
+// The adapter the model holds must be the one described: same rank, same
+// scaling and the same modules (as a set: PEFT saves a Python set).
+void check_matches_model(const PeftAdapterConfig& config, const LoraOptions& lora, const std::string& source) {
+  FT_CHECK(lora.r > 0, source, ": the model was built without LoRA adapters (lora.r = 0)");
+  FT_CHECK(config.r == lora.r, source, ": field \"r\" is ", config.r, " but the model's adapters have r = ", lora.r);
+  FT_CHECK(config.lora_alpha == lora.lora_alpha, source, ": field \"lora_alpha\" is ", config.lora_alpha,
+           " but the model's adapters have lora_alpha = ", lora.lora_alpha);
+  FT_CHECK(config.use_rslora == lora.use_rslora, source, ": field \"use_rslora\" is ", config.use_rslora,
+           " but the model's adapters have use_rslora = ", lora.use_rslora);
+  std::vector<std::string> want = config.target_modules, have = lora.target_modules;
+  std::sort(want.begin(), want.end());
+  std::sort(have.begin(), have.end());
+  FT_CHECK(want == have, source, ": field \"target_modules\" is ", json(config.target_modules).dump(),
+           " but the model's adapters target ", json(lora.target_modules).dump());
+}
+
+// Temp file, fsync, rename: a crash leaves either the old file or the new one.
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp_path = path + ".tmp";
+  int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  FT_CHECK(fd >= 0, tmp_path, ": cannot create (", std::strerror(errno), ")");
+  size_t written = 0;
+  while (written < text.size()) {
+    ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    written += size_t(n);
+  }
+  bool ok = written == text.size() && ::fsync(fd) == 0;
+  // close can report a deferred write error (e.g. on NFS), so it is checked too.
+  ok = ::close(fd) == 0 && ok;
+  ok = ok && ::rename(tmp_path.c_str(), path.c_str()) == 0;
+  if (!ok) {
+    const std::string reason = std::strerror(errno);
+    ::unlink(tmp_path.c_str());
+    fail(path, ": cannot write (", reason, ")");
+  }
+}
+
+// Our adapter name for a saved key, or "" when the key is no LoRA weight:
+// base_model.model.X.lora_A.weight and base_model.model.X.lora_A.<adapter>.weight
+// both give X.lora_A.weight.
+std::string adapter_name_of(const std::string& key) {
+  if (key.rfind(kKeyPrefix, 0) != 0) return "";
+  const std::string name = key.substr(kKeyPrefix.size());
+  for (const std::string part : {".lora_A.", ".lora_B."}) {
+    const size_t at = name.rfind(part);
+    if (at == std::string::npos) continue;
+    const std::string tail = name.substr(at + part.size());
+    const size_t dot = tail.find('.');
+    if (tail == "weight" || (dot != std::string::npos && dot > 0 && tail.substr(dot) == ".weight"))
+      return name.substr(0, at + part.size()) + "weight";
+  }
+  return "";
+}
+
+}  // namespace
+
+PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
+  const std::string source = (fs::path(folder) / "adapter_config.json").string();
+  const json config = read_json_file(source);
+  FT_CHECK(config.contains("peft_type"), source, ": missing required field \"peft_type\" (expected \"LORA\")");
+  FT_CHECK(config["peft_type"] == "LORA", source, ": field \"peft_type\" is ", config["peft_type"].dump(),
+           " but only \"LORA\" adapters are supported");
+  PeftAdapterConfig result;
+  FT_CHECK(config.contains("r"), source, ": missing required field \"r\"");
+  FT_CHECK(config["r"].is_number_integer() && config["r"].get<int64_t>() > 0, source,
+           ": field \"r\" must be a positive integer, got ", config["r"].dump());
+  result.r = config["r"].get<int64_t>();
+  FT_CHECK(config.contains("lora_alpha"), source, ": missing required field \"lora_alpha\"");
+  FT_CHECK(config["lora_alpha"].is_number() && config["lora_alpha"].get<double>() > 0, source,
+           ": field \"lora_alpha\" must be a positive number, got ", config["lora_alpha"].dump());
+  result.lora_alpha = config["lora_alpha"].get<double>();
+  result.target_modules = read_target_modules(config, source);
+  if (is_set(config, "lora_dropout")) {
+    const json& p = config["lora_dropout"];
+    FT_CHECK(p.is_number() && p.get<double>() >= 0 && p.get<double>() < 1, source,
+             ": field \"lora_dropout\" must be a number in [0, 1), got ", p.dump());
+    result.lora_dropout = p.get<double>();
+  }
+  if (is_set(config, "use_rslora")) {
+    FT_CHECK(config["use_rslora"].is_boolean(), source, ": field \"use_rslora\" must be a boolean, got ",
+             config["use_rslora"].dump());
+    result.use_rslora = config["use_rslora"].get<bool>();
+  }
+  const std::string bias = optional_string(config, "bias", "none", source);
+  FT_CHECK(bias == "none", source, ": field \"bias\" is \"", bias, "\" but only \"none\" is supported");
+  for (const char* field : {"fan_in_fan_out", "use_dora", "lora_bias", "rank_pattern", "alpha_pattern",
+                            "layers_to_transform", "layer_replication", "modules_to_save", "exclude_modules",
+                            "target_parameters", "trainable_token_indices"})
+    require_peft_default(config, field, source);
+  result.base_model_name_or_path = optional_string(config, "base_model_name_or_path", "", source);
+  result.task_type = optional_string(config, "task_type", "", source);
+  return result;
+}
+
+LoraOptions lora_options(const PeftAdapterConfig& config) {
+  LoraOptions lora;
+  lora.r = config.r;
+  lora.lora_alpha = config.lora_alpha;
+  lora.lora_dropout = config.lora_dropout;
+  lora.target_modules = config.target_modules;
+  lora.use_rslora = config.use_rslora;
+  return lora;
+}
+
+void save_peft_adapter(const std::string& folder, LlamaModel& model, const PeftAdapterConfig& config) {
+  check_matches_model(config, model.options().lora, "save_peft_adapter(" + folder + ")");
+  std::error_code error;
+  fs::create_directories(folder, error);
+  FT_CHECK(!error, folder, ": cannot create folder (", error.message(), ")");
+
+  HostAllocator host;  // declared before the tensors it backs
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const Parameter& adapter : model.adapters()) {
+    Tensor value = Tensor::empty(adapter.value.shape, DType::f32, host, MemCategory::workspace);
+    model.backend().copy(value, adapter.value);
+    tensors.emplace_back(kKeyPrefix + adapter.name, value);
+  }
+  save_safetensors((fs::path(folder) / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
+
+  // nlohmann::json keeps keys sorted, as PEFT's json.dumps(sort_keys=True).
+  json out;
+  out["peft_type"] = "LORA";
+  out["r"] = config.r;
+  // An integral alpha is written as PEFT writes it (8, not 8.0).
+  if (config.lora_alpha == std::floor(config.lora_alpha)) out["lora_alpha"] = int64_t(config.lora_alpha);
+  else out["lora_alpha"] = config.lora_alpha;
+  out["lora_dropout"] = config.lora_dropout;
+  out["target_modules"] = config.target_modules;
+  out["base_model_name_or_path"] = config.base_model_name_or_path.empty() ? json() : json(config.base_model_name_or_path);
+  out["task_type"] = config.task_type.empty() ? json() : json(config.task_type);
+  out["bias"] = "none";
+  out["fan_in_fan_out"] = false;
+  out["use_rslora"] = config.use_rslora;
+  out["init_lora_weights"] = true;
+  out["inference_mode"] = true;
+  out["use_dora"] = false;
+  out["modules_to_save"] = nullptr;
+  out["layers_to_transform"] = nullptr;
+  out["layers_pattern"] = nullptr;
+  out["rank_pattern"] = json::object();
+  out["alpha_pattern"] = json::object();
+  write_file_atomically((fs::path(folder) / "adapter_config.json").string(), out.dump(2));
+}
+
+void load_peft_adapter(const std::string& folder, LlamaModel& model) {
+  check_matches_model(read_peft_adapter_config(folder), model.options().lora,
+                      (fs::path(folder) / "adapter_config.json").string());
+  SafetensorsFile file((fs::path(folder) / "adapter_model.safetensors").string());
+  const std::string& path = file.path();
+
+  std::map<std::string, const SafetensorsEntry*> by_adapter;  // our adapter name -> saved tensor
+  for (const SafetensorsEntry& entry : file.entries()) {
+    const std::string name = adapter_name_of(entry.name);
+    FT_CHECK(!name.empty(), path, ": tensor \"", entry.name, "\" is not a LoRA weight (expected names like \"",
+             kKeyPrefix, "model.layers.0.self_attn.q_proj.lora_A.weight\")");
+    auto [it, inserted] = by_adapter.emplace(name, &entry);
+    FT_CHECK(inserted, path, ": tensors \"", it->second->name, "\" and \"", entry.name, "\" are the same adapter");
+  }
+  std::map<std::string, Parameter*> adapters;
+  for (Parameter& adapter : model.adapters()) {
+    adapters[adapter.name] = &adapter;
+    auto it = by_adapter.find(adapter.name);
+    FT_CHECK(it != by_adapter.end(), path, ": missing tensor \"", kKeyPrefix + adapter.name, "\"");
+    const SafetensorsEntry& entry = *it->second;
+    FT_CHECK(entry.shape == adapter.value.shape, path, ": tensor \"", entry.name, "\" has shape ",
+             shape_string(entry.shape), " but the model's adapter needs ", shape_string(adapter.value.shape));
+    FT_CHECK(entry.dtype == DType::f32 || entry.dtype == DType::bf16 || entry.dtype == DType::f16, path,
+             ": tensor \"", entry.name, "\" must be F32, BF16 or F16");
+  }
+  for (const auto& [name, entry] : by_adapter)
+    FT_CHECK(adapters.count(name), path, ": unexpected tensor \"", entry->name, "\": the model has no adapter \"",
+             name, "\"");
+
+  for (const auto& [name, entry] : by_adapter)
+    model.backend().copy(adapters[name]->value,
+                         Tensor::view_of(const_cast<void*>(entry->data), entry->shape, entry->dtype));
+}
+
+}  // namespace ft

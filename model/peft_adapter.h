@@ -1,0 +1,52 @@
+// LoRA adapters in PEFT's on-disk format, so adapters trained here load with
+// PeftModel.from_pretrained and adapters from PEFT load here.
+//
+// A PEFT adapter folder holds adapter_config.json and adapter_model.safetensors
+// whose keys are "base_model.model." + the module's Hugging Face name, e.g.
+// base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight (A [r, in],
+// B [out, r]). PEFT drops the adapter name ("default") when saving; some
+// tools keep it (...q_proj.lora_A.default.weight), and both are read.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/llama.h"
+#include "model/model_options.h"
+
+namespace ft {
+
+struct PeftAdapterConfig {
+  int64_t r = 0;
+  double lora_alpha = 8.0;
+  double lora_dropout = 0.0;
+  std::vector<std::string> target_modules;
+  bool use_rslora = false;
+  std::string base_model_name_or_path;
+  std::string task_type = "CAUSAL_LM";
+};
+
+// Reads folder/adapter_config.json. Requires peft_type "LORA", r,
+// lora_alpha and target_modules as a list of names. Settings that would
+// change the adapter's math and that we do not implement (bias, DoRA,
+// per-module rank/alpha patterns, fan_in_fan_out, ...) are Errors rather
+// than silently ignored; fields we do not know are ignored (PEFT writes
+// many). Errors name the file and the field.
+PeftAdapterConfig read_peft_adapter_config(const std::string& folder);
+
+// The LoRA options a model needs to hold this adapter.
+LoraOptions lora_options(const PeftAdapterConfig& config);
+
+// Creates folder (and parents) and writes adapter_model.safetensors (f32) and
+// adapter_config.json, each atomically. config must describe the model's
+// adapters (r, alpha, targets): a mismatch is an Error.
+void save_peft_adapter(const std::string& folder, LlamaModel& model, const PeftAdapterConfig& config);
+
+// Copies every adapter tensor of folder into model.adapters(). The model must
+// have been built with the folder's r, lora_alpha, use_rslora and
+// target_modules; every adapter needs exactly one tensor of its shape, and
+// the file may hold nothing else. Everything is checked before any value is
+// copied, so a refused adapter leaves the model as it was.
+void load_peft_adapter(const std::string& folder, LlamaModel& model);
+
+}  // namespace ft

@@ -1,0 +1,287 @@
+// PEFT LoRA parity on tests/fixtures/llama_lora (written by
+// scripts/make_fixtures.py with transformers + peft): the llama_gqa base with
+// PEFT's adapter (r 4, alpha 8, q_proj + v_proj, nonzero B) gives PEFT's
+// logits, loss, adapter gradients and AdamW step; the adapter we save has
+// PEFT's keys and config and loads back to the same model; bad adapter
+// folders are refused naming what is wrong.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/error.h"
+#include "model/llama.h"
+#include "model/peft_adapter.h"
+#include "model/safetensors.h"
+#include "trainer/optimizer.h"
+
+using namespace ft;
+using nlohmann::json;
+
+namespace {
+
+const std::string kBaseFolder = std::string(FT_FIXTURES_DIR) + "/llama_gqa";
+const std::string kLoraFolder = std::string(FT_FIXTURES_DIR) + "/llama_lora";
+const std::string kAdapterFolder = kLoraFolder + "/adapter";
+const std::string kKeyPrefix = "base_model.model.";
+
+// f32 against f32 PyTorch on a 2-layer model: the fixture's own f32 vs f64
+// check gives ~6e-7 for logits and ~2e-6 for gradients, so 1e-4 leaves
+// room for summation order without hiding a wrong formula.
+constexpr double kTolerance = 1e-4;
+
+// Relative error of a tensor as one number: max |got - want| / max |want|.
+// Per-element relative error is meaningless for entries near zero.
+double relative_error(const Tensor& got, const Tensor& want) {
+  REQUIRE(got.numel() == want.numel());
+  double max_diff = 0.0, max_want = 0.0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    double g = load_as_f32(got.data, got.dtype, i), w = load_as_f32(want.data, want.dtype, i);
+    max_diff = std::max(max_diff, std::abs(g - w));
+    max_want = std::max(max_want, std::abs(w));
+  }
+  return max_diff / std::max(max_want, 1e-30);
+}
+
+// HF's causal-LM loss shifts labels: position t predicts labels[t + 1].
+Tensor shifted_targets(const Tensor& labels, HostAllocator& host) {
+  Tensor targets = Tensor::empty(labels.shape, DType::i32, host, MemCategory::activations);
+  const int64_t B = labels.dim(0), T = labels.dim(1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      targets.ptr<int32_t>()[b * T + t] = t + 1 < T ? labels.ptr<int32_t>()[b * T + t + 1] : -100;
+  return targets;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype == b.dtype && a.shape == b.shape && std::memcmp(a.data, b.data, a.size_bytes()) == 0;
+}
+
+json read_json(const std::string& path) {
+  std::ifstream file(path);
+  REQUIRE(file);
+  return json::parse(file);
+}
+
+// The f32 llama_gqa base with the LoRA layout adapter_folder's config asks for.
+std::unique_ptr<LlamaModel> make_lora_model(Backend& backend, const std::string& adapter_folder) {
+  ModelOptions options;
+  options.weight_dtype = DType::f32;
+  options.int8_base = false;
+  options.lora = lora_options(read_peft_adapter_config(adapter_folder));
+  auto model = std::make_unique<LlamaModel>(ModelConfig::from_json_file(kBaseFolder + "/config.json"), backend, options);
+  model->load(Checkpoint(kBaseFolder));
+  return model;
+}
+
+// Our saved folder against PEFT's: same keys and shapes, and the config
+// fields that decide what PEFT builds.
+void check_saved_like_peft(const std::string& folder) {
+  SafetensorsFile ours(folder + "/adapter_model.safetensors"), peft(kAdapterFolder + "/adapter_model.safetensors");
+  std::map<std::string, Shape> our_shapes, peft_shapes;
+  for (const SafetensorsEntry& e : ours.entries()) our_shapes[e.name] = e.shape;
+  for (const SafetensorsEntry& e : peft.entries()) peft_shapes[e.name] = e.shape;
+  CHECK(our_shapes == peft_shapes);
+  for (const SafetensorsEntry& e : ours.entries()) CHECK(e.dtype == DType::f32);
+
+  json our_config = read_json(folder + "/adapter_config.json");
+  json peft_config = read_json(kAdapterFolder + "/adapter_config.json");
+  for (const char* field : {"peft_type", "r", "lora_alpha", "task_type", "bias", "fan_in_fan_out", "use_rslora",
+                            "use_dora", "base_model_name_or_path"}) {
+    CAPTURE(field);
+    CHECK(our_config[field] == peft_config[field]);
+  }
+  auto sorted = [](const json& list) {
+    std::vector<std::string> names = list.get<std::vector<std::string>>();
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  CHECK(sorted(our_config["target_modules"]) == sorted(peft_config["target_modules"]));
+}
+
+}  // namespace
+
+TEST_CASE("llama + PEFT adapter matches peft: logits, loss, adapter gradients, one AdamW step; save/load") {
+  Checkpoint base(kBaseFolder);
+  Checkpoint reference(kLoraFolder + "/reference.safetensors");
+  HostAllocator host;
+  TrackingAllocator tracker(host);
+  CpuBackend backend(tracker);
+  std::unique_ptr<LlamaModel> model = make_lora_model(backend, kAdapterFolder);
+  load_peft_adapter(kAdapterFolder, *model);
+  REQUIRE(model->adapters().size() == 8);
+
+  Tensor input_ids = reference.view("input_ids");
+  Tensor targets = shifted_targets(reference.view("labels"), host);
+  float loss = model->forward(input_ids, targets);
+  const double logits_error = relative_error(model->last_logits(), reference.view("logits"));
+  MESSAGE("logits relative error ", logits_error);
+  CHECK(logits_error <= kTolerance);
+  const float want_loss = reference.view("loss").ptr<float>()[0];
+  MESSAGE("loss relative error ", std::abs(loss - want_loss) / std::abs(want_loss));
+  CHECK(std::abs(loss - want_loss) <= kTolerance * std::abs(want_loss));
+
+  // Only the adapters train; the base gets no gradient buffer at all.
+  model->set_trainable([](const std::string& name) { return name.find("lora_") != std::string::npos; });
+  model->forward_backward(input_ids, targets);
+  std::vector<Parameter*> trainable;
+  int64_t trainable_count = 0;
+  for (Parameter& p : model->parameters()) CHECK(!p.trainable());
+  for (Parameter& adapter : model->adapters()) {
+    CAPTURE(adapter.name);
+    REQUIRE(adapter.trainable());
+    const double error = relative_error(adapter.grad, reference.view("grad." + kKeyPrefix + adapter.name));
+    MESSAGE("gradient relative error ", error, " ", adapter.name);
+    CHECK(error <= kTolerance);
+    trainable.push_back(&adapter);
+    trainable_count += adapter.value.numel();
+  }
+  // 2 layers x (q: A [4, 64] + B [64, 4], v: A [4, 64] + B [32, 4]).
+  CHECK(trainable_count == 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4));
+
+  // torch.optim.AdamW over the adapters; the fixture does not clip.
+  json hyper = read_json(kLoraFolder + "/optimizer.json");
+  AdamWOptions options;
+  options.beta1 = hyper["beta1"];
+  options.beta2 = hyper["beta2"];
+  options.eps = hyper["eps"];
+  options.weight_decay = hyper["weight_decay"];
+  options.max_grad_norm = 0.0;
+  const size_t optimizer_before = tracker.stats().current(MemCategory::optimizer);
+  AdamW adamw(backend, trainable, options);
+  // Two f32 moments per trainable value and no masters: the adapters are f32.
+  CHECK(tracker.stats().current(MemCategory::optimizer) - optimizer_before == size_t(2 * 4 * trainable_count));
+  adamw.step(hyper["lr"].get<double>());
+  for (Parameter& adapter : model->adapters()) {
+    CAPTURE(adapter.name);
+    const double error = relative_error(adapter.value, reference.view("after_step." + kKeyPrefix + adapter.name));
+    MESSAGE("after-step relative error ", error, " ", adapter.name);
+    CHECK(error <= kTolerance);
+  }
+  // The frozen base is untouched, bit for bit.
+  for (Parameter& p : model->parameters()) {
+    CAPTURE(p.name);
+    CHECK(same_bytes(p.value, base.view(p.name)));
+  }
+  const float loss_after = model->forward(input_ids, targets);
+  const float want_loss_after = reference.view("loss_after_step").ptr<float>()[0];
+  MESSAGE("loss after step relative error ", std::abs(loss_after - want_loss_after) / std::abs(want_loss_after));
+  CHECK(std::abs(loss_after - want_loss_after) <= kTolerance * std::abs(want_loss_after));
+
+  // Save the stepped adapter (kept under the build folder for a by-hand
+  // check with PeftModel.from_pretrained) and load it into a fresh model.
+  const std::string folder = std::string(FT_BINARY_DIR) + "/test_peft/adapter_after_step";
+  std::filesystem::remove_all(folder);
+  save_peft_adapter(folder, *model, read_peft_adapter_config(kAdapterFolder));
+  check_saved_like_peft(folder);
+  CHECK(!std::filesystem::exists(folder + "/adapter_config.json.tmp"));
+  std::unique_ptr<LlamaModel> reloaded = make_lora_model(backend, folder);
+  load_peft_adapter(folder, *reloaded);
+  reloaded->forward(input_ids, targets);
+  CHECK(same_bytes(reloaded->last_logits(), model->last_logits()));
+}
+
+namespace {
+
+// An adapter folder made from the fixture's, with the config and the tensor
+// list edited by the caller.
+struct AdapterFiles {
+  json config = read_json(kAdapterFolder + "/adapter_config.json");
+  SafetensorsFile file{kAdapterFolder + "/adapter_model.safetensors"};
+  std::vector<std::pair<std::string, Tensor>> tensors;
+
+  AdapterFiles() {
+    for (const SafetensorsEntry& e : file.entries())
+      tensors.emplace_back(e.name, Tensor::view_of(const_cast<void*>(e.data), e.shape, e.dtype));
+  }
+  std::string write(const std::string& name) const {
+    const std::string folder = std::string(FT_BINARY_DIR) + "/test_peft/" + name;
+    std::filesystem::create_directories(folder);
+    std::ofstream(folder + "/adapter_config.json") << config.dump(2);
+    save_safetensors(folder + "/adapter_model.safetensors", tensors);
+    return folder;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("adapter configs PEFT would not give us, or that do not fit the model, are refused naming the field") {
+  AdapterFiles prefix_tuning;
+  prefix_tuning.config["peft_type"] = "PREFIX_TUNING";
+  CHECK_THROWS_WITH_AS(read_peft_adapter_config(prefix_tuning.write("prefix_tuning")),
+                       doctest::Contains("adapter_config.json: field \"peft_type\" is \"PREFIX_TUNING\""), Error);
+
+  AdapterFiles no_targets;
+  no_targets.config.erase("target_modules");
+  CHECK_THROWS_WITH_AS(read_peft_adapter_config(no_targets.write("no_targets")),
+                       doctest::Contains("missing required field \"target_modules\""), Error);
+
+  AdapterFiles regex_targets;
+  regex_targets.config["target_modules"] = ".*\\.(q_proj|v_proj)";
+  CHECK_THROWS_WITH_AS(read_peft_adapter_config(regex_targets.write("regex_targets")),
+                       doctest::Contains("regular expression"), Error);
+
+  AdapterFiles dora;
+  dora.config["use_dora"] = true;
+  CHECK_THROWS_WITH_AS(read_peft_adapter_config(dora.write("dora")), doctest::Contains("field \"use_dora\""), Error);
+
+  HostAllocator host;
+  CpuBackend backend(host);
+  std::unique_ptr<LlamaModel> model = make_lora_model(backend, kAdapterFolder);
+  AdapterFiles other_rank;
+  other_rank.config["r"] = 8;
+  CHECK_THROWS_WITH_AS(load_peft_adapter(other_rank.write("other_rank"), *model),
+                       doctest::Contains("field \"r\" is 8 but the model's adapters have r = 4"), Error);
+
+  AdapterFiles other_targets;
+  other_targets.config["target_modules"] = {"q_proj", "k_proj"};
+  CHECK_THROWS_WITH_AS(load_peft_adapter(other_targets.write("other_targets"), *model),
+                       doctest::Contains("field \"target_modules\""), Error);
+}
+
+TEST_CASE("adapter weights: a missing, extra or misshapen tensor is refused naming it; adapter-named keys load") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  std::unique_ptr<LlamaModel> model = make_lora_model(backend, kAdapterFolder);
+  load_peft_adapter(kAdapterFolder, *model);
+  Checkpoint reference(kLoraFolder + "/reference.safetensors");
+  const std::string dropped = kKeyPrefix + "model.layers.1.self_attn.v_proj.lora_B.weight";
+
+  AdapterFiles missing;
+  std::erase_if(missing.tensors, [&](const auto& t) { return t.first == dropped; });
+  CHECK_THROWS_WITH_AS(load_peft_adapter(missing.write("missing_key"), *model),
+                       doctest::Contains(("missing tensor \"" + dropped + "\"").c_str()), Error);
+
+  AdapterFiles extra;
+  extra.tensors.emplace_back(kKeyPrefix + "model.layers.0.mlp.up_proj.lora_A.weight", extra.tensors[0].second);
+  CHECK_THROWS_WITH_AS(load_peft_adapter(extra.write("extra_key"), *model),
+                       doctest::Contains(("unexpected tensor \"" + kKeyPrefix + "model.layers.0.mlp.up_proj.lora_A.weight\"").c_str()),
+                       Error);
+
+  AdapterFiles misshapen;
+  for (auto& [name, tensor] : misshapen.tensors)
+    if (name == dropped) tensor = tensor.reshaped({tensor.dim(1), tensor.dim(0)});
+  CHECK_THROWS_WITH_AS(load_peft_adapter(misshapen.write("misshapen"), *model),
+                       doctest::Contains(("tensor \"" + dropped + "\" has shape [4, 32]").c_str()), Error);
+
+  // Refused loads copied nothing: the model still gives PEFT's logits.
+  Tensor targets = shifted_targets(reference.view("labels"), host);
+  model->forward(reference.view("input_ids"), targets);
+  CHECK(relative_error(model->last_logits(), reference.view("logits")) <= kTolerance);
+
+  // Keys that keep the adapter name (".lora_A.default.weight") load the same.
+  AdapterFiles named;
+  for (auto& [name, tensor] : named.tensors) name.replace(name.rfind(".weight"), 7, ".default.weight");
+  std::unique_ptr<LlamaModel> fresh = make_lora_model(backend, kAdapterFolder);
+  load_peft_adapter(named.write("adapter_named_keys"), *fresh);
+  fresh->forward(reference.view("input_ids"), targets);
+  CHECK(same_bytes(fresh->last_logits(), model->last_logits()));
+}
