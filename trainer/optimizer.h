@@ -27,6 +27,7 @@ class AdamW {
   // with learning rate lr, and returns the global gradient norm before clipping.
   double step(double lr);
 
+  Backend& backend() { return backend_; }
   int64_t steps_taken() const { return steps_taken_; }
   void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
   const std::vector<Parameter*>& parameters() const { return parameters_; }

@@ -1,0 +1,152 @@
+// The finetune binary as a user runs it: the PEFT-style parameter line, exact
+// resume after kill -9, and clear errors with a non-zero exit for bad input.
+// Uses the tiny llama_gqa fixture with the fixture tokenizer (vocab 320).
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kBinary = std::string(FT_BINARY_DIR) + "/trainer/finetune";
+const std::string kFixtures = FT_FIXTURES_DIR;
+
+struct CommandResult {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+CommandResult run_command(const std::string& command) {
+  CommandResult result{0, ""};
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  REQUIRE(pipe);
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) result.output.append(buffer, n);
+  int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+// A fresh folder with a config for the fixture model and a small text dataset.
+std::string make_run_dir(const std::string& name, const std::string& extra_yaml = "") {
+  const fs::path dir = fs::path(FT_BINARY_DIR) / "cli_runs" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ifstream source(std::string(FT_SOURCE_DIR) + "/configs/data/pretrain.jsonl");
+  std::ofstream train(dir / "train.jsonl"), eval(dir / "eval.jsonl");
+  std::string line;
+  for (int i = 0; i < 260 && std::getline(source, line); ++i) (i < 240 ? train : eval) << line << "\n";
+  std::ofstream(dir / "config.yaml") << "model: " << kFixtures << "/llama_gqa\n"
+                                     << "tokenizer: " << kFixtures << "/tokenizer/tokenizer.model\n"
+                                     << "data: {train: train.jsonl, eval: eval.jsonl, packing: true}\n"
+                                     << "seq_len: 64\nmicro_batch_size: 16\ngrad_accum_steps: 4\n"
+                                     << "lora: {r: 4, lora_alpha: 8, lora_dropout: 0.1}\n"
+                                     << "lr: 1.0e-3\nmax_steps: 20\nsave_every: 10\neval_batches: 1\n"
+                                     << "generate: {max_new_tokens: 4, num_samples: 1}\noutput_dir: out\n"
+                                     << extra_yaml;
+  return dir.string();
+}
+
+// step -> loss of the training rows of a metrics.jsonl.
+std::map<int64_t, double> train_losses(const std::string& metrics_path) {
+  std::map<int64_t, double> losses;
+  std::ifstream in(metrics_path);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto row = nlohmann::json::parse(line);
+    if (row.contains("loss")) losses[row["step"].get<int64_t>()] = row["loss"].get<double>();
+  }
+  return losses;
+}
+
+}  // namespace
+
+TEST_CASE("finetune prints PEFT's trainable-parameter line and writes adapter and metrics") {
+  const std::string dir = make_run_dir("basic");
+  CommandResult result = run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=2");
+  INFO(result.output);
+  REQUIRE(result.exit_code == 0);
+  // Adapters: 2 layers x (q_proj 4 x (64 + 64) + v_proj 4 x (64 + 32)) = 1,792. Base: embed and lm_head
+  // 2 x 320 x 64, per layer q/o 2 x 64 x 64, k/v 2 x 32 x 64, MLP 3 x 88 x 64, norms 2 x 64 (x 2 layers),
+  // final norm 64: 99,648. PEFT counts the adapters in "all params".
+  CHECK(result.output.find("trainable params: 1,792 || all params: 101,440 || trainable%: 1.7666") !=
+        std::string::npos);
+  CHECK(fs::exists(dir + "/out/adapter/adapter_model.safetensors"));
+  CHECK(fs::exists(dir + "/out/adapter/adapter_config.json"));
+  CHECK(train_losses(dir + "/out/metrics.jsonl").size() == 2);
+}
+
+TEST_CASE("a run killed with SIGKILL after a checkpoint resumes to identical losses") {
+  const std::string full_dir = make_run_dir("full");
+  REQUIRE(run_command("cd " + full_dir + " && " + kBinary + " config.yaml").exit_code == 0);
+  const auto full = train_losses(full_dir + "/out/metrics.jsonl");
+  REQUIRE(full.size() == 20);
+
+  const std::string dir = make_run_dir("killed");
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    REQUIRE(chdir(dir.c_str()) == 0);
+    freopen("/dev/null", "w", stdout);
+    execl(kBinary.c_str(), kBinary.c_str(), "config.yaml", (char*)nullptr);
+    _exit(127);
+  }
+  // The state file appears when step 10 is saved; kill at once, mid-run.
+  const std::string state = dir + "/out/train_state.safetensors";
+  while (!fs::exists(state)) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK(WIFSIGNALED(status));
+  const auto before_resume = train_losses(dir + "/out/metrics.jsonl");
+  CHECK(before_resume.size() < 20);  // the kill landed before the end
+
+  CommandResult resumed = run_command("cd " + dir + " && " + kBinary + " config.yaml --resume");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.output.find("resumed at step 10") != std::string::npos);
+  const auto after = train_losses(dir + "/out/metrics.jsonl");
+  REQUIRE(after.size() == 20);
+  for (const auto& [step, loss] : full) {
+    CAPTURE(step);
+    CHECK(after.at(step) == loss);  // bit-identical, not approximately equal
+  }
+}
+
+TEST_CASE("bad input exits non-zero with a message naming what is wrong") {
+  const std::string dir = make_run_dir("bad");
+  struct Case {
+    std::string arguments, expected;
+  };
+  const Case cases[] = {
+      {"config.yaml --set lora.rank=4", "unknown key \"lora.rank\"; did you mean \"lora.r\"?"},
+      {"config.yaml --set lora.r=0", "lora.r"},
+      {"config.yaml --set model=no_such_folder", "no_such_folder/config.json"},
+      {"config.yaml --set seq_len=65", "seq_len 65 is larger than the model's max_position_embeddings 64"},
+      {"config.yaml --set lora.target_modules=[q_proj,qkv]", "\"qkv\" matches no module"},
+      {"config.yaml --set data.train=empty.jsonl", "empty.jsonl"},
+      {"config.yaml --set data.train=broken.jsonl", "broken.jsonl:2"},
+      {"config.yaml --resume --set output_dir=nothing_here", "no training state to resume from"},
+      {"missing.yaml", "missing.yaml"},
+  };
+  std::ofstream(dir + "/empty.jsonl") << "\n";
+  std::ofstream(dir + "/broken.jsonl") << "{\"text\": \"fine\"}\n{\"text\": oops}\n";
+  for (const Case& c : cases) {
+    CAPTURE(c.arguments);
+    CommandResult result = run_command("cd " + dir + " && " + kBinary + " " + c.arguments);
+    CHECK(result.exit_code == 1);
+    CHECK(result.output.find("error: ") != std::string::npos);
+    CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
+  }
+}

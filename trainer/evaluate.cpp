@@ -1,0 +1,82 @@
+#include "trainer/evaluate.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ft {
+
+Batch trim_padding(const Batch& batch, Allocator& host) {
+  const int64_t B = batch.input_ids.dim(0), T = batch.input_ids.dim(1);
+  int64_t used = 1;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = T; t-- > used;)
+      if (batch.targets.ptr<int32_t>()[b * T + t] != kIgnoreIndex) {
+        used = t + 1;
+        break;
+      }
+  Batch trimmed{Tensor::empty({B, used}, DType::i32, host, MemCategory::activations),
+                Tensor::empty({B, used}, DType::i32, host, MemCategory::activations), batch.counted_tokens};
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy_n(batch.input_ids.ptr<int32_t>() + b * T, used, trimmed.input_ids.ptr<int32_t>() + b * used);
+    std::copy_n(batch.targets.ptr<int32_t>() + b * T, used, trimmed.targets.ptr<int32_t>() + b * used);
+  }
+  return trimmed;
+}
+
+EvalLoss evaluate_loss(LlamaModel& model, const DataLoader& eval, int64_t max_batches) {
+  HostAllocator host;
+  const int64_t batches = max_batches > 0 ? std::min(max_batches, eval.batches_per_epoch()) : eval.batches_per_epoch();
+  double loss_sum = 0.0;
+  EvalLoss result;
+  for (int64_t i = 0; i < batches; ++i) {
+    Batch batch = trim_padding(eval.batch_in_order(i), host);
+    if (batch.counted_tokens == 0) continue;
+    loss_sum += double(model.forward(batch.input_ids, batch.targets)) * double(batch.counted_tokens);
+    result.tokens += batch.counted_tokens;
+  }
+  result.loss = result.tokens ? loss_sum / double(result.tokens) : 0.0;
+  result.perplexity = std::exp(result.loss);
+  return result;
+}
+
+std::vector<int32_t> prompt_tokens(const SentencePieceTokenizer& tokenizer, const std::string& prompt) {
+  std::vector<int32_t> tokens;
+  if (tokenizer.bos_id() >= 0) tokens.push_back(tokenizer.bos_id());
+  std::vector<int32_t> encoded = tokenizer.encode(prompt);
+  tokens.insert(tokens.end(), encoded.begin(), encoded.end());
+  return tokens;
+}
+
+std::vector<std::string> complete_prompts(LlamaModel& model, const SentencePieceTokenizer& tokenizer,
+                                          const std::vector<std::string>& prompts, const SamplingOptions& sampling,
+                                          int64_t batch_size) {
+  std::vector<std::string> completions;
+  for (size_t first = 0; first < prompts.size(); first += size_t(batch_size)) {
+    std::vector<std::vector<int32_t>> batch;
+    for (size_t i = first; i < std::min(prompts.size(), first + size_t(batch_size)); ++i)
+      batch.push_back(prompt_tokens(tokenizer, prompts[i]));
+    SamplingOptions options = sampling;
+    options.seed = sampling.seed + first;
+    for (const auto& generated : generate(model, batch, options, tokenizer.eos_id()))
+      completions.push_back(tokenizer.decode(generated));
+  }
+  return completions;
+}
+
+TaskMetricResult evaluate_rouge(LlamaModel& model, const SentencePieceTokenizer& tokenizer,
+                                const std::vector<Example>& examples, int64_t count, int64_t max_new_tokens,
+                                int64_t batch_size) {
+  std::vector<std::string> prompts, references;
+  for (int64_t i = 0; i < std::min<int64_t>(count, int64_t(examples.size())); ++i) {
+    prompts.push_back(examples[size_t(i)].prompt);
+    references.push_back(examples[size_t(i)].completion);
+  }
+  SamplingOptions greedy;
+  greedy.max_new_tokens = max_new_tokens;
+  TaskMetricResult result;
+  result.predictions = complete_prompts(model, tokenizer, prompts, greedy, batch_size);
+  result.rouge = rouge_corpus(references, result.predictions);
+  return result;
+}
+
+}  // namespace ft

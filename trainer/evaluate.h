@@ -1,0 +1,47 @@
+// Evaluation: mean loss and perplexity over the eval set, and the task metric
+// (ROUGE of greedy generations against the reference completions).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/llama.h"
+#include "tokenizer/sentencepiece_tokenizer.h"
+#include "trainer/data.h"
+#include "trainer/generate.h"
+#include "trainer/rouge.h"
+
+namespace ft {
+
+// A batch cut to its longest row (the last position that carries loss), so
+// right padding costs no compute.
+Batch trim_padding(const Batch& batch, Allocator& host);
+
+struct EvalLoss {
+  double loss = 0.0;  // mean over every counted token of the set
+  double perplexity = 0.0;
+  int64_t tokens = 0;
+};
+
+// max_batches 0 = the whole set.
+EvalLoss evaluate_loss(LlamaModel& model, const DataLoader& eval, int64_t max_batches);
+
+// The ids a prompt is given to the model as: [bos] + encode(prompt), as in training.
+std::vector<int32_t> prompt_tokens(const SentencePieceTokenizer& tokenizer, const std::string& prompt);
+
+// Continues each prompt and decodes the new tokens, batch_size prompts at a time.
+std::vector<std::string> complete_prompts(LlamaModel& model, const SentencePieceTokenizer& tokenizer,
+                                          const std::vector<std::string>& prompts, const SamplingOptions& sampling,
+                                          int64_t batch_size);
+
+struct TaskMetricResult {
+  RougeScores rouge;
+  std::vector<std::string> predictions;
+};
+
+// ROUGE of greedy completions of the first `count` examples' prompts against
+// their completions.
+TaskMetricResult evaluate_rouge(LlamaModel& model, const SentencePieceTokenizer& tokenizer,
+                                const std::vector<Example>& examples, int64_t count, int64_t max_new_tokens,
+                                int64_t batch_size);
+
+}  // namespace ft

@@ -1,0 +1,78 @@
+#include "trainer/train_state.h"
+
+#include "kernels/error.h"
+#include "model/safetensors.h"
+
+namespace ft {
+namespace {
+
+// A host f32 copy of a backend tensor (the CPU backend could share memory, a
+// GPU backend cannot; one path for both).
+Tensor to_host(Backend& backend, const Tensor& tensor, Allocator& host) {
+  Tensor copy = Tensor::empty(tensor.shape, DType::f32, host, MemCategory::workspace);
+  backend.copy(copy, tensor);
+  return copy;
+}
+
+int64_t metadata_int(const std::map<std::string, std::string>& metadata, const std::string& key,
+                     const std::string& path) {
+  auto found = metadata.find(key);
+  FT_CHECK(found != metadata.end(), path, ": not a training state (metadata \"", key, "\" missing)");
+  return std::stoll(found->second);
+}
+
+}  // namespace
+
+void save_train_state(const std::string& path, AdamW& optimizer, const TrainProgress& progress) {
+  Backend& backend = optimizer.backend();
+  HostAllocator host;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (size_t i = 0; i < optimizer.parameters().size(); ++i) {
+    const std::string& name = optimizer.parameters()[i]->name;
+    tensors.emplace_back("param." + name, to_host(backend, optimizer.master(i), host));
+    tensors.emplace_back("adam_m." + name, to_host(backend, optimizer.first_moment(i), host));
+    tensors.emplace_back("adam_v." + name, to_host(backend, optimizer.second_moment(i), host));
+  }
+  std::map<std::string, std::string> metadata = {
+      {"format", "finetune-train-state-1"},
+      {"step", std::to_string(progress.step)},
+      {"optimizer_steps", std::to_string(optimizer.steps_taken())},
+      {"data_epoch", std::to_string(progress.data_position.epoch)},
+      {"data_index", std::to_string(progress.data_position.index)},
+  };
+  save_safetensors(path, tensors, metadata);
+}
+
+TrainProgress load_train_state(const std::string& path, AdamW& optimizer) {
+  SafetensorsFile file(path);
+  std::map<std::string, const SafetensorsEntry*> by_name;
+  for (const SafetensorsEntry& entry : file.entries()) by_name[entry.name] = &entry;
+  FT_CHECK(by_name.size() == 3 * optimizer.parameters().size(), path, ": holds ", by_name.size() / 3,
+           " trainable tensors but this run trains ", optimizer.parameters().size(),
+           " (was the config changed since the checkpoint?)");
+  Backend& backend = optimizer.backend();
+  for (size_t i = 0; i < optimizer.parameters().size(); ++i) {
+    const std::string& name = optimizer.parameters()[i]->name;
+    const std::pair<std::string, Tensor*> parts[] = {{"param." + name, &optimizer.master(i)},
+                                                     {"adam_m." + name, &optimizer.first_moment(i)},
+                                                     {"adam_v." + name, &optimizer.second_moment(i)}};
+    for (const auto& [key, destination] : parts) {
+      auto found = by_name.find(key);
+      FT_CHECK(found != by_name.end(), path, ": missing tensor \"", key, "\"");
+      const SafetensorsEntry& entry = *found->second;
+      FT_CHECK(entry.shape == destination->shape && entry.dtype == DType::f32, path, ": tensor \"", key,
+               "\" is ", dtype_name(entry.dtype), " ", shape_string(entry.shape), ", expected f32 ",
+               shape_string(destination->shape));
+      backend.copy(*destination, Tensor::view_of(const_cast<void*>(entry.data), entry.shape, entry.dtype));
+    }
+  }
+  optimizer.sync_compute_copies();
+  optimizer.set_steps_taken(metadata_int(file.metadata(), "optimizer_steps", path));
+  TrainProgress progress;
+  progress.step = metadata_int(file.metadata(), "step", path);
+  progress.data_position.epoch = metadata_int(file.metadata(), "data_epoch", path);
+  progress.data_position.index = metadata_int(file.metadata(), "data_index", path);
+  return progress;
+}
+
+}  // namespace ft

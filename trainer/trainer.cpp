@@ -1,0 +1,359 @@
+#include "trainer/trainer.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/error.h"
+#include "model/llama.h"
+#include "model/peft_adapter.h"
+#include "model/safetensors.h"
+#include "tokenizer/sentencepiece_tokenizer.h"
+#include "trainer/evaluate.h"
+#include "trainer/lr_schedule.h"
+#include "trainer/optimizer.h"
+#include "trainer/progress.h"
+#include "trainer/train_state.h"
+
+namespace ft {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Everything one run holds, in construction order.
+struct Run {
+  const TrainConfig& config;
+  HostAllocator host;
+  std::unique_ptr<TrackingAllocator> tracker;
+  std::unique_ptr<Backend> backend;
+  ModelConfig model_config;
+  std::unique_ptr<SentencePieceTokenizer> tokenizer;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<DataLoader> train, eval;
+  Dataset eval_examples;
+  std::unique_ptr<AdamW> optimizer;
+  LrSchedule schedule;
+  int64_t total_steps = 0;
+  explicit Run(const TrainConfig& c) : config(c) {}
+};
+
+std::string path_in(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
+
+std::string with_commas(int64_t value) {
+  std::string digits = std::to_string(value), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+void make_backend(Run& run) {
+  FT_CHECK(run.config.device != DeviceChoice::cuda, run.config.source,
+           ": device \"cuda\": this build trains on the CPU only for now; use device: cpu or auto");
+  run.tracker = std::make_unique<TrackingAllocator>(run.host);
+  run.backend = std::make_unique<CpuBackend>(*run.tracker);
+  std::cout << "device: cpu" << (run.config.device == DeviceChoice::automatic ? " (auto: no CUDA backend in this build)" : "")
+            << "\n";
+}
+
+ModelOptions model_options(const TrainConfig& config) {
+  ModelOptions options;
+  options.weight_dtype = config.precision == Precision::bf16 ? DType::bf16 : DType::f32;
+  options.int8_base = config.quantization.mode == QuantMode::int8;
+  options.int8_threshold = float(config.quantization.threshold);
+  if (config.trainable == Trainable::lora) {
+    options.lora.r = config.lora.r;
+    options.lora.lora_alpha = config.lora.lora_alpha;
+    options.lora.lora_dropout = config.lora.lora_dropout;
+    options.lora.target_modules = config.lora.target_modules;
+    options.lora.use_rslora = config.lora.use_rslora;
+  }
+  return options;
+}
+
+// As PEFT's print_trainable_parameters; "all" counts the adapters too.
+void print_trainable_parameters(LlamaModel& model) {
+  int64_t trainable = 0, all = 0;
+  for (std::deque<Parameter>* list : {&model.parameters(), &model.adapters()})
+    for (const Parameter& p : *list) {
+      all += p.value.numel();
+      if (p.trainable()) trainable += p.value.numel();
+    }
+  char percent[32];
+  std::snprintf(percent, sizeof percent, "%.4f", 100.0 * double(trainable) / double(all));
+  std::cout << "trainable params: " << with_commas(trainable) << " || all params: " << with_commas(all)
+            << " || trainable%: " << percent << "\n";
+}
+
+void make_model(Run& run) {
+  const TrainConfig& config = run.config;
+  run.model_config = ModelConfig::from_json_file(path_in(config.model, "config.json"));
+  FT_CHECK(config.seq_len <= run.model_config.max_position_embeddings, config.source, ": seq_len ", config.seq_len,
+           " is larger than the model's max_position_embeddings ", run.model_config.max_position_embeddings, " (",
+           path_in(config.model, "config.json"), ")");
+  run.tokenizer = std::make_unique<SentencePieceTokenizer>(config.tokenizer, run.model_config.vocab_size);
+  run.model = std::make_unique<LlamaModel>(run.model_config, *run.backend, model_options(config));
+  if (config.init == InitMode::random) {
+    run.model->init_random(config.seed);
+  } else {
+    run.model->load(Checkpoint(config.model));
+  }
+  run.model->init_adapters(config.seed);
+  const bool train_all = config.trainable == Trainable::all;
+  run.model->set_trainable([&](const std::string& name) {
+    return train_all || name.find(".lora_") != std::string::npos;
+  });
+  print_trainable_parameters(*run.model);
+}
+
+std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const char* what, Dataset* keep) {
+  Dataset data = load_jsonl(path, run.config.data.format);
+  TokenizedDataset tokens = tokenize_dataset(data, *run.tokenizer, run.config.seq_len);
+  std::cout << what << ": " << data.examples.size() << " examples, " << tokens.loss_token_count
+            << " loss tokens, " << tokens.truncated_count << " truncated to seq_len " << run.config.seq_len << "\n";
+  if (keep) *keep = std::move(data);
+  return std::make_unique<DataLoader>(make_rows(tokens, run.config.seq_len, run.config.data.packing),
+                                      run.config.micro_batch_size, run.config.seq_len, padding_id(*run.tokenizer),
+                                      run.config.seed, run.host);
+}
+
+void make_data_and_optimizer(Run& run) {
+  const TrainConfig& config = run.config;
+  run.train = make_loader(run, config.data.train, "train", nullptr);
+  if (!config.data.eval.empty()) run.eval = make_loader(run, config.data.eval, "eval", &run.eval_examples);
+  const int64_t steps_per_epoch = (run.train->batches_per_epoch() + config.grad_accum_steps - 1) / config.grad_accum_steps;
+  run.total_steps = config.max_steps > 0 ? config.max_steps : config.epochs * steps_per_epoch;
+  std::vector<Parameter*> trainable;
+  for (std::deque<Parameter>* list : {&run.model->parameters(), &run.model->adapters()})
+    for (Parameter& p : *list)
+      if (p.trainable()) trainable.push_back(&p);
+  AdamWOptions options;
+  options.weight_decay = config.weight_decay;
+  options.max_grad_norm = config.max_grad_norm;
+  run.optimizer = std::make_unique<AdamW>(*run.backend, trainable, options);
+  run.schedule = LrSchedule{enum_name(config.schedule), config.lr, config.warmup_steps, run.total_steps,
+                            config.min_lr_ratio};
+}
+
+}  // namespace
+
+namespace {
+
+// splitmix64 of (seed, index): one dropout seed per micro-batch.
+uint64_t step_seed(uint64_t seed, int64_t index) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * uint64_t(index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// One optimizer step over grad_accum_steps micro-batches. The loss is the
+// mean over every counted token of all of them (each micro-batch's gradient
+// is weighted by its share of the tokens), as if they were one batch.
+StepReport train_step(Run& run, int64_t step) {
+  std::vector<Batch> batches;
+  int64_t counted = 0;
+  for (int64_t i = 0; i < run.config.grad_accum_steps; ++i) {
+    batches.push_back(trim_padding(run.train->next(), run.host));
+    counted += batches.back().counted_tokens;
+  }
+  run.model->zero_grads();
+  StepReport report;
+  report.step = step + 1;
+  double loss_sum = 0.0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const Batch& batch = batches[i];
+    report.tokens += batch.input_ids.numel();
+    if (batch.counted_tokens == 0) continue;
+    run.model->set_dropout_seed(step_seed(run.config.seed, step * run.config.grad_accum_steps + int64_t(i)));
+    const float share = float(batch.counted_tokens) / float(counted);
+    loss_sum += double(run.model->forward_backward(batch.input_ids, batch.targets, share)) * double(batch.counted_tokens);
+  }
+  report.loss = counted ? loss_sum / double(counted) : 0.0;
+  report.lr = run.schedule.lr_at(step);
+  report.grad_norm = counted ? run.optimizer->step(report.lr) : 0.0;
+  report.peak_memory_bytes = run.tracker->stats().total_peak_bytes;
+  return report;
+}
+
+struct EvalFigures {
+  EvalLoss loss;
+  bool has_rouge = false;
+  RougeScores rouge;
+};
+
+EvalFigures evaluate(Run& run, int64_t step, Progress& progress, const char* label) {
+  EvalFigures figures;
+  if (!run.eval) return figures;
+  figures.loss = evaluate_loss(*run.model, *run.eval, run.config.eval_batches);
+  nlohmann::json row = {{"eval_loss", figures.loss.loss}, {"eval_perplexity", figures.loss.perplexity}};
+  std::ostringstream line;
+  line.precision(4);
+  line << std::fixed << "eval (" << label << ", step " << step << "): loss " << figures.loss.loss << " perplexity "
+       << figures.loss.perplexity;
+  if (run.config.task_metric == TaskMetric::rouge) {
+    TaskMetricResult metric = evaluate_rouge(*run.model, *run.tokenizer, run.eval_examples.examples,
+                                             run.config.metric_examples, run.config.generate.max_new_tokens, 16);
+    figures.has_rouge = true;
+    figures.rouge = metric.rouge;
+    row["rouge1"] = metric.rouge.rouge1;
+    row["rouge2"] = metric.rouge.rouge2;
+    row["rougeL"] = metric.rouge.rougeL;
+    line << " | rouge1 " << metric.rouge.rouge1 << " rouge2 " << metric.rouge.rouge2 << " rougeL "
+         << metric.rouge.rougeL << " (" << std::min<int64_t>(run.config.metric_examples, int64_t(run.eval_examples.examples.size()))
+         << " examples)";
+  }
+  progress.on_eval(step, row);
+  progress.message(line.str());
+  return figures;
+}
+
+// The opening words of a text, as a prompt for text-only datasets.
+std::string opening_words(const std::string& text, int words) {
+  std::istringstream stream(text);
+  std::string word, out;
+  for (int i = 0; i < words && stream >> word; ++i) out += (i ? " " : "") + word;
+  return out;
+}
+
+void print_samples(Run& run, Progress& progress) {
+  const int64_t count = std::min<int64_t>(run.config.generate.num_samples, int64_t(run.eval_examples.examples.size()));
+  if (count <= 0) return;
+  std::vector<std::string> prompts, references;
+  for (int64_t i = 0; i < count; ++i) {
+    const Example& example = run.eval_examples.examples[size_t(i)];
+    prompts.push_back(example.prompt.empty() ? opening_words(example.completion, 8) : example.prompt);
+    references.push_back(example.completion);
+  }
+  SamplingOptions greedy, sampled;
+  greedy.max_new_tokens = sampled.max_new_tokens = run.config.generate.max_new_tokens;
+  sampled.temperature = run.config.generate.temperature;
+  sampled.top_p = run.config.generate.top_p;
+  sampled.seed = run.config.seed;
+  std::vector<std::string> greedy_out = complete_prompts(*run.model, *run.tokenizer, prompts, greedy, count);
+  std::vector<std::string> sampled_out = complete_prompts(*run.model, *run.tokenizer, prompts, sampled, count);
+  for (int64_t i = 0; i < count; ++i) {
+    std::ostringstream text;
+    text << "--- sample " << i + 1 << " ---\n" << prompts[size_t(i)] << "\n  reference: " << references[size_t(i)]
+         << "\n  greedy:    " << greedy_out[size_t(i)] << "\n  sampled (temperature " << sampled.temperature
+         << ", top_p " << sampled.top_p << "): " << sampled_out[size_t(i)];
+    progress.message(text.str());
+  }
+}
+
+// The full model in HF layout (config.json, model.safetensors, tokenizer.model),
+// after training every parameter: loadable as `model:` by a later run.
+void save_full_model(Run& run, const std::string& folder) {
+  fs::create_directories(folder);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (Parameter& p : run.model->parameters()) {
+    Tensor host_copy = Tensor::empty(p.value.shape, p.value.dtype, run.host, MemCategory::workspace);
+    run.backend->copy(host_copy, p.value);
+    tensors.emplace_back(p.name, host_copy);
+  }
+  save_safetensors(path_in(folder, "model.safetensors"), tensors);
+  fs::copy_file(path_in(run.config.model, "config.json"), path_in(folder, "config.json"),
+                fs::copy_options::overwrite_existing);
+  fs::copy_file(run.config.tokenizer, path_in(folder, "tokenizer.model"), fs::copy_options::overwrite_existing);
+}
+
+void save_outputs(Run& run) {
+  const TrainConfig& config = run.config;
+  if (config.trainable == Trainable::all) {
+    save_full_model(run, path_in(config.output_dir, "model"));
+    std::cout << "model: " << path_in(config.output_dir, "model") << "\n";
+    return;
+  }
+  PeftAdapterConfig adapter;
+  adapter.r = config.lora.r;
+  adapter.lora_alpha = config.lora.lora_alpha;
+  adapter.lora_dropout = config.lora.lora_dropout;
+  adapter.target_modules = config.lora.target_modules;
+  adapter.use_rslora = config.lora.use_rslora;
+  adapter.base_model_name_or_path = config.model;
+  adapter.task_type = "CAUSAL_LM";
+  save_peft_adapter(path_in(config.output_dir, "adapter"), *run.model, adapter);
+  std::cout << "adapter (PEFT format): " << path_in(config.output_dir, "adapter") << "\n";
+}
+
+// Drops metric rows past the resumed step: a crash after the last checkpoint
+// leaves rows for steps that will now be trained again.
+void truncate_metrics(const std::string& path, int64_t resumed_step) {
+  std::ifstream in(path);
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+    if (row.is_object() && row.value("step", int64_t(0)) <= resumed_step) kept += line + "\n";
+  }
+  in.close();
+  std::ofstream(path, std::ios::trunc) << kept;
+}
+
+std::string describe_change(double before, double after) {
+  std::ostringstream text;
+  text.precision(4);
+  text << std::fixed << before << " -> " << after;
+  if (before != 0.0) text << " (" << std::showpos << std::setprecision(1) << 100.0 * (after - before) / before << "%)";
+  return text.str();
+}
+
+}  // namespace
+
+void run_training(const TrainConfig& config, const RunOptions& options) {
+  Run run(config);
+  fs::create_directories(config.output_dir);
+  make_backend(run);
+  make_model(run);
+  make_data_and_optimizer(run);
+  const std::string state_path = path_in(config.output_dir, "train_state.safetensors");
+  const std::string metrics_path = path_in(config.output_dir, "metrics.jsonl");
+  TrainProgress resumed;
+  if (options.resume) {
+    FT_CHECK(fs::exists(state_path), state_path, ": no training state to resume from");
+    resumed = load_train_state(state_path, *run.optimizer);
+    run.train->set_position(resumed.data_position);
+    truncate_metrics(metrics_path, resumed.step);
+    std::cout << "resumed at step " << resumed.step << " from " << state_path << "\n";
+  } else {
+    std::ofstream(metrics_path, std::ios::trunc);
+  }
+  MemoryStats memory = run.tracker->stats();
+  std::cout << "memory: weights " << format_bytes(memory.current(MemCategory::weights)) << ", adapters "
+            << format_bytes(memory.current(MemCategory::adapters)) << ", gradients "
+            << format_bytes(memory.current(MemCategory::gradients)) << ", optimizer "
+            << format_bytes(memory.current(MemCategory::optimizer)) << "\n";
+  std::cout << "training " << run.total_steps << " steps of " << config.micro_batch_size << " x "
+            << config.grad_accum_steps << " sequences of up to " << config.seq_len << " tokens\n";
+
+  Progress progress(metrics_path, run.total_steps, resumed.step, config.log_every);
+  EvalFigures before;
+  if (!options.resume) before = evaluate(run, 0, progress, "before training");
+  for (int64_t step = resumed.step; step < run.total_steps; ++step) {
+    progress.on_step(train_step(run, step));
+    const bool last = step + 1 == run.total_steps;
+    if (config.save_every > 0 && (step + 1) % config.save_every == 0 && !last)
+      save_train_state(state_path, *run.optimizer, {step + 1, run.train->position()});
+    if (config.eval_every > 0 && (step + 1) % config.eval_every == 0 && !last) evaluate(run, step + 1, progress, "during training");
+  }
+  progress.finish();
+  save_train_state(state_path, *run.optimizer, {run.total_steps, run.train->position()});
+  EvalFigures after = evaluate(run, run.total_steps, progress, "after training");
+  if (run.eval && !options.resume) {
+    std::cout << "eval loss " << describe_change(before.loss.loss, after.loss.loss) << "\n";
+    if (after.has_rouge)
+      std::cout << "rouge1 " << describe_change(before.rouge.rouge1, after.rouge.rouge1) << ", rouge2 "
+                << describe_change(before.rouge.rouge2, after.rouge.rouge2) << ", rougeL "
+                << describe_change(before.rouge.rougeL, after.rouge.rougeL) << "\n";
+  }
+  print_samples(run, progress);
+  save_outputs(run);
+  std::cout << "metrics: " << metrics_path << "\n";
+}
+
+}  // namespace ft
