@@ -184,7 +184,7 @@ LoraOptions lora_options(const PeftAdapterConfig& config) {
   return lora;
 }
 
-void save_peft_adapter(const std::string& folder, LlamaModel& model, const PeftAdapterConfig& config) {
+void save_peft_adapter(const std::string& folder, CausalLM& model, const PeftAdapterConfig& config) {
   check_matches_model(config, model.options().lora, "save_peft_adapter(" + folder + ")");
   std::error_code error;
   fs::create_directories(folder, error);
@@ -224,7 +224,7 @@ void save_peft_adapter(const std::string& folder, LlamaModel& model, const PeftA
   write_file_atomically((fs::path(folder) / "adapter_config.json").string(), out.dump(2));
 }
 
-void load_peft_adapter(const std::string& folder, LlamaModel& model) {
+void load_peft_adapter(const std::string& folder, CausalLM& model) {
   check_matches_model(read_peft_adapter_config(folder), model.options().lora,
                       (fs::path(folder) / "adapter_config.json").string());
   SafetensorsFile file((fs::path(folder) / "adapter_model.safetensors").string());

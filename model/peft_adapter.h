@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/causal_lm.h"
 #include "model/model_options.h"
 
 namespace ft {
@@ -40,13 +40,13 @@ LoraOptions lora_options(const PeftAdapterConfig& config);
 // Creates folder (and parents) and writes adapter_model.safetensors (f32) and
 // adapter_config.json, each atomically. config must describe the model's
 // adapters (r, alpha, targets): a mismatch is an Error.
-void save_peft_adapter(const std::string& folder, LlamaModel& model, const PeftAdapterConfig& config);
+void save_peft_adapter(const std::string& folder, CausalLM& model, const PeftAdapterConfig& config);
 
 // Copies every adapter tensor of folder into model.adapters(). The model must
 // have been built with the folder's r, lora_alpha, use_rslora and
 // target_modules; every adapter needs exactly one tensor of its shape, and
 // the file may hold nothing else. Everything is checked before any value is
 // copied, so a refused adapter leaves the model as it was.
-void load_peft_adapter(const std::string& folder, LlamaModel& model);
+void load_peft_adapter(const std::string& folder, CausalLM& model);
 
 }  // namespace ft

@@ -23,7 +23,7 @@ Batch trim_padding(const Batch& batch, Allocator& host) {
   return trimmed;
 }
 
-EvalLoss evaluate_loss(LlamaModel& model, const DataLoader& eval, int64_t max_batches) {
+EvalLoss evaluate_loss(CausalLM& model, const DataLoader& eval, int64_t max_batches) {
   HostAllocator host;
   const int64_t batches = max_batches > 0 ? std::min(max_batches, eval.batches_per_epoch()) : eval.batches_per_epoch();
   double loss_sum = 0.0;
@@ -47,7 +47,7 @@ std::vector<int32_t> prompt_tokens(const SentencePieceTokenizer& tokenizer, cons
   return tokens;
 }
 
-std::vector<std::string> complete_prompts(LlamaModel& model, const SentencePieceTokenizer& tokenizer,
+std::vector<std::string> complete_prompts(CausalLM& model, const SentencePieceTokenizer& tokenizer,
                                           const std::vector<std::string>& prompts, const SamplingOptions& sampling,
                                           int64_t batch_size) {
   std::vector<std::string> completions;
@@ -63,7 +63,7 @@ std::vector<std::string> complete_prompts(LlamaModel& model, const SentencePiece
   return completions;
 }
 
-TaskMetricResult evaluate_rouge(LlamaModel& model, const SentencePieceTokenizer& tokenizer,
+TaskMetricResult evaluate_rouge(CausalLM& model, const SentencePieceTokenizer& tokenizer,
                                 const std::vector<Example>& examples, int64_t count, int64_t max_new_tokens,
                                 int64_t batch_size) {
   std::vector<std::string> prompts, references;

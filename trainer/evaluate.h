@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/causal_lm.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
 #include "trainer/data.h"
 #include "trainer/generate.h"
@@ -23,13 +23,13 @@ struct EvalLoss {
 };
 
 // max_batches 0 = the whole set.
-EvalLoss evaluate_loss(LlamaModel& model, const DataLoader& eval, int64_t max_batches);
+EvalLoss evaluate_loss(CausalLM& model, const DataLoader& eval, int64_t max_batches);
 
 // The ids a prompt is given to the model as: [bos] + encode(prompt), as in training.
 std::vector<int32_t> prompt_tokens(const SentencePieceTokenizer& tokenizer, const std::string& prompt);
 
 // Continues each prompt and decodes the new tokens, batch_size prompts at a time.
-std::vector<std::string> complete_prompts(LlamaModel& model, const SentencePieceTokenizer& tokenizer,
+std::vector<std::string> complete_prompts(CausalLM& model, const SentencePieceTokenizer& tokenizer,
                                           const std::vector<std::string>& prompts, const SamplingOptions& sampling,
                                           int64_t batch_size);
 
@@ -40,7 +40,7 @@ struct TaskMetricResult {
 
 // ROUGE of greedy completions of the first `count` examples' prompts against
 // their completions.
-TaskMetricResult evaluate_rouge(LlamaModel& model, const SentencePieceTokenizer& tokenizer,
+TaskMetricResult evaluate_rouge(CausalLM& model, const SentencePieceTokenizer& tokenizer,
                                 const std::vector<Example>& examples, int64_t count, int64_t max_new_tokens,
                                 int64_t batch_size);
 

@@ -42,7 +42,7 @@ int32_t sample_token(const float* logits, int64_t vocab_size, const SamplingOpti
   return order[kept - 1];
 }
 
-std::vector<std::vector<int32_t>> generate(LlamaModel& model, const std::vector<std::vector<int32_t>>& prompts,
+std::vector<std::vector<int32_t>> generate(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
                                            const SamplingOptions& options, int32_t eos_id) {
   const int64_t B = int64_t(prompts.size()), V = model.config().vocab_size;
   const int64_t max_positions = model.config().max_position_embeddings;

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/causal_lm.h"
 
 namespace ft {
 
@@ -19,7 +19,7 @@ struct SamplingOptions {
 
 // Continues every prompt until eos_id or max_new_tokens (or the model's
 // position limit); returns only the new tokens, without the eos.
-std::vector<std::vector<int32_t>> generate(LlamaModel& model, const std::vector<std::vector<int32_t>>& prompts,
+std::vector<std::vector<int32_t>> generate(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
                                            const SamplingOptions& options, int32_t eos_id);
 
 // Picks a token from one row of logits; exposed for tests.

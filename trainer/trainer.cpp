@@ -10,7 +10,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
-#include "model/llama.h"
+#include "model/causal_lm.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
@@ -33,7 +33,7 @@ struct Run {
   std::unique_ptr<Backend> backend;
   ModelConfig model_config;
   std::unique_ptr<SentencePieceTokenizer> tokenizer;
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<CausalLM> model;
   std::unique_ptr<DataLoader> train, eval;
   Dataset eval_examples;
   std::unique_ptr<AdamW> optimizer;
@@ -78,7 +78,7 @@ ModelOptions model_options(const TrainConfig& config) {
 }
 
 // As PEFT's print_trainable_parameters; "all" counts the adapters too.
-void print_trainable_parameters(LlamaModel& model) {
+void print_trainable_parameters(CausalLM& model) {
   int64_t trainable = 0, all = 0;
   for (std::deque<Parameter>* list : {&model.parameters(), &model.adapters()})
     for (const Parameter& p : *list) {
@@ -98,7 +98,7 @@ void make_model(Run& run) {
            " is larger than the model's max_position_embeddings ", run.model_config.max_position_embeddings, " (",
            path_in(config.model, "config.json"), ")");
   run.tokenizer = std::make_unique<SentencePieceTokenizer>(config.tokenizer, run.model_config.vocab_size);
-  run.model = std::make_unique<LlamaModel>(run.model_config, *run.backend, model_options(config));
+  run.model = make_causal_lm(run.model_config, *run.backend, model_options(config));
   if (config.init == InitMode::random) {
     run.model->init_random(config.seed);
   } else {

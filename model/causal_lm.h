@@ -1,0 +1,85 @@
+// What every decoder-only architecture shares: its parameters (base weights
+// under their Hugging Face names, LoRA adapters beside them), how linears are
+// built (dense or LLM.int8(), wrapped in LoRA when targeted), loading,
+// initialisation and the trainable set. An architecture adds its layers and
+// its forward/backward (llama.h, and later others).
+#pragma once
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "model/linear.h"
+#include "model/model_config.h"
+#include "model/model_options.h"
+#include "model/parameter.h"
+
+namespace ft {
+
+class Checkpoint;
+class LoraLinear;
+
+class CausalLM {
+ public:
+  virtual ~CausalLM();
+
+  // Copies every base weight from the checkpoint (converting dtype, or
+  // quantising to int8); a missing tensor or a shape mismatch is an Error
+  // naming it.
+  void load(const Checkpoint& checkpoint);
+  // Base weights as transformers initialises a new model (normal with
+  // std = initializer_range, norms 1), from a seed: for pretraining.
+  void init_random(uint64_t seed);
+  // Adapters as PEFT's init_lora_weights=True: A kaiming-uniform, B zeros.
+  void init_adapters(uint64_t seed);
+  // Seeds this step's LoRA dropout masks (each adapter gets its own).
+  void set_dropout_seed(uint64_t seed);
+
+  // Gives a gradient buffer (zeroed) to every parameter or adapter whose name
+  // satisfies the predicate; the others stay frozen (no buffer at all).
+  void set_trainable(const std::function<bool(const std::string&)>& is_trainable);
+  void zero_grads();
+
+  // Mean cross-entropy over counted tokens. input_ids and targets are host
+  // i32 [B, T]; targets[b, t] is the token position t should predict (-100:
+  // ignored). Keeps the logits [B*T, vocab] for last_logits().
+  virtual float forward(const Tensor& input_ids, const Tensor& targets) = 0;
+  // Same loss, then gradients of grad_scale * loss are added to every
+  // trainable parameter's grad. Nothing of the step stays allocated.
+  virtual float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f) = 0;
+
+  const Tensor& last_logits() const { return last_logits_; }
+  const ModelConfig& config() const { return config_; }
+  Backend& backend() { return backend_; }
+  std::deque<Parameter>& parameters() { return parameters_; }  // base weights, HF names
+  std::deque<Parameter>& adapters() { return adapters_; }      // e.g. model.layers.0.self_attn.q_proj.lora_A.weight
+  const ModelOptions& options() const { return options_; }
+  Parameter& parameter(const std::string& name);
+
+ protected:
+  CausalLM(const ModelConfig& config, Backend& backend, const ModelOptions& options);
+  Parameter& add_parameter(const std::string& name, const Shape& shape, DType dtype);
+  // A decoder linear named module (e.g. model.layers.0.self_attn.q_proj):
+  // dense or LLM.int8(), wrapped in LoRA when a target matches it.
+  std::unique_ptr<Linear> make_linear(const std::string& module, int64_t out_features, int64_t in_features);
+  // Call at the end of a constructor: a LoRA target that matched no module is
+  // an Error listing the architecture's linear module names.
+  void check_lora_targets(const std::string& module_names) const;
+  // Dropout in the adapters is on while training only.
+  void set_training(bool training);
+
+  ModelConfig config_;
+  Backend& backend_;
+  ModelOptions options_;
+  std::deque<Parameter> parameters_;  // deque: stable addresses for the layers' references
+  std::deque<Parameter> adapters_;
+  std::vector<LoraLinear*> lora_layers_;
+  Tensor last_logits_;
+};
+
+// The architecture named by config.model_type.
+std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& config, Backend& backend, const ModelOptions& options);
+
+}  // namespace ft
