@@ -1,0 +1,120 @@
+// LoRA over a frozen INT8 base trains the adapters and nothing else: the
+// optimizer holds state for exactly the trainable parameters, and every base
+// byte is unchanged after training.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "model/causal_lm.h"
+#include "model/safetensors.h"
+#include "trainer/optimizer.h"
+
+using namespace ft;
+
+namespace {
+
+const std::string kFixture = std::string(FT_FIXTURES_DIR) + "/llama_gqa";
+
+std::vector<char> bytes_of(const Tensor& t) {
+  const char* data = static_cast<const char*>(t.data);
+  return std::vector<char>(data, data + t.size_bytes());
+}
+
+// A fixed batch: ids from a simple pattern, every next token a target.
+void make_batch(Tensor& ids, Tensor& targets) {
+  const int64_t B = ids.dim(0), T = ids.dim(1);
+  for (int64_t i = 0; i < B * T; ++i) ids.ptr<int32_t>()[i] = int32_t(4 + (i * 37) % 316);
+  for (int64_t i = 0; i < B * T; ++i) targets.ptr<int32_t>()[i] = (i + 1) % T ? ids.ptr<int32_t>()[i + 1] : -100;
+}
+
+int64_t trainable_count(CausalLM& model) {
+  int64_t count = 0;
+  for (std::deque<Parameter>* list : {&model.parameters(), &model.adapters()})
+    for (Parameter& p : *list)
+      if (p.trainable()) count += p.value.numel();
+  return count;
+}
+
+std::vector<Parameter*> trainable_parameters(CausalLM& model) {
+  std::vector<Parameter*> list;
+  for (std::deque<Parameter>* group : {&model.parameters(), &model.adapters()})
+    for (Parameter& p : *group)
+      if (p.trainable()) list.push_back(&p);
+  return list;
+}
+
+}  // namespace
+
+TEST_CASE("INT8 base + LoRA: optimizer state is 8 bytes per adapter parameter and the base never changes") {
+  HostAllocator host;
+  TrackingAllocator tracker(host);
+  CpuBackend backend(tracker);
+  ModelOptions options;
+  options.int8_base = true;
+  options.lora = LoraOptions{4, 8.0, 0.1, {"q_proj", "v_proj"}, false};
+  auto model = make_causal_lm(ModelConfig::from_json_file(kFixture + "/config.json"), backend, options);
+  model->load(Checkpoint(kFixture));
+  model->init_adapters(7);
+  model->set_trainable([](const std::string& name) { return name.find(".lora_") != std::string::npos; });
+  std::vector<std::vector<char>> base_before;
+  for (Parameter& p : model->parameters()) {
+    CHECK_FALSE(p.trainable());
+    base_before.push_back(bytes_of(p.value));
+    if (p.value.dtype == DType::i8) base_before.push_back(bytes_of(p.scales));
+  }
+
+  const size_t optimizer_before = tracker.stats().current(MemCategory::optimizer);
+  AdamW optimizer(backend, trainable_parameters(*model), AdamWOptions{});
+  const int64_t trainable = trainable_count(*model);
+  CHECK(trainable == 2 * (4 * (64 + 64) + 4 * (64 + 32)));
+  // Two f32 moments per trainable parameter; adapters are f32, so no masters.
+  CHECK(tracker.stats().current(MemCategory::optimizer) - optimizer_before == size_t(2 * 4 * trainable));
+
+  Tensor ids = Tensor::empty({2, 13}, DType::i32, host, MemCategory::activations);
+  Tensor targets = Tensor::empty({2, 13}, DType::i32, host, MemCategory::activations);
+  make_batch(ids, targets);
+  std::vector<char> lora_B_before = bytes_of(model->parameter("model.layers.0.self_attn.q_proj.lora_B.weight").value);
+  float first_loss = 0.0f, last_loss = 0.0f;
+  for (int step = 0; step < 10; ++step) {
+    model->zero_grads();
+    model->set_dropout_seed(uint64_t(step));
+    last_loss = model->forward_backward(ids, targets);
+    if (step == 0) first_loss = last_loss;
+    optimizer.step(1e-2);
+  }
+  CHECK(last_loss < first_loss);  // the adapters did learn
+  CHECK(bytes_of(model->parameter("model.layers.0.self_attn.q_proj.lora_B.weight").value) != lora_B_before);
+  size_t index = 0;
+  for (Parameter& p : model->parameters()) {
+    CAPTURE(p.name);
+    CHECK(bytes_of(p.value) == base_before[index++]);
+    if (p.value.dtype == DType::i8) CHECK(bytes_of(p.scales) == base_before[index++]);
+  }
+}
+
+TEST_CASE("full training with BF16 weights keeps f32 masters: 12 bytes of optimizer state per parameter") {
+  HostAllocator host;
+  TrackingAllocator tracker(host);
+  CpuBackend backend(tracker);
+  ModelOptions options;
+  options.weight_dtype = DType::bf16;
+  options.lora.r = 0;
+  auto model = make_causal_lm(ModelConfig::from_json_file(kFixture + "/config.json"), backend, options);
+  model->load(Checkpoint(kFixture));
+  model->set_trainable([](const std::string&) { return true; });
+  AdamW optimizer(backend, trainable_parameters(*model), AdamWOptions{});
+  const int64_t trainable = trainable_count(*model);
+  CHECK(tracker.stats().current(MemCategory::optimizer) == size_t(12 * trainable));
+  // The bf16 compute copy follows the f32 master after a step.
+  Tensor ids = Tensor::empty({1, 9}, DType::i32, host, MemCategory::activations);
+  Tensor targets = Tensor::empty({1, 9}, DType::i32, host, MemCategory::activations);
+  make_batch(ids, targets);
+  model->forward_backward(ids, targets);
+  optimizer.step(1e-3);
+  Tensor& master = optimizer.master(0);
+  const Tensor& compute = optimizer.parameters()[0]->value;
+  for (int64_t i = 0; i < compute.numel(); i += 97)
+    CHECK(bf16_to_f32(compute.ptr<uint16_t>()[i]) == bf16_to_f32(f32_to_bf16(master.ptr<float>()[i])));
+}
