@@ -1,0 +1,79 @@
+// copy (host <-> device, device <-> device, with dtype conversion) and fill.
+// Conversions run on the device: a host source is first copied as raw bytes
+// into device scratch, a host destination receives raw bytes converted on the
+// device, so the host side is always a plain cudaMemcpy.
+#include "kernels/cuda/checks.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_util.cuh"
+
+namespace ft {
+namespace {
+
+constexpr int kBlock = 256;
+
+__global__ void __launch_bounds__(kBlock) convert_kernel(cuda::View dst, cuda::ConstView src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(kBlock) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kBlock)
+    cuda::store(dst, i, cuda::load(src, i));
+}
+
+__global__ void __launch_bounds__(kBlock) fill_kernel(cuda::View dst, float value, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(kBlock) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kBlock)
+    cuda::store(dst, i, value);
+}
+
+bool is_floating(DType dtype) { return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16; }
+
+void check_on(const Tensor& t, const char* name) {
+  FT_CHECK((t.device == Device::cuda || t.device == Device::cpu) && (t.data != nullptr || t.numel() == 0),
+           "copy: ", name, " must be a CUDA or CPU tensor with data (shape ", shape_string(t.shape), ")");
+}
+
+void convert(Tensor& dst, const Tensor& src, cudaStream_t stream) {
+  int64_t n = src.numel();
+  launch<convert_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream, cuda::view(dst),
+                         cuda::const_view(src), n);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void CudaBackend::copy(Tensor& dst, const Tensor& src) {
+  check_on(dst, "dst");
+  check_on(src, "src");
+  FT_CHECK(dst.device == Device::cuda || src.device == Device::cuda,
+           "copy: CudaBackend copies to or from the GPU; both tensors are on the CPU");
+  FT_CHECK(dst.numel() == src.numel(), "copy: dst ", shape_string(dst.shape), " and src ", shape_string(src.shape),
+           " have different element counts");
+  if (src.numel() == 0) return;
+  if (dst.dtype == src.dtype) {
+    if (dst.data != src.data)
+      FT_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.size_bytes(), cudaMemcpyDefault, stream_));
+    if (dst.device == Device::cpu) FT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  FT_CHECK(is_floating(dst.dtype) && is_floating(src.dtype), "copy: cannot convert ", dtype_name(src.dtype), " to ",
+           dtype_name(dst.dtype));
+  if (src.device == Device::cpu) {
+    Tensor staged = scratch(src.shape, src.dtype);
+    FT_CUDA_CHECK(cudaMemcpyAsync(staged.data, src.data, src.size_bytes(), cudaMemcpyHostToDevice, stream_));
+    convert(dst, staged, stream_);
+  } else if (dst.device == Device::cpu) {
+    Tensor converted = scratch(dst.shape, dst.dtype);
+    convert(converted, src, stream_);
+    FT_CUDA_CHECK(cudaMemcpyAsync(dst.data, converted.data, dst.size_bytes(), cudaMemcpyDeviceToHost, stream_));
+    FT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } else {
+    convert(dst, src, stream_);
+  }
+}
+
+void CudaBackend::fill(Tensor& dst, float value) {
+  cuda::check_on_device(dst, "fill", "dst");
+  int64_t n = dst.numel();
+  if (n == 0) return;
+  launch<fill_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(dst), value, n);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ft

@@ -1,0 +1,74 @@
+// Softmax cross-entropy with ignore_index -100, fused with its gradient as in
+// llm.c: one block per row computes max, log-sum-exp and the loss, then
+// overwrites the row with (softmax - onehot) * dloss. Every element is read
+// and written by the same thread after the last reduction barrier, so dlogits
+// may alias logits.
+//
+// A target outside [0, V) other than -100 (the CPU backend throws; checking it
+// here would need a device-to-host copy per call) gives a NaN loss and a NaN
+// gradient row.
+#include "kernels/cuda/checks.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_util.cuh"
+
+namespace ft {
+namespace {
+
+constexpr int kBlock = 256;
+constexpr int32_t kIgnoreIndex = -100;
+
+__global__ void __launch_bounds__(kBlock)
+    cross_entropy_kernel(float* losses, cuda::View dlogits, bool write_grad, cuda::ConstView logits,
+                         const int32_t* targets, float dloss, int64_t vocab) {
+  __shared__ float scratch[32];
+  int64_t n = blockIdx.x, row = n * vocab;
+  int32_t target = targets[n];
+  if (target == kIgnoreIndex) {
+    if (threadIdx.x == 0) losses[n] = 0.0f;
+    if (write_grad)
+      for (int64_t i = threadIdx.x; i < vocab; i += kBlock) cuda::store(dlogits, row + i, 0.0f);
+    return;
+  }
+  bool valid = target >= 0 && target < vocab;
+  float max_logit = -INFINITY;
+  for (int64_t i = threadIdx.x; i < vocab; i += kBlock) max_logit = fmaxf(max_logit, cuda::load(logits, row + i));
+  max_logit = cuda::block_max<kBlock>(max_logit, scratch);
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < vocab; i += kBlock) sum += expf(cuda::load(logits, row + i) - max_logit);
+  float lse = max_logit + logf(cuda::block_sum<kBlock>(sum, scratch));
+  // The target logit is read before the barrier below; only after it does
+  // any thread overwrite the row.
+  if (threadIdx.x == 0) losses[n] = valid ? lse - cuda::load(logits, row + target) : NAN;
+  __syncthreads();
+  if (!write_grad) return;
+  for (int64_t i = threadIdx.x; i < vocab; i += kBlock) {
+    float grad = expf(cuda::load(logits, row + i) - lse) * dloss;
+    cuda::store(dlogits, row + i, valid ? grad - (i == target ? dloss : 0.0f) : NAN);
+  }
+}
+
+}  // namespace
+
+void CudaBackend::cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,
+                                float dloss) {
+  const char* op = "cross_entropy";
+  cuda::check_float(logits, op, "logits");
+  cuda::check_dtype(targets, DType::i32, op, "targets");
+  cuda::check_dtype(losses, DType::f32, op, "losses");
+  int64_t rows = logits.rows(), vocab = logits.cols();
+  cuda::check_numel(targets, rows, op, "targets");
+  cuda::check_numel(losses, rows, op, "losses");
+  if (dlogits) {
+    cuda::check_float(*dlogits, op, "dlogits");
+    cuda::check_shape(*dlogits, logits.shape, op, "dlogits");
+  }
+  FT_CHECK(rows < (int64_t(1) << 31), op, ": too many rows (", rows, ")");
+  if (rows == 0) return;
+  cuda::View grad = dlogits ? cuda::view(*dlogits) : cuda::View{nullptr, DType::f32};
+  launch<cross_entropy_kernel>(unsigned(rows), kBlock, 0, stream_, losses.ptr<float>(), grad, dlogits != nullptr,
+                               cuda::const_view(logits), targets.ptr<const int32_t>(), dloss, vocab);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ft

@@ -1,0 +1,89 @@
+#include "kernels/cuda/device_allocator.h"
+
+#include <bit>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace ft {
+
+void* DeviceAllocator::allocate(size_t bytes, MemCategory category) {
+  if (bytes == 0) return nullptr;
+  void* ptr = nullptr;
+  cudaError_t status = cudaMalloc(&ptr, bytes);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls are not blamed
+    fail("CUDA error: cudaMalloc of ", bytes, " bytes for ", mem_category_name(category),
+         " failed: ", cudaGetErrorString(status));
+  }
+  return ptr;
+}
+
+void DeviceAllocator::deallocate(void* ptr, size_t, MemCategory) { FT_CUDA_CHECK(cudaFree(ptr)); }
+
+CachingAllocator::~CachingAllocator() {
+  std::lock_guard lock(mutex_);
+  try {
+    release_cached_locked();
+  } catch (const Error&) {
+    // A destructor must not throw; at shutdown a failed cudaFree loses nothing.
+  }
+}
+
+size_t CachingAllocator::size_class(size_t bytes) {
+  constexpr size_t kSmallLimit = size_t(1) << 20;
+  size_t step = bytes <= kSmallLimit ? 512 : std::bit_floor(bytes) / 8;
+  return (bytes + step - 1) / step * step;
+}
+
+void* CachingAllocator::allocate(size_t bytes, MemCategory category) {
+  if (bytes == 0) return nullptr;
+  size_t size = size_class(bytes);
+  std::lock_guard lock(mutex_);
+  void* block = nullptr;
+  auto it = free_blocks_.find(size);
+  if (it != free_blocks_.end() && !it->second.empty()) {
+    block = it->second.back();
+    it->second.pop_back();
+  } else {
+    try {
+      block = backing_.allocate(size, category);
+    } catch (const Error&) {
+      // Out of memory: cached blocks of other sizes may be what is missing.
+      release_cached_locked();
+      block = backing_.allocate(size, category);
+    }
+    stats_.allocation_count += 1;
+    stats_.reserved_bytes += size;
+  }
+  stats_.current_bytes += size;
+  if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
+  return block;
+}
+
+void CachingAllocator::deallocate(void* ptr, size_t bytes, MemCategory) {
+  if (!ptr) return;
+  size_t size = size_class(bytes);
+  std::lock_guard lock(mutex_);
+  free_blocks_[size].push_back(ptr);
+  stats_.current_bytes -= size;
+}
+
+void CachingAllocator::release_cached() {
+  std::lock_guard lock(mutex_);
+  release_cached_locked();
+}
+
+void CachingAllocator::release_cached_locked() {
+  for (auto& [size, blocks] : free_blocks_) {
+    for (void* block : blocks) backing_.deallocate(block, size, MemCategory::workspace);
+    stats_.reserved_bytes -= size * blocks.size();
+    blocks.clear();
+  }
+}
+
+CachingStats CachingAllocator::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+}  // namespace ft

@@ -1,0 +1,67 @@
+// Device memory for the CUDA backend, as ft::Allocator (Device::cuda):
+//   DeviceAllocator  - one cudaMalloc per allocation, cudaFree on release. Tests
+//                      use it directly: under the emulator every tensor is then
+//                      its own guarded, NaN-poisoned allocation.
+//   CachingAllocator - keeps released blocks on free lists keyed by size class
+//                      and hands them out again, so a training step that repeats
+//                      the previous step's allocations never calls cudaMalloc
+//                      (cudaMalloc/cudaFree synchronise the device and are slow).
+// Blocks change hands between categories, so per-category accounting belongs
+// above this allocator (a TrackingAllocator wrapping it), not below.
+// Blocks are released and reused in stream order: the backend issues all work
+// on one stream, so a block freed by the host is reused only by later work.
+#pragma once
+#include <cstddef>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/allocator.h"
+
+namespace ft {
+
+class DeviceAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::cuda; }
+  void* allocate(size_t bytes, MemCategory category) override;
+  void deallocate(void* ptr, size_t bytes, MemCategory category) override;
+};
+
+struct CachingStats {
+  size_t allocation_count = 0;  // allocations from the backing allocator (real cudaMallocs)
+  size_t current_bytes = 0;     // handed out now, in rounded block sizes
+  size_t peak_bytes = 0;        // the maximum of current_bytes
+  size_t reserved_bytes = 0;    // held from the backing allocator: handed out + cached
+};
+
+class CachingAllocator final : public Allocator {
+ public:
+  // backing must be a device allocator and outlive this one.
+  explicit CachingAllocator(Allocator& backing) : backing_(backing) {}
+  ~CachingAllocator() override;
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  Device device() const override { return backing_.device(); }
+  void* allocate(size_t bytes, MemCategory category) override;
+  void deallocate(void* ptr, size_t bytes, MemCategory category) override;
+
+  // Returns every cached (free) block to the backing allocator.
+  void release_cached();
+  CachingStats stats() const;
+
+  // The size class of a request: multiples of 512 bytes up to 1 MiB, above
+  // that multiples of 1/8 of the request's power of two (<= 12.5% waste), so
+  // slightly different large sizes (e.g. another sequence length) share blocks.
+  static size_t size_class(size_t bytes);
+
+ private:
+  void release_cached_locked();
+
+  Allocator& backing_;
+  mutable std::mutex mutex_;
+  std::unordered_map<size_t, std::vector<void*>> free_blocks_;  // by size class
+  CachingStats stats_;
+};
+
+}  // namespace ft

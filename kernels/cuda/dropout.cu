@@ -1,0 +1,50 @@
+// Dropout with the counter-based mask of kernels/dropout_hash.h: keep[i]
+// depends only on (seed, i), so every backend draws the same mask and
+// backward redraws it. Each element is loaded before it is stored, so the
+// output may alias the input.
+#include "kernels/cuda/checks.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/dropout_hash.h"
+
+namespace ft {
+namespace {
+
+constexpr int kBlock = 256;
+
+// Dropped elements are selected to 0 rather than multiplied, so p = 1 gives
+// zeros instead of 0 * inf = NaN (as the CPU backend and PyTorch).
+__global__ void __launch_bounds__(kBlock)
+    dropout_kernel(cuda::View out, cuda::ConstView x, float p, float scale, uint64_t seed, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(kBlock) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kBlock) {
+    float value = cuda::load(x, i);
+    cuda::store(out, i, dropout_keep(seed, uint64_t(i), p) ? value * scale : 0.0f);
+  }
+}
+
+void apply_dropout_mask(Tensor& out, const Tensor& x, float p, uint64_t seed, const char* op, cudaStream_t stream) {
+  cuda::check_float(out, op, "out");
+  cuda::check_float(x, op, "x");
+  cuda::check_shape(x, out.shape, op, "x");
+  FT_CHECK(p >= 0.0f && p <= 1.0f, op, ": p must be in [0, 1], got ", p);
+  int64_t n = out.numel();
+  if (n == 0) return;
+  float scale = 1.0f / (1.0f - p);
+  launch<dropout_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream, cuda::view(out),
+                         cuda::const_view(x), p, scale, seed, n);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void CudaBackend::dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed) {
+  apply_dropout_mask(out, x, p, seed, "dropout_forward", stream_);
+}
+
+// The derivative of x * keep / (1 - p) is the same mask and scale.
+void CudaBackend::dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed) {
+  apply_dropout_mask(dx, dout, p, seed, "dropout_backward", stream_);
+}
+
+}  // namespace ft

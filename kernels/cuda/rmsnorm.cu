@@ -1,0 +1,121 @@
+// RMSNorm as HF LlamaRMSNorm: statistics in f32, the normalised value rounded
+// to the input dtype, then scaled by the weight. One block per row.
+#include "kernels/cuda/checks.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_util.cuh"
+
+namespace ft {
+namespace {
+
+constexpr int kBlock = 256;
+// rmsnorm_backward's dweight partials: at most this many row blocks, each
+// summing a fixed strided subset of rows into its own f32 row of partials.
+constexpr int64_t kMaxPartials = 256;
+
+__global__ void __launch_bounds__(kBlock) rmsnorm_forward_kernel(cuda::View out, float* rstd, cuda::ConstView x,
+                                                                 cuda::ConstView weight, float eps,
+                                                                 int64_t channels) {
+  __shared__ float scratch[32];
+  int64_t row = int64_t(blockIdx.x) * channels;
+  float sum_sq = 0.0f;
+  for (int64_t c = threadIdx.x; c < channels; c += kBlock) {
+    float v = cuda::load(x, row + c);
+    sum_sq += v * v;
+  }
+  sum_sq = cuda::block_sum<kBlock>(sum_sq, scratch);
+  float r = 1.0f / sqrtf(sum_sq / float(channels) + eps);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+  bool round_to_bf16 = x.dtype == DType::bf16;  // HF: hidden_states.to(input_dtype) before * weight
+  for (int64_t c = threadIdx.x; c < channels; c += kBlock) {
+    float normed = cuda::load(x, row + c) * r;
+    if (round_to_bf16) normed = cuda::round_to_bf16(normed);
+    cuda::store(out, row + c, cuda::load(weight, c) * normed);
+  }
+}
+
+// With n = x * r and g = dout * weight: dx = r * (g - n * mean(g * n)).
+// Block b handles rows b, b + gridDim.x, ...; with partials it also sums
+// dout * n over those rows into partials[b, :] (its own row: no races, and
+// the order is fixed), which rmsnorm_dweight_kernel adds up afterwards.
+__global__ void __launch_bounds__(kBlock)
+    rmsnorm_backward_kernel(cuda::View dx, float* partials, cuda::ConstView dout, cuda::ConstView x,
+                            cuda::ConstView weight, const float* rstd, int64_t rows, int64_t channels) {
+  __shared__ float scratch[32];
+  float* partial = partials ? partials + int64_t(blockIdx.x) * channels : nullptr;
+  for (int64_t n = blockIdx.x; n < rows; n += gridDim.x) {
+    int64_t row = n * channels;
+    float r = rstd[n];
+    float g_dot_n = 0.0f;
+    for (int64_t c = threadIdx.x; c < channels; c += kBlock)
+      g_dot_n += cuda::load(dout, row + c) * cuda::load(weight, c) * cuda::load(x, row + c) * r;
+    float mean_g_n = cuda::block_sum<kBlock>(g_dot_n, scratch) / float(channels);
+    bool first = n == blockIdx.x;
+    for (int64_t c = threadIdx.x; c < channels; c += kBlock) {
+      float d = cuda::load(dout, row + c), xs = cuda::load(x, row + c);
+      if (partial) partial[c] = (first ? 0.0f : partial[c]) + d * xs * r;
+      cuda::store(dx, row + c, r * (d * cuda::load(weight, c) - xs * r * mean_g_n));
+    }
+  }
+}
+
+// dweight[c] += sum over the blocks' partials, in block order.
+__global__ void __launch_bounds__(kBlock)
+    rmsnorm_dweight_kernel(cuda::View dweight, const float* partials, int64_t count, int64_t channels) {
+  int64_t c = blockIdx.x * int64_t(kBlock) + threadIdx.x;
+  if (c >= channels) return;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < count; ++b) sum += partials[b * channels + c];
+  cuda::store(dweight, c, cuda::load(dweight, c) + sum);
+}
+
+void check_rmsnorm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  cuda::check_float(x, op, "x");
+  cuda::check_float(weight, op, "weight");
+  cuda::check_dtype(rstd, DType::f32, op, "rstd");
+  cuda::check_shape(weight, {x.cols()}, op, "weight");
+  cuda::check_numel(rstd, x.rows(), op, "rstd");
+  FT_CHECK(x.rows() < (int64_t(1) << 31), op, ": too many rows (", x.rows(), ")");
+}
+
+}  // namespace
+
+void CudaBackend::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
+  const char* op = "rmsnorm_forward";
+  check_rmsnorm_args(op, x, weight, rstd);
+  cuda::check_float(out, op, "out");
+  cuda::check_shape(out, x.shape, op, "out");
+  if (x.rows() == 0) return;
+  launch<rmsnorm_forward_kernel>(unsigned(x.rows()), kBlock, 0, stream_, cuda::view(out), rstd.ptr<float>(),
+                                 cuda::const_view(x), cuda::const_view(weight), eps, x.cols());
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
+                                   const Tensor& weight, const Tensor& rstd) {
+  const char* op = "rmsnorm_backward";
+  check_rmsnorm_args(op, x, weight, rstd);
+  cuda::check_float(dx, op, "dx");
+  cuda::check_float(dout, op, "dout");
+  cuda::check_shape(dx, x.shape, op, "dx");
+  cuda::check_shape(dout, x.shape, op, "dout");
+  if (dweight) {
+    cuda::check_float(*dweight, op, "dweight");
+    cuda::check_shape(*dweight, weight.shape, op, "dweight");
+  }
+  int64_t rows = x.rows(), channels = x.cols();
+  if (rows == 0 || channels == 0) return;
+  int64_t blocks = rows < kMaxPartials ? rows : kMaxPartials;
+  Tensor partials = dweight ? scratch({blocks, channels}, DType::f32) : Tensor();
+  launch<rmsnorm_backward_kernel>(unsigned(blocks), kBlock, 0, stream_, cuda::view(dx),
+                                  dweight ? partials.ptr<float>() : nullptr, cuda::const_view(dout),
+                                  cuda::const_view(x), cuda::const_view(weight), rstd.ptr<const float>(), rows,
+                                  channels);
+  FT_CUDA_CHECK_LAUNCH();
+  if (!dweight) return;
+  launch<rmsnorm_dweight_kernel>(unsigned((channels + kBlock - 1) / kBlock), kBlock, 0, stream_,
+                                 cuda::view(*dweight), partials.ptr<const float>(), blocks, channels);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ft

@@ -1,0 +1,70 @@
+// Rotary position embedding, in place, in HF's rotate_half layout. inv_freq is
+// computed on the host exactly as the CPU backend does (1 / theta^(2i / dim),
+// f32) and passed by value, so both backends rotate by the same f32 angles
+// float(pos) * inv_freq[i]; only cosf/sinf may differ in the last ulp.
+#include <cmath>
+
+#include "kernels/cuda/checks.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_util.cuh"
+
+namespace ft {
+namespace {
+
+constexpr int kBlock = 256;
+constexpr int kMaxHalf = 256;  // rotary_dim up to 512; a 1 KiB kernel parameter
+
+struct InvFreq {
+  float value[kMaxHalf];
+};
+
+// One thread per rotated pair (token n, head h, i < half); sign is +1 to
+// rotate by +angle (forward) and -1 for the transpose (backward).
+__global__ void __launch_bounds__(kBlock) rope_kernel(cuda::View x, const int32_t* positions, InvFreq inv_freq,
+                                                      float sign, int64_t heads, int64_t head_dim, int half,
+                                                      int64_t pairs) {
+  for (int64_t t = blockIdx.x * int64_t(kBlock) + threadIdx.x; t < pairs; t += int64_t(gridDim.x) * kBlock) {
+    int i = int(t % half);
+    int64_t head = t / half, n = head / heads;
+    float angle = float(positions[n]) * inv_freq.value[i];
+    float cos_a = cosf(angle), sin_a = sign * sinf(angle);
+    int64_t at = head * head_dim + i;
+    float x1 = cuda::load(x, at), x2 = cuda::load(x, at + half);
+    cuda::store(x, at, x1 * cos_a - x2 * sin_a);
+    cuda::store(x, at + half, x2 * cos_a + x1 * sin_a);
+  }
+}
+
+void rope_rotate(const char* op, Tensor& x, const Tensor& positions, int rotary_dim, float theta, float sign,
+                 cudaStream_t stream) {
+  cuda::check_float(x, op, "x");
+  cuda::check_dtype(positions, DType::i32, op, "positions");
+  FT_CHECK(x.ndim() >= 3 && x.dim(-2) > 0 && x.dim(-1) > 0, op, ": x must be [N, H, D], got ",
+           shape_string(x.shape));
+  int64_t heads = x.dim(-2), head_dim = x.dim(-1), tokens = x.numel() / (heads * head_dim);
+  cuda::check_numel(positions, tokens, op, "positions");
+  FT_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim, op, ": rotary_dim ", rotary_dim,
+           " must be even and in (0, head_dim = ", head_dim, "]");
+  int half = rotary_dim / 2;
+  FT_CHECK(half <= kMaxHalf, op, ": rotary_dim ", rotary_dim, " exceeds the supported ", 2 * kMaxHalf);
+  InvFreq inv_freq{};
+  for (int i = 0; i < half; ++i) inv_freq.value[i] = 1.0f / std::pow(theta, float(2 * i) / float(rotary_dim));
+  int64_t pairs = tokens * heads * half;
+  if (pairs == 0) return;
+  launch<rope_kernel>(cuda::elementwise_blocks(pairs, kBlock), kBlock, 0, stream, cuda::view(x),
+                      positions.ptr<const int32_t>(), inv_freq, sign, heads, head_dim, half, pairs);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void CudaBackend::rope_forward(Tensor& x, const Tensor& positions, int rotary_dim, float theta) {
+  rope_rotate("rope_forward", x, positions, rotary_dim, theta, 1.0f, stream_);
+}
+
+void CudaBackend::rope_backward(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) {
+  rope_rotate("rope_backward", dx, positions, rotary_dim, theta, -1.0f, stream_);
+}
+
+}  // namespace ft
