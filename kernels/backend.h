@@ -22,6 +22,11 @@ struct AdamWStep {
   int64_t step;
 };
 
+// GELU's two forms in Hugging Face configs: erf is the exact x * Phi(x)
+// ("gelu"); tanh is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+// ("gelu_new", "gelu_fast", "gelu_pytorch_tanh").
+enum class GeluKind { erf, tanh };
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -37,6 +42,11 @@ class Backend {
   // may be a host tensor; this is how weights reach the device.
   virtual void copy(Tensor& dst, const Tensor& src) = 0;
   virtual void fill(Tensor& dst, float value) = 0;
+  // dst[r, dst_offset + j] = src[r, src_offset + j] for j < width, dst and src
+  // viewed as 2-D with the same number of rows (e.g. one of q, k, v out of a
+  // fused [N, 3C] projection, or its gradient back in). No aliasing.
+  virtual void copy_columns(Tensor& dst, int64_t dst_offset, const Tensor& src,
+                            int64_t src_offset, int64_t width) = 0;
 
   // ---- linear algebra ----------------------------------------------------
   // out[M,N] = alpha * op(a)[M,K] @ op(b)[K,N] + beta * out, op = transpose
@@ -47,6 +57,10 @@ class Backend {
 
   // out = a + b, elementwise; out may alias a or b.
   virtual void add(Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  // out[n, :] += bias (bias [C], out [N, C]): a linear layer's bias.
+  virtual void add_bias(Tensor& out, const Tensor& bias) = 0;
+  // dbias[c] += sum over n of dout[n, c] (accumulated, as every parameter gradient).
+  virtual void bias_backward(Tensor& dbias, const Tensor& dout) = 0;
 
   // ---- embedding ---------------------------------------------------------
   // out[N,C] = table[ids[n], :]; ids i32[N].
@@ -61,6 +75,15 @@ class Backend {
   // dx overwritten; dweight accumulated unless null.
   virtual void rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
                                 const Tensor& weight, const Tensor& rstd) = 0;
+  // As torch.nn.LayerNorm: out = (x - mean) * rstd * weight + bias with
+  // mean[n] and rstd[n] = 1/sqrt(var(x[n]) + eps) (biased variance) in f32,
+  // saved for backward (f32 [N] each); out rounded once to its dtype.
+  virtual void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
+                                 const Tensor& weight, const Tensor& bias, float eps) = 0;
+  // dx overwritten; dweight and dbias accumulated unless null.
+  virtual void layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                                  const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                  const Tensor& rstd) = 0;
 
   // ---- rotary position embedding (in place) ------------------------------
   // x is [N, H, D] (N tokens, H heads, head size D); positions i32[N]. The first
@@ -75,6 +98,10 @@ class Backend {
   virtual void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) = 0;
   virtual void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
                                const Tensor& up) = 0;
+  // out = gelu(x) in the given form (see GeluKind); out may alias x.
+  virtual void gelu_forward(Tensor& out, const Tensor& x, GeluKind kind) = 0;
+  // dx = dout * gelu'(x); dx may alias dout.
+  virtual void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) = 0;
 
   // ---- attention ---------------------------------------------------------
   // Causal self-attention with grouped-query heads. q [B,T,Hq,D], k and v

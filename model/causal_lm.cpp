@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/error.h"
+#include "model/gpt_neox.h"
 #include "model/int8_linear.h"
 #include "model/llama.h"
 #include "model/lora_linear.h"
@@ -17,7 +18,8 @@ CausalLM::~CausalLM() = default;
 
 std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& config, Backend& backend, const ModelOptions& options) {
   if (config.model_type == "llama") return std::make_unique<LlamaModel>(config, backend, options);
-  fail("model_type \"", config.model_type, "\" is not supported (expected \"llama\")");
+  if (config.model_type == "gpt_neox") return std::make_unique<GptNeoxModel>(config, backend, options);
+  fail("model_type \"", config.model_type, "\" is not supported (expected \"llama\" or \"gpt_neox\")");
 }
 
 void CausalLM::check_lora_targets(const std::string& module_names) const {
@@ -48,15 +50,17 @@ Parameter& CausalLM::add_parameter(const std::string& name, const Shape& shape, 
 
 // A decoder linear: dense or LLM.int8(), wrapped in LoRA when it is a target.
 std::unique_ptr<Linear> CausalLM::make_linear(const std::string& module, int64_t out_features,
-                                                int64_t in_features) {
+                                                int64_t in_features, bool bias) {
   std::unique_ptr<Linear> base;
   if (options_.int8_base) {
     Parameter& weight = add_parameter(module + ".weight", {out_features, in_features}, DType::i8);
     weight.scales = backend_.empty({out_features}, DType::f32, MemCategory::weights);
-    base = std::make_unique<Int8Linear>(weight, options_.int8_threshold);
+    Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
+    base = std::make_unique<Int8Linear>(weight, options_.int8_threshold, b);
   } else {
-    base = std::make_unique<DenseLinear>(add_parameter(module + ".weight", {out_features, in_features},
-                                                       options_.weight_dtype));
+    Parameter& weight = add_parameter(module + ".weight", {out_features, in_features}, options_.weight_dtype);
+    Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
+    base = std::make_unique<DenseLinear>(weight, b);
   }
   const LoraOptions& lora = options_.lora;
   bool targeted = false;
@@ -114,7 +118,9 @@ void CausalLM::init_random(uint64_t seed) {
     FT_CHECK(p.value.dtype != DType::i8, "random initialisation needs quantization.mode none");
     Tensor values = Tensor::empty(p.value.shape, DType::f32, host, MemCategory::workspace);
     uint64_t state = mix_seed(seed, index++);
-    const bool is_norm = p.value.ndim() == 1;
+    // As transformers: biases (linear and LayerNorm) 0, norm weights 1, the rest normal.
+    const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
+    const bool is_norm = p.value.ndim() == 1 && !is_bias;
     for (int64_t i = 0; i < values.numel(); i += 2) {
       // Box-Muller: two normals from two uniforms in (0, 1].
       state = mix_seed(state, 0);
@@ -124,7 +130,7 @@ void CausalLM::init_random(uint64_t seed) {
       const double radius = std::sqrt(-2.0 * std::log(u1));
       const double normals[2] = {radius * std::cos(2 * M_PI * u2), radius * std::sin(2 * M_PI * u2)};
       for (int64_t k = 0; k < 2 && i + k < values.numel(); ++k)
-        values.ptr<float>()[i + k] = is_norm ? 1.0f : float(config_.initializer_range * normals[k]);
+        values.ptr<float>()[i + k] = is_bias ? 0.0f : is_norm ? 1.0f : float(config_.initializer_range * normals[k]);
     }
     backend_.copy(p.value, values);
   }
@@ -141,6 +147,61 @@ void CausalLM::set_dropout_seed(uint64_t seed) {
 
 void CausalLM::set_training(bool training) {
   for (LoraLinear* layer : lora_layers_) layer->set_training(training);
+}
+
+// Uploads a host i32 [B, T] tensor as i32 [B*T] on the backend.
+static Tensor upload_tokens(Backend& backend, const Tensor& host_tokens, const std::string& model_type) {
+  FT_CHECK(host_tokens.dtype == DType::i32 && host_tokens.ndim() == 2, model_type,
+           ": token tensors must be i32 [B, T], got ", dtype_name(host_tokens.dtype), " ",
+           shape_string(host_tokens.shape));
+  Tensor tokens = backend.empty({host_tokens.numel()}, DType::i32, MemCategory::activations);
+  backend.copy(tokens, host_tokens.reshaped({host_tokens.numel()}));
+  return tokens;
+}
+
+CausalLM::StepTokens CausalLM::upload_step_tokens(const Tensor& input_ids, const Tensor& targets) {
+  const std::string& type = config_.model_type;
+  FT_CHECK(input_ids.shape == targets.shape, type, ": input_ids ", shape_string(input_ids.shape), " and targets ",
+           shape_string(targets.shape), " differ in shape");
+  StepTokens tokens;
+  tokens.ids = upload_tokens(backend_, input_ids, type);
+  tokens.targets = upload_tokens(backend_, targets, type);
+  tokens.batch = input_ids.dim(0);
+  tokens.seq = input_ids.dim(1);
+  FT_CHECK(tokens.seq <= config_.max_position_embeddings, type, ": sequence of ", tokens.seq,
+           " tokens exceeds max_position_embeddings ", config_.max_position_embeddings);
+  const int64_t N = tokens.batch * tokens.seq;
+  HostAllocator host;
+  Tensor host_positions = Tensor::empty({tokens.batch, tokens.seq}, DType::i32, host, MemCategory::activations);
+  for (int64_t n = 0; n < N; ++n) host_positions.ptr<int32_t>()[n] = int32_t(n % tokens.seq);
+  tokens.positions = upload_tokens(backend_, host_positions, type);
+  for (int64_t n = 0; n < N; ++n) tokens.counted += targets.ptr<int32_t>()[n] != -100;
+  return tokens;
+}
+
+float CausalLM::lm_head_loss(Tensor& logits, const Tensor& hidden, const Parameter& lm_head,
+                             const StepTokens& tokens, bool keep_logits, const float* grad_scale) {
+  Backend& be = backend_;
+  const int64_t N = tokens.batch * tokens.seq;
+  logits = be.empty({N, config_.vocab_size}, DType::f32, MemCategory::activations);
+  be.matmul(logits, hidden, lm_head.value, false, true);
+  Tensor losses = be.empty({N}, DType::f32, MemCategory::activations);
+  const bool backward = grad_scale && tokens.counted > 0;
+  float dloss = backward ? *grad_scale / float(tokens.counted) : 0.0f;
+  be.cross_entropy(losses, backward ? &logits : nullptr, logits, tokens.targets, dloss);
+  if (keep_logits) last_logits_ = logits;
+
+  HostAllocator host;
+  Tensor host_losses = Tensor::empty({N}, DType::f32, host, MemCategory::activations);
+  be.copy(host_losses, losses);
+  double loss_sum = 0.0;
+  for (int64_t n = 0; n < N; ++n) loss_sum += host_losses.ptr<float>()[n];
+  return tokens.counted ? float(loss_sum / double(tokens.counted)) : 0.0f;
+}
+
+void CausalLM::lm_head_backward(Tensor& dhidden, const Tensor& dlogits, const Tensor& hidden, Parameter& lm_head) {
+  backend_.matmul(dhidden, dlogits, lm_head.value, false, false);
+  if (lm_head.trainable()) backend_.matmul(lm_head.grad, dlogits, hidden, true, false, 1.0f, 1.0f);
 }
 
 void CausalLM::set_trainable(const std::function<bool(const std::string&)>& is_trainable) {

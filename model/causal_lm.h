@@ -1,8 +1,9 @@
 // What every decoder-only architecture shares: its parameters (base weights
 // under their Hugging Face names, LoRA adapters beside them), how linears are
 // built (dense or LLM.int8(), wrapped in LoRA when targeted), loading,
-// initialisation and the trainable set. An architecture adds its layers and
-// its forward/backward (llama.h, and later others).
+// initialisation, the trainable set, and the token upload and LM-head loss
+// every step starts and ends with. An architecture adds its layers and its
+// forward/backward (llama.h, gpt_neox.h).
 #pragma once
 #include <deque>
 #include <functional>
@@ -62,13 +63,33 @@ class CausalLM {
   CausalLM(const ModelConfig& config, Backend& backend, const ModelOptions& options);
   Parameter& add_parameter(const std::string& name, const Shape& shape, DType dtype);
   // A decoder linear named module (e.g. model.layers.0.self_attn.q_proj):
-  // dense or LLM.int8(), wrapped in LoRA when a target matches it.
-  std::unique_ptr<Linear> make_linear(const std::string& module, int64_t out_features, int64_t in_features);
+  // dense or LLM.int8(), wrapped in LoRA when a target matches it. With
+  // bias, module + ".bias" [out_features] is a parameter too (weight_dtype,
+  // also over an int8 weight).
+  std::unique_ptr<Linear> make_linear(const std::string& module, int64_t out_features, int64_t in_features,
+                                      bool bias = false);
   // Call at the end of a constructor: a LoRA target that matched no module is
   // an Error listing the architecture's linear module names.
   void check_lora_targets(const std::string& module_names) const;
   // Dropout in the adapters is on while training only.
   void set_training(bool training);
+
+  // One step's tokens on the backend: ids, targets and positions (0..T-1 in
+  // every row) as i32 [B*T], from host i32 [B, T] input_ids and targets, and
+  // how many targets count (are not -100).
+  struct StepTokens {
+    int64_t batch = 0, seq = 0, counted = 0;
+    Tensor ids, targets, positions;
+  };
+  StepTokens upload_step_tokens(const Tensor& input_ids, const Tensor& targets);
+  // The end of every forward: logits [N, V] = hidden [N, C] lm_head^T, then
+  // the mean cross-entropy over counted tokens (returned). With grad_scale,
+  // logits are overwritten in place by d(grad_scale * loss)/d(logits) for
+  // lm_head_backward. keep_logits: last_logits() shows them.
+  float lm_head_loss(Tensor& logits, const Tensor& hidden, const Parameter& lm_head, const StepTokens& tokens,
+                     bool keep_logits, const float* grad_scale);
+  // dhidden = dlogits lm_head; lm_head.grad += dlogits^T hidden when it trains.
+  void lm_head_backward(Tensor& dhidden, const Tensor& dlogits, const Tensor& hidden, Parameter& lm_head);
 
   ModelConfig config_;
   Backend& backend_;

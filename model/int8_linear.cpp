@@ -4,7 +4,8 @@
 
 namespace ft {
 
-Int8Linear::Int8Linear(Parameter& weight, float threshold) : weight_(weight), threshold_(threshold) {
+Int8Linear::Int8Linear(Parameter& weight, float threshold, Parameter* bias)
+    : weight_(weight), threshold_(threshold), bias_(bias) {
   FT_CHECK(weight.value.dtype == DType::i8 && weight.value.ndim() == 2 && weight.scales.defined(), "Int8Linear: \"",
            weight.name, "\" is not a quantised weight (call quantize_parameter first)");
   FT_CHECK(!weight.trainable(), "Int8Linear: \"", weight.name, "\" is int8 and cannot be trainable");
@@ -12,10 +13,12 @@ Int8Linear::Int8Linear(Parameter& weight, float threshold) : weight_(weight), th
 
 void Int8Linear::forward(Backend& backend, Tensor& out, const Tensor& x) {
   backend.int8_linear_forward(out, x, weight_.value, weight_.scales, threshold_);
+  add_linear_bias(backend, out, bias_);
 }
 
 void Int8Linear::backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor&, bool accumulate_dx) {
   backend.int8_linear_backward(dx, dout, weight_.value, weight_.scales, accumulate_dx);
+  linear_bias_backward(backend, bias_, dout);
 }
 
 void quantize_parameter(Backend& backend, Parameter& p, const Tensor& full_precision) {

@@ -2,7 +2,8 @@
 // weight.value plus f32 row scales [out] in weight.scales. Forward routes the
 // outlier input columns (any |x| >= threshold) through an f32 product and the
 // rest through int8 x int8 -> int32; backward yields dx only (no weight
-// gradient: the weight never trains).
+// gradient: the weight never trains). An optional bias stays in 16/32 bits,
+// as bitsandbytes keeps it, and is added after the int8 product.
 #pragma once
 #include "model/linear.h"
 
@@ -11,14 +12,15 @@ namespace ft {
 class Int8Linear final : public Linear {
  public:
   // threshold: bitsandbytes' llm_int8_threshold (transformers' default 6.0; 0
-  // disables the outlier path).
-  Int8Linear(Parameter& weight, float threshold);
+  // disables the outlier path). bias: null for none.
+  Int8Linear(Parameter& weight, float threshold, Parameter* bias = nullptr);
   void forward(Backend& backend, Tensor& out, const Tensor& x) override;
   void backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
 
  private:
   Parameter& weight_;
   float threshold_;
+  Parameter* bias_;
 };
 
 // Sets p.value to the i8 codes [out, in] and p.scales (f32 [out]) of a

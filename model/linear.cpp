@@ -4,11 +4,21 @@ namespace ft {
 
 void DenseLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
   backend.matmul(out, x, weight_.value, false, true);
+  add_linear_bias(backend, out, bias_);
 }
 
 void DenseLinear::backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) {
   backend.matmul(dx, dout, weight_.value, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f);
   if (weight_.trainable()) backend.matmul(weight_.grad, dout, x, true, false, 1.0f, 1.0f);
+  linear_bias_backward(backend, bias_, dout);
+}
+
+void add_linear_bias(Backend& backend, Tensor& out, const Parameter* bias) {
+  if (bias) backend.add_bias(out, bias->value);
+}
+
+void linear_bias_backward(Backend& backend, Parameter* bias, const Tensor& dout) {
+  if (bias && bias->trainable()) backend.bias_backward(bias->grad, dout);
 }
 
 }  // namespace ft

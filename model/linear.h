@@ -1,5 +1,5 @@
-// Linear layers y = x W^T with W stored [out_features, in_features] as in
-// PyTorch. Every variant (dense, quantized, with LoRA adapters) has the same
+// Linear layers y = x W^T (+ b) with W stored [out_features, in_features] and
+// the optional bias b [out_features] as in PyTorch. Every variant (dense, quantized, with LoRA adapters) has the same
 // two calls, so architectures are written once.
 #pragma once
 #include "kernels/backend.h"
@@ -10,22 +10,29 @@ namespace ft {
 class Linear {
  public:
   virtual ~Linear() = default;
-  // out[N, out_features] = x[N, in_features] W^T.
+  // out[N, out_features] = x[N, in_features] W^T (+ bias).
   virtual void forward(Backend& backend, Tensor& out, const Tensor& x) = 0;
   // dx = dout W (or dx += dout W when accumulate_dx), and trainable
   // parameters' gradients += their share of dout.
   virtual void backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) = 0;
 };
 
-// A plain 16/32-bit weight, optionally trainable (full fine-tuning, pretraining).
+// A plain 16/32-bit weight, optionally trainable (full fine-tuning,
+// pretraining), with an optional bias (null: none).
 class DenseLinear final : public Linear {
  public:
-  explicit DenseLinear(Parameter& weight) : weight_(weight) {}
+  explicit DenseLinear(Parameter& weight, Parameter* bias = nullptr) : weight_(weight), bias_(bias) {}
   void forward(Backend& backend, Tensor& out, const Tensor& x) override;
   void backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
 
  private:
   Parameter& weight_;
+  Parameter* bias_;
 };
+
+// The bias part of every base linear (dense or quantised): out += bias, and
+// bias.grad += column sums of dout when the bias trains. Null: no bias.
+void add_linear_bias(Backend& backend, Tensor& out, const Parameter* bias);
+void linear_bias_backward(Backend& backend, Parameter* bias, const Tensor& dout);
 
 }  // namespace ft

@@ -26,13 +26,11 @@ struct LlamaModel::LayerActivations {
 };
 
 struct LlamaModel::StepActivations {
-  int64_t batch = 0, seq = 0;
-  Tensor ids, targets, positions;   // i32 [N] on the backend
+  StepTokens tokens;
   std::vector<Tensor> residuals;    // residuals[i]: input of layer i; back(): output of the last
   std::vector<LayerActivations> layers;
   Tensor final_norm, final_rstd;
   Tensor logits;                    // [N, V]; holds dlogits after a training forward
-  int64_t counted_tokens = 0;
 };
 
 LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelOptions& options)
@@ -73,7 +71,7 @@ float LlamaModel::forward_backward(const Tensor& input_ids, const Tensor& target
   set_training(true);
   StepActivations step;
   float loss = forward_pass(step, input_ids, targets, false, &grad_scale);
-  if (step.counted_tokens > 0) backward_pass(step);
+  if (step.tokens.counted > 0) backward_pass(step);
   return loss;
 }
 
@@ -127,60 +125,25 @@ void LlamaModel::forward_layer(Layer& layer, LayerActivations& saved, const Tens
   be.add(out2d, saved.residual_mid, projected);
 }
 
-// Uploads a host i32 [B, T] tensor as i32 [B*T] on the backend.
-static Tensor upload_tokens(Backend& backend, const Tensor& host_tokens) {
-  FT_CHECK(host_tokens.dtype == DType::i32 && host_tokens.ndim() == 2, "llama: token tensors must be i32 [B, T], got ",
-           dtype_name(host_tokens.dtype), " ", shape_string(host_tokens.shape));
-  Tensor tokens = backend.empty({host_tokens.numel()}, DType::i32, MemCategory::activations);
-  backend.copy(tokens, host_tokens.reshaped({host_tokens.numel()}));
-  return tokens;
-}
-
 float LlamaModel::forward_pass(StepActivations& step, const Tensor& input_ids, const Tensor& targets,
                                bool keep_logits, float* grad_scale) {
-  FT_CHECK(input_ids.shape == targets.shape, "llama: input_ids ", shape_string(input_ids.shape),
-           " and targets ", shape_string(targets.shape), " differ in shape");
   Backend& be = backend_;
-  const int64_t B = input_ids.dim(0), T = input_ids.dim(1), N = B * T, C = config_.hidden_size;
-  FT_CHECK(T <= config_.max_position_embeddings, "llama: sequence of ", T,
-           " tokens exceeds max_position_embeddings ", config_.max_position_embeddings);
-  step.batch = B;
-  step.seq = T;
-  step.ids = upload_tokens(be, input_ids);
-  step.targets = upload_tokens(be, targets);
-  HostAllocator host;
-  Tensor host_positions = Tensor::empty({B, T}, DType::i32, host, MemCategory::activations);
-  for (int64_t n = 0; n < N; ++n) host_positions.ptr<int32_t>()[n] = int32_t(n % T);
-  step.positions = upload_tokens(be, host_positions);
-  for (int64_t n = 0; n < N; ++n) step.counted_tokens += targets.ptr<int32_t>()[n] != -100;
-
+  step.tokens = upload_step_tokens(input_ids, targets);
+  const int64_t B = step.tokens.batch, T = step.tokens.seq, N = B * T, C = config_.hidden_size;
   step.residuals.push_back(be.empty({B, T, C}, DType::f32, MemCategory::activations));
   Tensor embedded = step.residuals[0].reshaped({N, C});
-  be.embedding_forward(embedded, step.ids, embed_tokens_->value);
+  be.embedding_forward(embedded, step.tokens.ids, embed_tokens_->value);
   step.layers.resize(layers_.size());
   for (size_t i = 0; i < layers_.size(); ++i) {
     step.residuals.push_back(be.empty({B, T, C}, DType::f32, MemCategory::activations));
-    forward_layer(*layers_[i], step.layers[i], step.residuals[i], step.residuals[i + 1], step.positions);
+    forward_layer(*layers_[i], step.layers[i], step.residuals[i], step.residuals[i + 1], step.tokens.positions);
   }
 
   step.final_norm = be.empty({N, C}, DType::f32, MemCategory::activations);
   step.final_rstd = be.empty({N}, DType::f32, MemCategory::activations);
   be.rmsnorm_forward(step.final_norm, step.final_rstd, step.residuals.back().reshaped({N, C}), final_norm_->value,
                      config_.rms_norm_eps);
-  step.logits = be.empty({N, config_.vocab_size}, DType::f32, MemCategory::activations);
-  be.matmul(step.logits, step.final_norm, lm_head_->value, false, true);
-
-  Tensor losses = be.empty({N}, DType::f32, MemCategory::activations);
-  const bool backward = grad_scale && step.counted_tokens > 0;
-  float dloss = backward ? *grad_scale / float(step.counted_tokens) : 0.0f;
-  be.cross_entropy(losses, backward ? &step.logits : nullptr, step.logits, step.targets, dloss);
-  if (keep_logits) last_logits_ = step.logits;
-
-  Tensor host_losses = Tensor::empty({N}, DType::f32, host, MemCategory::activations);
-  be.copy(host_losses, losses);
-  double loss_sum = 0.0;
-  for (int64_t n = 0; n < N; ++n) loss_sum += host_losses.ptr<float>()[n];
-  return step.counted_tokens ? float(loss_sum / double(step.counted_tokens)) : 0.0f;
+  return lm_head_loss(step.logits, step.final_norm, *lm_head_, step.tokens, keep_logits, grad_scale);
 }
 
 // ---- backward ------------------------------------------------------------
@@ -237,23 +200,22 @@ void LlamaModel::backward_layer(Layer& layer, LayerActivations& saved, Tensor& d
 
 void LlamaModel::backward_pass(StepActivations& step) {
   Backend& be = backend_;
-  const int64_t N = step.batch * step.seq, C = config_.hidden_size;
+  const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
   Tensor dnorm = be.empty({N, C}, DType::f32, MemCategory::activations);
-  be.matmul(dnorm, step.logits, lm_head_->value, false, false);
-  if (lm_head_->trainable()) be.matmul(lm_head_->grad, step.logits, step.final_norm, true, false, 1.0f, 1.0f);
+  lm_head_backward(dnorm, step.logits, step.final_norm, *lm_head_);
   step.logits = Tensor{};
 
-  Tensor dresidual = be.empty({step.batch, step.seq, C}, DType::f32, MemCategory::activations);
+  Tensor dresidual = be.empty({step.tokens.batch, step.tokens.seq, C}, DType::f32, MemCategory::activations);
   Tensor dresidual2d = dresidual.reshaped({N, C});
   be.rmsnorm_backward(dresidual2d, final_norm_->trainable() ? &final_norm_->grad : nullptr, dnorm,
                       step.residuals.back().reshaped({N, C}), final_norm_->value, step.final_rstd);
   dnorm = Tensor{};
   for (size_t i = layers_.size(); i-- > 0;) {
     step.residuals[i + 1] = Tensor{};
-    backward_layer(*layers_[i], step.layers[i], dresidual, step.residuals[i], step.positions);
+    backward_layer(*layers_[i], step.layers[i], dresidual, step.residuals[i], step.tokens.positions);
     step.layers[i] = LayerActivations{};
   }
-  if (embed_tokens_->trainable()) be.embedding_backward(embed_tokens_->grad, step.ids, dresidual2d);
+  if (embed_tokens_->trainable()) be.embedding_backward(embed_tokens_->grad, step.tokens.ids, dresidual2d);
 }
 
 }  // namespace ft

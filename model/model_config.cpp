@@ -45,6 +45,68 @@ T optional_value(const json& config, const char* field, T fallback, const std::s
   return config[field].get<T>();
 }
 
+// transformers >= 5 writes {"rope_parameters": {"rope_theta": ..., "rope_type": "default"}}
+// (plus "partial_rotary_factor" for gpt_neox) instead of top-level fields;
+// when present it overrides them, as in transformers.
+void read_rope_parameters(const json& config, ModelConfig& result, const std::string& source) {
+  if (!config.contains("rope_parameters") || config["rope_parameters"].is_null()) return;
+  const json& rope = config["rope_parameters"];
+  FT_CHECK(rope.is_object(), source, ": field \"rope_parameters\" must be an object, got ", rope.dump());
+  const std::string rope_type = optional_value<std::string>(rope, "rope_type", "default", source);
+  FT_CHECK(rope_type == "default", source, ": rope_parameters.rope_type \"", rope_type,
+           "\" is not supported yet (expected \"default\")");
+  result.rope_theta = optional_value<float>(rope, "rope_theta", result.rope_theta, source);
+  result.rotary_pct = optional_value<double>(rope, "partial_rotary_factor", result.rotary_pct, source);
+}
+
+void read_llama_fields(const json& config, ModelConfig& result, const std::string& source) {
+  result.num_key_value_heads =
+      optional_value<int64_t>(config, "num_key_value_heads", result.num_attention_heads, source);
+  // Only a derived head_dim needs hidden_size to split evenly; an explicit one may not (e.g. Gemma).
+  bool explicit_head_dim = config.contains("head_dim") && !config["head_dim"].is_null();
+  FT_CHECK(explicit_head_dim || result.hidden_size % result.num_attention_heads == 0, source,
+           ": hidden_size (", result.hidden_size, ") must be a multiple of num_attention_heads (",
+           result.num_attention_heads, ") when head_dim is not given");
+  result.head_dim =
+      optional_value<int64_t>(config, "head_dim", result.hidden_size / result.num_attention_heads, source);
+  result.rms_norm_eps = optional_value<float>(config, "rms_norm_eps", result.rms_norm_eps, source);
+  result.rope_theta = optional_value<float>(config, "rope_theta", result.rope_theta, source);
+  read_rope_parameters(config, result, source);
+  result.attention_bias = optional_value<bool>(config, "attention_bias", false, source);
+  result.mlp_bias = optional_value<bool>(config, "mlp_bias", false, source);
+  result.hidden_act = optional_value<std::string>(config, "hidden_act", result.hidden_act, source);
+  FT_CHECK(result.hidden_act == "silu", source, ": hidden_act \"", result.hidden_act,
+           "\" is not supported for llama (expected \"silu\")");
+  FT_CHECK(result.rotary_pct == 1.0, source, ": rope_parameters.partial_rotary_factor ", result.rotary_pct,
+           " is not supported for llama (expected 1)");
+}
+
+// GPT-NeoX (transformers' GPTNeoXConfig): head_dim is always hidden_size /
+// num_attention_heads; checkpoints from transformers 4 carry rotary_pct and
+// rotary_emb_base at the top level, transformers 5 writes rope_parameters.
+void read_gpt_neox_fields(const json& config, ModelConfig& result, const std::string& source) {
+  FT_CHECK(result.hidden_size % result.num_attention_heads == 0, source, ": hidden_size (", result.hidden_size,
+           ") must be a multiple of num_attention_heads (", result.num_attention_heads, ")");
+  result.num_key_value_heads = result.num_attention_heads;
+  result.head_dim = result.hidden_size / result.num_attention_heads;
+  result.rotary_pct = optional_value<double>(config, "rotary_pct", 0.25, source);
+  result.rope_theta = optional_value<float>(config, "rotary_emb_base", result.rope_theta, source);
+  read_rope_parameters(config, result, source);
+  result.layer_norm_eps = optional_value<float>(config, "layer_norm_eps", result.layer_norm_eps, source);
+  result.use_parallel_residual = optional_value<bool>(config, "use_parallel_residual", true, source);
+  result.attention_bias = optional_value<bool>(config, "attention_bias", true, source);
+  result.hidden_act = optional_value<std::string>(config, "hidden_act", "gelu", source);
+  const std::string& act = result.hidden_act;
+  FT_CHECK(act == "gelu" || act == "gelu_new" || act == "gelu_fast" || act == "gelu_pytorch_tanh", source,
+           ": hidden_act \"", act, "\" is not supported for gpt_neox (expected \"gelu\", \"gelu_new\", "
+           "\"gelu_fast\" or \"gelu_pytorch_tanh\")");
+  FT_CHECK(result.rotary_pct > 0.0 && result.rotary_pct <= 1.0 && result.rotary_dim() % 2 == 0 &&
+               result.rotary_dim() > 0,
+           source, ": rotary_pct ", result.rotary_pct, " must give an even, positive number of rotary features ",
+           "per head (head_dim ", result.head_dim, " * rotary_pct = ", result.rotary_dim(), ")");
+  FT_CHECK(result.layer_norm_eps > 0, source, ": layer_norm_eps must be positive, got ", result.layer_norm_eps);
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::from_json_text(const std::string& text, const std::string& source) {
@@ -59,41 +121,21 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
            ": missing required field \"model_type\" (expected a string such as \"llama\")");
   ModelConfig result;
   result.model_type = config["model_type"].get<std::string>();
-  FT_CHECK(result.model_type == "llama", source, ": model_type \"", result.model_type,
-           "\" is not supported (expected \"llama\")");
+  FT_CHECK(result.model_type == "llama" || result.model_type == "gpt_neox", source, ": model_type \"",
+           result.model_type, "\" is not supported (expected \"llama\" or \"gpt_neox\")");
   result.hidden_size = required_int(config, "hidden_size", source);
   result.intermediate_size = required_int(config, "intermediate_size", source);
   result.num_hidden_layers = required_int(config, "num_hidden_layers", source);
   result.num_attention_heads = required_int(config, "num_attention_heads", source);
   result.vocab_size = required_int(config, "vocab_size", source);
-  result.num_key_value_heads =
-      optional_value<int64_t>(config, "num_key_value_heads", result.num_attention_heads, source);
-  // Only a derived head_dim needs hidden_size to split evenly; an explicit one may not (e.g. Gemma).
-  bool explicit_head_dim = config.contains("head_dim") && !config["head_dim"].is_null();
-  FT_CHECK(explicit_head_dim || result.hidden_size % result.num_attention_heads == 0, source,
-           ": hidden_size (", result.hidden_size, ") must be a multiple of num_attention_heads (",
-           result.num_attention_heads, ") when head_dim is not given");
-  result.head_dim =
-      optional_value<int64_t>(config, "head_dim", result.hidden_size / result.num_attention_heads, source);
   result.max_position_embeddings =
       optional_value<int64_t>(config, "max_position_embeddings", result.max_position_embeddings, source);
-  result.rms_norm_eps = optional_value<float>(config, "rms_norm_eps", result.rms_norm_eps, source);
-  result.rope_theta = optional_value<float>(config, "rope_theta", result.rope_theta, source);
-  // transformers >= 5 writes {"rope_parameters": {"rope_theta": ..., "rope_type": "default"}}
-  // instead of a top-level rope_theta.
-  if (config.contains("rope_parameters") && !config["rope_parameters"].is_null()) {
-    const json& rope = config["rope_parameters"];
-    FT_CHECK(rope.is_object(), source, ": field \"rope_parameters\" must be an object, got ", rope.dump());
-    const std::string rope_type = optional_value<std::string>(rope, "rope_type", "default", source);
-    FT_CHECK(rope_type == "default", source, ": rope_parameters.rope_type \"", rope_type,
-             "\" is not supported yet (expected \"default\")");
-    result.rope_theta = optional_value<float>(rope, "rope_theta", result.rope_theta, source);
-  }
   result.initializer_range = optional_value<float>(config, "initializer_range", result.initializer_range, source);
   result.tie_word_embeddings = optional_value<bool>(config, "tie_word_embeddings", false, source);
-  result.attention_bias = optional_value<bool>(config, "attention_bias", false, source);
-  result.mlp_bias = optional_value<bool>(config, "mlp_bias", false, source);
-  result.hidden_act = optional_value<std::string>(config, "hidden_act", result.hidden_act, source);
+  if (result.model_type == "llama")
+    read_llama_fields(config, result, source);
+  else
+    read_gpt_neox_fields(config, result, source);
 
   FT_CHECK(result.num_key_value_heads > 0 && result.num_attention_heads % result.num_key_value_heads == 0, source,
            ": num_attention_heads (", result.num_attention_heads, ") must be a multiple of num_key_value_heads (",
@@ -104,8 +146,6 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
            result.max_position_embeddings);
   FT_CHECK(result.rms_norm_eps > 0 && result.rope_theta > 0, source,
            ": rms_norm_eps and rope_theta must be positive, got ", result.rms_norm_eps, " and ", result.rope_theta);
-  FT_CHECK(result.hidden_act == "silu", source, ": hidden_act \"", result.hidden_act,
-           "\" is not supported for llama (expected \"silu\")");
   FT_CHECK(!config.contains("rope_scaling") || config["rope_scaling"].is_null(), source,
            ": field \"rope_scaling\" is not supported yet (expected null)");
   return result;

@@ -6,7 +6,7 @@
 namespace ft {
 
 struct ModelConfig {
-  std::string model_type;  // "llama" (more architectures come later)
+  std::string model_type;  // "llama" or "gpt_neox"
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_hidden_layers = 0;
@@ -16,12 +16,18 @@ struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 2048;
   float rms_norm_eps = 1e-6f;
-  float rope_theta = 10000.0f;
+  float rope_theta = 10000.0f;      // gpt_neox: rotary_emb_base
+  double rotary_pct = 1.0;          // share of head_dim that is rotated (gpt_neox: default 0.25)
+  float layer_norm_eps = 1e-5f;     // gpt_neox's LayerNorm
   float initializer_range = 0.02f;  // std of transformers' normal init
   bool tie_word_embeddings = false;
   bool attention_bias = false;
   bool mlp_bias = false;
-  std::string hidden_act = "silu";
+  std::string hidden_act = "silu";  // gpt_neox: "gelu" and the tanh forms
+  bool use_parallel_residual = true;  // gpt_neox: x + attn(ln1(x)) + mlp(ln2(x))
+
+  // Rotated features per head: int(head_dim * rotary_pct), as HF computes it.
+  int64_t rotary_dim() const { return int64_t(double(head_dim) * rotary_pct); }
 
   // Reads and validates path (a config.json). Missing required fields, wrong
   // types and unsupported settings are Errors naming the file and the field.

@@ -4,7 +4,7 @@
 Needs torch, transformers, peft, safetensors, sentencepiece and numpy (CPU is enough).
 CI never runs this: the C++ tests read the committed outputs.
 
-    python3 scripts/make_fixtures.py            # writes tests/fixtures/{tokenizer,llama_gqa,llama_tied,llama_lora}
+    python3 scripts/make_fixtures.py            # writes tests/fixtures/{tokenizer,llama_*,gpt_neox_*}
     python3 scripts/make_fixtures.py --out DIR  # writes the same tree under DIR instead
 
 Everything is seeded and single-threaded, so two runs give byte-identical files.
@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 import transformers  # noqa: E402
 import peft  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
 
 torch.set_num_threads(1)
@@ -42,7 +42,7 @@ torch.use_deterministic_algorithms(True)
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
-warnings.filterwarnings("ignore", message="Could not find a config file in llama_gqa.*")
+warnings.filterwarnings("ignore", message="Could not find a config file in (llama_gqa|gpt_neox_parallel).*")
 
 VOCAB = 320
 BOS, EOS, UNK, PAD = 1, 2, 0, 3
@@ -50,6 +50,7 @@ BATCH, SEQ = 2, 11
 INIT_STD = 0.1
 LORA = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM",
             bias="none")
+NEOX_LORA = dict(LORA, target_modules=["query_key_value"])  # PEFT's default target for gpt_neox
 ADAMW = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
 
@@ -143,9 +144,9 @@ def llama_config(tied, kv_heads, theta):
     )
 
 
-def build_model(config, seed):
+def build_model(config, seed, model_class=LlamaForCausalLM):
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = model_class(config).to(torch.float32)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied lm_head is the same Parameter: listed once
@@ -325,14 +326,12 @@ def lora_forward_backward(peft_model, input_ids, labels):
     return logits, loss.detach().clone(), grads
 
 
-def make_lora(out_dir, base_dir, seed):
-    os.makedirs(out_dir)
-    base = LlamaForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager")
+def make_peft_model(base, lora, base_name, seed):
+    """PEFT's LoRA on base: lora_A from PEFT's seeded init, every lora_B set to seeded noise so A gets gradients."""
     base.eval()
     torch.manual_seed(seed)  # lora_A: PEFT's kaiming_uniform_(a=sqrt(5)) draws from the global generator
-    lora_config = LoraConfig(**LORA)
-    model = get_peft_model(base, lora_config)
-    model.peft_config["default"].base_model_name_or_path = "llama_gqa"
+    model = get_peft_model(base, LoraConfig(**lora))
+    model.peft_config["default"].base_model_name_or_path = base_name
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -341,8 +340,10 @@ def make_lora(out_dir, base_dir, seed):
     model.eval()
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n, _ in trainable), [n for n, _ in trainable]
+    return model, trainable
 
-    adapter_dir = os.path.join(out_dir, "adapter")
+
+def save_adapter(model, trainable, adapter_dir):
     model.save_pretrained(adapter_dir, safe_serialization=True)
     card = os.path.join(adapter_dir, "README.md")  # PEFT's boilerplate model card: not a fixture
     if os.path.exists(card):
@@ -360,6 +361,14 @@ def make_lora(out_dir, base_dir, seed):
     assert set(saved) == set(names), (sorted(saved), sorted(names))
     for k, v in saved.items():
         assert torch.equal(v, names[k].detach()), k
+
+
+def make_lora(out_dir, base_dir, seed):
+    os.makedirs(out_dir)
+    base = LlamaForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager")
+    model, trainable = make_peft_model(base, LORA, "llama_gqa", seed)
+    adapter_dir = os.path.join(out_dir, "adapter")
+    save_adapter(model, trainable, adapter_dir)
 
     input_ids, labels = make_inputs()
     logits, loss, grads = lora_forward_backward(model, input_ids, labels)
@@ -411,6 +420,87 @@ def make_lora(out_dir, base_dir, seed):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# 4. Tiny GPT-NeoX checkpoints and PEFT LoRA on one
+# --------------------------------------------------------------------------------------------------------------
+
+def gpt_neox_config(parallel):
+    return GPTNeoXConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+        rotary_pct=0.25, rotary_emb_base=10000, max_position_embeddings=64, layer_norm_eps=1e-5,
+        use_parallel_residual=parallel, hidden_act="gelu", tie_word_embeddings=False, bos_token_id=BOS,
+        eos_token_id=EOS, attn_implementation="eager",
+    )
+
+
+def gpt_neox_grad_names(layers):
+    """Every query_key_value weight and bias, and a sample of the other parameter kinds (LayerNorm weight and
+    bias, an MLP bias, the embedding) so that every backward path of the model is compared."""
+    names = []
+    for i in range(layers):
+        p = f"gpt_neox.layers.{i}."
+        names += [p + "attention.query_key_value.weight", p + "attention.query_key_value.bias",
+                  p + "post_attention_layernorm.weight", p + "post_attention_layernorm.bias",
+                  p + "mlp.dense_4h_to_h.bias"]
+    return names + ["gpt_neox.final_layer_norm.weight", "gpt_neox.final_layer_norm.bias", "gpt_neox.embed_in.weight"]
+
+
+def make_gpt_neox(out_dir, parallel, seed):
+    config = gpt_neox_config(parallel)
+    model = build_model(config, seed, GPTNeoXForCausalLM)
+    model.save_pretrained(out_dir, safe_serialization=True)
+
+    with open(os.path.join(out_dir, "config.json")) as f:
+        saved = json.load(f)
+    rope = saved["rope_parameters"]  # transformers 5: no top-level rotary_pct / rotary_emb_base
+    assert (rope["partial_rotary_factor"], rope["rope_theta"]) == (0.25, 10000), rope
+    assert saved["use_parallel_residual"] == parallel and saved["hidden_act"] == "gelu"
+    reloaded = load_file(os.path.join(out_dir, "model.safetensors"))
+    assert "embed_out.weight" in reloaded and "lm_head.weight" not in reloaded, sorted(reloaded)
+    state = model.state_dict()
+    for k, v in reloaded.items():
+        assert torch.equal(v, state["lm_head.weight" if k == "embed_out.weight" else k]), k
+
+    input_ids, labels = make_inputs()
+    grad_names = gpt_neox_grad_names(config.num_hidden_layers)
+    logits, loss, grads = forward_backward(model, input_ids, labels, grad_names)
+    ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32), "logits": logits,
+           "loss": loss.reshape(1)}
+    for n, g in grads.items():
+        ref["grad." + n] = g
+    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out_dir, "reference.safetensors"))
+
+    model64 = copy.deepcopy(model).to(torch.float64)
+    logits64, loss64, grads64 = forward_backward(model64, input_ids, labels, grad_names)
+    print(f"{os.path.basename(out_dir)}: loss f32 {loss.item():.8f}  f64 {loss64.item():.8f}  "
+          f"({len(reloaded)} tensors)")
+    worst = compare("logits+loss", {"logits": logits, "loss": loss}, {"logits": logits64, "loss": loss64})
+    worst = max(worst, compare("grads", grads, grads64))
+    assert worst < 1e-4, worst
+
+
+def make_gpt_neox_lora(out_dir, base_dir, seed):
+    os.makedirs(out_dir)
+    base = GPTNeoXForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager")
+    model, trainable = make_peft_model(base, NEOX_LORA, "gpt_neox_parallel", seed)
+    save_adapter(model, trainable, os.path.join(out_dir, "adapter"))
+
+    input_ids, labels = make_inputs()
+    logits, loss, grads = lora_forward_backward(model, input_ids, labels)
+    model64 = copy.deepcopy(model).to(torch.float64)
+    logits64, loss64, grads64 = lora_forward_backward(model64, input_ids, labels)
+    print(f"gpt_neox_lora: loss f32 {loss.item():.8f}  f64 {loss64.item():.8f}  ({len(grads)} LoRA tensors)")
+    worst = compare("logits+loss", {"logits": logits, "loss": loss}, {"logits": logits64, "loss": loss64})
+    worst = max(worst, compare("grads", grads, grads64))
+    assert worst < 1e-4, worst
+
+    ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32), "logits": logits,
+           "loss": loss.reshape(1)}
+    for k, g in grads.items():
+        ref["grad." + k] = g
+    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out_dir, "reference.safetensors"))
+
+
+# --------------------------------------------------------------------------------------------------------------
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -421,7 +511,8 @@ def main():
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}, "
           f"sentencepiece {spm.__version__}, python {sys.version.split()[0]}")
 
-    dirs = {name: os.path.join(out, name) for name in ("tokenizer", "llama_gqa", "llama_tied", "llama_lora")}
+    dirs = {name: os.path.join(out, name) for name in ("tokenizer", "llama_gqa", "llama_tied", "llama_lora",
+                                                        "gpt_neox_parallel", "gpt_neox_sequential", "gpt_neox_lora")}
     for d in dirs.values():
         if os.path.exists(d):
             shutil.rmtree(d)
@@ -430,6 +521,9 @@ def main():
     make_llama(dirs["llama_gqa"], tied=False, kv_heads=2, theta=10000.0, seed=1)
     make_llama(dirs["llama_tied"], tied=True, kv_heads=4, theta=500000.0, seed=2)
     make_lora(dirs["llama_lora"], dirs["llama_gqa"], seed=3)
+    make_gpt_neox(dirs["gpt_neox_parallel"], parallel=True, seed=4)
+    make_gpt_neox(dirs["gpt_neox_sequential"], parallel=False, seed=5)
+    make_gpt_neox_lora(dirs["gpt_neox_lora"], dirs["gpt_neox_parallel"], seed=6)
 
     total = 0
     print("files:")

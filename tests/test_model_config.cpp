@@ -101,7 +101,7 @@ TEST_CASE("reads from a file and names it in errors") {
   } catch (const Error& error) {
     message = error.what();
   }
-  CHECK(message == path + ": model_type \"gpt2\" is not supported (expected \"llama\")");
+  CHECK(message == path + ": model_type \"gpt2\" is not supported (expected \"llama\" or \"gpt_neox\")");
   std::filesystem::remove_all(pattern);
   CHECK_THROWS_WITH_AS(ModelConfig::from_json_file(path), doctest::Contains("cannot open model config"), Error);
 }

@@ -602,3 +602,163 @@ TEST_CASE("shape and dtype mismatches throw ft::Error") {
   Tensor ids_f32 = make({5}, DType::f32), emb = make({5, 7}, DType::f32);
   CHECK_THROWS_AS(backend.embedding_forward(emb, ids_f32, a), Error);
 }
+
+// ---- GPT-NeoX ops: layernorm, gelu, bias, copy_columns ----------------------
+
+namespace {
+
+// torch.nn.LayerNorm in double: biased variance, eps inside the sqrt.
+Vec layernorm_ref(const Vec& x, const Vec& w, const Vec& b, int N, int C, double eps, Vec* mean = nullptr,
+                  Vec* rstd = nullptr) {
+  Vec out(x.size());
+  if (mean) mean->assign(N, 0.0);
+  if (rstd) rstd->assign(N, 0.0);
+  for (int n = 0; n < N; ++n) {
+    double m = 0.0, var = 0.0;
+    for (int c = 0; c < C; ++c) m += x[size_t(n) * C + c] / C;
+    for (int c = 0; c < C; ++c) var += (x[size_t(n) * C + c] - m) * (x[size_t(n) * C + c] - m) / C;
+    double r = 1.0 / std::sqrt(var + eps);
+    for (int c = 0; c < C; ++c) out[size_t(n) * C + c] = (x[size_t(n) * C + c] - m) * r * w[c] + b[c];
+    if (mean) (*mean)[n] = m;
+    if (rstd) (*rstd)[n] = r;
+  }
+  return out;
+}
+
+double gelu_ref(double x, GeluKind kind) {
+  if (kind == GeluKind::erf) return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+}  // namespace
+
+TEST_CASE("layernorm forward matches torch.nn.LayerNorm and saves mean and rstd") {
+  std::mt19937 rng(15);
+  const int N = 7, C = 37;
+  const float eps = 1e-5f;
+  // An offset row mean: the variance must not come from E[x^2] - E[x]^2.
+  Vec x = random_vec(size_t(N) * C, rng, 8.0, 12.0), w = random_vec(C, rng, 0.5, 1.5), b = random_vec(C, rng);
+  Tensor tx = make({N, C}, DType::f32, x), tw = make({C}, DType::f32, w), tb = make({C}, DType::f32, b);
+  Tensor out = make({N, C}, DType::f32), mean = make({N}, DType::f32), rstd = make({N}, DType::f32);
+  backend.layernorm_forward(out, mean, rstd, tx, tw, tb, eps);
+  Vec want_mean, want_rstd;
+  Vec want = layernorm_ref(x, w, b, N, C, eps, &want_mean, &want_rstd);
+  check_close(values_of(out), want, kF32Tol, "layernorm");
+  check_close(values_of(mean), want_mean, kF32Tol, "mean");
+  check_close(values_of(rstd), want_rstd, kF32Tol, "rstd");
+
+  // bf16 in and out: statistics and the affine part in f32, one rounding at the end.
+  Tensor x_bf16 = make({N, C}, DType::bf16, x), w_bf16 = make({C}, DType::bf16, w);
+  Tensor b_bf16 = make({C}, DType::bf16, b), out_bf16 = make({N, C}, DType::bf16);
+  backend.layernorm_forward(out_bf16, mean, rstd, x_bf16, w_bf16, b_bf16, eps);
+  want = layernorm_ref(rounded(x, DType::bf16), rounded(w, DType::bf16), rounded(b, DType::bf16), N, C, eps);
+  check_close(values_of(out_bf16), rounded(want, DType::bf16), kBf16Tol, "layernorm bf16");
+}
+
+TEST_CASE("layernorm backward: finite differences, dweight and dbias accumulate") {
+  std::mt19937 rng(16);
+  const int N = 7, C = 37;
+  const float eps = 1e-5f;
+  Vec x = random_vec(size_t(N) * C, rng, -2.0, 2.0), w = random_vec(C, rng, 0.5, 1.5), b = random_vec(C, rng);
+  Vec probe = random_vec(size_t(N) * C, rng), prior_w = random_vec(C, rng), prior_b = random_vec(C, rng);
+  Tensor tx = make({N, C}, DType::f32, x), tw = make({C}, DType::f32, w), tb = make({C}, DType::f32, b);
+  Tensor out = make({N, C}, DType::f32), mean = make({N}, DType::f32), rstd = make({N}, DType::f32);
+  backend.layernorm_forward(out, mean, rstd, tx, tw, tb, eps);
+  Tensor dout = make({N, C}, DType::f32, probe), dx = make({N, C}, DType::f32);
+  Tensor dw = make({C}, DType::f32, prior_w), db = make({C}, DType::f32, prior_b);
+  backend.fill(dx, NAN);  // overwritten, never accumulated into
+  backend.layernorm_backward(dx, &dw, &db, dout, tx, tw, mean, rstd);
+
+  auto loss = [&](const Vec& xs, const Vec& ws, const Vec& bs) {
+    return dot(layernorm_ref(xs, ws, bs, N, C, eps), probe);
+  };
+  Vec want_dx = numeric_grad([&](const Vec& v) { return loss(v, w, b); }, x);
+  Vec want_dw = numeric_grad([&](const Vec& v) { return loss(x, v, b); }, w);
+  Vec want_db = numeric_grad([&](const Vec& v) { return loss(x, w, v); }, b);
+  for (int c = 0; c < C; ++c) {
+    want_dw[c] += prior_w[c];
+    want_db[c] += prior_b[c];
+  }
+  check_close(values_of(dx), want_dx, kGradTol, "dx");
+  check_close(values_of(dw), want_dw, kGradTol, "dweight (+= prior)");
+  check_close(values_of(db), want_db, kGradTol, "dbias (+= prior)");
+
+  Tensor dx_only = make({N, C}, DType::f32);
+  backend.layernorm_backward(dx_only, nullptr, nullptr, dout, tx, tw, mean, rstd);
+  CHECK(values_of(dx_only) == values_of(dx));
+}
+
+TEST_CASE("gelu forward and backward, erf and tanh forms, dx aliasing dout") {
+  std::mt19937 rng(17);
+  const int n = 2051;  // crosses the 1024-element chunks
+  Vec x = random_vec(n, rng, -6.0, 6.0), probe = random_vec(n, rng);
+  for (GeluKind kind : {GeluKind::erf, GeluKind::tanh}) {
+    CAPTURE(int(kind));
+    Tensor tx = make({n}, DType::f32, x), out = make({n}, DType::f32);
+    backend.gelu_forward(out, tx, kind);
+    Vec want(n);
+    for (int i = 0; i < n; ++i) want[i] = gelu_ref(x[i], kind);
+    check_close(values_of(out), want, kF32Tol, "gelu forward");
+
+    Tensor grad = make({n}, DType::f32, probe);
+    backend.gelu_backward(grad, grad, tx, kind);
+    Vec want_dx = numeric_grad(
+        [&](const Vec& xs) {
+          double sum = 0.0;
+          for (int i = 0; i < n; ++i) sum += gelu_ref(xs[i], kind) * probe[i];
+          return sum;
+        },
+        x);
+    check_close(values_of(grad), want_dx, kGradTol, "gelu dx");
+  }
+  // The two forms differ by up to ~5e-4 (near |x| = 2): the switch is real.
+  Tensor tx = make({n}, DType::f32, x), erf_out = make({n}, DType::f32), tanh_out = make({n}, DType::f32);
+  backend.gelu_forward(erf_out, tx, GeluKind::erf);
+  backend.gelu_forward(tanh_out, tx, GeluKind::tanh);
+  CHECK(values_of(erf_out) != values_of(tanh_out));
+}
+
+TEST_CASE("add_bias adds to every row; bias_backward accumulates column sums") {
+  std::mt19937 rng(18);
+  const int N = 13, C = 37;
+  Vec x = random_vec(size_t(N) * C, rng), b = random_vec(C, rng), prior = random_vec(C, rng);
+  Tensor out = make({N, C}, DType::f32, x), tb = make({C}, DType::bf16, b);
+  backend.add_bias(out, tb);
+  Vec b_bf16 = rounded(b, DType::bf16), want(x.size());
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) want[size_t(n) * C + c] = x[size_t(n) * C + c] + b_bf16[c];
+  check_close(values_of(out), want, kF32Tol, "add_bias");
+
+  Tensor dout = make({N, C}, DType::f32, x), dbias = make({C}, DType::f32, prior);
+  backend.bias_backward(dbias, dout);
+  Vec want_db = prior;
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) want_db[c] += x[size_t(n) * C + c];
+  check_close(values_of(dbias), want_db, kF32Tol, "dbias (+= prior)");
+
+  Tensor wrong = make({C + 1}, DType::f32);
+  CHECK_THROWS_AS(backend.add_bias(out, wrong), Error);
+  CHECK_THROWS_AS(backend.bias_backward(wrong, dout), Error);
+}
+
+TEST_CASE("copy_columns splits a fused [rows, 3D] block and puts it back") {
+  std::mt19937 rng(19);
+  const int R = 11, D = 5;
+  Vec fused = random_vec(size_t(R) * 3 * D, rng);
+  Tensor tf = make({R, 3 * D}, DType::f32, fused), back = make({R, 3 * D}, DType::f32);
+  for (int part = 0; part < 3; ++part) {
+    Tensor slice = make({R, D}, DType::bf16);
+    backend.copy_columns(slice, 0, tf, part * D, D);
+    Vec got = values_of(slice);
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < D; ++j)
+        REQUIRE(got[size_t(r) * D + j] == rounded({fused[size_t(r) * 3 * D + part * D + j]}, DType::bf16)[0]);
+    backend.copy_columns(back, part * D, slice, 0, D);
+  }
+  check_close(values_of(back), rounded(fused, DType::bf16), 0.0, "round trip");
+
+  Tensor short_rows = make({R - 1, D}, DType::f32);
+  CHECK_THROWS_AS(backend.copy_columns(short_rows, 0, tf, 0, D), Error);
+  Tensor slice = make({R, D}, DType::f32);
+  CHECK_THROWS_AS(backend.copy_columns(slice, 0, tf, 2 * D + 1, D), Error);  // past src's last column
+}

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/parity.h"
 #include "kernels/error.h"
 #include "model/llama.h"
 #include "model/peft_adapter.h"
@@ -24,6 +25,8 @@
 #include "trainer/optimizer.h"
 
 using namespace ft;
+using ft::parity::relative_error;
+using ft::parity::shifted_targets;
 using nlohmann::json;
 
 namespace {
@@ -37,29 +40,6 @@ const std::string kKeyPrefix = "base_model.model.";
 // check gives ~6e-7 for logits and ~2e-6 for gradients, so 1e-4 leaves
 // room for summation order without hiding a wrong formula.
 constexpr double kTolerance = 1e-4;
-
-// Relative error of a tensor as one number: max |got - want| / max |want|.
-// Per-element relative error is meaningless for entries near zero.
-double relative_error(const Tensor& got, const Tensor& want) {
-  REQUIRE(got.numel() == want.numel());
-  double max_diff = 0.0, max_want = 0.0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    double g = load_as_f32(got.data, got.dtype, i), w = load_as_f32(want.data, want.dtype, i);
-    max_diff = std::max(max_diff, std::abs(g - w));
-    max_want = std::max(max_want, std::abs(w));
-  }
-  return max_diff / std::max(max_want, 1e-30);
-}
-
-// HF's causal-LM loss shifts labels: position t predicts labels[t + 1].
-Tensor shifted_targets(const Tensor& labels, HostAllocator& host) {
-  Tensor targets = Tensor::empty(labels.shape, DType::i32, host, MemCategory::activations);
-  const int64_t B = labels.dim(0), T = labels.dim(1);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t)
-      targets.ptr<int32_t>()[b * T + t] = t + 1 < T ? labels.ptr<int32_t>()[b * T + t + 1] : -100;
-  return targets;
-}
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.dtype == b.dtype && a.shape == b.shape && std::memcmp(a.data, b.data, a.size_bytes()) == 0;

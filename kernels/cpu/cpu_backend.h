@@ -14,19 +14,29 @@ class CpuBackend final : public Backend {
 
   void copy(Tensor& dst, const Tensor& src) override;
   void fill(Tensor& dst, float value) override;
+  void copy_columns(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
+                    int64_t width) override;
   void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, float alpha,
               float beta) override;
   void add(Tensor& out, const Tensor& a, const Tensor& b) override;
+  void add_bias(Tensor& out, const Tensor& bias) override;
+  void bias_backward(Tensor& dbias, const Tensor& dout) override;
   void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) override;
   void embedding_backward(Tensor& dtable, const Tensor& ids, const Tensor& dout) override;
   void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) override;
   void rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x, const Tensor& weight,
                         const Tensor& rstd) override;
+  void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
+                         const Tensor& bias, float eps) override;
+  void layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& x,
+                          const Tensor& weight, const Tensor& mean, const Tensor& rstd) override;
   void rope_forward(Tensor& x, const Tensor& positions, int rotary_dim, float theta) override;
   void rope_backward(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) override;
   void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
                        const Tensor& up) override;
+  void gelu_forward(Tensor& out, const Tensor& x, GeluKind kind) override;
+  void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) override;
   void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                          float scale) override;
   void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,

@@ -65,6 +65,16 @@ class CudaBackend final : public Backend {
   void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed) override;
   void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& step) override;
   double sum_squares(const Tensor& x) override;
+  void copy_columns(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
+                    int64_t width) override;
+  void add_bias(Tensor& out, const Tensor& bias) override;
+  void bias_backward(Tensor& dbias, const Tensor& dout) override;
+  void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
+                         const Tensor& bias, float eps) override;
+  void layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& x,
+                          const Tensor& weight, const Tensor& mean, const Tensor& rstd) override;
+  void gelu_forward(Tensor& out, const Tensor& x, GeluKind kind) override;
+  void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) override;
 
  private:
   // Temporary device memory for one op (freed when the op returns; with the

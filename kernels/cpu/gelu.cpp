@@ -1,0 +1,67 @@
+// GELU in the two forms Hugging Face configs name: the exact erf form
+// ("gelu", torch's default) and the tanh approximation ("gelu_new",
+// "gelu_fast", "gelu_pytorch_tanh": the same formula). Chunked through f32
+// scratch, every input of a chunk loaded before storing, so dx may alias dout.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_util.h"
+
+namespace ft {
+
+static constexpr float kSqrtHalf = 0.70710678118654752f;      // 1 / sqrt(2)
+static constexpr float kInvSqrt2Pi = 0.39894228040143268f;    // 1 / sqrt(2 pi)
+static constexpr float kSqrt2OverPi = 0.79788456080286536f;   // sqrt(2 / pi)
+static constexpr float kCubic = 0.044715f;
+
+static float gelu(float x, GeluKind kind) {
+  if (kind == GeluKind::erf) return 0.5f * x * (1.0f + std::erf(x * kSqrtHalf));
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kCubic * x * x * x)));
+}
+
+// erf:  Phi(x) + x * phi(x), phi the standard normal density.
+// tanh: with t = tanh(u), u = sqrt(2/pi) (x + c x^3):
+//       0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 c x^2).
+static float gelu_grad(float x, GeluKind kind) {
+  if (kind == GeluKind::erf)
+    return 0.5f * (1.0f + std::erf(x * kSqrtHalf)) + x * kInvSqrt2Pi * std::exp(-0.5f * x * x);
+  float t = std::tanh(kSqrt2OverPi * (x + kCubic * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
+}
+
+void CpuBackend::gelu_forward(Tensor& out, const Tensor& x, GeluKind kind) {
+  cpu::check_float(out, "gelu_forward", "out");
+  cpu::check_float(x, "gelu_forward", "x");
+  cpu::check_shape(x, out.shape, "gelu_forward", "x");
+  int64_t n = out.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+    float v[cpu::kChunk];
+    int64_t count = std::min(cpu::kChunk, n - start);
+    cpu::load_row(v, x, start, count);
+    for (int64_t i = 0; i < count; ++i) v[i] = gelu(v[i], kind);
+    cpu::store_row(out, start, v, count);
+  }
+}
+
+void CpuBackend::gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) {
+  const char* op = "gelu_backward";
+  cpu::check_float(dx, op, "dx");
+  cpu::check_float(dout, op, "dout");
+  cpu::check_float(x, op, "x");
+  cpu::check_shape(dout, dx.shape, op, "dout");
+  cpu::check_shape(x, dx.shape, op, "x");
+  int64_t n = dx.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+    float v[cpu::kChunk], d[cpu::kChunk];
+    int64_t count = std::min(cpu::kChunk, n - start);
+    cpu::load_row(v, x, start, count);
+    cpu::load_row(d, dout, start, count);
+    for (int64_t i = 0; i < count; ++i) d[i] *= gelu_grad(v[i], kind);
+    cpu::store_row(dx, start, d, count);
+  }
+}
+
+}  // namespace ft

@@ -1,0 +1,261 @@
+#include "model/gpt_neox.h"
+
+#include <cmath>
+
+#include "kernels/error.h"
+
+namespace ft {
+
+struct GptNeoxModel::Layer {
+  LayerNormParameters input_norm, post_attention_norm;
+  std::unique_ptr<Linear> query_key_value, dense, dense_h_to_4h, dense_4h_to_h;
+};
+
+// What one layer's backward needs from its forward.
+struct GptNeoxModel::LayerActivations {
+  Tensor norm1, mean1, rstd1;  // input_layernorm output [N, C] and its f32 statistics [N]
+  Tensor q, k, v;              // [B, T, H, D], q and k after rotary
+  Tensor attn, lse;            // attention output [B, T, H, D], log-sum-exp [B, H, T]
+  Tensor residual_mid;         // sequential residual only: x + attention block output [N, C]
+  Tensor norm2, mean2, rstd2;  // post_attention_layernorm output and statistics
+  Tensor h;                    // dense_h_to_4h output [N, I], before GELU
+};
+
+struct GptNeoxModel::StepActivations {
+  StepTokens tokens;
+  std::vector<Tensor> residuals;  // residuals[i]: input of layer i; back(): output of the last
+  std::vector<LayerActivations> layers;
+  Tensor final_norm, final_mean, final_rstd;
+  Tensor logits;  // [N, V]; holds dlogits after a training forward
+};
+
+GptNeoxModel::GptNeoxModel(const ModelConfig& config, Backend& backend, const ModelOptions& options)
+    : CausalLM(config, backend, options) {
+  gelu_kind_ = config.hidden_act == "gelu" ? GeluKind::erf : GeluKind::tanh;
+  const int64_t C = config.hidden_size, I = config.intermediate_size, V = config.vocab_size;
+  const DType dtype = options.weight_dtype;
+  auto add_norm = [&](const std::string& name) {
+    Parameter& weight = add_parameter(name + ".weight", {C}, dtype);
+    return LayerNormParameters{&weight, &add_parameter(name + ".bias", {C}, dtype)};
+  };
+  embed_in_ = &add_parameter("gpt_neox.embed_in.weight", {V, C}, dtype);
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const std::string prefix = "gpt_neox.layers." + std::to_string(i) + ".";
+    auto layer = std::make_unique<Layer>();
+    layer->input_norm = add_norm(prefix + "input_layernorm");
+    layer->post_attention_norm = add_norm(prefix + "post_attention_layernorm");
+    layer->query_key_value = make_linear(prefix + "attention.query_key_value", 3 * C, C, config.attention_bias);
+    layer->dense = make_linear(prefix + "attention.dense", C, C, config.attention_bias);
+    layer->dense_h_to_4h = make_linear(prefix + "mlp.dense_h_to_4h", I, C, true);
+    layer->dense_4h_to_h = make_linear(prefix + "mlp.dense_4h_to_h", C, I, true);
+    layers_.push_back(std::move(layer));
+  }
+  final_norm_ = add_norm("gpt_neox.final_layer_norm");
+  embed_out_ = config.tie_word_embeddings ? embed_in_ : &add_parameter("embed_out.weight", {V, C}, dtype);
+  check_lora_targets("query_key_value, dense, dense_h_to_4h, dense_4h_to_h");
+}
+
+GptNeoxModel::~GptNeoxModel() = default;
+
+float GptNeoxModel::forward(const Tensor& input_ids, const Tensor& targets) {
+  set_training(false);
+  StepActivations step;
+  return forward_pass(step, input_ids, targets, true, nullptr);
+}
+
+float GptNeoxModel::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale) {
+  set_training(true);
+  StepActivations step;
+  float loss = forward_pass(step, input_ids, targets, false, &grad_scale);
+  if (step.tokens.counted > 0) backward_pass(step);
+  return loss;
+}
+
+// ---- forward -------------------------------------------------------------
+
+// out, mean and rstd are allocated here: out [N, C] f32, statistics f32 [N].
+static void layer_norm(Backend& be, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
+                       const LayerNormParameters& norm, float eps) {
+  out = be.empty(x.shape, DType::f32, MemCategory::activations);
+  mean = be.empty({x.rows()}, DType::f32, MemCategory::activations);
+  rstd = be.empty({x.rows()}, DType::f32, MemCategory::activations);
+  be.layernorm_forward(out, mean, rstd, x, norm.weight->value, norm.bias->value, eps);
+}
+
+// out [N, C] = dense(attention(rope(q), rope(k), v)) with q, k, v from
+// query_key_value(saved.norm1).
+void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int64_t B, int64_t T, Tensor& out,
+                                     const Tensor& positions) {
+  Backend& be = backend_;
+  const int64_t N = B * T, C = config_.hidden_size, H = config_.num_attention_heads, D = config_.head_dim;
+  Tensor qkv = be.empty({N, 3 * C}, DType::f32, MemCategory::activations);
+  layer.query_key_value->forward(be, qkv, saved.norm1);
+  // HF's fused layout: each token's 3C outputs are [H, 3, D], per head q then k then v.
+  const Tensor qkv_rows = qkv.reshaped({N * H, 3 * D});
+  Tensor* parts[3] = {&saved.q, &saved.k, &saved.v};
+  for (int part = 0; part < 3; ++part) {
+    *parts[part] = be.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+    Tensor rows = parts[part]->reshaped({N * H, D});
+    be.copy_columns(rows, 0, qkv_rows, part * D, D);
+  }
+  Tensor q_heads = saved.q.reshaped({N, H, D}), k_heads = saved.k.reshaped({N, H, D});
+  be.rope_forward(q_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  be.rope_forward(k_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+
+  saved.attn = be.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+  saved.lse = be.empty({B, H, T}, DType::f32, MemCategory::activations);
+  be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)));
+  layer.dense->forward(be, out, saved.attn.reshaped({N, C}));
+}
+
+// out [N, C] = dense_4h_to_h(gelu(dense_h_to_4h(saved.norm2))).
+void GptNeoxModel::forward_mlp(Layer& layer, LayerActivations& saved, Tensor& out) {
+  Backend& be = backend_;
+  const int64_t N = saved.norm2.rows(), I = config_.intermediate_size;
+  saved.h = be.empty({N, I}, DType::f32, MemCategory::activations);
+  layer.dense_h_to_4h->forward(be, saved.h, saved.norm2);
+  Tensor act = be.empty({N, I}, DType::f32, MemCategory::activations);
+  be.gelu_forward(act, saved.h, gelu_kind_);
+  layer.dense_4h_to_h->forward(be, out, act);
+}
+
+// Parallel residual: out = x + attn(ln1(x)) + mlp(ln2(x)).
+// Sequential:        mid = x + attn(ln1(x)); out = mid + mlp(ln2(mid)).
+void GptNeoxModel::forward_layer(Layer& layer, LayerActivations& saved, const Tensor& x, Tensor& out,
+                                 const Tensor& positions) {
+  Backend& be = backend_;
+  const int64_t B = x.dim(0), T = x.dim(1), N = B * T, C = config_.hidden_size;
+  const float eps = config_.layer_norm_eps;
+  const Tensor x2d = x.reshaped({N, C});
+  Tensor out2d = out.reshaped({N, C});
+  layer_norm(be, saved.norm1, saved.mean1, saved.rstd1, x2d, layer.input_norm, eps);
+  Tensor attn_out = be.empty({N, C}, DType::f32, MemCategory::activations);
+  forward_attention(layer, saved, B, T, attn_out, positions);
+  if (!config_.use_parallel_residual) {
+    saved.residual_mid = be.empty({N, C}, DType::f32, MemCategory::activations);
+    be.add(saved.residual_mid, x2d, attn_out);
+  }
+  const Tensor& mlp_input = config_.use_parallel_residual ? x2d : saved.residual_mid;
+  layer_norm(be, saved.norm2, saved.mean2, saved.rstd2, mlp_input, layer.post_attention_norm, eps);
+  Tensor mlp_out = be.empty({N, C}, DType::f32, MemCategory::activations);
+  forward_mlp(layer, saved, mlp_out);
+  if (config_.use_parallel_residual) {
+    be.add(out2d, x2d, attn_out);
+    be.add(out2d, out2d, mlp_out);
+  } else {
+    be.add(out2d, saved.residual_mid, mlp_out);
+  }
+}
+
+float GptNeoxModel::forward_pass(StepActivations& step, const Tensor& input_ids, const Tensor& targets,
+                                 bool keep_logits, float* grad_scale) {
+  Backend& be = backend_;
+  step.tokens = upload_step_tokens(input_ids, targets);
+  const int64_t B = step.tokens.batch, T = step.tokens.seq, N = B * T, C = config_.hidden_size;
+  step.residuals.push_back(be.empty({B, T, C}, DType::f32, MemCategory::activations));
+  Tensor embedded = step.residuals[0].reshaped({N, C});
+  be.embedding_forward(embedded, step.tokens.ids, embed_in_->value);
+  step.layers.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    step.residuals.push_back(be.empty({B, T, C}, DType::f32, MemCategory::activations));
+    forward_layer(*layers_[i], step.layers[i], step.residuals[i], step.residuals[i + 1], step.tokens.positions);
+  }
+  layer_norm(be, step.final_norm, step.final_mean, step.final_rstd, step.residuals.back().reshaped({N, C}),
+             final_norm_, config_.layer_norm_eps);
+  return lm_head_loss(step.logits, step.final_norm, *embed_out_, step.tokens, keep_logits, grad_scale);
+}
+
+// ---- backward ------------------------------------------------------------
+
+// dx overwritten; the norm's weight and bias gradients accumulate when they train.
+static void layer_norm_backward(Backend& be, Tensor& dx, const Tensor& dout, const Tensor& x,
+                                LayerNormParameters& norm, const Tensor& mean, const Tensor& rstd) {
+  Parameter& w = *norm.weight;
+  Parameter& b = *norm.bias;
+  be.layernorm_backward(dx, w.trainable() ? &w.grad : nullptr, b.trainable() ? &b.grad : nullptr, dout, x, w.value,
+                        mean, rstd);
+}
+
+// dnorm (overwritten) = d(loss)/d(saved.norm2) from dout = d(loss)/d(mlp output).
+void GptNeoxModel::backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor& dnorm) {
+  Backend& be = backend_;
+  const int64_t N = dout.rows(), I = config_.intermediate_size;
+  // GELU is recomputed rather than saved: one cheap elementwise pass instead
+  // of an [N, I] activation kept per layer.
+  Tensor act = be.empty({N, I}, DType::f32, MemCategory::activations);
+  be.gelu_forward(act, saved.h, gelu_kind_);
+  Tensor dact = be.empty({N, I}, DType::f32, MemCategory::activations);
+  layer.dense_4h_to_h->backward(be, dact, dout, act, false);
+  be.gelu_backward(dact, dact, saved.h, gelu_kind_);
+  layer.dense_h_to_4h->backward(be, dnorm, dact, saved.norm2, false);
+}
+
+// dnorm (overwritten) = d(loss)/d(saved.norm1) from dout = d(loss)/d(attention block output).
+void GptNeoxModel::backward_attention(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor& dnorm,
+                                      const Tensor& positions) {
+  Backend& be = backend_;
+  const int64_t B = saved.q.dim(0), T = saved.q.dim(1), N = B * T, C = config_.hidden_size;
+  const int64_t H = config_.num_attention_heads, D = config_.head_dim;
+  Tensor dattn = be.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+  Tensor dattn2d = dattn.reshaped({N, C});
+  layer.dense->backward(be, dattn2d, dout, saved.attn.reshaped({N, C}), false);
+  Tensor dq = be.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+  Tensor dk = be.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+  Tensor dv = be.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+  be.attention_backward(dq, dk, dv, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse,
+                        1.0f / std::sqrt(float(D)));
+  Tensor dq_heads = dq.reshaped({N, H, D}), dk_heads = dk.reshaped({N, H, D});
+  be.rope_backward(dq_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  be.rope_backward(dk_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  // Back into HF's fused [H, 3, D] layout; the three parts cover every column.
+  Tensor dqkv = be.empty({N, 3 * C}, DType::f32, MemCategory::activations);
+  Tensor dqkv_rows = dqkv.reshaped({N * H, 3 * D});
+  const Tensor* parts[3] = {&dq, &dk, &dv};
+  for (int part = 0; part < 3; ++part) be.copy_columns(dqkv_rows, part * D, parts[part]->reshaped({N * H, D}), 0, D);
+  layer.query_key_value->backward(be, dnorm, dqkv, saved.norm1, false);
+}
+
+// On entry dresidual holds d(loss)/d(layer output); on exit d(loss)/d(layer input).
+void GptNeoxModel::backward_layer(Layer& layer, LayerActivations& saved, Tensor& dresidual, const Tensor& x,
+                                  const Tensor& positions) {
+  Backend& be = backend_;
+  const int64_t N = x.dim(0) * x.dim(1), C = config_.hidden_size;
+  const bool parallel = config_.use_parallel_residual;
+  const Tensor x2d = x.reshaped({N, C});
+  Tensor dres = dresidual.reshaped({N, C});
+  Tensor dnorm = be.empty({N, C}, DType::f32, MemCategory::activations);
+  Tensor dmlp_input = be.empty({N, C}, DType::f32, MemCategory::activations);
+  Tensor dattn_input = be.empty({N, C}, DType::f32, MemCategory::activations);
+
+  backward_mlp(layer, saved, dres, dnorm);
+  layer_norm_backward(be, dmlp_input, dnorm, parallel ? x2d : saved.residual_mid, layer.post_attention_norm,
+                      saved.mean2, saved.rstd2);
+  // Sequential: the attention block's output also reaches the MLP through mid.
+  if (!parallel) be.add(dres, dres, dmlp_input);
+  backward_attention(layer, saved, dres, dnorm, positions);
+  layer_norm_backward(be, dattn_input, dnorm, x2d, layer.input_norm, saved.mean1, saved.rstd1);
+  be.add(dres, dres, dattn_input);
+  if (parallel) be.add(dres, dres, dmlp_input);
+}
+
+void GptNeoxModel::backward_pass(StepActivations& step) {
+  Backend& be = backend_;
+  const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
+  Tensor dnorm = be.empty({N, C}, DType::f32, MemCategory::activations);
+  lm_head_backward(dnorm, step.logits, step.final_norm, *embed_out_);
+  step.logits = Tensor{};
+
+  Tensor dresidual = be.empty({step.tokens.batch, step.tokens.seq, C}, DType::f32, MemCategory::activations);
+  Tensor dresidual2d = dresidual.reshaped({N, C});
+  layer_norm_backward(be, dresidual2d, dnorm, step.residuals.back().reshaped({N, C}), final_norm_, step.final_mean,
+                      step.final_rstd);
+  dnorm = Tensor{};
+  for (size_t i = layers_.size(); i-- > 0;) {
+    step.residuals[i + 1] = Tensor{};
+    backward_layer(*layers_[i], step.layers[i], dresidual, step.residuals[i], step.tokens.positions);
+    step.layers[i] = LayerActivations{};
+  }
+  if (embed_in_->trainable()) be.embedding_backward(embed_in_->grad, step.tokens.ids, dresidual2d);
+}
+
+}  // namespace ft
