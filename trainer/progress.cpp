@@ -63,6 +63,12 @@ std::string Progress::format_bar(const StepReport& report, double tokens_per_s, 
   return text;
 }
 
+void Progress::start() {
+  start_ = std::chrono::steady_clock::now();
+  last_step_ = start_;
+  tokens_since_start_ = 0;
+}
+
 void Progress::on_step(const StepReport& report) {
   const auto now = std::chrono::steady_clock::now();
   const double step_s = std::chrono::duration<double>(now - last_step_).count();

@@ -23,6 +23,9 @@ struct StepReport {
 class Progress {
  public:
   Progress(const std::string& metrics_path, int64_t total_steps, int64_t first_step, int64_t log_every);
+  // Starts the clocks for elapsed time, tokens/s and ETA (after the
+  // evaluation that precedes training, so it does not count as step time).
+  void start();
   void on_step(const StepReport& report);
   // Prints a line above the bar (eval results, samples) and records it.
   void on_eval(int64_t step, const nlohmann::json& figures);

@@ -334,6 +334,7 @@ void run_training(const TrainConfig& config, const RunOptions& options) {
   Progress progress(metrics_path, run.total_steps, resumed.step, config.log_every);
   EvalFigures before;
   if (!options.resume) before = evaluate(run, 0, progress, "before training");
+  progress.start();
   for (int64_t step = resumed.step; step < run.total_steps; ++step) {
     progress.on_step(train_step(run, step));
     const bool last = step + 1 == run.total_steps;
