@@ -5,37 +5,23 @@
 #include <cstring>
 
 #include "kernels/error.h"
+#include "kernels/op_checks.h"
 #include "kernels/tensor.h"
 
 namespace ft::cpu {
 
+// The shared checks (kernels/op_checks.h) with the device fixed to the CPU.
 inline void check_on_cpu(const Tensor& t, const char* op, const char* name) {
-  FT_CHECK(t.device == Device::cpu && (t.data != nullptr || t.numel() == 0), op, ": ", name,
-           " must be a CPU tensor with data (shape ", shape_string(t.shape), ")");
+  checks::check_on(t, Device::cpu, op, name);
 }
-
-// f32 or bf16, on the CPU: the dtypes every floating op accepts.
 inline void check_float(const Tensor& t, const char* op, const char* name) {
-  check_on_cpu(t, op, name);
-  FT_CHECK(t.dtype == DType::f32 || t.dtype == DType::bf16, op, ": ", name, " must be f32 or bf16, got ",
-           dtype_name(t.dtype));
+  checks::check_float(t, Device::cpu, op, name);
 }
-
 inline void check_dtype(const Tensor& t, DType dtype, const char* op, const char* name) {
-  check_on_cpu(t, op, name);
-  FT_CHECK(t.dtype == dtype, op, ": ", name, " must be ", dtype_name(dtype), ", got ", dtype_name(t.dtype));
+  checks::check_dtype(t, dtype, Device::cpu, op, name);
 }
-
-inline void check_shape(const Tensor& t, const Shape& expected, const char* op, const char* name) {
-  FT_CHECK(t.shape == expected, op, ": ", name, " has shape ", shape_string(t.shape), ", expected ",
-           shape_string(expected));
-}
-
-// For index/statistics vectors that may be [N] or any shape with N elements.
-inline void check_numel(const Tensor& t, int64_t expected, const char* op, const char* name) {
-  FT_CHECK(t.numel() == expected, op, ": ", name, " has shape ", shape_string(t.shape), " (", t.numel(),
-           " elements), expected ", expected, " elements");
-}
+using checks::check_numel;
+using checks::check_shape;
 
 // dst[0, count) = elements [offset, offset + count) of t as f32.
 inline void load_row(float* dst, const Tensor& t, int64_t offset, int64_t count) {

@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/op_checks.h"
 
 namespace ft {
 namespace {
@@ -130,28 +131,12 @@ void gemm_f32(float* c, int64_t ldc, const Operand& a, const Operand& b, int64_t
   }
 }
 
-bool overlaps(const Tensor& x, const Tensor& y) {
-  const char* x0 = static_cast<const char*>(x.data);
-  const char* y0 = static_cast<const char*>(y.data);
-  return x0 < y0 + y.size_bytes() && y0 < x0 + x.size_bytes();
-}
-
 }  // namespace
 
 void CpuBackend::matmul(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
                         float alpha, float beta) {
-  cpu::check_float(out, "matmul", "out");
-  cpu::check_float(a, "matmul", "a");
-  cpu::check_float(b, "matmul", "b");
-  int64_t M = out.rows(), N = out.cols();
-  int64_t K = transpose_a ? a.rows() : a.cols();
-  int64_t a_rows = transpose_a ? a.cols() : a.rows();
-  int64_t b_rows = transpose_b ? b.cols() : b.rows(), b_cols = transpose_b ? b.rows() : b.cols();
-  FT_CHECK(a_rows == M && b_rows == K && b_cols == N, "matmul: out ", shape_string(out.shape), " = op(a) ",
-           shape_string(a.shape), (transpose_a ? "^T" : ""), " @ op(b) ", shape_string(b.shape),
-           (transpose_b ? "^T" : ""), ": expected op(a) [", M, ", K] and op(b) [K, ", N, "], got op(a) [", a_rows,
-           ", ", K, "] and op(b) [", b_rows, ", ", b_cols, "]");
-  FT_CHECK(!overlaps(out, a) && !overlaps(out, b), "matmul: out must not alias a or b");
+  checks::check_matmul(out, a, b, transpose_a, transpose_b, Device::cpu);
+  const int64_t M = out.rows(), N = out.cols(), K = transpose_a ? a.rows() : a.cols();
   if (M == 0 || N == 0) return;
   Operand op_a{a.data, a.dtype, a.cols(), transpose_a};
   Operand op_b{b.data, b.dtype, b.cols(), !transpose_b};
