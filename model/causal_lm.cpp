@@ -1,5 +1,6 @@
 #include "model/causal_lm.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/error.h"
@@ -12,7 +13,10 @@
 namespace ft {
 
 CausalLM::CausalLM(const ModelConfig& config, Backend& backend, const ModelOptions& options)
-    : config_(config), backend_(backend), options_(options) {}
+    : config_(config), backend_(backend), options_(options) {
+  FT_CHECK(options.loss_chunk_tokens >= 0, "loss_chunk_tokens must be >= 0 (0: unchunked), got ",
+           options.loss_chunk_tokens);
+}
 
 CausalLM::~CausalLM() = default;
 
@@ -179,17 +183,64 @@ CausalLM::StepTokens CausalLM::upload_step_tokens(const Tensor& input_ids, const
   return tokens;
 }
 
-float CausalLM::lm_head_loss(Tensor& logits, const Tensor& hidden, const Parameter& lm_head,
-                             const StepTokens& tokens, bool keep_logits, const float* grad_scale) {
+void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets,
+                               const Parameter& embedding, bool training) {
   Backend& be = backend_;
-  const int64_t N = tokens.batch * tokens.seq;
-  logits = be.empty({N, config_.vocab_size}, DType::f32, MemCategory::activations);
-  be.matmul(logits, hidden, lm_head.value, false, true);
+  step.tokens = upload_step_tokens(input_ids, targets);
+  const int64_t B = step.tokens.batch, T = step.tokens.seq, C = config_.hidden_size;
+  step.residuals.push_back(be.empty({B, T, C}, DType::f32, MemCategory::activations));
+  Tensor embedded = step.residuals[0].reshaped({B * T, C});
+  be.embedding_forward(embedded, step.tokens.ids, embedding.value);
+  const bool keep = training && options_.activation_checkpointing == ActivationCheckpointing::none;
+  step.layers.resize(size_t(config_.num_hidden_layers));
+  for (size_t i = 0; i < step.layers.size(); ++i) {
+    step.residuals.push_back(be.empty({B, T, C}, DType::f32, MemCategory::activations));
+    std::unique_ptr<SavedActivations> saved =
+        forward_layer(i, step.residuals[i], step.residuals[i + 1], step.tokens.positions);
+    if (keep) step.layers[i] = std::move(saved);  // else freed here, before the next layer runs
+  }
+}
+
+void CausalLM::backward_decoder(DecoderStep& step, Tensor& dresidual, Parameter& embedding) {
+  for (size_t i = step.layers.size(); i-- > 0;) {
+    // A checkpointed layer runs its forward again from its kept input. Its
+    // output goes over residuals[i + 1], which holds those very values and is
+    // no longer needed: no extra [B, T, C] for the recomputation.
+    if (!step.layers[i])
+      step.layers[i] = forward_layer(i, step.residuals[i], step.residuals[i + 1], step.tokens.positions);
+    step.residuals[i + 1] = Tensor{};
+    backward_layer(i, *step.layers[i], dresidual, step.residuals[i], step.tokens.positions);
+    step.layers[i] = nullptr;
+  }
+  const int64_t N = step.tokens.batch * step.tokens.seq;
+  if (embedding.trainable())
+    backend_.embedding_backward(embedding.grad, step.tokens.ids, dresidual.reshaped({N, config_.hidden_size}));
+}
+
+float CausalLM::lm_head_loss(const Tensor& hidden, Parameter& lm_head, const StepTokens& tokens, Tensor* dhidden,
+                             float grad_scale) {
+  Backend& be = backend_;
+  const int64_t N = hidden.rows(), V = config_.vocab_size;
+  const bool training = dhidden != nullptr, backward = training && tokens.counted > 0;
+  const int64_t chunk = training && options_.loss_chunk_tokens > 0 ? std::min(options_.loss_chunk_tokens, N) : N;
   Tensor losses = be.empty({N}, DType::f32, MemCategory::activations);
-  const bool backward = grad_scale && tokens.counted > 0;
-  float dloss = backward ? *grad_scale / float(tokens.counted) : 0.0f;
-  be.cross_entropy(losses, backward ? &logits : nullptr, logits, tokens.targets, dloss);
-  if (keep_logits) last_logits_ = logits;
+  if (backward) *dhidden = be.empty(hidden.shape, DType::f32, MemCategory::activations);
+  const float dloss = backward ? grad_scale / float(tokens.counted) : 0.0f;
+  for (int64_t first = 0; first < N; first += chunk) {
+    const int64_t rows = std::min(chunk, N - first);
+    const Tensor hidden_rows = hidden.slice_rows(first, rows);
+    Tensor logits = be.empty({rows, V}, DType::f32, MemCategory::activations);
+    be.matmul(logits, hidden_rows, lm_head.value, false, true);
+    Tensor chunk_losses = losses.slice_rows(first, rows);
+    be.cross_entropy(chunk_losses, backward ? &logits : nullptr, logits, tokens.targets.slice_rows(first, rows),
+                     dloss);
+    if (!training) last_logits_ = logits;  // eval: one chunk, all N rows
+    if (!backward) continue;
+    // logits now hold dlogits: the chunk's share of both gradients, then it is freed.
+    Tensor dhidden_rows = dhidden->slice_rows(first, rows);
+    be.matmul(dhidden_rows, logits, lm_head.value, false, false);
+    if (lm_head.trainable()) be.matmul(lm_head.grad, logits, hidden_rows, true, false, 1.0f, 1.0f);
+  }
 
   HostAllocator host;
   Tensor host_losses = Tensor::empty({N}, DType::f32, host, MemCategory::activations);
@@ -197,11 +248,6 @@ float CausalLM::lm_head_loss(Tensor& logits, const Tensor& hidden, const Paramet
   double loss_sum = 0.0;
   for (int64_t n = 0; n < N; ++n) loss_sum += host_losses.ptr<float>()[n];
   return tokens.counted ? float(loss_sum / double(tokens.counted)) : 0.0f;
-}
-
-void CausalLM::lm_head_backward(Tensor& dhidden, const Tensor& dlogits, const Tensor& hidden, Parameter& lm_head) {
-  backend_.matmul(dhidden, dlogits, lm_head.value, false, false);
-  if (lm_head.trainable()) backend_.matmul(lm_head.grad, dlogits, hidden, true, false, 1.0f, 1.0f);
 }
 
 void CausalLM::set_trainable(const std::function<bool(const std::string&)>& is_trainable) {

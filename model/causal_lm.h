@@ -45,7 +45,9 @@ class CausalLM {
 
   // Mean cross-entropy over counted tokens. input_ids and targets are host
   // i32 [B, T]; targets[b, t] is the token position t should predict (-100:
-  // ignored). Keeps the logits [B*T, vocab] for last_logits().
+  // ignored). Keeps the logits [B*T, vocab] for last_logits(), whole even
+  // with loss_chunk_tokens: generation reads any row of them. An eval forward
+  // frees each layer's activations as soon as the layer is done.
   virtual float forward(const Tensor& input_ids, const Tensor& targets) = 0;
   // Same loss, then gradients of grad_scale * loss are added to every
   // trainable parameter's grad. Nothing of the step stays allocated.
@@ -82,14 +84,49 @@ class CausalLM {
     Tensor ids, targets, positions;
   };
   StepTokens upload_step_tokens(const Tensor& input_ids, const Tensor& targets);
-  // The end of every forward: logits [N, V] = hidden [N, C] lm_head^T, then
-  // the mean cross-entropy over counted tokens (returned). With grad_scale,
-  // logits are overwritten in place by d(grad_scale * loss)/d(logits) for
-  // lm_head_backward. keep_logits: last_logits() shows them.
-  float lm_head_loss(Tensor& logits, const Tensor& hidden, const Parameter& lm_head, const StepTokens& tokens,
-                     bool keep_logits, const float* grad_scale);
-  // dhidden = dlogits lm_head; lm_head.grad += dlogits^T hidden when it trains.
-  void lm_head_backward(Tensor& dhidden, const Tensor& dlogits, const Tensor& hidden, Parameter& lm_head);
+
+  // What one layer's backward reads from its forward; each architecture
+  // derives its own.
+  struct SavedActivations {
+    virtual ~SavedActivations() = default;
+  };
+  // Layer `index` of the decoder: out [B, T, C] from its input x [B, T, C],
+  // returning what its backward needs. Called again from backward_decoder
+  // when the layer was checkpointed, so it must depend on nothing but its
+  // arguments, the weights and the step's dropout seeds.
+  virtual std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, Tensor& out,
+                                                          const Tensor& positions) = 0;
+  // On entry dresidual holds d(loss)/d(layer output); on exit d(loss)/d(layer input).
+  virtual void backward_layer(size_t index, SavedActivations& saved, Tensor& dresidual, const Tensor& x,
+                              const Tensor& positions) = 0;
+
+  // One step through the decoder stack.
+  struct DecoderStep {
+    StepTokens tokens;
+    std::vector<Tensor> residuals;  // residuals[i]: input of layer i; back(): output of the last
+    std::vector<std::unique_ptr<SavedActivations>> layers;  // null: not kept (eval, or checkpointed)
+  };
+  // Uploads the tokens, embeds them and runs every layer. A training step
+  // keeps each layer's activations unless options_.activation_checkpointing
+  // says per_layer; an eval step (training false) keeps none.
+  void forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets,
+                       const Parameter& embedding, bool training);
+  // From dresidual [B, T, C] = d(loss)/d(residuals.back()): every layer's
+  // backward, last to first (rerunning the forward of a checkpointed layer
+  // first), freeing each layer's tensors as it goes; then the embedding's
+  // gradient when it trains.
+  void backward_decoder(DecoderStep& step, Tensor& dresidual, Parameter& embedding);
+
+  // The end of every forward: logits = hidden [N, C] lm_head^T and the mean
+  // cross-entropy over counted tokens (returned). Eval (dhidden null): the
+  // logits [N, V] are kept for last_logits(). Training: logits are made
+  // options_.loss_chunk_tokens rows at a time, each chunk overwritten by its
+  // d(grad_scale * loss)/d(logits) and consumed at once -- dhidden [N, C]
+  // (allocated here, unless no token counts) = dlogits lm_head, and
+  // lm_head.grad += dlogits^T hidden when it trains -- so no [N, V] tensor
+  // exists in a training step with chunking.
+  float lm_head_loss(const Tensor& hidden, Parameter& lm_head, const StepTokens& tokens, Tensor* dhidden,
+                     float grad_scale);
 
   ModelConfig config_;
   Backend& backend_;

@@ -12,7 +12,7 @@ struct GptNeoxModel::Layer {
 };
 
 // What one layer's backward needs from its forward.
-struct GptNeoxModel::LayerActivations {
+struct GptNeoxModel::LayerActivations final : SavedActivations {
   Tensor norm1, mean1, rstd1;  // input_layernorm output [N, C] and its f32 statistics [N]
   Tensor q, k, v;              // [B, T, H, D], q and k after rotary
   Tensor attn, lse;            // attention output [B, T, H, D], log-sum-exp [B, H, T]
@@ -21,12 +21,9 @@ struct GptNeoxModel::LayerActivations {
   Tensor h;                    // dense_h_to_4h output [N, I], before GELU
 };
 
-struct GptNeoxModel::StepActivations {
-  StepTokens tokens;
-  std::vector<Tensor> residuals;  // residuals[i]: input of layer i; back(): output of the last
-  std::vector<LayerActivations> layers;
-  Tensor final_norm, final_mean, final_rstd;
-  Tensor logits;  // [N, V]; holds dlogits after a training forward
+struct GptNeoxModel::StepActivations : DecoderStep {
+  Tensor final_mean, final_rstd;  // final_layer_norm's statistics [N]
+  Tensor dnorm;                   // d(loss)/d(final_layer_norm output) [N, C], made by a training forward
 };
 
 GptNeoxModel::GptNeoxModel(const ModelConfig& config, Backend& backend, const ModelOptions& options)
@@ -60,13 +57,13 @@ GptNeoxModel::~GptNeoxModel() = default;
 float GptNeoxModel::forward(const Tensor& input_ids, const Tensor& targets) {
   set_training(false);
   StepActivations step;
-  return forward_pass(step, input_ids, targets, true, nullptr);
+  return forward_pass(step, input_ids, targets, nullptr);
 }
 
 float GptNeoxModel::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale) {
   set_training(true);
   StepActivations step;
-  float loss = forward_pass(step, input_ids, targets, false, &grad_scale);
+  float loss = forward_pass(step, input_ids, targets, &grad_scale);
   if (step.tokens.counted > 0) backward_pass(step);
   return loss;
 }
@@ -121,9 +118,12 @@ void GptNeoxModel::forward_mlp(Layer& layer, LayerActivations& saved, Tensor& ou
 
 // Parallel residual: out = x + attn(ln1(x)) + mlp(ln2(x)).
 // Sequential:        mid = x + attn(ln1(x)); out = mid + mlp(ln2(mid)).
-void GptNeoxModel::forward_layer(Layer& layer, LayerActivations& saved, const Tensor& x, Tensor& out,
-                                 const Tensor& positions) {
+std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t index, const Tensor& x, Tensor& out,
+                                                                        const Tensor& positions) {
   Backend& be = backend_;
+  Layer& layer = *layers_[index];
+  auto kept = std::make_unique<LayerActivations>();
+  LayerActivations& saved = *kept;
   const int64_t B = x.dim(0), T = x.dim(1), N = B * T, C = config_.hidden_size;
   const float eps = config_.layer_norm_eps;
   const Tensor x2d = x.reshaped({N, C});
@@ -145,24 +145,18 @@ void GptNeoxModel::forward_layer(Layer& layer, LayerActivations& saved, const Te
   } else {
     be.add(out2d, saved.residual_mid, mlp_out);
   }
+  return kept;
 }
 
 float GptNeoxModel::forward_pass(StepActivations& step, const Tensor& input_ids, const Tensor& targets,
-                                 bool keep_logits, float* grad_scale) {
-  Backend& be = backend_;
-  step.tokens = upload_step_tokens(input_ids, targets);
-  const int64_t B = step.tokens.batch, T = step.tokens.seq, N = B * T, C = config_.hidden_size;
-  step.residuals.push_back(be.empty({B, T, C}, DType::f32, MemCategory::activations));
-  Tensor embedded = step.residuals[0].reshaped({N, C});
-  be.embedding_forward(embedded, step.tokens.ids, embed_in_->value);
-  step.layers.resize(layers_.size());
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    step.residuals.push_back(be.empty({B, T, C}, DType::f32, MemCategory::activations));
-    forward_layer(*layers_[i], step.layers[i], step.residuals[i], step.residuals[i + 1], step.tokens.positions);
-  }
-  layer_norm(be, step.final_norm, step.final_mean, step.final_rstd, step.residuals.back().reshaped({N, C}),
+                                 const float* grad_scale) {
+  forward_decoder(step, input_ids, targets, *embed_in_, grad_scale != nullptr);
+  const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
+  Tensor final_norm;
+  layer_norm(backend_, final_norm, step.final_mean, step.final_rstd, step.residuals.back().reshaped({N, C}),
              final_norm_, config_.layer_norm_eps);
-  return lm_head_loss(step.logits, step.final_norm, *embed_out_, step.tokens, keep_logits, grad_scale);
+  return lm_head_loss(final_norm, *embed_out_, step.tokens, grad_scale ? &step.dnorm : nullptr,
+                      grad_scale ? *grad_scale : 0.0f);
 }
 
 // ---- backward ------------------------------------------------------------
@@ -215,10 +209,11 @@ void GptNeoxModel::backward_attention(Layer& layer, LayerActivations& saved, con
   layer.query_key_value->backward(be, dnorm, dqkv, saved.norm1, false);
 }
 
-// On entry dresidual holds d(loss)/d(layer output); on exit d(loss)/d(layer input).
-void GptNeoxModel::backward_layer(Layer& layer, LayerActivations& saved, Tensor& dresidual, const Tensor& x,
+void GptNeoxModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dresidual, const Tensor& x,
                                   const Tensor& positions) {
   Backend& be = backend_;
+  Layer& layer = *layers_[index];
+  LayerActivations& saved = static_cast<LayerActivations&>(kept);
   const int64_t N = x.dim(0) * x.dim(1), C = config_.hidden_size;
   const bool parallel = config_.use_parallel_residual;
   const Tensor x2d = x.reshaped({N, C});
@@ -241,21 +236,12 @@ void GptNeoxModel::backward_layer(Layer& layer, LayerActivations& saved, Tensor&
 void GptNeoxModel::backward_pass(StepActivations& step) {
   Backend& be = backend_;
   const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
-  Tensor dnorm = be.empty({N, C}, DType::f32, MemCategory::activations);
-  lm_head_backward(dnorm, step.logits, step.final_norm, *embed_out_);
-  step.logits = Tensor{};
-
   Tensor dresidual = be.empty({step.tokens.batch, step.tokens.seq, C}, DType::f32, MemCategory::activations);
   Tensor dresidual2d = dresidual.reshaped({N, C});
-  layer_norm_backward(be, dresidual2d, dnorm, step.residuals.back().reshaped({N, C}), final_norm_, step.final_mean,
-                      step.final_rstd);
-  dnorm = Tensor{};
-  for (size_t i = layers_.size(); i-- > 0;) {
-    step.residuals[i + 1] = Tensor{};
-    backward_layer(*layers_[i], step.layers[i], dresidual, step.residuals[i], step.tokens.positions);
-    step.layers[i] = LayerActivations{};
-  }
-  if (embed_in_->trainable()) be.embedding_backward(embed_in_->grad, step.tokens.ids, dresidual2d);
+  layer_norm_backward(be, dresidual2d, step.dnorm, step.residuals.back().reshaped({N, C}), final_norm_,
+                      step.final_mean, step.final_rstd);
+  step.dnorm = Tensor{};
+  backward_decoder(step, dresidual, *embed_in_);
 }
 
 }  // namespace ft

@@ -5,8 +5,9 @@
 // rotary embedding on only the first rotary_pct of each head, GELU MLP, and
 // (by default) the parallel residual x + attn(ln1(x)) + mlp(ln2(x)).
 //
-// Activations of one step live from forward to the end of backward and are
-// charged to MemCategory::activations; when a step ends they are all freed.
+// Activations of one step live from forward to the end of backward (or, with
+// activation checkpointing, from a layer's recomputation to its backward) and
+// are charged to MemCategory::activations; when a step ends they are all freed.
 #pragma once
 #include <memory>
 #include <vector>
@@ -39,14 +40,14 @@ class GptNeoxModel final : public CausalLM {
   void forward_attention(Layer& layer, LayerActivations& saved, int64_t B, int64_t T, Tensor& out,
                          const Tensor& positions);
   void forward_mlp(Layer& layer, LayerActivations& saved, Tensor& out);
-  void forward_layer(Layer& layer, LayerActivations& saved, const Tensor& x, Tensor& out, const Tensor& positions);
+  std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, Tensor& out,
+                                                  const Tensor& positions) override;
   void backward_attention(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor& dnorm,
                           const Tensor& positions);
   void backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor& dnorm);
-  void backward_layer(Layer& layer, LayerActivations& saved, Tensor& dresidual, const Tensor& x,
-                      const Tensor& positions);
-  float forward_pass(StepActivations& step, const Tensor& input_ids, const Tensor& targets, bool keep_logits,
-                     float* grad_scale);
+  void backward_layer(size_t index, SavedActivations& saved, Tensor& dresidual, const Tensor& x,
+                      const Tensor& positions) override;
+  float forward_pass(StepActivations& step, const Tensor& input_ids, const Tensor& targets, const float* grad_scale);
   void backward_pass(StepActivations& step);
 
   GeluKind gelu_kind_;

@@ -16,7 +16,7 @@ struct LlamaModel::Layer {
 };
 
 // What one layer's backward needs from its forward.
-struct LlamaModel::LayerActivations {
+struct LlamaModel::LayerActivations final : SavedActivations {
   Tensor norm1, rstd1;  // input_layernorm output [N, C] and its f32 rstd [N]
   Tensor q, k, v;       // after rotary: [B, T, H, D]
   Tensor attn, lse;     // attention output [B, T, Hq, D], log-sum-exp [B, Hq, T]
@@ -25,12 +25,9 @@ struct LlamaModel::LayerActivations {
   Tensor gate, up, act; // MLP [N, I]
 };
 
-struct LlamaModel::StepActivations {
-  StepTokens tokens;
-  std::vector<Tensor> residuals;    // residuals[i]: input of layer i; back(): output of the last
-  std::vector<LayerActivations> layers;
-  Tensor final_norm, final_rstd;
-  Tensor logits;                    // [N, V]; holds dlogits after a training forward
+struct LlamaModel::StepActivations : DecoderStep {
+  Tensor final_rstd;  // model.norm's rstd [N]
+  Tensor dnorm;       // d(loss)/d(model.norm output) [N, C], made by a training forward's lm_head_loss
 };
 
 LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelOptions& options)
@@ -64,22 +61,25 @@ LlamaModel::~LlamaModel() = default;
 float LlamaModel::forward(const Tensor& input_ids, const Tensor& targets) {
   set_training(false);
   StepActivations step;
-  return forward_pass(step, input_ids, targets, true, nullptr);
+  return forward_pass(step, input_ids, targets, nullptr);
 }
 
 float LlamaModel::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale) {
   set_training(true);
   StepActivations step;
-  float loss = forward_pass(step, input_ids, targets, false, &grad_scale);
+  float loss = forward_pass(step, input_ids, targets, &grad_scale);
   if (step.tokens.counted > 0) backward_pass(step);
   return loss;
 }
 
 // ---- forward -------------------------------------------------------------
 
-void LlamaModel::forward_layer(Layer& layer, LayerActivations& saved, const Tensor& x, Tensor& out,
-                               const Tensor& positions) {
+std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t index, const Tensor& x, Tensor& out,
+                                                                      const Tensor& positions) {
   Backend& be = backend_;
+  Layer& layer = *layers_[index];
+  auto kept = std::make_unique<LayerActivations>();
+  LayerActivations& saved = *kept;
   const int64_t B = x.dim(0), T = x.dim(1), N = B * T, C = config_.hidden_size;
   const int64_t Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
   const int64_t I = config_.intermediate_size;
@@ -123,35 +123,29 @@ void LlamaModel::forward_layer(Layer& layer, LayerActivations& saved, const Tens
   layer.down_proj->forward(be, projected, saved.act);
   Tensor out2d = out.reshaped({N, C});
   be.add(out2d, saved.residual_mid, projected);
+  return kept;
 }
 
 float LlamaModel::forward_pass(StepActivations& step, const Tensor& input_ids, const Tensor& targets,
-                               bool keep_logits, float* grad_scale) {
+                               const float* grad_scale) {
   Backend& be = backend_;
-  step.tokens = upload_step_tokens(input_ids, targets);
-  const int64_t B = step.tokens.batch, T = step.tokens.seq, N = B * T, C = config_.hidden_size;
-  step.residuals.push_back(be.empty({B, T, C}, DType::f32, MemCategory::activations));
-  Tensor embedded = step.residuals[0].reshaped({N, C});
-  be.embedding_forward(embedded, step.tokens.ids, embed_tokens_->value);
-  step.layers.resize(layers_.size());
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    step.residuals.push_back(be.empty({B, T, C}, DType::f32, MemCategory::activations));
-    forward_layer(*layers_[i], step.layers[i], step.residuals[i], step.residuals[i + 1], step.tokens.positions);
-  }
-
-  step.final_norm = be.empty({N, C}, DType::f32, MemCategory::activations);
+  forward_decoder(step, input_ids, targets, *embed_tokens_, grad_scale != nullptr);
+  const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
+  Tensor final_norm = be.empty({N, C}, DType::f32, MemCategory::activations);
   step.final_rstd = be.empty({N}, DType::f32, MemCategory::activations);
-  be.rmsnorm_forward(step.final_norm, step.final_rstd, step.residuals.back().reshaped({N, C}), final_norm_->value,
+  be.rmsnorm_forward(final_norm, step.final_rstd, step.residuals.back().reshaped({N, C}), final_norm_->value,
                      config_.rms_norm_eps);
-  return lm_head_loss(step.logits, step.final_norm, *lm_head_, step.tokens, keep_logits, grad_scale);
+  return lm_head_loss(final_norm, *lm_head_, step.tokens, grad_scale ? &step.dnorm : nullptr,
+                      grad_scale ? *grad_scale : 0.0f);
 }
 
 // ---- backward ------------------------------------------------------------
 
-// On entry dresidual holds d(loss)/d(layer output); on exit d(loss)/d(layer input).
-void LlamaModel::backward_layer(Layer& layer, LayerActivations& saved, Tensor& dresidual, const Tensor& x,
+void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dresidual, const Tensor& x,
                                 const Tensor& positions) {
   Backend& be = backend_;
+  Layer& layer = *layers_[index];
+  LayerActivations& saved = static_cast<LayerActivations&>(kept);
   const int64_t B = x.dim(0), T = x.dim(1), N = B * T, C = config_.hidden_size;
   const int64_t Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
   const int64_t I = config_.intermediate_size;
@@ -201,21 +195,12 @@ void LlamaModel::backward_layer(Layer& layer, LayerActivations& saved, Tensor& d
 void LlamaModel::backward_pass(StepActivations& step) {
   Backend& be = backend_;
   const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
-  Tensor dnorm = be.empty({N, C}, DType::f32, MemCategory::activations);
-  lm_head_backward(dnorm, step.logits, step.final_norm, *lm_head_);
-  step.logits = Tensor{};
-
   Tensor dresidual = be.empty({step.tokens.batch, step.tokens.seq, C}, DType::f32, MemCategory::activations);
   Tensor dresidual2d = dresidual.reshaped({N, C});
-  be.rmsnorm_backward(dresidual2d, final_norm_->trainable() ? &final_norm_->grad : nullptr, dnorm,
+  be.rmsnorm_backward(dresidual2d, final_norm_->trainable() ? &final_norm_->grad : nullptr, step.dnorm,
                       step.residuals.back().reshaped({N, C}), final_norm_->value, step.final_rstd);
-  dnorm = Tensor{};
-  for (size_t i = layers_.size(); i-- > 0;) {
-    step.residuals[i + 1] = Tensor{};
-    backward_layer(*layers_[i], step.layers[i], dresidual, step.residuals[i], step.tokens.positions);
-    step.layers[i] = LayerActivations{};
-  }
-  if (embed_tokens_->trainable()) be.embedding_backward(embed_tokens_->grad, step.tokens.ids, dresidual2d);
+  step.dnorm = Tensor{};
+  backward_decoder(step, dresidual, *embed_tokens_);
 }
 
 }  // namespace ft

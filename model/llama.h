@@ -1,8 +1,9 @@
 // The Llama-family decoder (Llama 2/3, TinyLlama, SmolLM, ...) with Hugging
 // Face tensor names, written against the op interface only.
 //
-// Activations of one step live from forward to the end of backward and are
-// charged to MemCategory::activations; when a step ends they are all freed.
+// Activations of one step live from forward to the end of backward (or, with
+// activation checkpointing, from a layer's recomputation to its backward) and
+// are charged to MemCategory::activations; when a step ends they are all freed.
 #pragma once
 #include <memory>
 #include <vector>
@@ -27,11 +28,11 @@ class LlamaModel final : public CausalLM {
   struct LayerActivations;
   struct StepActivations;
 
-  void forward_layer(Layer& layer, LayerActivations& saved, const Tensor& x, Tensor& out, const Tensor& positions);
-  void backward_layer(Layer& layer, LayerActivations& saved, Tensor& dresidual, const Tensor& x,
-                      const Tensor& positions);
-  float forward_pass(StepActivations& step, const Tensor& input_ids, const Tensor& targets, bool keep_logits,
-                     float* grad_scale);
+  std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, Tensor& out,
+                                                  const Tensor& positions) override;
+  void backward_layer(size_t index, SavedActivations& saved, Tensor& dresidual, const Tensor& x,
+                      const Tensor& positions) override;
+  float forward_pass(StepActivations& step, const Tensor& input_ids, const Tensor& targets, const float* grad_scale);
   void backward_pass(StepActivations& step);
 
   Parameter* embed_tokens_ = nullptr;

@@ -17,11 +17,23 @@ struct LoraOptions {
   bool use_rslora = false;
 };
 
+// What a training step keeps of each decoder layer between forward and backward.
+//   none:      everything its backward reads (L layers' activations at once).
+//   per_layer: only its input, the residual stream [B, T, C]; backward reruns
+//              the layer's forward just before its backward (same ops, same
+//              dropout seeds, so the same bits) for one layer's activations
+//              at a time, at the cost of a second forward.
+enum class ActivationCheckpointing { none, per_layer };
+
 struct ModelOptions {
   DType weight_dtype = DType::f32;  // non-quantised weights (embeddings, norms, lm_head, dense linears)
   bool int8_base = false;           // every decoder linear frozen in LLM.int8()
   float int8_threshold = 6.0f;      // outlier threshold; 0 disables the 16-bit outlier path
   LoraOptions lora;
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::none;
+  // Training steps compute lm_head logits and cross-entropy this many tokens
+  // at a time ([chunk, vocab] f32 instead of [tokens, vocab]); 0: all at once.
+  int64_t loss_chunk_tokens = 0;
 };
 
 // PEFT's target_modules rule: a module matches a target when its name equals

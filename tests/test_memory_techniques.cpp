@@ -1,0 +1,207 @@
+// Activation checkpointing (ModelOptions::activation_checkpointing) and the
+// chunked lm_head loss (ModelOptions::loss_chunk_tokens) against the plain
+// path on the fixtures: the same loss and gradients, and an activation peak
+// lower by exactly what the shapes predict.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "model/causal_lm.h"
+#include "model/safetensors.h"
+#include "tests/parity.h"
+
+using namespace ft;
+using parity::relative_error;
+using parity::shifted_targets;
+
+namespace {
+
+const std::string kFixtures[] = {"llama_gqa", "gpt_neox_parallel", "gpt_neox_sequential"};
+constexpr int64_t kChunk = 5;  // does not divide the fixtures' 2 x 11 tokens: the last chunk has 2 rows
+
+HostAllocator host;  // outlives every tensor copied to the host here
+
+std::string fixture_dir(const std::string& fixture) { return std::string(FT_FIXTURES_DIR) + "/" + fixture; }
+
+struct Step {
+  ActivationCheckpointing checkpointing = ActivationCheckpointing::none;
+  int64_t loss_chunk_tokens = 0;
+  bool lora = true;        // LoRA (dropout 0.1) on every linear; false: every parameter trains
+  uint64_t dropout_seed = 11;
+  int64_t vocab_size = 0;  // 0: the fixture's weights; else random weights with this vocabulary
+};
+
+struct StepResult {
+  float loss = 0.0f;
+  std::vector<std::pair<std::string, Tensor>> grads;  // host f32 copies, every trainable tensor
+  size_t activation_peak = 0;                         // bytes above what was allocated before the step
+};
+
+ModelOptions model_options(const ModelConfig& config, const Step& step) {
+  ModelOptions options;
+  options.activation_checkpointing = step.checkpointing;
+  options.loss_chunk_tokens = step.loss_chunk_tokens;
+  if (!step.lora) return options;
+  options.lora.r = 4;
+  options.lora.lora_dropout = 0.1;
+  options.lora.target_modules = config.model_type == "llama"
+                                    ? std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                               "up_proj", "down_proj"}
+                                    : std::vector<std::string>{"query_key_value", "dense", "dense_h_to_4h",
+                                                               "dense_4h_to_h"};
+  return options;
+}
+
+// PEFT's init leaves B = 0, which would zero every lora_A gradient: give B
+// small deterministic values so both adapters' gradients are exercised.
+void set_lora_B(CausalLM& model) {
+  for (Parameter& adapter : model.adapters()) {
+    if (adapter.name.find(".lora_B.") == std::string::npos) continue;
+    std::vector<float> values(size_t(adapter.value.numel()));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = 0.05f * std::sin(float(i) + 1.0f);
+    model.backend().copy(adapter.value, Tensor::view_of(values.data(), adapter.value.shape, DType::f32));
+  }
+}
+
+// One forward_backward on the fixture's reference batch.
+StepResult train_step(const std::string& fixture, const Step& step) {
+  TrackingAllocator tracker(host);
+  CpuBackend backend(tracker);
+  ModelConfig config = ModelConfig::from_json_file(fixture_dir(fixture) + "/config.json");
+  if (step.vocab_size) config.vocab_size = step.vocab_size;
+  std::unique_ptr<CausalLM> model = make_causal_lm(config, backend, model_options(config, step));
+  if (step.vocab_size)
+    model->init_random(5);
+  else
+    model->load(Checkpoint(fixture_dir(fixture)));
+  if (step.lora) {
+    model->init_adapters(3);
+    set_lora_B(*model);
+  }
+  model->set_trainable([&](const std::string& name) { return !step.lora || name.find(".lora_") != std::string::npos; });
+  model->set_dropout_seed(step.dropout_seed);
+  Checkpoint reference(fixture_dir(fixture) + "/reference.safetensors");
+  Tensor targets = shifted_targets(reference.view("labels"), host);
+
+  StepResult result;
+  tracker.reset_peaks();
+  const size_t before = tracker.stats().current(MemCategory::activations);
+  result.loss = model->forward_backward(reference.view("input_ids"), targets);
+  CHECK(tracker.stats().current(MemCategory::activations) == before);  // nothing of the step outlives it
+  result.activation_peak = tracker.stats().peak(MemCategory::activations) - before;
+  for (std::deque<Parameter>* list : {&model->parameters(), &model->adapters()})
+    for (Parameter& p : *list) {
+      if (!p.trainable()) continue;
+      Tensor grad = Tensor::empty(p.grad.shape, DType::f32, host, MemCategory::gradients);
+      backend.copy(grad, p.grad);
+      result.grads.emplace_back(p.name, grad);
+    }
+  return result;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.size_bytes() == b.size_bytes() && std::memcmp(a.data, b.data, a.size_bytes()) == 0;
+}
+
+// got's gradients are want's bit for bit, except `rounded` (when named),
+// which must agree within max_error (parity::relative_error).
+void check_gradients(const StepResult& got, const StepResult& want, const std::string& rounded = "",
+                     double max_error = 0.0) {
+  REQUIRE(got.grads.size() == want.grads.size());
+  for (size_t i = 0; i < got.grads.size(); ++i) {
+    const auto& [name, grad] = got.grads[i];
+    CAPTURE(name);
+    REQUIRE(name == want.grads[i].first);
+    if (name != rounded) {
+      CHECK(same_bytes(grad, want.grads[i].second));
+      continue;
+    }
+    const double error = relative_error(grad, want.grads[i].second);
+    MESSAGE(name, " relative error, chunked vs unchunked: ", error);
+    CHECK(error <= max_error);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("checkpointing and the chunked loss give the plain path's loss and gradients") {
+  for (const std::string& fixture : kFixtures)
+    for (bool lora : {true, false}) {
+      CAPTURE(fixture);
+      CAPTURE(lora);
+      const ModelConfig config = ModelConfig::from_json_file(fixture_dir(fixture) + "/config.json");
+      const std::string lm_head = config.model_type == "llama" ? "lm_head.weight" : "embed_out.weight";
+      const StepResult plain = train_step(fixture, {.lora = lora});
+      const StepResult checkpointed =
+          train_step(fixture, {.checkpointing = ActivationCheckpointing::per_layer, .lora = lora});
+      const StepResult chunked = train_step(fixture, {.loss_chunk_tokens = kChunk, .lora = lora});
+      const StepResult both = train_step(
+          fixture, {.checkpointing = ActivationCheckpointing::per_layer, .loss_chunk_tokens = kChunk, .lora = lora});
+
+      // Recomputation runs the same ops on the same inputs with the same
+      // dropout seeds, and each logits row is computed the same way whatever
+      // the chunk: the loss and every gradient are bit-identical...
+      CHECK(checkpointed.loss == plain.loss);
+      CHECK(chunked.loss == plain.loss);
+      CHECK(both.loss == plain.loss);
+      check_gradients(checkpointed, plain);
+      check_gradients(both, chunked);
+      // ...except the lm_head weight's, a sum over tokens that the chunked
+      // path adds up chunk by chunk: f32 rounding of a 22-term sum.
+      check_gradients(chunked, plain, lm_head, 1e-6);
+
+      // The dropout masks are live (another seed, other gradients), so the
+      // equalities above do check that recomputation reuses the step's seeds.
+      if (lora) {
+        const StepResult reseeded = train_step(fixture, {.lora = lora, .dropout_seed = 12});
+        CHECK(reseeded.loss != plain.loss);
+      }
+    }
+}
+
+// The peak of a training step comes while the lm_head chunk's logits exist
+// (the vocabulary is raised to 8192 so that it does, even for 5-token chunks).
+// Then every residual, the final norm and its statistics, the losses, dhidden
+// and, without checkpointing, every layer's saved activations are alive:
+//   peak = 3 N i32 token tensors + (L + 1) N C residuals + N C final norm
+//        + N * norm statistics + N losses + N C dhidden
+//        + (checkpointed ? 0 : L N S) + rows V logits            (f32 but tokens)
+// with rows = N unchunked or the chunk, and S the f32 values one layer saves
+// per token (the LayerActivations of llama.cpp and gpt_neox.cpp).
+TEST_CASE("the activation peak drops by exactly the layers' saved activations and the unchunked logits") {
+  for (const std::string& fixture : kFixtures) {
+    CAPTURE(fixture);
+    const int64_t V = 8192;
+    const ModelConfig c = ModelConfig::from_json_file(fixture_dir(fixture) + "/config.json");
+    const int64_t N = 2 * 11, C = c.hidden_size, I = c.intermediate_size, L = c.num_hidden_layers;
+    const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+    const bool llama = c.model_type == "llama";
+    // llama: norm1, rstd1, q, k, v, attn, lse, residual_mid, norm2, rstd2, gate, up, act.
+    // gpt_neox: norm1, mean1, rstd1, q, k, v, attn, lse, [residual_mid], norm2, mean2, rstd2, h.
+    const int64_t S = llama ? C + 1 + Hq * D + 2 * Hkv * D + Hq * D + Hq + C + C + 1 + 3 * I
+                            : C + 2 + 3 * C + C + Hq + (c.use_parallel_residual ? 0 : C) + C + 2 + I;
+    const int64_t norm_statistics = llama ? 1 : 2;
+    const int64_t common = 3 * N * 4 + ((L + 1) * N * C + N * C + N * norm_statistics + N + N * C) * 4;
+    auto predicted = [&](bool checkpointed, int64_t logit_rows) {
+      return size_t(common + (checkpointed ? 0 : L * N * S * 4) + logit_rows * V * 4);
+    };
+    const auto per_layer = ActivationCheckpointing::per_layer;
+    const size_t plain = train_step(fixture, {.vocab_size = V}).activation_peak;
+    const size_t checkpointed = train_step(fixture, {.checkpointing = per_layer, .vocab_size = V}).activation_peak;
+    const size_t chunked = train_step(fixture, {.loss_chunk_tokens = kChunk, .vocab_size = V}).activation_peak;
+    const size_t both =
+        train_step(fixture, {.checkpointing = per_layer, .loss_chunk_tokens = kChunk, .vocab_size = V})
+            .activation_peak;
+    MESSAGE(fixture, " activation peak bytes: plain ", plain, ", checkpointed ", checkpointed, ", chunked ", chunked,
+            ", both ", both, " (one layer saves ", N * S * 4, ", logits ", N * V * 4, ")");
+    CHECK(plain == predicted(false, N));
+    CHECK(checkpointed == predicted(true, N));
+    CHECK(chunked == predicted(false, kChunk));
+    CHECK(both == predicted(true, kChunk));
+  }
+}
