@@ -1,4 +1,5 @@
 // finetune CONFIG.yaml [--set key=value]... [--resume]
+// finetune plan CONFIG.yaml [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--set key=value]...
 // Every user-caused problem is an ft::Error: printed, exit status 1.
 #include <cstring>
 #include <iostream>
@@ -6,6 +7,7 @@
 #include <vector>
 
 #include "kernels/error.h"
+#include "trainer/plan.h"
 #include "trainer/train_config.h"
 #include "trainer/trainer.h"
 
@@ -15,9 +17,43 @@ const char* kUsage =
     "usage: finetune CONFIG.yaml [--set key=value]... [--resume]\n"
     "  --set key=value  override a config field (dotted keys: lora.r=16); repeatable\n"
     "  --resume         continue from output_dir/train_state.safetensors\n"
+    "usage: finetune plan CONFIG.yaml [--gpu-mem 24GiB] [--device cuda|cpu] [--context-reserve 0.75GiB]\n"
+    "                     [--set key=value]...\n"
+    "  plans one training step's memory on the meta device (no weights read) and\n"
+    "  prints where it goes, its peak, and the largest seq_len x micro_batch that fits\n"
     "Fields are documented in configs/README.md.\n";
 
+// finetune plan ...: the memory planner (trainer/plan.h).
+int run_plan(int argc, char** argv) {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  ft::PlanOptions options;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (arg == "--gpu-mem" && has_value) {
+      options.gpu_mem_bytes = ft::parse_byte_size(argv[++i]);
+    } else if (arg == "--context-reserve" && has_value) {
+      options.context_reserve_bytes = ft::parse_byte_size(argv[++i]);
+    } else if (arg == "--device" && has_value) {
+      const std::string device = argv[++i];
+      FT_CHECK(device == "cuda" || device == "cpu", "--device must be cuda or cpu, got \"", device, "\"");
+      options.policy = device == "cuda" ? ft::MemoryPolicy::cuda : ft::MemoryPolicy::cpu;
+    } else if (arg == "--set" && has_value) {
+      overrides.push_back(argv[++i]);
+    } else if (arg.rfind("-", 0) == 0 || !config_path.empty()) {
+      ft::fail("unexpected argument \"", arg, "\"\n", kUsage);
+    } else {
+      config_path = arg;
+    }
+  }
+  FT_CHECK(!config_path.empty(), "plan: no config file given\n", kUsage);
+  ft::print_plan(ft::load_train_config(config_path, overrides), options);
+  return 0;
+}
+
 int run(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "plan") return run_plan(argc, argv);
   std::string config_path;
   std::vector<std::string> overrides;
   ft::RunOptions options;

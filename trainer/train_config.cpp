@@ -31,6 +31,8 @@ const Named<DeviceChoice> kDevices[] = {
     {"auto", DeviceChoice::automatic}, {"cpu", DeviceChoice::cpu}, {"cuda", DeviceChoice::cuda}};
 const Named<DataFormat> kFormats[] = {
     {"auto", DataFormat::automatic}, {"prompt_completion", DataFormat::prompt_completion}, {"text", DataFormat::text}};
+const Named<ActivationCheckpointing> kCheckpointings[] = {{"none", ActivationCheckpointing::none},
+                                                           {"per_layer", ActivationCheckpointing::per_layer}};
 const Named<Schedule> kSchedules[] = {
     {"constant", Schedule::constant}, {"linear", Schedule::linear}, {"cosine", Schedule::cosine}};
 const Named<TaskMetric> kTaskMetrics[] = {{"none", TaskMetric::none}, {"rouge", TaskMetric::rouge}};
@@ -183,6 +185,13 @@ const Field kFields[] = {
      [](TrainConfig& c, const Value& v) {
        c.lr = v.number();
        v.require(c.lr > 0, "a number > 0");
+     }},
+    {"activation_checkpointing",
+     [](TrainConfig& c, const Value& v) { c.activation_checkpointing = v.choice(kCheckpointings); }},
+    {"loss_chunk_tokens",
+     [](TrainConfig& c, const Value& v) {
+       c.loss_chunk_tokens = v.integer();
+       v.require(c.loss_chunk_tokens >= 0, "an integer >= 0");
      }},
     {"warmup_steps",
      [](TrainConfig& c, const Value& v) {
@@ -417,6 +426,7 @@ const char* enum_name(QuantMode value) { return name_in(kQuantModes, value); }
 const char* enum_name(Precision value) { return name_in(kPrecisions, value); }
 const char* enum_name(DeviceChoice value) { return name_in(kDevices, value); }
 const char* enum_name(Schedule value) { return name_in(kSchedules, value); }
+const char* enum_name(ActivationCheckpointing value) { return name_in(kCheckpointings, value); }
 const char* enum_name(TaskMetric value) { return name_in(kTaskMetrics, value); }
 
 }  // namespace ft

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "model/model_options.h"
 #include "trainer/data.h"
 
 namespace ft {
@@ -63,6 +64,9 @@ struct TrainConfig {
   DataConfig data;
   int64_t seq_len = 256;
   int64_t micro_batch_size = 4;
+  // Memory techniques for large models (model/model_options.h).
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::none;
+  int64_t loss_chunk_tokens = 0;  // 0: the whole [tokens, vocab] logits at once
   int64_t grad_accum_steps = 1;
   double lr = 2.0e-4;
   int64_t warmup_steps = 0;
@@ -101,6 +105,7 @@ const char* enum_name(QuantMode value);
 const char* enum_name(Precision value);
 const char* enum_name(DeviceChoice value);
 const char* enum_name(Schedule value);
+const char* enum_name(ActivationCheckpointing value);
 const char* enum_name(TaskMetric value);
 
 }  // namespace ft

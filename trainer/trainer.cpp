@@ -23,6 +23,39 @@
 namespace ft {
 namespace fs = std::filesystem;
 
+ModelOptions model_options(const TrainConfig& config) {
+  ModelOptions options;
+  options.weight_dtype = config.precision == Precision::bf16 ? DType::bf16 : DType::f32;
+  options.int8_base = config.quantization.mode == QuantMode::int8;
+  options.int8_threshold = float(config.quantization.threshold);
+  options.activation_checkpointing = config.activation_checkpointing;
+  options.loss_chunk_tokens = config.loss_chunk_tokens;
+  if (config.trainable == Trainable::lora) {
+    options.lora.r = config.lora.r;
+    options.lora.lora_alpha = config.lora.lora_alpha;
+    options.lora.lora_dropout = config.lora.lora_dropout;
+    options.lora.target_modules = config.lora.target_modules;
+    options.lora.use_rslora = config.lora.use_rslora;
+  }
+  return options;
+}
+
+void set_trainable(CausalLM& model, const TrainConfig& config) {
+  const bool train_all = config.trainable == Trainable::all;
+  model.set_trainable([&](const std::string& name) { return train_all || name.find(".lora_") != std::string::npos; });
+}
+
+std::unique_ptr<AdamW> make_optimizer(Backend& backend, CausalLM& model, const TrainConfig& config) {
+  std::vector<Parameter*> trainable;
+  for (std::deque<Parameter>* list : {&model.parameters(), &model.adapters()})
+    for (Parameter& p : *list)
+      if (p.trainable()) trainable.push_back(&p);
+  AdamWOptions options;
+  options.weight_decay = config.weight_decay;
+  options.max_grad_norm = config.max_grad_norm;
+  return std::make_unique<AdamW>(backend, trainable, options);
+}
+
 namespace {
 
 // Everything one run holds, in construction order.
@@ -58,23 +91,9 @@ void make_backend(Run& run) {
            ": device \"cuda\": this build trains on the CPU only for now; use device: cpu or auto");
   run.tracker = std::make_unique<TrackingAllocator>(run.host);
   run.backend = std::make_unique<CpuBackend>(*run.tracker);
-  std::cout << "device: cpu" << (run.config.device == DeviceChoice::automatic ? " (auto: no CUDA backend in this build)" : "")
+  std::cout << "device: cpu"
+            << (run.config.device == DeviceChoice::automatic ? " (auto: training runs on the CPU backend for now)" : "")
             << "\n";
-}
-
-ModelOptions model_options(const TrainConfig& config) {
-  ModelOptions options;
-  options.weight_dtype = config.precision == Precision::bf16 ? DType::bf16 : DType::f32;
-  options.int8_base = config.quantization.mode == QuantMode::int8;
-  options.int8_threshold = float(config.quantization.threshold);
-  if (config.trainable == Trainable::lora) {
-    options.lora.r = config.lora.r;
-    options.lora.lora_alpha = config.lora.lora_alpha;
-    options.lora.lora_dropout = config.lora.lora_dropout;
-    options.lora.target_modules = config.lora.target_modules;
-    options.lora.use_rslora = config.lora.use_rslora;
-  }
-  return options;
 }
 
 // As PEFT's print_trainable_parameters; "all" counts the adapters too.
@@ -105,10 +124,7 @@ void make_model(Run& run) {
     run.model->load(Checkpoint(config.model));
   }
   run.model->init_adapters(config.seed);
-  const bool train_all = config.trainable == Trainable::all;
-  run.model->set_trainable([&](const std::string& name) {
-    return train_all || name.find(".lora_") != std::string::npos;
-  });
+  set_trainable(*run.model, config);
   print_trainable_parameters(*run.model);
 }
 
@@ -129,14 +145,7 @@ void make_data_and_optimizer(Run& run) {
   if (!config.data.eval.empty()) run.eval = make_loader(run, config.data.eval, "eval", &run.eval_examples);
   const int64_t steps_per_epoch = (run.train->batches_per_epoch() + config.grad_accum_steps - 1) / config.grad_accum_steps;
   run.total_steps = config.max_steps > 0 ? config.max_steps : config.epochs * steps_per_epoch;
-  std::vector<Parameter*> trainable;
-  for (std::deque<Parameter>* list : {&run.model->parameters(), &run.model->adapters()})
-    for (Parameter& p : *list)
-      if (p.trainable()) trainable.push_back(&p);
-  AdamWOptions options;
-  options.weight_decay = config.weight_decay;
-  options.max_grad_norm = config.max_grad_norm;
-  run.optimizer = std::make_unique<AdamW>(*run.backend, trainable, options);
+  run.optimizer = make_optimizer(*run.backend, *run.model, config);
   run.schedule = LrSchedule{enum_name(config.schedule), config.lr, config.warmup_steps, run.total_steps,
                             config.min_lr_ratio};
 }

@@ -20,7 +20,6 @@ namespace {
 constexpr int64_t kXRowsPerTask = 128;     // rows of x per GEMM task
 constexpr int64_t kWRowsPerTask = 32;      // weight rows per GEMM task, packed as int16 (64 KiB at K = 1024)
 constexpr int64_t kMR = 3, kNR = 4;        // register tile: 3 x-rows by 4 weight rows = 12 vector accumulators
-constexpr int64_t kBackwardWRows = 256;    // weight rows dequantised at a time in backward (the matmul's K slice)
 constexpr float kInv127Sq = 1.0f / (127.0f * 127.0f);
 
 // q = round-half-even(x * 127 / absmax) for one row; returns absmax. The code
@@ -191,7 +190,7 @@ void CpuBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor&
 }
 
 // dx = sum over blocks of weight rows of dout[:, block] @ dequant(W[block, :]).
-// Each block is dequantised into an f32 tile of kBackwardWRows rows and fed to
+// Each block is dequantised into an f32 tile of kInt8BackwardTileRows rows and fed to
 // this backend's matmul, so no full f32 copy of the weight ever exists.
 void CpuBackend::int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight,
                                       const Tensor& weight_scales, bool accumulate) {
@@ -210,7 +209,7 @@ void CpuBackend::int8_linear_backward(Tensor& dx, const Tensor& dout, const Tens
     copy(sum, dx);
   else
     fill(sum, 0.0f);
-  int64_t block = std::min(kBackwardWRows, O);
+  int64_t block = std::min(kInt8BackwardTileRows, O);
   Tensor dout_block = empty({N, block}, DType::f32, MemCategory::workspace);
   Tensor w_block = empty({block, K}, DType::f32, MemCategory::workspace);
   const int8_t* wq = weight.ptr<const int8_t>();

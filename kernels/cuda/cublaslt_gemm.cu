@@ -23,8 +23,6 @@ void cublas_check(cublasStatus_t status, const char* call, const char* file, int
     fail("cuBLASLt error: ", call, " failed: ", cublasLtGetStatusString(status), " (", file, ":", line, ")");
 }
 
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;
-
 cudaDataType_t cuda_type(DType dtype) { return dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 // The largest power of two (<= 256) dividing the address: cuBLASLt assumes 256
@@ -72,7 +70,7 @@ cublasLtMatrixLayout_t make_layout(DType dtype, int64_t rows, int64_t cols, int6
 class CublasLtGemm final : public Gemm {
  public:
   explicit CublasLtGemm(Allocator& allocator)
-      : workspace_(Tensor::empty({int64_t(kWorkspaceBytes)}, DType::i8, allocator, MemCategory::workspace)) {
+      : workspace_(Tensor::empty({int64_t(kCublasLtWorkspaceBytes)}, DType::i8, allocator, MemCategory::workspace)) {
     FT_CUBLAS_CHECK(cublasLtCreate(&handle_));
   }
 
@@ -100,7 +98,7 @@ class CublasLtGemm final : public Gemm {
     if (args.m == 0 || args.n == 0 || args.batch == 0) return;
     const Plan& p = plan(args);
     FT_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &args.alpha, args.a.data, p.a, args.b.data, p.b, &args.beta,
-                                   args.c.data, p.c, args.c.data, p.c, &p.algo, workspace_.data, kWorkspaceBytes,
+                                   args.c.data, p.c, args.c.data, p.c, &p.algo, workspace_.data, kCublasLtWorkspaceBytes,
                                    stream));
   }
 
@@ -128,7 +126,7 @@ class CublasLtGemm final : public Gemm {
 
     cublasLtMatmulPreference_t preference;
     FT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    uint64_t workspace_bytes = kWorkspaceBytes;
+    uint64_t workspace_bytes = kCublasLtWorkspaceBytes;
     FT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                          &workspace_bytes, sizeof(workspace_bytes)));
     const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {

@@ -1,7 +1,5 @@
 #include "kernels/cuda/device_allocator.h"
 
-#include <bit>
-
 #include "kernels/cuda/cuda_check.h"
 
 namespace ft {
@@ -27,12 +25,6 @@ CachingAllocator::~CachingAllocator() {
   } catch (const Error&) {
     // A destructor must not throw; at shutdown a failed cudaFree loses nothing.
   }
-}
-
-size_t CachingAllocator::size_class(size_t bytes) {
-  constexpr size_t kSmallLimit = size_t(1) << 20;
-  size_t step = bytes <= kSmallLimit ? 512 : std::bit_floor(bytes) / 8;
-  return (bytes + step - 1) / step * step;
 }
 
 void* CachingAllocator::allocate(size_t bytes, MemCategory category) {

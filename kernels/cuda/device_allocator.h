@@ -11,6 +11,7 @@
 // Blocks are released and reused in stream order: the backend issues all work
 // on one stream, so a block freed by the host is reused only by later work.
 #pragma once
+#include <bit>
 #include <cstddef>
 #include <mutex>
 #include <unordered_map>
@@ -53,7 +54,12 @@ class CachingAllocator final : public Allocator {
   // The size class of a request: multiples of 512 bytes up to 1 MiB, above
   // that multiples of 1/8 of the request's power of two (<= 12.5% waste), so
   // slightly different large sizes (e.g. another sequence length) share blocks.
-  static size_t size_class(size_t bytes);
+  // Inline so the memory planner (kernels/meta/) models it without CUDA.
+  static size_t size_class(size_t bytes) {
+    constexpr size_t kSmallLimit = size_t(1) << 20;
+    size_t step = bytes <= kSmallLimit ? 512 : std::bit_floor(bytes) / 8;
+    return (bytes + step - 1) / step * step;
+  }
 
  private:
   void release_cached_locked();

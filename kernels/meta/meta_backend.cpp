@@ -1,0 +1,299 @@
+#include "kernels/meta/meta_backend.h"
+
+#include <cstring>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/device_allocator.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/error.h"
+#include "kernels/op_checks.h"
+
+namespace ft {
+
+void* CachingModelAllocator::allocate(size_t bytes, MemCategory) {
+  if (bytes == 0) return nullptr;  // as CachingAllocator: nothing handed out
+  const size_t size = CachingAllocator::size_class(bytes);
+  size_t& cached = free_blocks_[size];
+  if (cached > 0) {
+    cached -= 1;
+  } else {
+    reserved_ += size;
+  }
+  in_use_ += size;
+  if (in_use_ > peak_) peak_ = in_use_;
+  return nullptr;
+}
+
+void CachingModelAllocator::deallocate(void*, size_t bytes, MemCategory) {
+  if (bytes == 0) return;
+  const size_t size = CachingAllocator::size_class(bytes);
+  free_blocks_[size] += 1;
+  in_use_ -= size;
+}
+
+namespace {
+
+using checks::check_dtype;
+using checks::check_float;
+using checks::check_numel;
+using checks::check_shape;
+constexpr Device kMeta = Device::meta;
+
+}  // namespace
+
+MetaBackend::MetaBackend(Allocator& allocator, MemoryPolicy policy) : allocator_(allocator), policy_(policy) {
+  FT_CHECK(allocator.device() == kMeta, "MetaBackend needs a meta allocator");
+  // CudaBackend's constructor builds cuBLASLt, which allocates its workspace first.
+  if (policy == MemoryPolicy::cuda)
+    cublaslt_workspace_ = empty({int64_t(cuda::kCublasLtWorkspaceBytes)}, DType::i8, MemCategory::workspace);
+}
+
+void MetaBackend::enter(const char* op, std::initializer_list<const Tensor*> operands) {
+  cursor_.op = op;
+  cursor_.backward |= std::strstr(op, "_backward") != nullptr;
+  for (const Tensor* t : operands) {
+    const Storage* s = t->storage.get();
+    if (s && (s->category == MemCategory::weights || s->category == MemCategory::adapters)) {
+      cursor_.parameter = s;
+      return;
+    }
+  }
+}
+
+void MetaBackend::copy(Tensor& dst, const Tensor& src) {
+  enter("copy", {&dst, &src});
+  FT_CHECK(dst.numel() == src.numel(), "copy: dst ", shape_string(dst.shape), " and src ", shape_string(src.shape),
+           " differ in element count");
+  if (dst.data) std::memset(dst.data, 0, dst.size_bytes());
+}
+
+void MetaBackend::fill(Tensor& dst, float) {
+  enter("fill", {&dst});
+  checks::check_on(dst, kMeta, "fill", "dst");
+}
+
+void MetaBackend::copy_columns(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
+                               int64_t width) {
+  enter("copy_columns", {&src});
+  FT_CHECK(dst.rows() == src.rows() && dst_offset + width <= dst.cols() && src_offset + width <= src.cols(),
+           "copy_columns: dst ", shape_string(dst.shape), " [", dst_offset, ", +", width, ") and src ",
+           shape_string(src.shape), " [", src_offset, ", +", width, ") do not fit");
+}
+
+void MetaBackend::matmul(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, float,
+                         float) {
+  enter("matmul", {&b, &a});
+  checks::check_matmul(out, a, b, transpose_a, transpose_b, kMeta);
+  // CudaBackend::matmul widens the bf16 operand of a mixed product to f32 scratch.
+  if (policy_ == MemoryPolicy::cuda && a.dtype != b.dtype)
+    empty((a.dtype == DType::bf16 ? a : b).shape, DType::f32, MemCategory::workspace);
+}
+
+void MetaBackend::add(Tensor& out, const Tensor& a, const Tensor& b) {
+  enter("add", {&a, &b});
+  check_float(out, kMeta, "add", "out");
+  check_numel(a, out.numel(), "add", "a");
+  check_numel(b, out.numel(), "add", "b");
+}
+
+void MetaBackend::add_bias(Tensor& out, const Tensor& bias) {
+  enter("add_bias", {&bias});
+  check_float(out, kMeta, "add_bias", "out");
+  check_numel(bias, out.cols(), "add_bias", "bias");
+}
+
+void MetaBackend::bias_backward(Tensor& dbias, const Tensor& dout) {
+  enter("bias_backward", {&dbias});
+  check_numel(dbias, dout.cols(), "bias_backward", "dbias");
+}
+
+void MetaBackend::embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
+  enter("embedding_forward", {&table});
+  check_dtype(ids, DType::i32, kMeta, "embedding_forward", "ids");
+  check_shape(out, {ids.numel(), table.cols()}, "embedding_forward", "out");
+}
+
+void MetaBackend::embedding_backward(Tensor& dtable, const Tensor& ids, const Tensor& dout) {
+  enter("embedding_backward", {&dtable});
+  check_dtype(ids, DType::i32, kMeta, "embedding_backward", "ids");
+  check_shape(dout, {ids.numel(), dtable.cols()}, "embedding_backward", "dout");
+}
+
+void MetaBackend::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float) {
+  enter("rmsnorm_forward", {&weight});
+  check_shape(out, x.shape, "rmsnorm_forward", "out");
+  check_numel(rstd, x.rows(), "rmsnorm_forward", "rstd");
+  check_numel(weight, x.cols(), "rmsnorm_forward", "weight");
+}
+
+void MetaBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
+                                   const Tensor& weight, const Tensor& rstd) {
+  enter("rmsnorm_backward", {&weight});
+  check_shape(dx, x.shape, "rmsnorm_backward", "dx");
+  check_shape(dout, x.shape, "rmsnorm_backward", "dout");
+  check_numel(rstd, x.rows(), "rmsnorm_backward", "rstd");
+  if (dweight) check_shape(*dweight, weight.shape, "rmsnorm_backward", "dweight");
+}
+
+void MetaBackend::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
+                                    const Tensor& bias, float) {
+  enter("layernorm_forward", {&weight});
+  check_shape(out, x.shape, "layernorm_forward", "out");
+  check_numel(mean, x.rows(), "layernorm_forward", "mean");
+  check_numel(rstd, x.rows(), "layernorm_forward", "rstd");
+  check_numel(weight, x.cols(), "layernorm_forward", "weight");
+  check_numel(bias, x.cols(), "layernorm_forward", "bias");
+}
+
+void MetaBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& x,
+                                     const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  enter("layernorm_backward", {&weight});
+  check_shape(dx, x.shape, "layernorm_backward", "dx");
+  check_shape(dout, x.shape, "layernorm_backward", "dout");
+  check_numel(mean, x.rows(), "layernorm_backward", "mean");
+  check_numel(rstd, x.rows(), "layernorm_backward", "rstd");
+  if (dweight) check_shape(*dweight, weight.shape, "layernorm_backward", "dweight");
+  if (dbias) check_shape(*dbias, weight.shape, "layernorm_backward", "dbias");
+}
+
+// x [N, H, D], positions [N], rotary_dim even and <= D.
+static void check_rope(const Tensor& x, const Tensor& positions, int rotary_dim, const char* op) {
+  FT_CHECK(x.ndim() == 3, op, ": x must be [N, H, D], got ", shape_string(x.shape));
+  check_dtype(positions, DType::i32, kMeta, op, "positions");
+  check_numel(positions, x.dim(0), op, "positions");
+  FT_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= x.dim(2), op, ": rotary_dim ", rotary_dim,
+           " must be even and at most the head size ", x.dim(2));
+}
+
+void MetaBackend::rope_forward(Tensor& x, const Tensor& positions, int rotary_dim, float) {
+  enter("rope_forward", {});
+  check_rope(x, positions, rotary_dim, "rope_forward");
+}
+
+void MetaBackend::rope_backward(Tensor& dx, const Tensor& positions, int rotary_dim, float) {
+  enter("rope_backward", {});
+  check_rope(dx, positions, rotary_dim, "rope_backward");
+}
+
+void MetaBackend::swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) {
+  enter("swiglu_forward", {});
+  check_shape(gate, out.shape, "swiglu_forward", "gate");
+  check_shape(up, out.shape, "swiglu_forward", "up");
+}
+
+void MetaBackend::swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                                  const Tensor& up) {
+  enter("swiglu_backward", {});
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&dgate, &dup, &gate, &up}) check_shape(*t, dout.shape, "swiglu_backward", "operand");
+}
+
+void MetaBackend::gelu_forward(Tensor& out, const Tensor& x, GeluKind) {
+  enter("gelu_forward", {});
+  check_shape(out, x.shape, "gelu_forward", "out");
+}
+
+void MetaBackend::gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind) {
+  enter("gelu_backward", {});
+  check_shape(dx, x.shape, "gelu_backward", "dx");
+  check_shape(dout, x.shape, "gelu_backward", "dout");
+}
+
+// q [B, T, Hq, D], k and v [B, T, Hkv, D] with Hq % Hkv == 0.
+static void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
+  FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got ", shape_string(q.shape),
+           " and ", shape_string(k.shape));
+  FT_CHECK(k.dim(0) == q.dim(0) && k.dim(1) == q.dim(1) && k.dim(3) == q.dim(3) && q.dim(2) % k.dim(2) == 0, op,
+           ": k ", shape_string(k.shape), " does not match q ", shape_string(q.shape));
+  check_shape(v, k.shape, op, "v");
+}
+
+void MetaBackend::attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    float) {
+  enter("attention_forward", {});
+  check_attention(q, k, v, "attention_forward");
+  check_shape(out, q.shape, "attention_forward", "out");
+  check_numel(lse, q.dim(0) * q.dim(1) * q.dim(2), "attention_forward", "lse");
+}
+
+void MetaBackend::attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                                     const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float) {
+  enter("attention_backward", {});
+  check_attention(q, k, v, "attention_backward");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&dq, &dout, &out}) check_shape(*t, q.shape, "attention_backward", "q-shaped operand");
+  check_shape(dk, k.shape, "attention_backward", "dk");
+  check_shape(dv, v.shape, "attention_backward", "dv");
+  check_numel(lse, q.dim(0) * q.dim(1) * q.dim(2), "attention_backward", "lse");
+}
+
+void MetaBackend::cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,
+                                float) {
+  enter("cross_entropy", {});
+  check_float(logits, kMeta, "cross_entropy", "logits");
+  check_dtype(targets, DType::i32, kMeta, "cross_entropy", "targets");
+  check_numel(targets, logits.rows(), "cross_entropy", "targets");
+  check_numel(losses, logits.rows(), "cross_entropy", "losses");
+  if (dlogits) check_shape(*dlogits, logits.shape, "cross_entropy", "dlogits");
+}
+
+void MetaBackend::quantize_rows_int8(Tensor& q, Tensor& scales, const Tensor& x) {
+  enter("quantize_rows_int8", {});
+  check_dtype(q, DType::i8, kMeta, "quantize_rows_int8", "q");
+  check_shape(q, x.shape, "quantize_rows_int8", "q");
+  check_numel(scales, x.rows(), "quantize_rows_int8", "scales");
+}
+
+// weight i8 [O, K], scales [O].
+static void check_int8_weight(const Tensor& weight, const Tensor& scales, const char* op) {
+  check_dtype(weight, DType::i8, kMeta, op, "weight");
+  FT_CHECK(weight.ndim() == 2, op, ": weight must be [out, in], got ", shape_string(weight.shape));
+  check_numel(scales, weight.dim(0), op, "weight_scales");
+}
+
+void MetaBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight,
+                                      const Tensor& weight_scales, float) {
+  enter("int8_linear_forward", {&weight});
+  check_int8_weight(weight, weight_scales, "int8_linear_forward");
+  check_numel(x, x.rows() * weight.dim(1), "int8_linear_forward", "x");
+  check_shape(out, {x.rows(), weight.dim(0)}, "int8_linear_forward", "out");
+}
+
+// The scratch is CpuBackend's: an f32 sum when dx is bf16, one dout column
+// block and one dequantised weight tile, all alive for the whole op.
+void MetaBackend::int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight,
+                                       const Tensor& weight_scales, bool) {
+  enter("int8_linear_backward", {&weight});
+  check_int8_weight(weight, weight_scales, "int8_linear_backward");
+  const int64_t N = dout.rows(), O = weight.dim(0), K = weight.dim(1);
+  check_shape(dout, {N, O}, "int8_linear_backward", "dout");
+  check_numel(dx, N * K, "int8_linear_backward", "dx");
+  Tensor sum = dx.dtype == DType::f32 ? Tensor{} : empty({N, K}, DType::f32, MemCategory::workspace);
+  const int64_t block = std::min(kInt8BackwardTileRows, O);
+  Tensor dout_block = empty({N, block}, DType::f32, MemCategory::workspace);
+  Tensor w_block = empty({block, K}, DType::f32, MemCategory::workspace);
+}
+
+void MetaBackend::dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t) {
+  enter("dropout_forward", {});
+  check_shape(out, x.shape, "dropout_forward", "out");
+  FT_CHECK(p >= 0.0f && p < 1.0f, "dropout_forward: p must be in [0, 1), got ", p);
+}
+
+void MetaBackend::dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t) {
+  enter("dropout_backward", {});
+  check_shape(dx, dout.shape, "dropout_backward", "dx");
+  FT_CHECK(p >= 0.0f && p < 1.0f, "dropout_backward: p must be in [0, 1), got ", p);
+}
+
+void MetaBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep&) {
+  enter("adamw_update", {&param});
+  check_dtype(param, DType::f32, kMeta, "adamw_update", "param");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&grad, &m, &v}) check_shape(*t, param.shape, "adamw_update", "grad/m/v");
+}
+
+double MetaBackend::sum_squares(const Tensor& x) {
+  enter("sum_squares", {&x});
+  check_float(x, kMeta, "sum_squares", "x");
+  return 0.0;
+}
+
+}  // namespace ft

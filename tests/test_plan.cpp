@@ -1,0 +1,170 @@
+// The memory planner (trainer/plan.h) against real CPU steps: it runs the same
+// model and optimizer code on the meta device, so its peak must equal, to the
+// byte, the TrackingAllocator peak of a real CpuBackend step of the same
+// shape. Then the caching-allocator model, errors, and the 20B headline plan.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/error.h"
+#include "model/causal_lm.h"
+#include "model/int8_linear.h"
+#include "trainer/plan.h"
+#include "trainer/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace ft;
+
+namespace {
+
+const std::string kFixtures = FT_FIXTURES_DIR;
+
+// A run config for the model folder; data.train is required but never read.
+TrainConfig make_config(const std::string& model_dir, const std::string& extra_yaml) {
+  const std::string yaml = "model: " + model_dir + "\ndata: {train: unused.jsonl}\nprecision: fp32\n" + extra_yaml;
+  return parse_train_config(yaml, (fs::path(FT_BINARY_DIR) / "plan.yaml").string());
+}
+
+// A config.json written under the build folder (no weights: the real step fills its own).
+std::string write_model(const std::string& name, const std::string& json) {
+  const fs::path dir = fs::path(FT_BINARY_DIR) / "plan_models" / name;
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << json;
+  return dir.string();
+}
+
+// Deterministic small values; memory does not depend on them. init_random
+// refuses int8 weights, so int8 ones are quantised from these values the way
+// load() does (into the already allocated int8 tensors: nothing new is tracked).
+void fill_weights(CausalLM& model, Backend& backend) {
+  HostAllocator host;
+  uint32_t state = 12345;
+  for (Parameter& p : model.parameters()) {
+    Tensor values = Tensor::empty(p.value.shape, DType::f32, host, MemCategory::workspace);
+    for (int64_t i = 0; i < values.numel(); ++i) {
+      state = state * 1664525u + 1013904223u;
+      values.ptr<float>()[i] = 0.02f * (float(state >> 8) / float(1 << 24) - 0.5f);
+    }
+    if (p.value.dtype == DType::i8)
+      quantize_parameter(backend, p, values);
+    else
+      backend.copy(p.value, values);
+  }
+}
+
+// The tracked peak of one real CPU training step, built as plan_step builds it.
+size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq) {
+  const ModelConfig model_config = ModelConfig::from_json_file(config.model + "/config.json");
+  HostAllocator host;
+  TrackingAllocator tracker(host);
+  CpuBackend backend(tracker);
+  std::unique_ptr<CausalLM> model = make_causal_lm(model_config, backend, model_options(config));
+  fill_weights(*model, backend);
+  model->init_adapters(config.seed);
+  set_trainable(*model, config);
+  std::unique_ptr<AdamW> optimizer = make_optimizer(backend, *model, config);
+  Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
+  model->zero_grads();
+  model->set_dropout_seed(config.seed);
+  float loss = model->forward_backward(ids, ids, 1.0f);
+  CHECK(std::isfinite(loss));
+  optimizer->step(config.lr);
+  return tracker.stats().total_peak_bytes;
+}
+
+void check_plan_matches_real_step(const std::string& model_dir, const std::string& extra_yaml, int64_t batch,
+                                  int64_t seq) {
+  CAPTURE(model_dir);
+  CAPTURE(extra_yaml);
+  const TrainConfig config = make_config(model_dir, extra_yaml);
+  PlanOptions cpu;
+  cpu.policy = MemoryPolicy::cpu;
+  const StepPlan plan = plan_step(config, cpu, batch, seq);
+  const size_t measured = real_step_peak(config, batch, seq);
+  const std::string run = fs::path(model_dir).filename().string() +
+                          (config.trainable == Trainable::all ? " full fp32" : " int8 + LoRA");
+  MESSAGE(run, ": planned ", plan.peak_bytes, " bytes, measured ", measured, " (peak at ",
+          plan.where, ")");
+  CHECK(plan.peak_bytes == measured);
+}
+
+const char* kInt8Lora = "quantization: {mode: int8}\nlora: {r: 8, lora_alpha: 16, lora_dropout: 0.05, target_modules: ";
+const std::string kLlamaLora = std::string(kInt8Lora) + "[q_proj, v_proj]}\n";
+const std::string kNeoxLora = std::string(kInt8Lora) + "[query_key_value]}\n";
+const std::string kFullFp32 = "quantization: {mode: none}\ntrainable: all\n";
+
+}  // namespace
+
+TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to the byte") {
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", kLlamaLora, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", kFullFp32, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", kNeoxLora, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", kFullFp32, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/gpt_neox_sequential", kNeoxLora, 2, 16);
+}
+
+// ~106M parameters each (57M in int8 linears, 49M in the f32 embeddings and
+// lm_head). int8 + LoRA at 32 tokens keeps each real step to a few seconds:
+// the cost is per weight (quantising, packing, dequantising), not per token.
+TEST_CASE("plan: ~100M-parameter Llama and NeoX configs plan to the byte") {
+  const std::string llama = write_model("llama_100m", R"({"model_type": "llama", "hidden_size": 768,
+    "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 12, "num_key_value_heads": 4,
+    "vocab_size": 32000, "max_position_embeddings": 2048})");
+  const std::string neox = write_model("neox_100m", R"({"model_type": "gpt_neox", "hidden_size": 768,
+    "intermediate_size": 3072, "num_hidden_layers": 8, "num_attention_heads": 12, "vocab_size": 32000,
+    "max_position_embeddings": 2048, "hidden_act": "gelu_fast"})");
+  check_plan_matches_real_step(llama, kLlamaLora, 1, 32);
+  check_plan_matches_real_step(neox, kNeoxLora, 1, 32);
+}
+
+TEST_CASE("plan: the caching model rounds and reuses as CachingAllocator") {
+  CachingModelAllocator caching;
+  caching.allocate(1000, MemCategory::activations);  // 512-byte classes up to 1 MiB
+  CHECK(caching.in_use_bytes() == 1024);
+  caching.deallocate(nullptr, 1000, MemCategory::activations);
+  caching.allocate(600, MemCategory::activations);  // same class: the cached block
+  CHECK(caching.reserved_bytes() == 1024);
+  caching.allocate((size_t(3) << 20) + 1, MemCategory::activations);  // 1/8 of 2 MiB steps above 1 MiB
+  CHECK(caching.in_use_bytes() == 1024 + (size_t(13) << 18));
+  CHECK(caching.peak_in_use_bytes() == caching.in_use_bytes());
+}
+
+TEST_CASE("plan: bad model_type or LoRA target is a clear error") {
+  const std::string bad = write_model("bad_type", R"({"model_type": "bert", "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100})");
+  PlanOptions options;
+  CHECK_THROWS_WITH_AS(plan_step(make_config(bad, ""), options, 1, 16), doctest::Contains("not supported"), Error);
+  CHECK_THROWS_WITH_AS(plan_step(make_config(kFixtures + "/gpt_neox_parallel", "lora: {target_modules: [q_proj]}\n"),
+                               options, 1, 16),
+                       doctest::Contains("\"q_proj\" matches no module"), Error);
+
+  // Through the binary: the message reaches the user with exit status 1.
+  const std::string command = std::string(FT_BINARY_DIR) + "/trainer/finetune plan " + FT_SOURCE_DIR +
+                              "/configs/gpt-neox-20b-int8-lora.yaml --set lora.target_modules=[q_proj] 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe);
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(output.find("error: lora.target_modules: \"q_proj\" matches no module") != std::string::npos);
+}
+
+TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA at seq 2048, micro_batch 1 (CUDA policy)") {
+  const TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/gpt-neox-20b-int8-lora.yaml");
+  const StepPlan plan = plan_step(config, PlanOptions{}, config.micro_batch_size, config.seq_len);
+  MESSAGE("20B plan: ", plan.total_bytes(), " bytes (", double(plan.total_bytes()) / double(1ull << 30),
+          " GiB incl. context reserve), peak at ", plan.where);
+  // Frozen weights alone: 44 x 12 x 6144^2 int8 bytes = 18.6 GiB.
+  CHECK(plan.int8_weight_bytes == size_t(44) * 12 * 6144 * 6144);
+  // trl's recipe: 44 x 16 x (6144 + 18432) = 17,301,504 trainable f32 adapters.
+  CHECK(plan.at_peak.current(MemCategory::adapters) == size_t(17301504) * 4);
+}

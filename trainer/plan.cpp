@@ -1,0 +1,209 @@
+#include "trainer/plan.h"
+
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <unordered_map>
+
+#include "kernels/error.h"
+#include "model/causal_lm.h"
+#include "trainer/progress.h"
+#include "trainer/trainer.h"
+
+namespace ft {
+
+namespace {
+
+// Sits above the tracker and remembers the tracker's per-category state, the
+// step phase and the backend's last op whenever the held bytes reach a new
+// maximum. Held bytes are the tracker's total (cpu) or the caching model's
+// rounded bytes in use (cuda).
+class PeakWatch final : public Allocator {
+ public:
+  PeakWatch(TrackingAllocator& tracker, const CachingModelAllocator* caching) : tracker_(tracker), caching_(caching) {}
+  Device device() const override { return tracker_.device(); }
+  void* allocate(size_t bytes, MemCategory category) override {
+    void* ptr = tracker_.allocate(bytes, category);
+    const size_t held = caching_ ? caching_->in_use_bytes() : tracker_.stats().total_current_bytes;
+    if (held > peak_bytes) {
+      peak_bytes = held;
+      at_peak = tracker_.stats();
+      phase_at_peak = phase;
+      cursor_at_peak = backend ? backend->cursor() : MetaCursor{};
+    }
+    return ptr;
+  }
+  void deallocate(void* ptr, size_t bytes, MemCategory category) override {
+    tracker_.deallocate(ptr, bytes, category);
+  }
+
+  const MetaBackend* backend = nullptr;
+  const char* phase = "backend setup";
+  size_t peak_bytes = 0;
+  MemoryStats at_peak;
+  const char* phase_at_peak = "";
+  MetaCursor cursor_at_peak;
+
+ private:
+  TrackingAllocator& tracker_;
+  const CachingModelAllocator* caching_;
+};
+
+// "backward, last op int8_linear_backward on gpt_neox.layers.43.attention.query_key_value.weight":
+// the peak allocation was made inside that op (its scratch) or just after it.
+std::string describe_peak(const PeakWatch& watch, CausalLM& model) {
+  std::string where = watch.phase_at_peak;
+  if (where != "training step") return where;
+  const MetaCursor& cursor = watch.cursor_at_peak;
+  where = std::string(cursor.backward ? "backward" : "forward") + ", last op " + cursor.op;
+  for (std::deque<Parameter>* list : {&model.parameters(), &model.adapters()})
+    for (const Parameter& p : *list)
+      if (p.value.storage.get() == cursor.parameter) return where + " on " + p.name;
+  return where;
+}
+
+void split_weights(StepPlan& plan, CausalLM& model) {
+  for (const Parameter& p : model.parameters()) {
+    if (p.value.dtype == DType::i8) {
+      plan.int8_weight_bytes += p.value.size_bytes();
+      plan.int8_scale_bytes += p.scales.size_bytes();
+    } else {
+      plan.dense_weight_bytes += p.value.size_bytes();
+      plan.dense_weight_dtype = p.value.dtype;
+    }
+  }
+}
+
+}  // namespace
+
+StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch, int64_t seq_len) {
+  const ModelConfig model_config =
+      ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
+  MetaAllocator meta;
+  CachingModelAllocator caching;
+  const bool cuda = options.policy == MemoryPolicy::cuda;
+  TrackingAllocator tracker(cuda ? static_cast<Allocator&>(caching) : meta);
+  PeakWatch watch(tracker, cuda ? &caching : nullptr);
+  MetaBackend backend(watch, options.policy);
+  watch.backend = &backend;
+
+  // As trainer.cpp's make_model and make_data_and_optimizer, minus reading weights.
+  watch.phase = "model weights";
+  std::unique_ptr<CausalLM> model = make_causal_lm(model_config, backend, model_options(config));
+  model->init_adapters(config.seed);
+  watch.phase = "gradients and optimizer state";
+  set_trainable(*model, config);
+  std::unique_ptr<AdamW> optimizer = make_optimizer(backend, *model, config);
+
+  // One micro-batch of train_step: every target counts, so nothing is skipped.
+  HostAllocator host;
+  Tensor ids = Tensor::empty({micro_batch, seq_len}, DType::i32, host, MemCategory::activations);
+  Tensor targets = Tensor::empty({micro_batch, seq_len}, DType::i32, host, MemCategory::activations);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = targets.ptr<int32_t>()[i] = 0;
+  watch.phase = "training step";
+  backend.reset_cursor();
+  model->zero_grads();
+  model->set_dropout_seed(config.seed);
+  model->forward_backward(ids, targets, 1.0f);
+  watch.phase = "optimizer step";
+  optimizer->step(config.lr);
+
+  StepPlan plan;
+  plan.micro_batch = micro_batch;
+  plan.seq_len = seq_len;
+  split_weights(plan, *model);
+  FT_CHECK(plan.int8_weight_bytes + plan.int8_scale_bytes + plan.dense_weight_bytes ==
+               watch.at_peak.current(MemCategory::weights),
+           "plan: the weights category holds more than the model's parameters");
+  plan.at_peak = watch.at_peak;
+  plan.peak_bytes = watch.peak_bytes;
+  plan.reserved_bytes = cuda ? caching.reserved_bytes() : 0;
+  plan.context_bytes = cuda ? options.context_reserve_bytes : 0;
+  plan.where = describe_peak(watch, *model);
+  return plan;
+}
+
+namespace {
+
+void print_row(const char* label, size_t bytes) {
+  std::printf("  %-58s %12s\n", label, format_bytes(bytes).c_str());
+}
+
+void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
+  const MemoryStats& s = plan.at_peak;
+  const std::string dense = std::string("dense weights (embeddings, norms, biases, lm_head), ") +
+                            dtype_name(plan.dense_weight_dtype);
+  print_row("frozen int8 linear weights", plan.int8_weight_bytes);
+  print_row("their f32 row scales", plan.int8_scale_bytes);
+  print_row(dense.c_str(), plan.dense_weight_bytes);
+  print_row("LoRA adapters (f32)", s.current(MemCategory::adapters));
+  print_row("gradients (f32)", s.current(MemCategory::gradients));
+  print_row("optimizer state (AdamW m, v, f32 masters)", s.current(MemCategory::optimizer));
+  print_row("activations (saved for backward + the live layer + logits)", s.current(MemCategory::activations));
+  print_row(options.policy == MemoryPolicy::cuda ? "workspace (cuBLASLt 32 MiB, int8 dequant tiles, f32 widening)"
+                                                 : "workspace (int8 dequant tiles)",
+            s.current(MemCategory::workspace));
+  if (options.policy == MemoryPolicy::cuda) {
+    print_row("caching-allocator size-class rounding", plan.peak_bytes - s.total_current_bytes);
+    print_row("CUDA context reserve", plan.context_bytes);
+  }
+  std::printf("  %-58s %12s\n", "----------------------------------------", "----------");
+  print_row("peak", plan.total_bytes());
+  std::printf("  peak at: %s\n", plan.where.c_str());
+  if (options.policy == MemoryPolicy::cuda)
+    std::printf("  reserved by the caching allocator after the step (cache never flushed): %s\n",
+                format_bytes(plan.reserved_bytes + plan.context_bytes).c_str());
+}
+
+}  // namespace
+
+void print_plan(const TrainConfig& config, const PlanOptions& options) {
+  const bool cuda = options.policy == MemoryPolicy::cuda;
+  const ModelConfig model_config =
+      ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
+  std::printf("memory plan: %s, %s %lld layers, on %s, micro_batch %lld x seq_len %lld\n", config.source.c_str(),
+              model_config.model_type.c_str(), (long long)model_config.num_hidden_layers, cuda ? "cuda" : "cpu",
+              (long long)config.micro_batch_size, (long long)config.seq_len);
+  const StepPlan plan = plan_step(config, options, config.micro_batch_size, config.seq_len);
+  print_breakdown(plan, options);
+  const size_t budget = options.gpu_mem_bytes;
+  const bool fits = plan.total_bytes() <= budget;
+  std::printf("  fits in %s: %s (%s %s)\n", format_bytes(budget).c_str(), fits ? "yes" : "NO",
+              format_bytes(fits ? budget - plan.total_bytes() : plan.total_bytes() - budget).c_str(),
+              fits ? "to spare" : "over");
+
+  // The peak grows with the token count, so each search stops at its first miss.
+  std::printf("largest power-of-two seq_len that fits in %s:\n", format_bytes(budget).c_str());
+  for (int64_t batch = 1; batch <= 1024; batch *= 2) {
+    int64_t best = 0;
+    for (int64_t seq = 16; seq <= model_config.max_position_embeddings; seq *= 2) {
+      if (plan_step(config, options, batch, seq).total_bytes() > budget) break;
+      best = seq;
+    }
+    if (best == 0) break;
+    std::printf("  micro_batch %4lld: seq_len %lld (%lld tokens)\n", (long long)batch, (long long)best,
+                (long long)(batch * best));
+  }
+}
+
+size_t parse_byte_size(const std::string& text) {
+  static const std::unordered_map<std::string, double> units = {
+      {"", 1.0},         {"b", 1.0},        {"kib", 0x1p10},  {"mib", 0x1p20}, {"gib", 0x1p30},
+      {"tib", 0x1p40},   {"kb", 1e3},       {"mb", 1e6},      {"gb", 1e9},     {"tb", 1e12}};
+  size_t used = 0;
+  double value = 0.0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    fail("\"", text, "\" is not a size (expected e.g. 24GiB, 512MiB, 2GB)");
+  }
+  std::string unit;
+  for (size_t i = used; i < text.size(); ++i)
+    if (!std::isspace(static_cast<unsigned char>(text[i]))) unit += char(std::tolower(static_cast<unsigned char>(text[i])));
+  auto it = units.find(unit);
+  FT_CHECK(it != units.end() && value >= 0.0, "\"", text, "\" is not a size (expected e.g. 24GiB, 512MiB, 2GB)");
+  return size_t(value * it->second);
+}
+
+}  // namespace ft

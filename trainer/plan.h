@@ -1,0 +1,49 @@
+// The memory planner behind `finetune plan`: builds the config's model from
+// config.json alone on the meta device (kernels/meta/), with the same options,
+// trainable set and AdamW as a real run (trainer.h), runs one training step
+// (forward_backward on a dummy batch, then the optimizer step) through the
+// same code, and reports what the allocator held at the step's peak. No
+// weights, tokenizer or data are read.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernels/allocator.h"
+#include "kernels/meta/meta_backend.h"
+#include "trainer/train_config.h"
+
+namespace ft {
+
+struct PlanOptions {
+  MemoryPolicy policy = MemoryPolicy::cuda;
+  size_t gpu_mem_bytes = size_t(24) << 30;
+  size_t context_reserve_bytes = size_t(768) << 20;  // CUDA context + cuBLASLt handles; cuda policy only
+};
+
+struct StepPlan {
+  int64_t micro_batch = 0, seq_len = 0;
+  // The weights category split by kind (it does not change during a step).
+  size_t int8_weight_bytes = 0, int8_scale_bytes = 0, dense_weight_bytes = 0;
+  DType dense_weight_dtype = DType::f32;
+  MemoryStats at_peak;        // the tracker (requested bytes per category) at the peak
+  size_t peak_bytes = 0;      // held at the peak: requested bytes (cpu), size-class-rounded bytes (cuda)
+  size_t reserved_bytes = 0;  // cuda: what the caching allocator has cudaMalloc'd after the step
+  size_t context_bytes = 0;   // cuda: the context reserve
+  std::string where;          // e.g. "backward, last op int8_linear_backward on gpt_neox.layers.43..."
+
+  size_t total_bytes() const { return peak_bytes + context_bytes; }
+};
+
+// One training step of micro_batch x seq_len tokens, planned.
+StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch, int64_t seq_len);
+
+// `finetune plan`: the breakdown at the config's micro_batch_size x seq_len,
+// whether it fits in options.gpu_mem_bytes, and the largest power-of-two
+// seq_len that fits for micro_batch 1, 2, 4, ...
+void print_plan(const TrainConfig& config, const PlanOptions& options);
+
+// "24GiB", "0.75 GiB", "512MiB", "2GB", "1048576": bytes (binary and decimal units).
+size_t parse_byte_size(const std::string& text);
+
+}  // namespace ft
