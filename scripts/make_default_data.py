@@ -6,7 +6,7 @@ Writes (all committed):
   configs/data/summarize_eval.jsonl   same format, seed 2, no summary shared
                                       with train (summaries carry the key
                                       slots, so no slot combination repeats)
-  configs/data/pretrain.jsonl         {"text"} rows: bare dialogues plus short
+  configs/data/pretrain.jsonl         {"text"} rows: dialogues (half with a recap) plus short
                                       third-person narratives, seed 3
   configs/tiny-base/tokenizer.model   SentencePiece BPE trained on pretrain
                                       text with the `spm_train` CLI
@@ -38,6 +38,7 @@ TOKENIZER_DIR = os.path.join(ROOT, "configs", "tiny-base")
 
 PROMPT = "Summarize the following conversation.\n\n{dialogue}\n\nSummary: "
 N_TRAIN, N_EVAL, N_PRETRAIN_DIALOGUES, N_NARRATIVES = 4000, 200, 20000, 6000
+RECAP_FRACTION = 0.5  # pretraining dialogues followed by an "In short:" recap
 SEED_TRAIN, SEED_EVAL, SEED_PRETRAIN = 1, 2, 3
 VOCAB_SIZE = 1024
 SPEAKER_TAGS = ["#Person1#", "#Person2#", "#Person3#", "#Person4#"]
@@ -962,14 +963,20 @@ def build_sft(seed, n, banned_summaries, banned_dialogues):
 
 
 def build_pretrain(seed, eval_summaries, eval_dialogues):
-    """Bare dialogues plus 2-4 sentence narratives, interleaved in a fixed
+    """Dialogues (some with an "In short:" recap) plus 2-4 sentence narratives, interleaved in a fixed
     shuffled order; nothing equal to an eval dialogue or summary gets in."""
     rng = random.Random(seed)
     rows = []
     while len(rows) < N_PRETRAIN_DIALOGUES:
-        _, text, _ = make_example(rng)
-        if text not in eval_dialogues:
-            rows.append({"text": text})
+        _, text, summary = make_example(rng)
+        if text in eval_dialogues:
+            continue
+        # Some dialogues are followed by a recap, as text on the web often is:
+        # the base model learns to carry facts from a dialogue into a
+        # sentence, but never sees the task's prompt or its "Summary:" cue.
+        if rng.random() < RECAP_FRACTION and summary not in eval_summaries:
+            text += "\n\nIn short: " + summary
+        rows.append({"text": text})
     narratives = []
     while len(narratives) < N_NARRATIVES:
         sentences = [make_narrative_sentence(rng) for _ in range(rng.randint(2, 4))]
