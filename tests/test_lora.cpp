@@ -11,33 +11,17 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/host_tensors.h"
 #include "kernels/dropout_hash.h"
 #include "model/int8_linear.h"
 #include "model/lora_linear.h"
 
 using namespace ft;
+using ft::testing::gaussian;
+using ft::testing::make;
+using ft::testing::read;
 
 namespace {
-
-std::vector<float> gaussian(int64_t n, float sigma, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> values(n);
-  for (float& v : values) v = dist(rng);
-  return values;
-}
-
-Tensor make(CpuBackend& backend, const Shape& shape, const std::vector<float>& values, DType dtype = DType::f32) {
-  Tensor t = backend.empty(shape, dtype, MemCategory::activations);
-  for (int64_t i = 0; i < t.numel(); ++i) store_from_f32(t.data, dtype, i, values[size_t(i)]);
-  return t;
-}
-
-std::vector<float> read(const Tensor& t) {
-  std::vector<float> values(t.numel());
-  for (int64_t i = 0; i < t.numel(); ++i) values[size_t(i)] = load_as_f32(t.data, t.dtype, i);
-  return values;
-}
 
 // A trainable f32 parameter whose gradient starts at `grad` (checks +=).
 void make_trainable(CpuBackend& backend, Parameter& p, const Shape& shape, const std::vector<float>& value,
