@@ -100,10 +100,27 @@ void CausalLM::load(const Checkpoint& checkpoint) {
     const SafetensorsEntry& entry = checkpoint.entry(p.name);
     FT_CHECK(entry.shape == p.value.shape, entry.file, ": tensor \"", p.name, "\" has shape ",
              shape_string(entry.shape), " but config.json implies ", shape_string(p.value.shape));
-    if (p.value.dtype == DType::i8)
-      quantize_parameter(backend_, p, checkpoint.view(p.name));
-    else
+    if (entry.dtype == DType::i8) {
+      // A saved quantised base (save_quantized_base): codes plus bitsandbytes'
+      // row scales "<name>.SCB", taken as they are instead of requantising.
+      const std::string scb = p.name + ".SCB";
+      FT_CHECK(p.value.dtype == DType::i8, entry.file, ": tensor \"", p.name,
+               "\" is stored int8 (a quantised base) and loads only with quantization.mode int8");
+      const SafetensorsEntry& scales = checkpoint.entry(scb);
+      FT_CHECK(scales.dtype == DType::f32 && scales.shape == p.scales.shape, scales.file, ": tensor \"", scb,
+               "\" must be F32 ", shape_string(p.scales.shape), ", got ", dtype_name(scales.dtype), " ",
+               shape_string(scales.shape));
       backend_.copy(p.value, checkpoint.view(p.name));
+      backend_.copy(p.scales, checkpoint.view(scb));
+      checkpoint.release(scb);
+    } else if (p.value.dtype == DType::i8) {
+      quantize_parameter(backend_, p, checkpoint.view(p.name));
+    } else {
+      backend_.copy(p.value, checkpoint.view(p.name));
+    }
+    // Done with the source bytes: drop their pages so the mapped checkpoint
+    // holds about one tensor resident, not the whole file, at peak.
+    checkpoint.release(p.name);
   }
 }
 
@@ -188,13 +205,14 @@ void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const
   Backend& be = backend_;
   step.tokens = upload_step_tokens(input_ids, targets);
   const int64_t B = step.tokens.batch, T = step.tokens.seq, C = config_.hidden_size;
-  step.residuals.push_back(be.empty({B, T, C}, DType::f32, MemCategory::activations));
+  const DType act = options_.activation_dtype;
+  step.residuals.push_back(be.empty({B, T, C}, act, MemCategory::activations));
   Tensor embedded = step.residuals[0].reshaped({B * T, C});
   be.embedding_forward(embedded, step.tokens.ids, embedding.value);
   const bool keep = training && options_.activation_checkpointing == ActivationCheckpointing::none;
   step.layers.resize(size_t(config_.num_hidden_layers));
   for (size_t i = 0; i < step.layers.size(); ++i) {
-    step.residuals.push_back(be.empty({B, T, C}, DType::f32, MemCategory::activations));
+    step.residuals.push_back(be.empty({B, T, C}, act, MemCategory::activations));
     std::unique_ptr<SavedActivations> saved =
         forward_layer(i, step.residuals[i], step.residuals[i + 1], step.tokens.positions);
     if (keep) step.layers[i] = std::move(saved);  // else freed here, before the next layer runs
@@ -224,7 +242,7 @@ float CausalLM::lm_head_loss(const Tensor& hidden, Parameter& lm_head, const Ste
   const bool training = dhidden != nullptr, backward = training && tokens.counted > 0;
   const int64_t chunk = training && options_.loss_chunk_tokens > 0 ? std::min(options_.loss_chunk_tokens, N) : N;
   Tensor losses = be.empty({N}, DType::f32, MemCategory::activations);
-  if (backward) *dhidden = be.empty(hidden.shape, DType::f32, MemCategory::activations);
+  if (backward) *dhidden = be.empty(hidden.shape, hidden.dtype, MemCategory::activations);
   const float dloss = backward ? grad_scale / float(tokens.counted) : 0.0f;
   for (int64_t first = 0; first < N; first += chunk) {
     const int64_t rows = std::min(chunk, N - first);
@@ -236,10 +254,20 @@ float CausalLM::lm_head_loss(const Tensor& hidden, Parameter& lm_head, const Ste
                      dloss);
     if (!training) last_logits_ = logits;  // eval: one chunk, all N rows
     if (!backward) continue;
-    // logits now hold dlogits: the chunk's share of both gradients, then it is freed.
+    // logits now hold dlogits (f32, from the f32 loss): the chunk's share of
+    // both gradients, then it is freed. With narrower activations dlogits is
+    // rounded to their dtype first, as autocast's backward does: an f32
+    // dlogits times a bf16 lm_head would make CudaBackend::matmul widen the
+    // whole [V, C] weight to f32 scratch, and the chunk copy is far smaller.
+    Tensor dlogits = logits;
+    if (hidden.dtype != DType::f32) {
+      dlogits = be.empty({rows, V}, hidden.dtype, MemCategory::activations);
+      be.copy(dlogits, logits);
+      logits = Tensor{};
+    }
     Tensor dhidden_rows = dhidden->slice_rows(first, rows);
-    be.matmul(dhidden_rows, logits, lm_head.value, false, false);
-    if (lm_head.trainable()) be.matmul(lm_head.grad, logits, hidden_rows, true, false, 1.0f, 1.0f);
+    be.matmul(dhidden_rows, dlogits, lm_head.value, false, false);
+    if (lm_head.trainable()) be.matmul(lm_head.grad, dlogits, hidden_rows, true, false, 1.0f, 1.0f);
   }
 
   HostAllocator host;

@@ -119,10 +119,12 @@ class CausalLM {
 
   // The end of every forward: logits = hidden [N, C] lm_head^T and the mean
   // cross-entropy over counted tokens (returned). Eval (dhidden null): the
-  // logits [N, V] are kept for last_logits(). Training: logits are made
+  // logits [N, V] are kept for last_logits(). Logits, the loss and dlogits
+  // are f32 whatever hidden's dtype (the activation dtype); dlogits is
+  // rounded to hidden's dtype for the two gradient products. Training: logits are made
   // options_.loss_chunk_tokens rows at a time, each chunk overwritten by its
   // d(grad_scale * loss)/d(logits) and consumed at once -- dhidden [N, C]
-  // (allocated here, unless no token counts) = dlogits lm_head, and
+  // (hidden's dtype, allocated here unless no token counts) = dlogits lm_head, and
   // lm_head.grad += dlogits^T hidden when it trains -- so no [N, V] tensor
   // exists in a training step with chunking.
   float lm_head_loss(const Tensor& hidden, Parameter& lm_head, const StepTokens& tokens, Tensor* dhidden,

@@ -70,10 +70,11 @@ float GptNeoxModel::forward_backward(const Tensor& input_ids, const Tensor& targ
 
 // ---- forward -------------------------------------------------------------
 
-// out, mean and rstd are allocated here: out [N, C] f32, statistics f32 [N].
+// out, mean and rstd are allocated here: out [N, C] in the activation dtype,
+// statistics f32 [N].
 static void layer_norm(Backend& be, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
-                       const LayerNormParameters& norm, float eps) {
-  out = be.empty(x.shape, DType::f32, MemCategory::activations);
+                       const LayerNormParameters& norm, float eps, DType act) {
+  out = be.empty(x.shape, act, MemCategory::activations);
   mean = be.empty({x.rows()}, DType::f32, MemCategory::activations);
   rstd = be.empty({x.rows()}, DType::f32, MemCategory::activations);
   be.layernorm_forward(out, mean, rstd, x, norm.weight->value, norm.bias->value, eps);
@@ -84,14 +85,15 @@ static void layer_norm(Backend& be, Tensor& out, Tensor& mean, Tensor& rstd, con
 void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int64_t B, int64_t T, Tensor& out,
                                      const Tensor& positions) {
   Backend& be = backend_;
+  const DType act = options_.activation_dtype;
   const int64_t N = B * T, C = config_.hidden_size, H = config_.num_attention_heads, D = config_.head_dim;
-  Tensor qkv = be.empty({N, 3 * C}, DType::f32, MemCategory::activations);
+  Tensor qkv = be.empty({N, 3 * C}, act, MemCategory::activations);
   layer.query_key_value->forward(be, qkv, saved.norm1);
   // HF's fused layout: each token's 3C outputs are [H, 3, D], per head q then k then v.
   const Tensor qkv_rows = qkv.reshaped({N * H, 3 * D});
   Tensor* parts[3] = {&saved.q, &saved.k, &saved.v};
   for (int part = 0; part < 3; ++part) {
-    *parts[part] = be.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+    *parts[part] = be.empty({B, T, H, D}, act, MemCategory::activations);
     Tensor rows = parts[part]->reshaped({N * H, D});
     be.copy_columns(rows, 0, qkv_rows, part * D, D);
   }
@@ -99,7 +101,7 @@ void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int6
   be.rope_forward(q_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
   be.rope_forward(k_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
 
-  saved.attn = be.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+  saved.attn = be.empty({B, T, H, D}, act, MemCategory::activations);
   saved.lse = be.empty({B, H, T}, DType::f32, MemCategory::activations);
   be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)));
   layer.dense->forward(be, out, saved.attn.reshaped({N, C}));
@@ -108,12 +110,13 @@ void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int6
 // out [N, C] = dense_4h_to_h(gelu(dense_h_to_4h(saved.norm2))).
 void GptNeoxModel::forward_mlp(Layer& layer, LayerActivations& saved, Tensor& out) {
   Backend& be = backend_;
+  const DType act = options_.activation_dtype;
   const int64_t N = saved.norm2.rows(), I = config_.intermediate_size;
-  saved.h = be.empty({N, I}, DType::f32, MemCategory::activations);
+  saved.h = be.empty({N, I}, act, MemCategory::activations);
   layer.dense_h_to_4h->forward(be, saved.h, saved.norm2);
-  Tensor act = be.empty({N, I}, DType::f32, MemCategory::activations);
-  be.gelu_forward(act, saved.h, gelu_kind_);
-  layer.dense_4h_to_h->forward(be, out, act);
+  Tensor gelu_out = be.empty({N, I}, act, MemCategory::activations);
+  be.gelu_forward(gelu_out, saved.h, gelu_kind_);
+  layer.dense_4h_to_h->forward(be, out, gelu_out);
 }
 
 // Parallel residual: out = x + attn(ln1(x)) + mlp(ln2(x)).
@@ -121,6 +124,7 @@ void GptNeoxModel::forward_mlp(Layer& layer, LayerActivations& saved, Tensor& ou
 std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t index, const Tensor& x, Tensor& out,
                                                                         const Tensor& positions) {
   Backend& be = backend_;
+  const DType act = options_.activation_dtype;
   Layer& layer = *layers_[index];
   auto kept = std::make_unique<LayerActivations>();
   LayerActivations& saved = *kept;
@@ -128,16 +132,16 @@ std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t i
   const float eps = config_.layer_norm_eps;
   const Tensor x2d = x.reshaped({N, C});
   Tensor out2d = out.reshaped({N, C});
-  layer_norm(be, saved.norm1, saved.mean1, saved.rstd1, x2d, layer.input_norm, eps);
-  Tensor attn_out = be.empty({N, C}, DType::f32, MemCategory::activations);
+  layer_norm(be, saved.norm1, saved.mean1, saved.rstd1, x2d, layer.input_norm, eps, act);
+  Tensor attn_out = be.empty({N, C}, act, MemCategory::activations);
   forward_attention(layer, saved, B, T, attn_out, positions);
   if (!config_.use_parallel_residual) {
-    saved.residual_mid = be.empty({N, C}, DType::f32, MemCategory::activations);
+    saved.residual_mid = be.empty({N, C}, act, MemCategory::activations);
     be.add(saved.residual_mid, x2d, attn_out);
   }
   const Tensor& mlp_input = config_.use_parallel_residual ? x2d : saved.residual_mid;
-  layer_norm(be, saved.norm2, saved.mean2, saved.rstd2, mlp_input, layer.post_attention_norm, eps);
-  Tensor mlp_out = be.empty({N, C}, DType::f32, MemCategory::activations);
+  layer_norm(be, saved.norm2, saved.mean2, saved.rstd2, mlp_input, layer.post_attention_norm, eps, act);
+  Tensor mlp_out = be.empty({N, C}, act, MemCategory::activations);
   forward_mlp(layer, saved, mlp_out);
   if (config_.use_parallel_residual) {
     be.add(out2d, x2d, attn_out);
@@ -154,7 +158,7 @@ float GptNeoxModel::forward_pass(StepActivations& step, const Tensor& input_ids,
   const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
   Tensor final_norm;
   layer_norm(backend_, final_norm, step.final_mean, step.final_rstd, step.residuals.back().reshaped({N, C}),
-             final_norm_, config_.layer_norm_eps);
+             final_norm_, config_.layer_norm_eps, options_.activation_dtype);
   return lm_head_loss(final_norm, *embed_out_, step.tokens, grad_scale ? &step.dnorm : nullptr,
                       grad_scale ? *grad_scale : 0.0f);
 }
@@ -173,13 +177,14 @@ static void layer_norm_backward(Backend& be, Tensor& dx, const Tensor& dout, con
 // dnorm (overwritten) = d(loss)/d(saved.norm2) from dout = d(loss)/d(mlp output).
 void GptNeoxModel::backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor& dnorm) {
   Backend& be = backend_;
+  const DType act = options_.activation_dtype;
   const int64_t N = dout.rows(), I = config_.intermediate_size;
   // GELU is recomputed rather than saved: one cheap elementwise pass instead
   // of an [N, I] activation kept per layer.
-  Tensor act = be.empty({N, I}, DType::f32, MemCategory::activations);
-  be.gelu_forward(act, saved.h, gelu_kind_);
-  Tensor dact = be.empty({N, I}, DType::f32, MemCategory::activations);
-  layer.dense_4h_to_h->backward(be, dact, dout, act, false);
+  Tensor gelu_out = be.empty({N, I}, act, MemCategory::activations);
+  be.gelu_forward(gelu_out, saved.h, gelu_kind_);
+  Tensor dact = be.empty({N, I}, act, MemCategory::activations);
+  layer.dense_4h_to_h->backward(be, dact, dout, gelu_out, false);
   be.gelu_backward(dact, dact, saved.h, gelu_kind_);
   layer.dense_h_to_4h->backward(be, dnorm, dact, saved.norm2, false);
 }
@@ -188,21 +193,22 @@ void GptNeoxModel::backward_mlp(Layer& layer, LayerActivations& saved, const Ten
 void GptNeoxModel::backward_attention(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor& dnorm,
                                       const Tensor& positions) {
   Backend& be = backend_;
+  const DType act = options_.activation_dtype;
   const int64_t B = saved.q.dim(0), T = saved.q.dim(1), N = B * T, C = config_.hidden_size;
   const int64_t H = config_.num_attention_heads, D = config_.head_dim;
-  Tensor dattn = be.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+  Tensor dattn = be.empty({B, T, H, D}, act, MemCategory::activations);
   Tensor dattn2d = dattn.reshaped({N, C});
   layer.dense->backward(be, dattn2d, dout, saved.attn.reshaped({N, C}), false);
-  Tensor dq = be.empty({B, T, H, D}, DType::f32, MemCategory::activations);
-  Tensor dk = be.empty({B, T, H, D}, DType::f32, MemCategory::activations);
-  Tensor dv = be.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+  Tensor dq = be.empty({B, T, H, D}, act, MemCategory::activations);
+  Tensor dk = be.empty({B, T, H, D}, act, MemCategory::activations);
+  Tensor dv = be.empty({B, T, H, D}, act, MemCategory::activations);
   be.attention_backward(dq, dk, dv, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse,
                         1.0f / std::sqrt(float(D)));
   Tensor dq_heads = dq.reshaped({N, H, D}), dk_heads = dk.reshaped({N, H, D});
   be.rope_backward(dq_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
   be.rope_backward(dk_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
   // Back into HF's fused [H, 3, D] layout; the three parts cover every column.
-  Tensor dqkv = be.empty({N, 3 * C}, DType::f32, MemCategory::activations);
+  Tensor dqkv = be.empty({N, 3 * C}, act, MemCategory::activations);
   Tensor dqkv_rows = dqkv.reshaped({N * H, 3 * D});
   const Tensor* parts[3] = {&dq, &dk, &dv};
   for (int part = 0; part < 3; ++part) be.copy_columns(dqkv_rows, part * D, parts[part]->reshaped({N * H, D}), 0, D);
@@ -212,17 +218,20 @@ void GptNeoxModel::backward_attention(Layer& layer, LayerActivations& saved, con
 void GptNeoxModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dresidual, const Tensor& x,
                                   const Tensor& positions) {
   Backend& be = backend_;
+  const DType act = options_.activation_dtype;
   Layer& layer = *layers_[index];
   LayerActivations& saved = static_cast<LayerActivations&>(kept);
   const int64_t N = x.dim(0) * x.dim(1), C = config_.hidden_size;
   const bool parallel = config_.use_parallel_residual;
   const Tensor x2d = x.reshaped({N, C});
   Tensor dres = dresidual.reshaped({N, C});
-  Tensor dnorm = be.empty({N, C}, DType::f32, MemCategory::activations);
-  Tensor dmlp_input = be.empty({N, C}, DType::f32, MemCategory::activations);
-  Tensor dattn_input = be.empty({N, C}, DType::f32, MemCategory::activations);
+  Tensor dnorm = be.empty({N, C}, act, MemCategory::activations);
 
   backward_mlp(layer, saved, dres, dnorm);
+  // Allocated only now: the MLP backward, with its [N, I] tensors, is the
+  // layer's peak and does not need these.
+  Tensor dmlp_input = be.empty({N, C}, act, MemCategory::activations);
+  Tensor dattn_input = be.empty({N, C}, act, MemCategory::activations);
   layer_norm_backward(be, dmlp_input, dnorm, parallel ? x2d : saved.residual_mid, layer.post_attention_norm,
                       saved.mean2, saved.rstd2);
   // Sequential: the attention block's output also reaches the MLP through mid.
@@ -235,8 +244,9 @@ void GptNeoxModel::backward_layer(size_t index, SavedActivations& kept, Tensor& 
 
 void GptNeoxModel::backward_pass(StepActivations& step) {
   Backend& be = backend_;
+  const DType act = options_.activation_dtype;
   const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
-  Tensor dresidual = be.empty({step.tokens.batch, step.tokens.seq, C}, DType::f32, MemCategory::activations);
+  Tensor dresidual = be.empty({step.tokens.batch, step.tokens.seq, C}, act, MemCategory::activations);
   Tensor dresidual2d = dresidual.reshaped({N, C});
   layer_norm_backward(be, dresidual2d, step.dnorm, step.residuals.back().reshaped({N, C}), final_norm_,
                       step.final_mean, step.final_rstd);

@@ -17,7 +17,7 @@ struct LlamaModel::Layer {
 
 // What one layer's backward needs from its forward.
 struct LlamaModel::LayerActivations final : SavedActivations {
-  Tensor norm1, rstd1;  // input_layernorm output [N, C] and its f32 rstd [N]
+  Tensor norm1, rstd1;  // input_layernorm output [N, C] (activation dtype) and its f32 rstd [N]
   Tensor q, k, v;       // after rotary: [B, T, H, D]
   Tensor attn, lse;     // attention output [B, T, Hq, D], log-sum-exp [B, Hq, T]
   Tensor residual_mid;  // x + attention block output [N, C]
@@ -83,7 +83,7 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
   const int64_t B = x.dim(0), T = x.dim(1), N = B * T, C = config_.hidden_size;
   const int64_t Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
   const int64_t I = config_.intermediate_size;
-  const DType act = DType::f32;
+  const DType act = options_.activation_dtype;
   const Tensor x2d = x.reshaped({N, C});
 
   saved.norm1 = be.empty({N, C}, act, MemCategory::activations);
@@ -131,7 +131,7 @@ float LlamaModel::forward_pass(StepActivations& step, const Tensor& input_ids, c
   Backend& be = backend_;
   forward_decoder(step, input_ids, targets, *embed_tokens_, grad_scale != nullptr);
   const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
-  Tensor final_norm = be.empty({N, C}, DType::f32, MemCategory::activations);
+  Tensor final_norm = be.empty({N, C}, options_.activation_dtype, MemCategory::activations);
   step.final_rstd = be.empty({N}, DType::f32, MemCategory::activations);
   be.rmsnorm_forward(final_norm, step.final_rstd, step.residuals.back().reshaped({N, C}), final_norm_->value,
                      config_.rms_norm_eps);
@@ -149,7 +149,7 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
   const int64_t B = x.dim(0), T = x.dim(1), N = B * T, C = config_.hidden_size;
   const int64_t Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
   const int64_t I = config_.intermediate_size;
-  const DType act = DType::f32;
+  const DType act = options_.activation_dtype;
   Tensor dres = dresidual.reshaped({N, C});
   Tensor dnorm = be.empty({N, C}, act, MemCategory::activations);
   Tensor dnorm_input = be.empty({N, C}, act, MemCategory::activations);
@@ -195,7 +195,8 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
 void LlamaModel::backward_pass(StepActivations& step) {
   Backend& be = backend_;
   const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
-  Tensor dresidual = be.empty({step.tokens.batch, step.tokens.seq, C}, DType::f32, MemCategory::activations);
+  Tensor dresidual =
+      be.empty({step.tokens.batch, step.tokens.seq, C}, options_.activation_dtype, MemCategory::activations);
   Tensor dresidual2d = dresidual.reshaped({N, C});
   be.rmsnorm_backward(dresidual2d, final_norm_->trainable() ? &final_norm_->grad : nullptr, step.dnorm,
                       step.residuals.back().reshaped({N, C}), final_norm_->value, step.final_rstd);

@@ -27,6 +27,11 @@ enum class ActivationCheckpointing { none, per_layer };
 
 struct ModelOptions {
   DType weight_dtype = DType::f32;  // non-quantised weights (embeddings, norms, lm_head, dense linears)
+  // Every activation the decoder allocates (residual stream, checkpointed
+  // layer inputs, norm outputs, q/k/v, attention and MLP tensors, and their
+  // gradients). bf16 halves their memory; ops still reduce and accumulate in
+  // f32, and norm statistics, log-sum-exps, logits and losses stay f32.
+  DType activation_dtype = DType::f32;
   bool int8_base = false;           // every decoder linear frozen in LLM.int8()
   float int8_threshold = 6.0f;      // outlier threshold; 0 disables the 16-bit outlier path
   LoraOptions lora;

@@ -1,0 +1,149 @@
+// ModelOptions::activation_dtype = bf16 (BF16 mixed precision) against f32
+// activations on the fixtures, with the same f32 weights and f32 LoRA
+// adapters: the loss, logits and adapter gradients within bf16 rounding, and
+// the activation peak close to half.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "model/causal_lm.h"
+#include "model/safetensors.h"
+#include "tests/parity.h"
+
+using namespace ft;
+using parity::relative_error;
+using parity::shifted_targets;
+
+namespace {
+
+const std::string kFixtures[] = {"llama_gqa", "gpt_neox_parallel"};
+
+// bf16 keeps 8 significant bits: each rounding is off by at most 2^-9 ~ 2e-3
+// relative. The loss averages 22 tokens' log-probabilities, so its rounding
+// errors mostly cancel (measured ~1e-4; 2e-2 is the product's promise).
+// Logits are compared as max |diff| / max |logit|: on these random fixtures
+// each logit is a sum of 64 products that largely cancel, so the 2^-9 rounding
+// of the final norm's output (and of every residual before it) shows up
+// several times larger relative to the small logits (measured ~1.4e-2).
+// Adapter gradients come back through a bf16 dresidual and bf16 saved
+// activations, a few more roundings per layer (measured up to ~3.4e-2).
+constexpr double kLossTolerance = 2e-2;      // relative
+constexpr double kLogitsTolerance = 3e-2;    // parity::relative_error
+constexpr double kGradientTolerance = 5e-2;  // parity::relative_error, per adapter tensor
+// Saved activations, residuals and their gradients halve; what stays f32 is
+// small on the fixtures (norm statistics, lse, a 5-token logits chunk, LoRA's
+// [N, r] internals, the i32 tokens), so the peak must come in well under 60%.
+constexpr double kMaxPeakRatio = 0.6;
+constexpr int64_t kChunk = 5;
+
+HostAllocator host;  // outlives every tensor copied to the host here
+
+std::string fixture_dir(const std::string& fixture) { return std::string(FT_FIXTURES_DIR) + "/" + fixture; }
+
+struct StepResult {
+  float eval_loss = 0.0f, train_loss = 0.0f;
+  Tensor logits;                                      // host f32 [N, V], from the eval forward
+  std::vector<std::pair<std::string, Tensor>> grads;  // host f32 copies of every adapter gradient
+  size_t activation_peak = 0;                         // bytes above what was allocated before the step
+};
+
+// LoRA r 4 on every linear, no dropout: the f32 and bf16 runs see the same
+// adapter inputs, and the peak holds no f32 dropout copy of a layer input.
+ModelOptions options_for(const ModelConfig& config, DType activation_dtype) {
+  ModelOptions options;
+  options.activation_dtype = activation_dtype;
+  options.loss_chunk_tokens = kChunk;
+  options.lora.r = 4;
+  options.lora.lora_dropout = 0.0;
+  options.lora.target_modules = config.model_type == "llama"
+                                    ? std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                               "up_proj", "down_proj"}
+                                    : std::vector<std::string>{"query_key_value", "dense", "dense_h_to_4h",
+                                                               "dense_4h_to_h"};
+  return options;
+}
+
+// PEFT's init leaves B = 0, which would zero every lora_A gradient: give B
+// small deterministic values so both adapters' gradients are exercised.
+void set_lora_B(CausalLM& model) {
+  for (Parameter& adapter : model.adapters()) {
+    if (adapter.name.find(".lora_B.") == std::string::npos) continue;
+    std::vector<float> values(size_t(adapter.value.numel()));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = 0.05f * std::sin(float(i) + 1.0f);
+    model.backend().copy(adapter.value, Tensor::view_of(values.data(), adapter.value.shape, DType::f32));
+  }
+}
+
+// An eval forward (loss, logits), then one forward_backward on the fixture's
+// reference batch (loss, adapter gradients, activation peak).
+StepResult run(const std::string& fixture, DType activation_dtype) {
+  TrackingAllocator tracker(host);
+  CpuBackend backend(tracker);
+  const ModelConfig config = ModelConfig::from_json_file(fixture_dir(fixture) + "/config.json");
+  std::unique_ptr<CausalLM> model = make_causal_lm(config, backend, options_for(config, activation_dtype));
+  model->load(Checkpoint(fixture_dir(fixture)));
+  model->init_adapters(3);
+  set_lora_B(*model);
+  model->set_trainable([](const std::string& name) { return name.find(".lora_") != std::string::npos; });
+  Checkpoint reference(fixture_dir(fixture) + "/reference.safetensors");
+  const Tensor input_ids = reference.view("input_ids");
+  const Tensor targets = shifted_targets(reference.view("labels"), host);
+
+  StepResult result;
+  result.eval_loss = model->forward(input_ids, targets);
+  REQUIRE(model->last_logits().dtype == DType::f32);  // logits stay f32 whatever the activations
+  result.logits = Tensor::empty(model->last_logits().shape, DType::f32, host, MemCategory::activations);
+  backend.copy(result.logits, model->last_logits());
+
+  tracker.reset_peaks();
+  const size_t before = tracker.stats().current(MemCategory::activations);
+  result.train_loss = model->forward_backward(input_ids, targets);
+  CHECK(tracker.stats().current(MemCategory::activations) == before);  // nothing of the step outlives it
+  result.activation_peak = tracker.stats().peak(MemCategory::activations) - before;
+  for (Parameter& p : model->adapters()) {
+    REQUIRE(p.grad.dtype == DType::f32);  // f32 masters keep f32 gradients
+    Tensor grad = Tensor::empty(p.grad.shape, DType::f32, host, MemCategory::gradients);
+    backend.copy(grad, p.grad);
+    result.grads.emplace_back(p.name, grad);
+  }
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 activations match f32 within bf16 rounding and shrink the activation peak") {
+  for (const std::string& fixture : kFixtures) {
+    CAPTURE(fixture);
+    const StepResult f32 = run(fixture, DType::f32);
+    const StepResult bf16 = run(fixture, DType::bf16);
+
+    const double eval_loss_error = std::abs(bf16.eval_loss - f32.eval_loss) / std::abs(f32.eval_loss);
+    const double train_loss_error = std::abs(bf16.train_loss - f32.train_loss) / std::abs(f32.train_loss);
+    const double logits_error = relative_error(bf16.logits, f32.logits);
+    CHECK(eval_loss_error <= kLossTolerance);
+    CHECK(train_loss_error <= kLossTolerance);
+    CHECK(logits_error <= kLogitsTolerance);
+
+    REQUIRE(bf16.grads.size() == f32.grads.size());
+    REQUIRE(!f32.grads.empty());
+    double worst_gradient = 0.0;
+    for (size_t i = 0; i < f32.grads.size(); ++i) {
+      CAPTURE(f32.grads[i].first);
+      REQUIRE(bf16.grads[i].first == f32.grads[i].first);
+      const double error = relative_error(bf16.grads[i].second, f32.grads[i].second);
+      worst_gradient = std::max(worst_gradient, error);
+      CHECK(error <= kGradientTolerance);
+    }
+
+    const double peak_ratio = double(bf16.activation_peak) / double(f32.activation_peak);
+    CHECK(peak_ratio < kMaxPeakRatio);
+    MESSAGE(fixture, " bf16 vs f32 activations: loss relative error eval ", eval_loss_error, " train ",
+            train_loss_error, ", logits ", logits_error, ", worst adapter gradient ", worst_gradient, " over ",
+            f32.grads.size(), " tensors; activation peak ", bf16.activation_peak, " / ", f32.activation_peak,
+            " bytes = ", peak_ratio);
+  }
+}
