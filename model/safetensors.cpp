@@ -261,6 +261,18 @@ Tensor Checkpoint::view(const std::string& name) const {
   return Tensor::view_of(const_cast<void*>(e.data), e.shape, e.dtype, Device::cpu);
 }
 
+void Checkpoint::release(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  if (e.size_bytes == 0) return;
+  // madvise needs a page-aligned start. Rounding outwards may also drop a
+  // neighbour's edge page, which is harmless: it refaults on its next read.
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = uintptr_t(e.data) / page * page;
+  const uintptr_t end = (uintptr_t(e.data) + e.size_bytes + page - 1) / page * page;
+  FT_CHECK(::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED) == 0, e.file,
+           ": cannot release the pages of tensor \"", name, "\" (", errno_text(), ")");
+}
+
 std::vector<std::string> Checkpoint::names() const {
   std::vector<std::string> result;
   for (const auto& [name, entry] : by_name_) result.push_back(name);

@@ -60,6 +60,11 @@ class Checkpoint {
   const SafetensorsEntry& entry(const std::string& name) const;
   // A non-owning host view of the tensor's bytes (valid while this lives).
   Tensor view(const std::string& name) const;
+  // Drops the tensor's mapped pages from this process's resident set once it
+  // has been consumed, so streaming a checkpoint through keeps about one
+  // tensor of it resident. The mapping is read-only and private, so nothing
+  // is lost: a later view() refaults the bytes from the file (or page cache).
+  void release(const std::string& name) const;
   std::vector<std::string> names() const;
   size_t total_bytes() const;
 

@@ -150,3 +150,17 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong") {
     CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
   }
 }
+
+TEST_CASE("a saved INT8 base loads directly and trains to the same losses") {
+  const std::string dir = make_run_dir("save_base");
+  CommandResult first = run_command("cd " + dir + " && " + kBinary +
+                                    " config.yaml --set max_steps=3 --set quantization.save_base=base");
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  REQUIRE(fs::exists(dir + "/base/model.safetensors"));
+  CommandResult second = run_command("cd " + dir + " && " + kBinary +
+                                     " config.yaml --set max_steps=3 --set model=base --set output_dir=out2");
+  INFO(second.output);
+  REQUIRE(second.exit_code == 0);
+  CHECK(train_losses(dir + "/out/metrics.jsonl") == train_losses(dir + "/out2/metrics.jsonl"));
+}

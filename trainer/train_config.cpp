@@ -160,6 +160,7 @@ const Field kFields[] = {
        c.quantization.threshold = v.number();
        v.require(c.quantization.threshold >= 0, "a number >= 0");
      }},
+    {"quantization.save_base", [](TrainConfig& c, const Value& v) { c.quantization.save_base = v.path(); }},
     {"precision", [](TrainConfig& c, const Value& v) { c.precision = v.choice(kPrecisions); }},
     {"device", [](TrainConfig& c, const Value& v) { c.device = v.choice(kDevices); }},
     {"data.train", [](TrainConfig& c, const Value& v) { c.data.train = v.path(); }},
@@ -386,6 +387,8 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(c.max_steps > 0 || c.epochs > 0, f, ": max_steps and epochs are both 0; set one of them > 0");
   FT_CHECK(!(c.trainable == Trainable::all && c.quantization.mode == QuantMode::int8), f,
            ": trainable: all needs quantization.mode: none (INT8 base weights are frozen)");
+  FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode == QuantMode::int8, f,
+           ": quantization.save_base needs quantization.mode: int8 (it saves the INT8 base)");
   FT_CHECK(c.task_metric == TaskMetric::none || !c.data.eval.empty(), f, ": task_metric: ", enum_name(c.task_metric),
            " needs data.eval (prompt/completion pairs to score)");
 }

@@ -35,6 +35,7 @@ struct LoraConfig {
 struct QuantizationConfig {
   QuantMode mode = QuantMode::int8;
   double threshold = 6.0;  // LLM.int8() outlier threshold
+  std::string save_base;   // resolved folder; "" = don't save the quantised base
 };
 
 struct DataConfig {

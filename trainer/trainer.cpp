@@ -12,6 +12,7 @@
 #include "kernels/error.h"
 #include "model/causal_lm.h"
 #include "model/peft_adapter.h"
+#include "model/quantized_base.h"
 #include "model/safetensors.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
 #include "trainer/evaluate.h"
@@ -26,6 +27,7 @@ namespace fs = std::filesystem;
 ModelOptions model_options(const TrainConfig& config) {
   ModelOptions options;
   options.weight_dtype = config.precision == Precision::bf16 ? DType::bf16 : DType::f32;
+  options.activation_dtype = options.weight_dtype;  // bf16 mixed precision: bf16 activations too
   options.int8_base = config.quantization.mode == QuantMode::int8;
   options.int8_threshold = float(config.quantization.threshold);
   options.activation_checkpointing = config.activation_checkpointing;
@@ -110,6 +112,18 @@ void print_trainable_parameters(CausalLM& model) {
             << " || trainable%: " << percent << "\n";
 }
 
+// The INT8 base as a loadable model folder: later runs read the codes and
+// scales directly instead of quantising the 16-bit checkpoint again.
+void save_base(Run& run) {
+  const std::string& folder = run.config.quantization.save_base;
+  fs::create_directories(folder);
+  save_quantized_base(*run.model, path_in(folder, "model.safetensors"));
+  fs::copy_file(path_in(run.config.model, "config.json"), path_in(folder, "config.json"),
+                fs::copy_options::overwrite_existing);
+  fs::copy_file(run.config.tokenizer, path_in(folder, "tokenizer.model"), fs::copy_options::overwrite_existing);
+  std::cout << "quantized base: " << folder << "\n";
+}
+
 void make_model(Run& run) {
   const TrainConfig& config = run.config;
   run.model_config = ModelConfig::from_json_file(path_in(config.model, "config.json"));
@@ -123,6 +137,7 @@ void make_model(Run& run) {
   } else {
     run.model->load(Checkpoint(config.model));
   }
+  if (!config.quantization.save_base.empty()) save_base(run);
   run.model->init_adapters(config.seed);
   set_trainable(*run.model, config);
   print_trainable_parameters(*run.model);
