@@ -8,6 +8,7 @@
 
 #include "kernels/allocator.h"
 #include "kernels/tensor.h"
+#include "model/causal_lm.h"
 
 namespace ft::parity {
 
@@ -32,6 +33,23 @@ inline Tensor shifted_targets(const Tensor& labels, HostAllocator& host) {
     for (int64_t t = 0; t < T; ++t)
       targets.ptr<int32_t>()[b * T + t] = t + 1 < T ? labels.ptr<int32_t>()[b * T + t + 1] : -100;
   return targets;
+}
+
+// Every linear module of the architecture: LoRA targets that touch each path.
+inline std::vector<std::string> all_linear_modules(const ModelConfig& config) {
+  if (config.model_type == "llama") return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  return {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"};
+}
+
+// PEFT's init leaves B = 0, which would zero every lora_A gradient: give B
+// small deterministic values so both adapters' gradients are exercised.
+inline void set_lora_B(CausalLM& model) {
+  for (Parameter& adapter : model.adapters()) {
+    if (adapter.name.find(".lora_B.") == std::string::npos) continue;
+    std::vector<float> values(size_t(adapter.value.numel()));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = 0.05f * std::sin(float(i) + 1.0f);
+    model.backend().copy(adapter.value, Tensor::view_of(values.data(), adapter.value.shape, DType::f32));
+  }
 }
 
 }  // namespace ft::parity

@@ -59,23 +59,8 @@ ModelOptions options_for(const ModelConfig& config, DType activation_dtype) {
   options.loss_chunk_tokens = kChunk;
   options.lora.r = 4;
   options.lora.lora_dropout = 0.0;
-  options.lora.target_modules = config.model_type == "llama"
-                                    ? std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                               "up_proj", "down_proj"}
-                                    : std::vector<std::string>{"query_key_value", "dense", "dense_h_to_4h",
-                                                               "dense_4h_to_h"};
+  options.lora.target_modules = parity::all_linear_modules(config);
   return options;
-}
-
-// PEFT's init leaves B = 0, which would zero every lora_A gradient: give B
-// small deterministic values so both adapters' gradients are exercised.
-void set_lora_B(CausalLM& model) {
-  for (Parameter& adapter : model.adapters()) {
-    if (adapter.name.find(".lora_B.") == std::string::npos) continue;
-    std::vector<float> values(size_t(adapter.value.numel()));
-    for (size_t i = 0; i < values.size(); ++i) values[i] = 0.05f * std::sin(float(i) + 1.0f);
-    model.backend().copy(adapter.value, Tensor::view_of(values.data(), adapter.value.shape, DType::f32));
-  }
 }
 
 // An eval forward (loss, logits), then one forward_backward on the fixture's
@@ -87,7 +72,7 @@ StepResult run(const std::string& fixture, DType activation_dtype) {
   std::unique_ptr<CausalLM> model = make_causal_lm(config, backend, options_for(config, activation_dtype));
   model->load(Checkpoint(fixture_dir(fixture)));
   model->init_adapters(3);
-  set_lora_B(*model);
+  parity::set_lora_B(*model);
   model->set_trainable([](const std::string& name) { return name.find(".lora_") != std::string::npos; });
   Checkpoint reference(fixture_dir(fixture) + "/reference.safetensors");
   const Tensor input_ids = reference.view("input_ids");

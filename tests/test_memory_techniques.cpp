@@ -49,23 +49,8 @@ ModelOptions model_options(const ModelConfig& config, const Step& step) {
   if (!step.lora) return options;
   options.lora.r = 4;
   options.lora.lora_dropout = 0.1;
-  options.lora.target_modules = config.model_type == "llama"
-                                    ? std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                               "up_proj", "down_proj"}
-                                    : std::vector<std::string>{"query_key_value", "dense", "dense_h_to_4h",
-                                                               "dense_4h_to_h"};
+  options.lora.target_modules = parity::all_linear_modules(config);
   return options;
-}
-
-// PEFT's init leaves B = 0, which would zero every lora_A gradient: give B
-// small deterministic values so both adapters' gradients are exercised.
-void set_lora_B(CausalLM& model) {
-  for (Parameter& adapter : model.adapters()) {
-    if (adapter.name.find(".lora_B.") == std::string::npos) continue;
-    std::vector<float> values(size_t(adapter.value.numel()));
-    for (size_t i = 0; i < values.size(); ++i) values[i] = 0.05f * std::sin(float(i) + 1.0f);
-    model.backend().copy(adapter.value, Tensor::view_of(values.data(), adapter.value.shape, DType::f32));
-  }
 }
 
 // One forward_backward on the fixture's reference batch.
@@ -81,7 +66,7 @@ StepResult train_step(const std::string& fixture, const Step& step) {
     model->load(Checkpoint(fixture_dir(fixture)));
   if (step.lora) {
     model->init_adapters(3);
-    set_lora_B(*model);
+    parity::set_lora_B(*model);
   }
   model->set_trainable([&](const std::string& name) { return !step.lora || name.find(".lora_") != std::string::npos; });
   model->set_dropout_seed(step.dropout_seed);
