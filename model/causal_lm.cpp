@@ -20,6 +20,16 @@ CausalLM::CausalLM(const ModelConfig& config, Backend& backend, const ModelOptio
 
 CausalLM::~CausalLM() = default;
 
+float CausalLM::forward(const Tensor& input_ids, const Tensor& targets) {
+  set_training(false);
+  return run_step(input_ids, targets, nullptr);
+}
+
+float CausalLM::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale) {
+  set_training(true);
+  return run_step(input_ids, targets, &grad_scale);
+}
+
 std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& config, Backend& backend, const ModelOptions& options) {
   if (config.model_type == "llama") return std::make_unique<LlamaModel>(config, backend, options);
   if (config.model_type == "gpt_neox") return std::make_unique<GptNeoxModel>(config, backend, options);

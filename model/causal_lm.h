@@ -48,10 +48,10 @@ class CausalLM {
   // ignored). Keeps the logits [B*T, vocab] for last_logits(), whole even
   // with loss_chunk_tokens: generation reads any row of them. An eval forward
   // frees each layer's activations as soon as the layer is done.
-  virtual float forward(const Tensor& input_ids, const Tensor& targets) = 0;
+  float forward(const Tensor& input_ids, const Tensor& targets);
   // Same loss, then gradients of grad_scale * loss are added to every
   // trainable parameter's grad. Nothing of the step stays allocated.
-  virtual float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f) = 0;
+  float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f);
 
   const Tensor& last_logits() const { return last_logits_; }
   const ModelConfig& config() const { return config_; }
@@ -62,6 +62,9 @@ class CausalLM {
   Parameter& parameter(const std::string& name);
 
  protected:
+  // One step of the architecture: the loss, and when grad_scale is given the
+  // backward pass too (skipped when no token counts).
+  virtual float run_step(const Tensor& input_ids, const Tensor& targets, const float* grad_scale) = 0;
   CausalLM(const ModelConfig& config, Backend& backend, const ModelOptions& options);
   Parameter& add_parameter(const std::string& name, const Shape& shape, DType dtype);
   // A decoder linear named module (e.g. model.layers.0.self_attn.q_proj):

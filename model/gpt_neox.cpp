@@ -54,17 +54,10 @@ GptNeoxModel::GptNeoxModel(const ModelConfig& config, Backend& backend, const Mo
 
 GptNeoxModel::~GptNeoxModel() = default;
 
-float GptNeoxModel::forward(const Tensor& input_ids, const Tensor& targets) {
-  set_training(false);
+float GptNeoxModel::run_step(const Tensor& input_ids, const Tensor& targets, const float* grad_scale) {
   StepActivations step;
-  return forward_pass(step, input_ids, targets, nullptr);
-}
-
-float GptNeoxModel::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale) {
-  set_training(true);
-  StepActivations step;
-  float loss = forward_pass(step, input_ids, targets, &grad_scale);
-  if (step.tokens.counted > 0) backward_pass(step);
+  float loss = forward_pass(step, input_ids, targets, grad_scale);
+  if (grad_scale && step.tokens.counted > 0) backward_pass(step);
   return loss;
 }
 

@@ -29,10 +29,9 @@ class GptNeoxModel final : public CausalLM {
   GptNeoxModel(const ModelConfig& config, Backend& backend, const ModelOptions& options = {});
   ~GptNeoxModel() override;
 
-  float forward(const Tensor& input_ids, const Tensor& targets) override;
-  float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f) override;
 
  private:
+  float run_step(const Tensor& input_ids, const Tensor& targets, const float* grad_scale) override;
   struct Layer;
   struct LayerActivations;
   struct StepActivations;

@@ -58,17 +58,10 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelO
 
 LlamaModel::~LlamaModel() = default;
 
-float LlamaModel::forward(const Tensor& input_ids, const Tensor& targets) {
-  set_training(false);
+float LlamaModel::run_step(const Tensor& input_ids, const Tensor& targets, const float* grad_scale) {
   StepActivations step;
-  return forward_pass(step, input_ids, targets, nullptr);
-}
-
-float LlamaModel::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale) {
-  set_training(true);
-  StepActivations step;
-  float loss = forward_pass(step, input_ids, targets, &grad_scale);
-  if (step.tokens.counted > 0) backward_pass(step);
+  float loss = forward_pass(step, input_ids, targets, grad_scale);
+  if (grad_scale && step.tokens.counted > 0) backward_pass(step);
   return loss;
 }
 

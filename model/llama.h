@@ -20,10 +20,9 @@ class LlamaModel final : public CausalLM {
   LlamaModel(const ModelConfig& config, Backend& backend, const ModelOptions& options = {});
   ~LlamaModel() override;
 
-  float forward(const Tensor& input_ids, const Tensor& targets) override;
-  float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f) override;
 
  private:
+  float run_step(const Tensor& input_ids, const Tensor& targets, const float* grad_scale) override;
   struct Layer;
   struct LayerActivations;
   struct StepActivations;
