@@ -4,102 +4,14 @@
 // a plain DeviceAllocator, so each is its own emulator allocation: fresh
 // memory reads as NaN (an output with NaN means a kernel read memory nobody
 // wrote) and writes past either end throw cuda_emu::Error.
-//
-// Tolerances (|got - want| <= atol + rtol * |want|): f32 outputs 1e-5 relative
-// (the kernels accumulate in another order than the CPU; expf/sinf/cosf are
-// within 2 ulp); bf16 outputs 2^-7 relative, two bf16 ulps, because an f32
-// difference in the last bit can round to the neighbouring bf16 value.
+
 #include <doctest/doctest.h>
 
-#include <cmath>
 #include <cstring>
-#include <random>
-#include <vector>
 
-#include "kernels/cpu/cpu_backend.h"
-#include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/device_allocator.h"
-#include "kernels/error.h"
-#include "tests/emu/schedules.h"
+#include "tests/emu/cuda_test_util.h"
 
-using namespace ft;
-
-namespace {
-
-HostAllocator host_allocator;
-DeviceAllocator device_allocator;
-CpuBackend cpu(host_allocator);
-CudaBackend gpu(device_allocator, cuda::GemmKind::tiled);
-
-struct Tolerance {
-  double atol, rtol;
-};
-constexpr Tolerance kF32{1e-6, 1e-5};
-constexpr Tolerance kBf16{1e-6, 1.0 / 128};
-Tolerance tolerance_for(DType dtype) { return dtype == DType::bf16 ? kBf16 : kF32; }
-
-Tensor host_random(const Shape& shape, DType dtype, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
-  Tensor t = cpu.empty(shape, dtype, MemCategory::activations);
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) store_from_f32(t.data, dtype, i, dist(rng));
-  return t;
-}
-
-Tensor host_ints(const std::vector<int32_t>& values) {
-  Tensor t = cpu.empty({int64_t(values.size())}, DType::i32, MemCategory::activations);
-  std::memcpy(t.data, values.data(), values.size() * sizeof(int32_t));
-  return t;
-}
-
-Tensor host_copy(const Tensor& t) {
-  Tensor out = cpu.empty(t.shape, t.dtype, MemCategory::activations);
-  if (t.device == Device::cuda) gpu.copy(out, t);
-  else cpu.copy(out, t);
-  return out;
-}
-
-Tensor to_device(const Tensor& host) {
-  Tensor t = gpu.empty(host.shape, host.dtype, MemCategory::activations);
-  gpu.copy(t, host);
-  return t;
-}
-
-// A fresh device tensor: NaN-poisoned by the emulator until a kernel writes it.
-Tensor device_empty(const Shape& shape, DType dtype) { return gpu.empty(shape, dtype, MemCategory::activations); }
-
-std::vector<float> values(const Tensor& t) {
-  Tensor host = t.device == Device::cpu ? t : host_copy(t);
-  std::vector<float> out(size_t(host.numel()));
-  for (int64_t i = 0; i < host.numel(); ++i) out[size_t(i)] = load_as_f32(host.data, host.dtype, i);
-  return out;
-}
-
-// Concatenated values of several tensors: one vector to compare across schedules.
-std::vector<float> values(std::initializer_list<const Tensor*> tensors) {
-  std::vector<float> out;
-  for (const Tensor* t : tensors) {
-    std::vector<float> v = values(*t);
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
-
-void check_close(const std::vector<float>& got, const std::vector<float>& want, Tolerance tol) {
-  REQUIRE(got.size() == want.size());
-  size_t bad = 0, nan = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    nan += std::isnan(got[i]);
-    if (!(std::abs(double(got[i]) - double(want[i])) <= tol.atol + tol.rtol * std::abs(double(want[i])))) {
-      if (bad++ < 5) MESSAGE("index ", i, ": got ", got[i], ", want ", want[i]);
-    }
-  }
-  CHECK(nan == 0);
-  CHECK(bad == 0);
-}
-
-}  // namespace
+using namespace cuda_test;
 
 TEST_CASE("cuda: copy between host and device with dtype conversion") {
   const DType floats[] = {DType::f32, DType::bf16, DType::f16};
