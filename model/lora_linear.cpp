@@ -17,21 +17,32 @@ LoraLinear::LoraLinear(std::unique_ptr<Linear> base, Parameter& lora_A, Paramete
   FT_CHECK(dropout >= 0.0f && dropout < 1.0f, "LoraLinear: dropout must be in [0, 1), got ", dropout);
 }
 
-// dropout(x) in f32 (PEFT casts x to lora_A's dtype before its dropout), or x
-// itself when there is no dropout.
+// The adapter computes in x's dtype, as PEFT under bf16 autocast: with bf16
+// activations A and B are used through bf16 copies of their f32 masters and
+// h, g and the dropped input are bf16 (products still accumulate in f32 and
+// the gradients of A and B are f32). With f32 activations all of it is f32.
+Tensor LoraLinear::compute_copy(Backend& backend, const Parameter& p, DType dtype) {
+  if (p.value.dtype == dtype) return p.value;
+  Tensor copy = backend.empty(p.value.shape, dtype, MemCategory::workspace);
+  backend.copy(copy, p.value);
+  return copy;
+}
+
+// dropout(x), or x itself when there is no dropout.
 Tensor LoraLinear::adapter_input(Backend& backend, const Tensor& x) {
   if (!dropout_active()) return x;
-  Tensor xd = backend.empty(x.shape, DType::f32, MemCategory::activations);
+  Tensor xd = backend.empty(x.shape, x.dtype, MemCategory::activations);
   backend.dropout_forward(xd, x, dropout_, dropout_seed_);
   return xd;
 }
 
 void LoraLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
   base_->forward(backend, out, x);
+  Tensor A = compute_copy(backend, A_, x.dtype), B = compute_copy(backend, B_, x.dtype);
   Tensor xd = adapter_input(backend, x);
-  Tensor h = backend.empty({x.rows(), A_.value.dim(0)}, DType::f32, MemCategory::activations);
-  backend.matmul(h, xd, A_.value, false, true);
-  backend.matmul(out, h, B_.value, false, true, scaling_, 1.0f);
+  Tensor h = backend.empty({x.rows(), A.dim(0)}, x.dtype, MemCategory::activations);
+  backend.matmul(h, xd, A, false, true);
+  backend.matmul(out, h, B, false, true, scaling_, 1.0f);
 }
 
 // With xd = dropout(x), h = xd A^T and y += scaling * h B^T:
@@ -40,21 +51,22 @@ void LoraLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
 void LoraLinear::backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) {
   base_->backward(backend, dx, dout, x, accumulate_dx);
   int64_t N = x.rows(), r = A_.value.dim(0);
+  Tensor A = compute_copy(backend, A_, x.dtype), B = compute_copy(backend, B_, x.dtype);
   Tensor xd = adapter_input(backend, x);
   if (B_.trainable()) {
-    Tensor h = backend.empty({N, r}, DType::f32, MemCategory::activations);
-    backend.matmul(h, xd, A_.value, false, true);
+    Tensor h = backend.empty({N, r}, x.dtype, MemCategory::activations);
+    backend.matmul(h, xd, A, false, true);
     backend.matmul(B_.grad, dout, h, true, false, scaling_, 1.0f);
   }
-  Tensor g = backend.empty({N, r}, DType::f32, MemCategory::activations);
-  backend.matmul(g, dout, B_.value, false, false, scaling_);
+  Tensor g = backend.empty({N, r}, x.dtype, MemCategory::activations);
+  backend.matmul(g, dout, B, false, false, scaling_);
   if (A_.trainable()) backend.matmul(A_.grad, g, xd, true, false, 1.0f, 1.0f);
   if (!dropout_active()) {
-    backend.matmul(dx, g, A_.value, false, false, 1.0f, 1.0f);
+    backend.matmul(dx, g, A, false, false, 1.0f, 1.0f);
     return;
   }
-  Tensor dxd = backend.empty(x.shape, DType::f32, MemCategory::activations);
-  backend.matmul(dxd, g, A_.value, false, false);
+  Tensor dxd = backend.empty(x.shape, x.dtype, MemCategory::activations);
+  backend.matmul(dxd, g, A, false, false);
   backend.dropout_backward(dxd, dxd, dropout_, dropout_seed_);
   backend.add(dx, dx, dxd);
 }

@@ -141,11 +141,11 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
   print_row("gradients (f32)", s.current(MemCategory::gradients));
   print_row("optimizer state (AdamW m, v, f32 masters)", s.current(MemCategory::optimizer));
   print_row("activations (saved for backward + the live layer + logits)", s.current(MemCategory::activations));
-  print_row(options.policy == MemoryPolicy::cuda ? "workspace (cuBLASLt 32 MiB, int8 dequant tiles, f32 widening)"
+  print_row(options.policy == MemoryPolicy::cuda ? "workspace (cuBLASLt 32 MiB, int8 scratch, dequant tiles)"
                                                  : "workspace (int8 dequant tiles)",
             s.current(MemCategory::workspace));
   if (options.policy == MemoryPolicy::cuda) {
-    print_row("caching-allocator size-class rounding", plan.peak_bytes - s.total_current_bytes);
+    print_row("caching-allocator rounding (size classes, 512 B)", plan.peak_bytes - s.total_current_bytes);
     print_row("CUDA context reserve", plan.context_bytes);
   }
   std::printf("  %-58s %12s\n", "----------------------------------------", "----------");

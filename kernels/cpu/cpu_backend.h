@@ -6,10 +6,6 @@
 
 namespace ft {
 
-// int8_linear_backward dequantises this many weight rows at a time (the
-// matmul's K slice) into f32 workspace; public so the planner charges the same.
-constexpr int64_t kInt8BackwardTileRows = 256;
-
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(Allocator& allocator) : allocator_(allocator) {}

@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/int8_tiles.h"
 
 namespace ft {
 namespace {
@@ -189,9 +190,11 @@ void CpuBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor&
     }
 }
 
-// dx = sum over blocks of weight rows of dout[:, block] @ dequant(W[block, :]).
-// Each block is dequantised into an f32 tile of kInt8BackwardTileRows rows and fed to
-// this backend's matmul, so no full f32 copy of the weight ever exists.
+// dx is computed one block of input-feature columns at a time (tiles from
+// kernels/int8_tiles.h): dx[:, k0:k1] = dout @ dequant(W[:, k0:k1]), the tile
+// dequantised into f32 and the block summed in an f32 [N, kb] buffer, so the
+// scratch stays a few MiB however large the layer (no full f32 copy of W or
+// of dx), and each element of dx is one f32 sum rounded once.
 void CpuBackend::int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight,
                                       const Tensor& weight_scales, bool accumulate) {
   const char* op = "int8_linear_backward";
@@ -203,30 +206,24 @@ void CpuBackend::int8_linear_backward(Tensor& dx, const Tensor& dout, const Tens
            shape_string(weight.shape));
   FT_CHECK(dx.rows() == N && dx.cols() == K, op, ": dx has shape ", shape_string(dx.shape), ", expected [", N, ", ",
            K, "]");
-  // bf16 dx is summed over the blocks in f32 and rounded once.
-  Tensor sum = dx.dtype == DType::f32 ? dx.reshaped({N, K}) : empty({N, K}, DType::f32, MemCategory::workspace);
-  if (accumulate)
-    copy(sum, dx);
-  else
-    fill(sum, 0.0f);
-  int64_t block = std::min(kInt8BackwardTileRows, O);
-  Tensor dout_block = empty({N, block}, DType::f32, MemCategory::workspace);
-  Tensor w_block = empty({block, K}, DType::f32, MemCategory::workspace);
+  if (N == 0 || K == 0) return;
+  int64_t columns = int8_backward_tile_columns(O, K);
+  Tensor w_tile = empty({O, columns}, DType::f32, MemCategory::workspace);
+  Tensor dx_block = empty({N, columns}, DType::f32, MemCategory::workspace);
   const int8_t* wq = weight.ptr<const int8_t>();
   const float* sw = weight_scales.ptr<const float>();
-  for (int64_t o0 = 0; o0 < O; o0 += block) {
-    int64_t ob = std::min(block, O - o0);
-    Tensor d = Tensor::view_of(dout_block.data, {N, ob}, DType::f32);
-    Tensor w = Tensor::view_of(w_block.data, {ob, K}, DType::f32);
+  Tensor dx2 = dx.reshaped({N, K});
+  for (int64_t k0 = 0; k0 < K; k0 += columns) {
+    int64_t kb = std::min(columns, K - k0);
+    Tensor w = Tensor::view_of(w_tile.data, {O, kb}, DType::f32);
+    Tensor block = Tensor::view_of(dx_block.data, {N, kb}, DType::f32);
 #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) cpu::load_row(d.ptr<float>() + n * ob, dout, n * O + o0, ob);
-#pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < ob; ++j)
-      for (int64_t k = 0; k < K; ++k)
-        w.ptr<float>()[j * K + k] = float(wq[(o0 + j) * K + k]) * sw[o0 + j] / 127.0f;
-    matmul(sum, d, w, false, false, 1.0f, 1.0f);
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t k = 0; k < kb; ++k) w.ptr<float>()[o * kb + k] = float(wq[o * K + k0 + k]) * sw[o] / 127.0f;
+    if (accumulate) copy_columns(block, 0, dx2, k0, kb);
+    matmul(block, dout, w, false, false, 1.0f, accumulate ? 1.0f : 0.0f);
+    copy_columns(dx2, k0, block, 0, kb);
   }
-  if (sum.data != dx.data) copy(dx, sum);
 }
 
 }  // namespace ft

@@ -29,10 +29,10 @@ CachingAllocator::~CachingAllocator() {
 
 void* CachingAllocator::allocate(size_t bytes, MemCategory category) {
   if (bytes == 0) return nullptr;
-  size_t size = size_class(bytes);
+  size_t size = block_bytes(bytes, category);
   std::lock_guard lock(mutex_);
   void* block = nullptr;
-  auto it = free_blocks_.find(size);
+  auto it = caches(category) ? free_blocks_.find(size) : free_blocks_.end();
   if (it != free_blocks_.end() && !it->second.empty()) {
     block = it->second.back();
     it->second.pop_back();
@@ -52,12 +52,17 @@ void* CachingAllocator::allocate(size_t bytes, MemCategory category) {
   return block;
 }
 
-void CachingAllocator::deallocate(void* ptr, size_t bytes, MemCategory) {
+void CachingAllocator::deallocate(void* ptr, size_t bytes, MemCategory category) {
   if (!ptr) return;
-  size_t size = size_class(bytes);
+  size_t size = block_bytes(bytes, category);
   std::lock_guard lock(mutex_);
-  free_blocks_[size].push_back(ptr);
   stats_.current_bytes -= size;
+  if (caches(category)) {
+    free_blocks_[size].push_back(ptr);
+    return;
+  }
+  backing_.deallocate(ptr, size, category);
+  stats_.reserved_bytes -= size;
 }
 
 void CachingAllocator::release_cached() {

@@ -2,10 +2,15 @@
 //   DeviceAllocator  - one cudaMalloc per allocation, cudaFree on release. Tests
 //                      use it directly: under the emulator every tensor is then
 //                      its own guarded, NaN-poisoned allocation.
-//   CachingAllocator - keeps released blocks on free lists keyed by size class
-//                      and hands them out again, so a training step that repeats
-//                      the previous step's allocations never calls cudaMalloc
-//                      (cudaMalloc/cudaFree synchronise the device and are slow).
+//   CachingAllocator - keeps released activation and workspace blocks on free
+//                      lists keyed by size class and hands them out again, so a
+//                      training step that repeats the previous step's
+//                      allocations never calls cudaMalloc (cudaMalloc/cudaFree
+//                      synchronise the device and are slow). Long-lived tensors
+//                      (weights, adapters, gradients, optimizer state) are
+//                      allocated once, so they go straight to the backing
+//                      allocator at their own size: rounding a 108 MiB weight
+//                      up to a size class would waste 4 MiB per layer for nothing.
 // Blocks change hands between categories, so per-category accounting belongs
 // above this allocator (a TrackingAllocator wrapping it), not below.
 // Blocks are released and reused in stream order: the backend issues all work
@@ -59,6 +64,15 @@ class CachingAllocator final : public Allocator {
     constexpr size_t kSmallLimit = size_t(1) << 20;
     size_t step = bytes <= kSmallLimit ? 512 : std::bit_floor(bytes) / 8;
     return (bytes + step - 1) / step * step;
+  }
+  // Whether blocks of this category are cached (the step's transient tensors).
+  static bool caches(MemCategory category) {
+    return category == MemCategory::activations || category == MemCategory::workspace;
+  }
+  // The bytes a request occupies: its size class when cached, else the
+  // request rounded to 512 bytes (cudaMalloc's alignment is 256).
+  static size_t block_bytes(size_t bytes, MemCategory category) {
+    return caches(category) ? size_class(bytes) : (bytes + 511) / 512 * 512;
   }
 
  private:

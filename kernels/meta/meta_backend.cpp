@@ -6,15 +6,16 @@
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/error.h"
+#include "kernels/int8_tiles.h"
 #include "kernels/op_checks.h"
 
 namespace ft {
 
-void* CachingModelAllocator::allocate(size_t bytes, MemCategory) {
+void* CachingModelAllocator::allocate(size_t bytes, MemCategory category) {
   if (bytes == 0) return nullptr;  // as CachingAllocator: nothing handed out
-  const size_t size = CachingAllocator::size_class(bytes);
+  const size_t size = CachingAllocator::block_bytes(bytes, category);
   size_t& cached = free_blocks_[size];
-  if (cached > 0) {
+  if (CachingAllocator::caches(category) && cached > 0) {
     cached -= 1;
   } else {
     reserved_ += size;
@@ -24,11 +25,14 @@ void* CachingModelAllocator::allocate(size_t bytes, MemCategory) {
   return nullptr;
 }
 
-void CachingModelAllocator::deallocate(void*, size_t bytes, MemCategory) {
+void CachingModelAllocator::deallocate(void*, size_t bytes, MemCategory category) {
   if (bytes == 0) return;
-  const size_t size = CachingAllocator::size_class(bytes);
-  free_blocks_[size] += 1;
+  const size_t size = CachingAllocator::block_bytes(bytes, category);
   in_use_ -= size;
+  if (CachingAllocator::caches(category))
+    free_blocks_[size] += 1;
+  else
+    reserved_ -= size;
 }
 
 namespace {
@@ -255,10 +259,21 @@ void MetaBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor
   check_int8_weight(weight, weight_scales, "int8_linear_forward");
   check_numel(x, x.rows() * weight.dim(1), "int8_linear_forward", "x");
   check_shape(out, {x.rows(), weight.dim(0)}, "int8_linear_forward", "out");
+  if (policy_ == MemoryPolicy::cpu) return;  // CpuBackend's scratch is host vectors, outside the allocator
+  // CudaBackend's scratch (kernels/cuda/int8_linear.cu): the outlier column
+  // list (count first), the codes and row scales of x, one block of the int32
+  // product. The outlier product reads x and W in place: no data-dependent
+  // buffers, so the plan does not depend on how many outliers a batch has.
+  const int64_t N = x.rows(), K = weight.dim(1), O = weight.dim(0);
+  Tensor columns = empty({K + 1}, DType::i32, MemCategory::workspace);
+  Tensor codes = empty({N, K}, DType::i8, MemCategory::workspace);
+  Tensor row_scales = empty({N}, DType::f32, MemCategory::workspace);
+  Tensor product = empty({int8_forward_chunk_rows(N, O), O}, DType::i32, MemCategory::workspace);
 }
 
-// The scratch is CpuBackend's: an f32 sum when dx is bf16, one dout column
-// block and one dequantised weight tile, all alive for the whole op.
+// The scratch of both backends' column-blocked backward (kernels/int8_tiles.h):
+// CpuBackend dequantises a tile into f32 and sums a dx column block in f32;
+// CudaBackend dequantises it in dout's dtype and its GEMM writes dx in place.
 void MetaBackend::int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight,
                                        const Tensor& weight_scales, bool) {
   enter("int8_linear_backward", {&weight});
@@ -266,10 +281,14 @@ void MetaBackend::int8_linear_backward(Tensor& dx, const Tensor& dout, const Ten
   const int64_t N = dout.rows(), O = weight.dim(0), K = weight.dim(1);
   check_shape(dout, {N, O}, "int8_linear_backward", "dout");
   check_numel(dx, N * K, "int8_linear_backward", "dx");
-  Tensor sum = dx.dtype == DType::f32 ? Tensor{} : empty({N, K}, DType::f32, MemCategory::workspace);
-  const int64_t block = std::min(kInt8BackwardTileRows, O);
-  Tensor dout_block = empty({N, block}, DType::f32, MemCategory::workspace);
-  Tensor w_block = empty({block, K}, DType::f32, MemCategory::workspace);
+  if (N == 0 || K == 0) return;
+  const int64_t columns = int8_backward_tile_columns(O, K);
+  if (policy_ == MemoryPolicy::cuda) {
+    Tensor w_tile = empty({O, columns}, dout.dtype, MemCategory::workspace);
+    return;
+  }
+  Tensor w_tile = empty({O, columns}, DType::f32, MemCategory::workspace);
+  Tensor dx_block = empty({N, columns}, DType::f32, MemCategory::workspace);
 }
 
 void MetaBackend::dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t) {

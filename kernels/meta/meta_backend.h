@@ -3,11 +3,12 @@
 // training-step code runs a 20B config in milliseconds while the allocator it
 // is given counts every byte a real step would hold. The scratch the modelled
 // backend allocates inside its ops is allocated here the same way:
-//   cpu  - CpuBackend's int8_linear_backward f32 tiles (kInt8BackwardTileRows).
-//   cuda - the same tiles (the CUDA int8 linear is not written yet; backend.h
-//          asks for tile-by-tile dequantisation), cuBLASLt's 32 MiB workspace
-//          from construction on, and the f32 copy of a bf16 operand that
-//          CudaBackend::matmul makes for mixed-dtype products.
+//   cpu  - CpuBackend's int8_linear_backward tiles (kernels/int8_tiles.h).
+//   cuda - the int8 linear's scratch (codes, scales, outlier columns, one
+//          block of the int32 product; a dequantised tile in backward),
+//          cuBLASLt's 32 MiB workspace from construction on, and the f32 copy
+//          of a bf16 operand that CudaBackend::matmul makes for mixed-dtype
+//          products.
 // Copies compute nothing either; a host destination is zeroed so host code
 // that reads it back (the loss) sees defined values.
 #pragma once
