@@ -1,4 +1,5 @@
-// copy (host <-> device, device <-> device, with dtype conversion) and fill.
+// copy (host <-> device, device <-> device, with dtype conversion), fill and
+// copy_columns.
 // Conversions run on the device: a host source is first copied as raw bytes
 // into device scratch, a host destination receives raw bytes converted on the
 // device, so the host side is always a plain cudaMemcpy.
@@ -20,6 +21,16 @@ __global__ void __launch_bounds__(kBlock) convert_kernel(cuda::View dst, cuda::C
 __global__ void __launch_bounds__(kBlock) fill_kernel(cuda::View dst, float value, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(kBlock) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kBlock)
     cuda::store(dst, i, value);
+}
+
+// One thread per copied element (i = row * width + j); dtype conversion as copy's.
+__global__ void __launch_bounds__(kBlock)
+    copy_columns_kernel(cuda::View dst, int64_t dst_cols, int64_t dst_offset, cuda::ConstView src, int64_t src_cols,
+                        int64_t src_offset, int64_t width, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(kBlock) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kBlock) {
+    int64_t row = i / width, j = i % width;
+    cuda::store(dst, row * dst_cols + dst_offset + j, cuda::load(src, row * src_cols + src_offset + j));
+  }
 }
 
 bool is_floating(DType dtype) { return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16; }
@@ -73,6 +84,25 @@ void CudaBackend::fill(Tensor& dst, float value) {
   int64_t n = dst.numel();
   if (n == 0) return;
   launch<fill_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(dst), value, n);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::copy_columns(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
+                               int64_t width) {
+  const char* op = "copy_columns";
+  cuda::check_float(dst, op, "dst");
+  cuda::check_float(src, op, "src");
+  FT_CHECK(dst.rows() == src.rows(), op, ": dst ", shape_string(dst.shape), " and src ", shape_string(src.shape),
+           " differ in rows");
+  FT_CHECK(width >= 0 && dst_offset >= 0 && src_offset >= 0 && dst_offset + width <= dst.cols() &&
+               src_offset + width <= src.cols(),
+           op, ": columns [", dst_offset, ", ", dst_offset + width, ") of dst ", shape_string(dst.shape),
+           " or [", src_offset, ", ", src_offset + width, ") of src ", shape_string(src.shape), " out of range");
+  FT_CHECK(dst.data != src.data, op, ": dst and src must not alias");
+  int64_t n = dst.rows() * width;
+  if (n == 0) return;
+  launch<copy_columns_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(dst), dst.cols(),
+                              dst_offset, cuda::const_view(src), src.cols(), src_offset, width, n);
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,6 +1,7 @@
 // The cuBLASLt GEMM engine (nvcc builds only; the emulator build leaves this
 // file out). As llm.c: f32 compute, one 32 MiB workspace, and one heuristic
-// pick per problem. Unlike llm.c the matmul descriptor, the layouts and the
+// pick per problem; the integer product (i8 codes -> i32) uses cuBLASLt's
+// int32 compute (IMMA tensor cores) where its layout rules allow. Unlike llm.c the matmul descriptor, the layouts and the
 // chosen algorithm are cached per problem (shape, dtypes, transposes, leading
 // dimensions, strides, pointer alignment), so the steady-state cost of a call
 // is one cublasLtMatmul.
@@ -23,7 +24,14 @@ void cublas_check(cublasStatus_t status, const char* call, const char* file, int
     fail("cuBLASLt error: ", call, " failed: ", cublasLtGetStatusString(status), " (", file, ":", line, ")");
 }
 
-cudaDataType_t cuda_type(DType dtype) { return dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::i8: return CUDA_R_8I;
+    case DType::i32: return CUDA_R_32I;
+    default: return CUDA_R_32F;
+  }
+}
 
 // The largest power of two (<= 256) dividing the address: cuBLASLt assumes 256
 // unless told, and pointers into the middle of tensors are often less aligned.
@@ -32,6 +40,32 @@ uint32_t alignment(const void* p) {
   uint32_t align = 256;
   while (align > 1 && address % align != 0) align /= 2;
   return align;
+}
+
+// cuBLASLt's IMMA rules for regular (column-major) ordering, from the
+// cublasLtMatmul() documentation: only the "TN" form (A transposed, B not),
+// m and k multiples of 4, leading dimensions multiples of 4, pointers 4-byte
+// aligned (strided batches keep every matrix so). Anything else goes to the
+// tiled kernel, whose int32 arithmetic is equally exact.
+bool imma_layout(const GemmArgs& args) {
+  auto four = [](int64_t x) { return x % 4 == 0; };
+  bool strides = args.batch <= 1 || (four(args.a.stride) && four(args.b.stride));
+  return args.a.transposed && !args.b.transposed && four(args.m) && four(args.k) && four(args.a.ld) &&
+         four(args.b.ld) && four(args.c.ld) && strides && alignment(args.a.data) >= 4 &&
+         alignment(args.b.data) >= 4 && alignment(args.c.data) >= 4;
+}
+
+// What cuBLASLt runs: with f32 compute bf16 x bf16 -> bf16 or f32 and
+// f32 x f32 -> f32; with int32 compute i8 x i8 -> i32 in IMMA layout. The
+// rare f32 x f32 -> bf16, other integer layouts, and k = 0 (out = beta * out,
+// which cuBLASLt rejects) go to the tiled kernel.
+bool cublaslt_runs(const GemmArgs& args) {
+  if (args.k == 0) return false;
+  switch (args.a.dtype) {
+    case DType::i8: return imma_layout(args);
+    case DType::bf16: return args.c.dtype == DType::bf16 || args.c.dtype == DType::f32;
+    default: return args.c.dtype == DType::f32;
+  }
 }
 
 struct Problem {
@@ -52,6 +86,7 @@ struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool found = true;  // false: no cuBLASLt algorithm for this integer problem
 };
 
 cublasLtMatrixLayout_t make_layout(DType dtype, int64_t rows, int64_t cols, int64_t ld, int batch, int64_t stride) {
@@ -85,21 +120,24 @@ class CublasLtGemm final : public Gemm {
   }
 
   void gemm(const GemmArgs& args, CUstream_st* stream) override {
-    // cuBLASLt's f32-compute combinations: bf16 x bf16 -> bf16 or f32, and
-    // f32 x f32 -> f32. The rare f32 x f32 -> bf16, and k = 0 (out = beta *
-    // out, which cuBLASLt rejects), go to the tiled kernel.
-    bool supported = args.k > 0 && args.a.dtype == args.b.dtype &&
-                     (args.a.dtype == DType::bf16 ? args.c.dtype == DType::bf16 || args.c.dtype == DType::f32
-                                                  : args.a.dtype == DType::f32 && args.c.dtype == DType::f32);
-    if (!supported) {
+    check_gemm_args(args);
+    if (!cublaslt_runs(args)) {
       tiled_->gemm(args, stream);
       return;
     }
     if (args.m == 0 || args.n == 0 || args.batch == 0) return;
     const Plan& p = plan(args);
-    FT_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &args.alpha, args.a.data, p.a, args.b.data, p.b, &args.beta,
-                                   args.c.data, p.c, args.c.data, p.c, &p.algo, workspace_.data, kCublasLtWorkspaceBytes,
-                                   stream));
+    if (!p.found) {
+      tiled_->gemm(args, stream);
+      return;
+    }
+    // alpha and beta have the scale type: int32 for the integer product.
+    const int32_t alpha_i = int32_t(args.alpha), beta_i = int32_t(args.beta);
+    const bool integer = args.a.dtype == DType::i8;
+    const void* alpha = integer ? static_cast<const void*>(&alpha_i) : &args.alpha;
+    const void* beta = integer ? static_cast<const void*>(&beta_i) : &args.beta;
+    FT_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, alpha, args.a.data, p.a, args.b.data, p.b, beta, args.c.data, p.c,
+                                   args.c.data, p.c, &p.algo, workspace_.data, kCublasLtWorkspaceBytes, stream));
   }
 
  private:
@@ -112,7 +150,9 @@ class CublasLtGemm final : public Gemm {
     if (found != plans_.end()) return found->second;
 
     Plan p;
-    FT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const bool integer = args.a.dtype == DType::i8;
+    FT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, integer ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F,
+                                             integer ? CUDA_R_32I : CUDA_R_32F));
     cublasOperation_t transa = args.a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t transb = args.b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
     FT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof(transa)));
@@ -141,6 +181,14 @@ class CublasLtGemm final : public Gemm {
     cublasStatus_t status =
         cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, preference, 1, &result, &found_count);
     cublasLtMatmulPreferenceDestroy(preference);
+    // IMMA kernels have had limits beyond the documented ones in some
+    // cuBLASLt versions (torch's _int_mm still asks for more than 16 rows):
+    // an integer problem without an algorithm runs on the tiled kernel,
+    // whose int32 sums are the same.
+    if (integer && (status != CUBLAS_STATUS_SUCCESS || found_count == 0)) {
+      p.found = false;
+      return plans_.emplace(key, p).first->second;
+    }
     FT_CUBLAS_CHECK(status);
     FT_CHECK(found_count > 0, "cuBLASLt: no algorithm for a ", args.m, " x ", args.n, " x ", args.k, " ",
              dtype_name(args.a.dtype), " -> ", dtype_name(args.c.dtype), " product");

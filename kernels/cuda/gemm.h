@@ -2,8 +2,11 @@
 // conventions so it maps 1:1 onto cuBLASLt:
 //   C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b],  b < batch,
 // op(A) m x k, op(B) k x n, C m x n; X[b] starts stride elements after
-// X[b - 1]. Inputs f32 or bf16 (A and B the same), C f32 or bf16; products
-// accumulate in f32. beta = 0 never reads C (it may hold NaN).
+// X[b - 1]. Two kinds of product:
+//   - floating: inputs f32 or bf16 (A and B the same), C f32 or bf16;
+//     products accumulate in f32. beta = 0 never reads C (it may hold NaN).
+//   - integer (LLM.int8()'s codes): inputs i8, C i32, exact int32
+//     arithmetic throughout, so alpha and beta must be integers.
 //
 // Two engines implement it: cuBLASLt (real GPUs) and a plain shared-memory
 // tiled kernel (gemm_tiled.cu), which is what runs under the emulator and can
@@ -45,6 +48,10 @@ struct GemmArgs {
   GemmOperand a, b;
   GemmOutput c;
 };
+
+// Throws ft::Error unless args' dtypes (and, for the integer product, alpha
+// and beta) form one of the two products above. Both engines call it.
+void check_gemm_args(const GemmArgs& args);
 
 class Gemm {
  public:

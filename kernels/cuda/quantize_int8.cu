@@ -1,5 +1,6 @@
 // LLM.int8() row-wise absmax quantisation (bitsandbytes' vector-wise scheme),
-// one block per row. The int8 linear ops themselves are still to come.
+// one block per row. The int8 linear ops (int8_linear.cu) quantise x with the
+// same rounding in their own kernel, which also skips the outlier columns.
 #include "kernels/cuda/checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"

@@ -1,0 +1,542 @@
+// Causal grouped-query attention, FlashAttention style: tiles of queries and
+// keys staged in shared memory, f32 accumulation, and no [T, T] matrix in
+// memory. Same math as the CPU reference (kernels/cpu/attention.cpp):
+//   forward:  S = scale * Q K^T (causal), O = softmax(S) V, lse = logsumexp(S)
+//   backward: P = exp(S - lse), Di = rowsum(dO * O), dP = dO V^T,
+//             dS = P * (dP - Di), dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K.
+//
+// Kernels (all deterministic: every output element is written by exactly one
+// thread, which sums its terms in a fixed order; no atomics):
+//   - forward: one block per (query tile, query head, batch). It keeps its Q
+//     tile in shared memory and walks the key tiles up to the diagonal,
+//     staging K, then V, in one shared buffer, with an online softmax (running
+//     row max m and sum l, in f32): O <- O * exp(m_old - m_new) + P V.
+//   - backward, three launches: Di = rowsum(dO * O) (one warp per row); dK/dV,
+//     one block per (key tile, kv head, batch) that loops over every query head
+//     sharing the kv head and every query tile at or after the diagonal; dQ,
+//     one block per (query tile, query head, batch) that loops over the key
+//     tiles up to the diagonal. Both recompute P from lse rather than storing
+//     it: that keeps memory at O(T) and makes dK/dV and dQ independent, so
+//     neither needs atomics.
+//
+// Products are plain f32 FMA loops over register micro-tiles (no tensor
+// cores): every thread owns a fixed set of (row, column) outputs. Operands are
+// converted to f32 when staged, so q, k, v, out and dout may each be f32 or
+// bf16 (as on the CPU). Shared-memory rows are padded to D + 1 floats so the
+// threads of a warp reading different rows at the same d hit different banks.
+//
+// Tile sizes depend on head_dim: D is bucketed to 64, 128 or 256 (Llama 128,
+// GPT-NeoX-20B 96, Pythia 256), and each bucket's tiles keep dynamic shared
+// memory under the default 48 KiB limit at the bucket's largest D, so no
+// cudaFuncSetAttribute opt-in is needed and two or more blocks fit per SM:
+//   forward  (Br x Bc, threads): 64x32/128, 32x32/128, 16x16/128 -> 32.9, 36.5, 33.3 KiB
+//   backward (Br x Bc, threads): 32x32/128, 16x16/128,   8x8/64  -> 41.0, 34.5, 32.8 KiB
+// (the backward kernels stage four [tile, D] operands: Q, dO, K, V).
+#include <cmath>
+
+#include "kernels/cuda/checks.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_util.cuh"
+
+// Loops over a thread's register arrays must be unrolled, or nvcc places the
+// arrays in local memory; g++ (the emulator build) has no such pragma.
+#if defined(__CUDACC__)
+#define FT_UNROLL _Pragma("unroll")
+#else
+#define FT_UNROLL
+#endif
+
+namespace ft {
+namespace {
+
+constexpr int kMaxHeadDim = 256;
+
+// Sizes a kernel needs; offsets into [B, T, H, D] tensors are int64.
+struct Dims {
+  int seq, q_heads, kv_heads, head_dim, group;  // group = q_heads / kv_heads
+};
+
+// Forward tiles per head_dim bucket: Br query rows, Bc key rows, a TM x TN
+// micro-tile of S per thread. Threads split into row groups of G = Bc / TN
+// consecutive threads: row group g owns query rows g*TM .. g*TM+TM-1; thread
+// c of the group owns key columns c, c + G, ... of S and output columns
+// c, c + G, ... of O (so O lives in TM x kMaxD/G registers).
+template <int kMaxD>
+struct FwdTile;
+template <>
+struct FwdTile<64> {
+  static constexpr int kThreads = 128, kBr = 64, kBc = 32, kTM = 4, kTN = 4;
+};
+template <>
+struct FwdTile<128> {
+  static constexpr int kThreads = 128, kBr = 32, kBc = 32, kTM = 4, kTN = 2;
+};
+template <>
+struct FwdTile<256> {
+  static constexpr int kThreads = 128, kBr = 16, kBc = 16, kTM = 2, kTN = 1;
+};
+
+// Backward tiles, same micro-tile scheme for S and dP. The dK/dV kernel's
+// accumulators are [Bc, D]: row group g owns key rows g*TK .. g*TK+TK-1 with
+// TK = Bc / (threads / G), and columns c, c + G, ... as above.
+template <int kMaxD>
+struct BwdTile;
+template <>
+struct BwdTile<64> {
+  static constexpr int kThreads = 128, kBr = 32, kBc = 32, kTM = 4, kTN = 2;
+};
+template <>
+struct BwdTile<128> {
+  static constexpr int kThreads = 128, kBr = 16, kBc = 16, kTM = 2, kTN = 1;
+};
+template <>
+struct BwdTile<256> {
+  static constexpr int kThreads = 64, kBr = 8, kBc = 8, kTM = 1, kTN = 1;
+};
+
+// Shared-memory floats of each kernel for a runtime head_dim (rows padded to D + 1).
+template <int kMaxD>
+constexpr int64_t forward_smem_floats(int64_t D) {
+  using C = FwdTile<kMaxD>;
+  return C::kBr * (D + 1) + C::kBc * (D + 1) + C::kBr * (C::kBc + 1) + C::kBr;
+}
+template <int kMaxD>
+constexpr int64_t backward_smem_floats(int64_t D) {
+  using C = BwdTile<kMaxD>;
+  return 2 * C::kBr * (D + 1) + 2 * C::kBc * (D + 1) + 2 * C::kBr * (C::kBc + 1) + 2 * C::kBr;
+}
+static_assert(forward_smem_floats<64>(64) * 4 <= 48 * 1024 && forward_smem_floats<128>(128) * 4 <= 48 * 1024 &&
+              forward_smem_floats<256>(256) * 4 <= 48 * 1024);
+static_assert(backward_smem_floats<64>(64) * 4 <= 48 * 1024 && backward_smem_floats<128>(128) * 4 <= 48 * 1024 &&
+              backward_smem_floats<256>(256) * 4 <= 48 * 1024);
+
+// dst[r, d] (row stride ld) = x[b, row0 + r, h, d] as f32 for r < rows, d < D;
+// rows at or past the sequence end are zero, so products over them stay finite.
+// base is the offset of x[b, 0, h, 0], stride the offset between tokens (H * D).
+template <int kThreads>
+__device__ inline void load_tile(float* dst, int ld, cuda::ConstView x, int64_t base, int64_t stride, int row0,
+                                 int rows, int seq, int D) {
+  for (int i = threadIdx.x; i < rows * D; i += kThreads) {
+    int r = i / D, d = i - r * D, row = row0 + r;
+    dst[r * ld + d] = row < seq ? cuda::load(x, base + int64_t(row) * stride + d) : 0.0f;
+  }
+}
+
+template <int kMaxD>
+__global__ void __launch_bounds__(FwdTile<kMaxD>::kThreads)
+    attention_forward_kernel(cuda::View out, float* lse, cuda::ConstView q, cuda::ConstView k, cuda::ConstView v,
+                             float scale, Dims dims) {
+  using C = FwdTile<kMaxD>;
+  constexpr int kThreads = C::kThreads, kBr = C::kBr, kBc = C::kBc, kTM = C::kTM, kTN = C::kTN;
+  constexpr int kG = kBc / kTN, kDC = kMaxD / kG, kLdS = kBc + 1;
+  static_assert(kBc % kTN == 0 && kThreads % kG == 0 && kThreads / kG * kTM == kBr && kMaxD % kG == 0);
+  const int T = dims.seq, D = dims.head_dim, ld = D + 1, tid = threadIdx.x;
+  // Later query tiles see more keys: launch them first so the tail of the grid is short.
+  const int q0 = int(gridDim.x - 1 - blockIdx.x) * kBr;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int64_t q_stride = int64_t(dims.q_heads) * D, kv_stride = int64_t(dims.kv_heads) * D;
+  const int64_t q_base = (int64_t(b) * T * dims.q_heads + h) * D;
+  const int64_t kv_base = (int64_t(b) * T * dims.kv_heads + h / dims.group) * D;
+
+  FT_DYNAMIC_SHARED(float, smem);
+  float* q_s = smem;                   // [Br, ld]
+  float* kv_s = q_s + kBr * ld;        // [Bc, ld]: K, then V, of the current key tile
+  float* s_s = kv_s + kBc * ld;        // [Br, Bc + 1]: scores, then probabilities
+  float* row_scale = s_s + kBr * kLdS;  // [Br]: exp(m_old - m_new), at the end 1 / l
+
+  load_tile<kThreads>(q_s, ld, q, q_base, q_stride, q0, kBr, T, D);
+  const int rg = tid / kG, tc = tid % kG;
+  float o[kTM][kDC] = {};
+  // Running max and sum of row `tid` (threads tid < Br keep the row statistics).
+  float m = -INFINITY, l = 0.0f;
+  const int q_end = q0 + kBr < T ? q0 + kBr : T;
+  const int key_tiles = (q_end - 1) / kBc + 1;  // up to the diagonal
+  for (int kt = 0; kt < key_tiles; ++kt) {
+    const int k0 = kt * kBc;
+    load_tile<kThreads>(kv_s, ld, k, kv_base, kv_stride, k0, kBc, T, D);
+    __syncthreads();
+    float s[kTM][kTN] = {};
+    for (int d = 0; d < D; ++d) {
+      float qr[kTM], kr[kTN];
+      FT_UNROLL
+      for (int i = 0; i < kTM; ++i) qr[i] = q_s[(rg * kTM + i) * ld + d];
+      FT_UNROLL
+      for (int j = 0; j < kTN; ++j) kr[j] = kv_s[(tc + j * kG) * ld + d];
+      FT_UNROLL
+      for (int i = 0; i < kTM; ++i)
+        FT_UNROLL
+        for (int j = 0; j < kTN; ++j) s[i][j] = fmaf(qr[i], kr[j], s[i][j]);
+    }
+    FT_UNROLL
+    for (int i = 0; i < kTM; ++i)
+      FT_UNROLL
+      for (int j = 0; j < kTN; ++j) {
+        int r = rg * kTM + i, c = tc + j * kG;
+        s_s[r * kLdS + c] = k0 + c > q0 + r ? -INFINITY : scale * s[i][j];
+      }
+    __syncthreads();
+    // K is consumed: stage V while the row owners update the softmax statistics.
+    // Every row has a finite score in key tile 0 (key 0 is visible to all
+    // queries), so m is finite from then on and exp(m - m_new) is never NaN.
+    if (tid < kBr) {
+      float* row = s_s + tid * kLdS;
+      float m_new = m;
+      for (int c = 0; c < kBc; ++c) m_new = fmaxf(m_new, row[c]);
+      float sum = 0.0f;
+      for (int c = 0; c < kBc; ++c) {
+        float p = expf(row[c] - m_new);
+        row[c] = p;
+        sum += p;
+      }
+      float alpha = expf(m - m_new);
+      l = l * alpha + sum;
+      m = m_new;
+      row_scale[tid] = alpha;
+    }
+    load_tile<kThreads>(kv_s, ld, v, kv_base, kv_stride, k0, kBc, T, D);
+    __syncthreads();
+    FT_UNROLL
+    for (int i = 0; i < kTM; ++i) {
+      float alpha = row_scale[rg * kTM + i];
+      FT_UNROLL
+      for (int j = 0; j < kDC; ++j) o[i][j] *= alpha;
+    }
+    for (int c = 0; c < kBc; ++c) {
+      float p[kTM];
+      FT_UNROLL
+      for (int i = 0; i < kTM; ++i) p[i] = s_s[(rg * kTM + i) * kLdS + c];
+      FT_UNROLL
+      for (int j = 0; j < kDC; ++j) {
+        int d = tc + j * kG;
+        if (d >= D) continue;
+        float vd = kv_s[c * ld + d];
+        FT_UNROLL
+        for (int i = 0; i < kTM; ++i) o[i][j] = fmaf(p[i], vd, o[i][j]);
+      }
+    }
+    __syncthreads();  // before the next tile overwrites kv_s, s_s and row_scale
+  }
+  if (tid < kBr) {
+    if (q0 + tid < T) lse[(int64_t(b) * dims.q_heads + h) * T + q0 + tid] = m + logf(l);
+    row_scale[tid] = 1.0f / l;
+  }
+  __syncthreads();
+  FT_UNROLL
+  for (int i = 0; i < kTM; ++i) {
+    int r = rg * kTM + i;
+    if (q0 + r >= T) continue;
+    float inv_l = row_scale[r];
+    FT_UNROLL
+    for (int j = 0; j < kDC; ++j) {
+      int d = tc + j * kG;
+      if (d >= D) continue;
+      cuda::store(out, q_base + int64_t(q0 + r) * q_stride + d, o[i][j] * inv_l);
+    }
+  }
+}
+
+// di[b, h, t] = sum_d dout[b, t, h, d] * out[b, t, h, d]: one warp per (b, t, h) row.
+constexpr int kDiThreads = 128;
+__global__ void __launch_bounds__(kDiThreads)
+    attention_di_kernel(float* di, cuda::ConstView dout, cuda::ConstView out, int64_t rows, Dims dims) {
+  const int64_t row = int64_t(blockIdx.x) * (kDiThreads / 32) + threadIdx.x / 32;
+  if (row >= rows) return;  // whole warps leave together
+  const int lane = threadIdx.x % 32, D = dims.head_dim;
+  float sum = 0.0f;
+  for (int d = lane; d < D; d += 32) sum += cuda::load(dout, row * D + d) * cuda::load(out, row * D + d);
+  sum = cuda::warp_sum(sum);
+  if (lane == 0) {
+    int64_t h = row % dims.q_heads, bt = row / dims.q_heads, t = bt % dims.seq, b = bt / dims.seq;
+    di[(b * dims.q_heads + h) * dims.seq + t] = sum;
+  }
+}
+
+// The S and dP micro-tiles of the backward kernels, for query tile q0 and key
+// tile k0 staged in q_s/do_s and k_s/v_s; writes P (if p_s) and dS to shared
+// memory. P = 0 where the key is after the query or the query is past the end.
+template <class C>
+__device__ inline void backward_scores(float* p_s, float* ds_s, const float* q_s, const float* do_s,
+                                       const float* k_s, const float* v_s, const float* lse_s, const float* di_s,
+                                       int q0, int k0, int T, int D, float scale) {
+  constexpr int kTM = C::kTM, kTN = C::kTN, kG = C::kBc / kTN, kLdS = C::kBc + 1;
+  const int ld = D + 1, rg = threadIdx.x / kG, tc = threadIdx.x % kG;
+  float s[kTM][kTN] = {}, dp[kTM][kTN] = {};
+  for (int d = 0; d < D; ++d) {
+    float qr[kTM], dor[kTM], kr[kTN], vr[kTN];
+    FT_UNROLL
+    for (int i = 0; i < kTM; ++i) {
+      qr[i] = q_s[(rg * kTM + i) * ld + d];
+      dor[i] = do_s[(rg * kTM + i) * ld + d];
+    }
+    FT_UNROLL
+    for (int j = 0; j < kTN; ++j) {
+      kr[j] = k_s[(tc + j * kG) * ld + d];
+      vr[j] = v_s[(tc + j * kG) * ld + d];
+    }
+    FT_UNROLL
+    for (int i = 0; i < kTM; ++i)
+      FT_UNROLL
+      for (int j = 0; j < kTN; ++j) {
+        s[i][j] = fmaf(qr[i], kr[j], s[i][j]);
+        dp[i][j] = fmaf(dor[i], vr[j], dp[i][j]);
+      }
+  }
+  FT_UNROLL
+  for (int i = 0; i < kTM; ++i)
+    FT_UNROLL
+    for (int j = 0; j < kTN; ++j) {
+      int r = rg * kTM + i, c = tc + j * kG, query = q0 + r;
+      float p = k0 + c > query || query >= T ? 0.0f : expf(scale * s[i][j] - lse_s[r]);
+      if (p_s) p_s[r * kLdS + c] = p;
+      ds_s[r * kLdS + c] = p * (dp[i][j] - di_s[r]);
+    }
+}
+
+// lse and Di of query rows q0 .. q0 + Br - 1 of head h (0 past the end).
+template <int kThreads, int kBr>
+__device__ inline void load_row_stats(float* lse_s, float* di_s, const float* lse, const float* di, int64_t base,
+                                      int q0, int T) {
+  for (int r = threadIdx.x; r < kBr; r += kThreads) {
+    bool valid = q0 + r < T;
+    lse_s[r] = valid ? lse[base + q0 + r] : 0.0f;
+    di_s[r] = valid ? di[base + q0 + r] : 0.0f;
+  }
+}
+
+template <int kMaxD>
+__global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
+    attention_dkv_kernel(cuda::View dk, cuda::View dv, cuda::ConstView q, cuda::ConstView k, cuda::ConstView v,
+                         cuda::ConstView dout, const float* lse, const float* di, float scale, Dims dims) {
+  using C = BwdTile<kMaxD>;
+  constexpr int kThreads = C::kThreads, kBr = C::kBr, kBc = C::kBc, kTN = C::kTN;
+  constexpr int kG = kBc / kTN, kDC = kMaxD / kG, kTK = kBc / (kThreads / kG), kLdS = kBc + 1;
+  static_assert(kThreads / kG * C::kTM == kBr && kThreads / kG * kTK == kBc && kMaxD % kG == 0);
+  const int T = dims.seq, D = dims.head_dim, ld = D + 1, tid = threadIdx.x;
+  const int k0 = blockIdx.x * kBc, hk = blockIdx.y, b = blockIdx.z;
+  const int64_t q_stride = int64_t(dims.q_heads) * D, kv_stride = int64_t(dims.kv_heads) * D;
+  const int64_t kv_base = (int64_t(b) * T * dims.kv_heads + hk) * D;
+
+  FT_DYNAMIC_SHARED(float, smem);
+  float* k_s = smem;               // [Bc, ld]
+  float* v_s = k_s + kBc * ld;     // [Bc, ld]
+  float* q_s = v_s + kBc * ld;     // [Br, ld]
+  float* do_s = q_s + kBr * ld;    // [Br, ld]
+  float* p_s = do_s + kBr * ld;    // [Br, Bc + 1]
+  float* ds_s = p_s + kBr * kLdS;  // [Br, Bc + 1]
+  float* lse_s = ds_s + kBr * kLdS;  // [Br]
+  float* di_s = lse_s + kBr;         // [Br]
+
+  load_tile<kThreads>(k_s, ld, k, kv_base, kv_stride, k0, kBc, T, D);
+  load_tile<kThreads>(v_s, ld, v, kv_base, kv_stride, k0, kBc, T, D);
+  const int kg = tid / kG, tc = tid % kG;  // key rows kg*TK + i, columns tc + j*G
+  float dk_acc[kTK][kDC] = {}, dv_acc[kTK][kDC] = {};
+  const int q_tiles = (T + kBr - 1) / kBr;
+  for (int h = hk * dims.group; h < (hk + 1) * dims.group; ++h) {
+    const int64_t q_base = (int64_t(b) * T * dims.q_heads + h) * D;
+    for (int qt = k0 / kBr; qt < q_tiles; ++qt) {  // query tiles at or after the diagonal
+      const int q0 = qt * kBr;
+      load_tile<kThreads>(q_s, ld, q, q_base, q_stride, q0, kBr, T, D);
+      load_tile<kThreads>(do_s, ld, dout, q_base, q_stride, q0, kBr, T, D);
+      load_row_stats<kThreads, kBr>(lse_s, di_s, lse, di, (int64_t(b) * dims.q_heads + h) * T, q0, T);
+      __syncthreads();
+      backward_scores<C>(p_s, ds_s, q_s, do_s, k_s, v_s, lse_s, di_s, q0, k0, T, D, scale);
+      __syncthreads();
+      // dV += P^T dO, dK += dS^T Q (scale applied once at the end).
+      for (int r = 0; r < kBr; ++r) {
+        float p[kTK], ds[kTK];
+        FT_UNROLL
+        for (int i = 0; i < kTK; ++i) {
+          p[i] = p_s[r * kLdS + kg * kTK + i];
+          ds[i] = ds_s[r * kLdS + kg * kTK + i];
+        }
+        FT_UNROLL
+        for (int j = 0; j < kDC; ++j) {
+          int d = tc + j * kG;
+          if (d >= D) continue;
+          float qd = q_s[r * ld + d], dod = do_s[r * ld + d];
+          FT_UNROLL
+          for (int i = 0; i < kTK; ++i) {
+            dv_acc[i][j] = fmaf(p[i], dod, dv_acc[i][j]);
+            dk_acc[i][j] = fmaf(ds[i], qd, dk_acc[i][j]);
+          }
+        }
+      }
+      __syncthreads();  // before the next tile overwrites q_s, do_s, p_s, ds_s
+    }
+  }
+  FT_UNROLL
+  for (int i = 0; i < kTK; ++i) {
+    int key = k0 + kg * kTK + i;
+    if (key >= T) continue;
+    FT_UNROLL
+    for (int j = 0; j < kDC; ++j) {
+      int d = tc + j * kG;
+      if (d >= D) continue;
+      int64_t at = kv_base + int64_t(key) * kv_stride + d;
+      cuda::store(dk, at, scale * dk_acc[i][j]);
+      cuda::store(dv, at, dv_acc[i][j]);
+    }
+  }
+}
+
+template <int kMaxD>
+__global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
+    attention_dq_kernel(cuda::View dq, cuda::ConstView q, cuda::ConstView k, cuda::ConstView v,
+                        cuda::ConstView dout, const float* lse, const float* di, float scale, Dims dims) {
+  using C = BwdTile<kMaxD>;
+  constexpr int kThreads = C::kThreads, kBr = C::kBr, kBc = C::kBc, kTM = C::kTM;
+  constexpr int kG = kBc / C::kTN, kDC = kMaxD / kG, kLdS = kBc + 1;
+  const int T = dims.seq, D = dims.head_dim, ld = D + 1, tid = threadIdx.x;
+  const int q0 = int(gridDim.x - 1 - blockIdx.x) * kBr;  // heavy tiles first, as in the forward
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int64_t q_stride = int64_t(dims.q_heads) * D, kv_stride = int64_t(dims.kv_heads) * D;
+  const int64_t q_base = (int64_t(b) * T * dims.q_heads + h) * D;
+  const int64_t kv_base = (int64_t(b) * T * dims.kv_heads + h / dims.group) * D;
+
+  FT_DYNAMIC_SHARED(float, smem);  // same layout as the dK/dV kernel; p_s unused
+  float* k_s = smem;
+  float* v_s = k_s + kBc * ld;
+  float* q_s = v_s + kBc * ld;
+  float* do_s = q_s + kBr * ld;
+  float* ds_s = do_s + kBr * ld + kBr * kLdS;
+  float* lse_s = ds_s + kBr * kLdS;
+  float* di_s = lse_s + kBr;
+
+  load_tile<kThreads>(q_s, ld, q, q_base, q_stride, q0, kBr, T, D);
+  load_tile<kThreads>(do_s, ld, dout, q_base, q_stride, q0, kBr, T, D);
+  load_row_stats<kThreads, kBr>(lse_s, di_s, lse, di, (int64_t(b) * dims.q_heads + h) * T, q0, T);
+  const int rg = tid / kG, tc = tid % kG;  // query rows rg*TM + i, columns tc + j*G
+  float dq_acc[kTM][kDC] = {};
+  const int q_end = q0 + kBr < T ? q0 + kBr : T;
+  const int key_tiles = (q_end - 1) / kBc + 1;
+  for (int kt = 0; kt < key_tiles; ++kt) {
+    const int k0 = kt * kBc;
+    load_tile<kThreads>(k_s, ld, k, kv_base, kv_stride, k0, kBc, T, D);
+    load_tile<kThreads>(v_s, ld, v, kv_base, kv_stride, k0, kBc, T, D);
+    __syncthreads();
+    backward_scores<C>(nullptr, ds_s, q_s, do_s, k_s, v_s, lse_s, di_s, q0, k0, T, D, scale);
+    __syncthreads();
+    // dQ += dS K (scale applied once at the end).
+    for (int c = 0; c < kBc; ++c) {
+      float ds[kTM];
+      FT_UNROLL
+      for (int i = 0; i < kTM; ++i) ds[i] = ds_s[(rg * kTM + i) * kLdS + c];
+      FT_UNROLL
+      for (int j = 0; j < kDC; ++j) {
+        int d = tc + j * kG;
+        if (d >= D) continue;
+        float kd = k_s[c * ld + d];
+        FT_UNROLL
+        for (int i = 0; i < kTM; ++i) dq_acc[i][j] = fmaf(ds[i], kd, dq_acc[i][j]);
+      }
+    }
+    __syncthreads();  // before the next tile overwrites k_s, v_s, ds_s
+  }
+  FT_UNROLL
+  for (int i = 0; i < kTM; ++i) {
+    int row = q0 + rg * kTM + i;
+    if (row >= T) continue;
+    FT_UNROLL
+    for (int j = 0; j < kDC; ++j) {
+      int d = tc + j * kG;
+      if (d >= D) continue;
+      cuda::store(dq, q_base + int64_t(row) * q_stride + d, scale * dq_acc[i][j]);
+    }
+  }
+}
+
+Dims check_attention_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse, int64_t& batch) {
+  cuda::check_float(q, op, "q");
+  cuda::check_float(k, op, "k");
+  cuda::check_float(v, op, "v");
+  cuda::check_float(out, op, "out");
+  cuda::check_dtype(lse, DType::f32, op, "lse");
+  FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got q ", shape_string(q.shape),
+           " and k ", shape_string(k.shape));
+  int64_t B = q.dim(0), T = q.dim(1), Hq = q.dim(2), Hkv = k.dim(2), D = q.dim(3);
+  FT_CHECK(Hkv > 0 && Hq % Hkv == 0, op, ": query heads (", Hq, ") must be a multiple of kv heads (", Hkv, ")");
+  cuda::check_shape(k, {B, T, Hkv, D}, op, "k");
+  cuda::check_shape(v, k.shape, op, "v");
+  cuda::check_shape(out, q.shape, op, "out");
+  cuda::check_shape(lse, {B, Hq, T}, op, "lse");
+  FT_CHECK(D <= kMaxHeadDim, op, ": head_dim ", D, " exceeds the supported ", kMaxHeadDim);
+  FT_CHECK(B <= 65535 && Hq <= 65535 && T < (int64_t(1) << 30), op, ": ", shape_string(q.shape),
+           " exceeds the kernels' grid");
+  batch = B;
+  return Dims{int(T), int(Hq), int(Hkv), int(D), int(Hq / Hkv)};
+}
+
+template <int kMaxD>
+void launch_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                    const Dims& dims, int64_t batch, cudaStream_t stream) {
+  using C = FwdTile<kMaxD>;
+  dim3 grid(unsigned((dims.seq + C::kBr - 1) / C::kBr), unsigned(dims.q_heads), unsigned(batch));
+  size_t smem = size_t(forward_smem_floats<kMaxD>(dims.head_dim)) * sizeof(float);
+  launch<attention_forward_kernel<kMaxD>>(grid, C::kThreads, smem, stream, cuda::view(out), lse.ptr<float>(),
+                                          cuda::const_view(q), cuda::const_view(k), cuda::const_view(v), scale,
+                                          dims);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+template <int kMaxD>
+void launch_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                     const Tensor& v, const Tensor& lse, const float* di, float scale, const Dims& dims,
+                     int64_t batch, cudaStream_t stream) {
+  using C = BwdTile<kMaxD>;
+  size_t smem = size_t(backward_smem_floats<kMaxD>(dims.head_dim)) * sizeof(float);
+  dim3 kv_grid(unsigned((dims.seq + C::kBc - 1) / C::kBc), unsigned(dims.kv_heads), unsigned(batch));
+  launch<attention_dkv_kernel<kMaxD>>(kv_grid, C::kThreads, smem, stream, cuda::view(dk), cuda::view(dv),
+                                      cuda::const_view(q), cuda::const_view(k), cuda::const_view(v),
+                                      cuda::const_view(dout), lse.ptr<const float>(), di, scale, dims);
+  FT_CUDA_CHECK_LAUNCH();
+  dim3 q_grid(unsigned((dims.seq + C::kBr - 1) / C::kBr), unsigned(dims.q_heads), unsigned(batch));
+  launch<attention_dq_kernel<kMaxD>>(q_grid, C::kThreads, smem, stream, cuda::view(dq), cuda::const_view(q),
+                                     cuda::const_view(k), cuda::const_view(v), cuda::const_view(dout),
+                                     lse.ptr<const float>(), di, scale, dims);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void CudaBackend::attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    float scale) {
+  int64_t batch = 0;
+  Dims dims = check_attention_args("attention_forward", q, k, v, out, lse, batch);
+  if (batch == 0 || dims.seq == 0 || dims.q_heads == 0) return;
+  if (dims.head_dim <= 64) launch_forward<64>(out, lse, q, k, v, scale, dims, batch, stream_);
+  else if (dims.head_dim <= 128) launch_forward<128>(out, lse, q, k, v, scale, dims, batch, stream_);
+  else launch_forward<256>(out, lse, q, k, v, scale, dims, batch, stream_);
+}
+
+void CudaBackend::attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                                     const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                     float scale) {
+  const char* op = "attention_backward";
+  int64_t batch = 0;
+  Dims dims = check_attention_args(op, q, k, v, out, lse, batch);
+  cuda::check_float(dq, op, "dq");
+  cuda::check_float(dk, op, "dk");
+  cuda::check_float(dv, op, "dv");
+  cuda::check_float(dout, op, "dout");
+  cuda::check_shape(dq, q.shape, op, "dq");
+  cuda::check_shape(dk, k.shape, op, "dk");
+  cuda::check_shape(dv, v.shape, op, "dv");
+  cuda::check_shape(dout, q.shape, op, "dout");
+  if (batch == 0 || dims.seq == 0 || dims.q_heads == 0) return;
+  // Di = rowsum(dO * O) once per query row, read by both gradient kernels.
+  int64_t rows = batch * dims.seq * dims.q_heads;
+  Tensor di = scratch({batch, dims.q_heads, dims.seq}, DType::f32);
+  constexpr int kRowsPerBlock = kDiThreads / 32;
+  launch<attention_di_kernel>(unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), kDiThreads, 0, stream_,
+                              di.ptr<float>(), cuda::const_view(dout), cuda::const_view(out), rows, dims);
+  FT_CUDA_CHECK_LAUNCH();
+  const float* di_ptr = di.ptr<const float>();
+  if (dims.head_dim <= 64) launch_backward<64>(dq, dk, dv, dout, q, k, v, lse, di_ptr, scale, dims, batch, stream_);
+  else if (dims.head_dim <= 128)
+    launch_backward<128>(dq, dk, dv, dout, q, k, v, lse, di_ptr, scale, dims, batch, stream_);
+  else launch_backward<256>(dq, dk, dv, dout, q, k, v, lse, di_ptr, scale, dims, batch, stream_);
+}
+
+}  // namespace ft

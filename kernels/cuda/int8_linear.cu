@@ -1,0 +1,283 @@
+// LLM.int8() linear layers on the GPU, as the CPU reference (kernels/cpu/int8.cpp).
+//
+// Forward, out[N, O] = x[N, K] @ W^T with W = q[O, K] * s_w[O] / 127:
+//   1. outlier columns (any |x[:, k]| >= threshold): flagged per column, then
+//      compacted on the device into `columns` = [count, ascending indices...],
+//      so no kernel waits on the host for the count;
+//   2. per row of x: absmax with the outlier columns zeroed, and the codes;
+//   3. per block of rows: the int8 x int8 -> int32 product of the codes with q
+//      through cuda::Gemm (cuBLASLt's IMMA path on a GPU);
+//   4. an epilogue dequantises the product and adds the outlier columns in
+//      f32, reading x and q in place, and rounds out once.
+// The scratch is exactly what the memory planner models
+// (kernels/meta/meta_backend.cpp): it does not depend on the outlier count.
+//
+// Backward, dx = dout @ W: W is dequantised one block of input-feature
+// columns at a time into a tile of dout's dtype (bf16 tensor cores on the
+// real path), and one GEMM per block writes its columns of dx in place with
+// f32 accumulation, so dx is rounded once.
+#include "kernels/cuda/int8_linear.h"
+
+#include <algorithm>
+
+#include "kernels/cuda/checks.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/int8_tiles.h"
+
+namespace ft {
+namespace {
+
+constexpr int kBlock = 256;
+constexpr int kScanBlock = 1024;       // the one block that compacts the outlier list
+constexpr int kFlagColumns = 32;       // outlier flagging: a block is 32 columns x 8 row lanes
+constexpr int kFlagRowLanes = kBlock / kFlagColumns;
+constexpr float kInv127Sq = 1.0f / (127.0f * 127.0f);
+
+// Element i of a grid-stride loop's first pass.
+__device__ inline int64_t grid_index() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ inline int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
+
+// flags[k] = 1 where any |x[:, k]| >= threshold, else 0 (all 0 when threshold
+// is 0). Each block owns 32 columns: a warp reads 32 consecutive elements of a
+// row (coalesced), 8 warps split the rows, and lane 0's warp ORs their answers.
+__global__ void __launch_bounds__(kBlock)
+    flag_outlier_columns_kernel(int32_t* flags, cuda::ConstView x, int64_t N, int64_t K, float threshold) {
+  __shared__ int32_t seen[kFlagRowLanes][kFlagColumns];
+  const int column = threadIdx.x % kFlagColumns, lane = threadIdx.x / kFlagColumns;
+  const int64_t k = int64_t(blockIdx.x) * kFlagColumns + column;
+  int32_t any = 0;
+  if (k < K && threshold > 0.0f)
+    for (int64_t n = lane; n < N; n += kFlagRowLanes) any |= fabsf(cuda::load(x, n * K + k)) >= threshold;
+  seen[lane][column] = any;
+  __syncthreads();
+  if (lane != 0 || k >= K) return;
+  for (int r = 1; r < kFlagRowLanes; ++r) any |= seen[r][column];
+  flags[k] = any;
+}
+
+// columns = [flags[0..K)] in place -> [count, indices of the set flags,
+// ascending]. One block walks the flags 1024 at a time: a ballot numbers the
+// set flags within each warp, the warps' counts offset each other. An index
+// lands at or before its own flag, which every thread has read by then.
+__global__ void __launch_bounds__(kScanBlock) compact_outlier_columns_kernel(int32_t* columns, int64_t K) {
+  __shared__ int32_t warp_counts[kScanBlock / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int32_t base = 0;
+  for (int64_t k0 = 0; k0 < K; k0 += kScanBlock) {
+    const int64_t k = k0 + threadIdx.x;
+    const bool flagged = k < K && columns[1 + k] != 0;
+    const unsigned votes = __ballot_sync(0xffffffffu, flagged);
+    if (lane == 0) warp_counts[warp] = __popc(votes);
+    __syncthreads();
+    int32_t slot = base + __popc(votes & ((1u << lane) - 1u));
+    for (int w = 0; w < warp; ++w) slot += warp_counts[w];
+    for (int w = 0; w < kScanBlock / 32; ++w) base += warp_counts[w];
+    __syncthreads();  // warp_counts and this chunk's flags read before they are overwritten
+    if (flagged) columns[1 + slot] = int32_t(k);
+  }
+  if (threadIdx.x == 0) columns[0] = base;
+}
+
+// Walks the ascending outlier list alongside one thread's increasing columns.
+struct OutlierCursor {
+  const int32_t* list;
+  int32_t count, next = 0;
+  __device__ explicit OutlierCursor(const int32_t* columns) : list(columns + 1), count(columns[0]) {}
+  __device__ bool at(int64_t k) {
+    while (next < count && list[next] < k) ++next;
+    return next < count && list[next] == k;
+  }
+};
+
+// One block per row of x: the absmax over the row with its outlier columns
+// zeroed, then q = round-half-even(x * 127 / absmax) in double, the rounding
+// of the exact quotient as quantize_rows_int8 (quantize_int8.cu) and the CPU
+// compute it. Outlier columns get code 0.
+__global__ void __launch_bounds__(kBlock) quantize_inliers_kernel(int8_t* q, float* scales, cuda::ConstView x,
+                                                                  const int32_t* columns, int64_t K) {
+  __shared__ float scratch[32];
+  const int64_t row = int64_t(blockIdx.x) * K;
+  float absmax = 0.0f;
+  OutlierCursor in_absmax(columns);
+  for (int64_t k = threadIdx.x; k < K; k += kBlock)
+    if (!in_absmax.at(k)) absmax = fmaxf(absmax, fabsf(cuda::load(x, row + k)));
+  absmax = cuda::block_max<kBlock>(absmax, scratch);
+  if (threadIdx.x == 0) scales[blockIdx.x] = absmax;
+  const double s = absmax;
+  OutlierCursor in_codes(columns);
+  for (int64_t k = threadIdx.x; k < K; k += kBlock) {
+    const bool zero = absmax == 0.0f || in_codes.at(k);
+    q[row + k] = zero ? int8_t(0) : int8_t(rint(double(cuda::load(x, row + k)) * 127.0 / s));
+  }
+}
+
+// out rows [n0, n0 + rows): the int32 product dequantised, plus the outlier
+// columns in f32, in the CPU's order and arithmetic (forward_block in
+// kernels/cpu/int8.cpp, whose update GCC contracts to an FMA), rounded once.
+__global__ void __launch_bounds__(kBlock)
+    forward_epilogue_kernel(cuda::View out, const int32_t* product, cuda::ConstView x, const int8_t* wq,
+                            const float* sx, const float* sw, const int32_t* columns, int64_t n0, int64_t rows,
+                            int64_t O, int64_t K) {
+  const int32_t count = columns[0];
+  for (int64_t i = grid_index(); i < rows * O; i += grid_stride()) {
+    const int64_t n = n0 + i / O, o = i % O;
+    float value = float(product[i]) * (sx[n] * sw[o] * kInv127Sq);
+    for (int32_t c = 0; c < count; ++c) {
+      const int64_t k = columns[1 + c];
+      value = fmaf(cuda::load(x, n * K + k), float(wq[o * K + k]) * sw[o] / 127.0f, value);
+    }
+    cuda::store(out, n * O + o, value);
+  }
+}
+
+// tile[o, j] = W[o, k0 + j] dequantised as the CPU's f32 tile, rounded once to
+// the tile's dtype; the tile is [O, kb], packed.
+__global__ void __launch_bounds__(kBlock) dequantize_tile_kernel(cuda::View tile, const int8_t* wq, const float* sw,
+                                                                 int64_t O, int64_t K, int64_t k0, int64_t kb) {
+  for (int64_t i = grid_index(); i < O * kb; i += grid_stride()) {
+    const int64_t o = i / kb;
+    cuda::store(tile, i, float(wq[o * K + k0 + i % kb]) * sw[o] / 127.0f);
+  }
+}
+
+Tensor scratch(const cuda::Int8Context& context, const Shape& shape, DType dtype) {
+  return Tensor::empty(shape, dtype, context.allocator, MemCategory::workspace);
+}
+
+void check_int8_weight(const Tensor& weight, const Tensor& scales, const char* op) {
+  cuda::check_dtype(weight, DType::i8, op, "weight");
+  cuda::check_dtype(scales, DType::f32, op, "weight_scales");
+  FT_CHECK(weight.ndim() == 2, op, ": weight must be 2-D [out, in], got ", shape_string(weight.shape));
+  cuda::check_numel(scales, weight.dim(0), op, "weight_scales");
+}
+
+// columns = [count, outlier column indices ascending] for x [N, K].
+void find_outlier_columns(Tensor& columns, const Tensor& x, float threshold, cudaStream_t stream) {
+  const int64_t N = x.rows(), K = x.cols();
+  if (K > 0) {
+    launch<flag_outlier_columns_kernel>(unsigned((K + kFlagColumns - 1) / kFlagColumns), kBlock, 0, stream,
+                                        columns.ptr<int32_t>() + 1, cuda::const_view(x), N, K, threshold);
+    FT_CUDA_CHECK_LAUNCH();
+  }
+  launch<compact_outlier_columns_kernel>(1, kScanBlock, 0, stream, columns.ptr<int32_t>(), K);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+// product[0:rows, :] = codes[n0:n0 + rows, :] @ q^T in int32. Row-major
+// product [rows, O] is the column-major [O, rows] = q (column-major [K, O],
+// transposed) @ codes (column-major [K, rows]): cuBLASLt's "TN" int8 form.
+void int8_product(Tensor& product, const Tensor& codes, const Tensor& weight, int64_t n0, int64_t rows,
+                  const cuda::Int8Context& context) {
+  const int64_t K = weight.dim(1), O = weight.dim(0);
+  cuda::GemmArgs args{};
+  args.m = O;
+  args.n = rows;
+  args.k = K;
+  args.batch = 1;
+  args.alpha = 1.0f;
+  args.beta = 0.0f;
+  args.a = {weight.data, DType::i8, true, K, 0};
+  args.b = {codes.ptr<int8_t>() + n0 * K, DType::i8, false, K, 0};
+  args.c = {product.data, DType::i32, O, 0};
+  context.gemm.gemm(args, context.stream);
+}
+
+// dx[:, k0:k0 + kb] = dout [N, O] @ tile [O, kb] (+= when accumulating), in
+// place in row-major dx. As in matmul.cu, the row-major product is the
+// column-major dx^T = tile^T @ dout^T: tile as column-major [kb, O] with
+// leading dimension kb, dout as [O, N] with O, dx's block as [kb, N] with K.
+void backward_block(Tensor& dx, const Tensor& dout, const Tensor& tile, int64_t k0, int64_t kb, bool accumulate,
+                    const cuda::Int8Context& context) {
+  const int64_t N = dout.rows(), O = dout.cols(), K = dx.cols();
+  cuda::GemmArgs args{};
+  args.m = kb;
+  args.n = N;
+  args.k = O;
+  args.batch = 1;
+  args.alpha = 1.0f;
+  args.beta = accumulate ? 1.0f : 0.0f;
+  args.a = {tile.data, tile.dtype, false, kb, 0};
+  args.b = {dout.data, dout.dtype, false, O, 0};
+  args.c = {static_cast<char*>(dx.data) + k0 * int64_t(dtype_size_bytes(dx.dtype)), dx.dtype, K, 0};
+  context.gemm.gemm(args, context.stream);
+}
+
+}  // namespace
+
+namespace cuda {
+
+void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
+                         float threshold, int64_t chunk_rows, const Int8Context& context) {
+  const char* op = "int8_linear_forward";
+  check_float(out, op, "out");
+  check_float(x, op, "x");
+  check_int8_weight(weight, weight_scales, op);
+  FT_CHECK(threshold >= 0.0f, op, ": threshold must be >= 0 (0 disables outliers), got ", threshold);
+  const int64_t N = x.rows(), K = x.cols(), O = weight.dim(0);
+  FT_CHECK(weight.dim(1) == K, op, ": x ", shape_string(x.shape), " does not match weight ",
+           shape_string(weight.shape));
+  FT_CHECK(out.rows() == N && out.cols() == O, op, ": out has shape ", shape_string(out.shape), ", expected [", N,
+           ", ", O, "]");
+  FT_CHECK(chunk_rows >= 1, op, ": chunk_rows must be >= 1, got ", chunk_rows);
+  FT_CHECK(N < (int64_t(1) << 31), op, ": too many rows (", N, ")");
+  Tensor columns = scratch(context, {K + 1}, DType::i32);
+  Tensor codes = scratch(context, {N, K}, DType::i8);
+  Tensor row_scales = scratch(context, {N}, DType::f32);
+  Tensor product = scratch(context, {chunk_rows, O}, DType::i32);
+  if (N == 0 || O == 0) return;
+
+  find_outlier_columns(columns, x, threshold, context.stream);
+  launch<quantize_inliers_kernel>(unsigned(N), kBlock, 0, context.stream, codes.ptr<int8_t>(),
+                                  row_scales.ptr<float>(), const_view(x), columns.ptr<const int32_t>(), K);
+  FT_CUDA_CHECK_LAUNCH();
+  for (int64_t n0 = 0; n0 < N; n0 += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, N - n0);
+    int8_product(product, codes, weight, n0, rows, context);
+    launch<forward_epilogue_kernel>(elementwise_blocks(rows * O, kBlock), kBlock, 0, context.stream, view(out),
+                                    product.ptr<const int32_t>(), const_view(x), weight.ptr<const int8_t>(),
+                                    row_scales.ptr<const float>(), weight_scales.ptr<const float>(),
+                                    columns.ptr<const int32_t>(), n0, rows, O, K);
+    FT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, const Tensor& weight_scales,
+                          bool accumulate, int64_t tile_columns, const Int8Context& context) {
+  const char* op = "int8_linear_backward";
+  check_float(dx, op, "dx");
+  check_float(dout, op, "dout");
+  check_int8_weight(weight, weight_scales, op);
+  const int64_t N = dout.rows(), O = dout.cols(), K = weight.dim(1);
+  FT_CHECK(weight.dim(0) == O, op, ": dout ", shape_string(dout.shape), " does not match weight ",
+           shape_string(weight.shape));
+  FT_CHECK(dx.rows() == N && dx.cols() == K, op, ": dx has shape ", shape_string(dx.shape), ", expected [", N,
+           ", ", K, "]");
+  FT_CHECK(tile_columns >= 1, op, ": tile_columns must be >= 1, got ", tile_columns);
+  if (N == 0 || K == 0) return;
+  Tensor w_tile = scratch(context, {O, tile_columns}, dout.dtype);
+  for (int64_t k0 = 0; k0 < K; k0 += tile_columns) {
+    const int64_t kb = std::min(tile_columns, K - k0);
+    launch<dequantize_tile_kernel>(elementwise_blocks(O * kb, kBlock), kBlock, 0, context.stream, view(w_tile),
+                                   weight.ptr<const int8_t>(), weight_scales.ptr<const float>(), O, K, k0, kb);
+    FT_CUDA_CHECK_LAUNCH();
+    backward_block(dx, dout, w_tile, k0, kb, accumulate, context);
+  }
+}
+
+}  // namespace cuda
+
+void CudaBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight,
+                                      const Tensor& weight_scales, float threshold) {
+  cuda::int8_linear_forward(out, x, weight, weight_scales, threshold,
+                            int8_forward_chunk_rows(x.rows(), weight.dim(0)), {*gemm_, allocator_, stream_});
+}
+
+void CudaBackend::int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight,
+                                       const Tensor& weight_scales, bool accumulate) {
+  cuda::int8_linear_backward(dx, dout, weight, weight_scales, accumulate,
+                             int8_backward_tile_columns(weight.dim(0), weight.dim(1)), {*gemm_, allocator_, stream_});
+}
+
+}  // namespace ft

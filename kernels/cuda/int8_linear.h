@@ -1,0 +1,33 @@
+// The LLM.int8() linear ops of the CUDA backend (int8_linear.cu) with their
+// blocking as a parameter: CudaBackend passes kernels/int8_tiles.h's sizes,
+// which only layers far larger than the emulator can run reach in more than
+// one block, so tests pass small ones to exercise several blocks. Plain C++,
+// like cuda_backend.h.
+#pragma once
+#include <cstdint>
+
+#include "kernels/allocator.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/tensor.h"
+
+namespace ft::cuda {
+
+// Where an op runs: the GEMM engine, the allocator its scratch comes from
+// (category workspace, freed on return) and the stream.
+struct Int8Context {
+  Gemm& gemm;
+  Allocator& allocator;
+  CUstream_st* stream;
+};
+
+// Backend::int8_linear_forward holding the int32 product of at most
+// chunk_rows rows of x at a time.
+void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
+                         float threshold, int64_t chunk_rows, const Int8Context& context);
+
+// Backend::int8_linear_backward dequantising tile_columns input features of
+// the weight at a time.
+void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, const Tensor& weight_scales,
+                          bool accumulate, int64_t tile_columns, const Int8Context& context);
+
+}  // namespace ft::cuda

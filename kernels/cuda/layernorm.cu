@@ -1,0 +1,148 @@
+// LayerNorm as torch.nn.LayerNorm (GPT-NeoX): mean and biased variance in
+// f32, out = (x - mean) * rstd * weight + bias rounded once to out's dtype
+// (unlike RMSNorm, no rounding of the normalised value for bf16 input). One
+// block per row.
+#include "kernels/cuda/checks.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_util.cuh"
+
+namespace ft {
+namespace {
+
+constexpr int kBlock = 256;
+// layernorm_backward's dweight/dbias partials: at most this many row blocks,
+// each summing a fixed strided subset of rows into its own f32 row of partials.
+constexpr int64_t kMaxPartials = 256;
+
+// Two passes over the row (mean, then squared deviations), as the CPU
+// reference: no cancellation when |mean| is large against the spread.
+__global__ void __launch_bounds__(kBlock)
+    layernorm_forward_kernel(cuda::View out, float* mean, float* rstd, cuda::ConstView x, cuda::ConstView weight,
+                             cuda::ConstView bias, float eps, int64_t channels) {
+  __shared__ float scratch[32];
+  int64_t row = int64_t(blockIdx.x) * channels;
+  float sum = 0.0f;
+  for (int64_t c = threadIdx.x; c < channels; c += kBlock) sum += cuda::load(x, row + c);
+  float m = cuda::block_sum<kBlock>(sum, scratch) / float(channels);
+  float sum_sq = 0.0f;
+  for (int64_t c = threadIdx.x; c < channels; c += kBlock) {
+    float d = cuda::load(x, row + c) - m;
+    sum_sq += d * d;
+  }
+  float r = 1.0f / sqrtf(cuda::block_sum<kBlock>(sum_sq, scratch) / float(channels) + eps);
+  if (threadIdx.x == 0) {
+    mean[blockIdx.x] = m;
+    rstd[blockIdx.x] = r;
+  }
+  for (int64_t c = threadIdx.x; c < channels; c += kBlock)
+    cuda::store(out, row + c, (cuda::load(x, row + c) - m) * r * cuda::load(weight, c) + cuda::load(bias, c));
+}
+
+// With n = (x - mean) * r and g = dout * weight:
+//   dx = r * (g - mean(g) - n * mean(g * n)).
+// Block b handles rows b, b + gridDim.x, ...; it also sums dout * n and dout
+// over those rows into row b of dweight_partials / dbias_partials (each
+// optional; its own row: no races, and the order is fixed), which
+// column_sum_kernel adds up afterwards.
+__global__ void __launch_bounds__(kBlock)
+    layernorm_backward_kernel(cuda::View dx, float* dweight_partials, float* dbias_partials, cuda::ConstView dout,
+                              cuda::ConstView x, cuda::ConstView weight, const float* mean, const float* rstd,
+                              int64_t rows, int64_t channels) {
+  __shared__ float scratch[32];
+  int64_t own = int64_t(blockIdx.x) * channels;
+  float* dw = dweight_partials ? dweight_partials + own : nullptr;
+  float* db = dbias_partials ? dbias_partials + own : nullptr;
+  for (int64_t n = blockIdx.x; n < rows; n += gridDim.x) {
+    int64_t row = n * channels;
+    float m = mean[n], r = rstd[n];
+    float g_sum = 0.0f, g_dot_n = 0.0f;
+    for (int64_t c = threadIdx.x; c < channels; c += kBlock) {
+      float g = cuda::load(dout, row + c) * cuda::load(weight, c);
+      g_sum += g;
+      g_dot_n += g * (cuda::load(x, row + c) - m) * r;
+    }
+    float mean_g = cuda::block_sum<kBlock>(g_sum, scratch) / float(channels);
+    float mean_g_n = cuda::block_sum<kBlock>(g_dot_n, scratch) / float(channels);
+    bool first = n == blockIdx.x;
+    for (int64_t c = threadIdx.x; c < channels; c += kBlock) {
+      float d = cuda::load(dout, row + c), normed = (cuda::load(x, row + c) - m) * r;
+      if (dw) dw[c] = (first ? 0.0f : dw[c]) + d * normed;
+      if (db) db[c] = (first ? 0.0f : db[c]) + d;
+      cuda::store(dx, row + c, r * (d * cuda::load(weight, c) - mean_g - normed * mean_g_n));
+    }
+  }
+}
+
+// grad[c] += sum over the blocks' partials, in block order.
+__global__ void __launch_bounds__(kBlock)
+    column_sum_kernel(cuda::View grad, const float* partials, int64_t count, int64_t channels) {
+  int64_t c = blockIdx.x * int64_t(kBlock) + threadIdx.x;
+  if (c >= channels) return;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < count; ++b) sum += partials[b * channels + c];
+  cuda::store(grad, c, cuda::load(grad, c) + sum);
+}
+
+void check_layernorm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                          const Tensor& rstd) {
+  cuda::check_float(x, op, "x");
+  cuda::check_float(weight, op, "weight");
+  cuda::check_dtype(mean, DType::f32, op, "mean");
+  cuda::check_dtype(rstd, DType::f32, op, "rstd");
+  cuda::check_shape(weight, {x.cols()}, op, "weight");
+  cuda::check_numel(mean, x.rows(), op, "mean");
+  cuda::check_numel(rstd, x.rows(), op, "rstd");
+  FT_CHECK(x.rows() < (int64_t(1) << 31), op, ": too many rows (", x.rows(), ")");
+}
+
+}  // namespace
+
+void CudaBackend::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
+                                    const Tensor& bias, float eps) {
+  const char* op = "layernorm_forward";
+  check_layernorm_args(op, x, weight, mean, rstd);
+  cuda::check_float(bias, op, "bias");
+  cuda::check_shape(bias, weight.shape, op, "bias");
+  cuda::check_float(out, op, "out");
+  cuda::check_shape(out, x.shape, op, "out");
+  if (x.rows() == 0) return;
+  launch<layernorm_forward_kernel>(unsigned(x.rows()), kBlock, 0, stream_, cuda::view(out), mean.ptr<float>(),
+                                   rstd.ptr<float>(), cuda::const_view(x), cuda::const_view(weight),
+                                   cuda::const_view(bias), eps, x.cols());
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& x,
+                                     const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  const char* op = "layernorm_backward";
+  check_layernorm_args(op, x, weight, mean, rstd);
+  cuda::check_float(dx, op, "dx");
+  cuda::check_float(dout, op, "dout");
+  cuda::check_shape(dx, x.shape, op, "dx");
+  cuda::check_shape(dout, x.shape, op, "dout");
+  for (auto [grad, name] : {std::pair{dweight, "dweight"}, std::pair{dbias, "dbias"}}) {
+    if (!grad) continue;
+    cuda::check_float(*grad, op, name);
+    cuda::check_shape(*grad, weight.shape, op, name);
+  }
+  int64_t rows = x.rows(), channels = x.cols();
+  if (rows == 0 || channels == 0) return;
+  int64_t blocks = rows < kMaxPartials ? rows : kMaxPartials;
+  Tensor dweight_partials = dweight ? scratch({blocks, channels}, DType::f32) : Tensor();
+  Tensor dbias_partials = dbias ? scratch({blocks, channels}, DType::f32) : Tensor();
+  launch<layernorm_backward_kernel>(unsigned(blocks), kBlock, 0, stream_, cuda::view(dx),
+                                    dweight ? dweight_partials.ptr<float>() : nullptr,
+                                    dbias ? dbias_partials.ptr<float>() : nullptr, cuda::const_view(dout),
+                                    cuda::const_view(x), cuda::const_view(weight), mean.ptr<const float>(),
+                                    rstd.ptr<const float>(), rows, channels);
+  FT_CUDA_CHECK_LAUNCH();
+  for (auto [grad, partials] : {std::pair{dweight, &dweight_partials}, std::pair{dbias, &dbias_partials}}) {
+    if (!grad) continue;
+    launch<column_sum_kernel>(unsigned((channels + kBlock - 1) / kBlock), kBlock, 0, stream_, cuda::view(*grad),
+                              partials->ptr<const float>(), blocks, channels);
+    FT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace ft

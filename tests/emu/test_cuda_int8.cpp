@@ -1,0 +1,277 @@
+// LLM.int8() on the CUDA backend under the emulator: the integer GEMM against
+// a host loop (exact), int8_linear_forward / int8_linear_backward against
+// CpuBackend, with several row chunks and weight tiles through the blocking
+// entry points of kernels/cuda/int8_linear.h (kernels/int8_tiles.h's sizes
+// give one block at any size the emulator can run).
+//
+// Tolerances:
+//   - the integer GEMM: exact;
+//   - forward, f32 out: the same arithmetic in the same order as the CPU
+//     (codes, int32 sums, the dequantisation, FMAs over the outlier columns
+//     ascending), 1e-6 relative (measured: 0, bit-identical);
+//   - forward, bf16 out: 2^-7 relative (one bf16 ulp: both sides round the
+//     same f32 value, so in practice identical);
+//   - backward: |got - want| <= rtol |want| + arel * sum_o |dout w| (plus |dx|
+//     when accumulating): rtol 1e-5 for f32 dx, 2^-7 (one bf16 ulp) for bf16
+//     dx; arel 1e-6 for f32 dout (the tile equals the CPU's f32 tile, only the
+//     summation order differs), 2^-8 + 1e-6 for bf16 dout, whose tile is bf16
+//     and so differs from the CPU's f32 tile by up to 2^-8 relative per
+//     element (bf16's unit roundoff: 8 significant bits). Measured: 0 with
+//     f32 dout; 0.0038 of sum |dout w| with bf16 dout (O = 3, where one
+//     term dominates), 0.0077 with bf16 dout and bf16 dx.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <set>
+
+#include "kernels/cuda/int8_linear.h"
+#include "tests/emu/cuda_test_util.h"
+
+using namespace cuda_test;
+
+namespace {
+
+// i8 codes in [lo, hi].
+Tensor host_codes(const Shape& shape, unsigned seed, int lo = -127, int hi = 127) {
+  Tensor t = cpu.empty(shape, DType::i8, MemCategory::weights);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) t.ptr<int8_t>()[i] = int8_t(dist(rng));
+  return t;
+}
+
+std::vector<int32_t> int32_values(const Tensor& t) {
+  Tensor host = host_copy(t);
+  return std::vector<int32_t>(host.ptr<int32_t>(), host.ptr<int32_t>() + host.numel());
+}
+
+// A frozen int8 weight [O, K] with row scales (as quantize_rows_int8 would
+// give for rows of magnitude ~0.5), one of them 0 (an all-zero row).
+struct Int8Weight {
+  Tensor q, scales;
+};
+Int8Weight host_weight(int64_t O, int64_t K, unsigned seed) {
+  Int8Weight w{host_codes({O, K}, seed), host_random({O}, DType::f32, seed + 1, 0.2f, 0.8f)};
+  if (O > 1) w.scales.ptr<float>()[1] = 0.0f;
+  return w;
+}
+
+// Largest |got - want| / |want| (|want| floored at 1e-3), for the report.
+double worst_relative(const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = 0.0;
+  for (size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::abs(double(got[i]) - want[i]) / std::max(1e-3, std::abs(double(want[i]))));
+  return worst;
+}
+
+std::unique_ptr<cuda::Gemm> tiled = cuda::make_gemm(cuda::GemmKind::tiled, device_allocator);
+cuda::Int8Context context() { return {*tiled, device_allocator, nullptr}; }
+
+}  // namespace
+
+TEST_CASE("cuda: int8 GEMM (tiled) is exact int32 arithmetic") {
+  // Column-major C [m, n] = alpha * op(A) @ op(B) + beta * C over codes in [-128, 127].
+  auto check = [](int64_t m, int64_t n, int64_t k, bool ta, bool tb, float alpha, float beta, int lo, int hi) {
+    CAPTURE(m);
+    CAPTURE(k);
+    CAPTURE(ta);
+    CAPTURE(tb);
+    const int64_t lda = ta ? k : m, ldb = tb ? n : k;
+    Tensor a = host_codes({ta ? m : k, lda}, 40, lo, hi), b = host_codes({tb ? k : n, ldb}, 41, lo, hi);
+    std::vector<int32_t> c0(size_t(m * n));
+    for (size_t i = 0; i < c0.size(); ++i) c0[i] = int32_t(i * 7919 % 100003) - 50000;
+    std::vector<int32_t> got = emu_test::same_under_schedules([&] {
+      Tensor da = to_device(a), db = to_device(b), c = to_device(host_ints(c0));
+      cuda::GemmArgs args{m, n, k, 1, alpha, beta, {da.data, DType::i8, ta, lda, 0}, {db.data, DType::i8, tb, ldb, 0},
+                          {c.data, DType::i32, m, 0}};
+      tiled->gemm(args, nullptr);
+      return int32_values(c);
+    });
+    const int8_t *av = a.ptr<int8_t>(), *bv = b.ptr<int8_t>();
+    size_t bad = 0;
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < m; ++i) {
+        int64_t sum = 0;
+        for (int64_t p = 0; p < k; ++p)
+          sum += int64_t(ta ? av[p + i * lda] : av[i + p * lda]) * (tb ? bv[j + p * ldb] : bv[p + j * ldb]);
+        int64_t want = int64_t(alpha) * sum + (beta != 0.0f ? int64_t(beta) * c0[size_t(i + j * m)] : 0);
+        bad += got[size_t(i + j * m)] != want;
+      }
+    CHECK(bad == 0);
+  };
+  for (int transposes = 0; transposes < 4; ++transposes)  // two tiles each way, six k slices, ragged edges
+    check(70, 67, 83, transposes & 1, transposes & 2, 1.0f, 0.0f, -128, 127);
+  check(9, 5, 13, true, false, 2.0f, -3.0f, -128, 127);
+  // Sums past 2^24, where an f32 accumulator would round.
+  check(5, 3, 2000, true, false, 1.0f, 0.0f, 100, 127);
+
+  Tensor a = to_device(host_codes({4, 4}, 42)), c = device_empty({4, 4}, DType::i32);
+  Tensor f = device_empty({4, 4}, DType::f32);
+  cuda::GemmArgs args{4, 4, 4, 1, 0.5f, 0.0f, {a.data, DType::i8, true, 4, 0}, {a.data, DType::i8, false, 4, 0},
+                      {c.data, DType::i32, 4, 0}};
+  CHECK_THROWS_WITH_AS(tiled->gemm(args, nullptr), doctest::Contains("integer alpha and beta"), Error);
+  args.alpha = 1.0f;
+  args.c = {f.data, DType::f32, 4, 0};
+  CHECK_THROWS_WITH_AS(tiled->gemm(args, nullptr), doctest::Contains("i32 output"), Error);
+}
+
+namespace {
+
+enum class Outliers { planted, disabled, none };
+
+// x [N, K] in [-2, 2]; with planted outliers: columns {1, K/2, K-1} get one
+// value each of 6.0 (exactly the threshold, so an outlier), -6.5 and 20 in
+// different rows, and column K/3 a 5.9 (not one).
+Tensor make_x(int64_t N, int64_t K, DType dtype, Outliers outliers, unsigned seed) {
+  Tensor x = host_random({N, K}, dtype, seed, -2.0f, 2.0f);
+  if (outliers == Outliers::none) return x;
+  const int64_t cols[] = {1 % K, K / 2, K - 1, K / 3};
+  const float planted[] = {6.0f, -6.5f, 20.0f, 5.9f};
+  for (int i = 0; i < 4; ++i) store_from_f32(x.data, dtype, (i * 7 % N) * K + cols[i], planted[i]);
+  return x;
+}
+
+float threshold_for(Outliers outliers) { return outliers == Outliers::disabled ? 0.0f : 6.0f; }
+
+}  // namespace
+
+TEST_CASE("cuda: int8_linear_forward matches the CPU, with and without outlier columns") {
+  struct Size {
+    int64_t N, K, O;
+  };
+  const Size sizes[] = {{1, 7, 3}, {5, 64, 67}, {37, 301, 130}, {5, 301, 3}, {37, 7, 67}, {1, 64, 130}};
+  const std::pair<DType, DType> dtypes[] = {
+      {DType::f32, DType::f32}, {DType::bf16, DType::bf16}, {DType::bf16, DType::f32}, {DType::f32, DType::bf16}};
+  double worst_f32 = 0.0, worst_bf16 = 0.0;
+  unsigned seed = 50;
+  for (const Size& s : sizes)
+    for (auto [x_dtype, out_dtype] : dtypes)
+      for (Outliers outliers : {Outliers::planted, Outliers::disabled, Outliers::none}) {
+        CAPTURE(s.N);
+        CAPTURE(s.K);
+        CAPTURE(s.O);
+        CAPTURE(dtype_name(x_dtype));
+        CAPTURE(dtype_name(out_dtype));
+        CAPTURE(int(outliers));
+        Tensor x = make_x(s.N, s.K, x_dtype, outliers, seed++);
+        Int8Weight w = host_weight(s.O, s.K, seed++);
+        const float threshold = threshold_for(outliers);
+        Tensor want = cpu.empty({s.N, s.O}, out_dtype, MemCategory::activations);
+        cpu.int8_linear_forward(want, x, w.q, w.scales, threshold);
+        std::vector<float> got = emu_test::same_under_schedules([&] {
+          Tensor out = device_empty({s.N, s.O}, out_dtype);
+          gpu.int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), threshold);
+          return values(out);
+        });
+        const bool bf16 = out_dtype == DType::bf16;
+        check_close(got, values(want), bf16 ? kBf16 : Tolerance{1e-6, 1e-6});
+        double& worst = bf16 ? worst_bf16 : worst_f32;
+        worst = std::max(worst, worst_relative(got, values(want)));
+      }
+  MESSAGE("int8_linear_forward worst relative error: f32 out ", worst_f32, ", bf16 out ", worst_bf16);
+}
+
+TEST_CASE("cuda: int8_linear_forward over several row chunks") {
+  for (auto [N, chunk] : {std::pair<int64_t, int64_t>{5, 2}, {37, 16}, {37, 1}}) {
+    CAPTURE(N);
+    CAPTURE(chunk);
+    const int64_t K = 64, O = 67;
+    Tensor x = make_x(N, K, DType::bf16, Outliers::planted, 60);
+    Int8Weight w = host_weight(O, K, 61);
+    Tensor want = cpu.empty({N, O}, DType::f32, MemCategory::activations);
+    cpu.int8_linear_forward(want, x, w.q, w.scales, 6.0f);
+    std::vector<float> got = emu_test::same_under_schedules([&] {
+      Tensor out = device_empty({N, O}, DType::f32);
+      cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f, chunk, context());
+      return values(out);
+    });
+    check_close(got, values(want), {1e-6, 1e-6});
+  }
+}
+
+namespace {
+
+struct BackwardCase {
+  int64_t N, O, K, tile_columns;  // tile_columns 0: the backend's own (kernels/int8_tiles.h)
+};
+
+// sum_o |dout[n, o] * w[o, k]| (+ |dx0[n, k]| when accumulating): the scale
+// of each dx element's rounding error.
+std::vector<float> magnitudes(const Tensor& dout, const Int8Weight& w, const Tensor& dx0, bool accumulate) {
+  const int64_t N = dout.rows(), O = dout.cols(), K = w.q.cols();
+  std::vector<float> d = values(dout), x0 = values(dx0), out(size_t(N * K));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      double sum = accumulate ? std::abs(x0[size_t(n * K + k)]) : 0.0;
+      for (int64_t o = 0; o < O; ++o)
+        sum += std::abs(d[size_t(n * O + o)] * float(w.q.ptr<int8_t>()[o * K + k]) * w.scales.ptr<float>()[o] / 127.0f);
+      out[size_t(n * K + k)] = float(sum);
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: int8_linear_backward matches the CPU over ragged weight tiles") {
+  // 301 columns in tiles of 64 (four whole, one of 45); 7 in tiles of 3 (3, 3, 1); one tile.
+  const BackwardCase cases[] = {{5, 67, 301, 64}, {37, 130, 7, 3}, {3, 5, 64, 0}, {1, 3, 301, 0}};
+  const std::pair<DType, DType> dtypes[] = {
+      {DType::f32, DType::f32}, {DType::bf16, DType::bf16}, {DType::bf16, DType::f32}, {DType::f32, DType::bf16}};
+  double worst[2][2] = {};  // [dout bf16][dx bf16]: max |got - want| / magnitude
+  unsigned seed = 70;
+  for (const BackwardCase& c : cases)
+    for (auto [dout_dtype, dx_dtype] : dtypes)
+      for (bool accumulate : {false, true}) {
+        CAPTURE(c.N);
+        CAPTURE(c.O);
+        CAPTURE(c.K);
+        CAPTURE(c.tile_columns);
+        CAPTURE(dtype_name(dout_dtype));
+        CAPTURE(dtype_name(dx_dtype));
+        CAPTURE(accumulate);
+        Tensor dout = host_random({c.N, c.O}, dout_dtype, seed++);
+        Int8Weight w = host_weight(c.O, c.K, seed++);
+        Tensor dx0 = host_random({c.N, c.K}, dx_dtype, seed++);
+        Tensor want = host_copy(dx0);
+        cpu.int8_linear_backward(want, dout, w.q, w.scales, accumulate);
+        std::vector<float> got = emu_test::same_under_schedules([&] {
+          Tensor dx = accumulate ? to_device(dx0) : device_empty({c.N, c.K}, dx_dtype);  // NaN when overwritten
+          if (c.tile_columns == 0)
+            gpu.int8_linear_backward(dx, to_device(dout), to_device(w.q), to_device(w.scales), accumulate);
+          else
+            cuda::int8_linear_backward(dx, to_device(dout), to_device(w.q), to_device(w.scales), accumulate,
+                                       c.tile_columns, context());
+          return values(dx);
+        });
+        const bool dout_bf16 = dout_dtype == DType::bf16, dx_bf16 = dx_dtype == DType::bf16;
+        const double rtol = dx_bf16 ? 1.0 / 128 : 1e-5, arel = (dout_bf16 ? 1.0 / 256 : 0.0) + 1e-6;
+        std::vector<float> want_v = values(want), scale = magnitudes(dout, w, dx0, accumulate);
+        size_t bad = 0, nan = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          const double error = std::abs(double(got[i]) - want_v[i]);
+          nan += std::isnan(got[i]);
+          bad += !(error <= 1e-7 + rtol * std::abs(want_v[i]) + arel * scale[i]);
+          worst[dout_bf16][dx_bf16] = std::max(worst[dout_bf16][dx_bf16], error / std::max(1e-6f, scale[i]));
+        }
+        CHECK(nan == 0);
+        CHECK(bad == 0);
+      }
+  MESSAGE("int8_linear_backward worst |error| / sum|dout w|: f32->f32 ", worst[0][0], ", f32->bf16 ", worst[0][1],
+          ", bf16->f32 ", worst[1][0], ", bf16->bf16 ", worst[1][1]);
+}
+
+TEST_CASE("cuda: int8 linear argument checks") {
+  Tensor x = to_device(host_random({2, 8}, DType::f32, 80));
+  Int8Weight hw = host_weight(3, 8, 81);
+  Tensor q = to_device(hw.q), scales = to_device(hw.scales), out = device_empty({2, 3}, DType::f32);
+  CHECK_THROWS_WITH_AS(gpu.int8_linear_forward(out, x, q, scales, -1.0f), doctest::Contains("threshold"), Error);
+  CHECK_THROWS_WITH_AS(gpu.int8_linear_forward(out, x, scales, scales, 6.0f), doctest::Contains("weight must be i8"),
+                       Error);
+  Tensor wrong = device_empty({2, 4}, DType::f32);
+  CHECK_THROWS_WITH_AS(gpu.int8_linear_forward(wrong, x, q, scales, 6.0f), doctest::Contains("out has shape"), Error);
+  CHECK_THROWS_WITH_AS(gpu.int8_linear_backward(out, out, q, scales, false), doctest::Contains("dx has shape"), Error);
+  CHECK_THROWS_AS(gpu.int8_linear_forward(out, host_random({2, 8}, DType::f32, 82), q, scales, 6.0f), Error);
+}
