@@ -12,9 +12,6 @@ namespace ft {
 namespace {
 
 constexpr int kBlock = 256;
-// sum_squares: at most this many blocks of partial sums, a fixed function of
-// the element count, so the result is the same on every GPU and run.
-constexpr int64_t kMaxPartials = 256;
 
 // The step's scalars, computed on the host exactly as the CPU backend does.
 struct AdamWScalars {
@@ -95,7 +92,8 @@ double CudaBackend::sum_squares(const Tensor& x) {
   int64_t n = x.numel();
   if (n == 0) return 0.0;
   int64_t blocks = (n + kBlock - 1) / kBlock;
-  if (blocks > kMaxPartials) blocks = kMaxPartials;
+  // A fixed function of the element count: the same result on every GPU and run.
+  if (blocks > cuda::kMaxPartialRows) blocks = cuda::kMaxPartialRows;
   // Doubles have no DType; 8 bytes each, carved from i8 scratch.
   Tensor partials = scratch({blocks + 1, 8}, DType::i8);
   double* partial = partials.ptr<double>();

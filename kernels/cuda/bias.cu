@@ -10,9 +10,6 @@ namespace ft {
 namespace {
 
 constexpr int kBlock = 256;
-// bias_backward's row groups: at most this many, each summing a fixed strided
-// subset of rows into its own f32 row of partials.
-constexpr int64_t kMaxPartials = 256;
 
 __global__ void __launch_bounds__(kBlock)
     add_bias_kernel(cuda::View out, cuda::ConstView bias, int64_t channels, int64_t n) {
@@ -29,16 +26,6 @@ __global__ void __launch_bounds__(kBlock)
   float sum = 0.0f;
   for (int64_t n = blockIdx.y; n < rows; n += gridDim.y) sum += cuda::load(dout, n * channels + c);
   partials[blockIdx.y * channels + c] = sum;
-}
-
-// dbias[c] += sum over the groups' partials, in group order.
-__global__ void __launch_bounds__(kBlock)
-    bias_sum_kernel(cuda::View dbias, const float* partials, int64_t groups, int64_t channels) {
-  int64_t c = blockIdx.x * int64_t(kBlock) + threadIdx.x;
-  if (c >= channels) return;
-  float sum = 0.0f;
-  for (int64_t g = 0; g < groups; ++g) sum += partials[g * channels + c];
-  cuda::store(dbias, c, cuda::load(dbias, c) + sum);
 }
 
 }  // namespace
@@ -60,14 +47,14 @@ void CudaBackend::bias_backward(Tensor& dbias, const Tensor& dout) {
   cuda::check_shape(dbias, {dout.cols()}, "bias_backward", "dbias");
   int64_t rows = dout.rows(), channels = dout.cols();
   if (rows == 0 || channels == 0) return;
-  int64_t groups = rows < kMaxPartials ? rows : kMaxPartials;
+  int64_t groups = rows < cuda::kMaxPartialRows ? rows : cuda::kMaxPartialRows;
   unsigned tiles = unsigned((channels + kBlock - 1) / kBlock);
   Tensor partials = scratch({groups, channels}, DType::f32);
   launch<bias_partials_kernel>(dim3(tiles, unsigned(groups)), kBlock, 0, stream_, partials.ptr<float>(),
                                cuda::const_view(dout), rows, channels);
   FT_CUDA_CHECK_LAUNCH();
-  launch<bias_sum_kernel>(tiles, kBlock, 0, stream_, cuda::view(dbias), partials.ptr<const float>(), groups,
-                          channels);
+  launch<cuda::add_column_sums_kernel<kBlock>>(tiles, kBlock, 0, stream_, cuda::view(dbias),
+                                               partials.ptr<const float>(), groups, channels);
   FT_CUDA_CHECK_LAUNCH();
 }
 

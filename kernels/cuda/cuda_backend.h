@@ -27,6 +27,15 @@
 
 namespace ft {
 
+namespace cuda {
+// Deterministic reductions without float atomics (parameter gradients of
+// norms and biases, sum_squares): at most this many blocks each reduce a fixed
+// strided subset of rows into their own row of f32 partials, which a second
+// kernel adds up in block order. Public so the memory planner charges the
+// same scratch.
+constexpr int64_t kMaxPartialRows = 256;
+}  // namespace cuda
+
 class CudaBackend final : public Backend {
  public:
   // allocator must hand out device memory (Device::cuda) and outlive the backend.

@@ -97,6 +97,19 @@ __device__ inline float block_max(float v, float* scratch) {
   return v;
 }
 
+// grad[c] += sum over b < count of partials[b, c], in b order: the second
+// half of a deterministic column reduction (kMaxPartialRows), one thread per
+// column. A template, so each .cu file that launches it may define it.
+template <int Block>
+__global__ void __launch_bounds__(Block)
+    add_column_sums_kernel(View grad, const float* partials, int64_t count, int64_t channels) {
+  int64_t c = blockIdx.x * int64_t(Block) + threadIdx.x;
+  if (c >= channels) return;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < count; ++b) sum += partials[b * channels + c];
+  store(grad, c, load(grad, c) + sum);
+}
+
 // Blocks for a grid-stride elementwise kernel over n elements: enough to fill
 // a large GPU several times over, then each thread loops.
 inline unsigned elementwise_blocks(int64_t n, int block) {

@@ -11,9 +11,6 @@ namespace ft {
 namespace {
 
 constexpr int kBlock = 256;
-// layernorm_backward's dweight/dbias partials: at most this many row blocks,
-// each summing a fixed strided subset of rows into its own f32 row of partials.
-constexpr int64_t kMaxPartials = 256;
 
 // Two passes over the row (mean, then squared deviations), as the CPU
 // reference: no cancellation when |mean| is large against the spread.
@@ -44,7 +41,7 @@ __global__ void __launch_bounds__(kBlock)
 // Block b handles rows b, b + gridDim.x, ...; it also sums dout * n and dout
 // over those rows into row b of dweight_partials / dbias_partials (each
 // optional; its own row: no races, and the order is fixed), which
-// column_sum_kernel adds up afterwards.
+// cuda::add_column_sums_kernel adds up afterwards.
 __global__ void __launch_bounds__(kBlock)
     layernorm_backward_kernel(cuda::View dx, float* dweight_partials, float* dbias_partials, cuda::ConstView dout,
                               cuda::ConstView x, cuda::ConstView weight, const float* mean, const float* rstd,
@@ -72,16 +69,6 @@ __global__ void __launch_bounds__(kBlock)
       cuda::store(dx, row + c, r * (d * cuda::load(weight, c) - mean_g - normed * mean_g_n));
     }
   }
-}
-
-// grad[c] += sum over the blocks' partials, in block order.
-__global__ void __launch_bounds__(kBlock)
-    column_sum_kernel(cuda::View grad, const float* partials, int64_t count, int64_t channels) {
-  int64_t c = blockIdx.x * int64_t(kBlock) + threadIdx.x;
-  if (c >= channels) return;
-  float sum = 0.0f;
-  for (int64_t b = 0; b < count; ++b) sum += partials[b * channels + c];
-  cuda::store(grad, c, cuda::load(grad, c) + sum);
 }
 
 void check_layernorm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& mean,
@@ -128,7 +115,7 @@ void CudaBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias,
   }
   int64_t rows = x.rows(), channels = x.cols();
   if (rows == 0 || channels == 0) return;
-  int64_t blocks = rows < kMaxPartials ? rows : kMaxPartials;
+  int64_t blocks = rows < cuda::kMaxPartialRows ? rows : cuda::kMaxPartialRows;
   Tensor dweight_partials = dweight ? scratch({blocks, channels}, DType::f32) : Tensor();
   Tensor dbias_partials = dbias ? scratch({blocks, channels}, DType::f32) : Tensor();
   launch<layernorm_backward_kernel>(unsigned(blocks), kBlock, 0, stream_, cuda::view(dx),
@@ -139,8 +126,8 @@ void CudaBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias,
   FT_CUDA_CHECK_LAUNCH();
   for (auto [grad, partials] : {std::pair{dweight, &dweight_partials}, std::pair{dbias, &dbias_partials}}) {
     if (!grad) continue;
-    launch<column_sum_kernel>(unsigned((channels + kBlock - 1) / kBlock), kBlock, 0, stream_, cuda::view(*grad),
-                              partials->ptr<const float>(), blocks, channels);
+    launch<cuda::add_column_sums_kernel<kBlock>>(unsigned((channels + kBlock - 1) / kBlock), kBlock, 0, stream_,
+                                                 cuda::view(*grad), partials->ptr<const float>(), blocks, channels);
     FT_CUDA_CHECK_LAUNCH();
   }
 }

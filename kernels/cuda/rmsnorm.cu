@@ -9,9 +9,6 @@ namespace ft {
 namespace {
 
 constexpr int kBlock = 256;
-// rmsnorm_backward's dweight partials: at most this many row blocks, each
-// summing a fixed strided subset of rows into its own f32 row of partials.
-constexpr int64_t kMaxPartials = 256;
 
 __global__ void __launch_bounds__(kBlock) rmsnorm_forward_kernel(cuda::View out, float* rstd, cuda::ConstView x,
                                                                  cuda::ConstView weight, float eps,
@@ -37,7 +34,7 @@ __global__ void __launch_bounds__(kBlock) rmsnorm_forward_kernel(cuda::View out,
 // With n = x * r and g = dout * weight: dx = r * (g - n * mean(g * n)).
 // Block b handles rows b, b + gridDim.x, ...; with partials it also sums
 // dout * n over those rows into partials[b, :] (its own row: no races, and
-// the order is fixed), which rmsnorm_dweight_kernel adds up afterwards.
+// the order is fixed), which cuda::add_column_sums_kernel adds up afterwards.
 __global__ void __launch_bounds__(kBlock)
     rmsnorm_backward_kernel(cuda::View dx, float* partials, cuda::ConstView dout, cuda::ConstView x,
                             cuda::ConstView weight, const float* rstd, int64_t rows, int64_t channels) {
@@ -57,16 +54,6 @@ __global__ void __launch_bounds__(kBlock)
       cuda::store(dx, row + c, r * (d * cuda::load(weight, c) - xs * r * mean_g_n));
     }
   }
-}
-
-// dweight[c] += sum over the blocks' partials, in block order.
-__global__ void __launch_bounds__(kBlock)
-    rmsnorm_dweight_kernel(cuda::View dweight, const float* partials, int64_t count, int64_t channels) {
-  int64_t c = blockIdx.x * int64_t(kBlock) + threadIdx.x;
-  if (c >= channels) return;
-  float sum = 0.0f;
-  for (int64_t b = 0; b < count; ++b) sum += partials[b * channels + c];
-  cuda::store(dweight, c, cuda::load(dweight, c) + sum);
 }
 
 void check_rmsnorm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& rstd) {
@@ -105,7 +92,7 @@ void CudaBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& do
   }
   int64_t rows = x.rows(), channels = x.cols();
   if (rows == 0 || channels == 0) return;
-  int64_t blocks = rows < kMaxPartials ? rows : kMaxPartials;
+  int64_t blocks = rows < cuda::kMaxPartialRows ? rows : cuda::kMaxPartialRows;
   Tensor partials = dweight ? scratch({blocks, channels}, DType::f32) : Tensor();
   launch<rmsnorm_backward_kernel>(unsigned(blocks), kBlock, 0, stream_, cuda::view(dx),
                                   dweight ? partials.ptr<float>() : nullptr, cuda::const_view(dout),
@@ -113,8 +100,8 @@ void CudaBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& do
                                   channels);
   FT_CUDA_CHECK_LAUNCH();
   if (!dweight) return;
-  launch<rmsnorm_dweight_kernel>(unsigned((channels + kBlock - 1) / kBlock), kBlock, 0, stream_,
-                                 cuda::view(*dweight), partials.ptr<const float>(), blocks, channels);
+  launch<cuda::add_column_sums_kernel<kBlock>>(unsigned((channels + kBlock - 1) / kBlock), kBlock, 0, stream_,
+                                               cuda::view(*dweight), partials.ptr<const float>(), blocks, channels);
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/error.h"
@@ -69,6 +70,19 @@ void MetaBackend::copy(Tensor& dst, const Tensor& src) {
   FT_CHECK(dst.numel() == src.numel(), "copy: dst ", shape_string(dst.shape), " and src ", shape_string(src.shape),
            " differ in element count");
   if (dst.data) std::memset(dst.data, 0, dst.size_bytes());
+  // CudaBackend::copy converts dtypes on the device: a host source is staged
+  // there first, a host destination is converted there first.
+  if (policy_ == MemoryPolicy::cuda && dst.dtype != src.dtype) {
+    if (src.device == Device::cpu) empty(src.shape, src.dtype, MemCategory::workspace);
+    if (dst.device == Device::cpu) empty(dst.shape, dst.dtype, MemCategory::workspace);
+  }
+}
+
+// CudaBackend's deterministic column sums: one f32 row of partials per block
+// (cuda::kMaxPartialRows); the CPU reduces in registers and host vectors.
+Tensor MetaBackend::column_partials(int64_t rows, int64_t channels) {
+  if (policy_ != MemoryPolicy::cuda) return {};
+  return empty({std::min(rows, cuda::kMaxPartialRows), channels}, DType::f32, MemCategory::workspace);
 }
 
 void MetaBackend::fill(Tensor& dst, float) {
@@ -109,6 +123,7 @@ void MetaBackend::add_bias(Tensor& out, const Tensor& bias) {
 void MetaBackend::bias_backward(Tensor& dbias, const Tensor& dout) {
   enter("bias_backward", {&dbias});
   check_numel(dbias, dout.cols(), "bias_backward", "dbias");
+  Tensor partials = column_partials(dout.rows(), dout.cols());
 }
 
 void MetaBackend::embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
@@ -137,6 +152,7 @@ void MetaBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& do
   check_shape(dout, x.shape, "rmsnorm_backward", "dout");
   check_numel(rstd, x.rows(), "rmsnorm_backward", "rstd");
   if (dweight) check_shape(*dweight, weight.shape, "rmsnorm_backward", "dweight");
+  Tensor partials = dweight ? column_partials(x.rows(), x.cols()) : Tensor();
 }
 
 void MetaBackend::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
@@ -158,6 +174,8 @@ void MetaBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias,
   check_numel(rstd, x.rows(), "layernorm_backward", "rstd");
   if (dweight) check_shape(*dweight, weight.shape, "layernorm_backward", "dweight");
   if (dbias) check_shape(*dbias, weight.shape, "layernorm_backward", "dbias");
+  Tensor dweight_partials = dweight ? column_partials(x.rows(), x.cols()) : Tensor();
+  Tensor dbias_partials = dbias ? column_partials(x.rows(), x.cols()) : Tensor();
 }
 
 // x [N, H, D], positions [N], rotary_dim even and <= D.
@@ -227,6 +245,8 @@ void MetaBackend::attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const T
   check_shape(dk, k.shape, "attention_backward", "dk");
   check_shape(dv, v.shape, "attention_backward", "dv");
   check_numel(lse, q.dim(0) * q.dim(1) * q.dim(2), "attention_backward", "lse");
+  // CudaBackend's Di = rowsum(dO * O), f32 [B, Hq, T].
+  if (policy_ == MemoryPolicy::cuda) Tensor di = empty(lse.shape, DType::f32, MemCategory::workspace);
 }
 
 void MetaBackend::cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,
@@ -312,6 +332,9 @@ void MetaBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Ten
 double MetaBackend::sum_squares(const Tensor& x) {
   enter("sum_squares", {&x});
   check_float(x, kMeta, "sum_squares", "x");
+  // CudaBackend's partial sums: doubles, carved from i8 scratch.
+  const int64_t blocks = std::min((x.numel() + 255) / 256, cuda::kMaxPartialRows);
+  if (policy_ == MemoryPolicy::cuda && x.numel() > 0) empty({blocks + 1, 8}, DType::i8, MemCategory::workspace);
   return 0.0;
 }
 

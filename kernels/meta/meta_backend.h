@@ -6,9 +6,11 @@
 //   cpu  - CpuBackend's int8_linear_backward tiles (kernels/int8_tiles.h).
 //   cuda - the int8 linear's scratch (codes, scales, outlier columns, one
 //          block of the int32 product; a dequantised tile in backward),
-//          cuBLASLt's 32 MiB workspace from construction on, and the f32 copy
+//          cuBLASLt's 32 MiB workspace from construction on, the f32 copy
 //          of a bf16 operand that CudaBackend::matmul makes for mixed-dtype
-//          products.
+//          products, the partial sums of norm/bias gradients and
+//          sum_squares, attention backward's Di, and copy's staging buffer
+//          when it converts between host and device.
 // Copies compute nothing either; a host destination is zeroed so host code
 // that reads it back (the loss) sees defined values.
 #pragma once
@@ -100,6 +102,7 @@ class MetaBackend final : public Backend {
 
  private:
   void enter(const char* op, std::initializer_list<const Tensor*> operands);
+  Tensor column_partials(int64_t rows, int64_t channels);
 
   Allocator& allocator_;
   MemoryPolicy policy_;
