@@ -146,7 +146,6 @@ void CausalLM::init_random(uint64_t seed) {
   HostAllocator host;
   uint64_t index = 0;
   for (Parameter& p : parameters_) {
-    FT_CHECK(p.value.dtype != DType::i8, "random initialisation needs quantization.mode none");
     Tensor values = Tensor::empty(p.value.shape, DType::f32, host, MemCategory::workspace);
     uint64_t state = mix_seed(seed, index++);
     // As transformers: biases (linear and LayerNorm) 0, norm weights 1, the rest normal.
@@ -163,7 +162,9 @@ void CausalLM::init_random(uint64_t seed) {
       for (int64_t k = 0; k < 2 && i + k < values.numel(); ++k)
         values.ptr<float>()[i + k] = is_bias ? 0.0f : is_norm ? 1.0f : float(config_.initializer_range * normals[k]);
     }
-    backend_.copy(p.value, values);
+    // An INT8 base is quantised from the f32 values, as load() does a 16-bit checkpoint.
+    if (p.value.dtype == DType::i8) quantize_parameter(backend_, p, values);
+    else backend_.copy(p.value, values);
   }
 }
 
@@ -180,11 +181,12 @@ void CausalLM::set_training(bool training) {
   for (LoraLinear* layer : lora_layers_) layer->set_training(training);
 }
 
-// Uploads a host i32 [B, T] tensor as i32 [B*T] on the backend.
+// Uploads a host i32 [B, T] tensor as i32 [B*T] on the backend. Host only:
+// the targets are also counted on the host (upload_step_tokens).
 static Tensor upload_tokens(Backend& backend, const Tensor& host_tokens, const std::string& model_type) {
-  FT_CHECK(host_tokens.dtype == DType::i32 && host_tokens.ndim() == 2, model_type,
-           ": token tensors must be i32 [B, T], got ", dtype_name(host_tokens.dtype), " ",
-           shape_string(host_tokens.shape));
+  FT_CHECK(host_tokens.dtype == DType::i32 && host_tokens.ndim() == 2 && host_tokens.device == Device::cpu,
+           model_type, ": token tensors must be host i32 [B, T], got ", dtype_name(host_tokens.dtype), " ",
+           shape_string(host_tokens.shape), host_tokens.device == Device::cpu ? "" : " on the device");
   Tensor tokens = backend.empty({host_tokens.numel()}, DType::i32, MemCategory::activations);
   backend.copy(tokens, host_tokens.reshaped({host_tokens.numel()}));
   return tokens;

@@ -31,7 +31,8 @@ class CausalLM {
   // naming it.
   void load(const Checkpoint& checkpoint);
   // Base weights as transformers initialises a new model (normal with
-  // std = initializer_range, norms 1), from a seed: for pretraining.
+  // std = initializer_range, norms 1), from a seed: for pretraining, or an
+  // INT8 base (quantised from those values) to benchmark without weights.
   void init_random(uint64_t seed);
   // Adapters as PEFT's init_lora_weights=True: A kaiming-uniform, B zeros.
   void init_adapters(uint64_t seed);

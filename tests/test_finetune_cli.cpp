@@ -15,6 +15,8 @@
 #include <string>
 #include <thread>
 
+#include "kernels/cuda/cuda_device.h"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -122,6 +124,25 @@ TEST_CASE("a run killed with SIGKILL after a checkpoint resumes to identical los
     CAPTURE(step);
     CHECK(after.at(step) == loss);  // bit-identical, not approximately equal
   }
+}
+
+TEST_CASE("device: auto says which backend it picked and why; device: cuda without a GPU is an error") {
+  const std::string dir = make_run_dir("device");
+  std::string no_cuda_why;
+  const bool has_cuda = ft::cuda_device_count(&no_cuda_why) > 0;
+  CommandResult automatic = run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=1");
+  INFO(automatic.output);
+  REQUIRE(automatic.exit_code == 0);
+  if (has_cuda) {
+    CHECK(automatic.output.find("device: cuda (auto: ") != std::string::npos);
+    return;
+  }
+  CHECK(automatic.output.find("device: cpu (auto: no CUDA device: " + no_cuda_why + ")\n") != std::string::npos);
+  CommandResult forced = run_command("cd " + dir + " && " + kBinary + " config.yaml --set device=cuda");
+  INFO(forced.output);
+  CHECK(forced.exit_code == 1);
+  CHECK(forced.output.find("error: config.yaml: device: cuda, but no CUDA device is usable (" + no_cuda_why) !=
+        std::string::npos);
 }
 
 TEST_CASE("bad input exits non-zero with a message naming what is wrong") {

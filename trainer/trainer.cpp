@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_device.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
 #include "model/peft_adapter.h"
@@ -64,6 +65,7 @@ namespace {
 struct Run {
   const TrainConfig& config;
   HostAllocator host;
+  std::unique_ptr<Allocator> device_memory;  // CUDA only: the caching allocator under the tracker
   std::unique_ptr<TrackingAllocator> tracker;
   std::unique_ptr<Backend> backend;
   ModelConfig model_config;
@@ -88,14 +90,27 @@ std::string with_commas(int64_t value) {
   return out;
 }
 
+// auto: CUDA where a device is usable, else the CPU; the "device:" line says
+// which and why.
 void make_backend(Run& run) {
-  FT_CHECK(run.config.device != DeviceChoice::cuda, run.config.source,
-           ": device \"cuda\": this build trains on the CPU only for now; use device: cpu or auto");
+  const DeviceChoice choice = run.config.device;
+  std::string no_cuda_why;
+  const bool use_cuda = choice != DeviceChoice::cpu && cuda_device_count(&no_cuda_why) > 0;
+  FT_CHECK(use_cuda || choice != DeviceChoice::cuda, run.config.source, ": device: cuda, but no CUDA device is usable (",
+           no_cuda_why, "); set device: auto or cpu to train on the CPU");
+  const char* automatic = choice == DeviceChoice::automatic ? "auto: " : "";
+  if (use_cuda) {
+    run.device_memory = make_cuda_caching_allocator();
+    run.tracker = std::make_unique<TrackingAllocator>(*run.device_memory);
+    run.backend = make_cuda_backend(*run.tracker);
+    std::cout << "device: cuda (" << automatic << cuda_device_description() << ")\n";
+    return;
+  }
   run.tracker = std::make_unique<TrackingAllocator>(run.host);
   run.backend = std::make_unique<CpuBackend>(*run.tracker);
-  std::cout << "device: cpu"
-            << (run.config.device == DeviceChoice::automatic ? " (auto: training runs on the CPU backend for now)" : "")
-            << "\n";
+  std::cout << "device: cpu";
+  if (choice == DeviceChoice::automatic) std::cout << " (auto: no CUDA device: " << no_cuda_why << ")";
+  std::cout << "\n";
 }
 
 // As PEFT's print_trainable_parameters; "all" counts the adapters too.

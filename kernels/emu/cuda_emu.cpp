@@ -678,6 +678,12 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   return cudaSuccess;
 }
 
+// One emulated device, always present.
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+
 // Launches run synchronously in issue order, so streams and events only need
 // identities, and events a timestamp.
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }

@@ -1,6 +1,8 @@
 // Shared helpers of the CUDA-op tests (tests/emu/test_cuda_*.cpp, one
-// executable): CpuBackend and CudaBackend (tiled GEMM, emulated) instances,
-// random host tensors, host<->device copies and tolerance checks.
+// executable): CpuBackend and CudaBackend instances, random host tensors,
+// host<->device copies and tolerance checks. The CudaBackend uses the build's
+// default GEMM: the tiled kernel under the emulator, cuBLASLt in the real-GPU
+// build of the same tests (tests/gpu/).
 //
 // Tolerances (|got - want| <= atol + rtol * |want|): f32 outputs 1e-5 relative
 // (the kernels accumulate in another order than the CPU; expf/sinf/cosf are
@@ -19,6 +21,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/error.h"
+#include "tests/emu/cuda_device_skip.h"
 #include "tests/emu/schedules.h"
 
 using namespace ft;
@@ -28,7 +31,9 @@ namespace cuda_test {
 inline HostAllocator host_allocator;
 inline DeviceAllocator device_allocator;
 inline CpuBackend cpu(host_allocator);
-inline CudaBackend gpu(device_allocator, cuda::GemmKind::tiled);
+// Before `gpu`, which allocates cuBLASLt's workspace on a real device.
+inline const bool cuda_device_present = exit_skipped_without_cuda_device();
+inline CudaBackend gpu(device_allocator, cuda::default_gemm_kind());
 
 struct Tolerance {
   double atol, rtol;

@@ -1,0 +1,60 @@
+// kernels/cuda/cuda_device.h for the CUDA builds (nvcc and the emulator).
+#include "kernels/cuda/cuda_device.h"
+
+#include <cstdio>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_allocator.h"
+
+namespace ft {
+namespace {
+
+// CachingAllocator keeps a reference to its backing allocator; this keeps the
+// backing allocator alive beside it.
+class OwningCachingAllocator final : public Allocator {
+ public:
+  Device device() const override { return caching_.device(); }
+  void* allocate(size_t bytes, MemCategory category) override { return caching_.allocate(bytes, category); }
+  void deallocate(void* ptr, size_t bytes, MemCategory category) override {
+    caching_.deallocate(ptr, bytes, category);
+  }
+
+ private:
+  DeviceAllocator device_;
+  CachingAllocator caching_{device_};
+};
+
+}  // namespace
+
+int cuda_device_count(std::string* why) {
+  int count = 0;
+  cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear the error so later calls are not blamed
+    *why = cudaGetErrorString(status);
+    return 0;
+  }
+  if (count == 0) *why = "the CUDA runtime reports 0 devices";
+  return count;
+}
+
+std::string cuda_device_description() {
+#if defined(__CUDACC__)
+  cudaDeviceProp properties;
+  FT_CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
+  const double memory_gib = double(properties.totalGlobalMem) / double(size_t(1) << 30);
+  char text[320];
+  std::snprintf(text, sizeof text, "%s, %.1f GiB, sm_%d%d", properties.name, memory_gib, properties.major,
+                properties.minor);
+  return text;
+#else
+  return "the CUDA emulator (kernels/emu/)";
+#endif
+}
+
+std::unique_ptr<Allocator> make_cuda_caching_allocator() { return std::make_unique<OwningCachingAllocator>(); }
+
+std::unique_ptr<Backend> make_cuda_backend(Allocator& allocator) { return std::make_unique<CudaBackend>(allocator); }
+
+}  // namespace ft
