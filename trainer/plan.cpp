@@ -85,7 +85,7 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   const bool cuda = options.policy == MemoryPolicy::cuda;
   TrackingAllocator tracker(cuda ? static_cast<Allocator&>(caching) : meta);
   PeakWatch watch(tracker, cuda ? &caching : nullptr);
-  MetaBackend backend(watch, options.policy);
+  MetaBackend backend(watch, options.policy, options.gemm_workspace_bytes);
   watch.backend = &backend;
 
   // As trainer.cpp's make_model and make_data_and_optimizer, minus reading weights.

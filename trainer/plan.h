@@ -19,6 +19,8 @@ struct PlanOptions {
   MemoryPolicy policy = MemoryPolicy::cuda;
   size_t gpu_mem_bytes = size_t(24) << 30;
   size_t context_reserve_bytes = size_t(768) << 20;  // CUDA context + cuBLASLt handles; cuda policy only
+  // cuda policy: cuBLASLt's workspace; 0 plans the emulator's tiled GEMM.
+  size_t gemm_workspace_bytes = cuda::kCublasLtWorkspaceBytes;
 };
 
 struct StepPlan {

@@ -65,6 +65,11 @@ void CachingAllocator::deallocate(void* ptr, size_t bytes, MemCategory category)
   stats_.reserved_bytes -= size;
 }
 
+void CachingAllocator::reset_peak() {
+  std::lock_guard lock(mutex_);
+  stats_.peak_bytes = stats_.current_bytes;
+}
+
 void CachingAllocator::release_cached() {
   std::lock_guard lock(mutex_);
   release_cached_locked();

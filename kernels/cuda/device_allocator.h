@@ -52,6 +52,8 @@ class CachingAllocator final : public Allocator {
   void* allocate(size_t bytes, MemCategory category) override;
   void deallocate(void* ptr, size_t bytes, MemCategory category) override;
 
+  // Starts peak_bytes again from current_bytes (to measure one training step).
+  void reset_peak();
   // Returns every cached (free) block to the backing allocator.
   void release_cached();
   CachingStats stats() const;

@@ -46,11 +46,12 @@ constexpr Device kMeta = Device::meta;
 
 }  // namespace
 
-MetaBackend::MetaBackend(Allocator& allocator, MemoryPolicy policy) : allocator_(allocator), policy_(policy) {
+MetaBackend::MetaBackend(Allocator& allocator, MemoryPolicy policy, size_t gemm_workspace_bytes)
+    : allocator_(allocator), policy_(policy) {
   FT_CHECK(allocator.device() == kMeta, "MetaBackend needs a meta allocator");
   // CudaBackend's constructor builds cuBLASLt, which allocates its workspace first.
-  if (policy == MemoryPolicy::cuda)
-    cublaslt_workspace_ = empty({int64_t(cuda::kCublasLtWorkspaceBytes)}, DType::i8, MemCategory::workspace);
+  if (policy == MemoryPolicy::cuda && gemm_workspace_bytes > 0)
+    cublaslt_workspace_ = empty({int64_t(gemm_workspace_bytes)}, DType::i8, MemCategory::workspace);
 }
 
 void MetaBackend::enter(const char* op, std::initializer_list<const Tensor*> operands) {

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/gemm.h"
 
 namespace ft {
 
@@ -52,7 +53,10 @@ struct MetaCursor {
 
 class MetaBackend final : public Backend {
  public:
-  MetaBackend(Allocator& allocator, MemoryPolicy policy);
+  // gemm_workspace_bytes: the cuda policy's GEMM workspace (cuBLASLt's; 0
+  // models the tiled GEMM the emulator runs).
+  MetaBackend(Allocator& allocator, MemoryPolicy policy,
+              size_t gemm_workspace_bytes = cuda::kCublasLtWorkspaceBytes);
   const char* name() const override { return "meta"; }
   Allocator& allocator() override { return allocator_; }
   const MetaCursor& cursor() const { return cursor_; }
