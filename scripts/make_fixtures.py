@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Regenerates the reference fixtures under tests/fixtures/ (see tests/fixtures/README.md).
 
-Needs torch, transformers, peft, safetensors, sentencepiece and numpy (CPU is enough).
+Needs torch, transformers, peft, safetensors, sentencepiece, tokenizers and numpy (CPU is enough).
 CI never runs this: the C++ tests read the committed outputs.
 
-    python3 scripts/make_fixtures.py            # writes tests/fixtures/{tokenizer,llama_*,gpt_neox_*}
+    python3 scripts/make_fixtures.py            # writes tests/fixtures/{tokenizer,bpe_tokenizer,llama_*,gpt_neox_*}
     python3 scripts/make_fixtures.py --out DIR  # writes the same tree under DIR instead
+    python3 scripts/make_fixtures.py --only bpe_tokenizer  # rewrites just that folder
 
 Everything is seeded and single-threaded, so two runs give byte-identical files.
 """
@@ -29,6 +30,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import numpy as np  # noqa: E402
 import sentencepiece as spm  # noqa: E402
+import tokenizers  # noqa: E402
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
@@ -36,6 +38,7 @@ import transformers  # noqa: E402
 import peft  # noqa: E402
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers  # noqa: E402
 
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
@@ -129,6 +132,158 @@ def make_tokenizer(out_dir):
         json.dump(cases, f, ensure_ascii=False, indent=1)
         f.write("\n")
     print(f"tokenizer: {VOCAB} pieces, e.g. {cases[1]['pieces']}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 1b. Byte-level BPE tokenizer.json, configured like GPT-NeoX-20B's / Pythia's
+# --------------------------------------------------------------------------------------------------------------
+
+BPE_VOCAB = 512
+BPE_SPECIAL = ["<|endoftext|>", "<|padding|>"]  # ids 0 and 1, as in GPT-NeoX-20B
+BPE_SPACE_RUNS = range(2, 9)  # GPT-NeoX adds runs of 2..24 spaces as non-special, normalized tokens
+# GPT-NeoX-20B's tokenizer.json stages, verbatim (no "use_regex": readers must default it to true).
+NEOX_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True}
+
+BPE_EXTRA_LINES = [
+    "I don't know, it's fine. We'll see; they've gone, you're late, I'm here and he'd agree.",
+    "Zoë's café: crème brûlée, naïve façade, Ångström, São Paulo, Łódź, Dvořák.",
+    "Emoji 🙂🚀🎉 and 中文文本, 日本語のテキスト, 한국어 문장, Ελληνικά, русский текст.",
+    "Prices: $3.50, €10, £7, 1,000,000 units; ratio 3:2; 42% of 365 days (½ and ² too).",
+    "def f(x):\n    return x ** 2  # square\n\n\nprint(f(12))\n",
+    "Tabs\tand  double  spaces,   triple   spaces\r\nand CRLF lines.\n",
+    "URLs like https://example.com/a?b=1&c=2 and e-mails like bob@example.org.",
+]
+
+BPE_ENCODE_CASES = [
+    "Hello world",
+    "Alice and Bob talked about the weather on day 12.",
+    "#Person1#: Can you help me? #Person2#: Yes, of course!",
+    "don't stop, it's fine; we'll see what they've done, I'm sure you'd agree, you're right",
+    "DON'T SHOUT, IT'S LOUD",
+    "'s at the start, 'quoted', rock'n'roll and the '90s",
+    "  leading and   multiple   spaces  ",
+    "x    y         nine spaces",
+    "tabs\tand\nnewlines\r\nhere\n\n\nthree newlines",
+    "trailing whitespace \n ",
+    "   ",
+    "Zoë's café serves crème brûlée for €10 — naïve?",
+    "decomposed: Zoe\u0308 cafe\u0301 A\u030a (NFC composes them)",
+    "singletons: \u212b \u2126 \u212a and Hangul jamo \u1112\u1161\u11ab",
+    "combining marks reorder: q\u0307\u0323 and a\u0300\u0301",
+    "marks newer than Unicode 9.0 keep their order in tokenizers' NFC: x\u1ac6\u1aba",
+    "emoji 🙂🚀 and 中文 text, 日本語です, 한국어",
+    "Ελληνικά и русский текст",
+    "numbers: 3.14159, 1,000,000, ½ ² Ⅻ ٣",
+    "1234567890 !@#$%^&*()",
+    "mixed123abc 456def",
+    "URL: https://example.com/path?q=1&r=2",
+    "code:\n    def f(x):\n        return x ** 2\n",
+    "spaces of other kinds: non\u00a0breaking, ideographic\u3000space, line\u2028separator, next\u0085line",
+    "not whitespace: unit\x1fseparator, zero\u200bwidth, bom\ufeffmark",
+    "<|endoftext|>",
+    "first<|endoftext|>second",
+    "a<|padding|>b<|endoftext|>",
+    "<|endoftext|> with a space after and <|endoftext",
+    "supercalifragilisticexpialidocious",
+    "",
+    "a",
+]
+
+# More strings for the pre-tokenizer's split alone (the tiny vocabulary hides many split errors in the ids).
+BPE_SPLIT_CASES = [
+    "it's 'S ''s ' s don't'll we've'd I'M 'm'",
+    "a \n b\n\n c \t\td  e   ",
+    "\u00a0\u00a0x \u3000y\x1f\x1fz \x0b\x0bw",
+    "a \x85\x85b \u2028\u2028c \u1680\u1680d \u2000\u200a\u202f\u205fe \x1c\x1cf \u180e\u180eg",
+    " ?! ?  ?a 1 12  34 x1y2",
+    "e\u0301 \u0301start caf\u00e9 \u0915\u094d\u0937",
+    "👩\u200d💻 🇫🇷 中文,日本 ½²Ⅻ",
+    "\n",
+    " ",
+    "  \n  ",
+]
+# Strings also encoded with the pre-tokenizer's options flipped (add_prefix_space true; use_regex false).
+BPE_VARIANT_CASES = ["Hello world", " leading space", "first<|endoftext|>second", "don't  stop\n", ""]
+
+
+def train_bpe_tokenizer():
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB, special_tokens=BPE_SPECIAL, min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(make_corpus() + BPE_EXTRA_LINES * 3, trainer)
+    tokenizer.add_tokens([AddedToken(" " * n, normalized=True, special=False) for n in BPE_SPACE_RUNS])
+    config = json.loads(tokenizer.to_str())
+    config["pre_tokenizer"] = config["post_processor"] = config["decoder"] = NEOX_BYTE_LEVEL
+    config["model"]["merges"] = [" ".join(pair) for pair in config["model"]["merges"]]  # GPT-NeoX's "a b" form
+    return config
+
+
+def bpe_references(tokenizer, texts):
+    cases = []
+    for text in texts:
+        encoding = tokenizer.encode(text)
+        cases.append({"text": text, "ids": encoding.ids, "tokens": encoding.tokens,
+                      "decoded": tokenizer.decode(encoding.ids)})
+    return cases
+
+
+def bpe_decode_cases(tokenizer):
+    """decode() of id lists encode never makes: partial UTF-8, stray bytes, specials, unknown ids."""
+    vocab = tokenizer.get_vocab()
+    byte_ids = [vocab[c] for c in gpt2_byte_chars()]
+    lists = [
+        [byte_ids[0xE4], byte_ids[0xB8]],  # two of the three bytes of 中
+        [byte_ids[0xFF], byte_ids[ord("A")], byte_ids[0x80]],  # bytes that never start UTF-8
+        [vocab["<|endoftext|>"], byte_ids[ord("x")], vocab["<|padding|>"]],
+        [tokenizer.token_to_id("    "), byte_ids[ord("y")]],
+        [byte_ids[ord("z")], tokenizer.get_vocab_size() + 5],  # an id no token has
+    ]
+    return [{"ids": ids, "decoded": tokenizer.decode(ids)} for ids in lists]
+
+
+def gpt2_byte_chars():
+    """GPT-2's bytes_to_unicode(): the character standing for each byte, indexed by byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def make_bpe_tokenizer(out_dir):
+    os.makedirs(out_dir)
+    config = train_bpe_tokenizer()
+    path = os.path.join(out_dir, "tokenizer.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    tokenizer = Tokenizer.from_file(path)  # references come from the file as written
+    assert [tokenizer.token_to_id(t) for t in BPE_SPECIAL] == [0, 1]
+    reference = {"tokenizers_version": tokenizers.__version__, "cases": bpe_references(tokenizer, BPE_ENCODE_CASES)}
+    for name, changes in (("add_prefix_space", {"add_prefix_space": True}), ("no_regex", {"use_regex": False})):
+        variant = Tokenizer.from_str(json.dumps(dict(config, pre_tokenizer=dict(NEOX_BYTE_LEVEL, **changes))))
+        reference[name] = bpe_references(variant, BPE_VARIANT_CASES)
+    reference["decode"] = bpe_decode_cases(tokenizer)
+    split = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    char_byte = {c: b for b, c in enumerate(gpt2_byte_chars())}
+    reference["split"] = [
+        {"text": text, "pieces": [bytes(char_byte[c] for c in piece).decode() for piece, _ in split.pre_tokenize_str(text)]}
+        for text in BPE_ENCODE_CASES + BPE_SPLIT_CASES]
+    for case in reference["cases"]:
+        if "<|" not in case["text"]:
+            assert case["decoded"] == tokenizer.normalizer.normalize_str(case["text"]), case
+    with open(os.path.join(out_dir, "encode_reference.json"), "w", encoding="utf-8") as f:
+        json.dump(reference, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"bpe_tokenizer: {tokenizer.get_vocab_size()} ids, {len(config['model']['merges'])} merges, "
+          f"e.g. {reference['cases'][3]['tokens']}")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -502,28 +657,39 @@ def make_gpt_neox_lora(out_dir, base_dir, seed):
 
 # --------------------------------------------------------------------------------------------------------------
 
+FIXTURES = ("tokenizer", "bpe_tokenizer", "llama_gqa", "llama_tied", "llama_lora", "gpt_neox_parallel",
+            "gpt_neox_sequential", "gpt_neox_lora")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=DEFAULT_OUT, help="fixtures root (default: tests/fixtures)")
+    parser.add_argument("--only", nargs="+", choices=FIXTURES, metavar="NAME",
+                        help=f"regenerate only these folders (any of {', '.join(FIXTURES)})")
     args = parser.parse_args()
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}, "
           f"sentencepiece {spm.__version__}, python {sys.version.split()[0]}")
 
-    dirs = {name: os.path.join(out, name) for name in ("tokenizer", "llama_gqa", "llama_tied", "llama_lora",
-                                                        "gpt_neox_parallel", "gpt_neox_sequential", "gpt_neox_lora")}
+    dirs = {name: os.path.join(out, name) for name in args.only or FIXTURES}
     for d in dirs.values():
         if os.path.exists(d):
             shutil.rmtree(d)
 
-    make_tokenizer(dirs["tokenizer"])
-    make_llama(dirs["llama_gqa"], tied=False, kv_heads=2, theta=10000.0, seed=1)
-    make_llama(dirs["llama_tied"], tied=True, kv_heads=4, theta=500000.0, seed=2)
-    make_lora(dirs["llama_lora"], dirs["llama_gqa"], seed=3)
-    make_gpt_neox(dirs["gpt_neox_parallel"], parallel=True, seed=4)
-    make_gpt_neox(dirs["gpt_neox_sequential"], parallel=False, seed=5)
-    make_gpt_neox_lora(dirs["gpt_neox_lora"], dirs["gpt_neox_parallel"], seed=6)
+    # The LoRA fixtures reload their base checkpoint from its folder, which must exist.
+    makers = {
+        "tokenizer": lambda d: make_tokenizer(d),
+        "bpe_tokenizer": lambda d: make_bpe_tokenizer(d),
+        "llama_gqa": lambda d: make_llama(d, tied=False, kv_heads=2, theta=10000.0, seed=1),
+        "llama_tied": lambda d: make_llama(d, tied=True, kv_heads=4, theta=500000.0, seed=2),
+        "llama_lora": lambda d: make_lora(d, os.path.join(out, "llama_gqa"), seed=3),
+        "gpt_neox_parallel": lambda d: make_gpt_neox(d, parallel=True, seed=4),
+        "gpt_neox_sequential": lambda d: make_gpt_neox(d, parallel=False, seed=5),
+        "gpt_neox_lora": lambda d: make_gpt_neox_lora(d, os.path.join(out, "gpt_neox_parallel"), seed=6),
+    }
+    for name, d in dirs.items():
+        makers[name](d)
 
     total = 0
     print("files:")

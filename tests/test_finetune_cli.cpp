@@ -185,3 +185,30 @@ TEST_CASE("a saved INT8 base loads directly and trains to the same losses") {
   REQUIRE(second.exit_code == 0);
   CHECK(train_losses(dir + "/out/metrics.jsonl") == train_losses(dir + "/out2/metrics.jsonl"));
 }
+
+TEST_CASE("GPT-NeoX trains with a tokenizer.json (byte-level BPE); one larger than the embedding is refused") {
+  // The NeoX fixture's architecture with an embedding large enough for the
+  // BPE fixture (519 ids), randomly initialised: tokenizer and model agree.
+  const fs::path model_dir = fs::path(FT_BINARY_DIR) / "cli_runs" / "neox_bpe_model";
+  fs::create_directories(model_dir);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(kFixtures + "/gpt_neox_parallel/config.json"));
+  config["vocab_size"] = 520;
+  std::ofstream(model_dir / "config.json") << config.dump(2);
+  const std::string bpe = kFixtures + "/bpe_tokenizer/tokenizer.json";
+  const std::string dir = make_run_dir("neox_bpe");
+  const std::string neox = " --set lora.target_modules=[query_key_value] --set tokenizer=" + bpe;
+  CommandResult result = run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=2 --set init=random" +
+                                     " --set model=" + model_dir.string() + neox);
+  INFO(result.output);
+  REQUIRE(result.exit_code == 0);
+  CHECK(train_losses(dir + "/out/metrics.jsonl").size() == 2);
+  CHECK(fs::exists(dir + "/out/adapter/adapter_model.safetensors"));
+
+  // The fixture NeoX embeds 320 ids: the BPE tokenizer's 519 do not fit.
+  CommandResult refused = run_command("cd " + dir + " && " + kBinary + " config.yaml --set model=" + kFixtures +
+                                      "/gpt_neox_parallel" + neox);
+  INFO(refused.output);
+  CHECK(refused.exit_code == 1);
+  CHECK(refused.output.find("tokenizer.json") != std::string::npos);
+  CHECK(refused.output.find("320") != std::string::npos);
+}

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "kernels/error.h"
-#include "tokenizer/sentencepiece_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ft {
 namespace {
@@ -88,7 +88,7 @@ Dataset load_jsonl(const std::string& path, DataFormat format) {
   return data;
 }
 
-TokenizedDataset tokenize_dataset(const Dataset& data, const SentencePieceTokenizer& tokenizer, int64_t seq_len) {
+TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len) {
   FT_CHECK(seq_len > 0, "tokenize_dataset: seq_len must be > 0, got ", seq_len);
   TokenizedDataset out;
   for (const Example& example : data.examples) {
@@ -120,7 +120,7 @@ TokenizedDataset tokenize_dataset(const Dataset& data, const SentencePieceTokeni
   return out;
 }
 
-int32_t padding_id(const SentencePieceTokenizer& tokenizer) {
+int32_t padding_id(const Tokenizer& tokenizer) {
   if (tokenizer.pad_id() >= 0) return tokenizer.pad_id();
   if (tokenizer.eos_id() >= 0) return tokenizer.eos_id();
   return 0;

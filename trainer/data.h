@@ -17,7 +17,7 @@
 
 namespace ft {
 
-class SentencePieceTokenizer;
+class Tokenizer;
 
 enum class DataFormat { automatic, prompt_completion, text };
 const char* enum_name(DataFormat format);  // "auto", "prompt_completion", "text"
@@ -58,11 +58,11 @@ struct TokenizedDataset {
 // tokenizer defines them), cut to seq_len + 1 tokens. Examples whose prompt
 // fills the whole window teach nothing and are dropped (and counted); an error
 // if that leaves none.
-TokenizedDataset tokenize_dataset(const Dataset& data, const SentencePieceTokenizer& tokenizer, int64_t seq_len);
+TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len);
 
 // The id written into padding positions: pad, else eos, else 0. Padding never
 // carries loss, so the choice only matters for what the model attends to.
-int32_t padding_id(const SentencePieceTokenizer& tokenizer);
+int32_t padding_id(const Tokenizer& tokenizer);
 
 // The rows the loader batches, each at most seq_len + 1 tokens. Without
 // packing every example is its own row. With packing the examples are

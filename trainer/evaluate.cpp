@@ -39,7 +39,7 @@ EvalLoss evaluate_loss(CausalLM& model, const DataLoader& eval, int64_t max_batc
   return result;
 }
 
-std::vector<int32_t> prompt_tokens(const SentencePieceTokenizer& tokenizer, const std::string& prompt) {
+std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt) {
   std::vector<int32_t> tokens;
   if (tokenizer.bos_id() >= 0) tokens.push_back(tokenizer.bos_id());
   std::vector<int32_t> encoded = tokenizer.encode(prompt);
@@ -47,7 +47,7 @@ std::vector<int32_t> prompt_tokens(const SentencePieceTokenizer& tokenizer, cons
   return tokens;
 }
 
-std::vector<std::string> complete_prompts(CausalLM& model, const SentencePieceTokenizer& tokenizer,
+std::vector<std::string> complete_prompts(CausalLM& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts, const SamplingOptions& sampling,
                                           int64_t batch_size) {
   std::vector<std::string> completions;
@@ -63,7 +63,7 @@ std::vector<std::string> complete_prompts(CausalLM& model, const SentencePieceTo
   return completions;
 }
 
-TaskMetricResult evaluate_rouge(CausalLM& model, const SentencePieceTokenizer& tokenizer,
+TaskMetricResult evaluate_rouge(CausalLM& model, const Tokenizer& tokenizer,
                                 const std::vector<Example>& examples, int64_t count, int64_t max_new_tokens,
                                 int64_t batch_size) {
   std::vector<std::string> prompts, references;

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "model/causal_lm.h"
-#include "tokenizer/sentencepiece_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "trainer/data.h"
 #include "trainer/generate.h"
 #include "trainer/rouge.h"
@@ -26,10 +26,10 @@ struct EvalLoss {
 EvalLoss evaluate_loss(CausalLM& model, const DataLoader& eval, int64_t max_batches);
 
 // The ids a prompt is given to the model as: [bos] + encode(prompt), as in training.
-std::vector<int32_t> prompt_tokens(const SentencePieceTokenizer& tokenizer, const std::string& prompt);
+std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt);
 
 // Continues each prompt and decodes the new tokens, batch_size prompts at a time.
-std::vector<std::string> complete_prompts(CausalLM& model, const SentencePieceTokenizer& tokenizer,
+std::vector<std::string> complete_prompts(CausalLM& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts, const SamplingOptions& sampling,
                                           int64_t batch_size);
 
@@ -40,7 +40,7 @@ struct TaskMetricResult {
 
 // ROUGE of greedy completions of the first `count` examples' prompts against
 // their completions.
-TaskMetricResult evaluate_rouge(CausalLM& model, const SentencePieceTokenizer& tokenizer,
+TaskMetricResult evaluate_rouge(CausalLM& model, const Tokenizer& tokenizer,
                                 const std::vector<Example>& examples, int64_t count, int64_t max_new_tokens,
                                 int64_t batch_size);
 

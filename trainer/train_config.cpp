@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ft {
 namespace {
@@ -410,7 +411,7 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
   apply_map(c, "", parse_yaml(yaml_text, source), source, Source{source, "", config_dir});
   for (const std::string& text : overrides) apply_override(c, text, source);
   if (c.tokenizer.empty() && !c.model.empty())
-    c.tokenizer = (std::filesystem::path(c.model) / "tokenizer.model").string();
+    c.tokenizer = default_tokenizer_path(c.model);
   check_consistency(c);
   return c;
 }

@@ -55,7 +55,7 @@ struct GenerateConfig {
 struct TrainConfig {
   std::string source;     // the config file, for messages
   std::string model;      // resolved path, required
-  std::string tokenizer;  // resolved path; defaults to <model>/tokenizer.model
+  std::string tokenizer;  // resolved path; defaults to <model>/tokenizer.model, else <model>/tokenizer.json
   InitMode init = InitMode::pretrained;
   Trainable trainable = Trainable::lora;
   LoraConfig lora;

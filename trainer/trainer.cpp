@@ -15,7 +15,7 @@
 #include "model/peft_adapter.h"
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
-#include "tokenizer/sentencepiece_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "trainer/evaluate.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/optimizer.h"
@@ -69,7 +69,7 @@ struct Run {
   std::unique_ptr<TrackingAllocator> tracker;
   std::unique_ptr<Backend> backend;
   ModelConfig model_config;
-  std::unique_ptr<SentencePieceTokenizer> tokenizer;
+  std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<CausalLM> model;
   std::unique_ptr<DataLoader> train, eval;
   Dataset eval_examples;
@@ -135,7 +135,7 @@ void save_base(Run& run) {
   save_quantized_base(*run.model, path_in(folder, "model.safetensors"));
   fs::copy_file(path_in(run.config.model, "config.json"), path_in(folder, "config.json"),
                 fs::copy_options::overwrite_existing);
-  fs::copy_file(run.config.tokenizer, path_in(folder, "tokenizer.model"), fs::copy_options::overwrite_existing);
+  fs::copy_file(run.config.tokenizer, path_in(folder, run.tokenizer->file_name()), fs::copy_options::overwrite_existing);
   std::cout << "quantized base: " << folder << "\n";
 }
 
@@ -145,7 +145,7 @@ void make_model(Run& run) {
   FT_CHECK(config.seq_len <= run.model_config.max_position_embeddings, config.source, ": seq_len ", config.seq_len,
            " is larger than the model's max_position_embeddings ", run.model_config.max_position_embeddings, " (",
            path_in(config.model, "config.json"), ")");
-  run.tokenizer = std::make_unique<SentencePieceTokenizer>(config.tokenizer, run.model_config.vocab_size);
+  run.tokenizer = load_tokenizer(config.tokenizer, run.model_config.vocab_size);
   run.model = make_causal_lm(run.model_config, *run.backend, model_options(config));
   if (config.init == InitMode::random) {
     run.model->init_random(config.seed);
@@ -286,7 +286,7 @@ void print_samples(Run& run, Progress& progress) {
   }
 }
 
-// The full model in HF layout (config.json, model.safetensors, tokenizer.model),
+// The full model in HF layout (config.json, model.safetensors, the tokenizer file),
 // after training every parameter: loadable as `model:` by a later run.
 void save_full_model(Run& run, const std::string& folder) {
   fs::create_directories(folder);
@@ -299,7 +299,7 @@ void save_full_model(Run& run, const std::string& folder) {
   save_safetensors(path_in(folder, "model.safetensors"), tensors);
   fs::copy_file(path_in(run.config.model, "config.json"), path_in(folder, "config.json"),
                 fs::copy_options::overwrite_existing);
-  fs::copy_file(run.config.tokenizer, path_in(folder, "tokenizer.model"), fs::copy_options::overwrite_existing);
+  fs::copy_file(run.config.tokenizer, path_in(folder, run.tokenizer->file_name()), fs::copy_options::overwrite_existing);
 }
 
 void save_outputs(Run& run) {

@@ -1,0 +1,42 @@
+#include "tokenizer/tokenizer.h"
+
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+
+#include "kernels/error.h"
+#include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/sentencepiece_tokenizer.h"
+
+namespace ft {
+namespace {
+
+// A tokenizer.json is a JSON object; a SentencePiece model is a binary protobuf, which never
+// starts with '{' (its first byte is a field tag, 0x0A for the pieces).
+bool looks_like_json(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  FT_CHECK(file, path, ": cannot open tokenizer file");
+  char c;
+  while (file.get(c))
+    if (!std::isspace(static_cast<unsigned char>(c))) return c == '{';
+  return false;
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int64_t model_vocab_size) {
+  std::string extension = std::filesystem::path(path).extension().string();
+  bool json = extension == ".json" || (extension != ".model" && looks_like_json(path));
+  if (json) return std::make_unique<BpeTokenizer>(path, model_vocab_size);
+  return std::make_unique<SentencePieceTokenizer>(path, model_vocab_size);
+}
+
+std::string default_tokenizer_path(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  fs::path sentencepiece = fs::path(model_dir) / "tokenizer.model";
+  fs::path json = fs::path(model_dir) / "tokenizer.json";
+  if (!fs::exists(sentencepiece) && fs::exists(json)) return json.string();
+  return sentencepiece.string();
+}
+
+}  // namespace ft

@@ -1,0 +1,43 @@
+// What the trainer needs from a tokenizer, whichever file format it comes from:
+// SentencePiece (tokenizer.model, Llama) or Hugging Face byte-level BPE
+// (tokenizer.json, GPT-NeoX / Pythia).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ft {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // Text to ids, without bos/eos: the caller adds bos_id() / eos_id() where it wants them.
+  virtual std::vector<int32_t> encode(const std::string& text) const = 0;
+  // Ids to text; special tokens (bos, eos, pad, ...) produce no text.
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // Number of ids the tokenizer can produce (largest id + 1).
+  virtual int64_t vocab_size() const = 0;
+  // -1 where the tokenizer defines none. bos_id is the token the model's own tokenizer puts
+  // before every text (none for GPT-NeoX), eos_id the end-of-text token.
+  virtual int32_t bos_id() const = 0;
+  virtual int32_t eos_id() const = 0;
+  virtual int32_t pad_id() const = 0;
+  // The name a model folder stores this kind of tokenizer under ("tokenizer.model" or
+  // "tokenizer.json"): where saved models put their copy, so they load back by default.
+  virtual std::string file_name() const = 0;
+};
+
+// Loads a tokenizer.json (Hugging Face byte-level BPE) or a SentencePiece model: by the
+// extension (.json / .model), otherwise by the content (a JSON object or not). When
+// model_vocab_size > 0 the tokenizer must fit the model's embedding: SentencePiece must have
+// exactly that many pieces; BPE ids must all be below it (GPT-NeoX pads its embedding:
+// 50,277 tokenizer ids, vocab_size 50,432). A mismatch is an Error naming both sizes.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int64_t model_vocab_size);
+
+// The tokenizer file of a Hugging Face model folder: tokenizer.model if present, else
+// tokenizer.json if present, else the tokenizer.model path (so the error names it).
+std::string default_tokenizer_path(const std::string& model_dir);
+
+}  // namespace ft
