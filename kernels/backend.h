@@ -12,6 +12,8 @@
 //   parameter gradients (dweight), so gradient accumulation across
 //   micro-batches needs no extra buffers.
 #pragma once
+#include <span>
+
 #include "kernels/tensor.h"
 
 namespace ft {
@@ -20,6 +22,34 @@ namespace ft {
 struct AdamWStep {
   float lr, beta1, beta2, eps, weight_decay, grad_scale;
   int64_t step;
+};
+
+// One tensor of Backend::adamw_update_many: adamw_update's operands, and
+// whether the step's weight decay applies (matrices) or not (norms, biases).
+struct AdamWTensors {
+  Tensor* param;
+  const Tensor* grad;
+  Tensor* m;
+  Tensor* v;
+  bool decayed;
+
+  AdamWStep step_for(const AdamWStep& step) const {
+    AdamWStep s = step;
+    if (!decayed) s.weight_decay = 0.0f;
+    return s;
+  }
+};
+
+// The optional operands int8_linear_forward folds into its output pass (null:
+// absent): a linear layer's bias [O] and LoRA's update scaling * h B^T with
+// h [N, r] = dropout(x) A^T and B [O, r] (f32 or bf16 each; both h and B or
+// neither), so out is written once instead of re-read by add_bias and a
+// matmul with beta = 1.
+struct Int8Epilogue {
+  const Tensor* bias = nullptr;
+  const Tensor* lora_h = nullptr;
+  const Tensor* lora_B = nullptr;
+  float lora_scaling = 0.0f;
 };
 
 // GELU's two forms in Hugging Face configs: erf is the exact x * Phi(x)
@@ -84,6 +114,27 @@ class Backend {
   virtual void layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
                                   const Tensor& x, const Tensor& weight, const Tensor& mean,
                                   const Tensor& rstd) = 0;
+  // Fused with a decoder layer's residual add, one pass over [N, C] each.
+  // Forward: sum = a + b, rounded to sum's dtype BEFORE the statistics are
+  // computed from it, then the norm of the rounded sum into out/statistics:
+  // on the CPU bit-identical to add(sum, a, b) followed by *norm_forward on
+  // sum. sum (the residual stream, kept by the caller) may alias a or b; out
+  // aliases nothing.
+  virtual void add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
+                                   const Tensor& weight, float eps) = 0;
+  virtual void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
+                                     const Tensor& b, const Tensor& weight, const Tensor& bias, float eps) = 0;
+  // Backward: dx = the norm's input gradient ROUNDED TO dx's DTYPE, plus
+  // dresidual (the gradient through the residual branch), rounded again: on
+  // the CPU bit-identical to *norm_backward into a tensor of dx's dtype
+  // followed by add(dx, that, dresidual). dx may alias dresidual (the
+  // residual gradient updated in place), not dout; parameter gradients
+  // accumulate unless null, as the unfused ops'.
+  virtual void rmsnorm_backward_add(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& dresidual,
+                                    const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
+  virtual void layernorm_backward_add(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                                      const Tensor& dresidual, const Tensor& x, const Tensor& weight,
+                                      const Tensor& mean, const Tensor& rstd) = 0;
 
   // ---- rotary position embedding (in place) ------------------------------
   // x is [N, H, D] (N tokens, H heads, head size D); positions i32[N]. The first
@@ -137,9 +188,15 @@ class Backend {
   // against the dequantised weight columns. The other columns are quantised
   // per row of x (outlier columns zeroed before the absmax), multiplied
   // int8 x int8 -> int32 and dequantised with s_x[n] * s_w[o] / 127^2.
-  // out = the sum of both parts (overwritten).
+  // out = the sum of both parts plus the epilogue's operands (overwritten),
+  // each element one f32 value rounded once to out's dtype, summed in this
+  // order (fma = one rounding) on every backend:
+  //   v = float(int32 product) * (s_x[n] * s_w[o] * (1 / 127^2));
+  //   v = fma(x[n, k], q[o, k] * s_w[o] / 127, v) over outlier columns k ascending;
+  //   v = v + bias[o];
+  //   s = 0; s = fma(h[n, j], B[o, j], s) for j = 0 .. r-1; v = fma(lora_scaling, s, v).
   virtual void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
-                                   float threshold) = 0;
+                                   float threshold, const Int8Epilogue& epilogue = {}) = 0;
   // dx [N, K] = dout [N, O] @ dequant(weight) (dx += ... when accumulate).
   // The weight is dequantised tile by tile, never as a full f32 copy. No
   // weight gradient: int8 weights are frozen.
@@ -164,6 +221,13 @@ class Backend {
   // returned on the host (for global-norm clipping); independent of the
   // thread or block count.
   virtual double sum_squares(const Tensor& x) = 0;
+  // adamw_update on each tensor with tensor.step_for(step), bit-identical to
+  // those calls one by one; the CUDA backend updates them all in one launch.
+  virtual void adamw_update_many(std::span<const AdamWTensors> tensors, const AdamWStep& step) = 0;
+  // The sum of sum_squares(x) over the tensors, added in order in double
+  // (each tensor's sum bit-identical to sum_squares on the same backend), with
+  // one device->host copy.
+  virtual double sum_squares_many(std::span<const Tensor* const> tensors) = 0;
 };
 
 }  // namespace ft

@@ -1,6 +1,7 @@
 // Argument checks shared by every backend, with op-named messages: a shape
 // or dtype mistake reads the same whichever backend catches it.
 #pragma once
+#include "kernels/backend.h"
 #include "kernels/error.h"
 #include "kernels/tensor.h"
 
@@ -62,6 +63,25 @@ inline void check_matmul(const Tensor& out, const Tensor& a, const Tensor& b, bo
            (transpose_b ? "^T" : ""), ": expected op(a) [", M, ", K] and op(b) [K, ", N, "], got op(a) [", a_rows,
            ", ", K, "] and op(b) [", b_rows, ", ", b_cols, "]");
   FT_CHECK(!overlaps(out, a) && !overlaps(out, b), "matmul: out must not alias a or b");
+}
+
+// Backend::int8_linear_forward's epilogue over out [N, O]: bias [O] (any
+// shape with O elements), lora_h [N, r] and lora_B [O, r], h and B together.
+inline void check_int8_epilogue(const Int8Epilogue& e, int64_t N, int64_t O, Device device) {
+  const char* op = "int8_linear_forward";
+  if (e.bias) {
+    check_float(*e.bias, device, op, "bias");
+    check_numel(*e.bias, O, op, "bias");
+  }
+  FT_CHECK(!e.lora_h == !e.lora_B, op, ": lora_h and lora_B come together");
+  if (!e.lora_h) return;
+  check_float(*e.lora_h, device, op, "lora_h");
+  check_float(*e.lora_B, device, op, "lora_B");
+  const int64_t r = e.lora_B->cols();
+  FT_CHECK(e.lora_B->ndim() == 2 && e.lora_B->rows() == O, op, ": lora_B has shape ", shape_string(e.lora_B->shape),
+           ", expected [", O, ", r]");
+  FT_CHECK(e.lora_h->rows() == N && e.lora_h->cols() == r, op, ": lora_h has shape ", shape_string(e.lora_h->shape),
+           ", expected [", N, ", ", r, "]");
 }
 
 }  // namespace ft::checks

@@ -63,14 +63,27 @@ float GptNeoxModel::run_step(const Tensor& input_ids, const Tensor& targets, con
 
 // ---- forward -------------------------------------------------------------
 
-// out, mean and rstd are allocated here: out [N, C] in the activation dtype,
-// statistics f32 [N].
-static void layer_norm(Backend& be, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
-                       const LayerNormParameters& norm, float eps, DType act) {
+// out [N, C] in the activation dtype and its statistics f32 [N].
+static void empty_norm_outputs(Backend& be, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, DType act) {
   out = be.empty(x.shape, act, MemCategory::activations);
   mean = be.empty({x.rows()}, DType::f32, MemCategory::activations);
   rstd = be.empty({x.rows()}, DType::f32, MemCategory::activations);
+}
+
+// out, mean and rstd are allocated here.
+static void layer_norm(Backend& be, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
+                       const LayerNormParameters& norm, float eps, DType act) {
+  empty_norm_outputs(be, out, mean, rstd, x, act);
   be.layernorm_forward(out, mean, rstd, x, norm.weight->value, norm.bias->value, eps);
+}
+
+// sum = a + b and out = layer norm of sum in one fused op; sum, out, mean and
+// rstd are allocated here, sum in the activation dtype.
+static void add_layer_norm(Backend& be, Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
+                           const Tensor& b, const LayerNormParameters& norm, float eps, DType act) {
+  sum = be.empty(a.shape, act, MemCategory::activations);
+  empty_norm_outputs(be, out, mean, rstd, a, act);
+  be.add_layernorm_forward(sum, out, mean, rstd, a, b, norm.weight->value, norm.bias->value, eps);
 }
 
 // out [N, C] = dense(attention(rope(q), rope(k), v)) with q, k, v from
@@ -128,12 +141,11 @@ std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t i
   layer_norm(be, saved.norm1, saved.mean1, saved.rstd1, x2d, layer.input_norm, eps, act);
   Tensor attn_out = be.empty({N, C}, act, MemCategory::activations);
   forward_attention(layer, saved, B, T, attn_out, positions);
-  if (!config_.use_parallel_residual) {
-    saved.residual_mid = be.empty({N, C}, act, MemCategory::activations);
-    be.add(saved.residual_mid, x2d, attn_out);
-  }
-  const Tensor& mlp_input = config_.use_parallel_residual ? x2d : saved.residual_mid;
-  layer_norm(be, saved.norm2, saved.mean2, saved.rstd2, mlp_input, layer.post_attention_norm, eps, act);
+  if (config_.use_parallel_residual)
+    layer_norm(be, saved.norm2, saved.mean2, saved.rstd2, x2d, layer.post_attention_norm, eps, act);
+  else
+    add_layer_norm(be, saved.residual_mid, saved.norm2, saved.mean2, saved.rstd2, x2d, attn_out,
+                   layer.post_attention_norm, eps, act);
   Tensor mlp_out = be.empty({N, C}, act, MemCategory::activations);
   forward_mlp(layer, saved, mlp_out);
   if (config_.use_parallel_residual) {
@@ -165,6 +177,15 @@ static void layer_norm_backward(Backend& be, Tensor& dx, const Tensor& dout, con
   Parameter& b = *norm.bias;
   be.layernorm_backward(dx, w.trainable() ? &w.grad : nullptr, b.trainable() ? &b.grad : nullptr, dout, x, w.value,
                         mean, rstd);
+}
+
+// dresidual += the norm's input gradient, fused; parameter gradients as above.
+static void layer_norm_backward_add(Backend& be, Tensor& dresidual, const Tensor& dout, const Tensor& x,
+                                    LayerNormParameters& norm, const Tensor& mean, const Tensor& rstd) {
+  Parameter& w = *norm.weight;
+  Parameter& b = *norm.bias;
+  be.layernorm_backward_add(dresidual, w.trainable() ? &w.grad : nullptr, b.trainable() ? &b.grad : nullptr, dout,
+                            dresidual, x, w.value, mean, rstd);
 }
 
 // dnorm (overwritten) = d(loss)/d(saved.norm2) from dout = d(loss)/d(mlp output).
@@ -221,17 +242,21 @@ void GptNeoxModel::backward_layer(size_t index, SavedActivations& kept, Tensor& 
   Tensor dnorm = be.empty({N, C}, act, MemCategory::activations);
 
   backward_mlp(layer, saved, dres, dnorm);
-  // Allocated only now: the MLP backward, with its [N, I] tensors, is the
-  // layer's peak and does not need these.
-  Tensor dmlp_input = be.empty({N, C}, act, MemCategory::activations);
-  Tensor dattn_input = be.empty({N, C}, act, MemCategory::activations);
-  layer_norm_backward(be, dmlp_input, dnorm, parallel ? x2d : saved.residual_mid, layer.post_attention_norm,
-                      saved.mean2, saved.rstd2);
-  // Sequential: the attention block's output also reaches the MLP through mid.
-  if (!parallel) be.add(dres, dres, dmlp_input);
+  // Sequential: the attention block's output also reaches the MLP through
+  // mid. Parallel: x's gradient through the MLP is added last (after the
+  // attention block's, as the unfused order rounded), so it waits in a buffer
+  // allocated only now: the MLP backward, with its [N, I] tensors, is the
+  // layer's peak and does not need it.
+  Tensor dmlp_input;
+  if (parallel) {
+    dmlp_input = be.empty({N, C}, act, MemCategory::activations);
+    layer_norm_backward(be, dmlp_input, dnorm, x2d, layer.post_attention_norm, saved.mean2, saved.rstd2);
+  } else {
+    layer_norm_backward_add(be, dres, dnorm, saved.residual_mid, layer.post_attention_norm, saved.mean2,
+                            saved.rstd2);
+  }
   backward_attention(layer, saved, dres, dnorm, positions);
-  layer_norm_backward(be, dattn_input, dnorm, x2d, layer.input_norm, saved.mean1, saved.rstd1);
-  be.add(dres, dres, dattn_input);
+  layer_norm_backward_add(be, dres, dnorm, x2d, layer.input_norm, saved.mean1, saved.rstd1);
   if (parallel) be.add(dres, dres, dmlp_input);
 }
 

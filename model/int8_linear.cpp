@@ -11,9 +11,17 @@ Int8Linear::Int8Linear(Parameter& weight, float threshold, Parameter* bias)
   FT_CHECK(!weight.trainable(), "Int8Linear: \"", weight.name, "\" is int8 and cannot be trainable");
 }
 
-void Int8Linear::forward(Backend& backend, Tensor& out, const Tensor& x) {
-  backend.int8_linear_forward(out, x, weight_.value, weight_.scales, threshold_);
-  add_linear_bias(backend, out, bias_);
+void Int8Linear::forward(Backend& backend, Tensor& out, const Tensor& x) { forward_fused(backend, out, x, {}); }
+
+void Int8Linear::forward_with_lora(Backend& backend, Tensor& out, const Tensor& x, const Tensor& h, const Tensor& B,
+                                   float scaling) {
+  forward_fused(backend, out, x, {nullptr, &h, &B, scaling});
+}
+
+// The op with the bias (if any) added to the given epilogue.
+void Int8Linear::forward_fused(Backend& backend, Tensor& out, const Tensor& x, Int8Epilogue epilogue) {
+  if (bias_) epilogue.bias = &bias_->value;
+  backend.int8_linear_forward(out, x, weight_.value, weight_.scales, threshold_, epilogue);
 }
 
 void Int8Linear::backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor&, bool accumulate_dx) {

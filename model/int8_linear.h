@@ -3,7 +3,8 @@
 // outlier input columns (any |x| >= threshold) through an f32 product and the
 // rest through int8 x int8 -> int32; backward yields dx only (no weight
 // gradient: the weight never trains). An optional bias stays in 16/32 bits,
-// as bitsandbytes keeps it, and is added after the int8 product.
+// as bitsandbytes keeps it; it and a LoRA update are added in the op's
+// epilogue (Backend::int8_linear_forward), so out is written once.
 #pragma once
 #include "model/linear.h"
 
@@ -15,9 +16,13 @@ class Int8Linear final : public Linear {
   // disables the outlier path). bias: null for none.
   Int8Linear(Parameter& weight, float threshold, Parameter* bias = nullptr);
   void forward(Backend& backend, Tensor& out, const Tensor& x) override;
+  void forward_with_lora(Backend& backend, Tensor& out, const Tensor& x, const Tensor& h, const Tensor& B,
+                         float scaling) override;
   void backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
 
  private:
+  void forward_fused(Backend& backend, Tensor& out, const Tensor& x, Int8Epilogue epilogue);
+
   Parameter& weight_;
   float threshold_;
   Parameter* bias_;

@@ -2,6 +2,12 @@
 
 namespace ft {
 
+void Linear::forward_with_lora(Backend& backend, Tensor& out, const Tensor& x, const Tensor& h, const Tensor& B,
+                               float scaling) {
+  forward(backend, out, x);
+  backend.matmul(out, h, B, false, true, scaling, 1.0f);
+}
+
 void DenseLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
   backend.matmul(out, x, weight_.value, false, true);
   add_linear_bias(backend, out, bias_);

@@ -12,6 +12,12 @@ class Linear {
   virtual ~Linear() = default;
   // out[N, out_features] = x[N, in_features] W^T (+ bias).
   virtual void forward(Backend& backend, Tensor& out, const Tensor& x) = 0;
+  // out = forward(x) + scaling * h B^T: a LoRA update over this layer, with
+  // h [N, r] = dropout(x) A^T and B [out_features, r]. By default forward
+  // then a matmul accumulating into out; a base whose output pass can take
+  // the product (Int8Linear's epilogue) overrides it to write out once.
+  virtual void forward_with_lora(Backend& backend, Tensor& out, const Tensor& x, const Tensor& h, const Tensor& B,
+                                 float scaling);
   // dx = dout W (or dx += dout W when accumulate_dx), and trainable
   // parameters' gradients += their share of dout.
   virtual void backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) = 0;

@@ -101,12 +101,10 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
   Tensor projected = be.empty({N, C}, act, MemCategory::activations);
   layer.o_proj->forward(be, projected, saved.attn.reshaped({N, Hq * D}));
   saved.residual_mid = be.empty({N, C}, act, MemCategory::activations);
-  be.add(saved.residual_mid, x2d, projected);
-
   saved.norm2 = be.empty({N, C}, act, MemCategory::activations);
   saved.rstd2 = be.empty({N}, DType::f32, MemCategory::activations);
-  be.rmsnorm_forward(saved.norm2, saved.rstd2, saved.residual_mid, layer.post_attention_norm->value,
-                     config_.rms_norm_eps);
+  be.add_rmsnorm_forward(saved.residual_mid, saved.norm2, saved.rstd2, x2d, projected,
+                         layer.post_attention_norm->value, config_.rms_norm_eps);
   saved.gate = be.empty({N, I}, act, MemCategory::activations);
   saved.up = be.empty({N, I}, act, MemCategory::activations);
   saved.act = be.empty({N, I}, act, MemCategory::activations);
@@ -145,7 +143,6 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
   const DType act = options_.activation_dtype;
   Tensor dres = dresidual.reshaped({N, C});
   Tensor dnorm = be.empty({N, C}, act, MemCategory::activations);
-  Tensor dnorm_input = be.empty({N, C}, act, MemCategory::activations);
 
   // MLP block: out = residual_mid + down(silu(gate(n2)) * up(n2)).
   {
@@ -158,9 +155,8 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
     layer.up_proj->backward(be, dnorm, dup, saved.norm2, true);
   }
   Parameter& norm2 = *layer.post_attention_norm;
-  be.rmsnorm_backward(dnorm_input, norm2.trainable() ? &norm2.grad : nullptr, dnorm, saved.residual_mid,
-                      norm2.value, saved.rstd2);
-  be.add(dres, dres, dnorm_input);
+  be.rmsnorm_backward_add(dres, norm2.trainable() ? &norm2.grad : nullptr, dnorm, dres, saved.residual_mid,
+                          norm2.value, saved.rstd2);
 
   // Attention block: residual_mid = x + o(attention(rope(q(n1)), rope(k(n1)), v(n1))).
   {
@@ -180,9 +176,8 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
     layer.v_proj->backward(be, dnorm, dv.reshaped({N, Hkv * D}), saved.norm1, true);
   }
   Parameter& norm1 = *layer.input_norm;
-  be.rmsnorm_backward(dnorm_input, norm1.trainable() ? &norm1.grad : nullptr, dnorm, x.reshaped({N, C}),
-                      norm1.value, saved.rstd1);
-  be.add(dres, dres, dnorm_input);
+  be.rmsnorm_backward_add(dres, norm1.trainable() ? &norm1.grad : nullptr, dnorm, dres, x.reshaped({N, C}),
+                          norm1.value, saved.rstd1);
 }
 
 void LlamaModel::backward_pass(StepActivations& step) {

@@ -36,13 +36,21 @@ Tensor LoraLinear::adapter_input(Backend& backend, const Tensor& x) {
   return xd;
 }
 
-void LoraLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
-  base_->forward(backend, out, x);
-  Tensor A = compute_copy(backend, A_, x.dtype), B = compute_copy(backend, B_, x.dtype);
+// h = dropout(x) A^T; A's compute copy and the dropped input are freed on return.
+Tensor LoraLinear::adapter_hidden(Backend& backend, const Tensor& x) {
+  Tensor A = compute_copy(backend, A_, x.dtype);
   Tensor xd = adapter_input(backend, x);
   Tensor h = backend.empty({x.rows(), A.dim(0)}, x.dtype, MemCategory::activations);
   backend.matmul(h, xd, A, false, true);
-  backend.matmul(out, h, B, false, true, scaling_, 1.0f);
+  return h;
+}
+
+// h first, so the base can add scaling * h B^T in its own output pass
+// (Int8Linear's epilogue) rather than out being re-read by a second matmul.
+void LoraLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
+  Tensor h = adapter_hidden(backend, x);
+  Tensor B = compute_copy(backend, B_, x.dtype);
+  base_->forward_with_lora(backend, out, x, h, B, scaling_);
 }
 
 // With xd = dropout(x), h = xd A^T and y += scaling * h B^T:

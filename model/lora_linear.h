@@ -2,9 +2,12 @@
 //   y = base(x) + scaling * (dropout(x) A^T) B^T
 // with A [r, in] and B [out, r] f32 trainable parameters owned by the model,
 // computed in x's dtype (bf16 copies of A and B under bf16 activations),
-// dropout only on A's input (p = 0: no dropout op at all). Backward recomputes
-// the dropped input and h = dropout(x) A^T from the seed instead of saving
-// them: at rank r that costs little and frees [N, in] + [N, r] per layer.
+// dropout only on A's input (p = 0: no dropout op at all). Forward computes
+// h = dropout(x) A^T first and hands scaling * h B^T to the base
+// (Linear::forward_with_lora), which an int8 base fuses into its output pass.
+// Backward recomputes the dropped input and h from the seed instead of
+// saving them: at rank r that costs little and frees [N, in] + [N, r] per
+// layer.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -29,6 +32,7 @@ class LoraLinear final : public Linear {
  private:
   static Tensor compute_copy(Backend& backend, const Parameter& p, DType dtype);
   Tensor adapter_input(Backend& backend, const Tensor& x);
+  Tensor adapter_hidden(Backend& backend, const Tensor& x);
   bool dropout_active() const { return training_ && dropout_ > 0.0f; }
 
   std::unique_ptr<Linear> base_;

@@ -1,10 +1,12 @@
 // AdamW against PyTorch's formula written out in double and a worked example
-// by hand; sum_squares, which feeds global-norm clipping.
+// by hand; sum_squares, which feeds global-norm clipping; the _many forms
+// against the single-tensor ops.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -119,4 +121,66 @@ TEST_CASE("sum_squares is exact on known input") {
   CHECK(backend.sum_squares(make(backend, halves, DType::bf16)) == 9250.0);
   // 0.1f squared is not an f32 but is exact in double: no f32 accumulation.
   CHECK(backend.sum_squares(make(backend, {0.1f})) == double(0.1f) * double(0.1f));
+}
+
+std::vector<float> random_values(int64_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> values(size_t(n), 0.0f);
+  for (float& x : values) x = dist(rng);
+  return values;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.size_bytes() == b.size_bytes() && std::memcmp(a.data, b.data, a.size_bytes()) == 0;
+}
+
+// Tensors of odd sizes (empty, one element, not a multiple of any vector
+// width), decayed and not, over 3 steps: every bit as adamw_update per tensor
+// with weight decay 0 where not decayed, which is what the optimizer did.
+TEST_CASE("adamw_update_many is adamw_update per tensor, bit for bit") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t sizes[] = {1001, 0, 1, 37, 4099};
+  struct State {
+    Tensor param, m, v;
+  };
+  std::vector<State> many, single;
+  for (int64_t n : sizes)
+    for (std::vector<State>* states : {&many, &single})
+      states->push_back({make(backend, random_values(n, unsigned(n))), make(backend, std::vector<float>(n, 0.0f)),
+                         make(backend, std::vector<float>(n, 0.0f))});
+  for (int64_t step = 1; step <= 3; ++step) {
+    AdamWStep s{1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, step};
+    std::vector<Tensor> grads;
+    for (int64_t n : sizes) grads.push_back(make(backend, random_values(n, unsigned(100 * step + n))));
+    std::vector<AdamWTensors> tensors;
+    for (size_t i = 0; i < many.size(); ++i) {
+      const bool decayed = i % 2 == 0;
+      tensors.push_back({&many[i].param, &grads[i], &many[i].m, &many[i].v, decayed});
+      AdamWStep one = s;
+      one.weight_decay = decayed ? s.weight_decay : 0.0f;
+      backend.adamw_update(single[i].param, grads[i], single[i].m, single[i].v, one);
+    }
+    backend.adamw_update_many(tensors, s);
+    for (size_t i = 0; i < many.size(); ++i) {
+      CAPTURE(i);
+      CHECK(same_bits(many[i].param, single[i].param));
+      CHECK(same_bits(many[i].m, single[i].m));
+      CHECK(same_bits(many[i].v, single[i].v));
+    }
+  }
+}
+
+TEST_CASE("sum_squares_many adds sum_squares per tensor in order") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  Tensor a = make(backend, random_values(5000, 1)), empty = make(backend, {}), one = make(backend, {0.1f});
+  std::vector<float> values = random_values(3001, 2);
+  Tensor b = make(backend, values, DType::bf16);
+  std::vector<const Tensor*> tensors{&a, &empty, &b, &one};
+  double want = 0.0;
+  for (const Tensor* x : tensors) want += backend.sum_squares(*x);
+  CHECK(backend.sum_squares_many(tensors) == want);
+  CHECK(backend.sum_squares_many({}) == 0.0);
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/error.h"
 #include "tests/host_tensors.h"
 
 using namespace ft;
@@ -86,6 +87,23 @@ ForwardRef int8_forward_ref(const std::vector<float>& x, const QuantWeight& w, i
   return ref;
 }
 
+// The epilogue in float64 on top of a decomposition: out += bias[o] +
+// scaling * sum_j h[n, j] B[o, j], each term's magnitude added to the scale.
+void add_epilogue_ref(ForwardRef& ref, const std::vector<float>& bias, const std::vector<float>& h,
+                      const std::vector<float>& B, float scaling, int64_t N, int64_t O, int64_t r) {
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o) {
+      double lora = 0.0, lora_abs = 0.0;
+      for (int64_t j = 0; j < r; ++j) {
+        double term = double(h[size_t(n * r + j)]) * B[size_t(o * r + j)];
+        lora += term;
+        lora_abs += std::fabs(term);
+      }
+      ref.out[size_t(n * O + o)] += bias[size_t(o)] + double(scaling) * lora;
+      ref.magnitude[size_t(n * O + o)] += std::fabs(bias[size_t(o)]) + std::fabs(double(scaling)) * lora_abs;
+    }
+}
+
 // Exact product x W^T of the unquantised operands, in float64.
 std::vector<double> exact_product(const std::vector<float>& x, const std::vector<float>& w, int64_t N, int64_t K,
                                   int64_t O) {
@@ -108,9 +126,9 @@ double relative_error(const std::vector<float>& got, const std::vector<double>& 
 }
 
 std::vector<float> run_forward(CpuBackend& backend, const Tensor& x, const QuantWeight& w, float threshold,
-                               DType out_dtype = DType::f32) {
+                               DType out_dtype = DType::f32, const Int8Epilogue& epilogue = {}) {
   Tensor out = backend.empty({x.rows(), w.q.dim(0)}, out_dtype, MemCategory::activations);
-  backend.int8_linear_forward(out, x, w.q, w.scales, threshold);
+  backend.int8_linear_forward(out, x, w.q, w.scales, threshold, epilogue);
   return read(out);
 }
 
@@ -177,6 +195,62 @@ TEST_CASE("int8_linear_forward matches the float64 LLM.int8() decomposition") {
       std::vector<float> got = run_forward(backend, xt, qw, threshold);
       for (size_t i = 0; i < got.size(); ++i) CHECK(std::fabs(got[i] - ref.out[i]) <= 1e-5 * ref.magnitude[i]);
     }
+}
+
+// The epilogue (bias and LoRA update, kernels/backend.h) against the float64
+// decomposition plus bias + scaling * h B^T: one f32 sum of all the terms,
+// |got - ref| <= 1e-5 * sum of |terms|, over several 128-row x 32-column CPU
+// tasks; a bf16 out is that f32 value rounded once.
+TEST_CASE("int8_linear_forward's epilogue adds the bias and the LoRA update in f32") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t N = 131, K = 75, O = 67, r = 5;
+  const float scaling = 16.0f / float(r);
+  QuantWeight qw = quantize_weight(backend, gaussian(O * K, 0.05f, 20), O, K);
+  std::vector<float> x = gaussian(N * K, 1.0f, 21);
+  x[size_t(2 * K + 9)] = 8.0f;
+  x[size_t(130 * K + 40)] = -6.5f;
+  const std::vector<float> bias = gaussian(O, 0.5f, 22), h = gaussian(N * r, 1.0f, 23), B = gaussian(O * r, 0.1f, 24);
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (bool with_bias : {false, true})
+      for (bool with_lora : {false, true}) {
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(with_bias);
+        CAPTURE(with_lora);
+        Tensor xt = make(backend, {N, K}, x, dtype), bias_t = make(backend, {O}, bias, dtype);
+        Tensor h_t = make(backend, {N, r}, h, dtype), B_t = make(backend, {O, r}, B, dtype);
+        Int8Epilogue epilogue;
+        if (with_bias) epilogue.bias = &bias_t;
+        if (with_lora) epilogue = {epilogue.bias, &h_t, &B_t, scaling};
+        ForwardRef ref = int8_forward_ref(read(xt), qw, N, K, O, 6.0f);
+        REQUIRE(ref.outlier_columns.size() == 2);
+        add_epilogue_ref(ref, with_bias ? read(bias_t) : std::vector<float>(size_t(O), 0.0f), read(h_t), read(B_t),
+                         with_lora ? scaling : 0.0f, N, O, r);
+        std::vector<float> got = run_forward(backend, xt, qw, 6.0f, DType::f32, epilogue);
+        size_t bad = 0;
+        for (size_t i = 0; i < got.size(); ++i) bad += !(std::fabs(got[i] - ref.out[i]) <= 1e-5 * ref.magnitude[i]);
+        CHECK(bad == 0);
+        std::vector<float> bf16_out = run_forward(backend, xt, qw, 6.0f, DType::bf16, epilogue);
+        size_t not_rounded_once = 0;
+        for (size_t i = 0; i < got.size(); ++i) not_rounded_once += bf16_out[i] != bf16_to_f32(f32_to_bf16(got[i]));
+        CHECK(not_rounded_once == 0);
+      }
+}
+
+TEST_CASE("int8_linear_forward checks the epilogue's shapes") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  QuantWeight qw = quantize_weight(backend, gaussian(3 * 8, 0.05f, 25), 3, 8);
+  Tensor x = make(backend, {2, 8}, gaussian(16, 1.0f, 26));
+  Tensor out = backend.empty({2, 3}, DType::f32, MemCategory::activations);
+  Tensor bias = make(backend, {4}, gaussian(4, 1.0f, 27)), h = make(backend, {2, 4}, gaussian(8, 1.0f, 28));
+  Tensor B = make(backend, {3, 4}, gaussian(12, 1.0f, 29)), B_wide = make(backend, {3, 5}, gaussian(15, 1.0f, 30));
+  auto forward = [&](const Int8Epilogue& e) { backend.int8_linear_forward(out, x, qw.q, qw.scales, 6.0f, e); };
+  CHECK_THROWS_WITH_AS(forward({&bias}), doctest::Contains("bias has shape"), Error);
+  CHECK_THROWS_WITH_AS(forward({nullptr, &h}), doctest::Contains("lora_h and lora_B come together"), Error);
+  CHECK_THROWS_WITH_AS(forward({nullptr, &h, &B_wide, 1.0f}), doctest::Contains("lora_h has shape"), Error);
+  CHECK_THROWS_WITH_AS(forward({nullptr, &h, &h, 1.0f}), doctest::Contains("lora_B has shape"), Error);
+  CHECK_NOTHROW(forward({nullptr, &h, &B, 1.0f}));
 }
 
 // Quantisation noise: each of x and W is rounded to a step of absmax/127,

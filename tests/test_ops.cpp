@@ -762,3 +762,117 @@ TEST_CASE("copy_columns splits a fused [rows, 3D] block and puts it back") {
   Tensor slice = make({R, D}, DType::f32);
   CHECK_THROWS_AS(backend.copy_columns(slice, 0, tf, 2 * D + 1, D), Error);  // past src's last column
 }
+
+// ---- fused residual add + norm ---------------------------------------------
+// The fused ops are specified as the unfused sequences they replace (add then
+// norm; norm backward into a dx-typed tensor then add): on the CPU they must
+// match them bit for bit, in f32, bf16 and mixed dtypes, with sum aliasing a
+// and dx aliasing dresidual as the models call them.
+
+namespace {
+
+struct FusedCase {
+  int N, C;
+  DType a, b, act;  // a: the residual stream, b: the block output, act: sum/out/gradients
+};
+const FusedCase kFusedCases[] = {{7, 37, DType::f32, DType::f32, DType::f32},
+                                 {5, 1031, DType::bf16, DType::bf16, DType::bf16},
+                                 {3, 1, DType::f32, DType::bf16, DType::bf16},
+                                 {9, 300, DType::bf16, DType::f32, DType::f32}};
+
+struct FusedInputs {
+  Tensor a, b, w, bias, dout, dres;
+};
+
+// b spans a larger range than a, so sum's rounding to bf16 is visible.
+FusedInputs fused_inputs(const FusedCase& c, unsigned seed) {
+  std::mt19937 rng(seed);
+  const size_t n = size_t(c.N) * c.C;
+  return {make({c.N, c.C}, c.a, random_vec(n, rng, -2.0, 2.0)), make({c.N, c.C}, c.b, random_vec(n, rng, -8.0, 8.0)),
+          make({c.C}, c.act, random_vec(size_t(c.C), rng, 0.5, 1.5)), make({c.C}, c.act, random_vec(size_t(c.C), rng)),
+          make({c.N, c.C}, c.act, random_vec(n, rng)), make({c.N, c.C}, c.act, random_vec(n, rng))};
+}
+
+Tensor copy_of(const Tensor& t) {
+  Tensor out = make(t.shape, t.dtype);
+  backend.copy(out, t);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("add_rmsnorm_forward and rmsnorm_backward_add equal add + rmsnorm bit for bit") {
+  for (const FusedCase& c : kFusedCases) {
+    CAPTURE(c.C);
+    CAPTURE(dtype_name(c.act));
+    FusedInputs in = fused_inputs(c, 31);
+    const float eps = 1e-5f;
+    Tensor want_sum = make({c.N, c.C}, c.act), want_out = make({c.N, c.C}, c.act), want_rstd = make({c.N}, DType::f32);
+    backend.add(want_sum, in.a, in.b);
+    backend.rmsnorm_forward(want_out, want_rstd, want_sum, in.w, eps);
+    Tensor want_dx = make({c.N, c.C}, c.act), want_dw = copy_of(in.w);
+    backend.rmsnorm_backward(want_dx, &want_dw, in.dout, want_sum, in.w, want_rstd);
+    backend.add(want_dx, in.dres, want_dx);
+
+    // sum aliases a when a has its dtype (the models' residual stream).
+    Tensor sum = c.a == c.act ? copy_of(in.a) : make({c.N, c.C}, c.act);
+    const Tensor a = c.a == c.act ? sum : in.a;
+    Tensor out = make({c.N, c.C}, c.act), rstd = make({c.N}, DType::f32);
+    backend.add_rmsnorm_forward(sum, out, rstd, a, in.b, in.w, eps);
+    CHECK(values_of(sum) == values_of(want_sum));
+    CHECK(values_of(out) == values_of(want_out));
+    CHECK(values_of(rstd) == values_of(want_rstd));
+
+    Tensor dx = copy_of(in.dres), dw = copy_of(in.w);  // dx aliases dresidual
+    backend.rmsnorm_backward_add(dx, &dw, in.dout, dx, sum, in.w, rstd);
+    CHECK(values_of(dx) == values_of(want_dx));
+    CHECK(values_of(dw) == values_of(want_dw));
+    Tensor dx_only = make({c.N, c.C}, c.act);
+    backend.rmsnorm_backward_add(dx_only, nullptr, in.dout, in.dres, sum, in.w, rstd);
+    CHECK(values_of(dx_only) == values_of(want_dx));
+  }
+}
+
+TEST_CASE("add_layernorm_forward and layernorm_backward_add equal add + layernorm bit for bit") {
+  for (const FusedCase& c : kFusedCases) {
+    CAPTURE(c.C);
+    CAPTURE(dtype_name(c.act));
+    FusedInputs in = fused_inputs(c, 32);
+    const float eps = 1e-5f;
+    Tensor want_sum = make({c.N, c.C}, c.act), want_out = make({c.N, c.C}, c.act);
+    Tensor want_mean = make({c.N}, DType::f32), want_rstd = make({c.N}, DType::f32);
+    backend.add(want_sum, in.a, in.b);
+    backend.layernorm_forward(want_out, want_mean, want_rstd, want_sum, in.w, in.bias, eps);
+    Tensor want_dx = make({c.N, c.C}, c.act), want_dw = copy_of(in.w), want_db = copy_of(in.bias);
+    backend.layernorm_backward(want_dx, &want_dw, &want_db, in.dout, want_sum, in.w, want_mean, want_rstd);
+    backend.add(want_dx, in.dres, want_dx);
+
+    Tensor sum = c.a == c.act ? copy_of(in.a) : make({c.N, c.C}, c.act);
+    const Tensor a = c.a == c.act ? sum : in.a;
+    Tensor out = make({c.N, c.C}, c.act), mean = make({c.N}, DType::f32), rstd = make({c.N}, DType::f32);
+    backend.add_layernorm_forward(sum, out, mean, rstd, a, in.b, in.w, in.bias, eps);
+    CHECK(values_of(sum) == values_of(want_sum));
+    CHECK(values_of(out) == values_of(want_out));
+    CHECK(values_of(mean) == values_of(want_mean));
+    CHECK(values_of(rstd) == values_of(want_rstd));
+
+    Tensor dx = copy_of(in.dres), dw = copy_of(in.w), db = copy_of(in.bias);
+    backend.layernorm_backward_add(dx, &dw, &db, in.dout, dx, sum, in.w, mean, rstd);
+    CHECK(values_of(dx) == values_of(want_dx));
+    CHECK(values_of(dw) == values_of(want_dw));
+    CHECK(values_of(db) == values_of(want_db));
+    Tensor dx_only = make({c.N, c.C}, c.act);
+    backend.layernorm_backward_add(dx_only, nullptr, nullptr, in.dout, in.dres, sum, in.w, mean, rstd);
+    CHECK(values_of(dx_only) == values_of(want_dx));
+  }
+}
+
+TEST_CASE("fused residual norms reject mismatched residual operands") {
+  Tensor x = make({3, 4}, DType::f32), wrong = make({3, 5}, DType::f32), w = make({4}, DType::f32);
+  Tensor out = make({3, 4}, DType::f32), stat = make({3}, DType::f32), ids = make({3, 4}, DType::i32);
+  CHECK_THROWS_AS(backend.add_rmsnorm_forward(out, out, stat, x, wrong, w, 1e-5f), Error);
+  CHECK_THROWS_AS(backend.add_rmsnorm_forward(wrong, out, stat, x, x, w, 1e-5f), Error);
+  CHECK_THROWS_AS(backend.add_layernorm_forward(out, out, stat, stat, x, ids, w, w, 1e-5f), Error);
+  CHECK_THROWS_AS(backend.rmsnorm_backward_add(out, nullptr, x, wrong, x, w, stat), Error);
+  CHECK_THROWS_AS(backend.layernorm_backward_add(out, nullptr, nullptr, x, ids, x, w, stat, stat), Error);
+}

@@ -32,22 +32,27 @@ void AdamW::sync_compute_copies() {
     if (masters_[i].storage) backend_.copy(parameters_[i]->value, masters_[i]);
 }
 
+// One sum_squares_many and one adamw_update_many over all parameters: on the
+// GPU two reductions and one update launch per step rather than a few per
+// tensor, with a single device->host sync for the norm.
 double AdamW::step(double lr) {
-  double sum_squares = 0.0;
-  for (Parameter* p : parameters_) sum_squares += backend_.sum_squares(p->grad);
-  const double grad_norm = std::sqrt(sum_squares);
+  std::vector<const Tensor*> grads;
+  for (Parameter* p : parameters_) grads.push_back(&p->grad);
+  const double grad_norm = std::sqrt(backend_.sum_squares_many(grads));
   double grad_scale = 1.0;
   // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when above.
   if (options_.max_grad_norm > 0 && grad_norm > options_.max_grad_norm)
     grad_scale = options_.max_grad_norm / (grad_norm + 1e-6);
   steps_taken_ += 1;
+  std::vector<AdamWTensors> tensors;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     Parameter* p = parameters_[i];
     const bool decayed = p->value.ndim() >= 2;
-    AdamWStep update{float(lr), float(options_.beta1), float(options_.beta2), float(options_.eps),
-                     float(decayed ? options_.weight_decay : 0.0), float(grad_scale), steps_taken_};
-    backend_.adamw_update(master(i), p->grad, first_moments_[i], second_moments_[i], update);
+    tensors.push_back({&master(i), &p->grad, &first_moments_[i], &second_moments_[i], decayed});
   }
+  AdamWStep update{float(lr), float(options_.beta1), float(options_.beta2), float(options_.eps),
+                   float(options_.weight_decay), float(grad_scale), steps_taken_};
+  backend_.adamw_update_many(tensors, update);
   sync_compute_copies();
   return grad_norm;
 }

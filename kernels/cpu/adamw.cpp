@@ -73,4 +73,16 @@ double CpuBackend::sum_squares(const Tensor& x) {
   return total;
 }
 
+void CpuBackend::adamw_update_many(std::span<const AdamWTensors> tensors, const AdamWStep& step) {
+  for (const AdamWTensors& t : tensors) adamw_update(*t.param, *t.grad, *t.m, *t.v, t.step_for(step));
+}
+
+// In tensor order, so the optimizer's clipping norm is what adding
+// sum_squares per gradient gave.
+double CpuBackend::sum_squares_many(std::span<const Tensor* const> tensors) {
+  double total = 0.0;
+  for (const Tensor* x : tensors) total += sum_squares(*x);
+  return total;
+}
+
 }  // namespace ft

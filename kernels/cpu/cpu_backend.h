@@ -30,6 +30,15 @@ class CpuBackend final : public Backend {
                          const Tensor& bias, float eps) override;
   void layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& x,
                           const Tensor& weight, const Tensor& mean, const Tensor& rstd) override;
+  void add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
+                           const Tensor& weight, float eps) override;
+  void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
+                             const Tensor& weight, const Tensor& bias, float eps) override;
+  void rmsnorm_backward_add(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& dresidual,
+                            const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
+  void layernorm_backward_add(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                              const Tensor& dresidual, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd) override;
   void rope_forward(Tensor& x, const Tensor& positions, int rotary_dim, float theta) override;
   void rope_backward(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) override;
   void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) override;
@@ -46,13 +55,15 @@ class CpuBackend final : public Backend {
                      float dloss) override;
   void quantize_rows_int8(Tensor& q, Tensor& scales, const Tensor& x) override;
   void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
-                           float threshold) override;
+                           float threshold, const Int8Epilogue& epilogue = {}) override;
   void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, const Tensor& weight_scales,
                             bool accumulate) override;
   void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed) override;
   void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed) override;
   void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& step) override;
   double sum_squares(const Tensor& x) override;
+  void adamw_update_many(std::span<const AdamWTensors> tensors, const AdamWStep& step) override;
+  double sum_squares_many(std::span<const Tensor* const> tensors) override;
 
  private:
   Allocator& allocator_;

@@ -22,6 +22,11 @@ inline void check_dtype(const Tensor& t, DType dtype, const char* op, const char
 }
 using checks::check_numel;
 using checks::check_shape;
+// t is floating and shaped as like.
+inline void check_float_like(const Tensor& t, const Tensor& like, const char* op, const char* name) {
+  check_float(t, op, name);
+  check_shape(t, like.shape, op, name);
+}
 
 // dst[0, count) = elements [offset, offset + count) of t as f32.
 inline void load_row(float* dst, const Tensor& t, int64_t offset, int64_t count) {
@@ -45,6 +50,31 @@ inline void store_row(Tensor& t, int64_t offset, const float* src, int64_t count
   } else {
     for (int64_t i = 0; i < count; ++i) store_from_f32(t.data, t.dtype, offset + i, src[i]);
   }
+}
+
+// A fused norm's input row: row = a + b stored to sum and read back, so the
+// statistics see sum as rounded to its dtype, exactly as add followed by the
+// norm on sum. b's row goes through scratch; sum may alias a or b.
+inline void load_sum_row(float* row, float* scratch, Tensor& sum, const Tensor& a, const Tensor& b, int64_t offset,
+                         int64_t count) {
+  load_row(row, a, offset, count);
+  load_row(scratch, b, offset, count);
+  for (int64_t i = 0; i < count; ++i) row[i] += scratch[i];
+  store_row(sum, offset, row, count);
+  load_row(row, sum, offset, count);
+}
+
+// A fused norm backward's output row: grad rounded to dx's dtype (stored and
+// read back), plus dresidual, stored rounded again, exactly as the norm's
+// backward into a dx-typed tensor followed by add. dresidual is read first,
+// so dx may alias it; grad is clobbered.
+inline void store_grad_plus_row(Tensor& dx, float* grad, float* scratch, const Tensor& dresidual, int64_t offset,
+                                int64_t count) {
+  load_row(scratch, dresidual, offset, count);
+  store_row(dx, offset, grad, count);
+  load_row(grad, dx, offset, count);
+  for (int64_t i = 0; i < count; ++i) grad[i] += scratch[i];
+  store_row(dx, offset, grad, count);
 }
 
 // Elementwise ops work through f32 scratch in chunks of this many elements:

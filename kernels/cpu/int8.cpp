@@ -85,10 +85,32 @@ struct Int8Operands {
   std::vector<float> w_out;     // [C, O] dequantised weight columns, transposed so the update runs along O
   const int8_t* wq;             // [O, K]
   const float* sw;              // [O]
+  // The epilogue's operands in f32 (kernels/backend.h's Int8Epilogue).
+  std::vector<float> bias;      // [O], empty: none
+  int64_t r = 0;                // LoRA rank, 0: no LoRA update
+  std::vector<float> lora_h;    // [N, r]
+  std::vector<float> lora_Bt;   // [r, O]: B transposed so the sum over j runs along O
+  float lora_scaling = 0.0f;
 };
 
+// row[c] for outputs o0 + c, c < ob, of row n of x: + bias, then
+// + scaling * sum_j h[n, j] B[o, j], in kernels/backend.h's order.
+void apply_epilogue(float* row, const Int8Operands& op, int64_t n, int64_t o0, int64_t ob) {
+  if (!op.bias.empty())
+    for (int64_t c = 0; c < ob; ++c) row[c] += op.bias[o0 + c];
+  if (op.r == 0) return;
+  float sum[kWRowsPerTask] = {};
+  for (int64_t j = 0; j < op.r; ++j) {
+    const float hv = op.lora_h[n * op.r + j];
+    const float* b = op.lora_Bt.data() + j * op.O + o0;
+    for (int64_t c = 0; c < ob; ++c) sum[c] = std::fma(hv, b[c], sum[c]);
+  }
+  for (int64_t c = 0; c < ob; ++c) row[c] = std::fma(op.lora_scaling, sum[c], row[c]);
+}
+
 // out rows [n0, n0 + nb) x columns [o0, o0 + ob): the int32 products of the
-// codes dequantised with s_x[n] * s_w[o] / 127^2, plus the outlier columns in f32.
+// codes dequantised with s_x[n] * s_w[o] / 127^2, plus the outlier columns in
+// f32 (explicit FMAs: the CUDA epilogue computes the same), plus the epilogue.
 void forward_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, int64_t o0, int64_t ob) {
   int64_t K = op.K;
   // Weight rows widened to int16, padded with zero rows to a multiple of kNR.
@@ -109,10 +131,29 @@ void forward_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, 
     for (int64_t c = 0; c < op.C; ++c) {
       float xv = op.x_out[(n0 + i) * op.C + c];
       const float* w = op.w_out.data() + c * op.O + o0;
-      for (int64_t j = 0; j < ob; ++j) tile[i][j] += xv * w[j];
+      for (int64_t j = 0; j < ob; ++j) tile[i][j] = std::fma(xv, w[j], tile[i][j]);
     }
+    apply_epilogue(tile[i], op, n0 + i, o0, ob);
     cpu::store_row(out, (n0 + i) * op.O + o0, tile[i], ob);
   }
+}
+
+// The epilogue's operands converted to f32 (checked by the caller).
+void load_epilogue(Int8Operands& p, const Int8Epilogue& e) {
+  if (e.bias) {
+    p.bias.resize(size_t(p.O));
+    cpu::load_row(p.bias.data(), *e.bias, 0, p.O);
+  }
+  if (!e.lora_h) return;
+  p.r = e.lora_B->cols();
+  p.lora_scaling = e.lora_scaling;
+  p.lora_h.resize(size_t(p.N * p.r));
+  cpu::load_row(p.lora_h.data(), *e.lora_h, 0, p.N * p.r);
+  std::vector<float> B(size_t(p.O * p.r));
+  cpu::load_row(B.data(), *e.lora_B, 0, p.O * p.r);
+  p.lora_Bt.resize(B.size());
+  for (int64_t o = 0; o < p.O; ++o)
+    for (int64_t j = 0; j < p.r; ++j) p.lora_Bt[j * p.O + o] = B[o * p.r + j];
 }
 
 void check_int8_weight(const Tensor& weight, const Tensor& scales, const char* op) {
@@ -146,7 +187,7 @@ void CpuBackend::quantize_rows_int8(Tensor& q, Tensor& scales, const Tensor& x) 
 }
 
 void CpuBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
-                                     float threshold) {
+                                     float threshold, const Int8Epilogue& epilogue) {
   const char* op = "int8_linear_forward";
   cpu::check_float(out, op, "out");
   cpu::check_float(x, op, "x");
@@ -158,6 +199,8 @@ void CpuBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor&
            shape_string(weight.shape));
   FT_CHECK(out.rows() == p.N && out.cols() == p.O, op, ": out has shape ", shape_string(out.shape), ", expected [",
            p.N, ", ", p.O, "]");
+  checks::check_int8_epilogue(epilogue, p.N, p.O, Device::cpu);
+  load_epilogue(p, epilogue);
   std::vector<int64_t> columns = find_outlier_columns(x, threshold);
   p.C = int64_t(columns.size());
   p.wq = weight.ptr<const int8_t>();

@@ -22,61 +22,84 @@ static void check_layernorm_args(const char* op, const Tensor& x, const Tensor& 
   cpu::check_numel(rstd, x.rows(), op, "rstd");
 }
 
-// Two passes over the row (mean, then squared deviations): no cancellation
-// when |mean| is large against the spread.
-void CpuBackend::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
-                                   const Tensor& bias, float eps) {
-  const char* op = "layernorm_forward";
-  check_layernorm_args(op, x, weight, mean, rstd);
-  cpu::check_float(bias, op, "bias");
-  cpu::check_shape(bias, weight.shape, op, "bias");
-  cpu::check_float(out, op, "out");
-  cpu::check_shape(out, x.shape, op, "out");
+// The forward of layernorm_forward (sum null: x is the input) and
+// add_layernorm_forward (sum = x + *b is the input); one code path, so the
+// fused op is bit-identical to add followed by the plain op. Two passes over
+// the row (mean, then squared deviations): no cancellation when |mean| is
+// large against the spread.
+static void layernorm_rows(Tensor& out, Tensor& mean, Tensor& rstd, Tensor* sum, const Tensor& x, const Tensor* b,
+                           const Tensor& weight, const Tensor& bias, float eps) {
   int64_t rows = x.rows(), channels = x.cols();
   float* mean_out = mean.ptr<float>();
   float* rstd_out = rstd.ptr<float>();
 #pragma omp parallel
   {
-    std::vector<float> row(channels), w(channels), b(channels);
+    std::vector<float> row(channels), w(channels), bi(channels), scratch(sum ? channels : 0);
     cpu::load_row(w.data(), weight, 0, channels);
-    cpu::load_row(b.data(), bias, 0, channels);
+    cpu::load_row(bi.data(), bias, 0, channels);
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
-      cpu::load_row(row.data(), x, n * channels, channels);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t c = 0; c < channels; ++c) sum += row[c];
-      float m = sum / float(channels);
+      if (sum)
+        cpu::load_sum_row(row.data(), scratch.data(), *sum, x, *b, n * channels, channels);
+      else
+        cpu::load_row(row.data(), x, n * channels, channels);
+      float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+      for (int64_t c = 0; c < channels; ++c) total += row[c];
+      float m = total / float(channels);
       float sum_sq = 0.0f;
 #pragma omp simd reduction(+ : sum_sq)
       for (int64_t c = 0; c < channels; ++c) sum_sq += (row[c] - m) * (row[c] - m);
       float r = 1.0f / std::sqrt(sum_sq / float(channels) + eps);
       mean_out[n] = m;
       rstd_out[n] = r;
-      for (int64_t c = 0; c < channels; ++c) row[c] = (row[c] - m) * r * w[c] + b[c];
+      for (int64_t c = 0; c < channels; ++c) row[c] = (row[c] - m) * r * w[c] + bi[c];
       cpu::store_row(out, n * channels, row.data(), channels);
     }
   }
+}
+
+static void check_layernorm_forward_args(const char* op, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                         const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_layernorm_args(op, x, weight, mean, rstd);
+  cpu::check_float_like(bias, weight, op, "bias");
+  cpu::check_float_like(out, x, op, "out");
+}
+
+void CpuBackend::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
+                                   const Tensor& bias, float eps) {
+  check_layernorm_forward_args("layernorm_forward", out, mean, rstd, x, weight, bias);
+  layernorm_rows(out, mean, rstd, nullptr, x, nullptr, weight, bias, eps);
+}
+
+void CpuBackend::add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
+                                       const Tensor& b, const Tensor& weight, const Tensor& bias, float eps) {
+  const char* op = "add_layernorm_forward";
+  check_layernorm_forward_args(op, out, mean, rstd, a, weight, bias);
+  cpu::check_float_like(b, a, op, "b");
+  cpu::check_float_like(sum, a, op, "sum");
+  layernorm_rows(out, mean, rstd, &sum, a, &b, weight, bias, eps);
+}
+
+static void check_layernorm_backward_args(const char* op, const Tensor& dx, const Tensor* dweight,
+                                          const Tensor* dbias, const Tensor& dout, const Tensor& x,
+                                          const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  check_layernorm_args(op, x, weight, mean, rstd);
+  cpu::check_float_like(dx, x, op, "dx");
+  cpu::check_float_like(dout, x, op, "dout");
+  for (auto [grad, name] : {std::pair{dweight, "dweight"}, std::pair{dbias, "dbias"}})
+    if (grad) cpu::check_float_like(*grad, weight, op, name);
 }
 
 // With n = (x - mean) * r and g = dout * weight:
 //   dx = r * (g - mean(g) - n * mean(g * n)),
 //   dweight += sum over rows of dout * n, dbias += sum over rows of dout.
 // Each thread sums dweight/dbias for its rows in private buffers, added up
-// after the parallel loop.
-void CpuBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& x,
-                                    const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
-  const char* op = "layernorm_backward";
-  check_layernorm_args(op, x, weight, mean, rstd);
-  cpu::check_float(dx, op, "dx");
-  cpu::check_float(dout, op, "dout");
-  cpu::check_shape(dx, x.shape, op, "dx");
-  cpu::check_shape(dout, x.shape, op, "dout");
-  for (auto [grad, name] : {std::pair{dweight, "dweight"}, std::pair{dbias, "dbias"}}) {
-    if (!grad) continue;
-    cpu::check_float(*grad, op, name);
-    cpu::check_shape(*grad, weight.shape, op, name);
-  }
+// after the parallel loop. dresidual, when given, is added to dx as
+// cpu::store_grad_plus_row says.
+static void layernorm_backward_rows(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                                    const Tensor* dresidual, const Tensor& x, const Tensor& weight,
+                                    const Tensor& mean, const Tensor& rstd) {
   int64_t rows = x.rows(), channels = x.cols();
   int threads = omp_get_max_threads();
   std::vector<float> dweight_partial(dweight ? threads * channels : 0, 0.0f);
@@ -108,7 +131,10 @@ void CpuBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, 
       }
       float mean_g = g_sum / float(channels), mean_g_n = g_dot_n / float(channels);
       for (int64_t c = 0; c < channels; ++c) g[c] = r * (g[c] - mean_g - normed[c] * mean_g_n);
-      cpu::store_row(dx, n * channels, g.data(), channels);
+      if (dresidual)
+        cpu::store_grad_plus_row(dx, g.data(), normed.data(), *dresidual, n * channels, channels);
+      else
+        cpu::store_row(dx, n * channels, g.data(), channels);
     }
   }
   for (auto [grad, partial] : {std::pair{dweight, &dweight_partial}, std::pair{dbias, &dbias_partial}}) {
@@ -119,6 +145,21 @@ void CpuBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, 
       for (int64_t c = 0; c < channels; ++c) acc[c] += (*partial)[t * channels + c];
     cpu::store_row(*grad, 0, acc.data(), channels);
   }
+}
+
+void CpuBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& x,
+                                    const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  check_layernorm_backward_args("layernorm_backward", dx, dweight, dbias, dout, x, weight, mean, rstd);
+  layernorm_backward_rows(dx, dweight, dbias, dout, nullptr, x, weight, mean, rstd);
+}
+
+void CpuBackend::layernorm_backward_add(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                                        const Tensor& dresidual, const Tensor& x, const Tensor& weight,
+                                        const Tensor& mean, const Tensor& rstd) {
+  const char* op = "layernorm_backward_add";
+  check_layernorm_backward_args(op, dx, dweight, dbias, dout, x, weight, mean, rstd);
+  cpu::check_float_like(dresidual, x, op, "dresidual");
+  layernorm_backward_rows(dx, dweight, dbias, dout, &dresidual, x, weight, mean, rstd);
 }
 
 }  // namespace ft

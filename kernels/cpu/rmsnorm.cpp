@@ -18,21 +18,25 @@ static void check_rmsnorm_args(const char* op, const Tensor& x, const Tensor& we
   cpu::check_numel(rstd, x.rows(), op, "rstd");
 }
 
-void CpuBackend::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
-  const char* op = "rmsnorm_forward";
-  check_rmsnorm_args(op, x, weight, rstd);
-  cpu::check_float(out, op, "out");
-  cpu::check_shape(out, x.shape, op, "out");
+// The forward of rmsnorm_forward (sum null: x is the input) and
+// add_rmsnorm_forward (sum = x + *b is the input); one code path, so the
+// fused op is bit-identical to add followed by the plain op.
+static void rmsnorm_rows(Tensor& out, Tensor& rstd, Tensor* sum, const Tensor& x, const Tensor* b,
+                         const Tensor& weight, float eps) {
   int64_t rows = x.rows(), channels = x.cols();
-  bool round_to_bf16 = x.dtype == DType::bf16;  // HF: hidden_states.to(input_dtype) before * weight
+  // HF: hidden_states.to(input_dtype) before * weight; the input is sum when fused.
+  bool round_to_bf16 = (sum ? sum->dtype : x.dtype) == DType::bf16;
   float* rstd_out = rstd.ptr<float>();
 #pragma omp parallel
   {
-    std::vector<float> row(channels), w(channels);
+    std::vector<float> row(channels), w(channels), scratch(sum ? channels : 0);
     cpu::load_row(w.data(), weight, 0, channels);
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
-      cpu::load_row(row.data(), x, n * channels, channels);
+      if (sum)
+        cpu::load_sum_row(row.data(), scratch.data(), *sum, x, *b, n * channels, channels);
+      else
+        cpu::load_row(row.data(), x, n * channels, channels);
       float sum_sq = 0.0f;
 #pragma omp simd reduction(+ : sum_sq)
       for (int64_t c = 0; c < channels; ++c) sum_sq += row[c] * row[c];
@@ -48,12 +52,26 @@ void CpuBackend::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, con
   }
 }
 
-// With n = x * r and g = dout * weight: dx = r * (g - n * mean(g * n)),
-// dweight += sum over rows of dout * n. Each thread sums dweight for its rows
-// in a private buffer; the buffers are added up after the parallel loop.
-void CpuBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
-                                  const Tensor& weight, const Tensor& rstd) {
-  const char* op = "rmsnorm_backward";
+void CpuBackend::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
+  const char* op = "rmsnorm_forward";
+  check_rmsnorm_args(op, x, weight, rstd);
+  cpu::check_float(out, op, "out");
+  cpu::check_shape(out, x.shape, op, "out");
+  rmsnorm_rows(out, rstd, nullptr, x, nullptr, weight, eps);
+}
+
+void CpuBackend::add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
+                                     const Tensor& weight, float eps) {
+  const char* op = "add_rmsnorm_forward";
+  check_rmsnorm_args(op, a, weight, rstd);
+  cpu::check_float_like(b, a, op, "b");
+  cpu::check_float_like(sum, a, op, "sum");
+  cpu::check_float_like(out, a, op, "out");
+  rmsnorm_rows(out, rstd, &sum, a, &b, weight, eps);
+}
+
+static void check_rmsnorm_backward_args(const char* op, const Tensor& dx, const Tensor* dweight, const Tensor& dout,
+                                        const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   check_rmsnorm_args(op, x, weight, rstd);
   cpu::check_float(dx, op, "dx");
   cpu::check_float(dout, op, "dout");
@@ -63,6 +81,14 @@ void CpuBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dou
     cpu::check_float(*dweight, op, "dweight");
     cpu::check_shape(*dweight, weight.shape, op, "dweight");
   }
+}
+
+// With n = x * r and g = dout * weight: dx = r * (g - n * mean(g * n)),
+// dweight += sum over rows of dout * n. Each thread sums dweight for its rows
+// in a private buffer; the buffers are added up after the parallel loop.
+// dresidual, when given, is added to dx as cpu::store_grad_plus_row says.
+static void rmsnorm_backward_rows(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor* dresidual,
+                                  const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   int64_t rows = x.rows(), channels = x.cols();
   int threads = omp_get_max_threads();
   std::vector<float> dweight_partial(dweight ? threads * channels : 0, 0.0f);
@@ -87,7 +113,10 @@ void CpuBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dou
       }
       float mean_g_n = g_dot_n / float(channels);
       for (int64_t c = 0; c < channels; ++c) g[c] = r * (g[c] - xs[c] * r * mean_g_n);
-      cpu::store_row(dx, n * channels, g.data(), channels);
+      if (dresidual)
+        cpu::store_grad_plus_row(dx, g.data(), xs.data(), *dresidual, n * channels, channels);
+      else
+        cpu::store_row(dx, n * channels, g.data(), channels);
     }
   }
   if (!dweight) return;
@@ -96,6 +125,20 @@ void CpuBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dou
   for (int t = 0; t < threads; ++t)
     for (int64_t c = 0; c < channels; ++c) acc[c] += dweight_partial[t * channels + c];
   cpu::store_row(*dweight, 0, acc.data(), channels);
+}
+
+void CpuBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
+                                  const Tensor& weight, const Tensor& rstd) {
+  check_rmsnorm_backward_args("rmsnorm_backward", dx, dweight, dout, x, weight, rstd);
+  rmsnorm_backward_rows(dx, dweight, dout, nullptr, x, weight, rstd);
+}
+
+void CpuBackend::rmsnorm_backward_add(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& dresidual,
+                                      const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  const char* op = "rmsnorm_backward_add";
+  check_rmsnorm_backward_args(op, dx, dweight, dout, x, weight, rstd);
+  cpu::check_float_like(dresidual, x, op, "dresidual");
+  rmsnorm_backward_rows(dx, dweight, dout, &dresidual, x, weight, rstd);
 }
 
 }  // namespace ft

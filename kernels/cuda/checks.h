@@ -18,5 +18,10 @@ inline void check_dtype(const Tensor& t, DType dtype, const char* op, const char
 }
 using checks::check_numel;
 using checks::check_shape;
+// t is floating and shaped as like.
+inline void check_float_like(const Tensor& t, const Tensor& like, const char* op, const char* name) {
+  check_float(t, op, name);
+  check_shape(t, like.shape, op, name);
+}
 
 }  // namespace ft::cuda

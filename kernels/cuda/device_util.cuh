@@ -58,6 +58,42 @@ __device__ inline void store(View x, int64_t i, float value) {
 // activation to the input dtype before scaling by the weight).
 __device__ inline float round_to_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
+// A value as a tensor of the floating dtype would store it and read it back.
+__device__ inline float round_to(DType dtype, float x) {
+  switch (dtype) {
+    case DType::bf16: return round_to_bf16(x);
+    case DType::f16: return __half2float(__float2half(x));
+    default: return x;
+  }
+}
+
+// The fused residual norms (add_rmsnorm_forward, add_layernorm_forward):
+// element i of a norm's input in the first pass over a row. Unfused (no
+// b.data) it is a[i]; fused it is a[i] + b[i], stored to sum and returned as
+// rounded to sum's dtype, so the statistics see what add followed by the norm
+// would. Later passes read sum back: the same thread stored those elements.
+__device__ inline float load_norm_input(View sum, ConstView a, ConstView b, int64_t i) {
+  if (!b.data) return load(a, i);
+  float value = round_to(sum.dtype, load(a, i) + load(b, i));
+  store(sum, i, value);
+  return value;
+}
+// The input later passes read: a, or sum when fused.
+__device__ inline ConstView norm_input(View sum, ConstView a, ConstView b) {
+  return b.data ? ConstView{sum.data, sum.dtype} : a;
+}
+
+// The fused norms' backward (*norm_backward_add): dx[i] = grad rounded to
+// dx's dtype + dresidual[i] when dresidual.data is set (the norm's backward
+// into a dx-typed tensor followed by add), else grad. dresidual[i] is read
+// before dx[i] is written, so dx may alias dresidual. __fadd_rn keeps nvcc
+// from contracting the gradient's last multiply and this add into an FMA
+// (for f32 dx the rounding is a no-op), which the separate add cannot do.
+__device__ inline void store_norm_grad(View dx, ConstView dresidual, int64_t i, float grad) {
+  if (dresidual.data) grad = __fadd_rn(round_to(dx.dtype, grad), load(dresidual, i));
+  store(dx, i, grad);
+}
+
 // Butterfly reductions over the 32 lanes of a warp: every lane gets the
 // result, and the summation order is fixed, so results are reproducible.
 template <class T>

@@ -7,8 +7,9 @@
 //   2. per row of x: absmax with the outlier columns zeroed, and the codes;
 //   3. per block of rows: the int8 x int8 -> int32 product of the codes with q
 //      through cuda::Gemm (cuBLASLt's IMMA path on a GPU);
-//   4. an epilogue dequantises the product and adds the outlier columns in
-//      f32, reading x and q in place, and rounds out once.
+//   4. an epilogue dequantises the product, adds the outlier columns in f32
+//      (reading x and q in place), the bias and the LoRA update scaling * h B^T
+//      (reading h [N, r] and B [O, r] in place), and rounds out once.
 // The scratch is exactly what the memory planner models
 // (kernels/meta/meta_backend.cpp): it does not depend on the outlier count.
 //
@@ -113,13 +114,40 @@ __global__ void __launch_bounds__(kBlock) quantize_inliers_kernel(int8_t* q, flo
   }
 }
 
+// Backend::int8_linear_forward's Int8Epilogue as kernel arguments; a null
+// view is an absent operand, r = 0 no LoRA update.
+struct EpilogueViews {
+  cuda::ConstView bias, lora_h, lora_B;
+  int64_t r;
+  float lora_scaling;
+};
+
+EpilogueViews epilogue_views(const Int8Epilogue& e) {
+  const cuda::ConstView none{nullptr, DType::f32};
+  if (!e.lora_h) return {e.bias ? cuda::const_view(*e.bias) : none, none, none, 0, 0.0f};
+  return {e.bias ? cuda::const_view(*e.bias) : none, cuda::const_view(*e.lora_h), cuda::const_view(*e.lora_B),
+          e.lora_B->cols(), e.lora_scaling};
+}
+
+// value + bias[o] + scaling * sum_j h[n, j] B[o, j] in kernels/backend.h's
+// order. __fadd_rn keeps nvcc from contracting the bias add into an FMA
+// with the dequantisation, which the CPU does not do.
+__device__ inline float apply_epilogue(float value, const EpilogueViews& e, int64_t n, int64_t o) {
+  if (e.bias.data) value = __fadd_rn(value, cuda::load(e.bias, o));
+  if (e.r == 0) return value;
+  float sum = 0.0f;
+  for (int64_t j = 0; j < e.r; ++j)
+    sum = fmaf(cuda::load(e.lora_h, n * e.r + j), cuda::load(e.lora_B, o * e.r + j), sum);
+  return fmaf(e.lora_scaling, sum, value);
+}
+
 // out rows [n0, n0 + rows): the int32 product dequantised, plus the outlier
-// columns in f32, in the CPU's order and arithmetic (forward_block in
-// kernels/cpu/int8.cpp, whose update GCC contracts to an FMA), rounded once.
+// columns in f32 and the epilogue, in the CPU's order and arithmetic
+// (forward_block in kernels/cpu/int8.cpp), rounded once.
 __global__ void __launch_bounds__(kBlock)
     forward_epilogue_kernel(cuda::View out, const int32_t* product, cuda::ConstView x, const int8_t* wq,
-                            const float* sx, const float* sw, const int32_t* columns, int64_t n0, int64_t rows,
-                            int64_t O, int64_t K) {
+                            const float* sx, const float* sw, const int32_t* columns, EpilogueViews epilogue,
+                            int64_t n0, int64_t rows, int64_t O, int64_t K) {
   const int32_t count = columns[0];
   for (int64_t i = grid_index(); i < rows * O; i += grid_stride()) {
     const int64_t n = n0 + i / O, o = i % O;
@@ -128,7 +156,7 @@ __global__ void __launch_bounds__(kBlock)
       const int64_t k = columns[1 + c];
       value = fmaf(cuda::load(x, n * K + k), float(wq[o * K + k]) * sw[o] / 127.0f, value);
     }
-    cuda::store(out, n * O + o, value);
+    cuda::store(out, n * O + o, apply_epilogue(value, epilogue, n, o));
   }
 }
 
@@ -209,7 +237,8 @@ void backward_block(Tensor& dx, const Tensor& dout, const Tensor& tile, int64_t 
 namespace cuda {
 
 void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
-                         float threshold, int64_t chunk_rows, const Int8Context& context) {
+                         float threshold, const Int8Epilogue& epilogue, int64_t chunk_rows,
+                         const Int8Context& context) {
   const char* op = "int8_linear_forward";
   check_float(out, op, "out");
   check_float(x, op, "x");
@@ -220,6 +249,7 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
            shape_string(weight.shape));
   FT_CHECK(out.rows() == N && out.cols() == O, op, ": out has shape ", shape_string(out.shape), ", expected [", N,
            ", ", O, "]");
+  checks::check_int8_epilogue(epilogue, N, O, Device::cuda);
   FT_CHECK(chunk_rows >= 1, op, ": chunk_rows must be >= 1, got ", chunk_rows);
   FT_CHECK(N < (int64_t(1) << 31), op, ": too many rows (", N, ")");
   Tensor columns = scratch(context, {K + 1}, DType::i32);
@@ -238,7 +268,7 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
     launch<forward_epilogue_kernel>(elementwise_blocks(rows * O, kBlock), kBlock, 0, context.stream, view(out),
                                     product.ptr<const int32_t>(), const_view(x), weight.ptr<const int8_t>(),
                                     row_scales.ptr<const float>(), weight_scales.ptr<const float>(),
-                                    columns.ptr<const int32_t>(), n0, rows, O, K);
+                                    columns.ptr<const int32_t>(), epilogue_views(epilogue), n0, rows, O, K);
     FT_CUDA_CHECK_LAUNCH();
   }
 }
@@ -269,8 +299,8 @@ void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, 
 }  // namespace cuda
 
 void CudaBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight,
-                                      const Tensor& weight_scales, float threshold) {
-  cuda::int8_linear_forward(out, x, weight, weight_scales, threshold,
+                                      const Tensor& weight_scales, float threshold, const Int8Epilogue& epilogue) {
+  cuda::int8_linear_forward(out, x, weight, weight_scales, threshold, epilogue,
                             int8_forward_chunk_rows(x.rows(), weight.dim(0)), {*gemm_, allocator_, stream_});
 }
 

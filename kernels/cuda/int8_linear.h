@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/allocator.h"
+#include "kernels/backend.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/tensor.h"
 
@@ -23,7 +24,8 @@ struct Int8Context {
 // Backend::int8_linear_forward holding the int32 product of at most
 // chunk_rows rows of x at a time.
 void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
-                         float threshold, int64_t chunk_rows, const Int8Context& context);
+                         float threshold, const Int8Epilogue& epilogue, int64_t chunk_rows,
+                         const Int8Context& context);
 
 // Backend::int8_linear_backward dequantising tile_columns input features of
 // the weight at a time.

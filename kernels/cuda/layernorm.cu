@@ -13,18 +13,22 @@ namespace {
 constexpr int kBlock = 256;
 
 // Two passes over the row (mean, then squared deviations), as the CPU
-// reference: no cancellation when |mean| is large against the spread.
+// reference: no cancellation when |mean| is large against the spread. Fused
+// with the residual add when b.data is set: the input is sum = x + b
+// (cuda::load_norm_input).
 __global__ void __launch_bounds__(kBlock)
-    layernorm_forward_kernel(cuda::View out, float* mean, float* rstd, cuda::ConstView x, cuda::ConstView weight,
-                             cuda::ConstView bias, float eps, int64_t channels) {
+    layernorm_forward_kernel(cuda::View out, float* mean, float* rstd, cuda::View sum, cuda::ConstView x,
+                             cuda::ConstView b, cuda::ConstView weight, cuda::ConstView bias, float eps,
+                             int64_t channels) {
   __shared__ float scratch[32];
   int64_t row = int64_t(blockIdx.x) * channels;
-  float sum = 0.0f;
-  for (int64_t c = threadIdx.x; c < channels; c += kBlock) sum += cuda::load(x, row + c);
-  float m = cuda::block_sum<kBlock>(sum, scratch) / float(channels);
+  float total = 0.0f;
+  for (int64_t c = threadIdx.x; c < channels; c += kBlock) total += cuda::load_norm_input(sum, x, b, row + c);
+  float m = cuda::block_sum<kBlock>(total, scratch) / float(channels);
+  cuda::ConstView input = cuda::norm_input(sum, x, b);
   float sum_sq = 0.0f;
   for (int64_t c = threadIdx.x; c < channels; c += kBlock) {
-    float d = cuda::load(x, row + c) - m;
+    float d = cuda::load(input, row + c) - m;
     sum_sq += d * d;
   }
   float r = 1.0f / sqrtf(cuda::block_sum<kBlock>(sum_sq, scratch) / float(channels) + eps);
@@ -33,19 +37,20 @@ __global__ void __launch_bounds__(kBlock)
     rstd[blockIdx.x] = r;
   }
   for (int64_t c = threadIdx.x; c < channels; c += kBlock)
-    cuda::store(out, row + c, (cuda::load(x, row + c) - m) * r * cuda::load(weight, c) + cuda::load(bias, c));
+    cuda::store(out, row + c, (cuda::load(input, row + c) - m) * r * cuda::load(weight, c) + cuda::load(bias, c));
 }
 
 // With n = (x - mean) * r and g = dout * weight:
-//   dx = r * (g - mean(g) - n * mean(g * n)).
+//   dx = r * (g - mean(g) - n * mean(g * n)),
+// plus dresidual when fused (cuda::store_norm_grad).
 // Block b handles rows b, b + gridDim.x, ...; it also sums dout * n and dout
 // over those rows into row b of dweight_partials / dbias_partials (each
 // optional; its own row: no races, and the order is fixed), which
 // cuda::add_column_sums_kernel adds up afterwards.
 __global__ void __launch_bounds__(kBlock)
     layernorm_backward_kernel(cuda::View dx, float* dweight_partials, float* dbias_partials, cuda::ConstView dout,
-                              cuda::ConstView x, cuda::ConstView weight, const float* mean, const float* rstd,
-                              int64_t rows, int64_t channels) {
+                              cuda::ConstView dresidual, cuda::ConstView x, cuda::ConstView weight,
+                              const float* mean, const float* rstd, int64_t rows, int64_t channels) {
   __shared__ float scratch[32];
   int64_t own = int64_t(blockIdx.x) * channels;
   float* dw = dweight_partials ? dweight_partials + own : nullptr;
@@ -66,7 +71,7 @@ __global__ void __launch_bounds__(kBlock)
       float d = cuda::load(dout, row + c), normed = (cuda::load(x, row + c) - m) * r;
       if (dw) dw[c] = (first ? 0.0f : dw[c]) + d * normed;
       if (db) db[c] = (first ? 0.0f : db[c]) + d;
-      cuda::store(dx, row + c, r * (d * cuda::load(weight, c) - mean_g - normed * mean_g_n));
+      cuda::store_norm_grad(dx, dresidual, row + c, r * (d * cuda::load(weight, c) - mean_g - normed * mean_g_n));
     }
   }
 }
@@ -83,36 +88,55 @@ void check_layernorm_args(const char* op, const Tensor& x, const Tensor& weight,
   FT_CHECK(x.rows() < (int64_t(1) << 31), op, ": too many rows (", x.rows(), ")");
 }
 
+void check_layernorm_forward_args(const char* op, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                  const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_layernorm_args(op, x, weight, mean, rstd);
+  cuda::check_float_like(bias, weight, op, "bias");
+  cuda::check_float_like(out, x, op, "out");
+}
+
+void check_layernorm_backward_args(const char* op, const Tensor& dx, const Tensor* dweight, const Tensor* dbias,
+                                   const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                   const Tensor& rstd) {
+  check_layernorm_args(op, x, weight, mean, rstd);
+  cuda::check_float_like(dx, x, op, "dx");
+  cuda::check_float_like(dout, x, op, "dout");
+  for (auto [grad, name] : {std::pair{dweight, "dweight"}, std::pair{dbias, "dbias"}})
+    if (grad) cuda::check_float_like(*grad, weight, op, name);
+}
+
 }  // namespace
 
-void CudaBackend::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
-                                    const Tensor& bias, float eps) {
-  const char* op = "layernorm_forward";
-  check_layernorm_args(op, x, weight, mean, rstd);
-  cuda::check_float(bias, op, "bias");
-  cuda::check_shape(bias, weight.shape, op, "bias");
-  cuda::check_float(out, op, "out");
-  cuda::check_shape(out, x.shape, op, "out");
+// sum null: the plain norm of x; else the fused one of sum = x + *b.
+void CudaBackend::layernorm_rows(Tensor& out, Tensor& mean, Tensor& rstd, Tensor* sum, const Tensor& x,
+                                 const Tensor* b, const Tensor& weight, const Tensor& bias, float eps) {
   if (x.rows() == 0) return;
   launch<layernorm_forward_kernel>(unsigned(x.rows()), kBlock, 0, stream_, cuda::view(out), mean.ptr<float>(),
-                                   rstd.ptr<float>(), cuda::const_view(x), cuda::const_view(weight),
+                                   rstd.ptr<float>(), sum ? cuda::view(*sum) : cuda::View{}, cuda::const_view(x),
+                                   b ? cuda::const_view(*b) : cuda::ConstView{}, cuda::const_view(weight),
                                    cuda::const_view(bias), eps, x.cols());
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& x,
-                                     const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
-  const char* op = "layernorm_backward";
-  check_layernorm_args(op, x, weight, mean, rstd);
-  cuda::check_float(dx, op, "dx");
-  cuda::check_float(dout, op, "dout");
-  cuda::check_shape(dx, x.shape, op, "dx");
-  cuda::check_shape(dout, x.shape, op, "dout");
-  for (auto [grad, name] : {std::pair{dweight, "dweight"}, std::pair{dbias, "dbias"}}) {
-    if (!grad) continue;
-    cuda::check_float(*grad, op, name);
-    cuda::check_shape(*grad, weight.shape, op, name);
-  }
+void CudaBackend::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
+                                    const Tensor& bias, float eps) {
+  check_layernorm_forward_args("layernorm_forward", out, mean, rstd, x, weight, bias);
+  layernorm_rows(out, mean, rstd, nullptr, x, nullptr, weight, bias, eps);
+}
+
+void CudaBackend::add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
+                                        const Tensor& b, const Tensor& weight, const Tensor& bias, float eps) {
+  const char* op = "add_layernorm_forward";
+  check_layernorm_forward_args(op, out, mean, rstd, a, weight, bias);
+  cuda::check_float_like(b, a, op, "b");
+  cuda::check_float_like(sum, a, op, "sum");
+  layernorm_rows(out, mean, rstd, &sum, a, &b, weight, bias, eps);
+}
+
+// dresidual null: the plain backward; else the fused one adding it to dx.
+void CudaBackend::layernorm_backward_rows(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                                          const Tensor* dresidual, const Tensor& x, const Tensor& weight,
+                                          const Tensor& mean, const Tensor& rstd) {
   int64_t rows = x.rows(), channels = x.cols();
   if (rows == 0 || channels == 0) return;
   int64_t blocks = rows < cuda::kMaxPartialRows ? rows : cuda::kMaxPartialRows;
@@ -121,6 +145,7 @@ void CudaBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias,
   launch<layernorm_backward_kernel>(unsigned(blocks), kBlock, 0, stream_, cuda::view(dx),
                                     dweight ? dweight_partials.ptr<float>() : nullptr,
                                     dbias ? dbias_partials.ptr<float>() : nullptr, cuda::const_view(dout),
+                                    dresidual ? cuda::const_view(*dresidual) : cuda::ConstView{},
                                     cuda::const_view(x), cuda::const_view(weight), mean.ptr<const float>(),
                                     rstd.ptr<const float>(), rows, channels);
   FT_CUDA_CHECK_LAUNCH();
@@ -130,6 +155,21 @@ void CudaBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias,
                                                  cuda::view(*grad), partials->ptr<const float>(), blocks, channels);
     FT_CUDA_CHECK_LAUNCH();
   }
+}
+
+void CudaBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& x,
+                                     const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  check_layernorm_backward_args("layernorm_backward", dx, dweight, dbias, dout, x, weight, mean, rstd);
+  layernorm_backward_rows(dx, dweight, dbias, dout, nullptr, x, weight, mean, rstd);
+}
+
+void CudaBackend::layernorm_backward_add(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                                         const Tensor& dresidual, const Tensor& x, const Tensor& weight,
+                                         const Tensor& mean, const Tensor& rstd) {
+  const char* op = "layernorm_backward_add";
+  check_layernorm_backward_args(op, dx, dweight, dbias, dout, x, weight, mean, rstd);
+  cuda::check_float_like(dresidual, x, op, "dresidual");
+  layernorm_backward_rows(dx, dweight, dbias, dout, &dresidual, x, weight, mean, rstd);
 }
 
 }  // namespace ft

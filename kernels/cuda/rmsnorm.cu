@@ -10,34 +10,39 @@ namespace {
 
 constexpr int kBlock = 256;
 
-__global__ void __launch_bounds__(kBlock) rmsnorm_forward_kernel(cuda::View out, float* rstd, cuda::ConstView x,
-                                                                 cuda::ConstView weight, float eps,
-                                                                 int64_t channels) {
+// Fused with the residual add when b.data is set: the input is sum = x + b
+// (cuda::load_norm_input).
+__global__ void __launch_bounds__(kBlock)
+    rmsnorm_forward_kernel(cuda::View out, float* rstd, cuda::View sum, cuda::ConstView x, cuda::ConstView b,
+                           cuda::ConstView weight, float eps, int64_t channels) {
   __shared__ float scratch[32];
   int64_t row = int64_t(blockIdx.x) * channels;
   float sum_sq = 0.0f;
   for (int64_t c = threadIdx.x; c < channels; c += kBlock) {
-    float v = cuda::load(x, row + c);
+    float v = cuda::load_norm_input(sum, x, b, row + c);
     sum_sq += v * v;
   }
   sum_sq = cuda::block_sum<kBlock>(sum_sq, scratch);
   float r = 1.0f / sqrtf(sum_sq / float(channels) + eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-  bool round_to_bf16 = x.dtype == DType::bf16;  // HF: hidden_states.to(input_dtype) before * weight
+  cuda::ConstView input = cuda::norm_input(sum, x, b);
+  bool round_to_bf16 = input.dtype == DType::bf16;  // HF: hidden_states.to(input_dtype) before * weight
   for (int64_t c = threadIdx.x; c < channels; c += kBlock) {
-    float normed = cuda::load(x, row + c) * r;
+    float normed = cuda::load(input, row + c) * r;
     if (round_to_bf16) normed = cuda::round_to_bf16(normed);
     cuda::store(out, row + c, cuda::load(weight, c) * normed);
   }
 }
 
-// With n = x * r and g = dout * weight: dx = r * (g - n * mean(g * n)).
+// With n = x * r and g = dout * weight: dx = r * (g - n * mean(g * n)), plus
+// dresidual when fused (cuda::store_norm_grad).
 // Block b handles rows b, b + gridDim.x, ...; with partials it also sums
 // dout * n over those rows into partials[b, :] (its own row: no races, and
 // the order is fixed), which cuda::add_column_sums_kernel adds up afterwards.
 __global__ void __launch_bounds__(kBlock)
-    rmsnorm_backward_kernel(cuda::View dx, float* partials, cuda::ConstView dout, cuda::ConstView x,
-                            cuda::ConstView weight, const float* rstd, int64_t rows, int64_t channels) {
+    rmsnorm_backward_kernel(cuda::View dx, float* partials, cuda::ConstView dout, cuda::ConstView dresidual,
+                            cuda::ConstView x, cuda::ConstView weight, const float* rstd, int64_t rows,
+                            int64_t channels) {
   __shared__ float scratch[32];
   float* partial = partials ? partials + int64_t(blockIdx.x) * channels : nullptr;
   for (int64_t n = blockIdx.x; n < rows; n += gridDim.x) {
@@ -51,7 +56,7 @@ __global__ void __launch_bounds__(kBlock)
     for (int64_t c = threadIdx.x; c < channels; c += kBlock) {
       float d = cuda::load(dout, row + c), xs = cuda::load(x, row + c);
       if (partial) partial[c] = (first ? 0.0f : partial[c]) + d * xs * r;
-      cuda::store(dx, row + c, r * (d * cuda::load(weight, c) - xs * r * mean_g_n));
+      cuda::store_norm_grad(dx, dresidual, row + c, r * (d * cuda::load(weight, c) - xs * r * mean_g_n));
     }
   }
 }
@@ -65,37 +70,54 @@ void check_rmsnorm_args(const char* op, const Tensor& x, const Tensor& weight, c
   FT_CHECK(x.rows() < (int64_t(1) << 31), op, ": too many rows (", x.rows(), ")");
 }
 
+void check_rmsnorm_backward_args(const char* op, const Tensor& dx, const Tensor* dweight, const Tensor& dout,
+                                 const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  check_rmsnorm_args(op, x, weight, rstd);
+  cuda::check_float_like(dx, x, op, "dx");
+  cuda::check_float_like(dout, x, op, "dout");
+  if (dweight) cuda::check_float_like(*dweight, weight, op, "dweight");
+}
+
 }  // namespace
+
+// sum null: the plain norm of x; else the fused one of sum = x + *b.
+void CudaBackend::rmsnorm_rows(Tensor& out, Tensor& rstd, Tensor* sum, const Tensor& x, const Tensor* b,
+                               const Tensor& weight, float eps) {
+  if (x.rows() == 0) return;
+  launch<rmsnorm_forward_kernel>(unsigned(x.rows()), kBlock, 0, stream_, cuda::view(out), rstd.ptr<float>(),
+                                 sum ? cuda::view(*sum) : cuda::View{}, cuda::const_view(x),
+                                 b ? cuda::const_view(*b) : cuda::ConstView{}, cuda::const_view(weight), eps,
+                                 x.cols());
+  FT_CUDA_CHECK_LAUNCH();
+}
 
 void CudaBackend::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
   const char* op = "rmsnorm_forward";
   check_rmsnorm_args(op, x, weight, rstd);
-  cuda::check_float(out, op, "out");
-  cuda::check_shape(out, x.shape, op, "out");
-  if (x.rows() == 0) return;
-  launch<rmsnorm_forward_kernel>(unsigned(x.rows()), kBlock, 0, stream_, cuda::view(out), rstd.ptr<float>(),
-                                 cuda::const_view(x), cuda::const_view(weight), eps, x.cols());
-  FT_CUDA_CHECK_LAUNCH();
+  cuda::check_float_like(out, x, op, "out");
+  rmsnorm_rows(out, rstd, nullptr, x, nullptr, weight, eps);
 }
 
-void CudaBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
-                                   const Tensor& weight, const Tensor& rstd) {
-  const char* op = "rmsnorm_backward";
-  check_rmsnorm_args(op, x, weight, rstd);
-  cuda::check_float(dx, op, "dx");
-  cuda::check_float(dout, op, "dout");
-  cuda::check_shape(dx, x.shape, op, "dx");
-  cuda::check_shape(dout, x.shape, op, "dout");
-  if (dweight) {
-    cuda::check_float(*dweight, op, "dweight");
-    cuda::check_shape(*dweight, weight.shape, op, "dweight");
-  }
+void CudaBackend::add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
+                                      const Tensor& weight, float eps) {
+  const char* op = "add_rmsnorm_forward";
+  check_rmsnorm_args(op, a, weight, rstd);
+  cuda::check_float_like(b, a, op, "b");
+  cuda::check_float_like(sum, a, op, "sum");
+  cuda::check_float_like(out, a, op, "out");
+  rmsnorm_rows(out, rstd, &sum, a, &b, weight, eps);
+}
+
+// dresidual null: the plain backward; else the fused one adding it to dx.
+void CudaBackend::rmsnorm_backward_rows(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor* dresidual,
+                                        const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   int64_t rows = x.rows(), channels = x.cols();
   if (rows == 0 || channels == 0) return;
   int64_t blocks = rows < cuda::kMaxPartialRows ? rows : cuda::kMaxPartialRows;
   Tensor partials = dweight ? scratch({blocks, channels}, DType::f32) : Tensor();
   launch<rmsnorm_backward_kernel>(unsigned(blocks), kBlock, 0, stream_, cuda::view(dx),
                                   dweight ? partials.ptr<float>() : nullptr, cuda::const_view(dout),
+                                  dresidual ? cuda::const_view(*dresidual) : cuda::ConstView{},
                                   cuda::const_view(x), cuda::const_view(weight), rstd.ptr<const float>(), rows,
                                   channels);
   FT_CUDA_CHECK_LAUNCH();
@@ -103,6 +125,20 @@ void CudaBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& do
   launch<cuda::add_column_sums_kernel<kBlock>>(unsigned((channels + kBlock - 1) / kBlock), kBlock, 0, stream_,
                                                cuda::view(*dweight), partials.ptr<const float>(), blocks, channels);
   FT_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
+                                   const Tensor& weight, const Tensor& rstd) {
+  check_rmsnorm_backward_args("rmsnorm_backward", dx, dweight, dout, x, weight, rstd);
+  rmsnorm_backward_rows(dx, dweight, dout, nullptr, x, weight, rstd);
+}
+
+void CudaBackend::rmsnorm_backward_add(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& dresidual,
+                                       const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  const char* op = "rmsnorm_backward_add";
+  check_rmsnorm_backward_args(op, dx, dweight, dout, x, weight, rstd);
+  cuda::check_float_like(dresidual, x, op, "dresidual");
+  rmsnorm_backward_rows(dx, dweight, dout, &dresidual, x, weight, rstd);
 }
 
 }  // namespace ft

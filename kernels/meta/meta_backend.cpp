@@ -179,6 +179,58 @@ void MetaBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias,
   Tensor dbias_partials = dbias ? column_partials(x.rows(), x.cols()) : Tensor();
 }
 
+// The fused residual norms: the plain op's checks and scratch (CudaBackend
+// launches the same kernels), plus the residual operands' shapes.
+void MetaBackend::add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
+                                      const Tensor& weight, float) {
+  const char* op = "add_rmsnorm_forward";
+  enter(op, {&weight});
+  for (auto [t, name] : {std::pair{&out, "out"}, std::pair{&sum, "sum"}}) check_shape(*t, a.shape, op, name);
+  check_shape(b, a.shape, op, "b");
+  check_numel(rstd, a.rows(), op, "rstd");
+  check_numel(weight, a.cols(), op, "weight");
+}
+
+void MetaBackend::add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
+                                        const Tensor& b, const Tensor& weight, const Tensor& bias, float) {
+  const char* op = "add_layernorm_forward";
+  enter(op, {&weight});
+  for (auto [t, name] : {std::pair{&out, "out"}, std::pair{&sum, "sum"}}) check_shape(*t, a.shape, op, name);
+  check_shape(b, a.shape, op, "b");
+  check_numel(mean, a.rows(), op, "mean");
+  check_numel(rstd, a.rows(), op, "rstd");
+  check_numel(weight, a.cols(), op, "weight");
+  check_numel(bias, a.cols(), op, "bias");
+}
+
+void MetaBackend::rmsnorm_backward_add(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& dresidual,
+                                       const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  const char* op = "rmsnorm_backward_add";
+  enter(op, {&weight});
+  check_shape(dx, x.shape, op, "dx");
+  check_shape(dout, x.shape, op, "dout");
+  check_shape(dresidual, x.shape, op, "dresidual");
+  check_numel(rstd, x.rows(), op, "rstd");
+  if (dweight) check_shape(*dweight, weight.shape, op, "dweight");
+  Tensor partials = dweight ? column_partials(x.rows(), x.cols()) : Tensor();
+}
+
+void MetaBackend::layernorm_backward_add(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                                         const Tensor& dresidual, const Tensor& x, const Tensor& weight,
+                                         const Tensor& mean, const Tensor& rstd) {
+  const char* op = "layernorm_backward_add";
+  enter(op, {&weight});
+  check_shape(dx, x.shape, op, "dx");
+  check_shape(dout, x.shape, op, "dout");
+  check_shape(dresidual, x.shape, op, "dresidual");
+  check_numel(mean, x.rows(), op, "mean");
+  check_numel(rstd, x.rows(), op, "rstd");
+  if (dweight) check_shape(*dweight, weight.shape, op, "dweight");
+  if (dbias) check_shape(*dbias, weight.shape, op, "dbias");
+  Tensor dweight_partials = dweight ? column_partials(x.rows(), x.cols()) : Tensor();
+  Tensor dbias_partials = dbias ? column_partials(x.rows(), x.cols()) : Tensor();
+}
+
 // x [N, H, D], positions [N], rotary_dim even and <= D.
 static void check_rope(const Tensor& x, const Tensor& positions, int rotary_dim, const char* op) {
   FT_CHECK(x.ndim() == 3, op, ": x must be [N, H, D], got ", shape_string(x.shape));
@@ -275,16 +327,18 @@ static void check_int8_weight(const Tensor& weight, const Tensor& scales, const 
 }
 
 void MetaBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight,
-                                      const Tensor& weight_scales, float) {
+                                      const Tensor& weight_scales, float, const Int8Epilogue& epilogue) {
   enter("int8_linear_forward", {&weight});
   check_int8_weight(weight, weight_scales, "int8_linear_forward");
   check_numel(x, x.rows() * weight.dim(1), "int8_linear_forward", "x");
   check_shape(out, {x.rows(), weight.dim(0)}, "int8_linear_forward", "out");
+  checks::check_int8_epilogue(epilogue, x.rows(), weight.dim(0), kMeta);
   if (policy_ == MemoryPolicy::cpu) return;  // CpuBackend's scratch is host vectors, outside the allocator
   // CudaBackend's scratch (kernels/cuda/int8_linear.cu): the outlier column
   // list (count first), the codes and row scales of x, one block of the int32
   // product. The outlier product reads x and W in place: no data-dependent
-  // buffers, so the plan does not depend on how many outliers a batch has.
+  // buffers, so the plan does not depend on how many outliers a batch has;
+  // the epilogue reads its bias and LoRA operands in place too.
   const int64_t N = x.rows(), K = weight.dim(1), O = weight.dim(0);
   Tensor columns = empty({K + 1}, DType::i32, MemCategory::workspace);
   Tensor codes = empty({N, K}, DType::i8, MemCategory::workspace);
@@ -324,18 +378,50 @@ void MetaBackend::dropout_backward(Tensor& dx, const Tensor& dout, float p, uint
   FT_CHECK(p >= 0.0f && p < 1.0f, "dropout_backward: p must be in [0, 1), got ", p);
 }
 
+static void check_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const char* op) {
+  check_dtype(param, DType::f32, kMeta, op, "param");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&grad, &m, &v}) check_shape(*t, param.shape, op, "grad/m/v");
+}
+
 void MetaBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep&) {
   enter("adamw_update", {&param});
-  check_dtype(param, DType::f32, kMeta, "adamw_update", "param");
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&grad, &m, &v}) check_shape(*t, param.shape, "adamw_update", "grad/m/v");
+  check_adamw(param, grad, m, v, "adamw_update");
+}
+
+void MetaBackend::adamw_update_many(std::span<const AdamWTensors> tensors, const AdamWStep&) {
+  enter("adamw_update_many", {});
+  int64_t entries = 0;
+  for (const AdamWTensors& t : tensors) {
+    check_adamw(*t.param, *t.grad, *t.m, *t.v, "adamw_update_many");
+    entries += t.param->numel() > 0;
+  }
+  // CudaBackend's device table, one entry per non-empty tensor.
+  if (policy_ == MemoryPolicy::cuda && entries > 0)
+    empty({entries * int64_t(sizeof(cuda::AdamWEntry))}, DType::i8, MemCategory::workspace);
 }
 
 double MetaBackend::sum_squares(const Tensor& x) {
   enter("sum_squares", {&x});
   check_float(x, kMeta, "sum_squares", "x");
   // CudaBackend's partial sums: doubles, carved from i8 scratch.
-  const int64_t blocks = std::min((x.numel() + 255) / 256, cuda::kMaxPartialRows);
-  if (policy_ == MemoryPolicy::cuda && x.numel() > 0) empty({blocks + 1, 8}, DType::i8, MemCategory::workspace);
+  if (policy_ == MemoryPolicy::cuda && x.numel() > 0)
+    empty({cuda::sum_squares_blocks(x.numel()) + 1, 8}, DType::i8, MemCategory::workspace);
+  return 0.0;
+}
+
+double MetaBackend::sum_squares_many(std::span<const Tensor* const> tensors) {
+  enter("sum_squares_many", {});
+  int64_t entries = 0, blocks = 0;
+  for (const Tensor* x : tensors) {
+    check_float(*x, kMeta, "sum_squares_many", "x");
+    entries += x->numel() > 0;
+    blocks += cuda::sum_squares_blocks(x->numel());
+  }
+  if (policy_ == MemoryPolicy::cpu || entries == 0) return 0.0;
+  // CudaBackend's device table, then its partial sums and total (doubles)
+  // while the table is still held.
+  Tensor table = empty({entries * int64_t(sizeof(cuda::SumSquaresEntry))}, DType::i8, MemCategory::workspace);
+  Tensor partials = empty({blocks + 1, 8}, DType::i8, MemCategory::workspace);
   return 0.0;
 }
 

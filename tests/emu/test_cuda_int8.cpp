@@ -9,6 +9,8 @@
 //   - forward, f32 out: the same arithmetic in the same order as the CPU
 //     (codes, int32 sums, the dequantisation, FMAs over the outlier columns
 //     ascending), 1e-6 relative (measured: 0, bit-identical);
+//   - forward with the epilogue (bias, LoRA update): the same, the order of
+//     kernels/backend.h on both sides (measured: 0, bit-identical);
 //   - forward, bf16 out: 2^-7 relative (one bf16 ulp: both sides round the
 //     same f32 value, so in practice identical);
 //   - backward: |got - want| <= rtol |want| + arel * sum_o |dout w| (plus |dx|
@@ -185,11 +187,73 @@ TEST_CASE("cuda: int8_linear_forward over several row chunks") {
     cpu.int8_linear_forward(want, x, w.q, w.scales, 6.0f);
     std::vector<float> got = emu_test::same_under_schedules([&] {
       Tensor out = device_empty({N, O}, DType::f32);
-      cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f, chunk, context());
+      cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f, {}, chunk, context());
       return values(out);
     });
     check_close(got, values(want), {1e-6, 1e-6});
   }
+}
+
+namespace {
+
+// The epilogue's operands picked by parts: bit 0 the bias, bit 1 the LoRA update.
+Int8Epilogue pick_epilogue(int parts, const Tensor& bias, const Tensor& h, const Tensor& B, float scaling) {
+  Int8Epilogue e;
+  if (parts & 1) e.bias = &bias;
+  if (parts & 2) e = {e.bias, &h, &B, scaling};
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: int8_linear_forward's epilogue (bias, LoRA update) matches the CPU") {
+  // With and without outlier columns (without, the bias add follows the
+  // dequantisation directly: neither side may contract the two into an FMA);
+  // x, bias, h and B in one dtype, out in either; through the backend (one
+  // chunk) and in chunks of 16 rows (16, 16, 5).
+  const int64_t N = 37, K = 64, O = 67, r = 5;
+  const float scaling = 16.0f / float(r);
+  const Int8Weight w = host_weight(O, K, 90);
+  double worst_f32 = 0.0, worst_bf16 = 0.0;
+  size_t differing = 0, compared = 0;
+  unsigned seed = 91;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (DType out_dtype : {DType::f32, DType::bf16})
+      for (int parts = 1; parts < 4; ++parts)
+        for (Outliers outliers : {Outliers::planted, Outliers::disabled})
+          for (int64_t chunk : {int64_t(0), int64_t(16)}) {
+            CAPTURE(int(outliers));
+            CAPTURE(dtype_name(dtype));
+            CAPTURE(dtype_name(out_dtype));
+            CAPTURE(parts);
+            CAPTURE(chunk);
+            Tensor x = make_x(N, K, dtype, outliers, seed++), bias = host_random({O}, dtype, seed++);
+            Tensor h = host_random({N, r}, dtype, seed++, -2.0f, 2.0f);
+            Tensor B = host_random({O, r}, dtype, seed++, -0.3f, 0.3f);
+            Tensor want = cpu.empty({N, O}, out_dtype, MemCategory::activations);
+            const float threshold = threshold_for(outliers);
+            cpu.int8_linear_forward(want, x, w.q, w.scales, threshold, pick_epilogue(parts, bias, h, B, scaling));
+            std::vector<float> got = emu_test::same_under_schedules([&] {
+              Tensor out = device_empty({N, O}, out_dtype), dbias = to_device(bias);
+              Tensor dh = to_device(h), dB = to_device(B);
+              const Int8Epilogue e = pick_epilogue(parts, dbias, dh, dB, scaling);
+              if (chunk == 0)
+                gpu.int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), threshold, e);
+              else
+                cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), threshold, e, chunk,
+                                          context());
+              return values(out);
+            });
+            const std::vector<float> want_v = values(want);
+            const bool bf16 = out_dtype == DType::bf16;
+            check_close(got, want_v, bf16 ? kBf16 : Tolerance{1e-6, 1e-6});
+            double& worst = bf16 ? worst_bf16 : worst_f32;
+            worst = std::max(worst, worst_relative(got, want_v));
+            for (size_t i = 0; i < got.size(); ++i) differing += std::memcmp(&got[i], &want_v[i], sizeof(float)) != 0;
+            compared += got.size();
+          }
+  MESSAGE("int8_linear_forward with epilogue, worst relative error: f32 out ", worst_f32, ", bf16 out ", worst_bf16,
+          "; ", differing, " of ", compared, " elements not bit-identical");
 }
 
 namespace {
@@ -274,4 +338,12 @@ TEST_CASE("cuda: int8 linear argument checks") {
   CHECK_THROWS_WITH_AS(gpu.int8_linear_forward(wrong, x, q, scales, 6.0f), doctest::Contains("out has shape"), Error);
   CHECK_THROWS_WITH_AS(gpu.int8_linear_backward(out, out, q, scales, false), doctest::Contains("dx has shape"), Error);
   CHECK_THROWS_AS(gpu.int8_linear_forward(out, host_random({2, 8}, DType::f32, 82), q, scales, 6.0f), Error);
+  Tensor h = device_empty({2, 4}, DType::f32), B = device_empty({3, 4}, DType::f32);
+  Tensor host_bias = host_random({3}, DType::f32, 83);
+  CHECK_THROWS_WITH_AS(gpu.int8_linear_forward(out, x, q, scales, 6.0f, {nullptr, &h}),
+                       doctest::Contains("lora_h and lora_B come together"), Error);
+  CHECK_THROWS_WITH_AS(gpu.int8_linear_forward(out, x, q, scales, 6.0f, {nullptr, &B, &B, 1.0f}),
+                       doctest::Contains("lora_h has shape"), Error);
+  CHECK_THROWS_WITH_AS(gpu.int8_linear_forward(out, x, q, scales, 6.0f, {&host_bias}),
+                       doctest::Contains("bias must be a CUDA tensor"), Error);
 }
