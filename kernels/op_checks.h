@@ -41,6 +41,84 @@ inline void check_numel(const Tensor& t, int64_t expected, const char* op, const
            " elements), expected ", expected, " elements");
 }
 
+// A floating tensor shaped like `like` (an output or gradient of the same shape).
+inline void check_float_like(const Tensor& t, const Tensor& like, Device device, const char* op, const char* name) {
+  check_float(t, device, op, name);
+  check_shape(t, like.shape, op, name);
+}
+
+// RMSNorm (mean null) and LayerNorm: x [N, C], weight [C], f32 per-row statistics.
+inline void check_norm(Device device, const char* op, const Tensor& x, const Tensor& weight, const Tensor* mean,
+                       const Tensor& rstd) {
+  check_float(x, device, op, "x");
+  check_float(weight, device, op, "weight");
+  check_shape(weight, {x.cols()}, op, "weight");
+  if (mean) {
+    check_dtype(*mean, DType::f32, device, op, "mean");
+    check_numel(*mean, x.rows(), op, "mean");
+  }
+  check_dtype(rstd, DType::f32, device, op, "rstd");
+  check_numel(rstd, x.rows(), op, "rstd");
+}
+
+// A norm backward's gradients: dx and dout shaped as x, the optional
+// parameter gradients as weight.
+inline void check_norm_backward(Device device, const char* op, const Tensor& dx, const Tensor& dout, const Tensor& x,
+                                const Tensor& weight, const Tensor* dweight, const Tensor* dbias) {
+  check_float_like(dx, x, device, op, "dx");
+  check_float_like(dout, x, device, op, "dout");
+  if (dweight) check_float_like(*dweight, weight, device, op, "dweight");
+  if (dbias) check_float_like(*dbias, weight, device, op, "dbias");
+}
+
+// Backend::copy_columns' contract: same rows, column ranges inside both, no aliasing.
+inline void check_copy_columns(Device device, const Tensor& dst, int64_t dst_offset, const Tensor& src,
+                               int64_t src_offset, int64_t width) {
+  const char* op = "copy_columns";
+  check_float(dst, device, op, "dst");
+  check_float(src, device, op, "src");
+  FT_CHECK(dst.rows() == src.rows(), op, ": dst ", shape_string(dst.shape), " and src ", shape_string(src.shape),
+           " differ in rows");
+  FT_CHECK(width >= 0 && dst_offset >= 0 && src_offset >= 0 && dst_offset + width <= dst.cols() &&
+               src_offset + width <= src.cols(),
+           op, ": columns [", dst_offset, ", ", dst_offset + width, ") of dst ", shape_string(dst.shape), " or [",
+           src_offset, ", ", src_offset + width, ") of src ", shape_string(src.shape), " out of range");
+  FT_CHECK(dst.data != src.data, op, ": dst and src must not alias");
+}
+
+// Backend::attention_forward's operands: q [B, T, Hq, D], k and v
+// [B, T, Hkv, D] with Hq a multiple of Hkv, out like q, lse f32 [B, Hq, T].
+struct AttentionShape {
+  int64_t batch, seq, q_heads, kv_heads, head_dim;
+};
+inline AttentionShape check_attention(Device device, const char* op, const Tensor& q, const Tensor& k,
+                                      const Tensor& v, const Tensor& out, const Tensor& lse) {
+  check_float(q, device, op, "q");
+  check_float(k, device, op, "k");
+  check_float(v, device, op, "v");
+  check_float(out, device, op, "out");
+  check_dtype(lse, DType::f32, device, op, "lse");
+  FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got q ", shape_string(q.shape),
+           " and k ", shape_string(k.shape));
+  AttentionShape s{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  FT_CHECK(s.kv_heads > 0 && s.q_heads % s.kv_heads == 0, op, ": query heads (", s.q_heads,
+           ") must be a multiple of kv heads (", s.kv_heads, ")");
+  check_shape(k, {s.batch, s.seq, s.kv_heads, s.head_dim}, op, "k");
+  check_shape(v, k.shape, op, "v");
+  check_shape(out, q.shape, op, "out");
+  check_shape(lse, {s.batch, s.q_heads, s.seq}, op, "lse");
+  return s;
+}
+
+// attention_backward's gradients, shaped as their inputs.
+inline void check_attention_gradients(Device device, const char* op, const Tensor& dq, const Tensor& dk,
+                                      const Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k) {
+  check_float_like(dq, q, device, op, "dq");
+  check_float_like(dk, k, device, op, "dk");
+  check_float_like(dv, k, device, op, "dv");
+  check_float_like(dout, q, device, op, "dout");
+}
+
 inline bool overlaps(const Tensor& x, const Tensor& y) {
   const char* x0 = static_cast<const char*>(x.data);
   const char* y0 = static_cast<const char*>(y.data);

@@ -15,42 +15,21 @@
 namespace ft {
 namespace {
 
-struct AttentionDims {
-  int64_t batch, seq, q_heads, kv_heads, head_dim;
-};
-
-AttentionDims check_attention_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const Tensor& out, const Tensor& lse) {
-  cpu::check_float(q, op, "q");
-  cpu::check_float(k, op, "k");
-  cpu::check_float(v, op, "v");
-  cpu::check_float(out, op, "out");
-  cpu::check_dtype(lse, DType::f32, op, "lse");
-  FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got q ", shape_string(q.shape),
-           " and k ", shape_string(k.shape));
-  AttentionDims d{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
-  FT_CHECK(d.kv_heads > 0 && d.q_heads % d.kv_heads == 0, op, ": query heads (", d.q_heads,
-           ") must be a multiple of kv heads (", d.kv_heads, ")");
-  cpu::check_shape(k, {d.batch, d.seq, d.kv_heads, d.head_dim}, op, "k");
-  cpu::check_shape(v, k.shape, op, "v");
-  cpu::check_shape(out, q.shape, op, "out");
-  cpu::check_shape(lse, {d.batch, d.q_heads, d.seq}, op, "lse");
-  return d;
-}
+using checks::AttentionShape;
 
 // Element offset of x[b, t, h, 0] in a [B, T, H, D] tensor.
-int64_t head_offset(const AttentionDims& d, int64_t heads, int64_t b, int64_t t, int64_t h) {
+int64_t head_offset(const AttentionShape& d, int64_t heads, int64_t b, int64_t t, int64_t h) {
   return ((b * d.seq + t) * heads + h) * d.head_dim;
 }
 
 // dst[T, D] = x[b, :, h, :] as f32.
-void gather_head(float* dst, const Tensor& x, const AttentionDims& d, int64_t b, int64_t h) {
+void gather_head(float* dst, const Tensor& x, const AttentionShape& d, int64_t b, int64_t h) {
   int64_t heads = x.dim(2);
   for (int64_t t = 0; t < d.seq; ++t)
     cpu::load_row(dst + t * d.head_dim, x, head_offset(d, heads, b, t, h), d.head_dim);
 }
 
-void scatter_head(Tensor& x, const float* src, const AttentionDims& d, int64_t b, int64_t h) {
+void scatter_head(Tensor& x, const float* src, const AttentionShape& d, int64_t b, int64_t h) {
   int64_t heads = x.dim(2);
   for (int64_t t = 0; t < d.seq; ++t)
     cpu::store_row(x, head_offset(d, heads, b, t, h), src + t * d.head_dim, d.head_dim);
@@ -72,7 +51,7 @@ void axpy(float* y, float alpha, const float* x, int64_t n) {
 
 void CpuBackend::attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                                    float scale) {
-  AttentionDims d = check_attention_args("attention_forward", q, k, v, out, lse);
+  AttentionShape d = checks::check_attention(Device::cpu, "attention_forward", q, k, v, out, lse);
   int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
   float* lse_out = lse.ptr<float>();
 #pragma omp parallel
@@ -111,15 +90,8 @@ void CpuBackend::attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Te
                                     const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                                     float scale) {
   const char* op = "attention_backward";
-  AttentionDims d = check_attention_args(op, q, k, v, out, lse);
-  cpu::check_float(dq, op, "dq");
-  cpu::check_float(dk, op, "dk");
-  cpu::check_float(dv, op, "dv");
-  cpu::check_float(dout, op, "dout");
-  cpu::check_shape(dq, q.shape, op, "dq");
-  cpu::check_shape(dk, k.shape, op, "dk");
-  cpu::check_shape(dv, v.shape, op, "dv");
-  cpu::check_shape(dout, q.shape, op, "dout");
+  AttentionShape d = checks::check_attention(Device::cpu, op, q, k, v, out, lse);
+  checks::check_attention_gradients(Device::cpu, op, dq, dk, dv, dout, q, k);
   int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
   const float* lse_in = lse.ptr<const float>();
 #pragma omp parallel

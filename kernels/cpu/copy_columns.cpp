@@ -10,16 +10,7 @@ namespace ft {
 
 void CpuBackend::copy_columns(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
                               int64_t width) {
-  const char* op = "copy_columns";
-  cpu::check_float(dst, op, "dst");
-  cpu::check_float(src, op, "src");
-  FT_CHECK(dst.rows() == src.rows(), op, ": dst ", shape_string(dst.shape), " and src ", shape_string(src.shape),
-           " differ in rows");
-  FT_CHECK(width >= 0 && dst_offset >= 0 && src_offset >= 0 && dst_offset + width <= dst.cols() &&
-               src_offset + width <= src.cols(),
-           op, ": columns [", dst_offset, ", ", dst_offset + width, ") of dst ", shape_string(dst.shape),
-           " or [", src_offset, ", ", src_offset + width, ") of src ", shape_string(src.shape), " out of range");
-  FT_CHECK(dst.data != src.data, op, ": dst and src must not alias");
+  checks::check_copy_columns(Device::cpu, dst, dst_offset, src, src_offset, width);
   int64_t rows = dst.rows();
 #pragma omp parallel
   {

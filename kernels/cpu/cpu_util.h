@@ -24,8 +24,7 @@ using checks::check_numel;
 using checks::check_shape;
 // t is floating and shaped as like.
 inline void check_float_like(const Tensor& t, const Tensor& like, const char* op, const char* name) {
-  check_float(t, op, name);
-  check_shape(t, like.shape, op, name);
+  checks::check_float_like(t, like, Device::cpu, op, name);
 }
 
 // dst[0, count) = elements [offset, offset + count) of t as f32.

@@ -13,13 +13,7 @@ namespace ft {
 
 static void check_layernorm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                  const Tensor& rstd) {
-  cpu::check_float(x, op, "x");
-  cpu::check_float(weight, op, "weight");
-  cpu::check_dtype(mean, DType::f32, op, "mean");
-  cpu::check_dtype(rstd, DType::f32, op, "rstd");
-  cpu::check_shape(weight, {x.cols()}, op, "weight");
-  cpu::check_numel(mean, x.rows(), op, "mean");
-  cpu::check_numel(rstd, x.rows(), op, "rstd");
+  checks::check_norm(Device::cpu, op, x, weight, &mean, rstd);
 }
 
 // The forward of layernorm_forward (sum null: x is the input) and
@@ -85,10 +79,7 @@ static void check_layernorm_backward_args(const char* op, const Tensor& dx, cons
                                           const Tensor* dbias, const Tensor& dout, const Tensor& x,
                                           const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
   check_layernorm_args(op, x, weight, mean, rstd);
-  cpu::check_float_like(dx, x, op, "dx");
-  cpu::check_float_like(dout, x, op, "dout");
-  for (auto [grad, name] : {std::pair{dweight, "dweight"}, std::pair{dbias, "dbias"}})
-    if (grad) cpu::check_float_like(*grad, weight, op, name);
+  checks::check_norm_backward(Device::cpu, op, dx, dout, x, weight, dweight, dbias);
 }
 
 // With n = (x - mean) * r and g = dout * weight:

@@ -11,11 +11,7 @@
 namespace ft {
 
 static void check_rmsnorm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& rstd) {
-  cpu::check_float(x, op, "x");
-  cpu::check_float(weight, op, "weight");
-  cpu::check_dtype(rstd, DType::f32, op, "rstd");
-  cpu::check_shape(weight, {x.cols()}, op, "weight");
-  cpu::check_numel(rstd, x.rows(), op, "rstd");
+  checks::check_norm(Device::cpu, op, x, weight, nullptr, rstd);
 }
 
 // The forward of rmsnorm_forward (sum null: x is the input) and
@@ -55,8 +51,7 @@ static void rmsnorm_rows(Tensor& out, Tensor& rstd, Tensor* sum, const Tensor& x
 void CpuBackend::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
   const char* op = "rmsnorm_forward";
   check_rmsnorm_args(op, x, weight, rstd);
-  cpu::check_float(out, op, "out");
-  cpu::check_shape(out, x.shape, op, "out");
+  cpu::check_float_like(out, x, op, "out");
   rmsnorm_rows(out, rstd, nullptr, x, nullptr, weight, eps);
 }
 
@@ -73,14 +68,7 @@ void CpuBackend::add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, con
 static void check_rmsnorm_backward_args(const char* op, const Tensor& dx, const Tensor* dweight, const Tensor& dout,
                                         const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   check_rmsnorm_args(op, x, weight, rstd);
-  cpu::check_float(dx, op, "dx");
-  cpu::check_float(dout, op, "dout");
-  cpu::check_shape(dx, x.shape, op, "dx");
-  cpu::check_shape(dout, x.shape, op, "dout");
-  if (dweight) {
-    cpu::check_float(*dweight, op, "dweight");
-    cpu::check_shape(*dweight, weight.shape, op, "dweight");
-  }
+  checks::check_norm_backward(Device::cpu, op, dx, dout, x, weight, dweight, nullptr);
 }
 
 // With n = x * r and g = dout * weight: dx = r * (g - n * mean(g * n)),

@@ -448,19 +448,8 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
 
 Dims check_attention_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse, int64_t& batch) {
-  cuda::check_float(q, op, "q");
-  cuda::check_float(k, op, "k");
-  cuda::check_float(v, op, "v");
-  cuda::check_float(out, op, "out");
-  cuda::check_dtype(lse, DType::f32, op, "lse");
-  FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got q ", shape_string(q.shape),
-           " and k ", shape_string(k.shape));
-  int64_t B = q.dim(0), T = q.dim(1), Hq = q.dim(2), Hkv = k.dim(2), D = q.dim(3);
-  FT_CHECK(Hkv > 0 && Hq % Hkv == 0, op, ": query heads (", Hq, ") must be a multiple of kv heads (", Hkv, ")");
-  cuda::check_shape(k, {B, T, Hkv, D}, op, "k");
-  cuda::check_shape(v, k.shape, op, "v");
-  cuda::check_shape(out, q.shape, op, "out");
-  cuda::check_shape(lse, {B, Hq, T}, op, "lse");
+  const checks::AttentionShape s = checks::check_attention(Device::cuda, op, q, k, v, out, lse);
+  const int64_t B = s.batch, T = s.seq, Hq = s.q_heads, Hkv = s.kv_heads, D = s.head_dim;
   FT_CHECK(D <= kMaxHeadDim, op, ": head_dim ", D, " exceeds the supported ", kMaxHeadDim);
   FT_CHECK(B <= 65535 && Hq <= 65535 && T < (int64_t(1) << 30), op, ": ", shape_string(q.shape),
            " exceeds the kernels' grid");
@@ -516,14 +505,7 @@ void CudaBackend::attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const T
   const char* op = "attention_backward";
   int64_t batch = 0;
   Dims dims = check_attention_args(op, q, k, v, out, lse, batch);
-  cuda::check_float(dq, op, "dq");
-  cuda::check_float(dk, op, "dk");
-  cuda::check_float(dv, op, "dv");
-  cuda::check_float(dout, op, "dout");
-  cuda::check_shape(dq, q.shape, op, "dq");
-  cuda::check_shape(dk, k.shape, op, "dk");
-  cuda::check_shape(dv, v.shape, op, "dv");
-  cuda::check_shape(dout, q.shape, op, "dout");
+  checks::check_attention_gradients(Device::cuda, op, dq, dk, dv, dout, q, k);
   if (batch == 0 || dims.seq == 0 || dims.q_heads == 0) return;
   // Di = rowsum(dO * O) once per query row, read by both gradient kernels.
   int64_t rows = batch * dims.seq * dims.q_heads;

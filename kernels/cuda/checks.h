@@ -20,8 +20,7 @@ using checks::check_numel;
 using checks::check_shape;
 // t is floating and shaped as like.
 inline void check_float_like(const Tensor& t, const Tensor& like, const char* op, const char* name) {
-  check_float(t, op, name);
-  check_shape(t, like.shape, op, name);
+  checks::check_float_like(t, like, Device::cuda, op, name);
 }
 
 }  // namespace ft::cuda

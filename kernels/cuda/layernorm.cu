@@ -78,13 +78,7 @@ __global__ void __launch_bounds__(kBlock)
 
 void check_layernorm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& mean,
                           const Tensor& rstd) {
-  cuda::check_float(x, op, "x");
-  cuda::check_float(weight, op, "weight");
-  cuda::check_dtype(mean, DType::f32, op, "mean");
-  cuda::check_dtype(rstd, DType::f32, op, "rstd");
-  cuda::check_shape(weight, {x.cols()}, op, "weight");
-  cuda::check_numel(mean, x.rows(), op, "mean");
-  cuda::check_numel(rstd, x.rows(), op, "rstd");
+  checks::check_norm(Device::cuda, op, x, weight, &mean, rstd);
   FT_CHECK(x.rows() < (int64_t(1) << 31), op, ": too many rows (", x.rows(), ")");
 }
 
@@ -99,10 +93,7 @@ void check_layernorm_backward_args(const char* op, const Tensor& dx, const Tenso
                                    const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                    const Tensor& rstd) {
   check_layernorm_args(op, x, weight, mean, rstd);
-  cuda::check_float_like(dx, x, op, "dx");
-  cuda::check_float_like(dout, x, op, "dout");
-  for (auto [grad, name] : {std::pair{dweight, "dweight"}, std::pair{dbias, "dbias"}})
-    if (grad) cuda::check_float_like(*grad, weight, op, name);
+  checks::check_norm_backward(Device::cuda, op, dx, dout, x, weight, dweight, dbias);
 }
 
 }  // namespace

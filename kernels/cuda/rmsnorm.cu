@@ -62,20 +62,14 @@ __global__ void __launch_bounds__(kBlock)
 }
 
 void check_rmsnorm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& rstd) {
-  cuda::check_float(x, op, "x");
-  cuda::check_float(weight, op, "weight");
-  cuda::check_dtype(rstd, DType::f32, op, "rstd");
-  cuda::check_shape(weight, {x.cols()}, op, "weight");
-  cuda::check_numel(rstd, x.rows(), op, "rstd");
+  checks::check_norm(Device::cuda, op, x, weight, nullptr, rstd);
   FT_CHECK(x.rows() < (int64_t(1) << 31), op, ": too many rows (", x.rows(), ")");
 }
 
 void check_rmsnorm_backward_args(const char* op, const Tensor& dx, const Tensor* dweight, const Tensor& dout,
                                  const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   check_rmsnorm_args(op, x, weight, rstd);
-  cuda::check_float_like(dx, x, op, "dx");
-  cuda::check_float_like(dout, x, op, "dout");
-  if (dweight) cuda::check_float_like(*dweight, weight, op, "dweight");
+  checks::check_norm_backward(Device::cuda, op, dx, dout, x, weight, dweight, nullptr);
 }
 
 }  // namespace

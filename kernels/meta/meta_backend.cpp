@@ -274,30 +274,17 @@ void MetaBackend::gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x,
 }
 
 // q [B, T, Hq, D], k and v [B, T, Hkv, D] with Hq % Hkv == 0.
-static void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
-  FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got ", shape_string(q.shape),
-           " and ", shape_string(k.shape));
-  FT_CHECK(k.dim(0) == q.dim(0) && k.dim(1) == q.dim(1) && k.dim(3) == q.dim(3) && q.dim(2) % k.dim(2) == 0, op,
-           ": k ", shape_string(k.shape), " does not match q ", shape_string(q.shape));
-  check_shape(v, k.shape, op, "v");
-}
-
 void MetaBackend::attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                                     float) {
   enter("attention_forward", {});
-  check_attention(q, k, v, "attention_forward");
-  check_shape(out, q.shape, "attention_forward", "out");
-  check_numel(lse, q.dim(0) * q.dim(1) * q.dim(2), "attention_forward", "lse");
+  checks::check_attention(kMeta, "attention_forward", q, k, v, out, lse);
 }
 
 void MetaBackend::attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                                      const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float) {
   enter("attention_backward", {});
-  check_attention(q, k, v, "attention_backward");
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&dq, &dout, &out}) check_shape(*t, q.shape, "attention_backward", "q-shaped operand");
-  check_shape(dk, k.shape, "attention_backward", "dk");
-  check_shape(dv, v.shape, "attention_backward", "dv");
-  check_numel(lse, q.dim(0) * q.dim(1) * q.dim(2), "attention_backward", "lse");
+  checks::check_attention(kMeta, "attention_backward", q, k, v, out, lse);
+  checks::check_attention_gradients(kMeta, "attention_backward", dq, dk, dv, dout, q, k);
   // CudaBackend's Di = rowsum(dO * O), f32 [B, Hq, T].
   if (policy_ == MemoryPolicy::cuda) Tensor di = empty(lse.shape, DType::f32, MemCategory::workspace);
 }
