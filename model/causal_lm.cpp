@@ -223,21 +223,24 @@ void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const
   be.embedding_forward(embedded, step.tokens.ids, embedding.value);
   const bool keep = training && options_.activation_checkpointing == ActivationCheckpointing::none;
   step.layers.resize(size_t(config_.num_hidden_layers));
+  NormOutput norm;  // each layer's input under its input norm, made by the layer before
   for (size_t i = 0; i < step.layers.size(); ++i) {
     step.residuals.push_back(be.empty({B, T, C}, act, MemCategory::activations));
     std::unique_ptr<SavedActivations> saved =
-        forward_layer(i, step.residuals[i], step.residuals[i + 1], step.tokens.positions);
+        forward_layer(i, step.residuals[i], norm, &step.residuals[i + 1], step.tokens.positions);
     if (keep) step.layers[i] = std::move(saved);  // else freed here, before the next layer runs
   }
+  step.final_norm = std::move(norm);
 }
 
 void CausalLM::backward_decoder(DecoderStep& step, Tensor& dresidual, Parameter& embedding) {
   for (size_t i = step.layers.size(); i-- > 0;) {
-    // A checkpointed layer runs its forward again from its kept input. Its
-    // output goes over residuals[i + 1], which holds those very values and is
-    // no longer needed: no extra [B, T, C] for the recomputation.
-    if (!step.layers[i])
-      step.layers[i] = forward_layer(i, step.residuals[i], step.residuals[i + 1], step.tokens.positions);
+    // A checkpointed layer runs its forward again from its kept input,
+    // without the output (residuals[i + 1] still holds it) or the next norm.
+    if (!step.layers[i]) {
+      NormOutput input_norm;
+      step.layers[i] = forward_layer(i, step.residuals[i], input_norm, nullptr, step.tokens.positions);
+    }
     step.residuals[i + 1] = Tensor{};
     backward_layer(i, *step.layers[i], dresidual, step.residuals[i], step.tokens.positions);
     step.layers[i] = nullptr;

@@ -22,6 +22,12 @@ namespace ft {
 class Checkpoint;
 class LoraLinear;
 
+// A norm's output [N, C] (activation dtype) and the f32 statistics [N] its
+// backward reads (mean: LayerNorm only).
+struct NormOutput {
+  Tensor out, mean, rstd;
+};
+
 class CausalLM {
  public:
   virtual ~CausalLM();
@@ -94,12 +100,18 @@ class CausalLM {
   struct SavedActivations {
     virtual ~SavedActivations() = default;
   };
-  // Layer `index` of the decoder: out [B, T, C] from its input x [B, T, C],
-  // returning what its backward needs. Called again from backward_decoder
-  // when the layer was checkpointed, so it must depend on nothing but its
-  // arguments, the weights and the step's dropout seeds.
-  virtual std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, Tensor& out,
-                                                          const Tensor& positions) = 0;
+  // Layer `index` of the decoder from its input x [B, T, C], returning what
+  // its backward needs. On entry `norm` holds x under the layer's input norm,
+  // or is empty for the layer to compute it (layer 0, a recomputation). With
+  // out, the layer writes its output [B, T, C] there and, in the same fused
+  // op as the residual add that makes it, its norm under the next norm (the
+  // next layer's input norm; the final norm after the last layer) into
+  // `norm`. A recomputation passes no out: the output is already kept.
+  // Called again from backward_decoder when the layer was checkpointed, so it
+  // must depend on nothing but its arguments, the weights and the step's
+  // dropout seeds.
+  virtual std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, NormOutput& norm,
+                                                          Tensor* out, const Tensor& positions) = 0;
   // On entry dresidual holds d(loss)/d(layer output); on exit d(loss)/d(layer input).
   virtual void backward_layer(size_t index, SavedActivations& saved, Tensor& dresidual, const Tensor& x,
                               const Tensor& positions) = 0;
@@ -109,8 +121,10 @@ class CausalLM {
     StepTokens tokens;
     std::vector<Tensor> residuals;  // residuals[i]: input of layer i; back(): output of the last
     std::vector<std::unique_ptr<SavedActivations>> layers;  // null: not kept (eval, or checkpointed)
+    NormOutput final_norm;  // residuals.back() under the final norm, made by the last layer
   };
-  // Uploads the tokens, embeds them and runs every layer. A training step
+  // Uploads the tokens, embeds them and runs every layer, the last one
+  // leaving the final norm's output in step.final_norm. A training step
   // keeps each layer's activations unless options_.activation_checkpointing
   // says per_layer; an eval step (training false) keeps none.
   void forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets,

@@ -22,8 +22,7 @@ struct GptNeoxModel::LayerActivations final : SavedActivations {
 };
 
 struct GptNeoxModel::StepActivations : DecoderStep {
-  Tensor final_mean, final_rstd;  // final_layer_norm's statistics [N]
-  Tensor dnorm;                   // d(loss)/d(final_layer_norm output) [N, C], made by a training forward
+  Tensor dnorm;  // d(loss)/d(final_layer_norm output) [N, C], made by a training forward
 };
 
 GptNeoxModel::GptNeoxModel(const ModelConfig& config, Backend& backend, const ModelOptions& options)
@@ -77,11 +76,10 @@ static void layer_norm(Backend& be, Tensor& out, Tensor& mean, Tensor& rstd, con
   be.layernorm_forward(out, mean, rstd, x, norm.weight->value, norm.bias->value, eps);
 }
 
-// sum = a + b and out = layer norm of sum in one fused op; sum, out, mean and
-// rstd are allocated here, sum in the activation dtype.
+// sum = a + b and out = layer norm of sum in one fused op; out, mean and
+// rstd are allocated here.
 static void add_layer_norm(Backend& be, Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
                            const Tensor& b, const LayerNormParameters& norm, float eps, DType act) {
-  sum = be.empty(a.shape, act, MemCategory::activations);
   empty_norm_outputs(be, out, mean, rstd, a, act);
   be.add_layernorm_forward(sum, out, mean, rstd, a, b, norm.weight->value, norm.bias->value, eps);
 }
@@ -125,9 +123,18 @@ void GptNeoxModel::forward_mlp(Layer& layer, LayerActivations& saved, Tensor& ou
   layer.dense_4h_to_h->forward(be, out, gelu_out);
 }
 
-// Parallel residual: out = x + attn(ln1(x)) + mlp(ln2(x)).
+// out = a + b, and norm (allocated here) = out under the next norm: layer
+// index + 1's input_layernorm, or final_layer_norm after the last layer.
+void GptNeoxModel::add_next_norm(size_t index, Tensor& out, NormOutput& norm, const Tensor& a, const Tensor& b) {
+  const LayerNormParameters& next = index + 1 < layers_.size() ? layers_[index + 1]->input_norm : final_norm_;
+  add_layer_norm(backend_, out, norm.out, norm.mean, norm.rstd, a, b, next, config_.layer_norm_eps,
+                 options_.activation_dtype);
+}
+
+// Parallel residual: out = (x + attn(ln1(x))) + mlp(ln2(x)).
 // Sequential:        mid = x + attn(ln1(x)); out = mid + mlp(ln2(mid)).
-std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t index, const Tensor& x, Tensor& out,
+std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t index, const Tensor& x,
+                                                                        NormOutput& norm, Tensor* out,
                                                                         const Tensor& positions) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
@@ -136,36 +143,38 @@ std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t i
   LayerActivations& saved = *kept;
   const int64_t B = x.dim(0), T = x.dim(1), N = B * T, C = config_.hidden_size;
   const float eps = config_.layer_norm_eps;
+  const bool parallel = config_.use_parallel_residual;
   const Tensor x2d = x.reshaped({N, C});
-  Tensor out2d = out.reshaped({N, C});
-  layer_norm(be, saved.norm1, saved.mean1, saved.rstd1, x2d, layer.input_norm, eps, act);
+  if (!norm.out.defined()) layer_norm(be, norm.out, norm.mean, norm.rstd, x2d, layer.input_norm, eps, act);
+  saved.norm1 = norm.out;  // owned by the saved activations from here: freed with them
+  saved.mean1 = norm.mean;
+  saved.rstd1 = norm.rstd;
+  norm = {};
   Tensor attn_out = be.empty({N, C}, act, MemCategory::activations);
   forward_attention(layer, saved, B, T, attn_out, positions);
-  if (config_.use_parallel_residual)
+  if (parallel) {
     layer_norm(be, saved.norm2, saved.mean2, saved.rstd2, x2d, layer.post_attention_norm, eps, act);
-  else
+  } else {
+    saved.residual_mid = be.empty({N, C}, act, MemCategory::activations);
     add_layer_norm(be, saved.residual_mid, saved.norm2, saved.mean2, saved.rstd2, x2d, attn_out,
                    layer.post_attention_norm, eps, act);
+  }
   Tensor mlp_out = be.empty({N, C}, act, MemCategory::activations);
   forward_mlp(layer, saved, mlp_out);
-  if (config_.use_parallel_residual) {
-    be.add(out2d, x2d, attn_out);
-    be.add(out2d, out2d, mlp_out);
-  } else {
-    be.add(out2d, saved.residual_mid, mlp_out);
-  }
+  if (!out) return kept;
+  Tensor out2d = out->reshaped({N, C});
+  if (parallel) be.add(out2d, x2d, attn_out);
+  add_next_norm(index, out2d, norm, parallel ? out2d : saved.residual_mid, mlp_out);
   return kept;
 }
 
 float GptNeoxModel::forward_pass(StepActivations& step, const Tensor& input_ids, const Tensor& targets,
                                  const float* grad_scale) {
   forward_decoder(step, input_ids, targets, *embed_in_, grad_scale != nullptr);
-  const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
-  Tensor final_norm;
-  layer_norm(backend_, final_norm, step.final_mean, step.final_rstd, step.residuals.back().reshaped({N, C}),
-             final_norm_, config_.layer_norm_eps, options_.activation_dtype);
-  return lm_head_loss(final_norm, *embed_out_, step.tokens, grad_scale ? &step.dnorm : nullptr,
-                      grad_scale ? *grad_scale : 0.0f);
+  const float loss = lm_head_loss(step.final_norm.out, *embed_out_, step.tokens, grad_scale ? &step.dnorm : nullptr,
+                                  grad_scale ? *grad_scale : 0.0f);
+  step.final_norm.out = Tensor{};  // its backward reads only the statistics
+  return loss;
 }
 
 // ---- backward ------------------------------------------------------------
@@ -243,21 +252,21 @@ void GptNeoxModel::backward_layer(size_t index, SavedActivations& kept, Tensor& 
 
   backward_mlp(layer, saved, dres, dnorm);
   // Sequential: the attention block's output also reaches the MLP through
-  // mid. Parallel: x's gradient through the MLP is added last (after the
-  // attention block's, as the unfused order rounded), so it waits in a buffer
-  // allocated only now: the MLP backward, with its [N, I] tensors, is the
-  // layer's peak and does not need it.
-  Tensor dmlp_input;
-  if (parallel) {
-    dmlp_input = be.empty({N, C}, act, MemCategory::activations);
-    layer_norm_backward(be, dmlp_input, dnorm, x2d, layer.post_attention_norm, saved.mean2, saved.rstd2);
-  } else {
+  // mid. Parallel: x's gradient through ln2 is added last (after the
+  // attention block's, as the unfused order rounded), so the MLP's dnorm
+  // waits and the attention block gets a buffer of its own, allocated only
+  // now: the MLP backward, with its [N, I] tensors, is the layer's peak and
+  // does not need it.
+  Tensor dnorm_attention = dnorm;
+  if (parallel)
+    dnorm_attention = be.empty({N, C}, act, MemCategory::activations);
+  else
     layer_norm_backward_add(be, dres, dnorm, saved.residual_mid, layer.post_attention_norm, saved.mean2,
                             saved.rstd2);
-  }
-  backward_attention(layer, saved, dres, dnorm, positions);
-  layer_norm_backward_add(be, dres, dnorm, x2d, layer.input_norm, saved.mean1, saved.rstd1);
-  if (parallel) be.add(dres, dres, dmlp_input);
+  backward_attention(layer, saved, dres, dnorm_attention, positions);
+  layer_norm_backward_add(be, dres, dnorm_attention, x2d, layer.input_norm, saved.mean1, saved.rstd1);
+  if (parallel)
+    layer_norm_backward_add(be, dres, dnorm, x2d, layer.post_attention_norm, saved.mean2, saved.rstd2);
 }
 
 void GptNeoxModel::backward_pass(StepActivations& step) {
@@ -267,7 +276,7 @@ void GptNeoxModel::backward_pass(StepActivations& step) {
   Tensor dresidual = be.empty({step.tokens.batch, step.tokens.seq, C}, act, MemCategory::activations);
   Tensor dresidual2d = dresidual.reshaped({N, C});
   layer_norm_backward(be, dresidual2d, step.dnorm, step.residuals.back().reshaped({N, C}), final_norm_,
-                      step.final_mean, step.final_rstd);
+                      step.final_norm.mean, step.final_norm.rstd);
   step.dnorm = Tensor{};
   backward_decoder(step, dresidual, *embed_in_);
 }

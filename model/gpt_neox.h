@@ -39,8 +39,9 @@ class GptNeoxModel final : public CausalLM {
   void forward_attention(Layer& layer, LayerActivations& saved, int64_t B, int64_t T, Tensor& out,
                          const Tensor& positions);
   void forward_mlp(Layer& layer, LayerActivations& saved, Tensor& out);
-  std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, Tensor& out,
+  std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, NormOutput& norm, Tensor* out,
                                                   const Tensor& positions) override;
+  void add_next_norm(size_t index, Tensor& out, NormOutput& norm, const Tensor& a, const Tensor& b);
   void backward_attention(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor& dnorm,
                           const Tensor& positions);
   void backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor& dnorm);

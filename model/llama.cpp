@@ -26,8 +26,7 @@ struct LlamaModel::LayerActivations final : SavedActivations {
 };
 
 struct LlamaModel::StepActivations : DecoderStep {
-  Tensor final_rstd;  // model.norm's rstd [N]
-  Tensor dnorm;       // d(loss)/d(model.norm output) [N, C], made by a training forward's lm_head_loss
+  Tensor dnorm;  // d(loss)/d(model.norm output) [N, C], made by a training forward's lm_head_loss
 };
 
 LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelOptions& options)
@@ -67,7 +66,24 @@ float LlamaModel::run_step(const Tensor& input_ids, const Tensor& targets, const
 
 // ---- forward -------------------------------------------------------------
 
-std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t index, const Tensor& x, Tensor& out,
+// Output and rstd of an RMSNorm of x [N, C].
+static NormOutput empty_norm_output(Backend& be, const Tensor& x, DType act) {
+  NormOutput norm;
+  norm.out = be.empty(x.shape, act, MemCategory::activations);
+  norm.rstd = be.empty({x.rows()}, DType::f32, MemCategory::activations);
+  return norm;
+}
+
+// out = a + b, and norm (allocated here) = out under the next norm: layer
+// index + 1's input_layernorm, or model.norm after the last layer.
+void LlamaModel::add_next_norm(size_t index, Tensor& out, NormOutput& norm, const Tensor& a, const Tensor& b) {
+  const Parameter& weight = index + 1 < layers_.size() ? *layers_[index + 1]->input_norm : *final_norm_;
+  norm = empty_norm_output(backend_, a, options_.activation_dtype);
+  backend_.add_rmsnorm_forward(out, norm.out, norm.rstd, a, b, weight.value, config_.rms_norm_eps);
+}
+
+std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t index, const Tensor& x,
+                                                                      NormOutput& norm, Tensor* out,
                                                                       const Tensor& positions) {
   Backend& be = backend_;
   Layer& layer = *layers_[index];
@@ -79,9 +95,13 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
   const DType act = options_.activation_dtype;
   const Tensor x2d = x.reshaped({N, C});
 
-  saved.norm1 = be.empty({N, C}, act, MemCategory::activations);
-  saved.rstd1 = be.empty({N}, DType::f32, MemCategory::activations);
-  be.rmsnorm_forward(saved.norm1, saved.rstd1, x2d, layer.input_norm->value, config_.rms_norm_eps);
+  if (!norm.out.defined()) {
+    norm = empty_norm_output(be, x2d, act);
+    be.rmsnorm_forward(norm.out, norm.rstd, x2d, layer.input_norm->value, config_.rms_norm_eps);
+  }
+  saved.norm1 = norm.out;  // owned by the saved activations from here: freed with them
+  saved.rstd1 = norm.rstd;
+  norm = {};
 
   saved.q = be.empty({B, T, Hq, D}, act, MemCategory::activations);
   saved.k = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
@@ -112,22 +132,20 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
   layer.up_proj->forward(be, saved.up, saved.norm2);
   be.swiglu_forward(saved.act, saved.gate, saved.up);
   layer.down_proj->forward(be, projected, saved.act);
-  Tensor out2d = out.reshaped({N, C});
-  be.add(out2d, saved.residual_mid, projected);
+  if (out) {
+    Tensor out2d = out->reshaped({N, C});
+    add_next_norm(index, out2d, norm, saved.residual_mid, projected);
+  }
   return kept;
 }
 
 float LlamaModel::forward_pass(StepActivations& step, const Tensor& input_ids, const Tensor& targets,
                                const float* grad_scale) {
-  Backend& be = backend_;
   forward_decoder(step, input_ids, targets, *embed_tokens_, grad_scale != nullptr);
-  const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
-  Tensor final_norm = be.empty({N, C}, options_.activation_dtype, MemCategory::activations);
-  step.final_rstd = be.empty({N}, DType::f32, MemCategory::activations);
-  be.rmsnorm_forward(final_norm, step.final_rstd, step.residuals.back().reshaped({N, C}), final_norm_->value,
-                     config_.rms_norm_eps);
-  return lm_head_loss(final_norm, *lm_head_, step.tokens, grad_scale ? &step.dnorm : nullptr,
-                      grad_scale ? *grad_scale : 0.0f);
+  const float loss = lm_head_loss(step.final_norm.out, *lm_head_, step.tokens, grad_scale ? &step.dnorm : nullptr,
+                                  grad_scale ? *grad_scale : 0.0f);
+  step.final_norm.out = Tensor{};  // its backward reads only rstd
+  return loss;
 }
 
 // ---- backward ------------------------------------------------------------
@@ -187,7 +205,7 @@ void LlamaModel::backward_pass(StepActivations& step) {
       be.empty({step.tokens.batch, step.tokens.seq, C}, options_.activation_dtype, MemCategory::activations);
   Tensor dresidual2d = dresidual.reshaped({N, C});
   be.rmsnorm_backward(dresidual2d, final_norm_->trainable() ? &final_norm_->grad : nullptr, step.dnorm,
-                      step.residuals.back().reshaped({N, C}), final_norm_->value, step.final_rstd);
+                      step.residuals.back().reshaped({N, C}), final_norm_->value, step.final_norm.rstd);
   step.dnorm = Tensor{};
   backward_decoder(step, dresidual, *embed_tokens_);
 }

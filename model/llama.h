@@ -27,8 +27,9 @@ class LlamaModel final : public CausalLM {
   struct LayerActivations;
   struct StepActivations;
 
-  std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, Tensor& out,
+  std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, NormOutput& norm, Tensor* out,
                                                   const Tensor& positions) override;
+  void add_next_norm(size_t index, Tensor& out, NormOutput& norm, const Tensor& a, const Tensor& b);
   void backward_layer(size_t index, SavedActivations& saved, Tensor& dresidual, const Tensor& x,
                       const Tensor& positions) override;
   float forward_pass(StepActivations& step, const Tensor& input_ids, const Tensor& targets, const float* grad_scale);
