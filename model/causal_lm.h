@@ -106,7 +106,9 @@ class CausalLM {
   // out, the layer writes its output [B, T, C] there and, in the same fused
   // op as the residual add that makes it, its norm under the next norm (the
   // next layer's input norm; the final norm after the last layer) into
-  // `norm`. A recomputation passes no out: the output is already kept.
+  // `norm`. A recomputation passes no out: the output is already kept, so
+  // the layer stops at what its backward reads, skipping the projections
+  // whose outputs only make the layer output (e.g. the MLP's last one).
   // Called again from backward_decoder when the layer was checkpointed, so it
   // must depend on nothing but its arguments, the weights and the step's
   // dropout seeds.

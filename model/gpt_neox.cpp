@@ -85,8 +85,9 @@ static void add_layer_norm(Backend& be, Tensor& sum, Tensor& out, Tensor& mean, 
 }
 
 // out [N, C] = dense(attention(rope(q), rope(k), v)) with q, k, v from
-// query_key_value(saved.norm1).
-void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int64_t B, int64_t T, Tensor& out,
+// query_key_value(saved.norm1). Without out it stops before dense, whose
+// output backward does not read.
+void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int64_t B, int64_t T, Tensor* out,
                                      const Tensor& positions) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
@@ -108,19 +109,21 @@ void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int6
   saved.attn = be.empty({B, T, H, D}, act, MemCategory::activations);
   saved.lse = be.empty({B, H, T}, DType::f32, MemCategory::activations);
   be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)));
-  layer.dense->forward(be, out, saved.attn.reshaped({N, C}));
+  if (out) layer.dense->forward(be, *out, saved.attn.reshaped({N, C}));
 }
 
-// out [N, C] = dense_4h_to_h(gelu(dense_h_to_4h(saved.norm2))).
-void GptNeoxModel::forward_mlp(Layer& layer, LayerActivations& saved, Tensor& out) {
+// out [N, C] = dense_4h_to_h(gelu(dense_h_to_4h(saved.norm2))). Without out
+// it stops at h: backward recomputes the GELU from h and reads nothing else.
+void GptNeoxModel::forward_mlp(Layer& layer, LayerActivations& saved, Tensor* out) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
   const int64_t N = saved.norm2.rows(), I = config_.intermediate_size;
   saved.h = be.empty({N, I}, act, MemCategory::activations);
   layer.dense_h_to_4h->forward(be, saved.h, saved.norm2);
+  if (!out) return;
   Tensor gelu_out = be.empty({N, I}, act, MemCategory::activations);
   be.gelu_forward(gelu_out, saved.h, gelu_kind_);
-  layer.dense_4h_to_h->forward(be, out, gelu_out);
+  layer.dense_4h_to_h->forward(be, *out, gelu_out);
 }
 
 // out = a + b, and norm (allocated here) = out under the next norm: layer
@@ -150,8 +153,12 @@ std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t i
   saved.mean1 = norm.mean;
   saved.rstd1 = norm.rstd;
   norm = {};
-  Tensor attn_out = be.empty({N, C}, act, MemCategory::activations);
-  forward_attention(layer, saved, B, T, attn_out, positions);
+  // A recomputation (no out) computes only what backward reads: not the MLP
+  // output, nor the parallel form's attention output, which only make the
+  // layer output (already kept). The sequential form's makes mid.
+  Tensor attn_out;
+  if (out || !parallel) attn_out = be.empty({N, C}, act, MemCategory::activations);
+  forward_attention(layer, saved, B, T, attn_out.defined() ? &attn_out : nullptr, positions);
   if (parallel) {
     layer_norm(be, saved.norm2, saved.mean2, saved.rstd2, x2d, layer.post_attention_norm, eps, act);
   } else {
@@ -159,9 +166,12 @@ std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t i
     add_layer_norm(be, saved.residual_mid, saved.norm2, saved.mean2, saved.rstd2, x2d, attn_out,
                    layer.post_attention_norm, eps, act);
   }
+  if (!out) {
+    forward_mlp(layer, saved, nullptr);
+    return kept;
+  }
   Tensor mlp_out = be.empty({N, C}, act, MemCategory::activations);
-  forward_mlp(layer, saved, mlp_out);
-  if (!out) return kept;
+  forward_mlp(layer, saved, &mlp_out);
   Tensor out2d = out->reshaped({N, C});
   if (parallel) be.add(out2d, x2d, attn_out);
   add_next_norm(index, out2d, norm, parallel ? out2d : saved.residual_mid, mlp_out);

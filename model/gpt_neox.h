@@ -36,9 +36,9 @@ class GptNeoxModel final : public CausalLM {
   struct LayerActivations;
   struct StepActivations;
 
-  void forward_attention(Layer& layer, LayerActivations& saved, int64_t B, int64_t T, Tensor& out,
+  void forward_attention(Layer& layer, LayerActivations& saved, int64_t B, int64_t T, Tensor* out,
                          const Tensor& positions);
-  void forward_mlp(Layer& layer, LayerActivations& saved, Tensor& out);
+  void forward_mlp(Layer& layer, LayerActivations& saved, Tensor* out);
   std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, NormOutput& norm, Tensor* out,
                                                   const Tensor& positions) override;
   void add_next_norm(size_t index, Tensor& out, NormOutput& norm, const Tensor& a, const Tensor& b);

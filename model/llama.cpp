@@ -131,11 +131,12 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
   layer.gate_proj->forward(be, saved.gate, saved.norm2);
   layer.up_proj->forward(be, saved.up, saved.norm2);
   be.swiglu_forward(saved.act, saved.gate, saved.up);
+  // A recomputation stops here: backward reads down_proj's input (act), and
+  // its output only makes the layer output, which is already kept.
+  if (!out) return kept;
   layer.down_proj->forward(be, projected, saved.act);
-  if (out) {
-    Tensor out2d = out->reshaped({N, C});
-    add_next_norm(index, out2d, norm, saved.residual_mid, projected);
-  }
+  Tensor out2d = out->reshaped({N, C});
+  add_next_norm(index, out2d, norm, saved.residual_mid, projected);
   return kept;
 }
 
