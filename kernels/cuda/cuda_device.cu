@@ -32,7 +32,7 @@ int cuda_device_count(std::string* why) {
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
     cudaGetLastError();  // clear the error so later calls are not blamed
-    *why = cudaGetErrorString(status);
+    *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(status);
     return 0;
   }
   if (count == 0) *why = "the CUDA runtime reports 0 devices";
