@@ -1,6 +1,9 @@
 // Argument checks shared by every backend, with op-named messages: a shape
 // or dtype mistake reads the same whichever backend catches it.
 #pragma once
+#include <initializer_list>
+#include <utility>
+
 #include "kernels/backend.h"
 #include "kernels/error.h"
 #include "kernels/tensor.h"
@@ -117,6 +120,25 @@ inline void check_attention_gradients(Device device, const char* op, const Tenso
   check_float_like(dk, k, device, op, "dk");
   check_float_like(dv, k, device, op, "dv");
   check_float_like(dout, q, device, op, "dout");
+}
+
+// Embedding forward and backward: rows f32/bf16 [ids.numel(), C] for a
+// table [V, C] and i32 ids (ids' range is the backend's to check: reading
+// them needs the host). Returns V.
+inline int64_t check_embedding(Device device, const char* op, const Tensor& rows, const char* rows_name,
+                               const Tensor& ids, const Tensor& table, const char* table_name) {
+  check_float(rows, device, op, rows_name);
+  check_dtype(ids, DType::i32, device, op, "ids");
+  check_float(table, device, op, table_name);
+  FT_CHECK(table.ndim() == 2, op, ": ", table_name, " must be [V, C], got ", shape_string(table.shape));
+  check_shape(rows, {ids.numel(), table.dim(1)}, op, rows_name);
+  return table.dim(0);
+}
+
+// SwiGLU's operands, all shaped as the output (or its gradient).
+inline void check_swiglu(Device device, const char* op,
+                         std::initializer_list<std::pair<const Tensor*, const char*>> operands, const Tensor& like) {
+  for (auto [t, name] : operands) check_float_like(*t, like, device, op, name);
 }
 
 inline bool overlaps(const Tensor& x, const Tensor& y) {

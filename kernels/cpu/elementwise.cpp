@@ -30,11 +30,7 @@ void CpuBackend::add(Tensor& out, const Tensor& a, const Tensor& b) {
 static float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 void CpuBackend::swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) {
-  cpu::check_float(out, "swiglu_forward", "out");
-  cpu::check_float(gate, "swiglu_forward", "gate");
-  cpu::check_float(up, "swiglu_forward", "up");
-  cpu::check_shape(gate, out.shape, "swiglu_forward", "gate");
-  cpu::check_shape(up, out.shape, "swiglu_forward", "up");
+  checks::check_swiglu(Device::cpu, "swiglu_forward", {{&out, "out"}, {&gate, "gate"}, {&up, "up"}}, out);
   int64_t n = out.numel();
 #pragma omp parallel for schedule(static)
   for (int64_t start = 0; start < n; start += cpu::kChunk) {
@@ -50,16 +46,8 @@ void CpuBackend::swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& u
 // With s = sigmoid(g): d silu(g)/dg = s * (1 + g * (1 - s)).
 void CpuBackend::swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
                                  const Tensor& up) {
-  const char* op = "swiglu_backward";
-  cpu::check_float(dgate, op, "dgate");
-  cpu::check_float(dup, op, "dup");
-  cpu::check_float(dout, op, "dout");
-  cpu::check_float(gate, op, "gate");
-  cpu::check_float(up, op, "up");
-  cpu::check_shape(dgate, dout.shape, op, "dgate");
-  cpu::check_shape(dup, dout.shape, op, "dup");
-  cpu::check_shape(gate, dout.shape, op, "gate");
-  cpu::check_shape(up, dout.shape, op, "up");
+  checks::check_swiglu(Device::cpu, "swiglu_backward",
+                       {{&dgate, "dgate"}, {&dup, "dup"}, {&dout, "dout"}, {&gate, "gate"}, {&up, "up"}}, dout);
   int64_t n = dout.numel();
 #pragma omp parallel for schedule(static)
   for (int64_t start = 0; start < n; start += cpu::kChunk) {

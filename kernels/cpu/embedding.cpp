@@ -17,13 +17,8 @@ static void check_ids(const Tensor& ids, int64_t vocab, const char* op) {
 
 void CpuBackend::embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
   const char* op = "embedding_forward";
-  cpu::check_float(out, op, "out");
-  cpu::check_dtype(ids, DType::i32, op, "ids");
-  cpu::check_float(table, op, "table");
-  FT_CHECK(table.ndim() == 2, op, ": table must be [V, C], got ", shape_string(table.shape));
+  check_ids(ids, checks::check_embedding(Device::cpu, op, out, "out", ids, table, "table"), op);
   int64_t tokens = ids.numel(), channels = table.dim(1);
-  cpu::check_shape(out, {tokens, channels}, op, "out");
-  check_ids(ids, table.dim(0), op);
   const int32_t* id = ids.ptr<const int32_t>();
 #pragma omp parallel
   {
@@ -40,13 +35,8 @@ void CpuBackend::embedding_forward(Tensor& out, const Tensor& ids, const Tensor&
 // channels instead of the tokens: no two threads ever touch the same element.
 void CpuBackend::embedding_backward(Tensor& dtable, const Tensor& ids, const Tensor& dout) {
   const char* op = "embedding_backward";
-  cpu::check_float(dtable, op, "dtable");
-  cpu::check_dtype(ids, DType::i32, op, "ids");
-  cpu::check_float(dout, op, "dout");
-  FT_CHECK(dtable.ndim() == 2, op, ": dtable must be [V, C], got ", shape_string(dtable.shape));
+  check_ids(ids, checks::check_embedding(Device::cpu, op, dout, "dout", ids, dtable, "dtable"), op);
   int64_t tokens = ids.numel(), channels = dtable.dim(1);
-  cpu::check_shape(dout, {tokens, channels}, op, "dout");
-  check_ids(ids, dtable.dim(0), op);
   const int32_t* id = ids.ptr<const int32_t>();
   constexpr int64_t kChannelBlock = 64;  // 256 bytes of f32: whole cache lines per thread
 #pragma omp parallel for schedule(static)

@@ -53,12 +53,7 @@ void CudaBackend::add(Tensor& out, const Tensor& a, const Tensor& b) {
 }
 
 void CudaBackend::swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) {
-  const char* op = "swiglu_forward";
-  cuda::check_float(out, op, "out");
-  cuda::check_float(gate, op, "gate");
-  cuda::check_float(up, op, "up");
-  cuda::check_shape(gate, out.shape, op, "gate");
-  cuda::check_shape(up, out.shape, op, "up");
+  checks::check_swiglu(Device::cuda, "swiglu_forward", {{&out, "out"}, {&gate, "gate"}, {&up, "up"}}, out);
   int64_t n = out.numel();
   if (n == 0) return;
   launch<swiglu_forward_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(out),
@@ -68,16 +63,8 @@ void CudaBackend::swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& 
 
 void CudaBackend::swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
                                   const Tensor& up) {
-  const char* op = "swiglu_backward";
-  cuda::check_float(dgate, op, "dgate");
-  cuda::check_float(dup, op, "dup");
-  cuda::check_float(dout, op, "dout");
-  cuda::check_float(gate, op, "gate");
-  cuda::check_float(up, op, "up");
-  cuda::check_shape(dgate, dout.shape, op, "dgate");
-  cuda::check_shape(dup, dout.shape, op, "dup");
-  cuda::check_shape(gate, dout.shape, op, "gate");
-  cuda::check_shape(up, dout.shape, op, "up");
+  checks::check_swiglu(Device::cuda, "swiglu_backward",
+                       {{&dgate, "dgate"}, {&dup, "dup"}, {&dout, "dout"}, {&gate, "gate"}, {&up, "up"}}, dout);
   int64_t n = dout.numel();
   if (n == 0) return;
   launch<swiglu_backward_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(dgate),

@@ -47,12 +47,8 @@ __global__ void __launch_bounds__(kBlock) embedding_backward_kernel(cuda::View d
 
 void CudaBackend::embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
   const char* op = "embedding_forward";
-  cuda::check_float(out, op, "out");
-  cuda::check_dtype(ids, DType::i32, op, "ids");
-  cuda::check_float(table, op, "table");
-  FT_CHECK(table.ndim() == 2, op, ": table must be [V, C], got ", shape_string(table.shape));
+  checks::check_embedding(Device::cuda, op, out, "out", ids, table, "table");
   int64_t tokens = ids.numel(), channels = table.dim(1);
-  cuda::check_shape(out, {tokens, channels}, op, "out");
   FT_CHECK(tokens < (int64_t(1) << 31), op, ": too many tokens (", tokens, ")");
   if (tokens == 0 || channels == 0) return;
   launch<embedding_forward_kernel>(unsigned(tokens), kBlock, 0, stream_, cuda::view(out), ids.ptr<const int32_t>(),
@@ -62,12 +58,8 @@ void CudaBackend::embedding_forward(Tensor& out, const Tensor& ids, const Tensor
 
 void CudaBackend::embedding_backward(Tensor& dtable, const Tensor& ids, const Tensor& dout) {
   const char* op = "embedding_backward";
-  cuda::check_float(dtable, op, "dtable");
-  cuda::check_dtype(ids, DType::i32, op, "ids");
-  cuda::check_float(dout, op, "dout");
-  FT_CHECK(dtable.ndim() == 2, op, ": dtable must be [V, C], got ", shape_string(dtable.shape));
+  checks::check_embedding(Device::cuda, op, dout, "dout", ids, dtable, "dtable");
   int64_t tokens = ids.numel(), channels = dtable.dim(1);
-  cuda::check_shape(dout, {tokens, channels}, op, "dout");
   if (tokens == 0 || channels == 0) return;
   unsigned blocks = unsigned((channels + kBlock - 1) / kBlock);
   launch<embedding_backward_kernel>(blocks, kBlock, 0, stream_, cuda::view(dtable), ids.ptr<const int32_t>(),
