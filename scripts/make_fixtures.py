@@ -345,6 +345,25 @@ def compare(tag, a32, a64):
     return worst
 
 
+def write_reference(model, out_dir, grad_names, note):
+    """Writes reference.safetensors (inputs, logits, loss and the named gradients in float32) and checks the
+    float32 numbers against a float64 copy of the model (not written); `note` ends the printed line."""
+    input_ids, labels = make_inputs()
+    logits, loss, grads = forward_backward(model, input_ids, labels, grad_names)
+    ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32), "logits": logits,
+           "loss": loss.reshape(1)}
+    for n, g in grads.items():
+        ref["grad." + n] = g
+    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out_dir, "reference.safetensors"))
+
+    model64 = copy.deepcopy(model).to(torch.float64)
+    logits64, loss64, grads64 = forward_backward(model64, input_ids, labels, grad_names)
+    print(f"{os.path.basename(out_dir)}: loss f32 {loss.item():.8f}  f64 {loss64.item():.8f}  {note}")
+    worst = compare("logits+loss", {"logits": logits, "loss": loss}, {"logits": logits64, "loss": loss64})
+    worst = max(worst, compare("grads", grads, grads64))
+    assert worst < 1e-4, worst
+
+
 def make_llama(out_dir, tied, kv_heads, theta, seed):
     config = llama_config(tied, kv_heads, theta)
     model = build_model(config, seed)
@@ -362,29 +381,11 @@ def make_llama(out_dir, tied, kv_heads, theta, seed):
     for k, v in reloaded.items():
         assert torch.equal(v, state[k]), k
 
-    input_ids, labels = make_inputs()
-    L = config.num_hidden_layers
     grad_names = []
-    for i in range(L):
+    for i in range(config.num_hidden_layers):
         grad_names += [f"model.layers.{i}.self_attn.q_proj.weight", f"model.layers.{i}.self_attn.v_proj.weight"]
     grad_names += ["model.embed_tokens.weight", "model.norm.weight"]
-
-    logits, loss, grads = forward_backward(model, input_ids, labels, grad_names)
-
-    ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32), "logits": logits,
-           "loss": loss.reshape(1)}
-    for n, g in grads.items():
-        ref["grad." + n] = g
-    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out_dir, "reference.safetensors"))
-
-    # Float64 cross-check of the float32 numbers (not written).
-    model64 = copy.deepcopy(model).to(torch.float64)
-    logits64, loss64, grads64 = forward_backward(model64, input_ids, labels, grad_names)
-    print(f"{os.path.basename(out_dir)}: loss f32 {loss.item():.8f}  f64 {loss64.item():.8f}  "
-          f"saved keys {sorted(reloaded)[:3]}... ({len(reloaded)} tensors)")
-    worst = compare("logits+loss", {"logits": logits, "loss": loss}, {"logits": logits64, "loss": loss64})
-    worst = max(worst, compare("grads", grads, grads64))
-    assert worst < 1e-4, worst
+    write_reference(model, out_dir, grad_names, f"saved keys {sorted(reloaded)[:3]}... ({len(reloaded)} tensors)")
     check_numpy(os.path.basename(out_dir), out_dir, os.path.join(out_dir, "reference.safetensors"))
     return model
 
@@ -615,22 +616,7 @@ def make_gpt_neox(out_dir, parallel, seed):
     for k, v in reloaded.items():
         assert torch.equal(v, state["lm_head.weight" if k == "embed_out.weight" else k]), k
 
-    input_ids, labels = make_inputs()
-    grad_names = gpt_neox_grad_names(config.num_hidden_layers)
-    logits, loss, grads = forward_backward(model, input_ids, labels, grad_names)
-    ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32), "logits": logits,
-           "loss": loss.reshape(1)}
-    for n, g in grads.items():
-        ref["grad." + n] = g
-    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out_dir, "reference.safetensors"))
-
-    model64 = copy.deepcopy(model).to(torch.float64)
-    logits64, loss64, grads64 = forward_backward(model64, input_ids, labels, grad_names)
-    print(f"{os.path.basename(out_dir)}: loss f32 {loss.item():.8f}  f64 {loss64.item():.8f}  "
-          f"({len(reloaded)} tensors)")
-    worst = compare("logits+loss", {"logits": logits, "loss": loss}, {"logits": logits64, "loss": loss64})
-    worst = max(worst, compare("grads", grads, grads64))
-    assert worst < 1e-4, worst
+    write_reference(model, out_dir, gpt_neox_grad_names(config.num_hidden_layers), f"({len(reloaded)} tensors)")
 
 
 def make_gpt_neox_lora(out_dir, base_dir, seed):
