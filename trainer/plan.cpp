@@ -150,6 +150,7 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
   }
   std::printf("  %-58s %12s\n", "----------------------------------------", "----------");
   print_row("peak", plan.total_bytes());
+  std::printf("  peak in bytes: %zu\n", plan.total_bytes());
   std::printf("  peak at: %s\n", plan.where.c_str());
   if (options.policy == MemoryPolicy::cuda)
     std::printf("  reserved by the caching allocator after the step (cache never flushed): %s\n",
