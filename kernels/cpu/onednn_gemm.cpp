@@ -17,9 +17,9 @@ namespace {
 
 using dnnl::memory;
 
-// One cached primitive's shape: dims and strides of a, b and out (oneDNN's
-// {rows, cols} order), their dtypes, and alpha and beta (baked into the
-// primitive as its output scale and sum post-op).
+// One cached primitive: M, N, K and the transposes of a and b (which fix
+// every stride), the dtypes of a, b and out, and alpha and beta (baked into
+// the primitive as its output scale and sum post-op).
 using MatmulKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, uint32_t, uint32_t>;
 
 uint32_t bits_of(float value) {
@@ -45,10 +45,15 @@ memory::desc operand_desc(int64_t rows, int64_t cols, DType dtype, bool transpos
   return memory::desc({rows, cols}, onednn_type(dtype), strides);
 }
 
-// Whether oneDNN's s8 x s8 -> s32 product is exact here: VNNI's vpdpbusd and
-// AMX's tdpbssd accumulate in int32; older ISAs pair products in saturating
-// int16 (vpmaddubsw).
-bool exact_int8_isa() { return __builtin_cpu_supports("avx512vnni"); }
+// Whether oneDNN's s8 x s8 -> s32 product is exact here: with AVX-512 VNNI
+// (vpdpbusd) or AMX (tdpbssd) it accumulates in int32; older ISAs pair
+// products in saturating int16 (vpmaddubsw). The ISA is the one oneDNN
+// dispatches to (the CPU's, capped by ONEDNN_MAX_CPU_ISA); its values are
+// bit sets, each including the ISAs below it.
+bool exact_int8_isa() {
+  const auto vnni = unsigned(dnnl::cpu_isa::avx512_core_vnni);
+  return (unsigned(dnnl::get_effective_cpu_isa()) & vnni) == vnni;
+}
 
 }  // namespace
 

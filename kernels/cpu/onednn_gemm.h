@@ -30,7 +30,8 @@ class OnednnGemm {
   bool matmul(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, float alpha,
               float beta);
 
-  // Whether int8_product is available: on a CPU with AVX-512 VNNI (or AMX).
+  // Whether int8_product is available: where oneDNN dispatches to AVX-512
+  // VNNI or AMX.
   // Elsewhere oneDNN's int8 kernels sum pairs of u8 x s8 products in
   // saturating int16, which would not be exact.
   bool int8_exact() const;
