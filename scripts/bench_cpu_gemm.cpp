@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::stoi(argv[1]) : 5;
   HostAllocator host;
   std::vector<CpuGemm> gemms{CpuGemm::reference};
-  if (cpu::onednn_built()) gemms.push_back(CpuGemm::onednn);
+  if (onednn_built()) gemms.push_back(CpuGemm::onednn);
   for (CpuGemm choice : gemms) {
     CpuBackend backend(host, choice);
     const char* gemm = choice == CpuGemm::onednn ? "onednn" : "reference";

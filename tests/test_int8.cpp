@@ -246,7 +246,7 @@ TEST_CASE("int8_linear_forward's epilogue adds the bias and the LoRA update in f
 TEST_CASE("int8_linear_forward: oneDNN and the reference kernels agree bit for bit") {
   HostAllocator host;
   CpuBackend reference(host, CpuGemm::reference);
-  if (!cpu::onednn_built()) {
+  if (!onednn_built()) {
     MESSAGE("built without oneDNN: only the reference GEMM exists");
     return;
   }

@@ -327,7 +327,7 @@ TEST_CASE("matmul: bf16 and mixed inputs, bf16 output") {
 
 std::vector<CpuGemm> built_gemms() {
   std::vector<CpuGemm> gemms{CpuGemm::reference};
-  if (cpu::onednn_built()) gemms.push_back(CpuGemm::onednn);
+  if (onednn_built()) gemms.push_back(CpuGemm::onednn);
   return gemms;
 }
 
@@ -368,7 +368,7 @@ TEST_CASE("FT_CPU_GEMM picks the CPU GEMM and rejects unknown names") {
   CHECK(default_cpu_gemm() == CpuGemm::reference);
   CHECK(CpuBackend(host).gemm() == CpuGemm::reference);
   setenv("FT_CPU_GEMM", "onednn", 1);
-  if (cpu::onednn_built())
+  if (onednn_built())
     CHECK(default_cpu_gemm() == CpuGemm::onednn);
   else
     CHECK_THROWS_AS(CpuBackend{host}, Error);

@@ -8,9 +8,7 @@
 
 namespace ft {
 
-namespace cpu {
 class OnednnGemm;
-}
 
 // What runs CpuBackend's matmul and int8_linear_forward's int8 product:
 // reference = our BLIS-style kernels (matmul.cpp, int8.cpp), always built;
@@ -84,7 +82,7 @@ class CpuBackend final : public Backend {
 
  private:
   Allocator& allocator_;
-  std::unique_ptr<cpu::OnednnGemm> onednn_;  // null: the reference GEMMs
+  std::unique_ptr<OnednnGemm> onednn_;  // null: the reference GEMMs
 };
 
 }  // namespace ft

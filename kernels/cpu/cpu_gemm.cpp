@@ -10,7 +10,7 @@ namespace ft {
 
 CpuGemm default_cpu_gemm() {
   const char* chosen = std::getenv("FT_CPU_GEMM");
-  if (!chosen || !*chosen) return cpu::onednn_built() ? CpuGemm::onednn : CpuGemm::reference;
+  if (!chosen || !*chosen) return onednn_built() ? CpuGemm::onednn : CpuGemm::reference;
   const std::string name = chosen;
   if (name == "reference") return CpuGemm::reference;
   FT_CHECK(name == "onednn", "FT_CPU_GEMM: expected reference or onednn, got '", name, "'");
@@ -19,9 +19,9 @@ CpuGemm default_cpu_gemm() {
 
 CpuBackend::CpuBackend(Allocator& allocator, CpuGemm gemm) : allocator_(allocator) {
   if (gemm == CpuGemm::reference) return;
-  FT_CHECK(cpu::onednn_built(),
+  FT_CHECK(onednn_built(),
            "CPU GEMM 'onednn' asked for, but this build has no oneDNN (install libdnnl-dev and rebuild)");
-  onednn_ = std::make_unique<cpu::OnednnGemm>();
+  onednn_ = std::make_unique<OnednnGemm>();
 }
 
 CpuBackend::~CpuBackend() = default;

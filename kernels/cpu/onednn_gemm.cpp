@@ -11,7 +11,7 @@
 #include <optional>
 #include <tuple>
 
-namespace ft::cpu {
+namespace ft {
 
 namespace {
 
@@ -136,11 +136,11 @@ void OnednnGemm::int8_product(int32_t* product, const int8_t* xq, const int8_t* 
   impl_->execute(*p, x_desc, xq, w_desc, wq, out_desc, product);
 }
 
-}  // namespace ft::cpu
+}  // namespace ft
 
 #else  // built without oneDNN: CpuBackend refuses CpuGemm::onednn, so these never run.
 
-namespace ft::cpu {
+namespace ft {
 
 struct OnednnGemm::Impl {};
 
@@ -155,6 +155,6 @@ bool OnednnGemm::int8_exact() const { return false; }
 
 void OnednnGemm::int8_product(int32_t*, const int8_t*, const int8_t*, int64_t, int64_t, int64_t) {}
 
-}  // namespace ft::cpu
+}  // namespace ft
 
 #endif

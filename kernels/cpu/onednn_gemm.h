@@ -12,7 +12,7 @@
 
 #include "kernels/tensor.h"
 
-namespace ft::cpu {
+namespace ft {
 
 // Whether this build links oneDNN.
 bool onednn_built();
@@ -44,4 +44,4 @@ class OnednnGemm {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace ft::cpu
+}  // namespace ft
