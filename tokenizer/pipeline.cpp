@@ -224,15 +224,15 @@ void read_pre_tokenizer(const json& stage, const std::string& source, const std:
                                 {"ByteLevel", "Split", "Digits", "Metaspace", "Whitespace", "WhitespaceSplit",
                                  "Punctuation", "Sequence"},
                                 source, field);
-  const auto regex = [&](const std::string& pattern) {
-    return std::make_shared<Regex>(pattern, Regex::Syntax::pcre2, source + ": " + field);
+  const auto regex = [&](const std::string& pattern, Regex::Syntax syntax = Regex::Syntax::pcre2) {
+    return std::make_shared<Regex>(pattern, syntax, source + ": " + field);
   };
   if (type == "Sequence") {
     for_each_element(stage, "pretokenizers", source, field,
                      [&](const json& s, const std::string& f) { read_pre_tokenizer(s, source, f, steps); });
   } else if (type == "ByteLevel") {
     bool add_prefix_space = flag(stage, "add_prefix_space", true, source, field + ".add_prefix_space");
-    RegexPtr split = flag(stage, "use_regex", true, source, field + ".use_regex") ? regex(kByteLevelPattern) : nullptr;
+    RegexPtr split = flag(stage, "use_regex", true, source, field + ".use_regex") ? regex(kByteLevelPattern, Regex::Syntax::oniguruma) : nullptr;
     steps.push_back([add_prefix_space, split](std::vector<Piece>& pieces) {
       if (add_prefix_space)
         for (Piece& p : pieces)

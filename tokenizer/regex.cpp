@@ -8,9 +8,9 @@
 namespace ft {
 namespace {
 
-// Oniguruma's Unicode \s (White_Space) and \w (Letter, Mark, Number, Connector_Punctuation),
-// as the bodies of character classes.
-constexpr std::string_view kSpaceClass = "\\s\\x{85}";
+// Oniguruma's Unicode \s (White_Space: PCRE2's \s lacks U+0085 and has U+180E) and \w
+// (Letter, Mark, Number, Connector_Punctuation), as the bodies of character classes.
+constexpr std::string_view kSpaceClass = "\\p{White_Space}";
 constexpr std::string_view kWordClass = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
 
 // The pattern with \s, \S, \w, \W replaced by explicit classes, inside and outside brackets.

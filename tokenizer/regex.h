@@ -1,7 +1,7 @@
 // A Unicode regular expression (PCRE2, UTF and UCP, JIT-compiled when available) standing in
 // for the Oniguruma patterns of Hugging Face tokenizers: \s and \w are rewritten to Oniguruma's
-// Unicode classes (PCRE2's \s lacks U+0085, its \w lacks marks), \p{L}, \p{N}, (?i:...) and
-// lookahead keep their meaning.
+// Unicode classes (PCRE2's \s differs on U+0085 and U+180E, its \w lacks marks); \p{L}, \p{N},
+// (?i:...) and lookahead keep their meaning.
 #pragma once
 #include <cstddef>
 #include <memory>
