@@ -87,7 +87,9 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) co
   size_t start = 0;
   size_t previous_end = SIZE_MAX;
   while (start <= text.size()) {
-    int rc = pcre2_match(code_->code, subject, text.size(), start, 0, data.get(), nullptr);
+    // The first call checks the whole text is valid UTF-8; later calls need not do it again.
+    uint32_t options = start == 0 ? 0 : PCRE2_NO_UTF_CHECK;
+    int rc = pcre2_match(code_->code, subject, text.size(), start, options, data.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR message[256];
