@@ -198,17 +198,41 @@ void BpeTokenizer::index_tokens() {
       });
 }
 
+int32_t BpeTokenizer::known_id(const json& value, const std::string& field) const {
+  int32_t id = token_id_value(value, source_, field);
+  FT_CHECK(size_t(id) < id_to_token_.size() && !id_to_token_[size_t(id)].empty(), source_, ": ", field, " is ", id,
+           ", an id no token has");
+  return id;
+}
+
+void BpeTokenizer::read_template(const json& stage, const std::string& field, std::vector<int32_t>& prefix,
+                                 std::vector<int32_t>& suffix) const {
+  const json& single = required(stage, "single", source_, field + ".single");
+  const json& specials = required(stage, "special_tokens", source_, field + ".special_tokens");
+  if (!single.is_array()) unsupported(source_, field + ".single", single, "expected an array of template pieces");
+  bool seen_sequence = false;
+  for (size_t i = 0; i < single.size(); ++i) {
+    const json& piece = single[i];
+    if (piece.contains("Sequence") && member(piece.at("Sequence"), "id") == "A" && !seen_sequence) {
+      seen_sequence = true;
+      continue;
+    }
+    const json& name = member(member(piece, "SpecialToken"), "id");
+    if (!name.is_string())
+      unsupported(source_, field + ".single[" + std::to_string(i) + "]", piece,
+                  "expected {\"SpecialToken\": {\"id\": ...}} or one {\"Sequence\": {\"id\": \"A\"}}");
+    const std::string ids_field = field + ".special_tokens[" + name.dump() + "].ids";
+    const json& ids = required(member(specials, name.get<std::string>().c_str()), "ids", source_, ids_field);
+    if (!ids.is_array()) unsupported(source_, ids_field, ids, "expected an array");
+    for (const json& id : ids) (seen_sequence ? suffix : prefix).push_back(known_id(id, ids_field));
+  }
+  if (!seen_sequence) unsupported(source_, field + ".single", single, "expected a {\"Sequence\": {\"id\": \"A\"}} piece");
+}
+
 void BpeTokenizer::read_post_processor(const json& stage, const std::string& field) {
   if (stage.is_null()) return;
   std::string type = stage_type(
       stage, {"TemplateProcessing", "RobertaProcessing", "BertProcessing", "ByteLevel", "Sequence"}, source_, field);
-  const auto known_id = [&](const json& value, const std::string& f) {
-    int32_t id = token_id_value(value, source_, f);
-    FT_CHECK(size_t(id) < id_to_token_.size() && !id_to_token_[size_t(id)].empty(), source_, ": ", f, " is ", id,
-             ", an id no token has");
-    return id;
-  };
-  std::vector<int32_t> prefix, suffix;
   if (type == "Sequence") {
     const json& list = required(stage, "processors", source_, field + ".processors");
     if (!list.is_array()) unsupported(source_, field + ".processors", list, "expected an array");
@@ -217,35 +241,16 @@ void BpeTokenizer::read_post_processor(const json& stage, const std::string& fie
     return;
   }
   if (type == "ByteLevel") return;  // trims offsets only
-  if (type == "RobertaProcessing" || type == "BertProcessing") {
+  std::vector<int32_t> prefix, suffix;
+  if (type == "TemplateProcessing") {
+    read_template(stage, field, prefix, suffix);
+  } else {  // RobertaProcessing, BertProcessing: cls $A sep
     for (const char* key : {"cls", "sep"}) {
       const json& pair = required(stage, key, source_, field + "." + key);
       if (!pair.is_array() || pair.size() != 2 || !pair[0].is_string())
         unsupported(source_, field + "." + key, pair, "expected [token, id]");
       (std::string_view(key) == "cls" ? prefix : suffix).push_back(known_id(pair[1], field + "." + key + "[1]"));
     }
-  } else {  // TemplateProcessing: the single-sequence template
-    const json& single = required(stage, "single", source_, field + ".single");
-    const json& specials = required(stage, "special_tokens", source_, field + ".special_tokens");
-    if (!single.is_array()) unsupported(source_, field + ".single", single, "expected an array of template pieces");
-    bool seen_sequence = false;
-    for (size_t i = 0; i < single.size(); ++i) {
-      std::string f = field + ".single[" + std::to_string(i) + "]";
-      const json& piece = single[i];
-      if (piece.contains("Sequence") && member(piece.at("Sequence"), "id") == "A" && !seen_sequence) {
-        seen_sequence = true;
-        continue;
-      }
-      const json& name = member(member(piece, "SpecialToken"), "id");
-      if (!name.is_string())
-        unsupported(source_, f, piece, "expected {\"SpecialToken\": {\"id\": ...}} or one {\"Sequence\": {\"id\": \"A\"}}");
-      const json& ids = required(member(specials, name.get<std::string>().c_str()), "ids", source_,
-                                 field + ".special_tokens[" + name.dump() + "].ids");
-      if (!ids.is_array()) unsupported(source_, field + ".special_tokens[" + name.dump() + "].ids", ids, "expected an array");
-      for (const json& id : ids)
-        (seen_sequence ? suffix : prefix).push_back(known_id(id, field + ".special_tokens[" + name.dump() + "].ids"));
-    }
-    if (!seen_sequence) unsupported(source_, field + ".single", single, "expected a {\"Sequence\": {\"id\": \"A\"}} piece");
   }
   // Processors of a Sequence apply in turn, each around the result of the previous ones.
   prefix_ids_.insert(prefix_ids_.begin(), prefix.begin(), prefix.end());

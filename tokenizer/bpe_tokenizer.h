@@ -89,6 +89,10 @@ class BpeTokenizer final : public Tokenizer {
   void read_added_tokens(const nlohmann::json& tokens);
   void check_ids(int64_t expected_vocab_size) const;
   void index_tokens();
+  // A token id of the post-processor, which must be a token of the file.
+  int32_t known_id(const nlohmann::json& value, const std::string& field) const;
+  void read_template(const nlohmann::json& stage, const std::string& field, std::vector<int32_t>& prefix,
+                     std::vector<int32_t>& suffix) const;
   void read_post_processor(const nlohmann::json& stage, const std::string& field);
   void read_special_ids(const nlohmann::json& config, const nlohmann::json& tokenizer_config,
                         const std::string& config_source);
