@@ -56,7 +56,7 @@ std::unique_ptr<LlamaModel> make_lora_model(Backend& backend, const std::string&
   ModelOptions options;
   options.weight_dtype = DType::f32;
   options.int8_base = false;
-  options.lora = lora_options(read_peft_adapter_config(adapter_folder));
+  options.lora = read_peft_adapter_config(adapter_folder).lora;
   auto model = std::make_unique<LlamaModel>(ModelConfig::from_json_file(kBaseFolder + "/config.json"), backend, options);
   model->load(Checkpoint(kBaseFolder));
   return model;
