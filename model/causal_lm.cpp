@@ -172,6 +172,37 @@ void CausalLM::set_training(bool training) {
   for (LoraLinear* layer : lora_layers_) layer->set_training(training);
 }
 
+// ---- attention -----------------------------------------------------------
+
+void CausalLM::attention_forward(AttentionActivations& saved, const Tensor& positions) {
+  Backend& be = backend_;
+  const int64_t B = saved.q.dim(0), T = saved.q.dim(1), N = B * T, Hq = saved.q.dim(2), Hkv = saved.k.dim(2);
+  const int64_t D = config_.head_dim;
+  Tensor q_heads = saved.q.reshaped({N, Hq, D}), k_heads = saved.k.reshaped({N, Hkv, D});
+  be.rope_forward(q_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  be.rope_forward(k_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  saved.attn = be.empty({B, T, Hq, D}, options_.activation_dtype, MemCategory::activations);
+  saved.lse = be.empty({B, Hq, T}, DType::f32, MemCategory::activations);
+  be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)));
+}
+
+CausalLM::AttentionGradients CausalLM::attention_backward(const AttentionActivations& saved, const Tensor& dattn,
+                                                          const Tensor& positions) {
+  Backend& be = backend_;
+  const DType act = options_.activation_dtype;
+  const int64_t N = saved.q.dim(0) * saved.q.dim(1), D = config_.head_dim;
+  AttentionGradients grads;
+  grads.dq = be.empty(saved.q.shape, act, MemCategory::activations);
+  grads.dk = be.empty(saved.k.shape, act, MemCategory::activations);
+  grads.dv = be.empty(saved.v.shape, act, MemCategory::activations);
+  be.attention_backward(grads.dq, grads.dk, grads.dv, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse,
+                        1.0f / std::sqrt(float(D)));
+  Tensor dq_heads = grads.dq.reshaped({N, saved.q.dim(2), D}), dk_heads = grads.dk.reshaped({N, saved.k.dim(2), D});
+  be.rope_backward(dq_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  be.rope_backward(dk_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  return grads;
+}
+
 // ---- norms ---------------------------------------------------------------
 
 NormParameters CausalLM::add_norm(const std::string& name, bool bias, float eps) {
@@ -219,6 +250,15 @@ void CausalLM::add_next_norm(size_t index, Tensor& out, NormOutput& norm, const 
 
 // A norm parameter's gradient, or null when it is frozen.
 static Tensor* grad_of(Parameter* p) { return p->trainable() ? &p->grad : nullptr; }
+
+void CausalLM::norm_backward(Tensor& dx, const NormParameters& norm, const Tensor& dout, const Tensor& x,
+                             const NormOutput& saved) {
+  if (norm.bias)
+    backend_.layernorm_backward(dx, grad_of(norm.weight), grad_of(norm.bias), dout, x, norm.weight->value, saved.mean,
+                                saved.rstd);
+  else
+    backend_.rmsnorm_backward(dx, grad_of(norm.weight), dout, x, norm.weight->value, saved.rstd);
+}
 
 void CausalLM::norm_backward_add(Tensor& dresidual, const NormParameters& norm, const Tensor& dout, const Tensor& x,
                                  const NormOutput& saved) {
@@ -335,13 +375,7 @@ void CausalLM::backward_decoder(DecoderStep& step, Tensor& dnorm) {
   Tensor dresidual =
       be.empty({step.tokens.batch, step.tokens.seq, C}, options_.activation_dtype, MemCategory::activations);
   Tensor dresidual2d = dresidual.reshaped({N, C});
-  const Tensor last_output = step.residuals.back().reshaped({N, C});
-  if (final_norm_.bias)
-    be.layernorm_backward(dresidual2d, grad_of(final_norm_.weight), grad_of(final_norm_.bias), dnorm, last_output,
-                          final_norm_.weight->value, step.final_norm.mean, step.final_norm.rstd);
-  else
-    be.rmsnorm_backward(dresidual2d, grad_of(final_norm_.weight), dnorm, last_output, final_norm_.weight->value,
-                        step.final_norm.rstd);
+  norm_backward(dresidual2d, final_norm_, dnorm, step.residuals.back().reshaped({N, C}), step.final_norm);
   dnorm = Tensor{};
   for (size_t i = step.layers.size(); i-- > 0;) {
     // A checkpointed layer runs its forward again from its kept input,

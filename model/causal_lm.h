@@ -120,6 +120,23 @@ class CausalLM {
   // The norm layer `index` applies to its input.
   virtual const NormParameters& input_norm(size_t index) const = 0;
 
+  // Rotary causal self-attention, as every architecture here computes it.
+  struct AttentionActivations {
+    Tensor q, k, v;    // [B, T, H, D] (k and v: the key/value heads); q and k rotated
+    Tensor attn, lse;  // output [B, T, Hq, D], log-sum-exp [B, Hq, T]
+  };
+  // Rotates saved.q and saved.k in place (the first rotary_dim() features of
+  // each head), then allocates and computes saved.attn and saved.lse (scale
+  // 1/sqrt(head_dim)).
+  void attention_forward(AttentionActivations& saved, const Tensor& positions);
+  // d(loss)/d(q, k, v) as the projections made them (rotation undone),
+  // allocated here, from dattn = d(loss)/d(saved.attn).
+  struct AttentionGradients {
+    Tensor dq, dk, dv;
+  };
+  AttentionGradients attention_backward(const AttentionActivations& saved, const Tensor& dattn,
+                                        const Tensor& positions);
+
   // Norms for the layers, RMSNorm or LayerNorm by norm.bias; outputs and
   // statistics are allocated here (out in the activation dtype).
   NormOutput norm_forward(const NormParameters& norm, const Tensor& x);
@@ -151,6 +168,9 @@ class CausalLM {
   void forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets, bool training);
   void backward_decoder(DecoderStep& step, Tensor& dnorm);
   float lm_head_loss(const Tensor& hidden, const StepTokens& tokens, Tensor* dhidden, float grad_scale);
+  // dx (overwritten) = d(loss)/d(x) from dout; parameter gradients as norm_backward_add.
+  void norm_backward(Tensor& dx, const NormParameters& norm, const Tensor& dout, const Tensor& x,
+                     const NormOutput& saved);
   // Dropout in the adapters is on while training only.
   void set_training(bool training);
 

@@ -1,9 +1,5 @@
 #include "model/gpt_neox.h"
 
-#include <cmath>
-
-#include "kernels/error.h"
-
 namespace ft {
 
 struct GptNeoxModel::Layer {
@@ -14,8 +10,7 @@ struct GptNeoxModel::Layer {
 // What one layer's backward needs from its forward.
 struct GptNeoxModel::LayerActivations final : SavedActivations {
   NormOutput norm1;            // input_layernorm output [N, C] and its f32 statistics [N]
-  Tensor q, k, v;              // [B, T, H, D], q and k after rotary
-  Tensor attn, lse;            // attention output [B, T, H, D], log-sum-exp [B, H, T]
+  AttentionActivations attention;
   Tensor residual_mid;         // sequential residual only: x + attention block output [N, C]
   NormOutput norm2;            // post_attention_layernorm output and statistics
   Tensor h;                    // dense_h_to_4h output [N, I], before GELU
@@ -63,20 +58,15 @@ void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int6
   layer.query_key_value->forward(be, qkv, saved.norm1.out);
   // HF's fused layout: each token's 3C outputs are [H, 3, D], per head q then k then v.
   const Tensor qkv_rows = qkv.reshaped({N * H, 3 * D});
-  Tensor* parts[3] = {&saved.q, &saved.k, &saved.v};
+  AttentionActivations& attention = saved.attention;
+  Tensor* parts[3] = {&attention.q, &attention.k, &attention.v};
   for (int part = 0; part < 3; ++part) {
     *parts[part] = be.empty({B, T, H, D}, act, MemCategory::activations);
     Tensor rows = parts[part]->reshaped({N * H, D});
     be.copy_columns(rows, 0, qkv_rows, part * D, D);
   }
-  Tensor q_heads = saved.q.reshaped({N, H, D}), k_heads = saved.k.reshaped({N, H, D});
-  be.rope_forward(q_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
-  be.rope_forward(k_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
-
-  saved.attn = be.empty({B, T, H, D}, act, MemCategory::activations);
-  saved.lse = be.empty({B, H, T}, DType::f32, MemCategory::activations);
-  be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)));
-  if (out) layer.dense->forward(be, *out, saved.attn.reshaped({N, C}));
+  attention_forward(attention, positions);
+  if (out) layer.dense->forward(be, *out, attention.attn.reshaped({N, C}));
 }
 
 // out [N, C] = dense_4h_to_h(gelu(dense_h_to_4h(saved.norm2))). Without out
@@ -154,23 +144,17 @@ void GptNeoxModel::backward_attention(Layer& layer, LayerActivations& saved, con
                                       const Tensor& positions) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
-  const int64_t B = saved.q.dim(0), T = saved.q.dim(1), N = B * T, C = config_.hidden_size;
+  const AttentionActivations& attention = saved.attention;
+  const int64_t N = attention.q.dim(0) * attention.q.dim(1), C = config_.hidden_size;
   const int64_t H = config_.num_attention_heads, D = config_.head_dim;
-  Tensor dattn = be.empty({B, T, H, D}, act, MemCategory::activations);
+  Tensor dattn = be.empty(attention.attn.shape, act, MemCategory::activations);
   Tensor dattn2d = dattn.reshaped({N, C});
-  layer.dense->backward(be, dattn2d, dout, saved.attn.reshaped({N, C}), false);
-  Tensor dq = be.empty({B, T, H, D}, act, MemCategory::activations);
-  Tensor dk = be.empty({B, T, H, D}, act, MemCategory::activations);
-  Tensor dv = be.empty({B, T, H, D}, act, MemCategory::activations);
-  be.attention_backward(dq, dk, dv, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse,
-                        1.0f / std::sqrt(float(D)));
-  Tensor dq_heads = dq.reshaped({N, H, D}), dk_heads = dk.reshaped({N, H, D});
-  be.rope_backward(dq_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
-  be.rope_backward(dk_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  layer.dense->backward(be, dattn2d, dout, attention.attn.reshaped({N, C}), false);
+  const AttentionGradients d = attention_backward(attention, dattn, positions);
   // Back into HF's fused [H, 3, D] layout; the three parts cover every column.
   Tensor dqkv = be.empty({N, 3 * C}, act, MemCategory::activations);
   Tensor dqkv_rows = dqkv.reshaped({N * H, 3 * D});
-  const Tensor* parts[3] = {&dq, &dk, &dv};
+  const Tensor* parts[3] = {&d.dq, &d.dk, &d.dv};
   for (int part = 0; part < 3; ++part) be.copy_columns(dqkv_rows, part * D, parts[part]->reshaped({N * H, D}), 0, D);
   layer.query_key_value->backward(be, dnorm, dqkv, saved.norm1.out, false);
 }

@@ -1,7 +1,5 @@
 #include "model/llama.h"
 
-#include <cmath>
-
 #include "kernels/error.h"
 
 namespace ft {
@@ -14,8 +12,7 @@ struct LlamaModel::Layer {
 // What one layer's backward needs from its forward.
 struct LlamaModel::LayerActivations final : SavedActivations {
   NormOutput norm1;     // input_layernorm output [N, C] and its f32 rstd [N]
-  Tensor q, k, v;       // after rotary: [B, T, H, D]
-  Tensor attn, lse;     // attention output [B, T, Hq, D], log-sum-exp [B, Hq, T]
+  AttentionActivations attention;
   Tensor residual_mid;  // x + attention block output [N, C]
   NormOutput norm2;     // post_attention_layernorm output and rstd
   Tensor gate, up, act; // MLP [N, I]
@@ -68,23 +65,19 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
   saved.norm1 = std::move(norm);  // owned by the saved activations from here: freed with them
   norm = {};
 
-  saved.q = be.empty({B, T, Hq, D}, act, MemCategory::activations);
-  saved.k = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
-  saved.v = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
-  Tensor q2d = saved.q.reshaped({N, Hq * D}), k2d = saved.k.reshaped({N, Hkv * D}), v2d = saved.v.reshaped({N, Hkv * D});
+  AttentionActivations& attention = saved.attention;
+  attention.q = be.empty({B, T, Hq, D}, act, MemCategory::activations);
+  attention.k = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
+  attention.v = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
+  Tensor q2d = attention.q.reshaped({N, Hq * D}), k2d = attention.k.reshaped({N, Hkv * D});
+  Tensor v2d = attention.v.reshaped({N, Hkv * D});
   layer.q_proj->forward(be, q2d, saved.norm1.out);
   layer.k_proj->forward(be, k2d, saved.norm1.out);
   layer.v_proj->forward(be, v2d, saved.norm1.out);
-  Tensor q_heads = saved.q.reshaped({N, Hq, D}), k_heads = saved.k.reshaped({N, Hkv, D});
-  be.rope_forward(q_heads, positions, int(D), config_.rope_theta);
-  be.rope_forward(k_heads, positions, int(D), config_.rope_theta);
-
-  saved.attn = be.empty({B, T, Hq, D}, act, MemCategory::activations);
-  saved.lse = be.empty({B, Hq, T}, DType::f32, MemCategory::activations);
-  be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)));
+  attention_forward(attention, positions);
 
   Tensor projected = be.empty({N, C}, act, MemCategory::activations);
-  layer.o_proj->forward(be, projected, saved.attn.reshaped({N, Hq * D}));
+  layer.o_proj->forward(be, projected, attention.attn.reshaped({N, Hq * D}));
   saved.residual_mid = be.empty({N, C}, act, MemCategory::activations);
   saved.norm2 = add_norm_forward(layer.post_attention_norm, saved.residual_mid, x2d, projected);
   saved.gate = be.empty({N, I}, act, MemCategory::activations);
@@ -132,18 +125,11 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
   {
     Tensor dattn = be.empty({B, T, Hq, D}, act, MemCategory::activations);
     Tensor dattn2d = dattn.reshaped({N, Hq * D});
-    layer.o_proj->backward(be, dattn2d, dres, saved.attn.reshaped({N, Hq * D}), false);
-    Tensor dq = be.empty({B, T, Hq, D}, act, MemCategory::activations);
-    Tensor dk = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
-    Tensor dv = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
-    be.attention_backward(dq, dk, dv, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse,
-                          1.0f / std::sqrt(float(D)));
-    Tensor dq_heads = dq.reshaped({N, Hq, D}), dk_heads = dk.reshaped({N, Hkv, D});
-    be.rope_backward(dq_heads, positions, int(D), config_.rope_theta);
-    be.rope_backward(dk_heads, positions, int(D), config_.rope_theta);
-    layer.q_proj->backward(be, dnorm, dq.reshaped({N, Hq * D}), saved.norm1.out, false);
-    layer.k_proj->backward(be, dnorm, dk.reshaped({N, Hkv * D}), saved.norm1.out, true);
-    layer.v_proj->backward(be, dnorm, dv.reshaped({N, Hkv * D}), saved.norm1.out, true);
+    layer.o_proj->backward(be, dattn2d, dres, saved.attention.attn.reshaped({N, Hq * D}), false);
+    const AttentionGradients d = attention_backward(saved.attention, dattn, positions);
+    layer.q_proj->backward(be, dnorm, d.dq.reshaped({N, Hq * D}), saved.norm1.out, false);
+    layer.k_proj->backward(be, dnorm, d.dk.reshaped({N, Hkv * D}), saved.norm1.out, true);
+    layer.v_proj->backward(be, dnorm, d.dv.reshaped({N, Hkv * D}), saved.norm1.out, true);
   }
   norm_backward_add(dres, layer.input_norm, dnorm, x.reshaped({N, C}), saved.norm1);
 }

@@ -265,3 +265,33 @@ TEST_CASE("adapter weights: a missing, extra or misshapen tensor is refused nami
   fresh->forward(reference.view("input_ids"), targets);
   CHECK(same_bytes(fresh->last_logits(), model->last_logits()));
 }
+
+TEST_CASE("no target_modules: PEFT's default targets for the architecture, recorded in the saved adapter") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  ModelOptions options;
+  options.lora = LoraOptions{};
+  const struct {
+    const char* fixture;
+    std::vector<std::string> targets;
+    std::string first_adapter;
+  } cases[] = {
+      {"llama_gqa", {"q_proj", "v_proj"}, "model.layers.0.self_attn.q_proj.lora_A.weight"},
+      {"gpt_neox_parallel", {"query_key_value"}, "gpt_neox.layers.0.attention.query_key_value.lora_A.weight"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.fixture);
+    const ModelConfig config = ModelConfig::from_json_file(std::string(FT_FIXTURES_DIR) + "/" + c.fixture + "/config.json");
+    std::unique_ptr<CausalLM> model = make_causal_lm(config, backend, options);
+    CHECK(model->options().lora->target_modules == c.targets);
+    // Two adapters (A, B) per targeted module per layer, PEFT's default rank.
+    REQUIRE(model->adapters().size() == 2 * c.targets.size() * size_t(config.num_hidden_layers));
+    CHECK(model->adapters().front().name == c.first_adapter);
+    CHECK(model->adapters().front().value.dim(0) == 8);
+
+    const std::string folder = std::string(FT_BINARY_DIR) + "/peft_default_targets_" + c.fixture;
+    model->init_adapters(1);
+    save_peft_adapter(folder, *model, PeftAdapterConfig{*model->options().lora, "", "CAUSAL_LM"});
+    CHECK(read_peft_adapter_config(folder).lora.target_modules == c.targets);
+  }
+}

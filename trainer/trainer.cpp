@@ -206,8 +206,8 @@ StepReport train_step(Run& run, int64_t step) {
     const Batch& batch = batches[i];
     report.tokens += batch.input_ids.numel();
     if (batch.counted_tokens == 0) continue;
-    // One dropout seed per micro-batch.
-    run.model->set_dropout_seed(splitmix64(run.config.seed, uint64_t(step * run.config.grad_accum_steps + int64_t(i))));
+    const int64_t micro_batch = step * run.config.grad_accum_steps + int64_t(i);
+    run.model->set_dropout_seed(splitmix64(run.config.seed, uint64_t(micro_batch)));  // one seed per micro-batch
     const float share = float(batch.counted_tokens) / float(counted);
     loss_sum += double(run.model->forward_backward(batch.input_ids, batch.targets, share)) * double(batch.counted_tokens);
   }
