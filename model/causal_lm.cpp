@@ -34,7 +34,7 @@ std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& config, Backend& bac
   fail("model_type \"", config.model_type, "\" is not supported (expected \"llama\" or \"gpt_neox\")");
 }
 
-void CausalLM::check_lora_targets(const std::string& module_names) const {
+void CausalLM::check_built(const std::string& module_names) const {
   FT_CHECK(embedding_ && final_norm_.weight && lm_head_, config_.model_type,
            ": the architecture must set its embedding, final norm and lm_head");
   if (!options_.lora) return;

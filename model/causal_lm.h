@@ -92,10 +92,10 @@ class CausalLM {
   // also over an int8 weight).
   std::unique_ptr<Linear> make_linear(const std::string& module, int64_t out_features, int64_t in_features,
                                       bool bias = false);
-  // Call at the end of a constructor, once embedding_, final_norm_ and
-  // lm_head_ are set: a LoRA target that matched no module is an Error
-  // listing the architecture's linear module names.
-  void check_lora_targets(const std::string& module_names) const;
+  // Call at the end of a constructor: embedding_, final_norm_ and lm_head_
+  // must be set, and a LoRA target that matched no module is an Error
+  // listing module_names, the architecture's linear modules.
+  void check_built(const std::string& module_names) const;
 
   // What one layer's backward reads from its forward; each architecture
   // derives its own.

@@ -37,7 +37,7 @@ GptNeoxModel::GptNeoxModel(const ModelConfig& config, Backend& backend, const Mo
   }
   final_norm_ = add_norm("gpt_neox.final_layer_norm", true, eps);
   lm_head_ = config.tie_word_embeddings ? embedding_ : &add_parameter("embed_out.weight", {V, C}, dtype);
-  check_lora_targets("query_key_value, dense, dense_h_to_4h, dense_4h_to_h");
+  check_built("query_key_value, dense, dense_h_to_4h, dense_4h_to_h");
 }
 
 GptNeoxModel::~GptNeoxModel() = default;

@@ -43,7 +43,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelO
   }
   final_norm_ = add_norm("model.norm", false, eps);
   lm_head_ = config.tie_word_embeddings ? embedding_ : &add_parameter("lm_head.weight", {config.vocab_size, C}, dtype);
-  check_lora_targets("q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
+  check_built("q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
 }
 
 LlamaModel::~LlamaModel() = default;

@@ -147,14 +147,17 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
            " but only \"LORA\" adapters are supported");
   PeftAdapterConfig adapter;
   LoraOptions& result = adapter.lora;
-  FT_CHECK(config.contains("r"), source, ": missing required field \"r\"");
-  FT_CHECK(config["r"].is_number_integer() && config["r"].get<int64_t>() > 0, source,
-           ": field \"r\" must be a positive integer, got ", config["r"].dump());
-  result.r = config["r"].get<int64_t>();
-  FT_CHECK(config.contains("lora_alpha"), source, ": missing required field \"lora_alpha\"");
-  FT_CHECK(config["lora_alpha"].is_number() && config["lora_alpha"].get<double>() > 0, source,
-           ": field \"lora_alpha\" must be a positive number, got ", config["lora_alpha"].dump());
-  result.lora_alpha = config["lora_alpha"].get<double>();
+  // Absent fields keep LoraOptions' defaults, which are PEFT's.
+  if (is_set(config, "r")) {
+    FT_CHECK(config["r"].is_number_integer() && config["r"].get<int64_t>() > 0, source,
+             ": field \"r\" must be a positive integer, got ", config["r"].dump());
+    result.r = config["r"].get<int64_t>();
+  }
+  if (is_set(config, "lora_alpha")) {
+    FT_CHECK(config["lora_alpha"].is_number() && config["lora_alpha"].get<double>() > 0, source,
+             ": field \"lora_alpha\" must be a positive number, got ", config["lora_alpha"].dump());
+    result.lora_alpha = config["lora_alpha"].get<double>();
+  }
   result.target_modules = read_target_modules(config, source);
   if (is_set(config, "lora_dropout")) {
     const json& p = config["lora_dropout"];

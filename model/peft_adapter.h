@@ -22,9 +22,9 @@ struct PeftAdapterConfig {
   std::string task_type = "CAUSAL_LM";
 };
 
-// Reads folder/adapter_config.json. Requires peft_type "LORA", r,
-// lora_alpha and target_modules as a list of names (PEFT always writes
-// them); lora_dropout and use_rslora default as LoraOptions. Settings that would
+// Reads folder/adapter_config.json. Requires peft_type "LORA" and
+// target_modules as a list of names; r, lora_alpha, lora_dropout and
+// use_rslora, when absent, keep LoraOptions' defaults (PEFT's). Settings that would
 // change the adapter's math and that we do not implement (bias, DoRA,
 // per-module rank/alpha patterns, fan_in_fan_out, ...) are Errors rather
 // than silently ignored; fields we do not know are ignored (PEFT writes

@@ -204,6 +204,17 @@ TEST_CASE("adapter configs PEFT would not give us, or that do not fit the model,
   CHECK_THROWS_WITH_AS(read_peft_adapter_config(no_targets.write("no_targets")),
                        doctest::Contains("missing required field \"target_modules\""), Error);
 
+  // What PEFT fills in for an absent r or lora_alpha, we do too.
+  AdapterFiles no_rank;
+  no_rank.config.erase("r");
+  no_rank.config.erase("lora_alpha");
+  const LoraOptions defaults = read_peft_adapter_config(no_rank.write("no_rank")).lora;
+  CHECK(defaults.r == 8);
+  CHECK(defaults.lora_alpha == 8.0);
+  no_rank.config["r"] = 0;
+  CHECK_THROWS_WITH_AS(read_peft_adapter_config(no_rank.write("zero_rank")),
+                       doctest::Contains("field \"r\" must be a positive integer, got 0"), Error);
+
   AdapterFiles regex_targets;
   regex_targets.config["target_modules"] = ".*\\.(q_proj|v_proj)";
   CHECK_THROWS_WITH_AS(read_peft_adapter_config(regex_targets.write("regex_targets")),

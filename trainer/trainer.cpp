@@ -78,9 +78,9 @@ struct Run {
   ModelConfig model_config;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<CausalLM> model;
+  std::unique_ptr<AdamW> optimizer;
   std::unique_ptr<DataLoader> train, eval;
   Dataset eval_examples;
-  std::unique_ptr<AdamW> optimizer;
   LrSchedule schedule;
   int64_t total_steps = 0;
   explicit Run(const TrainConfig& c) : config(c) {}
