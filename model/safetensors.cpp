@@ -156,9 +156,9 @@ size_t first_non_finite(const Bits* values, size_t count, Bits exponent_mask) {
   constexpr size_t kBlock = 4096;
   for (size_t start = 0; start < count; start += kBlock) {
     const size_t end = std::min(count, start + kBlock);
-    bool any = false;
-#pragma omp simd reduction(|| : any)
-    for (size_t i = start; i < end; ++i) any = any || (values[i] & exponent_mask) == exponent_mask;
+    unsigned any = 0;
+#pragma omp simd reduction(| : any)
+    for (size_t i = start; i < end; ++i) any |= unsigned((values[i] & exponent_mask) == exponent_mask);
     if (!any) continue;
     for (size_t i = start; i < end; ++i)
       if ((values[i] & exponent_mask) == exponent_mask) return i;
