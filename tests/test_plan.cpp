@@ -63,18 +63,16 @@ size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq) {
   HostAllocator host;
   TrackingAllocator tracker(host);
   CpuBackend backend(tracker);
-  std::unique_ptr<CausalLM> model = make_causal_lm(model_config, backend, model_options(config));
-  fill_weights(*model, backend);
-  model->init_adapters(config.seed);
-  set_trainable(*model, config);
-  std::unique_ptr<AdamW> optimizer = make_optimizer(backend, *model, config);
+  TrainingSetup setup =
+      setup_training(config, model_config, backend, [&](CausalLM& model) { fill_weights(model, backend); });
+  CausalLM* model = setup.model.get();
   Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
   model->zero_grads();
   model->set_dropout_seed(config.seed);
   float loss = model->forward_backward(ids, ids, 1.0f);
   CHECK(std::isfinite(loss));
-  optimizer->step(config.lr);
+  setup.optimizer->step(config.lr);
   return tracker.stats().total_peak_bytes;
 }
 
@@ -151,7 +149,7 @@ TEST_CASE("plan: bad model_type or LoRA target is a clear error") {
                        doctest::Contains("\"q_proj\" matches no module"), Error);
 
   // Through the binary: the message reaches the user with exit status 1.
-  const std::string command = std::string(FT_BINARY_DIR) + "/trainer/finetune plan " + FT_SOURCE_DIR +
+  const std::string command = std::string("timeout -k 10 120 ") + FT_FINETUNE_BINARY + " plan " + FT_SOURCE_DIR +
                               "/configs/gpt-neox-20b-int8-lora.yaml --set lora.target_modules=[q_proj] 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   REQUIRE(pipe);
