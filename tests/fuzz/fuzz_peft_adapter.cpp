@@ -20,8 +20,9 @@ ft::CausalLM& tiny_llama() {
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 320})",
         "tiny");
     ft::ModelOptions options;
-    options.lora.r = 4;
-    options.lora.lora_alpha = 8;
+    options.lora.emplace();
+    options.lora->r = 4;
+    options.lora->lora_alpha = 8;
     return ft::make_causal_lm(config, backend, options);
   }();
   return *model;
