@@ -92,7 +92,7 @@ inline void check_copy_columns(Device device, const Tensor& dst, int64_t dst_off
                src_offset + width <= src.cols(),
            op, ": columns [", dst_offset, ", ", dst_offset + width, ") of dst ", shape_string(dst.shape), " or [",
            src_offset, ", ", src_offset + width, ") of src ", shape_string(src.shape), " out of range");
-  FT_CHECK(dst.data != src.data, op, ": dst and src must not alias");
+  FT_CHECK(!dst.data || dst.data != src.data, op, ": dst and src must not alias");
 }
 
 // Backend::attention_forward's operands: q [B, T, Hq, D], k and v
