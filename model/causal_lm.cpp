@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/dropout_hash.h"
 #include "kernels/error.h"
 #include "model/gpt_neox.h"
 #include "model/int8_linear.h"
@@ -12,23 +13,20 @@
 
 namespace ft {
 
-CausalLM::CausalLM(const ModelConfig& config, Backend& backend, const ModelOptions& options)
+CausalLM::CausalLM(const ModelConfig& config, Backend& backend, const ModelOptions& options,
+                   const std::vector<std::string>& default_lora_targets)
     : config_(config), backend_(backend), options_(options) {
   FT_CHECK(options.loss_chunk_tokens >= 0, "loss_chunk_tokens must be >= 0 (0: unchunked), got ",
            options.loss_chunk_tokens);
+  if (!options_.lora) return;
+  LoraOptions& lora = *options_.lora;
+  FT_CHECK(lora.r > 0, "lora.r must be > 0, got ", lora.r);
+  FT_CHECK(lora.lora_dropout >= 0.0 && lora.lora_dropout < 1.0, "lora.lora_dropout must be in [0, 1), got ",
+           lora.lora_dropout);
+  if (lora.target_modules.empty()) lora.target_modules = default_lora_targets;
 }
 
 CausalLM::~CausalLM() = default;
-
-float CausalLM::forward(const Tensor& input_ids, const Tensor& targets) {
-  set_training(false);
-  return run_step(input_ids, targets, nullptr);
-}
-
-float CausalLM::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale) {
-  set_training(true);
-  return run_step(input_ids, targets, &grad_scale);
-}
 
 std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& config, Backend& backend, const ModelOptions& options) {
   if (config.model_type == "llama") return std::make_unique<LlamaModel>(config, backend, options);
@@ -36,9 +34,11 @@ std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& config, Backend& bac
   fail("model_type \"", config.model_type, "\" is not supported (expected \"llama\" or \"gpt_neox\")");
 }
 
-void CausalLM::check_lora_targets(const std::string& module_names) const {
-  if (options_.lora.r <= 0) return;
-  for (const std::string& target : options_.lora.target_modules) {
+void CausalLM::check_built(const std::string& module_names) const {
+  FT_CHECK(embedding_ && final_norm_.weight && lm_head_, config_.model_type,
+           ": the architecture must set its embedding, final norm and lm_head");
+  if (!options_.lora) return;
+  for (const std::string& target : options_.lora->target_modules) {
     bool matched = false;
     for (const Parameter& adapter : adapters_)
       matched |= module_matches_target(adapter.name.substr(0, adapter.name.find(".lora_")), target);
@@ -76,12 +76,11 @@ std::unique_ptr<Linear> CausalLM::make_linear(const std::string& module, int64_t
     Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
     base = std::make_unique<DenseLinear>(weight, b);
   }
-  const LoraOptions& lora = options_.lora;
+  if (!options_.lora) return base;
+  const LoraOptions& lora = *options_.lora;
   bool targeted = false;
   for (const std::string& target : lora.target_modules) targeted |= module_matches_target(module, target);
-  if (lora.r <= 0 || !targeted) return base;
-  FT_CHECK(lora.lora_dropout >= 0.0 && lora.lora_dropout < 1.0, "lora.lora_dropout must be in [0, 1), got ",
-           lora.lora_dropout);
+  if (!targeted) return base;
   auto add_adapter = [&](const std::string& name, const Shape& shape) -> Parameter& {
     Parameter adapter;
     adapter.name = name;
@@ -134,28 +133,20 @@ void CausalLM::load(const Checkpoint& checkpoint) {
   }
 }
 
-// splitmix64 finaliser: decorrelates seeds derived from (seed, index).
-static uint64_t mix_seed(uint64_t seed, uint64_t index) {
-  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (index + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 void CausalLM::init_random(uint64_t seed) {
   HostAllocator host;
   uint64_t index = 0;
   for (Parameter& p : parameters_) {
     Tensor values = Tensor::empty(p.value.shape, DType::f32, host, MemCategory::workspace);
-    uint64_t state = mix_seed(seed, index++);
+    uint64_t state = splitmix64(seed, index++);
     // As transformers: biases (linear and LayerNorm) 0, norm weights 1, the rest normal.
     const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
     const bool is_norm = p.value.ndim() == 1 && !is_bias;
     for (int64_t i = 0; i < values.numel(); i += 2) {
       // Box-Muller: two normals from two uniforms in (0, 1].
-      state = mix_seed(state, 0);
+      state = splitmix64(state, 0);
       const double u1 = (double(state >> 11) + 1.0) / 9007199254740992.0;
-      state = mix_seed(state, 0);
+      state = splitmix64(state, 0);
       const double u2 = double(state >> 11) / 9007199254740992.0;
       const double radius = std::sqrt(-2.0 * std::log(u1));
       const double normals[2] = {radius * std::cos(2 * M_PI * u2), radius * std::sin(2 * M_PI * u2)};
@@ -170,15 +161,152 @@ void CausalLM::init_random(uint64_t seed) {
 
 void CausalLM::init_adapters(uint64_t seed) {
   for (size_t i = 0; i + 1 < adapters_.size(); i += 2)
-    init_lora_parameters(backend_, adapters_[i], adapters_[i + 1], mix_seed(seed, i));
+    init_lora_parameters(backend_, adapters_[i], adapters_[i + 1], splitmix64(seed, i));
 }
 
 void CausalLM::set_dropout_seed(uint64_t seed) {
-  for (size_t i = 0; i < lora_layers_.size(); ++i) lora_layers_[i]->set_dropout_seed(mix_seed(seed, i));
+  for (size_t i = 0; i < lora_layers_.size(); ++i) lora_layers_[i]->set_dropout_seed(splitmix64(seed, i));
 }
 
 void CausalLM::set_training(bool training) {
   for (LoraLinear* layer : lora_layers_) layer->set_training(training);
+}
+
+// ---- attention -----------------------------------------------------------
+
+void CausalLM::attention_forward(AttentionActivations& saved, const Tensor& positions) {
+  Backend& be = backend_;
+  const int64_t B = saved.q.dim(0), T = saved.q.dim(1), N = B * T, Hq = saved.q.dim(2), Hkv = saved.k.dim(2);
+  const int64_t D = config_.head_dim;
+  Tensor q_heads = saved.q.reshaped({N, Hq, D}), k_heads = saved.k.reshaped({N, Hkv, D});
+  be.rope_forward(q_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  be.rope_forward(k_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  saved.attn = be.empty({B, T, Hq, D}, options_.activation_dtype, MemCategory::activations);
+  saved.lse = be.empty({B, Hq, T}, DType::f32, MemCategory::activations);
+  be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)));
+}
+
+CausalLM::AttentionGradients CausalLM::attention_backward(const AttentionActivations& saved, const Tensor& dattn,
+                                                          const Tensor& positions) {
+  Backend& be = backend_;
+  const DType act = options_.activation_dtype;
+  const int64_t N = saved.q.dim(0) * saved.q.dim(1), D = config_.head_dim;
+  AttentionGradients grads;
+  grads.dq = be.empty(saved.q.shape, act, MemCategory::activations);
+  grads.dk = be.empty(saved.k.shape, act, MemCategory::activations);
+  grads.dv = be.empty(saved.v.shape, act, MemCategory::activations);
+  be.attention_backward(grads.dq, grads.dk, grads.dv, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse,
+                        1.0f / std::sqrt(float(D)));
+  Tensor dq_heads = grads.dq.reshaped({N, saved.q.dim(2), D}), dk_heads = grads.dk.reshaped({N, saved.k.dim(2), D});
+  be.rope_backward(dq_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  be.rope_backward(dk_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  return grads;
+}
+
+// ---- norms ---------------------------------------------------------------
+
+NormParameters CausalLM::add_norm(const std::string& name, bool bias, float eps) {
+  const int64_t C = config_.hidden_size;
+  NormParameters norm;
+  norm.weight = &add_parameter(name + ".weight", {C}, options_.weight_dtype);
+  if (bias) norm.bias = &add_parameter(name + ".bias", {C}, options_.weight_dtype);
+  norm.eps = eps;
+  return norm;
+}
+
+// out, then mean (LayerNorm only), then rstd.
+static NormOutput empty_norm_output(Backend& be, const NormParameters& norm, const Tensor& x, DType act) {
+  NormOutput output;
+  output.out = be.empty(x.shape, act, MemCategory::activations);
+  if (norm.bias) output.mean = be.empty({x.rows()}, DType::f32, MemCategory::activations);
+  output.rstd = be.empty({x.rows()}, DType::f32, MemCategory::activations);
+  return output;
+}
+
+NormOutput CausalLM::norm_forward(const NormParameters& norm, const Tensor& x) {
+  NormOutput output = empty_norm_output(backend_, norm, x, options_.activation_dtype);
+  if (norm.bias)
+    backend_.layernorm_forward(output.out, output.mean, output.rstd, x, norm.weight->value, norm.bias->value,
+                               norm.eps);
+  else
+    backend_.rmsnorm_forward(output.out, output.rstd, x, norm.weight->value, norm.eps);
+  return output;
+}
+
+NormOutput CausalLM::add_norm_forward(const NormParameters& norm, Tensor& sum, const Tensor& a, const Tensor& b) {
+  NormOutput output = empty_norm_output(backend_, norm, a, options_.activation_dtype);
+  if (norm.bias)
+    backend_.add_layernorm_forward(sum, output.out, output.mean, output.rstd, a, b, norm.weight->value,
+                                   norm.bias->value, norm.eps);
+  else
+    backend_.add_rmsnorm_forward(sum, output.out, output.rstd, a, b, norm.weight->value, norm.eps);
+  return output;
+}
+
+void CausalLM::add_next_norm(size_t index, Tensor& out, NormOutput& norm, const Tensor& a, const Tensor& b) {
+  const bool last = index + 1 == size_t(config_.num_hidden_layers);
+  norm = add_norm_forward(last ? final_norm_ : input_norm(index + 1), out, a, b);
+}
+
+// A norm parameter's gradient, or null when it is frozen.
+static Tensor* grad_of(Parameter* p) { return p->trainable() ? &p->grad : nullptr; }
+
+void CausalLM::norm_backward(Tensor& dx, const NormParameters& norm, const Tensor& dout, const Tensor& x,
+                             const NormOutput& saved) {
+  if (norm.bias)
+    backend_.layernorm_backward(dx, grad_of(norm.weight), grad_of(norm.bias), dout, x, norm.weight->value, saved.mean,
+                                saved.rstd);
+  else
+    backend_.rmsnorm_backward(dx, grad_of(norm.weight), dout, x, norm.weight->value, saved.rstd);
+}
+
+void CausalLM::norm_backward_add(Tensor& dresidual, const NormParameters& norm, const Tensor& dout, const Tensor& x,
+                                 const NormOutput& saved) {
+  if (norm.bias)
+    backend_.layernorm_backward_add(dresidual, grad_of(norm.weight), grad_of(norm.bias), dout, dresidual, x,
+                                    norm.weight->value, saved.mean, saved.rstd);
+  else
+    backend_.rmsnorm_backward_add(dresidual, grad_of(norm.weight), dout, dresidual, x, norm.weight->value,
+                                  saved.rstd);
+}
+
+// ---- the step --------------------------------------------------------------
+
+// One step's tokens on the backend: ids, targets and positions (0..T-1 in
+// every row) as i32 [B*T], from host i32 [B, T] input_ids and targets, and
+// how many targets count (are not -100).
+struct CausalLM::StepTokens {
+  int64_t batch = 0, seq = 0, counted = 0;
+  Tensor ids, targets, positions;
+};
+
+// One step through the decoder stack.
+struct CausalLM::DecoderStep {
+  StepTokens tokens;
+  std::vector<Tensor> residuals;  // residuals[i]: input of layer i; back(): output of the last
+  std::vector<std::unique_ptr<SavedActivations>> layers;  // null: not kept (eval, or checkpointed)
+  NormOutput final_norm;  // residuals.back() under the final norm, made by the last layer
+};
+
+float CausalLM::forward(const Tensor& input_ids, const Tensor& targets) {
+  set_training(false);
+  return run_step(input_ids, targets, nullptr);
+}
+
+float CausalLM::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale) {
+  set_training(true);
+  return run_step(input_ids, targets, &grad_scale);
+}
+
+float CausalLM::run_step(const Tensor& input_ids, const Tensor& targets, const float* grad_scale) {
+  DecoderStep step;
+  forward_decoder(step, input_ids, targets, grad_scale != nullptr);
+  Tensor dnorm;  // d(loss)/d(final norm output) [N, C], made by a training step's lm_head_loss
+  const float loss =
+      lm_head_loss(step.final_norm.out, step.tokens, grad_scale ? &dnorm : nullptr, grad_scale ? *grad_scale : 0.0f);
+  step.final_norm.out = Tensor{};  // its backward reads only the statistics
+  if (grad_scale && step.tokens.counted > 0) backward_decoder(step, dnorm);
+  return loss;
 }
 
 // Uploads a host i32 [B, T] tensor as i32 [B*T] on the backend. Host only:
@@ -212,20 +340,24 @@ CausalLM::StepTokens CausalLM::upload_step_tokens(const Tensor& input_ids, const
   return tokens;
 }
 
-void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets,
-                               const Parameter& embedding, bool training) {
+// Uploads the tokens, embeds them and runs every layer, the last one leaving
+// the final norm's output in step.final_norm. A training step keeps each
+// layer's activations unless options_.activation_checkpointing says
+// per_layer; an eval step (training false) keeps none.
+void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets, bool training) {
   Backend& be = backend_;
   step.tokens = upload_step_tokens(input_ids, targets);
   const int64_t B = step.tokens.batch, T = step.tokens.seq, C = config_.hidden_size;
   const DType act = options_.activation_dtype;
   step.residuals.push_back(be.empty({B, T, C}, act, MemCategory::activations));
   Tensor embedded = step.residuals[0].reshaped({B * T, C});
-  be.embedding_forward(embedded, step.tokens.ids, embedding.value);
+  be.embedding_forward(embedded, step.tokens.ids, embedding_->value);
   const bool keep = training && options_.activation_checkpointing == ActivationCheckpointing::none;
   step.layers.resize(size_t(config_.num_hidden_layers));
   NormOutput norm;  // each layer's input under its input norm, made by the layer before
   for (size_t i = 0; i < step.layers.size(); ++i) {
     step.residuals.push_back(be.empty({B, T, C}, act, MemCategory::activations));
+    if (i == 0) norm = norm_forward(input_norm(0), embedded);
     std::unique_ptr<SavedActivations> saved =
         forward_layer(i, step.residuals[i], norm, &step.residuals[i + 1], step.tokens.positions);
     if (keep) step.layers[i] = std::move(saved);  // else freed here, before the next layer runs
@@ -233,26 +365,45 @@ void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const
   step.final_norm = std::move(norm);
 }
 
-void CausalLM::backward_decoder(DecoderStep& step, Tensor& dresidual, Parameter& embedding) {
+// From dnorm = d(loss)/d(final norm output): the final norm's backward, then
+// every layer's, last to first (rerunning the forward of a checkpointed layer
+// first), freeing each layer's tensors as it goes; then the embedding's
+// gradient when it trains.
+void CausalLM::backward_decoder(DecoderStep& step, Tensor& dnorm) {
+  Backend& be = backend_;
+  const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
+  Tensor dresidual =
+      be.empty({step.tokens.batch, step.tokens.seq, C}, options_.activation_dtype, MemCategory::activations);
+  Tensor dresidual2d = dresidual.reshaped({N, C});
+  norm_backward(dresidual2d, final_norm_, dnorm, step.residuals.back().reshaped({N, C}), step.final_norm);
+  dnorm = Tensor{};
   for (size_t i = step.layers.size(); i-- > 0;) {
     // A checkpointed layer runs its forward again from its kept input,
     // without the output (residuals[i + 1] still holds it) or the next norm.
     if (!step.layers[i]) {
-      NormOutput input_norm;
-      step.layers[i] = forward_layer(i, step.residuals[i], input_norm, nullptr, step.tokens.positions);
+      NormOutput norm = norm_forward(input_norm(i), step.residuals[i].reshaped({N, C}));
+      step.layers[i] = forward_layer(i, step.residuals[i], norm, nullptr, step.tokens.positions);
     }
     step.residuals[i + 1] = Tensor{};
     backward_layer(i, *step.layers[i], dresidual, step.residuals[i], step.tokens.positions);
     step.layers[i] = nullptr;
   }
-  const int64_t N = step.tokens.batch * step.tokens.seq;
-  if (embedding.trainable())
-    backend_.embedding_backward(embedding.grad, step.tokens.ids, dresidual.reshaped({N, config_.hidden_size}));
+  if (embedding_->trainable()) be.embedding_backward(embedding_->grad, step.tokens.ids, dresidual2d);
 }
 
-float CausalLM::lm_head_loss(const Tensor& hidden, Parameter& lm_head, const StepTokens& tokens, Tensor* dhidden,
-                             float grad_scale) {
+// The end of every forward: logits = hidden [N, C] lm_head^T and the mean
+// cross-entropy over counted tokens (returned). Eval (dhidden null): the
+// logits [N, V] are kept for last_logits(). Logits, the loss and dlogits are
+// f32 whatever hidden's dtype (the activation dtype); dlogits is rounded to
+// hidden's dtype for the two gradient products. Training: logits are made
+// options_.loss_chunk_tokens rows at a time, each chunk overwritten by its
+// d(grad_scale * loss)/d(logits) and consumed at once -- dhidden [N, C]
+// (hidden's dtype, allocated here unless no token counts) = dlogits lm_head,
+// and lm_head.grad += dlogits^T hidden when it trains -- so no [N, V] tensor
+// exists in a training step with chunking.
+float CausalLM::lm_head_loss(const Tensor& hidden, const StepTokens& tokens, Tensor* dhidden, float grad_scale) {
   Backend& be = backend_;
+  Parameter& lm_head = *lm_head_;
   const int64_t N = hidden.rows(), V = config_.vocab_size;
   const bool training = dhidden != nullptr, backward = training && tokens.counted > 0;
   const int64_t chunk = training && options_.loss_chunk_tokens > 0 ? std::min(options_.loss_chunk_tokens, N) : N;

@@ -1,9 +1,11 @@
 // What every decoder-only architecture shares: its parameters (base weights
 // under their Hugging Face names, LoRA adapters beside them), how linears are
 // built (dense or LLM.int8(), wrapped in LoRA when targeted), loading,
-// initialisation, the trainable set, and the token upload and LM-head loss
-// every step starts and ends with. An architecture adds its layers and its
-// forward/backward (llama.h, gpt_neox.h).
+// initialisation, the trainable set, and the whole training step: token
+// upload, embedding, the decoder stack with activation bookkeeping and
+// checkpointing, the final norm and the chunked LM-head loss, forward and
+// backward. An architecture adds only its parameters and one decoder layer's
+// forward and backward (llama.h, gpt_neox.h).
 #pragma once
 #include <deque>
 #include <functional>
@@ -26,6 +28,13 @@ class LoraLinear;
 // backward reads (mean: LayerNorm only).
 struct NormOutput {
   Tensor out, mean, rstd;
+};
+
+// A norm's parameters: RMSNorm (no bias) or LayerNorm (weight and bias).
+struct NormParameters {
+  Parameter* weight = nullptr;
+  Parameter* bias = nullptr;  // null: RMSNorm
+  float eps = 0.0f;
 };
 
 class CausalLM {
@@ -65,35 +74,28 @@ class CausalLM {
   Backend& backend() { return backend_; }
   std::deque<Parameter>& parameters() { return parameters_; }  // base weights, HF names
   std::deque<Parameter>& adapters() { return adapters_; }      // e.g. model.layers.0.self_attn.q_proj.lora_A.weight
+  // As built: options.lora's empty target_modules replaced by the architecture's default.
   const ModelOptions& options() const { return options_; }
   Parameter& parameter(const std::string& name);
 
  protected:
-  // One step of the architecture: the loss, and when grad_scale is given the
-  // backward pass too (skipped when no token counts).
-  virtual float run_step(const Tensor& input_ids, const Tensor& targets, const float* grad_scale) = 0;
-  CausalLM(const ModelConfig& config, Backend& backend, const ModelOptions& options);
+  // default_lora_targets: PEFT's target_modules for the architecture, used
+  // when options.lora names none.
+  CausalLM(const ModelConfig& config, Backend& backend, const ModelOptions& options,
+           const std::vector<std::string>& default_lora_targets);
   Parameter& add_parameter(const std::string& name, const Shape& shape, DType dtype);
+  // name + ".weight" (and name + ".bias" with bias: a LayerNorm), [hidden_size].
+  NormParameters add_norm(const std::string& name, bool bias, float eps);
   // A decoder linear named module (e.g. model.layers.0.self_attn.q_proj):
   // dense or LLM.int8(), wrapped in LoRA when a target matches it. With
   // bias, module + ".bias" [out_features] is a parameter too (weight_dtype,
   // also over an int8 weight).
   std::unique_ptr<Linear> make_linear(const std::string& module, int64_t out_features, int64_t in_features,
                                       bool bias = false);
-  // Call at the end of a constructor: a LoRA target that matched no module is
-  // an Error listing the architecture's linear module names.
-  void check_lora_targets(const std::string& module_names) const;
-  // Dropout in the adapters is on while training only.
-  void set_training(bool training);
-
-  // One step's tokens on the backend: ids, targets and positions (0..T-1 in
-  // every row) as i32 [B*T], from host i32 [B, T] input_ids and targets, and
-  // how many targets count (are not -100).
-  struct StepTokens {
-    int64_t batch = 0, seq = 0, counted = 0;
-    Tensor ids, targets, positions;
-  };
-  StepTokens upload_step_tokens(const Tensor& input_ids, const Tensor& targets);
+  // Call at the end of a constructor: embedding_, final_norm_ and lm_head_
+  // must be set, and a LoRA target that matched no module is an Error
+  // listing module_names, the architecture's linear modules.
+  void check_built(const std::string& module_names) const;
 
   // What one layer's backward reads from its forward; each architecture
   // derives its own.
@@ -101,58 +103,77 @@ class CausalLM {
     virtual ~SavedActivations() = default;
   };
   // Layer `index` of the decoder from its input x [B, T, C], returning what
-  // its backward needs. On entry `norm` holds x under the layer's input norm,
-  // or is empty for the layer to compute it (layer 0, a recomputation). With
-  // out, the layer writes its output [B, T, C] there and, in the same fused
-  // op as the residual add that makes it, its norm under the next norm (the
-  // next layer's input norm; the final norm after the last layer) into
-  // `norm`. A recomputation passes no out: the output is already kept, so
-  // the layer stops at what its backward reads, skipping the projections
-  // whose outputs only make the layer output (e.g. the MLP's last one).
-  // Called again from backward_decoder when the layer was checkpointed, so it
-  // must depend on nothing but its arguments, the weights and the step's
-  // dropout seeds.
+  // its backward needs. On entry `norm` holds x under the layer's input norm
+  // (input_norm(index)); the layer takes it. With out, the layer writes its
+  // output [B, T, C] there through add_next_norm, which also leaves the
+  // output under the next norm in `norm`. A recomputation passes no out: the
+  // output is already kept, so the layer stops at what its backward reads,
+  // skipping the projections whose outputs only make the layer output (e.g.
+  // the MLP's last one). Called again before backward_layer when the layer
+  // was checkpointed, so it must depend on nothing but its arguments, the
+  // weights and the step's dropout seeds.
   virtual std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, NormOutput& norm,
                                                           Tensor* out, const Tensor& positions) = 0;
   // On entry dresidual holds d(loss)/d(layer output); on exit d(loss)/d(layer input).
   virtual void backward_layer(size_t index, SavedActivations& saved, Tensor& dresidual, const Tensor& x,
                               const Tensor& positions) = 0;
+  // The norm layer `index` applies to its input.
+  virtual const NormParameters& input_norm(size_t index) const = 0;
 
-  // One step through the decoder stack.
-  struct DecoderStep {
-    StepTokens tokens;
-    std::vector<Tensor> residuals;  // residuals[i]: input of layer i; back(): output of the last
-    std::vector<std::unique_ptr<SavedActivations>> layers;  // null: not kept (eval, or checkpointed)
-    NormOutput final_norm;  // residuals.back() under the final norm, made by the last layer
+  // Rotary causal self-attention, as every architecture here computes it.
+  struct AttentionActivations {
+    Tensor q, k, v;    // [B, T, H, D] (k and v: the key/value heads); q and k rotated
+    Tensor attn, lse;  // output [B, T, Hq, D], log-sum-exp [B, Hq, T]
   };
-  // Uploads the tokens, embeds them and runs every layer, the last one
-  // leaving the final norm's output in step.final_norm. A training step
-  // keeps each layer's activations unless options_.activation_checkpointing
-  // says per_layer; an eval step (training false) keeps none.
-  void forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets,
-                       const Parameter& embedding, bool training);
-  // From dresidual [B, T, C] = d(loss)/d(residuals.back()): every layer's
-  // backward, last to first (rerunning the forward of a checkpointed layer
-  // first), freeing each layer's tensors as it goes; then the embedding's
-  // gradient when it trains.
-  void backward_decoder(DecoderStep& step, Tensor& dresidual, Parameter& embedding);
+  // Rotates saved.q and saved.k in place (the first rotary_dim() features of
+  // each head), then allocates and computes saved.attn and saved.lse (scale
+  // 1/sqrt(head_dim)).
+  void attention_forward(AttentionActivations& saved, const Tensor& positions);
+  // d(loss)/d(q, k, v) as the projections made them (rotation undone),
+  // allocated here, from dattn = d(loss)/d(saved.attn).
+  struct AttentionGradients {
+    Tensor dq, dk, dv;
+  };
+  AttentionGradients attention_backward(const AttentionActivations& saved, const Tensor& dattn,
+                                        const Tensor& positions);
 
-  // The end of every forward: logits = hidden [N, C] lm_head^T and the mean
-  // cross-entropy over counted tokens (returned). Eval (dhidden null): the
-  // logits [N, V] are kept for last_logits(). Logits, the loss and dlogits
-  // are f32 whatever hidden's dtype (the activation dtype); dlogits is
-  // rounded to hidden's dtype for the two gradient products. Training: logits are made
-  // options_.loss_chunk_tokens rows at a time, each chunk overwritten by its
-  // d(grad_scale * loss)/d(logits) and consumed at once -- dhidden [N, C]
-  // (hidden's dtype, allocated here unless no token counts) = dlogits lm_head, and
-  // lm_head.grad += dlogits^T hidden when it trains -- so no [N, V] tensor
-  // exists in a training step with chunking.
-  float lm_head_loss(const Tensor& hidden, Parameter& lm_head, const StepTokens& tokens, Tensor* dhidden,
-                     float grad_scale);
+  // Norms for the layers, RMSNorm or LayerNorm by norm.bias; outputs and
+  // statistics are allocated here (out in the activation dtype).
+  NormOutput norm_forward(const NormParameters& norm, const Tensor& x);
+  // sum = a + b (all [N, C]), and the norm of sum, in one fused op.
+  NormOutput add_norm_forward(const NormParameters& norm, Tensor& sum, const Tensor& a, const Tensor& b);
+  // out = a + b, and norm = out under the next norm: layer index + 1's
+  // input norm, or the final norm after the last layer.
+  void add_next_norm(size_t index, Tensor& out, NormOutput& norm, const Tensor& a, const Tensor& b);
+  // dresidual += d(loss)/d(x) from dout = d(loss)/d(norm output), fused; the
+  // norm's weight (and bias) gradients accumulate when they train.
+  void norm_backward_add(Tensor& dresidual, const NormParameters& norm, const Tensor& dout, const Tensor& x,
+                         const NormOutput& saved);
 
   ModelConfig config_;
   Backend& backend_;
   ModelOptions options_;
+  // Set by the architecture's constructor. lm_head_ == embedding_ when tied.
+  Parameter* embedding_ = nullptr;
+  NormParameters final_norm_;
+  Parameter* lm_head_ = nullptr;
+
+ private:
+  struct StepTokens;
+  struct DecoderStep;
+  // The loss, and when grad_scale is given the backward pass too (skipped
+  // when no token counts).
+  float run_step(const Tensor& input_ids, const Tensor& targets, const float* grad_scale);
+  StepTokens upload_step_tokens(const Tensor& input_ids, const Tensor& targets);
+  void forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets, bool training);
+  void backward_decoder(DecoderStep& step, Tensor& dnorm);
+  float lm_head_loss(const Tensor& hidden, const StepTokens& tokens, Tensor* dhidden, float grad_scale);
+  // dx (overwritten) = d(loss)/d(x) from dout; parameter gradients as norm_backward_add.
+  void norm_backward(Tensor& dx, const NormParameters& norm, const Tensor& dout, const Tensor& x,
+                     const NormOutput& saved);
+  // Dropout in the adapters is on while training only.
+  void set_training(bool training);
+
   std::deque<Parameter> parameters_;  // deque: stable addresses for the layers' references
   std::deque<Parameter> adapters_;
   std::vector<LoraLinear*> lora_layers_;

@@ -1,88 +1,50 @@
 #include "model/gpt_neox.h"
 
-#include <cmath>
-
-#include "kernels/error.h"
-
 namespace ft {
 
 struct GptNeoxModel::Layer {
-  LayerNormParameters input_norm, post_attention_norm;
+  NormParameters input_norm, post_attention_norm;
   std::unique_ptr<Linear> query_key_value, dense, dense_h_to_4h, dense_4h_to_h;
 };
 
 // What one layer's backward needs from its forward.
 struct GptNeoxModel::LayerActivations final : SavedActivations {
-  Tensor norm1, mean1, rstd1;  // input_layernorm output [N, C] and its f32 statistics [N]
-  Tensor q, k, v;              // [B, T, H, D], q and k after rotary
-  Tensor attn, lse;            // attention output [B, T, H, D], log-sum-exp [B, H, T]
+  NormOutput norm1;            // input_layernorm output [N, C] and its f32 statistics [N]
+  AttentionActivations attention;
   Tensor residual_mid;         // sequential residual only: x + attention block output [N, C]
-  Tensor norm2, mean2, rstd2;  // post_attention_layernorm output and statistics
+  NormOutput norm2;            // post_attention_layernorm output and statistics
   Tensor h;                    // dense_h_to_4h output [N, I], before GELU
 };
 
-struct GptNeoxModel::StepActivations : DecoderStep {
-  Tensor dnorm;  // d(loss)/d(final_layer_norm output) [N, C], made by a training forward
-};
-
+// PEFT's default target_modules for GPT-NeoX.
 GptNeoxModel::GptNeoxModel(const ModelConfig& config, Backend& backend, const ModelOptions& options)
-    : CausalLM(config, backend, options) {
+    : CausalLM(config, backend, options, {"query_key_value"}) {
   gelu_kind_ = config.hidden_act == "gelu" ? GeluKind::erf : GeluKind::tanh;
   const int64_t C = config.hidden_size, I = config.intermediate_size, V = config.vocab_size;
   const DType dtype = options.weight_dtype;
-  auto add_norm = [&](const std::string& name) {
-    Parameter& weight = add_parameter(name + ".weight", {C}, dtype);
-    return LayerNormParameters{&weight, &add_parameter(name + ".bias", {C}, dtype)};
-  };
-  embed_in_ = &add_parameter("gpt_neox.embed_in.weight", {V, C}, dtype);
+  const float eps = config.layer_norm_eps;
+  embedding_ = &add_parameter("gpt_neox.embed_in.weight", {V, C}, dtype);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     const std::string prefix = "gpt_neox.layers." + std::to_string(i) + ".";
     auto layer = std::make_unique<Layer>();
-    layer->input_norm = add_norm(prefix + "input_layernorm");
-    layer->post_attention_norm = add_norm(prefix + "post_attention_layernorm");
+    layer->input_norm = add_norm(prefix + "input_layernorm", true, eps);
+    layer->post_attention_norm = add_norm(prefix + "post_attention_layernorm", true, eps);
     layer->query_key_value = make_linear(prefix + "attention.query_key_value", 3 * C, C, config.attention_bias);
     layer->dense = make_linear(prefix + "attention.dense", C, C, config.attention_bias);
     layer->dense_h_to_4h = make_linear(prefix + "mlp.dense_h_to_4h", I, C, true);
     layer->dense_4h_to_h = make_linear(prefix + "mlp.dense_4h_to_h", C, I, true);
     layers_.push_back(std::move(layer));
   }
-  final_norm_ = add_norm("gpt_neox.final_layer_norm");
-  embed_out_ = config.tie_word_embeddings ? embed_in_ : &add_parameter("embed_out.weight", {V, C}, dtype);
-  check_lora_targets("query_key_value, dense, dense_h_to_4h, dense_4h_to_h");
+  final_norm_ = add_norm("gpt_neox.final_layer_norm", true, eps);
+  lm_head_ = config.tie_word_embeddings ? embedding_ : &add_parameter("embed_out.weight", {V, C}, dtype);
+  check_built("query_key_value, dense, dense_h_to_4h, dense_4h_to_h");
 }
 
 GptNeoxModel::~GptNeoxModel() = default;
 
-float GptNeoxModel::run_step(const Tensor& input_ids, const Tensor& targets, const float* grad_scale) {
-  StepActivations step;
-  float loss = forward_pass(step, input_ids, targets, grad_scale);
-  if (grad_scale && step.tokens.counted > 0) backward_pass(step);
-  return loss;
-}
+const NormParameters& GptNeoxModel::input_norm(size_t index) const { return layers_[index]->input_norm; }
 
 // ---- forward -------------------------------------------------------------
-
-// out [N, C] in the activation dtype and its statistics f32 [N].
-static void empty_norm_outputs(Backend& be, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, DType act) {
-  out = be.empty(x.shape, act, MemCategory::activations);
-  mean = be.empty({x.rows()}, DType::f32, MemCategory::activations);
-  rstd = be.empty({x.rows()}, DType::f32, MemCategory::activations);
-}
-
-// out, mean and rstd are allocated here.
-static void layer_norm(Backend& be, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
-                       const LayerNormParameters& norm, float eps, DType act) {
-  empty_norm_outputs(be, out, mean, rstd, x, act);
-  be.layernorm_forward(out, mean, rstd, x, norm.weight->value, norm.bias->value, eps);
-}
-
-// sum = a + b and out = layer norm of sum in one fused op; out, mean and
-// rstd are allocated here.
-static void add_layer_norm(Backend& be, Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
-                           const Tensor& b, const LayerNormParameters& norm, float eps, DType act) {
-  empty_norm_outputs(be, out, mean, rstd, a, act);
-  be.add_layernorm_forward(sum, out, mean, rstd, a, b, norm.weight->value, norm.bias->value, eps);
-}
 
 // out [N, C] = dense(attention(rope(q), rope(k), v)) with q, k, v from
 // query_key_value(saved.norm1). Without out it stops before dense, whose
@@ -93,23 +55,18 @@ void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int6
   const DType act = options_.activation_dtype;
   const int64_t N = B * T, C = config_.hidden_size, H = config_.num_attention_heads, D = config_.head_dim;
   Tensor qkv = be.empty({N, 3 * C}, act, MemCategory::activations);
-  layer.query_key_value->forward(be, qkv, saved.norm1);
+  layer.query_key_value->forward(be, qkv, saved.norm1.out);
   // HF's fused layout: each token's 3C outputs are [H, 3, D], per head q then k then v.
   const Tensor qkv_rows = qkv.reshaped({N * H, 3 * D});
-  Tensor* parts[3] = {&saved.q, &saved.k, &saved.v};
+  AttentionActivations& attention = saved.attention;
+  Tensor* parts[3] = {&attention.q, &attention.k, &attention.v};
   for (int part = 0; part < 3; ++part) {
     *parts[part] = be.empty({B, T, H, D}, act, MemCategory::activations);
     Tensor rows = parts[part]->reshaped({N * H, D});
     be.copy_columns(rows, 0, qkv_rows, part * D, D);
   }
-  Tensor q_heads = saved.q.reshaped({N, H, D}), k_heads = saved.k.reshaped({N, H, D});
-  be.rope_forward(q_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
-  be.rope_forward(k_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
-
-  saved.attn = be.empty({B, T, H, D}, act, MemCategory::activations);
-  saved.lse = be.empty({B, H, T}, DType::f32, MemCategory::activations);
-  be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)));
-  if (out) layer.dense->forward(be, *out, saved.attn.reshaped({N, C}));
+  attention_forward(attention, positions);
+  if (out) layer.dense->forward(be, *out, attention.attn.reshaped({N, C}));
 }
 
 // out [N, C] = dense_4h_to_h(gelu(dense_h_to_4h(saved.norm2))). Without out
@@ -117,21 +74,13 @@ void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int6
 void GptNeoxModel::forward_mlp(Layer& layer, LayerActivations& saved, Tensor* out) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
-  const int64_t N = saved.norm2.rows(), I = config_.intermediate_size;
+  const int64_t N = saved.norm2.out.rows(), I = config_.intermediate_size;
   saved.h = be.empty({N, I}, act, MemCategory::activations);
-  layer.dense_h_to_4h->forward(be, saved.h, saved.norm2);
+  layer.dense_h_to_4h->forward(be, saved.h, saved.norm2.out);
   if (!out) return;
   Tensor gelu_out = be.empty({N, I}, act, MemCategory::activations);
   be.gelu_forward(gelu_out, saved.h, gelu_kind_);
   layer.dense_4h_to_h->forward(be, *out, gelu_out);
-}
-
-// out = a + b, and norm (allocated here) = out under the next norm: layer
-// index + 1's input_layernorm, or final_layer_norm after the last layer.
-void GptNeoxModel::add_next_norm(size_t index, Tensor& out, NormOutput& norm, const Tensor& a, const Tensor& b) {
-  const LayerNormParameters& next = index + 1 < layers_.size() ? layers_[index + 1]->input_norm : final_norm_;
-  add_layer_norm(backend_, out, norm.out, norm.mean, norm.rstd, a, b, next, config_.layer_norm_eps,
-                 options_.activation_dtype);
 }
 
 // Parallel residual: out = (x + attn(ln1(x))) + mlp(ln2(x)).
@@ -145,13 +94,9 @@ std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t i
   auto kept = std::make_unique<LayerActivations>();
   LayerActivations& saved = *kept;
   const int64_t B = x.dim(0), T = x.dim(1), N = B * T, C = config_.hidden_size;
-  const float eps = config_.layer_norm_eps;
   const bool parallel = config_.use_parallel_residual;
   const Tensor x2d = x.reshaped({N, C});
-  if (!norm.out.defined()) layer_norm(be, norm.out, norm.mean, norm.rstd, x2d, layer.input_norm, eps, act);
-  saved.norm1 = norm.out;  // owned by the saved activations from here: freed with them
-  saved.mean1 = norm.mean;
-  saved.rstd1 = norm.rstd;
+  saved.norm1 = std::move(norm);  // owned by the saved activations from here: freed with them
   norm = {};
   // A recomputation (no out) computes only what backward reads: not the MLP
   // output, nor the parallel form's attention output, which only make the
@@ -160,11 +105,10 @@ std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t i
   if (out || !parallel) attn_out = be.empty({N, C}, act, MemCategory::activations);
   forward_attention(layer, saved, B, T, attn_out.defined() ? &attn_out : nullptr, positions);
   if (parallel) {
-    layer_norm(be, saved.norm2, saved.mean2, saved.rstd2, x2d, layer.post_attention_norm, eps, act);
+    saved.norm2 = norm_forward(layer.post_attention_norm, x2d);
   } else {
     saved.residual_mid = be.empty({N, C}, act, MemCategory::activations);
-    add_layer_norm(be, saved.residual_mid, saved.norm2, saved.mean2, saved.rstd2, x2d, attn_out,
-                   layer.post_attention_norm, eps, act);
+    saved.norm2 = add_norm_forward(layer.post_attention_norm, saved.residual_mid, x2d, attn_out);
   }
   if (!out) {
     forward_mlp(layer, saved, nullptr);
@@ -178,34 +122,7 @@ std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t i
   return kept;
 }
 
-float GptNeoxModel::forward_pass(StepActivations& step, const Tensor& input_ids, const Tensor& targets,
-                                 const float* grad_scale) {
-  forward_decoder(step, input_ids, targets, *embed_in_, grad_scale != nullptr);
-  const float loss = lm_head_loss(step.final_norm.out, *embed_out_, step.tokens, grad_scale ? &step.dnorm : nullptr,
-                                  grad_scale ? *grad_scale : 0.0f);
-  step.final_norm.out = Tensor{};  // its backward reads only the statistics
-  return loss;
-}
-
 // ---- backward ------------------------------------------------------------
-
-// dx overwritten; the norm's weight and bias gradients accumulate when they train.
-static void layer_norm_backward(Backend& be, Tensor& dx, const Tensor& dout, const Tensor& x,
-                                LayerNormParameters& norm, const Tensor& mean, const Tensor& rstd) {
-  Parameter& w = *norm.weight;
-  Parameter& b = *norm.bias;
-  be.layernorm_backward(dx, w.trainable() ? &w.grad : nullptr, b.trainable() ? &b.grad : nullptr, dout, x, w.value,
-                        mean, rstd);
-}
-
-// dresidual += the norm's input gradient, fused; parameter gradients as above.
-static void layer_norm_backward_add(Backend& be, Tensor& dresidual, const Tensor& dout, const Tensor& x,
-                                    LayerNormParameters& norm, const Tensor& mean, const Tensor& rstd) {
-  Parameter& w = *norm.weight;
-  Parameter& b = *norm.bias;
-  be.layernorm_backward_add(dresidual, w.trainable() ? &w.grad : nullptr, b.trainable() ? &b.grad : nullptr, dout,
-                            dresidual, x, w.value, mean, rstd);
-}
 
 // dnorm (overwritten) = d(loss)/d(saved.norm2) from dout = d(loss)/d(mlp output).
 void GptNeoxModel::backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor& dnorm) {
@@ -219,7 +136,7 @@ void GptNeoxModel::backward_mlp(Layer& layer, LayerActivations& saved, const Ten
   Tensor dact = be.empty({N, I}, act, MemCategory::activations);
   layer.dense_4h_to_h->backward(be, dact, dout, gelu_out, false);
   be.gelu_backward(dact, dact, saved.h, gelu_kind_);
-  layer.dense_h_to_4h->backward(be, dnorm, dact, saved.norm2, false);
+  layer.dense_h_to_4h->backward(be, dnorm, dact, saved.norm2.out, false);
 }
 
 // dnorm (overwritten) = d(loss)/d(saved.norm1) from dout = d(loss)/d(attention block output).
@@ -227,25 +144,19 @@ void GptNeoxModel::backward_attention(Layer& layer, LayerActivations& saved, con
                                       const Tensor& positions) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
-  const int64_t B = saved.q.dim(0), T = saved.q.dim(1), N = B * T, C = config_.hidden_size;
+  const AttentionActivations& attention = saved.attention;
+  const int64_t N = attention.q.dim(0) * attention.q.dim(1), C = config_.hidden_size;
   const int64_t H = config_.num_attention_heads, D = config_.head_dim;
-  Tensor dattn = be.empty({B, T, H, D}, act, MemCategory::activations);
+  Tensor dattn = be.empty(attention.attn.shape, act, MemCategory::activations);
   Tensor dattn2d = dattn.reshaped({N, C});
-  layer.dense->backward(be, dattn2d, dout, saved.attn.reshaped({N, C}), false);
-  Tensor dq = be.empty({B, T, H, D}, act, MemCategory::activations);
-  Tensor dk = be.empty({B, T, H, D}, act, MemCategory::activations);
-  Tensor dv = be.empty({B, T, H, D}, act, MemCategory::activations);
-  be.attention_backward(dq, dk, dv, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse,
-                        1.0f / std::sqrt(float(D)));
-  Tensor dq_heads = dq.reshaped({N, H, D}), dk_heads = dk.reshaped({N, H, D});
-  be.rope_backward(dq_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
-  be.rope_backward(dk_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  layer.dense->backward(be, dattn2d, dout, attention.attn.reshaped({N, C}), false);
+  const AttentionGradients d = attention_backward(attention, dattn, positions);
   // Back into HF's fused [H, 3, D] layout; the three parts cover every column.
   Tensor dqkv = be.empty({N, 3 * C}, act, MemCategory::activations);
   Tensor dqkv_rows = dqkv.reshaped({N * H, 3 * D});
-  const Tensor* parts[3] = {&dq, &dk, &dv};
+  const Tensor* parts[3] = {&d.dq, &d.dk, &d.dv};
   for (int part = 0; part < 3; ++part) be.copy_columns(dqkv_rows, part * D, parts[part]->reshaped({N * H, D}), 0, D);
-  layer.query_key_value->backward(be, dnorm, dqkv, saved.norm1, false);
+  layer.query_key_value->backward(be, dnorm, dqkv, saved.norm1.out, false);
 }
 
 void GptNeoxModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dresidual, const Tensor& x,
@@ -271,24 +182,10 @@ void GptNeoxModel::backward_layer(size_t index, SavedActivations& kept, Tensor& 
   if (parallel)
     dnorm_attention = be.empty({N, C}, act, MemCategory::activations);
   else
-    layer_norm_backward_add(be, dres, dnorm, saved.residual_mid, layer.post_attention_norm, saved.mean2,
-                            saved.rstd2);
+    norm_backward_add(dres, layer.post_attention_norm, dnorm, saved.residual_mid, saved.norm2);
   backward_attention(layer, saved, dres, dnorm_attention, positions);
-  layer_norm_backward_add(be, dres, dnorm_attention, x2d, layer.input_norm, saved.mean1, saved.rstd1);
-  if (parallel)
-    layer_norm_backward_add(be, dres, dnorm, x2d, layer.post_attention_norm, saved.mean2, saved.rstd2);
-}
-
-void GptNeoxModel::backward_pass(StepActivations& step) {
-  Backend& be = backend_;
-  const DType act = options_.activation_dtype;
-  const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
-  Tensor dresidual = be.empty({step.tokens.batch, step.tokens.seq, C}, act, MemCategory::activations);
-  Tensor dresidual2d = dresidual.reshaped({N, C});
-  layer_norm_backward(be, dresidual2d, step.dnorm, step.residuals.back().reshaped({N, C}), final_norm_,
-                      step.final_norm.mean, step.final_norm.rstd);
-  step.dnorm = Tensor{};
-  backward_decoder(step, dresidual, *embed_in_);
+  norm_backward_add(dres, layer.input_norm, dnorm_attention, x2d, saved.norm1);
+  if (parallel) norm_backward_add(dres, layer.post_attention_norm, dnorm, x2d, saved.norm2);
 }
 
 }  // namespace ft

@@ -2,6 +2,7 @@
 // frozen base, and PEFT-style LoRA adapters. Set by the trainer from its
 // config; the model knows nothing of YAML.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,11 +10,15 @@
 
 namespace ft {
 
+// LoRA adapters with PEFT's LoraConfig names and defaults, the one description
+// used by the YAML config (lora:), the model and PEFT adapter files.
 struct LoraOptions {
-  int64_t r = 0;  // 0: no adapters
-  double lora_alpha = 8.0;
+  int64_t r = 8;
+  double lora_alpha = 8.0;  // scaling = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora)
   double lora_dropout = 0.0;
-  std::vector<std::string> target_modules = {"q_proj", "v_proj"};
+  // Module names (module_matches_target); empty: PEFT's default for the
+  // architecture (Llama: q_proj, v_proj; GPT-NeoX: query_key_value).
+  std::vector<std::string> target_modules;
   bool use_rslora = false;
 };
 
@@ -34,7 +39,7 @@ struct ModelOptions {
   DType activation_dtype = DType::f32;
   bool int8_base = false;           // every decoder linear frozen in LLM.int8()
   float int8_threshold = 6.0f;      // outlier threshold; 0 disables the 16-bit outlier path
-  LoraOptions lora;
+  std::optional<LoraOptions> lora;  // none: no adapters
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::none;
   // Training steps compute lm_head logits and cross-entropy this many tokens
   // at a time ([chunk, vocab] f32 instead of [tokens, vocab]); 0: all at once.

@@ -10,10 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "kernels/error.h"
+#include "model/json_input.h"
 #include "model/safetensors.h"
 
 namespace ft {
@@ -31,13 +33,9 @@ json read_json_file(const std::string& path) {
   FT_CHECK(file, path, ": cannot open (expected a PEFT adapter_config.json)");
   std::stringstream text;
   text << file.rdbuf();
-  try {
-    json value = json::parse(text.str());
-    FT_CHECK(value.is_object(), path, ": expected a JSON object");
-    return value;
-  } catch (const json::parse_error& error) {
-    fail(path, ": not valid JSON: ", error.what());
-  }
+  json value = parse_json(text.str(), path);
+  FT_CHECK(value.is_object(), path, ": expected a JSON object");
+  return value;
 }
 
 bool is_set(const json& config, const char* field) { return config.contains(field) && !config[field].is_null(); }
@@ -80,8 +78,10 @@ std::vector<std::string> read_target_modules(const json& config, const std::stri
 
 // The adapter the model holds must be the one described: same rank, same
 // scaling and the same modules (as a set: PEFT saves a Python set).
-void check_matches_model(const PeftAdapterConfig& config, const LoraOptions& lora, const std::string& source) {
-  FT_CHECK(lora.r > 0, source, ": the model was built without LoRA adapters (lora.r = 0)");
+void check_matches_model(const LoraOptions& config, const std::optional<LoraOptions>& model_lora,
+                         const std::string& source) {
+  FT_CHECK(model_lora, source, ": the model was built without LoRA adapters");
+  const LoraOptions& lora = *model_lora;
   FT_CHECK(config.r == lora.r, source, ": field \"r\" is ", config.r, " but the model's adapters have r = ", lora.r);
   FT_CHECK(config.lora_alpha == lora.lora_alpha, source, ": field \"lora_alpha\" is ", config.lora_alpha,
            " but the model's adapters have lora_alpha = ", lora.lora_alpha);
@@ -142,15 +142,19 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
   FT_CHECK(config.contains("peft_type"), source, ": missing required field \"peft_type\" (expected \"LORA\")");
   FT_CHECK(config["peft_type"] == "LORA", source, ": field \"peft_type\" is ", config["peft_type"].dump(),
            " but only \"LORA\" adapters are supported");
-  PeftAdapterConfig result;
-  FT_CHECK(config.contains("r"), source, ": missing required field \"r\"");
-  FT_CHECK(config["r"].is_number_integer() && config["r"].get<int64_t>() > 0, source,
-           ": field \"r\" must be a positive integer, got ", config["r"].dump());
-  result.r = config["r"].get<int64_t>();
-  FT_CHECK(config.contains("lora_alpha"), source, ": missing required field \"lora_alpha\"");
-  FT_CHECK(config["lora_alpha"].is_number() && config["lora_alpha"].get<double>() > 0, source,
-           ": field \"lora_alpha\" must be a positive number, got ", config["lora_alpha"].dump());
-  result.lora_alpha = config["lora_alpha"].get<double>();
+  PeftAdapterConfig adapter;
+  LoraOptions& result = adapter.lora;
+  // Absent fields keep LoraOptions' defaults, which are PEFT's.
+  if (is_set(config, "r")) {
+    FT_CHECK(config["r"].is_number_integer() && config["r"].get<int64_t>() > 0, source,
+             ": field \"r\" must be a positive integer, got ", config["r"].dump());
+    result.r = config["r"].get<int64_t>();
+  }
+  if (is_set(config, "lora_alpha")) {
+    FT_CHECK(config["lora_alpha"].is_number() && config["lora_alpha"].get<double>() > 0, source,
+             ": field \"lora_alpha\" must be a positive number, got ", config["lora_alpha"].dump());
+    result.lora_alpha = config["lora_alpha"].get<double>();
+  }
   result.target_modules = read_target_modules(config, source);
   if (is_set(config, "lora_dropout")) {
     const json& p = config["lora_dropout"];
@@ -169,22 +173,13 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
                             "layers_to_transform", "layer_replication", "modules_to_save", "exclude_modules",
                             "target_parameters", "trainable_token_indices"})
     require_peft_default(config, field, source);
-  result.base_model_name_or_path = optional_string(config, "base_model_name_or_path", "", source);
-  result.task_type = optional_string(config, "task_type", "", source);
-  return result;
+  adapter.base_model_name_or_path = optional_string(config, "base_model_name_or_path", "", source);
+  adapter.task_type = optional_string(config, "task_type", "", source);
+  return adapter;
 }
 
-LoraOptions lora_options(const PeftAdapterConfig& config) {
-  LoraOptions lora;
-  lora.r = config.r;
-  lora.lora_alpha = config.lora_alpha;
-  lora.lora_dropout = config.lora_dropout;
-  lora.target_modules = config.target_modules;
-  lora.use_rslora = config.use_rslora;
-  return lora;
-}
-
-void save_peft_adapter(const std::string& folder, CausalLM& model, const PeftAdapterConfig& config) {
+void save_peft_adapter(const std::string& folder, CausalLM& model, const PeftAdapterConfig& peft) {
+  const LoraOptions& config = peft.lora;
   check_matches_model(config, model.options().lora, "save_peft_adapter(" + folder + ")");
   std::error_code error;
   fs::create_directories(folder, error);
@@ -208,8 +203,9 @@ void save_peft_adapter(const std::string& folder, CausalLM& model, const PeftAda
   else out["lora_alpha"] = config.lora_alpha;
   out["lora_dropout"] = config.lora_dropout;
   out["target_modules"] = config.target_modules;
-  out["base_model_name_or_path"] = config.base_model_name_or_path.empty() ? json() : json(config.base_model_name_or_path);
-  out["task_type"] = config.task_type.empty() ? json() : json(config.task_type);
+  out["base_model_name_or_path"] =
+      peft.base_model_name_or_path.empty() ? json() : json(peft.base_model_name_or_path);
+  out["task_type"] = peft.task_type.empty() ? json() : json(peft.task_type);
   out["bias"] = "none";
   out["fan_in_fan_out"] = false;
   out["use_rslora"] = config.use_rslora;
@@ -225,7 +221,7 @@ void save_peft_adapter(const std::string& folder, CausalLM& model, const PeftAda
 }
 
 void load_peft_adapter(const std::string& folder, CausalLM& model) {
-  check_matches_model(read_peft_adapter_config(folder), model.options().lora,
+  check_matches_model(read_peft_adapter_config(folder).lora, model.options().lora,
                       (fs::path(folder) / "adapter_config.json").string());
   SafetensorsFile file((fs::path(folder) / "adapter_model.safetensors").string());
   const std::string& path = file.path();
@@ -248,6 +244,7 @@ void load_peft_adapter(const std::string& folder, CausalLM& model) {
              shape_string(entry.shape), " but the model's adapter needs ", shape_string(adapter.value.shape));
     FT_CHECK(entry.dtype == DType::f32 || entry.dtype == DType::bf16 || entry.dtype == DType::f16, path,
              ": tensor \"", entry.name, "\" must be F32, BF16 or F16");
+    require_finite(entry);
   }
   for (const auto& [name, entry] : by_adapter)
     FT_CHECK(adapters.count(name), path, ": unexpected tensor \"", entry->name, "\": the model has no adapter \"",

@@ -17,29 +17,23 @@
 namespace ft {
 
 struct PeftAdapterConfig {
-  int64_t r = 0;
-  double lora_alpha = 8.0;
-  double lora_dropout = 0.0;
-  std::vector<std::string> target_modules;
-  bool use_rslora = false;
+  LoraOptions lora;
   std::string base_model_name_or_path;
   std::string task_type = "CAUSAL_LM";
 };
 
-// Reads folder/adapter_config.json. Requires peft_type "LORA", r,
-// lora_alpha and target_modules as a list of names. Settings that would
+// Reads folder/adapter_config.json. Requires peft_type "LORA" and
+// target_modules as a list of names; r, lora_alpha, lora_dropout and
+// use_rslora, when absent, keep LoraOptions' defaults (PEFT's). Settings that would
 // change the adapter's math and that we do not implement (bias, DoRA,
 // per-module rank/alpha patterns, fan_in_fan_out, ...) are Errors rather
 // than silently ignored; fields we do not know are ignored (PEFT writes
 // many). Errors name the file and the field.
 PeftAdapterConfig read_peft_adapter_config(const std::string& folder);
 
-// The LoRA options a model needs to hold this adapter.
-LoraOptions lora_options(const PeftAdapterConfig& config);
-
 // Creates folder (and parents) and writes adapter_model.safetensors (f32) and
-// adapter_config.json, each atomically. config must describe the model's
-// adapters (r, alpha, targets): a mismatch is an Error.
+// adapter_config.json, each atomically. config.lora must describe the model's
+// adapters (r, alpha, rslora, targets): a mismatch is an Error.
 void save_peft_adapter(const std::string& folder, CausalLM& model, const PeftAdapterConfig& config);
 
 // Copies every adapter tensor of folder into model.adapters(). The model must

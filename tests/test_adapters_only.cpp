@@ -100,7 +100,6 @@ TEST_CASE("full training with BF16 weights keeps f32 masters: 12 bytes of optimi
   CpuBackend backend(tracker);
   ModelOptions options;
   options.weight_dtype = DType::bf16;
-  options.lora.r = 0;
   auto model = make_causal_lm(ModelConfig::from_json_file(kFixture + "/config.json"), backend, options);
   model->load(Checkpoint(kFixture));
   model->set_trainable([](const std::string&) { return true; });

@@ -57,9 +57,7 @@ ModelOptions options_for(const ModelConfig& config, DType activation_dtype) {
   ModelOptions options;
   options.activation_dtype = activation_dtype;
   options.loss_chunk_tokens = kChunk;
-  options.lora.r = 4;
-  options.lora.lora_dropout = 0.0;
-  options.lora.target_modules = parity::all_linear_modules(config);
+  options.lora = LoraOptions{.r = 4, .lora_dropout = 0.0, .target_modules = parity::all_linear_modules(config)};
   return options;
 }
 

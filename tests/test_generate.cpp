@@ -13,7 +13,7 @@ using namespace ft;
 
 TEST_CASE("greedy takes the argmax; a tiny top_p keeps only the most likely token") {
   const float logits[5] = {0.1f, 2.0f, -1.0f, 1.9f, 0.0f};
-  uint64_t rng = 1;
+  SamplerRng rng{1};
   SamplingOptions greedy;
   CHECK(sample_token(logits, 5, greedy, rng) == 1);
   SamplingOptions nucleus;
@@ -27,7 +27,7 @@ TEST_CASE("temperature sampling follows the softmax; top_p cuts the tail") {
   SamplingOptions options;
   options.temperature = 1.0;
   options.top_p = 1.0;
-  uint64_t rng = 42;
+  SamplerRng rng{42};
   int counts[3] = {0, 0, 0};
   const int draws = 20000;
   for (int i = 0; i < draws; ++i) counts[sample_token(logits, 3, options, rng)]++;

@@ -79,7 +79,7 @@ void check_against_transformers(const std::string& fixture, bool parallel) {
 
 ModelOptions lora_on_query_key_value() {
   ModelOptions options;
-  options.lora = lora_options(read_peft_adapter_config(kLoraFolder + "/adapter"));
+  options.lora = read_peft_adapter_config(kLoraFolder + "/adapter").lora;
   return options;
 }
 
@@ -162,8 +162,7 @@ TEST_CASE("gpt_neox: a LoRA target that matches nothing lists the NeoX module na
   HostAllocator host;
   CpuBackend backend(host);
   ModelOptions options;
-  options.lora.r = 4;
-  options.lora.target_modules = {"q_proj", "v_proj"};
+  options.lora = LoraOptions{.r = 4, .target_modules = {"q_proj", "v_proj"}};
   CHECK_THROWS_WITH_AS(
       GptNeoxModel(ModelConfig::from_json_file(kParallelFolder + "/config.json"), backend, options),
       doctest::Contains("\"q_proj\" matches no module of this gpt_neox model (its linear modules are "

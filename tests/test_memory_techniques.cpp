@@ -47,9 +47,7 @@ ModelOptions model_options(const ModelConfig& config, const Step& step) {
   options.activation_checkpointing = step.checkpointing;
   options.loss_chunk_tokens = step.loss_chunk_tokens;
   if (!step.lora) return options;
-  options.lora.r = 4;
-  options.lora.lora_dropout = 0.1;
-  options.lora.target_modules = parity::all_linear_modules(config);
+  options.lora = LoraOptions{.r = 4, .lora_dropout = 0.1, .target_modules = parity::all_linear_modules(config)};
   return options;
 }
 

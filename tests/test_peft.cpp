@@ -56,7 +56,7 @@ std::unique_ptr<LlamaModel> make_lora_model(Backend& backend, const std::string&
   ModelOptions options;
   options.weight_dtype = DType::f32;
   options.int8_base = false;
-  options.lora = lora_options(read_peft_adapter_config(adapter_folder));
+  options.lora = read_peft_adapter_config(adapter_folder).lora;
   auto model = std::make_unique<LlamaModel>(ModelConfig::from_json_file(kBaseFolder + "/config.json"), backend, options);
   model->load(Checkpoint(kBaseFolder));
   return model;
@@ -204,6 +204,17 @@ TEST_CASE("adapter configs PEFT would not give us, or that do not fit the model,
   CHECK_THROWS_WITH_AS(read_peft_adapter_config(no_targets.write("no_targets")),
                        doctest::Contains("missing required field \"target_modules\""), Error);
 
+  // What PEFT fills in for an absent r or lora_alpha, we do too.
+  AdapterFiles no_rank;
+  no_rank.config.erase("r");
+  no_rank.config.erase("lora_alpha");
+  const LoraOptions defaults = read_peft_adapter_config(no_rank.write("no_rank")).lora;
+  CHECK(defaults.r == 8);
+  CHECK(defaults.lora_alpha == 8.0);
+  no_rank.config["r"] = 0;
+  CHECK_THROWS_WITH_AS(read_peft_adapter_config(no_rank.write("zero_rank")),
+                       doctest::Contains("field \"r\" must be a positive integer, got 0"), Error);
+
   AdapterFiles regex_targets;
   regex_targets.config["target_modules"] = ".*\\.(q_proj|v_proj)";
   CHECK_THROWS_WITH_AS(read_peft_adapter_config(regex_targets.write("regex_targets")),
@@ -264,4 +275,34 @@ TEST_CASE("adapter weights: a missing, extra or misshapen tensor is refused nami
   load_peft_adapter(named.write("adapter_named_keys"), *fresh);
   fresh->forward(reference.view("input_ids"), targets);
   CHECK(same_bytes(fresh->last_logits(), model->last_logits()));
+}
+
+TEST_CASE("no target_modules: PEFT's default targets for the architecture, recorded in the saved adapter") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  ModelOptions options;
+  options.lora = LoraOptions{};
+  const struct {
+    const char* fixture;
+    std::vector<std::string> targets;
+    std::string first_adapter;
+  } cases[] = {
+      {"llama_gqa", {"q_proj", "v_proj"}, "model.layers.0.self_attn.q_proj.lora_A.weight"},
+      {"gpt_neox_parallel", {"query_key_value"}, "gpt_neox.layers.0.attention.query_key_value.lora_A.weight"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.fixture);
+    const ModelConfig config = ModelConfig::from_json_file(std::string(FT_FIXTURES_DIR) + "/" + c.fixture + "/config.json");
+    std::unique_ptr<CausalLM> model = make_causal_lm(config, backend, options);
+    CHECK(model->options().lora->target_modules == c.targets);
+    // Two adapters (A, B) per targeted module per layer, PEFT's default rank.
+    REQUIRE(model->adapters().size() == 2 * c.targets.size() * size_t(config.num_hidden_layers));
+    CHECK(model->adapters().front().name == c.first_adapter);
+    CHECK(model->adapters().front().value.dim(0) == 8);
+
+    const std::string folder = std::string(FT_BINARY_DIR) + "/peft_default_targets_" + c.fixture;
+    model->init_adapters(1);
+    save_peft_adapter(folder, *model, PeftAdapterConfig{*model->options().lora, "", "CAUSAL_LM"});
+    CHECK(read_peft_adapter_config(folder).lora.target_modules == c.targets);
+  }
 }

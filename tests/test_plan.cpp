@@ -63,18 +63,16 @@ size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq) {
   HostAllocator host;
   TrackingAllocator tracker(host);
   CpuBackend backend(tracker);
-  std::unique_ptr<CausalLM> model = make_causal_lm(model_config, backend, model_options(config));
-  fill_weights(*model, backend);
-  model->init_adapters(config.seed);
-  set_trainable(*model, config);
-  std::unique_ptr<AdamW> optimizer = make_optimizer(backend, *model, config);
+  TrainingSetup setup =
+      setup_training(config, model_config, backend, [&](CausalLM& model) { fill_weights(model, backend); });
+  CausalLM* model = setup.model.get();
   Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
   model->zero_grads();
   model->set_dropout_seed(config.seed);
   float loss = model->forward_backward(ids, ids, 1.0f);
   CHECK(std::isfinite(loss));
-  optimizer->step(config.lr);
+  setup.optimizer->step(config.lr);
   return tracker.stats().total_peak_bytes;
 }
 

@@ -36,10 +36,11 @@ TEST_CASE("defaults, with relative paths resolved against the config's directory
   CHECK(c.tokenizer == "configs/models/tiny/tokenizer.model");
   CHECK(c.init == InitMode::pretrained);
   CHECK(c.trainable == Trainable::lora);
+  // PEFT's LoraConfig defaults; no target_modules: the architecture's default.
   CHECK(c.lora.r == 8);
-  CHECK(c.lora.lora_alpha == 16.0);
-  CHECK(c.lora.lora_dropout == 0.05);
-  CHECK(c.lora.target_modules == std::vector<std::string>{"q_proj", "v_proj"});
+  CHECK(c.lora.lora_alpha == 8.0);
+  CHECK(c.lora.lora_dropout == 0.0);
+  CHECK(c.lora.target_modules.empty());
   CHECK(c.lora.use_rslora == false);
   CHECK(c.quantization.mode == QuantMode::int8);
   CHECK(c.quantization.threshold == 6.0);

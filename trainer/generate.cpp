@@ -4,24 +4,20 @@
 #include <cmath>
 #include <numeric>
 
+#include "kernels/dropout_hash.h"
 #include "kernels/error.h"
 
 namespace ft {
 namespace {
 
-// splitmix64: a small, fully specified generator, so samples are reproducible
-// across platforms and standard libraries.
-double next_uniform(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return double(z >> 11) * (1.0 / 9007199254740992.0);
+// The next of the stream's uniforms in [0, 1), from its top 53 bits.
+double next_uniform(SamplerRng& rng) {
+  return double(splitmix64(rng.seed, rng.draws++) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 }  // namespace
 
-int32_t sample_token(const float* logits, int64_t vocab_size, const SamplingOptions& options, uint64_t& rng_state) {
+int32_t sample_token(const float* logits, int64_t vocab_size, const SamplingOptions& options, SamplerRng& rng) {
   if (options.temperature <= 0.0) return int32_t(std::max_element(logits, logits + vocab_size) - logits);
   const double max_logit = *std::max_element(logits, logits + vocab_size);
   std::vector<double> probs(static_cast<size_t>(vocab_size));
@@ -34,7 +30,7 @@ int32_t sample_token(const float* logits, int64_t vocab_size, const SamplingOpti
   double kept_mass = 0.0;
   size_t kept = 0;
   while (kept < order.size() && (kept == 0 || kept_mass < options.top_p * total)) kept_mass += probs[size_t(order[kept++])];
-  double draw = next_uniform(rng_state) * kept_mass;
+  double draw = next_uniform(rng) * kept_mass;
   for (size_t i = 0; i < kept; ++i) {
     draw -= probs[size_t(order[i])];
     if (draw <= 0.0) return order[i];
@@ -49,7 +45,7 @@ std::vector<std::vector<int32_t>> generate(CausalLM& model, const std::vector<st
   std::vector<std::vector<int32_t>> rows = prompts, generated(prompts.size());
   std::vector<bool> done(prompts.size(), false);
   for (const auto& prompt : prompts) FT_CHECK(!prompt.empty(), "generate: empty prompt");
-  uint64_t rng_state = options.seed;
+  SamplerRng rng{options.seed};
   HostAllocator host;
   for (int64_t new_tokens = 0; new_tokens < options.max_new_tokens; ++new_tokens) {
     int64_t T = 0;
@@ -69,7 +65,7 @@ std::vector<std::vector<int32_t>> generate(CausalLM& model, const std::vector<st
         continue;
       }
       const int64_t last = b * T + int64_t(rows[size_t(b)].size()) - 1;
-      int32_t token = sample_token(logits.ptr<float>() + last * V, V, options, rng_state);
+      int32_t token = sample_token(logits.ptr<float>() + last * V, V, options, rng);
       if (token == eos_id) {
         done[size_t(b)] = true;
         continue;

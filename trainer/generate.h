@@ -22,7 +22,15 @@ struct SamplingOptions {
 std::vector<std::vector<int32_t>> generate(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
                                            const SamplingOptions& options, int32_t eos_id);
 
+// The sampler's random numbers: draw k of a generation is splitmix64(seed, k)
+// (kernels/dropout_hash.h), a fully specified generator, so samples are
+// reproducible across platforms and standard libraries.
+struct SamplerRng {
+  uint64_t seed = 0;
+  uint64_t draws = 0;  // how many numbers were drawn so far
+};
+
 // Picks a token from one row of logits; exposed for tests.
-int32_t sample_token(const float* logits, int64_t vocab_size, const SamplingOptions& options, uint64_t& rng_state);
+int32_t sample_token(const float* logits, int64_t vocab_size, const SamplingOptions& options, SamplerRng& rng);
 
 }  // namespace ft

@@ -88,13 +88,11 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   MetaBackend backend(watch, options.policy, options.gemm_workspace_bytes);
   watch.backend = &backend;
 
-  // As trainer.cpp's make_model and make_data_and_optimizer, minus reading weights.
+  // As a run builds it, minus reading weights: the meta device has no values.
   watch.phase = "model weights";
-  std::unique_ptr<CausalLM> model = make_causal_lm(model_config, backend, model_options(config));
-  model->init_adapters(config.seed);
-  watch.phase = "gradients and optimizer state";
-  set_trainable(*model, config);
-  std::unique_ptr<AdamW> optimizer = make_optimizer(backend, *model, config);
+  TrainingSetup setup = setup_training(config, model_config, backend,
+                                       [&](CausalLM&) { watch.phase = "gradients and optimizer state"; });
+  CausalLM& model = *setup.model;
 
   // One micro-batch of train_step: every target counts, so nothing is skipped.
   HostAllocator host;
@@ -103,16 +101,16 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = targets.ptr<int32_t>()[i] = 0;
   watch.phase = "training step";
   backend.reset_cursor();
-  model->zero_grads();
-  model->set_dropout_seed(config.seed);
-  model->forward_backward(ids, targets, 1.0f);
+  model.zero_grads();
+  model.set_dropout_seed(config.seed);
+  model.forward_backward(ids, targets, 1.0f);
   watch.phase = "optimizer step";
-  optimizer->step(config.lr);
+  setup.optimizer->step(config.lr);
 
   StepPlan plan;
   plan.micro_batch = micro_batch;
   plan.seq_len = seq_len;
-  split_weights(plan, *model);
+  split_weights(plan, model);
   FT_CHECK(plan.int8_weight_bytes + plan.int8_scale_bytes + plan.dense_weight_bytes ==
                watch.at_peak.current(MemCategory::weights),
            "plan: the weights category holds more than the model's parameters");
@@ -120,7 +118,7 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   plan.peak_bytes = watch.peak_bytes;
   plan.reserved_bytes = cuda ? caching.reserved_bytes() : 0;
   plan.context_bytes = cuda ? options.context_reserve_bytes : 0;
-  plan.where = describe_peak(watch, *model);
+  plan.where = describe_peak(watch, model);
   return plan;
 }
 

@@ -24,14 +24,6 @@ enum class DeviceChoice { automatic, cpu, cuda };
 enum class Schedule { constant, linear, cosine };
 enum class TaskMetric { none, rouge };
 
-struct LoraConfig {
-  int64_t r = 8;
-  double lora_alpha = 16.0;
-  double lora_dropout = 0.05;
-  std::vector<std::string> target_modules = {"q_proj", "v_proj"};
-  bool use_rslora = false;  // scale = alpha / sqrt(r) instead of alpha / r
-};
-
 struct QuantizationConfig {
   QuantMode mode = QuantMode::int8;
   double threshold = 6.0;  // LLM.int8() outlier threshold
@@ -58,7 +50,7 @@ struct TrainConfig {
   std::string tokenizer;  // resolved path; defaults to <model>/tokenizer.model, else <model>/tokenizer.json
   InitMode init = InitMode::pretrained;
   Trainable trainable = Trainable::lora;
-  LoraConfig lora;
+  LoraOptions lora;  // used when trainable is lora
   QuantizationConfig quantization;
   Precision precision = Precision::fp32;
   DeviceChoice device = DeviceChoice::automatic;

@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/dropout_hash.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
 #include "model/peft_adapter.h"
@@ -25,6 +26,8 @@
 namespace ft {
 namespace fs = std::filesystem;
 
+namespace {
+
 ModelOptions model_options(const TrainConfig& config) {
   ModelOptions options;
   options.weight_dtype = config.precision == Precision::bf16 ? DType::bf16 : DType::f32;
@@ -33,19 +36,8 @@ ModelOptions model_options(const TrainConfig& config) {
   options.int8_threshold = float(config.quantization.threshold);
   options.activation_checkpointing = config.activation_checkpointing;
   options.loss_chunk_tokens = config.loss_chunk_tokens;
-  if (config.trainable == Trainable::lora) {
-    options.lora.r = config.lora.r;
-    options.lora.lora_alpha = config.lora.lora_alpha;
-    options.lora.lora_dropout = config.lora.lora_dropout;
-    options.lora.target_modules = config.lora.target_modules;
-    options.lora.use_rslora = config.lora.use_rslora;
-  }
+  if (config.trainable == Trainable::lora) options.lora = config.lora;
   return options;
-}
-
-void set_trainable(CausalLM& model, const TrainConfig& config) {
-  const bool train_all = config.trainable == Trainable::all;
-  model.set_trainable([&](const std::string& name) { return train_all || name.find(".lora_") != std::string::npos; });
 }
 
 std::unique_ptr<AdamW> make_optimizer(Backend& backend, CausalLM& model, const TrainConfig& config) {
@@ -57,6 +49,21 @@ std::unique_ptr<AdamW> make_optimizer(Backend& backend, CausalLM& model, const T
   options.weight_decay = config.weight_decay;
   options.max_grad_norm = config.max_grad_norm;
   return std::make_unique<AdamW>(backend, trainable, options);
+}
+
+}  // namespace
+
+TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
+                             const std::function<void(CausalLM&)>& fill_base) {
+  TrainingSetup setup;
+  setup.model = make_causal_lm(model_config, backend, model_options(config));
+  fill_base(*setup.model);
+  setup.model->init_adapters(config.seed);
+  const bool train_all = config.trainable == Trainable::all;
+  setup.model->set_trainable(
+      [&](const std::string& name) { return train_all || name.find(".lora_") != std::string::npos; });
+  setup.optimizer = make_optimizer(backend, *setup.model, config);
+  return setup;
 }
 
 namespace {
@@ -71,9 +78,9 @@ struct Run {
   ModelConfig model_config;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<CausalLM> model;
+  std::unique_ptr<AdamW> optimizer;
   std::unique_ptr<DataLoader> train, eval;
   Dataset eval_examples;
-  std::unique_ptr<AdamW> optimizer;
   LrSchedule schedule;
   int64_t total_steps = 0;
   explicit Run(const TrainConfig& c) : config(c) {}
@@ -129,10 +136,10 @@ void print_trainable_parameters(CausalLM& model) {
 
 // The INT8 base as a loadable model folder: later runs read the codes and
 // scales directly instead of quantising the 16-bit checkpoint again.
-void save_base(Run& run) {
+void save_base(const Run& run, CausalLM& model) {
   const std::string& folder = run.config.quantization.save_base;
   fs::create_directories(folder);
-  save_quantized_base(*run.model, path_in(folder, "model.safetensors"));
+  save_quantized_base(model, path_in(folder, "model.safetensors"));
   fs::copy_file(path_in(run.config.model, "config.json"), path_in(folder, "config.json"),
                 fs::copy_options::overwrite_existing);
   fs::copy_file(run.config.tokenizer, path_in(folder, run.tokenizer->file_name()), fs::copy_options::overwrite_existing);
@@ -146,15 +153,13 @@ void make_model(Run& run) {
            " is larger than the model's max_position_embeddings ", run.model_config.max_position_embeddings, " (",
            path_in(config.model, "config.json"), ")");
   run.tokenizer = load_tokenizer(config.tokenizer, run.model_config.vocab_size);
-  run.model = make_causal_lm(run.model_config, *run.backend, model_options(config));
-  if (config.init == InitMode::random) {
-    run.model->init_random(config.seed);
-  } else {
-    run.model->load(Checkpoint(config.model));
-  }
-  if (!config.quantization.save_base.empty()) save_base(run);
-  run.model->init_adapters(config.seed);
-  set_trainable(*run.model, config);
+  TrainingSetup setup = setup_training(config, run.model_config, *run.backend, [&](CausalLM& model) {
+    if (config.init == InitMode::random) model.init_random(config.seed);
+    else model.load(Checkpoint(config.model));
+    if (!config.quantization.save_base.empty()) save_base(run, model);
+  });
+  run.model = std::move(setup.model);
+  run.optimizer = std::move(setup.optimizer);
   print_trainable_parameters(*run.model);
 }
 
@@ -169,13 +174,12 @@ std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const
                                       run.config.seed, run.host);
 }
 
-void make_data_and_optimizer(Run& run) {
+void make_data(Run& run) {
   const TrainConfig& config = run.config;
   run.train = make_loader(run, config.data.train, "train", nullptr);
   if (!config.data.eval.empty()) run.eval = make_loader(run, config.data.eval, "eval", &run.eval_examples);
   const int64_t steps_per_epoch = (run.train->batches_per_epoch() + config.grad_accum_steps - 1) / config.grad_accum_steps;
   run.total_steps = config.max_steps > 0 ? config.max_steps : config.epochs * steps_per_epoch;
-  run.optimizer = make_optimizer(*run.backend, *run.model, config);
   run.schedule = LrSchedule{enum_name(config.schedule), config.lr, config.warmup_steps, run.total_steps,
                             config.min_lr_ratio};
 }
@@ -183,14 +187,6 @@ void make_data_and_optimizer(Run& run) {
 }  // namespace
 
 namespace {
-
-// splitmix64 of (seed, index): one dropout seed per micro-batch.
-uint64_t step_seed(uint64_t seed, int64_t index) {
-  uint64_t z = seed + 0x9e3779b97f4a7c15ull * uint64_t(index + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 // One optimizer step over grad_accum_steps micro-batches. The loss is the
 // mean over every counted token of all of them (each micro-batch's gradient
@@ -210,7 +206,8 @@ StepReport train_step(Run& run, int64_t step) {
     const Batch& batch = batches[i];
     report.tokens += batch.input_ids.numel();
     if (batch.counted_tokens == 0) continue;
-    run.model->set_dropout_seed(step_seed(run.config.seed, step * run.config.grad_accum_steps + int64_t(i)));
+    const int64_t micro_batch = step * run.config.grad_accum_steps + int64_t(i);
+    run.model->set_dropout_seed(splitmix64(run.config.seed, uint64_t(micro_batch)));  // one seed per micro-batch
     const float share = float(batch.counted_tokens) / float(counted);
     loss_sum += double(run.model->forward_backward(batch.input_ids, batch.targets, share)) * double(batch.counted_tokens);
   }
@@ -310,11 +307,7 @@ void save_outputs(Run& run) {
     return;
   }
   PeftAdapterConfig adapter;
-  adapter.r = config.lora.r;
-  adapter.lora_alpha = config.lora.lora_alpha;
-  adapter.lora_dropout = config.lora.lora_dropout;
-  adapter.target_modules = config.lora.target_modules;
-  adapter.use_rslora = config.lora.use_rslora;
+  adapter.lora = *run.model->options().lora;  // with the architecture's default targets filled in
   adapter.base_model_name_or_path = config.model;
   adapter.task_type = "CAUSAL_LM";
   save_peft_adapter(path_in(config.output_dir, "adapter"), *run.model, adapter);
@@ -349,7 +342,7 @@ void run_training(const TrainConfig& config, const RunOptions& options) {
   fs::create_directories(config.output_dir);
   make_backend(run);
   make_model(run);
-  make_data_and_optimizer(run);
+  make_data(run);
   const std::string state_path = path_in(config.output_dir, "train_state.safetensors");
   const std::string metrics_path = path_in(config.output_dir, "metrics.jsonl");
   TrainProgress resumed;

@@ -1,6 +1,7 @@
 // The training run: builds backend, model, data and optimizer from a
 // TrainConfig, evaluates before, trains, evaluates after, writes outputs.
 #pragma once
+#include <functional>
 #include <memory>
 
 #include "model/causal_lm.h"
@@ -9,13 +10,22 @@
 
 namespace ft {
 
-// How a run builds its model and optimizer from the config; the memory
-// planner (plan.h) calls the same functions so it plans what a run holds.
-ModelOptions model_options(const TrainConfig& config);
-// Gives gradient buffers to what the config trains: the adapters, or everything.
-void set_trainable(CausalLM& model, const TrainConfig& config);
-// AdamW over the model's trainable parameters with the config's options.
-std::unique_ptr<AdamW> make_optimizer(Backend& backend, CausalLM& model, const TrainConfig& config);
+// What a run trains: the model and the optimizer over its trainable set.
+struct TrainingSetup {
+  std::unique_ptr<CausalLM> model;
+  std::unique_ptr<AdamW> optimizer;
+};
+
+// The one way a run builds what it trains, on any backend; the memory planner
+// (plan.h) and its tests build theirs here too, so the planner measures what
+// a run holds. The model gets the config's options (dtypes, LLM.int8(), LoRA
+// when trainable is lora, checkpointing, loss chunking); fill_base then fills
+// its base weights (load, init_random, or nothing when planning); adapters
+// are initialised from the config's seed, the config's trainable set (the
+// adapters, or everything) gets gradient buffers, and AdamW takes the config's
+// weight decay and clipping.
+TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
+                             const std::function<void(CausalLM&)>& fill_base);
 
 struct RunOptions {
   bool resume = false;  // continue from output_dir/train_state.safetensors

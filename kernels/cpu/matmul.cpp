@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/onednn_gemm.h"
 
 namespace ft {
 namespace {
@@ -136,6 +137,7 @@ void CpuBackend::matmul_impl(Tensor& out, const Tensor& a, const Tensor& b, bool
                              float alpha, float beta) {
   const int64_t M = out.rows(), N = out.cols(), K = transpose_a ? a.rows() : a.cols();
   if (M == 0 || N == 0) return;
+  if (onednn_ && onednn_->matmul(out, a, b, transpose_a, transpose_b, alpha, beta)) return;
   Operand op_a{a.data, a.dtype, a.cols(), transpose_a};
   Operand op_b{b.data, b.dtype, b.cols(), !transpose_b};
   if (out.dtype == DType::f32) {

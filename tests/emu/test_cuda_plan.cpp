@@ -42,11 +42,9 @@ size_t measured_step_peak(const TrainConfig& config, int64_t batch, int64_t seq)
   CachingAllocator caching(device);
   TrackingAllocator tracker(caching);
   CudaBackend backend(tracker, cuda::default_gemm_kind());
-  std::unique_ptr<CausalLM> model = make_causal_lm(model_config, backend, model_options(config));
-  model->init_random(config.seed);
-  model->init_adapters(config.seed);
-  set_trainable(*model, config);
-  std::unique_ptr<AdamW> optimizer = make_optimizer(backend, *model, config);
+  TrainingSetup setup =
+      setup_training(config, model_config, backend, [&](CausalLM& model) { model.init_random(config.seed); });
+  CausalLM* model = setup.model.get();
   HostAllocator host;
   Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
@@ -54,7 +52,7 @@ size_t measured_step_peak(const TrainConfig& config, int64_t batch, int64_t seq)
   model->zero_grads();
   model->set_dropout_seed(config.seed);
   model->forward_backward(ids, ids, 1.0f);
-  optimizer->step(config.lr);
+  setup.optimizer->step(config.lr);
   return caching.stats().peak_bytes;
 }
 

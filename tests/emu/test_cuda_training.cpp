@@ -94,12 +94,10 @@ struct TrainingResult {
 // kSteps optimizer steps as trainer.cpp's train_step makes them, through the
 // functions run_training builds its model and optimizer with.
 TrainingResult train(const TrainConfig& config, Backend& backend, const CachingAllocator* caching) {
-  std::unique_ptr<CausalLM> model =
-      make_causal_lm(ModelConfig::from_json_file(config.model + "/config.json"), backend, model_options(config));
-  model->load(Checkpoint(config.model));
-  model->init_adapters(config.seed);
-  set_trainable(*model, config);
-  std::unique_ptr<AdamW> optimizer = make_optimizer(backend, *model, config);
+  TrainingSetup setup = setup_training(config, ModelConfig::from_json_file(config.model + "/config.json"), backend,
+                                       [&](CausalLM& model) { model.load(Checkpoint(config.model)); });
+  CausalLM* model = setup.model.get();
+  AdamW* optimizer = setup.optimizer.get();
   HostAllocator host;
   Tensor ids = Tensor::empty({2, 16}, DType::i32, host, MemCategory::activations);
   Tensor targets = Tensor::empty({2, 16}, DType::i32, host, MemCategory::activations);

@@ -215,14 +215,14 @@ json measure_training(const std::string& config_path, int steps, const Ceilings&
   CachingAllocator caching(device);
   TrackingAllocator tracker(caching);
   CudaBackend backend(tracker);
-  std::unique_ptr<CausalLM> model =
-      make_causal_lm(ModelConfig::from_json_file(config.model + "/config.json"), backend, model_options(config));
   const bool random_weights = !has_weights(config.model);
-  if (random_weights) model->init_random(config.seed);
-  else model->load(Checkpoint(config.model));
-  model->init_adapters(config.seed);
-  set_trainable(*model, config);
-  std::unique_ptr<AdamW> optimizer = make_optimizer(backend, *model, config);
+  TrainingSetup setup = setup_training(config, ModelConfig::from_json_file(config.model + "/config.json"), backend,
+                                       [&](CausalLM& model) {
+                                         if (random_weights) model.init_random(config.seed);
+                                         else model.load(Checkpoint(config.model));
+                                       });
+  CausalLM* model = setup.model.get();
+  AdamW* optimizer = setup.optimizer.get();
 
   HostAllocator host;
   const int64_t B = config.micro_batch_size, T = config.seq_len, vocab = model->config().vocab_size;
