@@ -1,5 +1,10 @@
 // The op interface. Model code calls only these functions, so a second backend
 // (kernels/cuda/) slots in beside kernels/cpu/ without touching the model.
+// Each public op checks its arguments' contract (kernels/op_checks.h) and then
+// calls its backend's implementation, the protected virtual <op>_impl, so
+// every backend (CPU, CUDA, the planner's meta) rejects the same calls the
+// same way. Adding an op: its public method here, its line in
+// FT_BACKEND_OP_IMPLS, its check in op_checks.h, one implementation per backend.
 //
 // Conventions, the same for every backend:
 // - Outputs are preallocated by the caller; ops never allocate tensors that
@@ -14,54 +19,80 @@
 #pragma once
 #include <span>
 
+#include "kernels/op_checks.h"
+#include "kernels/op_operands.h"
 #include "kernels/tensor.h"
 
 namespace ft {
 
-// One AdamW step's scalars (see Backend::adamw_update); step counts from 1.
-struct AdamWStep {
-  float lr, beta1, beta2, eps, weight_decay, grad_scale;
-  int64_t step;
-};
-
-// One tensor of Backend::adamw_update_many: adamw_update's operands, and
-// whether the step's weight decay applies (matrices) or not (norms, biases).
-struct AdamWTensors {
-  Tensor* param;
-  const Tensor* grad;
-  Tensor* m;
-  Tensor* v;
-  bool decayed;
-
-  AdamWStep step_for(const AdamWStep& step) const {
-    AdamWStep s = step;
-    if (!decayed) s.weight_decay = 0.0f;
-    return s;
-  }
-};
-
-// The optional operands int8_linear_forward folds into its output pass (null:
-// absent): a linear layer's bias [O] and LoRA's update scaling * h B^T with
-// h [N, r] = dropout(x) A^T and B [O, r] (f32 or bf16 each; both h and B or
-// neither), so out is written once instead of re-read by add_bias and a
-// matmul with beta = 1.
-struct Int8Epilogue {
-  const Tensor* bias = nullptr;
-  const Tensor* lora_h = nullptr;
-  const Tensor* lora_B = nullptr;
-  float lora_scaling = 0.0f;
-};
-
-// GELU's two forms in Hugging Face configs: erf is the exact x * Phi(x)
-// ("gelu"); tanh is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-// ("gelu_new", "gelu_fast", "gelu_pytorch_tanh").
-enum class GeluKind { erf, tanh };
+// Every op's implementation hook, declared once for Backend (prefix virtual,
+// suffix = 0) and once per backend (suffix override) from this one list.
+#define FT_BACKEND_OP_IMPLS(PREFIX, SUFFIX)                                                                         \
+  PREFIX void copy_impl(Tensor& dst, const Tensor& src) SUFFIX;                                                     \
+  PREFIX void fill_impl(Tensor& dst, float value) SUFFIX;                                                           \
+  PREFIX void copy_columns_impl(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,             \
+                                int64_t width) SUFFIX;                                                              \
+  PREFIX void matmul_impl(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,        \
+                          float alpha, float beta) SUFFIX;                                                          \
+  PREFIX void add_impl(Tensor& out, const Tensor& a, const Tensor& b) SUFFIX;                                       \
+  PREFIX void add_bias_impl(Tensor& out, const Tensor& bias) SUFFIX;                                                \
+  PREFIX void bias_backward_impl(Tensor& dbias, const Tensor& dout) SUFFIX;                                         \
+  PREFIX void embedding_forward_impl(Tensor& out, const Tensor& ids, const Tensor& table) SUFFIX;                   \
+  PREFIX void embedding_backward_impl(Tensor& dtable, const Tensor& ids, const Tensor& dout) SUFFIX;                \
+  PREFIX void rmsnorm_forward_impl(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps)     \
+      SUFFIX;                                                                                                       \
+  PREFIX void rmsnorm_backward_impl(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x,               \
+                                    const Tensor& weight, const Tensor& rstd) SUFFIX;                               \
+  PREFIX void layernorm_forward_impl(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,                      \
+                                     const Tensor& weight, const Tensor& bias, float eps) SUFFIX;                   \
+  PREFIX void layernorm_backward_impl(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,               \
+                                      const Tensor& x, const Tensor& weight, const Tensor& mean,                    \
+                                      const Tensor& rstd) SUFFIX;                                                   \
+  PREFIX void add_rmsnorm_forward_impl(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,    \
+                                       const Tensor& weight, float eps) SUFFIX;                                     \
+  PREFIX void add_layernorm_forward_impl(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,     \
+                                         const Tensor& b, const Tensor& weight, const Tensor& bias, float eps)      \
+      SUFFIX;                                                                                                       \
+  PREFIX void rmsnorm_backward_add_impl(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& dresidual,   \
+                                        const Tensor& x, const Tensor& weight, const Tensor& rstd) SUFFIX;          \
+  PREFIX void layernorm_backward_add_impl(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,           \
+                                          const Tensor& dresidual, const Tensor& x, const Tensor& weight,           \
+                                          const Tensor& mean, const Tensor& rstd) SUFFIX;                           \
+  PREFIX void rope_forward_impl(Tensor& x, const Tensor& positions, int rotary_dim, float theta) SUFFIX;            \
+  PREFIX void rope_backward_impl(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) SUFFIX;          \
+  PREFIX void swiglu_forward_impl(Tensor& out, const Tensor& gate, const Tensor& up) SUFFIX;                        \
+  PREFIX void swiglu_backward_impl(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,              \
+                                   const Tensor& up) SUFFIX;                                                        \
+  PREFIX void gelu_forward_impl(Tensor& out, const Tensor& x, GeluKind kind) SUFFIX;                                \
+  PREFIX void gelu_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) SUFFIX;            \
+  PREFIX void attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,   \
+                                     float scale) SUFFIX;                                                           \
+  PREFIX void attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,      \
+                                      const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,       \
+                                      float scale) SUFFIX;                                                          \
+  PREFIX void cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,      \
+                                 float dloss) SUFFIX;                                                               \
+  PREFIX void quantize_rows_int8_impl(Tensor& q, Tensor& scales, const Tensor& x) SUFFIX;                           \
+  PREFIX void int8_linear_forward_impl(Tensor& out, const Tensor& x, const Tensor& weight,                          \
+                                       const Tensor& weight_scales, float threshold, const Int8Epilogue& epilogue) \
+      SUFFIX;                                                                                                       \
+  PREFIX void int8_linear_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& weight,                       \
+                                        const Tensor& weight_scales, bool accumulate) SUFFIX;                       \
+  PREFIX void dropout_forward_impl(Tensor& out, const Tensor& x, float p, uint64_t seed) SUFFIX;                    \
+  PREFIX void dropout_backward_impl(Tensor& dx, const Tensor& dout, float p, uint64_t seed) SUFFIX;                 \
+  PREFIX void adamw_update_impl(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& step)     \
+      SUFFIX;                                                                                                       \
+  PREFIX double sum_squares_impl(const Tensor& x) SUFFIX;                                                           \
+  PREFIX void adamw_update_many_impl(std::span<const AdamWTensors> tensors, const AdamWStep& step) SUFFIX;          \
+  PREFIX double sum_squares_many_impl(std::span<const Tensor* const> tensors) SUFFIX;
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual Allocator& allocator() = 0;
+  // Where the backend's tensors live (its allocator's device).
+  Device device() { return allocator().device(); }
 
   Tensor empty(const Shape& shape, DType dtype, MemCategory category) {
     return Tensor::empty(shape, dtype, allocator(), category);
@@ -70,101 +101,179 @@ class Backend {
   // ---- data movement ---------------------------------------------------
   // dst = src converted to dst.dtype (element counts must match). Either side
   // may be a host tensor; this is how weights reach the device.
-  virtual void copy(Tensor& dst, const Tensor& src) = 0;
-  virtual void fill(Tensor& dst, float value) = 0;
+  void copy(Tensor& dst, const Tensor& src) {
+    checks::check_copy(device(), dst, src);
+    copy_impl(dst, src);
+  }
+  void fill(Tensor& dst, float value) {
+    checks::check_fill(device(), dst);
+    fill_impl(dst, value);
+  }
   // dst[r, dst_offset + j] = src[r, src_offset + j] for j < width, dst and src
   // viewed as 2-D with the same number of rows (e.g. one of q, k, v out of a
   // fused [N, 3C] projection, or its gradient back in). No aliasing.
-  virtual void copy_columns(Tensor& dst, int64_t dst_offset, const Tensor& src,
-                            int64_t src_offset, int64_t width) = 0;
+  void copy_columns(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset, int64_t width) {
+    checks::check_copy_columns(device(), dst, dst_offset, src, src_offset, width);
+    copy_columns_impl(dst, dst_offset, src, src_offset, width);
+  }
 
   // ---- linear algebra ----------------------------------------------------
   // out[M,N] = alpha * op(a)[M,K] @ op(b)[K,N] + beta * out, op = transpose
   // when the flag is set. a, b, out are 2-D (or viewed as [rows, cols]).
-  // beta = 0 ignores out's previous contents (even NaN).
-  virtual void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
-                      float alpha = 1.0f, float beta = 0.0f) = 0;
+  // beta = 0 ignores out's previous contents (even NaN). out aliases neither input.
+  void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, float alpha = 1.0f,
+              float beta = 0.0f) {
+    checks::check_matmul(device(), out, a, b, transpose_a, transpose_b);
+    matmul_impl(out, a, b, transpose_a, transpose_b, alpha, beta);
+  }
 
   // out = a + b, elementwise; out may alias a or b.
-  virtual void add(Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  void add(Tensor& out, const Tensor& a, const Tensor& b) {
+    checks::check_add(device(), out, a, b);
+    add_impl(out, a, b);
+  }
   // out[n, :] += bias (bias [C], out [N, C]): a linear layer's bias.
-  virtual void add_bias(Tensor& out, const Tensor& bias) = 0;
+  void add_bias(Tensor& out, const Tensor& bias) {
+    checks::check_bias(device(), "add_bias", bias, "bias", out, "out");
+    add_bias_impl(out, bias);
+  }
   // dbias[c] += sum over n of dout[n, c] (accumulated, as every parameter gradient).
-  virtual void bias_backward(Tensor& dbias, const Tensor& dout) = 0;
+  void bias_backward(Tensor& dbias, const Tensor& dout) {
+    checks::check_bias(device(), "bias_backward", dbias, "dbias", dout, "dout");
+    bias_backward_impl(dbias, dout);
+  }
 
   // ---- embedding ---------------------------------------------------------
   // out[N,C] = table[ids[n], :]; ids i32[N].
-  virtual void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) = 0;
+  void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
+    checks::check_embedding(device(), "embedding_forward", out, "out", ids, table, "table");
+    embedding_forward_impl(out, ids, table);
+  }
   // dtable[ids[n], :] += dout[n, :].
-  virtual void embedding_backward(Tensor& dtable, const Tensor& ids, const Tensor& dout) = 0;
+  void embedding_backward(Tensor& dtable, const Tensor& ids, const Tensor& dout) {
+    checks::check_embedding(device(), "embedding_backward", dout, "dout", ids, dtable, "dtable");
+    embedding_backward_impl(dtable, ids, dout);
+  }
 
   // ---- normalisation -----------------------------------------------------
   // out = x * rstd * weight, rstd[n] = 1/sqrt(mean(x[n]^2) + eps) (f32[N], saved
   // for backward). As HF LlamaRMSNorm: normalise in f32, then scale.
-  virtual void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) = 0;
+  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
+    checks::check_rmsnorm_forward(device(), "rmsnorm_forward", out, rstd, x, weight);
+    rmsnorm_forward_impl(out, rstd, x, weight, eps);
+  }
   // dx overwritten; dweight accumulated unless null.
-  virtual void rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
-                                const Tensor& weight, const Tensor& rstd) = 0;
+  void rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x, const Tensor& weight,
+                        const Tensor& rstd) {
+    checks::check_norm_backward_op(device(), "rmsnorm_backward", dx, dweight, nullptr, dout, nullptr, x, weight,
+                                   nullptr, rstd);
+    rmsnorm_backward_impl(dx, dweight, dout, x, weight, rstd);
+  }
   // As torch.nn.LayerNorm: out = (x - mean) * rstd * weight + bias with
   // mean[n] and rstd[n] = 1/sqrt(var(x[n]) + eps) (biased variance) in f32,
   // saved for backward (f32 [N] each); out rounded once to its dtype.
-  virtual void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
-                                 const Tensor& weight, const Tensor& bias, float eps) = 0;
+  void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
+                         const Tensor& bias, float eps) {
+    checks::check_layernorm_forward(device(), "layernorm_forward", out, mean, rstd, x, weight, bias);
+    layernorm_forward_impl(out, mean, rstd, x, weight, bias, eps);
+  }
   // dx overwritten; dweight and dbias accumulated unless null.
-  virtual void layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
-                                  const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                  const Tensor& rstd) = 0;
+  void layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& x,
+                          const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+    checks::check_norm_backward_op(device(), "layernorm_backward", dx, dweight, dbias, dout, nullptr, x, weight,
+                                   &mean, rstd);
+    layernorm_backward_impl(dx, dweight, dbias, dout, x, weight, mean, rstd);
+  }
   // Fused with a decoder layer's residual add, one pass over [N, C] each.
   // Forward: sum = a + b, rounded to sum's dtype BEFORE the statistics are
   // computed from it, then the norm of the rounded sum into out/statistics:
   // on the CPU bit-identical to add(sum, a, b) followed by *norm_forward on
   // sum. sum (the residual stream, kept by the caller) may alias a or b; out
   // aliases nothing.
-  virtual void add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
-                                   const Tensor& weight, float eps) = 0;
-  virtual void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
-                                     const Tensor& b, const Tensor& weight, const Tensor& bias, float eps) = 0;
+  void add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
+                           const Tensor& weight, float eps) {
+    checks::check_rmsnorm_forward(device(), "add_rmsnorm_forward", out, rstd, a, weight);
+    checks::check_residual_sum(device(), "add_rmsnorm_forward", sum, a, b);
+    add_rmsnorm_forward_impl(sum, out, rstd, a, b, weight, eps);
+  }
+  void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
+                             const Tensor& weight, const Tensor& bias, float eps) {
+    checks::check_layernorm_forward(device(), "add_layernorm_forward", out, mean, rstd, a, weight, bias);
+    checks::check_residual_sum(device(), "add_layernorm_forward", sum, a, b);
+    add_layernorm_forward_impl(sum, out, mean, rstd, a, b, weight, bias, eps);
+  }
   // Backward: dx = the norm's input gradient ROUNDED TO dx's DTYPE, plus
   // dresidual (the gradient through the residual branch), rounded again: on
   // the CPU bit-identical to *norm_backward into a tensor of dx's dtype
   // followed by add(dx, that, dresidual). dx may alias dresidual (the
   // residual gradient updated in place), not dout; parameter gradients
   // accumulate unless null, as the unfused ops'.
-  virtual void rmsnorm_backward_add(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& dresidual,
-                                    const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
-  virtual void layernorm_backward_add(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
-                                      const Tensor& dresidual, const Tensor& x, const Tensor& weight,
-                                      const Tensor& mean, const Tensor& rstd) = 0;
+  void rmsnorm_backward_add(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& dresidual,
+                            const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+    checks::check_norm_backward_op(device(), "rmsnorm_backward_add", dx, dweight, nullptr, dout, &dresidual, x,
+                                   weight, nullptr, rstd);
+    rmsnorm_backward_add_impl(dx, dweight, dout, dresidual, x, weight, rstd);
+  }
+  void layernorm_backward_add(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                              const Tensor& dresidual, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd) {
+    checks::check_norm_backward_op(device(), "layernorm_backward_add", dx, dweight, dbias, dout, &dresidual, x,
+                                   weight, &mean, rstd);
+    layernorm_backward_add_impl(dx, dweight, dbias, dout, dresidual, x, weight, mean, rstd);
+  }
 
   // ---- rotary position embedding (in place) ------------------------------
   // x is [N, H, D] (N tokens, H heads, head size D); positions i32[N]. The first
   // rotary_dim features of each head are rotated with HF's rotate_half layout:
   // pairs (i, i + rotary_dim/2), inv_freq[i] = theta^(-2i/rotary_dim).
-  virtual void rope_forward(Tensor& x, const Tensor& positions, int rotary_dim, float theta) = 0;
+  void rope_forward(Tensor& x, const Tensor& positions, int rotary_dim, float theta) {
+    checks::check_rope(device(), "rope_forward", x, positions, rotary_dim);
+    rope_forward_impl(x, positions, rotary_dim, theta);
+  }
   // The transposed (inverse) rotation, applied in place to the gradient.
-  virtual void rope_backward(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) = 0;
+  void rope_backward(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) {
+    checks::check_rope(device(), "rope_backward", dx, positions, rotary_dim);
+    rope_backward_impl(dx, positions, rotary_dim, theta);
+  }
 
   // ---- activations -------------------------------------------------------
   // out = silu(gate) * up.
-  virtual void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) = 0;
-  virtual void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
-                               const Tensor& up) = 0;
+  void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) {
+    checks::check_swiglu(device(), "swiglu_forward", {{&out, "out"}, {&gate, "gate"}, {&up, "up"}}, out);
+    swiglu_forward_impl(out, gate, up);
+  }
+  void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate, const Tensor& up) {
+    checks::check_swiglu(device(), "swiglu_backward",
+                         {{&dgate, "dgate"}, {&dup, "dup"}, {&dout, "dout"}, {&gate, "gate"}, {&up, "up"}}, dout);
+    swiglu_backward_impl(dgate, dup, dout, gate, up);
+  }
   // out = gelu(x) in the given form (see GeluKind); out may alias x.
-  virtual void gelu_forward(Tensor& out, const Tensor& x, GeluKind kind) = 0;
+  void gelu_forward(Tensor& out, const Tensor& x, GeluKind kind) {
+    checks::check_gelu(device(), "gelu_forward", out, "out", nullptr, x);
+    gelu_forward_impl(out, x, kind);
+  }
   // dx = dout * gelu'(x); dx may alias dout.
-  virtual void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) = 0;
+  void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) {
+    checks::check_gelu(device(), "gelu_backward", dx, "dx", &dout, x);
+    gelu_backward_impl(dx, dout, x, kind);
+  }
 
   // ---- attention ---------------------------------------------------------
   // Causal self-attention with grouped-query heads. q [B,T,Hq,D], k and v
   // [B,T,Hkv,D] with Hq % Hkv == 0 (query head h reads kv head h / (Hq/Hkv)),
   // out [B,T,Hq,D], lse f32 [B,Hq,T] = log-sum-exp of each score row (saved for
   // backward). scores = q.k * scale.
-  virtual void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                                 float scale) = 0;
+  void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale) {
+    checks::check_attention(device(), "attention_forward", q, k, v, out, lse);
+    attention_forward_impl(out, lse, q, k, v, scale);
+  }
   // dq, dk, dv overwritten.
-  virtual void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                                  const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                                  float scale) = 0;
+  void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const Tensor& out, const Tensor& lse, float scale) {
+    checks::check_attention(device(), "attention_backward", q, k, v, out, lse);
+    checks::check_attention_gradients(device(), "attention_backward", dq, dk, dv, dout, q, k);
+    attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, scale);
+  }
 
   // ---- loss --------------------------------------------------------------
   // Softmax cross-entropy over logits [N,V] with targets i32[N]; a target of
@@ -172,15 +281,20 @@ class Backend {
   // If dlogits is given it is set to (softmax - onehot) * dloss for counted
   // rows and 0 for ignored ones; dlogits may alias logits. For the mean over
   // counted tokens pass dloss = 1 / counted.
-  virtual void cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,
-                             float dloss) = 0;
+  void cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets, float dloss) {
+    checks::check_cross_entropy(device(), losses, dlogits, logits, targets);
+    cross_entropy_impl(losses, dlogits, logits, targets, dloss);
+  }
 
   // ---- LLM.int8() --------------------------------------------------------
   // Row-wise absmax quantisation (bitsandbytes' vector-wise scheme): for each
   // row r of x [R, K] (f32, bf16 or f16), scales[r] = max|x[r, :]| (f32 [R])
   // and q[r, k] = round-half-even(x[r, k] * 127 / scales[r]) (i8 [R, K]),
   // rounding the exact quotient. An all-zero row gets scale 0 and zero codes.
-  virtual void quantize_rows_int8(Tensor& q, Tensor& scales, const Tensor& x) = 0;
+  void quantize_rows_int8(Tensor& q, Tensor& scales, const Tensor& x) {
+    checks::check_quantize_rows_int8(device(), q, scales, x);
+    quantize_rows_int8_impl(q, scales, x);
+  }
   // out[N, O] = LLM.int8() product of x [N, K] with a frozen weight stored as
   // i8 [O, K] + f32 row scales [O] (W ~ q * scale / 127). Input-feature
   // columns k where any |x[:, k]| >= threshold (threshold > 0; 0 disables)
@@ -195,39 +309,66 @@ class Backend {
   //   v = fma(x[n, k], q[o, k] * s_w[o] / 127, v) over outlier columns k ascending;
   //   v = v + bias[o];
   //   s = 0; s = fma(h[n, j], B[o, j], s) for j = 0 .. r-1; v = fma(lora_scaling, s, v).
-  virtual void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
-                                   float threshold, const Int8Epilogue& epilogue = {}) = 0;
+  void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
+                           float threshold, const Int8Epilogue& epilogue = {}) {
+    checks::check_int8_linear_forward(device(), out, x, weight, weight_scales, threshold, epilogue);
+    int8_linear_forward_impl(out, x, weight, weight_scales, threshold, epilogue);
+  }
   // dx [N, K] = dout [N, O] @ dequant(weight) (dx += ... when accumulate).
   // The weight is dequantised tile by tile, never as a full f32 copy. No
   // weight gradient: int8 weights are frozen.
-  virtual void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight,
-                                    const Tensor& weight_scales, bool accumulate) = 0;
+  void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, const Tensor& weight_scales,
+                            bool accumulate) {
+    checks::check_int8_linear_backward(device(), dx, dout, weight, weight_scales);
+    int8_linear_backward_impl(dx, dout, weight, weight_scales, accumulate);
+  }
 
   // ---- dropout -----------------------------------------------------------
   // out = x * keep / (1 - p), keep[i] = hash_uniform(seed, i) >= p with i the
   // flat element index (kernels/dropout_hash.h), so every backend draws the
   // same mask and backward needs no saved mask. out may alias x.
-  virtual void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed) = 0;
+  void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed) {
+    checks::check_dropout(device(), "dropout_forward", out, "out", x, "x", p);
+    dropout_forward_impl(out, x, p, seed);
+  }
   // dx = dout * keep / (1 - p) with the same mask; dx may alias dout.
-  virtual void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed) = 0;
+  void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed) {
+    checks::check_dropout(device(), "dropout_backward", dx, "dx", dout, "dout", p);
+    dropout_backward_impl(dx, dout, p, seed);
+  }
 
   // ---- optimizer ---------------------------------------------------------
   // torch.optim.AdamW (foreach=False) on f32 param, grad, m, v, with grad
   // multiplied by step.grad_scale first (global-norm clipping):
   //   param *= 1 - lr * wd; m = lerp(m, g, 1 - b1); v = b2 * v + (1 - b2) * g * g;
   //   denom = sqrt(v) / sqrt(1 - b2^t) + eps; param -= (lr / (1 - b1^t)) * m / denom.
-  virtual void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& step) = 0;
+  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& step) {
+    checks::check_adamw(device(), "adamw_update", param, grad, m, v, step);
+    adamw_update_impl(param, grad, m, v, step);
+  }
   // Sum of squares of all elements (f32/bf16) accumulated in double and
   // returned on the host (for global-norm clipping); independent of the
   // thread or block count.
-  virtual double sum_squares(const Tensor& x) = 0;
+  double sum_squares(const Tensor& x) {
+    checks::check_float(x, device(), "sum_squares", "x");
+    return sum_squares_impl(x);
+  }
   // adamw_update on each tensor with tensor.step_for(step), bit-identical to
   // those calls one by one; the CUDA backend updates them all in one launch.
-  virtual void adamw_update_many(std::span<const AdamWTensors> tensors, const AdamWStep& step) = 0;
+  void adamw_update_many(std::span<const AdamWTensors> tensors, const AdamWStep& step) {
+    checks::check_adamw_many(device(), tensors, step);
+    adamw_update_many_impl(tensors, step);
+  }
   // The sum of sum_squares(x) over the tensors, added in order in double
   // (each tensor's sum bit-identical to sum_squares on the same backend), with
   // one device->host copy.
-  virtual double sum_squares_many(std::span<const Tensor* const> tensors) = 0;
+  double sum_squares_many(std::span<const Tensor* const> tensors) {
+    checks::check_sum_squares_many(device(), tensors);
+    return sum_squares_many_impl(tensors);
+  }
+
+ protected:
+  FT_BACKEND_OP_IMPLS(virtual, = 0)
 };
 
 }  // namespace ft

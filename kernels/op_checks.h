@@ -1,11 +1,17 @@
-// Argument checks shared by every backend, with op-named messages: a shape
-// or dtype mistake reads the same whichever backend catches it.
+// Every op's argument contract (shapes, dtypes, devices, aliasing), checked
+// by Backend's public methods (kernels/backend.h) before any backend runs the
+// op, so the CPU, CUDA and meta backends accept and reject exactly the same
+// calls with the same op-named messages. A backend's implementation checks
+// only what needs the data (ids and targets in range, read on the host) or
+// its own launch limits. Aliasing is checked by address, so it is caught
+// where tensors have data (not on the meta device).
 #pragma once
 #include <initializer_list>
+#include <span>
 #include <utility>
 
-#include "kernels/backend.h"
 #include "kernels/error.h"
+#include "kernels/op_operands.h"
 #include "kernels/tensor.h"
 
 namespace ft::checks {
@@ -86,7 +92,7 @@ inline void check_copy_columns(Device device, const Tensor& dst, int64_t dst_off
                src_offset + width <= src.cols(),
            op, ": columns [", dst_offset, ", ", dst_offset + width, ") of dst ", shape_string(dst.shape), " or [",
            src_offset, ", ", src_offset + width, ") of src ", shape_string(src.shape), " out of range");
-  FT_CHECK(dst.data != src.data, op, ": dst and src must not alias");
+  FT_CHECK(!dst.data || dst.data != src.data, op, ": dst and src must not alias");
 }
 
 // Backend::attention_forward's operands: q [B, T, Hq, D], k and v
@@ -94,8 +100,11 @@ inline void check_copy_columns(Device device, const Tensor& dst, int64_t dst_off
 struct AttentionShape {
   int64_t batch, seq, q_heads, kv_heads, head_dim;
 };
-inline AttentionShape check_attention(Device device, const char* op, const Tensor& q, const Tensor& k,
-                                      const Tensor& v, const Tensor& out, const Tensor& lse) {
+inline AttentionShape attention_shape(const Tensor& q, const Tensor& k) {
+  return {q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+}
+inline void check_attention(Device device, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& out, const Tensor& lse) {
   check_float(q, device, op, "q");
   check_float(k, device, op, "k");
   check_float(v, device, op, "v");
@@ -103,14 +112,13 @@ inline AttentionShape check_attention(Device device, const char* op, const Tenso
   check_dtype(lse, DType::f32, device, op, "lse");
   FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got q ", shape_string(q.shape),
            " and k ", shape_string(k.shape));
-  AttentionShape s{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  const AttentionShape s = attention_shape(q, k);
   FT_CHECK(s.kv_heads > 0 && s.q_heads % s.kv_heads == 0, op, ": query heads (", s.q_heads,
            ") must be a multiple of kv heads (", s.kv_heads, ")");
   check_shape(k, {s.batch, s.seq, s.kv_heads, s.head_dim}, op, "k");
   check_shape(v, k.shape, op, "v");
   check_shape(out, q.shape, op, "out");
   check_shape(lse, {s.batch, s.q_heads, s.seq}, op, "lse");
-  return s;
 }
 
 // attention_backward's gradients, shaped as their inputs.
@@ -124,15 +132,14 @@ inline void check_attention_gradients(Device device, const char* op, const Tenso
 
 // Embedding forward and backward: rows f32/bf16 [ids.numel(), C] for a
 // table [V, C] and i32 ids (ids' range is the backend's to check: reading
-// them needs the host). Returns V.
-inline int64_t check_embedding(Device device, const char* op, const Tensor& rows, const char* rows_name,
+// them needs the host).
+inline void check_embedding(Device device, const char* op, const Tensor& rows, const char* rows_name,
                                const Tensor& ids, const Tensor& table, const char* table_name) {
   check_float(rows, device, op, rows_name);
   check_dtype(ids, DType::i32, device, op, "ids");
   check_float(table, device, op, table_name);
   FT_CHECK(table.ndim() == 2, op, ": ", table_name, " must be [V, C], got ", shape_string(table.shape));
   check_shape(rows, {ids.numel(), table.dim(1)}, op, rows_name);
-  return table.dim(0);
 }
 
 // SwiGLU's operands, all shaped as the output (or its gradient).
@@ -149,8 +156,8 @@ inline bool overlaps(const Tensor& x, const Tensor& y) {
 
 // Backend::matmul's contract: out [M, N] = op(a) [M, K] @ op(b) [K, N], f32 or
 // bf16 operands, out aliasing neither input.
-inline void check_matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
-                         Device device) {
+inline void check_matmul(Device device, const Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a,
+                         bool transpose_b) {
   check_float(out, device, "matmul", "out");
   check_float(a, device, "matmul", "a");
   check_float(b, device, "matmul", "b");
@@ -167,7 +174,7 @@ inline void check_matmul(const Tensor& out, const Tensor& a, const Tensor& b, bo
 
 // Backend::int8_linear_forward's epilogue over out [N, O]: bias [O] (any
 // shape with O elements), lora_h [N, r] and lora_B [O, r], h and B together.
-inline void check_int8_epilogue(const Int8Epilogue& e, int64_t N, int64_t O, Device device) {
+inline void check_int8_epilogue(Device device, const Int8Epilogue& e, int64_t N, int64_t O) {
   const char* op = "int8_linear_forward";
   if (e.bias) {
     check_float(*e.bias, device, op, "bias");
@@ -182,6 +189,178 @@ inline void check_int8_epilogue(const Int8Epilogue& e, int64_t N, int64_t O, Dev
            ", expected [", O, ", r]");
   FT_CHECK(e.lora_h->rows() == N && e.lora_h->cols() == r, op, ": lora_h has shape ", shape_string(e.lora_h->shape),
            ", expected [", N, ", ", r, "]");
+}
+
+
+inline bool is_floating(DType dtype) { return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16; }
+
+// Backend::copy: each side on the backend's device or the host (with data
+// unless meta), at least one on the device; equal element counts; a dtype
+// change only between floating dtypes.
+inline void check_copy(Device device, const Tensor& dst, const Tensor& src) {
+  for (auto [t, name] : {std::pair{&dst, "dst"}, std::pair{&src, "src"}}) {
+    const bool has_data = t->data != nullptr || t->numel() == 0 || t->device == Device::meta;
+    FT_CHECK((t->device == device || t->device == Device::cpu) && has_data, "copy: ", name, " must be a ",
+             device_name(device), " or CPU tensor with data (shape ", shape_string(t->shape), ")");
+  }
+  FT_CHECK(dst.device == device || src.device == device, "copy: the ", device_name(device),
+           " backend copies to or from its device; both tensors are on the CPU");
+  FT_CHECK(dst.numel() == src.numel(), "copy: dst ", shape_string(dst.shape), " and src ", shape_string(src.shape),
+           " have different element counts");
+  FT_CHECK(dst.dtype == src.dtype || (is_floating(dst.dtype) && is_floating(src.dtype)), "copy: cannot convert ",
+           dtype_name(src.dtype), " to ", dtype_name(dst.dtype));
+}
+
+inline void check_fill(Device device, const Tensor& dst) { check_on(dst, device, "fill", "dst"); }
+
+// out = a + b: all floating and shaped alike.
+inline void check_add(Device device, const Tensor& out, const Tensor& a, const Tensor& b) {
+  check_float(out, device, "add", "out");
+  check_float_like(a, out, device, "add", "a");
+  check_float_like(b, out, device, "add", "b");
+}
+
+// A bias [C] over out [N, C] (add_bias) or its gradient over dout (bias_backward).
+inline void check_bias(Device device, const char* op, const Tensor& bias, const char* bias_name, const Tensor& rows,
+                       const char* rows_name) {
+  check_float(rows, device, op, rows_name);
+  check_float(bias, device, op, bias_name);
+  check_shape(bias, {rows.cols()}, op, bias_name);
+}
+
+inline void check_rmsnorm_forward(Device device, const char* op, const Tensor& out, const Tensor& rstd,
+                                  const Tensor& x, const Tensor& weight) {
+  check_norm(device, op, x, weight, nullptr, rstd);
+  check_float_like(out, x, device, op, "out");
+}
+
+inline void check_layernorm_forward(Device device, const char* op, const Tensor& out, const Tensor& mean,
+                                    const Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_norm(device, op, x, weight, &mean, rstd);
+  check_float_like(bias, weight, device, op, "bias");
+  check_float_like(out, x, device, op, "out");
+}
+
+// The fused residual norms' extra operands: b and sum shaped as a.
+inline void check_residual_sum(Device device, const char* op, const Tensor& sum, const Tensor& a, const Tensor& b) {
+  check_float_like(b, a, device, op, "b");
+  check_float_like(sum, a, device, op, "sum");
+}
+
+// A norm backward (mean null for RMSNorm, dbias null unless LayerNorm's),
+// with dresidual shaped as x for the fused forms.
+inline void check_norm_backward_op(Device device, const char* op, const Tensor& dx, const Tensor* dweight,
+                                   const Tensor* dbias, const Tensor& dout, const Tensor* dresidual, const Tensor& x,
+                                   const Tensor& weight, const Tensor* mean, const Tensor& rstd) {
+  check_norm(device, op, x, weight, mean, rstd);
+  check_norm_backward(device, op, dx, dout, x, weight, dweight, dbias);
+  if (dresidual) check_float_like(*dresidual, x, device, op, "dresidual");
+}
+
+// x [..., H, D] with positions i32 of one per token, rotary_dim even and at most D.
+inline void check_rope(Device device, const char* op, const Tensor& x, const Tensor& positions, int rotary_dim) {
+  check_float(x, device, op, "x");
+  check_dtype(positions, DType::i32, device, op, "positions");
+  FT_CHECK(x.ndim() >= 3 && x.dim(-2) > 0 && x.dim(-1) > 0, op, ": x must be [N, H, D], got ",
+           shape_string(x.shape));
+  const int64_t head_dim = x.dim(-1);
+  check_numel(positions, x.numel() / (x.dim(-2) * head_dim), op, "positions");
+  FT_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim, op, ": rotary_dim ", rotary_dim,
+           " must be even and in (0, head_dim = ", head_dim, "]");
+}
+
+// GELU forward (dout null) and backward: every operand floating and shaped as x.
+inline void check_gelu(Device device, const char* op, const Tensor& out, const char* out_name, const Tensor* dout,
+                       const Tensor& x) {
+  check_float(x, device, op, "x");
+  check_float_like(out, x, device, op, out_name);
+  if (dout) check_float_like(*dout, x, device, op, "dout");
+}
+
+inline void check_cross_entropy(Device device, const Tensor& losses, const Tensor* dlogits, const Tensor& logits,
+                                const Tensor& targets) {
+  const char* op = "cross_entropy";
+  check_float(logits, device, op, "logits");
+  check_dtype(targets, DType::i32, device, op, "targets");
+  check_dtype(losses, DType::f32, device, op, "losses");
+  check_numel(targets, logits.rows(), op, "targets");
+  check_numel(losses, logits.rows(), op, "losses");
+  if (dlogits) check_float_like(*dlogits, logits, device, op, "dlogits");
+}
+
+inline void check_quantize_rows_int8(Device device, const Tensor& q, const Tensor& scales, const Tensor& x) {
+  const char* op = "quantize_rows_int8";
+  check_on(x, device, op, "x");
+  FT_CHECK(is_floating(x.dtype), op, ": x must be f32, bf16 or f16, got ", dtype_name(x.dtype));
+  check_dtype(q, DType::i8, device, op, "q");
+  check_dtype(scales, DType::f32, device, op, "scales");
+  check_shape(q, x.shape, op, "q");
+  check_numel(scales, x.rows(), op, "scales");
+}
+
+// A frozen LLM.int8() weight: i8 [O, K] with f32 row scales [O].
+inline void check_int8_weight(Device device, const char* op, const Tensor& weight, const Tensor& scales) {
+  check_dtype(weight, DType::i8, device, op, "weight");
+  check_dtype(scales, DType::f32, device, op, "weight_scales");
+  FT_CHECK(weight.ndim() == 2, op, ": weight must be 2-D [out, in], got ", shape_string(weight.shape));
+  check_numel(scales, weight.dim(0), op, "weight_scales");
+}
+
+// out [N, O] = x [N, K] times weight [O, K]^T, plus the epilogue.
+inline void check_int8_linear_forward(Device device, const Tensor& out, const Tensor& x, const Tensor& weight,
+                                      const Tensor& weight_scales, float threshold, const Int8Epilogue& epilogue) {
+  const char* op = "int8_linear_forward";
+  check_float(out, device, op, "out");
+  check_float(x, device, op, "x");
+  check_int8_weight(device, op, weight, weight_scales);
+  FT_CHECK(threshold >= 0.0f, op, ": threshold must be >= 0 (0 disables outliers), got ", threshold);
+  const int64_t N = x.rows(), O = weight.dim(0);
+  FT_CHECK(weight.dim(1) == x.cols(), op, ": x ", shape_string(x.shape), " does not match weight ",
+           shape_string(weight.shape));
+  FT_CHECK(out.rows() == N && out.cols() == O, op, ": out has shape ", shape_string(out.shape), ", expected [", N,
+           ", ", O, "]");
+  check_int8_epilogue(device, epilogue, N, O);
+}
+
+// dx [N, K] from dout [N, O] and weight [O, K].
+inline void check_int8_linear_backward(Device device, const Tensor& dx, const Tensor& dout, const Tensor& weight,
+                                       const Tensor& weight_scales) {
+  const char* op = "int8_linear_backward";
+  check_float(dx, device, op, "dx");
+  check_float(dout, device, op, "dout");
+  check_int8_weight(device, op, weight, weight_scales);
+  const int64_t N = dout.rows(), K = weight.dim(1);
+  FT_CHECK(weight.dim(0) == dout.cols(), op, ": dout ", shape_string(dout.shape), " does not match weight ",
+           shape_string(weight.shape));
+  FT_CHECK(dx.rows() == N && dx.cols() == K, op, ": dx has shape ", shape_string(dx.shape), ", expected [", N, ", ",
+           K, "]");
+}
+
+// Dropout forward and backward: out shaped as x, p in [0, 1] (1 drops all).
+inline void check_dropout(Device device, const char* op, const Tensor& out, const char* out_name, const Tensor& x,
+                          const char* x_name, float p) {
+  check_float(out, device, op, out_name);
+  check_float_like(x, out, device, op, x_name);
+  FT_CHECK(p >= 0.0f && p <= 1.0f, op, ": p must be in [0, 1], got ", p);
+}
+
+// AdamW's f32 param, grad, m and v of equal size; steps count from 1.
+inline void check_adamw(Device device, const char* op, const Tensor& param, const Tensor& grad, const Tensor& m,
+                        const Tensor& v, const AdamWStep& step) {
+  for (auto [t, name] : {std::pair{&param, "param"}, std::pair{&grad, "grad"}, std::pair{&m, "m"},
+                         std::pair{&v, "v"}}) {
+    check_dtype(*t, DType::f32, device, op, name);
+    check_numel(*t, param.numel(), op, name);
+  }
+  FT_CHECK(step.step >= 1, op, ": step counts from 1, got ", step.step);
+}
+
+inline void check_adamw_many(Device device, std::span<const AdamWTensors> tensors, const AdamWStep& step) {
+  for (const AdamWTensors& t : tensors) check_adamw(device, "adamw_update_many", *t.param, *t.grad, *t.m, *t.v, step);
+}
+
+inline void check_sum_squares_many(Device device, std::span<const Tensor* const> tensors) {
+  for (const Tensor* x : tensors) check_float(*x, device, "sum_squares_many", "x");
 }
 
 }  // namespace ft::checks

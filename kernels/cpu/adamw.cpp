@@ -16,16 +16,7 @@ static float torch_lerp(float start, float end, float w) {
   return w < 0.5f ? std::fma(w, end - start, start) : end - (end - start) * (1.0f - w);
 }
 
-void CpuBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s) {
-  const char* op = "adamw_update";
-  cpu::check_dtype(param, DType::f32, op, "param");
-  cpu::check_dtype(grad, DType::f32, op, "grad");
-  cpu::check_dtype(m, DType::f32, op, "m");
-  cpu::check_dtype(v, DType::f32, op, "v");
-  cpu::check_numel(grad, param.numel(), op, "grad");
-  cpu::check_numel(m, param.numel(), op, "m");
-  cpu::check_numel(v, param.numel(), op, "v");
-  FT_CHECK(s.step >= 1, op, ": step counts from 1, got ", s.step);
+void CpuBackend::adamw_update_impl(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s) {
   // The scalars PyTorch computes in Python (double) and then applies to f32
   // tensors. Hyperparameters arrive here as f32, so e.g. 1 - beta1 may differ
   // from Python's 1 - 0.9 in the last f32 bit.
@@ -54,8 +45,7 @@ void CpuBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tens
 
 // Squares are summed in double per fixed chunk and the chunks in order, so
 // the result does not depend on the number of threads.
-double CpuBackend::sum_squares(const Tensor& x) {
-  cpu::check_float(x, "sum_squares", "x");
+double CpuBackend::sum_squares_impl(const Tensor& x) {
   int64_t n = x.numel();
   int64_t chunks = (n + cpu::kChunk - 1) / cpu::kChunk;
   std::vector<double> partial(chunks);
@@ -73,15 +63,15 @@ double CpuBackend::sum_squares(const Tensor& x) {
   return total;
 }
 
-void CpuBackend::adamw_update_many(std::span<const AdamWTensors> tensors, const AdamWStep& step) {
-  for (const AdamWTensors& t : tensors) adamw_update(*t.param, *t.grad, *t.m, *t.v, t.step_for(step));
+void CpuBackend::adamw_update_many_impl(std::span<const AdamWTensors> tensors, const AdamWStep& step) {
+  for (const AdamWTensors& t : tensors) adamw_update_impl(*t.param, *t.grad, *t.m, *t.v, t.step_for(step));
 }
 
 // In tensor order, so the optimizer's clipping norm is what adding
 // sum_squares per gradient gave.
-double CpuBackend::sum_squares_many(std::span<const Tensor* const> tensors) {
+double CpuBackend::sum_squares_many_impl(std::span<const Tensor* const> tensors) {
   double total = 0.0;
-  for (const Tensor* x : tensors) total += sum_squares(*x);
+  for (const Tensor* x : tensors) total += sum_squares_impl(*x);
   return total;
 }
 

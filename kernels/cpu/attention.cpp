@@ -49,9 +49,9 @@ void axpy(float* y, float alpha, const float* x, int64_t n) {
 
 }  // namespace
 
-void CpuBackend::attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                                   float scale) {
-  AttentionShape d = checks::check_attention(Device::cpu, "attention_forward", q, k, v, out, lse);
+void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                        float scale) {
+  AttentionShape d = checks::attention_shape(q, k);
   int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
   float* lse_out = lse.ptr<float>();
 #pragma omp parallel
@@ -86,12 +86,10 @@ void CpuBackend::attention_forward(Tensor& out, Tensor& lse, const Tensor& q, co
 
 // One task per (batch, kv head): it owns dk and dv for that kv head and loops
 // over the query heads that share it, so no two threads add into the same row.
-void CpuBackend::attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                                    const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                                    float scale) {
-  const char* op = "attention_backward";
-  AttentionShape d = checks::check_attention(Device::cpu, op, q, k, v, out, lse);
-  checks::check_attention_gradients(Device::cpu, op, dq, dk, dv, dout, q, k);
+void CpuBackend::attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                         float scale) {
+  AttentionShape d = checks::attention_shape(q, k);
   int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
   const float* lse_in = lse.ptr<const float>();
 #pragma omp parallel

@@ -9,10 +9,7 @@
 
 namespace ft {
 
-void CpuBackend::add_bias(Tensor& out, const Tensor& bias) {
-  cpu::check_float(out, "add_bias", "out");
-  cpu::check_float(bias, "add_bias", "bias");
-  cpu::check_shape(bias, {out.cols()}, "add_bias", "bias");
+void CpuBackend::add_bias_impl(Tensor& out, const Tensor& bias) {
   int64_t rows = out.rows(), channels = out.cols();
 #pragma omp parallel
   {
@@ -29,10 +26,7 @@ void CpuBackend::add_bias(Tensor& out, const Tensor& bias) {
 
 // Each thread sums its rows into a private buffer; the buffers are added up
 // after the parallel loop.
-void CpuBackend::bias_backward(Tensor& dbias, const Tensor& dout) {
-  cpu::check_float(dbias, "bias_backward", "dbias");
-  cpu::check_float(dout, "bias_backward", "dout");
-  cpu::check_shape(dbias, {dout.cols()}, "bias_backward", "dbias");
+void CpuBackend::bias_backward_impl(Tensor& dbias, const Tensor& dout) {
   int64_t rows = dout.rows(), channels = dout.cols();
   int threads = omp_get_max_threads();
   std::vector<float> partial(threads * channels, 0.0f);

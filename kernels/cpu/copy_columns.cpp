@@ -8,9 +8,8 @@
 
 namespace ft {
 
-void CpuBackend::copy_columns(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
-                              int64_t width) {
-  checks::check_copy_columns(Device::cpu, dst, dst_offset, src, src_offset, width);
+void CpuBackend::copy_columns_impl(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
+                                   int64_t width) {
   int64_t rows = dst.rows();
 #pragma omp parallel
   {

@@ -6,19 +6,11 @@
 
 namespace ft {
 
-static bool is_floating(DType dtype) { return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16; }
-
-void CpuBackend::copy(Tensor& dst, const Tensor& src) {
-  cpu::check_on_cpu(dst, "copy", "dst");
-  cpu::check_on_cpu(src, "copy", "src");
-  FT_CHECK(dst.numel() == src.numel(), "copy: dst ", shape_string(dst.shape), " and src ", shape_string(src.shape),
-           " have different element counts");
+void CpuBackend::copy_impl(Tensor& dst, const Tensor& src) {
   if (dst.dtype == src.dtype) {
     if (dst.data != src.data) std::memcpy(dst.data, src.data, src.size_bytes());
     return;
   }
-  FT_CHECK(is_floating(dst.dtype) && is_floating(src.dtype), "copy: cannot convert ", dtype_name(src.dtype), " to ",
-           dtype_name(dst.dtype));
   int64_t n = src.numel();
 #pragma omp parallel for schedule(static)
   for (int64_t start = 0; start < n; start += cpu::kChunk) {
@@ -29,8 +21,7 @@ void CpuBackend::copy(Tensor& dst, const Tensor& src) {
   }
 }
 
-void CpuBackend::fill(Tensor& dst, float value) {
-  cpu::check_on_cpu(dst, "fill", "dst");
+void CpuBackend::fill_impl(Tensor& dst, float value) {
   int64_t n = dst.numel();
   if (dst.dtype == DType::f32) {
     std::fill_n(dst.ptr<float>(), n, value);

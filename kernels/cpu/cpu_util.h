@@ -1,31 +1,12 @@
-// Helpers shared by the CPU ops: argument checks with op-named messages, and
-// row conversions between a tensor's storage dtype and f32 scratch buffers
-// (the dtype switch sits outside the loop so each loop vectorises).
+// Helpers shared by the CPU ops: row conversions between a tensor's storage
+// dtype and f32 scratch buffers (the dtype switch sits outside the loop so each
+// loop vectorises). Arguments are checked by Backend before an op runs.
 #pragma once
 #include <cstring>
 
-#include "kernels/error.h"
-#include "kernels/op_checks.h"
 #include "kernels/tensor.h"
 
 namespace ft::cpu {
-
-// The shared checks (kernels/op_checks.h) with the device fixed to the CPU.
-inline void check_on_cpu(const Tensor& t, const char* op, const char* name) {
-  checks::check_on(t, Device::cpu, op, name);
-}
-inline void check_float(const Tensor& t, const char* op, const char* name) {
-  checks::check_float(t, Device::cpu, op, name);
-}
-inline void check_dtype(const Tensor& t, DType dtype, const char* op, const char* name) {
-  checks::check_dtype(t, dtype, Device::cpu, op, name);
-}
-using checks::check_numel;
-using checks::check_shape;
-// t is floating and shaped as like.
-inline void check_float_like(const Tensor& t, const Tensor& like, const char* op, const char* name) {
-  checks::check_float_like(t, like, Device::cpu, op, name);
-}
 
 // dst[0, count) = elements [offset, offset + count) of t as f32.
 inline void load_row(float* dst, const Tensor& t, int64_t offset, int64_t count) {

@@ -12,19 +12,10 @@ constexpr int32_t kIgnoreIndex = -100;
 
 // Each row is loaded into f32 scratch before anything is written, so dlogits
 // may alias logits.
-void CpuBackend::cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,
-                               float dloss) {
+void CpuBackend::cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,
+                                    float dloss) {
   const char* op = "cross_entropy";
-  cpu::check_float(logits, op, "logits");
-  cpu::check_dtype(targets, DType::i32, op, "targets");
-  cpu::check_dtype(losses, DType::f32, op, "losses");
   int64_t rows = logits.rows(), vocab = logits.cols();
-  cpu::check_numel(targets, rows, op, "targets");
-  cpu::check_numel(losses, rows, op, "losses");
-  if (dlogits) {
-    cpu::check_float(*dlogits, op, "dlogits");
-    cpu::check_shape(*dlogits, logits.shape, op, "dlogits");
-  }
   const int32_t* target = targets.ptr<const int32_t>();
   for (int64_t n = 0; n < rows; ++n)  // before the parallel region: exceptions must not escape it
     FT_CHECK(target[n] == kIgnoreIndex || (target[n] >= 0 && target[n] < vocab), op, ": target ", target[n],

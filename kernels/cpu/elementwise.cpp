@@ -9,12 +9,7 @@
 
 namespace ft {
 
-void CpuBackend::add(Tensor& out, const Tensor& a, const Tensor& b) {
-  cpu::check_float(out, "add", "out");
-  cpu::check_float(a, "add", "a");
-  cpu::check_float(b, "add", "b");
-  cpu::check_shape(a, out.shape, "add", "a");
-  cpu::check_shape(b, out.shape, "add", "b");
+void CpuBackend::add_impl(Tensor& out, const Tensor& a, const Tensor& b) {
   int64_t n = out.numel();
 #pragma omp parallel for schedule(static)
   for (int64_t start = 0; start < n; start += cpu::kChunk) {
@@ -29,8 +24,7 @@ void CpuBackend::add(Tensor& out, const Tensor& a, const Tensor& b) {
 
 static float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
-void CpuBackend::swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) {
-  checks::check_swiglu(Device::cpu, "swiglu_forward", {{&out, "out"}, {&gate, "gate"}, {&up, "up"}}, out);
+void CpuBackend::swiglu_forward_impl(Tensor& out, const Tensor& gate, const Tensor& up) {
   int64_t n = out.numel();
 #pragma omp parallel for schedule(static)
   for (int64_t start = 0; start < n; start += cpu::kChunk) {
@@ -44,10 +38,8 @@ void CpuBackend::swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& u
 }
 
 // With s = sigmoid(g): d silu(g)/dg = s * (1 + g * (1 - s)).
-void CpuBackend::swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
-                                 const Tensor& up) {
-  checks::check_swiglu(Device::cpu, "swiglu_backward",
-                       {{&dgate, "dgate"}, {&dup, "dup"}, {&dout, "dout"}, {&gate, "gate"}, {&up, "up"}}, dout);
+void CpuBackend::swiglu_backward_impl(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                                      const Tensor& up) {
   int64_t n = dout.numel();
 #pragma omp parallel for schedule(static)
   for (int64_t start = 0; start < n; start += cpu::kChunk) {

@@ -30,10 +30,7 @@ static float gelu_grad(float x, GeluKind kind) {
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
 }
 
-void CpuBackend::gelu_forward(Tensor& out, const Tensor& x, GeluKind kind) {
-  cpu::check_float(out, "gelu_forward", "out");
-  cpu::check_float(x, "gelu_forward", "x");
-  cpu::check_shape(x, out.shape, "gelu_forward", "x");
+void CpuBackend::gelu_forward_impl(Tensor& out, const Tensor& x, GeluKind kind) {
   int64_t n = out.numel();
 #pragma omp parallel for schedule(static)
   for (int64_t start = 0; start < n; start += cpu::kChunk) {
@@ -45,13 +42,7 @@ void CpuBackend::gelu_forward(Tensor& out, const Tensor& x, GeluKind kind) {
   }
 }
 
-void CpuBackend::gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) {
-  const char* op = "gelu_backward";
-  cpu::check_float(dx, op, "dx");
-  cpu::check_float(dout, op, "dout");
-  cpu::check_float(x, op, "x");
-  cpu::check_shape(dout, dx.shape, op, "dout");
-  cpu::check_shape(x, dx.shape, op, "x");
+void CpuBackend::gelu_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) {
   int64_t n = dx.numel();
 #pragma omp parallel for schedule(static)
   for (int64_t start = 0; start < n; start += cpu::kChunk) {

@@ -180,25 +180,10 @@ void load_epilogue(Int8Operands& p, const Int8Epilogue& e) {
     for (int64_t j = 0; j < p.r; ++j) p.lora_Bt[j * p.O + o] = B[o * p.r + j];
 }
 
-void check_int8_weight(const Tensor& weight, const Tensor& scales, const char* op) {
-  cpu::check_dtype(weight, DType::i8, op, "weight");
-  cpu::check_dtype(scales, DType::f32, op, "weight_scales");
-  FT_CHECK(weight.ndim() == 2, op, ": weight must be 2-D [out, in], got ", shape_string(weight.shape));
-  cpu::check_numel(scales, weight.dim(0), op, "weight_scales");
-}
-
 }  // namespace
 
-void CpuBackend::quantize_rows_int8(Tensor& q, Tensor& scales, const Tensor& x) {
-  const char* op = "quantize_rows_int8";
-  cpu::check_on_cpu(x, op, "x");
-  FT_CHECK(x.dtype == DType::f32 || x.dtype == DType::bf16 || x.dtype == DType::f16, op,
-           ": x must be f32, bf16 or f16, got ", dtype_name(x.dtype));
-  cpu::check_dtype(q, DType::i8, op, "q");
-  cpu::check_dtype(scales, DType::f32, op, "scales");
-  cpu::check_shape(q, x.shape, op, "q");
+void CpuBackend::quantize_rows_int8_impl(Tensor& q, Tensor& scales, const Tensor& x) {
   int64_t R = x.rows(), K = x.cols();
-  cpu::check_numel(scales, R, op, "scales");
 #pragma omp parallel
   {
     std::vector<float> row(K);
@@ -210,20 +195,10 @@ void CpuBackend::quantize_rows_int8(Tensor& q, Tensor& scales, const Tensor& x) 
   }
 }
 
-void CpuBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
-                                     float threshold, const Int8Epilogue& epilogue) {
-  const char* op = "int8_linear_forward";
-  cpu::check_float(out, op, "out");
-  cpu::check_float(x, op, "x");
-  check_int8_weight(weight, weight_scales, op);
-  FT_CHECK(threshold >= 0.0f, op, ": threshold must be >= 0 (0 disables outliers), got ", threshold);
+void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Tensor& weight,
+                                          const Tensor& weight_scales, float threshold, const Int8Epilogue& epilogue) {
   Int8Operands p;
   p.N = x.rows(), p.K = x.cols(), p.O = weight.dim(0);
-  FT_CHECK(weight.dim(1) == p.K, op, ": x ", shape_string(x.shape), " does not match weight ",
-           shape_string(weight.shape));
-  FT_CHECK(out.rows() == p.N && out.cols() == p.O, op, ": out has shape ", shape_string(out.shape), ", expected [",
-           p.N, ", ", p.O, "]");
-  checks::check_int8_epilogue(epilogue, p.N, p.O, Device::cpu);
   load_epilogue(p, epilogue);
   std::vector<int64_t> columns = find_outlier_columns(x, threshold);
   p.C = int64_t(columns.size());
@@ -278,17 +253,9 @@ void CpuBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor&
 // dequantised into f32 and the block summed in an f32 [N, kb] buffer, so the
 // scratch stays a few MiB however large the layer (no full f32 copy of W or
 // of dx), and each element of dx is one f32 sum rounded once.
-void CpuBackend::int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight,
-                                      const Tensor& weight_scales, bool accumulate) {
-  const char* op = "int8_linear_backward";
-  cpu::check_float(dx, op, "dx");
-  cpu::check_float(dout, op, "dout");
-  check_int8_weight(weight, weight_scales, op);
+void CpuBackend::int8_linear_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& weight,
+                                           const Tensor& weight_scales, bool accumulate) {
   int64_t N = dout.rows(), O = dout.cols(), K = weight.dim(1);
-  FT_CHECK(weight.dim(0) == O, op, ": dout ", shape_string(dout.shape), " does not match weight ",
-           shape_string(weight.shape));
-  FT_CHECK(dx.rows() == N && dx.cols() == K, op, ": dx has shape ", shape_string(dx.shape), ", expected [", N, ", ",
-           K, "]");
   if (N == 0 || K == 0) return;
   int64_t columns = int8_backward_tile_columns(O, K);
   Tensor w_tile = empty({O, columns}, DType::f32, MemCategory::workspace);

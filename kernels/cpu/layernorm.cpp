@@ -11,11 +11,6 @@
 
 namespace ft {
 
-static void check_layernorm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                 const Tensor& rstd) {
-  checks::check_norm(Device::cpu, op, x, weight, &mean, rstd);
-}
-
 // The forward of layernorm_forward (sum null: x is the input) and
 // add_layernorm_forward (sum = x + *b is the input); one code path, so the
 // fused op is bit-identical to add followed by the plain op. Two passes over
@@ -53,33 +48,14 @@ static void layernorm_rows(Tensor& out, Tensor& mean, Tensor& rstd, Tensor* sum,
   }
 }
 
-static void check_layernorm_forward_args(const char* op, const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                         const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  check_layernorm_args(op, x, weight, mean, rstd);
-  cpu::check_float_like(bias, weight, op, "bias");
-  cpu::check_float_like(out, x, op, "out");
-}
-
-void CpuBackend::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
-                                   const Tensor& bias, float eps) {
-  check_layernorm_forward_args("layernorm_forward", out, mean, rstd, x, weight, bias);
+void CpuBackend::layernorm_forward_impl(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
+                                        const Tensor& bias, float eps) {
   layernorm_rows(out, mean, rstd, nullptr, x, nullptr, weight, bias, eps);
 }
 
-void CpuBackend::add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
-                                       const Tensor& b, const Tensor& weight, const Tensor& bias, float eps) {
-  const char* op = "add_layernorm_forward";
-  check_layernorm_forward_args(op, out, mean, rstd, a, weight, bias);
-  cpu::check_float_like(b, a, op, "b");
-  cpu::check_float_like(sum, a, op, "sum");
+void CpuBackend::add_layernorm_forward_impl(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
+                                            const Tensor& b, const Tensor& weight, const Tensor& bias, float eps) {
   layernorm_rows(out, mean, rstd, &sum, a, &b, weight, bias, eps);
-}
-
-static void check_layernorm_backward_args(const char* op, const Tensor& dx, const Tensor* dweight,
-                                          const Tensor* dbias, const Tensor& dout, const Tensor& x,
-                                          const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
-  check_layernorm_args(op, x, weight, mean, rstd);
-  checks::check_norm_backward(Device::cpu, op, dx, dout, x, weight, dweight, dbias);
 }
 
 // With n = (x - mean) * r and g = dout * weight:
@@ -138,18 +114,14 @@ static void layernorm_backward_rows(Tensor& dx, Tensor* dweight, Tensor* dbias, 
   }
 }
 
-void CpuBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& x,
-                                    const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
-  check_layernorm_backward_args("layernorm_backward", dx, dweight, dbias, dout, x, weight, mean, rstd);
+void CpuBackend::layernorm_backward_impl(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                                         const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
   layernorm_backward_rows(dx, dweight, dbias, dout, nullptr, x, weight, mean, rstd);
 }
 
-void CpuBackend::layernorm_backward_add(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
-                                        const Tensor& dresidual, const Tensor& x, const Tensor& weight,
-                                        const Tensor& mean, const Tensor& rstd) {
-  const char* op = "layernorm_backward_add";
-  check_layernorm_backward_args(op, dx, dweight, dbias, dout, x, weight, mean, rstd);
-  cpu::check_float_like(dresidual, x, op, "dresidual");
+void CpuBackend::layernorm_backward_add_impl(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                                             const Tensor& dresidual, const Tensor& x, const Tensor& weight,
+                                             const Tensor& mean, const Tensor& rstd) {
   layernorm_backward_rows(dx, dweight, dbias, dout, &dresidual, x, weight, mean, rstd);
 }
 

@@ -11,7 +11,6 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
 #include "kernels/cpu/onednn_gemm.h"
-#include "kernels/op_checks.h"
 
 namespace ft {
 namespace {
@@ -134,9 +133,8 @@ void gemm_f32(float* c, int64_t ldc, const Operand& a, const Operand& b, int64_t
 
 }  // namespace
 
-void CpuBackend::matmul(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
-                        float alpha, float beta) {
-  checks::check_matmul(out, a, b, transpose_a, transpose_b, Device::cpu);
+void CpuBackend::matmul_impl(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
+                             float alpha, float beta) {
   const int64_t M = out.rows(), N = out.cols(), K = transpose_a ? a.rows() : a.cols();
   if (M == 0 || N == 0) return;
   if (onednn_ && onednn_->matmul(out, a, b, transpose_a, transpose_b, alpha, beta)) return;

@@ -10,10 +10,6 @@
 
 namespace ft {
 
-static void check_rmsnorm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& rstd) {
-  checks::check_norm(Device::cpu, op, x, weight, nullptr, rstd);
-}
-
 // The forward of rmsnorm_forward (sum null: x is the input) and
 // add_rmsnorm_forward (sum = x + *b is the input); one code path, so the
 // fused op is bit-identical to add followed by the plain op.
@@ -48,27 +44,13 @@ static void rmsnorm_rows(Tensor& out, Tensor& rstd, Tensor* sum, const Tensor& x
   }
 }
 
-void CpuBackend::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
-  const char* op = "rmsnorm_forward";
-  check_rmsnorm_args(op, x, weight, rstd);
-  cpu::check_float_like(out, x, op, "out");
+void CpuBackend::rmsnorm_forward_impl(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
   rmsnorm_rows(out, rstd, nullptr, x, nullptr, weight, eps);
 }
 
-void CpuBackend::add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
-                                     const Tensor& weight, float eps) {
-  const char* op = "add_rmsnorm_forward";
-  check_rmsnorm_args(op, a, weight, rstd);
-  cpu::check_float_like(b, a, op, "b");
-  cpu::check_float_like(sum, a, op, "sum");
-  cpu::check_float_like(out, a, op, "out");
+void CpuBackend::add_rmsnorm_forward_impl(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
+                                          const Tensor& weight, float eps) {
   rmsnorm_rows(out, rstd, &sum, a, &b, weight, eps);
-}
-
-static void check_rmsnorm_backward_args(const char* op, const Tensor& dx, const Tensor* dweight, const Tensor& dout,
-                                        const Tensor& x, const Tensor& weight, const Tensor& rstd) {
-  check_rmsnorm_args(op, x, weight, rstd);
-  checks::check_norm_backward(Device::cpu, op, dx, dout, x, weight, dweight, nullptr);
 }
 
 // With n = x * r and g = dout * weight: dx = r * (g - n * mean(g * n)),
@@ -115,17 +97,13 @@ static void rmsnorm_backward_rows(Tensor& dx, Tensor* dweight, const Tensor& dou
   cpu::store_row(*dweight, 0, acc.data(), channels);
 }
 
-void CpuBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
-                                  const Tensor& weight, const Tensor& rstd) {
-  check_rmsnorm_backward_args("rmsnorm_backward", dx, dweight, dout, x, weight, rstd);
+void CpuBackend::rmsnorm_backward_impl(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
+                                       const Tensor& weight, const Tensor& rstd) {
   rmsnorm_backward_rows(dx, dweight, dout, nullptr, x, weight, rstd);
 }
 
-void CpuBackend::rmsnorm_backward_add(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& dresidual,
-                                      const Tensor& x, const Tensor& weight, const Tensor& rstd) {
-  const char* op = "rmsnorm_backward_add";
-  check_rmsnorm_backward_args(op, dx, dweight, dout, x, weight, rstd);
-  cpu::check_float_like(dresidual, x, op, "dresidual");
+void CpuBackend::rmsnorm_backward_add_impl(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& dresidual,
+                                           const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   rmsnorm_backward_rows(dx, dweight, dout, &dresidual, x, weight, rstd);
 }
 

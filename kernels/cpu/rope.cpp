@@ -11,16 +11,8 @@
 namespace ft {
 
 // direction +1 rotates by +angle (forward), -1 by -angle (the transpose, for backward).
-static void rope_rotate(const char* op, Tensor& x, const Tensor& positions, int rotary_dim, float theta,
-                        float direction) {
-  cpu::check_float(x, op, "x");
-  cpu::check_dtype(positions, DType::i32, op, "positions");
-  FT_CHECK(x.ndim() >= 3 && x.dim(-2) > 0 && x.dim(-1) > 0, op, ": x must be [N, H, D], got ",
-           shape_string(x.shape));
+static void rope_rotate(Tensor& x, const Tensor& positions, int rotary_dim, float theta, float direction) {
   int64_t heads = x.dim(-2), head_dim = x.dim(-1), tokens = x.numel() / (heads * head_dim);
-  cpu::check_numel(positions, tokens, op, "positions");
-  FT_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim, op, ": rotary_dim ", rotary_dim,
-           " must be even and in (0, head_dim = ", head_dim, "]");
   int half = rotary_dim / 2;
   std::vector<float> inv_freq(half);
   for (int i = 0; i < half; ++i) inv_freq[i] = 1.0f / std::pow(theta, float(2 * i) / float(rotary_dim));
@@ -49,12 +41,12 @@ static void rope_rotate(const char* op, Tensor& x, const Tensor& positions, int 
   }
 }
 
-void CpuBackend::rope_forward(Tensor& x, const Tensor& positions, int rotary_dim, float theta) {
-  rope_rotate("rope_forward", x, positions, rotary_dim, theta, 1.0f);
+void CpuBackend::rope_forward_impl(Tensor& x, const Tensor& positions, int rotary_dim, float theta) {
+  rope_rotate(x, positions, rotary_dim, theta, 1.0f);
 }
 
-void CpuBackend::rope_backward(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) {
-  rope_rotate("rope_backward", dx, positions, rotary_dim, theta, -1.0f);
+void CpuBackend::rope_backward_impl(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) {
+  rope_rotate(dx, positions, rotary_dim, theta, -1.0f);
 }
 
 }  // namespace ft

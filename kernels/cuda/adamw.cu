@@ -7,7 +7,6 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/cuda/checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -136,26 +135,15 @@ __global__ void __launch_bounds__(kBlock)
   if (threadIdx.x == 0) *total = sum;
 }
 
-void check_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s,
-                 const char* op) {
-  cuda::check_dtype(param, DType::f32, op, "param");
-  cuda::check_dtype(grad, DType::f32, op, "grad");
-  cuda::check_dtype(m, DType::f32, op, "m");
-  cuda::check_dtype(v, DType::f32, op, "v");
-  cuda::check_numel(grad, param.numel(), op, "grad");
-  cuda::check_numel(m, param.numel(), op, "m");
-  cuda::check_numel(v, param.numel(), op, "v");
-  FT_CHECK(s.step >= 1, op, ": step counts from 1, got ", s.step);
-}
-
 // A host table copied into device scratch. The pageable copy has been staged
 // when cudaMemcpyAsync returns, so the vector may go; the scratch is released
 // in stream order like any op's.
 template <class Entry>
 Tensor upload(Backend& backend, const std::vector<Entry>& table, cudaStream_t stream) {
-  const int64_t bytes = int64_t(table.size() * sizeof(Entry));
-  Tensor device_table = backend.empty({bytes}, DType::i8, MemCategory::workspace);
-  FT_CUDA_CHECK(cudaMemcpyAsync(device_table.data, table.data(), size_t(bytes), cudaMemcpyHostToDevice, stream));
+  const cuda::ScratchTensor declared = cuda::table_scratch<Entry>(int64_t(table.size()));
+  Tensor device_table = backend.empty(declared.shape, declared.dtype, MemCategory::workspace);
+  FT_CUDA_CHECK(cudaMemcpyAsync(device_table.data, table.data(), device_table.size_bytes(), cudaMemcpyHostToDevice,
+                                stream));
   return device_table;
 }
 
@@ -166,8 +154,7 @@ void check_grid(int64_t blocks, const char* op) {
 
 }  // namespace
 
-void CudaBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s) {
-  check_adamw(param, grad, m, v, s, "adamw_update");
+void CudaBackend::adamw_update_impl(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s) {
   int64_t n = param.numel();
   if (n == 0) return;
   launch<adamw_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, param.ptr<float>(),
@@ -175,11 +162,10 @@ void CudaBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Ten
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::adamw_update_many(std::span<const AdamWTensors> tensors, const AdamWStep& step) {
+void CudaBackend::adamw_update_many_impl(std::span<const AdamWTensors> tensors, const AdamWStep& step) {
   std::vector<cuda::AdamWEntry> table;
   int64_t blocks = 0;
   for (const AdamWTensors& t : tensors) {
-    check_adamw(*t.param, *t.grad, *t.m, *t.v, step, "adamw_update_many");
     const int64_t n = t.param->numel();
     if (n == 0) continue;  // no blocks: entry_of would never reach it
     table.push_back({t.param->ptr<float>(), t.grad->ptr<const float>(), t.m->ptr<float>(), t.v->ptr<float>(), n,
@@ -194,13 +180,11 @@ void CudaBackend::adamw_update_many(std::span<const AdamWTensors> tensors, const
   FT_CUDA_CHECK_LAUNCH();
 }
 
-double CudaBackend::sum_squares(const Tensor& x) {
-  cuda::check_float(x, "sum_squares", "x");
+double CudaBackend::sum_squares_impl(const Tensor& x) {
   int64_t n = x.numel();
   if (n == 0) return 0.0;
   int64_t blocks = cuda::sum_squares_blocks(n);
-  // Doubles have no DType; 8 bytes each, carved from i8 scratch.
-  Tensor partials = scratch({blocks + 1, 8}, DType::i8);
+  Tensor partials = scratch(cuda::sum_squares_scratch(blocks));
   double* partial = partials.ptr<double>();
   double* total = partial + blocks;
   launch<sum_squares_kernel>(unsigned(blocks), kBlock, 0, stream_, partial, cuda::const_view(x), n);
@@ -213,11 +197,10 @@ double CudaBackend::sum_squares(const Tensor& x) {
   return result;
 }
 
-double CudaBackend::sum_squares_many(std::span<const Tensor* const> tensors) {
+double CudaBackend::sum_squares_many_impl(std::span<const Tensor* const> tensors) {
   std::vector<cuda::SumSquaresEntry> table;
   int64_t blocks = 0;
   for (const Tensor* x : tensors) {
-    cuda::check_float(*x, "sum_squares_many", "x");
     if (x->numel() == 0) continue;
     const int64_t count = cuda::sum_squares_blocks(x->numel());
     table.push_back({x->data, x->numel(), blocks, count, x->dtype});
@@ -227,7 +210,7 @@ double CudaBackend::sum_squares_many(std::span<const Tensor* const> tensors) {
   check_grid(blocks, "sum_squares_many");
   Tensor device_table = upload(*this, table, stream_);
   const auto* entries = device_table.ptr<const cuda::SumSquaresEntry>();
-  Tensor partials = scratch({blocks + 1, 8}, DType::i8);  // doubles, the total last
+  Tensor partials = scratch(cuda::sum_squares_scratch(blocks));  // doubles, the total last
   double* partial = partials.ptr<double>();
   double* total = partial + blocks;
   launch<sum_squares_many_kernel>(unsigned(blocks), kBlock, 0, stream_, partial, entries, int(table.size()));

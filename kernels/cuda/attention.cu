@@ -34,7 +34,6 @@
 // (the backward kernels stage four [tile, D] operands: Q, dO, K, V).
 #include <cmath>
 
-#include "kernels/cuda/checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -446,9 +445,9 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
   }
 }
 
-Dims check_attention_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                          const Tensor& lse, int64_t& batch) {
-  const checks::AttentionShape s = checks::check_attention(Device::cuda, op, q, k, v, out, lse);
+// The kernels' limits on the contract's shapes (checked by Backend).
+Dims launch_dims(const char* op, const Tensor& q, const Tensor& k, int64_t& batch) {
+  const checks::AttentionShape s = checks::attention_shape(q, k);
   const int64_t B = s.batch, T = s.seq, Hq = s.q_heads, Hkv = s.kv_heads, D = s.head_dim;
   FT_CHECK(D <= kMaxHeadDim, op, ": head_dim ", D, " exceeds the supported ", kMaxHeadDim);
   FT_CHECK(B <= 65535 && Hq <= 65535 && T < (int64_t(1) << 30), op, ": ", shape_string(q.shape),
@@ -489,27 +488,25 @@ void launch_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, con
 
 }  // namespace
 
-void CudaBackend::attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                                    float scale) {
+void CudaBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         float scale) {
   int64_t batch = 0;
-  Dims dims = check_attention_args("attention_forward", q, k, v, out, lse, batch);
+  Dims dims = launch_dims("attention_forward", q, k, batch);
   if (batch == 0 || dims.seq == 0 || dims.q_heads == 0) return;
   if (dims.head_dim <= 64) launch_forward<64>(out, lse, q, k, v, scale, dims, batch, stream_);
   else if (dims.head_dim <= 128) launch_forward<128>(out, lse, q, k, v, scale, dims, batch, stream_);
   else launch_forward<256>(out, lse, q, k, v, scale, dims, batch, stream_);
 }
 
-void CudaBackend::attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                                     const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                                     float scale) {
-  const char* op = "attention_backward";
+void CudaBackend::attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                          float scale) {
   int64_t batch = 0;
-  Dims dims = check_attention_args(op, q, k, v, out, lse, batch);
-  checks::check_attention_gradients(Device::cuda, op, dq, dk, dv, dout, q, k);
+  Dims dims = launch_dims("attention_backward", q, k, batch);
   if (batch == 0 || dims.seq == 0 || dims.q_heads == 0) return;
   // Di = rowsum(dO * O) once per query row, read by both gradient kernels.
   int64_t rows = batch * dims.seq * dims.q_heads;
-  Tensor di = scratch({batch, dims.q_heads, dims.seq}, DType::f32);
+  Tensor di = scratch(cuda::attention_backward_scratch(batch, dims.q_heads, dims.seq));
   constexpr int kRowsPerBlock = kDiThreads / 32;
   launch<attention_di_kernel>(unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), kDiThreads, 0, stream_,
                               di.ptr<float>(), cuda::const_view(dout), cuda::const_view(out), rows, dims);

@@ -1,7 +1,6 @@
 // Bias of a linear layer: added to every row of its output; its gradient is
 // the column sum of the output gradient, reduced in a fixed order (per-group
 // partials, then their sum) so it is deterministic without float atomics.
-#include "kernels/cuda/checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -30,10 +29,7 @@ __global__ void __launch_bounds__(kBlock)
 
 }  // namespace
 
-void CudaBackend::add_bias(Tensor& out, const Tensor& bias) {
-  cuda::check_float(out, "add_bias", "out");
-  cuda::check_float(bias, "add_bias", "bias");
-  cuda::check_shape(bias, {out.cols()}, "add_bias", "bias");
+void CudaBackend::add_bias_impl(Tensor& out, const Tensor& bias) {
   int64_t n = out.numel();
   if (n == 0) return;
   launch<add_bias_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(out),
@@ -41,15 +37,12 @@ void CudaBackend::add_bias(Tensor& out, const Tensor& bias) {
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::bias_backward(Tensor& dbias, const Tensor& dout) {
-  cuda::check_float(dbias, "bias_backward", "dbias");
-  cuda::check_float(dout, "bias_backward", "dout");
-  cuda::check_shape(dbias, {dout.cols()}, "bias_backward", "dbias");
+void CudaBackend::bias_backward_impl(Tensor& dbias, const Tensor& dout) {
   int64_t rows = dout.rows(), channels = dout.cols();
   if (rows == 0 || channels == 0) return;
-  int64_t groups = rows < cuda::kMaxPartialRows ? rows : cuda::kMaxPartialRows;
+  const int64_t groups = cuda::partial_rows(rows);
   unsigned tiles = unsigned((channels + kBlock - 1) / kBlock);
-  Tensor partials = scratch({groups, channels}, DType::f32);
+  Tensor partials = scratch(cuda::column_partials_scratch(rows, channels));
   launch<bias_partials_kernel>(dim3(tiles, unsigned(groups)), kBlock, 0, stream_, partials.ptr<float>(),
                                cuda::const_view(dout), rows, channels);
   FT_CUDA_CHECK_LAUNCH();

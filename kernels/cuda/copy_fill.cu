@@ -3,7 +3,6 @@
 // Conversions run on the device: a host source is first copied as raw bytes
 // into device scratch, a host destination receives raw bytes converted on the
 // device, so the host side is always a plain cudaMemcpy.
-#include "kernels/cuda/checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -33,13 +32,6 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-bool is_floating(DType dtype) { return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16; }
-
-void check_on(const Tensor& t, const char* name) {
-  FT_CHECK((t.device == Device::cuda || t.device == Device::cpu) && (t.data != nullptr || t.numel() == 0),
-           "copy: ", name, " must be a CUDA or CPU tensor with data (shape ", shape_string(t.shape), ")");
-}
-
 void convert(Tensor& dst, const Tensor& src, cudaStream_t stream) {
   int64_t n = src.numel();
   launch<convert_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream, cuda::view(dst),
@@ -49,13 +41,7 @@ void convert(Tensor& dst, const Tensor& src, cudaStream_t stream) {
 
 }  // namespace
 
-void CudaBackend::copy(Tensor& dst, const Tensor& src) {
-  check_on(dst, "dst");
-  check_on(src, "src");
-  FT_CHECK(dst.device == Device::cuda || src.device == Device::cuda,
-           "copy: CudaBackend copies to or from the GPU; both tensors are on the CPU");
-  FT_CHECK(dst.numel() == src.numel(), "copy: dst ", shape_string(dst.shape), " and src ", shape_string(src.shape),
-           " have different element counts");
+void CudaBackend::copy_impl(Tensor& dst, const Tensor& src) {
   if (src.numel() == 0) return;
   if (dst.dtype == src.dtype) {
     if (dst.data != src.data)
@@ -63,14 +49,13 @@ void CudaBackend::copy(Tensor& dst, const Tensor& src) {
     if (dst.device == Device::cpu) FT_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return;
   }
-  FT_CHECK(is_floating(dst.dtype) && is_floating(src.dtype), "copy: cannot convert ", dtype_name(src.dtype), " to ",
-           dtype_name(dst.dtype));
+  const std::optional<cuda::ScratchTensor> staging = cuda::copy_scratch(dst, src);
   if (src.device == Device::cpu) {
-    Tensor staged = scratch(src.shape, src.dtype);
+    Tensor staged = scratch(*staging);
     FT_CUDA_CHECK(cudaMemcpyAsync(staged.data, src.data, src.size_bytes(), cudaMemcpyHostToDevice, stream_));
     convert(dst, staged, stream_);
   } else if (dst.device == Device::cpu) {
-    Tensor converted = scratch(dst.shape, dst.dtype);
+    Tensor converted = scratch(*staging);
     convert(converted, src, stream_);
     FT_CUDA_CHECK(cudaMemcpyAsync(dst.data, converted.data, dst.size_bytes(), cudaMemcpyDeviceToHost, stream_));
     FT_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -79,17 +64,15 @@ void CudaBackend::copy(Tensor& dst, const Tensor& src) {
   }
 }
 
-void CudaBackend::fill(Tensor& dst, float value) {
-  cuda::check_on_device(dst, "fill", "dst");
+void CudaBackend::fill_impl(Tensor& dst, float value) {
   int64_t n = dst.numel();
   if (n == 0) return;
   launch<fill_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(dst), value, n);
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::copy_columns(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
-                               int64_t width) {
-  checks::check_copy_columns(Device::cuda, dst, dst_offset, src, src_offset, width);
+void CudaBackend::copy_columns_impl(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
+                                    int64_t width) {
   int64_t n = dst.rows() * width;
   if (n == 0) return;
   launch<copy_columns_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(dst), dst.cols(),

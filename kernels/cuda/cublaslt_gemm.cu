@@ -12,6 +12,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/scratch.h"
 #include "kernels/tensor.h"
 
 #define FT_CUBLAS_CHECK(call) ::ft::cuda::cublas_check((call), #call, __FILE__, __LINE__)

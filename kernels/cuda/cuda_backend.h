@@ -24,42 +24,9 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/scratch.h"
 
 namespace ft {
-
-namespace cuda {
-// Deterministic reductions without float atomics (parameter gradients of
-// norms and biases, sum_squares): at most this many blocks each reduce a fixed
-// strided subset of rows into their own row of f32 partials, which a second
-// kernel adds up in block order. Public so the memory planner charges the
-// same scratch.
-constexpr int64_t kMaxPartialRows = 256;
-
-// sum_squares's blocks of 256 threads over n elements: a fixed function of n,
-// so the same partition, and the same sum, on every GPU and run.
-inline int64_t sum_squares_blocks(int64_t n) {
-  int64_t blocks = (n + 255) / 256;
-  return blocks < kMaxPartialRows ? blocks : kMaxPartialRows;
-}
-
-// The device tables of adamw_update_many and sum_squares_many (adamw.cu), one
-// entry per non-empty tensor, built per call in scratch; block b of the launch
-// works on the last entry whose first_block <= b. Here so that the memory
-// planner charges their exact size.
-struct AdamWEntry {
-  float* param;
-  const float* grad;
-  float* m;
-  float* v;
-  int64_t numel, first_block;
-  float decay;  // 1 - lr * weight_decay, the tensor's own
-};
-struct SumSquaresEntry {
-  const void* data;
-  int64_t numel, first_block, blocks;
-  DType dtype;
-};
-}  // namespace cuda
 
 class CudaBackend final : public Backend {
  public:
@@ -68,63 +35,13 @@ class CudaBackend final : public Backend {
   const char* name() const override { return "cuda"; }
   Allocator& allocator() override { return allocator_; }
 
-  void copy(Tensor& dst, const Tensor& src) override;
-  void fill(Tensor& dst, float value) override;
-  void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, float alpha,
-              float beta) override;
-  void add(Tensor& out, const Tensor& a, const Tensor& b) override;
-  void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) override;
-  void embedding_backward(Tensor& dtable, const Tensor& ids, const Tensor& dout) override;
-  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) override;
-  void rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x, const Tensor& weight,
-                        const Tensor& rstd) override;
-  void rope_forward(Tensor& x, const Tensor& positions, int rotary_dim, float theta) override;
-  void rope_backward(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) override;
-  void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) override;
-  void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
-                       const Tensor& up) override;
-  void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                         float scale) override;
-  void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                          float scale) override;
-  void cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,
-                     float dloss) override;
-  void quantize_rows_int8(Tensor& q, Tensor& scales, const Tensor& x) override;
-  void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
-                           float threshold, const Int8Epilogue& epilogue = {}) override;
-  void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, const Tensor& weight_scales,
-                            bool accumulate) override;
-  void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed) override;
-  void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed) override;
-  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& step) override;
-  double sum_squares(const Tensor& x) override;
-  void adamw_update_many(std::span<const AdamWTensors> tensors, const AdamWStep& step) override;
-  double sum_squares_many(std::span<const Tensor* const> tensors) override;
-  void copy_columns(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
-                    int64_t width) override;
-  void add_bias(Tensor& out, const Tensor& bias) override;
-  void bias_backward(Tensor& dbias, const Tensor& dout) override;
-  void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
-                         const Tensor& bias, float eps) override;
-  void layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& x,
-                          const Tensor& weight, const Tensor& mean, const Tensor& rstd) override;
-  void add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
-                           const Tensor& weight, float eps) override;
-  void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
-                             const Tensor& weight, const Tensor& bias, float eps) override;
-  void rmsnorm_backward_add(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& dresidual,
-                            const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
-  void layernorm_backward_add(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
-                              const Tensor& dresidual, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                              const Tensor& rstd) override;
-  void gelu_forward(Tensor& out, const Tensor& x, GeluKind kind) override;
-  void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) override;
-
  private:
+  FT_BACKEND_OP_IMPLS(, override)
+
   // Temporary device memory for one op (freed when the op returns; with the
   // caching allocator that costs no cudaMalloc after the first step).
-  Tensor scratch(const Shape& shape, DType dtype) { return empty(shape, dtype, MemCategory::workspace); }
+  // The ops' own scratch is declared in kernels/cuda/scratch.h.
+  Tensor scratch(const cuda::ScratchTensor& t) { return empty(t.shape, t.dtype, MemCategory::workspace); }
   // The norms' shared launches: plain when sum / dresidual is null, fused
   // with the residual add otherwise (arguments checked by the callers).
   void rmsnorm_rows(Tensor& out, Tensor& rstd, Tensor* sum, const Tensor& x, const Tensor* b, const Tensor& weight,

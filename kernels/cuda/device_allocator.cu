@@ -29,10 +29,10 @@ CachingAllocator::~CachingAllocator() {
 
 void* CachingAllocator::allocate(size_t bytes, MemCategory category) {
   if (bytes == 0) return nullptr;
-  size_t size = block_bytes(bytes, category);
+  size_t size = cuda::caching_block_bytes(bytes, category);
   std::lock_guard lock(mutex_);
   void* block = nullptr;
-  auto it = caches(category) ? free_blocks_.find(size) : free_blocks_.end();
+  auto it = cuda::caching_caches(category) ? free_blocks_.find(size) : free_blocks_.end();
   if (it != free_blocks_.end() && !it->second.empty()) {
     block = it->second.back();
     it->second.pop_back();
@@ -54,10 +54,10 @@ void* CachingAllocator::allocate(size_t bytes, MemCategory category) {
 
 void CachingAllocator::deallocate(void* ptr, size_t bytes, MemCategory category) {
   if (!ptr) return;
-  size_t size = block_bytes(bytes, category);
+  size_t size = cuda::caching_block_bytes(bytes, category);
   std::lock_guard lock(mutex_);
   stats_.current_bytes -= size;
-  if (caches(category)) {
+  if (cuda::caching_caches(category)) {
     free_blocks_[size].push_back(ptr);
     return;
   }

@@ -11,18 +11,20 @@
 //                      allocated once, so they go straight to the backing
 //                      allocator at their own size: rounding a 108 MiB weight
 //                      up to a size class would waste 4 MiB per layer for nothing.
+//                      Its rounding (cuda::caching_block_bytes) is in
+//                      kernels/cuda/scratch.h, shared with the memory planner.
 // Blocks change hands between categories, so per-category accounting belongs
 // above this allocator (a TrackingAllocator wrapping it), not below.
 // Blocks are released and reused in stream order: the backend issues all work
 // on one stream, so a block freed by the host is reused only by later work.
 #pragma once
-#include <bit>
 #include <cstddef>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "kernels/allocator.h"
+#include "kernels/cuda/scratch.h"
 
 namespace ft {
 
@@ -57,25 +59,6 @@ class CachingAllocator final : public Allocator {
   // Returns every cached (free) block to the backing allocator.
   void release_cached();
   CachingStats stats() const;
-
-  // The size class of a request: multiples of 512 bytes up to 1 MiB, above
-  // that multiples of 1/8 of the request's power of two (<= 12.5% waste), so
-  // slightly different large sizes (e.g. another sequence length) share blocks.
-  // Inline so the memory planner (kernels/meta/) models it without CUDA.
-  static size_t size_class(size_t bytes) {
-    constexpr size_t kSmallLimit = size_t(1) << 20;
-    size_t step = bytes <= kSmallLimit ? 512 : std::bit_floor(bytes) / 8;
-    return (bytes + step - 1) / step * step;
-  }
-  // Whether blocks of this category are cached (the step's transient tensors).
-  static bool caches(MemCategory category) {
-    return category == MemCategory::activations || category == MemCategory::workspace;
-  }
-  // The bytes a request occupies: its size class when cached, else the
-  // request rounded to 512 bytes (cudaMalloc's alignment is 256).
-  static size_t block_bytes(size_t bytes, MemCategory category) {
-    return caches(category) ? size_class(bytes) : (bytes + 511) / 512 * 512;
-  }
 
  private:
   void release_cached_locked();

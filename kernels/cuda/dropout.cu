@@ -2,7 +2,6 @@
 // depends only on (seed, i), so every backend draws the same mask and
 // backward redraws it. Each element is loaded before it is stored, so the
 // output may alias the input.
-#include "kernels/cuda/checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -23,11 +22,7 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-void apply_dropout_mask(Tensor& out, const Tensor& x, float p, uint64_t seed, const char* op, cudaStream_t stream) {
-  cuda::check_float(out, op, "out");
-  cuda::check_float(x, op, "x");
-  cuda::check_shape(x, out.shape, op, "x");
-  FT_CHECK(p >= 0.0f && p <= 1.0f, op, ": p must be in [0, 1], got ", p);
+void apply_dropout_mask(Tensor& out, const Tensor& x, float p, uint64_t seed, cudaStream_t stream) {
   int64_t n = out.numel();
   if (n == 0) return;
   float scale = 1.0f / (1.0f - p);
@@ -38,13 +33,13 @@ void apply_dropout_mask(Tensor& out, const Tensor& x, float p, uint64_t seed, co
 
 }  // namespace
 
-void CudaBackend::dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed) {
-  apply_dropout_mask(out, x, p, seed, "dropout_forward", stream_);
+void CudaBackend::dropout_forward_impl(Tensor& out, const Tensor& x, float p, uint64_t seed) {
+  apply_dropout_mask(out, x, p, seed, stream_);
 }
 
 // The derivative of x * keep / (1 - p) is the same mask and scale.
-void CudaBackend::dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed) {
-  apply_dropout_mask(dx, dout, p, seed, "dropout_backward", stream_);
+void CudaBackend::dropout_backward_impl(Tensor& dx, const Tensor& dout, float p, uint64_t seed) {
+  apply_dropout_mask(dx, dout, p, seed, stream_);
 }
 
 }  // namespace ft

@@ -1,6 +1,5 @@
 // Elementwise ops: add and SwiGLU. Every thread loads all inputs of its
 // element before storing, so outputs may alias inputs.
-#include "kernels/cuda/checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -39,12 +38,7 @@ __global__ void __launch_bounds__(kBlock) swiglu_backward_kernel(cuda::View dgat
 
 }  // namespace
 
-void CudaBackend::add(Tensor& out, const Tensor& a, const Tensor& b) {
-  cuda::check_float(out, "add", "out");
-  cuda::check_float(a, "add", "a");
-  cuda::check_float(b, "add", "b");
-  cuda::check_shape(a, out.shape, "add", "a");
-  cuda::check_shape(b, out.shape, "add", "b");
+void CudaBackend::add_impl(Tensor& out, const Tensor& a, const Tensor& b) {
   int64_t n = out.numel();
   if (n == 0) return;
   launch<add_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(out), cuda::const_view(a),
@@ -52,8 +46,7 @@ void CudaBackend::add(Tensor& out, const Tensor& a, const Tensor& b) {
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) {
-  checks::check_swiglu(Device::cuda, "swiglu_forward", {{&out, "out"}, {&gate, "gate"}, {&up, "up"}}, out);
+void CudaBackend::swiglu_forward_impl(Tensor& out, const Tensor& gate, const Tensor& up) {
   int64_t n = out.numel();
   if (n == 0) return;
   launch<swiglu_forward_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(out),
@@ -61,10 +54,8 @@ void CudaBackend::swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& 
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
-                                  const Tensor& up) {
-  checks::check_swiglu(Device::cuda, "swiglu_backward",
-                       {{&dgate, "dgate"}, {&dup, "dup"}, {&dout, "dout"}, {&gate, "gate"}, {&up, "up"}}, dout);
+void CudaBackend::swiglu_backward_impl(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                                       const Tensor& up) {
   int64_t n = dout.numel();
   if (n == 0) return;
   launch<swiglu_backward_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(dgate),

@@ -4,7 +4,6 @@
 // a sync per call); a kernel that meets an id outside the table writes NaN
 // (forward) or skips the token (backward) instead of touching memory outside
 // the table, so a bad id shows up as a NaN loss rather than a crash.
-#include "kernels/cuda/checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -45,9 +44,8 @@ __global__ void __launch_bounds__(kBlock) embedding_backward_kernel(cuda::View d
 
 }  // namespace
 
-void CudaBackend::embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
+void CudaBackend::embedding_forward_impl(Tensor& out, const Tensor& ids, const Tensor& table) {
   const char* op = "embedding_forward";
-  checks::check_embedding(Device::cuda, op, out, "out", ids, table, "table");
   int64_t tokens = ids.numel(), channels = table.dim(1);
   FT_CHECK(tokens < (int64_t(1) << 31), op, ": too many tokens (", tokens, ")");
   if (tokens == 0 || channels == 0) return;
@@ -56,9 +54,7 @@ void CudaBackend::embedding_forward(Tensor& out, const Tensor& ids, const Tensor
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::embedding_backward(Tensor& dtable, const Tensor& ids, const Tensor& dout) {
-  const char* op = "embedding_backward";
-  checks::check_embedding(Device::cuda, op, dout, "dout", ids, dtable, "dtable");
+void CudaBackend::embedding_backward_impl(Tensor& dtable, const Tensor& ids, const Tensor& dout) {
   int64_t tokens = ids.numel(), channels = dtable.dim(1);
   if (tokens == 0 || channels == 0) return;
   unsigned blocks = unsigned((channels + kBlock - 1) / kBlock);

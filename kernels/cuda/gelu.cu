@@ -1,7 +1,6 @@
 // GELU in the two forms Hugging Face configs name (GeluKind): the exact erf
 // form and the tanh approximation. Every thread loads all inputs of its
 // element before storing, so out may alias x and dx may alias dout.
-#include "kernels/cuda/checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -44,11 +43,7 @@ __global__ void __launch_bounds__(kBlock)
 
 }  // namespace
 
-void CudaBackend::gelu_forward(Tensor& out, const Tensor& x, GeluKind kind) {
-  const char* op = "gelu_forward";
-  cuda::check_float(out, op, "out");
-  cuda::check_float(x, op, "x");
-  cuda::check_shape(x, out.shape, op, "x");
+void CudaBackend::gelu_forward_impl(Tensor& out, const Tensor& x, GeluKind kind) {
   int64_t n = out.numel();
   if (n == 0) return;
   launch<gelu_forward_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(out),
@@ -56,13 +51,7 @@ void CudaBackend::gelu_forward(Tensor& out, const Tensor& x, GeluKind kind) {
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) {
-  const char* op = "gelu_backward";
-  cuda::check_float(dx, op, "dx");
-  cuda::check_float(dout, op, "dout");
-  cuda::check_float(x, op, "x");
-  cuda::check_shape(dout, dx.shape, op, "dout");
-  cuda::check_shape(x, dx.shape, op, "x");
+void CudaBackend::gelu_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) {
   int64_t n = dx.numel();
   if (n == 0) return;
   launch<gelu_backward_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(dx),

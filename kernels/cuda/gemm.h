@@ -25,9 +25,6 @@ struct CUstream_st;
 
 namespace ft::cuda {
 
-// cuBLASLt's workspace, allocated once per backend (category workspace), as llm.c.
-constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
-
 struct GemmOperand {
   const void* data;
   DType dtype;

@@ -21,7 +21,6 @@
 
 #include <algorithm>
 
-#include "kernels/cuda/checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -170,15 +169,8 @@ __global__ void __launch_bounds__(kBlock) dequantize_tile_kernel(cuda::View tile
   }
 }
 
-Tensor scratch(const cuda::Int8Context& context, const Shape& shape, DType dtype) {
-  return Tensor::empty(shape, dtype, context.allocator, MemCategory::workspace);
-}
-
-void check_int8_weight(const Tensor& weight, const Tensor& scales, const char* op) {
-  cuda::check_dtype(weight, DType::i8, op, "weight");
-  cuda::check_dtype(scales, DType::f32, op, "weight_scales");
-  FT_CHECK(weight.ndim() == 2, op, ": weight must be 2-D [out, in], got ", shape_string(weight.shape));
-  cuda::check_numel(scales, weight.dim(0), op, "weight_scales");
+Tensor scratch(const cuda::Int8Context& context, const cuda::ScratchTensor& t) {
+  return Tensor::empty(t.shape, t.dtype, context.allocator, MemCategory::workspace);
 }
 
 // columns = [count, outlier column indices ascending] for x [N, K].
@@ -240,22 +232,14 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
                          float threshold, const Int8Epilogue& epilogue, int64_t chunk_rows,
                          const Int8Context& context) {
   const char* op = "int8_linear_forward";
-  check_float(out, op, "out");
-  check_float(x, op, "x");
-  check_int8_weight(weight, weight_scales, op);
-  FT_CHECK(threshold >= 0.0f, op, ": threshold must be >= 0 (0 disables outliers), got ", threshold);
   const int64_t N = x.rows(), K = x.cols(), O = weight.dim(0);
-  FT_CHECK(weight.dim(1) == K, op, ": x ", shape_string(x.shape), " does not match weight ",
-           shape_string(weight.shape));
-  FT_CHECK(out.rows() == N && out.cols() == O, op, ": out has shape ", shape_string(out.shape), ", expected [", N,
-           ", ", O, "]");
-  checks::check_int8_epilogue(epilogue, N, O, Device::cuda);
   FT_CHECK(chunk_rows >= 1, op, ": chunk_rows must be >= 1, got ", chunk_rows);
   FT_CHECK(N < (int64_t(1) << 31), op, ": too many rows (", N, ")");
-  Tensor columns = scratch(context, {K + 1}, DType::i32);
-  Tensor codes = scratch(context, {N, K}, DType::i8);
-  Tensor row_scales = scratch(context, {N}, DType::f32);
-  Tensor product = scratch(context, {chunk_rows, O}, DType::i32);
+  const Int8ForwardScratch sizes = int8_forward_scratch(N, K, O, chunk_rows);
+  Tensor columns = scratch(context, sizes.outlier_columns);
+  Tensor codes = scratch(context, sizes.codes);
+  Tensor row_scales = scratch(context, sizes.row_scales);
+  Tensor product = scratch(context, sizes.product);
   if (N == 0 || O == 0) return;
 
   find_outlier_columns(columns, x, threshold, context.stream);
@@ -276,17 +260,10 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
 void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, const Tensor& weight_scales,
                           bool accumulate, int64_t tile_columns, const Int8Context& context) {
   const char* op = "int8_linear_backward";
-  check_float(dx, op, "dx");
-  check_float(dout, op, "dout");
-  check_int8_weight(weight, weight_scales, op);
   const int64_t N = dout.rows(), O = dout.cols(), K = weight.dim(1);
-  FT_CHECK(weight.dim(0) == O, op, ": dout ", shape_string(dout.shape), " does not match weight ",
-           shape_string(weight.shape));
-  FT_CHECK(dx.rows() == N && dx.cols() == K, op, ": dx has shape ", shape_string(dx.shape), ", expected [", N,
-           ", ", K, "]");
   FT_CHECK(tile_columns >= 1, op, ": tile_columns must be >= 1, got ", tile_columns);
   if (N == 0 || K == 0) return;
-  Tensor w_tile = scratch(context, {O, tile_columns}, dout.dtype);
+  Tensor w_tile = scratch(context, int8_backward_scratch(O, tile_columns, dout.dtype));
   for (int64_t k0 = 0; k0 < K; k0 += tile_columns) {
     const int64_t kb = std::min(tile_columns, K - k0);
     launch<dequantize_tile_kernel>(elementwise_blocks(O * kb, kBlock), kBlock, 0, context.stream, view(w_tile),
@@ -298,14 +275,14 @@ void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, 
 
 }  // namespace cuda
 
-void CudaBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight,
-                                      const Tensor& weight_scales, float threshold, const Int8Epilogue& epilogue) {
+void CudaBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Tensor& weight,
+                                           const Tensor& weight_scales, float threshold, const Int8Epilogue& epilogue) {
   cuda::int8_linear_forward(out, x, weight, weight_scales, threshold, epilogue,
                             int8_forward_chunk_rows(x.rows(), weight.dim(0)), {*gemm_, allocator_, stream_});
 }
 
-void CudaBackend::int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight,
-                                       const Tensor& weight_scales, bool accumulate) {
+void CudaBackend::int8_linear_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& weight,
+                                            const Tensor& weight_scales, bool accumulate) {
   cuda::int8_linear_backward(dx, dout, weight, weight_scales, accumulate,
                              int8_backward_tile_columns(weight.dim(0), weight.dim(1)), {*gemm_, allocator_, stream_});
 }

@@ -2,7 +2,6 @@
 // f32, out = (x - mean) * rstd * weight + bias rounded once to out's dtype
 // (unlike RMSNorm, no rounding of the normalised value for bf16 input). One
 // block per row.
-#include "kernels/cuda/checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -76,31 +75,12 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-void check_layernorm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                          const Tensor& rstd) {
-  checks::check_norm(Device::cuda, op, x, weight, &mean, rstd);
-  FT_CHECK(x.rows() < (int64_t(1) << 31), op, ": too many rows (", x.rows(), ")");
-}
-
-void check_layernorm_forward_args(const char* op, const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                  const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  check_layernorm_args(op, x, weight, mean, rstd);
-  cuda::check_float_like(bias, weight, op, "bias");
-  cuda::check_float_like(out, x, op, "out");
-}
-
-void check_layernorm_backward_args(const char* op, const Tensor& dx, const Tensor* dweight, const Tensor* dbias,
-                                   const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                   const Tensor& rstd) {
-  check_layernorm_args(op, x, weight, mean, rstd);
-  checks::check_norm_backward(Device::cuda, op, dx, dout, x, weight, dweight, dbias);
-}
-
 }  // namespace
 
 // sum null: the plain norm of x; else the fused one of sum = x + *b.
 void CudaBackend::layernorm_rows(Tensor& out, Tensor& mean, Tensor& rstd, Tensor* sum, const Tensor& x,
                                  const Tensor* b, const Tensor& weight, const Tensor& bias, float eps) {
+  FT_CHECK(x.rows() < (int64_t(1) << 31), "layernorm: too many rows (", x.rows(), ") for one launch");
   if (x.rows() == 0) return;
   launch<layernorm_forward_kernel>(unsigned(x.rows()), kBlock, 0, stream_, cuda::view(out), mean.ptr<float>(),
                                    rstd.ptr<float>(), sum ? cuda::view(*sum) : cuda::View{}, cuda::const_view(x),
@@ -109,18 +89,13 @@ void CudaBackend::layernorm_rows(Tensor& out, Tensor& mean, Tensor& rstd, Tensor
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
-                                    const Tensor& bias, float eps) {
-  check_layernorm_forward_args("layernorm_forward", out, mean, rstd, x, weight, bias);
+void CudaBackend::layernorm_forward_impl(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
+                                         const Tensor& bias, float eps) {
   layernorm_rows(out, mean, rstd, nullptr, x, nullptr, weight, bias, eps);
 }
 
-void CudaBackend::add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
-                                        const Tensor& b, const Tensor& weight, const Tensor& bias, float eps) {
-  const char* op = "add_layernorm_forward";
-  check_layernorm_forward_args(op, out, mean, rstd, a, weight, bias);
-  cuda::check_float_like(b, a, op, "b");
-  cuda::check_float_like(sum, a, op, "sum");
+void CudaBackend::add_layernorm_forward_impl(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
+                                             const Tensor& b, const Tensor& weight, const Tensor& bias, float eps) {
   layernorm_rows(out, mean, rstd, &sum, a, &b, weight, bias, eps);
 }
 
@@ -130,9 +105,9 @@ void CudaBackend::layernorm_backward_rows(Tensor& dx, Tensor* dweight, Tensor* d
                                           const Tensor& mean, const Tensor& rstd) {
   int64_t rows = x.rows(), channels = x.cols();
   if (rows == 0 || channels == 0) return;
-  int64_t blocks = rows < cuda::kMaxPartialRows ? rows : cuda::kMaxPartialRows;
-  Tensor dweight_partials = dweight ? scratch({blocks, channels}, DType::f32) : Tensor();
-  Tensor dbias_partials = dbias ? scratch({blocks, channels}, DType::f32) : Tensor();
+  const int64_t blocks = cuda::partial_rows(rows);
+  Tensor dweight_partials = dweight ? scratch(cuda::column_partials_scratch(rows, channels)) : Tensor();
+  Tensor dbias_partials = dbias ? scratch(cuda::column_partials_scratch(rows, channels)) : Tensor();
   launch<layernorm_backward_kernel>(unsigned(blocks), kBlock, 0, stream_, cuda::view(dx),
                                     dweight ? dweight_partials.ptr<float>() : nullptr,
                                     dbias ? dbias_partials.ptr<float>() : nullptr, cuda::const_view(dout),
@@ -148,18 +123,15 @@ void CudaBackend::layernorm_backward_rows(Tensor& dx, Tensor* dweight, Tensor* d
   }
 }
 
-void CudaBackend::layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& x,
-                                     const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
-  check_layernorm_backward_args("layernorm_backward", dx, dweight, dbias, dout, x, weight, mean, rstd);
+void CudaBackend::layernorm_backward_impl(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                                          const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                          const Tensor& rstd) {
   layernorm_backward_rows(dx, dweight, dbias, dout, nullptr, x, weight, mean, rstd);
 }
 
-void CudaBackend::layernorm_backward_add(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
-                                         const Tensor& dresidual, const Tensor& x, const Tensor& weight,
-                                         const Tensor& mean, const Tensor& rstd) {
-  const char* op = "layernorm_backward_add";
-  check_layernorm_backward_args(op, dx, dweight, dbias, dout, x, weight, mean, rstd);
-  cuda::check_float_like(dresidual, x, op, "dresidual");
+void CudaBackend::layernorm_backward_add_impl(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                                              const Tensor& dresidual, const Tensor& x, const Tensor& weight,
+                                              const Tensor& mean, const Tensor& rstd) {
   layernorm_backward_rows(dx, dweight, dbias, dout, &dresidual, x, weight, mean, rstd);
 }
 

@@ -2,15 +2,12 @@
 // of its transpose, so the row-major out[M,N] = op(a) @ op(b) is computed as
 // the column-major out^T[N,M] = op(b)^T @ op(a)^T: the operands swap places
 // and keep their transpose flags, with leading dimension = row-major columns.
-#include "kernels/cuda/checks.h"
-#include "kernels/op_checks.h"
 #include "kernels/cuda/cuda_backend.h"
 
 namespace ft {
 
-void CudaBackend::matmul(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
-                         float alpha, float beta) {
-  checks::check_matmul(out, a, b, transpose_a, transpose_b, Device::cuda);
+void CudaBackend::matmul_impl(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
+                              float alpha, float beta) {
   const int64_t M = out.rows(), N = out.cols(), K = transpose_a ? a.rows() : a.cols();
   if (M == 0 || N == 0) return;
   // Mixed inputs (an f32 activation times a bf16 weight): widen the bf16 one
@@ -18,10 +15,10 @@ void CudaBackend::matmul(Tensor& out, const Tensor& a, const Tensor& b, bool tra
   Tensor a_wide, b_wide;
   const Tensor* a_in = &a;
   const Tensor* b_in = &b;
-  if (a.dtype != b.dtype) {
+  if (const auto widened = cuda::matmul_scratch(a, b)) {
     Tensor& wide = a.dtype == DType::bf16 ? a_wide : b_wide;
     const Tensor& narrow = a.dtype == DType::bf16 ? a : b;
-    wide = scratch(narrow.shape, DType::f32);
+    wide = scratch(*widened);
     copy(wide, narrow);
     (a.dtype == DType::bf16 ? a_in : b_in) = &wide;
   }

@@ -1,7 +1,6 @@
 // LLM.int8() row-wise absmax quantisation (bitsandbytes' vector-wise scheme),
 // one block per row. The int8 linear ops (int8_linear.cu) quantise x with the
 // same rounding in their own kernel, which also skips the outlier columns.
-#include "kernels/cuda/checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -31,16 +30,9 @@ __global__ void __launch_bounds__(kBlock)
 
 }  // namespace
 
-void CudaBackend::quantize_rows_int8(Tensor& q, Tensor& scales, const Tensor& x) {
+void CudaBackend::quantize_rows_int8_impl(Tensor& q, Tensor& scales, const Tensor& x) {
   const char* op = "quantize_rows_int8";
-  cuda::check_on_device(x, op, "x");
-  FT_CHECK(x.dtype == DType::f32 || x.dtype == DType::bf16 || x.dtype == DType::f16, op,
-           ": x must be f32, bf16 or f16, got ", dtype_name(x.dtype));
-  cuda::check_dtype(q, DType::i8, op, "q");
-  cuda::check_dtype(scales, DType::f32, op, "scales");
-  cuda::check_shape(q, x.shape, op, "q");
   int64_t rows = x.rows(), cols = x.cols();
-  cuda::check_numel(scales, rows, op, "scales");
   FT_CHECK(rows < (int64_t(1) << 31), op, ": too many rows (", rows, ")");
   if (rows == 0) return;
   launch<quantize_rows_int8_kernel>(unsigned(rows), kBlock, 0, stream_, q.ptr<int8_t>(), scales.ptr<float>(),

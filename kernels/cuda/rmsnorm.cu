@@ -1,6 +1,5 @@
 // RMSNorm as HF LlamaRMSNorm: statistics in f32, the normalised value rounded
 // to the input dtype, then scaled by the weight. One block per row.
-#include "kernels/cuda/checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -61,22 +60,12 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-void check_rmsnorm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& rstd) {
-  checks::check_norm(Device::cuda, op, x, weight, nullptr, rstd);
-  FT_CHECK(x.rows() < (int64_t(1) << 31), op, ": too many rows (", x.rows(), ")");
-}
-
-void check_rmsnorm_backward_args(const char* op, const Tensor& dx, const Tensor* dweight, const Tensor& dout,
-                                 const Tensor& x, const Tensor& weight, const Tensor& rstd) {
-  check_rmsnorm_args(op, x, weight, rstd);
-  checks::check_norm_backward(Device::cuda, op, dx, dout, x, weight, dweight, nullptr);
-}
-
 }  // namespace
 
 // sum null: the plain norm of x; else the fused one of sum = x + *b.
 void CudaBackend::rmsnorm_rows(Tensor& out, Tensor& rstd, Tensor* sum, const Tensor& x, const Tensor* b,
                                const Tensor& weight, float eps) {
+  FT_CHECK(x.rows() < (int64_t(1) << 31), "rmsnorm: too many rows (", x.rows(), ") for one launch");
   if (x.rows() == 0) return;
   launch<rmsnorm_forward_kernel>(unsigned(x.rows()), kBlock, 0, stream_, cuda::view(out), rstd.ptr<float>(),
                                  sum ? cuda::view(*sum) : cuda::View{}, cuda::const_view(x),
@@ -85,20 +74,12 @@ void CudaBackend::rmsnorm_rows(Tensor& out, Tensor& rstd, Tensor* sum, const Ten
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
-  const char* op = "rmsnorm_forward";
-  check_rmsnorm_args(op, x, weight, rstd);
-  cuda::check_float_like(out, x, op, "out");
+void CudaBackend::rmsnorm_forward_impl(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
   rmsnorm_rows(out, rstd, nullptr, x, nullptr, weight, eps);
 }
 
-void CudaBackend::add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
-                                      const Tensor& weight, float eps) {
-  const char* op = "add_rmsnorm_forward";
-  check_rmsnorm_args(op, a, weight, rstd);
-  cuda::check_float_like(b, a, op, "b");
-  cuda::check_float_like(sum, a, op, "sum");
-  cuda::check_float_like(out, a, op, "out");
+void CudaBackend::add_rmsnorm_forward_impl(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
+                                           const Tensor& weight, float eps) {
   rmsnorm_rows(out, rstd, &sum, a, &b, weight, eps);
 }
 
@@ -107,8 +88,8 @@ void CudaBackend::rmsnorm_backward_rows(Tensor& dx, Tensor* dweight, const Tenso
                                         const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   int64_t rows = x.rows(), channels = x.cols();
   if (rows == 0 || channels == 0) return;
-  int64_t blocks = rows < cuda::kMaxPartialRows ? rows : cuda::kMaxPartialRows;
-  Tensor partials = dweight ? scratch({blocks, channels}, DType::f32) : Tensor();
+  const int64_t blocks = cuda::partial_rows(rows);
+  Tensor partials = dweight ? scratch(cuda::column_partials_scratch(rows, channels)) : Tensor();
   launch<rmsnorm_backward_kernel>(unsigned(blocks), kBlock, 0, stream_, cuda::view(dx),
                                   dweight ? partials.ptr<float>() : nullptr, cuda::const_view(dout),
                                   dresidual ? cuda::const_view(*dresidual) : cuda::ConstView{},
@@ -121,17 +102,13 @@ void CudaBackend::rmsnorm_backward_rows(Tensor& dx, Tensor* dweight, const Tenso
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
-                                   const Tensor& weight, const Tensor& rstd) {
-  check_rmsnorm_backward_args("rmsnorm_backward", dx, dweight, dout, x, weight, rstd);
+void CudaBackend::rmsnorm_backward_impl(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
+                                        const Tensor& weight, const Tensor& rstd) {
   rmsnorm_backward_rows(dx, dweight, dout, nullptr, x, weight, rstd);
 }
 
-void CudaBackend::rmsnorm_backward_add(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& dresidual,
-                                       const Tensor& x, const Tensor& weight, const Tensor& rstd) {
-  const char* op = "rmsnorm_backward_add";
-  check_rmsnorm_backward_args(op, dx, dweight, dout, x, weight, rstd);
-  cuda::check_float_like(dresidual, x, op, "dresidual");
+void CudaBackend::rmsnorm_backward_add_impl(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& dresidual,
+                                            const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   rmsnorm_backward_rows(dx, dweight, dout, &dresidual, x, weight, rstd);
 }
 

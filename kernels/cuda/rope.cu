@@ -4,7 +4,6 @@
 // float(pos) * inv_freq[i]; only cosf/sinf may differ in the last ulp.
 #include <cmath>
 
-#include "kernels/cuda/checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -38,14 +37,7 @@ __global__ void __launch_bounds__(kBlock) rope_kernel(cuda::View x, const int32_
 
 void rope_rotate(const char* op, Tensor& x, const Tensor& positions, int rotary_dim, float theta, float sign,
                  cudaStream_t stream) {
-  cuda::check_float(x, op, "x");
-  cuda::check_dtype(positions, DType::i32, op, "positions");
-  FT_CHECK(x.ndim() >= 3 && x.dim(-2) > 0 && x.dim(-1) > 0, op, ": x must be [N, H, D], got ",
-           shape_string(x.shape));
   int64_t heads = x.dim(-2), head_dim = x.dim(-1), tokens = x.numel() / (heads * head_dim);
-  cuda::check_numel(positions, tokens, op, "positions");
-  FT_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim, op, ": rotary_dim ", rotary_dim,
-           " must be even and in (0, head_dim = ", head_dim, "]");
   int half = rotary_dim / 2;
   FT_CHECK(half <= kMaxHalf, op, ": rotary_dim ", rotary_dim, " exceeds the supported ", 2 * kMaxHalf);
   InvFreq inv_freq{};
@@ -59,11 +51,11 @@ void rope_rotate(const char* op, Tensor& x, const Tensor& positions, int rotary_
 
 }  // namespace
 
-void CudaBackend::rope_forward(Tensor& x, const Tensor& positions, int rotary_dim, float theta) {
+void CudaBackend::rope_forward_impl(Tensor& x, const Tensor& positions, int rotary_dim, float theta) {
   rope_rotate("rope_forward", x, positions, rotary_dim, theta, 1.0f, stream_);
 }
 
-void CudaBackend::rope_backward(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) {
+void CudaBackend::rope_backward_impl(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) {
   rope_rotate("rope_backward", dx, positions, rotary_dim, theta, -1.0f, stream_);
 }
 

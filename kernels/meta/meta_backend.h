@@ -1,17 +1,18 @@
-// The memory planner's backend: tensors without data (Device::meta). Every op
-// checks its shape/dtype contract and computes nothing, so the model's real
-// training-step code runs a 20B config in milliseconds while the allocator it
-// is given counts every byte a real step would hold. The scratch the modelled
-// backend allocates inside its ops is allocated here the same way:
+// The memory planner's backend: tensors without data (Device::meta). Backend
+// checks every op's contract exactly as for the CPU and CUDA backends
+// (kernels/op_checks.h) and the ops compute nothing, so the model's real
+// training-step code runs a 20B config in milliseconds, rejects what a real
+// step would reject, and the allocator it is given counts every byte a real
+// step would hold. The scratch the modelled backend allocates inside its ops
+// is allocated here the same way:
 //   cpu  - CpuBackend's int8_linear_backward tiles (kernels/int8_tiles.h).
-//   cuda - the int8 linear's scratch (codes, scales, outlier columns, one
-//          block of the int32 product; a dequantised tile in backward),
-//          cuBLASLt's 32 MiB workspace from construction on, the f32 copy
-//          of a bf16 operand that CudaBackend::matmul makes for mixed-dtype
-//          products, the partial sums of norm/bias gradients and
-//          sum_squares, the tensor tables of adamw_update_many and
-//          sum_squares_many, attention backward's Di, and copy's staging
-//          buffer when it converts between host and device.
+//   cuda - what each CUDA op declares in kernels/cuda/scratch.h (the int8
+//          linear's codes, scales, outlier columns and product block or
+//          dequantised tile, the f32 copy of a mixed product's bf16 operand,
+//          partial sums of norm/bias gradients and sum_squares, the tables of
+//          adamw_update_many and sum_squares_many, attention backward's Di,
+//          copy's staging buffer), and cuBLASLt's 32 MiB workspace from
+//          construction on.
 // Copies compute nothing either; a host destination is zeroed so host code
 // that reads it back (the loss) sees defined values.
 #pragma once
@@ -19,13 +20,14 @@
 #include <unordered_map>
 
 #include "kernels/backend.h"
-#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/scratch.h"
 
 namespace ft {
 
 enum class MemoryPolicy { cpu, cuda };
 
-// CachingAllocator (kernels/cuda/device_allocator.h) on the meta device:
+// CachingAllocator (kernels/cuda/device_allocator.h) on the meta device,
+// with its rounding (kernels/cuda/scratch.h):
 // requests are rounded to its size classes and a freed block is reused by the
 // next request of the same class, so in_use and reserved are what the CUDA
 // path holds. Wrap it in a TrackingAllocator for per-category counts.
@@ -63,62 +65,12 @@ class MetaBackend final : public Backend {
   const MetaCursor& cursor() const { return cursor_; }
   void reset_cursor() { cursor_ = MetaCursor{}; }
 
-  void copy(Tensor& dst, const Tensor& src) override;
-  void fill(Tensor& dst, float value) override;
-  void copy_columns(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
-                    int64_t width) override;
-  void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, float alpha,
-              float beta) override;
-  void add(Tensor& out, const Tensor& a, const Tensor& b) override;
-  void add_bias(Tensor& out, const Tensor& bias) override;
-  void bias_backward(Tensor& dbias, const Tensor& dout) override;
-  void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) override;
-  void embedding_backward(Tensor& dtable, const Tensor& ids, const Tensor& dout) override;
-  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) override;
-  void rmsnorm_backward(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& x, const Tensor& weight,
-                        const Tensor& rstd) override;
-  void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
-                         const Tensor& bias, float eps) override;
-  void layernorm_backward(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& x,
-                          const Tensor& weight, const Tensor& mean, const Tensor& rstd) override;
-  void add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
-                           const Tensor& weight, float eps) override;
-  void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
-                             const Tensor& weight, const Tensor& bias, float eps) override;
-  void rmsnorm_backward_add(Tensor& dx, Tensor* dweight, const Tensor& dout, const Tensor& dresidual,
-                            const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
-  void layernorm_backward_add(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
-                              const Tensor& dresidual, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                              const Tensor& rstd) override;
-  void rope_forward(Tensor& x, const Tensor& positions, int rotary_dim, float theta) override;
-  void rope_backward(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) override;
-  void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) override;
-  void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
-                       const Tensor& up) override;
-  void gelu_forward(Tensor& out, const Tensor& x, GeluKind kind) override;
-  void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) override;
-  void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                         float scale) override;
-  void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                          float scale) override;
-  void cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,
-                     float dloss) override;
-  void quantize_rows_int8(Tensor& q, Tensor& scales, const Tensor& x) override;
-  void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
-                           float threshold, const Int8Epilogue& epilogue = {}) override;
-  void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, const Tensor& weight_scales,
-                            bool accumulate) override;
-  void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed) override;
-  void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed) override;
-  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& step) override;
-  double sum_squares(const Tensor& x) override;
-  void adamw_update_many(std::span<const AdamWTensors> tensors, const AdamWStep& step) override;
-  double sum_squares_many(std::span<const Tensor* const> tensors) override;
-
  private:
+  FT_BACKEND_OP_IMPLS(, override)
+
   void enter(const char* op, std::initializer_list<const Tensor*> operands);
-  Tensor column_partials(int64_t rows, int64_t channels);
+  Tensor cuda_scratch(const cuda::ScratchTensor& t);
+  Tensor column_partials(const Tensor* gradient, int64_t rows, int64_t channels);
 
   Allocator& allocator_;
   MemoryPolicy policy_;

@@ -358,9 +358,9 @@ TEST_CASE("cuda: argument checks and CUDA error reporting") {
 }
 
 TEST_CASE("cuda: caching allocator reuses blocks, so a repeated step does no cudaMalloc") {
-  CHECK(CachingAllocator::size_class(1) == 512);
-  CHECK(CachingAllocator::size_class(513) == 1024);
-  CHECK(CachingAllocator::size_class((1 << 20) + 1) == (1 << 20) + (1 << 17));
+  CHECK(cuda::caching_size_class(1) == 512);
+  CHECK(cuda::caching_size_class(513) == 1024);
+  CHECK(cuda::caching_size_class((1 << 20) + 1) == (1 << 20) + (1 << 17));
   CachingAllocator caching(device_allocator);
   CudaBackend backend(caching);
   auto step = [&] {

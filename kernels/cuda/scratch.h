@@ -1,0 +1,144 @@
+// What each CUDA op allocates beyond its operands (category workspace, held
+// while the op runs), as a function of the operands' shapes and dtypes.
+// CudaBackend allocates exactly these tensors and the memory planner
+// (kernels/meta/) charges them, so a plan is the CUDA path's own arithmetic.
+// Also here, for the same reason: cuBLASLt's workspace and the caching
+// allocator's block rounding (kernels/cuda/device_allocator.h). Plain C++
+// without CUDA, like kernels/int8_tiles.h (whose sizes the int8 ops use).
+#pragma once
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "kernels/allocator.h"
+#include "kernels/int8_tiles.h"
+#include "kernels/tensor.h"
+
+namespace ft::cuda {
+
+struct ScratchTensor {
+  Shape shape;
+  DType dtype;
+};
+
+// ---- not an op's: the GEMM engine and the caching allocator ----------------
+
+// cuBLASLt's workspace, allocated once per backend (category workspace), as llm.c.
+constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
+
+// CachingAllocator's size class of a request: multiples of 512 bytes up to
+// 1 MiB, above that multiples of 1/8 of the request's power of two (<= 12.5%
+// waste), so slightly different large sizes (e.g. another sequence length)
+// share blocks.
+inline size_t caching_size_class(size_t bytes) {
+  constexpr size_t kSmallLimit = size_t(1) << 20;
+  size_t step = bytes <= kSmallLimit ? 512 : std::bit_floor(bytes) / 8;
+  return (bytes + step - 1) / step * step;
+}
+// Whether CachingAllocator caches blocks of this category (the step's transient tensors).
+inline bool caching_caches(MemCategory category) {
+  return category == MemCategory::activations || category == MemCategory::workspace;
+}
+// The bytes a request occupies: its size class when cached, else the request
+// rounded to 512 bytes (cudaMalloc's alignment is 256).
+inline size_t caching_block_bytes(size_t bytes, MemCategory category) {
+  return caching_caches(category) ? caching_size_class(bytes) : (bytes + 511) / 512 * 512;
+}
+
+// ---- copy ------------------------------------------------------------------
+
+// A dtype-converting copy converts on the device: a host source is staged
+// there first, a host destination is converted there first.
+inline std::optional<ScratchTensor> copy_scratch(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype == src.dtype) return std::nullopt;
+  if (src.device == Device::cpu) return ScratchTensor{src.shape, src.dtype};
+  if (dst.device == Device::cpu) return ScratchTensor{dst.shape, dst.dtype};
+  return std::nullopt;
+}
+
+// ---- matmul ----------------------------------------------------------------
+
+// A mixed-dtype product widens its bf16 operand to f32 first.
+inline std::optional<ScratchTensor> matmul_scratch(const Tensor& a, const Tensor& b) {
+  if (a.dtype == b.dtype) return std::nullopt;
+  return ScratchTensor{(a.dtype == DType::bf16 ? a : b).shape, DType::f32};
+}
+
+// ---- bias_backward and the norms' parameter gradients ----------------------
+
+// Deterministic reductions without float atomics (parameter gradients of
+// norms and biases, sum_squares): at most this many blocks each reduce a fixed
+// strided subset of rows into their own row of f32 partials, which a second
+// kernel adds up in block order.
+constexpr int64_t kMaxPartialRows = 256;
+
+inline int64_t partial_rows(int64_t rows) { return std::min(rows, kMaxPartialRows); }
+
+// One f32 row of partial column sums per block, per parameter gradient.
+inline ScratchTensor column_partials_scratch(int64_t rows, int64_t channels) {
+  return {{partial_rows(rows), channels}, DType::f32};
+}
+
+// ---- attention_backward ----------------------------------------------------
+
+// Di = rowsum(dO * O) per query row, f32 [B, Hq, T] (lse's shape).
+inline ScratchTensor attention_backward_scratch(int64_t batch, int64_t q_heads, int64_t seq) {
+  return {{batch, q_heads, seq}, DType::f32};
+}
+
+// ---- LLM.int8() --------------------------------------------------------------
+
+// int8_linear_forward on x [N, K] and weight [O, K], holding the int32 product
+// of chunk_rows rows at a time (int8_forward_chunk_rows for the backend). The
+// outlier product reads x and W in place and the epilogue its operands: no
+// data-dependent buffers, so the plan does not depend on a batch's outliers.
+struct Int8ForwardScratch {
+  ScratchTensor outlier_columns;  // i32 [K + 1]: the count, then the columns
+  ScratchTensor codes;            // i8 [N, K]: x's inlier codes
+  ScratchTensor row_scales;       // f32 [N]: x's row scales
+  ScratchTensor product;          // i32 [chunk_rows, O]: one block of the product
+};
+inline Int8ForwardScratch int8_forward_scratch(int64_t N, int64_t K, int64_t O, int64_t chunk_rows) {
+  return {{{K + 1}, DType::i32}, {{N, K}, DType::i8}, {{N}, DType::f32}, {{chunk_rows, O}, DType::i32}};
+}
+
+// int8_linear_backward's dequantised weight tile [O, tile_columns] in dout's
+// dtype (int8_backward_tile_columns for the backend); dx is written in place.
+inline ScratchTensor int8_backward_scratch(int64_t O, int64_t tile_columns, DType dout_dtype) {
+  return {{O, tile_columns}, dout_dtype};
+}
+
+// ---- optimizer -----------------------------------------------------------------
+
+// sum_squares's blocks of 256 threads over n elements: a fixed function of n,
+// so the same partition, and the same sum, on every GPU and run.
+inline int64_t sum_squares_blocks(int64_t n) { return std::min((n + 255) / 256, kMaxPartialRows); }
+
+// The partial sums of sum_squares and sum_squares_many (blocks in all), then
+// the total: doubles, which have no DType, as 8 bytes each of i8.
+inline ScratchTensor sum_squares_scratch(int64_t blocks) { return {{blocks + 1, 8}, DType::i8}; }
+
+// The device tables of adamw_update_many and sum_squares_many, one entry per
+// non-empty tensor, built per call in scratch; block b of the launch works on
+// the last entry whose first_block <= b.
+struct AdamWEntry {
+  float* param;
+  const float* grad;
+  float* m;
+  float* v;
+  int64_t numel, first_block;
+  float decay;  // 1 - lr * weight_decay, the tensor's own
+};
+struct SumSquaresEntry {
+  const void* data;
+  int64_t numel, first_block, blocks;
+  DType dtype;
+};
+template <class Entry>
+ScratchTensor table_scratch(int64_t entries) {
+  return {{entries * int64_t(sizeof(Entry))}, DType::i8};
+}
+
+}  // namespace ft::cuda

@@ -1,0 +1,50 @@
+// The small operand structs of Backend's ops, apart from kernels/backend.h
+// so that the argument checks (kernels/op_checks.h) can name them and
+// backend.h can call the checks.
+#pragma once
+#include <cstdint>
+
+#include "kernels/tensor.h"
+
+namespace ft {
+
+// One AdamW step's scalars (see Backend::adamw_update); step counts from 1.
+struct AdamWStep {
+  float lr, beta1, beta2, eps, weight_decay, grad_scale;
+  int64_t step;
+};
+
+// One tensor of Backend::adamw_update_many: adamw_update's operands, and
+// whether the step's weight decay applies (matrices) or not (norms, biases).
+struct AdamWTensors {
+  Tensor* param;
+  const Tensor* grad;
+  Tensor* m;
+  Tensor* v;
+  bool decayed;
+
+  AdamWStep step_for(const AdamWStep& step) const {
+    AdamWStep s = step;
+    if (!decayed) s.weight_decay = 0.0f;
+    return s;
+  }
+};
+
+// The optional operands int8_linear_forward folds into its output pass (null:
+// absent): a linear layer's bias [O] and LoRA's update scaling * h B^T with
+// h [N, r] = dropout(x) A^T and B [O, r] (f32 or bf16 each; both h and B or
+// neither), so out is written once instead of re-read by add_bias and a
+// matmul with beta = 1.
+struct Int8Epilogue {
+  const Tensor* bias = nullptr;
+  const Tensor* lora_h = nullptr;
+  const Tensor* lora_B = nullptr;
+  float lora_scaling = 0.0f;
+};
+
+// GELU's two forms in Hugging Face configs: erf is the exact x * Phi(x)
+// ("gelu"); tanh is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+// ("gelu_new", "gelu_fast", "gelu_pytorch_tanh").
+enum class GeluKind { erf, tanh };
+
+}  // namespace ft

@@ -1,0 +1,144 @@
+// One contract per op: the CPU backend, the CUDA backend (under the emulator)
+// and the planner's meta backend reject the same bad calls with the same
+// error, because Backend checks the arguments before any of them runs the op.
+// Each case builds its operands on the backend under test (host, device or
+// dataless meta tensors) and must throw there; the messages must agree.
+#include <functional>
+#include <string>
+
+#include "kernels/meta/meta_backend.h"
+#include "tests/emu/cuda_test_util.h"
+
+using namespace cuda_test;
+
+namespace {
+
+MetaAllocator meta_allocator;
+MetaBackend meta(meta_allocator, MemoryPolicy::cuda, 0);
+
+Tensor make(Backend& be, const Shape& shape, DType dtype = DType::f32) {
+  return be.empty(shape, dtype, MemCategory::activations);
+}
+
+struct BadCall {
+  const char* what;
+  std::function<void(Backend&)> call;
+  const char* expected;  // part of the message
+};
+
+// The error each backend raises for the call ("" when none is raised).
+std::string error_on(Backend& be, const BadCall& bad) {
+  try {
+    bad.call(be);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const BadCall kBadCalls[] = {
+    {"rmsnorm_forward with bf16 statistics",
+     [](Backend& be) {
+       Tensor x = make(be, {4, 8}), out = make(be, {4, 8}), w = make(be, {8}), rstd = make(be, {4}, DType::bf16);
+       be.rmsnorm_forward(out, rstd, x, w, 1e-5f);
+     },
+     "rmsnorm_forward: rstd must be f32, got bf16"},
+    {"attention_forward with v of another head size",
+     [](Backend& be) {
+       Tensor q = make(be, {1, 4, 2, 8}), k = make(be, {1, 4, 2, 8}), v = make(be, {1, 4, 2, 4});
+       Tensor out = make(be, {1, 4, 2, 8}), lse = make(be, {1, 2, 4});
+       be.attention_forward(out, lse, q, k, v, 0.5f);
+     },
+     "attention_forward: v has shape [1, 4, 2, 4], expected [1, 4, 2, 8]"},
+    {"add of a transposed operand with as many elements",
+     [](Backend& be) {
+       Tensor out = make(be, {2, 3}), a = make(be, {3, 2}), b = make(be, {2, 3});
+       be.add(out, a, b);
+     },
+     "add: a has shape [3, 2], expected [2, 3]"},
+    {"matmul with mismatched inner dimensions",
+     [](Backend& be) {
+       Tensor out = make(be, {2, 3}), a = make(be, {2, 4}), b = make(be, {5, 3});
+       be.matmul(out, a, b, false, false);
+     },
+     "expected op(a) [2, K] and op(b) [K, 3]"},
+    {"int8_linear_forward with an f32 weight",
+     [](Backend& be) {
+       Tensor out = make(be, {2, 3}), x = make(be, {2, 4}), w = make(be, {3, 4}), scales = make(be, {3});
+       be.int8_linear_forward(out, x, w, scales, 6.0f);
+     },
+     "int8_linear_forward: weight must be i8, got f32"},
+    {"int8_linear_backward with a dx of the wrong width",
+     [](Backend& be) {
+       Tensor dx = make(be, {2, 5}), dout = make(be, {2, 3}), w = make(be, {3, 4}, DType::i8),
+              scales = make(be, {3});
+       be.int8_linear_backward(dx, dout, w, scales, false);
+     },
+     "int8_linear_backward: dx has shape [2, 5], expected [2, 4]"},
+    {"cross_entropy with bf16 losses",
+     [](Backend& be) {
+       Tensor logits = make(be, {2, 5}), targets = make(be, {2}, DType::i32), losses = make(be, {2}, DType::bf16);
+       be.cross_entropy(losses, nullptr, logits, targets, 0.5f);
+     },
+     "cross_entropy: losses must be f32, got bf16"},
+    {"adamw_update at step 0",
+     [](Backend& be) {
+       Tensor p = make(be, {4}), g = make(be, {4}), m = make(be, {4}), v = make(be, {4});
+       be.adamw_update(p, g, m, v, {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 0});
+     },
+     "adamw_update: step counts from 1, got 0"},
+    {"dropout_forward with p > 1",
+     [](Backend& be) {
+       Tensor x = make(be, {4}), out = make(be, {4});
+       be.dropout_forward(out, x, 1.5f, 7);
+     },
+     "dropout_forward: p must be in [0, 1], got 1.5"},
+    {"rope_forward with an odd rotary_dim",
+     [](Backend& be) {
+       Tensor x = make(be, {3, 2, 8}), positions = make(be, {3}, DType::i32);
+       be.rope_forward(x, positions, 3, 10000.0f);
+     },
+     "rope_forward: rotary_dim 3 must be even"},
+    {"layernorm_backward_add with a dresidual of another shape",
+     [](Backend& be) {
+       Tensor x = make(be, {4, 8}), dx = make(be, {4, 8}), dout = make(be, {4, 8}), dres = make(be, {8, 4});
+       Tensor w = make(be, {8}), mean = make(be, {4}), rstd = make(be, {4});
+       be.layernorm_backward_add(dx, nullptr, nullptr, dout, dres, x, w, mean, rstd);
+     },
+     "layernorm_backward_add: dresidual has shape [8, 4], expected [4, 8]"},
+};
+
+}  // namespace
+
+TEST_CASE("contract: the CPU, CUDA and meta backends reject a bad call with the same error") {
+  for (const BadCall& bad : kBadCalls) {
+    CAPTURE(bad.what);
+    const std::string on_cpu = error_on(cpu, bad);
+    CHECK(on_cpu.find(bad.expected) != std::string::npos);
+    CHECK(error_on(gpu, bad) == on_cpu);
+    CHECK(error_on(meta, bad) == on_cpu);
+  }
+}
+
+// Aliasing is checked by address, which dataless meta tensors do not have:
+// the CPU and CUDA backends agree, the planner cannot see it.
+TEST_CASE("contract: the CPU and CUDA backends reject an aliasing matmul with the same error") {
+  const BadCall bad{"matmul writing into its own input",
+                    [](Backend& be) {
+                      Tensor a = make(be, {4, 4}), b = make(be, {4, 4});
+                      be.matmul(a, a, b, false, false);
+                    },
+                    "matmul: out must not alias a or b"};
+  const std::string on_cpu = error_on(cpu, bad);
+  CHECK(on_cpu.find(bad.expected) != std::string::npos);
+  CHECK(error_on(gpu, bad) == on_cpu);
+}
+
+// A tensor on another device is named by the backend's own device.
+TEST_CASE("contract: a host operand is rejected by the CUDA and meta backends") {
+  Tensor host = make(cpu, {4});
+  Tensor device = make(gpu, {4});
+  CHECK_THROWS_WITH_AS(gpu.add(device, host, device), doctest::Contains("add: a must be a CUDA tensor"), Error);
+  Tensor planned = make(meta, {4});
+  CHECK_THROWS_WITH_AS(meta.add(planned, host, planned), doctest::Contains("add: a must be a meta tensor"), Error);
+}
