@@ -23,7 +23,7 @@ bool gets_reference_gradient(const std::string& name) {
          name == "model.embed_tokens.weight" || name == "model.norm.weight";
 }
 
-// Tolerances from the foundation issue: f32 logits 1e-4, gradients 1e-3
+// Tolerances: f32 logits 1e-4, gradients 1e-3
 // (gradients sum many more products, so f32 reordering costs more).
 constexpr double kLogitsTolerance = 1e-4;
 constexpr double kGradientTolerance = 1e-3;

@@ -1,4 +1,4 @@
-// CudaBackend construction, and the ops a later part of issue 5 implements.
+// CudaBackend construction; the ops live in their own .cu files beside this one.
 #include "kernels/cuda/cuda_backend.h"
 
 #include "kernels/error.h"

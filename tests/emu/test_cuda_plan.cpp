@@ -1,6 +1,6 @@
 // The memory planner's CUDA policy against a real training step on the
-// CUDA backend (issue 6: "the planner must model the CUDA path's real
-// allocations"). Both run the same model code; the planner on the meta device
+// CUDA backend: the planner must model the CUDA path's real allocations.
+// Both run the same model code; the planner on the meta device
 // with kernels/meta's model of CudaBackend's scratch and CachingAllocator's
 // size classes, the measured step on CudaBackend over CachingAllocator. So the
 // planned peak must equal the caching allocator's measured peak to the byte.

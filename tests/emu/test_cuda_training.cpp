@@ -1,5 +1,5 @@
-// Training on the CUDA backend matches training on the CPU backend (issue 5,
-// checks 2 and 5), on the tiny Llama fixture with its base frozen in INT8 and
+// Training on the CUDA backend matches training on the CPU backend, and no
+// step after the first allocates device memory, on the tiny Llama fixture with its base frozen in INT8 and
 // LoRA on q_proj/v_proj (dropout on). Built twice: against the emulator
 // (tests/emu/, tiled GEMM, fresh device memory NaN-poisoned) and against the
 // real runtime for `ctest -L gpu` (tests/gpu/, cuBLASLt).
@@ -199,7 +199,7 @@ TEST_CASE("cuda: three LoRA training steps over an INT8 base match the CPU, with
     check_losses(got.losses, want.losses, tol.loss_rtol);
     check_gradients(got.first_gradients, want.first_gradients, tol.gradient_rel);
     check_adapters(got.adapters, want.adapters, tol);
-    // Issue check 5: after the first step every allocation is served from the cache.
+    // After the first step every allocation is served from the cache.
     CHECK(got.device_allocations.back() == got.device_allocations.front());
   }
 }
