@@ -10,6 +10,7 @@
 #include "kernels/error.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
+#include "tokenizer/unicode.h"
 
 using namespace ft;
 using nlohmann::json;
@@ -52,12 +53,24 @@ TEST_CASE("encodings match the tokenizers library and decode back") {
   check_cases(tokenizer, reference()["cases"]);
 }
 
-TEST_CASE("the GPT-2 split matches tokenizers' ByteLevel pre-tokenizer") {
+TEST_CASE("the GPT-2 split (PCRE2) matches tokenizers' ByteLevel pre-tokenizer") {
   REQUIRE(reference()["split"].size() >= 40);
+  PreTokenizer byte_level({{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}, "test",
+                          "pre_tokenizer");
+  const auto to_byte_level = [](const std::string& bytes) {
+    std::string out;
+    for (char b : bytes) unicode::append_utf8(out, unicode::byte_level_chars()[uint8_t(b)]);
+    return out;
+  };
   for (const json& c : reference()["split"]) {
     const std::string text = c["text"];
     CAPTURE(text);
-    CHECK(gpt2_split(text) == c["pieces"].get<std::vector<std::string>>());
+    std::vector<Piece> pieces{{text, true}};
+    byte_level.apply(pieces);
+    std::vector<std::string> got, expected;
+    for (const Piece& p : pieces) got.push_back(p.text);
+    for (const std::string& p : c["pieces"].get<std::vector<std::string>>()) expected.push_back(to_byte_level(p));
+    CHECK(got == expected);
   }
 }
 
@@ -111,7 +124,9 @@ TEST_CASE("special ids: GPT-NeoX's <|endoftext|> is eos, <|padding|> pad, no bos
 TEST_CASE("the model's vocab_size may pad the tokenizer's ids but not cut them") {
   CHECK(BpeTokenizer(kPath, 519).vocab_size() == 519);
   CHECK(BpeTokenizer(kPath, 640).vocab_size() == 519);
-  CHECK_THROWS_WITH_AS(BpeTokenizer(kPath, 512), doctest::Contains("tokenizer ids go up to 518 but the model's vocab_size is 512"),
+  CHECK_THROWS_WITH_AS(BpeTokenizer(kPath, 512),
+                       doctest::Contains("tokenizer ids go up to 518 (added_tokens entry \"        \") but the model's "
+                                         "vocab_size is 512"),
                        Error);
 }
 
@@ -150,20 +165,38 @@ TEST_CASE("unsupported or malformed tokenizer.json: errors name the file, the fi
     CHECK_THROWS_WITH_AS(edited(edit), doctest::Contains(message.c_str()), Error);
     CHECK_THROWS_WITH_AS(edited(edit), doctest::Contains("edited tokenizer.json: "), Error);
   };
-  refused([](json& c) { c["model"]["type"] = "Unigram"; },
-          "model.type is \"Unigram\"; only \"BPE\" (byte-level) is supported");
+  refused([](json& c) { c["model"]["type"] = "Unigram"; }, "model.type is \"Unigram\"; only \"BPE\" is supported");
   refused([](json& c) { c["model"]["type"] = "WordPiece"; }, "model.type is \"WordPiece\"");
-  refused([](json& c) { c["normalizer"] = {{"type", "NFKC"}}; },
-          "normalizer.type is \"NFKC\"; supported: \"NFC\", or null");
-  refused([](json& c) { c["pre_tokenizer"] = {{"type", "Metaspace"}}; },
-          "pre_tokenizer.type is \"Metaspace\"; supported: \"ByteLevel\", nothing else");
-  refused([](json& c) { c["pre_tokenizer"] = nullptr; }, "pre_tokenizer is null");
-  refused([](json& c) { c["post_processor"] = {{"type", "TemplateProcessing"}}; },
-          "post_processor.type is \"TemplateProcessing\"");
+  refused([](json& c) { c["normalizer"] = {{"type", "BertNormalizer"}}; },
+          "normalizer.type is \"BertNormalizer\"; supported: \"NFC\" \"NFD\" \"NFKC\"");
+  refused([](json& c) { c["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "Precompiled"}}}}}; },
+          "normalizer.normalizers[0].type is \"Precompiled\"");
+  refused([](json& c) { c["pre_tokenizer"] = {{"type", "BertPreTokenizer"}}; },
+          "pre_tokenizer.type is \"BertPreTokenizer\"; supported: \"ByteLevel\" \"Split\"");
+  refused([](json& c) { c["pre_tokenizer"] = {{"type", "Metaspace"}}; }, "pre_tokenizer.replacement is missing");
+  refused([](json& c) { c["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "a("}}}, {"behavior", "Isolated"}}; },
+          "pre_tokenizer.pattern: cannot compile regex \"a(\"");
+  refused([](json& c) { c["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", "a"}}}, {"behavior", "Drop"}}; },
+          "pre_tokenizer.behavior is \"Drop\"; expected \"Removed\"");
+  refused([](json& c) { c["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "ab"}}; },
+          "pre_tokenizer.replacement is \"ab\"; expected a single character");
+  refused([](json& c) { c["post_processor"] = {{"type", "TemplateProcessing"}}; }, "post_processor.single is missing");
+  refused(
+      [](json& c) {
+        c["post_processor"] = {{"type", "TemplateProcessing"},
+                               {"single", {{{"SpecialToken", {{"id", "<s>"}}}}, {{"Sequence", {{"id", "A"}}}}}},
+                               {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1, 0}}}}}}};
+      },
+      "post_processor puts 2 tokens before and 0 after a text; at most one each (BOS, EOS) is supported");
+  refused([](json& c) { c["post_processor"] = {{"type", "RobertaProcessing"}, {"cls", {"<s>", 700}}, {"sep", {"</s>", 0}}}; },
+          "post_processor.cls[1] is 700, an id no token has");
   refused([](json& c) { c["decoder"] = {{"type", "WordPiece"}}; }, "decoder.type is \"WordPiece\"");
-  refused([](json& c) { c["model"]["byte_fallback"] = true; }, "model.byte_fallback is true");
-  refused([](json& c) { c["model"]["dropout"] = 0.1; }, "model.dropout is 0.1; only null is supported");
-  refused([](json& c) { c["model"]["continuing_subword_prefix"] = "##"; }, "model.continuing_subword_prefix is \"##\"");
+  refused([](json& c) { c["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", -1}}; },
+          "decoder.start is -1; expected an integer from 0");
+  refused([](json& c) { c["model"]["dropout"] = "high"; }, "model.dropout is \"high\"; expected null or a number");
+  refused([](json& c) { c["model"]["continuing_subword_prefix"] = "##"; },
+          "model.continuing_subword_prefix is \"##\"; only null is supported");
+  refused([](json& c) { c["model"]["end_of_word_suffix"] = "</w>"; }, "model.end_of_word_suffix is \"</w>\"");
   refused([](json& c) { c["added_tokens"][0]["lstrip"] = true; }, "added_tokens[0].lstrip is true; only false");
   refused([](json& c) { c["model"].erase("merges"); }, "model.merges is missing");
   refused([](json& c) { c.erase("model"); }, "model is missing");
@@ -172,6 +205,7 @@ TEST_CASE("unsupported or malformed tokenizer.json: errors name the file, the fi
   refused([](json& c) { c["model"]["merges"][0] = json::array({"zzz", "q"}); },
           "model.merges[0] is [\"zzz\",\"q\"]; expected both tokens and their concatenation in model.vocab");
   refused([](json& c) { c["model"]["vocab"]["Hello"] = -4; }, "model.vocab[\"Hello\"] is -4");
+  refused([](json& c) { c["model"]["vocab"]["Hello"] = 4294967296LL; }, "model.vocab[\"Hello\"] is 4294967296");
   refused([](json& c) { c["model"]["unk_token"] = "<unk>"; }, "model.unk_token is \"<unk>\"");
 }
 

@@ -21,7 +21,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kBinary = std::string(FT_BINARY_DIR) + "/trainer/finetune";
+const std::string kBinary = FT_FINETUNE_BINARY;
+// A run of the binary that takes longer has hung: it is killed and the test fails.
+constexpr unsigned kRunTimeoutS = 120;
 const std::string kFixtures = FT_FIXTURES_DIR;
 
 struct CommandResult {
@@ -29,14 +31,21 @@ struct CommandResult {
   std::string output;  // stdout and stderr
 };
 
+// Runs `command` with sh under coreutils' timeout: TERM after kRunTimeoutS (exit
+// 124), KILL 10 s later (exit 137).
 CommandResult run_command(const std::string& command) {
+  std::string quoted = "'";
+  for (char c : command) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  const std::string timed = "timeout -k 10 " + std::to_string(kRunTimeoutS) + " sh -c " + quoted + " 2>&1";
   CommandResult result{0, ""};
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  FILE* pipe = popen(timed.c_str(), "r");
   REQUIRE(pipe);
   char buffer[4096];
   while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) result.output.append(buffer, n);
   int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  REQUIRE_MESSAGE((result.exit_code != 124 && result.exit_code != 137), "timed out after ", kRunTimeoutS, " s: ", command, "\n", result.output);
   return result;
 }
 
@@ -101,12 +110,17 @@ TEST_CASE("a run killed with SIGKILL after a checkpoint resumes to identical los
   if (child == 0) {
     REQUIRE(chdir(dir.c_str()) == 0);
     freopen("/dev/null", "w", stdout);
+    alarm(kRunTimeoutS);  // kept across exec: a hung run dies of SIGALRM
     execl(kBinary.c_str(), kBinary.c_str(), "config.yaml", (char*)nullptr);
     _exit(127);
   }
   // The state file appears when step 10 is saved; kill at once, mid-run.
   const std::string state = dir + "/out/train_state.safetensors";
-  while (!fs::exists(state)) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  while (!fs::exists(state)) {
+    int early_status = 0;
+    REQUIRE_MESSAGE(waitpid(child, &early_status, WNOHANG) == 0, "finetune ended before saving step 10");
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
   kill(child, SIGKILL);
   int status = 0;
   waitpid(child, &status, 0);

@@ -151,7 +151,7 @@ TEST_CASE("plan: bad model_type or LoRA target is a clear error") {
                        doctest::Contains("\"q_proj\" matches no module"), Error);
 
   // Through the binary: the message reaches the user with exit status 1.
-  const std::string command = std::string(FT_BINARY_DIR) + "/trainer/finetune plan " + FT_SOURCE_DIR +
+  const std::string command = std::string("timeout -k 10 120 ") + FT_FINETUNE_BINARY + " plan " + FT_SOURCE_DIR +
                               "/configs/gpt-neox-20b-int8-lora.yaml --set lora.target_modules=[q_proj] 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   REQUIRE(pipe);

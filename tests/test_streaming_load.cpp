@@ -150,6 +150,7 @@ LoadFigures measure_in_child(const fs::path& dir) {
   pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {
+    ::alarm(600);  // a hung load dies of SIGALRM: the read below ends and the status says so
     ::close(pipe_fds[0]);
     int status = 1;
     try {

@@ -1,119 +1,23 @@
 #include "tokenizer/bpe_tokenizer.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <queue>
 
 #include "kernels/error.h"
+#include "tokenizer/json_fields.h"
 #include "tokenizer/unicode.h"
 
 namespace ft {
 namespace {
 
-using nlohmann::json;
+using namespace json_fields;
 
-// GPT-2's reversible byte -> character map: printable Latin-1 bytes stand for themselves, the
-// others (control characters, space, 0x7F-0xA0, 0xAD) for U+0100 onwards, in byte order. BPE
-// runs on these characters, so a token never contains a raw space or control byte.
-const std::array<char32_t, 256>& byte_to_char() {
-  static const std::array<char32_t, 256> table = [] {
-    std::array<char32_t, 256> t{};
-    char32_t next = 256;
-    for (int b = 0; b < 256; ++b) {
-      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-      t[size_t(b)] = printable ? char32_t(b) : next++;
-    }
-    return t;
-  }();
-  return table;
-}
-
-// The inverse of byte_to_char: -1 for characters that stand for no byte.
-int char_to_byte(char32_t c) {
-  static const std::vector<int> table = [] {
-    std::vector<int> t(324, -1);  // byte_to_char's largest character is U+0143
-    for (int b = 0; b < 256; ++b) t[byte_to_char()[size_t(b)]] = b;
-    return t;
-  }();
-  return c < table.size() ? table[c] : -1;
-}
-
-std::string byte_level(std::string_view bytes) {
-  std::string out;
-  for (char b : bytes) unicode::append_utf8(out, byte_to_char()[uint8_t(b)]);
-  return out;
-}
-
-// The end of the piece that starts at `i` under the GPT-2 split pattern, which HF's ByteLevel
-// pre-tokenizer applies with Oniguruma:
-//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// Matched by hand (std::regex has no \p{..} classes): the first alternative that matches wins,
-// each greedy, so the only backtracking is \s+(?!\S) giving back one whitespace character.
-size_t gpt2_piece_end(std::u32string_view t, size_t i) {
-  enum class Kind { letter, number, space, other };
-  const auto kind = [](char32_t c) {
-    if (unicode::is_whitespace(c)) return Kind::space;
-    if (unicode::is_letter(c)) return Kind::letter;
-    if (unicode::is_number(c)) return Kind::number;
-    return Kind::other;
-  };
-  const size_t n = t.size();
-  if (t[i] == '\'') {
-    for (std::u32string_view suffix : {U"s", U"t", U"re", U"ve", U"m", U"ll", U"d"})
-      if (t.substr(i + 1, suffix.size()) == suffix) return i + 1 + suffix.size();
-  }
-  // ` ?X+`: an optional plain space, then a run of one non-space kind.
-  size_t start = (t[i] == ' ' && i + 1 < n && kind(t[i + 1]) != Kind::space) ? i + 1 : i;
-  Kind k = kind(t[start]);
-  if (k != Kind::space) {
-    size_t end = start + 1;
-    while (end < n && kind(t[end]) == k) ++end;
-    return end;
-  }
-  size_t end = i + 1;
-  while (end < n && kind(t[end]) == Kind::space) ++end;
-  // \s+(?!\S): a run that ends the text, or the run minus its last character, which then
-  // starts the next piece (" world"); a single whitespace before a non-space is \s+.
-  if (end == n || end - i == 1) return end;
-  return end - 1;
-}
-
-// Error helpers: every message names the file, the field and what is supported.
-[[noreturn]] void unsupported(const std::string& source, const std::string& field, const json& value,
-                              const std::string& expected) {
-  fail(source, ": ", field, " is ", value.dump(), "; ", expected);
-}
-
-const json& required(const json& object, const char* key, const std::string& source, const std::string& field) {
-  FT_CHECK(object.is_object() && object.contains(key), source, ": ", field, " is missing");
-  return object.at(key);
-}
-
-bool flag(const json& object, const char* key, bool fallback, const std::string& source, const std::string& field) {
-  if (!object.contains(key) || object.at(key).is_null()) return fallback;
-  const json& value = object.at(key);
-  if (!value.is_boolean()) unsupported(source, field, value, "expected true or false");
-  return value.get<bool>();
-}
-
-// The "type" of a pipeline stage ("" for null), refused unless it is one of `allowed`.
-std::string stage_type(const json& config, const char* key, std::initializer_list<std::string_view> allowed,
-                       bool null_allowed, const std::string& source) {
-  std::string expected = "supported: ";
-  for (std::string_view a : allowed) expected.append("\"").append(a).append("\", ");
-  expected += null_allowed ? "or null" : "nothing else";
-  const json& stage = config.contains(key) ? config.at(key) : json();
-  if (stage.is_null()) {
-    if (!null_allowed) unsupported(source, key, stage, expected);
-    return "";
-  }
-  if (!stage.is_object() || !stage.contains("type") || !stage.at("type").is_string())
-    unsupported(source, key, stage, "expected an object with a \"type\"; " + expected);
-  std::string type = stage.at("type").get<std::string>();
-  if (std::find(allowed.begin(), allowed.end(), type) == allowed.end())
-    unsupported(source, std::string(key) + ".type", stage.at("type"), expected);
-  return type;
+const json& member(const json& object, const char* key) {
+  static const json null_value;
+  return object.is_object() && object.contains(key) ? object.at(key) : null_value;
 }
 
 int32_t token_id_value(const json& value, const std::string& source, const std::string& field) {
@@ -148,73 +52,71 @@ json read_json_file(const std::string& path) {
   }
 }
 
+std::string config_path_beside(const std::string& path) {
+  return (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
+}
+
+json read_config_beside(const std::string& path) {
+  std::string config = config_path_beside(path);
+  return std::filesystem::exists(config) ? read_json_file(config) : json();
+}
+
+size_t utf8_length(char lead) {
+  uint8_t b = uint8_t(lead);
+  return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+}
+
 }  // namespace
 
-std::vector<std::string> gpt2_split(std::string_view text) {
-  std::u32string chars = unicode::decode_utf8(text, "text to split");
-  std::u32string_view view(chars);
-  std::vector<std::string> pieces;
-  for (size_t begin = 0; begin < view.size();) {
-    size_t end = gpt2_piece_end(view, begin);
-    pieces.push_back(unicode::encode_utf8(view.substr(begin, end - begin)));
-    begin = end;
-  }
-  return pieces;
-}
-
 BpeTokenizer::BpeTokenizer(const std::string& path, int64_t expected_vocab_size)
-    : BpeTokenizer(read_json_file(path), path, expected_vocab_size) {}
+    : BpeTokenizer(read_json_file(path), path, expected_vocab_size, read_config_beside(path),
+                   config_path_beside(path)) {}
 
-BpeTokenizer::BpeTokenizer(const json& config, const std::string& source, int64_t expected_vocab_size)
+BpeTokenizer::~BpeTokenizer() = default;
+
+BpeTokenizer::BpeTokenizer(const json& config, const std::string& source, int64_t expected_vocab_size,
+                           const json& tokenizer_config, const std::string& config_source)
     : source_(source) {
   FT_CHECK(config.is_object(), source_, ": expected a Hugging Face tokenizer.json (a JSON object)");
-  read_pipeline(config);
+  normalizer_ = std::make_unique<Normalizer>(member(config, "normalizer"), source_, "normalizer");
+  const json& pre_tokenizer = member(config, "pre_tokenizer");
+  pre_tokenizer_ = std::make_unique<PreTokenizer>(pre_tokenizer, source_, "pre_tokenizer");
+  decoder_ = std::make_unique<Decoder>(member(config, "decoder"), source_, "decoder");
   read_model(required(config, "model", source_, "model"));
-  if (config.contains("added_tokens") && !config.at("added_tokens").is_null())
-    read_added_tokens(config.at("added_tokens"));
-  index_added_tokens();
-  choose_special_ids(config);
-  check_fits(expected_vocab_size);
-}
-
-void BpeTokenizer::read_pipeline(const json& config) {
-  nfc_ = stage_type(config, "normalizer", {"NFC"}, true, source_) == "NFC";
-  stage_type(config, "pre_tokenizer", {"ByteLevel"}, false, source_);
-  const json& pre = config.at("pre_tokenizer");
-  // Defaults as in tokenizers' ByteLevel::default(), for files that omit the fields.
-  add_prefix_space_ = flag(pre, "add_prefix_space", true, source_, "pre_tokenizer.add_prefix_space");
-  use_regex_ = flag(pre, "use_regex", true, source_, "pre_tokenizer.use_regex");
-  stage_type(config, "post_processor", {"ByteLevel"}, true, source_);
-  stage_type(config, "decoder", {"ByteLevel"}, false, source_);
+  if (!member(config, "added_tokens").is_null()) read_added_tokens(config.at("added_tokens"));
+  check_ids(expected_vocab_size);
+  index_tokens();
+  read_post_processor(member(config, "post_processor"), "post_processor");
+  read_special_ids(config, tokenizer_config, config_source);
 }
 
 void BpeTokenizer::read_model(const json& model) {
   if (!model.is_object()) unsupported(source_, "model", model, "expected an object");
   if (model.contains("type") && model.at("type") != "BPE")
-    unsupported(source_, "model.type", model.at("type"), "only \"BPE\" (byte-level) is supported");
-  // Options that change how words split into tokens, which byte-level BPE models leave unset.
-  for (const char* key : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (!model.contains(key)) continue;
-    const json& value = model.at(key);
-    bool unset = value.is_null() || value == "" || (std::string_view(key) == "dropout" && value == 0);
-    if (!unset) unsupported(source_, std::string("model.") + key, value, "only null is supported");
+    unsupported(source_, "model.type", model.at("type"), "only \"BPE\" is supported");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const json& value = member(model, key);
+    if (!value.is_null() && value != "")
+      unsupported(source_, std::string("model.") + key, value,
+                  "only null is supported (affixes of BPE subwords, used by no supported model family)");
   }
-  if (flag(model, "byte_fallback", false, source_, "model.byte_fallback"))
-    unsupported(source_, "model.byte_fallback", true, "only false is supported (byte-level BPE needs no fallback)");
+  const json& dropout = member(model, "dropout");  // ignored: encoding is deterministic
+  if (!dropout.is_null() && !dropout.is_number())
+    unsupported(source_, "model.dropout", dropout, "expected null or a number");
   fuse_unk_ = flag(model, "fuse_unk", false, source_, "model.fuse_unk");
   ignore_merges_ = flag(model, "ignore_merges", false, source_, "model.ignore_merges");
+  byte_fallback_ = flag(model, "byte_fallback", false, source_, "model.byte_fallback");
 
   const json& vocab = required(model, "vocab", source_, "model.vocab");
   if (!vocab.is_object()) unsupported(source_, "model.vocab", vocab.type_name(), "expected an object {token: id}");
-  for (const auto& [token, id] : vocab.items()) {
-    int32_t value = token_id_value(id, source_, "model.vocab[\"" + token + "\"]");
-    vocab_[token] = value;
-    if (size_t(value) >= id_to_token_.size()) id_to_token_.resize(size_t(value) + 1);
-    id_to_token_[size_t(value)] = token;
-  }
+  vocab_.reserve(vocab.size());
+  for (const auto& [token, id] : vocab.items())
+    vocab_[token] = token_id_value(id, source_, "model.vocab[" + json(token).dump() + "]");
   for (int b = 0; b < 256; ++b) {
-    auto it = vocab_.find(byte_level(std::string(1, char(b))));
-    byte_ids_[size_t(b)] = it == vocab_.end() ? -1 : it->second;
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    auto it = vocab_.find(name);
+    byte_fallback_ids_[size_t(b)] = it == vocab_.end() ? -1 : it->second;
   }
 
   const json& merges = required(model, "merges", source_, "model.merges");
@@ -225,10 +127,10 @@ void BpeTokenizer::read_model(const json& model) {
     auto l = vocab_.find(left), r = vocab_.find(right), merged = vocab_.find(left + right);
     if (l == vocab_.end() || r == vocab_.end() || merged == vocab_.end())
       unsupported(source_, field, merges[rank], "expected both tokens and their concatenation in model.vocab");
-    merges_[pair_key(l->second, r->second)] = {int32_t(rank), merged->second};
+    merges_.emplace(pair_key(l->second, r->second), std::pair{int32_t(rank), merged->second});
   }
 
-  const json unk = model.contains("unk_token") ? model.at("unk_token") : json();
+  const json& unk = member(model, "unk_token");
   if (!unk.is_null()) {
     if (!unk.is_string() || !vocab_.count(unk.get<std::string>()))
       unsupported(source_, "model.unk_token", unk, "expected null or a token of model.vocab");
@@ -247,50 +149,150 @@ void BpeTokenizer::read_added_tokens(const json& tokens) {
     AddedToken token;
     token.id = token_id_value(required(entry, "id", source_, field + ".id"), source_, field + ".id");
     token.special = flag(entry, "special", false, source_, field + ".special");
-    token.normalized = flag(entry, "normalized", !token.special, source_, field + ".normalized");
+    token.normalized_match = flag(entry, "normalized", !token.special, source_, field + ".normalized");
     token.content = content.get<std::string>();
-    if (token.normalized && nfc_)
-      token.content = unicode::encode_utf8(unicode::nfc(unicode::decode_utf8(token.content, source_)));
+    unicode::decode_utf8(token.content, source_ + ": " + field + ".content");
+    token.normalized = token.normalized_match ? normalizer_->apply(token.content) : token.content;
     for (const char* key : {"single_word", "lstrip", "rstrip"})
       if (flag(entry, key, false, source_, field + "." + key))
         unsupported(source_, field + "." + key, true, "only false is supported");
-    if (size_t(token.id) >= id_to_token_.size()) id_to_token_.resize(size_t(token.id) + 1);
-    id_to_token_[size_t(token.id)] = content.get<std::string>();
-    added_.push_back(std::move(token));
+    if (!token.normalized.empty()) added_.push_back(std::move(token));
   }
 }
 
-void BpeTokenizer::index_added_tokens() {
+void BpeTokenizer::check_ids(int64_t expected_vocab_size) const {
+  // The largest id and its token, found before id_to_token_ is sized by it.
+  int64_t largest = -1;
+  std::string largest_field;
+  const auto consider = [&](int32_t id, const std::string& field) {
+    if (id > largest) largest = id, largest_field = field;
+  };
+  for (const auto& [token, id] : vocab_) consider(id, "model.vocab[" + json(token).dump() + "]");
+  for (const AddedToken& token : added_) consider(token.id, "added_tokens entry " + json(token.content).dump());
+  FT_CHECK(largest >= 0, source_, ": model.vocab is empty");
+  FT_CHECK(expected_vocab_size <= 0 || largest < expected_vocab_size, source_, ": tokenizer ids go up to ", largest,
+           " (", largest_field, ") but the model's vocab_size is ", expected_vocab_size);
+  const int64_t tokens = int64_t(vocab_.size() + added_.size());
+  FT_CHECK(largest < 2 * tokens + 1024, source_, ": ", largest_field, " has id ", largest, " but the file has only ",
+           tokens, " tokens; ids this sparse are refused (the largest must be below 2 x tokens + 1024)");
+}
+
+void BpeTokenizer::index_tokens() {
+  int32_t largest = 0;
+  for (const auto& [token, id] : vocab_) largest = std::max(largest, id);
+  for (const AddedToken& token : added_) largest = std::max(largest, token.id);
+  id_to_token_.assign(size_t(largest) + 1, "");
   special_.assign(id_to_token_.size(), false);
+  for (const auto& [token, id] : vocab_) id_to_token_[size_t(id)] = token;
   for (size_t i = 0; i < added_.size(); ++i) {
     const AddedToken& token = added_[i];
+    // Decoding gives a normalized token its normalized form, as tokenizers 0.23 does.
+    id_to_token_[size_t(token.id)] = token.normalized;
     special_[size_t(token.id)] = token.special;
-    (token.normalized ? normalized_added_ : raw_added_)[uint8_t(token.content[0])].push_back(i);
+    (token.normalized_match ? normalized_added_ : raw_added_)[uint8_t(token.normalized[0])].push_back(i);
   }
   for (AddedIndex* index : {&raw_added_, &normalized_added_})
     for (auto& candidates : *index)
-      std::stable_sort(candidates.begin(), candidates.end(),
-                       [&](size_t a, size_t b) { return added_[a].content.size() > added_[b].content.size(); });
+      std::stable_sort(candidates.begin(), candidates.end(), [&](size_t a, size_t b) {
+        return added_[a].normalized.size() > added_[b].normalized.size();
+      });
 }
 
-void BpeTokenizer::choose_special_ids(const json& config) {
+int32_t BpeTokenizer::known_id(const json& value, const std::string& field) const {
+  int32_t id = token_id_value(value, source_, field);
+  FT_CHECK(size_t(id) < id_to_token_.size() && !id_to_token_[size_t(id)].empty(), source_, ": ", field, " is ", id,
+           ", an id no token has");
+  return id;
+}
+
+void BpeTokenizer::read_template(const json& stage, const std::string& field, std::vector<int32_t>& prefix,
+                                 std::vector<int32_t>& suffix) const {
+  const json& single = required(stage, "single", source_, field + ".single");
+  const json& specials = required(stage, "special_tokens", source_, field + ".special_tokens");
+  if (!single.is_array()) unsupported(source_, field + ".single", single, "expected an array of template pieces");
+  bool seen_sequence = false;
+  for (size_t i = 0; i < single.size(); ++i) {
+    const json& piece = single[i];
+    if (piece.contains("Sequence") && member(piece.at("Sequence"), "id") == "A" && !seen_sequence) {
+      seen_sequence = true;
+      continue;
+    }
+    const json& name = member(member(piece, "SpecialToken"), "id");
+    if (!name.is_string())
+      unsupported(source_, field + ".single[" + std::to_string(i) + "]", piece,
+                  "expected {\"SpecialToken\": {\"id\": ...}} or one {\"Sequence\": {\"id\": \"A\"}}");
+    const std::string ids_field = field + ".special_tokens[" + name.dump() + "].ids";
+    const json& ids = required(member(specials, name.get<std::string>().c_str()), "ids", source_, ids_field);
+    if (!ids.is_array()) unsupported(source_, ids_field, ids, "expected an array");
+    for (const json& id : ids) (seen_sequence ? suffix : prefix).push_back(known_id(id, ids_field));
+  }
+  if (!seen_sequence) unsupported(source_, field + ".single", single, "expected a {\"Sequence\": {\"id\": \"A\"}} piece");
+}
+
+void BpeTokenizer::read_post_processor(const json& stage, const std::string& field) {
+  if (stage.is_null()) return;
+  std::string type = stage_type(
+      stage, {"TemplateProcessing", "RobertaProcessing", "BertProcessing", "ByteLevel", "Sequence"}, source_, field);
+  if (type == "Sequence") {
+    const json& list = required(stage, "processors", source_, field + ".processors");
+    if (!list.is_array()) unsupported(source_, field + ".processors", list, "expected an array");
+    for (size_t i = 0; i < list.size(); ++i)
+      read_post_processor(list[i], field + ".processors[" + std::to_string(i) + "]");
+    return;
+  }
+  if (type == "ByteLevel") return;  // trims offsets only
+  std::vector<int32_t> prefix, suffix;
+  if (type == "TemplateProcessing") {
+    read_template(stage, field, prefix, suffix);
+  } else {  // RobertaProcessing, BertProcessing: cls $A sep
+    for (const char* key : {"cls", "sep"}) {
+      const json& pair = required(stage, key, source_, field + "." + key);
+      if (!pair.is_array() || pair.size() != 2 || !pair[0].is_string())
+        unsupported(source_, field + "." + key, pair, "expected [token, id]");
+      (std::string_view(key) == "cls" ? prefix : suffix).push_back(known_id(pair[1], field + "." + key + "[1]"));
+    }
+  }
+  // Processors of a Sequence apply in turn, each around the result of the previous ones.
+  prefix_ids_.insert(prefix_ids_.begin(), prefix.begin(), prefix.end());
+  suffix_ids_.insert(suffix_ids_.end(), suffix.begin(), suffix.end());
+}
+
+void BpeTokenizer::read_special_ids(const json& config, const json& tokenizer_config, const std::string& config_source) {
   const auto special_named = [&](std::initializer_list<std::string_view> names) {
     for (std::string_view name : names)
       for (const AddedToken& token : added_)
         if (token.special && token.content == name) return token.id;
     return -1;
   };
-  eos_id_ = special_named({"<|endoftext|>", "</s>", "<eos>"});
-  const json padding = config.contains("padding") ? config.at("padding") : json();
-  if (!padding.is_null())
-    pad_id_ = token_id_value(required(padding, "pad_id", source_, "padding.pad_id"), source_, "padding.pad_id");
-  else
-    pad_id_ = special_named({"<|padding|>", "<pad>", "[PAD]"});
-}
+  // tokenizer_config.json names tokens as strings or as {"content": ...} objects.
+  const auto config_token = [&](const char* key) {
+    const json& value = member(tokenizer_config, key);
+    if (value.is_null()) return -1;
+    const json& content = value.is_object() ? member(value, "content") : value;
+    int32_t id = content.is_string() ? token_id(content.get<std::string>()) : -1;
+    if (id < 0) unsupported(config_source, key, value, "expected a token of " + source_);
+    return id;
+  };
+  const auto config_flag = [&](const char* key) {
+    return member(tokenizer_config, key).is_null() ? -1 : int(flag(tokenizer_config, key, false, config_source, key));
+  };
+  // As transformers' update_post_processor: add_bos_token / add_eos_token rebuild the template.
+  if (int add_bos = config_flag("add_bos_token"); add_bos >= 0)
+    prefix_ids_ = add_bos ? std::vector<int32_t>{config_token("bos_token")} : std::vector<int32_t>{};
+  if (int add_eos = config_flag("add_eos_token"); add_eos >= 0)
+    suffix_ids_ = add_eos ? std::vector<int32_t>{config_token("eos_token")} : std::vector<int32_t>{};
+  FT_CHECK(prefix_ids_.size() <= 1 && suffix_ids_.size() <= 1, source_, ": post_processor puts ", prefix_ids_.size(),
+           " tokens before and ", suffix_ids_.size(), " after a text; at most one each (BOS, EOS) is supported");
 
-void BpeTokenizer::check_fits(int64_t expected_vocab_size) const {
-  FT_CHECK(expected_vocab_size <= 0 || vocab_size() <= expected_vocab_size, source_, ": tokenizer ids go up to ",
-           vocab_size() - 1, " but the model's vocab_size is ", expected_vocab_size);
+  eos_id_ = config_token("eos_token");
+  if (eos_id_ < 0) eos_id_ = suffix_ids_.empty() ? special_named({"<|endoftext|>", "</s>", "<eos>"}) : suffix_ids_[0];
+  FT_CHECK(suffix_ids_.empty() || suffix_ids_[0] == eos_id_, source_, ": post_processor puts id ", suffix_ids_[0],
+           " after a text but the eos token is id ", eos_id_);
+  pad_id_ = config_token("pad_token");
+  const json& padding = member(config, "padding");
+  if (pad_id_ < 0 && !padding.is_null())
+    pad_id_ = token_id_value(required(padding, "pad_id", source_, "padding.pad_id"), source_, "padding.pad_id");
+  if (pad_id_ < 0) pad_id_ = special_named({"<|padding|>", "<pad>", "[PAD]"});
 }
 
 int32_t BpeTokenizer::token_id(const std::string& token) const {
@@ -300,32 +302,28 @@ int32_t BpeTokenizer::token_id(const std::string& token) const {
   return it == vocab_.end() ? -1 : it->second;
 }
 
-std::vector<BpeTokenizer::Segment> BpeTokenizer::split_on_added(std::string_view text, const AddedIndex& index) const {
+std::vector<BpeTokenizer::Segment> BpeTokenizer::split_on_added(std::string_view text, bool at_start,
+                                                                const AddedIndex& index) const {
   std::vector<Segment> segments;
   size_t text_start = 0;
   for (size_t i = 0; i < text.size();) {
     const AddedToken* match = nullptr;
     for (size_t candidate : index[uint8_t(text[i])])
-      if (text.substr(i, added_[candidate].content.size()) == added_[candidate].content) {
+      if (text.substr(i, added_[candidate].normalized.size()) == added_[candidate].normalized) {
         match = &added_[candidate];
         break;
       }
     if (!match) {
-      ++i;
+      i += utf8_length(text[i]);
       continue;
     }
-    if (i > text_start) segments.push_back({text.substr(text_start, i - text_start), -1});
-    segments.push_back({{}, match->id});
-    i += match->content.size();
+    if (i > text_start) segments.push_back({text.substr(text_start, i - text_start), -1, at_start && text_start == 0});
+    segments.push_back({{}, match->id, false});
+    i += match->normalized.size();
     text_start = i;
   }
-  if (text_start < text.size()) segments.push_back({text.substr(text_start), -1});
+  if (text_start < text.size()) segments.push_back({text.substr(text_start), -1, at_start && text_start == 0});
   return segments;
-}
-
-std::string BpeTokenizer::normalize(std::string_view text) const {
-  if (!nfc_) return std::string(text);
-  return unicode::encode_utf8(unicode::nfc(unicode::decode_utf8(text, source_)));
 }
 
 std::vector<int32_t> BpeTokenizer::encode(const std::string& text) const {
@@ -333,36 +331,42 @@ std::vector<int32_t> BpeTokenizer::encode(const std::string& text) const {
   std::vector<int32_t> ids;
   // As tokenizers' AddedVocabulary: tokens with normalized=false are found in the raw text,
   // the others in each normalized stretch between them.
-  for (const Segment& raw : split_on_added(text, raw_added_)) {
+  for (const Segment& raw : split_on_added(text, true, raw_added_)) {
     if (raw.id >= 0) {
       ids.push_back(raw.id);
       continue;
     }
-    std::string normalized = normalize(raw.text);
-    for (const Segment& piece : split_on_added(normalized, normalized_added_)) {
-      if (piece.id >= 0)
-        ids.push_back(piece.id);
-      else
-        pre_tokenize_and_encode(piece.text, ids);
+    std::string normalized = normalizer_->apply(std::string(raw.text));
+    std::vector<Piece> pieces;
+    const auto flush = [&] {
+      pre_tokenizer_->apply(pieces);
+      for (const Piece& piece : pieces) encode_word(piece.text, ids);
+      pieces.clear();
+    };
+    for (const Segment& segment : split_on_added(normalized, raw.at_start, normalized_added_)) {
+      if (segment.id >= 0) {
+        flush();
+        ids.push_back(segment.id);
+      } else {
+        pieces.push_back({std::string(segment.text), segment.at_start});
+      }
     }
+    flush();
   }
   return ids;
 }
 
-void BpeTokenizer::pre_tokenize_and_encode(std::string_view text, std::vector<int32_t>& ids) const {
-  // ByteLevel's add_prefix_space applies to every stretch between added tokens.
-  std::string word(add_prefix_space_ && text.front() != ' ' ? 1 : 0, ' ');
-  word += text;
-  if (!use_regex_) {
-    encode_word(word, ids);
-    return;
-  }
-  for (const std::string& piece : gpt2_split(word)) encode_word(piece, ids);
+std::vector<int32_t> BpeTokenizer::encode_with_special_tokens(const std::string& text) const {
+  std::vector<int32_t> ids = prefix_ids_;
+  std::vector<int32_t> body = encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
+  return ids;
 }
 
-void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& ids) const {
+void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ids) const {
   if (ignore_merges_) {
-    auto whole = vocab_.find(byte_level(word));
+    auto whole = vocab_.find(word);
     if (whole != vocab_.end()) {
       ids.push_back(whole->second);
       return;
@@ -376,14 +380,28 @@ void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& ids)
     bool alive;
   };
   std::vector<Symbol> symbols;
-  for (char byte : word) {
-    int32_t id = byte_ids_[uint8_t(byte)];
-    if (id < 0) {  // a byte the vocabulary lacks: unk if there is one (fused if asked), else dropped
-      if (unk_id_ < 0 || (fuse_unk_ && !symbols.empty() && symbols.back().id == unk_id_)) continue;
-      id = unk_id_;
+  const auto add = [&](int32_t id) { symbols.push_back({id, int(symbols.size()) - 1, int(symbols.size()) + 1, true}); };
+  // As tokenizers' BPE::merge_word: a character missing from the vocabulary becomes its
+  // <0xXX> byte tokens (byte_fallback), else unk (consecutive ones fused if fuse_unk), else
+  // nothing. A pending unk is emitted before the next known character (not before byte tokens).
+  bool unk_pending = false;
+  for (size_t i = 0; i < word.size();) {
+    size_t length = utf8_length(word[i]);
+    auto it = vocab_.find(word.substr(i, length));
+    if (it != vocab_.end()) {
+      if (unk_pending) add(unk_id_);
+      unk_pending = false;
+      add(it->second);
+    } else if (byte_fallback_ && std::all_of(word.begin() + long(i), word.begin() + long(i + length),
+                                             [&](char b) { return byte_fallback_ids_[uint8_t(b)] >= 0; })) {
+      for (size_t k = i; k < i + length; ++k) add(byte_fallback_ids_[uint8_t(word[k])]);
+    } else if (unk_id_ >= 0) {
+      if (unk_pending && !fuse_unk_) add(unk_id_);
+      unk_pending = true;
     }
-    symbols.push_back({id, int(symbols.size()) - 1, int(symbols.size()) + 1, true});
+    i += length;
   }
+  if (unk_pending) add(unk_id_);
   if (symbols.empty()) return;
   symbols.back().next = -1;
 
@@ -420,26 +438,13 @@ void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& ids)
 }
 
 std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
-  std::string bytes;
+  std::vector<std::string> tokens;
   for (int32_t id : ids) {
     FT_CHECK(id >= 0, source_, ": cannot decode negative id ", id);
     if (size_t(id) >= id_to_token_.size() || id_to_token_[size_t(id)].empty() || special_[size_t(id)]) continue;
-    const std::string& token = id_to_token_[size_t(id)];
-    // ByteLevel decoder: map each character back to its byte; a token with a character that
-    // stands for no byte (an added token such as "  ") contributes its own UTF-8 instead.
-    std::string token_bytes;
-    bool all_mapped = true;
-    for (char32_t c : unicode::decode_utf8(token, source_)) {
-      int byte = char_to_byte(c);
-      if (byte < 0) {
-        all_mapped = false;
-        break;
-      }
-      token_bytes += char(byte);
-    }
-    bytes += all_mapped ? token_bytes : token;
+    tokens.push_back(id_to_token_[size_t(id)]);
   }
-  return unicode::utf8_lossy(bytes);
+  return decoder_->apply(std::move(tokens));
 }
 
 }  // namespace ft

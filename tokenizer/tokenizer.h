@@ -1,6 +1,6 @@
 // What the trainer needs from a tokenizer, whichever file format it comes from:
-// SentencePiece (tokenizer.model, Llama) or Hugging Face byte-level BPE
-// (tokenizer.json, GPT-NeoX / Pythia).
+// SentencePiece (tokenizer.model, Llama) or a Hugging Face tokenizer.json with a BPE model
+// (GPT-NeoX, Llama-3, Qwen2, Mistral, ...).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -20,16 +20,20 @@ class Tokenizer {
   // Number of ids the tokenizer can produce (largest id + 1).
   virtual int64_t vocab_size() const = 0;
   // -1 where the tokenizer defines none. bos_id is the token the model's own tokenizer puts
-  // before every text (none for GPT-NeoX), eos_id the end-of-text token.
+  // before every text (none for GPT-NeoX, <|begin_of_text|> for Llama-3), eos_id the
+  // end-of-text token (tokenizer_config.json's eos_token where the tokenizer has one).
   virtual int32_t bos_id() const = 0;
   virtual int32_t eos_id() const = 0;
   virtual int32_t pad_id() const = 0;
+  // Whether the model's own tokenizer puts eos_id() after every text it encodes
+  // (tokenizer_config.json's add_eos_token, or a post-processor template ending in it).
+  virtual bool appends_eos() const { return false; }
   // The name a model folder stores this kind of tokenizer under ("tokenizer.model" or
   // "tokenizer.json"): where saved models put their copy, so they load back by default.
   virtual std::string file_name() const = 0;
 };
 
-// Loads a tokenizer.json (Hugging Face byte-level BPE) or a SentencePiece model: by the
+// Loads a tokenizer.json (with the tokenizer_config.json beside it) or a SentencePiece model: by the
 // extension (.json / .model), otherwise by the content (a JSON object or not). When
 // model_vocab_size > 0 the tokenizer must fit the model's embedding: SentencePiece must have
 // exactly that many pieces; BPE ids must all be below it (GPT-NeoX pads its embedding:

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <vector>
 
 #include "kernels/error.h"
 
@@ -31,13 +33,6 @@ constexpr char32_t kReplacement = 0xFFFD;
 // Hangul syllables compose and decompose by arithmetic (Unicode 3.12), not by table.
 constexpr char32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
 constexpr char32_t kLCount = 19, kVCount = 21, kTCount = 28, kNCount = kVCount * kTCount, kSCount = kLCount * kNCount;
-
-template <size_t N>
-bool in_ranges(const CodeRange (&table)[N], char32_t cp) {
-  auto it = std::upper_bound(std::begin(table), std::end(table), cp,
-                             [](char32_t value, const CodeRange& r) { return value < r.first; });
-  return it != std::begin(table) && cp <= std::prev(it)->last;
-}
 
 // One UTF-8 sequence starting at bytes[i]. Returns the number of bytes it spans; `cp` is set
 // when the sequence is valid, otherwise the count is the maximal invalid prefix (at least 1),
@@ -86,7 +81,20 @@ uint8_t combining_class(char32_t cp) {
   return std::prev(it)->combining_class;
 }
 
-void append_decomposition(std::u32string& out, char32_t cp) {
+// Appends the mapping of cp in `table` (sorted by code point), or cp itself when it has none.
+template <size_t N>
+void append_mapping(const Decomposition (&table)[N], std::u32string& out, char32_t cp) {
+  auto it = std::lower_bound(std::begin(table), std::end(table), cp,
+                             [](const Decomposition& d, char32_t value) { return d.code_point < value; });
+  if (it == std::end(table) || it->code_point != cp) {
+    out += cp;
+    return;
+  }
+  out.append(kDecompositionPool + it->offset, it->length);
+}
+
+template <size_t N>
+void append_decomposition(const Decomposition (&table)[N], std::u32string& out, char32_t cp) {
   if (cp >= kSBase && cp < kSBase + kSCount) {
     char32_t index = cp - kSBase;
     out += kLBase + index / kNCount;
@@ -94,13 +102,7 @@ void append_decomposition(std::u32string& out, char32_t cp) {
     if (index % kTCount) out += kTBase + index % kTCount;
     return;
   }
-  auto it = std::lower_bound(std::begin(kDecompositions), std::end(kDecompositions), cp,
-                             [](const Decomposition& d, char32_t value) { return d.code_point < value; });
-  if (it == std::end(kDecompositions) || it->code_point != cp) {
-    out += cp;
-    return;
-  }
-  out.append(kDecompositionPool + it->offset, it->length);
+  append_mapping(table, out, cp);
 }
 
 // The primary composite of (first, second), or 0 when there is none.
@@ -117,10 +119,16 @@ char32_t compose_pair(char32_t first, char32_t second) {
   return it->composed;
 }
 
-std::u32string canonical_decomposition(std::u32string_view text) {
+// Full canonical (or compatibility) decomposition in canonical order: NFD (NFKD).
+std::u32string decomposition(std::u32string_view text, bool compatibility) {
   std::u32string out;
   out.reserve(text.size());
-  for (char32_t cp : text) append_decomposition(out, cp);
+  for (char32_t cp : text) {
+    if (compatibility)
+      append_decomposition(kCompatibilityDecompositions, out, cp);
+    else
+      append_decomposition(kDecompositions, out, cp);
+  }
   // Canonical ordering: each run of non-starters sorted by combining class, stably.
   for (size_t i = 0; i < out.size();) {
     if (combining_class(out[i]) == 0) {
@@ -219,16 +227,6 @@ std::string utf8_lossy(std::string_view bytes) {
   return out;
 }
 
-bool is_letter(char32_t cp) {
-  if (cp < 0x80) return (cp | 0x20) >= 'a' && (cp | 0x20) <= 'z';
-  return in_ranges(kLetterRanges, cp);
-}
-
-bool is_number(char32_t cp) {
-  if (cp < 0x80) return cp >= '0' && cp <= '9';
-  return in_ranges(kNumberRanges, cp);
-}
-
 bool is_whitespace(char32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
          (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
@@ -239,7 +237,50 @@ std::u32string nfc(std::u32string_view text) {
   // Below U+0300 every character is its own NFC form, has combining class 0 and is never the
   // second half of a composition, so such text (ASCII, Latin-1) is already normalized.
   if (std::all_of(text.begin(), text.end(), [](char32_t cp) { return cp < 0x300; })) return std::u32string(text);
-  return canonical_composition(canonical_decomposition(text));
+  return canonical_composition(decomposition(text, false));
+}
+
+std::string punctuation_class() {
+  std::string out = "[!-/:-@\\[-`{-~";  // Rust's is_ascii_punctuation
+  char range[32];
+  for (const CodeRange& r : kPunctuationRanges) {
+    std::snprintf(range, sizeof range, "\\x{%X}-\\x{%X}", unsigned(r.first), unsigned(r.last));
+    out += range;
+  }
+  return out + "]";
+}
+
+std::u32string nfd(std::u32string_view text) { return decomposition(text, false); }
+std::u32string nfkd(std::u32string_view text) { return decomposition(text, true); }
+std::u32string nfkc(std::u32string_view text) { return canonical_composition(decomposition(text, true)); }
+
+std::u32string lowercase(std::u32string_view text) {
+  std::u32string out;
+  out.reserve(text.size());
+  for (char32_t cp : text) append_mapping(kLowercase, out, cp);
+  return out;
+}
+
+const std::array<char32_t, 256>& byte_level_chars() {
+  static const std::array<char32_t, 256> table = [] {
+    std::array<char32_t, 256> t{};
+    char32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+      t[size_t(b)] = printable ? char32_t(b) : next++;
+    }
+    return t;
+  }();
+  return table;
+}
+
+int byte_level_byte(char32_t c) {
+  static const std::vector<int> table = [] {
+    std::vector<int> t(324, -1);  // the largest character of byte_level_chars is U+0143
+    for (int b = 0; b < 256; ++b) t[byte_level_chars()[size_t(b)]] = b;
+    return t;
+  }();
+  return c < table.size() ? table[c] : -1;
 }
 
 }  // namespace ft::unicode
