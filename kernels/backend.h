@@ -309,6 +309,18 @@ class Backend {
   //   v = fma(x[n, k], q[o, k] * s_w[o] / 127, v) over outlier columns k ascending;
   //   v = v + bias[o];
   //   s = 0; s = fma(h[n, j], B[o, j], s) for j = 0 .. r-1; v = fma(lora_scaling, s, v).
+  // The rule is the paper's: whole outlier columns leave the int8 product, so
+  // s_x[n] is the absmax of x[n, :] over the non-outlier columns only.
+  // bitsandbytes 0.50 (CPU: backends/default/ops.py int8_vectorwise_quant; CUDA:
+  // kInt8VectorQuant) zeroes only the entries with |x| >= threshold before the
+  // absmax, so the sub-threshold entries of outlier columns still count in
+  // s_x[n] (their codes are then zeroed and the columns go to the 16-bit part,
+  // as here); it rounds x * (127 / s) computed in f32 (weights too: ties such
+  // as w = absmax / 2 round down in magnitude), not the exact quotient; and it
+  // rounds the int8 part to f16 before adding the outlier part in f16. Both
+  // multiply outlier columns by the dequantised weight columns, not the
+  // original 16-bit ones. Measured on a Llama-2-7B q_proj-sized layer:
+  // tests/fixtures/int8_vs_bnb/README.md.
   void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
                            float threshold, const Int8Epilogue& epilogue = {}) {
     checks::check_int8_linear_forward(device(), out, x, weight, weight_scales, threshold, epilogue);

@@ -1,6 +1,9 @@
-// LLM.int8() as bitsandbytes does it: row-wise absmax quantisation, the
-// forward product split into an int8 part and an f32 part for outlier input
-// columns, and the input gradient through the dequantised frozen weight.
+// LLM.int8(): row-wise absmax quantisation, the forward product split into an
+// int8 part and an f32 part for outlier input columns, and the input gradient
+// through the dequantised frozen weight. The outlier rule is the paper's, not
+// bitsandbytes': a row's scale is the absmax over its non-outlier columns
+// only, where bitsandbytes drops only the entries >= threshold from it (the
+// differences and their measured size: kernels/backend.h, int8_linear_forward).
 //
 // The int8 GEMM runs in oneDNN where the backend has it and the CPU sums int8
 // products exactly (onednn_gemm.h); the result is the same int32 product.
