@@ -76,9 +76,11 @@ void Progress::on_step(const StepReport& report) {
   last_step_ = now;
   tokens_since_start_ += report.tokens;
   const double tokens_per_s = elapsed_s > 0 ? double(tokens_since_start_) / elapsed_s : 0.0;
-  write_metrics({{"step", report.step}, {"loss", report.loss}, {"lr", report.lr}, {"grad_norm", report.grad_norm},
-                 {"tokens", report.tokens}, {"step_s", step_s}, {"tokens_per_s", tokens_per_s},
-                 {"peak_memory_bytes", report.peak_memory_bytes}});
+  nlohmann::json row = {{"step", report.step}, {"loss", report.loss}, {"lr", report.lr}, {"grad_norm", report.grad_norm},
+                        {"tokens", report.tokens}, {"step_s", step_s}, {"tokens_per_s", tokens_per_s},
+                        {"peak_memory_bytes", report.peak_memory_bytes}};
+  if (report.update_skipped) row["update_skipped"] = true;  // loss or grad_norm is null (NaN or Inf)
+  write_metrics(row);
   const bool last = report.step == total_steps_;
   if (is_terminal_) {
     std::cout << "\r\033[K" << format_bar(report, tokens_per_s, elapsed_s) << std::flush;

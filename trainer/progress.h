@@ -18,6 +18,7 @@ struct StepReport {
   double grad_norm = 0.0;
   int64_t tokens = 0;  // tokens processed in this step
   size_t peak_memory_bytes = 0;
+  bool update_skipped = false;  // the loss or gradient norm was not finite: no optimizer update
 };
 
 class Progress {
