@@ -272,6 +272,22 @@ TEST_CASE("a diverging run skips its bad steps, stops after max_bad_steps with e
   CHECK(strict.output.find("error: training diverged: 1 steps in a row") != std::string::npos);
 }
 
+TEST_CASE("a failed metrics write warns once, keeps the rows for a retry, and the run goes on") {
+  const std::string dir = make_run_dir("metrics_full");
+  fs::create_directories(dir + "/out");
+  fs::create_symlink("/dev/full", dir + "/out/metrics.jsonl");  // every write fails with ENOSPC
+  CommandResult result = run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=3");
+  INFO(result.output);
+  CHECK(result.exit_code == 0);
+  const std::string warning = "warning: out/metrics.jsonl: cannot write a metrics row (No space left on device)";
+  const size_t first = result.output.find(warning);
+  CHECK(first != std::string::npos);
+  CHECK(result.output.find(warning, first + 1) == std::string::npos);  // once, not once per row
+  // 3 steps and the evaluations before and after: every row is counted as unwritten, none dropped silently.
+  CHECK(result.output.find("warning: out/metrics.jsonl: 5 metrics rows could not be written") != std::string::npos);
+  CHECK(fs::exists(dir + "/out/adapter/adapter_model.safetensors"));
+}
+
 TEST_CASE("a saved INT8 base loads directly and trains to the same losses") {
   const std::string dir = make_run_dir("save_base");
   CommandResult first = run_command("cd " + dir + " && " + kBinary +
