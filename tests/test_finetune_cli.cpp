@@ -142,6 +142,54 @@ TEST_CASE("a run killed with SIGKILL after a checkpoint resumes to identical los
   }
 }
 
+TEST_CASE("SIGTERM saves a checkpoint at the next step boundary, exits 143, and --resume finishes the run") {
+  const std::string full_dir = make_run_dir("unstopped");
+  REQUIRE(run_command("cd " + full_dir + " && " + kBinary + " config.yaml").exit_code == 0);
+  const auto full = train_losses(full_dir + "/out/metrics.jsonl");
+  REQUIRE(full.size() == 20);
+
+  const std::string dir = make_run_dir("stopped");
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    REQUIRE(chdir(dir.c_str()) == 0);
+    freopen((dir + "/stdout.txt").c_str(), "w", stdout);
+    alarm(kRunTimeoutS);
+    execl(kBinary.c_str(), kBinary.c_str(), "config.yaml", (char*)nullptr);
+    _exit(127);
+  }
+  // The first checkpoint is due at step 10; signal as soon as step 2 is logged.
+  while (train_losses(dir + "/out/metrics.jsonl").size() < 2) {
+    int early_status = 0;
+    REQUIRE_MESSAGE(waitpid(child, &early_status, WNOHANG) == 0, "finetune ended before step 2");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  kill(child, SIGTERM);
+  int status = 0;
+  waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 143);
+  std::ifstream stdout_file(dir + "/stdout.txt");
+  const std::string output((std::istreambuf_iterator<char>(stdout_file)), std::istreambuf_iterator<char>());
+  INFO(output);
+  const size_t stopped_at = train_losses(dir + "/out/metrics.jsonl").size();
+  CHECK(stopped_at < 20);
+  CHECK(output.find("SIGTERM: stopped after step " + std::to_string(stopped_at) +
+                    "; checkpoint saved to out/train_state.safetensors; continue with --resume") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir + "/out/adapter"));
+
+  CommandResult resumed = run_command("cd " + dir + " && " + kBinary + " config.yaml --resume");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.output.find("resumed at step " + std::to_string(stopped_at)) != std::string::npos);
+  const auto after = train_losses(dir + "/out/metrics.jsonl");
+  REQUIRE(after.size() == 20);
+  for (const auto& [step, loss] : full) {
+    CAPTURE(step);
+    CHECK(after.at(step) == loss);  // bit-identical to the run that was never stopped
+  }
+}
+
 TEST_CASE("device: auto says which backend it picked and why; device: cuda without a GPU is an error") {
   const std::string dir = make_run_dir("device");
   std::string no_cuda_why;

@@ -1,6 +1,7 @@
 #include "trainer/trainer.h"
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -388,9 +389,33 @@ std::string describe_change(double before, double after) {
   return text.str();
 }
 
+// SIGINT or SIGTERM during training: the run saves a checkpoint at the next
+// step boundary and ends. SA_RESETHAND: a second signal acts as it normally would.
+volatile std::sig_atomic_t stop_signal = 0;
+
+void on_stop_signal(int signal) { stop_signal = signal; }
+
+struct StopOnSignals {
+  struct sigaction previous_int {}, previous_term {};
+  StopOnSignals() {
+    stop_signal = 0;
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    action.sa_flags = SA_RESTART | SA_RESETHAND;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, &previous_int);
+    sigaction(SIGTERM, &action, &previous_term);
+  }
+  ~StopOnSignals() {
+    sigaction(SIGINT, &previous_int, nullptr);
+    sigaction(SIGTERM, &previous_term, nullptr);
+  }
+};
+
 }  // namespace
 
-void run_training(const TrainConfig& config, const RunOptions& options) {
+int run_training(const TrainConfig& config, const RunOptions& options) {
+  StopOnSignals stop_on_signals;
   Run run(config);
   fs::create_directories(config.output_dir);
   make_backend(run);
@@ -428,6 +453,13 @@ void run_training(const TrainConfig& config, const RunOptions& options) {
     const bool last = step + 1 == run.total_steps;
     if (config.save_every > 0 && (step + 1) % config.save_every == 0 && !last) save_state(run, state_path, step + 1);
     if (config.eval_every > 0 && (step + 1) % config.eval_every == 0 && !last) evaluate(run, step + 1, progress, "during training");
+    if (stop_signal != 0 && !last) {
+      save_state(run, state_path, step + 1);
+      progress.finish();
+      std::cout << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << ": stopped after step " << step + 1
+                << "; checkpoint saved to " << state_path << "; continue with --resume\n";
+      return 128 + stop_signal;
+    }
   }
   progress.finish();
   save_state(run, state_path, run.total_steps);
@@ -442,6 +474,7 @@ void run_training(const TrainConfig& config, const RunOptions& options) {
   print_samples(run, progress);
   save_outputs(run);
   std::cout << "metrics: " << metrics_path << "\n";
+  return 0;
 }
 
 }  // namespace ft
