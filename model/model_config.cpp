@@ -1,11 +1,14 @@
 #include "model/model_config.h"
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <type_traits>
 
 #include "kernels/error.h"
+#include "model/json_input.h"
 
 namespace ft {
 namespace {
@@ -14,9 +17,11 @@ using nlohmann::json;
 
 int64_t required_int(const json& config, const char* field, const std::string& source) {
   FT_CHECK(config.contains(field), source, ": missing required field \"", field, "\" (expected a positive integer)");
-  FT_CHECK(config[field].is_number_integer() && config[field].get<int64_t>() > 0, source, ": field \"", field,
-           "\" must be a positive integer, got ", config[field].dump());
-  return config[field].get<int64_t>();
+  const json& value = config[field];
+  // Unsigned first: get<int64_t> of a number above INT64_MAX would wrap.
+  FT_CHECK(value.is_number_unsigned() && value.get<uint64_t>() - 1 < uint64_t(kMaxModelConfigInt), source,
+           ": field \"", field, "\" must be a positive integer at most ", kMaxModelConfigInt, ", got ", value.dump());
+  return value.get<int64_t>();
 }
 
 // nlohmann's get<T> converts between numbers and booleans silently (true -> 1,
@@ -25,22 +30,27 @@ template <class T>
 const char* expected_type() {
   if constexpr (std::is_same_v<T, bool>) return "a boolean";
   else if constexpr (std::is_same_v<T, std::string>) return "a string";
-  else if constexpr (std::is_integral_v<T>) return "an integer";
-  else return "a number";
+  else if constexpr (std::is_integral_v<T>) return "an integer of magnitude at most 2^24";
+  else return "a finite number";
 }
 
+// Besides the type, integers must lie in [-kMaxModelConfigInt,
+// kMaxModelConfigInt] and floats must be finite in T (a double above
+// FLT_MAX converted to float is undefined behaviour).
 template <class T>
 bool holds(const json& value) {
   if constexpr (std::is_same_v<T, bool>) return value.is_boolean();
   else if constexpr (std::is_same_v<T, std::string>) return value.is_string();
-  else if constexpr (std::is_integral_v<T>) return value.is_number_integer();
-  else return value.is_number();
+  else if constexpr (std::is_integral_v<T>)
+    return value.is_number_unsigned() ? value.get<uint64_t>() <= uint64_t(kMaxModelConfigInt)
+                                      : value.is_number_integer() && value.get<int64_t>() >= -kMaxModelConfigInt;
+  else return value.is_number() && std::abs(value.get<double>()) <= double(std::numeric_limits<T>::max());
 }
 
 template <class T>
 T optional_value(const json& config, const char* field, T fallback, const std::string& source) {
   if (!config.contains(field) || config[field].is_null()) return fallback;
-  FT_CHECK(holds<T>(config[field]), source, ": field \"", field, "\" has the wrong type (expected ", expected_type<T>(),
+  FT_CHECK(holds<T>(config[field]), source, ": field \"", field, "\" has the wrong type or range (expected ", expected_type<T>(),
            "), got ", config[field].dump());
   return config[field].get<T>();
 }
@@ -103,19 +113,14 @@ void read_gpt_neox_fields(const json& config, ModelConfig& result, const std::st
   FT_CHECK(result.rotary_pct > 0.0 && result.rotary_pct <= 1.0 && result.rotary_dim() % 2 == 0 &&
                result.rotary_dim() > 0,
            source, ": rotary_pct ", result.rotary_pct, " must give an even, positive number of rotary features ",
-           "per head (head_dim ", result.head_dim, " * rotary_pct = ", result.rotary_dim(), ")");
+           "per head (head_dim ", result.head_dim, " * rotary_pct = ", double(result.head_dim) * result.rotary_pct, ")");
   FT_CHECK(result.layer_norm_eps > 0, source, ": layer_norm_eps must be positive, got ", result.layer_norm_eps);
 }
 
 }  // namespace
 
 ModelConfig ModelConfig::from_json_text(const std::string& text, const std::string& source) {
-  json config;
-  try {
-    config = json::parse(text);
-  } catch (const json::parse_error& error) {
-    fail(source, ": not valid JSON: ", error.what());
-  }
+  json config = parse_json(text, source);
   FT_CHECK(config.is_object(), source, ": expected a JSON object");
   FT_CHECK(config.contains("model_type") && config["model_type"].is_string(), source,
            ": missing required field \"model_type\" (expected a string such as \"llama\")");

@@ -5,6 +5,12 @@
 
 namespace ft {
 
+// Upper bound of every integer field of config.json (sizes, counts, lengths),
+// checked before anything multiplies them: 2^24 is far above any released
+// model (vocabularies ~256k, hidden sizes ~16k), and products of two such
+// fields stay far inside int64.
+inline constexpr int64_t kMaxModelConfigInt = int64_t(1) << 24;
+
 struct ModelConfig {
   std::string model_type;  // "llama" or "gpt_neox"
   int64_t hidden_size = 0;
@@ -30,7 +36,8 @@ struct ModelConfig {
   int64_t rotary_dim() const { return int64_t(double(head_dim) * rotary_pct); }
 
   // Reads and validates path (a config.json). Missing required fields, wrong
-  // types and unsupported settings are Errors naming the file and the field.
+  // types, integers above kMaxModelConfigInt, non-finite numbers and
+  // unsupported settings are Errors naming the file and the field.
   static ModelConfig from_json_file(const std::string& path);
   // Same, from JSON text; source names it in messages.
   static ModelConfig from_json_text(const std::string& text, const std::string& source);

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "model/json_input.h"
 #include "model/safetensors.h"
 
 namespace ft {
@@ -32,13 +33,9 @@ json read_json_file(const std::string& path) {
   FT_CHECK(file, path, ": cannot open (expected a PEFT adapter_config.json)");
   std::stringstream text;
   text << file.rdbuf();
-  try {
-    json value = json::parse(text.str());
-    FT_CHECK(value.is_object(), path, ": expected a JSON object");
-    return value;
-  } catch (const json::parse_error& error) {
-    fail(path, ": not valid JSON: ", error.what());
-  }
+  json value = parse_json(text.str(), path);
+  FT_CHECK(value.is_object(), path, ": expected a JSON object");
+  return value;
 }
 
 bool is_set(const json& config, const char* field) { return config.contains(field) && !config[field].is_null(); }
@@ -247,6 +244,7 @@ void load_peft_adapter(const std::string& folder, CausalLM& model) {
              shape_string(entry.shape), " but the model's adapter needs ", shape_string(adapter.value.shape));
     FT_CHECK(entry.dtype == DType::f32 || entry.dtype == DType::bf16 || entry.dtype == DType::f16, path,
              ": tensor \"", entry.name, "\" must be F32, BF16 or F16");
+    require_finite(entry);
   }
   for (const auto& [name, entry] : by_adapter)
     FT_CHECK(adapters.count(name), path, ": unexpected tensor \"", entry->name, "\": the model has no adapter \"",

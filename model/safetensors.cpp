@@ -11,8 +11,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "kernels/error.h"
+#include "model/json_input.h"
 
 namespace ft {
 namespace {
@@ -113,15 +115,12 @@ std::vector<SafetensorsEntry> parse_file(const std::string& path, const uint8_t*
   FT_CHECK(file_bytes >= 8, path, ": file is ", file_bytes, " bytes, shorter than the 8-byte header length");
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | bytes[i];  // little-endian u64
+  FT_CHECK(header_bytes <= kMaxSafetensorsHeaderBytes, path, ": header length ", header_bytes,
+           " exceeds the limit of ", kMaxSafetensorsHeaderBytes, " bytes (is this a safetensors file?)");
   FT_CHECK(header_bytes <= file_bytes - 8, path, ": header length ", header_bytes, " exceeds the file (",
            file_bytes, " bytes)");
   const char* header_text = reinterpret_cast<const char*>(bytes + 8);
-  json header;
-  try {
-    header = json::parse(header_text, header_text + header_bytes);
-  } catch (const json::parse_error& error) {
-    fail(path, ": header is not valid JSON (", error.what(), ")");
-  }
+  json header = parse_json(std::string_view(header_text, header_bytes), path + ": header");
   FT_CHECK(header.is_object(), path, ": header must be a JSON object, got ", header.dump());
   const uint8_t* data_block = bytes + 8 + header_bytes;
   uint64_t data_bytes = file_bytes - 8 - header_bytes;
@@ -149,7 +148,43 @@ std::vector<SafetensorsEntry> parse_file(const std::string& path, const uint8_t*
   return entries;
 }
 
+// Index of the first element of `values` whose exponent bits are all set
+// (NaN or Inf), or count when there is none. Blocks keep the inner loop
+// branch-free so it vectorises; only a block holding a bad value is rescanned.
+template <class Bits>
+size_t first_non_finite(const Bits* values, size_t count, Bits exponent_mask) {
+  constexpr size_t kBlock = 4096;
+  for (size_t start = 0; start < count; start += kBlock) {
+    const size_t end = std::min(count, start + kBlock);
+    unsigned any = 0;
+#pragma omp simd reduction(| : any)
+    for (size_t i = start; i < end; ++i) any |= unsigned((values[i] & exponent_mask) == exponent_mask);
+    if (!any) continue;
+    for (size_t i = start; i < end; ++i)
+      if ((values[i] & exponent_mask) == exponent_mask) return i;
+  }
+  return count;
+}
+
 }  // namespace
+
+void require_finite(const SafetensorsEntry& entry) {
+  size_t count = entry.size_bytes / std::max<size_t>(1, dtype_size_bytes(entry.dtype));
+  size_t bad = count;
+  float value = 0;
+  if (entry.dtype == DType::f32) {
+    const uint32_t* bits = static_cast<const uint32_t*>(entry.data);
+    bad = first_non_finite<uint32_t>(bits, count, 0x7f800000u);
+    if (bad < count) std::memcpy(&value, bits + bad, 4);
+  } else if (entry.dtype == DType::bf16 || entry.dtype == DType::f16) {
+    const uint16_t* bits = static_cast<const uint16_t*>(entry.data);
+    const uint16_t mask = entry.dtype == DType::bf16 ? 0x7f80 : 0x7c00;
+    bad = first_non_finite<uint16_t>(bits, count, mask);
+    if (bad < count) value = load_as_f32(entry.data, entry.dtype, int64_t(bad));
+  }
+  FT_CHECK(bad == count, entry.file, ": tensor \"", entry.name, "\" holds ", value, " at element ", bad,
+           " (expected finite values; the checkpoint is corrupt or was saved after training diverged)");
+}
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -191,12 +226,9 @@ namespace {
 std::map<std::string, std::string> read_weight_map(const std::string& index_path) {
   std::ifstream file(index_path);
   FT_CHECK(file, index_path, ": cannot open shard index");
-  json index;
-  try {
-    index = json::parse(file);
-  } catch (const json::parse_error& error) {
-    fail(index_path, ": not valid JSON (", error.what(), ")");
-  }
+  std::stringstream text;
+  text << file.rdbuf();
+  json index = parse_json(text.str(), index_path);
   FT_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), index_path,
            ": missing \"weight_map\" (expected an object of tensor name -> shard file)");
   std::map<std::string, std::string> weight_map;
@@ -257,6 +289,7 @@ const SafetensorsEntry& Checkpoint::entry(const std::string& name) const {
 
 Tensor Checkpoint::view(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
+  require_finite(e);
   // The mapping is read-only (PROT_READ): writing through this view faults.
   return Tensor::view_of(const_cast<void*>(e.data), e.shape, e.dtype, Device::cpu);
 }

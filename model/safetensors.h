@@ -9,6 +9,7 @@
 // model never needs a second full copy in memory. Every malformed input is an
 // ft::Error whose message names the file, the tensor and what was expected.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -27,6 +28,17 @@ struct SafetensorsEntry {
   size_t size_bytes = 0;
   std::string file;  // path of the file holding it, for messages
 };
+
+// The largest JSON header a file may declare. The reference implementation
+// (Python safetensors) refuses more than 100 MB too; real headers are a few
+// hundred bytes per tensor. Checked before the header is parsed.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
+// Throws an Error naming the file, the tensor and the first offending element
+// when a floating-point entry holds NaN or Inf (integer entries always pass).
+// One read of the bytes, at memory bandwidth: loaders call it on every tensor
+// they take in, so a corrupt checkpoint never reaches training.
+void require_finite(const SafetensorsEntry& entry);
 
 // One memory-mapped .safetensors file, validated at open.
 class SafetensorsFile {
@@ -59,6 +71,7 @@ class Checkpoint {
   // Throws an Error naming the tensor and the checkpoint when it is missing.
   const SafetensorsEntry& entry(const std::string& name) const;
   // A non-owning host view of the tensor's bytes (valid while this lives).
+  // Checks require_finite first: every loader reads its tensors through here.
   Tensor view(const std::string& name) const;
   // Drops the tensor's mapped pages from this process's resident set once it
   // has been consumed, so streaming a checkpoint through keeps about one

@@ -5,10 +5,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/onednn_gemm.h"
 #include "kernels/error.h"
 #include "tests/host_tensors.h"
 
@@ -235,6 +237,41 @@ TEST_CASE("int8_linear_forward's epilogue adds the bias and the LoRA update in f
         for (size_t i = 0; i < got.size(); ++i) not_rounded_once += bf16_out[i] != bf16_to_f32(f32_to_bf16(got[i]));
         CHECK(not_rounded_once == 0);
       }
+}
+
+// oneDNN computes the same exact int32 product as the reference kernels and
+// the epilogue is shared, so the two GEMMs agree bit for bit: with outliers,
+// bias, LoRA and bf16 operands, and across oneDNN's row blocks of the int32
+// product (N * O above kernels/int8_tiles.h's 8 Mi elements in the second shape).
+TEST_CASE("int8_linear_forward: oneDNN and the reference kernels agree bit for bit") {
+  HostAllocator host;
+  CpuBackend reference(host, CpuGemm::reference);
+  if (!onednn_built()) {
+    MESSAGE("built without oneDNN: only the reference GEMM exists");
+    return;
+  }
+  CpuBackend onednn(host, CpuGemm::onednn);
+  struct Case { int64_t N, K, O; };
+  for (Case c : {Case{131, 301, 67}, Case{2053, 19, 4099}}) {
+    const int64_t r = 3;
+    CAPTURE(c.N);
+    QuantWeight qw = quantize_weight(reference, gaussian(c.O * c.K, 0.05f, 30), c.O, c.K);
+    std::vector<float> x = gaussian(c.N * c.K, 1.0f, 31);
+    x[size_t(5 * c.K + 3)] = 7.5f;  // one outlier column
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      CAPTURE(dtype_name(dtype));
+      Tensor xt = make(reference, {c.N, c.K}, x, dtype), bias = make(reference, {c.O}, gaussian(c.O, 0.5f, 32), dtype);
+      Tensor h = make(reference, {c.N, r}, gaussian(c.N * r, 1.0f, 33), dtype);
+      Tensor B = make(reference, {c.O, r}, gaussian(c.O * r, 0.1f, 34), dtype);
+      const Int8Epilogue epilogue{&bias, &h, &B, 2.0f};
+      std::vector<float> want = run_forward(reference, xt, qw, 6.0f, dtype, epilogue);
+      std::vector<float> got = run_forward(onednn, xt, qw, 6.0f, dtype, epilogue);
+      REQUIRE(got.size() == want.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
+      CHECK(differ == 0);
+    }
+  }
 }
 
 TEST_CASE("int8_linear_forward checks the epilogue's shapes") {

@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/onednn_gemm.h"
 #include "kernels/error.h"
 
 using namespace ft;
@@ -313,6 +315,66 @@ TEST_CASE("matmul: bf16 and mixed inputs, bf16 output") {
   Tensor out_bf16 = make({M, N}, DType::bf16, old);
   backend.matmul(out_bf16, a_bf16, b_bf16, false, true, 2.0f, 0.5f);
   check_close(values_of(out_bf16), want, kBf16Tol, "bf16 @ bf16 -> bf16 with beta");
+}
+
+// ---- matmul on each CPU GEMM implementation ------------------------------
+// The cases above run the default (oneDNN where the build has it); these run
+// the reference kernels and oneDNN by name, at a training step's shapes
+// (K = 768, several oneDNN blocks), against the same float64 reference with
+// the same tolerances: bf16 inputs and their products are exact in f32, so
+// bf16 x bf16 with f32 accumulation differs from the reference only in
+// summation order (kF32Tol), plus one final rounding for bf16 out (kBf16Tol).
+
+std::vector<CpuGemm> built_gemms() {
+  std::vector<CpuGemm> gemms{CpuGemm::reference};
+  if (onednn_built()) gemms.push_back(CpuGemm::onednn);
+  return gemms;
+}
+
+TEST_CASE("matmul: reference and oneDNN GEMMs, f32 and bf16, every transpose, alpha and beta") {
+  std::mt19937 rng(21);
+  const int M = 131, N = 67, K = 768;
+  for (CpuGemm gemm : built_gemms()) {
+    CpuBackend chosen(host, gemm);
+    REQUIRE(chosen.gemm() == gemm);
+    CAPTURE(int(gemm));
+    for (DType in : {DType::f32, DType::bf16})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          CAPTURE(dtype_name(in));
+          CAPTURE(ta);
+          CAPTURE(tb);
+          Vec a = random_vec(size_t(M) * K, rng), b = random_vec(size_t(K) * N, rng);
+          Vec old = random_vec(size_t(M) * N, rng);
+          Tensor a_t = make(ta ? Shape{K, M} : Shape{M, K}, in, a), b_t = make(tb ? Shape{N, K} : Shape{K, N}, in, b);
+          Vec product = matmul_ref(rounded(a, in), rounded(b, in), M, N, K, ta, tb);
+          Tensor out = make({M, N}, DType::f32);
+          chosen.fill(out, NAN);
+          chosen.matmul(out, a_t, b_t, ta, tb, 1.0f, 0.0f);
+          check_close(values_of(out), product, kF32Tol, "f32 out, beta = 0");
+          for (DType out_dtype : {DType::f32, DType::bf16}) {
+            Vec old_rounded = rounded(old, out_dtype), want(product.size());
+            for (size_t i = 0; i < want.size(); ++i) want[i] = -0.5 * product[i] + 2.0 * old_rounded[i];
+            Tensor acc = make({M, N}, out_dtype, old);
+            chosen.matmul(acc, a_t, b_t, ta, tb, -0.5f, 2.0f);
+            check_close(values_of(acc), want, out_dtype == DType::f32 ? kF32Tol : kBf16Tol, "alpha and beta");
+          }
+        }
+  }
+}
+
+TEST_CASE("FT_CPU_GEMM picks the CPU GEMM and rejects unknown names") {
+  setenv("FT_CPU_GEMM", "reference", 1);
+  CHECK(default_cpu_gemm() == CpuGemm::reference);
+  CHECK(CpuBackend(host).gemm() == CpuGemm::reference);
+  setenv("FT_CPU_GEMM", "onednn", 1);
+  if (onednn_built())
+    CHECK(default_cpu_gemm() == CpuGemm::onednn);
+  else
+    CHECK_THROWS_AS(CpuBackend{host}, Error);
+  setenv("FT_CPU_GEMM", "mkl", 1);
+  CHECK_THROWS_WITH_AS(default_cpu_gemm(), doctest::Contains("FT_CPU_GEMM"), Error);
+  unsetenv("FT_CPU_GEMM");
 }
 
 // ---- elementwise --------------------------------------------------------

@@ -174,7 +174,7 @@ TEST_CASE("header length exceeding the file") {
 
 TEST_CASE("malformed JSON header") {
   TempDir dir;
-  check_rejected(write_raw(dir, R"({"w": {"dtype": "F32", )", ""), "header is not valid JSON");
+  check_rejected(write_raw(dir, R"({"w": {"dtype": "F32", )", ""), "header: not valid JSON");
 }
 
 TEST_CASE("header that is not a JSON object") {

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "kernels/error.h"
+#include "model/json_input.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ft {
@@ -40,12 +41,19 @@ std::string string_field(const nlohmann::json& row, const char* key, const std::
   return value.get<std::string>();
 }
 
-nlohmann::json parse_line(const std::string& line, const std::string& where) {
-  try {
-    return nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail(where, ": not valid JSON (", e.what(), ")");
+// Reads the next line of input (without its '\n') into line; false once the
+// input is exhausted. Stops with an Error as soon as a line passes
+// kMaxJsonlLineBytes, so a file without newlines is never held whole.
+bool read_line(std::istream& input, std::string& line, const std::string& path, int64_t line_number) {
+  line.clear();
+  std::streambuf* buffer = input.rdbuf();
+  for (int ch = buffer->sbumpc(); ch != '\n'; ch = buffer->sbumpc()) {
+    if (ch == std::char_traits<char>::eof()) return !line.empty();
+    FT_CHECK(line.size() < kMaxJsonlLineBytes, path, ":", line_number, ": line is longer than the limit of ",
+             kMaxJsonlLineBytes, " bytes (expected one JSON object a line)");
+    line.push_back(char(ch));
   }
+  return true;
 }
 
 }  // namespace
@@ -65,13 +73,17 @@ const char* enum_name(DataFormat format) {
 Dataset load_jsonl(const std::string& path, DataFormat format) {
   std::ifstream file(path);
   FT_CHECK(file.good(), path, ": cannot open data file");
+  return load_jsonl(file, path, format);
+}
+
+Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat format) {
   Dataset data{path, format, {}};
   int64_t first_line = 0;  // the row that decided the format when format is auto
   std::string line;
-  for (int64_t line_number = 1; std::getline(file, line); line_number++) {
+  for (int64_t line_number = 1; read_line(input, line, path, line_number); line_number++) {
     if (is_blank(line)) continue;
     std::string where = path + ":" + std::to_string(line_number);
-    nlohmann::json row = parse_line(line, where);
+    nlohmann::json row = parse_json(line, where);
     FT_CHECK(row.is_object(), where, ": expected a JSON object, got ", row.type_name());
     DataFormat kind = row_format(row, where);
     if (data.format == DataFormat::automatic) data.format = kind, first_line = line_number;

@@ -10,6 +10,7 @@
 //   Batch batch = loader.batch_in_order(i);      // evaluation, file order
 #pragma once
 #include <cstdint>
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -35,10 +36,16 @@ struct Dataset {
   std::vector<Example> examples;
 };
 
+// The longest JSONL line accepted, in bytes (16 MiB: millions of tokens,
+// far beyond any seq_len). A longer line is refused before it is stored.
+inline constexpr size_t kMaxJsonlLineBytes = size_t(16) << 20;
+
 // Reads one JSON object a line; blank lines are skipped. With format automatic
 // the first row decides, and every row must agree with it. Extra fields in a
 // row are ignored. Errors name the file and the line.
 Dataset load_jsonl(const std::string& path, DataFormat format);
+// Same, from a stream; path names it in messages.
+Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat format);
 
 // tokens[i] is a token id; loss_mask[i] = 1 when predicting tokens[i] from
 // tokens[0..i) carries loss (completion tokens and eos; never bos or prompt).

@@ -1,5 +1,7 @@
 #include "trainer/train_state.h"
 
+#include <charconv>
+
 #include "kernels/error.h"
 #include "model/safetensors.h"
 
@@ -18,7 +20,12 @@ int64_t metadata_int(const std::map<std::string, std::string>& metadata, const s
                      const std::string& path) {
   auto found = metadata.find(key);
   FT_CHECK(found != metadata.end(), path, ": not a training state (metadata \"", key, "\" missing)");
-  return std::stoll(found->second);
+  const std::string& text = found->second;
+  int64_t value = -1;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  FT_CHECK(error == std::errc() && end == text.data() + text.size() && value >= 0, path, ": metadata \"", key,
+           "\" is \"", text, "\" (expected a non-negative decimal integer below 2^63)");
+  return value;
 }
 
 }  // namespace
@@ -63,6 +70,7 @@ TrainProgress load_train_state(const std::string& path, AdamW& optimizer) {
       FT_CHECK(entry.shape == destination->shape && entry.dtype == DType::f32, path, ": tensor \"", key,
                "\" is ", dtype_name(entry.dtype), " ", shape_string(entry.shape), ", expected f32 ",
                shape_string(destination->shape));
+      require_finite(entry);
       backend.copy(*destination, Tensor::view_of(const_cast<void*>(entry.data), entry.shape, entry.dtype));
     }
   }

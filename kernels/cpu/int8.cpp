@@ -2,8 +2,10 @@
 // forward product split into an int8 part and an f32 part for outlier input
 // columns, and the input gradient through the dequantised frozen weight.
 //
-// Codes are in [-127, 127], so the product of two fits int16. The int8 GEMM
-// therefore runs on codes widened to int16: for an int16 dot product summed in
+// The int8 GEMM runs in oneDNN where the backend has it and the CPU sums int8
+// products exactly (onednn_gemm.h); the result is the same int32 product.
+// Otherwise: codes are in [-127, 127], so the product of two fits int16, and
+// the reference GEMM runs on codes widened to int16: for an int16 dot product summed in
 // int32 GCC emits pmaddwd (16 multiply-adds per AVX2 instruction), while for
 // int8 operands it falls back to 16-bit multiplies plus widening adds.
 #include <algorithm>
@@ -13,6 +15,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/onednn_gemm.h"
 #include "kernels/int8_tiles.h"
 
 namespace ft {
@@ -80,6 +83,11 @@ struct Int8Operands {
   int64_t N, K, O, C;           // C = number of outlier columns
   std::vector<int16_t> xq;      // [N + kMR - 1, K] codes of x with outlier columns zeroed; the padding
                                 // rows let the last register tile read past row N (results dropped)
+  // The oneDNN path instead: the same codes as int8, and their int32 product
+  // with the weight for rows [product_row0, product_row0 + product.size() / O).
+  std::vector<int8_t> xq8;      // [N, K]
+  std::vector<int32_t> product;
+  int64_t product_row0 = 0;
   std::vector<float> sx;        // [N] their row scales
   std::vector<float> x_out;     // [N, C] x's outlier columns
   std::vector<float> w_out;     // [C, O] dequantised weight columns, transposed so the update runs along O
@@ -108,16 +116,24 @@ void apply_epilogue(float* row, const Int8Operands& op, int64_t n, int64_t o0, i
   for (int64_t c = 0; c < ob; ++c) row[c] = std::fma(op.lora_scaling, sum[c], row[c]);
 }
 
-// out rows [n0, n0 + nb) x columns [o0, o0 + ob): the int32 products of the
-// codes dequantised with s_x[n] * s_w[o] / 127^2, plus the outlier columns in
-// f32 (explicit FMAs: the CUDA epilogue computes the same), plus the epilogue.
-void forward_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, int64_t o0, int64_t ob) {
+using Tile = float[kXRowsPerTask][kWRowsPerTask];
+
+// tile = the int32 products of the codes for rows [n0, n0 + nb) x weight rows
+// [o0, o0 + ob), dequantised with s_x[n] * s_w[o] / 127^2: summed here by
+// dot_tile, or read from the oneDNN product when there is one.
+void dequantised_product(Tile& tile, const Int8Operands& op, int64_t n0, int64_t nb, int64_t o0, int64_t ob) {
+  if (!op.product.empty()) {
+    for (int64_t i = 0; i < nb; ++i)
+      for (int64_t j = 0; j < ob; ++j)
+        tile[i][j] = float(op.product[(n0 + i - op.product_row0) * op.O + o0 + j]) *
+                     (op.sx[n0 + i] * op.sw[o0 + j] * kInv127Sq);
+    return;
+  }
   int64_t K = op.K;
   // Weight rows widened to int16, padded with zero rows to a multiple of kNR.
   std::vector<int16_t> wp(size_t(kWRowsPerTask * K), 0);
   for (int64_t j = 0; j < ob; ++j)
     for (int64_t k = 0; k < K; ++k) wp[j * K + k] = op.wq[(o0 + j) * K + k];
-  float tile[kXRowsPerTask][kWRowsPerTask];
   for (int64_t i = 0; i < nb; i += kMR) {
     for (int64_t j = 0; j < ob; j += kNR) {
       int32_t acc[kMR][kNR];
@@ -127,6 +143,14 @@ void forward_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, 
           tile[i + r][j + c] = float(acc[r][c]) * (op.sx[n0 + i + r] * op.sw[o0 + j + c] * kInv127Sq);
     }
   }
+}
+
+// out rows [n0, n0 + nb) x columns [o0, o0 + ob): the dequantised int8
+// product, plus the outlier columns in f32 (explicit FMAs: the CUDA epilogue
+// computes the same), plus the epilogue.
+void forward_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, int64_t o0, int64_t ob) {
+  Tile tile;
+  dequantised_product(tile, op, n0, nb, o0, ob);
   for (int64_t i = 0; i < nb; ++i) {
     for (int64_t c = 0; c < op.C; ++c) {
       float xv = op.x_out[(n0 + i) * op.C + c];
@@ -205,7 +229,12 @@ void CpuBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor&
   p.C = int64_t(columns.size());
   p.wq = weight.ptr<const int8_t>();
   p.sw = weight_scales.ptr<const float>();
-  p.xq.assign(size_t((p.N + kMR - 1) * p.K), 0);
+  // oneDNN's exact s8 x s8 -> s32 product where this CPU has one, else dot_tile on int16 codes.
+  const bool onednn_product = onednn_ && onednn_->int8_exact() && p.N > 0 && p.K > 0 && p.O > 0;
+  if (onednn_product)
+    p.xq8.resize(size_t(p.N * p.K));
+  else
+    p.xq.assign(size_t((p.N + kMR - 1) * p.K), 0);
   p.sx.resize(size_t(p.N));
   p.x_out.resize(size_t(p.N * p.C));
   p.w_out.resize(size_t(p.C * p.O));
@@ -219,18 +248,29 @@ void CpuBackend::int8_linear_forward(Tensor& out, const Tensor& x, const Tensor&
         p.x_out[n * p.C + c] = row[columns[c]];
         row[columns[c]] = 0.0f;  // zeroed before the absmax, so outliers do not inflate the row scale
       }
-      p.sx[n] = quantize_row(p.xq.data() + n * p.K, row.data(), p.K);
+      p.sx[n] = onednn_product ? quantize_row(p.xq8.data() + n * p.K, row.data(), p.K)
+                               : quantize_row(p.xq.data() + n * p.K, row.data(), p.K);
     }
   }
   for (int64_t c = 0; c < p.C; ++c)
     for (int64_t o = 0; o < p.O; ++o) p.w_out[c * p.O + o] = float(p.wq[o * p.K + columns[c]]) * p.sw[o] / 127.0f;
-  int64_t n_blocks = (p.N + kXRowsPerTask - 1) / kXRowsPerTask, o_blocks = (p.O + kWRowsPerTask - 1) / kWRowsPerTask;
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t ib = 0; ib < n_blocks; ++ib)
-    for (int64_t jb = 0; jb < o_blocks; ++jb) {
-      int64_t n0 = ib * kXRowsPerTask, o0 = jb * kWRowsPerTask;
-      forward_block(out, p, n0, std::min(kXRowsPerTask, p.N - n0), o0, std::min(kWRowsPerTask, p.O - o0));
+  // oneDNN's int32 product is held for a block of rows at a time (the bound the GPU uses).
+  const int64_t chunk_rows = onednn_product ? int8_forward_chunk_rows(p.N, p.O) : p.N;
+  for (int64_t r0 = 0; r0 < p.N; r0 += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, p.N - r0);
+    if (onednn_product) {
+      p.product.resize(size_t(rows * p.O));
+      p.product_row0 = r0;
+      onednn_->int8_product(p.product.data(), p.xq8.data() + r0 * p.K, p.wq, rows, p.K, p.O);
     }
+    int64_t n_blocks = (rows + kXRowsPerTask - 1) / kXRowsPerTask, o_blocks = (p.O + kWRowsPerTask - 1) / kWRowsPerTask;
+#pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int64_t ib = 0; ib < n_blocks; ++ib)
+      for (int64_t jb = 0; jb < o_blocks; ++jb) {
+        int64_t n0 = r0 + ib * kXRowsPerTask, o0 = jb * kWRowsPerTask;
+        forward_block(out, p, n0, std::min(kXRowsPerTask, r0 + rows - n0), o0, std::min(kWRowsPerTask, p.O - o0));
+      }
+  }
 }
 
 // dx is computed one block of input-feature columns at a time (tiles from

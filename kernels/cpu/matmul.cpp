@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/onednn_gemm.h"
 #include "kernels/op_checks.h"
 
 namespace ft {
@@ -138,6 +139,7 @@ void CpuBackend::matmul(Tensor& out, const Tensor& a, const Tensor& b, bool tran
   checks::check_matmul(out, a, b, transpose_a, transpose_b, Device::cpu);
   const int64_t M = out.rows(), N = out.cols(), K = transpose_a ? a.rows() : a.cols();
   if (M == 0 || N == 0) return;
+  if (onednn_ && onednn_->matmul(out, a, b, transpose_a, transpose_b, alpha, beta)) return;
   Operand op_a{a.data, a.dtype, a.cols(), transpose_a};
   Operand op_b{b.data, b.dtype, b.cols(), !transpose_b};
   if (out.dtype == DType::f32) {

@@ -1,0 +1,47 @@
+// CpuBackend's GEMMs through oneDNN's matmul primitive (when the build found
+// oneDNN): f32 x f32, bf16 x bf16 -> f32 or bf16 (f32 accumulation; AVX512-BF16
+// or AMX where the CPU has them) and s8 x s8 -> s32 for LLM.int8()'s product
+// (VNNI or AMX). oneDNN picks its kernel for the CPU it runs on, so the binary
+// stays portable. Primitives are created once per shape and cached. Weights
+// are passed in their plain row-major layout: oneDNN packs them per call into
+// its own scratch, as our reference kernels do, so no second copy of the
+// frozen base exists.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "kernels/tensor.h"
+
+namespace ft {
+
+// Whether this build links oneDNN.
+bool onednn_built();
+
+class OnednnGemm {
+ public:
+  OnednnGemm();
+  ~OnednnGemm();
+  OnednnGemm(const OnednnGemm&) = delete;
+  OnednnGemm& operator=(const OnednnGemm&) = delete;
+
+  // Backend::matmul's contract on checked operands. Returns false, having
+  // done nothing, where oneDNN has no kernel for the dtypes (mixed f32/bf16
+  // inputs, f16) or the product is empty: the caller runs the reference.
+  bool matmul(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, float alpha,
+              float beta);
+
+  // Whether int8_product is available: where oneDNN dispatches to AVX-512
+  // VNNI or AMX.
+  // Elsewhere oneDNN's int8 kernels sum pairs of u8 x s8 products in
+  // saturating int16, which would not be exact.
+  bool int8_exact() const;
+  // product[N, O] = xq[N, K] @ wq[O, K]^T in int32, exactly (row-major,
+  // codes in [-127, 127]; N, K, O > 0). Only where int8_exact().
+  void int8_product(int32_t* product, const int8_t* xq, const int8_t* wq, int64_t N, int64_t K, int64_t O);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ft

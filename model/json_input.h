@@ -1,0 +1,16 @@
+// Parsing JSON from files the user supplies (config.json, safetensors
+// headers, adapter_config.json, JSONL rows). nlohmann's own messages name
+// neither the file nor the key, and a number outside double's range (1e999)
+// is a separate exception type from a syntax error; here both become one
+// ft::Error naming `where` (a file, or file:line) and, for an out-of-range
+// number, the key it belongs to.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+namespace ft {
+
+nlohmann::json parse_json(std::string_view text, const std::string& where);
+
+}  // namespace ft

@@ -1,0 +1,297 @@
+"""Our CPU trainer against PyTorch on the same machine (scripts/bench_cpu --vs-torch runs it).
+
+Model: Llama, hidden 768, 12 layers, 12 heads, MLP 2048, vocab 32000 (134.4M parameters, lm_head untied),
+frozen; LoRA r 8 (alpha 16, dropout 0.05) on q_proj and v_proj; batch 4 x 256 tokens of random ids; AdamW on
+the adapters; the same thread count everywhere. Every trainer runs in its own process, alternately, ROUNDS
+times; each reports the median step time of its timed steps (after WARMUP steps) and its peak resident
+memory (ru_maxrss). tokens/s = 4 * 256 / step time for all. Then per-op GEMM GFLOP/s of ours
+(bench_cpu_gemm) against PyTorch's GEMMs at 2048^3 (f32, bf16, int8 via torch._int_mm) measured here.
+
+  driver:    bench_cpu_vs_torch.py FINETUNE GEMM_BENCH WORK_DIR OUTPUT.json THREADS ROUNDS WARMUP STEPS
+  one torch: bench_cpu_vs_torch.py --torch {plain|peft} {fp32|bf16} THREADS WARMUP STEPS
+"""
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+VOCAB, HIDDEN, LAYERS, HEADS, FFN, RANK, ALPHA, DROPOUT, BATCH, SEQ = 32000, 768, 12, 12, 2048, 8, 16, 0.05, 4, 256
+TOKENS_PER_STEP = BATCH * SEQ
+
+
+# ---- PyTorch peers (run in a child process) ------------------------------------------------------
+
+def plain_llama(torch, dtype):
+    nn, F = torch.nn, torch.nn.functional
+
+    class LoraLinear(nn.Module):
+        def __init__(self, features):
+            super().__init__()
+            self.base = nn.Linear(features, features, bias=False).requires_grad_(False)
+            self.A = nn.Parameter(torch.randn(RANK, features) / features ** 0.5)
+            self.B = nn.Parameter(torch.zeros(features, RANK))
+            self.drop = nn.Dropout(DROPOUT)
+
+        def forward(self, x):
+            return self.base(x) + (self.drop(x) @ self.A.t() @ self.B.t()) * (ALPHA / RANK)
+
+    def frozen(i, o):
+        return nn.Linear(i, o, bias=False).requires_grad_(False)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn_norm, self.mlp_norm = nn.RMSNorm(HIDDEN, eps=1e-5), nn.RMSNorm(HIDDEN, eps=1e-5)
+            self.q, self.v = LoraLinear(HIDDEN), LoraLinear(HIDDEN)
+            self.k, self.o = frozen(HIDDEN, HIDDEN), frozen(HIDDEN, HIDDEN)
+            self.gate, self.up, self.down = frozen(HIDDEN, FFN), frozen(HIDDEN, FFN), frozen(FFN, HIDDEN)
+            for norm in (self.attn_norm, self.mlp_norm):
+                norm.requires_grad_(False)
+
+        def forward(self, x, cos, sin):
+            B, T, _ = x.shape
+            h = self.attn_norm(x)
+            heads = lambda t: t.view(B, T, HEADS, HIDDEN // HEADS).transpose(1, 2)
+            q, k, v = heads(self.q(h)), heads(self.k(h)), heads(self.v(h))
+            rotate = lambda t: torch.cat((-t[..., t.shape[-1] // 2:], t[..., : t.shape[-1] // 2]), dim=-1)
+            q, k = q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, HIDDEN)
+            x = x + self.o(a)
+            h = self.mlp_norm(x)
+            return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, HIDDEN).requires_grad_(False)
+            self.layers = nn.ModuleList(Layer() for _ in range(LAYERS))
+            self.norm = nn.RMSNorm(HIDDEN, eps=1e-5).requires_grad_(False)
+            self.lm_head = frozen(HIDDEN, VOCAB)
+            inv_freq = 1.0 / (10000.0 ** (torch.arange(0, HIDDEN // HEADS, 2).float() / (HIDDEN // HEADS)))
+            angles = torch.outer(torch.arange(SEQ).float(), inv_freq)
+            angles = torch.cat((angles, angles), dim=-1)
+            self.register_buffer("cos", angles.cos())
+            self.register_buffer("sin", angles.sin())
+
+        def forward(self, ids, targets):
+            x = self.embed(ids)
+            for layer in self.layers:
+                x = layer(x, self.cos, self.sin)
+            logits = self.lm_head(self.norm(x)).float()
+            return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+
+    return Llama().to(dtype)
+
+
+def peft_llama(torch, dtype):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                         num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=2048,
+                         tie_word_embeddings=False)
+    config._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(config).to(dtype)
+    lora = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=DROPOUT, target_modules=["q_proj", "v_proj"])
+    model = get_peft_model(model, lora)
+
+    def step_loss(ids, targets):
+        return model(input_ids=ids, labels=ids).loss
+
+    model.step_loss = step_loss
+    return model
+
+
+def run_torch(kind, precision, threads, warmup, steps):
+    import torch
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    model = plain_llama(torch, dtype) if kind == "plain" else peft_llama(torch, dtype)
+    loss_of = model if kind == "plain" else model.step_loss
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    targets = torch.roll(ids, -1, dims=1)
+    times = []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        loss = loss_of(ids, targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    print(json.dumps({"step_s": statistics.median(times)}))
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+
+def child_rss(command, env, cwd):
+    """stdout and the peak resident memory of this one child (wait4's rusage)."""
+    process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout = process.stdout.read()
+    stderr = process.stderr.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:3])} failed ({process.returncode}): {stderr.strip()[-2000:]}")
+    return stdout, usage.ru_maxrss * 1024
+
+
+def write_model(work_dir):
+    """Our model folder: config.json at the benchmark shape and a byte-level tokenizer.json with VOCAB entries
+    (random-initialised weights, init: random; the data's text only sets the batch shape)."""
+    model_dir = os.path.join(work_dir, "model")
+    os.makedirs(model_dir, exist_ok=True)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB,
+              "hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
+              "num_attention_heads": HEADS, "num_key_value_heads": HEADS, "max_position_embeddings": 2048,
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False, "hidden_act": "silu",
+              "initializer_range": 0.02, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    json.dump(config, open(os.path.join(model_dir, "config.json"), "w"), indent=1)
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = [], 0
+    for byte in range(256):  # GPT-2's byte-to-unicode table
+        if byte in printable:
+            chars.append(chr(byte))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    vocab = {ch: i for i, ch in enumerate(chars)}
+    vocab.update({f"<unused{i}>": i for i in range(256, VOCAB)})
+    tokenizer = {"version": "1.0", "added_tokens": [], "normalizer": None, "post_processor": None,
+                 "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                                   "use_regex": True},
+                 "decoder": {"type": "ByteLevel"},
+                 "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                           "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
+                           "merges": []}}
+    json.dump(tokenizer, open(os.path.join(model_dir, "tokenizer.json"), "w"))
+    return model_dir
+
+
+def run_ours(finetune, config, model_dir, work_dir, quant, precision, threads, warmup, steps):
+    out_dir = os.path.join(work_dir, f"ours_{quant}_{precision}")
+    command = [finetune, config, "--set", f"model={model_dir}", "--set", "init=random",
+               "--set", f"tokenizer={model_dir}/tokenizer.json", "--set", f"lora.r={RANK}",
+               "--set", f"lora.lora_alpha={ALPHA}", "--set", f"lora.lora_dropout={DROPOUT}",
+               "--set", f"micro_batch_size={BATCH}", "--set", f"seq_len={SEQ}", "--set", "data.packing=true",
+               "--set", f"quantization.mode={quant}", "--set", f"precision={precision}", "--set", "device=cpu",
+               "--set", f"max_steps={warmup + steps}", "--set", "log_every=1", "--set", "save_every=0",
+               "--set", "task_metric=none", "--set", 'data.eval=""', "--set", "generate.num_samples=0",
+               "--set", f"output_dir={out_dir}"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    _, rss = child_rss(command, env, work_dir)
+    rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl")) if '"loss"' in line]
+    return statistics.median(row["step_s"] for row in rows[warmup:]), rss
+
+
+def torch_gemm_peaks(threads):
+    import torch
+    torch.set_num_threads(threads)
+    n, peaks = 2048, {}
+    for name, make, mm in (
+            ("f32", lambda: torch.randn(n, n), torch.matmul),
+            ("bf16", lambda: torch.randn(n, n).to(torch.bfloat16), torch.matmul),
+            ("int8", lambda: torch.randint(-127, 128, (n, n), dtype=torch.int8), torch._int_mm)):
+        a, b = make(), make()
+        mm(a, b)
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            mm(a, b)
+            times.append(time.perf_counter() - start)
+        peaks[name] = 2.0 * n ** 3 / statistics.median(times) / 1e9
+    return peaks
+
+
+def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps):
+    os.makedirs(work_dir, exist_ok=True)
+    config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "default.yaml")
+    model_dir = write_model(work_dir)
+    try:
+        import torch  # noqa: F401
+        have_torch = True
+    except ImportError:
+        have_torch = False
+        print("PyTorch not importable (pip install torch): the PyTorch peers are skipped")
+    try:
+        import peft  # noqa: F401
+        import transformers  # noqa: F401
+        have_peft = have_torch
+    except ImportError:
+        have_peft = False
+        print("transformers + peft not importable (pip install transformers peft): that peer is skipped")
+    trainers = [("ours int8 fp32", "ours", "int8", "fp32"), ("ours none fp32", "ours", "none", "fp32"),
+                ("ours int8 bf16", "ours", "int8", "bf16"), ("ours none bf16", "ours", "none", "bf16")]
+    if have_torch:
+        trainers += [("torch plain fp32", "plain", None, "fp32"), ("torch plain bf16", "plain", None, "bf16")]
+    if have_peft:
+        trainers += [("transformers+peft fp32", "peft", None, "fp32"), ("transformers+peft bf16", "peft", None, "bf16")]
+    times = {name: [] for name, *_ in trainers}
+    rss = {name: 0 for name, *_ in trainers}
+    me = os.path.abspath(__file__)
+    torch_env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    for round_index in range(rounds):
+        for name, kind, quant, precision in trainers:
+            if kind == "ours":
+                step_s, peak = run_ours(finetune, config, model_dir, work_dir, quant, precision, threads, warmup,
+                                        steps)
+            else:  # cwd work_dir: the repository's kernels/ folder would shadow the `kernels` Python package
+                stdout, peak = child_rss([sys.executable, me, "--torch", kind, precision, str(threads), str(warmup),
+                                          str(steps)], torch_env, work_dir)
+                step_s = json.loads(stdout.strip().splitlines()[-1])["step_s"]
+            times[name].append(step_s)
+            rss[name] = max(rss[name], peak)
+            print(f"round {round_index + 1}/{rounds}: {name}: {TOKENS_PER_STEP / step_s:.0f} tokens/s, "
+                  f"peak RSS {peak / 2 ** 20:.0f} MiB", flush=True)
+    report = {"machine": machine(), "threads": threads, "rounds": rounds, "warmup_steps": warmup, "steps": steps,
+              "load_average": os.getloadavg(), "trainers": {}}
+    print(f"\n{report['machine']}, {threads} threads, load average {report['load_average'][0]:.1f} "
+          f"(medians of {rounds} rounds x {steps} steps)")
+    for name in times:
+        tokens_per_s = TOKENS_PER_STEP / statistics.median(times[name])
+        report["trainers"][name] = {"tokens_per_s": tokens_per_s, "peak_rss_bytes": rss[name]}
+        print(f"  {name:26s} {tokens_per_s:7.0f} tokens/s   peak RSS {rss[name] / 2 ** 20:7.0f} MiB")
+    peer = "transformers+peft" if have_peft else "torch plain"
+    for ours, theirs in (("ours int8 fp32", f"{peer} fp32"), ("ours int8 bf16", f"{peer} bf16"),
+                         ("ours none fp32", f"{peer} fp32"), ("ours none bf16", f"{peer} bf16")):
+        if theirs in report["trainers"]:
+            ratio = report["trainers"][ours]["tokens_per_s"] / report["trainers"][theirs]["tokens_per_s"]
+            report.setdefault("ratios", {})[f"{ours} / {theirs}"] = ratio
+            print(f"  {ours} / {theirs}: {ratio:.2f}x")
+    peaks = torch_gemm_peaks(threads) if have_torch else {}
+    report["torch_gemm_gflops_2048"] = peaks
+    if peaks:
+        print("\nPyTorch GEMM at 2048^3: " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items()))
+    stdout, _ = child_rss([gemm_bench, "5"], torch_env, work_dir)
+    report["ours_gemm"] = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    print("Our GEMMs (GFLOP/s; % of PyTorch's 2048^3 GEMM of the same input dtype):")
+    for row in report["ours_gemm"]:
+        peak = peaks.get(row["dtype"])
+        share = f"{100 * row['gflops'] / peak:5.0f}%" if peak else ""
+        print(f"  {row['gemm']:9s} {row['op']:30s} {row['dtype']:5s} {row['M']}x{row['N']}x{row['K']:<6d} "
+              f"{row['gflops']:7.1f} {share}")
+    json.dump(report, open(output, "w"), indent=2)
+    print(f"written: {output}")
+
+
+def machine():
+    model = "unknown CPU"
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    return f"{model}, {os.cpu_count()} logical CPUs"
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--torch":
+        run_torch(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+    else:
+        a = sys.argv[1:]
+        main(os.path.abspath(a[0]), os.path.abspath(a[1]), os.path.abspath(a[2]), os.path.abspath(a[3]), int(a[4]),
+             int(a[5]), int(a[6]), int(a[7]))

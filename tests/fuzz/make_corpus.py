@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Builds the fuzzers' seed corpora, tests/fuzz/corpus/<harness>/, from the
+committed fixtures and configs (stdlib only). The output is committed; rerun
+after a fixture changes. Seeds are kept small: fuzzers mutate small inputs
+faster, and the replay tests run every seed."""
+import json
+import pathlib
+import shutil
+import struct
+
+root = pathlib.Path(__file__).resolve().parents[2]
+corpus = root / "tests" / "fuzz" / "corpus"
+
+
+def seed(harness, name, data):
+    folder = corpus / harness
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+def safetensors(tensors, metadata=None):
+    """tensors: [(name, dtype, shape, raw bytes)] -> file bytes."""
+    header, data = {}, b""
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def f32(values):
+    return struct.pack(f"<{len(values)}f", *values)
+
+
+def bf16(values):
+    return b"".join(struct.pack("<f", v)[2:] for v in values)
+
+
+def main():
+    shutil.rmtree(corpus, ignore_errors=True)
+
+    seed("fuzz_safetensors", "mixed_dtypes", safetensors([
+        ("a", "F32", [2, 2], f32([1, -2, 0.5, 3])),
+        ("b", "BF16", [3], bf16([1, 2, -4])),
+        ("c", "F16", [2], struct.pack("<2e", 0.25, -8)),
+        ("d", "I8", [4], bytes([1, 255, 127, 128])),
+        ("e", "I32", [1], struct.pack("<i", -7)),
+        ("empty", "F32", [0, 3], b""),
+    ], {"format": "pt"}))
+    seed("fuzz_safetensors", "lora_adapter", (root / "tests/fixtures/llama_lora/adapter/adapter_model.safetensors").read_bytes())
+    seed("fuzz_safetensors", "empty_header", safetensors([]))
+
+    for config in sorted(root.glob("tests/fixtures/*/config.json")) + sorted(root.glob("configs/*/config.json")):
+        seed("fuzz_model_config", config.parent.name, config.read_bytes())
+
+    for config in sorted(root.glob("configs/*.yaml")):
+        seed("fuzz_train_config", config.stem, config.read_bytes())
+
+    for data in sorted(root.glob("configs/data/*.jsonl")):
+        lines = data.read_text().splitlines(keepends=True)
+        seed("fuzz_jsonl", data.stem, "".join(line[:400] + ("\n" if len(line) > 400 else "") for line in lines[:3]))
+    seed("fuzz_jsonl", "mixed_rows", '{"prompt": "a", "completion": "b"}\n\n{"text": "x"}\n{"prompt": 1}\n')
+
+    seed("fuzz_tokenizer", "bpe_fixture", (root / "tests/fixtures/bpe_tokenizer/tokenizer.json").read_bytes())
+
+    for fixture in ("llama_lora", "gpt_neox_lora"):
+        adapter = root / "tests/fixtures" / fixture / "adapter"
+        config = (adapter / "adapter_config.json").read_bytes()
+        seed("fuzz_peft_adapter", fixture,
+             struct.pack("<I", len(config)) + config + (adapter / "adapter_model.safetensors").read_bytes())
+
+    state = []
+    for prefix in ("param.", "adam_m.", "adam_v."):
+        state.append((prefix + "w", "F32", [2, 3], f32([0.5, -1, 2, 0, 0.25, 3])))
+        state.append((prefix + "b", "F32", [3], f32([1, 2, 3])))
+    metadata = {"format": "finetune-train-state-1", "step": "5", "optimizer_steps": "5", "data_epoch": "1",
+                "data_index": "2"}
+    seed("fuzz_train_state", "two_parameters", safetensors(state, metadata))
+
+
+if __name__ == "__main__":
+    main()

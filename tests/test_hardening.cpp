@@ -1,0 +1,258 @@
+// Hostile and corrupt inputs to the parsers and loaders: each gives one Error
+// naming the file (and the line or key) instead of a library message, a
+// crash or a silently wrong model.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/error.h"
+#include "model/causal_lm.h"
+#include "model/model_config.h"
+#include "model/peft_adapter.h"
+#include "model/safetensors.h"
+#include "trainer/data.h"
+#include "trainer/optimizer.h"
+#include "trainer/train_state.h"
+
+using namespace ft;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kFixtures = FT_FIXTURES_DIR;
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& tag)
+      : path(fs::temp_directory_path() / ("ft_hardening_" + tag + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream file(path, std::ios::binary);
+  file << text;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+template <class F>
+std::string error_of(F&& call) {
+  try {
+    call();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// A safetensors file from raw header text and data bytes.
+void write_safetensors(const fs::path& path, const std::string& header, const std::string& data) {
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char(uint64_t(header.size()) >> (8 * i));
+  write_text(path, bytes + header + data);
+}
+
+// The llama_gqa fixture with one element of `poisoned` set to `value`, saved
+// into dir as config.json + model.safetensors.
+void write_poisoned_checkpoint(const fs::path& dir, const std::string& poisoned, float value) {
+  const std::string fixture = kFixtures + "/llama_gqa";
+  fs::copy_file(fixture + "/config.json", dir / "config.json");
+  Checkpoint original(fixture);
+  HostAllocator host;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& name : original.names()) {
+    const SafetensorsEntry& entry = original.entry(name);
+    Tensor copy = Tensor::empty(entry.shape, entry.dtype, host, MemCategory::workspace);
+    std::memcpy(copy.data, entry.data, entry.size_bytes);
+    if (name == poisoned) copy.ptr<float>()[7] = value;
+    tensors.emplace_back(name, copy);
+  }
+  save_safetensors((dir / "model.safetensors").string(), tensors);
+}
+
+std::string load_error(const fs::path& dir, bool int8_base) {
+  ModelConfig config = ModelConfig::from_json_file((dir / "config.json").string());
+  HostAllocator host;
+  CpuBackend backend(host);
+  ModelOptions options;
+  options.int8_base = int8_base;
+  auto model = make_causal_lm(config, backend, options);
+  return error_of([&] { model->load(Checkpoint(dir.string())); });
+}
+
+}  // namespace
+
+TEST_CASE("config.json: a number out of double's range names the file and the field") {
+  TempDir dir("config_range");
+  std::string text = read_text(kFixtures + "/llama_gqa/config.json");
+  const std::string key = "\"rms_norm_eps\": 1e-05";
+  REQUIRE(has(text, key));
+  text.replace(text.find(key), key.size(), "\"rms_norm_eps\": 1e999");
+  write_text(dir.path / "config.json", text);
+  const std::string path = (dir.path / "config.json").string();
+  const std::string message = error_of([&] { ModelConfig::from_json_file(path); });
+  CHECK(has(message, path));
+  CHECK(has(message, "number out of range in field \"rms_norm_eps\""));
+}
+
+TEST_CASE("config.json: integers above the documented bound and floats beyond float are refused by name") {
+  auto config_with = [](const std::string& field, const std::string& value) {
+    std::string text = R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 88,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 320)";
+    return text + ", \"" + field + "\": " + value + "}";
+  };
+  // 2^70 does not fit any integer type (nlohmann keeps it as a double);
+  // 2^63 + 1 fits only uint64; 2^24 + 1 is just past the bound.
+  for (const char* value : {"1180591620717411303424", "9223372036854775809", "16777217"}) {
+    CAPTURE(value);
+    const std::string message = error_of([&] { ModelConfig::from_json_text(config_with("vocab_size", value), "c.json"); });
+    CHECK(has(message, "c.json: field \"vocab_size\""));
+  }
+  CHECK(ModelConfig::from_json_text(config_with("vocab_size", std::to_string(kMaxModelConfigInt)), "c.json").vocab_size ==
+        kMaxModelConfigInt);
+  // A double above FLT_MAX stored into a float field would be undefined behaviour.
+  const std::string message = error_of([&] { ModelConfig::from_json_text(config_with("rope_theta", "1e300"), "c.json"); });
+  CHECK(has(message, "c.json: field \"rope_theta\""));
+  CHECK(has(error_of([&] { ModelConfig::from_json_text(config_with("max_position_embeddings", "-9223372036854775807"), "c.json"); }),
+            "field \"max_position_embeddings\""));
+}
+
+TEST_CASE("JSONL: a number out of range names the file and the line") {
+  TempDir dir("jsonl_range");
+  const fs::path path = dir.path / "train.jsonl";
+  write_text(path, "{\"prompt\": \"a\", \"completion\": \"b\"}\n\n{\"prompt\": \"a\", \"completion\": \"b\", \"score\": 1e999}\n");
+  const std::string message = error_of([&] { load_jsonl(path.string(), DataFormat::automatic); });
+  CHECK(has(message, path.string() + ":3: number out of range in field \"score\""));
+}
+
+TEST_CASE("JSONL: a line longer than the limit is refused with its line number") {
+  std::string text = "{\"text\": \"short\"}\n{\"text\": \"" + std::string(kMaxJsonlLineBytes, 'x') + "\"}\n";
+  std::istringstream input(text);
+  const std::string message = error_of([&] { load_jsonl(input, "big.jsonl", DataFormat::automatic); });
+  CHECK(has(message, "big.jsonl:2: line is longer than the limit"));
+  // A line of exactly the limit is accepted.
+  std::string fits = "{\"text\": \"" + std::string(kMaxJsonlLineBytes - 12, 'y') + "\"}";
+  REQUIRE(fits.size() == kMaxJsonlLineBytes);
+  std::istringstream fitting(fits);
+  CHECK(load_jsonl(fitting, "fits.jsonl", DataFormat::automatic).examples.size() == 1);
+}
+
+TEST_CASE("safetensors: a number out of range in the header names the file") {
+  TempDir dir("st_range");
+  const fs::path path = dir.path / "w.safetensors";
+  write_safetensors(path, R"({"w": {"dtype": "F32", "shape": [1e999], "data_offsets": [0, 4]}})", std::string(4, '\0'));
+  const std::string message = error_of([&] { SafetensorsFile file(path.string()); });
+  CHECK(has(message, path.string() + ": header: number out of range in field \"shape\""));
+}
+
+TEST_CASE("safetensors: header length above the limit is refused before parsing") {
+  TempDir dir("st_header");
+  const fs::path path = dir.path / "w.safetensors";
+  std::string bytes(8, '\0');
+  const uint64_t declared = kMaxSafetensorsHeaderBytes + 1;
+  for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char(declared >> (8 * i));
+  write_text(path, bytes + "{}");
+  CHECK(has(error_of([&] { SafetensorsFile file(path.string()); }), "exceeds the limit of 100000000 bytes"));
+}
+
+TEST_CASE("safetensors: require_finite finds NaN and Inf in every float dtype and names the element") {
+  TempDir dir("st_finite");
+  const fs::path path = dir.path / "w.safetensors";
+  HostAllocator host;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    Tensor t = Tensor::empty({3, 5000}, dtype, host, MemCategory::workspace);  // spans two scan blocks
+    for (int64_t i = 0; i < t.numel(); ++i) store_from_f32(t.data, dtype, i, 0.5f);
+    store_from_f32(t.data, dtype, 4321 + int64_t(dtype_size_bytes(dtype)), std::numeric_limits<float>::infinity());
+    tensors.emplace_back(std::string("bad_") + dtype_name(dtype), t);
+  }
+  Tensor ints = Tensor::empty({4}, DType::i32, host, MemCategory::workspace);
+  for (int64_t i = 0; i < 4; ++i) ints.ptr<int32_t>()[i] = -1;  // all bits set: NaN's pattern, but an integer
+  tensors.emplace_back("ints", ints);
+  save_safetensors(path.string(), tensors);
+  SafetensorsFile file(path.string());
+  for (const SafetensorsEntry& entry : file.entries()) {
+    CAPTURE(entry.name);
+    if (entry.dtype == DType::i32) {
+      CHECK_NOTHROW(require_finite(entry));
+      continue;
+    }
+    const std::string message = error_of([&] { require_finite(entry); });
+    CHECK(has(message, path.string() + ": tensor \"" + entry.name + "\" holds inf at element " +
+                           std::to_string(4321 + dtype_size_bytes(entry.dtype))));
+  }
+}
+
+TEST_CASE("load refuses a checkpoint with a NaN in embed_tokens, naming the tensor") {
+  TempDir dir("nan_embed");
+  write_poisoned_checkpoint(dir.path, "model.embed_tokens.weight", std::nanf(""));
+  const std::string message = load_error(dir.path, false);
+  CHECK(has(message, "tensor \"model.embed_tokens.weight\" holds nan at element 7"));
+}
+
+TEST_CASE("load refuses a NaN inside a weight that would be quantised to int8") {
+  TempDir dir("nan_int8");
+  write_poisoned_checkpoint(dir.path, "model.layers.1.self_attn.q_proj.weight", std::nanf(""));
+  const std::string message = load_error(dir.path, true);
+  CHECK(has(message, "tensor \"model.layers.1.self_attn.q_proj.weight\" holds nan at element 7"));
+  // The same checkpoint without the NaN loads.
+  TempDir clean("clean_int8");
+  write_poisoned_checkpoint(clean.path, "none", 0.0f);
+  CHECK(load_error(clean.path, true) == "(no error)");
+}
+
+TEST_CASE("adapter_config.json: a number out of range names the file and the field") {
+  TempDir dir("adapter_range");
+  write_text(dir.path / "adapter_config.json",
+             R"({"peft_type": "LORA", "r": 4, "lora_alpha": 1e999, "target_modules": ["q_proj"]})");
+  const std::string message = error_of([&] { read_peft_adapter_config(dir.path.string()); });
+  CHECK(has(message, (dir.path / "adapter_config.json").string() + ": number out of range in field \"lora_alpha\""));
+}
+
+TEST_CASE("train state: NaN tensors and malformed step counts are refused by name") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  Parameter p;
+  p.name = "w";
+  p.value = backend.empty({4}, DType::f32, MemCategory::weights);
+  p.grad = backend.empty({4}, DType::f32, MemCategory::gradients);
+  AdamW optimizer(backend, {&p}, AdamWOptions{});
+  TempDir dir("state");
+  const std::string path = (dir.path / "train_state.safetensors").string();
+  auto write_state = [&](float adam_v, const std::string& step) {
+    Tensor values = Tensor::empty({4}, DType::f32, host, MemCategory::workspace);
+    Tensor v = Tensor::empty({4}, DType::f32, host, MemCategory::workspace);
+    for (int i = 0; i < 4; ++i) values.ptr<float>()[i] = 0.25f, v.ptr<float>()[i] = i == 2 ? adam_v : 0.25f;
+    save_safetensors(path, {{"param.w", values}, {"adam_m.w", values}, {"adam_v.w", v}},
+                     {{"format", "finetune-train-state-1"}, {"step", step}, {"optimizer_steps", step},
+                      {"data_epoch", "0"}, {"data_index", "1"}});
+  };
+  write_state(0.25f, "3");
+  CHECK(load_train_state(path, optimizer).step == 3);
+  write_state(std::nanf(""), "3");
+  CHECK(has(error_of([&] { load_train_state(path, optimizer); }), "tensor \"adam_v.w\" holds nan at element 2"));
+  for (const char* step : {"x", "-1", "99999999999999999999", "3 "}) {
+    CAPTURE(step);
+    write_state(0.25f, step);
+    CHECK(has(error_of([&] { load_train_state(path, optimizer); }), path + ": metadata \"optimizer_steps\" is \""));
+  }
+}
