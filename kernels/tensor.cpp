@@ -2,13 +2,21 @@
 
 #include <sstream>
 
+#include "kernels/checked_mul.h"
 #include "kernels/error.h"
 
 namespace ft {
 
+int64_t checked_mul(int64_t a, int64_t b) {
+  int64_t product = 0;
+  FT_CHECK(a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, &product), "size ", a, " x ", b,
+           (a < 0 || b < 0) ? " is negative" : " overflows a 64-bit count");
+  return product;
+}
+
 int64_t shape_numel(const Shape& shape) {
   int64_t count = 1;
-  for (int64_t extent : shape) count *= extent;
+  for (int64_t extent : shape) count = checked_mul(count, extent);
   return count;
 }
 
@@ -33,7 +41,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Allocator& allocator, MemC
   tensor.shape = shape;
   tensor.dtype = dtype;
   tensor.device = allocator.device();
-  tensor.storage = std::make_shared<Storage>(allocator, tensor.size_bytes(), category);
+  const int64_t bytes = checked_mul(shape_numel(shape), int64_t(dtype_size_bytes(dtype)));
+  tensor.storage = std::make_shared<Storage>(allocator, size_t(bytes), category);
   tensor.data = tensor.storage->data;
   return tensor;
 }

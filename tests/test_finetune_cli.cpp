@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -140,6 +142,54 @@ TEST_CASE("a run killed with SIGKILL after a checkpoint resumes to identical los
   }
 }
 
+TEST_CASE("SIGTERM saves a checkpoint at the next step boundary, exits 143, and --resume finishes the run") {
+  const std::string full_dir = make_run_dir("unstopped");
+  REQUIRE(run_command("cd " + full_dir + " && " + kBinary + " config.yaml").exit_code == 0);
+  const auto full = train_losses(full_dir + "/out/metrics.jsonl");
+  REQUIRE(full.size() == 20);
+
+  const std::string dir = make_run_dir("stopped");
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    REQUIRE(chdir(dir.c_str()) == 0);
+    freopen((dir + "/stdout.txt").c_str(), "w", stdout);
+    alarm(kRunTimeoutS);
+    execl(kBinary.c_str(), kBinary.c_str(), "config.yaml", (char*)nullptr);
+    _exit(127);
+  }
+  // The first checkpoint is due at step 10; signal as soon as step 2 is logged.
+  while (train_losses(dir + "/out/metrics.jsonl").size() < 2) {
+    int early_status = 0;
+    REQUIRE_MESSAGE(waitpid(child, &early_status, WNOHANG) == 0, "finetune ended before step 2");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  kill(child, SIGTERM);
+  int status = 0;
+  waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 143);
+  std::ifstream stdout_file(dir + "/stdout.txt");
+  const std::string output((std::istreambuf_iterator<char>(stdout_file)), std::istreambuf_iterator<char>());
+  INFO(output);
+  const size_t stopped_at = train_losses(dir + "/out/metrics.jsonl").size();
+  CHECK(stopped_at < 20);
+  CHECK(output.find("SIGTERM: stopped after step " + std::to_string(stopped_at) +
+                    "; checkpoint saved to out/train_state.safetensors; continue with --resume") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir + "/out/adapter"));
+
+  CommandResult resumed = run_command("cd " + dir + " && " + kBinary + " config.yaml --resume");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.output.find("resumed at step " + std::to_string(stopped_at)) != std::string::npos);
+  const auto after = train_losses(dir + "/out/metrics.jsonl");
+  REQUIRE(after.size() == 20);
+  for (const auto& [step, loss] : full) {
+    CAPTURE(step);
+    CHECK(after.at(step) == loss);  // bit-identical to the run that was never stopped
+  }
+}
+
 TEST_CASE("device: auto says which backend it picked and why; device: cuda without a GPU is an error") {
   const std::string dir = make_run_dir("device");
   std::string no_cuda_why;
@@ -167,6 +217,14 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong") {
   const Case cases[] = {
       {"config.yaml --set lora.rank=4", "unknown key \"lora.rank\"; did you mean \"lora.r\"?"},
       {"config.yaml --set lora.r=0", "lora.r"},
+      // Sizes that once overflowed their products (2^62 x 8 bytes = a 0-byte allocation, then a segfault).
+      {"config.yaml --set lora.r=4611686018427387904", "lora.r: expected an integer in [1, 65536]"},
+      {"config.yaml --set micro_batch_size=4611686018427387904", "micro_batch_size: expected an integer in [1, 65536]"},
+      {"config.yaml --set seq_len=4611686018427387904", "seq_len: expected an integer in [1, 1048576]"},
+      {"config.yaml --set epochs=4611686018427387904 --set max_steps=0", "epochs: expected an integer in [0, 1000000]"},
+      {"config.yaml --set grad_accum_steps=4611686018427387904", "grad_accum_steps: expected an integer in [1, 65536]"},
+      {"config.yaml --set lr=.inf", "lr: expected a finite number, got \".inf\""},
+      {"config.yaml --set lr=1e30", "lr: expected a number in (0, 10], got \"1e30\""},
       {"config.yaml --set model=no_such_folder", "no_such_folder/config.json"},
       {"config.yaml --set seq_len=65", "seq_len 65 is larger than the model's max_position_embeddings 64"},
       {"config.yaml --set lora.target_modules=[q_proj,qkv]", "\"qkv\" matches no module"},
@@ -174,7 +232,9 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong") {
       {"config.yaml --set data.train=broken.jsonl", "broken.jsonl:2"},
       {"config.yaml --resume --set output_dir=nothing_here", "no training state to resume from"},
       {"missing.yaml", "missing.yaml"},
+      {"bad_lr.yaml", "bad_lr.yaml:3: lr: expected a finite number, got \".inf\""},
   };
+  std::ofstream(dir + "/bad_lr.yaml") << "model: m\ndata: {train: t.jsonl}\nlr: .inf\n";
   std::ofstream(dir + "/empty.jsonl") << "\n";
   std::ofstream(dir + "/broken.jsonl") << "{\"text\": \"fine\"}\n{\"text\": oops}\n";
   for (const Case& c : cases) {
@@ -184,6 +244,96 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong") {
     CHECK(result.output.find("error: ") != std::string::npos);
     CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
   }
+}
+
+namespace {
+
+// Overwrites every f32 value of one tensor of a safetensors file in place.
+void overwrite_f32_tensor(const std::string& path, const std::string& name, float value) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header_bytes = 0;
+  file.read(reinterpret_cast<char*>(&header_bytes), 8);
+  std::string header(header_bytes, '\0');
+  file.read(header.data(), std::streamsize(header_bytes));
+  const auto entry = nlohmann::json::parse(header).at(name);
+  REQUIRE(entry.at("dtype") == "F32");
+  const int64_t begin = entry.at("data_offsets")[0], end = entry.at("data_offsets")[1];
+  file.seekp(std::streamoff(8 + header_bytes + uint64_t(begin)));
+  for (int64_t i = begin; i < end; i += 4) file.write(reinterpret_cast<const char*>(&value), 4);
+  REQUIRE(file.good());
+}
+
+// Whether every value of every F32 tensor of a safetensors file is finite.
+bool all_f32_finite(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  uint64_t header_bytes = 0;
+  file.read(reinterpret_cast<char*>(&header_bytes), 8);
+  std::string header(header_bytes, '\0');
+  file.read(header.data(), std::streamsize(header_bytes));
+  const std::string data((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const nlohmann::json entries = nlohmann::json::parse(header);
+  for (const auto& [name, entry] : entries.items()) {
+    if (name == "__metadata__" || entry.at("dtype") != "F32") continue;
+    const size_t begin = entry.at("data_offsets")[0], end = entry.at("data_offsets")[1];
+    for (size_t offset = begin; offset < end; offset += 4) {
+      float value;
+      std::memcpy(&value, data.data() + offset, 4);
+      if (!std::isfinite(value)) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("a diverging run skips its bad steps, stops after max_bad_steps with exit 1 and writes no NaN") {
+  // A final norm weight of 3e38 (finite, as a checkpoint may hold it) sends the logits to +-Inf and the
+  // loss to NaN from the first step: the run diverges whatever the learning rate.
+  const std::string dir = make_run_dir("diverging");
+  fs::create_directories(dir + "/model");
+  for (const char* file : {"config.json", "model.safetensors"})
+    fs::copy_file(kFixtures + "/llama_gqa/" + file, dir + "/model/" + file);
+  const std::string healthy = run_command("cd " + dir + " && " + kBinary + " config.yaml --set model=model --set max_steps=1").output;
+  REQUIRE_MESSAGE(healthy.find("adapter (PEFT format)") != std::string::npos, healthy);  // the copy trains before the edit
+  fs::remove_all(dir + "/out");
+  overwrite_f32_tensor(dir + "/model/model.safetensors", "model.norm.weight", 3e38f);
+
+  CommandResult result = run_command("cd " + dir + " && " + kBinary + " config.yaml --set model=model --set save_every=1 --set max_steps=6");
+  INFO(result.output);
+  CHECK(result.exit_code == 1);
+  for (int step = 1; step <= 3; ++step)
+    CHECK(result.output.find("step " + std::to_string(step) + ": loss -nan, gradient norm nan: not finite, optimizer "
+                             "step skipped (the first is the gradient of model.layers.0.self_attn.q_proj.lora_A.weight); " +
+                             std::to_string(step) + " of max_bad_steps 3 in a row") != std::string::npos);
+  CHECK(result.output.find("error: training diverged: 3 steps in a row with a non-finite loss or gradient norm "
+                           "(max_bad_steps: 3, config.yaml)") != std::string::npos);
+  CHECK(result.output.find("step 4/6") == std::string::npos);
+  CHECK_FALSE(fs::exists(dir + "/out/adapter"));
+  // The states saved at the skipped steps hold the last good (initial) adapters, never a NaN.
+  REQUIRE(fs::exists(dir + "/out/train_state.safetensors"));
+  CHECK(all_f32_finite(dir + "/out/train_state.safetensors"));
+
+  // max_bad_steps is the config's: 1 stops at the first bad step.
+  fs::remove_all(dir + "/out");
+  CommandResult strict = run_command("cd " + dir + " && " + kBinary + " config.yaml --set model=model --set max_bad_steps=1");
+  CHECK(strict.exit_code == 1);
+  CHECK(strict.output.find("error: training diverged: 1 steps in a row") != std::string::npos);
+}
+
+TEST_CASE("a failed metrics write warns once, keeps the rows for a retry, and the run goes on") {
+  const std::string dir = make_run_dir("metrics_full");
+  fs::create_directories(dir + "/out");
+  fs::create_symlink("/dev/full", dir + "/out/metrics.jsonl");  // every write fails with ENOSPC
+  CommandResult result = run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=3");
+  INFO(result.output);
+  CHECK(result.exit_code == 0);
+  const std::string warning = "warning: out/metrics.jsonl: cannot write a metrics row (No space left on device)";
+  const size_t first = result.output.find(warning);
+  CHECK(first != std::string::npos);
+  CHECK(result.output.find(warning, first + 1) == std::string::npos);  // once, not once per row
+  // 3 steps and the evaluations before and after: every row is counted as unwritten, none dropped silently.
+  CHECK(result.output.find("warning: out/metrics.jsonl: 5 metrics rows could not be written") != std::string::npos);
+  CHECK(fs::exists(dir + "/out/adapter/adapter_model.safetensors"));
 }
 
 TEST_CASE("a saved INT8 base loads directly and trains to the same losses") {

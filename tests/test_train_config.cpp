@@ -5,6 +5,8 @@
 #include <fstream>
 
 #include "kernels/error.h"
+#include "kernels/checked_mul.h"
+#include "kernels/tensor.h"
 #include "trainer/train_config.h"
 
 using namespace ft;
@@ -216,18 +218,18 @@ TEST_CASE("unknown keys suggest the nearest valid key, at every level and in --s
 
 TEST_CASE("wrong types name the file, line, field and what was expected") {
   std::string base = std::string(kMinimal);
-  CHECK(error_of(base + "lr: fast\n") == "configs/x.yaml:3: lr: expected a number, got \"fast\"");
-  CHECK(error_of(base + "seq_len: 1.5\n") == "configs/x.yaml:3: seq_len: expected an integer, got \"1.5\"");
-  CHECK(error_of(base + "seq_len: 0x10\n") == "configs/x.yaml:3: seq_len: expected an integer, got \"0x10\"");
-  CHECK(error_of(base + "epochs:\n") == "configs/x.yaml:3: epochs: expected an integer, got nothing");
+  CHECK(error_of(base + "lr: fast\n") == "configs/x.yaml:3: lr: expected a finite number, got \"fast\"");
+  CHECK(error_of(base + "seq_len: 1.5\n") == "configs/x.yaml:3: seq_len: expected an integer in [1, 1048576], got \"1.5\"");
+  CHECK(error_of(base + "seq_len: 0x10\n") == "configs/x.yaml:3: seq_len: expected an integer in [1, 1048576], got \"0x10\"");
+  CHECK(error_of(base + "epochs:\n") == "configs/x.yaml:3: epochs: expected an integer in [0, 1000000], got nothing");
   CHECK(error_of(base + "lora: {use_rslora: maybe}\n") ==
         "configs/x.yaml:3: lora.use_rslora: expected true or false, got \"maybe\"");
   CHECK(error_of(base + "lora: {target_modules: q_proj}\n") ==
         "configs/x.yaml:3: lora.target_modules: expected a list of strings, got \"q_proj\"");
   CHECK(error_of(base + "lora: 8\n") == "configs/x.yaml:3: lora: expected a map of keys, got \"8\"");
   CHECK(error_of(base + "tokenizer: [a, b]\n") == "configs/x.yaml:3: tokenizer: expected a string, got a list");
-  CHECK(error_of(base + "lr: {a: 1}\n") == "configs/x.yaml:3: lr: expected a number, got a map");
-  CHECK(error_of(kMinimal, {"lr=fast"}) == "configs/x.yaml (--set lr=fast): lr: expected a number, got \"fast\"");
+  CHECK(error_of(base + "lr: {a: 1}\n") == "configs/x.yaml:3: lr: expected a finite number, got a map");
+  CHECK(error_of(kMinimal, {"lr=fast"}) == "configs/x.yaml (--set lr=fast): lr: expected a finite number, got \"fast\"");
 }
 
 TEST_CASE("invalid enum values list the valid ones") {
@@ -251,8 +253,8 @@ TEST_CASE("invalid enum values list the valid ones") {
 
 TEST_CASE("out-of-range values") {
   std::string base = std::string(kMinimal);
-  CHECK(error_of(base + "lora: {r: 0}\n") == "configs/x.yaml:3: lora.r: expected an integer > 0, got \"0\"");
-  CHECK(error_of(base + "lora: {r: -4}\n") == "configs/x.yaml:3: lora.r: expected an integer > 0, got \"-4\"");
+  CHECK(error_of(base + "lora: {r: 0}\n") == "configs/x.yaml:3: lora.r: expected an integer in [1, 65536], got \"0\"");
+  CHECK(error_of(base + "lora: {r: -4}\n") == "configs/x.yaml:3: lora.r: expected an integer in [1, 65536], got \"-4\"");
   CHECK(error_of(base + "lora: {lora_dropout: 1}\n") ==
         "configs/x.yaml:3: lora.lora_dropout: expected a number in [0, 1), got \"1\"");
   CHECK(error_of(base + "lora: {lora_dropout: -0.1}\n") ==
@@ -260,19 +262,77 @@ TEST_CASE("out-of-range values") {
   CHECK(error_of(base + "lora: {target_modules: []}\n") ==
         "configs/x.yaml:3: lora.target_modules: expected a non-empty list of module names such as [q_proj, "
         "v_proj], got a list");
-  CHECK(error_of(base + "lr: 0\n") == "configs/x.yaml:3: lr: expected a number > 0, got \"0\"");
-  CHECK(error_of(base + "seq_len: 0\n") == "configs/x.yaml:3: seq_len: expected an integer > 0, got \"0\"");
+  CHECK(error_of(base + "lr: 0\n") == "configs/x.yaml:3: lr: expected a number in (0, 10], got \"0\"");
+  CHECK(error_of(base + "seq_len: 0\n") == "configs/x.yaml:3: seq_len: expected an integer in [1, 1048576], got \"0\"");
   CHECK(error_of(base + "micro_batch_size: 0\n") ==
-        "configs/x.yaml:3: micro_batch_size: expected an integer > 0, got \"0\"");
+        "configs/x.yaml:3: micro_batch_size: expected an integer in [1, 65536], got \"0\"");
   CHECK(error_of(base + "grad_accum_steps: -1\n") ==
-        "configs/x.yaml:3: grad_accum_steps: expected an integer > 0, got \"-1\"");
+        "configs/x.yaml:3: grad_accum_steps: expected an integer in [1, 65536], got \"-1\"");
   CHECK(error_of(base + "min_lr_ratio: 1.5\n") ==
         "configs/x.yaml:3: min_lr_ratio: expected a number in [0, 1], got \"1.5\"");
   CHECK(error_of(base + "generate: {top_p: 0}\n") ==
         "configs/x.yaml:3: generate.top_p: expected a number in (0, 1], got \"0\"");
-  CHECK(error_of(base + "log_every: 0\n") == "configs/x.yaml:3: log_every: expected an integer > 0, got \"0\"");
+  CHECK(error_of(base + "log_every: 0\n") == "configs/x.yaml:3: log_every: expected an integer in [1, 1000000000], got \"0\"");
   CHECK(error_of(kMinimal, {"lora.r=0"}) ==
-        "configs/x.yaml (--set lora.r=0): lora.r: expected an integer > 0, got \"0\"");
+        "configs/x.yaml (--set lora.r=0): lora.r: expected an integer in [1, 65536], got \"0\"");
+}
+
+TEST_CASE("every integer has an upper bound, every number is finite, from YAML and --set alike") {
+  std::string base = std::string(kMinimal);
+  // Each of these once overflowed a size product downstream (2^62 x 8 bytes = 0).
+  CHECK(error_of(kMinimal, {"lora.r=4611686018427387904"}) ==
+        "configs/x.yaml (--set lora.r=4611686018427387904): lora.r: expected an integer in [1, 65536], got "
+        "\"4611686018427387904\"");
+  CHECK(error_of(kMinimal, {"micro_batch_size=4611686018427387904"}) ==
+        "configs/x.yaml (--set micro_batch_size=4611686018427387904): micro_batch_size: expected an integer in "
+        "[1, 65536], got \"4611686018427387904\"");
+  CHECK(error_of(kMinimal, {"seq_len=1048577"}) ==
+        "configs/x.yaml (--set seq_len=1048577): seq_len: expected an integer in [1, 1048576], got \"1048577\"");
+  CHECK(error_of(kMinimal, {"epochs=4611686018427387904"}) ==
+        "configs/x.yaml (--set epochs=4611686018427387904): epochs: expected an integer in [0, 1000000], got "
+        "\"4611686018427387904\"");
+  CHECK(error_of(kMinimal, {"grad_accum_steps=65537"}) ==
+        "configs/x.yaml (--set grad_accum_steps=65537): grad_accum_steps: expected an integer in [1, 65536], got "
+        "\"65537\"");
+  CHECK(error_of(base + "max_steps: 99999999999999999999\n") ==
+        "configs/x.yaml:3: max_steps: expected an integer in [0, 1000000000], got \"99999999999999999999\"");
+  CHECK(error_of(base + "max_bad_steps: 0\n") ==
+        "configs/x.yaml:3: max_bad_steps: expected an integer in [1, 1000000], got \"0\"");
+  // The largest values are accepted, and their products fit.
+  TrainConfig largest = parse(kMinimal, {"lora.r=65536", "micro_batch_size=65536", "seq_len=1048576",
+                                         "grad_accum_steps=65536", "epochs=1000000", "max_bad_steps=1000000"});
+  CHECK(largest.lora.r == 65536);
+  CHECK(largest.max_bad_steps == 1000000);
+  CHECK(parse(kMinimal).max_bad_steps == 3);
+
+  CHECK(error_of(base + "lr: .inf\n") == "configs/x.yaml:3: lr: expected a finite number, got \".inf\"");
+  CHECK(error_of(kMinimal, {"lr=.inf"}) == "configs/x.yaml (--set lr=.inf): lr: expected a finite number, got \".inf\"");
+  CHECK(error_of(base + "lr: inf\n") == "configs/x.yaml:3: lr: expected a finite number, got \"inf\"");
+  CHECK(error_of(base + "lr: nan\n") == "configs/x.yaml:3: lr: expected a finite number, got \"nan\"");
+  CHECK(error_of(base + "lr: 1e999\n") == "configs/x.yaml:3: lr: expected a finite number, got \"1e999\"");
+  CHECK(error_of(base + "lr: 1e30\n") == "configs/x.yaml:3: lr: expected a number in (0, 10], got \"1e30\"");
+  CHECK(error_of(base + "weight_decay: 1e30\n") ==
+        "configs/x.yaml:3: weight_decay: expected a number in [0, 10], got \"1e30\"");
+  CHECK(error_of(base + "max_grad_norm: inf\n") ==
+        "configs/x.yaml:3: max_grad_norm: expected a finite number, got \"inf\"");
+  CHECK(error_of(base + "lora: {lora_alpha: 1e7}\n") ==
+        "configs/x.yaml:3: lora.lora_alpha: expected a number in (0, 1e6], got \"1e7\"");
+  CHECK(error_of(base + "lora: {lora_dropout: nan}\n") ==
+        "configs/x.yaml:3: lora.lora_dropout: expected a finite number, got \"nan\"");
+  CHECK(error_of(base + "generate: {temperature: 1000}\n") ==
+        "configs/x.yaml:3: generate.temperature: expected a number in [0, 100] (0 = greedy), got \"1000\"");
+}
+
+TEST_CASE("checked_mul refuses products that leave int64_t and negative factors") {
+  CHECK(checked_mul(65536, 1048576) == int64_t(1) << 36);
+  CHECK(checked_mul(0, INT64_MAX) == 0);
+  CHECK_THROWS_WITH_AS(checked_mul(int64_t(1) << 62, 8), "size 4611686018427387904 x 8 overflows a 64-bit count",
+                       Error);
+  CHECK_THROWS_WITH_AS(checked_mul(-1, 8), "size -1 x 8 is negative", Error);
+  CHECK_THROWS_AS(shape_numel({int64_t(1) << 40, int64_t(1) << 40}), Error);
+  HostAllocator host;  // 2^61 floats are 2^63 bytes: refused before allocating, not wrapped to a small size
+  CHECK_THROWS_WITH_AS(Tensor::empty({int64_t(1) << 61}, DType::f32, host, MemCategory::workspace),
+                       "size 2305843009213693952 x 4 overflows a 64-bit count", Error);
 }
 
 TEST_CASE("rules across fields, required fields, and malformed input") {
@@ -299,7 +359,7 @@ TEST_CASE("the key list matches the fields configs/README.md documents") {
   REQUIRE(readme.good());
   std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
   std::vector<std::string> keys = train_config_keys();
-  CHECK(keys.size() == 43);
+  CHECK(keys.size() == 44);
   for (const std::string& key : keys) {
     CAPTURE(key);
     CHECK(text.find("`" + key + "`") != std::string::npos);

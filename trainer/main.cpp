@@ -1,6 +1,8 @@
 // finetune CONFIG.yaml [--set key=value]... [--resume]
 // finetune plan CONFIG.yaml [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--set key=value]...
-// Every user-caused problem is an ft::Error: printed, exit status 1.
+// Every user-caused problem is an ft::Error: printed, exit status 1. SIGINT or
+// SIGTERM during training saves a checkpoint at the next step boundary and
+// exits with 128 + the signal (130, 143); --resume continues from it.
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -17,6 +19,7 @@ const char* kUsage =
     "usage: finetune CONFIG.yaml [--set key=value]... [--resume]\n"
     "  --set key=value  override a config field (dotted keys: lora.r=16); repeatable\n"
     "  --resume         continue from output_dir/train_state.safetensors\n"
+    "  SIGINT/SIGTERM (Ctrl-C) save a checkpoint at the next step and exit; a second one stops at once\n"
     "usage: finetune plan CONFIG.yaml [--gpu-mem 24GiB] [--device cuda|cpu] [--context-reserve 0.75GiB]\n"
     "                     [--set key=value]...\n"
     "  plans one training step's memory on the meta device (no weights read) and\n"
@@ -76,8 +79,7 @@ int run(int argc, char** argv) {
     }
   }
   FT_CHECK(!config_path.empty(), "no config file given\n", kUsage);
-  ft::run_training(ft::load_train_config(config_path, overrides), options);
-  return 0;
+  return ft::run_training(ft::load_train_config(config_path, overrides), options);
 }
 
 }  // namespace

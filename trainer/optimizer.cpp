@@ -39,6 +39,7 @@ double AdamW::step(double lr) {
   std::vector<const Tensor*> grads;
   for (Parameter* p : parameters_) grads.push_back(&p->grad);
   const double grad_norm = std::sqrt(backend_.sum_squares_many(grads));
+  if (!std::isfinite(grad_norm)) return grad_norm;  // a NaN/Inf gradient would poison every weight and moment
   double grad_scale = 1.0;
   // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when above.
   if (options_.max_grad_norm > 0 && grad_norm > options_.max_grad_norm)

@@ -25,6 +25,7 @@ class AdamW {
 
   // Clips all gradients to max_grad_norm (one global norm), applies one update
   // with learning rate lr, and returns the global gradient norm before clipping.
+  // A non-finite norm (a NaN or Inf gradient) is returned without any update.
   double step(double lr);
 
   Backend& backend() { return backend_; }

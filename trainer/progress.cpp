@@ -1,8 +1,12 @@
 #include "trainer/progress.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 
 #include "kernels/error.h"
@@ -34,19 +38,38 @@ std::string format_duration(double seconds) {
 }
 
 Progress::Progress(const std::string& metrics_path, int64_t total_steps, int64_t first_step, int64_t log_every)
-    : metrics_(metrics_path, std::ios::app),
+    : metrics_path_(metrics_path),
+      metrics_fd_(::open(metrics_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644)),
       total_steps_(total_steps),
       first_step_(first_step),
       log_every_(log_every > 0 ? log_every : 1),
       is_terminal_(isatty(STDOUT_FILENO)),
       start_(std::chrono::steady_clock::now()),
       last_step_(start_) {
-  FT_CHECK(metrics_, metrics_path, ": cannot open for appending");
+  FT_CHECK(metrics_fd_ >= 0, metrics_path, ": cannot open for appending (", std::strerror(errno), ")");
+}
+
+Progress::~Progress() {
+  if (!unwritten_rows_.empty())
+    std::cerr << "warning: " << metrics_path_ << ": " << std::count(unwritten_rows_.begin(), unwritten_rows_.end(), '\n')
+              << " metrics rows could not be written\n";
+  ::close(metrics_fd_);
 }
 
 void Progress::write_metrics(const nlohmann::json& row) {
-  metrics_ << row.dump() << "\n";
-  metrics_.flush();
+  unwritten_rows_ += row.dump() + "\n";
+  while (!unwritten_rows_.empty()) {
+    const ssize_t written = ::write(metrics_fd_, unwritten_rows_.data(), unwritten_rows_.size());
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) {
+      if (!warned_write_failure_)
+        std::cerr << "warning: " << metrics_path_ << ": cannot write a metrics row (" << std::strerror(errno)
+                  << "); kept in memory and retried with each later row\n";
+      warned_write_failure_ = true;
+      return;
+    }
+    unwritten_rows_.erase(0, size_t(written));
+  }
 }
 
 std::string Progress::format_bar(const StepReport& report, double tokens_per_s, double elapsed_s) const {
@@ -76,9 +99,11 @@ void Progress::on_step(const StepReport& report) {
   last_step_ = now;
   tokens_since_start_ += report.tokens;
   const double tokens_per_s = elapsed_s > 0 ? double(tokens_since_start_) / elapsed_s : 0.0;
-  write_metrics({{"step", report.step}, {"loss", report.loss}, {"lr", report.lr}, {"grad_norm", report.grad_norm},
-                 {"tokens", report.tokens}, {"step_s", step_s}, {"tokens_per_s", tokens_per_s},
-                 {"peak_memory_bytes", report.peak_memory_bytes}});
+  nlohmann::json row = {{"step", report.step}, {"loss", report.loss}, {"lr", report.lr}, {"grad_norm", report.grad_norm},
+                        {"tokens", report.tokens}, {"step_s", step_s}, {"tokens_per_s", tokens_per_s},
+                        {"peak_memory_bytes", report.peak_memory_bytes}};
+  if (report.update_skipped) row["update_skipped"] = true;  // loss or grad_norm is null (NaN or Inf)
+  write_metrics(row);
   const bool last = report.step == total_steps_;
   if (is_terminal_) {
     std::cout << "\r\033[K" << format_bar(report, tokens_per_s, elapsed_s) << std::flush;

@@ -4,7 +4,6 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -18,11 +17,15 @@ struct StepReport {
   double grad_norm = 0.0;
   int64_t tokens = 0;  // tokens processed in this step
   size_t peak_memory_bytes = 0;
+  bool update_skipped = false;  // the loss or gradient norm was not finite: no optimizer update
 };
 
 class Progress {
  public:
   Progress(const std::string& metrics_path, int64_t total_steps, int64_t first_step, int64_t log_every);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
   // Starts the clocks for elapsed time, tokens/s and ETA (after the
   // evaluation that precedes training, so it does not count as step time).
   void start();
@@ -36,7 +39,11 @@ class Progress {
   void write_metrics(const nlohmann::json& row);
   std::string format_bar(const StepReport& report, double tokens_per_s, double elapsed_s) const;
 
-  std::ofstream metrics_;
+  // metrics.jsonl rows not yet written: a failed write (a full disk for a
+  // moment) warns once and keeps its rows here, and the next row retries them.
+  std::string metrics_path_, unwritten_rows_;
+  int metrics_fd_ = -1;
+  bool warned_write_failure_ = false;
   int64_t total_steps_, first_step_, log_every_;
   bool is_terminal_;
   bool bar_drawn_ = false;

@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <charconv>
+#include <climits>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 
+#include "kernels/checked_mul.h"
 #include "kernels/error.h"
 #include "tokenizer/tokenizer.h"
 
@@ -72,19 +75,23 @@ struct Value {
     return node.Scalar();
   }
 
-  // std::from_chars over the whole text: no hex, no octal, no trailing junk.
+  // std::from_chars over the whole text: no hex, no octal, no trailing junk;
+  // never inf or nan (a run with them trains on garbage).
   double number() const {
-    const std::string& text = scalar("a number");
+    const std::string& text = scalar("a finite number");
     double value = 0;
     auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-    require(error == std::errc() && end == text.data() + text.size(), "a number");
+    require(error == std::errc() && end == text.data() + text.size() && std::isfinite(value), "a finite number");
     return value;
   }
-  int64_t integer() const {
-    const std::string& text = scalar("an integer");
+  // Every integer field has an upper bound (configs/README.md), checked here
+  // before any arithmetic uses the value.
+  int64_t integer_in(int64_t low, int64_t high) const {
+    const std::string expected = "an integer in [" + std::to_string(low) + ", " + std::to_string(high) + "]";
+    const std::string& text = scalar(expected.c_str());
     int64_t value = 0;
     auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-    require(error == std::errc() && end == text.data() + text.size(), "an integer");
+    require(error == std::errc() && end == text.data() + text.size() && value >= low && value <= high, expected);
     return value;
   }
   bool boolean() const {
@@ -124,6 +131,21 @@ struct Value {
 // ---------------------------------------------------------------------------
 // The schema: every leaf key with its setter and range check, in README order.
 
+// Upper bounds of the fields (configs/README.md): far above any real run,
+// low enough that products of them (tokens per step, steps per run) stay
+// exact in int64_t and every size is checked before it is allocated.
+constexpr int64_t kMaxLoraRank = int64_t(1) << 16;
+constexpr int64_t kMaxSeqLen = int64_t(1) << 20;
+constexpr int64_t kMaxBatch = int64_t(1) << 16;
+constexpr int64_t kMaxTokens = int64_t(1) << 30;
+constexpr int64_t kMaxSteps = 1'000'000'000;
+constexpr int64_t kMaxEpochs = 1'000'000;
+constexpr int64_t kMaxExamples = 1'000'000;
+constexpr int64_t kMaxBadSteps = 1'000'000;
+constexpr double kMaxLr = 10.0;
+constexpr double kMaxScale = 1e6;
+constexpr double kMaxTemperature = 100.0;
+
 struct Field {
   const char* key;
   void (*set)(TrainConfig& c, const Value& v);
@@ -134,15 +156,11 @@ const Field kFields[] = {
     {"tokenizer", [](TrainConfig& c, const Value& v) { c.tokenizer = v.path(); }},
     {"init", [](TrainConfig& c, const Value& v) { c.init = v.choice(kInitModes); }},
     {"trainable", [](TrainConfig& c, const Value& v) { c.trainable = v.choice(kTrainables); }},
-    {"lora.r",
-     [](TrainConfig& c, const Value& v) {
-       c.lora.r = v.integer();
-       v.require(c.lora.r > 0, "an integer > 0");
-     }},
+    {"lora.r", [](TrainConfig& c, const Value& v) { c.lora.r = v.integer_in(1, kMaxLoraRank); }},
     {"lora.lora_alpha",
      [](TrainConfig& c, const Value& v) {
        c.lora.lora_alpha = v.number();
-       v.require(c.lora.lora_alpha > 0, "a number > 0");
+       v.require(c.lora.lora_alpha > 0 && c.lora.lora_alpha <= kMaxScale, "a number in (0, 1e6]");
      }},
     {"lora.lora_dropout",
      [](TrainConfig& c, const Value& v) {
@@ -159,7 +177,7 @@ const Field kFields[] = {
     {"quantization.threshold",
      [](TrainConfig& c, const Value& v) {
        c.quantization.threshold = v.number();
-       v.require(c.quantization.threshold >= 0, "a number >= 0");
+       v.require(c.quantization.threshold >= 0 && c.quantization.threshold <= kMaxScale, "a number in [0, 1e6]");
      }},
     {"quantization.save_base", [](TrainConfig& c, const Value& v) { c.quantization.save_base = v.path(); }},
     {"precision", [](TrainConfig& c, const Value& v) { c.precision = v.choice(kPrecisions); }},
@@ -168,38 +186,18 @@ const Field kFields[] = {
     {"data.eval", [](TrainConfig& c, const Value& v) { c.data.eval = v.path(); }},
     {"data.format", [](TrainConfig& c, const Value& v) { c.data.format = v.choice(kFormats); }},
     {"data.packing", [](TrainConfig& c, const Value& v) { c.data.packing = v.boolean(); }},
-    {"seq_len",
-     [](TrainConfig& c, const Value& v) {
-       c.seq_len = v.integer();
-       v.require(c.seq_len > 0, "an integer > 0");
-     }},
-    {"micro_batch_size",
-     [](TrainConfig& c, const Value& v) {
-       c.micro_batch_size = v.integer();
-       v.require(c.micro_batch_size > 0, "an integer > 0");
-     }},
-    {"grad_accum_steps",
-     [](TrainConfig& c, const Value& v) {
-       c.grad_accum_steps = v.integer();
-       v.require(c.grad_accum_steps > 0, "an integer > 0");
-     }},
+    {"seq_len", [](TrainConfig& c, const Value& v) { c.seq_len = v.integer_in(1, kMaxSeqLen); }},
+    {"micro_batch_size", [](TrainConfig& c, const Value& v) { c.micro_batch_size = v.integer_in(1, kMaxBatch); }},
+    {"grad_accum_steps", [](TrainConfig& c, const Value& v) { c.grad_accum_steps = v.integer_in(1, kMaxBatch); }},
     {"lr",
      [](TrainConfig& c, const Value& v) {
        c.lr = v.number();
-       v.require(c.lr > 0, "a number > 0");
+       v.require(c.lr > 0 && c.lr <= kMaxLr, "a number in (0, 10]");
      }},
     {"activation_checkpointing",
      [](TrainConfig& c, const Value& v) { c.activation_checkpointing = v.choice(kCheckpointings); }},
-    {"loss_chunk_tokens",
-     [](TrainConfig& c, const Value& v) {
-       c.loss_chunk_tokens = v.integer();
-       v.require(c.loss_chunk_tokens >= 0, "an integer >= 0");
-     }},
-    {"warmup_steps",
-     [](TrainConfig& c, const Value& v) {
-       c.warmup_steps = v.integer();
-       v.require(c.warmup_steps >= 0, "an integer >= 0");
-     }},
+    {"loss_chunk_tokens", [](TrainConfig& c, const Value& v) { c.loss_chunk_tokens = v.integer_in(0, kMaxTokens); }},
+    {"warmup_steps", [](TrainConfig& c, const Value& v) { c.warmup_steps = v.integer_in(0, kMaxSteps); }},
     {"schedule", [](TrainConfig& c, const Value& v) { c.schedule = v.choice(kSchedules); }},
     {"min_lr_ratio",
      [](TrainConfig& c, const Value& v) {
@@ -209,80 +207,44 @@ const Field kFields[] = {
     {"weight_decay",
      [](TrainConfig& c, const Value& v) {
        c.weight_decay = v.number();
-       v.require(c.weight_decay >= 0, "a number >= 0");
+       v.require(c.weight_decay >= 0 && c.weight_decay <= kMaxLr, "a number in [0, 10]");
      }},
     {"max_grad_norm",
      [](TrainConfig& c, const Value& v) {
        c.max_grad_norm = v.number();
-       v.require(c.max_grad_norm >= 0, "a number >= 0");
+       v.require(c.max_grad_norm >= 0 && c.max_grad_norm <= kMaxScale, "a number in [0, 1e6] (0 = no clipping)");
      }},
-    {"max_steps",
-     [](TrainConfig& c, const Value& v) {
-       c.max_steps = v.integer();
-       v.require(c.max_steps >= 0, "an integer >= 0");
-     }},
-    {"epochs",
-     [](TrainConfig& c, const Value& v) {
-       c.epochs = v.integer();
-       v.require(c.epochs >= 0, "an integer >= 0");
-     }},
-    {"eval_every",
-     [](TrainConfig& c, const Value& v) {
-       c.eval_every = v.integer();
-       v.require(c.eval_every >= 0, "an integer >= 0");
-     }},
-    {"eval_batches",
-     [](TrainConfig& c, const Value& v) {
-       c.eval_batches = v.integer();
-       v.require(c.eval_batches >= 0, "an integer >= 0");
-     }},
-    {"save_every",
-     [](TrainConfig& c, const Value& v) {
-       c.save_every = v.integer();
-       v.require(c.save_every >= 0, "an integer >= 0");
-     }},
-    {"log_every",
-     [](TrainConfig& c, const Value& v) {
-       c.log_every = v.integer();
-       v.require(c.log_every > 0, "an integer > 0");
-     }},
+    {"max_steps", [](TrainConfig& c, const Value& v) { c.max_steps = v.integer_in(0, kMaxSteps); }},
+    {"epochs", [](TrainConfig& c, const Value& v) { c.epochs = v.integer_in(0, kMaxEpochs); }},
+    {"max_bad_steps",
+     [](TrainConfig& c, const Value& v) { c.max_bad_steps = v.integer_in(1, kMaxBadSteps); }},
+    {"eval_every", [](TrainConfig& c, const Value& v) { c.eval_every = v.integer_in(0, kMaxSteps); }},
+    {"eval_batches", [](TrainConfig& c, const Value& v) { c.eval_batches = v.integer_in(0, kMaxSteps); }},
+    {"save_every", [](TrainConfig& c, const Value& v) { c.save_every = v.integer_in(0, kMaxSteps); }},
+    {"log_every", [](TrainConfig& c, const Value& v) { c.log_every = v.integer_in(1, kMaxSteps); }},
     {"seed",
      [](TrainConfig& c, const Value& v) {
-       int64_t seed = v.integer();
-       v.require(seed >= 0, "an integer >= 0");
-       c.seed = uint64_t(seed);
+       c.seed = uint64_t(v.integer_in(0, INT64_MAX));
      }},
     {"output_dir",
      [](TrainConfig& c, const Value& v) {
        c.output_dir = v.path();
        v.require(!c.output_dir.empty(), "a directory path");
      }},
-    {"generate.max_new_tokens",
-     [](TrainConfig& c, const Value& v) {
-       c.generate.max_new_tokens = v.integer();
-       v.require(c.generate.max_new_tokens >= 0, "an integer >= 0");
-     }},
+    {"generate.max_new_tokens", [](TrainConfig& c, const Value& v) { c.generate.max_new_tokens = v.integer_in(0, kMaxSeqLen); }},
     {"generate.temperature",
      [](TrainConfig& c, const Value& v) {
        c.generate.temperature = v.number();
-       v.require(c.generate.temperature >= 0, "a number >= 0 (0 = greedy)");
+       v.require(c.generate.temperature >= 0 && c.generate.temperature <= kMaxTemperature, "a number in [0, 100] (0 = greedy)");
      }},
     {"generate.top_p",
      [](TrainConfig& c, const Value& v) {
        c.generate.top_p = v.number();
        v.require(c.generate.top_p > 0 && c.generate.top_p <= 1, "a number in (0, 1]");
      }},
-    {"generate.num_samples",
-     [](TrainConfig& c, const Value& v) {
-       c.generate.num_samples = v.integer();
-       v.require(c.generate.num_samples >= 0, "an integer >= 0");
-     }},
+    {"generate.num_samples", [](TrainConfig& c, const Value& v) { c.generate.num_samples = v.integer_in(0, kMaxExamples); }},
     {"task_metric", [](TrainConfig& c, const Value& v) { c.task_metric = v.choice(kTaskMetrics); }},
-    {"metric_examples",
-     [](TrainConfig& c, const Value& v) {
-       c.metric_examples = v.integer();
-       v.require(c.metric_examples > 0, "an integer > 0");
-     }},
+    {"metric_examples", [](TrainConfig& c, const Value& v) { c.metric_examples = v.integer_in(1, kMaxExamples); }},
 };
 
 const Field* find_field(const std::string& key) {
@@ -386,6 +348,7 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(!c.model.empty(), f, ": model: required (a Hugging Face checkpoint folder)");
   FT_CHECK(!c.data.train.empty(), f, ": data.train: required (a JSONL file)");
   FT_CHECK(c.max_steps > 0 || c.epochs > 0, f, ": max_steps and epochs are both 0; set one of them > 0");
+  checked_mul(checked_mul(c.micro_batch_size, c.seq_len), c.grad_accum_steps);  // tokens per optimizer step
   FT_CHECK(!(c.trainable == Trainable::all && c.quantization.mode == QuantMode::int8), f,
            ": trainable: all needs quantization.mode: none (INT8 base weights are frozen)");
   FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode == QuantMode::int8, f,

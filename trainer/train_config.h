@@ -69,6 +69,7 @@ struct TrainConfig {
   double max_grad_norm = 1.0;  // 0 disables clipping
   int64_t max_steps = 0;       // optimizer steps; 0 = use epochs
   int64_t epochs = 1;
+  int64_t max_bad_steps = 3;  // consecutive steps with a non-finite loss or gradient before the run stops
   int64_t eval_every = 0;    // optimizer steps; 0 = only at start and end
   int64_t eval_batches = 0;  // 0 = whole eval set
   int64_t save_every = 0;    // optimizer steps; 0 = only at end

@@ -1,6 +1,7 @@
 #include "trainer/trainer.h"
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <sstream>
 
+#include "kernels/checked_mul.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/dropout_hash.h"
@@ -179,7 +181,7 @@ void make_data(Run& run) {
   run.train = make_loader(run, config.data.train, "train", nullptr);
   if (!config.data.eval.empty()) run.eval = make_loader(run, config.data.eval, "eval", &run.eval_examples);
   const int64_t steps_per_epoch = (run.train->batches_per_epoch() + config.grad_accum_steps - 1) / config.grad_accum_steps;
-  run.total_steps = config.max_steps > 0 ? config.max_steps : config.epochs * steps_per_epoch;
+  run.total_steps = config.max_steps > 0 ? config.max_steps : checked_mul(config.epochs, steps_per_epoch);
   run.schedule = LrSchedule{enum_name(config.schedule), config.lr, config.warmup_steps, run.total_steps,
                             config.min_lr_ratio};
 }
@@ -206,16 +208,67 @@ StepReport train_step(Run& run, int64_t step) {
     const Batch& batch = batches[i];
     report.tokens += batch.input_ids.numel();
     if (batch.counted_tokens == 0) continue;
-    const int64_t micro_batch = step * run.config.grad_accum_steps + int64_t(i);
+    const int64_t micro_batch = checked_mul(step, run.config.grad_accum_steps) + int64_t(i);
     run.model->set_dropout_seed(splitmix64(run.config.seed, uint64_t(micro_batch)));  // one seed per micro-batch
     const float share = float(batch.counted_tokens) / float(counted);
     loss_sum += double(run.model->forward_backward(batch.input_ids, batch.targets, share)) * double(batch.counted_tokens);
   }
   report.loss = counted ? loss_sum / double(counted) : 0.0;
   report.lr = run.schedule.lr_at(step);
-  report.grad_norm = counted ? run.optimizer->step(report.lr) : 0.0;
+  // AdamW leaves every weight and moment as it was when the norm is not finite.
+  const bool loss_finite = std::isfinite(report.loss);
+  report.grad_norm = !counted ? 0.0 : loss_finite ? run.optimizer->step(report.lr) : std::nan("");
+  report.update_skipped = !loss_finite || !std::isfinite(report.grad_norm);
   report.peak_memory_bytes = run.tracker->stats().total_peak_bytes;
   return report;
+}
+
+bool all_finite(Run& run, const Tensor& tensor) {
+  Tensor host = Tensor::empty(tensor.shape, DType::f32, run.host, MemCategory::workspace);
+  run.backend->copy(host, tensor);
+  const float* values = host.ptr<float>();
+  for (int64_t i = 0; i < host.numel(); ++i)
+    if (!std::isfinite(values[i])) return false;
+  return true;
+}
+
+// Says what went wrong in a step whose update was skipped, and stops the run
+// after max_bad_steps such steps in a row. Returns the new count in a row.
+int64_t on_bad_step(Run& run, const StepReport& report, int64_t bad_in_a_row, Progress& progress) {
+  std::string offender = "none of the gradients holds one";
+  for (Parameter* p : run.optimizer->parameters())
+    if (!all_finite(run, p->grad)) {
+      offender = "the first is the gradient of " + p->name;
+      break;
+    }
+  bad_in_a_row += 1;
+  std::ostringstream text;
+  text << "step " << report.step << ": loss " << report.loss << ", gradient norm " << report.grad_norm
+       << ": not finite, optimizer step skipped (" << offender << "); " << bad_in_a_row << " of max_bad_steps "
+       << run.config.max_bad_steps << " in a row";
+  progress.message(text.str());
+  FT_CHECK(bad_in_a_row < run.config.max_bad_steps, "training diverged: ", bad_in_a_row,
+           " steps in a row with a non-finite loss or gradient norm (max_bad_steps: ", run.config.max_bad_steps,
+           ", ", run.config.source, "); the last step ended at ", report.step, " (", offender,
+           "); nothing more was saved. Lower lr, or check the data and the base model");
+  return bad_in_a_row;
+}
+
+// Nothing holding a NaN or Inf is ever written: an adapter or a training state
+// is checked, every trainable value and moment, before its file is opened.
+void check_finite_before_save(Run& run, const std::string& path) {
+  for (size_t i = 0; i < run.optimizer->parameters().size(); ++i) {
+    const Parameter& p = *run.optimizer->parameters()[i];
+    const bool finite = all_finite(run, p.value) && all_finite(run, run.optimizer->master(i)) &&
+                        all_finite(run, run.optimizer->first_moment(i)) &&
+                        all_finite(run, run.optimizer->second_moment(i));
+    FT_CHECK(finite, path, ": not written: ", p.name, " or its optimizer state holds a non-finite value (NaN or Inf)");
+  }
+}
+
+void save_state(Run& run, const std::string& path, int64_t step) {
+  check_finite_before_save(run, path);
+  save_train_state(path, *run.optimizer, {step, run.train->position()});
 }
 
 struct EvalFigures {
@@ -301,6 +354,7 @@ void save_full_model(Run& run, const std::string& folder) {
 
 void save_outputs(Run& run) {
   const TrainConfig& config = run.config;
+  check_finite_before_save(run, path_in(config.output_dir, config.trainable == Trainable::all ? "model" : "adapter"));
   if (config.trainable == Trainable::all) {
     save_full_model(run, path_in(config.output_dir, "model"));
     std::cout << "model: " << path_in(config.output_dir, "model") << "\n";
@@ -335,9 +389,33 @@ std::string describe_change(double before, double after) {
   return text.str();
 }
 
+// SIGINT or SIGTERM during training: the run saves a checkpoint at the next
+// step boundary and ends. SA_RESETHAND: a second signal acts as it normally would.
+volatile std::sig_atomic_t stop_signal = 0;
+
+void on_stop_signal(int signal) { stop_signal = signal; }
+
+struct StopOnSignals {
+  struct sigaction previous_int {}, previous_term {};
+  StopOnSignals() {
+    stop_signal = 0;
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    action.sa_flags = SA_RESTART | SA_RESETHAND;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, &previous_int);
+    sigaction(SIGTERM, &action, &previous_term);
+  }
+  ~StopOnSignals() {
+    sigaction(SIGINT, &previous_int, nullptr);
+    sigaction(SIGTERM, &previous_term, nullptr);
+  }
+};
+
 }  // namespace
 
-void run_training(const TrainConfig& config, const RunOptions& options) {
+int run_training(const TrainConfig& config, const RunOptions& options) {
+  StopOnSignals stop_on_signals;
   Run run(config);
   fs::create_directories(config.output_dir);
   make_backend(run);
@@ -367,15 +445,24 @@ void run_training(const TrainConfig& config, const RunOptions& options) {
   EvalFigures before;
   if (!options.resume) before = evaluate(run, 0, progress, "before training");
   progress.start();
+  int64_t bad_in_a_row = 0;
   for (int64_t step = resumed.step; step < run.total_steps; ++step) {
-    progress.on_step(train_step(run, step));
+    const StepReport report = train_step(run, step);
+    progress.on_step(report);
+    bad_in_a_row = report.update_skipped ? on_bad_step(run, report, bad_in_a_row, progress) : 0;
     const bool last = step + 1 == run.total_steps;
-    if (config.save_every > 0 && (step + 1) % config.save_every == 0 && !last)
-      save_train_state(state_path, *run.optimizer, {step + 1, run.train->position()});
+    if (config.save_every > 0 && (step + 1) % config.save_every == 0 && !last) save_state(run, state_path, step + 1);
     if (config.eval_every > 0 && (step + 1) % config.eval_every == 0 && !last) evaluate(run, step + 1, progress, "during training");
+    if (stop_signal != 0 && !last) {
+      save_state(run, state_path, step + 1);
+      progress.finish();
+      std::cout << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << ": stopped after step " << step + 1
+                << "; checkpoint saved to " << state_path << "; continue with --resume\n";
+      return 128 + stop_signal;
+    }
   }
   progress.finish();
-  save_train_state(state_path, *run.optimizer, {run.total_steps, run.train->position()});
+  save_state(run, state_path, run.total_steps);
   EvalFigures after = evaluate(run, run.total_steps, progress, "after training");
   if (run.eval && !options.resume) {
     std::cout << "eval loss " << describe_change(before.loss.loss, after.loss.loss) << "\n";
@@ -387,6 +474,7 @@ void run_training(const TrainConfig& config, const RunOptions& options) {
   print_samples(run, progress);
   save_outputs(run);
   std::cout << "metrics: " << metrics_path << "\n";
+  return 0;
 }
 
 }  // namespace ft

@@ -31,6 +31,8 @@ struct RunOptions {
   bool resume = false;  // continue from output_dir/train_state.safetensors
 };
 
-void run_training(const TrainConfig& config, const RunOptions& options);
+// Returns the exit status: 0, or 128 + the signal when SIGINT or SIGTERM
+// stopped the run at a step boundary after saving a checkpoint to resume from.
+int run_training(const TrainConfig& config, const RunOptions& options);
 
 }  // namespace ft

@@ -1,0 +1,43 @@
+// Progress's metrics.jsonl writer: a failed write (here the file-size limit,
+// as a full disk would) warns once, keeps the rows, and writes them all with
+// the next row that fits, in order.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "trainer/progress.h"
+
+namespace fs = std::filesystem;
+
+TEST_CASE("rows whose write failed are kept and written, in order, by the next write that succeeds") {
+  const fs::path path = fs::path(FT_BINARY_DIR) / "progress_metrics.jsonl";
+  fs::remove(path);
+  rlimit saved{};
+  REQUIRE(getrlimit(RLIMIT_FSIZE, &saved) == 0);
+  signal(SIGXFSZ, SIG_IGN);  // over the limit, write fails with EFBIG instead of killing the process
+  {
+    ft::Progress progress(path.string(), 4, 0, 1);
+    progress.on_eval(0, {{"eval_loss", 1.0}});
+    const size_t first_row_bytes = fs::file_size(path);
+    rlimit tight = saved;
+    tight.rlim_cur = first_row_bytes;  // no room for another byte
+    REQUIRE(setrlimit(RLIMIT_FSIZE, &tight) == 0);
+    progress.on_eval(1, {{"eval_loss", 2.0}});
+    progress.on_eval(2, {{"eval_loss", 3.0}});
+    CHECK(fs::file_size(path) == first_row_bytes);
+    REQUIRE(setrlimit(RLIMIT_FSIZE, &saved) == 0);
+    progress.on_eval(3, {{"eval_loss", 4.0}});
+  }
+  signal(SIGXFSZ, SIG_DFL);
+  std::ifstream in(path);
+  std::vector<int64_t> steps;
+  std::string line;
+  while (std::getline(in, line)) steps.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
+  CHECK(steps == std::vector<int64_t>{0, 1, 2, 3});
+}
