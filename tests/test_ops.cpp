@@ -16,6 +16,8 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/onednn_gemm.h"
 #include "kernels/error.h"
+#include "tests/host_tensors.h"
+#include "tests/wide_cross_entropy.h"
 
 using namespace ft;
 using Vec = std::vector<double>;
@@ -629,6 +631,28 @@ TEST_CASE("cross entropy: ignored rows, gradient, dlogits aliasing logits") {
 
   Tensor bad_targets = make_i32({0, 1, 2, 3, 4, 5, V});
   CHECK_THROWS_AS(backend.cross_entropy(losses, nullptr, tl, bad_targets, dloss), Error);
+}
+
+TEST_CASE("cross entropy on 50k and 128k vocabularies: within 1e-6 of float64") {
+  for (int64_t vocab : {50257, 128256}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      CAPTURE(vocab);
+      CAPTURE(std::string(dtype_name(dtype)));
+      testing::WideRows w = testing::wide_rows(6, vocab, uint32_t(vocab));
+      Tensor tl = make({w.rows, vocab}, dtype), tt = make_i32(w.targets);
+      for (size_t i = 0; i < w.logits.size(); ++i) store_from_f32(tl.data, dtype, int64_t(i), w.logits[i]);
+      std::vector<float> read(w.logits.size());  // what the kernel reads: bf16 rounds
+      for (size_t i = 0; i < read.size(); ++i) read[i] = load_as_f32(tl.data, dtype, int64_t(i));
+      const float dloss = 1.0f / 4.0f;
+      testing::CrossEntropyF64 want = testing::cross_entropy_f64(read, w.targets, vocab, dloss);
+      Tensor losses = make({w.rows}, DType::f32), dlogits = make({w.rows, vocab}, DType::f32);
+      backend.cross_entropy(losses, dtype == DType::f32 ? &dlogits : nullptr, tl, tt, dloss);
+      CHECK(testing::worst_relative_error(testing::read(losses), want.losses) <= 1e-6);
+      // Each gradient is exp(x - max) / sum with x - max rounded to f32:
+      // 2^-24 * |x - max| relative, < 2^-19 = 1.9e-6 while |x - max| < 64 as here.
+      if (dtype == DType::f32) CHECK(testing::worst_relative_error(testing::read(dlogits), want.dlogits) <= 4e-6);
+    }
+  }
 }
 
 // ---- argument checks ----------------------------------------------------

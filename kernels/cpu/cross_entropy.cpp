@@ -36,13 +36,24 @@ void CpuBackend::cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tenso
       }
       cpu::load_row(row.data(), logits, n * vocab, vocab);
       float max_logit = *std::max_element(row.begin(), row.end());
-      float sum = 0.0f;
-      for (int64_t i = 0; i < vocab; ++i) sum += std::exp(row[i] - max_logit);
-      float lse = max_logit + std::log(sum);
-      loss_out[n] = lse - row[target[n]];
+      float target_logit = row[target[n]];
+      // The exponentials are summed in f64: added one by one to an f32 sum,
+      // the tens of thousands of small terms of a wide vocabulary lose their
+      // low bits against the growing total and the loss comes out low.
+      double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t i = 0; i < vocab; ++i) {
+        row[i] = std::exp(row[i] - max_logit);
+        sum += row[i];
+      }
+      loss_out[n] = float(double(max_logit) - double(target_logit) + std::log(sum));
       if (!dlogits) continue;
-      for (int64_t i = 0; i < vocab; ++i) row[i] = std::exp(row[i] - lse) * dloss;
-      row[target[n]] -= dloss;
+      // The target's (p - 1) * dloss from the sum of the other terms: p * dloss
+      // - dloss in f32 would cancel when p is near 1.
+      float target_grad = float((double(row[target[n]]) - sum) / sum * double(dloss));
+      float scale = float(double(dloss) / sum);
+      for (int64_t i = 0; i < vocab; ++i) row[i] *= scale;
+      row[target[n]] = target_grad;
       cpu::store_row(*dlogits, n * vocab, row.data(), vocab);
     }
   }
