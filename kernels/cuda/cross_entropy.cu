@@ -21,6 +21,7 @@ __global__ void __launch_bounds__(kBlock)
     cross_entropy_kernel(float* losses, cuda::View dlogits, bool write_grad, cuda::ConstView logits,
                          const int32_t* targets, float dloss, int64_t vocab) {
   __shared__ float scratch[32];
+  __shared__ double sum_scratch[32];
   int64_t n = blockIdx.x, row = n * vocab;
   int32_t target = targets[n];
   if (target == kIgnoreIndex) {
@@ -33,17 +34,25 @@ __global__ void __launch_bounds__(kBlock)
   float max_logit = -INFINITY;
   for (int64_t i = threadIdx.x; i < vocab; i += kBlock) max_logit = fmaxf(max_logit, cuda::load(logits, row + i));
   max_logit = cuda::block_max<kBlock>(max_logit, scratch);
-  float sum = 0.0f;
+  // The exponentials are summed in f64 (each thread's share, then the block's):
+  // in f32 the small terms of a wide vocabulary lose their low bits against
+  // the growing total and the loss comes out low. The loss is formed in f64 too.
+  double sum = 0.0;
   for (int64_t i = threadIdx.x; i < vocab; i += kBlock) sum += expf(cuda::load(logits, row + i) - max_logit);
-  float lse = max_logit + logf(cuda::block_sum<kBlock>(sum, scratch));
+  sum = cuda::block_sum<kBlock>(sum, sum_scratch);
   // The target logit is read before the barrier below; only after it does
   // any thread overwrite the row.
-  if (threadIdx.x == 0) losses[n] = valid ? lse - cuda::load(logits, row + target) : NAN;
+  if (threadIdx.x == 0)
+    losses[n] = valid ? float(double(max_logit) - double(cuda::load(logits, row + target)) + log(sum)) : NAN;
   __syncthreads();
   if (!write_grad) return;
+  const float scale = float(double(dloss) / sum);
   for (int64_t i = threadIdx.x; i < vocab; i += kBlock) {
-    float grad = expf(cuda::load(logits, row + i) - lse) * dloss;
-    cuda::store(dlogits, row + i, valid ? grad - (i == target ? dloss : 0.0f) : NAN);
+    float e = expf(cuda::load(logits, row + i) - max_logit);
+    // The target's (p - 1) * dloss from the sum of the other terms: p * dloss
+    // - dloss in f32 would cancel when p is near 1.
+    float grad = i == target ? float((double(e) - sum) / sum * double(dloss)) : e * scale;
+    cuda::store(dlogits, row + i, valid ? grad : NAN);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "tests/emu/cuda_test_util.h"
+#include "tests/wide_cross_entropy.h"
 
 using namespace cuda_test;
 
@@ -273,6 +274,27 @@ TEST_CASE("cuda: cross-entropy with ignored rows, dlogits separate and in place"
     want_all.insert(want_all.end(), want.begin() + N, want.end());
     want_all.insert(want_all.end(), want.begin(), want.begin() + N);
     check_close(got, want_all, {1e-6, dtype == DType::bf16 ? kBf16.rtol : 1e-5});
+  }
+}
+
+TEST_CASE("cuda: cross-entropy on 50k and 128k vocabularies within 1e-6 of float64") {
+  for (int64_t vocab : {50257, 128256}) {
+    CAPTURE(vocab);
+    ft::testing::WideRows w = ft::testing::wide_rows(3, vocab, uint32_t(vocab) + 1);
+    Tensor logits = cpu.empty({w.rows, vocab}, DType::f32, MemCategory::activations);
+    std::memcpy(logits.data, w.logits.data(), w.logits.size() * sizeof(float));
+    const float dloss = 0.5f;
+    ft::testing::CrossEntropyF64 want = ft::testing::cross_entropy_f64(w.logits, w.targets, vocab, dloss);
+    std::vector<float> got = emu_test::same_under_schedules([&] {
+      Tensor losses = device_empty({w.rows}, DType::f32), dlogits = device_empty({w.rows, vocab}, DType::f32);
+      gpu.cross_entropy(losses, &dlogits, to_device(logits), to_device(host_ints(w.targets)), dloss);
+      return values({&losses, &dlogits});
+    });
+    std::vector<float> got_losses(got.begin(), got.begin() + w.rows), got_dlogits(got.begin() + w.rows, got.end());
+    CHECK(ft::testing::worst_relative_error(got_losses, want.losses) <= 1e-6);
+    // As on the CPU: exp(x - max) with x - max rounded to f32 (2^-24 * |x - max|
+    // relative, < 1.9e-6 here), plus expf's 2 ulp on a GPU.
+    CHECK(ft::testing::worst_relative_error(got_dlogits, want.dlogits) <= 4e-6);
   }
 }
 
