@@ -120,7 +120,7 @@ TEST_CASE("tokenisation: bos + prompt + completion + eos, loss on completion and
   REQUIRE(tokenizer.eos_id() == 2);
   CHECK(padding_id(tokenizer) == 3);
   Dataset data{"mem", DataFormat::prompt_completion, {{"Hello", " world"}, {"", "Alice and Bob"}}};
-  TokenizedDataset tokens = tokenize_dataset(data, tokenizer, 64);
+  TokenizedDataset tokens = tokenize_dataset(data, tokenizer, 64, tokenizer.eos_id());
   REQUIRE(tokens.examples.size() == 2);
   // "Hello" -> 118 252 260 260 254, " world" -> 51 44 260 259 (fixture tokenizer).
   CHECK(tokens.examples[0].tokens == concat({{1}, tokenizer.encode("Hello"), tokenizer.encode(" world"), {2}}));
@@ -139,7 +139,7 @@ TEST_CASE("truncation keeps the first seq_len + 1 tokens; prompt-only windows ar
   Dataset data{"mem",
                DataFormat::prompt_completion,
                {{"Hello", " world"}, {"", "Alice and Bob"}, {"Hello world Hello world", " A: 4"}}};
-  TokenizedDataset tokens = tokenize_dataset(data, tokenizer, 4);
+  TokenizedDataset tokens = tokenize_dataset(data, tokenizer, 4, tokenizer.eos_id());
   CHECK(tokens.truncated_count == 2);  // 11 and 12 tokens exceed 4 + 1; "Alice and Bob" has exactly 5
   CHECK(tokens.dropped_count == 2);    // the first and third keep only prompt tokens
   REQUIRE(tokens.examples.size() == 1);
@@ -147,7 +147,7 @@ TEST_CASE("truncation keeps the first seq_len + 1 tokens; prompt-only windows ar
   CHECK(tokens.loss_token_count == 4);
 
   Dataset prompts_only{"long.jsonl", DataFormat::prompt_completion, {{"Hello world", " A: 4"}}};
-  CHECK_THROWS_WITH_AS(tokenize_dataset(prompts_only, tokenizer, 3),
+  CHECK_THROWS_WITH_AS(tokenize_dataset(prompts_only, tokenizer, 3, tokenizer.eos_id()),
                        "long.jsonl: no example has a completion token within seq_len = 3 (all 1 prompts fill the "
                        "window)",
                        Error);
@@ -274,7 +274,7 @@ TEST_CASE("end to end: a JSONL file to packed and unpacked batches") {
                                 "{\"prompt\": \"Q: 2+2?\", \"completion\": \" A: 4\"}\n"
                                 "{\"prompt\": \"Hello\", \"completion\": \" world\"}\n"
                                 "{\"prompt\": \"Alice and Bob\", \"completion\": \" Hello world\"}\n");
-  TokenizedDataset tokens = tokenize_dataset(load_jsonl(path, DataFormat::automatic), tokenizer, 8);
+  TokenizedDataset tokens = tokenize_dataset(load_jsonl(path, DataFormat::automatic), tokenizer, 8, tokenizer.eos_id());
   HostAllocator host;
   for (bool packing : {false, true}) {
     CAPTURE(packing);

@@ -49,10 +49,10 @@ TEST_CASE("batched generation equals generating each prompt alone") {
   const std::vector<std::vector<int32_t>> prompts = {{1, 17, 99, 250}, {1, 5}, {1, 300, 12, 8, 77, 6, 40}};
   SamplingOptions greedy;
   greedy.max_new_tokens = 6;
-  auto together = generate(*model, prompts, greedy, /*eos_id=*/2);
+  auto together = generate(*model, prompts, greedy, StopCondition{{2}, {}, nullptr});
   REQUIRE(together.size() == 3);
   for (size_t i = 0; i < prompts.size(); ++i) {
-    auto alone = generate(*model, {prompts[i]}, greedy, 2);
+    auto alone = generate(*model, {prompts[i]}, greedy, StopCondition{{2}, {}, nullptr});
     CHECK(alone[0] == together[i]);
     CHECK(together[i].size() <= 6);
   }

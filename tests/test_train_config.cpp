@@ -52,6 +52,7 @@ TEST_CASE("defaults, with relative paths resolved against the config's directory
   CHECK(c.data.eval == "");
   CHECK(c.data.format == DataFormat::automatic);
   CHECK(c.data.packing == false);
+  CHECK((c.data.add_eos.enabled && c.data.add_eos.from_checkpoint));
   CHECK(c.seq_len == 256);
   CHECK(c.micro_batch_size == 4);
   CHECK(c.grad_accum_steps == 1);
@@ -73,6 +74,7 @@ TEST_CASE("defaults, with relative paths resolved against the config's directory
   CHECK(c.generate.temperature == 0.7);
   CHECK(c.generate.top_p == 0.9);
   CHECK(c.generate.num_samples == 3);
+  CHECK(c.generate.stop.empty());
   CHECK(c.task_metric == TaskMetric::none);
   CHECK(c.metric_examples == 50);
 }
@@ -359,7 +361,7 @@ TEST_CASE("the key list matches the fields configs/README.md documents") {
   REQUIRE(readme.good());
   std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
   std::vector<std::string> keys = train_config_keys();
-  CHECK(keys.size() == 44);
+  CHECK(keys.size() == 46);
   for (const std::string& key : keys) {
     CAPTURE(key);
     CHECK(text.find("`" + key + "`") != std::string::npos);

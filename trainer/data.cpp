@@ -100,7 +100,7 @@ Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat form
   return data;
 }
 
-TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len) {
+TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id) {
   FT_CHECK(seq_len > 0, "tokenize_dataset: seq_len must be > 0, got ", seq_len);
   TokenizedDataset out;
   for (const Example& example : data.examples) {
@@ -112,7 +112,7 @@ TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenize
     if (tokenizer.bos_id() >= 0) append(tokenizer.bos_id(), false);
     for (int32_t id : tokenizer.encode(example.prompt)) append(id, false);
     for (int32_t id : tokenizer.encode(example.completion)) append(id, true);
-    if (tokenizer.eos_id() >= 0) append(tokenizer.eos_id(), true);
+    if (eos_id >= 0) append(eos_id, true);
     if (int64_t(seq.tokens.size()) > seq_len + 1) {
       seq.tokens.resize(size_t(seq_len + 1));
       seq.loss_mask.resize(size_t(seq_len + 1));

@@ -3,7 +3,7 @@
 // the Batch tensors. The pipeline:
 //
 //   Dataset data = load_jsonl(path, DataFormat::automatic);
-//   TokenizedDataset tokens = tokenize_dataset(data, tokenizer, seq_len);
+//   TokenizedDataset tokens = tokenize_dataset(data, tokenizer, seq_len, eos_id);
 //   DataLoader loader(make_rows(tokens, seq_len, packing), micro_batch_size, seq_len,
 //                     padding_id(tokenizer), seed, host_allocator);
 //   Batch batch = loader.next();                 // training, shuffled
@@ -61,11 +61,11 @@ struct TokenizedDataset {
   int64_t loss_token_count = 0;
 };
 
-// [bos] + encode(prompt) + encode(completion) + [eos] (bos/eos only where the
-// tokenizer defines them), cut to seq_len + 1 tokens. Examples whose prompt
-// fills the whole window teach nothing and are dropped (and counted); an error
-// if that leaves none.
-TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len);
+// [bos] + encode(prompt) + encode(completion) + [eos_id] (bos where the
+// tokenizer defines one, eos_id unless -1: trainer/special_tokens.h picks it),
+// cut to seq_len + 1 tokens. Examples whose prompt fills the whole window teach
+// nothing and are dropped (and counted); an error if that leaves none.
+TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id);
 
 // The id written into padding positions: pad, else eos, else 0. Padding never
 // carries loss, so the choice only matters for what the model attends to.

@@ -49,7 +49,9 @@ std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string
 
 std::vector<std::string> complete_prompts(CausalLM& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts, const SamplingOptions& sampling,
-                                          int64_t batch_size) {
+                                          const StopCondition& stop, int64_t batch_size) {
+  StopCondition decoding_stop = stop;
+  decoding_stop.tokenizer = &tokenizer;
   std::vector<std::string> completions;
   for (size_t first = 0; first < prompts.size(); first += size_t(batch_size)) {
     std::vector<std::vector<int32_t>> batch;
@@ -57,15 +59,17 @@ std::vector<std::string> complete_prompts(CausalLM& model, const Tokenizer& toke
       batch.push_back(prompt_tokens(tokenizer, prompts[i]));
     SamplingOptions options = sampling;
     options.seed = sampling.seed + first;
-    for (const auto& generated : generate(model, batch, options, tokenizer.eos_id()))
-      completions.push_back(tokenizer.decode(generated));
+    for (const auto& generated : generate(model, batch, options, decoding_stop)) {
+      std::string text = tokenizer.decode(generated);
+      completions.push_back(text.substr(0, find_stop_string(text, stop.strings)));
+    }
   }
   return completions;
 }
 
 TaskMetricResult evaluate_rouge(CausalLM& model, const Tokenizer& tokenizer,
                                 const std::vector<Example>& examples, int64_t count, int64_t max_new_tokens,
-                                int64_t batch_size) {
+                                const StopCondition& stop, int64_t batch_size) {
   std::vector<std::string> prompts, references;
   for (int64_t i = 0; i < std::min<int64_t>(count, int64_t(examples.size())); ++i) {
     prompts.push_back(examples[size_t(i)].prompt);
@@ -74,7 +78,7 @@ TaskMetricResult evaluate_rouge(CausalLM& model, const Tokenizer& tokenizer,
   SamplingOptions greedy;
   greedy.max_new_tokens = max_new_tokens;
   TaskMetricResult result;
-  result.predictions = complete_prompts(model, tokenizer, prompts, greedy, batch_size);
+  result.predictions = complete_prompts(model, tokenizer, prompts, greedy, stop, batch_size);
   result.rouge = rouge_corpus(references, result.predictions);
   return result;
 }

@@ -28,10 +28,11 @@ EvalLoss evaluate_loss(CausalLM& model, const DataLoader& eval, int64_t max_batc
 // The ids a prompt is given to the model as: [bos] + encode(prompt), as in training.
 std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt);
 
-// Continues each prompt and decodes the new tokens, batch_size prompts at a time.
+// Continues each prompt and decodes the new tokens, cut before the first stop
+// string, batch_size prompts at a time. stop.tokenizer is set to `tokenizer`.
 std::vector<std::string> complete_prompts(CausalLM& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts, const SamplingOptions& sampling,
-                                          int64_t batch_size);
+                                          const StopCondition& stop, int64_t batch_size);
 
 struct TaskMetricResult {
   RougeScores rouge;
@@ -42,6 +43,6 @@ struct TaskMetricResult {
 // their completions.
 TaskMetricResult evaluate_rouge(CausalLM& model, const Tokenizer& tokenizer,
                                 const std::vector<Example>& examples, int64_t count, int64_t max_new_tokens,
-                                int64_t batch_size);
+                                const StopCondition& stop, int64_t batch_size);
 
 }  // namespace ft

@@ -6,6 +6,7 @@
 
 #include "kernels/dropout_hash.h"
 #include "kernels/error.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ft {
 namespace {
@@ -39,12 +40,13 @@ int32_t sample_token(const float* logits, int64_t vocab_size, const SamplingOpti
 }
 
 std::vector<std::vector<int32_t>> generate(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
-                                           const SamplingOptions& options, int32_t eos_id) {
+                                           const SamplingOptions& options, const StopCondition& stop) {
   const int64_t B = int64_t(prompts.size()), V = model.config().vocab_size;
   const int64_t max_positions = model.config().max_position_embeddings;
   std::vector<std::vector<int32_t>> rows = prompts, generated(prompts.size());
   std::vector<bool> done(prompts.size(), false);
   for (const auto& prompt : prompts) FT_CHECK(!prompt.empty(), "generate: empty prompt");
+  FT_CHECK(stop.strings.empty() || stop.tokenizer, "generate: stop strings need a tokenizer");
   SamplerRng rng{options.seed};
   HostAllocator host;
   for (int64_t new_tokens = 0; new_tokens < options.max_new_tokens; ++new_tokens) {
@@ -66,15 +68,23 @@ std::vector<std::vector<int32_t>> generate(CausalLM& model, const std::vector<st
       }
       const int64_t last = b * T + int64_t(rows[size_t(b)].size()) - 1;
       int32_t token = sample_token(logits.ptr<float>() + last * V, V, options, rng);
-      if (token == eos_id) {
+      if (std::find(stop.ids.begin(), stop.ids.end(), token) != stop.ids.end()) {
         done[size_t(b)] = true;
         continue;
       }
       rows[size_t(b)].push_back(token);
       generated[size_t(b)].push_back(token);
+      if (!stop.strings.empty())
+        done[size_t(b)] = find_stop_string(stop.tokenizer->decode(generated[size_t(b)]), stop.strings) != std::string::npos;
     }
   }
   return generated;
+}
+
+size_t find_stop_string(const std::string& text, const std::vector<std::string>& strings) {
+  size_t first = std::string::npos;
+  for (const std::string& stop : strings) first = std::min(first, text.find(stop));
+  return first;
 }
 
 }  // namespace ft

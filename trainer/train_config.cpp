@@ -117,6 +117,19 @@ struct Value {
     }
     return items;
   }
+  // An id in [0, 2^31) or the text of a token (checked against the
+  // vocabulary once the tokenizer is loaded).
+  TokenRef token() const {
+    const std::string& text = scalar("a token id or a token's text");
+    int64_t id = 0;
+    auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), id);
+    if (error == std::errc() && end == text.data() + text.size()) {
+      require(id >= 0 && id <= INT32_MAX, "a token id in [0, 2147483647] or a token's text");
+      return TokenRef{id, ""};
+    }
+    require(!text.empty(), "a token id or a token's (non-empty) text");
+    return TokenRef{-1, text};
+  }
   template <class E, size_t N>
   E choice(const Named<E> (&table)[N]) const {
     std::string valid;
@@ -186,6 +199,15 @@ const Field kFields[] = {
     {"data.eval", [](TrainConfig& c, const Value& v) { c.data.eval = v.path(); }},
     {"data.format", [](TrainConfig& c, const Value& v) { c.data.format = v.choice(kFormats); }},
     {"data.packing", [](TrainConfig& c, const Value& v) { c.data.packing = v.boolean(); }},
+    {"data.add_eos",
+     [](TrainConfig& c, const Value& v) {
+       bool flag = false;
+       if (v.node.IsScalar() && YAML::convert<bool>::decode(v.node, flag)) {
+         c.data.add_eos = AddEos{flag, true, {}};
+         return;
+       }
+       c.data.add_eos = AddEos{true, false, v.token()};
+     }},
     {"seq_len", [](TrainConfig& c, const Value& v) { c.seq_len = v.integer_in(1, kMaxSeqLen); }},
     {"micro_batch_size", [](TrainConfig& c, const Value& v) { c.micro_batch_size = v.integer_in(1, kMaxBatch); }},
     {"grad_accum_steps", [](TrainConfig& c, const Value& v) { c.grad_accum_steps = v.integer_in(1, kMaxBatch); }},
@@ -243,6 +265,12 @@ const Field kFields[] = {
        v.require(c.generate.top_p > 0 && c.generate.top_p <= 1, "a number in (0, 1]");
      }},
     {"generate.num_samples", [](TrainConfig& c, const Value& v) { c.generate.num_samples = v.integer_in(0, kMaxExamples); }},
+    {"generate.stop",
+     [](TrainConfig& c, const Value& v) {
+       c.generate.stop.clear();
+       if (!v.node.IsSequence()) return c.generate.stop.push_back(v.token());
+       for (const YAML::Node& item : v.node) c.generate.stop.push_back(Value{item, v.key, v.where, ""}.token());
+     }},
     {"task_metric", [](TrainConfig& c, const Value& v) { c.task_metric = v.choice(kTaskMetrics); }},
     {"metric_examples", [](TrainConfig& c, const Value& v) { c.metric_examples = v.integer_in(1, kMaxExamples); }},
 };

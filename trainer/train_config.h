@@ -30,11 +30,25 @@ struct QuantizationConfig {
   std::string save_base;   // resolved folder; "" = don't save the quantised base
 };
 
+// A token named in the config: by id (id >= 0) or by its text.
+struct TokenRef {
+  int64_t id = -1;
+  std::string text;
+};
+
+// data.add_eos: whether each training example ends with an EOS token, and which one.
+struct AddEos {
+  bool enabled = true;
+  bool from_checkpoint = true;  // the checkpoint's (trainer/special_tokens.h); else `token`
+  TokenRef token;
+};
+
 struct DataConfig {
   std::string train;  // resolved path, required
   std::string eval;   // resolved path, "" = no eval set
   DataFormat format = DataFormat::automatic;
   bool packing = false;
+  AddEos add_eos;
 };
 
 struct GenerateConfig {
@@ -42,6 +56,7 @@ struct GenerateConfig {
   double temperature = 0.7;
   double top_p = 0.9;
   int64_t num_samples = 3;
+  std::vector<TokenRef> stop;  // besides the checkpoint's EOS ids
 };
 
 struct TrainConfig {

@@ -23,6 +23,7 @@
 #include "trainer/lr_schedule.h"
 #include "trainer/optimizer.h"
 #include "trainer/progress.h"
+#include "trainer/special_tokens.h"
 #include "trainer/train_state.h"
 
 namespace ft {
@@ -79,6 +80,7 @@ struct Run {
   std::unique_ptr<Backend> backend;
   ModelConfig model_config;
   std::unique_ptr<Tokenizer> tokenizer;
+  SpecialTokens special_tokens;
   std::unique_ptr<CausalLM> model;
   std::unique_ptr<AdamW> optimizer;
   std::unique_ptr<DataLoader> train, eval;
@@ -89,6 +91,10 @@ struct Run {
 };
 
 std::string path_in(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
+
+StopCondition stop_condition(const Run& run) {
+  return StopCondition{run.special_tokens.stop_ids, run.special_tokens.stop_strings, run.tokenizer.get()};
+}
 
 std::string with_commas(int64_t value) {
   std::string digits = std::to_string(value), out;
@@ -155,6 +161,8 @@ void make_model(Run& run) {
            " is larger than the model's max_position_embeddings ", run.model_config.max_position_embeddings, " (",
            path_in(config.model, "config.json"), ")");
   run.tokenizer = load_tokenizer(config.tokenizer, run.model_config.vocab_size);
+  run.special_tokens = resolve_special_tokens(config, *run.tokenizer, run.model_config.vocab_size);
+  std::cout << "special tokens: " << describe(run.special_tokens) << "\n";
   TrainingSetup setup = setup_training(config, run.model_config, *run.backend, [&](CausalLM& model) {
     if (config.init == InitMode::random) model.init_random(config.seed);
     else model.load(Checkpoint(config.model));
@@ -167,7 +175,7 @@ void make_model(Run& run) {
 
 std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const char* what, Dataset* keep) {
   Dataset data = load_jsonl(path, run.config.data.format);
-  TokenizedDataset tokens = tokenize_dataset(data, *run.tokenizer, run.config.seq_len);
+  TokenizedDataset tokens = tokenize_dataset(data, *run.tokenizer, run.config.seq_len, run.special_tokens.example_eos_id);
   std::cout << what << ": " << data.examples.size() << " examples, " << tokens.loss_token_count
             << " loss tokens, " << tokens.truncated_count << " truncated to seq_len " << run.config.seq_len << "\n";
   if (keep) *keep = std::move(data);
@@ -288,7 +296,8 @@ EvalFigures evaluate(Run& run, int64_t step, Progress& progress, const char* lab
        << figures.loss.perplexity;
   if (run.config.task_metric == TaskMetric::rouge) {
     TaskMetricResult metric = evaluate_rouge(*run.model, *run.tokenizer, run.eval_examples.examples,
-                                             run.config.metric_examples, run.config.generate.max_new_tokens, 16);
+                                             run.config.metric_examples, run.config.generate.max_new_tokens,
+                                             stop_condition(run), 16);
     figures.has_rouge = true;
     figures.rouge = metric.rouge;
     row["rouge1"] = metric.rouge.rouge1;
@@ -325,8 +334,8 @@ void print_samples(Run& run, Progress& progress) {
   sampled.temperature = run.config.generate.temperature;
   sampled.top_p = run.config.generate.top_p;
   sampled.seed = run.config.seed;
-  std::vector<std::string> greedy_out = complete_prompts(*run.model, *run.tokenizer, prompts, greedy, count);
-  std::vector<std::string> sampled_out = complete_prompts(*run.model, *run.tokenizer, prompts, sampled, count);
+  std::vector<std::string> greedy_out = complete_prompts(*run.model, *run.tokenizer, prompts, greedy, stop_condition(run), count);
+  std::vector<std::string> sampled_out = complete_prompts(*run.model, *run.tokenizer, prompts, sampled, stop_condition(run), count);
   for (int64_t i = 0; i < count; ++i) {
     std::ostringstream text;
     text << "--- sample " << i + 1 << " ---\n" << prompts[size_t(i)] << "\n  reference: " << references[size_t(i)]
