@@ -1,5 +1,8 @@
 #include "model/json_input.h"
 
+#include <fstream>
+#include <sstream>
+
 #include "kernels/error.h"
 
 namespace ft {
@@ -21,6 +24,16 @@ nlohmann::json parse_json(std::string_view text, const std::string& where) {
   } catch (const json::exception& error) {
     fail(where, ": not valid JSON (", error.what(), ")");
   }
+}
+
+nlohmann::json read_json_object(const std::string& path, const std::string& expected) {
+  std::ifstream file(path);
+  FT_CHECK(file, path, ": cannot open (expected ", expected, ")");
+  std::stringstream text;
+  text << file.rdbuf();
+  nlohmann::json value = parse_json(text.str(), path);
+  FT_CHECK(value.is_object(), path, ": expected a JSON object");
+  return value;
 }
 
 }  // namespace ft

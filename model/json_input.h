@@ -13,4 +13,8 @@ namespace ft {
 
 nlohmann::json parse_json(std::string_view text, const std::string& where);
 
+// The JSON object in the file at path; `expected` names the file the user
+// should have given (e.g. "a PEFT adapter_config.json") when it cannot be opened.
+nlohmann::json read_json_object(const std::string& path, const std::string& expected);
+
 }  // namespace ft

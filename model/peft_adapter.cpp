@@ -28,16 +28,6 @@ namespace fs = std::filesystem;
 // PeftModel wrapper ("base_model") and the LoraModel's wrapped model ("model").
 const std::string kKeyPrefix = "base_model.model.";
 
-json read_json_file(const std::string& path) {
-  std::ifstream file(path);
-  FT_CHECK(file, path, ": cannot open (expected a PEFT adapter_config.json)");
-  std::stringstream text;
-  text << file.rdbuf();
-  json value = parse_json(text.str(), path);
-  FT_CHECK(value.is_object(), path, ": expected a JSON object");
-  return value;
-}
-
 bool is_set(const json& config, const char* field) { return config.contains(field) && !config[field].is_null(); }
 
 std::string optional_string(const json& config, const char* field, const std::string& fallback,
@@ -138,7 +128,7 @@ std::string adapter_name_of(const std::string& key) {
 
 PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
   const std::string source = (fs::path(folder) / "adapter_config.json").string();
-  const json config = read_json_file(source);
+  const json config = read_json_object(source, "a PEFT adapter_config.json");
   FT_CHECK(config.contains("peft_type"), source, ": missing required field \"peft_type\" (expected \"LORA\")");
   FT_CHECK(config["peft_type"] == "LORA", source, ": field \"peft_type\" is ", config["peft_type"].dump(),
            " but only \"LORA\" adapters are supported");

@@ -98,6 +98,8 @@ TEST_CASE("finetune prints PEFT's trainable-parameter line and writes adapter an
   CHECK(fs::exists(dir + "/out/adapter/adapter_model.safetensors"));
   CHECK(fs::exists(dir + "/out/adapter/adapter_config.json"));
   CHECK(train_losses(dir + "/out/metrics.jsonl").size() == 2);
+  // The fixture's config.json and SentencePiece tokenizer agree on </s>.
+  CHECK(result.output.find("special tokens: examples end with id 2; generation stops at ids [2]") != std::string::npos);
 }
 
 TEST_CASE("a run killed with SIGKILL after a checkpoint resumes to identical losses") {
@@ -233,7 +235,15 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong") {
       {"config.yaml --resume --set output_dir=nothing_here", "no training state to resume from"},
       {"missing.yaml", "missing.yaml"},
       {"bad_lr.yaml", "bad_lr.yaml:3: lr: expected a finite number, got \".inf\""},
+      {"config.yaml --set data.add_eos=320", "data.add_eos: token id 320 is outside the vocabulary [0, 320)"},
+      {"config.yaml --set generate.stop=[2,-1]", "generate.stop: expected a token id in [0, 2147483647]"},
+      {"config.yaml --set model=bad_eos_model",
+       "bad_eos_model/config.json: \"eos_token_id\" holds id 999, outside the vocabulary [0, 320)"},
   };
+  fs::create_directories(dir + "/bad_eos_model");
+  nlohmann::json bad_eos = nlohmann::json::parse(std::ifstream(kFixtures + "/llama_gqa/config.json"));
+  bad_eos["eos_token_id"] = {2, 999};
+  std::ofstream(dir + "/bad_eos_model/config.json") << bad_eos.dump(2);
   std::ofstream(dir + "/bad_lr.yaml") << "model: m\ndata: {train: t.jsonl}\nlr: .inf\n";
   std::ofstream(dir + "/empty.jsonl") << "\n";
   std::ofstream(dir + "/broken.jsonl") << "{\"text\": \"fine\"}\n{\"text\": oops}\n";

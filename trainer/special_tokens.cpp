@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "kernels/error.h"
@@ -14,16 +13,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-json read_json_file(const std::string& path) {
-  std::ifstream file(path);
-  FT_CHECK(file, path, ": cannot open");
-  std::stringstream text;
-  text << file.rdbuf();
-  json parsed = parse_json(text.str(), path);
-  FT_CHECK(parsed.is_object(), path, ": expected a JSON object");
-  return parsed;
-}
 
 int32_t token_id(const json& value, const char* key, const std::string& path, int64_t vocab_size) {
   FT_CHECK(value.is_number_integer(), path, ": \"", key, "\" must be a token id (an integer) or a list of them, got ",
@@ -59,11 +48,11 @@ int32_t config_token(const TokenRef& token, const char* key, const TrainConfig& 
 std::vector<int32_t> checkpoint_eos_ids(const TrainConfig& config, const Tokenizer& tokenizer, int64_t vocab_size) {
   std::string config_path = (fs::path(config.model) / "config.json").string();
   std::string generation_path = (fs::path(config.model) / "generation_config.json").string();
-  json model_file = read_json_file(config_path);
+  json model_file = read_json_object(config_path, "a Hugging Face config.json");
   token_ids_field(model_file, "bos_token_id", config_path, vocab_size);
   std::vector<int32_t> ids = token_ids_field(model_file, "eos_token_id", config_path, vocab_size);
   if (fs::exists(generation_path)) {
-    json generation_file = read_json_file(generation_path);
+    json generation_file = read_json_object(generation_path, "a Hugging Face generation_config.json");
     token_ids_field(generation_file, "bos_token_id", generation_path, vocab_size);
     std::vector<int32_t> generation_ids = token_ids_field(generation_file, "eos_token_id", generation_path, vocab_size);
     if (!generation_ids.empty()) ids = generation_ids;
