@@ -87,8 +87,8 @@ class Checkpoint {
   std::map<std::string, const SafetensorsEntry*> by_name_;
 };
 
-// Writes host tensors (in the order given) to path atomically: the bytes go to
-// path + ".tmp", are flushed, then renamed over path.
+// Writes host tensors (in the order given) to path atomically
+// (write_file_atomically, atomic_file.h): the previous file survives any failure.
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
