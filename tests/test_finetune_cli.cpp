@@ -559,25 +559,26 @@ TEST_CASE("a full disk: the save fails with exit 1 naming the path and errno, th
   }
   SmallDisk disk(dir + "/out", "1m");
   if (!disk.mounted) std::exit(77);
-  const std::string finetune = "cd " + dir + " && " + kBinary + " config.yaml --set save_every=2 --set max_steps=";
-  CommandResult first = run_command(finetune + "10");
+  const std::string finetune =
+      "cd " + dir + " && " + kBinary + " config.yaml --set grad_accum_steps=1 --set save_every=2 --set max_steps=";
+  CommandResult first = run_command(finetune + "4");
   INFO(first.output);
   REQUIRE(first.exit_code == 0);
   // Room for metrics.jsonl rewritten on resume, not for a training state (~22 KB).
   fill_disk(dir + "/out", 12 * 1024);
-  CommandResult full = run_command(finetune + "20 --resume");
+  CommandResult full = run_command(finetune + "8 --resume");
   INFO(full.output);
   CHECK(full.exit_code == 1);
-  CHECK(full.output.find("resumed at step 10") != std::string::npos);
+  CHECK(full.output.find("resumed at step 4") != std::string::npos);
   CHECK(full.output.find("error: out/train_state.safetensors: cannot save (writing out/train_state.safetensors.tmp: "
                          "No space left on device); the previous train_state.safetensors, if any, is unchanged") !=
         std::string::npos);
   CHECK_FALSE(fs::exists(dir + "/out/train_state.safetensors.tmp"));
 
   fs::remove(dir + "/out/filler");
-  CommandResult resumed = run_command(finetune + "20 --resume");
+  CommandResult resumed = run_command(finetune + "8 --resume");
   INFO(resumed.output);
   CHECK(resumed.exit_code == 0);
-  CHECK(resumed.output.find("resumed at step 10") != std::string::npos);
+  CHECK(resumed.output.find("resumed at step 4") != std::string::npos);
   CHECK(fs::exists(dir + "/out/adapter/adapter_model.safetensors"));
 }
