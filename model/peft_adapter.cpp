@@ -166,7 +166,9 @@ void save_peft_adapter(const std::string& folder, CausalLM& model, const PeftAda
     model.backend().copy(value, adapter.value);
     tensors.emplace_back(kKeyPrefix + adapter.name, value);
   }
-  save_safetensors((fs::path(folder) / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
+  // PEFT reads only "format"; the checksum is verified by load_peft_adapter.
+  save_safetensors_with_checksum((fs::path(folder) / "adapter_model.safetensors").string(), tensors,
+                                 {{"format", "pt"}});
 
   // nlohmann::json keeps keys sorted, as PEFT's json.dumps(sort_keys=True).
   json out;
@@ -198,6 +200,7 @@ void load_peft_adapter(const std::string& folder, CausalLM& model) {
   check_matches_model(read_peft_adapter_config(folder).lora, model.options().lora,
                       (fs::path(folder) / "adapter_config.json").string());
   SafetensorsFile file((fs::path(folder) / "adapter_model.safetensors").string());
+  verify_checksum(file);  // ours carry one; PEFT's do not
   const std::string& path = file.path();
 
   std::map<std::string, const SafetensorsEntry*> by_adapter;  // our adapter name -> saved tensor

@@ -15,6 +15,7 @@
 
 #include "kernels/error.h"
 #include "model/atomic_file.h"
+#include "model/checksum.h"
 #include "model/json_input.h"
 
 namespace ft {
@@ -346,6 +347,34 @@ std::string build_header(const std::string& path, const std::vector<std::pair<st
 
 }  // namespace
 
+std::string safetensors_checksum(const std::vector<SafetensorsEntry>& entries,
+                                 const std::map<std::string, std::string>& metadata) {
+  Checksum checksum;
+  for (const auto& [key, value] : metadata) {
+    if (key == kChecksumKey) continue;
+    checksum.add_text(key);
+    checksum.add_text(value);
+  }
+  std::vector<const SafetensorsEntry*> sorted;
+  for (const SafetensorsEntry& entry : entries) sorted.push_back(&entry);
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  for (const SafetensorsEntry* entry : sorted) {
+    checksum.add_text(entry->name);
+    checksum.add_text(dtype_name(entry->dtype));
+    checksum.add_text(shape_string(entry->shape));
+    checksum.add(entry->data, entry->size_bytes);
+  }
+  return checksum.hex();
+}
+
+void verify_checksum(const SafetensorsFile& file) {
+  auto stored = file.metadata().find(kChecksumKey);
+  if (stored == file.metadata().end()) return;
+  const std::string computed = safetensors_checksum(file.entries(), file.metadata());
+  FT_CHECK(stored->second == computed, file.path(), ": corrupt: its checksum is ", stored->second,
+           " but its contents give ", computed, "; the file was damaged after it was written (disk, copy or edit)");
+}
+
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   std::string header = build_header(path, tensors, metadata);
@@ -354,6 +383,17 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   std::vector<std::pair<const void*, size_t>> pieces = {{length, 8}, {header.data(), header.size()}};
   for (const auto& [name, tensor] : tensors) pieces.emplace_back(tensor.data, tensor.size_bytes());
   write_file_atomically(path, pieces);
+}
+
+void save_safetensors_with_checksum(const std::string& path,
+                                    const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                    const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, tensor] : tensors)
+    entries.push_back({name, tensor.dtype, tensor.shape, tensor.data, tensor.size_bytes(), path});
+  std::map<std::string, std::string> with_checksum = metadata;
+  with_checksum[kChecksumKey] = safetensors_checksum(entries, metadata);
+  save_safetensors(path, tensors, with_checksum);
 }
 
 }  // namespace ft

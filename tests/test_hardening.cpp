@@ -246,14 +246,10 @@ TEST_CASE("train state: NaN tensors and malformed step counts are refused by nam
     for (int i = 0; i < 4; ++i) values.ptr<float>()[i] = 0.25f, v.ptr<float>()[i] = i == 2 ? adam_v : 0.25f;
     const std::vector<std::pair<std::string, Tensor>> tensors = {
         {"param.w", values}, {"adam_m.w", values}, {"adam_v.w", v}};
-    std::map<std::string, std::string> metadata = {{"format", "finetune-train-state-2"}, {"step", step},
+    const std::map<std::string, std::string> metadata = {{"format", "finetune-train-state-2"}, {"step", step},
                                                    {"optimizer_steps", step}, {"data_epoch", "0"},
                                                    {"data_index", "1"}};
-    std::vector<SafetensorsEntry> entries;
-    for (const auto& [name, tensor] : tensors)
-      entries.push_back({name, tensor.dtype, tensor.shape, tensor.data, tensor.size_bytes(), path});
-    metadata["checksum"] = train_state_checksum(entries, metadata);  // a valid file with chosen contents
-    save_safetensors(path, tensors, metadata);
+    save_safetensors_with_checksum(path, tensors, metadata);  // a valid file with chosen contents
   };
   write_state(0.25f, "3");
   CHECK(load_train_state(path, optimizer, {}).step == 3);

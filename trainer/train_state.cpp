@@ -1,16 +1,13 @@
 #include "trainer/train_state.h"
 
-#include <algorithm>
 #include <charconv>
 
 #include "kernels/error.h"
-#include "model/checksum.h"
 
 namespace ft {
 namespace {
 
 constexpr const char* kFormat = "finetune-train-state-2";
-constexpr const char* kChecksumKey = "checksum";
 const std::string kIdentityPrefix = "identity.";
 
 // A host f32 copy of a backend tensor (the CPU backend could share memory, a
@@ -34,16 +31,14 @@ int64_t metadata_int(const std::map<std::string, std::string>& metadata, const s
 }
 
 // Before anything in the file is believed: the checksum, then the format.
-void verify_checksum(const SafetensorsFile& file) {
+void verify_train_state(const SafetensorsFile& file) {
   const std::string& path = file.path();
   auto stored = file.metadata().find(kChecksumKey);
   auto format = file.metadata().find("format");
   FT_CHECK(stored != file.metadata().end(), path, ": not a training state of this version (no checksum; format \"",
            format == file.metadata().end() ? "none" : format->second,
            "\"): it cannot be verified, so start the run again without --resume");
-  const std::string computed = train_state_checksum(file.entries(), file.metadata());
-  FT_CHECK(stored->second == computed, path, ": corrupt: its checksum is ", stored->second, " but its contents give ",
-           computed, "; the file was damaged after it was written (disk, copy or edit), so it cannot be resumed");
+  verify_checksum(file);
   FT_CHECK(format != file.metadata().end() && format->second == kFormat, path, ": format \"",
            format == file.metadata().end() ? "none" : format->second, "\", expected \"", kFormat, "\"");
 }
@@ -85,26 +80,6 @@ std::vector<std::string> check_identity(const SafetensorsFile& file, const RunId
 
 }  // namespace
 
-std::string train_state_checksum(const std::vector<SafetensorsEntry>& entries,
-                                 const std::map<std::string, std::string>& metadata) {
-  Checksum checksum;
-  for (const auto& [key, value] : metadata) {
-    if (key == kChecksumKey) continue;
-    checksum.add_text(key);
-    checksum.add_text(value);
-  }
-  std::vector<const SafetensorsEntry*> sorted;
-  for (const SafetensorsEntry& entry : entries) sorted.push_back(&entry);
-  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->name < b->name; });
-  for (const SafetensorsEntry* entry : sorted) {
-    checksum.add_text(entry->name);
-    checksum.add_text(dtype_name(entry->dtype));
-    checksum.add_text(shape_string(entry->shape));
-    checksum.add(entry->data, entry->size_bytes);
-  }
-  return checksum.hex();
-}
-
 void save_train_state(const std::string& path, AdamW& optimizer, const TrainProgress& progress,
                       const RunIdentity& identity) {
   Backend& backend = optimizer.backend();
@@ -124,17 +99,13 @@ void save_train_state(const std::string& path, AdamW& optimizer, const TrainProg
       {"data_index", std::to_string(progress.data_position.index)},
   };
   for (const IdentityField& field : identity) metadata[kIdentityPrefix + field.key] = field.value;
-  std::vector<SafetensorsEntry> entries;
-  for (const auto& [name, tensor] : tensors)
-    entries.push_back({name, tensor.dtype, tensor.shape, tensor.data, tensor.size_bytes(), path});
-  metadata[kChecksumKey] = train_state_checksum(entries, metadata);
-  save_safetensors(path, tensors, metadata);
+  save_safetensors_with_checksum(path, tensors, metadata);
 }
 
 TrainProgress load_train_state(const std::string& path, AdamW& optimizer, const RunIdentity& identity,
                                bool allow_data_change) {
   SafetensorsFile file(path);
-  verify_checksum(file);
+  verify_train_state(file);
   TrainProgress progress;
   progress.data_changes = check_identity(file, identity, allow_data_change);
   std::map<std::string, const SafetensorsEntry*> by_name;

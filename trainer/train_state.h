@@ -41,10 +41,4 @@ void save_train_state(const std::string& path, AdamW& optimizer, const TrainProg
 TrainProgress load_train_state(const std::string& path, AdamW& optimizer, const RunIdentity& identity,
                                bool allow_data_change = false);
 
-// The checksum a training state stores in its metadata "checksum": over
-// every other metadata entry and every tensor's name, dtype, shape and bytes.
-// Exposed so tests can write states with chosen contents that pass it.
-std::string train_state_checksum(const std::vector<SafetensorsEntry>& entries,
-                                 const std::map<std::string, std::string>& metadata);
-
 }  // namespace ft

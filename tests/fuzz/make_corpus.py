@@ -67,8 +67,8 @@ class Checksum:
         return "%016x" % (h ^ (h >> 31))
 
 
-def train_state_checksum(tensors, metadata):
-    """trainer/train_state.cpp's train_state_checksum over the same contents."""
+def safetensors_checksum(tensors, metadata):
+    """model/safetensors.cpp's safetensors_checksum over the same contents."""
     checksum = Checksum()
     for key in sorted(metadata):
         checksum.add_text(key)
@@ -121,7 +121,7 @@ def main():
         state.append((prefix + "b", "F32", [3], f32([1, 2, 3])))
     metadata = {"format": "finetune-train-state-2", "step": "5", "optimizer_steps": "5", "data_epoch": "1",
                 "data_index": "2", "identity.data.train": "12 bytes, checksum 0123456789abcdef"}
-    metadata["checksum"] = train_state_checksum(state, metadata)
+    metadata["checksum"] = safetensors_checksum(state, metadata)
     seed("fuzz_train_state", "two_parameters", safetensors(state, metadata))
 
 
