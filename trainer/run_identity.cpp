@@ -48,7 +48,8 @@ RunIdentity run_identity(const TrainConfig& config, const CausalLM& model) {
   const std::string config_json = (std::filesystem::path(config.model) / "config.json").string();
   RunIdentity identity = {
       {"base_model.config", "the base model's config.json (" + config_json + ")", file_fingerprint(config_json)},
-      {"base_model.tensors", "the base model's tensors (names, dtypes, shapes in " + config.model + ")",
+      {"base_model.tensors",
+       "the base model's tensors (names, dtypes and shapes in " + config.model + "; quantization)",
        base_tensors(config)},
       {"adapter", "the adapter config", adapter_config(config, model)},
       {"tokenizer", "the tokenizer (" + config.tokenizer + ")", file_fingerprint(config.tokenizer)},
