@@ -455,8 +455,10 @@ int64_t last_logged_step(const std::string& metrics_path) {
 // three kinds: a random delay after start (startup, resume, anything), a random
 // delay after a chosen step is logged (the step's save follows at once), or
 // the instant a save's temp file is seen (mid-save). FT_KILLS and FT_KILL_SEED
-// change the count (default 20) and the seed.
-TEST_CASE("SIGKILL at 20 seeded random moments, saves included, still resumes to the bit-identical adapter") {
+// change the count (default 20) and the seed. ctest runs it on its own, as
+// test_finetune_cli_kill_20 (about 25 s of CPU), hence the skip here.
+TEST_CASE("SIGKILL at 20 seeded random moments, saves included, still resumes to the bit-identical adapter" *
+          doctest::skip()) {
   const int kills = env_int("FT_KILLS", 20);
   std::mt19937_64 random(uint64_t(env_int("FT_KILL_SEED", 20261124)));
   const std::vector<std::string> args = {"config.yaml", "--set", "save_every=1", "--set", "grad_accum_steps=1"};
