@@ -1,10 +1,6 @@
 #include "model/peft_adapter.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +11,7 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "model/atomic_file.h"
 #include "model/json_input.h"
 #include "model/safetensors.h"
 
@@ -82,29 +79,6 @@ void check_matches_model(const LoraOptions& config, const std::optional<LoraOpti
   std::sort(have.begin(), have.end());
   FT_CHECK(want == have, source, ": field \"target_modules\" is ", json(config.target_modules).dump(),
            " but the model's adapters target ", json(lora.target_modules).dump());
-}
-
-// Temp file, fsync, rename: a crash leaves either the old file or the new one.
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp_path = path + ".tmp";
-  int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  FT_CHECK(fd >= 0, tmp_path, ": cannot create (", std::strerror(errno), ")");
-  size_t written = 0;
-  while (written < text.size()) {
-    ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    written += size_t(n);
-  }
-  bool ok = written == text.size() && ::fsync(fd) == 0;
-  // close can report a deferred write error (e.g. on NFS), so it is checked too.
-  ok = ::close(fd) == 0 && ok;
-  ok = ok && ::rename(tmp_path.c_str(), path.c_str()) == 0;
-  if (!ok) {
-    const std::string reason = std::strerror(errno);
-    ::unlink(tmp_path.c_str());
-    fail(path, ": cannot write (", reason, ")");
-  }
 }
 
 // Our adapter name for a saved key, or "" when the key is no LoRA weight:
@@ -182,7 +156,9 @@ void save_peft_adapter(const std::string& folder, CausalLM& model, const PeftAda
     model.backend().copy(value, adapter.value);
     tensors.emplace_back(kKeyPrefix + adapter.name, value);
   }
-  save_safetensors((fs::path(folder) / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
+  // PEFT reads only "format"; the checksum is verified by load_peft_adapter.
+  save_safetensors_with_checksum((fs::path(folder) / "adapter_model.safetensors").string(), tensors,
+                                 {{"format", "pt"}});
 
   // nlohmann::json keeps keys sorted, as PEFT's json.dumps(sort_keys=True).
   json out;
@@ -214,6 +190,7 @@ void load_peft_adapter(const std::string& folder, CausalLM& model) {
   check_matches_model(read_peft_adapter_config(folder).lora, model.options().lora,
                       (fs::path(folder) / "adapter_config.json").string());
   SafetensorsFile file((fs::path(folder) / "adapter_model.safetensors").string());
+  verify_checksum(file);  // ours carry one; PEFT's do not
   const std::string& path = file.path();
 
   std::map<std::string, const SafetensorsEntry*> by_adapter;  // our adapter name -> saved tensor

@@ -31,7 +31,8 @@ struct PeftAdapterConfig {
 // many). Errors name the file and the field.
 PeftAdapterConfig read_peft_adapter_config(const std::string& folder);
 
-// Creates folder (and parents) and writes adapter_model.safetensors (f32) and
+// Creates folder (and parents) and writes adapter_model.safetensors (f32,
+// with a "checksum" in its metadata that PEFT ignores) and
 // adapter_config.json, each atomically. config.lora must describe the model's
 // adapters (r, alpha, rslora, targets): a mismatch is an Error.
 void save_peft_adapter(const std::string& folder, CausalLM& model, const PeftAdapterConfig& config);

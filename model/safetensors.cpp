@@ -14,6 +14,8 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "model/atomic_file.h"
+#include "model/checksum.h"
 #include "model/json_input.h"
 
 namespace ft {
@@ -320,17 +322,6 @@ size_t Checkpoint::total_bytes() const {
 
 namespace {
 
-void write_all(int fd, const void* data, size_t bytes, const std::string& path) {
-  const char* cursor = static_cast<const char*>(data);
-  while (bytes > 0) {
-    ssize_t written = ::write(fd, cursor, std::min(bytes, size_t(1) << 30));
-    if (written < 0 && errno == EINTR) continue;
-    FT_CHECK(written > 0, path, ": write failed (", errno_text(), ")");
-    cursor += written;
-    bytes -= size_t(written);
-  }
-}
-
 // The JSON header: tensors in the given order with consecutive data_offsets.
 std::string build_header(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata) {
@@ -354,43 +345,55 @@ std::string build_header(const std::string& path, const std::vector<std::pair<st
   return text;
 }
 
-// fsync the folder so the rename itself survives a crash. Best effort: some
-// filesystems refuse fsync on directories, and the data is already durable.
-void sync_parent_folder(const std::string& path) {
-  std::string folder = fs::path(path).parent_path().string();
-  int fd = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
+}  // namespace
+
+std::string safetensors_checksum(const std::vector<SafetensorsEntry>& entries,
+                                 const std::map<std::string, std::string>& metadata) {
+  Checksum checksum;
+  for (const auto& [key, value] : metadata) {
+    if (key == kChecksumKey) continue;
+    checksum.add_text(key);
+    checksum.add_text(value);
+  }
+  std::vector<const SafetensorsEntry*> sorted;
+  for (const SafetensorsEntry& entry : entries) sorted.push_back(&entry);
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  for (const SafetensorsEntry* entry : sorted) {
+    checksum.add_text(entry->name);
+    checksum.add_text(dtype_name(entry->dtype));
+    checksum.add_text(shape_string(entry->shape));
+    checksum.add(entry->data, entry->size_bytes);
+  }
+  return checksum.hex();
 }
 
-}  // namespace
+void verify_checksum(const SafetensorsFile& file) {
+  auto stored = file.metadata().find(kChecksumKey);
+  if (stored == file.metadata().end()) return;
+  const std::string computed = safetensors_checksum(file.entries(), file.metadata());
+  FT_CHECK(stored->second == computed, file.path(), ": corrupt: its checksum is ", stored->second,
+           " but its contents give ", computed, "; the file was damaged after it was written (disk, copy or edit)");
+}
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   std::string header = build_header(path, tensors, metadata);
   uint8_t length[8];
   for (int i = 0; i < 8; ++i) length[i] = uint8_t(uint64_t(header.size()) >> (8 * i));  // little-endian u64
-  std::string tmp_path = path + ".tmp";
-  int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  FT_CHECK(fd >= 0, tmp_path, ": cannot create (", errno_text(), ")");
-  try {
-    write_all(fd, length, 8, tmp_path);
-    write_all(fd, header.data(), header.size(), tmp_path);
-    for (const auto& [name, tensor] : tensors) write_all(fd, tensor.data, tensor.size_bytes(), tmp_path);
-    FT_CHECK(::fsync(fd) == 0, tmp_path, ": fsync failed (", errno_text(), ")");
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp_path.c_str());
-    throw;
-  }
-  // close can report a deferred write error (e.g. on NFS), so it is checked too.
-  if (::close(fd) != 0 || ::rename(tmp_path.c_str(), path.c_str()) != 0) {
-    std::string reason = errno_text();
-    ::unlink(tmp_path.c_str());
-    fail(path, ": cannot finish writing (", reason, ")");
-  }
-  sync_parent_folder(path);
+  std::vector<std::pair<const void*, size_t>> pieces = {{length, 8}, {header.data(), header.size()}};
+  for (const auto& [name, tensor] : tensors) pieces.emplace_back(tensor.data, tensor.size_bytes());
+  write_file_atomically(path, pieces);
+}
+
+void save_safetensors_with_checksum(const std::string& path,
+                                    const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                    const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, tensor] : tensors)
+    entries.push_back({name, tensor.dtype, tensor.shape, tensor.data, tensor.size_bytes(), path});
+  std::map<std::string, std::string> with_checksum = metadata;
+  with_checksum[kChecksumKey] = safetensors_checksum(entries, metadata);
+  save_safetensors(path, tensors, with_checksum);
 }
 
 }  // namespace ft

@@ -87,9 +87,23 @@ class Checkpoint {
   std::map<std::string, const SafetensorsEntry*> by_name_;
 };
 
-// Writes host tensors (in the order given) to path atomically: the bytes go to
-// path + ".tmp", are flushed, then renamed over path.
+// The checksum a file may carry in its metadata "checksum" (training states
+// always do, our adapters too): over every other metadata entry and every
+// tensor's name, dtype, shape and bytes, so a flipped byte anywhere in the
+// file changes it or makes the file unreadable. 16 hex digits (checksum.h).
+inline constexpr const char* kChecksumKey = "checksum";
+std::string safetensors_checksum(const std::vector<SafetensorsEntry>& entries,
+                                 const std::map<std::string, std::string>& metadata);
+// Throws an Error naming the file when its "checksum" differs from its contents.
+void verify_checksum(const SafetensorsFile& file);
+
+// Writes host tensors (in the order given) to path atomically
+// (write_file_atomically, atomic_file.h): the previous file survives any failure.
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+// The same, with the metadata "checksum" of the contents added.
+void save_safetensors_with_checksum(const std::string& path,
+                                    const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                    const std::map<std::string, std::string>& metadata);
 
 }  // namespace ft

@@ -11,10 +11,12 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
+#include "model/atomic_file.h"
 #include "model/causal_lm.h"
 #include "model/model_config.h"
 #include "model/peft_adapter.h"
@@ -242,17 +244,136 @@ TEST_CASE("train state: NaN tensors and malformed step counts are refused by nam
     Tensor values = Tensor::empty({4}, DType::f32, host, MemCategory::workspace);
     Tensor v = Tensor::empty({4}, DType::f32, host, MemCategory::workspace);
     for (int i = 0; i < 4; ++i) values.ptr<float>()[i] = 0.25f, v.ptr<float>()[i] = i == 2 ? adam_v : 0.25f;
-    save_safetensors(path, {{"param.w", values}, {"adam_m.w", values}, {"adam_v.w", v}},
-                     {{"format", "finetune-train-state-1"}, {"step", step}, {"optimizer_steps", step},
-                      {"data_epoch", "0"}, {"data_index", "1"}});
+    const std::vector<std::pair<std::string, Tensor>> tensors = {
+        {"param.w", values}, {"adam_m.w", values}, {"adam_v.w", v}};
+    const std::map<std::string, std::string> metadata = {{"format", "finetune-train-state-2"}, {"step", step},
+                                                   {"optimizer_steps", step}, {"data_epoch", "0"},
+                                                   {"data_index", "1"}};
+    save_safetensors_with_checksum(path, tensors, metadata);  // a valid file with chosen contents
   };
   write_state(0.25f, "3");
-  CHECK(load_train_state(path, optimizer).step == 3);
+  CHECK(load_train_state(path, optimizer, {}).step == 3);
   write_state(std::nanf(""), "3");
-  CHECK(has(error_of([&] { load_train_state(path, optimizer); }), "tensor \"adam_v.w\" holds nan at element 2"));
+  CHECK(has(error_of([&] { load_train_state(path, optimizer, {}); }), "tensor \"adam_v.w\" holds nan at element 2"));
   for (const char* step : {"x", "-1", "99999999999999999999", "3 "}) {
     CAPTURE(step);
     write_state(0.25f, step);
-    CHECK(has(error_of([&] { load_train_state(path, optimizer); }), path + ": metadata \"optimizer_steps\" is \""));
+    CHECK(has(error_of([&] { load_train_state(path, optimizer, {}); }), path + ": metadata \"optimizer_steps\" is \""));
   }
+}
+
+namespace {
+
+// An optimizer over two small parameters with distinct values and moments.
+struct SmallTraining {
+  HostAllocator host;
+  CpuBackend backend{host};
+  Parameter w, b;
+  std::unique_ptr<AdamW> optimizer;
+  SmallTraining() {
+    for (auto [p, name, size] : {std::tuple{&w, "w", int64_t(24)}, std::tuple{&b, "b", int64_t(8)}}) {
+      p->name = name;
+      p->value = backend.empty({size}, DType::f32, MemCategory::weights);
+      p->grad = backend.empty({size}, DType::f32, MemCategory::gradients);
+      for (int64_t i = 0; i < size; ++i) p->value.ptr<float>()[i] = 0.01f * float(i), p->grad.ptr<float>()[i] = 0.5f;
+    }
+    optimizer = std::make_unique<AdamW>(backend, std::vector<Parameter*>{&w, &b}, AdamWOptions{});
+    optimizer->step(1e-3);
+  }
+};
+
+RunIdentity sample_identity() {
+  return {{"base_model.config", "the base model's config.json (m/config.json)", "700 bytes, checksum 01"},
+          {"adapter", "the adapter config", "{\"r\":4}"},
+          {"data.train", "the train data (train.jsonl)", "5000 bytes, checksum 02", true}};
+}
+
+}  // namespace
+
+TEST_CASE("train state: a flipped byte anywhere in the file is one Error naming the file") {
+  SmallTraining training;
+  TempDir dir("flip");
+  const std::string path = (dir.path / "train_state.safetensors").string();
+  save_train_state(path, *training.optimizer, {7, {0, 3}, {}}, sample_identity());
+  const std::string good = read_text(path);
+  REQUIRE(load_train_state(path, *training.optimizer, sample_identity()).step == 7);
+  int corrupt_named = 0;
+  for (size_t i = 0; i < good.size(); ++i) {
+    for (uint8_t flip : {uint8_t(0x01), uint8_t(0x80)}) {
+      std::string bad = good;
+      bad[i] = char(uint8_t(bad[i]) ^ flip);
+      write_text(path, bad);
+      const std::string message = error_of([&] { load_train_state(path, *training.optimizer, sample_identity()); });
+      CAPTURE(i);
+      CAPTURE(message);
+      REQUIRE(has(message, path));
+      corrupt_named += has(message, ": corrupt: its checksum is ");
+    }
+  }
+  // Each flip in the data block (3 tensors of 24 and 3 of 8 f32 values) passes every check but the checksum.
+  CHECK(corrupt_named >= 2 * 3 * (24 + 8) * 4);
+}
+
+TEST_CASE("train state: a different base model, adapter or data is refused, naming each difference") {
+  SmallTraining training;
+  TempDir dir("identity");
+  const std::string path = (dir.path / "train_state.safetensors").string();
+  save_train_state(path, *training.optimizer, {7, {0, 3}, {}}, sample_identity());
+
+  RunIdentity other_base = sample_identity();
+  other_base[0].value = "701 bytes, checksum 03";
+  other_base[1].value = "{\"r\":8}";
+  for (bool allow : {false, true}) {
+    const std::string message = error_of([&] { load_train_state(path, *training.optimizer, other_base, allow); });
+    CHECK(has(message, path + ": cannot resume: the checkpoint belongs to a different run:"));
+    CHECK(has(message, "the base model's config.json (m/config.json): now 701 bytes, checksum 03; the checkpoint's: "
+                       "700 bytes, checksum 01"));
+    CHECK(has(message, "the adapter config: now {\"r\":8}; the checkpoint's: {\"r\":4}"));
+    CHECK(has(message, "--allow-data-change covers the data files only"));
+  }
+
+  RunIdentity other_data = sample_identity();
+  other_data[2].value = "5001 bytes, checksum 04";
+  const std::string message = error_of([&] { load_train_state(path, *training.optimizer, other_data); });
+  CHECK(has(message, "the train data (train.jsonl): now 5001 bytes, checksum 04; the checkpoint's: 5000 bytes"));
+  CHECK(has(message, "--resume --allow-data-change resumes with the changed data anyway"));
+  const TrainProgress accepted = load_train_state(path, *training.optimizer, other_data, true);
+  CHECK(accepted.step == 7);
+  REQUIRE(accepted.data_changes.size() == 1);
+  CHECK(has(accepted.data_changes[0], "the train data (train.jsonl)"));
+
+  RunIdentity with_eval = sample_identity();
+  with_eval.push_back({"data.eval", "the eval data (eval.jsonl)", "10 bytes, checksum 05", true});
+  CHECK(has(error_of([&] { load_train_state(path, *training.optimizer, with_eval); }),
+            "the eval data (eval.jsonl): now 10 bytes, checksum 05; the checkpoint's: none recorded"));
+  RunIdentity without_adapter = sample_identity();
+  without_adapter.erase(without_adapter.begin() + 1);
+  CHECK(has(error_of([&] { load_train_state(path, *training.optimizer, without_adapter, true); }),
+            "adapter: the checkpoint's: {\"r\":4}; none in this run"));
+}
+
+TEST_CASE("train state: a state without a checksum (an earlier version's) is refused with what to do") {
+  SmallTraining training;
+  TempDir dir("old");
+  const std::string path = (dir.path / "train_state.safetensors").string();
+  Tensor values = Tensor::empty({24}, DType::f32, training.host, MemCategory::workspace);
+  save_safetensors(path, {{"param.w", values}}, {{"format", "finetune-train-state-1"}, {"step", "3"}});
+  CHECK(has(error_of([&] { load_train_state(path, *training.optimizer, {}); }),
+            path + ": not a training state of this version (no checksum; format \"finetune-train-state-1\"): it "
+                   "cannot be verified, so start the run again without --resume"));
+}
+
+TEST_CASE("an atomic write that fails names the path and the errno text and leaves the previous file") {
+  TempDir dir("atomic");
+  const std::string path = (dir.path / "kept.json").string();
+  write_file_atomically(path, "previous");
+  // A folder where the temp file should go: creating it fails with EISDIR.
+  fs::create_directories(path + ".tmp");
+  CHECK(has(error_of([&] { write_file_atomically(path, "new"); }),
+            path + ": cannot save (writing " + path + ".tmp: Is a directory); the previous kept.json, if any, is unchanged"));
+  CHECK(read_text(path) == "previous");
+  fs::remove(path + ".tmp");
+  write_file_atomically(path, "new");
+  CHECK(read_text(path) == "new");
+  CHECK(!fs::exists(path + ".tmp"));
 }

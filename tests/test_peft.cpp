@@ -167,6 +167,25 @@ TEST_CASE("llama + PEFT adapter matches peft: logits, loss, adapter gradients, o
   load_peft_adapter(folder, *reloaded);
   reloaded->forward(input_ids, targets);
   CHECK(same_bytes(reloaded->last_logits(), model->last_logits()));
+
+  // Our adapters carry a checksum: one flipped bit in a weight is an error naming the file.
+  const std::string flipped = folder + "_flipped", weights = flipped + "/adapter_model.safetensors";
+  std::filesystem::remove_all(flipped);
+  std::filesystem::copy(folder, flipped);
+  std::string bytes;
+  {
+    std::ifstream in(weights, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  bytes[bytes.size() - 3] = char(bytes[bytes.size() - 3] ^ 0x01);  // a low mantissa bit of the last value
+  std::ofstream(weights, std::ios::binary | std::ios::trunc) << bytes;
+  std::string message;
+  try {
+    load_peft_adapter(flipped, *reloaded);
+  } catch (const Error& error) {
+    message = error.what();
+  }
+  CHECK(message.find(weights + ": corrupt: its checksum is ") == 0);
 }
 
 namespace {

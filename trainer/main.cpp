@@ -1,4 +1,4 @@
-// finetune CONFIG.yaml [--set key=value]... [--resume]
+// finetune CONFIG.yaml [--set key=value]... [--resume [--allow-data-change]]
 // finetune plan CONFIG.yaml [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--set key=value]...
 // Every user-caused problem is an ft::Error: printed, exit status 1. SIGINT or
 // SIGTERM during training saves a checkpoint at the next step boundary and
@@ -16,9 +16,11 @@
 namespace {
 
 const char* kUsage =
-    "usage: finetune CONFIG.yaml [--set key=value]... [--resume]\n"
+    "usage: finetune CONFIG.yaml [--set key=value]... [--resume [--allow-data-change]]\n"
     "  --set key=value  override a config field (dotted keys: lora.r=16); repeatable\n"
-    "  --resume         continue from output_dir/train_state.safetensors\n"
+    "  --resume         continue from output_dir/train_state.safetensors; refused when the base model,\n"
+    "                   adapter config, tokenizer or data files differ from the checkpoint's\n"
+    "  --allow-data-change  with --resume: accept changed data files\n"
     "  SIGINT/SIGTERM (Ctrl-C) save a checkpoint at the next step and exit; a second one stops at once\n"
     "usage: finetune plan CONFIG.yaml [--gpu-mem 24GiB] [--device cuda|cpu] [--context-reserve 0.75GiB]\n"
     "                     [--set key=value]...\n"
@@ -67,6 +69,8 @@ int run(int argc, char** argv) {
       return 0;
     } else if (arg == "--resume") {
       options.resume = true;
+    } else if (arg == "--allow-data-change") {
+      options.allow_data_change = true;
     } else if (arg == "--set") {
       FT_CHECK(i + 1 < argc, "--set needs key=value");
       overrides.push_back(argv[++i]);
@@ -79,6 +83,7 @@ int run(int argc, char** argv) {
     }
   }
   FT_CHECK(!config_path.empty(), "no config file given\n", kUsage);
+  FT_CHECK(options.resume || !options.allow_data_change, "--allow-data-change applies to --resume only\n", kUsage);
   return ft::run_training(ft::load_train_config(config_path, overrides), options);
 }
 

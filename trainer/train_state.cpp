@@ -3,10 +3,12 @@
 #include <charconv>
 
 #include "kernels/error.h"
-#include "model/safetensors.h"
 
 namespace ft {
 namespace {
+
+constexpr const char* kFormat = "finetune-train-state-2";
+const std::string kIdentityPrefix = "identity.";
 
 // A host f32 copy of a backend tensor (the CPU backend could share memory, a
 // GPU backend cannot; one path for both).
@@ -28,9 +30,58 @@ int64_t metadata_int(const std::map<std::string, std::string>& metadata, const s
   return value;
 }
 
+// Before anything in the file is believed: the checksum, then the format.
+void verify_train_state(const SafetensorsFile& file) {
+  const std::string& path = file.path();
+  auto stored = file.metadata().find(kChecksumKey);
+  auto format = file.metadata().find("format");
+  FT_CHECK(stored != file.metadata().end(), path, ": not a training state of this version (no checksum; format \"",
+           format == file.metadata().end() ? "none" : format->second,
+           "\"): it cannot be verified, so start the run again without --resume");
+  verify_checksum(file);
+  FT_CHECK(format != file.metadata().end() && format->second == kFormat, path, ": format \"",
+           format == file.metadata().end() ? "none" : format->second, "\", expected \"", kFormat, "\"");
+}
+
+// Every difference between identity and the one the file records, one line each.
+std::vector<std::string> identity_differences(const std::map<std::string, std::string>& metadata,
+                                              const RunIdentity& identity, bool* only_data) {
+  std::vector<std::string> differences;
+  *only_data = true;
+  std::map<std::string, bool> known;
+  for (const IdentityField& field : identity) {
+    known[kIdentityPrefix + field.key] = true;
+    auto saved = metadata.find(kIdentityPrefix + field.key);
+    if (saved != metadata.end() && saved->second == field.value) continue;
+    differences.push_back(field.what + ": now " + field.value + "; the checkpoint's: " +
+                          (saved == metadata.end() ? "none recorded" : saved->second));
+    *only_data = *only_data && field.is_data;
+  }
+  for (const auto& [key, value] : metadata) {
+    if (key.rfind(kIdentityPrefix, 0) != 0 || known.count(key)) continue;
+    differences.push_back(key.substr(kIdentityPrefix.size()) + ": the checkpoint's: " + value + "; none in this run");
+    *only_data = *only_data && key.rfind(kIdentityPrefix + "data.", 0) == 0;
+  }
+  return differences;
+}
+
+std::vector<std::string> check_identity(const SafetensorsFile& file, const RunIdentity& identity,
+                                        bool allow_data_change) {
+  bool only_data = true;
+  std::vector<std::string> differences = identity_differences(file.metadata(), identity, &only_data);
+  if (differences.empty() || (only_data && allow_data_change)) return differences;
+  std::string message = file.path() + ": cannot resume: the checkpoint belongs to a different run:";
+  for (const std::string& difference : differences) message += "\n  " + difference;
+  message += only_data ? "\n--resume --allow-data-change resumes with the changed data anyway"
+                       : "\na checkpoint resumes only with the base model, adapter config and tokenizer it was made "
+                         "with (--allow-data-change covers the data files only)";
+  fail(message);
+}
+
 }  // namespace
 
-void save_train_state(const std::string& path, AdamW& optimizer, const TrainProgress& progress) {
+void save_train_state(const std::string& path, AdamW& optimizer, const TrainProgress& progress,
+                      const RunIdentity& identity) {
   Backend& backend = optimizer.backend();
   HostAllocator host;
   std::vector<std::pair<std::string, Tensor>> tensors;
@@ -41,17 +92,22 @@ void save_train_state(const std::string& path, AdamW& optimizer, const TrainProg
     tensors.emplace_back("adam_v." + name, to_host(backend, optimizer.second_moment(i), host));
   }
   std::map<std::string, std::string> metadata = {
-      {"format", "finetune-train-state-1"},
+      {"format", kFormat},
       {"step", std::to_string(progress.step)},
       {"optimizer_steps", std::to_string(optimizer.steps_taken())},
       {"data_epoch", std::to_string(progress.data_position.epoch)},
       {"data_index", std::to_string(progress.data_position.index)},
   };
-  save_safetensors(path, tensors, metadata);
+  for (const IdentityField& field : identity) metadata[kIdentityPrefix + field.key] = field.value;
+  save_safetensors_with_checksum(path, tensors, metadata);
 }
 
-TrainProgress load_train_state(const std::string& path, AdamW& optimizer) {
+TrainProgress load_train_state(const std::string& path, AdamW& optimizer, const RunIdentity& identity,
+                               bool allow_data_change) {
   SafetensorsFile file(path);
+  verify_train_state(file);
+  TrainProgress progress;
+  progress.data_changes = check_identity(file, identity, allow_data_change);
   std::map<std::string, const SafetensorsEntry*> by_name;
   for (const SafetensorsEntry& entry : file.entries()) by_name[entry.name] = &entry;
   FT_CHECK(by_name.size() == 3 * optimizer.parameters().size(), path, ": holds ", by_name.size() / 3,
@@ -76,7 +132,6 @@ TrainProgress load_train_state(const std::string& path, AdamW& optimizer) {
   }
   optimizer.sync_compute_copies();
   optimizer.set_steps_taken(metadata_int(file.metadata(), "optimizer_steps", path));
-  TrainProgress progress;
   progress.step = metadata_int(file.metadata(), "step", path);
   progress.data_position.epoch = metadata_int(file.metadata(), "data_epoch", path);
   progress.data_position.index = metadata_int(file.metadata(), "data_index", path);

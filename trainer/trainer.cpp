@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/dropout_hash.h"
 #include "kernels/error.h"
+#include "model/atomic_file.h"
 #include "model/causal_lm.h"
 #include "model/peft_adapter.h"
 #include "model/quantized_base.h"
@@ -23,6 +24,7 @@
 #include "trainer/lr_schedule.h"
 #include "trainer/optimizer.h"
 #include "trainer/progress.h"
+#include "trainer/run_identity.h"
 #include "trainer/special_tokens.h"
 #include "trainer/train_state.h"
 
@@ -83,6 +85,7 @@ struct Run {
   SpecialTokens special_tokens;
   std::unique_ptr<CausalLM> model;
   std::unique_ptr<AdamW> optimizer;
+  RunIdentity identity;  // what its checkpoints belong to
   std::unique_ptr<DataLoader> train, eval;
   Dataset eval_examples;
   LrSchedule schedule;
@@ -148,9 +151,8 @@ void save_base(const Run& run, CausalLM& model) {
   const std::string& folder = run.config.quantization.save_base;
   fs::create_directories(folder);
   save_quantized_base(model, path_in(folder, "model.safetensors"));
-  fs::copy_file(path_in(run.config.model, "config.json"), path_in(folder, "config.json"),
-                fs::copy_options::overwrite_existing);
-  fs::copy_file(run.config.tokenizer, path_in(folder, run.tokenizer->file_name()), fs::copy_options::overwrite_existing);
+  copy_file_atomically(path_in(run.config.model, "config.json"), path_in(folder, "config.json"));
+  copy_file_atomically(run.config.tokenizer, path_in(folder, run.tokenizer->file_name()));
   std::cout << "quantized base: " << folder << "\n";
 }
 
@@ -170,6 +172,7 @@ void make_model(Run& run) {
   });
   run.model = std::move(setup.model);
   run.optimizer = std::move(setup.optimizer);
+  run.identity = run_identity(config, *run.model);
   print_trainable_parameters(*run.model);
 }
 
@@ -276,7 +279,7 @@ void check_finite_before_save(Run& run, const std::string& path) {
 
 void save_state(Run& run, const std::string& path, int64_t step) {
   check_finite_before_save(run, path);
-  save_train_state(path, *run.optimizer, {step, run.train->position()});
+  save_train_state(path, *run.optimizer, {step, run.train->position(), {}}, run.identity);
 }
 
 struct EvalFigures {
@@ -356,9 +359,8 @@ void save_full_model(Run& run, const std::string& folder) {
     tensors.emplace_back(p.name, host_copy);
   }
   save_safetensors(path_in(folder, "model.safetensors"), tensors);
-  fs::copy_file(path_in(run.config.model, "config.json"), path_in(folder, "config.json"),
-                fs::copy_options::overwrite_existing);
-  fs::copy_file(run.config.tokenizer, path_in(folder, run.tokenizer->file_name()), fs::copy_options::overwrite_existing);
+  copy_file_atomically(path_in(run.config.model, "config.json"), path_in(folder, "config.json"));
+  copy_file_atomically(run.config.tokenizer, path_in(folder, run.tokenizer->file_name()));
 }
 
 void save_outputs(Run& run) {
@@ -378,7 +380,8 @@ void save_outputs(Run& run) {
 }
 
 // Drops metric rows past the resumed step: a crash after the last checkpoint
-// leaves rows for steps that will now be trained again.
+// leaves rows for steps that will now be trained again. Atomic, so a crash
+// here loses no row either.
 void truncate_metrics(const std::string& path, int64_t resumed_step) {
   std::ifstream in(path);
   std::string line, kept;
@@ -387,7 +390,7 @@ void truncate_metrics(const std::string& path, int64_t resumed_step) {
     if (row.is_object() && row.value("step", int64_t(0)) <= resumed_step) kept += line + "\n";
   }
   in.close();
-  std::ofstream(path, std::ios::trunc) << kept;
+  write_file_atomically(path, kept);
 }
 
 std::string describe_change(double before, double after) {
@@ -435,7 +438,9 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   TrainProgress resumed;
   if (options.resume) {
     FT_CHECK(fs::exists(state_path), state_path, ": no training state to resume from");
-    resumed = load_train_state(state_path, *run.optimizer);
+    resumed = load_train_state(state_path, *run.optimizer, run.identity, options.allow_data_change);
+    for (const std::string& change : resumed.data_changes)
+      std::cout << "warning: resuming with changed data (--allow-data-change): " << change << "\n";
     run.train->set_position(resumed.data_position);
     truncate_metrics(metrics_path, resumed.step);
     std::cout << "resumed at step " << resumed.step << " from " << state_path << "\n";

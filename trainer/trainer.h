@@ -29,6 +29,9 @@ TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model
 
 struct RunOptions {
   bool resume = false;  // continue from output_dir/train_state.safetensors
+  // With resume: accept a checkpoint whose data files differ from this run's
+  // (never one whose base model, adapter config or tokenizer differ).
+  bool allow_data_change = false;
 };
 
 // Returns the exit status: 0, or 128 + the signal when SIGINT or SIGTERM

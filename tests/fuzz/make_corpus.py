@@ -39,6 +39,49 @@ def bf16(values):
     return b"".join(struct.pack("<f", v)[2:] for v in values)
 
 
+M64 = (1 << 64) - 1
+
+
+class Checksum:
+    """model/checksum.cpp's Checksum, so a seed train state passes its check."""
+
+    def __init__(self):
+        self.data = b""
+
+    def add(self, data):
+        self.data += data
+
+    def add_text(self, text):
+        self.add(struct.pack("<Q", len(text.encode())) + text.encode())
+
+    def hex(self):
+        def mix(state, word):
+            x = state ^ (word * 0xC2B2AE3D27D4EB4F & M64)
+            return (((x << 31) | (x >> 33)) & M64) * 0x9E3779B185EBCA87 & M64
+        state, whole = 0x9E3779B97F4A7C15, len(self.data) // 8 * 8
+        for i in range(0, whole, 8):
+            state = mix(state, struct.unpack_from("<Q", self.data, i)[0])
+        h = mix(state ^ len(self.data), int.from_bytes(self.data[whole:].ljust(8, b"\0"), "little"))
+        h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9 & M64
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EB & M64
+        return "%016x" % (h ^ (h >> 31))
+
+
+def safetensors_checksum(tensors, metadata):
+    """model/safetensors.cpp's safetensors_checksum over the same contents."""
+    checksum = Checksum()
+    for key in sorted(metadata):
+        checksum.add_text(key)
+        checksum.add_text(metadata[key])
+    names = {"F32": "f32", "BF16": "bf16"}
+    for name, dtype, shape, raw in sorted(tensors):
+        checksum.add_text(name)
+        checksum.add_text(names[dtype])
+        checksum.add_text("[" + ", ".join(str(d) for d in shape) + "]")
+        checksum.add(raw)
+    return checksum.hex()
+
+
 def main():
     shutil.rmtree(corpus, ignore_errors=True)
 
@@ -76,8 +119,9 @@ def main():
     for prefix in ("param.", "adam_m.", "adam_v."):
         state.append((prefix + "w", "F32", [2, 3], f32([0.5, -1, 2, 0, 0.25, 3])))
         state.append((prefix + "b", "F32", [3], f32([1, 2, 3])))
-    metadata = {"format": "finetune-train-state-1", "step": "5", "optimizer_steps": "5", "data_epoch": "1",
-                "data_index": "2"}
+    metadata = {"format": "finetune-train-state-2", "step": "5", "optimizer_steps": "5", "data_epoch": "1",
+                "data_index": "2", "identity.data.train": "12 bytes, checksum 0123456789abcdef"}
+    metadata["checksum"] = safetensors_checksum(state, metadata)
     seed("fuzz_train_state", "two_parameters", safetensors(state, metadata))
 
 

@@ -1,0 +1,64 @@
+#include "trainer/run_identity.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "model/checksum.h"
+#include "model/safetensors.h"
+
+namespace ft {
+namespace {
+
+// The frozen tensors' names, dtypes and shapes: what the safetensors headers
+// say, not the data, so a large base costs nothing to identify.
+std::string base_tensors(const TrainConfig& config) {
+  if (config.init == InitMode::random) return "random init, seed " + std::to_string(config.seed);
+  Checkpoint checkpoint(config.model);
+  Checksum checksum;
+  const std::vector<std::string> names = checkpoint.names();  // sorted
+  for (const std::string& name : names) {
+    const SafetensorsEntry& entry = checkpoint.entry(name);
+    checksum.add_text(name);
+    checksum.add_text(dtype_name(entry.dtype));
+    checksum.add_text(shape_string(entry.shape));
+  }
+  std::string held = config.quantization.mode == QuantMode::int8
+                         ? "int8, threshold " + nlohmann::json(config.quantization.threshold).dump()
+                         : "not quantized";
+  return std::to_string(names.size()) + " tensors, checksum " + checksum.hex() + ", " + held;
+}
+
+std::string adapter_config(const TrainConfig& config, const CausalLM& model) {
+  if (config.trainable == Trainable::all) return "trainable: all (no adapters)";
+  const LoraOptions& lora = *model.options().lora;
+  std::vector<std::string> targets = lora.target_modules;
+  std::sort(targets.begin(), targets.end());
+  const nlohmann::json described = {{"r", lora.r},
+                                    {"lora_alpha", lora.lora_alpha},
+                                    {"lora_dropout", lora.lora_dropout},
+                                    {"target_modules", targets},
+                                    {"use_rslora", lora.use_rslora}};
+  return described.dump();
+}
+
+}  // namespace
+
+RunIdentity run_identity(const TrainConfig& config, const CausalLM& model) {
+  const std::string config_json = (std::filesystem::path(config.model) / "config.json").string();
+  RunIdentity identity = {
+      {"base_model.config", "the base model's config.json (" + config_json + ")", file_fingerprint(config_json)},
+      {"base_model.tensors",
+       "the base model's tensors (names, dtypes and shapes in " + config.model + "; quantization)",
+       base_tensors(config)},
+      {"adapter", "the adapter config", adapter_config(config, model)},
+      {"tokenizer", "the tokenizer (" + config.tokenizer + ")", file_fingerprint(config.tokenizer)},
+      {"data.train", "the train data (" + config.data.train + ")", file_fingerprint(config.data.train), true},
+  };
+  if (!config.data.eval.empty())
+    identity.push_back(
+        {"data.eval", "the eval data (" + config.data.eval + ")", file_fingerprint(config.data.eval), true});
+  return identity;
+}
+
+}  // namespace ft

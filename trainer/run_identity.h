@@ -1,0 +1,17 @@
+// What a run's checkpoints belong to, recorded in every training state and
+// compared on --resume (train_state.h): the base model (its config.json, the
+// names, dtypes and shapes of its tensors, how it is held: cheap, no tensor
+// data is read), the adapter config, the tokenizer file and the data files
+// (size and checksum of each).
+#pragma once
+#include "model/causal_lm.h"
+#include "trainer/train_config.h"
+#include "trainer/train_state.h"
+
+namespace ft {
+
+// model: the run's model, built from config (its LoRA options have the
+// architecture's default targets filled in).
+RunIdentity run_identity(const TrainConfig& config, const CausalLM& model);
+
+}  // namespace ft
