@@ -27,9 +27,10 @@ class OwningCachingAllocator final : public Allocator {
 
 }  // namespace
 
-int cuda_device_count(std::string* why) {
+int cuda_device_count(std::string* why, bool* runtime_failed) {
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
+  if (runtime_failed) *runtime_failed = status != cudaSuccess && status != cudaErrorNoDevice;
   if (status != cudaSuccess) {
     cudaGetLastError();  // clear the error so later calls are not blamed
     *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(status);
