@@ -85,7 +85,7 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   const bool cuda = options.policy == MemoryPolicy::cuda;
   TrackingAllocator tracker(cuda ? static_cast<Allocator&>(caching) : meta);
   PeakWatch watch(tracker, cuda ? &caching : nullptr);
-  MetaBackend backend(watch, options.policy, options.gemm_workspace_bytes);
+  MetaBackend backend(watch, options.policy, options.gemm_workspace_bytes, options.library_attention);
   watch.backend = &backend;
 
   // As a run builds it, minus reading weights: the meta device has no values.

@@ -21,6 +21,9 @@ struct PlanOptions {
   size_t context_reserve_bytes = size_t(768) << 20;  // CUDA context + cuBLASLt handles; cuda policy only
   // cuda policy: cuBLASLt's workspace; 0 plans the emulator's tiled GEMM.
   size_t gemm_workspace_bytes = cuda::kCublasLtWorkspaceBytes;
+  // cuda policy: bf16 attention on cuDNN SDPA with its workspace budget;
+  // false plans our attention kernels alone (the emulator, builds without cuDNN).
+  bool library_attention = true;
 };
 
 struct StepPlan {

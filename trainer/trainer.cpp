@@ -113,7 +113,8 @@ std::string with_commas(int64_t value) {
 void make_backend(Run& run) {
   const DeviceChoice choice = run.config.device;
   std::string no_cuda_why;
-  const bool use_cuda = choice != DeviceChoice::cpu && cuda_device_count(&no_cuda_why) > 0;
+  bool runtime_failed = false;
+  const bool use_cuda = choice != DeviceChoice::cpu && cuda_device_count(&no_cuda_why, &runtime_failed) > 0;
   FT_CHECK(use_cuda || choice != DeviceChoice::cuda, run.config.source, ": device: cuda, but no CUDA device is usable (",
            no_cuda_why, "); set device: auto or cpu to train on the CPU");
   const char* automatic = choice == DeviceChoice::automatic ? "auto: " : "";
@@ -129,6 +130,11 @@ void make_backend(Run& run) {
   std::cout << "device: cpu";
   if (choice == DeviceChoice::automatic) std::cout << " (auto: no CUDA device: " << no_cuda_why << ")";
   std::cout << "\n";
+  // A GPU whose runtime fails is worth a warning: the run will be far slower
+  // than the user expects, for a reason they can fix.
+  if (runtime_failed)
+    std::cerr << "warning: device: auto falls back to the CPU because the CUDA runtime failed: " << no_cuda_why
+              << "\n";
 }
 
 // As PEFT's print_trainable_parameters; "all" counts the adapters too.

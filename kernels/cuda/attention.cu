@@ -490,6 +490,7 @@ void launch_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, con
 
 void CudaBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                                          float scale) {
+  if (attention_ && attention_->forward(out, lse, q, k, v, scale, stream_)) return;  // cuDNN SDPA
   int64_t batch = 0;
   Dims dims = launch_dims("attention_forward", q, k, batch);
   if (batch == 0 || dims.seq == 0 || dims.q_heads == 0) return;
@@ -501,6 +502,7 @@ void CudaBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor&
 void CudaBackend::attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                                           const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                                           float scale) {
+  if (attention_ && attention_->backward(dq, dk, dv, dout, q, k, v, out, lse, scale, stream_)) return;  // cuDNN SDPA
   int64_t batch = 0;
   Dims dims = launch_dims("attention_backward", q, k, batch);
   if (batch == 0 || dims.seq == 0 || dims.q_heads == 0) return;

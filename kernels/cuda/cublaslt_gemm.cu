@@ -7,6 +7,7 @@
 // is one cublasLtMatmul.
 #include <cublasLt.h>
 
+#include <cstdio>
 #include <map>
 #include <tuple>
 
@@ -188,6 +189,7 @@ class CublasLtGemm final : public Gemm {
     // whose int32 sums are the same.
     if (integer && (status != CUBLAS_STATUS_SUCCESS || found_count == 0)) {
       p.found = false;
+      log_no_imma_once(args, status);
       return plans_.emplace(key, p).first->second;
     }
     FT_CUBLAS_CHECK(status);
@@ -197,7 +199,20 @@ class CublasLtGemm final : public Gemm {
     return plans_.emplace(key, p).first->second;
   }
 
+  // The tiled fallback is far slower than IMMA: say so, once per engine,
+  // naming the first problem it happened to.
+  void log_no_imma_once(const GemmArgs& args, cublasStatus_t status) {
+    if (logged_no_imma_) return;
+    logged_no_imma_ = true;
+    std::fprintf(stderr,
+                 "warning: cuBLASLt has no IMMA algorithm for the int8 product %lld x %lld x %lld (%s); the tiled "
+                 "int8 kernel runs instead (exact, but slower); further such products are not reported\n",
+                 static_cast<long long>(args.m), static_cast<long long>(args.n), static_cast<long long>(args.k),
+                 status == CUBLAS_STATUS_SUCCESS ? "no algorithm returned" : cublasLtGetStatusString(status));
+  }
+
   cublasLtHandle_t handle_ = nullptr;
+  bool logged_no_imma_ = false;
   Tensor workspace_;
   std::map<Problem, Plan> plans_;
   std::unique_ptr<Gemm> tiled_ = make_tiled_gemm();

@@ -11,7 +11,9 @@ static Allocator& device_allocator(Allocator& allocator) {
   return allocator;
 }
 
-CudaBackend::CudaBackend(Allocator& allocator, cuda::GemmKind gemm)
-    : allocator_(device_allocator(allocator)), gemm_(cuda::make_gemm(gemm, allocator_)) {}
+CudaBackend::CudaBackend(Allocator& allocator, cuda::GemmKind gemm, bool library_attention)
+    : allocator_(device_allocator(allocator)),
+      gemm_(cuda::make_gemm(gemm, allocator_)),
+      attention_(library_attention ? cuda::make_library_attention(allocator_) : nullptr) {}
 
 }  // namespace ft

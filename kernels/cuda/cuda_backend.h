@@ -23,6 +23,7 @@
 #include <memory>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/attention_engine.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/scratch.h"
 
@@ -31,7 +32,10 @@ namespace ft {
 class CudaBackend final : public Backend {
  public:
   // allocator must hand out device memory (Device::cuda) and outlive the backend.
-  explicit CudaBackend(Allocator& allocator, cuda::GemmKind gemm = cuda::default_gemm_kind());
+  // library_attention: try cuDNN SDPA (cuda::make_library_attention) before
+  // our attention kernels where the build has it; false runs ours alone.
+  explicit CudaBackend(Allocator& allocator, cuda::GemmKind gemm = cuda::default_gemm_kind(),
+                       bool library_attention = true);
   const char* name() const override { return "cuda"; }
   Allocator& allocator() override { return allocator_; }
 
@@ -56,6 +60,7 @@ class CudaBackend final : public Backend {
 
   Allocator& allocator_;
   std::unique_ptr<cuda::Gemm> gemm_;
+  std::unique_ptr<cuda::AttentionEngine> attention_;  // null: our attention kernels only
   CUstream_st* stream_ = nullptr;  // cudaStream_t: the legacy default stream
 };
 

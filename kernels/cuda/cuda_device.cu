@@ -1,6 +1,8 @@
 // kernels/cuda/cuda_device.h for the CUDA builds (nvcc and the emulator).
 #include "kernels/cuda/cuda_device.h"
 
+#include <dlfcn.h>
+
 #include <cstdio>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -25,14 +27,27 @@ class OwningCachingAllocator final : public Allocator {
   CachingAllocator caching_{device_};
 };
 
+// Whether an NVIDIA driver is installed at all. Without one the runtime
+// answers "CUDA driver version is insufficient for CUDA runtime version",
+// which then only means "no GPU here"; with one it is a real failure (a
+// driver older than the toolkit).
+bool driver_installed() {
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (driver) dlclose(driver);
+  return driver != nullptr;
+}
+
 }  // namespace
 
-int cuda_device_count(std::string* why) {
+int cuda_device_count(std::string* why, bool* runtime_failed) {
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
+  const bool no_driver = status == cudaErrorInsufficientDriver && !driver_installed();
+  if (runtime_failed) *runtime_failed = status != cudaSuccess && status != cudaErrorNoDevice && !no_driver;
   if (status != cudaSuccess) {
     cudaGetLastError();  // clear the error so later calls are not blamed
-    *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(status);
+    *why = no_driver ? std::string("no NVIDIA driver installed (libcuda.so.1 not found)")
+                     : std::string("cudaGetDeviceCount: ") + cudaGetErrorString(status);
     return 0;
   }
   if (count == 0) *why = "the CUDA runtime reports 0 devices";

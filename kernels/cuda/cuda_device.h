@@ -14,8 +14,12 @@
 namespace ft {
 
 // The number of usable CUDA devices; when there is none, *why says why (the
-// runtime's error, or that this build has no CUDA backend).
-int cuda_device_count(std::string* why);
+// runtime's error, or that this build has no CUDA backend). *runtime_failed
+// (when given) tells a machine without a GPU (cudaErrorNoDevice, no NVIDIA
+// driver installed, a build without CUDA: false) from a CUDA runtime that
+// failed (a driver older than the toolkit, a broken install: true), which
+// must not pass for "no GPU".
+int cuda_device_count(std::string* why, bool* runtime_failed = nullptr);
 // Device 0 in a few words (name, memory), for the trainer's "device:" line.
 std::string cuda_device_description();
 

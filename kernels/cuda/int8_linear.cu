@@ -4,19 +4,25 @@
 //   1. outlier columns (any |x[:, k]| >= threshold): flagged per column, then
 //      compacted on the device into `columns` = [count, ascending indices...],
 //      so no kernel waits on the host for the count;
-//   2. per row of x: absmax with the outlier columns zeroed, and the codes;
-//   3. per block of rows: the int8 x int8 -> int32 product of the codes with q
-//      through cuda::Gemm (cuBLASLt's IMMA path on a GPU);
-//   4. an epilogue dequantises the product, adds the outlier columns in f32
-//      (reading x and q in place), the bias and the LoRA update scaling * h B^T
-//      (reading h [N, r] and B [O, r] in place), and rounds out once.
+//   2. the outlier columns' weight codes gathered once into a contiguous
+//      [c, O] buffer (up to int8_outlier_gather_columns of them), so the
+//      epilogue reads them coalesced rather than one byte K apart per thread;
+//   3. per row of x: absmax with the outlier columns zeroed, and the codes;
+//   4. per block of rows (balanced: no short tail): the int8 x int8 -> int32
+//      product of the codes with q through cuda::Gemm (cuBLASLt's IMMA path on
+//      a GPU);
+//   5. an epilogue dequantises the product, adds the outlier columns in f32
+//      (x in place, the gathered codes), the bias and the LoRA update
+//      scaling * h B^T (reading h [N, r] and B [O, r] in place), and rounds
+//      out once.
 // The scratch is exactly what the memory planner models
 // (kernels/meta/meta_backend.cpp): it does not depend on the outlier count.
 //
-// Backward, dx = dout @ W: W is dequantised one block of input-feature
-// columns at a time into a tile of dout's dtype (bf16 tensor cores on the
-// real path), and one GEMM per block writes its columns of dx in place with
-// f32 accumulation, so dx is rounded once.
+// Backward, dx = dout @ W: W is dequantised a few wide blocks of
+// input-feature columns at a time (kInt8DequantTileElementsGpu: one to three
+// per GPT-NeoX-20B weight) into a tile of dout's dtype (bf16 tensor cores on
+// the real path), and one GEMM per block writes its columns of dx in place
+// with f32 accumulation, so dx is rounded once.
 #include "kernels/cuda/int8_linear.h"
 
 #include <algorithm>
@@ -91,10 +97,22 @@ struct OutlierCursor {
   }
 };
 
+// round-half-even(v * 127 / absmax), the rounding of the exact quotient, as
+// the CPU computes it in double. For bf16 and f16 x (and so a bf16 or f16
+// absmax) f32 gives the same code without FP64 (1/64 rate on consumer GPUs):
+// v * 127 is exact in f32 (at most 11 + 7 significant bits), and a quotient
+// A 2^a / (S 2^s) of such numbers that is not a tie lies at least 2^-18 of
+// itself (or 2^-12 absolutely) from the nearest tie, while a correctly rounded
+// f32 quotient (|q| <= 127) is within 2^-24 of itself: both round alike, and
+// an exact tie is representable.
+__device__ inline int8_t quantize_code(float v, float absmax, bool narrow_input) {
+  if (narrow_input) return int8_t(rintf(__fdiv_rn(__fmul_rn(v, 127.0f), absmax)));
+  return int8_t(rint(double(v) * 127.0 / double(absmax)));
+}
+
 // One block per row of x: the absmax over the row with its outlier columns
-// zeroed, then q = round-half-even(x * 127 / absmax) in double, the rounding
-// of the exact quotient as quantize_rows_int8 (quantize_int8.cu) and the CPU
-// compute it. Outlier columns get code 0.
+// zeroed, then the codes (quantize_code; quantize_rows_int8 and the CPU
+// round alike). Outlier columns get code 0.
 __global__ void __launch_bounds__(kBlock) quantize_inliers_kernel(int8_t* q, float* scales, cuda::ConstView x,
                                                                   const int32_t* columns, int64_t K) {
   __shared__ float scratch[32];
@@ -105,12 +123,23 @@ __global__ void __launch_bounds__(kBlock) quantize_inliers_kernel(int8_t* q, flo
     if (!in_absmax.at(k)) absmax = fmaxf(absmax, fabsf(cuda::load(x, row + k)));
   absmax = cuda::block_max<kBlock>(absmax, scratch);
   if (threadIdx.x == 0) scales[blockIdx.x] = absmax;
-  const double s = absmax;
+  const bool narrow_input = x.dtype != DType::f32;
   OutlierCursor in_codes(columns);
   for (int64_t k = threadIdx.x; k < K; k += kBlock) {
     const bool zero = absmax == 0.0f || in_codes.at(k);
-    q[row + k] = zero ? int8_t(0) : int8_t(rint(double(cuda::load(x, row + k)) * 127.0 / s));
+    q[row + k] = zero ? int8_t(0) : quantize_code(cuda::load(x, row + k), absmax, narrow_input);
   }
+}
+
+// gathered[c, o] = q[o, columns[1 + c]] for the first min(count, capacity)
+// outlier columns. The reads are strided, but once per call instead of once
+// per row of x in the epilogue.
+__global__ void __launch_bounds__(kBlock) gather_outlier_weights_kernel(int8_t* gathered, const int8_t* wq,
+                                                                        const int32_t* columns, int64_t O,
+                                                                        int64_t K, int64_t capacity) {
+  const int64_t count = columns[0] < capacity ? int64_t(columns[0]) : capacity;
+  for (int64_t i = grid_index(); i < count * O; i += grid_stride())
+    gathered[i] = wq[(i % O) * K + columns[1 + i / O]];
 }
 
 // Backend::int8_linear_forward's Int8Epilogue as kernel arguments; a null
@@ -143,8 +172,15 @@ __device__ inline float apply_epilogue(float value, const EpilogueViews& e, int6
 // out rows [n0, n0 + rows): the int32 product dequantised, plus the outlier
 // columns in f32 and the epilogue, in the CPU's order and arithmetic
 // (forward_block in kernels/cpu/int8.cpp), rounded once.
+// The outlier codes come from the gathered [capacity, O] buffer (coalesced
+// across o), past its capacity from q in place: the same bytes either way.
+struct OutlierWeights {
+  const int8_t *gathered, *wq;
+  int64_t capacity;
+};
+
 __global__ void __launch_bounds__(kBlock)
-    forward_epilogue_kernel(cuda::View out, const int32_t* product, cuda::ConstView x, const int8_t* wq,
+    forward_epilogue_kernel(cuda::View out, const int32_t* product, cuda::ConstView x, OutlierWeights w,
                             const float* sx, const float* sw, const int32_t* columns, EpilogueViews epilogue,
                             int64_t n0, int64_t rows, int64_t O, int64_t K) {
   const int32_t count = columns[0];
@@ -153,7 +189,8 @@ __global__ void __launch_bounds__(kBlock)
     float value = float(product[i]) * (sx[n] * sw[o] * kInv127Sq);
     for (int32_t c = 0; c < count; ++c) {
       const int64_t k = columns[1 + c];
-      value = fmaf(cuda::load(x, n * K + k), float(wq[o * K + k]) * sw[o] / 127.0f, value);
+      const int8_t code = c < w.capacity ? w.gathered[c * O + o] : w.wq[o * K + k];
+      value = fmaf(cuda::load(x, n * K + k), float(code) * sw[o] / 127.0f, value);
     }
     cuda::store(out, n * O + o, apply_epilogue(value, epilogue, n, o));
   }
@@ -229,28 +266,38 @@ void backward_block(Tensor& dx, const Tensor& dout, const Tensor& tile, int64_t 
 namespace cuda {
 
 void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
-                         float threshold, const Int8Epilogue& epilogue, int64_t chunk_rows,
+                         float threshold, const Int8Epilogue& epilogue, int64_t chunk_rows, int64_t gather_columns,
                          const Int8Context& context) {
   const char* op = "int8_linear_forward";
   const int64_t N = x.rows(), K = x.cols(), O = weight.dim(0);
   FT_CHECK(chunk_rows >= 1, op, ": chunk_rows must be >= 1, got ", chunk_rows);
   FT_CHECK(N < (int64_t(1) << 31), op, ": too many rows (", N, ")");
-  const Int8ForwardScratch sizes = int8_forward_scratch(N, K, O, chunk_rows);
+  const int64_t chunk = balanced_chunk_rows(N, chunk_rows);
+  FT_CHECK(gather_columns >= 0, op, ": gather_columns must be >= 0, got ", gather_columns);
+  const Int8ForwardScratch sizes = int8_forward_scratch(N, K, O, chunk, std::min(gather_columns, K));
   Tensor columns = scratch(context, sizes.outlier_columns);
+  Tensor outlier_weights = scratch(context, sizes.outlier_weights);
   Tensor codes = scratch(context, sizes.codes);
   Tensor row_scales = scratch(context, sizes.row_scales);
   Tensor product = scratch(context, sizes.product);
   if (N == 0 || O == 0) return;
 
   find_outlier_columns(columns, x, threshold, context.stream);
+  const OutlierWeights w{outlier_weights.ptr<const int8_t>(), weight.ptr<const int8_t>(), outlier_weights.dim(0)};
+  if (w.capacity > 0) {
+    launch<gather_outlier_weights_kernel>(elementwise_blocks(w.capacity * O, kBlock), kBlock, 0, context.stream,
+                                          outlier_weights.ptr<int8_t>(), w.wq, columns.ptr<const int32_t>(), O, K,
+                                          w.capacity);
+    FT_CUDA_CHECK_LAUNCH();
+  }
   launch<quantize_inliers_kernel>(unsigned(N), kBlock, 0, context.stream, codes.ptr<int8_t>(),
                                   row_scales.ptr<float>(), const_view(x), columns.ptr<const int32_t>(), K);
   FT_CUDA_CHECK_LAUNCH();
-  for (int64_t n0 = 0; n0 < N; n0 += chunk_rows) {
-    const int64_t rows = std::min(chunk_rows, N - n0);
+  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+    const int64_t rows = std::min(chunk, N - n0);
     int8_product(product, codes, weight, n0, rows, context);
     launch<forward_epilogue_kernel>(elementwise_blocks(rows * O, kBlock), kBlock, 0, context.stream, view(out),
-                                    product.ptr<const int32_t>(), const_view(x), weight.ptr<const int8_t>(),
+                                    product.ptr<const int32_t>(), const_view(x), w,
                                     row_scales.ptr<const float>(), weight_scales.ptr<const float>(),
                                     columns.ptr<const int32_t>(), epilogue_views(epilogue), n0, rows, O, K);
     FT_CUDA_CHECK_LAUNCH();
@@ -278,13 +325,15 @@ void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, 
 void CudaBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Tensor& weight,
                                            const Tensor& weight_scales, float threshold, const Int8Epilogue& epilogue) {
   cuda::int8_linear_forward(out, x, weight, weight_scales, threshold, epilogue,
-                            int8_forward_chunk_rows(x.rows(), weight.dim(0)), {*gemm_, allocator_, stream_});
+                            int8_forward_chunk_rows(x.rows(), weight.dim(0)),
+                            int8_outlier_gather_columns(x.cols(), weight.dim(0)), {*gemm_, allocator_, stream_});
 }
 
 void CudaBackend::int8_linear_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& weight,
                                             const Tensor& weight_scales, bool accumulate) {
   cuda::int8_linear_backward(dx, dout, weight, weight_scales, accumulate,
-                             int8_backward_tile_columns(weight.dim(0), weight.dim(1)), {*gemm_, allocator_, stream_});
+                             int8_backward_tile_columns(weight.dim(0), weight.dim(1), kInt8DequantTileElementsGpu),
+                             {*gemm_, allocator_, stream_});
 }
 
 }  // namespace ft

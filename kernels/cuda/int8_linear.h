@@ -22,9 +22,10 @@ struct Int8Context {
 };
 
 // Backend::int8_linear_forward holding the int32 product of at most
-// chunk_rows rows of x at a time.
+// chunk_rows rows of x at a time (balanced chunks), and gathering the codes of
+// at most gather_columns outlier columns (more are read in place).
 void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
-                         float threshold, const Int8Epilogue& epilogue, int64_t chunk_rows,
+                         float threshold, const Int8Epilogue& epilogue, int64_t chunk_rows, int64_t gather_columns,
                          const Int8Context& context);
 
 // Backend::int8_linear_backward dequantising tile_columns input features of

@@ -9,8 +9,9 @@ namespace {
 const char* kWhy = "this build has no CUDA backend (nvcc was not found when it was configured)";
 }
 
-int cuda_device_count(std::string* why) {
+int cuda_device_count(std::string* why, bool* runtime_failed) {
   *why = kWhy;
+  if (runtime_failed) *runtime_failed = false;
   return 0;
 }
 

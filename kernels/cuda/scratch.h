@@ -88,24 +88,46 @@ inline ScratchTensor attention_backward_scratch(int64_t batch, int64_t q_heads, 
   return {{batch, q_heads, seq}, DType::f32};
 }
 
+// The workspace the library attention engine (cuDNN SDPA, attention_engine.h)
+// takes per call, whatever cuDNN asks for up to it: forward two f32 [B, Hq, T]
+// rows, backward also an f32 [B, Hq, T, D] accumulator (dQ). A problem whose
+// cuDNN plan wants more runs on our kernels instead.
+inline size_t sdpa_workspace_budget_bytes(int64_t batch, int64_t q_heads, int64_t seq, int64_t head_dim,
+                                          bool backward) {
+  return size_t(batch * q_heads * seq * ((backward ? head_dim : 0) + 2)) * sizeof(float);
+}
+inline ScratchTensor sdpa_workspace_scratch(int64_t batch, int64_t q_heads, int64_t seq, int64_t head_dim,
+                                            bool backward) {
+  return {{int64_t(sdpa_workspace_budget_bytes(batch, q_heads, seq, head_dim, backward))}, DType::i8};
+}
+
 // ---- LLM.int8() --------------------------------------------------------------
 
 // int8_linear_forward on x [N, K] and weight [O, K], holding the int32 product
 // of chunk_rows rows at a time (int8_forward_chunk_rows for the backend). The
 // outlier product reads x and W in place and the epilogue its operands: no
 // data-dependent buffers, so the plan does not depend on a batch's outliers.
+// The gathered outlier weights hold gather_columns columns
+// (int8_outlier_gather_columns for the backend), not the batch's outlier count.
 struct Int8ForwardScratch {
   ScratchTensor outlier_columns;  // i32 [K + 1]: the count, then the columns
+  ScratchTensor outlier_weights;  // i8 [gather columns, O]: W's outlier columns, gathered
   ScratchTensor codes;            // i8 [N, K]: x's inlier codes
   ScratchTensor row_scales;       // f32 [N]: x's row scales
   ScratchTensor product;          // i32 [chunk_rows, O]: one block of the product
 };
-inline Int8ForwardScratch int8_forward_scratch(int64_t N, int64_t K, int64_t O, int64_t chunk_rows) {
-  return {{{K + 1}, DType::i32}, {{N, K}, DType::i8}, {{N}, DType::f32}, {{chunk_rows, O}, DType::i32}};
+inline Int8ForwardScratch int8_forward_scratch(int64_t N, int64_t K, int64_t O, int64_t chunk_rows,
+                                               int64_t gather_columns) {
+  return {{{K + 1}, DType::i32},
+          {{gather_columns, O}, DType::i8},
+          {{N, K}, DType::i8},
+          {{N}, DType::f32},
+          {{chunk_rows, O}, DType::i32}};
 }
 
 // int8_linear_backward's dequantised weight tile [O, tile_columns] in dout's
-// dtype (int8_backward_tile_columns for the backend); dx is written in place.
+// dtype (int8_backward_tile_columns with kInt8DequantTileElementsGpu for the
+// backend); dx is written in place.
 inline ScratchTensor int8_backward_scratch(int64_t O, int64_t tile_columns, DType dout_dtype) {
   return {{O, tile_columns}, dout_dtype};
 }

@@ -32,8 +32,9 @@ void CachingModelAllocator::deallocate(void*, size_t bytes, MemCategory category
     reserved_ -= size;
 }
 
-MetaBackend::MetaBackend(Allocator& allocator, MemoryPolicy policy, size_t gemm_workspace_bytes)
-    : allocator_(allocator), policy_(policy) {
+MetaBackend::MetaBackend(Allocator& allocator, MemoryPolicy policy, size_t gemm_workspace_bytes,
+                         bool library_attention)
+    : allocator_(allocator), policy_(policy), library_attention_(library_attention) {
   FT_CHECK(allocator.device() == Device::meta, "MetaBackend needs a meta allocator");
   // CudaBackend's constructor builds cuBLASLt, which allocates its workspace first.
   if (policy == MemoryPolicy::cuda && gemm_workspace_bytes > 0)
@@ -163,14 +164,24 @@ void MetaBackend::gelu_backward_impl(Tensor&, const Tensor&, const Tensor&, Gelu
   enter("gelu_backward", {});
 }
 
-void MetaBackend::attention_forward_impl(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&, float) {
+// bf16 attention runs on cuDNN SDPA (kernels/cuda/attention_engine.h) where
+// the build has it (library_attention_), which takes exactly
+// sdpa_workspace_budget_bytes of workspace; else on our kernels.
+void MetaBackend::attention_forward_impl(Tensor&, Tensor&, const Tensor& q, const Tensor& k, const Tensor&, float) {
   enter("attention_forward", {});
+  const checks::AttentionShape s = checks::attention_shape(q, k);
+  if (library_attention_ && q.dtype == DType::bf16)
+    Tensor workspace = cuda_scratch(cuda::sdpa_workspace_scratch(s.batch, s.q_heads, s.seq, s.head_dim, false));
 }
 
 void MetaBackend::attention_backward_impl(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor& q,
                                           const Tensor& k, const Tensor&, const Tensor&, const Tensor&, float) {
   enter("attention_backward", {});
   const checks::AttentionShape s = checks::attention_shape(q, k);
+  if (library_attention_ && q.dtype == DType::bf16) {
+    Tensor workspace = cuda_scratch(cuda::sdpa_workspace_scratch(s.batch, s.q_heads, s.seq, s.head_dim, true));
+    return;
+  }
   Tensor di = cuda_scratch(cuda::attention_backward_scratch(s.batch, s.q_heads, s.seq));
 }
 
@@ -185,8 +196,10 @@ void MetaBackend::int8_linear_forward_impl(Tensor&, const Tensor& x, const Tenso
   enter("int8_linear_forward", {&weight});
   // CpuBackend's scratch is host vectors, outside the allocator.
   const int64_t N = x.rows(), K = weight.dim(1), O = weight.dim(0);
-  const cuda::Int8ForwardScratch sizes = cuda::int8_forward_scratch(N, K, O, int8_forward_chunk_rows(N, O));
+  const cuda::Int8ForwardScratch sizes = cuda::int8_forward_scratch(N, K, O, int8_forward_chunk_rows(N, O),
+                                                                   int8_outlier_gather_columns(K, O));
   Tensor columns = cuda_scratch(sizes.outlier_columns);
+  Tensor outlier_weights = cuda_scratch(sizes.outlier_weights);
   Tensor codes = cuda_scratch(sizes.codes);
   Tensor row_scales = cuda_scratch(sizes.row_scales);
   Tensor product = cuda_scratch(sizes.product);
@@ -200,11 +213,12 @@ void MetaBackend::int8_linear_backward_impl(Tensor&, const Tensor& dout, const T
   enter("int8_linear_backward", {&weight});
   const int64_t N = dout.rows(), O = weight.dim(0), K = weight.dim(1);
   if (N == 0 || K == 0) return;
-  const int64_t columns = int8_backward_tile_columns(O, K);
   if (policy_ == MemoryPolicy::cuda) {
+    const int64_t columns = int8_backward_tile_columns(O, K, kInt8DequantTileElementsGpu);
     Tensor w_tile = cuda_scratch(cuda::int8_backward_scratch(O, columns, dout.dtype));
     return;
   }
+  const int64_t columns = int8_backward_tile_columns(O, K);
   Tensor w_tile = empty({O, columns}, DType::f32, MemCategory::workspace);
   Tensor dx_block = empty({N, columns}, DType::f32, MemCategory::workspace);
 }

@@ -57,9 +57,11 @@ struct MetaCursor {
 class MetaBackend final : public Backend {
  public:
   // gemm_workspace_bytes: the cuda policy's GEMM workspace (cuBLASLt's; 0
-  // models the tiled GEMM the emulator runs).
+  // models the tiled GEMM the emulator runs). library_attention: bf16
+  // attention runs on cuDNN SDPA with its workspace budget (false models our
+  // kernels alone, as under the emulator).
   MetaBackend(Allocator& allocator, MemoryPolicy policy,
-              size_t gemm_workspace_bytes = cuda::kCublasLtWorkspaceBytes);
+              size_t gemm_workspace_bytes = cuda::kCublasLtWorkspaceBytes, bool library_attention = true);
   const char* name() const override { return "meta"; }
   Allocator& allocator() override { return allocator_; }
   const MetaCursor& cursor() const { return cursor_; }
@@ -74,6 +76,7 @@ class MetaBackend final : public Backend {
 
   Allocator& allocator_;
   MemoryPolicy policy_;
+  bool library_attention_;
   Tensor cublaslt_workspace_;  // cuda policy only
   MetaCursor cursor_;
 };

@@ -74,41 +74,48 @@ cuda::Int8Context context() { return {*tiled, device_allocator, nullptr}; }
 
 }  // namespace
 
+namespace {
+
+// Column-major C [m, n] = alpha * op(A) @ op(B) + beta * C over codes in [lo, hi]
+// through `engine`, against a host loop in int64: exact.
+void check_int8_gemm(cuda::Gemm& engine, int64_t m, int64_t n, int64_t k, bool ta, bool tb, float alpha, float beta,
+                     int lo, int hi) {
+  CAPTURE(m);
+  CAPTURE(k);
+  CAPTURE(ta);
+  CAPTURE(tb);
+  const int64_t lda = ta ? k : m, ldb = tb ? n : k;
+  Tensor a = host_codes({ta ? m : k, lda}, 40, lo, hi), b = host_codes({tb ? k : n, ldb}, 41, lo, hi);
+  std::vector<int32_t> c0(size_t(m * n));
+  for (size_t i = 0; i < c0.size(); ++i) c0[i] = int32_t(i * 7919 % 100003) - 50000;
+  std::vector<int32_t> got = emu_test::same_under_schedules([&] {
+    Tensor da = to_device(a), db = to_device(b), c = to_device(host_ints(c0));
+    cuda::GemmArgs args{m, n, k, 1, alpha, beta, {da.data, DType::i8, ta, lda, 0}, {db.data, DType::i8, tb, ldb, 0},
+                        {c.data, DType::i32, m, 0}};
+    engine.gemm(args, nullptr);
+    return int32_values(c);
+  });
+  const int8_t *av = a.ptr<int8_t>(), *bv = b.ptr<int8_t>();
+  size_t bad = 0;
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < m; ++i) {
+      int64_t sum = 0;
+      for (int64_t p = 0; p < k; ++p)
+        sum += int64_t(ta ? av[p + i * lda] : av[i + p * lda]) * (tb ? bv[j + p * ldb] : bv[p + j * ldb]);
+      int64_t want = int64_t(alpha) * sum + (beta != 0.0f ? int64_t(beta) * c0[size_t(i + j * m)] : 0);
+      bad += got[size_t(i + j * m)] != want;
+    }
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
 TEST_CASE("cuda: int8 GEMM (tiled) is exact int32 arithmetic") {
-  // Column-major C [m, n] = alpha * op(A) @ op(B) + beta * C over codes in [-128, 127].
-  auto check = [](int64_t m, int64_t n, int64_t k, bool ta, bool tb, float alpha, float beta, int lo, int hi) {
-    CAPTURE(m);
-    CAPTURE(k);
-    CAPTURE(ta);
-    CAPTURE(tb);
-    const int64_t lda = ta ? k : m, ldb = tb ? n : k;
-    Tensor a = host_codes({ta ? m : k, lda}, 40, lo, hi), b = host_codes({tb ? k : n, ldb}, 41, lo, hi);
-    std::vector<int32_t> c0(size_t(m * n));
-    for (size_t i = 0; i < c0.size(); ++i) c0[i] = int32_t(i * 7919 % 100003) - 50000;
-    std::vector<int32_t> got = emu_test::same_under_schedules([&] {
-      Tensor da = to_device(a), db = to_device(b), c = to_device(host_ints(c0));
-      cuda::GemmArgs args{m, n, k, 1, alpha, beta, {da.data, DType::i8, ta, lda, 0}, {db.data, DType::i8, tb, ldb, 0},
-                          {c.data, DType::i32, m, 0}};
-      tiled->gemm(args, nullptr);
-      return int32_values(c);
-    });
-    const int8_t *av = a.ptr<int8_t>(), *bv = b.ptr<int8_t>();
-    size_t bad = 0;
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t i = 0; i < m; ++i) {
-        int64_t sum = 0;
-        for (int64_t p = 0; p < k; ++p)
-          sum += int64_t(ta ? av[p + i * lda] : av[i + p * lda]) * (tb ? bv[j + p * ldb] : bv[p + j * ldb]);
-        int64_t want = int64_t(alpha) * sum + (beta != 0.0f ? int64_t(beta) * c0[size_t(i + j * m)] : 0);
-        bad += got[size_t(i + j * m)] != want;
-      }
-    CHECK(bad == 0);
-  };
   for (int transposes = 0; transposes < 4; ++transposes)  // two tiles each way, six k slices, ragged edges
-    check(70, 67, 83, transposes & 1, transposes & 2, 1.0f, 0.0f, -128, 127);
-  check(9, 5, 13, true, false, 2.0f, -3.0f, -128, 127);
+    check_int8_gemm(*tiled, 70, 67, 83, transposes & 1, transposes & 2, 1.0f, 0.0f, -128, 127);
+  check_int8_gemm(*tiled, 9, 5, 13, true, false, 2.0f, -3.0f, -128, 127);
   // Sums past 2^24, where an f32 accumulator would round.
-  check(5, 3, 2000, true, false, 1.0f, 0.0f, 100, 127);
+  check_int8_gemm(*tiled, 5, 3, 2000, true, false, 1.0f, 0.0f, 100, 127);
 
   Tensor a = to_device(host_codes({4, 4}, 42)), c = device_empty({4, 4}, DType::i32);
   Tensor f = device_empty({4, 4}, DType::f32);
@@ -118,6 +125,15 @@ TEST_CASE("cuda: int8 GEMM (tiled) is exact int32 arithmetic") {
   args.alpha = 1.0f;
   args.c = {f.data, DType::f32, 4, 0};
   CHECK_THROWS_WITH_AS(tiled->gemm(args, nullptr), doctest::Contains("i32 output"), Error);
+}
+
+TEST_CASE("cuda: int8 GEMM through the default engine on IMMA shapes is exact") {
+  // "TN", m and k multiples of 4: cuBLASLt's IMMA path on a GPU, the tiled
+  // kernel under the emulator; either way the int32 sums must be exact.
+  std::unique_ptr<cuda::Gemm> engine = cuda::make_gemm(cuda::default_gemm_kind(), device_allocator);
+  check_int8_gemm(*engine, 128, 64, 256, true, false, 1.0f, 0.0f, -128, 127);
+  check_int8_gemm(*engine, 96, 37, 128, true, false, 1.0f, 1.0f, -128, 127);
+  check_int8_gemm(*engine, 32, 3, 4096, true, false, 1.0f, 0.0f, 120, 127);  // sums past 2^24
 }
 
 namespace {
@@ -176,10 +192,15 @@ TEST_CASE("cuda: int8_linear_forward matches the CPU, with and without outlier c
   MESSAGE("int8_linear_forward worst relative error: f32 out ", worst_f32, ", bf16 out ", worst_bf16);
 }
 
-TEST_CASE("cuda: int8_linear_forward over several row chunks") {
-  for (auto [N, chunk] : {std::pair<int64_t, int64_t>{5, 2}, {37, 16}, {37, 1}}) {
+TEST_CASE("cuda: int8_linear_forward over several row chunks, gathering some or all outlier weights") {
+  // Three outlier columns: gathered none, one (the other two read in place) or all.
+  struct Case {
+    int64_t N, chunk, gather;
+  };
+  for (auto [N, chunk, gather] : {Case{5, 2, 0}, Case{37, 16, 1}, Case{37, 1, 64}, Case{37, 36, 2}}) {
     CAPTURE(N);
     CAPTURE(chunk);
+    CAPTURE(gather);
     const int64_t K = 64, O = 67;
     Tensor x = make_x(N, K, DType::bf16, Outliers::planted, 60);
     Int8Weight w = host_weight(O, K, 61);
@@ -187,11 +208,63 @@ TEST_CASE("cuda: int8_linear_forward over several row chunks") {
     cpu.int8_linear_forward(want, x, w.q, w.scales, 6.0f);
     std::vector<float> got = emu_test::same_under_schedules([&] {
       Tensor out = device_empty({N, O}, DType::f32);
-      cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f, {}, chunk, context());
+      cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f, {}, chunk, gather,
+                                context());
       return values(out);
     });
-    check_close(got, values(want), {1e-6, 1e-6});
+    CHECK(got == values(want));  // bit-identical: the gathered codes are the same bytes
   }
+}
+
+TEST_CASE("cuda: int8 chunks and tiles are balanced") {
+  CHECK(balanced_chunk_rows(37, 36) == 19);  // 19 + 18, not 36 + 1
+  CHECK(balanced_chunk_rows(8192, 1365) == 1171);  // 7 chunks of <= 1171
+  CHECK(balanced_chunk_rows(10, 5) == 5);
+  CHECK(balanced_chunk_rows(3, 8) == 3);
+  for (int64_t rows : {1, 7, 37, 8192})
+    for (int64_t most : {1, 3, 36, 1365}) {
+      const int64_t chunk = balanced_chunk_rows(rows, most);
+      CHECK(chunk <= most);
+      CHECK((rows + chunk - 1) / chunk == (rows + most - 1) / most);  // no more chunks than needed
+      CHECK(balanced_chunk_rows(rows, chunk) == chunk);                // the planner's value is the op's
+    }
+  // GPT-NeoX-20B's four weights [O, K] take 1 to 3 even, 64-aligned blocks on the GPU.
+  CHECK(int8_backward_tile_columns(24576, 6144, kInt8DequantTileElementsGpu) == 2048);
+  CHECK(int8_backward_tile_columns(6144, 24576, kInt8DequantTileElementsGpu) == 8192);
+  CHECK(int8_backward_tile_columns(18432, 6144, kInt8DequantTileElementsGpu) == 3072);
+  CHECK(int8_backward_tile_columns(6144, 6144, kInt8DequantTileElementsGpu) == 6144);
+  CHECK(int8_backward_tile_columns(67, 301) == 301);
+  CHECK(int8_backward_tile_columns(int64_t(1) << 23, 301) == 1);  // a budget below one column still takes one
+}
+
+TEST_CASE("cuda: int8_linear_forward on IMMA shapes is bit-identical to the CPU") {
+  // O and K multiples of 4: through the backend's GEMM engine these take
+  // cuBLASLt's IMMA path on a GPU (the tiled kernel under the emulator), whose
+  // int32 sums are exact, so every output must equal the CPU's bit for bit.
+  // Row 0 holds exact .5 ties of the quotient: absmax 127/32, so x * 127 /
+  // absmax = 32 x, and x = (2m + 1) / 64 gives m + 0.5 (exact in bf16).
+  struct Size {
+    int64_t N, K, O;
+  };
+  unsigned seed = 150;
+  for (const Size& s : {Size{64, 256, 128}, Size{37, 128, 96}, Size{1, 64, 32}})
+    for (DType dtype : {DType::bf16, DType::f32})
+      for (Outliers outliers : {Outliers::planted, Outliers::none}) {
+        CAPTURE(s.N);
+        CAPTURE(s.K);
+        CAPTURE(s.O);
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(int(outliers));
+        Tensor x = make_x(s.N, s.K, dtype, outliers, seed++);
+        store_from_f32(x.data, dtype, 3, 127.0f / 32.0f);
+        for (int64_t j = 0; j < 24; ++j) store_from_f32(x.data, dtype, 4 + j, float(10 * j + 1) / 64.0f);
+        Int8Weight w = host_weight(s.O, s.K, seed++);
+        Tensor want = cpu.empty({s.N, s.O}, DType::f32, MemCategory::activations);
+        cpu.int8_linear_forward(want, x, w.q, w.scales, 6.0f);
+        Tensor out = device_empty({s.N, s.O}, DType::f32);
+        gpu.int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f);
+        CHECK(values(out) == values(want));
+      }
 }
 
 namespace {
@@ -241,7 +314,7 @@ TEST_CASE("cuda: int8_linear_forward's epilogue (bias, LoRA update) matches the 
                 gpu.int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), threshold, e);
               else
                 cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), threshold, e, chunk,
-                                          context());
+                                          2, context());
               return values(out);
             });
             const std::vector<float> want_v = values(want);

@@ -1,0 +1,36 @@
+// A vendor-library attention engine the CUDA backend tries before its own
+// kernels (attention.cu), as cuda::Gemm puts cuBLASLt before the tiled GEMM:
+// on a real GPU, in a build with the cudnn-frontend headers, cuDNN's fused
+// SDPA (flash attention forward and backward, cudnn_sdpa.cu); under the
+// emulator and in builds without the headers there is none, and our kernels
+// run. Plain C++, like gemm.h.
+#pragma once
+#include <memory>
+
+#include "kernels/allocator.h"
+#include "kernels/tensor.h"
+
+struct CUstream_st;
+
+namespace ft::cuda {
+
+class AttentionEngine {
+ public:
+  virtual ~AttentionEngine() = default;
+  // Backend::attention_forward / attention_backward (operands already
+  // checked). Each returns false without writing anything where the library
+  // has no engine for these operands (dtype, head size, GPU, workspace over
+  // sdpa_workspace_budget_bytes); the backend then runs its own kernel.
+  virtual bool forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                       CUstream_st* stream) = 0;
+  virtual bool backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, float scale, CUstream_st* stream) = 0;
+};
+
+// cuDNN SDPA where this build has it (nvcc with the cudnn-frontend headers),
+// else null. allocator provides the engine's per-call workspace.
+std::unique_ptr<AttentionEngine> make_library_attention(Allocator& allocator);
+// Whether make_library_attention returns an engine in this build.
+bool library_attention_built();
+
+}  // namespace ft::cuda
