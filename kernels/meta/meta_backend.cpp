@@ -147,9 +147,9 @@ void MetaBackend::layernorm_backward_add_impl(Tensor&, Tensor* dweight, Tensor* 
   Tensor dbias_partials = column_partials(dbias, x.rows(), x.cols());
 }
 
-void MetaBackend::rope_forward_impl(Tensor&, const Tensor&, int, float) { enter("rope_forward", {}); }
+void MetaBackend::rope_forward_impl(Tensor&, const Tensor&, std::span<const float>) { enter("rope_forward", {}); }
 
-void MetaBackend::rope_backward_impl(Tensor&, const Tensor&, int, float) { enter("rope_backward", {}); }
+void MetaBackend::rope_backward_impl(Tensor&, const Tensor&, std::span<const float>) { enter("rope_backward", {}); }
 
 void MetaBackend::swiglu_forward_impl(Tensor&, const Tensor&, const Tensor&) { enter("swiglu_forward", {}); }
 
@@ -163,12 +163,14 @@ void MetaBackend::gelu_backward_impl(Tensor&, const Tensor&, const Tensor&, Gelu
   enter("gelu_backward", {});
 }
 
-void MetaBackend::attention_forward_impl(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&, float) {
+void MetaBackend::attention_forward_impl(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&, float,
+                                         int64_t) {
   enter("attention_forward", {});
 }
 
 void MetaBackend::attention_backward_impl(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor& q,
-                                          const Tensor& k, const Tensor&, const Tensor&, const Tensor&, float) {
+                                          const Tensor& k, const Tensor&, const Tensor&, const Tensor&, float,
+                                          int64_t) {
   enter("attention_backward", {});
   const checks::AttentionShape s = checks::attention_shape(q, k);
   Tensor di = cuda_scratch(cuda::attention_backward_scratch(s.batch, s.q_heads, s.seq));
