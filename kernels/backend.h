@@ -58,18 +58,18 @@ namespace ft {
   PREFIX void layernorm_backward_add_impl(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,           \
                                           const Tensor& dresidual, const Tensor& x, const Tensor& weight,           \
                                           const Tensor& mean, const Tensor& rstd) SUFFIX;                           \
-  PREFIX void rope_forward_impl(Tensor& x, const Tensor& positions, int rotary_dim, float theta) SUFFIX;            \
-  PREFIX void rope_backward_impl(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) SUFFIX;          \
+  PREFIX void rope_forward_impl(Tensor& x, const Tensor& positions, std::span<const float> inv_freq) SUFFIX;      \
+  PREFIX void rope_backward_impl(Tensor& dx, const Tensor& positions, std::span<const float> inv_freq) SUFFIX;    \
   PREFIX void swiglu_forward_impl(Tensor& out, const Tensor& gate, const Tensor& up) SUFFIX;                        \
   PREFIX void swiglu_backward_impl(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,              \
                                    const Tensor& up) SUFFIX;                                                        \
   PREFIX void gelu_forward_impl(Tensor& out, const Tensor& x, GeluKind kind) SUFFIX;                                \
   PREFIX void gelu_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) SUFFIX;            \
   PREFIX void attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,   \
-                                     float scale) SUFFIX;                                                           \
+                                     float scale, int64_t sliding_window) SUFFIX;                                   \
   PREFIX void attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,      \
                                       const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,       \
-                                      float scale) SUFFIX;                                                          \
+                                      float scale, int64_t sliding_window) SUFFIX;                                  \
   PREFIX void cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,      \
                                  float dloss) SUFFIX;                                                               \
   PREFIX void quantize_rows_int8_impl(Tensor& q, Tensor& scales, const Tensor& x) SUFFIX;                           \
@@ -224,16 +224,19 @@ class Backend {
 
   // ---- rotary position embedding (in place) ------------------------------
   // x is [N, H, D] (N tokens, H heads, head size D); positions i32[N]. The first
-  // rotary_dim features of each head are rotated with HF's rotate_half layout:
-  // pairs (i, i + rotary_dim/2), inv_freq[i] = theta^(-2i/rotary_dim).
-  void rope_forward(Tensor& x, const Tensor& positions, int rotary_dim, float theta) {
-    checks::check_rope(device(), "rope_forward", x, positions, rotary_dim);
-    rope_forward_impl(x, positions, rotary_dim, theta);
+  // rotary_dim = 2 * inv_freq.size() features of each head are rotated with
+  // HF's rotate_half layout: pair (i, i + rotary_dim/2) by the f32 angle
+  // float(position) * inv_freq[i]. The caller computes inv_freq (host f32,
+  // finite and positive) from the model's rope settings, scaling included
+  // (model/rope.h), so every backend rotates by the same angles.
+  void rope_forward(Tensor& x, const Tensor& positions, std::span<const float> inv_freq) {
+    checks::check_rope(device(), "rope_forward", x, positions, inv_freq);
+    rope_forward_impl(x, positions, inv_freq);
   }
   // The transposed (inverse) rotation, applied in place to the gradient.
-  void rope_backward(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) {
-    checks::check_rope(device(), "rope_backward", dx, positions, rotary_dim);
-    rope_backward_impl(dx, positions, rotary_dim, theta);
+  void rope_backward(Tensor& dx, const Tensor& positions, std::span<const float> inv_freq) {
+    checks::check_rope(device(), "rope_backward", dx, positions, inv_freq);
+    rope_backward_impl(dx, positions, inv_freq);
   }
 
   // ---- activations -------------------------------------------------------
@@ -262,17 +265,21 @@ class Backend {
   // Causal self-attention with grouped-query heads. q [B,T,Hq,D], k and v
   // [B,T,Hkv,D] with Hq % Hkv == 0 (query head h reads kv head h / (Hq/Hkv)),
   // out [B,T,Hq,D], lse f32 [B,Hq,T] = log-sum-exp of each score row (saved for
-  // backward). scores = q.k * scale.
-  void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale) {
-    checks::check_attention(device(), "attention_forward", q, k, v, out, lse);
-    attention_forward_impl(out, lse, q, k, v, scale);
+  // backward). scores = q.k * scale. sliding_window (Mistral's) 0 means plain
+  // causal; otherwise key j is visible to query i iff j <= i and
+  // i - j < sliding_window (transformers' mask kv_idx > q_idx - window).
+  void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                         int64_t sliding_window) {
+    checks::check_attention(device(), "attention_forward", q, k, v, out, lse, sliding_window);
+    attention_forward_impl(out, lse, q, k, v, scale, sliding_window);
   }
   // dq, dk, dv overwritten.
   void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                          const Tensor& v, const Tensor& out, const Tensor& lse, float scale) {
-    checks::check_attention(device(), "attention_backward", q, k, v, out, lse);
+                          const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
+                          int64_t sliding_window) {
+    checks::check_attention(device(), "attention_backward", q, k, v, out, lse, sliding_window);
     checks::check_attention_gradients(device(), "attention_backward", dq, dk, dv, dout, q, k);
-    attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, scale);
+    attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, scale, sliding_window);
   }
 
   // ---- loss --------------------------------------------------------------

@@ -6,6 +6,7 @@
 // its own launch limits. Aliasing is checked by address, so it is caught
 // where tensors have data (not on the meta device).
 #pragma once
+#include <cmath>
 #include <initializer_list>
 #include <span>
 #include <utility>
@@ -104,7 +105,8 @@ inline AttentionShape attention_shape(const Tensor& q, const Tensor& k) {
   return {q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
 }
 inline void check_attention(Device device, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& out, const Tensor& lse) {
+                            const Tensor& out, const Tensor& lse, int64_t sliding_window) {
+  FT_CHECK(sliding_window >= 0, op, ": sliding_window must be >= 0 (0: none), got ", sliding_window);
   check_float(q, device, op, "q");
   check_float(k, device, op, "k");
   check_float(v, device, op, "v");
@@ -257,16 +259,21 @@ inline void check_norm_backward_op(Device device, const char* op, const Tensor& 
   if (dresidual) check_float_like(*dresidual, x, device, op, "dresidual");
 }
 
-// x [..., H, D] with positions i32 of one per token, rotary_dim even and at most D.
-inline void check_rope(Device device, const char* op, const Tensor& x, const Tensor& positions, int rotary_dim) {
+// x [..., H, D] with positions i32 of one per token; rotary_dim = 2 * inv_freq.size()
+// in (0, D]; inv_freq finite and positive.
+inline void check_rope(Device device, const char* op, const Tensor& x, const Tensor& positions,
+                       std::span<const float> inv_freq) {
+  const int64_t rotary_dim = 2 * int64_t(inv_freq.size());
+  for (float f : inv_freq)
+    FT_CHECK(std::isfinite(f) && f > 0.0f, op, ": inv_freq must be finite and positive, got ", f);
   check_float(x, device, op, "x");
   check_dtype(positions, DType::i32, device, op, "positions");
   FT_CHECK(x.ndim() >= 3 && x.dim(-2) > 0 && x.dim(-1) > 0, op, ": x must be [N, H, D], got ",
            shape_string(x.shape));
   const int64_t head_dim = x.dim(-1);
   check_numel(positions, x.numel() / (x.dim(-2) * head_dim), op, "positions");
-  FT_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim, op, ": rotary_dim ", rotary_dim,
-           " must be even and in (0, head_dim = ", head_dim, "]");
+  FT_CHECK(rotary_dim > 0 && rotary_dim <= head_dim, op, ": rotary_dim ", rotary_dim,
+           " (twice inv_freq's ", inv_freq.size(), " entries) must be in (0, head_dim = ", head_dim, "]");
 }
 
 // GELU forward (dout null) and backward: every operand floating and shaped as x.

@@ -9,6 +9,7 @@
 #include "model/int8_linear.h"
 #include "model/llama.h"
 #include "model/lora_linear.h"
+#include "model/rope.h"
 #include "model/safetensors.h"
 
 namespace ft {
@@ -29,9 +30,11 @@ CausalLM::CausalLM(const ModelConfig& config, Backend& backend, const ModelOptio
 CausalLM::~CausalLM() = default;
 
 std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& config, Backend& backend, const ModelOptions& options) {
-  if (config.model_type == "llama") return std::make_unique<LlamaModel>(config, backend, options);
-  if (config.model_type == "gpt_neox") return std::make_unique<GptNeoxModel>(config, backend, options);
-  fail("model_type \"", config.model_type, "\" is not supported (expected \"llama\" or \"gpt_neox\")");
+  const std::string& type = config.model_type;
+  if (type == "llama" || type == "qwen2" || type == "mistral")
+    return std::make_unique<LlamaModel>(config, backend, options);
+  if (type == "gpt_neox") return std::make_unique<GptNeoxModel>(config, backend, options);
+  fail("model_type \"", type, "\" is not supported (", kSupportedModelTypes, ")");
 }
 
 void CausalLM::check_built(const std::string& module_names) const {
@@ -179,27 +182,30 @@ void CausalLM::attention_forward(AttentionActivations& saved, const Tensor& posi
   const int64_t B = saved.q.dim(0), T = saved.q.dim(1), N = B * T, Hq = saved.q.dim(2), Hkv = saved.k.dim(2);
   const int64_t D = config_.head_dim;
   Tensor q_heads = saved.q.reshaped({N, Hq, D}), k_heads = saved.k.reshaped({N, Hkv, D});
-  be.rope_forward(q_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
-  be.rope_forward(k_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  const std::vector<float> inv_freq = rope_inv_freq(config_, T);
+  be.rope_forward(q_heads, positions, inv_freq);
+  be.rope_forward(k_heads, positions, inv_freq);
   saved.attn = be.empty({B, T, Hq, D}, options_.activation_dtype, MemCategory::activations);
   saved.lse = be.empty({B, Hq, T}, DType::f32, MemCategory::activations);
-  be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)));
+  be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)),
+                       config_.sliding_window);
 }
 
 CausalLM::AttentionGradients CausalLM::attention_backward(const AttentionActivations& saved, const Tensor& dattn,
                                                           const Tensor& positions) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
-  const int64_t N = saved.q.dim(0) * saved.q.dim(1), D = config_.head_dim;
+  const int64_t T = saved.q.dim(1), N = saved.q.dim(0) * T, D = config_.head_dim;
   AttentionGradients grads;
   grads.dq = be.empty(saved.q.shape, act, MemCategory::activations);
   grads.dk = be.empty(saved.k.shape, act, MemCategory::activations);
   grads.dv = be.empty(saved.v.shape, act, MemCategory::activations);
   be.attention_backward(grads.dq, grads.dk, grads.dv, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse,
-                        1.0f / std::sqrt(float(D)));
+                        1.0f / std::sqrt(float(D)), config_.sliding_window);
   Tensor dq_heads = grads.dq.reshaped({N, saved.q.dim(2), D}), dk_heads = grads.dk.reshaped({N, saved.k.dim(2), D});
-  be.rope_backward(dq_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
-  be.rope_backward(dk_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
+  const std::vector<float> inv_freq = rope_inv_freq(config_, T);
+  be.rope_backward(dq_heads, positions, inv_freq);
+  be.rope_backward(dk_heads, positions, inv_freq);
   return grads;
 }
 
@@ -329,8 +335,10 @@ CausalLM::StepTokens CausalLM::upload_step_tokens(const Tensor& input_ids, const
   tokens.targets = upload_tokens(backend_, targets, type);
   tokens.batch = input_ids.dim(0);
   tokens.seq = input_ids.dim(1);
-  FT_CHECK(tokens.seq <= config_.max_position_embeddings, type, ": sequence of ", tokens.seq,
-           " tokens exceeds max_position_embeddings ", config_.max_position_embeddings);
+  // Dynamic NTK rope exists to run past max_position_embeddings.
+  FT_CHECK(tokens.seq <= config_.max_position_embeddings || config_.rope_scaling.type == "dynamic", type,
+           ": sequence of ", tokens.seq, " tokens exceeds max_position_embeddings ",
+           config_.max_position_embeddings);
   const int64_t N = tokens.batch * tokens.seq;
   HostAllocator host;
   Tensor host_positions = Tensor::empty({tokens.batch, tokens.seq}, DType::i32, host, MemCategory::activations);

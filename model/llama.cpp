@@ -18,10 +18,10 @@ struct LlamaModel::LayerActivations final : SavedActivations {
   Tensor gate, up, act; // MLP [N, I]
 };
 
-// PEFT's default target_modules for Llama.
+// PEFT's default target_modules for llama, qwen2 and mistral alike.
 LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelOptions& options)
     : CausalLM(config, backend, options, {"q_proj", "v_proj"}) {
-  FT_CHECK(!config.attention_bias && !config.mlp_bias, "llama: attention_bias / mlp_bias are not supported yet");
+  const bool qkv_bias = config.attention_bias, o_bias = config.o_proj_bias, mlp_bias = config.mlp_bias;
   const int64_t C = config.hidden_size, I = config.intermediate_size, D = config.head_dim;
   const int64_t q_features = config.num_attention_heads * D, kv_features = config.num_key_value_heads * D;
   const DType dtype = options.weight_dtype;
@@ -31,14 +31,14 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelO
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
     auto layer = std::make_unique<Layer>();
     layer->input_norm = add_norm(prefix + "input_layernorm", false, eps);
-    layer->q_proj = make_linear(prefix + "self_attn.q_proj", q_features, C);
-    layer->k_proj = make_linear(prefix + "self_attn.k_proj", kv_features, C);
-    layer->v_proj = make_linear(prefix + "self_attn.v_proj", kv_features, C);
-    layer->o_proj = make_linear(prefix + "self_attn.o_proj", C, q_features);
+    layer->q_proj = make_linear(prefix + "self_attn.q_proj", q_features, C, qkv_bias);
+    layer->k_proj = make_linear(prefix + "self_attn.k_proj", kv_features, C, qkv_bias);
+    layer->v_proj = make_linear(prefix + "self_attn.v_proj", kv_features, C, qkv_bias);
+    layer->o_proj = make_linear(prefix + "self_attn.o_proj", C, q_features, o_bias);
     layer->post_attention_norm = add_norm(prefix + "post_attention_layernorm", false, eps);
-    layer->gate_proj = make_linear(prefix + "mlp.gate_proj", I, C);
-    layer->up_proj = make_linear(prefix + "mlp.up_proj", I, C);
-    layer->down_proj = make_linear(prefix + "mlp.down_proj", C, I);
+    layer->gate_proj = make_linear(prefix + "mlp.gate_proj", I, C, mlp_bias);
+    layer->up_proj = make_linear(prefix + "mlp.up_proj", I, C, mlp_bias);
+    layer->down_proj = make_linear(prefix + "mlp.down_proj", C, I, mlp_bias);
     layers_.push_back(std::move(layer));
   }
   final_norm_ = add_norm("model.norm", false, eps);

@@ -1,7 +1,9 @@
 // The Llama-family decoder (Llama 2/3, TinyLlama, SmolLM, ...) with Hugging
 // Face tensor names, written against the op interface only: RMSNorm,
 // q/k/v/o projections with grouped-query attention and rotary embedding, and
-// the SwiGLU MLP. CausalLM runs the step around its layers.
+// the SwiGLU MLP. The same layer serves model_type qwen2 (q/k/v biases) and
+// mistral (sliding-window attention); llama's attention_bias / mlp_bias add
+// biases too (ModelConfig says which). CausalLM runs the step around its layers.
 #pragma once
 #include <memory>
 #include <vector>

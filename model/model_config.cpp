@@ -55,18 +55,75 @@ T optional_value(const json& config, const char* field, T fallback, const std::s
   return config[field].get<T>();
 }
 
-// transformers >= 5 writes {"rope_parameters": {"rope_theta": ..., "rope_type": "default"}}
-// (plus "partial_rotary_factor" for gpt_neox) instead of top-level fields;
-// when present it overrides them, as in transformers.
-void read_rope_parameters(const json& config, ModelConfig& result, const std::string& source) {
-  if (!config.contains("rope_parameters") || config["rope_parameters"].is_null()) return;
-  const json& rope = config["rope_parameters"];
-  FT_CHECK(rope.is_object(), source, ": field \"rope_parameters\" must be an object, got ", rope.dump());
-  const std::string rope_type = optional_value<std::string>(rope, "rope_type", "default", source);
-  FT_CHECK(rope_type == "default", source, ": rope_parameters.rope_type \"", rope_type,
-           "\" is not supported yet (expected \"default\")");
+// A positive finite number rope.<field> (required), for messages named key.field.
+double rope_number(const json& rope, const std::string& key, const char* field, const std::string& source) {
+  const std::string name = key + "." + field;
+  FT_CHECK(rope.contains(field) && !rope[field].is_null(), source, ": ", name, " is required for rope_type \"",
+           rope.value("rope_type", rope.value("type", "")), "\" (expected a positive number)");
+  const double value = optional_value<double>(rope, field, 0.0, source);
+  FT_CHECK(value > 0.0, source, ": ", name, " must be positive, got ", value);
+  return value;
+}
+
+// Rotary settings, in every spelling a released config.json uses (as
+// transformers 5.23's convert_rope_params_to_dict / standardize_rope_params
+// read them): transformers 5 writes {"rope_parameters": {"rope_type", "rope_theta",
+// scaling fields, "partial_rotary_factor"}}; transformers 4 wrote a top-level
+// rope_theta and {"rope_scaling": {"rope_type" or, older, "type", scaling
+// fields}}. A non-empty rope_scaling wins over rope_parameters, rope_type
+// over type, and the dict's rope_theta over the top-level one.
+void read_rope(const json& config, ModelConfig& result, const std::string& source) {
+  auto given = [&](const char* key) {
+    return config.contains(key) && !config[key].is_null() && !(config[key].is_object() && config[key].empty());
+  };
+  const std::string key = given("rope_scaling") ? "rope_scaling" : "rope_parameters";
+  if (!given(key.c_str())) return;
+  const json& rope = config[key];
+  FT_CHECK(rope.is_object(), source, ": field \"", key, "\" must be an object, got ", rope.dump());
+  std::string type = optional_value<std::string>(rope, "type", "default", source);
+  type = optional_value<std::string>(rope, "rope_type", type, source);
+  FT_CHECK(type == "default" || type == "linear" || type == "dynamic" || type == "llama3", source, ": ", key,
+           ".rope_type \"", type, "\" is not supported (expected \"default\", \"linear\", \"dynamic\" or \"llama3\")");
   result.rope_theta = optional_value<float>(rope, "rope_theta", result.rope_theta, source);
   result.rotary_pct = optional_value<double>(rope, "partial_rotary_factor", result.rotary_pct, source);
+  RopeScaling& scaling = result.rope_scaling;
+  scaling.type = type;
+  if (type == "default") return;
+  scaling.factor = rope_number(rope, key, "factor", source);
+  if (type != "llama3") return;
+  scaling.low_freq_factor = rope_number(rope, key, "low_freq_factor", source);
+  scaling.high_freq_factor = rope_number(rope, key, "high_freq_factor", source);
+  FT_CHECK(scaling.high_freq_factor > scaling.low_freq_factor, source, ": ", key, ".high_freq_factor (",
+           scaling.high_freq_factor, ") must exceed low_freq_factor (", scaling.low_freq_factor, ")");
+  // A top-level original_max_position_embeddings wins (Phi-3 style), then the
+  // dict's, then max_position_embeddings.
+  scaling.original_max_position_embeddings = optional_value<int64_t>(
+      rope, "original_max_position_embeddings", result.max_position_embeddings, source);
+  scaling.original_max_position_embeddings = optional_value<int64_t>(
+      config, "original_max_position_embeddings", scaling.original_max_position_embeddings, source);
+  FT_CHECK(scaling.original_max_position_embeddings > 0, source, ": ", key,
+           ".original_max_position_embeddings must be positive, got ", scaling.original_max_position_embeddings);
+}
+
+// Architecture options of the Llama-family layer: biases and Mistral's window.
+void read_llama_variant(const json& config, ModelConfig& result, const std::string& source) {
+  if (result.model_type == "llama") {
+    result.attention_bias = optional_value<bool>(config, "attention_bias", false, source);
+    result.o_proj_bias = result.attention_bias;
+    result.mlp_bias = optional_value<bool>(config, "mlp_bias", false, source);
+  } else if (result.model_type == "qwen2") {
+    // Qwen2Attention: q/k/v always with bias, o_proj and the MLP without.
+    result.attention_bias = true;
+    // Sliding layers are those from max_window_layers on, with their own
+    // masks: not implemented, so refused rather than run as full attention.
+    FT_CHECK(!optional_value<bool>(config, "use_sliding_window", false, source), source,
+             ": use_sliding_window true is not supported for qwen2 (expected false)");
+  } else {  // mistral: no biases, every layer in the window (null: none)
+    result.sliding_window = optional_value<int64_t>(config, "sliding_window", 0, source);
+    const bool given = config.contains("sliding_window") && !config["sliding_window"].is_null();
+    FT_CHECK(!given || result.sliding_window > 0, source, ": sliding_window must be a positive integer or null, got ",
+             result.sliding_window);
+  }
 }
 
 void read_llama_fields(const json& config, ModelConfig& result, const std::string& source) {
@@ -81,14 +138,13 @@ void read_llama_fields(const json& config, ModelConfig& result, const std::strin
       optional_value<int64_t>(config, "head_dim", result.hidden_size / result.num_attention_heads, source);
   result.rms_norm_eps = optional_value<float>(config, "rms_norm_eps", result.rms_norm_eps, source);
   result.rope_theta = optional_value<float>(config, "rope_theta", result.rope_theta, source);
-  read_rope_parameters(config, result, source);
-  result.attention_bias = optional_value<bool>(config, "attention_bias", false, source);
-  result.mlp_bias = optional_value<bool>(config, "mlp_bias", false, source);
+  read_rope(config, result, source);
+  read_llama_variant(config, result, source);
   result.hidden_act = optional_value<std::string>(config, "hidden_act", result.hidden_act, source);
   FT_CHECK(result.hidden_act == "silu", source, ": hidden_act \"", result.hidden_act,
-           "\" is not supported for llama (expected \"silu\")");
+           "\" is not supported for ", result.model_type, " (expected \"silu\")");
   FT_CHECK(result.rotary_pct == 1.0, source, ": rope_parameters.partial_rotary_factor ", result.rotary_pct,
-           " is not supported for llama (expected 1)");
+           " is not supported for ", result.model_type, " (expected 1)");
 }
 
 // GPT-NeoX (transformers' GPTNeoXConfig): head_dim is always hidden_size /
@@ -101,7 +157,7 @@ void read_gpt_neox_fields(const json& config, ModelConfig& result, const std::st
   result.head_dim = result.hidden_size / result.num_attention_heads;
   result.rotary_pct = optional_value<double>(config, "rotary_pct", 0.25, source);
   result.rope_theta = optional_value<float>(config, "rotary_emb_base", result.rope_theta, source);
-  read_rope_parameters(config, result, source);
+  read_rope(config, result, source);
   result.layer_norm_eps = optional_value<float>(config, "layer_norm_eps", result.layer_norm_eps, source);
   result.use_parallel_residual = optional_value<bool>(config, "use_parallel_residual", true, source);
   result.attention_bias = optional_value<bool>(config, "attention_bias", true, source);
@@ -126,8 +182,9 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
            ": missing required field \"model_type\" (expected a string such as \"llama\")");
   ModelConfig result;
   result.model_type = config["model_type"].get<std::string>();
-  FT_CHECK(result.model_type == "llama" || result.model_type == "gpt_neox", source, ": model_type \"",
-           result.model_type, "\" is not supported (expected \"llama\" or \"gpt_neox\")");
+  const std::string& type = result.model_type;
+  FT_CHECK(type == "llama" || type == "qwen2" || type == "mistral" || type == "gpt_neox", source,
+           ": model_type \"", type, "\" is not supported (", kSupportedModelTypes, ")");
   result.hidden_size = required_int(config, "hidden_size", source);
   result.intermediate_size = required_int(config, "intermediate_size", source);
   result.num_hidden_layers = required_int(config, "num_hidden_layers", source);
@@ -137,10 +194,10 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
       optional_value<int64_t>(config, "max_position_embeddings", result.max_position_embeddings, source);
   result.initializer_range = optional_value<float>(config, "initializer_range", result.initializer_range, source);
   result.tie_word_embeddings = optional_value<bool>(config, "tie_word_embeddings", false, source);
-  if (result.model_type == "llama")
-    read_llama_fields(config, result, source);
-  else
+  if (result.model_type == "gpt_neox")
     read_gpt_neox_fields(config, result, source);
+  else
+    read_llama_fields(config, result, source);
 
   FT_CHECK(result.num_key_value_heads > 0 && result.num_attention_heads % result.num_key_value_heads == 0, source,
            ": num_attention_heads (", result.num_attention_heads, ") must be a multiple of num_key_value_heads (",
@@ -151,8 +208,8 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
            result.max_position_embeddings);
   FT_CHECK(result.rms_norm_eps > 0 && result.rope_theta > 0, source,
            ": rms_norm_eps and rope_theta must be positive, got ", result.rms_norm_eps, " and ", result.rope_theta);
-  FT_CHECK(!config.contains("rope_scaling") || config["rope_scaling"].is_null(), source,
-           ": field \"rope_scaling\" is not supported yet (expected null)");
+  FT_CHECK(result.rope_scaling.type != "dynamic" || result.rotary_dim() > 2, source,
+           ": rope_type \"dynamic\" needs more than 2 rotary features per head, got ", result.rotary_dim());
   return result;
 }
 

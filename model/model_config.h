@@ -11,8 +11,23 @@ namespace ft {
 // fields stay far inside int64.
 inline constexpr int64_t kMaxModelConfigInt = int64_t(1) << 24;
 
+// The model_type values make_causal_lm builds, for messages.
+inline constexpr const char* kSupportedModelTypes =
+    "supported model_type values: \"llama\", \"qwen2\", \"mistral\", \"gpt_neox\"";
+
+// Rotary scaling as transformers' rope_parameters / rope_scaling describe it
+// (modeling_rope_utils.py): "default" (none), "linear" (inv_freq / factor),
+// "dynamic" (NTK: a larger base once a sequence exceeds
+// max_position_embeddings) or "llama3" (per-frequency bands).
+struct RopeScaling {
+  std::string type = "default";
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position_embeddings = 0;          // llama3
+};
+
 struct ModelConfig {
-  std::string model_type;  // "llama" or "gpt_neox"
+  std::string model_type;  // "llama", "qwen2", "mistral" or "gpt_neox"
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_hidden_layers = 0;
@@ -27,8 +42,11 @@ struct ModelConfig {
   float layer_norm_eps = 1e-5f;     // gpt_neox's LayerNorm
   float initializer_range = 0.02f;  // std of transformers' normal init
   bool tie_word_embeddings = false;
-  bool attention_bias = false;
+  RopeScaling rope_scaling;
+  bool attention_bias = false;  // q/k/v (and gpt_neox's query_key_value and dense)
+  bool o_proj_bias = false;     // llama: attention_bias; qwen2: q/k/v only
   bool mlp_bias = false;
+  int64_t sliding_window = 0;   // mistral's attention window in tokens, 0: none
   std::string hidden_act = "silu";  // gpt_neox: "gelu" and the tanh forms
   bool use_parallel_residual = true;  // gpt_neox: x + attn(ln1(x)) + mlp(ln2(x))
 

@@ -4,7 +4,7 @@
 Needs torch, transformers, peft, safetensors, sentencepiece, tokenizers and numpy (CPU is enough).
 CI never runs this: the C++ tests read the committed outputs.
 
-    python3 scripts/make_fixtures.py            # writes tests/fixtures/{tokenizer,bpe_tokenizer,llama_*,gpt_neox_*}
+    python3 scripts/make_fixtures.py            # writes every folder of FIXTURES under tests/fixtures/
     python3 scripts/make_fixtures.py --out DIR  # writes the same tree under DIR instead
     python3 scripts/make_fixtures.py --only bpe_tokenizer  # rewrites just that folder
 
@@ -37,6 +37,8 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 import transformers  # noqa: E402
 import peft  # noqa: E402
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers  # noqa: E402
 
@@ -314,9 +316,9 @@ def build_model(config, seed, model_class=LlamaForCausalLM):
     return model
 
 
-def make_inputs():
+def make_inputs(vocab=VOCAB):
     gen = torch.Generator().manual_seed(4242)
-    input_ids = torch.randint(4, VOCAB, (BATCH, SEQ), generator=gen, dtype=torch.int64)
+    input_ids = torch.randint(4, vocab, (BATCH, SEQ), generator=gen, dtype=torch.int64)
     labels = input_ids.clone()
     labels[0, :3] = -100
     labels[1, -2:] = -100
@@ -642,9 +644,153 @@ def make_gpt_neox_lora(out_dir, base_dir, seed):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# 5. Model families: Llama-3 rope scaling and biases, Qwen2, Mistral, explicit head_dim; each with a PEFT adapter
+# --------------------------------------------------------------------------------------------------------------
 
+FAMILY_VOCAB = 96
+FAMILY_COMMON = dict(vocab_size=FAMILY_VOCAB, num_hidden_layers=2, rms_norm_eps=1e-5, bos_token_id=BOS,
+                     eos_token_id=EOS, pad_token_id=PAD, attn_implementation="eager")
+ALL_LLAMA_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def family_spec(name):
+    """(config, model class, LoRA target_modules (None: PEFT's default for the model type)) of each fixture."""
+    if name == "llama3_rope":  # rope llama3 with all three bands, biases everywhere, head_dim * heads != hidden
+        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+        return (LlamaConfig(hidden_size=36, intermediate_size=44, num_attention_heads=3, num_key_value_heads=1,
+                            head_dim=10, max_position_embeddings=256, attention_bias=True, mlp_bias=True,
+                            tie_word_embeddings=False, rope_parameters=rope, **FAMILY_COMMON),
+                LlamaForCausalLM, ALL_LLAMA_LINEARS)
+    if name == "llama_linear_rope":
+        rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.5}
+        return (LlamaConfig(hidden_size=32, intermediate_size=40, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=64, tie_word_embeddings=False, rope_parameters=rope,
+                            **FAMILY_COMMON), LlamaForCausalLM, None)
+    if name == "llama_dynamic_rope":  # max_position_embeddings 8 < SEQ 11: the NTK base grows for this batch
+        rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+        return (LlamaConfig(hidden_size=32, intermediate_size=40, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=8, tie_word_embeddings=False, rope_parameters=rope,
+                            **FAMILY_COMMON), LlamaForCausalLM, None)
+    if name == "qwen2":  # q/k/v biases, o_proj without, tied embeddings
+        return (Qwen2Config(hidden_size=32, intermediate_size=40, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=64, rope_theta=1000000.0, tie_word_embeddings=True,
+                            use_sliding_window=False, **FAMILY_COMMON), Qwen2ForCausalLM, None)
+    if name == "mistral":  # sliding window 4 < SEQ 11, head_dim * heads != hidden
+        return (MistralConfig(hidden_size=32, intermediate_size=40, num_attention_heads=4, num_key_value_heads=1,
+                              head_dim=12, max_position_embeddings=64, sliding_window=4, rope_theta=10000.0,
+                              tie_word_embeddings=False, **FAMILY_COMMON), MistralForCausalLM, None)
+    raise ValueError(name)
+
+
+def rope_inv_freq_of(model):
+    """The rotary inverse frequencies the last forward used (dynamic rope updates them per forward)."""
+    for name, buffer in model.named_buffers():
+        if name.endswith("rotary_emb.inv_freq"):
+            return buffer.detach().clone().float()
+    raise KeyError("rotary_emb.inv_freq")
+
+
+def adamw_step(model, trainable, input_ids, labels):
+    """One AdamW step over the LoRA parameters (their .grad set); returns (params after, loss after)."""
+    optimizer = torch.optim.AdamW([p for _, p in trainable], foreach=False, fused=False, **ADAMW)
+    optimizer.step()
+    after = {saved_lora_name(n): p.detach().clone() for n, p in trainable}
+    with torch.no_grad():
+        loss_after = model(input_ids=input_ids, labels=labels).loss.detach().clone()
+    return after, loss_after
+
+
+def make_family(out_dir, name, seed):
+    config, model_class, targets = family_spec(name)
+    model = build_model(config, seed, model_class)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    with open(os.path.join(out_dir, "config.json")) as f:
+        saved = json.load(f)
+    reloaded = load_file(os.path.join(out_dir, "model.safetensors"))
+    state = model.state_dict()
+    for k, v in reloaded.items():
+        assert torch.equal(v, state[k]), k
+
+    base = model_class.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager")
+    lora = dict(LORA, target_modules=targets)
+    peft_model, trainable = make_peft_model(base, lora, name, seed + 1)
+    adapter_targets = sorted(peft_model.peft_config["default"].target_modules)
+    assert targets is not None or adapter_targets == ["q_proj", "v_proj"], adapter_targets  # PEFT's default
+    save_adapter(peft_model, trainable, os.path.join(out_dir, "adapter"))
+
+    input_ids, labels = make_inputs(FAMILY_VOCAB)
+    with torch.no_grad(), peft_model.disable_adapter():
+        base_logits = peft_model(input_ids=input_ids).logits.detach().clone()
+    logits, loss, grads = lora_forward_backward(peft_model, input_ids, labels)
+    inv_freq = rope_inv_freq_of(peft_model)
+    model64 = copy.deepcopy(peft_model).to(torch.float64)
+    logits64, loss64, grads64 = lora_forward_backward(model64, input_ids, labels)
+    print(f"{name}: loss f32 {loss.item():.8f}  f64 {loss64.item():.8f}  ({len(grads)} LoRA tensors, "
+          f"targets {adapter_targets}, rope {saved.get('rope_parameters')}, sliding_window "
+          f"{saved.get('sliding_window')})")
+    worst = compare("logits+loss", {"logits": logits, "loss": loss}, {"logits": logits64, "loss": loss64})
+    worst = max(worst, compare("grads", grads, grads64))
+    assert worst < 1e-4, worst
+    after, loss_after = adamw_step(peft_model, trainable, input_ids, labels)
+
+    ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32), "base_logits": base_logits,
+           "logits": logits, "loss": loss.reshape(1), "loss_after_step": loss_after.reshape(1),
+           "inv_freq": inv_freq}
+    for k, g in grads.items():
+        ref["grad." + k] = g
+    for k, p in after.items():
+        ref["after_step." + k] = p
+    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out_dir, "reference.safetensors"))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 6. Llama-3-style and Qwen2-style tiny checkpoints with their real tokenizer pipelines, as a user downloads them
+# --------------------------------------------------------------------------------------------------------------
+
+TOKENIZERS_DIR = os.path.join(ROOT, "tests", "fixtures", "tokenizers")
+
+
+def chat_spec(name):
+    """(config, model class, tokenizer folder, special tokens) of the end-to-end checkpoints."""
+    common = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                  num_key_value_heads=2, rms_norm_eps=1e-5, attn_implementation="eager")
+    if name == "llama3_tiny":  # Llama-3.2 style: rope llama3, theta 500000, tied like Llama-3.2-1B
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+        special = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
+        config = LlamaConfig(vocab_size=700, max_position_embeddings=1024, rope_parameters=rope,
+                             tie_word_embeddings=True, bos_token_id=0, eos_token_id=1, **common)
+        return config, LlamaForCausalLM, "llama3", special
+    if name == "qwen2_tiny":  # Qwen2.5 style: q/k/v biases, theta 1e6, untied
+        special = {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
+        config = Qwen2Config(vocab_size=700, max_position_embeddings=1024, rope_theta=1000000.0,
+                             tie_word_embeddings=False, use_sliding_window=False, bos_token_id=None,
+                             eos_token_id=0, **common)
+        return config, Qwen2ForCausalLM, "qwen2", special
+    raise ValueError(name)
+
+
+def make_chat_checkpoint(out_dir, name, seed):
+    config, model_class, tokenizer_name, special = chat_spec(name)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=os.path.join(TOKENIZERS_DIR, tokenizer_name, "tokenizer.json"),
+                                        **special)
+    assert len(tokenizer) <= config.vocab_size, len(tokenizer)
+    model = build_model(config, seed, model_class)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    reloaded = model_class.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager")
+    ids = tokenizer("Summary: Alice likes two apples.", return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, model(ids).logits)
+    print(f"{name}: {sorted(os.listdir(out_dir))}, ids {ids.tolist()}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+
+FAMILIES = ("llama3_rope", "llama_linear_rope", "llama_dynamic_rope", "qwen2", "mistral")
 FIXTURES = ("tokenizer", "bpe_tokenizer", "llama_gqa", "llama_tied", "llama_lora", "gpt_neox_parallel",
-            "gpt_neox_sequential", "gpt_neox_lora")
+            "gpt_neox_sequential", "gpt_neox_lora") + FAMILIES + ("llama3_tiny", "qwen2_tiny")
 
 
 def main():
@@ -673,7 +819,11 @@ def main():
         "gpt_neox_parallel": lambda d: make_gpt_neox(d, parallel=True, seed=4),
         "gpt_neox_sequential": lambda d: make_gpt_neox(d, parallel=False, seed=5),
         "gpt_neox_lora": lambda d: make_gpt_neox_lora(d, os.path.join(out, "gpt_neox_parallel"), seed=6),
+        "llama3_tiny": lambda d: make_chat_checkpoint(d, "llama3_tiny", seed=30),
+        "qwen2_tiny": lambda d: make_chat_checkpoint(d, "qwen2_tiny", seed=31),
     }
+    for i, family in enumerate(FAMILIES):
+        makers[family] = lambda d, family=family, seed=20 + 2 * i: make_family(d, family, seed)
     for name, d in dirs.items():
         makers[name](d)
 

@@ -1,6 +1,7 @@
 // The finetune binary as a user runs it: the PEFT-style parameter line, exact
 // resume after kill -9, and clear errors with a non-zero exit for bad input.
-// Uses the tiny llama_gqa fixture with the fixture tokenizer (vocab 320).
+// Uses the tiny llama_gqa fixture with the fixture tokenizer (vocab 320), and
+// the Llama-3-style and Qwen2-style fixtures with their tokenizer.json.
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -24,9 +25,14 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_device.h"
+#include "model/causal_lm.h"
+#include "model/peft_adapter.h"
+#include "model/safetensors.h"
 
 namespace fs = std::filesystem;
+using namespace ft;
 
 namespace {
 
@@ -593,4 +599,55 @@ TEST_CASE("a full disk: the save fails with exit 1 naming the path and errno, th
   CHECK(resumed.exit_code == 0);
   CHECK(resumed.output.find("resumed at step 4") != std::string::npos);
   CHECK(fs::exists(dir + "/out/adapter/adapter_model.safetensors"));
+}
+
+namespace {
+
+// input_ids [1, T] and the logits [T, V] of the fixture's base in f32 with the
+// adapter in `folder`, written as folder/../adapter_logits.safetensors for
+// scripts/check_adapter_in_peft.py (PEFT on the same base and adapter).
+void write_adapter_logits(const std::string& model_dir, const std::string& folder) {
+  HostAllocator host;
+  CpuBackend backend(host);
+  ModelOptions options;
+  options.weight_dtype = DType::f32;
+  options.int8_base = false;
+  options.lora = read_peft_adapter_config(folder).lora;
+  const ModelConfig config = ModelConfig::from_json_file(model_dir + "/config.json");
+  std::unique_ptr<CausalLM> model = make_causal_lm(config, backend, options);
+  model->load(Checkpoint(model_dir));
+  load_peft_adapter(folder, *model);
+  const int64_t T = 24;
+  std::vector<int32_t> ids(T), targets(T, -100);
+  for (int64_t t = 0; t < T; ++t) ids[size_t(t)] = int32_t((37 * t + 5) % config.vocab_size);
+  Tensor input_ids = Tensor::view_of(ids.data(), {1, T}, DType::i32);
+  model->forward(input_ids, Tensor::view_of(targets.data(), {1, T}, DType::i32));
+  save_safetensors((fs::path(folder).parent_path() / "adapter_logits.safetensors").string(),
+                   {{"input_ids", input_ids}, {"logits", model->last_logits()}});
+}
+
+}  // namespace
+
+TEST_CASE("Llama-3-style and Qwen2-style checkpoints with their tokenizer.json pipelines fine-tune end to end") {
+  // Saved by transformers 5 (save_pretrained of model and tokenizer), as a user downloads them:
+  // rope llama3 and tied embeddings; q/k/v biases and untied embeddings.
+  for (const std::string fixture : {"llama3_tiny", "qwen2_tiny"}) {
+    CAPTURE(fixture);
+    const std::string model_dir = kFixtures + "/" + fixture, dir = make_run_dir(fixture);
+    CommandResult result = run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=8" +
+                                       " --set grad_accum_steps=1 --set lr=1.0e-2 --set model=" + model_dir +
+                                       " --set tokenizer=");
+    INFO(result.output);
+    REQUIRE(result.exit_code == 0);
+    // PEFT's count for q_proj and v_proj: 2 layers x (4 x (32 + 32) + 4 x (32 + 16)).
+    CHECK(result.output.find("trainable params: 896 ||") != std::string::npos);
+    const auto losses = train_losses(dir + "/out/metrics.jsonl");
+    REQUIRE(losses.size() == 8);
+    CHECK(losses.rbegin()->second < losses.begin()->second);
+    const std::string adapter = dir + "/out/adapter";
+    nlohmann::json saved = nlohmann::json::parse(std::ifstream(adapter + "/adapter_config.json"));
+    CHECK(saved["target_modules"].size() == 2);  // PEFT's default for llama and qwen2: q_proj, v_proj
+    write_adapter_logits(model_dir, adapter);
+    CHECK(fs::exists(dir + "/out/adapter_logits.safetensors"));
+  }
 }

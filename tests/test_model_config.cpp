@@ -101,7 +101,8 @@ TEST_CASE("reads from a file and names it in errors") {
   } catch (const Error& error) {
     message = error.what();
   }
-  CHECK(message == path + ": model_type \"gpt2\" is not supported (expected \"llama\" or \"gpt_neox\")");
+  CHECK(message == path + ": model_type \"gpt2\" is not supported (supported model_type values: \"llama\", "
+                          "\"qwen2\", \"mistral\", \"gpt_neox\")");
   std::filesystem::remove_all(pattern);
   CHECK_THROWS_WITH_AS(ModelConfig::from_json_file(path), doctest::Contains("cannot open model config"), Error);
 }
@@ -144,10 +145,70 @@ TEST_CASE("text that is not a JSON object is refused") {
 }
 
 TEST_CASE("unsupported settings are refused") {
-  check_rejected(with(gqa_config(), "model_type", "mistral"), "model_type \"mistral\" is not supported");
+  check_rejected(with(gqa_config(), "model_type", "gemma"), "model_type \"gemma\" is not supported");
   check_rejected(with(gqa_config(), "hidden_act", "gelu"), "hidden_act \"gelu\" is not supported");
-  check_rejected(with(gqa_config(), "rope_scaling", {{"type", "linear"}, {"factor", 2.0}}),
-                 "field \"rope_scaling\" is not supported");
+  check_rejected(with(gqa_config(), "rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}),
+                 "rope_scaling.rope_type \"yarn\" is not supported (expected \"default\", \"linear\", \"dynamic\" or "
+                 "\"llama3\")");
+  check_rejected(with(gqa_config(), "rope_scaling", {{"type", "longrope"}}), "rope_scaling.rope_type \"longrope\"");
+  check_rejected(with(gqa_config(), "rope_scaling", {{"type", "linear"}}), "rope_scaling.factor is required");
+  check_rejected(with(gqa_config(), "rope_scaling", {{"rope_type", "linear"}, {"factor", -2.0}}),
+                 "rope_scaling.factor must be positive");
+  check_rejected(with(gqa_config(), "rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}}),
+                 "rope_scaling.high_freq_factor is required");
+  check_rejected(with(with(gqa_config(), "model_type", "qwen2"), "use_sliding_window", true),
+                 "use_sliding_window true is not supported for qwen2");
+  check_rejected(with(with(gqa_config(), "model_type", "mistral"), "sliding_window", 0),
+                 "sliding_window must be a positive integer or null");
+}
+
+TEST_CASE("rope scaling in every spelling a released config.json uses") {
+  // Llama-3.1-8B's config.json (transformers 4.43): top-level rope_theta, rope_scaling with rope_type.
+  json llama31 = with(gqa_config(), "rope_theta", 500000.0);
+  llama31["rope_scaling"] = {{"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                             {"original_max_position_embeddings", 8192}, {"rope_type", "llama3"}};
+  ModelConfig config = ModelConfig::from_json_text(llama31.dump(), kSource);
+  CHECK(config.rope_theta == 500000.0f);
+  CHECK(config.rope_scaling.type == "llama3");
+  CHECK(config.rope_scaling.factor == 8.0);
+  CHECK(config.rope_scaling.original_max_position_embeddings == 8192);
+  // Older files: {"type": "linear"}; rope_type wins when both are given.
+  config = ModelConfig::from_json_text(with(gqa_config(), "rope_scaling", {{"type", "linear"}, {"factor", 2.0}}).dump(),
+                                       kSource);
+  CHECK((config.rope_scaling.type == "linear" && config.rope_scaling.factor == 2.0));
+  config = ModelConfig::from_json_text(
+      with(gqa_config(), "rope_scaling", {{"type", "yarn"}, {"rope_type", "dynamic"}, {"factor", 2.0}}).dump(), kSource);
+  CHECK(config.rope_scaling.type == "dynamic");
+  // transformers 5: rope_parameters, whose rope_theta beats the top-level one; a non-empty rope_scaling beats it.
+  json v5 = with(gqa_config(), "rope_scaling", nullptr);
+  v5["rope_parameters"] = {{"rope_type", "linear"}, {"rope_theta", 1000.0}, {"factor", 4.0}};
+  config = ModelConfig::from_json_text(v5.dump(), kSource);
+  CHECK((config.rope_scaling.type == "linear" && config.rope_scaling.factor == 4.0 && config.rope_theta == 1000.0f));
+  v5["rope_scaling"] = {{"type", "dynamic"}, {"factor", 3.0}};
+  config = ModelConfig::from_json_text(v5.dump(), kSource);
+  CHECK((config.rope_scaling.type == "dynamic" && config.rope_scaling.factor == 3.0 && config.rope_theta == 10000.0f));
+  // llama3 without original_max_position_embeddings: max_position_embeddings; a top-level one wins.
+  json bare = with(gqa_config(), "rope_scaling",
+                   {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}});
+  CHECK(ModelConfig::from_json_text(bare.dump(), kSource).rope_scaling.original_max_position_embeddings == 2048);
+  CHECK(ModelConfig::from_json_text(with(bare, "original_max_position_embeddings", 4096).dump(), kSource)
+            .rope_scaling.original_max_position_embeddings == 4096);
+}
+
+TEST_CASE("qwen2 and mistral configure the llama layer") {
+  json qwen = with(gqa_config(), "model_type", "qwen2");
+  qwen["attention_bias"] = false;  // Qwen2Attention ignores it: q/k/v always have biases
+  ModelConfig config = ModelConfig::from_json_text(qwen.dump(), kSource);
+  CHECK((config.attention_bias && !config.o_proj_bias && !config.mlp_bias && config.sliding_window == 0));
+  config = ModelConfig::from_json_text(with(qwen, "use_sliding_window", false).dump(), kSource);
+  CHECK(config.sliding_window == 0);
+  json mistral = with(with(gqa_config(), "model_type", "mistral"), "sliding_window", 4096);
+  config = ModelConfig::from_json_text(mistral.dump(), kSource);
+  CHECK((config.sliding_window == 4096 && !config.attention_bias && !config.o_proj_bias));
+  CHECK(ModelConfig::from_json_text(with(mistral, "sliding_window", nullptr).dump(), kSource).sliding_window == 0);
+  json llama = with(with(gqa_config(), "attention_bias", true), "mlp_bias", true);
+  config = ModelConfig::from_json_text(llama.dump(), kSource);
+  CHECK((config.attention_bias && config.o_proj_bias && config.mlp_bias));
 }
 
 TEST_CASE("head counts that do not divide are refused") {
@@ -166,5 +227,5 @@ TEST_CASE("transformers 5 rope_parameters carry rope_theta") {
   CHECK_THROWS_WITH_AS(ModelConfig::from_json_text(R"({"model_type": "llama", "hidden_size": 64,
       "intermediate_size": 88, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 320,
       "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0}})", "cfg.json"),
-      doctest::Contains("rope_parameters.rope_type \"yarn\""), Error);
+      doctest::Contains("cfg.json: rope_parameters.rope_type \"yarn\" is not supported"), Error);
 }

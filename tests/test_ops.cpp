@@ -18,6 +18,7 @@
 #include "kernels/error.h"
 #include "tests/host_tensors.h"
 #include "tests/wide_cross_entropy.h"
+#include "model/rope.h"
 
 using namespace ft;
 using Vec = std::vector<double>;
@@ -153,14 +154,14 @@ Vec rmsnorm_ref(const Vec& x, const Vec& w, int N, int C, double eps) {
 
 // HF rotate_half RoPE on x [N, H, D]. inv_freq and the angle are f32, exactly
 // as HF LlamaRotaryEmbedding computes them; the rotation itself in double.
-Vec rope_ref(const Vec& x, const std::vector<int32_t>& pos, int H, int D, int rotary_dim, float theta) {
+// The angle is the contract's f32 float(pos) * inv_freq[i]; the rotation is float64.
+Vec rope_ref(const Vec& x, const std::vector<int32_t>& pos, int H, int D, const std::vector<float>& inv_freq) {
   Vec out = x;
-  int half = rotary_dim / 2;
+  int half = int(inv_freq.size());
   for (size_t n = 0; n < pos.size(); ++n)
     for (int h = 0; h < H; ++h)
       for (int i = 0; i < half; ++i) {
-        float inv_freq = 1.0f / std::pow(theta, float(2 * i) / float(rotary_dim));
-        double angle = double(float(pos[n]) * inv_freq);
+        double angle = double(float(pos[n]) * inv_freq[size_t(i)]);
         size_t at = (n * H + h) * D + i;
         double x1 = x[at], x2 = x[at + half];
         out[at] = x1 * std::cos(angle) - x2 * std::sin(angle);
@@ -171,6 +172,7 @@ Vec rope_ref(const Vec& x, const std::vector<int32_t>& pos, int H, int D, int ro
 
 struct AttnShape {
   int B, T, Hq, Hkv, D;
+  int window = 0;  // sliding window, 0: plain causal
 };
 
 size_t attn_at(const AttnShape& s, int heads, int b, int t, int h) {
@@ -188,7 +190,8 @@ void attention_ref(const Vec& q, const Vec& k, const Vec& v, const AttnShape& s,
       for (int t = 0; t < s.T; ++t) {
         Vec score(t + 1);
         double max_score = -INFINITY;
-        for (int j = 0; j <= t; ++j) {
+        const int j0 = s.window > 0 ? std::max(0, t - s.window + 1) : 0;
+        for (int j = j0; j <= t; ++j) {
           double sum = 0.0;
           for (int d = 0; d < s.D; ++d)
             sum += q[attn_at(s, s.Hq, b, t, h) + d] * k[attn_at(s, s.Hkv, b, j, h / group) + d];
@@ -196,8 +199,8 @@ void attention_ref(const Vec& q, const Vec& k, const Vec& v, const AttnShape& s,
           max_score = std::max(max_score, score[j]);
         }
         double denom = 0.0;
-        for (int j = 0; j <= t; ++j) denom += std::exp(score[j] - max_score);
-        for (int j = 0; j <= t; ++j)
+        for (int j = j0; j <= t; ++j) denom += std::exp(score[j] - max_score);
+        for (int j = j0; j <= t; ++j)
           for (int d = 0; d < s.D; ++d)
             out[attn_at(s, s.Hq, b, t, h) + d] +=
                 std::exp(score[j] - max_score) / denom * v[attn_at(s, s.Hkv, b, j, h / group) + d];
@@ -503,20 +506,24 @@ TEST_CASE("rmsnorm backward: finite differences, dweight accumulates") {
 
 // ---- rope ---------------------------------------------------------------
 
-TEST_CASE("rope forward: partial and full rotary_dim, large positions") {
+TEST_CASE("rope forward: partial and full rotary_dim, large positions, scaled frequencies") {
   std::mt19937 rng(10);
   const int H = 3, D = 10;
   std::vector<int32_t> pos = {0, 1, 7, 4095, 131071};
   const int N = int(pos.size());
   for (int rotary_dim : {6, 10})
-    for (float theta : {10000.0f, 500000.0f}) {
+    for (float theta : {10000.0f, 500000.0f, 0.0f}) {
       CAPTURE(rotary_dim);
       CAPTURE(theta);
+      // theta 0: frequencies of no single base, as a rope scaling makes them.
+      std::vector<float> inv_freq = ft::default_rope_inv_freq(theta > 0 ? theta : 10000.0f, rotary_dim);
+      if (theta == 0.0f)
+        for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] /= float(1 + 3 * (i % 2));
       Vec x = random_vec(size_t(N) * H * D, rng);
       Tensor tx = make({N, H, D}, DType::f32, x), tpos = make_i32(pos);
-      backend.rope_forward(tx, tpos, rotary_dim, theta);
+      backend.rope_forward(tx, tpos, inv_freq);
       Vec got = values_of(tx);
-      check_close(got, rope_ref(x, pos, H, D, rotary_dim, theta), kF32Tol, "rope");
+      check_close(got, rope_ref(x, pos, H, D, inv_freq), kF32Tol, "rope");
       for (int i = 0; i < N * H * D; ++i) {
         bool untouched = i % D >= rotary_dim || i < H * D;  // features past rotary_dim, and position 0
         if (untouched) REQUIRE(got[i] == float(x[i]));
@@ -527,29 +534,31 @@ TEST_CASE("rope forward: partial and full rotary_dim, large positions") {
 TEST_CASE("rope backward is the transpose rotation (finite differences)") {
   std::mt19937 rng(11);
   const int H = 2, D = 12, rotary_dim = 8;
-  const float theta = 10000.0f;
+  const std::vector<float> inv_freq = ft::default_rope_inv_freq(10000.0f, rotary_dim);
   std::vector<int32_t> pos = {0, 3, 17, 1000, 29};
   const int N = int(pos.size());
   Vec x = random_vec(size_t(N) * H * D, rng), probe = random_vec(size_t(N) * H * D, rng);
   Tensor grad = make({N, H, D}, DType::f32, probe), tpos = make_i32(pos);
-  backend.rope_backward(grad, tpos, rotary_dim, theta);
-  Vec want = numeric_grad([&](const Vec& xs) { return dot(rope_ref(xs, pos, H, D, rotary_dim, theta), probe); }, x);
+  backend.rope_backward(grad, tpos, inv_freq);
+  Vec want = numeric_grad([&](const Vec& xs) { return dot(rope_ref(xs, pos, H, D, inv_freq), probe); }, x);
   check_close(values_of(grad), want, kGradTol, "rope dx");
 
   Tensor tx = make({N, H, D}, DType::f32, x);
-  backend.rope_forward(tx, tpos, rotary_dim, theta);
-  backend.rope_backward(tx, tpos, rotary_dim, theta);
+  backend.rope_forward(tx, tpos, inv_freq);
+  backend.rope_backward(tx, tpos, inv_freq);
   check_close(values_of(tx), x, kF32Tol, "rope backward(forward(x))");
 }
 
 // ---- attention ----------------------------------------------------------
 
-TEST_CASE("attention forward: GQA and MHA, T not a multiple of 8") {
+TEST_CASE("attention forward: GQA and MHA, T not a multiple of 8, sliding windows") {
   std::mt19937 rng(12);
-  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}})
+  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}, AttnShape{2, 13, 6, 2, 8, 4},
+                      AttnShape{1, 11, 3, 3, 5, 1}, AttnShape{1, 11, 3, 3, 5, 11}})
     for (DType dtype : {DType::f32, DType::bf16}) {
       CAPTURE(s.Hq);
       CAPTURE(s.Hkv);
+      CAPTURE(s.window);
       CAPTURE(dtype_name(dtype));
       Vec q = random_vec(size_t(s.B) * s.T * s.Hq * s.D, rng, -2.0, 2.0);
       Vec k = random_vec(size_t(s.B) * s.T * s.Hkv * s.D, rng, -2.0, 2.0);
@@ -558,7 +567,7 @@ TEST_CASE("attention forward: GQA and MHA, T not a multiple of 8") {
       Tensor tv = make({s.B, s.T, s.Hkv, s.D}, dtype, v);
       Tensor out = make({s.B, s.T, s.Hq, s.D}, dtype), lse = make({s.B, s.Hq, s.T}, DType::f32);
       double scale = 1.0 / std::sqrt(double(s.D));
-      backend.attention_forward(out, lse, tq, tk, tv, float(scale));
+      backend.attention_forward(out, lse, tq, tk, tv, float(scale), s.window);
       Vec want_out, want_lse;
       attention_ref(rounded(q, dtype), rounded(k, dtype), rounded(v, dtype), s, scale, want_out, want_lse);
       double tol = dtype == DType::f32 ? kF32Tol : kBf16Tol;
@@ -569,9 +578,10 @@ TEST_CASE("attention forward: GQA and MHA, T not a multiple of 8") {
 
 TEST_CASE("attention backward: finite differences for dq, dk, dv") {
   std::mt19937 rng(13);
-  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}}) {
+  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}, AttnShape{2, 13, 6, 2, 8, 3}}) {
     CAPTURE(s.Hq);
     CAPTURE(s.Hkv);
+    CAPTURE(s.window);
     Vec q = random_vec(size_t(s.B) * s.T * s.Hq * s.D, rng, -2.0, 2.0);
     Vec k = random_vec(size_t(s.B) * s.T * s.Hkv * s.D, rng, -2.0, 2.0);
     Vec v = random_vec(size_t(s.B) * s.T * s.Hkv * s.D, rng);
@@ -580,11 +590,11 @@ TEST_CASE("attention backward: finite differences for dq, dk, dv") {
     Tensor tq = make(q_shape, DType::f32, q), tk = make(kv_shape, DType::f32, k), tv = make(kv_shape, DType::f32, v);
     Tensor out = make(q_shape, DType::f32), lse = make({s.B, s.Hq, s.T}, DType::f32);
     double scale = 1.0 / std::sqrt(double(s.D));
-    backend.attention_forward(out, lse, tq, tk, tv, float(scale));
+    backend.attention_forward(out, lse, tq, tk, tv, float(scale), s.window);
     Tensor dout = make(q_shape, DType::f32, probe);
     Tensor dq = make(q_shape, DType::f32), dk = make(kv_shape, DType::f32), dv = make(kv_shape, DType::f32);
     backend.fill(dk, NAN);  // overwritten, never accumulated into
-    backend.attention_backward(dq, dk, dv, dout, tq, tk, tv, out, lse, float(scale));
+    backend.attention_backward(dq, dk, dv, dout, tq, tk, tv, out, lse, float(scale), s.window);
 
     auto loss = [&](const Vec& qs, const Vec& ks, const Vec& vs) {
       Vec o, l;
@@ -675,15 +685,19 @@ TEST_CASE("shape and dtype mismatches throw ft::Error") {
 
   Tensor q = make({1, 5, 3, 4}, DType::f32), kv = make({1, 5, 2, 4}, DType::f32);
   Tensor attn_out = make({1, 5, 3, 4}, DType::f32), lse = make({1, 3, 5}, DType::f32);
-  CHECK_THROWS_AS(backend.attention_forward(attn_out, lse, q, kv, kv, 0.5f), Error);  // 3 % 2 != 0
+  CHECK_THROWS_AS(backend.attention_forward(attn_out, lse, q, kv, kv, 0.5f, 0), Error);  // 3 % 2 != 0
   Tensor kv3 = make({1, 5, 3, 4}, DType::f32), lse_bad = make({1, 5, 3}, DType::f32);
-  CHECK_THROWS_AS(backend.attention_forward(attn_out, lse_bad, q, kv3, kv3, 0.5f), Error);
+  CHECK_THROWS_AS(backend.attention_forward(attn_out, lse_bad, q, kv3, kv3, 0.5f, 0), Error);
+  Tensor lse3 = make({1, 3, 5}, DType::f32);
+  CHECK_THROWS_AS(backend.attention_forward(attn_out, lse3, q, kv3, kv3, 0.5f, -2), Error);  // negative window
 
   Tensor heads = make({5, 3, 4}, DType::f32), pos = make_i32({0, 1, 2, 3, 4});
-  CHECK_THROWS_AS(backend.rope_forward(heads, pos, 3, 10000.0f), Error);  // odd
-  CHECK_THROWS_AS(backend.rope_forward(heads, pos, 6, 10000.0f), Error);  // > head_dim
+  CHECK_THROWS_AS(backend.rope_forward(heads, pos, std::vector<float>{}), Error);  // no rotary features
+  CHECK_THROWS_AS(backend.rope_forward(heads, pos, std::vector<float>{1.0f, 0.5f, 0.25f}), Error);  // > head_dim
+  CHECK_THROWS_AS(backend.rope_forward(heads, pos, std::vector<float>{1.0f, NAN}), Error);
+  CHECK_THROWS_AS(backend.rope_forward(heads, pos, std::vector<float>{1.0f, 0.0f}), Error);
   Tensor pos_short = make_i32({0, 1});
-  CHECK_THROWS_AS(backend.rope_forward(heads, pos_short, 4, 10000.0f), Error);
+  CHECK_THROWS_AS(backend.rope_forward(heads, pos_short, std::vector<float>{1.0f, 0.5f}), Error);
 
   Tensor ids_f32 = make({5}, DType::f32), emb = make({5, 7}, DType::f32);
   CHECK_THROWS_AS(backend.embedding_forward(emb, ids_f32, a), Error);

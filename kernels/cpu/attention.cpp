@@ -1,4 +1,5 @@
-// Causal grouped-query attention. Forward keeps one score row at a time and
+// Causal grouped-query attention, optionally within a sliding window (query t
+// sees keys first_key(t) .. t). Forward keeps one score row at a time and
 // saves lse, the log-sum-exp of each row; backward recomputes the
 // probabilities from lse (FlashAttention's math, without the tiling):
 //   P = exp(S - lse), dV += P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)),
@@ -47,10 +48,15 @@ void axpy(float* y, float alpha, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
+// The first key query t sees: t - window + 1 with a sliding window, else 0.
+int64_t first_key(int64_t t, int64_t sliding_window) {
+  return sliding_window > 0 ? std::max<int64_t>(0, t - sliding_window + 1) : 0;
+}
+
 }  // namespace
 
 void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                                        float scale) {
+                                        float scale, int64_t sliding_window) {
   AttentionShape d = checks::attention_shape(q, k);
   int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
   float* lse_out = lse.ptr<float>();
@@ -64,19 +70,20 @@ void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& 
         gather_head(kh.data(), k, d, b, h / group);
         gather_head(vh.data(), v, d, b, h / group);
         for (int64_t t = 0; t < T; ++t) {
+          const int64_t j0 = first_key(t, sliding_window);
           float max_score = -INFINITY;
-          for (int64_t j = 0; j <= t; ++j) {
+          for (int64_t j = j0; j <= t; ++j) {
             p[j] = scale * dot(&qh[t * D], &kh[j * D], D);
             max_score = std::max(max_score, p[j]);
           }
           float sum = 0.0f;
-          for (int64_t j = 0; j <= t; ++j) {
+          for (int64_t j = j0; j <= t; ++j) {
             p[j] = std::exp(p[j] - max_score);
             sum += p[j];
           }
           float* o = &oh[t * D];
           std::fill(o, o + D, 0.0f);
-          for (int64_t j = 0; j <= t; ++j) axpy(o, p[j] / sum, &vh[j * D], D);
+          for (int64_t j = j0; j <= t; ++j) axpy(o, p[j] / sum, &vh[j * D], D);
           lse_out[(b * d.q_heads + h) * T + t] = max_score + std::log(sum);
         }
         scatter_head(out, oh.data(), d, b, h);
@@ -88,7 +95,7 @@ void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& 
 // over the query heads that share it, so no two threads add into the same row.
 void CpuBackend::attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                                         float scale) {
+                                         float scale, int64_t sliding_window) {
   AttentionShape d = checks::attention_shape(q, k);
   int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
   const float* lse_in = lse.ptr<const float>();
@@ -112,7 +119,7 @@ void CpuBackend::attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, con
             const float* do_t = &doh[t * D];
             float row_lse = lse_in[(b * d.q_heads + h) * T + t];
             float do_dot_o = dot(do_t, &oh[t * D], D);
-            for (int64_t j = 0; j <= t; ++j) {
+            for (int64_t j = first_key(t, sliding_window); j <= t; ++j) {
               float p = std::exp(scale * dot(q_t, &kh[j * D], D) - row_lse);
               float ds = p * (dot(do_t, &vh[j * D], D) - do_dot_o);
               axpy(&dvh[j * D], p, do_t, D);

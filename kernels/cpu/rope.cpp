@@ -1,7 +1,7 @@
 // Rotary position embedding, in place, in HF's rotate_half layout. cos/sin are
-// computed exactly as HF LlamaRotaryEmbedding does, all in f32:
-//   inv_freq = 1 / theta^(2i / rotary_dim), angle = float(pos) * inv_freq,
-// so positions in the thousands match HF to f32 rounding rather than drifting.
+// computed as HF's rotary embedding does, in f32: angle = float(pos) *
+// inv_freq[i] (inv_freq given by the caller), so positions in the thousands
+// match HF to f32 rounding rather than drifting.
 #include <cmath>
 #include <vector>
 
@@ -11,11 +11,9 @@
 namespace ft {
 
 // direction +1 rotates by +angle (forward), -1 by -angle (the transpose, for backward).
-static void rope_rotate(Tensor& x, const Tensor& positions, int rotary_dim, float theta, float direction) {
+static void rope_rotate(Tensor& x, const Tensor& positions, std::span<const float> inv_freq, float direction) {
   int64_t heads = x.dim(-2), head_dim = x.dim(-1), tokens = x.numel() / (heads * head_dim);
-  int half = rotary_dim / 2;
-  std::vector<float> inv_freq(half);
-  for (int i = 0; i < half; ++i) inv_freq[i] = 1.0f / std::pow(theta, float(2 * i) / float(rotary_dim));
+  int half = int(inv_freq.size()), rotary_dim = 2 * half;
   const int32_t* pos = positions.ptr<const int32_t>();
 #pragma omp parallel
   {
@@ -41,12 +39,12 @@ static void rope_rotate(Tensor& x, const Tensor& positions, int rotary_dim, floa
   }
 }
 
-void CpuBackend::rope_forward_impl(Tensor& x, const Tensor& positions, int rotary_dim, float theta) {
-  rope_rotate(x, positions, rotary_dim, theta, 1.0f);
+void CpuBackend::rope_forward_impl(Tensor& x, const Tensor& positions, std::span<const float> inv_freq) {
+  rope_rotate(x, positions, inv_freq, 1.0f);
 }
 
-void CpuBackend::rope_backward_impl(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) {
-  rope_rotate(dx, positions, rotary_dim, theta, -1.0f);
+void CpuBackend::rope_backward_impl(Tensor& dx, const Tensor& positions, std::span<const float> inv_freq) {
+  rope_rotate(dx, positions, inv_freq, -1.0f);
 }
 
 }  // namespace ft

@@ -1,7 +1,7 @@
-// Rotary position embedding, in place, in HF's rotate_half layout. inv_freq is
-// computed on the host exactly as the CPU backend does (1 / theta^(2i / dim),
-// f32) and passed by value, so both backends rotate by the same f32 angles
-// float(pos) * inv_freq[i]; only cosf/sinf may differ in the last ulp.
+// Rotary position embedding, in place, in HF's rotate_half layout. inv_freq
+// comes from the caller (host f32) and is passed by value, so both backends
+// rotate by the same f32 angles float(pos) * inv_freq[i]; only cosf/sinf may
+// differ in the last ulp.
 #include <cmath>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -35,13 +35,13 @@ __global__ void __launch_bounds__(kBlock) rope_kernel(cuda::View x, const int32_
   }
 }
 
-void rope_rotate(const char* op, Tensor& x, const Tensor& positions, int rotary_dim, float theta, float sign,
-                 cudaStream_t stream) {
+void rope_rotate(const char* op, Tensor& x, const Tensor& positions, std::span<const float> host_inv_freq,
+                 float sign, cudaStream_t stream) {
   int64_t heads = x.dim(-2), head_dim = x.dim(-1), tokens = x.numel() / (heads * head_dim);
-  int half = rotary_dim / 2;
-  FT_CHECK(half <= kMaxHalf, op, ": rotary_dim ", rotary_dim, " exceeds the supported ", 2 * kMaxHalf);
+  int half = int(host_inv_freq.size());
+  FT_CHECK(half <= kMaxHalf, op, ": rotary_dim ", 2 * half, " exceeds the supported ", 2 * kMaxHalf);
   InvFreq inv_freq{};
-  for (int i = 0; i < half; ++i) inv_freq.value[i] = 1.0f / std::pow(theta, float(2 * i) / float(rotary_dim));
+  for (int i = 0; i < half; ++i) inv_freq.value[i] = host_inv_freq[size_t(i)];
   int64_t pairs = tokens * heads * half;
   if (pairs == 0) return;
   launch<rope_kernel>(cuda::elementwise_blocks(pairs, kBlock), kBlock, 0, stream, cuda::view(x),
@@ -51,12 +51,12 @@ void rope_rotate(const char* op, Tensor& x, const Tensor& positions, int rotary_
 
 }  // namespace
 
-void CudaBackend::rope_forward_impl(Tensor& x, const Tensor& positions, int rotary_dim, float theta) {
-  rope_rotate("rope_forward", x, positions, rotary_dim, theta, 1.0f, stream_);
+void CudaBackend::rope_forward_impl(Tensor& x, const Tensor& positions, std::span<const float> inv_freq) {
+  rope_rotate("rope_forward", x, positions, inv_freq, 1.0f, stream_);
 }
 
-void CudaBackend::rope_backward_impl(Tensor& dx, const Tensor& positions, int rotary_dim, float theta) {
-  rope_rotate("rope_backward", dx, positions, rotary_dim, theta, -1.0f, stream_);
+void CudaBackend::rope_backward_impl(Tensor& dx, const Tensor& positions, std::span<const float> inv_freq) {
+  rope_rotate("rope_backward", dx, positions, inv_freq, -1.0f, stream_);
 }
 
 }  // namespace ft

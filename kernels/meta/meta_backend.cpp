@@ -148,9 +148,9 @@ void MetaBackend::layernorm_backward_add_impl(Tensor&, Tensor* dweight, Tensor* 
   Tensor dbias_partials = column_partials(dbias, x.rows(), x.cols());
 }
 
-void MetaBackend::rope_forward_impl(Tensor&, const Tensor&, int, float) { enter("rope_forward", {}); }
+void MetaBackend::rope_forward_impl(Tensor&, const Tensor&, std::span<const float>) { enter("rope_forward", {}); }
 
-void MetaBackend::rope_backward_impl(Tensor&, const Tensor&, int, float) { enter("rope_backward", {}); }
+void MetaBackend::rope_backward_impl(Tensor&, const Tensor&, std::span<const float>) { enter("rope_backward", {}); }
 
 void MetaBackend::swiglu_forward_impl(Tensor&, const Tensor&, const Tensor&) { enter("swiglu_forward", {}); }
 
@@ -164,21 +164,24 @@ void MetaBackend::gelu_backward_impl(Tensor&, const Tensor&, const Tensor&, Gelu
   enter("gelu_backward", {});
 }
 
-// bf16 attention runs on cuDNN SDPA (kernels/cuda/attention_engine.h) where
+// bf16 attention without a sliding window runs on cuDNN SDPA
+// (kernels/cuda/attention_engine.h) where
 // the build has it (library_attention_), which takes exactly
 // sdpa_workspace_budget_bytes of workspace; else on our kernels.
-void MetaBackend::attention_forward_impl(Tensor&, Tensor&, const Tensor& q, const Tensor& k, const Tensor&, float) {
+void MetaBackend::attention_forward_impl(Tensor&, Tensor&, const Tensor& q, const Tensor& k, const Tensor&, float,
+                                         int64_t sliding_window) {
   enter("attention_forward", {});
   const checks::AttentionShape s = checks::attention_shape(q, k);
-  if (library_attention_ && q.dtype == DType::bf16)
+  if (library_attention_ && q.dtype == DType::bf16 && sliding_window == 0)
     Tensor workspace = cuda_scratch(cuda::sdpa_workspace_scratch(s.batch, s.q_heads, s.seq, s.head_dim, false));
 }
 
 void MetaBackend::attention_backward_impl(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor& q,
-                                          const Tensor& k, const Tensor&, const Tensor&, const Tensor&, float) {
+                                          const Tensor& k, const Tensor&, const Tensor&, const Tensor&, float,
+                                          int64_t sliding_window) {
   enter("attention_backward", {});
   const checks::AttentionShape s = checks::attention_shape(q, k);
-  if (library_attention_ && q.dtype == DType::bf16) {
+  if (library_attention_ && q.dtype == DType::bf16 && sliding_window == 0) {
     Tensor workspace = cuda_scratch(cuda::sdpa_workspace_scratch(s.batch, s.q_heads, s.seq, s.head_dim, true));
     return;
   }

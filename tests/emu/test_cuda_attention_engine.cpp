@@ -53,14 +53,14 @@ TEST_CASE("cuda: cuDNN SDPA matches our attention kernels (bf16, causal, GQA)") 
     Tensor v = to_device(host_random({c.B, c.T, c.Hkv, c.D}, bf, seed++));
     Tensor dout = to_device(host_random({c.B, c.T, c.Hq, c.D}, bf, seed++));
     Tensor out = device_empty(q.shape, bf), lse = device_empty({c.B, c.Hq, c.T}, DType::f32);
-    ours.attention_forward(out, lse, q, k, v, scale);
+    ours.attention_forward(out, lse, q, k, v, scale, 0);
     Tensor got_out = device_empty(q.shape, bf), got_lse = device_empty(lse.shape, DType::f32);
     REQUIRE(engine->forward(got_out, got_lse, q, k, v, scale, nullptr));
     check_near_ours(got_out, out, 1.0 / 64);
     check_close(values(got_lse), values(lse), {1e-3, 1e-4});
 
     Tensor dq = device_empty(q.shape, bf), dk = device_empty(k.shape, bf), dv = device_empty(v.shape, bf);
-    ours.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
+    ours.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, 0);
     Tensor got_dq = device_empty(q.shape, bf), got_dk = device_empty(k.shape, bf);
     Tensor got_dv = device_empty(v.shape, bf);
     REQUIRE(engine->backward(got_dq, got_dk, got_dv, dout, q, k, v, out, lse, scale, nullptr));

@@ -47,7 +47,7 @@ const BadCall kBadCalls[] = {
      [](Backend& be) {
        Tensor q = make(be, {1, 4, 2, 8}), k = make(be, {1, 4, 2, 8}), v = make(be, {1, 4, 2, 4});
        Tensor out = make(be, {1, 4, 2, 8}), lse = make(be, {1, 2, 4});
-       be.attention_forward(out, lse, q, k, v, 0.5f);
+       be.attention_forward(out, lse, q, k, v, 0.5f, 0);
      },
      "attention_forward: v has shape [1, 4, 2, 4], expected [1, 4, 2, 8]"},
     {"add of a transposed operand with as many elements",
@@ -93,12 +93,19 @@ const BadCall kBadCalls[] = {
        be.dropout_forward(out, x, 1.5f, 7);
      },
      "dropout_forward: p must be in [0, 1], got 1.5"},
-    {"rope_forward with an odd rotary_dim",
+    {"rope_forward with more frequencies than head_dim holds",
      [](Backend& be) {
-       Tensor x = make(be, {3, 2, 8}), positions = make(be, {3}, DType::i32);
-       be.rope_forward(x, positions, 3, 10000.0f);
+       Tensor x = make(be, {3, 2, 4}), positions = make(be, {3}, DType::i32);
+       be.rope_forward(x, positions, std::vector<float>{1.0f, 0.5f, 0.25f});
      },
-     "rope_forward: rotary_dim 3 must be even"},
+     "rope_forward: rotary_dim 6 (twice inv_freq's 3 entries) must be in (0, head_dim = 4]"},
+    {"attention_forward with a negative sliding window",
+     [](Backend& be) {
+       Tensor q = make(be, {1, 4, 2, 8}), k = make(be, {1, 4, 2, 8});
+       Tensor out = make(be, {1, 4, 2, 8}), lse = make(be, {1, 2, 4});
+       be.attention_forward(out, lse, q, k, k, 0.5f, -1);
+     },
+     "attention_forward: sliding_window must be >= 0 (0: none), got -1"},
     {"layernorm_backward_add with a dresidual of another shape",
      [](Backend& be) {
        Tensor x = make(be, {4, 8}), dx = make(be, {4, 8}), dout = make(be, {4, 8}), dres = make(be, {8, 4});

@@ -9,6 +9,7 @@
 
 #include <cstring>
 
+#include "model/rope.h"
 #include "tests/emu/cuda_test_util.h"
 #include "tests/wide_cross_entropy.h"
 
@@ -216,12 +217,15 @@ TEST_CASE("cuda: rope forward and backward") {
       Tensor x = host_random({5, 3, 10}, dtype, 18);
       Tensor positions = host_ints({0, 1, 17, 1999, 4095});
       Tensor want_fwd = host_copy(x), want_bwd = host_copy(x);
-      cpu.rope_forward(want_fwd, positions, rotary_dim, 10000.0f);
-      cpu.rope_backward(want_bwd, positions, rotary_dim, 10000.0f);
+      // Scaled frequencies (llama3-like bands): each feature's own inv_freq is used.
+      std::vector<float> inv_freq = ft::default_rope_inv_freq(10000.0f, rotary_dim);
+      for (size_t i = inv_freq.size() / 2; i < inv_freq.size(); ++i) inv_freq[i] /= 8.0f;
+      cpu.rope_forward(want_fwd, positions, inv_freq);
+      cpu.rope_backward(want_bwd, positions, inv_freq);
       std::vector<float> got = emu_test::same_under_schedules([&] {
         Tensor fwd = to_device(x), bwd = to_device(x), device_positions = to_device(positions);
-        gpu.rope_forward(fwd, device_positions, rotary_dim, 10000.0f);
-        gpu.rope_backward(bwd, device_positions, rotary_dim, 10000.0f);
+        gpu.rope_forward(fwd, device_positions, inv_freq);
+        gpu.rope_backward(bwd, device_positions, inv_freq);
         return values({&fwd, &bwd});
       });
       check_close(got, values({&want_fwd, &want_bwd}), tolerance_for(dtype));

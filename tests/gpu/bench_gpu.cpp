@@ -31,6 +31,7 @@
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
+#include "model/rope.h"
 #include "model/safetensors.h"
 #include "trainer/train_config.h"
 #include "trainer/trainer.h"
@@ -120,6 +121,7 @@ Tensor filled(Backend& backend, const Shape& shape, DType dtype, float value) {
 json measure_ops(Backend& backend, const Ceilings& ceilings) {
   const int64_t B = 4, T = 2048, N = B * T, C = 2048, I = 5632, H = 16, D = 128, V = 32000, P = 16 << 20;
   const DType bf = DType::bf16, f32 = DType::f32;
+  const std::vector<float> rope_inv_freq = default_rope_inv_freq(1e4f, D);
   HostAllocator host;
   Tensor host_ids = Tensor::empty({N}, DType::i32, host, MemCategory::activations);
   Tensor host_positions = Tensor::empty({N}, DType::i32, host, MemCategory::activations);
@@ -160,14 +162,14 @@ json measure_ops(Backend& backend, const Ceilings& ceilings) {
       {"int8_linear_backward [8192,2048]x[2048,2048]", 0, 2.0 * N * C * C,
        [&] { backend.int8_linear_backward(dx, y, w8, w8_scales, false); }},
       {"attention_forward causal B4 T2048 H16 D128", 0, attention_flops,
-       [&] { backend.attention_forward(attn, lse, q, k, v, scale); }},
+       [&] { backend.attention_forward(attn, lse, q, k, v, scale, 0); }},
       {"attention_backward causal B4 T2048 H16 D128", 0, 2.5 * attention_flops,
-       [&] { backend.attention_backward(dq, dk, dv, attn, q, k, v, attn, lse, scale); }},
+       [&] { backend.attention_backward(dq, dk, dv, attn, q, k, v, attn, lse, scale, 0); }},
       {"rmsnorm_forward bf16 [8192,2048]", 2 * bf16_nc + 4.0 * N, 0,
        [&] { backend.rmsnorm_forward(y, rstd, x, norm_w, 1e-5f); }},
       {"rmsnorm_backward bf16 [8192,2048]", 3 * bf16_nc + 4.0 * N, 0,
        [&] { backend.rmsnorm_backward(dx, &dnorm_w, y, x, norm_w, rstd); }},
-      {"rope_forward bf16 [8192,16,128]", 2 * bf16_nc, 0, [&] { backend.rope_forward(q_rows, positions, int(D), 1e4f); }},
+      {"rope_forward bf16 [8192,16,128]", 2 * bf16_nc, 0, [&] { backend.rope_forward(q_rows, positions, rope_inv_freq); }},
       {"swiglu_forward bf16 [8192,5632]", 3 * bf16_ni, 0, [&] { backend.swiglu_forward(act, gate, up); }},
       {"swiglu_backward bf16 [8192,5632]", 5 * bf16_ni, 0, [&] { backend.swiglu_backward(dgate, dup, act, gate, up); }},
       {"cross_entropy f32 [1024,32000] dlogits in place", 2.0 * 4.0 * double(loss_rows * V), 0,
