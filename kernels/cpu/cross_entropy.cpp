@@ -39,9 +39,10 @@ void CpuBackend::cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tenso
       float target_logit = row[target[n]];
       // The exponentials are summed in f64: added one by one to an f32 sum,
       // the tens of thousands of small terms of a wide vocabulary lose their
-      // low bits against the growing total and the loss comes out low.
+      // low bits against the growing total and the loss comes out low. In
+      // index order, never reassociated, so a row's loss does not depend on
+      // its buffer's alignment (chunked and whole-batch losses agree bit for bit).
       double sum = 0.0;
-#pragma omp simd reduction(+ : sum)
       for (int64_t i = 0; i < vocab; ++i) {
         row[i] = std::exp(row[i] - max_logit);
         sum += row[i];
