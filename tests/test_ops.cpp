@@ -542,9 +542,10 @@ TEST_CASE("rope backward is the transpose rotation (finite differences)") {
 
 // ---- attention ----------------------------------------------------------
 
+// T = 70 spans three query tiles and two key tiles of the CPU kernel.
 TEST_CASE("attention forward: GQA and MHA, T not a multiple of 8") {
   std::mt19937 rng(12);
-  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}})
+  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}, AttnShape{1, 70, 2, 1, 4}})
     for (DType dtype : {DType::f32, DType::bf16}) {
       CAPTURE(s.Hq);
       CAPTURE(s.Hkv);
@@ -567,7 +568,7 @@ TEST_CASE("attention forward: GQA and MHA, T not a multiple of 8") {
 
 TEST_CASE("attention backward: finite differences for dq, dk, dv") {
   std::mt19937 rng(13);
-  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}}) {
+  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}, AttnShape{1, 70, 2, 1, 3}}) {
     CAPTURE(s.Hq);
     CAPTURE(s.Hkv);
     Vec q = random_vec(size_t(s.B) * s.T * s.Hq * s.D, rng, -2.0, 2.0);
