@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/attention_blocked.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/onednn_gemm.h"
 #include "kernels/error.h"
@@ -175,9 +176,10 @@ size_t attn_at(const AttnShape& s, int heads, int b, int t, int h) {
   return ((size_t(b) * s.T + t) * heads + h) * s.D;
 }
 
-// Causal GQA attention: out [B,T,Hq,D], lse [B,Hq,T].
+// Causal GQA attention: out [B,T,Hq,D], lse [B,Hq,T]. With window W > 0 query
+// t sees keys j in (t - W, t] only (the sliding-window contract).
 void attention_ref(const Vec& q, const Vec& k, const Vec& v, const AttnShape& s, double scale, Vec& out,
-                   Vec& lse) {
+                   Vec& lse, int window = 0) {
   out.assign(size_t(s.B) * s.T * s.Hq * s.D, 0.0);
   lse.assign(size_t(s.B) * s.Hq * s.T, 0.0);
   int group = s.Hq / s.Hkv;
@@ -186,7 +188,8 @@ void attention_ref(const Vec& q, const Vec& k, const Vec& v, const AttnShape& s,
       for (int t = 0; t < s.T; ++t) {
         Vec score(t + 1);
         double max_score = -INFINITY;
-        for (int j = 0; j <= t; ++j) {
+        const int first = window > 0 ? std::max(0, t - window + 1) : 0;
+        for (int j = first; j <= t; ++j) {
           double sum = 0.0;
           for (int d = 0; d < s.D; ++d)
             sum += q[attn_at(s, s.Hq, b, t, h) + d] * k[attn_at(s, s.Hkv, b, j, h / group) + d];
@@ -194,8 +197,8 @@ void attention_ref(const Vec& q, const Vec& k, const Vec& v, const AttnShape& s,
           max_score = std::max(max_score, score[j]);
         }
         double denom = 0.0;
-        for (int j = 0; j <= t; ++j) denom += std::exp(score[j] - max_score);
-        for (int j = 0; j <= t; ++j)
+        for (int j = first; j <= t; ++j) denom += std::exp(score[j] - max_score);
+        for (int j = first; j <= t; ++j)
           for (int d = 0; d < s.D; ++d)
             out[attn_at(s, s.Hq, b, t, h) + d] +=
                 std::exp(score[j] - max_score) / denom * v[attn_at(s, s.Hkv, b, j, h / group) + d];
@@ -588,6 +591,40 @@ TEST_CASE("attention backward: finite differences for dq, dk, dv") {
     auto loss = [&](const Vec& qs, const Vec& ks, const Vec& vs) {
       Vec o, l;
       attention_ref(qs, ks, vs, s, scale, o, l);
+      return dot(o, probe);
+    };
+    check_close(values_of(dq), numeric_grad([&](const Vec& x) { return loss(x, k, v); }, q), kGradTol, "dq");
+    check_close(values_of(dk), numeric_grad([&](const Vec& x) { return loss(q, x, v); }, k), kGradTol, "dk");
+    check_close(values_of(dv), numeric_grad([&](const Vec& x) { return loss(q, k, x); }, v), kGradTol, "dv");
+  }
+}
+
+// The CPU kernels' sliding window (the ops pass 0): windows 1, 5 and 40 of
+// T = 70, so whole key tiles fall outside the window for late queries.
+TEST_CASE("attention: CPU kernels with a sliding window smaller than the sequence") {
+  std::mt19937 rng(14);
+  const AttnShape s{1, 70, 2, 1, 3};
+  for (int window : {1, 5, 40}) {
+    CAPTURE(window);
+    Vec q = random_vec(size_t(s.B) * s.T * s.Hq * s.D, rng, -2.0, 2.0);
+    Vec k = random_vec(size_t(s.B) * s.T * s.Hkv * s.D, rng, -2.0, 2.0);
+    Vec v = random_vec(size_t(s.B) * s.T * s.Hkv * s.D, rng);
+    Vec probe = random_vec(q.size(), rng);
+    Shape q_shape = {s.B, s.T, s.Hq, s.D}, kv_shape = {s.B, s.T, s.Hkv, s.D};
+    Tensor tq = make(q_shape, DType::f32, q), tk = make(kv_shape, DType::f32, k), tv = make(kv_shape, DType::f32, v);
+    Tensor out = make(q_shape, DType::f32), lse = make({s.B, s.Hq, s.T}, DType::f32);
+    double scale = 1.0 / std::sqrt(double(s.D));
+    cpu::attention_forward_blocked(out, lse, tq, tk, tv, float(scale), window);
+    Vec want_out, want_lse;
+    attention_ref(q, k, v, s, scale, want_out, want_lse, window);
+    check_close(values_of(out), want_out, kF32Tol, "windowed attention out");
+    check_close(values_of(lse), want_lse, kF32Tol, "windowed attention lse");
+    Tensor dout = make(q_shape, DType::f32, probe);
+    Tensor dq = make(q_shape, DType::f32), dk = make(kv_shape, DType::f32), dv = make(kv_shape, DType::f32);
+    cpu::attention_backward_blocked(dq, dk, dv, dout, tq, tk, tv, out, lse, float(scale), window);
+    auto loss = [&](const Vec& qs, const Vec& ks, const Vec& vs) {
+      Vec o, l;
+      attention_ref(qs, ks, vs, s, scale, o, l, window);
       return dot(o, probe);
     };
     check_close(values_of(dq), numeric_grad([&](const Vec& x) { return loss(x, k, v); }, q), kGradTol, "dq");

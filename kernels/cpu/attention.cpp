@@ -6,8 +6,8 @@
 //   P = exp(S - lse), dV += P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)),
 //   dQ = scale * dS K, dK = scale * dS^T Q.
 // Every (batch, head) task first gathers its heads into contiguous f32 [T, D]
-// buffers (K and V also transposed, [D, T]), so every inner loop runs along a
-// contiguous row: scores along keys, outputs and gradients along head_dim.
+// buffers, so every inner loop runs along head_dim: dot products for scores,
+// axpys for outputs and gradients.
 // Key j is visible to query i iff j <= i and, with a sliding window W > 0,
 // i - j < W (transformers' Mistral mask): key tiles wholly outside are skipped.
 // Scratch is thread_local and only grows, so steps after the first allocate
@@ -16,6 +16,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/attention_blocked.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
 
@@ -39,12 +40,6 @@ void gather_head(float* dst, const Tensor& x, const AttentionShape& d, int64_t b
     cpu::load_row(dst + t * d.head_dim, x, head_offset(d, heads, b, t, h), d.head_dim);
 }
 
-// dst[D, T] = x[b, :, h, :]^T from its gathered rows.
-void transpose_head(float* dst, const float* rows, const AttentionShape& d) {
-  for (int64_t t = 0; t < d.seq; ++t)
-    for (int64_t e = 0; e < d.head_dim; ++e) dst[e * d.seq + t] = rows[t * d.head_dim + e];
-}
-
 void scatter_head(Tensor& x, const float* src, const AttentionShape& d, int64_t b, int64_t h) {
   int64_t heads = x.dim(2);
   for (int64_t t = 0; t < d.seq; ++t)
@@ -59,14 +54,16 @@ void axpy(float* y, float alpha, const float* x, int64_t n) {
 // The keys query i sees: [first, i].
 int64_t first_visible_key(int64_t i, int64_t window) { return window > 0 ? std::max<int64_t>(0, i - window + 1) : 0; }
 
-// out[c] = scale * q . K[:, j0 + c] for c in [c0, c1), K given transposed ([D, T]).
-void score_row(float* out, const float* q, const float* kt, int64_t T, int64_t D, int64_t j0, int64_t c0, int64_t c1,
+// out[c] = scale * q . K[j0 + c, :] for c in [c0, c1) (K [T, D]): one
+// vectorised dot product along head_dim per key.
+void score_row(float* out, const float* q, const float* k, int64_t D, int64_t j0, int64_t c0, int64_t c1,
                float scale) {
-  std::fill(out + c0, out + c1, 0.0f);
-  for (int64_t e = 0; e < D; ++e) {
-    const float qe = scale * q[e];
-    const float* k = kt + e * T + j0;
-    for (int64_t c = c0; c < c1; ++c) out[c] += qe * k[c];
+  for (int64_t c = c0; c < c1; ++c) {
+    const float* key = k + (j0 + c) * D;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t e = 0; e < D; ++e) sum += q[e] * key[e];
+    out[c] = scale * sum;
   }
 }
 
@@ -76,9 +73,9 @@ float* scratch(std::vector<float>& buffer, int64_t count) {
   return buffer.data();
 }
 
-// One (batch, query head): out rows and lse from gathered q [T, D], k^T and v
-// ([D, T] and [T, D]); o is [T, D] scratch.
-void forward_head(float* o, float* lse, const float* q, const float* kt, const float* v, int64_t T, int64_t D,
+// One (batch, query head): out rows and lse from gathered q, k and v [T, D];
+// o is [T, D] scratch.
+void forward_head(float* o, float* lse, const float* q, const float* k, const float* v, int64_t T, int64_t D,
                   float scale, int64_t window) {
   float s[kQueryRows * kKeyCols], row_max[kQueryRows], row_sum[kQueryRows];
   for (int64_t i0 = 0; i0 < T; i0 += kQueryRows) {
@@ -93,7 +90,7 @@ void forward_head(float* o, float* lse, const float* q, const float* kt, const f
         const int64_t c1 = std::min(i - j0 + 1, kKeyCols);
         if (c0 >= c1) continue;
         float* srow = s + r * kKeyCols;
-        score_row(srow, q + i * D, kt, T, D, j0, c0, c1, scale);
+        score_row(srow, q + i * D, k, D, j0, c0, c1, scale);
         const float tile_max = *std::max_element(srow + c0, srow + c1);
         const float new_max = std::max(row_max[r], tile_max);
         const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first visible tile
@@ -120,7 +117,7 @@ void forward_head(float* o, float* lse, const float* q, const float* kt, const f
 
 // The gathered operands of one (batch, query head) in the backward.
 struct HeadGrads {
-  const float *q, *dout, *k, *kt, *v, *vt, *lse, *do_dot_o;
+  const float *q, *dout, *k, *v, *lse, *do_dot_o;
   float *dq, *dk, *dv;
 };
 
@@ -138,8 +135,8 @@ void backward_head(const HeadGrads& g, int64_t T, int64_t D, float scale, int64_
         if (c0 >= c1) continue;
         const float* q_i = g.q + i * D;
         const float* do_i = g.dout + i * D;
-        score_row(p, q_i, g.kt, T, D, j0, c0, c1, scale);
-        score_row(dp, do_i, g.vt, T, D, j0, c0, c1, 1.0f);
+        score_row(p, q_i, g.k, D, j0, c0, c1, scale);
+        score_row(dp, do_i, g.v, D, j0, c0, c1, 1.0f);
         for (int64_t c = c0; c < c1; ++c) p[c] = std::exp(p[c] - g.lse[i]);
         float* dq_i = g.dq + i * D;
         for (int64_t c = c0; c < c1; ++c) {
@@ -153,15 +150,17 @@ void backward_head(const HeadGrads& g, int64_t T, int64_t D, float scale, int64_
   }
 }
 
-// Attention's scratch per thread: K, V and their transposes for one kv head,
-// the query head's operands and results.
+// Attention's scratch per thread: K and V of one kv head, the query head's
+// operands and results.
 struct AttentionScratch {
-  std::vector<float> k, kt, v, vt, q, o, dout, dq, dk, dv, lse, do_dot_o;
+  std::vector<float> k, v, q, o, dout, dq, dk, dv, do_dot_o;
 };
 thread_local AttentionScratch tls;
 
-void attention_forward_blocked(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                               float scale, int64_t window) {
+}  // namespace
+
+void cpu::attention_forward_blocked(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    float scale, int64_t window) {
   AttentionShape d = checks::attention_shape(q, k);
   const int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
   float* lse_out = lse.ptr<float>();
@@ -169,22 +168,21 @@ void attention_forward_blocked(Tensor& out, Tensor& lse, const Tensor& q, const 
   for (int64_t b = 0; b < d.batch; ++b)
     for (int64_t h = 0; h < d.q_heads; ++h) {
       AttentionScratch& s = tls;
-      float *qh = scratch(s.q, T * D), *kh = scratch(s.k, T * D), *kt = scratch(s.kt, T * D);
-      float *vh = scratch(s.v, T * D), *oh = scratch(s.o, T * D);
+      float *qh = scratch(s.q, T * D), *kh = scratch(s.k, T * D), *vh = scratch(s.v, T * D);
+      float* oh = scratch(s.o, T * D);
       gather_head(qh, q, d, b, h);
       gather_head(kh, k, d, b, h / group);
-      transpose_head(kt, kh, d);
       gather_head(vh, v, d, b, h / group);
-      forward_head(oh, lse_out + (b * d.q_heads + h) * T, qh, kt, vh, T, D, scale, window);
+      forward_head(oh, lse_out + (b * d.q_heads + h) * T, qh, kh, vh, T, D, scale, window);
       scatter_head(out, oh, d, b, h);
     }
 }
 
 // One task per (batch, kv head): it owns dk and dv for that kv head and loops
 // over the query heads that share it, so no two threads add into the same row.
-void attention_backward_blocked(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                                const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
-                                int64_t window) {
+void cpu::attention_backward_blocked(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                                     const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                     float scale, int64_t window) {
   AttentionShape d = checks::attention_shape(q, k);
   const int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
   const float* lse_in = lse.ptr<const float>();
@@ -193,14 +191,12 @@ void attention_backward_blocked(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor
     for (int64_t hk = 0; hk < d.kv_heads; ++hk) {
       AttentionScratch& s = tls;
       HeadGrads g{};
-      float *kh = scratch(s.k, T * D), *kt = scratch(s.kt, T * D), *vh = scratch(s.v, T * D);
-      float *vt = scratch(s.vt, T * D), *dkh = scratch(s.dk, T * D), *dvh = scratch(s.dv, T * D);
+      float *kh = scratch(s.k, T * D), *vh = scratch(s.v, T * D);
+      float *dkh = scratch(s.dk, T * D), *dvh = scratch(s.dv, T * D);
       float *qh = scratch(s.q, T * D), *doh = scratch(s.dout, T * D), *oh = scratch(s.o, T * D);
       float *dqh = scratch(s.dq, T * D), *do_dot_o = scratch(s.do_dot_o, T);
       gather_head(kh, k, d, b, hk);
-      transpose_head(kt, kh, d);
       gather_head(vh, v, d, b, hk);
-      transpose_head(vt, vh, d);
       std::fill(dkh, dkh + T * D, 0.0f);
       std::fill(dvh, dvh + T * D, 0.0f);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
@@ -213,7 +209,7 @@ void attention_backward_blocked(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor
           do_dot_o[t] = sum;
         }
         std::fill(dqh, dqh + T * D, 0.0f);
-        g = {qh, doh, kh, kt, vh, vt, lse_in + (b * d.q_heads + h) * T, do_dot_o, dqh, dkh, dvh};
+        g = {qh, doh, kh, vh, lse_in + (b * d.q_heads + h) * T, do_dot_o, dqh, dkh, dvh};
         backward_head(g, T, D, scale, window);
         scatter_head(dq, dqh, d, b, h);
       }
@@ -222,17 +218,15 @@ void attention_backward_blocked(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor
     }
 }
 
-}  // namespace
-
 void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                                         float scale) {
-  attention_forward_blocked(out, lse, q, k, v, scale, 0);
+  cpu::attention_forward_blocked(out, lse, q, k, v, scale, 0);
 }
 
 void CpuBackend::attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                                          float scale) {
-  attention_backward_blocked(dq, dk, dv, dout, q, k, v, out, lse, scale, 0);
+  cpu::attention_backward_blocked(dq, dk, dv, dout, q, k, v, out, lse, scale, 0);
 }
 
 }  // namespace ft
