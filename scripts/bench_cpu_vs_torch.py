@@ -225,9 +225,11 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps)
     except ImportError:
         have_peft = False
         print("transformers + peft not importable (pip install transformers peft): that peer is skipped")
-    trainers = [("ours int8 fp32", "ours", "int8", "fp32"), ("ours none fp32", "ours", "none", "fp32"),
-                ("ours int8 bf16", "ours", "int8", "bf16"), ("ours none bf16", "ours", "none", "bf16")]
-    if have_torch:
+    quick = os.environ.get("BENCH_CPU_QUICK") == "1"  # scripts/bench_cpu --vs-torch --quick
+    trainers = [("ours int8 fp32", "ours", "int8", "fp32"), ("ours int8 bf16", "ours", "int8", "bf16")]
+    if not quick:
+        trainers += [("ours none fp32", "ours", "none", "fp32"), ("ours none bf16", "ours", "none", "bf16")]
+    if have_torch and (not quick or not have_peft):
         trainers += [("torch plain fp32", "plain", None, "fp32"), ("torch plain bf16", "plain", None, "bf16")]
     if have_peft:
         trainers += [("transformers+peft fp32", "peft", None, "fp32"), ("transformers+peft bf16", "peft", None, "bf16")]
@@ -259,7 +261,7 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps)
     peer = "transformers+peft" if have_peft else "torch plain"
     for ours, theirs in (("ours int8 fp32", f"{peer} fp32"), ("ours int8 bf16", f"{peer} bf16"),
                          ("ours none fp32", f"{peer} fp32"), ("ours none bf16", f"{peer} bf16")):
-        if theirs in report["trainers"]:
+        if ours in report["trainers"] and theirs in report["trainers"]:
             ratio = report["trainers"][ours]["tokens_per_s"] / report["trainers"][theirs]["tokens_per_s"]
             report.setdefault("ratios", {})[f"{ours} / {theirs}"] = ratio
             print(f"  {ours} / {theirs}: {ratio:.2f}x")
@@ -267,7 +269,7 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps)
     report["torch_gemm_gflops_2048"] = peaks
     if peaks:
         print("\nPyTorch GEMM at 2048^3: " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items()))
-    stdout, _ = child_rss([gemm_bench, "5"], torch_env, work_dir)
+    stdout, _ = child_rss([gemm_bench, "1" if quick else "5"], torch_env, work_dir)
     report["ours_gemm"] = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     print("Our GEMMs (GFLOP/s; % of PyTorch's 2048^3 GEMM of the same input dtype):")
     for row in report["ours_gemm"]:
@@ -279,13 +281,20 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps)
     print(f"written: {output}")
 
 
+# The CPU flags that pick the GEMM paths: AVX2/FMA f32, AVX-512, VNNI (exact int8 in oneDNN), native bf16, AMX.
+FLAGS_THAT_MATTER = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
 def machine():
-    model = "unknown CPU"
+    model, flags = "unknown CPU", []
     for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
+        if line.startswith("model name") and model == "unknown CPU":
             model = line.split(":", 1)[1].strip()
+        if line.startswith("flags"):
+            present = set(line.split(":", 1)[1].split())
+            flags = [flag for flag in FLAGS_THAT_MATTER if flag in present]
             break
-    return f"{model}, {os.cpu_count()} logical CPUs"
+    return f"{model}, {os.cpu_count()} logical CPUs, flags: {' '.join(flags) or 'none of ' + ' '.join(FLAGS_THAT_MATTER)}"
 
 
 if __name__ == "__main__":

@@ -179,7 +179,8 @@ size_t attn_at(const AttnShape& s, int heads, int b, int t, int h) {
   return ((size_t(b) * s.T + t) * heads + h) * s.D;
 }
 
-// Causal GQA attention: out [B,T,Hq,D], lse [B,Hq,T].
+// Causal GQA attention: out [B,T,Hq,D], lse [B,Hq,T]. With window W > 0 query
+// t sees keys j in (t - W, t] only (the sliding-window contract).
 void attention_ref(const Vec& q, const Vec& k, const Vec& v, const AttnShape& s, double scale, Vec& out,
                    Vec& lse) {
   out.assign(size_t(s.B) * s.T * s.Hq * s.D, 0.0);
@@ -551,10 +552,12 @@ TEST_CASE("rope backward is the transpose rotation (finite differences)") {
 
 // ---- attention ----------------------------------------------------------
 
+// T = 70 spans three query tiles and two key tiles of the CPU kernel.
 TEST_CASE("attention forward: GQA and MHA, T not a multiple of 8, sliding windows") {
   std::mt19937 rng(12);
   for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}, AttnShape{2, 13, 6, 2, 8, 4},
-                      AttnShape{1, 11, 3, 3, 5, 1}, AttnShape{1, 11, 3, 3, 5, 11}})
+                      AttnShape{1, 11, 3, 3, 5, 1}, AttnShape{1, 11, 3, 3, 5, 11}, AttnShape{1, 70, 2, 1, 4},
+                      AttnShape{1, 70, 2, 1, 4, 40}})
     for (DType dtype : {DType::f32, DType::bf16}) {
       CAPTURE(s.Hq);
       CAPTURE(s.Hkv);
@@ -578,7 +581,8 @@ TEST_CASE("attention forward: GQA and MHA, T not a multiple of 8, sliding window
 
 TEST_CASE("attention backward: finite differences for dq, dk, dv") {
   std::mt19937 rng(13);
-  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}, AttnShape{2, 13, 6, 2, 8, 3}}) {
+  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}, AttnShape{2, 13, 6, 2, 8, 3},
+                      AttnShape{1, 70, 2, 1, 3}, AttnShape{1, 70, 2, 1, 3, 5}}) {
     CAPTURE(s.Hq);
     CAPTURE(s.Hkv);
     CAPTURE(s.window);

@@ -131,12 +131,47 @@ void gemm_f32(float* c, int64_t ldc, const Operand& a, const Operand& b, int64_t
   }
 }
 
+// x as f32: x itself, or x widened (exactly: every bf16 is an f32) into
+// buffer, host scratch that only grows, so steps after the first allocate
+// nothing here (untracked, as the CPU kernels' other scratch).
+Tensor widened(std::vector<float>& buffer, const Tensor& x) {
+  if (x.dtype == DType::f32) return x;
+  const int64_t count = x.numel();
+  if (int64_t(buffer.size()) < count) buffer.resize(size_t(count));
+  constexpr int64_t kBlock = 65536;
+#pragma omp parallel for schedule(static) if (count >= 4 * kBlock)
+  for (int64_t i0 = 0; i0 < count; i0 += kBlock)
+    cpu::load_row(buffer.data() + i0, x, i0, std::min(kBlock, count - i0));
+  return Tensor::view_of(buffer.data(), x.shape, DType::f32);
+}
+
+// oneDNN's f32 GEMM on bf16 operands widened to f32, where its bf16 kernels
+// are slower (no native bf16 dot products, OnednnGemm::bf16_native) or absent
+// (mixed f32 x bf16 inputs). The f32 products and sums are those of a bf16
+// GEMM with f32 accumulation; only the summation order can differ. A bf16 out
+// is computed in f32 and rounded once.
+bool matmul_widened(OnednnGemm& onednn, Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a,
+                    bool transpose_b, float alpha, float beta) {
+  const bool any_bf16 = a.dtype == DType::bf16 || b.dtype == DType::bf16;
+  const bool native = a.dtype == b.dtype && onednn.bf16_native();
+  auto widenable = [](DType t) { return t == DType::f32 || t == DType::bf16; };
+  if (!any_bf16 || native || !widenable(a.dtype) || !widenable(b.dtype) || !widenable(out.dtype)) return false;
+  static thread_local std::vector<float> a_buffer, b_buffer, out_buffer;
+  const Tensor a32 = widened(a_buffer, a), b32 = widened(b_buffer, b);
+  if (out.dtype == DType::f32) return onednn.matmul(out, a32, b32, transpose_a, transpose_b, alpha, beta);
+  Tensor out32 = widened(out_buffer, out);  // read only when beta != 0
+  if (!onednn.matmul(out32, a32, b32, transpose_a, transpose_b, alpha, beta)) return false;
+  cpu::store_row(out, 0, out32.ptr<const float>(), out.numel());
+  return true;
+}
+
 }  // namespace
 
 void CpuBackend::matmul_impl(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
                              float alpha, float beta) {
   const int64_t M = out.rows(), N = out.cols(), K = transpose_a ? a.rows() : a.cols();
   if (M == 0 || N == 0) return;
+  if (onednn_ && matmul_widened(*onednn_, out, a, b, transpose_a, transpose_b, alpha, beta)) return;
   if (onednn_ && onednn_->matmul(out, a, b, transpose_a, transpose_b, alpha, beta)) return;
   Operand op_a{a.data, a.dtype, a.cols(), transpose_a};
   Operand op_b{b.data, b.dtype, b.cols(), !transpose_b};

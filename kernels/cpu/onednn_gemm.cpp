@@ -55,6 +55,12 @@ bool exact_int8_isa() {
   return (unsigned(dnnl::get_effective_cpu_isa()) & vnni) == vnni;
 }
 
+// avx512_core_bf16 (vdpbf16ps) or AMX, the same bit-set reading.
+bool native_bf16_isa() {
+  const auto bf16 = unsigned(dnnl::cpu_isa::avx512_core_bf16);
+  return (unsigned(dnnl::get_effective_cpu_isa()) & bf16) == bf16;
+}
+
 }  // namespace
 
 struct OnednnGemm::Impl {
@@ -62,6 +68,7 @@ struct OnednnGemm::Impl {
   dnnl::stream stream{engine};
   std::map<MatmulKey, std::optional<dnnl::matmul>> matmuls;  // nullopt: oneDNN has no kernel for it
   bool int8_exact = exact_int8_isa();
+  bool bf16_native = native_bf16_isa();
 
   // The cached primitive for out = alpha * op(a) @ op(b) + beta * out, null
   // where oneDNN implements none.
@@ -125,6 +132,8 @@ bool OnednnGemm::matmul(Tensor& out, const Tensor& a, const Tensor& b, bool tran
 
 bool OnednnGemm::int8_exact() const { return impl_->int8_exact; }
 
+bool OnednnGemm::bf16_native() const { return impl_->bf16_native; }
+
 void OnednnGemm::int8_product(int32_t* product, const int8_t* xq, const int8_t* wq, int64_t N, int64_t K, int64_t O) {
   FT_CHECK(impl_->int8_exact && N > 0 && K > 0 && O > 0, "int8_product: needs VNNI and a non-empty product");
   memory::desc x_desc = operand_desc(N, K, DType::i8, false);
@@ -152,6 +161,8 @@ OnednnGemm::~OnednnGemm() = default;
 bool OnednnGemm::matmul(Tensor&, const Tensor&, const Tensor&, bool, bool, float, float) { return false; }
 
 bool OnednnGemm::int8_exact() const { return false; }
+
+bool OnednnGemm::bf16_native() const { return false; }
 
 void OnednnGemm::int8_product(int32_t*, const int8_t*, const int8_t*, int64_t, int64_t, int64_t) {}
 

@@ -30,10 +30,18 @@ class OnednnGemm {
   bool matmul(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, float alpha,
               float beta);
 
+  // Whether oneDNN's bf16 matmul runs on native bf16 dot products here
+  // (AVX512-BF16 or AMX). Elsewhere (AVX2, plain AVX-512) its bf16 kernels
+  // convert inside a loop slower than its f32 GEMM (scripts/bench_cpu
+  // --vs-torch's per-op table), so CpuBackend widens bf16 operands to f32.
+  bool bf16_native() const;
+
   // Whether int8_product is available: where oneDNN dispatches to AVX-512
   // VNNI or AMX.
   // Elsewhere oneDNN's int8 kernels sum pairs of u8 x s8 products in
-  // saturating int16, which would not be exact.
+  // saturating int16, which would not be exact. (Its f32 GEMM on the codes in
+  // K slices of 1024, exact, measured no faster on AVX2 than int8.cpp's int16
+  // kernel, so that kernel runs there.)
   bool int8_exact() const;
   // product[N, O] = xq[N, K] @ wq[O, K]^T in int32, exactly (row-major,
   // codes in [-127, 127]; N, K, O > 0). Only where int8_exact().
