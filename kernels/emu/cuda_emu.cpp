@@ -546,6 +546,19 @@ void shfl_up(WarpLane* lanes, unsigned mask) { shuffle<source_up>(lanes, mask); 
 void shfl_down(WarpLane* lanes, unsigned mask) { shuffle<source_down>(lanes, mask); }
 void shfl_xor(WarpLane* lanes, unsigned mask) { shuffle<source_xor>(lanes, mask); }
 
+void wmma_operand(WarpLane* lanes, unsigned) {
+  const WarpLane& first = lanes[0];
+  for (int lane = 1; lane < 32; ++lane)
+    if (lanes[lane].ptr != first.ptr || lanes[lane].arg != first.arg)
+      fail("wmma load/store: lane " + std::to_string(lane) + " passes another pointer or ldm than lane 0 (ldm " +
+           std::to_string(lanes[lane].arg) + " vs " + std::to_string(first.arg) + "); all lanes must agree");
+  if (reinterpret_cast<uintptr_t>(first.ptr) % 32 != 0)
+    fail("wmma load/store: pointer is not 256-bit aligned (address % 32 = " +
+         std::to_string(reinterpret_cast<uintptr_t>(first.ptr) % 32) + ")");
+  if (first.arg * first.width % 16 != 0)
+    fail("wmma load/store: ldm " + std::to_string(first.arg) + " is not a multiple of 16 bytes");
+}
+
 void vote_ballot(WarpLane* lanes, unsigned mask) {
   unsigned ballot = 0;
   for (int lane = 0; lane < 32; ++lane)
