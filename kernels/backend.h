@@ -66,10 +66,10 @@ namespace ft {
   PREFIX void gelu_forward_impl(Tensor& out, const Tensor& x, GeluKind kind) SUFFIX;                                \
   PREFIX void gelu_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) SUFFIX;            \
   PREFIX void attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,   \
-                                     float scale) SUFFIX;                                                           \
+                                     float scale, int64_t sliding_window) SUFFIX;                                   \
   PREFIX void attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,      \
                                       const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,       \
-                                      float scale) SUFFIX;                                                          \
+                                      float scale, int64_t sliding_window) SUFFIX;                                  \
   PREFIX void cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,      \
                                  float dloss) SUFFIX;                                                               \
   PREFIX void quantize_rows_int8_impl(Tensor& q, Tensor& scales, const Tensor& x) SUFFIX;                           \
@@ -262,17 +262,19 @@ class Backend {
   // Causal self-attention with grouped-query heads. q [B,T,Hq,D], k and v
   // [B,T,Hkv,D] with Hq % Hkv == 0 (query head h reads kv head h / (Hq/Hkv)),
   // out [B,T,Hq,D], lse f32 [B,Hq,T] = log-sum-exp of each score row (saved for
-  // backward). scores = q.k * scale.
-  void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale) {
-    checks::check_attention(device(), "attention_forward", q, k, v, out, lse);
-    attention_forward_impl(out, lse, q, k, v, scale);
+  // backward). scores = q.k * scale. sliding_window (Mistral's): 0 is plain
+  // causal; otherwise query i sees key j iff j <= i and i - j < sliding_window.
+  void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                         int64_t sliding_window) {
+    checks::check_attention(device(), "attention_forward", q, k, v, out, lse, sliding_window);
+    attention_forward_impl(out, lse, q, k, v, scale, sliding_window);
   }
   // dq, dk, dv overwritten.
   void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                          const Tensor& v, const Tensor& out, const Tensor& lse, float scale) {
-    checks::check_attention(device(), "attention_backward", q, k, v, out, lse);
+                          const Tensor& v, const Tensor& out, const Tensor& lse, float scale, int64_t sliding_window) {
+    checks::check_attention(device(), "attention_backward", q, k, v, out, lse, sliding_window);
     checks::check_attention_gradients(device(), "attention_backward", dq, dk, dv, dout, q, k);
-    attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, scale);
+    attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, scale, sliding_window);
   }
 
   // ---- loss --------------------------------------------------------------

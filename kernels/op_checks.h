@@ -104,7 +104,8 @@ inline AttentionShape attention_shape(const Tensor& q, const Tensor& k) {
   return {q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
 }
 inline void check_attention(Device device, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& out, const Tensor& lse) {
+                            const Tensor& out, const Tensor& lse, int64_t sliding_window) {
+  FT_CHECK(sliding_window >= 0, op, ": sliding_window must be >= 0 (0: none), got ", sliding_window);
   check_float(q, device, op, "q");
   check_float(k, device, op, "k");
   check_float(v, device, op, "v");

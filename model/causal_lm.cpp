@@ -183,7 +183,8 @@ void CausalLM::attention_forward(AttentionActivations& saved, const Tensor& posi
   be.rope_forward(k_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
   saved.attn = be.empty({B, T, Hq, D}, options_.activation_dtype, MemCategory::activations);
   saved.lse = be.empty({B, Hq, T}, DType::f32, MemCategory::activations);
-  be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)));
+  be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)),
+                        /*sliding_window=*/0);
 }
 
 CausalLM::AttentionGradients CausalLM::attention_backward(const AttentionActivations& saved, const Tensor& dattn,
@@ -196,7 +197,7 @@ CausalLM::AttentionGradients CausalLM::attention_backward(const AttentionActivat
   grads.dk = be.empty(saved.k.shape, act, MemCategory::activations);
   grads.dv = be.empty(saved.v.shape, act, MemCategory::activations);
   be.attention_backward(grads.dq, grads.dk, grads.dv, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse,
-                        1.0f / std::sqrt(float(D)));
+                        1.0f / std::sqrt(float(D)), /*sliding_window=*/0);
   Tensor dq_heads = grads.dq.reshaped({N, saved.q.dim(2), D}), dk_heads = grads.dk.reshaped({N, saved.k.dim(2), D});
   be.rope_backward(dq_heads, positions, int(config_.rotary_dim()), config_.rope_theta);
   be.rope_backward(dk_heads, positions, int(config_.rotary_dim()), config_.rope_theta);

@@ -169,13 +169,15 @@ Vec rope_ref(const Vec& x, const std::vector<int32_t>& pos, int H, int D, int ro
 
 struct AttnShape {
   int B, T, Hq, Hkv, D;
+  int window = 0;  // sliding window: 0 none, else key j visible to query t iff t - j < window
 };
 
 size_t attn_at(const AttnShape& s, int heads, int b, int t, int h) {
   return ((size_t(b) * s.T + t) * heads + h) * s.D;
 }
 
-// Causal GQA attention: out [B,T,Hq,D], lse [B,Hq,T].
+// Causal GQA attention: out [B,T,Hq,D], lse [B,Hq,T]. Keys before first(t)
+// are outside the sliding window; their scores stay -inf and weigh nothing.
 void attention_ref(const Vec& q, const Vec& k, const Vec& v, const AttnShape& s, double scale, Vec& out,
                    Vec& lse) {
   out.assign(size_t(s.B) * s.T * s.Hq * s.D, 0.0);
@@ -186,7 +188,9 @@ void attention_ref(const Vec& q, const Vec& k, const Vec& v, const AttnShape& s,
       for (int t = 0; t < s.T; ++t) {
         Vec score(t + 1);
         double max_score = -INFINITY;
-        for (int j = 0; j <= t; ++j) {
+        const int first = s.window > 0 ? std::max(0, t - s.window + 1) : 0;
+        std::fill(score.begin(), score.end(), -INFINITY);
+        for (int j = first; j <= t; ++j) {
           double sum = 0.0;
           for (int d = 0; d < s.D; ++d)
             sum += q[attn_at(s, s.Hq, b, t, h) + d] * k[attn_at(s, s.Hkv, b, j, h / group) + d];
@@ -544,7 +548,7 @@ TEST_CASE("rope backward is the transpose rotation (finite differences)") {
 
 TEST_CASE("attention forward: GQA and MHA, T not a multiple of 8") {
   std::mt19937 rng(12);
-  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}})
+  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}, AttnShape{1, 13, 4, 2, 8, 4}})
     for (DType dtype : {DType::f32, DType::bf16}) {
       CAPTURE(s.Hq);
       CAPTURE(s.Hkv);
@@ -556,7 +560,7 @@ TEST_CASE("attention forward: GQA and MHA, T not a multiple of 8") {
       Tensor tv = make({s.B, s.T, s.Hkv, s.D}, dtype, v);
       Tensor out = make({s.B, s.T, s.Hq, s.D}, dtype), lse = make({s.B, s.Hq, s.T}, DType::f32);
       double scale = 1.0 / std::sqrt(double(s.D));
-      backend.attention_forward(out, lse, tq, tk, tv, float(scale));
+      backend.attention_forward(out, lse, tq, tk, tv, float(scale), s.window);
       Vec want_out, want_lse;
       attention_ref(rounded(q, dtype), rounded(k, dtype), rounded(v, dtype), s, scale, want_out, want_lse);
       double tol = dtype == DType::f32 ? kF32Tol : kBf16Tol;
@@ -567,7 +571,8 @@ TEST_CASE("attention forward: GQA and MHA, T not a multiple of 8") {
 
 TEST_CASE("attention backward: finite differences for dq, dk, dv") {
   std::mt19937 rng(13);
-  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}}) {
+  for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}, AttnShape{1, 13, 4, 2, 8, 4}}) {
+    CAPTURE(s.window);
     CAPTURE(s.Hq);
     CAPTURE(s.Hkv);
     Vec q = random_vec(size_t(s.B) * s.T * s.Hq * s.D, rng, -2.0, 2.0);
@@ -578,11 +583,11 @@ TEST_CASE("attention backward: finite differences for dq, dk, dv") {
     Tensor tq = make(q_shape, DType::f32, q), tk = make(kv_shape, DType::f32, k), tv = make(kv_shape, DType::f32, v);
     Tensor out = make(q_shape, DType::f32), lse = make({s.B, s.Hq, s.T}, DType::f32);
     double scale = 1.0 / std::sqrt(double(s.D));
-    backend.attention_forward(out, lse, tq, tk, tv, float(scale));
+    backend.attention_forward(out, lse, tq, tk, tv, float(scale), s.window);
     Tensor dout = make(q_shape, DType::f32, probe);
     Tensor dq = make(q_shape, DType::f32), dk = make(kv_shape, DType::f32), dv = make(kv_shape, DType::f32);
     backend.fill(dk, NAN);  // overwritten, never accumulated into
-    backend.attention_backward(dq, dk, dv, dout, tq, tk, tv, out, lse, float(scale));
+    backend.attention_backward(dq, dk, dv, dout, tq, tk, tv, out, lse, float(scale), s.window);
 
     auto loss = [&](const Vec& qs, const Vec& ks, const Vec& vs) {
       Vec o, l;
@@ -651,9 +656,11 @@ TEST_CASE("shape and dtype mismatches throw ft::Error") {
 
   Tensor q = make({1, 5, 3, 4}, DType::f32), kv = make({1, 5, 2, 4}, DType::f32);
   Tensor attn_out = make({1, 5, 3, 4}, DType::f32), lse = make({1, 3, 5}, DType::f32);
-  CHECK_THROWS_AS(backend.attention_forward(attn_out, lse, q, kv, kv, 0.5f), Error);  // 3 % 2 != 0
+  CHECK_THROWS_AS(backend.attention_forward(attn_out, lse, q, kv, kv, 0.5f, 0), Error);  // 3 % 2 != 0
   Tensor kv3 = make({1, 5, 3, 4}, DType::f32), lse_bad = make({1, 5, 3}, DType::f32);
-  CHECK_THROWS_AS(backend.attention_forward(attn_out, lse_bad, q, kv3, kv3, 0.5f), Error);
+  CHECK_THROWS_AS(backend.attention_forward(attn_out, lse_bad, q, kv3, kv3, 0.5f, 0), Error);
+  Tensor lse3 = make({1, 3, 5}, DType::f32);
+  CHECK_THROWS_AS(backend.attention_forward(attn_out, lse3, q, kv3, kv3, 0.5f, -1), Error);  // negative window
 
   Tensor heads = make({5, 3, 4}, DType::f32), pos = make_i32({0, 1, 2, 3, 4});
   CHECK_THROWS_AS(backend.rope_forward(heads, pos, 3, 10000.0f), Error);  // odd

@@ -3,6 +3,7 @@
 // probabilities from lse (FlashAttention's math, without the tiling):
 //   P = exp(S - lse), dV += P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)),
 //   dQ = scale * dS K, dK = scale * dS^T Q.
+// With a sliding window w > 0, query t sees keys max(0, t - w + 1) .. t.
 // Every (batch, head) task first gathers its heads into contiguous f32 [T, D]
 // buffers, so the inner loops are plain dot products and axpys.
 #include <algorithm>
@@ -47,10 +48,15 @@ void axpy(float* y, float alpha, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
+// The first key query t sees.
+int64_t first_key(int64_t t, int64_t sliding_window) {
+  return sliding_window > 0 ? std::max<int64_t>(0, t - sliding_window + 1) : 0;
+}
+
 }  // namespace
 
 void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                                        float scale) {
+                                        float scale, int64_t sliding_window) {
   AttentionShape d = checks::attention_shape(q, k);
   int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
   float* lse_out = lse.ptr<float>();
@@ -64,19 +70,20 @@ void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& 
         gather_head(kh.data(), k, d, b, h / group);
         gather_head(vh.data(), v, d, b, h / group);
         for (int64_t t = 0; t < T; ++t) {
+          const int64_t first = first_key(t, sliding_window);
           float max_score = -INFINITY;
-          for (int64_t j = 0; j <= t; ++j) {
+          for (int64_t j = first; j <= t; ++j) {
             p[j] = scale * dot(&qh[t * D], &kh[j * D], D);
             max_score = std::max(max_score, p[j]);
           }
           float sum = 0.0f;
-          for (int64_t j = 0; j <= t; ++j) {
+          for (int64_t j = first; j <= t; ++j) {
             p[j] = std::exp(p[j] - max_score);
             sum += p[j];
           }
           float* o = &oh[t * D];
           std::fill(o, o + D, 0.0f);
-          for (int64_t j = 0; j <= t; ++j) axpy(o, p[j] / sum, &vh[j * D], D);
+          for (int64_t j = first; j <= t; ++j) axpy(o, p[j] / sum, &vh[j * D], D);
           lse_out[(b * d.q_heads + h) * T + t] = max_score + std::log(sum);
         }
         scatter_head(out, oh.data(), d, b, h);
@@ -88,7 +95,7 @@ void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& 
 // over the query heads that share it, so no two threads add into the same row.
 void CpuBackend::attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                                         float scale) {
+                                         float scale, int64_t sliding_window) {
   AttentionShape d = checks::attention_shape(q, k);
   int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
   const float* lse_in = lse.ptr<const float>();
@@ -112,7 +119,7 @@ void CpuBackend::attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, con
             const float* do_t = &doh[t * D];
             float row_lse = lse_in[(b * d.q_heads + h) * T + t];
             float do_dot_o = dot(do_t, &oh[t * D], D);
-            for (int64_t j = 0; j <= t; ++j) {
+            for (int64_t j = first_key(t, sliding_window); j <= t; ++j) {
               float p = std::exp(scale * dot(q_t, &kh[j * D], D) - row_lse);
               float ds = p * (dot(do_t, &vh[j * D], D) - do_dot_o);
               axpy(&dvh[j * D], p, do_t, D);

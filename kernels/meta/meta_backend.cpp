@@ -163,15 +163,18 @@ void MetaBackend::gelu_backward_impl(Tensor&, const Tensor&, const Tensor&, Gelu
   enter("gelu_backward", {});
 }
 
-void MetaBackend::attention_forward_impl(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&, float) {
+void MetaBackend::attention_forward_impl(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&, float,
+                                         int64_t) {
   enter("attention_forward", {});
 }
 
 void MetaBackend::attention_backward_impl(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor& q,
-                                          const Tensor& k, const Tensor&, const Tensor&, const Tensor&, float) {
+                                          const Tensor& k, const Tensor& v, const Tensor&, const Tensor&, float,
+                                          int64_t) {
   enter("attention_backward", {});
-  const checks::AttentionShape s = checks::attention_shape(q, k);
-  Tensor di = cuda_scratch(cuda::attention_backward_scratch(s.batch, s.q_heads, s.seq));
+  const cuda::AttentionBackwardScratch sizes = cuda::attention_backward_scratch(q, k, v);
+  Tensor di = cuda_scratch(sizes.di);
+  Tensor dq_accum = sizes.dq_accum ? cuda_scratch(*sizes.dq_accum) : Tensor{};
 }
 
 void MetaBackend::cross_entropy_impl(Tensor&, Tensor*, const Tensor&, const Tensor&, float) {

@@ -47,7 +47,7 @@ const BadCall kBadCalls[] = {
      [](Backend& be) {
        Tensor q = make(be, {1, 4, 2, 8}), k = make(be, {1, 4, 2, 8}), v = make(be, {1, 4, 2, 4});
        Tensor out = make(be, {1, 4, 2, 8}), lse = make(be, {1, 2, 4});
-       be.attention_forward(out, lse, q, k, v, 0.5f);
+       be.attention_forward(out, lse, q, k, v, 0.5f, 0);
      },
      "attention_forward: v has shape [1, 4, 2, 4], expected [1, 4, 2, 8]"},
     {"add of a transposed operand with as many elements",
