@@ -42,14 +42,6 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
 
-// Loops over a thread's register arrays must be unrolled, or nvcc places the
-// arrays in local memory; g++ (the emulator build) has no such pragma.
-#if defined(__CUDACC__)
-#define FT_UNROLL _Pragma("unroll")
-#else
-#define FT_UNROLL
-#endif
-
 namespace ft {
 namespace {
 

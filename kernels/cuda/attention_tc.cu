@@ -29,13 +29,20 @@
 // to bf16 to enter the tensor cores, as in FlashAttention-2; products and
 // sums are f32.
 //
+// Fragment pointers into dynamic shared memory are 256-bit aligned given the
+// window's base alignment (these kernels declare no static __shared__, so the
+// dynamic buffer starts at the base); every offset is a multiple of 32 bytes.
+//
 // Tiles (head_dim padded to a multiple of 16, zero-filled, so 80 and 96 run
 // as they are; shared rows padded by 8 bf16 so the 16 rows a fragment load
 // reads start on different banks). Dynamic shared memory stays under the
 // default 48 KiB at each bucket's largest head_dim, so no opt-in is needed:
-//   forward  Br x Bc: 64x64 (D <= 64), 64x32 (<= 128), 64x32 (<= 256): 45.0, 30.7, 47.0 KiB
-//   backward Br x Bc: 32x32, 16x32, 16x16: 36.8, 36.0, 38.9 KiB
-// The backward stages four operand tiles (Q, dO, K, V), so its tiles are smaller.
+//   forward  Br x Bc: 64x64 (D <= 64), 64x32 (<= 128), 64x32 (<= 256): 44.0, 31.0, 47.0 KiB
+//   backward Br x Bc: 32x32, 16x32, 16x16: 36.3, 36.6, 41.1 KiB
+// The backward stages four operand tiles (Q, dO, K, V), so its tiles are
+// smaller. Registers: O takes D / 2 floats per lane and the Q fragments D / 4,
+// so at head_dim 256 the forward uses all 255 registers and spills ~100 bytes
+// (nvcc -Xptxas -v, sm_80); the other kernels fit without spills.
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -56,7 +63,7 @@ constexpr int kRowPad = 8;             // bf16 elements appended to each operand
 constexpr int kFloatPad = 4;           // floats appended to each f32 score row
 constexpr int kFwdBr = kWarps * 16;    // forward: 16 query rows per warp
 
-constexpr int padded_head_dim(int D) { return (D + 15) / 16 * 16; }
+__host__ __device__ constexpr int padded_head_dim(int D) { return (D + 15) / 16 * 16; }
 
 template <int kMaxD>
 struct TcForwardTile;
@@ -149,6 +156,7 @@ __global__ void __launch_bounds__(kThreads)
   stage_tile(q_s, ld, q, q_base, q_stride, q0, kBr, T, D, Dp);
   __syncthreads();
   AFrag<wmma::row_major> q_frag[kChunks];
+  FT_UNROLL
   for (int c = 0; c < kChunks; ++c)
     if (c < chunks) wmma::load_matrix_sync(q_frag[c], q_s + warp * 16 * ld + c * 16, ld);
 
@@ -168,11 +176,13 @@ __global__ void __launch_bounds__(kThreads)
     for (int n = 0; n < kBc / 16; ++n) {
       AccFrag acc;
       wmma::fill_fragment(acc, 0.0f);
+      FT_UNROLL
       for (int c = 0; c < kChunks; ++c) {
-        if (c >= chunks) break;
-        BFrag<wmma::col_major> k_frag;  // K^T: column j of the fragment is key row j
-        wmma::load_matrix_sync(k_frag, k_s + n * 16 * ld + c * 16, ld);
-        wmma::mma_sync(acc, q_frag[c], k_frag, acc);
+        if (c < chunks) {
+          BFrag<wmma::col_major> k_frag;  // K^T: column j of the fragment is key row j
+          wmma::load_matrix_sync(k_frag, k_s + n * 16 * ld + c * 16, ld);
+          wmma::mma_sync(acc, q_frag[c], k_frag, acc);
+        }
       }
       wmma::store_matrix_sync(s_s + n * 16, acc, kLdS, wmma::mem_row_major);
     }
@@ -195,31 +205,38 @@ __global__ void __launch_bounds__(kThreads)
     const float alpha = expf(m - m_ref);
     l = l * alpha + sum;
     m = m_new;
+    FT_UNROLL
     for (int c = 0; c < kChunks; ++c)
+      FT_UNROLL
       for (int e = 0; e < 8; ++e) o[c][e] *= alpha;
     __syncwarp();
     // O += P V, one 16-column chunk at a time through the warp's score buffer.
+    FT_UNROLL
     for (int c = 0; c < kChunks; ++c) {
-      if (c >= chunks) break;
-      AccFrag acc;
-      wmma::fill_fragment(acc, 0.0f);
-      for (int n = 0; n < kBc / 16; ++n) {
-        AFrag<wmma::row_major> p_frag;
-        BFrag<wmma::row_major> v_frag;
-        wmma::load_matrix_sync(p_frag, p_s + n * 16, kLdP);
-        wmma::load_matrix_sync(v_frag, v_s + n * 16 * ld + c * 16, ld);
-        wmma::mma_sync(acc, p_frag, v_frag, acc);
+      if (c < chunks) {
+        AccFrag acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int n = 0; n < kBc / 16; ++n) {
+          AFrag<wmma::row_major> p_frag;
+          BFrag<wmma::row_major> v_frag;
+          wmma::load_matrix_sync(p_frag, p_s + n * 16, kLdP);
+          wmma::load_matrix_sync(v_frag, v_s + n * 16 * ld + c * 16, ld);
+          wmma::mma_sync(acc, p_frag, v_frag, acc);
+        }
+        wmma::store_matrix_sync(s_s, acc, kLdS, wmma::mem_row_major);
+        __syncwarp();
+        FT_UNROLL
+        for (int e = 0; e < 8; ++e) o[c][e] += s_s[row * kLdS + half * 8 + e];
+        __syncwarp();
       }
-      wmma::store_matrix_sync(s_s, acc, kLdS, wmma::mem_row_major);
-      __syncwarp();
-      for (int e = 0; e < 8; ++e) o[c][e] += s_s[row * kLdS + half * 8 + e];
-      __syncwarp();
     }
   }
   if (query >= T) return;  // no collectives follow
   if (half == 0) lse[(int64_t(b) * dims.q_heads + h) * T + query] = m + logf(l);
   const float inv_l = 1.0f / l;
+  FT_UNROLL
   for (int c = 0; c < kChunks; ++c)
+    FT_UNROLL
     for (int e = 0; e < 8; ++e) {
       int d = c * 16 + half * 8 + e;
       if (d < D) store(out, q_base + int64_t(query) * q_stride + d, o[c][e] * inv_l);
@@ -271,6 +288,7 @@ __global__ void __launch_bounds__(kThreads)
   // dK and dV tiles [16 keys, 16 columns]: warp w owns tiles w, w + 4, ...
   const int kv_tiles = kBc / 16 * chunks;
   AccFrag dk_acc[kKvPerWarp], dv_acc[kKvPerWarp];
+  FT_UNROLL
   for (int i = 0; i < kKvPerWarp; ++i) {
     wmma::fill_fragment(dk_acc[i], 0.0f);
     wmma::fill_fragment(dv_acc[i], 0.0f);
@@ -319,19 +337,21 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncthreads();
       // dV += P^T dO and dK += dS^T Q (scale applied at the end).
+      FT_UNROLL
       for (int i = 0; i < kKvPerWarp; ++i) {
         const int t = warp + i * kWarps;
-        if (t >= kv_tiles) break;
-        const int n = t / chunks, c = t % chunks;
-        for (int r = 0; r < kBr / 16; ++r) {
-          AFrag<wmma::col_major> at;  // P^T, dS^T: column j of the fragment is query row j
-          BFrag<wmma::row_major> bm;
-          wmma::load_matrix_sync(at, p_s + r * 16 * kLdP + n * 16, kLdP);
-          wmma::load_matrix_sync(bm, do_s + r * 16 * ld + c * 16, ld);
-          wmma::mma_sync(dv_acc[i], at, bm, dv_acc[i]);
-          wmma::load_matrix_sync(at, ds_s + r * 16 * kLdP + n * 16, kLdP);
-          wmma::load_matrix_sync(bm, q_s + r * 16 * ld + c * 16, ld);
-          wmma::mma_sync(dk_acc[i], at, bm, dk_acc[i]);
+        if (t < kv_tiles) {
+          const int n = t / chunks, c = t % chunks;
+          for (int r = 0; r < kBr / 16; ++r) {
+            AFrag<wmma::col_major> at;  // P^T, dS^T: column j of the fragment is query row j
+            BFrag<wmma::row_major> bm;
+            wmma::load_matrix_sync(at, p_s + r * 16 * kLdP + n * 16, kLdP);
+            wmma::load_matrix_sync(bm, do_s + r * 16 * ld + c * 16, ld);
+            wmma::mma_sync(dv_acc[i], at, bm, dv_acc[i]);
+            wmma::load_matrix_sync(at, ds_s + r * 16 * kLdP + n * 16, kLdP);
+            wmma::load_matrix_sync(bm, q_s + r * 16 * ld + c * 16, ld);
+            wmma::mma_sync(dk_acc[i], at, bm, dk_acc[i]);
+          }
         }
       }
       // dQ += dS K into the f32 workspace (scale applied by the last kernel).
@@ -357,18 +377,20 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+  FT_UNROLL
   for (int i = 0; i < kKvPerWarp; ++i) {
     const int t = warp + i * kWarps;
-    if (t >= kv_tiles) break;
-    const int n = t / chunks, c = t % chunks;
-    wmma::store_matrix_sync(tile_s, dk_acc[i], 16, wmma::mem_row_major);
-    __syncwarp();
-    write_tile(dk, kv_base, kv_stride, k0 + n * 16, T, c * 16, D, tile_s, scale);
-    __syncwarp();
-    wmma::store_matrix_sync(tile_s, dv_acc[i], 16, wmma::mem_row_major);
-    __syncwarp();
-    write_tile(dv, kv_base, kv_stride, k0 + n * 16, T, c * 16, D, tile_s, 1.0f);
-    __syncwarp();
+    if (t < kv_tiles) {
+      const int n = t / chunks, c = t % chunks;
+      wmma::store_matrix_sync(tile_s, dk_acc[i], 16, wmma::mem_row_major);
+      __syncwarp();
+      write_tile(dk, kv_base, kv_stride, k0 + n * 16, T, c * 16, D, tile_s, scale);
+      __syncwarp();
+      wmma::store_matrix_sync(tile_s, dv_acc[i], 16, wmma::mem_row_major);
+      __syncwarp();
+      write_tile(dv, kv_base, kv_stride, k0 + n * 16, T, c * 16, D, tile_s, 1.0f);
+      __syncwarp();
+    }
   }
 }
 

@@ -96,7 +96,14 @@ struct Emu {
   std::vector<void*> fiber_sp;
   int fibers_used = 0;
   std::vector<std::pair<char*, size_t>> static_smem;  // the kernel's __shared__ statics
-  std::vector<unsigned char> smem;  // dynamic shared memory plus its guard zone
+  // Dynamic shared memory plus its guard zone, 128-byte aligned as a GPU's
+  // (the window's base, where a kernel without static __shared__ finds it):
+  // wmma operands there need 256-bit alignment.
+  struct alignas(128) SmemLine {
+    unsigned char bytes[128];
+  };
+  std::vector<SmemLine> smem_lines;
+  unsigned char* smem = nullptr;
   size_t smem_bytes = 0;
   bool schedule_set = false;
   Schedule schedule;
@@ -309,7 +316,7 @@ void run_block() {
   emu.fibers_used = 0;
   // Shared memory starts as poison, so reads of unwritten slots give NaN.
   for (auto [p, bytes] : emu.static_smem) std::memset(p, kPoisonByte, bytes);
-  std::memset(emu.smem.data(), kPoisonByte, emu.smem_bytes);
+  std::memset(emu.smem, kPoisonByte, emu.smem_bytes);
   if (emu.schedule.order == Order::random) shuffle_order();
 
   emu.batch = true;
@@ -517,7 +524,7 @@ unsigned live_lanes() { return self("__activemask").active; }
 
 void* dynamic_shared() {
   self("dynamic shared memory");
-  return emu.smem.data();
+  return emu.smem;
 }
 
 // Shuffles: the source lane computed by `source` (within the lane's width
@@ -594,8 +601,9 @@ void run(const char* name, const void* kernel, dim3 grid, dim3 block, size_t sme
   }
   emu.static_smem = static_shared_of(kernel);
   emu.smem_bytes = smem_bytes;
-  emu.smem.resize(smem_bytes + kGuardBytes);
-  std::memset(emu.smem.data() + smem_bytes, kGuardByte, kGuardBytes);
+  emu.smem_lines.resize((smem_bytes + kGuardBytes + 127) / 128);
+  emu.smem = emu.smem_lines.front().bytes;
+  std::memset(emu.smem + smem_bytes, kGuardByte, kGuardBytes);
 
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
