@@ -1,6 +1,9 @@
 // Causal grouped-query attention, FlashAttention style: tiles of queries and
 // keys staged in shared memory, f32 accumulation, and no [T, T] matrix in
-// memory. Same math as the CPU reference (kernels/cpu/attention.cpp):
+// memory. These are the f32 FMA kernels, for f32 and mixed operands; bf16
+// q, k and v go to the tensor-core kernels of attention_tc.cu. A sliding
+// window (attention.h) masks scores and skips the key tiles wholly outside it.
+// Same math as the CPU reference (kernels/cpu/attention.cpp):
 //   forward:  S = scale * Q K^T (causal), O = softmax(S) V, lse = logsumexp(S)
 //   backward: P = exp(S - lse), Di = rowsum(dO * O), dP = dO V^T,
 //             dS = P * (dP - Di), dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K.
@@ -37,38 +40,19 @@
 // (the backward kernels stage four [tile, D] operands: Q, dO, K, V).
 #include <cmath>
 
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
-
-// Loops over a thread's register arrays must be unrolled, or nvcc places the
-// arrays in local memory; g++ (the emulator build) has no such pragma.
-#if defined(__CUDACC__)
-#define FT_UNROLL _Pragma("unroll")
-#else
-#define FT_UNROLL
-#endif
 
 namespace ft {
 namespace {
 
 constexpr int kMaxHeadDim = 256;
 
-// Sizes a kernel needs; offsets into [B, T, H, D] tensors are int64.
-struct Dims {
-  int seq, q_heads, kv_heads, head_dim, group;  // group = q_heads / kv_heads
-  int window;                                   // sliding window, 0: none (seq or less when set)
-};
-
-// Whether query may attend to key (the causal and sliding-window mask).
-__device__ inline bool key_visible(int query, int key, int window) {
-  return key <= query && (window == 0 || query - key < window);
-}
-
-// The first key tile of size kBc any query from q0 on can see.
-__device__ inline int first_key_tile(int q0, int window, int kBc) {
-  return window == 0 || q0 < window ? 0 : (q0 - window + 1) / kBc;
-}
+using Dims = cuda::AttentionDims;
+using cuda::first_key_tile;
+using cuda::key_visible;
 
 // Forward tiles per head_dim bucket: Br query rows, Bc key rows, a TM x TN
 // micro-tile of S per thread. Threads split into row groups of G = Bc / TN
@@ -165,7 +149,7 @@ __global__ void __launch_bounds__(FwdTile<kMaxD>::kThreads)
   float m = -INFINITY, l = 0.0f;
   const int q_end = q0 + kBr < T ? q0 + kBr : T;
   const int key_tiles = (q_end - 1) / kBc + 1;  // up to the diagonal
-  for (int kt = first_key_tile(q0, dims.window, kBc); kt < key_tiles; ++kt) {
+  for (int kt = first_key_tile(q0, kBc, dims.window); kt < key_tiles; ++kt) {
     const int k0 = kt * kBc;
     load_tile<kThreads>(kv_s, ld, k, kv_base, kv_stride, k0, kBc, T, D);
     __syncthreads();
@@ -190,22 +174,21 @@ __global__ void __launch_bounds__(FwdTile<kMaxD>::kThreads)
       }
     __syncthreads();
     // K is consumed: stage V while the row owners update the softmax statistics.
-    // Without a window every row has a finite score in key tile 0 (key 0 is
-    // visible to all queries). With one, a row may see nothing in its first
-    // tiles: while its max is still -inf it is offset by 0 instead, so its
-    // probabilities and alpha are 0 rather than NaN (o and l are 0 so far).
+    // A row may see no key yet (a sliding window starts past this tile for
+    // it): then m_new is -inf, and exponents taken against 0 instead give
+    // p = 0 and alpha = 0 rather than NaN.
     if (tid < kBr) {
       float* row = s_s + tid * kLdS;
       float m_new = m;
       for (int c = 0; c < kBc; ++c) m_new = fmaxf(m_new, row[c]);
-      const float offset = m_new == -INFINITY ? 0.0f : m_new;
+      const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
       float sum = 0.0f;
       for (int c = 0; c < kBc; ++c) {
-        float p = expf(row[c] - offset);
+        float p = expf(row[c] - m_ref);
         row[c] = p;
         sum += p;
       }
-      float alpha = expf(m - offset);
+      float alpha = expf(m - m_ref);
       l = l * alpha + sum;
       m = m_new;
       row_scale[tid] = alpha;
@@ -270,13 +253,11 @@ __global__ void __launch_bounds__(kDiThreads)
 
 // The S and dP micro-tiles of the backward kernels, for query tile q0 and key
 // tile k0 staged in q_s/do_s and k_s/v_s; writes P (if p_s) and dS to shared
-// memory. P = 0 where the key is not visible to the query or the query is
-// past the end.
+// memory. P = 0 where the key is hidden from the query or the query is past the end.
 template <class C>
 __device__ inline void backward_scores(float* p_s, float* ds_s, const float* q_s, const float* do_s,
                                        const float* k_s, const float* v_s, const float* lse_s, const float* di_s,
-                                       int q0, int k0, const Dims& dims, float scale) {
-  const int T = dims.seq, D = dims.head_dim;
+                                       int q0, int k0, int T, int D, int window, float scale) {
   constexpr int kTM = C::kTM, kTN = C::kTN, kG = C::kBc / kTN, kLdS = C::kBc + 1;
   const int ld = D + 1, rg = threadIdx.x / kG, tc = threadIdx.x % kG;
   float s[kTM][kTN] = {}, dp[kTM][kTN] = {};
@@ -305,7 +286,7 @@ __device__ inline void backward_scores(float* p_s, float* ds_s, const float* q_s
     FT_UNROLL
     for (int j = 0; j < kTN; ++j) {
       int r = rg * kTM + i, c = tc + j * kG, query = q0 + r;
-      float p = !key_visible(query, k0 + c, dims.window) || query >= T ? 0.0f : expf(scale * s[i][j] - lse_s[r]);
+      float p = query >= T || !key_visible(query, k0 + c, window) ? 0.0f : expf(scale * s[i][j] - lse_s[r]);
       if (p_s) p_s[r * kLdS + c] = p;
       ds_s[r * kLdS + c] = p * (dp[i][j] - di_s[r]);
     }
@@ -349,19 +330,16 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
   load_tile<kThreads>(v_s, ld, v, kv_base, kv_stride, k0, kBc, T, D);
   const int kg = tid / kG, tc = tid % kG;  // key rows kg*TK + i, columns tc + j*G
   float dk_acc[kTK][kDC] = {}, dv_acc[kTK][kDC] = {};
-  // Query tiles from the diagonal to the last query that sees a key of this tile.
-  const int window_end = k0 + kBc - 1 + dims.window - 1;
-  const int q_last = dims.window == 0 || window_end > T - 1 ? T - 1 : window_end;
-  const int q_tiles = q_last / kBr + 1;
+  const int q_tiles = cuda::end_query_tile(k0, kBc, kBr, dims.window, T);
   for (int h = hk * dims.group; h < (hk + 1) * dims.group; ++h) {
     const int64_t q_base = (int64_t(b) * T * dims.q_heads + h) * D;
-    for (int qt = k0 / kBr; qt < q_tiles; ++qt) {  // query tiles at or after the diagonal
+    for (int qt = k0 / kBr; qt < q_tiles; ++qt) {  // query tiles from the diagonal to the window's end
       const int q0 = qt * kBr;
       load_tile<kThreads>(q_s, ld, q, q_base, q_stride, q0, kBr, T, D);
       load_tile<kThreads>(do_s, ld, dout, q_base, q_stride, q0, kBr, T, D);
       load_row_stats<kThreads, kBr>(lse_s, di_s, lse, di, (int64_t(b) * dims.q_heads + h) * T, q0, T);
       __syncthreads();
-      backward_scores<C>(p_s, ds_s, q_s, do_s, k_s, v_s, lse_s, di_s, q0, k0, dims, scale);
+      backward_scores<C>(p_s, ds_s, q_s, do_s, k_s, v_s, lse_s, di_s, q0, k0, T, D, dims.window, scale);
       __syncthreads();
       // dV += P^T dO, dK += dS^T Q (scale applied once at the end).
       for (int r = 0; r < kBr; ++r) {
@@ -431,12 +409,12 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
   float dq_acc[kTM][kDC] = {};
   const int q_end = q0 + kBr < T ? q0 + kBr : T;
   const int key_tiles = (q_end - 1) / kBc + 1;
-  for (int kt = first_key_tile(q0, dims.window, kBc); kt < key_tiles; ++kt) {
+  for (int kt = first_key_tile(q0, kBc, dims.window); kt < key_tiles; ++kt) {
     const int k0 = kt * kBc;
     load_tile<kThreads>(k_s, ld, k, kv_base, kv_stride, k0, kBc, T, D);
     load_tile<kThreads>(v_s, ld, v, kv_base, kv_stride, k0, kBc, T, D);
     __syncthreads();
-    backward_scores<C>(nullptr, ds_s, q_s, do_s, k_s, v_s, lse_s, di_s, q0, k0, dims, scale);
+    backward_scores<C>(nullptr, ds_s, q_s, do_s, k_s, v_s, lse_s, di_s, q0, k0, T, D, dims.window, scale);
     __syncthreads();
     // dQ += dS K (scale applied once at the end).
     for (int c = 0; c < kBc; ++c) {
@@ -475,8 +453,8 @@ Dims launch_dims(const char* op, const Tensor& q, const Tensor& k, int64_t slidi
   FT_CHECK(B <= 65535 && Hq <= 65535 && T < (int64_t(1) << 30), op, ": ", shape_string(q.shape),
            " exceeds the kernels' grid");
   batch = B;
-  // A window of T or more masks nothing beyond causality.
-  const int window = sliding_window > 0 && sliding_window < T ? int(sliding_window) : 0;
+  // A window of T or more hides nothing beyond the causal mask.
+  int window = sliding_window > 0 && sliding_window < T ? int(sliding_window) : 0;
   return Dims{int(T), int(Hq), int(Hkv), int(D), int(Hq / Hkv), window};
 }
 
@@ -519,7 +497,9 @@ void CudaBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor&
   int64_t batch = 0;
   Dims dims = launch_dims("attention_forward", q, k, sliding_window, batch);
   if (batch == 0 || dims.seq == 0 || dims.q_heads == 0) return;
-  if (dims.head_dim <= 64) launch_forward<64>(out, lse, q, k, v, scale, dims, batch, stream_);
+  if (cuda::attention_uses_tensor_cores(q, k, v))
+    cuda::attention_forward_tc(out, lse, q, k, v, scale, dims, batch, stream_);
+  else if (dims.head_dim <= 64) launch_forward<64>(out, lse, q, k, v, scale, dims, batch, stream_);
   else if (dims.head_dim <= 128) launch_forward<128>(out, lse, q, k, v, scale, dims, batch, stream_);
   else launch_forward<256>(out, lse, q, k, v, scale, dims, batch, stream_);
 }
@@ -533,18 +513,26 @@ void CudaBackend::attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, co
   int64_t batch = 0;
   Dims dims = launch_dims("attention_backward", q, k, sliding_window, batch);
   if (batch == 0 || dims.seq == 0 || dims.q_heads == 0) return;
-  // Di = rowsum(dO * O) once per query row, read by both gradient kernels.
+  // Di = rowsum(dO * O) once per query row, read by the gradient kernels.
   int64_t rows = batch * dims.seq * dims.q_heads;
-  Tensor di = scratch(cuda::attention_backward_scratch(batch, dims.q_heads, dims.seq));
+  const cuda::AttentionBackwardScratch sizes = cuda::attention_backward_scratch(q, k, v);
+  Tensor di = scratch(sizes.di);
   constexpr int kRowsPerBlock = kDiThreads / 32;
   launch<attention_di_kernel>(unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), kDiThreads, 0, stream_,
                               di.ptr<float>(), cuda::const_view(dout), cuda::const_view(out), rows, dims);
   FT_CUDA_CHECK_LAUNCH();
   const float* di_ptr = di.ptr<const float>();
-  if (dims.head_dim <= 64) launch_backward<64>(dq, dk, dv, dout, q, k, v, lse, di_ptr, scale, dims, batch, stream_);
-  else if (dims.head_dim <= 128)
+  if (sizes.dq_accum) {
+    Tensor dq_accum = scratch(*sizes.dq_accum);
+    cuda::attention_backward_tc(dq, dk, dv, dout, q, k, v, lse, di_ptr, dq_accum.ptr<float>(), scale, dims, batch,
+                                stream_);
+  } else if (dims.head_dim <= 64) {
+    launch_backward<64>(dq, dk, dv, dout, q, k, v, lse, di_ptr, scale, dims, batch, stream_);
+  } else if (dims.head_dim <= 128) {
     launch_backward<128>(dq, dk, dv, dout, q, k, v, lse, di_ptr, scale, dims, batch, stream_);
-  else launch_backward<256>(dq, dk, dv, dout, q, k, v, lse, di_ptr, scale, dims, batch, stream_);
+  } else {
+    launch_backward<256>(dq, dk, dv, dout, q, k, v, lse, di_ptr, scale, dims, batch, stream_);
+  }
 }
 
 }  // namespace ft

@@ -96,7 +96,14 @@ struct Emu {
   std::vector<void*> fiber_sp;
   int fibers_used = 0;
   std::vector<std::pair<char*, size_t>> static_smem;  // the kernel's __shared__ statics
-  std::vector<unsigned char> smem;  // dynamic shared memory plus its guard zone
+  // Dynamic shared memory plus its guard zone, 128-byte aligned as a GPU's
+  // (the window's base, where a kernel without static __shared__ finds it):
+  // wmma operands there need 256-bit alignment.
+  struct alignas(128) SmemLine {
+    unsigned char bytes[128];
+  };
+  std::vector<SmemLine> smem_lines;
+  unsigned char* smem = nullptr;
   size_t smem_bytes = 0;
   bool schedule_set = false;
   Schedule schedule;
@@ -309,7 +316,7 @@ void run_block() {
   emu.fibers_used = 0;
   // Shared memory starts as poison, so reads of unwritten slots give NaN.
   for (auto [p, bytes] : emu.static_smem) std::memset(p, kPoisonByte, bytes);
-  std::memset(emu.smem.data(), kPoisonByte, emu.smem_bytes);
+  std::memset(emu.smem, kPoisonByte, emu.smem_bytes);
   if (emu.schedule.order == Order::random) shuffle_order();
 
   emu.batch = true;
@@ -517,7 +524,7 @@ unsigned live_lanes() { return self("__activemask").active; }
 
 void* dynamic_shared() {
   self("dynamic shared memory");
-  return emu.smem.data();
+  return emu.smem;
 }
 
 // Shuffles: the source lane computed by `source` (within the lane's width
@@ -545,6 +552,19 @@ void shfl_idx(WarpLane* lanes, unsigned mask) { shuffle<source_idx>(lanes, mask)
 void shfl_up(WarpLane* lanes, unsigned mask) { shuffle<source_up>(lanes, mask); }
 void shfl_down(WarpLane* lanes, unsigned mask) { shuffle<source_down>(lanes, mask); }
 void shfl_xor(WarpLane* lanes, unsigned mask) { shuffle<source_xor>(lanes, mask); }
+
+void wmma_operand(WarpLane* lanes, unsigned) {
+  const WarpLane& first = lanes[0];
+  for (int lane = 1; lane < 32; ++lane)
+    if (lanes[lane].ptr != first.ptr || lanes[lane].arg != first.arg)
+      fail("wmma load/store: lane " + std::to_string(lane) + " passes another pointer or ldm than lane 0 (ldm " +
+           std::to_string(lanes[lane].arg) + " vs " + std::to_string(first.arg) + "); all lanes must agree");
+  if (reinterpret_cast<uintptr_t>(first.ptr) % 32 != 0)
+    fail("wmma load/store: pointer is not 256-bit aligned (address % 32 = " +
+         std::to_string(reinterpret_cast<uintptr_t>(first.ptr) % 32) + ")");
+  if (first.arg * first.width % 16 != 0)
+    fail("wmma load/store: ldm " + std::to_string(first.arg) + " is not a multiple of 16 bytes");
+}
 
 void vote_ballot(WarpLane* lanes, unsigned mask) {
   unsigned ballot = 0;
@@ -581,8 +601,9 @@ void run(const char* name, const void* kernel, dim3 grid, dim3 block, size_t sme
   }
   emu.static_smem = static_shared_of(kernel);
   emu.smem_bytes = smem_bytes;
-  emu.smem.resize(smem_bytes + kGuardBytes);
-  std::memset(emu.smem.data() + smem_bytes, kGuardByte, kGuardBytes);
+  emu.smem_lines.resize((smem_bytes + kGuardBytes + 127) / 128);
+  emu.smem = emu.smem_lines.front().bytes;
+  std::memset(emu.smem + smem_bytes, kGuardByte, kGuardBytes);
 
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)

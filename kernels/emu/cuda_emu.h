@@ -77,6 +77,10 @@ void shfl_up(WarpLane* lanes, unsigned mask);
 void shfl_down(WarpLane* lanes, unsigned mask);
 void shfl_xor(WarpLane* lanes, unsigned mask);
 void vote_ballot(WarpLane* lanes, unsigned mask);
+// wmma::load_matrix_sync / store_matrix_sync: the lanes' ptr and arg (ldm)
+// must agree, ptr be 256-bit aligned and ldm (in elements of `width` bytes)
+// a multiple of 16 bytes, as CUDA requires; else the kernel fails.
+void wmma_operand(WarpLane* lanes, unsigned mask);
 // __activemask: the caller's warp lanes that had not exited at the caller's
 // last barrier or warp collective (schedule independent, unlike "right now").
 unsigned live_lanes();
@@ -320,6 +324,16 @@ void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, const V& value) {
   for (T& x : f.x) x = T(value);
 }
 
+// The warp-wide rendezvous of a fragment load or store, with its checks.
+template <class T>
+void operand_sync(const char* op, const T* p, unsigned ldm, const char* file, int line) {
+  cuda_emu::WarpLane lane;
+  lane.ptr = p;
+  lane.arg = int(ldm);
+  lane.width = int(sizeof(T));
+  cuda_emu::warp_collective(op, 0xffffffffu, cuda_emu::wmma_operand, lane, file, line);
+}
+
 // Element (r, c) of the lane's tile slice, in memory with leading dimension ldm.
 inline size_t tile_offset(int e, unsigned ldm, bool row_major_memory) {
   int i = cuda_emu::lane_id() * 8 + e, r = i / 16, c = i % 16;
@@ -330,19 +344,19 @@ template <class Use, class T, class Layout>
   requires(!std::is_same_v<Use, accumulator>)
 void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm,
                       const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-  cuda_emu::warp_collective("wmma::load_matrix_sync", 0xffffffffu, nullptr, {}, file, line);
+  operand_sync("wmma::load_matrix_sync", p, ldm, file, line);
   for (int e = 0; e < 8; ++e) f.x[e] = p[tile_offset(e, ldm, std::is_same_v<Layout, row_major>)];
 }
 
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm,
                              layout_t layout, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-  cuda_emu::warp_collective("wmma::load_matrix_sync", 0xffffffffu, nullptr, {}, file, line);
+  operand_sync("wmma::load_matrix_sync", p, ldm, file, line);
   for (int e = 0; e < 8; ++e) f.x[e] = p[tile_offset(e, ldm, layout == mem_row_major)];
 }
 
 inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
                               layout_t layout, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-  cuda_emu::warp_collective("wmma::store_matrix_sync", 0xffffffffu, nullptr, {}, file, line);
+  operand_sync("wmma::store_matrix_sync", p, ldm, file, line);
   for (int e = 0; e < 8; ++e) p[tile_offset(e, ldm, layout == mem_row_major)] = f.x[e];
 }
 

@@ -177,7 +177,7 @@ void MetaBackend::attention_forward_impl(Tensor&, Tensor&, const Tensor& q, cons
 }
 
 void MetaBackend::attention_backward_impl(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor& q,
-                                          const Tensor& k, const Tensor&, const Tensor&, const Tensor&, float,
+                                          const Tensor& k, const Tensor& v, const Tensor&, const Tensor&, float,
                                           int64_t sliding_window) {
   enter("attention_backward", {});
   const checks::AttentionShape s = checks::attention_shape(q, k);
@@ -185,7 +185,9 @@ void MetaBackend::attention_backward_impl(Tensor&, Tensor&, Tensor&, const Tenso
     Tensor workspace = cuda_scratch(cuda::sdpa_workspace_scratch(s.batch, s.q_heads, s.seq, s.head_dim, true));
     return;
   }
-  Tensor di = cuda_scratch(cuda::attention_backward_scratch(s.batch, s.q_heads, s.seq));
+  const cuda::AttentionBackwardScratch sizes = cuda::attention_backward_scratch(q, k, v);
+  Tensor di = cuda_scratch(sizes.di);
+  Tensor dq_accum = sizes.dq_accum ? cuda_scratch(*sizes.dq_accum) : Tensor{};
 }
 
 void MetaBackend::cross_entropy_impl(Tensor&, Tensor*, const Tensor&, const Tensor&, float) {

@@ -1,6 +1,8 @@
 // Training on the CUDA backend matches training on the CPU backend, and no
-// step after the first allocates device memory, on the tiny Llama fixture with its base frozen in INT8 and
-// LoRA on q_proj/v_proj (dropout on). Built twice: against the emulator
+// step after the first allocates device memory, on the tiny Llama fixture
+// (f32 and bf16) and the tiny GPT-NeoX fixture (bf16) with their bases frozen
+// in INT8 and LoRA on the attention projections (dropout on). bf16 runs take
+// the tensor-core attention kernels, f32 runs the f32 ones. Built twice: against the emulator
 // (tests/emu/, tiled GEMM, fresh device memory NaN-poisoned) and against the
 // real runtime for `ctest -L gpu` (tests/gpu/, cuBLASLt).
 //
@@ -11,17 +13,19 @@
 //   - per-step loss, relative: f32 1e-4, bf16 1e-2 (a loss averages ~30
 //     tokens' log-probabilities, so single roundings mostly cancel);
 //   - the first step's adapter gradients, max |diff| / max |cpu| per tensor:
-//     f32 1e-4, bf16 2e-2;
+//     f32 1e-4, bf16 5e-2 (bf16 runs take the tensor-core attention, which
+//     also rounds the probabilities P and dS to bf16, as FlashAttention-2);
 //   - adapters after three AdamW steps (lr 1e-3), per element:
 //     |cuda - cpu| <= atol + rtol * |cpu| with f32 atol 1e-2 lr, rtol 1e-4, and
 //     bf16 atol 0.1 lr, rtol 1e-2. Adam's first update is lr * sign(gradient)
 //     whatever its size, so an element whose gradient lies within rounding
-//     noise of 0 moves the other way: in bf16 up to 3% of the elements may
+//     noise of 0 moves the other way: in bf16 up to 5% of the elements may
 //     miss the bound, each still within 2 lr per step.
 // Measured under the emulator: f32 losses equal to 6 digits, gradients within
-// 1e-6, adapters within 2e-8; bf16 losses within 8e-5 relative, gradients
-// within 7e-3, 15 of 1,792 adapter elements (0.8%) 2 lr apart, the rest
-// within the bound.
+// 1e-6, adapters within 2e-8. bf16: Llama losses within 6e-4 relative,
+// gradients within 3.2e-2, 54 of 1,792 adapter elements (3.0%) outside the
+// bound; GPT-NeoX losses within 3e-4, gradients within 7e-3, 16 of 2,048
+// (0.8%). (With the f32 attention kernels Llama's were 8e-5, 7e-3 and 0.8%.)
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -57,16 +61,20 @@ struct Tolerance {
   double loss_rtol, gradient_rel, adapter_atol, adapter_rtol, adapter_outlier_fraction;
 };
 constexpr Tolerance kF32{1e-4, 1e-4, 1e-2 * kLr, 1e-4, 0.0};
-constexpr Tolerance kBf16{1e-2, 2e-2, 0.1 * kLr, 1e-2, 0.03};
+constexpr Tolerance kBf16{1e-2, 5e-2, 0.1 * kLr, 1e-2, 0.05};
 
-// The fixture model with LoRA on q_proj/v_proj over an INT8 base.
-TrainConfig model_config(const std::string& precision) {
-  return parse_train_config("model: " + kFixtures + "/llama_gqa\n" + "tokenizer: " + kFixtures +
+// A fixture model with LoRA on `targets` over an INT8 base.
+struct TrainingCase {
+  std::string model, targets, precision;
+};
+TrainConfig model_config(const TrainingCase& c) {
+  return parse_train_config("model: " + kFixtures + "/" + c.model + "\n" + "tokenizer: " + kFixtures +
                                 "/tokenizer/tokenizer.model\n" +
                                 "data: {train: unused.jsonl}\n"
                                 "quantization: {mode: int8}\n"
-                                "lora: {r: 4, lora_alpha: 8, lora_dropout: 0.1, target_modules: [q_proj, v_proj]}\n"
-                                "precision: " + precision + "\n",
+                                "lora: {r: 4, lora_alpha: 8, lora_dropout: 0.1, target_modules: [" + c.targets +
+                                "]}\n"
+                                "precision: " + c.precision + "\n",
                             "test_cuda_training.yaml");
 }
 
@@ -171,10 +179,14 @@ void check_adapters(const std::vector<float>& got, const std::vector<float>& wan
 
 TEST_CASE("cuda: three LoRA training steps over an INT8 base match the CPU, with no allocation after step 1") {
   REQUIRE(cuda_device_present);
-  for (const std::string precision : {"fp32", "bf16"}) {
-    CAPTURE(precision);
-    const TrainConfig config = model_config(precision);
-    const Tolerance& tol = precision == "bf16" ? kBf16 : kF32;
+  const TrainingCase cases[] = {{"llama_gqa", "q_proj, v_proj", "fp32"},
+                                {"llama_gqa", "q_proj, v_proj", "bf16"},
+                                {"gpt_neox_parallel", "query_key_value", "bf16"}};
+  for (const TrainingCase& c : cases) {
+    CAPTURE(c.model);
+    CAPTURE(c.precision);
+    const TrainConfig config = model_config(c);
+    const Tolerance& tol = c.precision == "bf16" ? kBf16 : kF32;
 
     HostAllocator host;
     TrackingAllocator host_tracker(host);

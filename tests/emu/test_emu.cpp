@@ -233,6 +233,15 @@ TEST_CASE("emu: planted warp bugs: deadlock, mask without the caller, exited lan
   CHECK(contains(exited, "names lane 16, which has exited"));
 }
 
+TEST_CASE("emu: planted wmma bugs: lanes disagreeing on ldm, misaligned pointer") {
+  std::string ldm = error_of([] { run_planted<wmma_divergent_ldm_kernel>(32); });
+  INFO(ldm);
+  CHECK(contains(ldm, "lane 16 passes another pointer or ldm than lane 0 (ldm 20 vs 16)"));
+  std::string misaligned = error_of([] { run_planted<wmma_misaligned_kernel>(32); });
+  INFO(misaligned);
+  CHECK(contains(misaligned, "pointer is not 256-bit aligned (address % 32 = 16)"));
+}
+
 TEST_CASE("emu: host API checks device ranges") {
   DeviceBuffer<float> x(10);
   std::vector<float> host(11);

@@ -144,6 +144,10 @@ json measure_ops(Backend& backend, const Ceilings& ceilings) {
   Tensor v = filled(backend, {B, T, H, D}, bf, 0.1f), attn = filled(backend, {B, T, H, D}, bf, 0.0f);
   Tensor lse = filled(backend, {B, H, T}, f32, 0.0f), dq = filled(backend, {B, T, H, D}, bf, 0.0f);
   Tensor dk = filled(backend, {B, T, H, D}, bf, 0.0f), dv = filled(backend, {B, T, H, D}, bf, 0.0f);
+  // f32 operands take the f32 FMA kernels (attention.cu), bf16 the tensor-core ones (attention_tc.cu).
+  Tensor q32 = filled(backend, {B, T, H, D}, f32, 0.1f), attn32 = filled(backend, {B, T, H, D}, f32, 0.0f);
+  Tensor dq32 = filled(backend, {B, T, H, D}, f32, 0.0f), dk32 = filled(backend, {B, T, H, D}, f32, 0.0f);
+  Tensor dv32 = filled(backend, {B, T, H, D}, f32, 0.0f);
   const int64_t loss_rows = 1024;  // a loss chunk
   Tensor logits = filled(backend, {loss_rows, V}, f32, 0.0f), losses = filled(backend, {loss_rows}, f32, 0.0f);
   Tensor table = filled(backend, {V, C}, bf, 0.01f);
@@ -161,10 +165,14 @@ json measure_ops(Backend& backend, const Ceilings& ceilings) {
        [&] { backend.int8_linear_forward(y, x, w8, w8_scales, 6.0f); }},
       {"int8_linear_backward [8192,2048]x[2048,2048]", 0, 2.0 * N * C * C,
        [&] { backend.int8_linear_backward(dx, y, w8, w8_scales, false); }},
-      {"attention_forward causal B4 T2048 H16 D128", 0, attention_flops,
+      {"attention_forward bf16 (cuDNN SDPA if built, else tensor cores) causal B4 T2048 H16 D128", 0, attention_flops,
        [&] { backend.attention_forward(attn, lse, q, k, v, scale, 0); }},
-      {"attention_backward causal B4 T2048 H16 D128", 0, 2.5 * attention_flops,
+      {"attention_backward bf16 (cuDNN SDPA if built, else tensor cores) causal B4 T2048 H16 D128", 0, 2.5 * attention_flops,
        [&] { backend.attention_backward(dq, dk, dv, attn, q, k, v, attn, lse, scale, 0); }},
+      {"attention_forward f32 FMA causal B4 T2048 H16 D128", 0, attention_flops,
+       [&] { backend.attention_forward(attn32, lse, q32, q32, q32, scale, 0); }},
+      {"attention_backward f32 FMA causal B4 T2048 H16 D128", 0, 2.5 * attention_flops,
+       [&] { backend.attention_backward(dq32, dk32, dv32, attn32, q32, q32, q32, attn32, lse, scale, 0); }},
       {"rmsnorm_forward bf16 [8192,2048]", 2 * bf16_nc + 4.0 * N, 0,
        [&] { backend.rmsnorm_forward(y, rstd, x, norm_w, 1e-5f); }},
       {"rmsnorm_backward bf16 [8192,2048]", 3 * bf16_nc + 4.0 * N, 0,

@@ -37,3 +37,17 @@ __global__ void exited_lane_kernel(float* x) {
   if (threadIdx.x >= 16) return;
   x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, x[threadIdx.x], 1);
 }
+
+// Lanes 16-31 load a wmma fragment with another ldm than lanes 0-15.
+__global__ void wmma_divergent_ldm_kernel(float* x) {
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc;
+  nvcuda::wmma::load_matrix_sync(acc, x, threadIdx.x < 16 ? 16 : 20, nvcuda::wmma::mem_row_major);
+  nvcuda::wmma::store_matrix_sync(x, acc, 16, nvcuda::wmma::mem_row_major);
+}
+
+// A wmma fragment loaded from 16 bytes past a 256-bit boundary.
+__global__ void wmma_misaligned_kernel(float* x) {
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc;
+  nvcuda::wmma::load_matrix_sync(acc, x + 4, 16, nvcuda::wmma::mem_row_major);
+  nvcuda::wmma::store_matrix_sync(x, acc, 16, nvcuda::wmma::mem_row_major);
+}

@@ -1,0 +1,58 @@
+// What the two attention kernel families share (attention.cu: f32 FMA
+// kernels for any operand dtypes; attention_tc.cu: bf16 tensor-core kernels):
+// the launch sizes, the causal sliding-window mask, and the key and query
+// tile ranges it leaves. attention.cu picks the family per call
+// (attention_uses_tensor_cores in scratch.h, which the memory planner reads too).
+#pragma once
+#include <cstdint>
+
+#include "kernels/launch.h"
+#include "kernels/tensor.h"
+
+// Loops over a thread's register arrays must be unrolled, or nvcc places the
+// arrays in local memory; g++ (the emulator build) has no such pragma.
+#if defined(__CUDACC__)
+#define FT_UNROLL _Pragma("unroll")
+#else
+#define FT_UNROLL
+#endif
+
+namespace ft::cuda {
+
+// Sizes a kernel needs; offsets into [B, T, H, D] tensors are int64.
+struct AttentionDims {
+  int seq, q_heads, kv_heads, head_dim, group;  // group = q_heads / kv_heads
+  int window;  // sliding window in tokens, 0 for none (at most seq, so it fits an int)
+};
+
+// Whether query position `query` sees key position `key`: causal, and within
+// the sliding window if there is one (transformers' kv_idx > q_idx - window).
+__host__ __device__ inline bool key_visible(int query, int key, int window) {
+  return key <= query && (window == 0 || query - key < window);
+}
+
+// The first key tile (of tile_keys keys) that a query tile starting at q0 sees.
+__host__ __device__ inline int first_key_tile(int q0, int tile_keys, int window) {
+  return window == 0 || q0 < window ? 0 : (q0 - window + 1) / tile_keys;
+}
+
+// One past the last query tile (of tile_queries rows) that sees a key tile
+// [k0, k0 + tile_keys), capped at the sequence's query tiles.
+__host__ __device__ inline int end_query_tile(int k0, int tile_keys, int tile_queries, int window, int seq) {
+  int q_tiles = (seq + tile_queries - 1) / tile_queries;
+  if (window == 0) return q_tiles;
+  int last_query = k0 + tile_keys - 1 + window - 1;
+  int end = last_query / tile_queries + 1;
+  return end < q_tiles ? end : q_tiles;
+}
+
+// attention_tc.cu. lse f32 [B, Hq, T]; out any float dtype.
+void attention_forward_tc(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                          const AttentionDims& dims, int64_t batch, cudaStream_t stream);
+// di = rowsum(dO * O) f32 [B, Hq, T]; dq_accum f32 [B, T, Hq, D] workspace
+// (zeroed here, then summed into by atomics, then scaled into dq).
+void attention_backward_tc(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                           const Tensor& k, const Tensor& v, const Tensor& lse, const float* di, float* dq_accum,
+                           float scale, const AttentionDims& dims, int64_t batch, cudaStream_t stream);
+
+}  // namespace ft::cuda
