@@ -4,6 +4,8 @@
 // the Llama-3-style and Qwen2-style fixtures with their tokenizer.json.
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/mount.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
@@ -460,6 +462,30 @@ bool a_save_is_under_way(const std::string& out) {
   return false;
 }
 
+// Blocks until a temp file of a save is created in out or out/adapter (true),
+// or timeout_ms pass (false): inotify wakes this process at once, where
+// polling under load would miss a save that lasts a fraction of a millisecond.
+bool wait_for_a_save(const std::string& out, int timeout_ms) {
+  const int fd = inotify_init1(IN_CLOEXEC);
+  REQUIRE(fd >= 0);
+  inotify_add_watch(fd, out.c_str(), IN_CREATE);
+  inotify_add_watch(fd, (out + "/adapter").c_str(), IN_CREATE);  // absent until the end: fails, harmless
+  bool seen = false;
+  pollfd ready{fd, POLLIN, 0};
+  alignas(inotify_event) char events[4096];
+  while (!seen && ::poll(&ready, 1, timeout_ms) > 0) {
+    const ssize_t got = ::read(fd, events, sizeof events);
+    for (ssize_t at = 0; at < got;) {
+      const auto* event = reinterpret_cast<const inotify_event*>(events + at);
+      const std::string name = event->len ? event->name : "";
+      seen = seen || (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0);
+      at += ssize_t(sizeof(inotify_event) + event->len);
+    }
+  }
+  ::close(fd);
+  return seen;
+}
+
 int64_t last_logged_step(const std::string& metrics_path) {
   const auto losses = train_losses(metrics_path);
   return losses.empty() ? 0 : losses.rbegin()->first;
@@ -506,14 +532,12 @@ TEST_CASE("SIGKILL at 20 seeded random moments, saves included, still resumes to
     while (kind != 0 && (running = still_running()) && last_logged_step(out + "/metrics.jsonl") < targets[size_t(k)])
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     const auto armed = std::chrono::steady_clock::now();
-    if (kind == 2)
-      while ((running = still_running()) && !a_save_is_under_way(out) &&
-             std::chrono::steady_clock::now() - armed < std::chrono::milliseconds(100)) {
-      }
+    if (kind == 2 && running)
+      wait_for_a_save(out, 2000);
     else
       while ((running = still_running()) && std::chrono::steady_clock::now() - (kind == 0 ? started : armed) < delay)
         std::this_thread::sleep_for(std::chrono::microseconds(50));
-    if (running) {
+    if (running) {  // not yet reaped, so the pid is still ours (at worst a zombie)
       kill(child, SIGKILL);
       waitpid(child, &status, 0);
       mid_save += a_save_is_under_way(out);
