@@ -91,21 +91,19 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.size_bytes() == b.size_bytes() && std::memcmp(a.data, b.data, a.size_bytes()) == 0;
 }
 
-// got's gradients are want's bit for bit, except `rounded` (when named),
-// which must agree within max_error (parity::relative_error).
-void check_gradients(const StepResult& got, const StepResult& want, const std::string& rounded = "",
-                     double max_error = 0.0) {
+// got's gradients are want's bit for bit, or with max_error > 0 agree within
+// it (parity::relative_error).
+void check_gradients(const StepResult& got, const StepResult& want, double max_error = 0.0) {
   REQUIRE(got.grads.size() == want.grads.size());
   for (size_t i = 0; i < got.grads.size(); ++i) {
     const auto& [name, grad] = got.grads[i];
     CAPTURE(name);
     REQUIRE(name == want.grads[i].first);
-    if (name != rounded) {
+    if (max_error == 0.0) {
       CHECK(same_bytes(grad, want.grads[i].second));
       continue;
     }
     const double error = relative_error(grad, want.grads[i].second);
-    MESSAGE(name, " relative error, chunked vs unchunked: ", error);
     CHECK(error <= max_error);
   }
 }
@@ -117,8 +115,6 @@ TEST_CASE("checkpointing and the chunked loss give the plain path's loss and gra
     for (bool lora : {true, false}) {
       CAPTURE(fixture);
       CAPTURE(lora);
-      const ModelConfig config = ModelConfig::from_json_file(fixture_dir(fixture) + "/config.json");
-      const std::string lm_head = config.model_type == "llama" ? "lm_head.weight" : "embed_out.weight";
       const StepResult plain = train_step(fixture, {.lora = lora});
       const StepResult checkpointed =
           train_step(fixture, {.checkpointing = ActivationCheckpointing::per_layer, .lora = lora});
@@ -127,16 +123,18 @@ TEST_CASE("checkpointing and the chunked loss give the plain path's loss and gra
           fixture, {.checkpointing = ActivationCheckpointing::per_layer, .loss_chunk_tokens = kChunk, .lora = lora});
 
       // Recomputation runs the same ops on the same inputs with the same
-      // dropout seeds, and each logits row is computed the same way whatever
-      // the chunk: the loss and every gradient are bit-identical...
+      // dropout seeds: the loss and every gradient are bit-identical.
       CHECK(checkpointed.loss == plain.loss);
-      CHECK(chunked.loss == plain.loss);
-      CHECK(both.loss == plain.loss);
       check_gradients(checkpointed, plain);
       check_gradients(both, chunked);
-      // ...except the lm_head weight's, a sum over tokens that the chunked
-      // path adds up chunk by chunk: f32 rounding of a 22-term sum.
-      check_gradients(chunked, plain, lm_head, 1e-6);
+      // The chunked loss gives each logits row the same value (the loss is
+      // bit-identical), but its GEMMs see fewer rows: the lm_head weight's
+      // gradient is added up chunk by chunk, and a GEMM library may block and
+      // sum an M-row product differently for each M (oneDNN does on AVX2), so
+      // dhidden and every gradient below it agree within f32 rounding.
+      CHECK(chunked.loss == plain.loss);
+      CHECK(both.loss == plain.loss);
+      check_gradients(chunked, plain, 1e-6);
 
       // The dropout masks are live (another seed, other gradients), so the
       // equalities above do check that recomputation reuses the step's seeds.
