@@ -343,7 +343,7 @@ TEST_CASE("rules across fields, required fields, and malformed input") {
   CHECK(error_of("model: m\n") == "configs/x.yaml: data.train: required (a JSONL file)");
   CHECK(error_of("") == "configs/x.yaml: model: required (a Hugging Face checkpoint folder)");
   CHECK(error_of(base + "trainable: all\n") ==
-        "configs/x.yaml: trainable: all needs quantization.mode: none (INT8 base weights are frozen)");
+        "configs/x.yaml: trainable: all needs quantization.mode: none (INT8 and NF4 base weights are frozen)");
   CHECK(error_of(base + "task_metric: rouge\n") ==
         "configs/x.yaml: task_metric: rouge needs data.eval (prompt/completion pairs to score)");
   CHECK(error_of(base + "lr: 1\nlr: 2\n") == "configs/x.yaml:4: duplicate key \"lr\"");
