@@ -85,6 +85,9 @@ std::vector<float> dynamic_map_8bit() {
 }
 
 // The nearest map value to v, ties to the lower index; map[0] read as -1.
+// bitsandbytes' native kernel finds an index by an approximate bucket search
+// and compares it with the next only, so it can keep the second-nearest code
+// (rarely: tests/fixtures/README.md, nf4/); this is the exact nearest.
 static uint8_t nearest_code(const std::vector<float>& map, float v) {
   auto value = [&](size_t i) { return i == 0 ? -1.0f : map[i]; };
   size_t left = 0;

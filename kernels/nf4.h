@@ -68,9 +68,8 @@ std::vector<float> dynamic_map_8bit();
 // summed as PyTorch's CPU torch.mean does), then bitsandbytes' CPU quantize_blockwise of
 // absmax - offset with the dynamic map in blocks of 256: nested_absmax = max
 // |d| per block, and each code the nearest map value to d / nested_absmax,
-// ties to the lower one, with the map's first value read as -1 (as the
-// native kernel does). bitsandbytes' approximate bucket search can keep the
-// second-nearest code instead (rarely: tests/fixtures/README.md, nf4/).
+// ties to the lower one, with the map's first value read as -1 (the native
+// kernel's binary search does).
 struct Nf4DoubleQuant {
   std::vector<uint8_t> codes;        // [blocks]
   std::vector<float> nested_absmax;  // [nf4_nested_blocks(blocks)]
