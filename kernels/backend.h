@@ -78,6 +78,7 @@ namespace ft {
       SUFFIX;                                                                                                       \
   PREFIX void int8_linear_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& weight,                       \
                                         const Tensor& weight_scales, bool accumulate) SUFFIX;                       \
+  PREFIX void nf4_dequantize_impl(Tensor& tile, const Nf4Weight& weight, int64_t row0, int64_t col0) SUFFIX;       \
   PREFIX void dropout_forward_impl(Tensor& out, const Tensor& x, float p, uint64_t seed) SUFFIX;                    \
   PREFIX void dropout_backward_impl(Tensor& dx, const Tensor& dout, float p, uint64_t seed) SUFFIX;                 \
   PREFIX void adamw_update_impl(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& step)     \
@@ -341,6 +342,28 @@ class Backend {
     checks::check_int8_linear_backward(device(), dx, dout, weight, weight_scales);
     int8_linear_backward_impl(dx, dout, weight, weight_scales, accumulate);
   }
+
+  // ---- NF4 (QLoRA) ------------------------------------------------------
+  // tile [R, C] = the NF4 weight's rows [row0, row0 + R) x columns
+  // [col0, col0 + C) dequantised as bitsandbytes' dequantize_4bit does
+  // (kernels/nf4.h): the block absmax recovered in f32 (map value * nested
+  // absmax, then + offset, two roundings, no fma), times the code in f32,
+  // rounded once to the tile's dtype.
+  void nf4_dequantize(Tensor& tile, const Nf4Weight& weight, int64_t row0, int64_t col0) {
+    checks::check_nf4_dequantize(device(), tile, weight, row0, col0);
+    nf4_dequantize_impl(tile, weight, row0, col0);
+  }
+  // out [N, O] = x [N, K] @ dequant(W)^T (overwritten), the weight
+  // dequantised in x's dtype (the compute dtype, as bitsandbytes' matmul_4bit)
+  // a block of output rows at a time (kernels/cuda/scratch.h's
+  // nf4_forward_scratch), each block one matmul: every element of out is one
+  // GEMM sum rounded once. Composed of ops (kernels/nf4_linear.cpp), so every
+  // backend and the planner run the same steps.
+  void nf4_linear_forward(Tensor& out, const Tensor& x, const Nf4Weight& weight);
+  // dx [N, K] = dout [N, O] @ dequant(W) (dx += ... when accumulate), the
+  // weight dequantised in dout's dtype a block of input columns at a time
+  // (nf4_backward_scratch). No weight gradient: the NF4 base is frozen.
+  void nf4_linear_backward(Tensor& dx, const Tensor& dout, const Nf4Weight& weight, bool accumulate);
 
   // ---- dropout -----------------------------------------------------------
   // out = x * keep / (1 - p), keep[i] = hash_uniform(seed, i) >= p with i the

@@ -9,6 +9,7 @@ size_t dtype_size_bytes(DType dtype) {
     case DType::f16: return 2;
     case DType::i8: return 1;
     case DType::i32: return 4;
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -20,6 +21,7 @@ const char* dtype_name(DType dtype) {
     case DType::f16: return "f16";
     case DType::i8: return "i8";
     case DType::i32: return "i32";
+    case DType::u8: return "u8";
   }
   return "?";
 }

@@ -8,7 +8,7 @@
 
 namespace ft {
 
-enum class DType : uint8_t { f32, bf16, f16, i8, i32 };
+enum class DType : uint8_t { f32, bf16, f16, i8, i32, u8 };
 
 size_t dtype_size_bytes(DType dtype);
 const char* dtype_name(DType dtype);
@@ -50,6 +50,7 @@ inline float load_as_f32(const void* data, DType dtype, int64_t i) {
     case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
     case DType::i8: return float(static_cast<const int8_t*>(data)[i]);
     case DType::i32: return float(static_cast<const int32_t*>(data)[i]);
+    case DType::u8: return float(static_cast<const uint8_t*>(data)[i]);
   }
   return 0.0f;
 }
@@ -62,6 +63,7 @@ inline void store_from_f32(void* data, DType dtype, int64_t i, float value) {
     case DType::f16: static_cast<uint16_t*>(data)[i] = f32_to_f16(value); break;
     case DType::i8: static_cast<int8_t*>(data)[i] = int8_t(value); break;
     case DType::i32: static_cast<int32_t*>(data)[i] = int32_t(value); break;
+    case DType::u8: static_cast<uint8_t*>(data)[i] = uint8_t(value); break;
   }
 }
 

@@ -343,6 +343,62 @@ inline void check_int8_linear_backward(Device device, const Tensor& dx, const Te
            K, "]");
 }
 
+// A frozen NF4 weight (op_operands.h's Nf4Weight) with consistent sizes.
+inline void check_nf4_weight(Device device, const char* op, const Nf4Weight& w) {
+  FT_CHECK(w.codes && w.absmax, op, ": the NF4 weight needs codes and absmax");
+  FT_CHECK(w.out_features >= 0 && w.in_features >= 0, op, ": NF4 weight shape [", w.out_features, ", ",
+           w.in_features, "] must not be negative");
+  const int64_t elements = w.out_features * w.in_features, blocks = (elements + 63) / 64;
+  check_dtype(*w.codes, DType::u8, device, op, "codes");
+  check_numel(*w.codes, (elements + 1) / 2, op, "codes");
+  FT_CHECK(!w.nested_absmax == !w.nested_map, op, ": nested_absmax and nested_map come together");
+  check_dtype(*w.absmax, w.double_quant() ? DType::u8 : DType::f32, device, op, "absmax");
+  check_numel(*w.absmax, blocks, op, "absmax");
+  if (!w.double_quant()) return;
+  check_dtype(*w.nested_absmax, DType::f32, device, op, "nested_absmax");
+  check_numel(*w.nested_absmax, (blocks + 255) / 256, op, "nested_absmax");
+  check_dtype(*w.nested_map, DType::f32, device, op, "nested_map");
+  check_numel(*w.nested_map, 256, op, "nested_map");
+}
+
+// tile [rows, cols] (floating) inside the weight from (row0, col0).
+inline void check_nf4_dequantize(Device device, const Tensor& tile, const Nf4Weight& w, int64_t row0,
+                                 int64_t col0) {
+  const char* op = "nf4_dequantize";
+  check_nf4_weight(device, op, w);
+  check_float(tile, device, op, "tile");
+  FT_CHECK(tile.ndim() == 2, op, ": tile must be 2-D, got ", shape_string(tile.shape));
+  FT_CHECK(row0 >= 0 && col0 >= 0 && row0 + tile.rows() <= w.out_features && col0 + tile.cols() <= w.in_features,
+           op, ": tile ", shape_string(tile.shape), " at (", row0, ", ", col0, ") exceeds the weight [",
+           w.out_features, ", ", w.in_features, "]");
+}
+
+// out [N, O] = x [N, K] times the NF4 weight [O, K]^T.
+inline void check_nf4_linear_forward(Device device, const Tensor& out, const Tensor& x, const Nf4Weight& w) {
+  const char* op = "nf4_linear_forward";
+  check_nf4_weight(device, op, w);
+  check_float(out, device, op, "out");
+  check_float(x, device, op, "x");
+  FT_CHECK(x.cols() == w.in_features, op, ": x ", shape_string(x.shape), " does not match the weight's ",
+           w.in_features, " input features");
+  FT_CHECK(out.rows() == x.rows() && out.cols() == w.out_features, op, ": out has shape ", shape_string(out.shape),
+           ", expected [", x.rows(), ", ", w.out_features, "]");
+  FT_CHECK(!overlaps(out, x), op, ": out must not alias x");
+}
+
+// dx [N, K] from dout [N, O] through the NF4 weight [O, K].
+inline void check_nf4_linear_backward(Device device, const Tensor& dx, const Tensor& dout, const Nf4Weight& w) {
+  const char* op = "nf4_linear_backward";
+  check_nf4_weight(device, op, w);
+  check_float(dx, device, op, "dx");
+  check_float(dout, device, op, "dout");
+  FT_CHECK(dout.cols() == w.out_features, op, ": dout ", shape_string(dout.shape), " does not match the weight's ",
+           w.out_features, " output features");
+  FT_CHECK(dx.rows() == dout.rows() && dx.cols() == w.in_features, op, ": dx has shape ", shape_string(dx.shape),
+           ", expected [", dout.rows(), ", ", w.in_features, "]");
+  FT_CHECK(!overlaps(dx, dout), op, ": dx must not alias dout");
+}
+
 // Dropout forward and backward: out shaped as x, p in [0, 1] (1 drops all).
 inline void check_dropout(Device device, const char* op, const Tensor& out, const char* out_name, const Tensor& x,
                           const char* x_name, float p) {

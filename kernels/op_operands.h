@@ -42,6 +42,23 @@ struct Int8Epilogue {
   float lora_scaling = 0.0f;
 };
 
+// A frozen NF4 weight [out_features, in_features] as bitsandbytes stores it
+// (kernels/nf4.h): codes u8 (two per byte, nf4_packed_bytes(O * K) bytes,
+// any shape), and the per-64-element absmax either f32 [blocks] or, double
+// quantised, u8 [blocks] codes of the dynamic map nested_map (f32 [256]) with
+// nested_absmax f32 [ceil(blocks / 256)] and nested_offset: then
+// absmax[b] = nested_map[absmax[b]] * nested_absmax[b / 256] + nested_offset.
+struct Nf4Weight {
+  const Tensor* codes = nullptr;
+  const Tensor* absmax = nullptr;
+  const Tensor* nested_absmax = nullptr;  // double quantisation only
+  const Tensor* nested_map = nullptr;     // double quantisation only
+  float nested_offset = 0.0f;
+  int64_t out_features = 0, in_features = 0;
+
+  bool double_quant() const { return nested_map != nullptr; }
+};
+
 // GELU's two forms in Hugging Face configs: erf is the exact x * Phi(x)
 // ("gelu"); tanh is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 // ("gelu_new", "gelu_fast", "gelu_pytorch_tanh").

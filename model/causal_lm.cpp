@@ -9,6 +9,7 @@
 #include "model/int8_linear.h"
 #include "model/llama.h"
 #include "model/lora_linear.h"
+#include "model/nf4_linear.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
 
@@ -37,10 +38,22 @@ std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& config, Backend& bac
   fail("model_type \"", type, "\" is not supported (", kSupportedModelTypes, ")");
 }
 
-void CausalLM::check_built(const std::string& module_names) const {
+void CausalLM::check_built(const std::string& module_names) {
   FT_CHECK(embedding_ && final_norm_.weight && lm_head_, config_.model_type,
            ": the architecture must set its embedding, final norm and lm_head");
   if (!options_.lora) return;
+  std::vector<std::string>& targets = options_.lora->target_modules;
+  if (targets == std::vector<std::string>{kAllLinear}) {
+    // As PEFT: "all-linear" becomes the names of the adapted modules (every
+    // decoder linear, not the output head), which adapter_config.json lists.
+    targets.clear();
+    for (const Parameter& adapter : adapters_) {
+      const std::string module = adapter.name.substr(0, adapter.name.find(".lora_"));
+      const std::string leaf = module.substr(module.rfind('.') + 1);
+      if (std::find(targets.begin(), targets.end(), leaf) == targets.end()) targets.push_back(leaf);
+    }
+    return;
+  }
   for (const std::string& target : options_.lora->target_modules) {
     bool matched = false;
     for (const Parameter& adapter : adapters_)
@@ -65,7 +78,7 @@ Parameter& CausalLM::add_parameter(const std::string& name, const Shape& shape, 
   return parameters_.back();
 }
 
-// A decoder linear: dense or LLM.int8(), wrapped in LoRA when it is a target.
+// A decoder linear: dense, LLM.int8() or NF4, wrapped in LoRA when it is a target.
 std::unique_ptr<Linear> CausalLM::make_linear(const std::string& module, int64_t out_features,
                                                 int64_t in_features, bool bias) {
   std::unique_ptr<Linear> base;
@@ -74,6 +87,11 @@ std::unique_ptr<Linear> CausalLM::make_linear(const std::string& module, int64_t
     weight.scales = backend_.empty({out_features}, DType::f32, MemCategory::weights);
     Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
     base = std::make_unique<Int8Linear>(weight, options_.int8_threshold, b);
+  } else if (options_.nf4_base) {
+    Parameter& weight = add_parameter(module + ".weight", {0}, DType::u8);
+    allocate_nf4_parameter(backend_, weight, out_features, in_features, options_.nf4_double_quant);
+    Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
+    base = std::make_unique<Nf4Linear>(weight, b);
   } else {
     Parameter& weight = add_parameter(module + ".weight", {out_features, in_features}, options_.weight_dtype);
     Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
@@ -82,7 +100,8 @@ std::unique_ptr<Linear> CausalLM::make_linear(const std::string& module, int64_t
   if (!options_.lora) return base;
   const LoraOptions& lora = *options_.lora;
   bool targeted = false;
-  for (const std::string& target : lora.target_modules) targeted |= module_matches_target(module, target);
+  for (const std::string& target : lora.target_modules)
+    targeted |= target == kAllLinear || module_matches_target(module, target);
   if (!targeted) return base;
   auto add_adapter = [&](const std::string& name, const Shape& shape) -> Parameter& {
     Parameter adapter;
@@ -109,7 +128,13 @@ Parameter& CausalLM::parameter(const std::string& name) {
 
 void CausalLM::load(const Checkpoint& checkpoint) {
   for (Parameter& p : parameters_) {
+    if (p.value.dtype == DType::u8) {
+      load_nf4_parameter(backend_, checkpoint, p);
+      continue;
+    }
     const SafetensorsEntry& entry = checkpoint.entry(p.name);
+    FT_CHECK(entry.dtype != DType::u8, entry.file, ": tensor \"", p.name,
+             "\" is stored NF4 (bitsandbytes 4-bit) and loads only with quantization.mode nf4");
     FT_CHECK(entry.shape == p.value.shape, entry.file, ": tensor \"", p.name, "\" has shape ",
              shape_string(entry.shape), " but config.json implies ", shape_string(p.value.shape));
     if (entry.dtype == DType::i8) {
@@ -140,7 +165,8 @@ void CausalLM::init_random(uint64_t seed) {
   HostAllocator host;
   uint64_t index = 0;
   for (Parameter& p : parameters_) {
-    Tensor values = Tensor::empty(p.value.shape, DType::f32, host, MemCategory::workspace);
+    const Shape& shape = p.value.dtype == DType::u8 ? p.nf4_shape : p.value.shape;
+    Tensor values = Tensor::empty(shape, DType::f32, host, MemCategory::workspace);
     uint64_t state = splitmix64(seed, index++);
     // As transformers: biases (linear and LayerNorm) 0, norm weights 1, the rest normal.
     const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
@@ -158,6 +184,7 @@ void CausalLM::init_random(uint64_t seed) {
     }
     // An INT8 base is quantised from the f32 values, as load() does a 16-bit checkpoint.
     if (p.value.dtype == DType::i8) quantize_parameter(backend_, p, values);
+    else if (p.value.dtype == DType::u8) quantize_nf4_parameter(backend_, p, values);
     else backend_.copy(p.value, values);
   }
 }
@@ -454,8 +481,9 @@ float CausalLM::lm_head_loss(const Tensor& hidden, const StepTokens& tokens, Ten
 
 void CausalLM::set_trainable(const std::function<bool(const std::string&)>& is_trainable) {
   for (Parameter& p : parameters_) {
-    FT_CHECK(!is_trainable(p.name) || p.value.dtype != DType::i8, "\"", p.name,
-             "\" is frozen in int8 and cannot be trained (use quantization.mode none for full fine-tuning)");
+    FT_CHECK(!is_trainable(p.name) || (p.value.dtype != DType::i8 && p.value.dtype != DType::u8), "\"", p.name,
+             "\" is frozen in ", p.value.dtype == DType::i8 ? "int8" : "NF4",
+             " and cannot be trained (use quantization.mode none for full fine-tuning)");
   }
   for (std::deque<Parameter>* list : {&parameters_, &adapters_})
   for (Parameter& p : *list) {

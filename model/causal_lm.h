@@ -95,7 +95,7 @@ class CausalLM {
   // Call at the end of a constructor: embedding_, final_norm_ and lm_head_
   // must be set, and a LoRA target that matched no module is an Error
   // listing module_names, the architecture's linear modules.
-  void check_built(const std::string& module_names) const;
+  void check_built(const std::string& module_names);
 
   // What one layer's backward reads from its forward; each architecture
   // derives its own.

@@ -39,12 +39,19 @@ struct ModelOptions {
   DType activation_dtype = DType::f32;
   bool int8_base = false;           // every decoder linear frozen in LLM.int8()
   float int8_threshold = 6.0f;      // outlier threshold; 0 disables the 16-bit outlier path
+  bool nf4_base = false;            // every decoder linear frozen in NF4 (QLoRA), as bitsandbytes stores it
+  bool nf4_double_quant = true;     // NF4 absmax double-quantised to 8 bits (bnb_4bit_use_double_quant)
   std::optional<LoraOptions> lora;  // none: no adapters
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::none;
   // Training steps compute lm_head logits and cross-entropy this many tokens
   // at a time ([chunk, vocab] f32 instead of [tokens, vocab]); 0: all at once.
   int64_t loss_chunk_tokens = 0;
 };
+
+// PEFT's target_modules shorthand for every linear layer but the output head
+// (QLoRA's recipe); alone in target_modules, it is replaced by the adapted
+// modules' names once the model is built.
+inline constexpr const char* kAllLinear = "all-linear";
 
 // PEFT's target_modules rule: a module matches a target when its name equals
 // the target or ends with "." + target.

@@ -15,6 +15,13 @@ struct Parameter {
   // Only for quantised parameters (value i8 [out, in]): f32 [out] absmax of
   // each row of the full-precision weight, so W ~ value * scales / 127.
   Tensor scales;
+  // Only for NF4 parameters (value u8 packed codes, kernels/nf4.h): scales
+  // holds the block absmax (f32, or u8 codes with double quantisation, then
+  // with these three), nf4_shape the weight's [out, in].
+  Tensor nested_absmax;
+  Tensor nested_map;
+  float nested_offset = 0.0f;
+  Shape nf4_shape;
 
   bool trainable() const { return grad.data != nullptr || grad.storage != nullptr; }
 };

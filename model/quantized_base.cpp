@@ -6,13 +6,14 @@
 #include "kernels/allocator.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
+#include "model/nf4_linear.h"
 #include "model/safetensors.h"
 
 namespace ft {
 
 void save_quantized_base(CausalLM& model, const std::string& path) {
-  FT_CHECK(model.options().int8_base, "save_quantized_base: the model has no int8 base to save (it needs "
-           "quantization.mode int8)");
+  FT_CHECK(model.options().int8_base || model.options().nf4_base, "save_quantized_base: the model has no "
+           "quantised base to save (it needs quantization.mode int8 or nf4)");
   Backend& backend = model.backend();
   HostAllocator host;
   // On the CPU backend the parameters are host memory already and are written
@@ -25,10 +26,14 @@ void save_quantized_base(CausalLM& model, const std::string& path) {
   };
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const Parameter& p : model.parameters()) {
+    if (p.value.dtype == DType::u8) {
+      for (auto& named : nf4_state_dict(backend, p, model.options().weight_dtype, host)) tensors.push_back(std::move(named));
+      continue;
+    }
     tensors.emplace_back(p.name, on_host(p.value));
     if (p.value.dtype == DType::i8) tensors.emplace_back(p.name + ".SCB", on_host(p.scales));
   }
-  save_safetensors(path, tensors, {{"format", "pt"}, {kQuantizationMetadataKey, kQuantizationInt8}});
+  save_safetensors(path, tensors, {{"format", "pt"}, {kQuantizationMetadataKey, model.options().nf4_base ? kQuantizationNf4 : kQuantizationInt8}});
 }
 
 }  // namespace ft

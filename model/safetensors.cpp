@@ -29,9 +29,11 @@ struct DTypeName {
   DType dtype;
 };
 // The safetensors spellings of the dtypes we compute with. Others the format
-// allows (F64, I64, U8, BOOL, ...) are refused: no kernel could consume them.
+// allows (F64, I64, BOOL, ...) are refused: no kernel could consume them. U8
+// holds bitsandbytes' packed 4-bit codes and double-quantised absmax.
 constexpr DTypeName kDTypeNames[] = {
-    {"F32", DType::f32}, {"F16", DType::f16}, {"BF16", DType::bf16}, {"I8", DType::i8}, {"I32", DType::i32}};
+    {"F32", DType::f32}, {"F16", DType::f16}, {"BF16", DType::bf16}, {"I8", DType::i8}, {"I32", DType::i32},
+    {"U8", DType::u8}};
 
 const char* safetensors_name(DType dtype) {
   for (const DTypeName& entry : kDTypeNames)

@@ -14,6 +14,7 @@
 #include "kernels/error.h"
 #include "model/causal_lm.h"
 #include "model/int8_linear.h"
+#include "model/nf4_linear.h"
 #include "trainer/plan.h"
 #include "trainer/trainer.h"
 
@@ -45,13 +46,16 @@ void fill_weights(CausalLM& model, Backend& backend) {
   HostAllocator host;
   uint32_t state = 12345;
   for (Parameter& p : model.parameters()) {
-    Tensor values = Tensor::empty(p.value.shape, DType::f32, host, MemCategory::workspace);
+    const Shape& shape = p.value.dtype == DType::u8 ? p.nf4_shape : p.value.shape;
+    Tensor values = Tensor::empty(shape, DType::f32, host, MemCategory::workspace);
     for (int64_t i = 0; i < values.numel(); ++i) {
       state = state * 1664525u + 1013904223u;
       values.ptr<float>()[i] = 0.02f * (float(state >> 8) / float(1 << 24) - 0.5f);
     }
     if (p.value.dtype == DType::i8)
       quantize_parameter(backend, p, values);
+    else if (p.value.dtype == DType::u8)
+      quantize_nf4_parameter(backend, p, values);
     else
       backend.copy(p.value, values);
   }
@@ -86,7 +90,9 @@ void check_plan_matches_real_step(const std::string& model_dir, const std::strin
   const StepPlan plan = plan_step(config, cpu, batch, seq);
   const size_t measured = real_step_peak(config, batch, seq);
   const std::string run = fs::path(model_dir).filename().string() +
-                          (config.trainable == Trainable::all ? " full fp32" : " int8 + LoRA");
+                          (config.trainable == Trainable::all ? std::string(" full fp32")
+                                                              : std::string(" ") + enum_name(config.quantization.mode) +
+                                                                    " + LoRA");
   MESSAGE(run, ": planned ", plan.peak_bytes, " bytes, measured ", measured, " (peak at ",
           plan.where, ")");
   CHECK(plan.peak_bytes == measured);
@@ -96,6 +102,9 @@ const char* kInt8Lora = "quantization: {mode: int8}\nlora: {r: 8, lora_alpha: 16
 const std::string kLlamaLora = std::string(kInt8Lora) + "[q_proj, v_proj]}\n";
 const std::string kNeoxLora = std::string(kInt8Lora) + "[query_key_value]}\n";
 const std::string kFullFp32 = "quantization: {mode: none}\ntrainable: all\n";
+const std::string kNf4AllLinear = "quantization: {mode: nf4}\nlora: {r: 8, lora_alpha: 16, target_modules: all-linear}\n";
+const std::string kNf4PlainAbsmax =
+    "quantization: {mode: nf4, double_quant: false}\nlora: {r: 4, target_modules: [q_proj, down_proj]}\n";
 
 }  // namespace
 
@@ -105,6 +114,9 @@ TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to th
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", kNeoxLora, 2, 16);
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", kFullFp32, 2, 16);
   check_plan_matches_real_step(kFixtures + "/gpt_neox_sequential", kNeoxLora, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", kNf4AllLinear, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", kNf4PlainAbsmax, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", kNf4AllLinear, 2, 16);
 }
 
 // ~106M parameters each (57M in int8 linears, 49M in the f32 embeddings and
@@ -173,4 +185,31 @@ TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA at seq 2048, micro_batch 1 (CUDA polic
   CHECK(plan.int8_weight_bytes == size_t(44) * 12 * 6144 * 6144);
   // trl's recipe: 44 x 16 x (6144 + 18432) = 17,301,504 trainable f32 adapters.
   CHECK(plan.at_peak.current(MemCategory::adapters) == size_t(17301504) * 4);
+}
+
+TEST_CASE("plan: LLaMA-33B NF4 + LoRA r=64 on all linear layers at seq 2048 (CUDA policy)") {
+  const TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/llama-33b-nf4-lora.yaml");
+  const StepPlan plan = plan_step(config, PlanOptions{}, config.micro_batch_size, config.seq_len);
+  MESSAGE("33B NF4 plan: ", plan.total_bytes(), " bytes (", double(plan.total_bytes()) / double(1ull << 30),
+          " GiB incl. context reserve), peak at ", plan.where);
+  // Per layer 4 x 6656^2 + 3 x 6656 x 17920 linear weights, 60 layers.
+  const size_t linear_params = size_t(60) * (4 * 6656 * 6656 + 3 * size_t(6656) * 17920);
+  // 4 bits each; absmax double-quantised: 1 byte per 64, an f32 per 256 blocks, two 256-entry maps per weight.
+  CHECK(plan.nf4_weight_bytes == linear_params / 2);
+  const size_t blocks_per_layer = 4 * (6656 * 6656 / 64) + 3 * (6656 * 17920 / 64);
+  const size_t nested_per_layer = 4 * ((6656 * 6656 / 64 + 255) / 256) + 3 * ((6656 * 17920 / 64 + 255) / 256);
+  CHECK(plan.nf4_absmax_bytes == 60 * (blocks_per_layer + 4 * nested_per_layer + 7 * 256 * 4));
+  // QLoRA's recipe: r = 64 on q, k, v, o (6656 + 6656 each) and gate, up, down (6656 + 17920 each).
+  const size_t adapters = size_t(60) * 64 * (4 * (6656 + 6656) + 3 * (6656 + 17920));
+  CHECK(plan.at_peak.current(MemCategory::adapters) == adapters * 4);
+  // The 24 GiB card's budget is 22.5 GiB at seq 2048, micro_batch 1, context
+  // reserve included. The whole step does not fit it yet (26.49 GiB): the
+  // adapters' f32 weights, gradients and AdamW moments (487.6 M x 16 B = 7.27
+  // GiB) overflow it; everything else (NF4 base, activations, scratch) fits.
+  const MemoryStats& s = plan.at_peak;
+  const size_t training_state = s.current(MemCategory::adapters) + s.current(MemCategory::gradients) +
+                                s.current(MemCategory::optimizer);
+  CHECK(training_state == adapters * 16);
+  CHECK(plan.total_bytes() - training_state <= size_t(45) << 29);
+  CHECK(plan.total_bytes() > size_t(45) << 29);
 }

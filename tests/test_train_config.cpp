@@ -245,7 +245,7 @@ TEST_CASE("invalid enum values list the valid ones") {
         "configs/x.yaml:3: init: expected one of pretrained, random, got \"zeros\"");
   CHECK(error_of(base + "trainable: some\n") == "configs/x.yaml:3: trainable: expected one of lora, all, got \"some\"");
   CHECK(error_of(base + "quantization: {mode: int4}\n") ==
-        "configs/x.yaml:3: quantization.mode: expected one of int8, none, got \"int4\"");
+        "configs/x.yaml:3: quantization.mode: expected one of int8, nf4, none, got \"int4\"");
   CHECK(error_of(kMinimal, {"data.format=csv"}) ==
         "configs/x.yaml (--set data.format=csv): data.format: expected one of auto, prompt_completion, text, got "
         "\"csv\"");
@@ -263,7 +263,7 @@ TEST_CASE("out-of-range values") {
         "configs/x.yaml:3: lora.lora_dropout: expected a number in [0, 1), got \"-0.1\"");
   CHECK(error_of(base + "lora: {target_modules: []}\n") ==
         "configs/x.yaml:3: lora.target_modules: expected a non-empty list of module names such as [q_proj, "
-        "v_proj], got a list");
+        "v_proj], or all-linear, got a list");
   CHECK(error_of(base + "lr: 0\n") == "configs/x.yaml:3: lr: expected a number in (0, 10], got \"0\"");
   CHECK(error_of(base + "seq_len: 0\n") == "configs/x.yaml:3: seq_len: expected an integer in [1, 1048576], got \"0\"");
   CHECK(error_of(base + "micro_batch_size: 0\n") ==
@@ -345,7 +345,7 @@ TEST_CASE("rules across fields, required fields, and malformed input") {
   CHECK(error_of("model: m\n") == "configs/x.yaml: data.train: required (a JSONL file)");
   CHECK(error_of("") == "configs/x.yaml: model: required (a Hugging Face checkpoint folder)");
   CHECK(error_of(base + "trainable: all\n") ==
-        "configs/x.yaml: trainable: all needs quantization.mode: none (INT8 base weights are frozen)");
+        "configs/x.yaml: trainable: all needs quantization.mode: none (INT8 and NF4 base weights are frozen)");
   CHECK(error_of(base + "task_metric: rouge\n") ==
         "configs/x.yaml: task_metric: rouge needs data.eval (prompt/completion pairs to score)");
   CHECK(error_of(base + "lr: 1\nlr: 2\n") == "configs/x.yaml:4: duplicate key \"lr\"");
@@ -361,7 +361,7 @@ TEST_CASE("the key list matches the fields configs/README.md documents") {
   REQUIRE(readme.good());
   std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
   std::vector<std::string> keys = train_config_keys();
-  CHECK(keys.size() == 46);
+  CHECK(keys.size() == 47);
   for (const std::string& key : keys) {
     CAPTURE(key);
     CHECK(text.find("`" + key + "`") != std::string::npos);

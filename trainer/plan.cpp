@@ -68,6 +68,10 @@ void split_weights(StepPlan& plan, CausalLM& model) {
     if (p.value.dtype == DType::i8) {
       plan.int8_weight_bytes += p.value.size_bytes();
       plan.int8_scale_bytes += p.scales.size_bytes();
+    } else if (p.value.dtype == DType::u8) {
+      plan.nf4_weight_bytes += p.value.size_bytes();
+      plan.nf4_absmax_bytes += p.scales.size_bytes();
+      if (p.nested_map.defined()) plan.nf4_absmax_bytes += p.nested_absmax.size_bytes() + p.nested_map.size_bytes();
     } else {
       plan.dense_weight_bytes += p.value.size_bytes();
       plan.dense_weight_dtype = p.value.dtype;
@@ -111,7 +115,8 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   plan.micro_batch = micro_batch;
   plan.seq_len = seq_len;
   split_weights(plan, model);
-  FT_CHECK(plan.int8_weight_bytes + plan.int8_scale_bytes + plan.dense_weight_bytes ==
+  FT_CHECK(plan.int8_weight_bytes + plan.int8_scale_bytes + plan.nf4_weight_bytes + plan.nf4_absmax_bytes +
+                   plan.dense_weight_bytes ==
                watch.at_peak.current(MemCategory::weights),
            "plan: the weights category holds more than the model's parameters");
   plan.at_peak = watch.at_peak;
@@ -134,6 +139,10 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
                             dtype_name(plan.dense_weight_dtype);
   print_row("frozen int8 linear weights", plan.int8_weight_bytes);
   print_row("their f32 row scales", plan.int8_scale_bytes);
+  if (plan.nf4_weight_bytes > 0) {
+    print_row("frozen NF4 linear weights (4-bit codes)", plan.nf4_weight_bytes);
+    print_row("their block absmax (double-quantised: 8-bit + nested)", plan.nf4_absmax_bytes);
+  }
   print_row(dense.c_str(), plan.dense_weight_bytes);
   print_row("LoRA adapters (f32)", s.current(MemCategory::adapters));
   print_row("gradients (f32)", s.current(MemCategory::gradients));

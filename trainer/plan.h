@@ -30,6 +30,9 @@ struct StepPlan {
   int64_t micro_batch = 0, seq_len = 0;
   // The weights category split by kind (it does not change during a step).
   size_t int8_weight_bytes = 0, int8_scale_bytes = 0, dense_weight_bytes = 0;
+  // NF4: packed codes, and their absmax (with double quantisation: u8 codes,
+  // nested absmax and the 256-entry maps).
+  size_t nf4_weight_bytes = 0, nf4_absmax_bytes = 0;
   DType dense_weight_dtype = DType::f32;
   MemoryStats at_peak;        // the tracker (requested bytes per category) at the peak
   size_t peak_bytes = 0;      // held at the peak: requested bytes (cpu), size-class-rounded bytes (cuda)

@@ -29,7 +29,8 @@ struct Named {
 
 const Named<InitMode> kInitModes[] = {{"pretrained", InitMode::pretrained}, {"random", InitMode::random}};
 const Named<Trainable> kTrainables[] = {{"lora", Trainable::lora}, {"all", Trainable::all}};
-const Named<QuantMode> kQuantModes[] = {{"int8", QuantMode::int8}, {"none", QuantMode::none}};
+const Named<QuantMode> kQuantModes[] = {
+    {"int8", QuantMode::int8}, {"nf4", QuantMode::nf4}, {"none", QuantMode::none}};
 const Named<Precision> kPrecisions[] = {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}};
 const Named<DeviceChoice> kDevices[] = {
     {"auto", DeviceChoice::automatic}, {"cpu", DeviceChoice::cpu}, {"cuda", DeviceChoice::cuda}};
@@ -182,8 +183,11 @@ const Field kFields[] = {
      }},
     {"lora.target_modules",
      [](TrainConfig& c, const Value& v) {
-       c.lora.target_modules = v.strings();
-       v.require(!c.lora.target_modules.empty(), "a non-empty list of module names such as [q_proj, v_proj]");
+       // PEFT's "all-linear" is a plain string, not a list.
+       const bool all_linear = v.node.IsScalar() && v.node.Scalar() == kAllLinear;
+       c.lora.target_modules = all_linear ? std::vector<std::string>{kAllLinear} : v.strings();
+       v.require(!c.lora.target_modules.empty(),
+                 "a non-empty list of module names such as [q_proj, v_proj], or all-linear");
      }},
     {"lora.use_rslora", [](TrainConfig& c, const Value& v) { c.lora.use_rslora = v.boolean(); }},
     {"quantization.mode", [](TrainConfig& c, const Value& v) { c.quantization.mode = v.choice(kQuantModes); }},
@@ -192,6 +196,8 @@ const Field kFields[] = {
        c.quantization.threshold = v.number();
        v.require(c.quantization.threshold >= 0 && c.quantization.threshold <= kMaxScale, "a number in [0, 1e6]");
      }},
+    {"quantization.double_quant",
+     [](TrainConfig& c, const Value& v) { c.quantization.double_quant = v.boolean(); }},
     {"quantization.save_base", [](TrainConfig& c, const Value& v) { c.quantization.save_base = v.path(); }},
     {"precision", [](TrainConfig& c, const Value& v) { c.precision = v.choice(kPrecisions); }},
     {"device", [](TrainConfig& c, const Value& v) { c.device = v.choice(kDevices); }},
@@ -377,10 +383,10 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(!c.data.train.empty(), f, ": data.train: required (a JSONL file)");
   FT_CHECK(c.max_steps > 0 || c.epochs > 0, f, ": max_steps and epochs are both 0; set one of them > 0");
   checked_mul(checked_mul(c.micro_batch_size, c.seq_len), c.grad_accum_steps);  // tokens per optimizer step
-  FT_CHECK(!(c.trainable == Trainable::all && c.quantization.mode == QuantMode::int8), f,
-           ": trainable: all needs quantization.mode: none (INT8 base weights are frozen)");
-  FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode == QuantMode::int8, f,
-           ": quantization.save_base needs quantization.mode: int8 (it saves the INT8 base)");
+  FT_CHECK(!(c.trainable == Trainable::all && c.quantization.mode != QuantMode::none), f,
+           ": trainable: all needs quantization.mode: none (INT8 and NF4 base weights are frozen)");
+  FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode != QuantMode::none, f,
+           ": quantization.save_base needs quantization.mode: int8 or nf4 (it saves the quantised base)");
   FT_CHECK(c.task_metric == TaskMetric::none || !c.data.eval.empty(), f, ": task_metric: ", enum_name(c.task_metric),
            " needs data.eval (prompt/completion pairs to score)");
 }

@@ -18,7 +18,7 @@ namespace ft {
 
 enum class InitMode { pretrained, random };
 enum class Trainable { lora, all };
-enum class QuantMode { int8, none };
+enum class QuantMode { int8, nf4, none };
 enum class Precision { fp32, bf16 };
 enum class DeviceChoice { automatic, cpu, cuda };
 enum class Schedule { constant, linear, cosine };
@@ -27,6 +27,7 @@ enum class TaskMetric { none, rouge };
 struct QuantizationConfig {
   QuantMode mode = QuantMode::int8;
   double threshold = 6.0;  // LLM.int8() outlier threshold
+  bool double_quant = true;  // NF4: absmax constants double-quantised to 8 bits
   std::string save_base;   // resolved folder; "" = don't save the quantised base
 };
 

@@ -39,6 +39,8 @@ ModelOptions model_options(const TrainConfig& config) {
   options.activation_dtype = options.weight_dtype;  // bf16 mixed precision: bf16 activations too
   options.int8_base = config.quantization.mode == QuantMode::int8;
   options.int8_threshold = float(config.quantization.threshold);
+  options.nf4_base = config.quantization.mode == QuantMode::nf4;
+  options.nf4_double_quant = config.quantization.double_quant;
   options.activation_checkpointing = config.activation_checkpointing;
   options.loss_chunk_tokens = config.loss_chunk_tokens;
   if (config.trainable == Trainable::lora) options.lora = config.lora;

@@ -37,6 +37,7 @@ __device__ inline float load(ConstView x, int64_t i) {
     case DType::f16: return __half2float(static_cast<const __half*>(x.data)[i]);
     case DType::i8: return float(static_cast<const int8_t*>(x.data)[i]);
     case DType::i32: return float(static_cast<const int32_t*>(x.data)[i]);
+    case DType::u8: return float(static_cast<const uint8_t*>(x.data)[i]);
   }
   return 0.0f;
 }
@@ -51,6 +52,7 @@ __device__ inline void store(View x, int64_t i, float value) {
     case DType::f16: static_cast<__half*>(x.data)[i] = __float2half(value); break;
     case DType::i8: static_cast<int8_t*>(x.data)[i] = int8_t(value); break;
     case DType::i32: static_cast<int32_t*>(x.data)[i] = int32_t(value); break;
+    case DType::u8: static_cast<uint8_t*>(x.data)[i] = uint8_t(value); break;
   }
 }
 

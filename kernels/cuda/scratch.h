@@ -14,6 +14,7 @@
 
 #include "kernels/allocator.h"
 #include "kernels/int8_tiles.h"
+#include "kernels/nf4.h"
 #include "kernels/tensor.h"
 
 namespace ft::cuda {
@@ -142,6 +143,27 @@ inline Int8ForwardScratch int8_forward_scratch(int64_t N, int64_t K, int64_t O, 
 // backend); dx is written in place.
 inline ScratchTensor int8_backward_scratch(int64_t O, int64_t tile_columns, DType dout_dtype) {
   return {{O, tile_columns}, dout_dtype};
+}
+
+// ---- NF4 (QLoRA) ---------------------------------------------------------------
+
+// Backend::nf4_linear_forward on x [N, K] and an NF4 weight [O, K]: the
+// dequantised rows [tile_rows, K] in x's dtype, and, when the rows do not
+// cover all of O, one block of out [N, tile_rows] in out's dtype.
+struct Nf4Scratch {
+  ScratchTensor tile;
+  ScratchTensor block;  // empty shape {0}: out is written in place
+};
+inline Nf4Scratch nf4_forward_scratch(int64_t N, int64_t K, int64_t O, DType x_dtype, DType out_dtype) {
+  const int64_t rows = nf4_tile_rows(O, K);
+  return {{{rows, K}, x_dtype}, {{rows < O ? N : 0, rows}, out_dtype}};
+}
+// Backend::nf4_linear_backward: the dequantised columns [O, tile_columns] in
+// dout's dtype and, when they do not cover all of K, one block of dx
+// [N, tile_columns] in dx's dtype.
+inline Nf4Scratch nf4_backward_scratch(int64_t N, int64_t K, int64_t O, DType dout_dtype, DType dx_dtype) {
+  const int64_t columns = int8_backward_tile_columns(O, K);
+  return {{{O, columns}, dout_dtype}, {{columns < K ? N : 0, columns}, dx_dtype}};
 }
 
 // ---- optimizer -----------------------------------------------------------------

@@ -228,6 +228,11 @@ void MetaBackend::int8_linear_backward_impl(Tensor&, const Tensor& dout, const T
   Tensor dx_block = empty({N, columns}, DType::f32, MemCategory::workspace);
 }
 
+// Scratch-free: the tiles it fills are nf4_linear_*'s, allocated by them.
+void MetaBackend::nf4_dequantize_impl(Tensor&, const Nf4Weight& weight, int64_t, int64_t) {
+  enter("nf4_dequantize", {weight.codes});
+}
+
 void MetaBackend::dropout_forward_impl(Tensor&, const Tensor&, float, uint64_t) { enter("dropout_forward", {}); }
 
 void MetaBackend::dropout_backward_impl(Tensor&, const Tensor&, float, uint64_t) {
