@@ -23,6 +23,13 @@ using ft::testing::read;
 
 namespace {
 
+// A parameter with only its name set (value and grad assigned by the test).
+Parameter named(const std::string& name) {
+  Parameter p;
+  p.name = name;
+  return p;
+}
+
 // A trainable f32 parameter whose gradient starts at `grad` (checks +=).
 void make_trainable(CpuBackend& backend, Parameter& p, const Shape& shape, const std::vector<float>& value,
                     const std::vector<float>& grad) {
@@ -106,8 +113,10 @@ TEST_CASE("LoraLinear forward and backward match float64 over a dense and an int
                      dout = gaussian(s.N * s.out, 1.0f, 5), dA0 = gaussian(s.r * s.in, 1.0f, 6),
                      dB0 = gaussian(s.out * s.r, 1.0f, 7), dx0 = gaussian(s.N * s.in, 1.0f, 8);
   Tensor xt = make(backend, {2, 5, s.in}, x), dout_t = make(backend, {2, 5, s.out}, dout);
-  Parameter dense_w{"q_proj.weight", make(backend, {s.out, s.in}, w), {}, {}};
-  Parameter int8_w{"q_proj.weight", {}, {}, {}};
+  Parameter dense_w;
+  dense_w.name = "q_proj.weight";
+  dense_w.value = make(backend, {s.out, s.in}, w);
+  Parameter int8_w = named("q_proj.weight");
   quantize_parameter(backend, int8_w, make(backend, {s.out, s.in}, w));
   REQUIRE(int8_w.value.dtype == DType::i8);
   REQUIRE(int8_w.scales.shape == Shape{s.out});
@@ -133,7 +142,7 @@ TEST_CASE("LoraLinear forward and backward match float64 over a dense and an int
           base_y = matmul_nt(xs, [&](int64_t o, int64_t k) { return double(w[size_t(o * s.in + k)]); }, s.N, s.in, s.out);
           base_dx = matmul_nt(ds, [&](int64_t k, int64_t o) { return double(w[size_t(o * s.in + k)]); }, s.N, s.out, s.in);
         }
-        Parameter lora_A{"lora_A.weight", {}, {}, {}}, lora_B{"lora_B.weight", {}, {}, {}};
+        Parameter lora_A = named("lora_A.weight"), lora_B = named("lora_B.weight");
         make_trainable(backend, lora_A, {s.r, s.in}, A, dA0);
         make_trainable(backend, lora_B, {s.out, s.r}, B, dB0);
         std::unique_ptr<Linear> base;
@@ -170,8 +179,10 @@ TEST_CASE("LoraLinear dA and dB match finite differences with dropout") {
   const Sizes s{6, 11, 7, 3};
   const float scaling = lora_scaling(16.0, s.r, true);
   std::vector<float> x = gaussian(s.N * s.in, 1.0f, 11), dout = gaussian(s.N * s.out, 1.0f, 12);
-  Parameter w{"v_proj.weight", make(backend, {s.out, s.in}, gaussian(s.out * s.in, 0.1f, 13)), {}, {}};
-  Parameter lora_A{"lora_A.weight", {}, {}, {}}, lora_B{"lora_B.weight", {}, {}, {}};
+  Parameter w;
+  w.name = "v_proj.weight";
+  w.value = make(backend, {s.out, s.in}, gaussian(s.out * s.in, 0.1f, 13));
+  Parameter lora_A = named("lora_A.weight"), lora_B = named("lora_B.weight");
   make_trainable(backend, lora_A, {s.r, s.in}, gaussian(s.r * s.in, 0.3f, 14), std::vector<float>(s.r * s.in, 0.0f));
   make_trainable(backend, lora_B, {s.out, s.r}, gaussian(s.out * s.r, 0.3f, 15), std::vector<float>(s.out * s.r, 0.0f));
   LoraLinear layer(std::make_unique<DenseLinear>(w), lora_A, lora_B, scaling, 0.3f);
@@ -208,8 +219,11 @@ TEST_CASE("init_lora_parameters: A kaiming-uniform within 1/sqrt(in), B zero, so
   HostAllocator host;
   CpuBackend backend(host);
   const int64_t in = 300, out = 40, r = 8;
-  Parameter lora_A{"lora_A.weight", backend.empty({r, in}, DType::f32, MemCategory::adapters), {}, {}};
-  Parameter lora_B{"lora_B.weight", make(backend, {out, r}, gaussian(out * r, 1.0f, 21)), {}, {}};
+  Parameter lora_A = named("lora_A.weight");
+  lora_A.value = backend.empty({r, in}, DType::f32, MemCategory::adapters);
+  Parameter lora_B;
+  lora_B.name = "lora_B.weight";
+  lora_B.value = make(backend, {out, r}, gaussian(out * r, 1.0f, 21));
   init_lora_parameters(backend, lora_A, lora_B, 7);
   std::vector<float> A = read(lora_A.value);
   const float bound = 1.0f / std::sqrt(float(in));
@@ -227,7 +241,11 @@ TEST_CASE("init_lora_parameters: A kaiming-uniform within 1/sqrt(in), B zero, so
   init_lora_parameters(backend, lora_A, lora_B, 8);
   CHECK(read(lora_A.value) != A);  // another seed, other values
 
-  Parameter w{"q_proj.weight", make(backend, {out, in}, gaussian(out * in, 0.1f, 22)), {}, {}};
+  Parameter w;
+
+  w.name = "q_proj.weight";
+
+  w.value = make(backend, {out, in}, gaussian(out * in, 0.1f, 22));
   Tensor x = make(backend, {5, in}, gaussian(5 * in, 1.0f, 23));
   Tensor base_y = backend.empty({5, out}, DType::f32, MemCategory::activations);
   Tensor y = backend.empty({5, out}, DType::f32, MemCategory::activations);
