@@ -114,8 +114,9 @@ void read_llama_variant(const json& config, ModelConfig& result, const std::stri
   } else if (result.model_type == "qwen2") {
     // Qwen2Attention: q/k/v always with bias, o_proj and the MLP without.
     result.attention_bias = true;
-    // Sliding layers are those from max_window_layers on, with their own
-    // masks: not implemented, so refused rather than run as full attention.
+    // With use_sliding_window, layers from max_window_layers on attend within
+    // a window of their own; we refuse such a config rather than run those
+    // layers as full attention (released Qwen2/2.5 checkpoints set it false).
     FT_CHECK(!optional_value<bool>(config, "use_sliding_window", false, source), source,
              ": use_sliding_window true is not supported for qwen2 (expected false)");
   } else {  // mistral: no biases, every layer in the window (null: none)
