@@ -39,21 +39,27 @@ AdamWScalars scalars_of(const AdamWStep& s) {
 
 float decay_of(const AdamWStep& s) { return float(1.0 - double(s.lr) * double(s.weight_decay)); }
 
+// Every product, sum and quotient below is rounded on its own (__fmul_rn and
+// friends), as the CPU reference writes them: left to itself nvcc contracts
+// a * b + c into one FMA where the surrounding code lets it, and did so
+// differently in adamw_kernel and adamw_many_kernel on an H100, so the two
+// launches gave results that differed in the last bit.
 // torch.lerp: for small weights start + w * (end - start), otherwise end - (end - start) * (1 - w).
 __device__ inline float torch_lerp(float start, float end, float w) {
-  return w < 0.5f ? fmaf(w, end - start, start) : end - (end - start) * (1.0f - w);
+  const float difference = __fsub_rn(end, start);
+  return w < 0.5f ? __fmaf_rn(w, difference, start) : __fsub_rn(end, __fmul_rn(difference, __fsub_rn(1.0f, w)));
 }
 
 __device__ inline void adamw_element(float* param, const float* grad, float* m, float* v, const AdamWScalars& s,
                                      float decay, int64_t i) {
-  float g = grad[i] * s.grad_scale;
-  float p = param[i] * decay;
+  float g = __fmul_rn(grad[i], s.grad_scale);
+  float p = __fmul_rn(param[i], decay);
   float m1 = torch_lerp(m[i], g, s.lerp_weight);
-  float m2 = v[i] * s.beta2 + s.one_minus_beta2 * g * g;
+  float m2 = __fadd_rn(__fmul_rn(v[i], s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
   m[i] = m1;
   v[i] = m2;
-  float denom = sqrtf(m2) / s.bias_correction2_sqrt + s.eps;
-  param[i] = p + -s.step_size * (m1 / denom);
+  float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(m2), s.bias_correction2_sqrt), s.eps);
+  param[i] = __fadd_rn(p, __fmul_rn(-s.step_size, __fdiv_rn(m1, denom)));
 }
 
 // The last of count entries (sorted by first_block, the first at 0) whose
