@@ -27,9 +27,12 @@ class AttentionEngine {
                         const Tensor& v, const Tensor& out, const Tensor& lse, float scale, CUstream_st* stream) = 0;
 };
 
-// cuDNN SDPA where this build has it (nvcc with the cudnn-frontend headers),
-// else null. allocator provides the engine's per-call workspace.
+// cuDNN SDPA where this build has it (nvcc with the cudnn-frontend headers)
+// and the environment does not say FT_ATTENTION_ENGINE=ours, else null.
+// allocator provides the engine's per-call workspace.
 std::unique_ptr<AttentionEngine> make_library_attention(Allocator& allocator);
+// False where FT_ATTENTION_ENGINE=ours; throws on a value other than auto or ours.
+bool library_attention_wanted();
 // Whether make_library_attention returns an engine in this build.
 bool library_attention_built();
 

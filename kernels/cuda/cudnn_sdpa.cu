@@ -18,18 +18,37 @@
 // charge (kernels/meta/) is what a step holds.
 #include "kernels/cuda/attention_engine.h"
 
+#include <cstdlib>
+#include <string>
+
+#include "kernels/error.h"
+
+namespace ft::cuda {
+
+// FT_ATTENTION_ENGINE=ours keeps cuDNN out of a run. compute-sanitizer's
+// racecheck and synccheck cannot follow cuDNN's Hopper kernels (on an H100
+// they report hazards and overflow their barrier table inside cuDNN's own
+// code), so scripts/gpu_check checks our kernels with it.
+bool library_attention_wanted() {
+  const char* engine = std::getenv("FT_ATTENTION_ENGINE");
+  if (engine == nullptr || std::string(engine) == "auto") return true;
+  FT_CHECK(std::string(engine) == "ours", "FT_ATTENTION_ENGINE is '", engine,
+           "'; expected 'auto' (cuDNN SDPA where built, else ours) or 'ours'");
+  return false;
+}
+
+}  // namespace ft::cuda
+
 #if defined(__CUDACC__) && defined(FT_HAVE_CUDNN_FRONTEND)
 
 #include <cudnn_frontend.h>
 
 #include <cstdio>
 #include <map>
-#include <string>
 #include <tuple>
 #include <unordered_map>
 
 #include "kernels/cuda/scratch.h"
-#include "kernels/error.h"
 #include "kernels/op_checks.h"
 
 namespace ft::cuda {
@@ -144,7 +163,7 @@ class CudnnSdpa final : public AttentionEngine {
     std::shared_ptr<fe::graph::Graph> g = describe(p);
     int64_t workspace_bytes = 0;
     fe::error_t status = build(*g, handle_, workspace_bytes);
-    const size_t budget = sdpa_workspace_budget_bytes(p.batch, p.q_heads, p.seq, p.head_dim, p.backward);
+    const size_t budget = sdpa_workspace_budget_bytes(p.batch, p.q_heads, p.kv_heads, p.seq, p.head_dim, p.backward);
     std::string why = status.is_good() ? "" : status.get_message();
     if (status.is_good() && size_t(workspace_bytes) > budget)
       why = "workspace " + std::to_string(workspace_bytes) + " bytes over the budget " + std::to_string(budget);
@@ -159,7 +178,7 @@ class CudnnSdpa final : public AttentionEngine {
     if (p.batch == 0 || p.seq == 0 || p.q_heads == 0) return false;
     fe::graph::Graph* g = graph(p);
     if (!g) return false;
-    const ScratchTensor sizes = sdpa_workspace_scratch(p.batch, p.q_heads, p.seq, p.head_dim, p.backward);
+    const ScratchTensor sizes = sdpa_workspace_scratch(p.batch, p.q_heads, p.kv_heads, p.seq, p.head_dim, p.backward);
     Tensor workspace = Tensor::empty(sizes.shape, sizes.dtype, allocator_, MemCategory::workspace);
     const cudnnStatus_t stream_status = cudnnSetStream(handle_, stream);
     FT_CHECK(stream_status == CUDNN_STATUS_SUCCESS, "cuDNN: cudnnSetStream failed: ",
@@ -192,6 +211,7 @@ class CudnnSdpa final : public AttentionEngine {
 // A cuDNN that cannot start (library missing or too old for the driver)
 // leaves our kernels running, with a warning rather than a failed backend.
 std::unique_ptr<AttentionEngine> make_library_attention(Allocator& allocator) {
+  if (!library_attention_wanted()) return nullptr;
   cudnnHandle_t handle = nullptr;
   const cudnnStatus_t status = cudnnCreate(&handle);
   if (status != CUDNN_STATUS_SUCCESS) {
@@ -209,7 +229,10 @@ bool library_attention_built() { return true; }
 
 namespace ft::cuda {
 
-std::unique_ptr<AttentionEngine> make_library_attention(Allocator&) { return nullptr; }
+std::unique_ptr<AttentionEngine> make_library_attention(Allocator&) {
+  library_attention_wanted();  // a misspelt FT_ATTENTION_ENGINE is refused in every build
+  return nullptr;
+}
 bool library_attention_built() { return false; }
 
 }  // namespace ft::cuda

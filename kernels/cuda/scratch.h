@@ -102,16 +102,24 @@ inline AttentionBackwardScratch attention_backward_scratch(const Tensor& q, cons
 }
 
 // The workspace the library attention engine (cuDNN SDPA, attention_engine.h)
-// takes per call, whatever cuDNN asks for up to it: forward two f32 [B, Hq, T]
-// rows, backward also an f32 [B, Hq, T, D] accumulator (dQ). A problem whose
+// takes per call, whatever cuDNN asks for up to it. Forward: two f32
+// [B, Hq, T] rows. Backward: an f32 [B, Hq, T, D] dQ accumulator and an f32
+// [B, Hq, T] row, and with grouped-query heads also dK and dV in bf16 per
+// query head ([B, Hq, T, D] each), which cuDNN sums into the kv heads. On an
+// H100 (cuDNN 9, B=2 T=77 Hq=8 Hkv=2 D=64) it asked for exactly those bytes
+// plus 272; kSdpaWorkspaceSlackBytes covers such alignment. A problem whose
 // cuDNN plan wants more runs on our kernels instead.
-inline size_t sdpa_workspace_budget_bytes(int64_t batch, int64_t q_heads, int64_t seq, int64_t head_dim,
-                                          bool backward) {
-  return size_t(batch * q_heads * seq * ((backward ? head_dim : 0) + 2)) * sizeof(float);
+inline constexpr size_t kSdpaWorkspaceSlackBytes = 4096;
+inline size_t sdpa_workspace_budget_bytes(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t seq,
+                                          int64_t head_dim, bool backward) {
+  const size_t rows = size_t(batch * q_heads * seq);
+  if (!backward) return rows * 2 * sizeof(float) + kSdpaWorkspaceSlackBytes;
+  const size_t grouped_grads = kv_heads < q_heads ? 2 * rows * size_t(head_dim) * 2 : 0;
+  return rows * size_t(head_dim + 1) * sizeof(float) + grouped_grads + kSdpaWorkspaceSlackBytes;
 }
-inline ScratchTensor sdpa_workspace_scratch(int64_t batch, int64_t q_heads, int64_t seq, int64_t head_dim,
-                                            bool backward) {
-  return {{int64_t(sdpa_workspace_budget_bytes(batch, q_heads, seq, head_dim, backward))}, DType::i8};
+inline ScratchTensor sdpa_workspace_scratch(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t seq,
+                                            int64_t head_dim, bool backward) {
+  return {{int64_t(sdpa_workspace_budget_bytes(batch, q_heads, kv_heads, seq, head_dim, backward))}, DType::i8};
 }
 
 // ---- LLM.int8() --------------------------------------------------------------

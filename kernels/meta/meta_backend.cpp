@@ -173,7 +173,7 @@ void MetaBackend::attention_forward_impl(Tensor&, Tensor&, const Tensor& q, cons
   enter("attention_forward", {});
   const checks::AttentionShape s = checks::attention_shape(q, k);
   if (library_attention_ && q.dtype == DType::bf16 && sliding_window == 0)
-    Tensor workspace = cuda_scratch(cuda::sdpa_workspace_scratch(s.batch, s.q_heads, s.seq, s.head_dim, false));
+    Tensor workspace = cuda_scratch(cuda::sdpa_workspace_scratch(s.batch, s.q_heads, s.kv_heads, s.seq, s.head_dim, false));
 }
 
 void MetaBackend::attention_backward_impl(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor& q,
@@ -182,7 +182,7 @@ void MetaBackend::attention_backward_impl(Tensor&, Tensor&, Tensor&, const Tenso
   enter("attention_backward", {});
   const checks::AttentionShape s = checks::attention_shape(q, k);
   if (library_attention_ && q.dtype == DType::bf16 && sliding_window == 0) {
-    Tensor workspace = cuda_scratch(cuda::sdpa_workspace_scratch(s.batch, s.q_heads, s.seq, s.head_dim, true));
+    Tensor workspace = cuda_scratch(cuda::sdpa_workspace_scratch(s.batch, s.q_heads, s.kv_heads, s.seq, s.head_dim, true));
     return;
   }
   const cuda::AttentionBackwardScratch sizes = cuda::attention_backward_scratch(q, k, v);

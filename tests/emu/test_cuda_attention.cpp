@@ -38,6 +38,10 @@ using namespace cuda_test;
 
 namespace {
 
+// Our kernels, never cuDNN: on a real GPU the shared backend hands bf16
+// problems to cuDNN SDPA (test_cuda_attention_engine compares it with these).
+CudaBackend ours(device_allocator, cuda::default_gemm_kind(), /*library_attention=*/false);
+
 struct AttentionCase {
   int64_t batch, seq, q_heads, kv_heads, head_dim;
   DType q, kv, grad;  // q/out/dout dtype, k/v dtype, dq/dk/dv dtype
@@ -102,10 +106,10 @@ void run_case(const AttentionCase& c) {
   std::vector<float> got = emu_test::same_under_schedules([&] {
     Tensor gq = to_device(q), gk = to_device(k), gv = to_device(v), gdout = to_device(dout);
     Tensor gout = device_empty(q.shape, c.q), glse = device_empty({B, Hq, T}, DType::f32);
-    gpu.attention_forward(gout, glse, gq, gk, gv, scale, c.window);
+    ours.attention_forward(gout, glse, gq, gk, gv, scale, c.window);
     Tensor gdq = device_empty(q.shape, c.grad), gdk = device_empty(k.shape, c.grad);
     Tensor gdv = device_empty(v.shape, c.grad);
-    gpu.attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, to_device(out), to_device(lse), scale, c.window);
+    ours.attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, to_device(out), to_device(lse), scale, c.window);
     return values({&gout, &glse, &gdq, &gdk, &gdv});
   });
   size_t at = 0;

@@ -63,7 +63,7 @@ void check_plan_matches_cuda_step(const std::string& model, const std::string& e
   PlanOptions options;
   options.gemm_workspace_bytes = cuda::default_gemm_kind() == cuda::GemmKind::cublaslt
                                      ? cuda::kCublasLtWorkspaceBytes : 0;
-  options.library_attention = cuda::library_attention_built();
+  options.library_attention = cuda::library_attention_built() && cuda::library_attention_wanted();
   const int64_t batch = 2, seq = 24;
   const StepPlan plan = plan_step(config, options, batch, seq);
   const size_t measured = measured_step_peak(config, batch, seq);
