@@ -193,7 +193,7 @@ json measure_ops(Backend& backend, const Ceilings& ceilings) {
   json rows = json::array();
   for (const OpCase& op : ops) {
     rows.push_back(measure_op(op, ceilings));
-    std::cout << rows.back().dump() << "\n";
+    std::cout << rows.back().dump() << std::endl;
   }
   return rows;
 }
@@ -281,7 +281,7 @@ int run(int argc, char** argv) {
     const Ceilings ceilings = measure_ceilings(backend);
     report["ceilings"] = {{"copy_gb_per_s", ceilings.bytes_per_s / 1e9},
                           {"bf16_gemm_tflops", ceilings.flops_per_s / 1e12}};
-    std::cout << report.dump() << "\n";
+    std::cout << report.dump() << std::endl;
     report["ops"] = measure_ops(backend, ceilings);
     caching.release_cached();  // the training runs bring their own allocators
     report["training"] = json::array();
@@ -292,7 +292,7 @@ int run(int argc, char** argv) {
       } catch (const Error& error) {
         row = {{"config", argv[i]}, {"error", error.what()}};
       }
-      std::cout << row.dump() << "\n";
+      std::cout << row.dump() << std::endl;
       report["training"].push_back(row);
     }
   }
