@@ -85,6 +85,7 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   const ModelConfig model_config =
       ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
   MetaAllocator meta;
+  TrackingAllocator host_state(meta);  // offloaded optimizer state: host memory, not the device's
   CachingModelAllocator caching;
   const bool cuda = options.policy == MemoryPolicy::cuda;
   TrackingAllocator tracker(cuda ? static_cast<Allocator&>(caching) : meta);
@@ -95,7 +96,8 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   // As a run builds it, minus reading weights: the meta device has no values.
   watch.phase = "model weights";
   TrainingSetup setup = setup_training(config, model_config, backend,
-                                       [&](CausalLM&) { watch.phase = "gradients and optimizer state"; });
+                                       [&](CausalLM&) { watch.phase = "gradients and optimizer state"; },
+                                       &host_state);
   CausalLM& model = *setup.model;
 
   // One micro-batch of train_step: every target counts, so nothing is skipped.
@@ -124,6 +126,8 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   plan.reserved_bytes = cuda ? caching.reserved_bytes() : 0;
   plan.context_bytes = cuda ? options.context_reserve_bytes : 0;
   plan.where = describe_peak(watch, model);
+  if (!model.adapters().empty()) plan.adapter_dtype = model.adapters().front().value.dtype;
+  plan.host_optimizer_bytes = host_state.stats().current(MemCategory::optimizer);
   return plan;
 }
 
@@ -144,9 +148,12 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
     print_row("their block absmax (double-quantised: 8-bit + nested)", plan.nf4_absmax_bytes);
   }
   print_row(dense.c_str(), plan.dense_weight_bytes);
-  print_row("LoRA adapters (f32)", s.current(MemCategory::adapters));
+  print_row((std::string("LoRA adapters (") + dtype_name(plan.adapter_dtype) + ")").c_str(),
+            s.current(MemCategory::adapters));
   print_row("gradients (f32)", s.current(MemCategory::gradients));
-  print_row("optimizer state (AdamW m, v, f32 masters)", s.current(MemCategory::optimizer));
+  print_row(plan.host_optimizer_bytes ? "optimizer state on the device (none: offloaded)"
+                                      : "optimizer state (AdamW m, v, f32 masters)",
+            s.current(MemCategory::optimizer));
   print_row("activations (saved for backward + the live layer + logits)", s.current(MemCategory::activations));
   print_row(options.policy == MemoryPolicy::cuda ? "workspace (cuBLASLt 32 MiB, int8 scratch, dequant tiles)"
                                                  : "workspace (int8 dequant tiles)",
@@ -162,6 +169,10 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
   if (options.policy == MemoryPolicy::cuda)
     std::printf("  reserved by the caching allocator after the step (cache never flushed): %s\n",
                 format_bytes(plan.reserved_bytes + plan.context_bytes).c_str());
+  if (plan.host_optimizer_bytes)
+    std::printf("  host memory (offload.optimizer: host): AdamW m, v and f32 masters %s; PCIe %s each way per "
+                "optimizer step\n",
+                format_bytes(plan.host_optimizer_bytes).c_str(), format_bytes(plan.host_optimizer_bytes).c_str());
 }
 
 }  // namespace

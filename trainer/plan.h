@@ -34,6 +34,10 @@ struct StepPlan {
   // nested absmax and the 256-entry maps).
   size_t nf4_weight_bytes = 0, nf4_absmax_bytes = 0;
   DType dense_weight_dtype = DType::f32;
+  DType adapter_dtype = DType::f32;
+  // offload.optimizer: host: AdamW's m, v and f32 masters in host memory
+  // (not part of peak_bytes).
+  size_t host_optimizer_bytes = 0;
   MemoryStats at_peak;        // the tracker (requested bytes per category) at the peak
   size_t peak_bytes = 0;      // held at the peak: requested bytes (cpu), size-class-rounded bytes (cuda)
   size_t reserved_bytes = 0;  // cuda: what the caching allocator has cudaMalloc'd after the step
