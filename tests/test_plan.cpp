@@ -217,3 +217,42 @@ TEST_CASE("plan: LLaMA-33B NF4 + LoRA r=64 on all linear layers at seq 2048 (CUD
   CHECK(plan.total_bytes() <= size_t(45) << 29);
   CHECK(plan.total_bytes() == 23568419840);
 }
+
+// --gpu-mem's mode table on a 24 GiB card: the 33B step fits only with the
+// NF4 base and AdamW's state on the host, and then at seq 2048 with
+// micro_batch 1 and no more; NF4 with resident state is the 26.49 GiB plan
+// this config had before offloading.
+TEST_CASE("plan: the best mode for LLaMA-33B on a 24 GiB card is nf4 with the optimizer state on the host") {
+  const TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/llama-33b-nf4-lora.yaml");
+  const std::vector<ModeFit> modes = fit_modes(config, PlanOptions{});
+  REQUIRE(modes.size() == 6);
+  for (const ModeFit& fit : modes) {
+    CAPTURE(mode_name(fit.mode));
+    const bool nf4_host = fit.mode.quantization == QuantMode::nf4 && fit.mode.optimizer == OffloadTarget::host;
+    CHECK(fit.fits == nf4_host);
+    CHECK(fit.largest_seq_len == (nf4_host ? 2048 : 0));
+    CHECK(fit.largest_micro_batch == (nf4_host ? 1 : 0));
+  }
+  CHECK(mode_name(modes[5].mode) == "nf4, optimizer state on the host");
+  CHECK(modes[5].bytes == 23568419840);
+  CHECK(modes[4].bytes == 28447509504);
+}
+
+TEST_CASE("plan: a bare config.json plans as a bf16 LoRA run at seq 2048") {
+  const TrainConfig config =
+      plan_config_for_model(std::string(FT_SOURCE_DIR) + "/configs/llama-2-7b/config.json", {"lora.r=16"});
+  CHECK(config.precision == Precision::bf16);
+  CHECK(config.activation_checkpointing == ActivationCheckpointing::per_layer);
+  CHECK(config.seq_len == 2048);
+  CHECK(config.micro_batch_size == 1);
+  CHECK(config.lora.r == 16);
+  // The model folder works as well as its config.json.
+  CHECK(plan_config_for_model(std::string(FT_SOURCE_DIR) + "/configs/tiny-base", {}).seq_len == 512);
+  // Llama-2-7B on 24 GiB: a bf16 base fits (13.5 GB of weights), so it is the best mode.
+  const std::vector<ModeFit> modes = fit_modes(config, PlanOptions{});
+  CHECK(modes[0].mode.quantization == QuantMode::none);
+  CHECK(modes[0].fits);
+  CHECK(modes[0].largest_seq_len == 4096);
+  CHECK_THROWS_WITH_AS(plan_config_for_model(std::string(FT_SOURCE_DIR) + "/configs/nothing.json", {}),
+                       doctest::Contains("nothing.json"), Error);
+}
