@@ -218,6 +218,32 @@ TEST_CASE("plan: LLaMA-33B NF4 + LoRA r=64 on all linear layers at seq 2048 (CUD
   CHECK(plan.total_bytes() == 23568419840);
 }
 
+TEST_CASE("plan: Llama-2-70B NF4 + LoRA r=64 on all linear layers at seq 2048 on a 48 GiB card (CUDA policy)") {
+  const TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/llama-2-70b-nf4-lora.yaml");
+  const StepPlan plan = plan_step(config, PlanOptions{}, config.micro_batch_size, config.seq_len);
+  MESSAGE("70B NF4 plan: ", plan.total_bytes(), " bytes (", double(plan.total_bytes()) / double(1ull << 30),
+          " GiB incl. context reserve), peak at ", plan.where);
+  // Per layer q, o [8192, 8192], k, v [1024, 8192] (8 KV heads of 128), gate, up, down 8192 x 28672; 80 layers.
+  const size_t q = size_t(8192) * 8192, kv = size_t(1024) * 8192, mlp = size_t(8192) * 28672;
+  CHECK(plan.nf4_weight_bytes == 80 * (2 * q + 2 * kv + 3 * mlp) / 2);
+  auto blocks = [](size_t weights) { return weights / 64; };
+  auto nested = [](size_t weights) { return (weights / 64 + 255) / 256; };
+  const size_t absmax_per_layer = 2 * blocks(q) + 2 * blocks(kv) + 3 * blocks(mlp) +
+                                  4 * (2 * nested(q) + 2 * nested(kv) + 3 * nested(mlp)) + 7 * 256 * 4;
+  CHECK(plan.nf4_absmax_bytes == 80 * absmax_per_layer);
+  // r = 64 on q, o (8192 + 8192), k, v (8192 + 1024) and gate, up, down (8192 + 28672).
+  const size_t adapters = size_t(80) * 64 * (2 * (8192 + 8192) + 2 * (8192 + 1024) + 3 * (8192 + 28672));
+  CHECK(adapters == 828375040);
+  const MemoryStats& s = plan.at_peak;
+  CHECK(s.current(MemCategory::adapters) == adapters * 2);
+  CHECK(s.current(MemCategory::gradients) == adapters * 4);
+  CHECK(s.current(MemCategory::optimizer) == 0);
+  CHECK(plan.host_optimizer_bytes == adapters * 12);
+  // A 48 GB card's budget, with the 24 GiB card's margin: 45 GiB, context reserve included.
+  CHECK(plan.total_bytes() <= size_t(45) << 30);
+  CHECK(plan.total_bytes() == 45872889856);
+}
+
 // --gpu-mem's mode table on a 24 GiB card: the 33B step fits only with the
 // NF4 base and AdamW's state on the host, and then at seq 2048 with
 // micro_batch 1 and no more; NF4 with resident state is the 26.49 GiB plan
