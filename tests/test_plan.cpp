@@ -191,6 +191,16 @@ TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA at seq 2048, micro_batch 1 (CUDA polic
   CHECK(plan.at_peak.current(MemCategory::adapters) == size_t(17301504) * 4);
 }
 
+// offload.optimizer: host: the device keeps bf16 adapters (2 B) and f32
+// gradients (4 B); m, v and the f32 masters (12 B) are in host memory.
+static void check_offloaded_adapter_state(const StepPlan& plan, size_t adapters) {
+  const MemoryStats& s = plan.at_peak;
+  CHECK(s.current(MemCategory::adapters) == adapters * 2);
+  CHECK(s.current(MemCategory::gradients) == adapters * 4);
+  CHECK(s.current(MemCategory::optimizer) == 0);
+  CHECK(plan.host_optimizer_bytes == adapters * 12);
+}
+
 TEST_CASE("plan: LLaMA-33B NF4 + LoRA r=64 on all linear layers at seq 2048 (CUDA policy)") {
   const TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/llama-33b-nf4-lora.yaml");
   const StepPlan plan = plan_step(config, PlanOptions{}, config.micro_batch_size, config.seq_len);
@@ -206,13 +216,7 @@ TEST_CASE("plan: LLaMA-33B NF4 + LoRA r=64 on all linear layers at seq 2048 (CUD
   // QLoRA's recipe: r = 64 on q, k, v, o (6656 + 6656 each) and gate, up, down (6656 + 17920 each).
   const size_t adapters = size_t(60) * 64 * (4 * (6656 + 6656) + 3 * (6656 + 17920));
   CHECK(adapters == 487587840);
-  // offload.optimizer: host: the device keeps bf16 adapters (2 B) and f32
-  // gradients (4 B); m, v and the f32 masters (12 B) are in host memory.
-  const MemoryStats& s = plan.at_peak;
-  CHECK(s.current(MemCategory::adapters) == adapters * 2);
-  CHECK(s.current(MemCategory::gradients) == adapters * 4);
-  CHECK(s.current(MemCategory::optimizer) == 0);
-  CHECK(plan.host_optimizer_bytes == adapters * 12);
+  check_offloaded_adapter_state(plan, adapters);
   // The 24 GiB card's budget: 22.5 GiB at seq 2048, micro_batch 1, context reserve included.
   CHECK(plan.total_bytes() <= size_t(45) << 29);
   CHECK(plan.total_bytes() == 23568419840);
@@ -234,11 +238,7 @@ TEST_CASE("plan: Llama-2-70B NF4 + LoRA r=64 on all linear layers at seq 2048 on
   // r = 64 on q, o (8192 + 8192), k, v (8192 + 1024) and gate, up, down (8192 + 28672).
   const size_t adapters = size_t(80) * 64 * (2 * (8192 + 8192) + 2 * (8192 + 1024) + 3 * (8192 + 28672));
   CHECK(adapters == 828375040);
-  const MemoryStats& s = plan.at_peak;
-  CHECK(s.current(MemCategory::adapters) == adapters * 2);
-  CHECK(s.current(MemCategory::gradients) == adapters * 4);
-  CHECK(s.current(MemCategory::optimizer) == 0);
-  CHECK(plan.host_optimizer_bytes == adapters * 12);
+  check_offloaded_adapter_state(plan, adapters);
   // A 48 GB card's budget, with the 24 GiB card's margin: 45 GiB, context reserve included.
   CHECK(plan.total_bytes() <= size_t(45) << 30);
   CHECK(plan.total_bytes() == 45872889856);
