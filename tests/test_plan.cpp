@@ -108,6 +108,24 @@ const std::string kNf4OffloadedAdamW =
 const std::string kNf4PlainAbsmax =
     "quantization: {mode: nf4, double_quant: false}\nlora: {r: 4, target_modules: [q_proj, down_proj]}\n";
 
+struct PlanRun {
+  int exit_status = -1;  // -1: did not exit normally
+  std::string output;    // stdout and stderr
+};
+
+// `finetune plan ARGS` through the binary.
+PlanRun run_plan(const std::string& args) {
+  const std::string command = std::string("timeout -k 10 120 ") + FT_FINETUNE_BINARY + " plan " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe);
+  PlanRun run;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) run.output.append(buffer, n);
+  const int status = pclose(pipe);
+  if (WIFEXITED(status)) run.exit_status = WEXITSTATUS(status);
+  return run;
+}
+
 }  // namespace
 
 TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to the byte") {
@@ -165,17 +183,13 @@ TEST_CASE("plan: bad model_type or LoRA target is a clear error") {
                        doctest::Contains("\"q_proj\" matches no module"), Error);
 
   // Through the binary: the message reaches the user with exit status 1.
-  const std::string command = std::string("timeout -k 10 120 ") + FT_FINETUNE_BINARY + " plan " + FT_SOURCE_DIR +
-                              "/configs/gpt-neox-20b-int8-lora.yaml --set lora.target_modules=[q_proj] 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe);
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 1);
-  CHECK(output.find("error: lora.target_modules: \"q_proj\" matches no module") != std::string::npos);
+  const PlanRun run = run_plan(std::string(FT_SOURCE_DIR) +
+                               "/configs/gpt-neox-20b-int8-lora.yaml --set lora.target_modules=[q_proj]");
+  CHECK(run.exit_status == 1);
+  CHECK(run.output.find("error: lora.target_modules: \"q_proj\" matches no module") != std::string::npos);
+  const PlanRun missing = run_plan(std::string(FT_SOURCE_DIR) + "/configs/nothing/config.json");
+  CHECK(missing.exit_status == 1);
+  CHECK(missing.output.find("nothing/config.json") != std::string::npos);
 }
 
 TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA at seq 2048, micro_batch 1 (CUDA policy)") {
@@ -281,4 +295,15 @@ TEST_CASE("plan: a bare config.json plans as a bf16 LoRA run at seq 2048") {
   CHECK(modes[0].largest_seq_len == 4096);
   CHECK_THROWS_WITH_AS(plan_config_for_model(std::string(FT_SOURCE_DIR) + "/configs/nothing.json", {}),
                        doctest::Contains("nothing.json"), Error);
+}
+
+// The shipped tiny model's folder on a 1 GiB card: every mode fits its
+// micro_batch 1 x seq_len 512 (its max_position_embeddings), so the best is
+// the unquantised base; the table and the best mode reach the user.
+TEST_CASE("plan: finetune plan MODEL_FOLDER --gpu-mem prints the mode table and the best mode") {
+  const PlanRun run = run_plan(std::string(FT_SOURCE_DIR) + "/configs/tiny-base --gpu-mem 1GiB");
+  CHECK(run.exit_status == 0);
+  CHECK(run.output.find("micro_batch 1 x seq_len 512") != std::string::npos);
+  CHECK(run.output.find("nf4, optimizer state on the host") != std::string::npos);
+  CHECK(run.output.find("best mode: unquantised base (") != std::string::npos);
 }
