@@ -106,7 +106,7 @@ std::unique_ptr<Linear> CausalLM::make_linear(const std::string& module, int64_t
   auto add_adapter = [&](const std::string& name, const Shape& shape) -> Parameter& {
     Parameter adapter;
     adapter.name = name;
-    adapter.value = backend_.empty(shape, DType::f32, MemCategory::adapters);
+    adapter.value = backend_.empty(shape, options_.adapter_dtype, MemCategory::adapters);
     adapters_.push_back(std::move(adapter));
     return adapters_.back();
   };

@@ -1,7 +1,8 @@
 // PEFT's LoRA around any base layer (dense or int8):
 //   y = base(x) + scaling * (dropout(x) A^T) B^T
-// with A [r, in] and B [out, r] f32 trainable parameters owned by the model,
-// computed in x's dtype (bf16 copies of A and B under bf16 activations),
+// with A [r, in] and B [out, r] trainable parameters owned by the model (f32,
+// or bf16 when the optimizer keeps their f32 masters), computed in x's dtype
+// (bf16 copies of f32 A and B under bf16 activations),
 // dropout only on A's input (p = 0: no dropout op at all). Forward computes
 // h = dropout(x) A^T first and hands scaling * h B^T to the base
 // (Linear::forward_with_lora), which an int8 base fuses into its output pass.

@@ -42,6 +42,10 @@ struct ModelOptions {
   bool nf4_base = false;            // every decoder linear frozen in NF4 (QLoRA), as bitsandbytes stores it
   bool nf4_double_quant = true;     // NF4 absmax double-quantised to 8 bits (bnb_4bit_use_double_quant)
   std::optional<LoraOptions> lora;  // none: no adapters
+  // LoRA A and B as the model holds them. f32 unless an optimizer keeps
+  // their f32 masters elsewhere (offloaded AdamW state): then bf16 under bf16
+  // weights, the copy the adapter computes with anyway.
+  DType adapter_dtype = DType::f32;
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::none;
   // Training steps compute lm_head logits and cross-entropy this many tokens
   // at a time ([chunk, vocab] f32 instead of [tokens, vocab]); 0: all at once.

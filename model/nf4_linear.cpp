@@ -57,7 +57,13 @@ void quantize_nf4_parameter(Backend& backend, Parameter& p, const Tensor& full_p
   HostAllocator host;
   const int64_t n = full_precision.numel(), blocks = nf4_blocks(n);
   Tensor values = Tensor::empty({n}, DType::f32, host, MemCategory::workspace);
-  backend.copy(values, full_precision);
+  // A host source (a checkpoint, init_random's values) is widened here: a
+  // device backend's copy takes no host-to-host copy.
+  if (full_precision.device == Device::cpu) {
+    for (int64_t i = 0; i < n; ++i) values.ptr<float>()[i] = load_as_f32(full_precision.data, full_precision.dtype, i);
+  } else {
+    backend.copy(values, full_precision);
+  }
   Tensor packed = Tensor::empty({nf4_packed_bytes(n), 1}, DType::u8, host, MemCategory::workspace);
   Tensor absmax = Tensor::empty({blocks}, DType::f32, host, MemCategory::workspace);
   nf4_quantize(values.ptr<const float>(), n, packed.ptr<uint8_t>(), absmax.ptr<float>());

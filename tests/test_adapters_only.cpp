@@ -4,12 +4,14 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/causal_lm.h"
 #include "model/safetensors.h"
 #include "trainer/optimizer.h"
+#include "trainer/train_state.h"
 
 using namespace ft;
 
@@ -116,4 +118,100 @@ TEST_CASE("full training with BF16 weights keeps f32 masters: 12 bytes of optimi
   const Tensor& compute = optimizer.parameters()[0]->value;
   for (int64_t i = 0; i < compute.numel(); i += 97)
     CHECK(bf16_to_f32(compute.ptr<uint16_t>()[i]) == bf16_to_f32(f32_to_bf16(master.ptr<float>()[i])));
+}
+
+// offload.optimizer: host (ZeRO-Offload's split). The same model trained
+// three steps with AdamW's state on the device and in host memory, streamed
+// through staging chunks of 1000 elements (so chunks split parameters), ends
+// with the same bits in every weight, master and moment; the offloaded state
+// is 12 bytes per parameter in host memory and none on the device.
+TEST_CASE("offloaded AdamW state trains bit for bit as resident state, from host memory") {
+  HostAllocator host;
+  const ModelConfig config = ModelConfig::from_json_file(kFixture + "/config.json");
+  ModelOptions options;
+  options.weight_dtype = DType::bf16;
+  TrackingAllocator resident_tracker(host), offload_tracker(host), host_state(host);
+  CpuBackend resident_backend(resident_tracker), offload_backend(offload_tracker);
+  auto resident = make_causal_lm(config, resident_backend, options);
+  auto offloaded = make_causal_lm(config, offload_backend, options);
+  AdamWOptions offload_options;
+  offload_options.host_state = &host_state;
+  offload_options.offload_chunk_elements = 1000;
+  std::unique_ptr<AdamW> optimizers[2];
+  CausalLM* models[2] = {resident.get(), offloaded.get()};
+  for (int k = 0; k < 2; ++k) {
+    models[k]->load(Checkpoint(kFixture));
+    models[k]->set_trainable([](const std::string&) { return true; });
+    optimizers[k] = std::make_unique<AdamW>(k ? offload_backend : resident_backend, trainable_parameters(*models[k]),
+                                            k ? offload_options : AdamWOptions{});
+  }
+  const int64_t trainable = trainable_count(*offloaded);
+  CHECK(host_state.stats().current(MemCategory::optimizer) == size_t(12 * trainable));
+  CHECK(offload_tracker.stats().current(MemCategory::optimizer) == 0);
+  CHECK(resident_tracker.stats().current(MemCategory::optimizer) == size_t(12 * trainable));
+  Tensor ids = Tensor::empty({2, 9}, DType::i32, host, MemCategory::activations);
+  Tensor targets = Tensor::empty({2, 9}, DType::i32, host, MemCategory::activations);
+  make_batch(ids, targets);
+  const std::vector<char> master_before = bytes_of(optimizers[1]->master(0));
+  for (int step = 0; step < 3; ++step)
+    for (int k = 0; k < 2; ++k) {
+      models[k]->zero_grads();
+      models[k]->forward_backward(ids, targets);
+      optimizers[k]->step(1e-2);
+    }
+  for (size_t i = 0; i < optimizers[0]->parameters().size(); ++i) {
+    CAPTURE(optimizers[0]->parameters()[i]->name);
+    CHECK(bytes_of(optimizers[0]->parameters()[i]->value) == bytes_of(optimizers[1]->parameters()[i]->value));
+    CHECK(bytes_of(optimizers[0]->master(i)) == bytes_of(optimizers[1]->master(i)));
+    CHECK(bytes_of(optimizers[0]->first_moment(i)) == bytes_of(optimizers[1]->first_moment(i)));
+    CHECK(bytes_of(optimizers[0]->second_moment(i)) == bytes_of(optimizers[1]->second_moment(i)));
+  }
+  // The weights moved (a no-op optimizer would pass the checks above).
+  CHECK(bytes_of(optimizers[1]->master(0)) != master_before);
+}
+
+// A training state saved from host-resident AdamW state resumes exactly,
+// into offloaded state (a memory copy on the host) and into resident state
+// (the backend's copy): masters, moments and the bf16 compute copies made
+// from the masters all equal the saved run's.
+TEST_CASE("an offloaded optimizer's state saves and resumes exactly, offloaded or resident") {
+  HostAllocator host;
+  const ModelConfig config = ModelConfig::from_json_file(kFixture + "/config.json");
+  ModelOptions options;
+  options.weight_dtype = DType::bf16;
+  CpuBackend backend(host);
+  AdamWOptions offload_options;
+  offload_options.host_state = &host;
+  offload_options.offload_chunk_elements = 777;
+  std::unique_ptr<CausalLM> models[3];
+  std::unique_ptr<AdamW> optimizers[3];  // saved from, resumed offloaded, resumed resident
+  for (int k = 0; k < 3; ++k) {
+    models[k] = make_causal_lm(config, backend, options);
+    models[k]->load(Checkpoint(kFixture));
+    models[k]->set_trainable([](const std::string&) { return true; });
+    optimizers[k] =
+        std::make_unique<AdamW>(backend, trainable_parameters(*models[k]), k < 2 ? offload_options : AdamWOptions{});
+  }
+  Tensor ids = Tensor::empty({2, 9}, DType::i32, host, MemCategory::activations);
+  Tensor targets = Tensor::empty({2, 9}, DType::i32, host, MemCategory::activations);
+  make_batch(ids, targets);
+  for (int step = 0; step < 2; ++step) {
+    models[0]->zero_grads();
+    models[0]->forward_backward(ids, targets);
+    optimizers[0]->step(1e-2);
+  }
+  const std::string path = std::string(FT_BINARY_DIR) + "/offloaded_train_state.safetensors";
+  save_train_state(path, *optimizers[0], {2, {0, 0}, {}}, {});
+  for (int k = 1; k < 3; ++k) {
+    CAPTURE(k);
+    CHECK(load_train_state(path, *optimizers[k], {}).step == 2);
+    CHECK(optimizers[k]->steps_taken() == 2);
+    for (size_t i = 0; i < optimizers[0]->parameters().size(); ++i) {
+      CAPTURE(optimizers[0]->parameters()[i]->name);
+      CHECK(bytes_of(optimizers[k]->parameters()[i]->value) == bytes_of(optimizers[0]->parameters()[i]->value));
+      CHECK(bytes_of(optimizers[k]->master(i)) == bytes_of(optimizers[0]->master(i)));
+      CHECK(bytes_of(optimizers[k]->first_moment(i)) == bytes_of(optimizers[0]->first_moment(i)));
+      CHECK(bytes_of(optimizers[k]->second_moment(i)) == bytes_of(optimizers[0]->second_moment(i)));
+    }
+  }
 }

@@ -65,10 +65,10 @@ void fill_weights(CausalLM& model, Backend& backend) {
 size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq) {
   const ModelConfig model_config = ModelConfig::from_json_file(config.model + "/config.json");
   HostAllocator host;
-  TrackingAllocator tracker(host);
+  TrackingAllocator tracker(host), host_state(host);
   CpuBackend backend(tracker);
-  TrainingSetup setup =
-      setup_training(config, model_config, backend, [&](CausalLM& model) { fill_weights(model, backend); });
+  TrainingSetup setup = setup_training(
+      config, model_config, backend, [&](CausalLM& model) { fill_weights(model, backend); }, &host_state);
   CausalLM* model = setup.model.get();
   Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
@@ -103,8 +103,28 @@ const std::string kLlamaLora = std::string(kInt8Lora) + "[q_proj, v_proj]}\n";
 const std::string kNeoxLora = std::string(kInt8Lora) + "[query_key_value]}\n";
 const std::string kFullFp32 = "quantization: {mode: none}\ntrainable: all\n";
 const std::string kNf4AllLinear = "quantization: {mode: nf4}\nlora: {r: 8, lora_alpha: 16, target_modules: all-linear}\n";
+const std::string kNf4OffloadedAdamW =
+    "quantization: {mode: nf4}\nlora: {r: 8, target_modules: all-linear}\noffload: {optimizer: host}\n";
 const std::string kNf4PlainAbsmax =
     "quantization: {mode: nf4, double_quant: false}\nlora: {r: 4, target_modules: [q_proj, down_proj]}\n";
+
+struct PlanRun {
+  int exit_status = -1;  // -1: did not exit normally
+  std::string output;    // stdout and stderr
+};
+
+// `finetune plan ARGS` through the binary.
+PlanRun run_plan(const std::string& args) {
+  const std::string command = std::string("timeout -k 10 120 ") + FT_FINETUNE_BINARY + " plan " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe);
+  PlanRun run;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) run.output.append(buffer, n);
+  const int status = pclose(pipe);
+  if (WIFEXITED(status)) run.exit_status = WEXITSTATUS(status);
+  return run;
+}
 
 }  // namespace
 
@@ -117,6 +137,8 @@ TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to th
   check_plan_matches_real_step(kFixtures + "/llama_gqa", kNf4AllLinear, 2, 16);
   check_plan_matches_real_step(kFixtures + "/llama_gqa", kNf4PlainAbsmax, 2, 16);
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", kNf4AllLinear, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", kNf4OffloadedAdamW, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", kFullFp32 + "offload: {optimizer: host}\n", 2, 16);
 }
 
 // ~106M parameters each (57M in int8 linears, 49M in the f32 embeddings and
@@ -161,17 +183,13 @@ TEST_CASE("plan: bad model_type or LoRA target is a clear error") {
                        doctest::Contains("\"q_proj\" matches no module"), Error);
 
   // Through the binary: the message reaches the user with exit status 1.
-  const std::string command = std::string("timeout -k 10 120 ") + FT_FINETUNE_BINARY + " plan " + FT_SOURCE_DIR +
-                              "/configs/gpt-neox-20b-int8-lora.yaml --set lora.target_modules=[q_proj] 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe);
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 1);
-  CHECK(output.find("error: lora.target_modules: \"q_proj\" matches no module") != std::string::npos);
+  const PlanRun run = run_plan(std::string(FT_SOURCE_DIR) +
+                               "/configs/gpt-neox-20b-int8-lora.yaml --set lora.target_modules=[q_proj]");
+  CHECK(run.exit_status == 1);
+  CHECK(run.output.find("error: lora.target_modules: \"q_proj\" matches no module") != std::string::npos);
+  const PlanRun missing = run_plan(std::string(FT_SOURCE_DIR) + "/configs/nothing/config.json");
+  CHECK(missing.exit_status == 1);
+  CHECK(missing.output.find("nothing/config.json") != std::string::npos);
 }
 
 TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA at seq 2048, micro_batch 1 (CUDA policy)") {
@@ -185,6 +203,16 @@ TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA at seq 2048, micro_batch 1 (CUDA polic
   CHECK(plan.int8_weight_bytes == size_t(44) * 12 * 6144 * 6144);
   // trl's recipe: 44 x 16 x (6144 + 18432) = 17,301,504 trainable f32 adapters.
   CHECK(plan.at_peak.current(MemCategory::adapters) == size_t(17301504) * 4);
+}
+
+// offload.optimizer: host: the device keeps bf16 adapters (2 B) and f32
+// gradients (4 B); m, v and the f32 masters (12 B) are in host memory.
+static void check_offloaded_adapter_state(const StepPlan& plan, size_t adapters) {
+  const MemoryStats& s = plan.at_peak;
+  CHECK(s.current(MemCategory::adapters) == adapters * 2);
+  CHECK(s.current(MemCategory::gradients) == adapters * 4);
+  CHECK(s.current(MemCategory::optimizer) == 0);
+  CHECK(plan.host_optimizer_bytes == adapters * 12);
 }
 
 TEST_CASE("plan: LLaMA-33B NF4 + LoRA r=64 on all linear layers at seq 2048 (CUDA policy)") {
@@ -201,15 +229,81 @@ TEST_CASE("plan: LLaMA-33B NF4 + LoRA r=64 on all linear layers at seq 2048 (CUD
   CHECK(plan.nf4_absmax_bytes == 60 * (blocks_per_layer + 4 * nested_per_layer + 7 * 256 * 4));
   // QLoRA's recipe: r = 64 on q, k, v, o (6656 + 6656 each) and gate, up, down (6656 + 17920 each).
   const size_t adapters = size_t(60) * 64 * (4 * (6656 + 6656) + 3 * (6656 + 17920));
-  CHECK(plan.at_peak.current(MemCategory::adapters) == adapters * 4);
-  // The 24 GiB card's budget is 22.5 GiB at seq 2048, micro_batch 1, context
-  // reserve included. The whole step does not fit it yet (26.49 GiB): the
-  // adapters' f32 weights, gradients and AdamW moments (487.6 M x 16 B = 7.27
-  // GiB) overflow it; everything else (NF4 base, activations, scratch) fits.
-  const MemoryStats& s = plan.at_peak;
-  const size_t training_state = s.current(MemCategory::adapters) + s.current(MemCategory::gradients) +
-                                s.current(MemCategory::optimizer);
-  CHECK(training_state == adapters * 16);
-  CHECK(plan.total_bytes() - training_state <= size_t(45) << 29);
-  CHECK(plan.total_bytes() > size_t(45) << 29);
+  CHECK(adapters == 487587840);
+  check_offloaded_adapter_state(plan, adapters);
+  // The 24 GiB card's budget: 22.5 GiB at seq 2048, micro_batch 1, context reserve included.
+  CHECK(plan.total_bytes() <= size_t(45) << 29);
+  CHECK(plan.total_bytes() == 23568419840);
+}
+
+TEST_CASE("plan: Llama-2-70B NF4 + LoRA r=64 on all linear layers at seq 2048 on a 48 GiB card (CUDA policy)") {
+  const TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/llama-2-70b-nf4-lora.yaml");
+  const StepPlan plan = plan_step(config, PlanOptions{}, config.micro_batch_size, config.seq_len);
+  MESSAGE("70B NF4 plan: ", plan.total_bytes(), " bytes (", double(plan.total_bytes()) / double(1ull << 30),
+          " GiB incl. context reserve), peak at ", plan.where);
+  // Per layer q, o [8192, 8192], k, v [1024, 8192] (8 KV heads of 128), gate, up, down 8192 x 28672; 80 layers.
+  const size_t q = size_t(8192) * 8192, kv = size_t(1024) * 8192, mlp = size_t(8192) * 28672;
+  CHECK(plan.nf4_weight_bytes == 80 * (2 * q + 2 * kv + 3 * mlp) / 2);
+  auto blocks = [](size_t weights) { return weights / 64; };
+  auto nested = [](size_t weights) { return (weights / 64 + 255) / 256; };
+  const size_t absmax_per_layer = 2 * blocks(q) + 2 * blocks(kv) + 3 * blocks(mlp) +
+                                  4 * (2 * nested(q) + 2 * nested(kv) + 3 * nested(mlp)) + 7 * 256 * 4;
+  CHECK(plan.nf4_absmax_bytes == 80 * absmax_per_layer);
+  // r = 64 on q, o (8192 + 8192), k, v (8192 + 1024) and gate, up, down (8192 + 28672).
+  const size_t adapters = size_t(80) * 64 * (2 * (8192 + 8192) + 2 * (8192 + 1024) + 3 * (8192 + 28672));
+  CHECK(adapters == 828375040);
+  check_offloaded_adapter_state(plan, adapters);
+  // A 48 GB card's budget, with the 24 GiB card's margin: 45 GiB, context reserve included.
+  CHECK(plan.total_bytes() <= size_t(45) << 30);
+  CHECK(plan.total_bytes() == 45872889856);
+}
+
+// --gpu-mem's mode table on a 24 GiB card: the 33B step fits only with the
+// NF4 base and AdamW's state on the host, and then at seq 2048 with
+// micro_batch 1 and no more; NF4 with resident state is the 26.49 GiB plan
+// this config had before offloading.
+TEST_CASE("plan: the best mode for LLaMA-33B on a 24 GiB card is nf4 with the optimizer state on the host") {
+  const TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/llama-33b-nf4-lora.yaml");
+  const std::vector<ModeFit> modes = fit_modes(config, PlanOptions{});
+  REQUIRE(modes.size() == 6);
+  for (const ModeFit& fit : modes) {
+    CAPTURE(mode_name(fit.mode));
+    const bool nf4_host = fit.mode.quantization == QuantMode::nf4 && fit.mode.optimizer == OffloadTarget::host;
+    CHECK(fit.fits == nf4_host);
+    CHECK(fit.largest_seq_len == (nf4_host ? 2048 : 0));
+    CHECK(fit.largest_micro_batch == (nf4_host ? 1 : 0));
+  }
+  CHECK(mode_name(modes[5].mode) == "nf4, optimizer state on the host");
+  CHECK(modes[5].bytes == 23568419840);
+  CHECK(modes[4].bytes == 28447509504);
+}
+
+TEST_CASE("plan: a bare config.json plans as a bf16 LoRA run at seq 2048") {
+  const TrainConfig config =
+      plan_config_for_model(std::string(FT_SOURCE_DIR) + "/configs/llama-2-7b/config.json", {"lora.r=16"});
+  CHECK(config.precision == Precision::bf16);
+  CHECK(config.activation_checkpointing == ActivationCheckpointing::per_layer);
+  CHECK(config.seq_len == 2048);
+  CHECK(config.micro_batch_size == 1);
+  CHECK(config.lora.r == 16);
+  // The model folder works as well as its config.json.
+  CHECK(plan_config_for_model(std::string(FT_SOURCE_DIR) + "/configs/tiny-base", {}).seq_len == 512);
+  // Llama-2-7B on 24 GiB: a bf16 base fits (13.5 GB of weights), so it is the best mode.
+  const std::vector<ModeFit> modes = fit_modes(config, PlanOptions{});
+  CHECK(modes[0].mode.quantization == QuantMode::none);
+  CHECK(modes[0].fits);
+  CHECK(modes[0].largest_seq_len == 4096);
+  CHECK_THROWS_WITH_AS(plan_config_for_model(std::string(FT_SOURCE_DIR) + "/configs/nothing.json", {}),
+                       doctest::Contains("nothing.json"), Error);
+}
+
+// The shipped tiny model's folder on a 1 GiB card: every mode fits its
+// micro_batch 1 x seq_len 512 (its max_position_embeddings), so the best is
+// the unquantised base; the table and the best mode reach the user.
+TEST_CASE("plan: finetune plan MODEL_FOLDER --gpu-mem prints the mode table and the best mode") {
+  const PlanRun run = run_plan(std::string(FT_SOURCE_DIR) + "/configs/tiny-base --gpu-mem 1GiB");
+  CHECK(run.exit_status == 0);
+  CHECK(run.output.find("micro_batch 1 x seq_len 512") != std::string::npos);
+  CHECK(run.output.find("nf4, optimizer state on the host") != std::string::npos);
+  CHECK(run.output.find("best mode: unquantised base (") != std::string::npos);
 }

@@ -1,9 +1,10 @@
 // finetune CONFIG.yaml [--set key=value]... [--resume [--allow-data-change]]
-// finetune plan CONFIG.yaml [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--set key=value]...
+// finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--set key=value]...
 // Every user-caused problem is an ft::Error: printed, exit status 1. SIGINT or
 // SIGTERM during training saves a checkpoint at the next step boundary and
 // exits with 128 + the signal (130, 143); --resume continues from it.
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -22,10 +23,13 @@ const char* kUsage =
     "                   adapter config, tokenizer or data files differ from the checkpoint's\n"
     "  --allow-data-change  with --resume: accept changed data files\n"
     "  SIGINT/SIGTERM (Ctrl-C) save a checkpoint at the next step and exit; a second one stops at once\n"
-    "usage: finetune plan CONFIG.yaml [--gpu-mem 24GiB] [--device cuda|cpu] [--context-reserve 0.75GiB]\n"
-    "                     [--set key=value]...\n"
+    "usage: finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem 24GiB] [--device cuda|cpu]\n"
+    "                     [--context-reserve 0.75GiB] [--set key=value]...\n"
     "  plans one training step's memory on the meta device (no weights read) and\n"
-    "  prints where it goes, its peak, and the largest seq_len x micro_batch that fits\n"
+    "  prints where it goes, its peak, and for each mode (bf16 / int8 / nf4 base,\n"
+    "  optimizer state on the device or the host) the largest seq_len and micro_batch\n"
+    "  that fit in --gpu-mem, and the best mode; a config.json is planned as a bf16\n"
+    "  LoRA run with per-layer checkpointing at micro_batch 1 x seq_len 2048\n"
     "Fields are documented in configs/README.md.\n";
 
 // finetune plan ...: the memory planner (trainer/plan.h).
@@ -53,7 +57,10 @@ int run_plan(int argc, char** argv) {
     }
   }
   FT_CHECK(!config_path.empty(), "plan: no config file given\n", kUsage);
-  ft::print_plan(ft::load_train_config(config_path, overrides), options);
+  const bool model_config = config_path.ends_with(".json") || std::filesystem::is_directory(config_path);
+  ft::print_plan(model_config ? ft::plan_config_for_model(config_path, overrides)
+                              : ft::load_train_config(config_path, overrides),
+                 options);
   return 0;
 }
 

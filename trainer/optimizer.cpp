@@ -1,6 +1,8 @@
 #include "trainer/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/error.h"
 
@@ -8,8 +10,15 @@ namespace ft {
 
 AdamW::AdamW(Backend& backend, std::vector<Parameter*> parameters, AdamWOptions options)
     : backend_(backend), parameters_(std::move(parameters)), options_(options) {
-  for (Parameter* p : parameters_) {
+  for (Parameter* p : parameters_)
     FT_CHECK(p->trainable(), "AdamW: parameter \"", p->name, "\" has no gradient (it is frozen)");
+  FT_CHECK(options_.offload_chunk_elements > 0, "AdamW: offload_chunk_elements must be > 0, got ",
+           options_.offload_chunk_elements);
+  if (options_.host_state) {
+    offload_state(*options_.host_state);
+    return;
+  }
+  for (Parameter* p : parameters_) {
     Tensor m = backend_.empty(p->value.shape, DType::f32, MemCategory::optimizer);
     Tensor v = backend_.empty(p->value.shape, DType::f32, MemCategory::optimizer);
     backend_.fill(m, 0.0f);
@@ -25,16 +34,118 @@ AdamW::AdamW(Backend& backend, std::vector<Parameter*> parameters, AdamWOptions 
   }
 }
 
-Tensor& AdamW::master(size_t i) { return masters_[i].storage ? masters_[i] : parameters_[i]->value; }
-
-void AdamW::sync_compute_copies() {
-  for (size_t i = 0; i < parameters_.size(); ++i)
-    if (masters_[i].storage) backend_.copy(parameters_[i]->value, masters_[i]);
+// Three host tensors for all parameters, each parameter's state a view into
+// them; the masters start as the compute copies, widened on the device and
+// brought over through the staging buffers as a step does.
+void AdamW::offload_state(Allocator& host) {
+  int64_t total = 0;
+  for (Parameter* p : parameters_) {
+    offsets_.push_back(total);
+    total += p->value.numel();
+  }
+  host_masters_ = Tensor::empty({total}, DType::f32, host, MemCategory::optimizer);
+  host_first_moments_ = Tensor::empty({total}, DType::f32, host, MemCategory::optimizer);
+  host_second_moments_ = Tensor::empty({total}, DType::f32, host, MemCategory::optimizer);
+  for (Tensor* moments : {&host_first_moments_, &host_second_moments_})
+    if (moments->data) std::memset(moments->data, 0, moments->size_bytes());  // 0.0f is all zero bits
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const Shape& shape = parameters_[i]->value.shape;
+    const int64_t n = parameters_[i]->value.numel();
+    masters_.push_back(host_masters_.slice_rows(offsets_[i], n).reshaped(shape));
+    first_moments_.push_back(host_first_moments_.slice_rows(offsets_[i], n).reshaped(shape));
+    second_moments_.push_back(host_second_moments_.slice_rows(offsets_[i], n).reshaped(shape));
+  }
+  for_each_chunk([&](int64_t first, int64_t count) {
+    Tensor staged = backend_.empty({count}, DType::f32, MemCategory::workspace);
+    for (const Overlap& o : overlaps(first, count)) {
+      Tensor widened = staged.slice_rows(o.in_chunk, o.count);
+      const Parameter& p = *parameters_[o.index];
+      backend_.copy(widened, p.value.reshaped({p.value.numel()}).slice_rows(o.in_parameter, o.count));
+    }
+    Tensor destination = host_masters_.slice_rows(first, count);
+    backend_.copy(destination, staged);
+  });
 }
 
-// One sum_squares_many and one adamw_update_many over all parameters: on the
-// GPU two reductions and one update launch per step rather than a few per
-// tensor, with a single device->host sync for the norm.
+template <class Chunk>
+void AdamW::for_each_chunk(const Chunk& chunk) {
+  const int64_t total = host_masters_.numel(), most = options_.offload_chunk_elements;
+  for (int64_t first = 0; first < total; first += most) chunk(first, std::min(most, total - first));
+}
+
+std::vector<AdamW::Overlap> AdamW::overlaps(int64_t first, int64_t count) const {
+  std::vector<Overlap> found;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const int64_t begin = std::max(first, offsets_[i]);
+    const int64_t end = std::min(first + count, offsets_[i] + parameters_[i]->value.numel());
+    if (begin < end) found.push_back({i, begin - offsets_[i], begin - first, end - begin});
+  }
+  return found;
+}
+
+Tensor& AdamW::master(size_t i) { return masters_[i].storage ? masters_[i] : parameters_[i]->value; }
+
+void AdamW::copy_state(Tensor& dst, const Tensor& src) {
+  if (dst.device != Device::cpu || src.device != Device::cpu) return backend_.copy(dst, src);
+  FT_CHECK(dst.dtype == DType::f32 && src.dtype == DType::f32 && dst.numel() == src.numel(),
+           "AdamW::copy_state: expected f32 tensors of equal size, got ", dtype_name(dst.dtype), " ",
+           shape_string(dst.shape), " and ", dtype_name(src.dtype), " ", shape_string(src.shape));
+  std::memcpy(dst.data, src.data, src.size_bytes());
+}
+
+void AdamW::sync_compute_copies() {
+  if (!options_.host_state) {
+    for (size_t i = 0; i < parameters_.size(); ++i)
+      if (masters_[i].storage) backend_.copy(parameters_[i]->value, masters_[i]);
+    return;
+  }
+  for_each_chunk([&](int64_t first, int64_t count) {
+    Tensor staged = backend_.empty({count}, DType::f32, MemCategory::workspace);
+    backend_.copy(staged, host_masters_.slice_rows(first, count));
+    for (const Overlap& o : overlaps(first, count)) {
+      Parameter& p = *parameters_[o.index];
+      Tensor compute = p.value.reshaped({p.value.numel()}).slice_rows(o.in_parameter, o.count);
+      backend_.copy(compute, staged.slice_rows(o.in_chunk, o.count));
+    }
+  });
+}
+
+// Each chunk: master, m and v to the device, the update on them and the
+// chunk's gradients, the three back, and the compute copies from the masters.
+void AdamW::step_offloaded(const AdamWStep& update) {
+  for_each_chunk([&](int64_t first, int64_t count) {
+    Tensor staged[3], host[3] = {host_masters_.slice_rows(first, count), host_first_moments_.slice_rows(first, count),
+                                 host_second_moments_.slice_rows(first, count)};
+    for (int k = 0; k < 3; ++k) {
+      staged[k] = backend_.empty({count}, DType::f32, MemCategory::workspace);
+      backend_.copy(staged[k], host[k]);
+    }
+    const std::vector<Overlap> parts = overlaps(first, count);
+    std::vector<Tensor> views;  // master, grad, m, v per part; AdamWTensors points into it
+    views.reserve(4 * parts.size());
+    std::vector<AdamWTensors> tensors;
+    for (const Overlap& o : parts) {
+      const Parameter& p = *parameters_[o.index];
+      views.push_back(staged[0].slice_rows(o.in_chunk, o.count));
+      views.push_back(p.grad.reshaped({p.grad.numel()}).slice_rows(o.in_parameter, o.count));
+      views.push_back(staged[1].slice_rows(o.in_chunk, o.count));
+      views.push_back(staged[2].slice_rows(o.in_chunk, o.count));
+      Tensor* v = &views[views.size() - 4];
+      tensors.push_back({&v[0], &v[1], &v[2], &v[3], p.value.ndim() >= 2});
+    }
+    backend_.adamw_update_many(tensors, update);
+    for (int k = 0; k < 3; ++k) backend_.copy(host[k], staged[k]);
+    for (const Overlap& o : parts) {
+      Parameter& p = *parameters_[o.index];
+      Tensor compute = p.value.reshaped({p.value.numel()}).slice_rows(o.in_parameter, o.count);
+      backend_.copy(compute, staged[0].slice_rows(o.in_chunk, o.count));
+    }
+  });
+}
+
+// One sum_squares_many and one adamw_update_many over all parameters (per
+// chunk when offloaded): on the GPU two reductions and one update launch per
+// step rather than a few per tensor, with a single device->host sync for the norm.
 double AdamW::step(double lr) {
   std::vector<const Tensor*> grads;
   for (Parameter* p : parameters_) grads.push_back(&p->grad);
@@ -45,14 +156,18 @@ double AdamW::step(double lr) {
   if (options_.max_grad_norm > 0 && grad_norm > options_.max_grad_norm)
     grad_scale = options_.max_grad_norm / (grad_norm + 1e-6);
   steps_taken_ += 1;
+  AdamWStep update{float(lr), float(options_.beta1), float(options_.beta2), float(options_.eps),
+                   float(options_.weight_decay), float(grad_scale), steps_taken_};
+  if (options_.host_state) {
+    step_offloaded(update);
+    return grad_norm;
+  }
   std::vector<AdamWTensors> tensors;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     Parameter* p = parameters_[i];
     const bool decayed = p->value.ndim() >= 2;
     tensors.push_back({&master(i), &p->grad, &first_moments_[i], &second_moments_[i], decayed});
   }
-  AdamWStep update{float(lr), float(options_.beta1), float(options_.beta2), float(options_.eps),
-                   float(options_.weight_decay), float(grad_scale), steps_taken_};
   backend_.adamw_update_many(tensors, update);
   sync_compute_copies();
   return grad_norm;

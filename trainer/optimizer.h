@@ -17,6 +17,15 @@ struct AdamWOptions {
   double eps = 1e-8;
   double weight_decay = 0.0;  // applied to matrices only; norms and biases (1-D) are not decayed
   double max_grad_norm = 1.0;  // global-norm clipping; 0 disables
+  // Where m, v and the f32 masters live. Null: on the backend's device. A
+  // host allocator: there, as ZeRO-Offload splits it (the device keeps only
+  // the compute copies and f32 gradients, every parameter gets an f32 master
+  // on the host); each step streams them through three device staging
+  // buffers (master, m, v: f32, category workspace) of offload_chunk_elements
+  // and runs the same update kernel on them, so the values are bit-identical
+  // to a resident step's.
+  Allocator* host_state = nullptr;
+  int64_t offload_chunk_elements = int64_t(1) << 23;  // 3 x 32 MiB of staging
 };
 
 class AdamW {
@@ -32,20 +41,44 @@ class AdamW {
   int64_t steps_taken() const { return steps_taken_; }
   void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
   const std::vector<Parameter*>& parameters() const { return parameters_; }
-  // First and second moments of parameters()[i], f32, category optimizer.
+  // First and second moments of parameters()[i], f32, category optimizer
+  // (host tensors when the state is offloaded).
   Tensor& first_moment(size_t i) { return first_moments_[i]; }
   Tensor& second_moment(size_t i) { return second_moments_[i]; }
-  // The f32 master of parameters()[i] (the parameter itself when it is f32).
+  // The f32 master of parameters()[i] (the parameter itself when it is f32
+  // and the state is on the device).
   Tensor& master(size_t i);
+  // dst = src, both f32 and alike in size, where either may be a state tensor
+  // above and the other a host tensor: a plain copy when both are on the
+  // host (offloaded state), which no device backend's copy takes.
+  void copy_state(Tensor& dst, const Tensor& src);
   // Re-derives 16-bit compute copies from the masters (after loading state).
   void sync_compute_copies();
 
  private:
+  void offload_state(Allocator& host);
+  // Calls chunk(first, count) for consecutive element ranges of the
+  // concatenated parameters, at most offload_chunk_elements each.
+  template <class Chunk>
+  void for_each_chunk(const Chunk& chunk);
+  // The parts of parameter i's flat elements [offset_i, offset_i + n_i) that
+  // fall in [first, first + count): (i, offset within i, offset within the chunk, length).
+  struct Overlap {
+    size_t index;
+    int64_t in_parameter, in_chunk, count;
+  };
+  std::vector<Overlap> overlaps(int64_t first, int64_t count) const;
+  void step_offloaded(const AdamWStep& update);
+
   Backend& backend_;
   std::vector<Parameter*> parameters_;
   AdamWOptions options_;
   std::vector<Tensor> first_moments_, second_moments_;
-  std::vector<Tensor> masters_;  // undefined where the parameter is f32 already
+  std::vector<Tensor> masters_;  // undefined where the parameter is f32 already (resident state)
+  // Offloaded: master, m and v of all parameters concatenated on the host,
+  // and where each parameter starts in them.
+  Tensor host_masters_, host_first_moments_, host_second_moments_;
+  std::vector<int64_t> offsets_;
   int64_t steps_taken_ = 0;
 };
 

@@ -1,5 +1,6 @@
 #include "trainer/plan.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -85,6 +86,7 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   const ModelConfig model_config =
       ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
   MetaAllocator meta;
+  TrackingAllocator host_state(meta);  // offloaded optimizer state: host memory, not the device's
   CachingModelAllocator caching;
   const bool cuda = options.policy == MemoryPolicy::cuda;
   TrackingAllocator tracker(cuda ? static_cast<Allocator&>(caching) : meta);
@@ -95,7 +97,8 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   // As a run builds it, minus reading weights: the meta device has no values.
   watch.phase = "model weights";
   TrainingSetup setup = setup_training(config, model_config, backend,
-                                       [&](CausalLM&) { watch.phase = "gradients and optimizer state"; });
+                                       [&](CausalLM&) { watch.phase = "gradients and optimizer state"; },
+                                       &host_state);
   CausalLM& model = *setup.model;
 
   // One micro-batch of train_step: every target counts, so nothing is skipped.
@@ -124,6 +127,8 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   plan.reserved_bytes = cuda ? caching.reserved_bytes() : 0;
   plan.context_bytes = cuda ? options.context_reserve_bytes : 0;
   plan.where = describe_peak(watch, model);
+  if (!model.adapters().empty()) plan.adapter_dtype = model.adapters().front().value.dtype;
+  plan.host_optimizer_bytes = host_state.stats().current(MemCategory::optimizer);
   return plan;
 }
 
@@ -144,9 +149,12 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
     print_row("their block absmax (double-quantised: 8-bit + nested)", plan.nf4_absmax_bytes);
   }
   print_row(dense.c_str(), plan.dense_weight_bytes);
-  print_row("LoRA adapters (f32)", s.current(MemCategory::adapters));
+  print_row((std::string("LoRA adapters (") + dtype_name(plan.adapter_dtype) + ")").c_str(),
+            s.current(MemCategory::adapters));
   print_row("gradients (f32)", s.current(MemCategory::gradients));
-  print_row("optimizer state (AdamW m, v, f32 masters)", s.current(MemCategory::optimizer));
+  print_row(plan.host_optimizer_bytes ? "optimizer state on the device (none: offloaded)"
+                                      : "optimizer state (AdamW m, v, f32 masters)",
+            s.current(MemCategory::optimizer));
   print_row("activations (saved for backward + the live layer + logits)", s.current(MemCategory::activations));
   print_row(options.policy == MemoryPolicy::cuda ? "workspace (cuBLASLt 32 MiB, int8 scratch, dequant tiles)"
                                                  : "workspace (int8 dequant tiles)",
@@ -162,9 +170,68 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
   if (options.policy == MemoryPolicy::cuda)
     std::printf("  reserved by the caching allocator after the step (cache never flushed): %s\n",
                 format_bytes(plan.reserved_bytes + plan.context_bytes).c_str());
+  if (plan.host_optimizer_bytes)
+    std::printf("  host memory (offload.optimizer: host): AdamW m, v and f32 masters %s; PCIe %s each way per "
+                "optimizer step\n",
+                format_bytes(plan.host_optimizer_bytes).c_str(), format_bytes(plan.host_optimizer_bytes).c_str());
 }
 
 }  // namespace
+
+std::string mode_name(const PlanMode& mode) {
+  const char* base = mode.quantization == QuantMode::none ? "unquantised base" : enum_name(mode.quantization);
+  return std::string(base) + (mode.optimizer == OffloadTarget::host ? ", optimizer state on the host" : "");
+}
+
+namespace {
+
+// The largest power of two in [1, limit] for which fits(value) holds, given
+// that it holds for every value below one that does; 0 when it fails at 1.
+template <class Fits>
+int64_t largest_power_of_two(int64_t limit, const Fits& fits) {
+  int64_t low = 0, high = 0;  // exponents: 2^low fits (once checked), 2^high is the last candidate
+  while ((int64_t(1) << (high + 1)) <= limit) ++high;
+  if (!fits(1)) return 0;
+  while (low < high) {
+    const int64_t middle = (low + high + 1) / 2;
+    if (fits(int64_t(1) << middle)) low = middle;
+    else high = middle - 1;
+  }
+  return int64_t(1) << low;
+}
+
+ModeFit fit_mode(const TrainConfig& config, const PlanOptions& options, const PlanMode& mode, int64_t max_seq_len) {
+  TrainConfig moded = config;
+  moded.quantization.mode = mode.quantization;
+  moded.offload_optimizer = mode.optimizer;
+  auto fits = [&](int64_t batch, int64_t seq) {
+    return plan_step(moded, options, batch, seq).total_bytes() <= options.gpu_mem_bytes;
+  };
+  ModeFit fit;
+  fit.mode = mode;
+  fit.bytes = plan_step(moded, options, config.micro_batch_size, config.seq_len).total_bytes();
+  fit.fits = fit.bytes <= options.gpu_mem_bytes;
+  fit.largest_seq_len = largest_power_of_two(max_seq_len, [&](int64_t seq) { return fits(1, seq); });
+  if (fit.largest_seq_len > 0)
+    fit.largest_micro_batch = largest_power_of_two(1024, [&](int64_t batch) { return fits(batch, config.seq_len); });
+  return fit;
+}
+
+std::string power_or_dash(int64_t value) { return value ? std::to_string(value) : "-"; }
+
+}  // namespace
+
+std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& options) {
+  const ModelConfig model_config =
+      ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
+  std::vector<QuantMode> bases = {QuantMode::none};
+  if (config.trainable == Trainable::lora) bases = {QuantMode::none, QuantMode::int8, QuantMode::nf4};
+  std::vector<ModeFit> fits;
+  for (QuantMode base : bases)
+    for (OffloadTarget optimizer : {OffloadTarget::device, OffloadTarget::host})
+      fits.push_back(fit_mode(config, options, PlanMode{base, optimizer}, model_config.max_position_embeddings));
+  return fits;
+}
 
 void print_plan(const TrainConfig& config, const PlanOptions& options) {
   const bool cuda = options.policy == MemoryPolicy::cuda;
@@ -181,18 +248,37 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
               format_bytes(fits ? budget - plan.total_bytes() : plan.total_bytes() - budget).c_str(),
               fits ? "to spare" : "over");
 
-  // The peak grows with the token count, so each search stops at its first miss.
-  std::printf("largest power-of-two seq_len that fits in %s:\n", format_bytes(budget).c_str());
-  for (int64_t batch = 1; batch <= 1024; batch *= 2) {
-    int64_t best = 0;
-    for (int64_t seq = 16; seq <= model_config.max_position_embeddings; seq *= 2) {
-      if (plan_step(config, options, batch, seq).total_bytes() > budget) break;
-      best = seq;
-    }
-    if (best == 0) break;
-    std::printf("  micro_batch %4lld: seq_len %lld (%lld tokens)\n", (long long)batch, (long long)best,
-                (long long)(batch * best));
+  const std::vector<ModeFit> modes = fit_modes(config, options);
+  const std::string at = std::to_string(config.micro_batch_size) + " x " + std::to_string(config.seq_len);
+  const std::string at_text = "micro_batch " + std::to_string(config.micro_batch_size) + " x seq_len " +
+                              std::to_string(config.seq_len);
+  std::printf("modes in %s (largest powers of two that fit):\n", format_bytes(budget).c_str());
+  std::printf("  %-46s %12s %5s %24s %28s\n", "mode", ("at " + at).c_str(), "fits", "seq_len at micro_batch 1",
+              ("micro_batch at seq_len " + std::to_string(config.seq_len)).c_str());
+  const ModeFit* best = nullptr;
+  for (const ModeFit& fit : modes) {
+    std::printf("  %-46s %12s %5s %24s %28s\n", mode_name(fit.mode).c_str(), format_bytes(fit.bytes).c_str(),
+                fit.fits ? "yes" : "no", power_or_dash(fit.largest_seq_len).c_str(),
+                power_or_dash(fit.largest_micro_batch).c_str());
+    if (fit.fits && !best) best = &fit;
   }
+  if (best)
+    std::printf("best mode: %s (%s at %s)\n", mode_name(best->mode).c_str(), format_bytes(best->bytes).c_str(),
+                at_text.c_str());
+  else
+    std::printf("best mode: none fits %s in %s\n", at_text.c_str(), format_bytes(budget).c_str());
+}
+
+TrainConfig plan_config_for_model(const std::string& path, const std::vector<std::string>& overrides) {
+  namespace fs = std::filesystem;
+  const fs::path json = fs::is_directory(path) ? fs::path(path) / "config.json" : fs::path(path);
+  const ModelConfig model_config = ModelConfig::from_json_file(json.string());
+  const int64_t seq_len = std::min<int64_t>(2048, model_config.max_position_embeddings);
+  const std::string yaml = "model: " + fs::absolute(json.parent_path()).string() +
+                           "\ndata: {train: unused.jsonl}\nprecision: bf16\nactivation_checkpointing: per_layer\n"
+                           "loss_chunk_tokens: 512\nmicro_batch_size: 1\nseq_len: " +
+                           std::to_string(seq_len) + "\n";
+  return parse_train_config(yaml, json.string(), overrides);
 }
 
 size_t parse_byte_size(const std::string& text) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/allocator.h"
 #include "kernels/meta/meta_backend.h"
@@ -34,6 +35,10 @@ struct StepPlan {
   // nested absmax and the 256-entry maps).
   size_t nf4_weight_bytes = 0, nf4_absmax_bytes = 0;
   DType dense_weight_dtype = DType::f32;
+  DType adapter_dtype = DType::f32;
+  // offload.optimizer: host: AdamW's m, v and f32 masters in host memory
+  // (not part of peak_bytes).
+  size_t host_optimizer_bytes = 0;
   MemoryStats at_peak;        // the tracker (requested bytes per category) at the peak
   size_t peak_bytes = 0;      // held at the peak: requested bytes (cpu), size-class-rounded bytes (cuda)
   size_t reserved_bytes = 0;  // cuda: what the caching allocator has cudaMalloc'd after the step
@@ -46,10 +51,43 @@ struct StepPlan {
 // One training step of micro_batch x seq_len tokens, planned.
 StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch, int64_t seq_len);
 
+// One way to hold the frozen base and the optimizer state.
+struct PlanMode {
+  QuantMode quantization = QuantMode::int8;
+  OffloadTarget optimizer = OffloadTarget::device;
+};
+std::string mode_name(const PlanMode& mode);  // e.g. "nf4, optimizer state on the host"
+
+// How one mode fits options.gpu_mem_bytes: its plan at the config's
+// micro_batch_size x seq_len, and the largest powers of two that fit (0:
+// none) for seq_len at micro_batch 1 (up to max_position_embeddings) and
+// for micro_batch at the config's seq_len (up to 1024).
+struct ModeFit {
+  PlanMode mode;
+  size_t bytes = 0;
+  bool fits = false;
+  int64_t largest_seq_len = 0, largest_micro_batch = 0;
+};
+
+// Every mode the config's trainable set allows (LoRA: bf16/f32 base, int8,
+// nf4; full fine-tuning: unquantised only), each with its optimizer state on
+// the device and on the host, in order of preference: a more faithful base
+// first (16-bit, then int8, then 4-bit), and for each the state on the
+// device (no PCIe traffic in the optimizer step) before the host. The best
+// mode is the first that fits.
+std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& options);
+
 // `finetune plan`: the breakdown at the config's micro_batch_size x seq_len,
-// whether it fits in options.gpu_mem_bytes, and the largest power-of-two
-// seq_len that fits for micro_batch 1, 2, 4, ...
+// whether it fits in options.gpu_mem_bytes, then fit_modes as a table and
+// the best mode.
 void print_plan(const TrainConfig& config, const PlanOptions& options);
+
+// `finetune plan path/config.json` (or a model folder holding one): a LoRA
+// run on that model with the architecture's default targets, as a 24 GB
+// card would run it: bf16, per-layer checkpointing, 512-token loss chunks,
+// micro_batch 1 at min(2048, max_position_embeddings) tokens. overrides as
+// --set gives them.
+TrainConfig plan_config_for_model(const std::string& path, const std::vector<std::string>& overrides);
 
 // "24GiB", "0.75 GiB", "512MiB", "2GB", "1048576": bytes (binary and decimal units).
 size_t parse_byte_size(const std::string& text);

@@ -41,6 +41,7 @@ const Named<ActivationCheckpointing> kCheckpointings[] = {{"none", ActivationChe
 const Named<Schedule> kSchedules[] = {
     {"constant", Schedule::constant}, {"linear", Schedule::linear}, {"cosine", Schedule::cosine}};
 const Named<TaskMetric> kTaskMetrics[] = {{"none", TaskMetric::none}, {"rouge", TaskMetric::rouge}};
+const Named<OffloadTarget> kOffloadTargets[] = {{"device", OffloadTarget::device}, {"host", OffloadTarget::host}};
 
 template <class E, size_t N>
 const char* name_in(const Named<E> (&table)[N], E value) {
@@ -225,6 +226,7 @@ const Field kFields[] = {
     {"activation_checkpointing",
      [](TrainConfig& c, const Value& v) { c.activation_checkpointing = v.choice(kCheckpointings); }},
     {"loss_chunk_tokens", [](TrainConfig& c, const Value& v) { c.loss_chunk_tokens = v.integer_in(0, kMaxTokens); }},
+    {"offload.optimizer", [](TrainConfig& c, const Value& v) { c.offload_optimizer = v.choice(kOffloadTargets); }},
     {"warmup_steps", [](TrainConfig& c, const Value& v) { c.warmup_steps = v.integer_in(0, kMaxSteps); }},
     {"schedule", [](TrainConfig& c, const Value& v) { c.schedule = v.choice(kSchedules); }},
     {"min_lr_ratio",
@@ -429,5 +431,6 @@ const char* enum_name(DeviceChoice value) { return name_in(kDevices, value); }
 const char* enum_name(Schedule value) { return name_in(kSchedules, value); }
 const char* enum_name(ActivationCheckpointing value) { return name_in(kCheckpointings, value); }
 const char* enum_name(TaskMetric value) { return name_in(kTaskMetrics, value); }
+const char* enum_name(OffloadTarget value) { return name_in(kOffloadTargets, value); }
 
 }  // namespace ft

@@ -23,6 +23,7 @@ enum class Precision { fp32, bf16 };
 enum class DeviceChoice { automatic, cpu, cuda };
 enum class Schedule { constant, linear, cosine };
 enum class TaskMetric { none, rouge };
+enum class OffloadTarget { device, host };
 
 struct QuantizationConfig {
   QuantMode mode = QuantMode::int8;
@@ -76,6 +77,9 @@ struct TrainConfig {
   // Memory techniques for large models (model/model_options.h).
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::none;
   int64_t loss_chunk_tokens = 0;  // 0: the whole [tokens, vocab] logits at once
+  // offload.optimizer: host keeps AdamW's m, v and f32 masters in host memory
+  // (trainer/optimizer.h) and the adapters in the weight dtype on the device.
+  OffloadTarget offload_optimizer = OffloadTarget::device;
   int64_t grad_accum_steps = 1;
   double lr = 2.0e-4;
   int64_t warmup_steps = 0;
@@ -117,5 +121,6 @@ const char* enum_name(DeviceChoice value);
 const char* enum_name(Schedule value);
 const char* enum_name(ActivationCheckpointing value);
 const char* enum_name(TaskMetric value);
+const char* enum_name(OffloadTarget value);
 
 }  // namespace ft

@@ -10,11 +10,11 @@ namespace {
 constexpr const char* kFormat = "finetune-train-state-2";
 const std::string kIdentityPrefix = "identity.";
 
-// A host f32 copy of a backend tensor (the CPU backend could share memory, a
-// GPU backend cannot; one path for both).
-Tensor to_host(Backend& backend, const Tensor& tensor, Allocator& host) {
+// A host f32 copy of a state tensor (the CPU backend could share memory, a
+// GPU backend cannot; one path for both, offloaded state included).
+Tensor to_host(AdamW& optimizer, const Tensor& tensor, Allocator& host) {
   Tensor copy = Tensor::empty(tensor.shape, DType::f32, host, MemCategory::workspace);
-  backend.copy(copy, tensor);
+  optimizer.copy_state(copy, tensor);
   return copy;
 }
 
@@ -82,14 +82,13 @@ std::vector<std::string> check_identity(const SafetensorsFile& file, const RunId
 
 void save_train_state(const std::string& path, AdamW& optimizer, const TrainProgress& progress,
                       const RunIdentity& identity) {
-  Backend& backend = optimizer.backend();
   HostAllocator host;
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (size_t i = 0; i < optimizer.parameters().size(); ++i) {
     const std::string& name = optimizer.parameters()[i]->name;
-    tensors.emplace_back("param." + name, to_host(backend, optimizer.master(i), host));
-    tensors.emplace_back("adam_m." + name, to_host(backend, optimizer.first_moment(i), host));
-    tensors.emplace_back("adam_v." + name, to_host(backend, optimizer.second_moment(i), host));
+    tensors.emplace_back("param." + name, to_host(optimizer, optimizer.master(i), host));
+    tensors.emplace_back("adam_m." + name, to_host(optimizer, optimizer.first_moment(i), host));
+    tensors.emplace_back("adam_v." + name, to_host(optimizer, optimizer.second_moment(i), host));
   }
   std::map<std::string, std::string> metadata = {
       {"format", kFormat},
@@ -113,7 +112,6 @@ TrainProgress load_train_state(const std::string& path, AdamW& optimizer, const 
   FT_CHECK(by_name.size() == 3 * optimizer.parameters().size(), path, ": holds ", by_name.size() / 3,
            " trainable tensors but this run trains ", optimizer.parameters().size(),
            " (was the config changed since the checkpoint?)");
-  Backend& backend = optimizer.backend();
   for (size_t i = 0; i < optimizer.parameters().size(); ++i) {
     const std::string& name = optimizer.parameters()[i]->name;
     const std::pair<std::string, Tensor*> parts[] = {{"param." + name, &optimizer.master(i)},
@@ -127,7 +125,7 @@ TrainProgress load_train_state(const std::string& path, AdamW& optimizer, const 
                "\" is ", dtype_name(entry.dtype), " ", shape_string(entry.shape), ", expected f32 ",
                shape_string(destination->shape));
       require_finite(entry);
-      backend.copy(*destination, Tensor::view_of(const_cast<void*>(entry.data), entry.shape, entry.dtype));
+      optimizer.copy_state(*destination, Tensor::view_of(const_cast<void*>(entry.data), entry.shape, entry.dtype));
     }
   }
   optimizer.sync_compute_copies();

@@ -44,10 +44,13 @@ ModelOptions model_options(const TrainConfig& config) {
   options.activation_checkpointing = config.activation_checkpointing;
   options.loss_chunk_tokens = config.loss_chunk_tokens;
   if (config.trainable == Trainable::lora) options.lora = config.lora;
+  // With the f32 masters on the host the device keeps only the copy the adapters compute with.
+  if (config.offload_optimizer == OffloadTarget::host) options.adapter_dtype = options.weight_dtype;
   return options;
 }
 
-std::unique_ptr<AdamW> make_optimizer(Backend& backend, CausalLM& model, const TrainConfig& config) {
+std::unique_ptr<AdamW> make_optimizer(Backend& backend, CausalLM& model, const TrainConfig& config,
+                                      Allocator* host_state) {
   std::vector<Parameter*> trainable;
   for (std::deque<Parameter>* list : {&model.parameters(), &model.adapters()})
     for (Parameter& p : *list)
@@ -55,13 +58,17 @@ std::unique_ptr<AdamW> make_optimizer(Backend& backend, CausalLM& model, const T
   AdamWOptions options;
   options.weight_decay = config.weight_decay;
   options.max_grad_norm = config.max_grad_norm;
+  if (config.offload_optimizer == OffloadTarget::host) {
+    FT_CHECK(host_state, "setup_training: offload.optimizer: host needs a host allocator for the optimizer state");
+    options.host_state = host_state;
+  }
   return std::make_unique<AdamW>(backend, trainable, options);
 }
 
 }  // namespace
 
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
-                             const std::function<void(CausalLM&)>& fill_base) {
+                             const std::function<void(CausalLM&)>& fill_base, Allocator* host_state) {
   TrainingSetup setup;
   setup.model = make_causal_lm(model_config, backend, model_options(config));
   fill_base(*setup.model);
@@ -69,7 +76,7 @@ TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model
   const bool train_all = config.trainable == Trainable::all;
   setup.model->set_trainable(
       [&](const std::string& name) { return train_all || name.find(".lora_") != std::string::npos; });
-  setup.optimizer = make_optimizer(backend, *setup.model, config);
+  setup.optimizer = make_optimizer(backend, *setup.model, config, host_state);
   return setup;
 }
 
@@ -79,6 +86,7 @@ namespace {
 struct Run {
   const TrainConfig& config;
   HostAllocator host;
+  TrackingAllocator host_state{host};  // AdamW's state with offload.optimizer: host
   std::unique_ptr<Allocator> device_memory;  // CUDA only: the caching allocator under the tracker
   std::unique_ptr<TrackingAllocator> tracker;
   std::unique_ptr<Backend> backend;
@@ -177,7 +185,7 @@ void make_model(Run& run) {
     if (config.init == InitMode::random) model.init_random(config.seed);
     else model.load(Checkpoint(config.model));
     if (!config.quantization.save_base.empty()) save_base(run, model);
-  });
+  }, &run.host_state);
   run.model = std::move(setup.model);
   run.optimizer = std::move(setup.optimizer);
   run.identity = run_identity(config, *run.model);
@@ -242,9 +250,13 @@ StepReport train_step(Run& run, int64_t step) {
   return report;
 }
 
+// Host f32 tensors (offloaded optimizer state) are read where they are.
 bool all_finite(Run& run, const Tensor& tensor) {
-  Tensor host = Tensor::empty(tensor.shape, DType::f32, run.host, MemCategory::workspace);
-  run.backend->copy(host, tensor);
+  Tensor host = tensor;
+  if (tensor.device != Device::cpu || tensor.dtype != DType::f32) {
+    host = Tensor::empty(tensor.shape, DType::f32, run.host, MemCategory::workspace);
+    run.backend->copy(host, tensor);
+  }
   const float* values = host.ptr<float>();
   for (int64_t i = 0; i < host.numel(); ++i)
     if (!std::isfinite(values[i])) return false;
@@ -459,7 +471,10 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   std::cout << "memory: weights " << format_bytes(memory.current(MemCategory::weights)) << ", adapters "
             << format_bytes(memory.current(MemCategory::adapters)) << ", gradients "
             << format_bytes(memory.current(MemCategory::gradients)) << ", optimizer "
-            << format_bytes(memory.current(MemCategory::optimizer)) << "\n";
+            << format_bytes(memory.current(MemCategory::optimizer));
+  if (config.offload_optimizer == OffloadTarget::host)
+    std::cout << ", optimizer state on the host " << format_bytes(run.host_state.stats().current(MemCategory::optimizer));
+  std::cout << "\n";
   std::cout << "training " << run.total_steps << " steps of " << config.micro_batch_size << " x "
             << config.grad_accum_steps << " sequences of up to " << config.seq_len << " tokens\n";
 

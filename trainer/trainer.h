@@ -23,9 +23,11 @@ struct TrainingSetup {
 // its base weights (load, init_random, or nothing when planning); adapters
 // are initialised from the config's seed, the config's trainable set (the
 // adapters, or everything) gets gradient buffers, and AdamW takes the config's
-// weight decay and clipping.
+// weight decay and clipping. With offload.optimizer: host its state is
+// allocated from host_state (required then; a run's host memory, the
+// planner's host-side tracker).
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
-                             const std::function<void(CausalLM&)>& fill_base);
+                             const std::function<void(CausalLM&)>& fill_base, Allocator* host_state = nullptr);
 
 struct RunOptions {
   bool resume = false;  // continue from output_dir/train_state.safetensors

@@ -42,10 +42,11 @@ size_t measured_step_peak(const TrainConfig& config, int64_t batch, int64_t seq)
   CachingAllocator caching(device);
   TrackingAllocator tracker(caching);
   CudaBackend backend(tracker, cuda::default_gemm_kind());
-  TrainingSetup setup =
-      setup_training(config, model_config, backend, [&](CausalLM& model) { model.init_random(config.seed); });
-  CausalLM* model = setup.model.get();
   HostAllocator host;
+  TrackingAllocator host_state(host);
+  TrainingSetup setup = setup_training(
+      config, model_config, backend, [&](CausalLM& model) { model.init_random(config.seed); }, &host_state);
+  CausalLM* model = setup.model.get();
   Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
   caching.reset_peak();  // init_random's staging is not part of a step
@@ -85,4 +86,15 @@ TEST_CASE("plan: the CUDA policy's peak equals a CUDA training step's, to the by
     check_plan_matches_cuda_step("gpt_neox_sequential", neox + precision);
     check_plan_matches_cuda_step("gpt_neox_parallel", neox + precision + "activation_checkpointing: per_layer\n");
   }
+}
+
+// offload.optimizer: host: bf16 (or f32) adapters and f32 gradients on the
+// device, AdamW's state in host memory, streamed through staging buffers in
+// the optimizer step; an NF4 base with LoRA on every linear, as QLoRA trains.
+TEST_CASE("plan: with AdamW's state offloaded the CUDA policy's peak equals a CUDA step's, to the byte") {
+  REQUIRE(cuda_device_present);
+  const std::string qlora = "quantization: {mode: nf4}\nlora: {r: 8, target_modules: all-linear}\n"
+                            "offload: {optimizer: host}\nactivation_checkpointing: per_layer\n";
+  for (const char* precision : {"precision: fp32\n", "precision: bf16\n"})
+    check_plan_matches_cuda_step("llama_gqa", qlora + precision);
 }
