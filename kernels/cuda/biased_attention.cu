@@ -180,7 +180,9 @@ Dims dims_of(const char* op, const Tensor& q, const Tensor& k, bool causal) {
   return {int(B), int(Tq), int(Tk), int(H), int(D), causal};
 }
 
-cuda::ConstView optional_view(const Tensor* t) { return t ? cuda::const_view(*t) : cuda::ConstView{nullptr, DType::f32}; }
+cuda::ConstView optional_view(const Tensor* t) {
+  return t ? cuda::const_view(*t) : cuda::ConstView{nullptr, DType::f32};
+}
 
 }  // namespace
 
