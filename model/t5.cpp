@@ -146,18 +146,42 @@ Tensor t5_decoder_inputs(const Tensor& labels, int64_t decoder_start_token_id, i
 // ---- the step --------------------------------------------------------------
 
 float T5Model::forward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets) {
+  encode(encoder_ids);
+  const float loss = decode(decoder_ids, targets);
+  encoded_ = Tensor{};
+  return loss;
+}
+
+void T5Model::encode(const Tensor& encoder_ids) {
   set_training(false);
-  return run_step(encoder_ids, decoder_ids, targets, nullptr);
+  encoded_ = Tensor{};
+  StackRun encoder;
+  encoder.ids = upload_tokens(encoder_ids);
+  encoder.batch = encoder_ids.dim(0);
+  encoder.seq = encoder_ids.dim(1);
+  forward_stack(*encoder_, encoder, nullptr, 0, false);
+  encoded_ = encoder.final_norm.out;
+  encoded_batch_ = encoder.batch;
+  encoded_seq_ = encoder.seq;
+}
+
+float T5Model::decode(const Tensor& decoder_ids, const Tensor& targets) {
+  FT_CHECK(encoded_.data, "t5: decode() needs encode() first");
+  set_training(false);
+  StackRun decoder;
+  const StepTokens tokens = upload_ids_and_targets(decoder_ids, targets);
+  FT_CHECK(tokens.batch == encoded_batch_, "t5: decoder_ids ", shape_string(decoder_ids.shape),
+           " and the encoded batch of ", encoded_batch_, " rows differ in batch size");
+  decoder.ids = tokens.ids;
+  decoder.batch = tokens.batch;
+  decoder.seq = tokens.seq;
+  forward_stack(*decoder_, decoder, &encoded_, encoded_seq_, false);
+  return lm_head_loss(decoder.final_norm.out, tokens, nullptr, 0.0f);
 }
 
 float T5Model::forward_backward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
                                 float grad_scale) {
   set_training(true);
-  return run_step(encoder_ids, decoder_ids, targets, &grad_scale);
-}
-
-float T5Model::run_step(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
-                        const float* grad_scale) {
   StackRun encoder, decoder;
   encoder.ids = upload_tokens(encoder_ids);
   FT_CHECK(encoder_ids.dim(0) == decoder_ids.dim(0), "t5: encoder_ids ", shape_string(encoder_ids.shape),
@@ -168,14 +192,12 @@ float T5Model::run_step(const Tensor& encoder_ids, const Tensor& decoder_ids, co
   decoder.ids = tokens.ids;
   decoder.batch = tokens.batch;
   decoder.seq = tokens.seq;
-  const bool training = grad_scale != nullptr;
-  forward_stack(*encoder_, encoder, nullptr, 0, training);
+  forward_stack(*encoder_, encoder, nullptr, 0, true);
   const Tensor& encoder_out = encoder.final_norm.out;
-  forward_stack(*decoder_, decoder, &encoder_out, encoder.seq, training);
-  Tensor dhidden;  // d(loss)/d(decoder output) [N, C], made by a training step's lm_head_loss
-  const float loss = lm_head_loss(decoder.final_norm.out, tokens, training ? &dhidden : nullptr,
-                                  training ? *grad_scale : 0.0f);
-  if (!training || tokens.counted == 0) return loss;
+  forward_stack(*decoder_, decoder, &encoder_out, encoder.seq, true);
+  Tensor dhidden;  // d(loss)/d(decoder output) [N, C], made by lm_head_loss
+  const float loss = lm_head_loss(decoder.final_norm.out, tokens, &dhidden, grad_scale);
+  if (tokens.counted == 0) return loss;
   Tensor dencoder_out = backend_.empty(encoder_out.shape, options_.activation_dtype, MemCategory::activations);
   backend_.fill(dencoder_out, 0.0f);
   backward_stack(*decoder_, decoder, dhidden, &encoder_out, &dencoder_out);

@@ -41,6 +41,13 @@ class T5Model final : public LanguageModel {
   float forward_backward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
                          float grad_scale = 1.0f);
 
+  // For generation, forward in two halves: encode() runs the encoder and
+  // keeps its output until the next encode() or forward(); decode() is
+  // forward's decoder half against it (same arguments and logits), so a
+  // growing decoder input needs the encoder only once.
+  void encode(const Tensor& encoder_ids);
+  float decode(const Tensor& decoder_ids, const Tensor& targets);
+
  private:
   struct Attention;
   struct FeedForward;
@@ -49,8 +56,6 @@ class T5Model final : public LanguageModel {
   struct SublayerActivations;
   struct StackRun;
 
-  float run_step(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
-                 const float* grad_scale);
   // Builds one stack's parameters under prefix ("encoder." or "decoder.").
   void add_stack(Stack& stack, const std::string& prefix, int64_t layers, bool decoder);
   // The stack's relative position bias [T, T, H] for run.seq tokens.
@@ -75,6 +80,8 @@ class T5Model final : public LanguageModel {
   void feed_forward_backward(const FeedForward& ff, SublayerActivations& saved, const Tensor& dy, Tensor& dnorm);
 
   std::unique_ptr<Stack> encoder_, decoder_;
+  Tensor encoded_;  // encode()'s output [B*S, C]
+  int64_t encoded_batch_ = 0, encoded_seq_ = 0;
 };
 
 // transformers' _shift_right: the decoder's inputs for labels host i32

@@ -12,7 +12,8 @@ the logarithmic buckets and the cap are reached by 11 encoder tokens) in the hub
   t5_v1_1: feed_forward_proj "gated-gelu", tie_word_embeddings false (its own lm_head), as FLAN-T5.
 reference.safetensors: encoder input_ids [2, 11], labels [2, 7] (some -100), decoder_input_ids (transformers'
 _shift_right of labels), logits, loss and the gradient of every parameter ("grad." + name), from the model as
-T5ForConditionalGeneration.from_pretrained reads the folder, float32, cross-checked in float64.
+T5ForConditionalGeneration.from_pretrained reads the folder, float32, cross-checked in float64; `generated`: each
+input row's greedy generate() (max_new_tokens 9) before EOS (1), -1 after.
 adapter/ and lora_reference.safetensors: PEFT LoRA (r 4, alpha 8, PEFT's default targets for t5, q and v, which
 also match EncDecAttention), lora_B set to seeded noise; logits, loss, LoRA gradients, the adapters after one
 torch.optim.AdamW step and the loss after it.
@@ -32,6 +33,7 @@ from transformers import T5Config, T5ForConditionalGeneration  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures")
 VOCAB, ENC_SEQ, DEC_SEQ, BATCH = 97, 11, 7, 2
+GEN_TOKENS = 9
 LORA = dict(r=4, lora_alpha=8, lora_dropout=0.0, task_type="SEQ_2_SEQ_LM", bias="none")  # targets: PEFT's default
 
 
@@ -89,6 +91,19 @@ def forward_backward(model, input_ids, labels, names):
     return out.logits.detach().clone(), out.loss.detach().clone(), grads
 
 
+def greedy(model, input_ids):
+    """generate(do_sample=False) for each row alone: its new tokens before EOS (1), -1 after, [B, GEN_TOKENS]."""
+    out = torch.full((input_ids.shape[0], GEN_TOKENS), -1, dtype=torch.int32)
+    with torch.no_grad():
+        for b in range(input_ids.shape[0]):
+            tokens = model.generate(input_ids=input_ids[b:b + 1], max_new_tokens=GEN_TOKENS, do_sample=False,
+                                    num_beams=1)[0, 1:]  # after the decoder start token
+            tokens = tokens.tolist()
+            tokens = tokens[:tokens.index(1)] if 1 in tokens else tokens
+            out[b, :len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+    return out
+
+
 def check_f64(tag, model, input_ids, labels, names, logits, loss, grads):
     check_float64(tag, model, lambda m: forward_backward(m, input_ids, labels, names), (logits, loss, grads))
 
@@ -107,6 +122,7 @@ def make(name, gated, seed):
     ref = dict(inputs, logits=logits, loss=loss.reshape(1))
     for n, g in grads.items():
         ref["grad." + n] = g
+    ref["generated"] = greedy(model, input_ids)
     save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out_dir, "reference.safetensors"))
 
     peft_model, trainable = make_peft_model(model, LORA, name, seed + 100)

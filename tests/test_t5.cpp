@@ -7,9 +7,11 @@
 // Each is checked for the logits, the loss and every parameter's gradient,
 // then with PEFT's adapter (q and v, which also match EncDecAttention) for the
 // logits, loss, adapter gradients, one AdamW step and the loss after it; the
-// adapter we save is PEFT's file, key for key and value for value.
+// adapter we save is PEFT's file, key for key and value for value; greedy
+// generation gives generate()'s tokens.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +24,7 @@
 #include "model/safetensors.h"
 #include "model/t5.h"
 #include "tests/parity.h"
+#include "trainer/generate_seq2seq.h"
 
 using namespace ft;
 using ft::parity::relative_error;
@@ -336,4 +339,40 @@ TEST_CASE("t5 over an INT8 base: every linear int8, the bias tables, norms and e
   const double cosine = dot / std::sqrt(ours * theirs);
   MESSAGE("int8 base: cosine of the LoRA gradients with the f32 model's ", cosine);
   CHECK(cosine >= 0.95);
+}
+
+TEST_CASE("t5 greedy generation equals transformers' generate(); encode/decode split equals forward") {
+  for (const std::string fixture : {"t5_v1_0", "t5_v1_1"}) {
+    CAPTURE(fixture);
+    const std::string dir = fixture_dir(fixture);
+    Checkpoint reference(dir + "/reference.safetensors");
+    HostAllocator host;
+    CpuBackend backend(host);
+    T5Model model(ModelConfig::from_json_file(dir + "/config.json"), backend, f32_options());
+    model.load(Checkpoint(dir));
+
+    const Tensor input_ids = reference.view("input_ids"), want = reference.view("generated");
+    const int64_t S = input_ids.dim(1), steps = want.dim(1);
+    std::vector<std::vector<int32_t>> inputs;
+    for (int64_t b = 0; b < input_ids.dim(0); ++b)
+      inputs.emplace_back(input_ids.ptr<int32_t>() + b * S, input_ids.ptr<int32_t>() + (b + 1) * S);
+    SamplingOptions greedy;
+    greedy.max_new_tokens = steps;
+    const std::vector<std::vector<int32_t>> got = generate_seq2seq(model, inputs, greedy, {1});
+    for (size_t b = 0; b < inputs.size(); ++b) {
+      const int32_t* row = want.ptr<int32_t>() + int64_t(b) * steps;
+      std::vector<int32_t> want_row(row, row + steps);
+      want_row.erase(std::find(want_row.begin(), want_row.end(), -1), want_row.end());
+      CHECK(got[b] == want_row);
+    }
+    // A stop id ends a row before it: the first greedy token of row 0 as the stop.
+    CHECK(generate_seq2seq(model, {inputs[0]}, greedy, {got[0][0]})[0].empty());
+
+    const Tensor labels = reference.view("labels"), decoder_ids = reference.view("decoder_input_ids");
+    const float loss = model.forward(input_ids, decoder_ids, labels);
+    const Tensor logits = model.last_logits();
+    model.encode(input_ids);
+    CHECK(model.decode(decoder_ids, labels) == loss);
+    CHECK(same_bytes(model.last_logits(), logits));
+  }
 }
