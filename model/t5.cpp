@@ -232,6 +232,7 @@ void T5Model::forward_stack(const Stack& stack, StackRun& run, const Tensor* enc
   be.embedding_forward(run.residuals[0], run.ids, embedding_->value);
   const int64_t per_block = stack.sublayers_per_block();
   run.sublayers.resize(stack.blocks.size() * size_t(per_block));
+  run.residuals.reserve(run.sublayers.size() + 1);  // x below refers into it across push_back
   for (size_t k = 0; k < run.sublayers.size(); ++k) {
     const Block& block = stack.blocks[k / size_t(per_block)];
     const int64_t kind = int64_t(k) % per_block;  // 0 self-attention, then cross-attention (decoder), then feed-forward

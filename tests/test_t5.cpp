@@ -19,6 +19,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
+#include "kernels/meta/meta_backend.h"
 #include "model/causal_lm.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
@@ -375,4 +376,31 @@ TEST_CASE("t5 greedy generation equals transformers' generate(); encode/decode s
     CHECK(model.decode(decoder_ids, labels) == loss);
     CHECK(same_bytes(model.last_logits(), logits));
   }
+}
+
+TEST_CASE("t5 on the meta backend (the memory planner) allocates exactly what the CPU step allocates") {
+  const std::string dir = fixture_dir("t5_v1_1");
+  const ModelConfig config = ModelConfig::from_json_file(dir + "/config.json");
+  Checkpoint reference(dir + "/lora_reference.safetensors");
+  ModelOptions options = f32_options();
+  options.lora = read_peft_adapter_config(dir + "/adapter").lora;
+  auto step_peaks = [&](Backend& backend, TrackingAllocator& tracker) {
+    T5Model model(config, backend, options);
+    model.set_trainable([](const std::string& name) { return name.find("lora_") != std::string::npos; });
+    tracker.reset_peaks();
+    model.forward_backward(reference.view("input_ids"), reference.view("decoder_input_ids"),
+                           reference.view("labels"));
+    return std::vector<size_t>{tracker.stats().peak(MemCategory::activations), tracker.stats().total_peak_bytes,
+                               tracker.stats().current(MemCategory::weights)};
+  };
+  HostAllocator host;
+  TrackingAllocator cpu_tracker(host);
+  CpuBackend cpu(cpu_tracker);
+  MetaAllocator meta;
+  TrackingAllocator meta_tracker(meta);
+  MetaBackend planner(meta_tracker, MemoryPolicy::cpu);
+  const std::vector<size_t> on_cpu = step_peaks(cpu, cpu_tracker), planned = step_peaks(planner, meta_tracker);
+  MESSAGE("t5 step: peak activations ", on_cpu[0], " bytes, peak total ", on_cpu[1], " bytes");
+  CHECK(on_cpu[0] > 0);
+  CHECK(planned == on_cpu);
 }
