@@ -339,7 +339,8 @@ std::pair<float, double> quantized_base_step(bool nf4) {
     }
   }
   const double cosine = dot / std::sqrt(ours * theirs);
-  MESSAGE(std::string(nf4 ? "nf4" : "int8"), " base: loss ", loss, ", LoRA gradients' cosine with the f32 model's ", cosine);
+  MESSAGE(std::string(nf4 ? "nf4" : "int8"), " base: loss ", loss, ", LoRA gradients' cosine with the f32 model's ",
+          cosine);
   return {loss, cosine};
 }
 
