@@ -70,6 +70,14 @@ namespace ft {
   PREFIX void attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,      \
                                       const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,       \
                                       float scale, int64_t sliding_window) SUFFIX;                                  \
+  PREFIX void biased_attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,            \
+                                            const Tensor& v, const Tensor* bias, bool causal) SUFFIX;               \
+  PREFIX void biased_attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, Tensor* dbias, const Tensor& dout, \
+                                             const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,  \
+                                             const Tensor& lse, const Tensor* bias, bool causal) SUFFIX;            \
+  PREFIX void activation_forward_impl(Tensor& out, const Tensor& x, const Tensor* up, Activation kind) SUFFIX;     \
+  PREFIX void activation_backward_impl(Tensor& dx, Tensor* dup, const Tensor& dout, const Tensor& x,               \
+                                       const Tensor* up, Activation kind) SUFFIX;                                   \
   PREFIX void cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,      \
                                  float dloss) SUFFIX;                                                               \
   PREFIX void quantize_rows_int8_impl(Tensor& q, Tensor& scales, const Tensor& x) SUFFIX;                           \
@@ -281,6 +289,47 @@ class Backend {
     checks::check_attention(device(), "attention_backward", q, k, v, out, lse, sliding_window);
     checks::check_attention_gradients(device(), "attention_backward", dq, dk, dv, dout, q, k);
     attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, scale, sliding_window);
+  }
+
+  // T5's attention (encoder self-attention, decoder self- and
+  // cross-attention): scores[i, j] = q_i . k_j + bias[i, j, h], NOT scaled by
+  // 1/sqrt(D) (T5 folds that into its initialisation), softmax over the
+  // visible keys, out = P v. q [B, Tq, H, D], k and v [B, Tk, H, D], out like
+  // q, lse f32 [B, H, Tq] as attention_forward's. bias (null: none, as in
+  // cross-attention) is [Tq, Tk, H] f32 or bf16, shared by the batch rows:
+  // the relative position bias, an embedding lookup of bucket ids. causal:
+  // key j is visible to query i iff j <= i (Tq == Tk); otherwise every key is.
+  void biased_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor* bias, bool causal) {
+    checks::check_biased_attention(device(), "biased_attention_forward", q, k, v, out, lse, bias, causal);
+    biased_attention_forward_impl(out, lse, q, k, v, bias, causal);
+  }
+  // dq, dk, dv overwritten. dbias (null: not wanted) f32 [Tq, Tk, H] +=
+  // d(loss)/d(bias) summed over the batch, accumulated like a parameter
+  // gradient because T5's later layers reuse the first layer's bias.
+  void biased_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor* dbias, const Tensor& dout,
+                                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                 const Tensor& lse, const Tensor* bias, bool causal) {
+    checks::check_biased_attention(device(), "biased_attention_backward", q, k, v, out, lse, bias, causal);
+    checks::check_biased_attention_gradients(device(), "biased_attention_backward", dq, dk, dv, dbias, dout, q, k,
+                                             lse);
+    biased_attention_backward_impl(dq, dk, dv, dbias, dout, q, k, v, out, lse, bias, causal);
+  }
+
+  // ---- T5 feed-forward activation ------------------------------------------
+  // out = act(x), times up when given: T5's MLP (relu, up null) and T5 v1.1 /
+  // FLAN-T5's gated-gelu (gelu_tanh(wi_0 x) * wi_1 x). All shaped as out;
+  // out may alias x.
+  void activation_forward(Tensor& out, const Tensor& x, const Tensor* up, Activation kind) {
+    checks::check_activation(device(), "activation_forward", out, "out", x, up, nullptr, nullptr);
+    activation_forward_impl(out, x, up, kind);
+  }
+  // dx = dout * act'(x) (times up when given) and, with up, dup = dout *
+  // act(x), both overwritten. relu'(0) = 0, as torch. dx may alias dout.
+  void activation_backward(Tensor& dx, Tensor* dup, const Tensor& dout, const Tensor& x, const Tensor* up,
+                           Activation kind) {
+    checks::check_activation(device(), "activation_backward", dx, "dx", x, up, &dout, dup);
+    activation_backward_impl(dx, dup, dout, x, up, kind);
   }
 
   // ---- loss --------------------------------------------------------------

@@ -132,6 +132,54 @@ inline void check_attention_gradients(Device device, const char* op, const Tenso
   check_float_like(dout, q, device, op, "dout");
 }
 
+// Backend::biased_attention_forward's operands: q [B, Tq, H, D], k and v
+// [B, Tk, H, D], out like q, lse f32 [B, H, Tq], bias [Tq, Tk, H] or null;
+// causal needs Tq == Tk.
+inline void check_biased_attention(Device device, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& out, const Tensor& lse, const Tensor* bias, bool causal) {
+  check_float(q, device, op, "q");
+  check_float(k, device, op, "k");
+  check_float(v, device, op, "v");
+  check_float(out, device, op, "out");
+  check_dtype(lse, DType::f32, device, op, "lse");
+  FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got q ", shape_string(q.shape),
+           " and k ", shape_string(k.shape));
+  const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Tk = k.dim(1);
+  check_shape(k, {B, Tk, H, D}, op, "k");
+  check_shape(v, k.shape, op, "v");
+  check_shape(out, q.shape, op, "out");
+  check_shape(lse, {B, H, Tq}, op, "lse");
+  FT_CHECK(!causal || Tq == Tk, op, ": causal attention needs as many keys as queries, got ", Tk, " and ", Tq);
+  if (!bias) return;
+  check_float(*bias, device, op, "bias");
+  check_shape(*bias, {Tq, Tk, H}, op, "bias");
+}
+
+// biased_attention_backward's gradients: dq, dk, dv and dout as their
+// inputs, dbias f32 [Tq, Tk, H] when given.
+inline void check_biased_attention_gradients(Device device, const char* op, const Tensor& dq, const Tensor& dk,
+                                             const Tensor& dv, const Tensor* dbias, const Tensor& dout,
+                                             const Tensor& q, const Tensor& k, const Tensor& lse) {
+  check_float_like(dq, q, device, op, "dq");
+  check_float_like(dk, k, device, op, "dk");
+  check_float_like(dv, k, device, op, "dv");
+  check_float_like(dout, q, device, op, "dout");
+  if (!dbias) return;
+  check_dtype(*dbias, DType::f32, device, op, "dbias");
+  check_shape(*dbias, {lse.dim(2), k.dim(1), q.dim(2)}, op, "dbias");
+}
+
+// Backend::activation_forward/backward: every operand shaped as x.
+inline void check_activation(Device device, const char* op, const Tensor& out, const char* out_name, const Tensor& x,
+                             const Tensor* up, const Tensor* dout, const Tensor* dup) {
+  check_float(x, device, op, "x");
+  check_float_like(out, x, device, op, out_name);
+  if (up) check_float_like(*up, x, device, op, "up");
+  if (dout) check_float_like(*dout, x, device, op, "dout");
+  if (dup) check_float_like(*dup, x, device, op, "dup");
+  FT_CHECK(!dup || up, op, ": dup needs up");
+}
+
 // Embedding forward and backward: rows f32/bf16 [ids.numel(), C] for a
 // table [V, C] and i32 ids (ids' range is the backend's to check: reading
 // them needs the host).

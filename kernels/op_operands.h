@@ -64,4 +64,8 @@ struct Nf4Weight {
 // ("gelu_new", "gelu_fast", "gelu_pytorch_tanh").
 enum class GeluKind { erf, tanh };
 
+// Backend::activation_forward's function: relu, or GELU's tanh form
+// (transformers' "gelu_new", T5 v1.1's gated-gelu).
+enum class Activation { relu, gelu_tanh };
+
 }  // namespace ft

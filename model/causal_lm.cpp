@@ -15,8 +15,8 @@
 
 namespace ft {
 
-CausalLM::CausalLM(const ModelConfig& config, Backend& backend, const ModelOptions& options,
-                   const std::vector<std::string>& default_lora_targets)
+LanguageModel::LanguageModel(const ModelConfig& config, Backend& backend, const ModelOptions& options,
+                             const std::vector<std::string>& default_lora_targets)
     : config_(config), backend_(backend), options_(options) {
   FT_CHECK(options.loss_chunk_tokens >= 0, "loss_chunk_tokens must be >= 0 (0: unchunked), got ",
            options.loss_chunk_tokens);
@@ -28,17 +28,19 @@ CausalLM::CausalLM(const ModelConfig& config, Backend& backend, const ModelOptio
   if (lora.target_modules.empty()) lora.target_modules = default_lora_targets;
 }
 
-CausalLM::~CausalLM() = default;
+LanguageModel::~LanguageModel() = default;
 
 std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& config, Backend& backend, const ModelOptions& options) {
   const std::string& type = config.model_type;
   if (type == "llama" || type == "qwen2" || type == "mistral")
     return std::make_unique<LlamaModel>(config, backend, options);
   if (type == "gpt_neox") return std::make_unique<GptNeoxModel>(config, backend, options);
-  fail("model_type \"", type, "\" is not supported (", kSupportedModelTypes, ")");
+  FT_CHECK(type != "t5", "model_type \"t5\" is an encoder-decoder model: it loads as T5Model (model/t5.h), but ",
+           "training and generation here run decoder-only models only (", kCausalLmModelTypes, ")");
+  fail("model_type \"", type, "\" is not supported (", kCausalLmModelTypes, ")");
 }
 
-void CausalLM::check_built(const std::string& module_names) {
+void LanguageModel::check_built(const std::string& module_names) {
   FT_CHECK(embedding_ && final_norm_.weight && lm_head_, config_.model_type,
            ": the architecture must set its embedding, final norm and lm_head");
   if (!options_.lora) return;
@@ -70,7 +72,7 @@ bool module_matches_target(const std::string& module_name, const std::string& ta
          module_name[module_name.size() - target.size() - 1] == '.';
 }
 
-Parameter& CausalLM::add_parameter(const std::string& name, const Shape& shape, DType dtype) {
+Parameter& LanguageModel::add_parameter(const std::string& name, const Shape& shape, DType dtype) {
   Parameter parameter;
   parameter.name = name;
   parameter.value = backend_.empty(shape, dtype, MemCategory::weights);
@@ -79,8 +81,8 @@ Parameter& CausalLM::add_parameter(const std::string& name, const Shape& shape, 
 }
 
 // A decoder linear: dense, LLM.int8() or NF4, wrapped in LoRA when it is a target.
-std::unique_ptr<Linear> CausalLM::make_linear(const std::string& module, int64_t out_features,
-                                                int64_t in_features, bool bias) {
+std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, int64_t out_features,
+                                                   int64_t in_features, bool bias) {
   std::unique_ptr<Linear> base;
   if (options_.int8_base) {
     Parameter& weight = add_parameter(module + ".weight", {out_features, in_features}, DType::i8);
@@ -119,14 +121,14 @@ std::unique_ptr<Linear> CausalLM::make_linear(const std::string& module, int64_t
   return adapted;
 }
 
-Parameter& CausalLM::parameter(const std::string& name) {
+Parameter& LanguageModel::parameter(const std::string& name) {
   for (std::deque<Parameter>* list : {&parameters_, &adapters_})
     for (Parameter& p : *list)
       if (p.name == name) return p;
   fail("no parameter named \"", name, "\"");
 }
 
-void CausalLM::load(const Checkpoint& checkpoint) {
+void LanguageModel::load(const Checkpoint& checkpoint) {
   for (Parameter& p : parameters_) {
     if (p.value.dtype == DType::u8) {
       load_nf4_parameter(backend_, checkpoint, p);
@@ -161,7 +163,7 @@ void CausalLM::load(const Checkpoint& checkpoint) {
   }
 }
 
-void CausalLM::init_random(uint64_t seed) {
+void LanguageModel::init_random(uint64_t seed) {
   HostAllocator host;
   uint64_t index = 0;
   for (Parameter& p : parameters_) {
@@ -193,16 +195,16 @@ void CausalLM::init_random(uint64_t seed) {
   }
 }
 
-void CausalLM::init_adapters(uint64_t seed) {
+void LanguageModel::init_adapters(uint64_t seed) {
   for (size_t i = 0; i + 1 < adapters_.size(); i += 2)
     init_lora_parameters(backend_, adapters_[i], adapters_[i + 1], splitmix64(seed, i));
 }
 
-void CausalLM::set_dropout_seed(uint64_t seed) {
+void LanguageModel::set_dropout_seed(uint64_t seed) {
   for (size_t i = 0; i < lora_layers_.size(); ++i) lora_layers_[i]->set_dropout_seed(splitmix64(seed, i));
 }
 
-void CausalLM::set_training(bool training) {
+void LanguageModel::set_training(bool training) {
   for (LoraLinear* layer : lora_layers_) layer->set_training(training);
 }
 
@@ -242,7 +244,7 @@ CausalLM::AttentionGradients CausalLM::attention_backward(const AttentionActivat
 
 // ---- norms ---------------------------------------------------------------
 
-NormParameters CausalLM::add_norm(const std::string& name, bool bias, float eps) {
+NormParameters LanguageModel::add_norm(const std::string& name, bool bias, float eps) {
   const int64_t C = config_.hidden_size;
   NormParameters norm;
   norm.weight = &add_parameter(name + ".weight", {C}, options_.weight_dtype);
@@ -260,7 +262,7 @@ static NormOutput empty_norm_output(Backend& be, const NormParameters& norm, con
   return output;
 }
 
-NormOutput CausalLM::norm_forward(const NormParameters& norm, const Tensor& x) {
+NormOutput LanguageModel::norm_forward(const NormParameters& norm, const Tensor& x) {
   NormOutput output = empty_norm_output(backend_, norm, x, options_.activation_dtype);
   if (norm.bias)
     backend_.layernorm_forward(output.out, output.mean, output.rstd, x, norm.weight->value, norm.bias->value,
@@ -270,7 +272,8 @@ NormOutput CausalLM::norm_forward(const NormParameters& norm, const Tensor& x) {
   return output;
 }
 
-NormOutput CausalLM::add_norm_forward(const NormParameters& norm, Tensor& sum, const Tensor& a, const Tensor& b) {
+NormOutput LanguageModel::add_norm_forward(const NormParameters& norm, Tensor& sum, const Tensor& a,
+                                           const Tensor& b) {
   NormOutput output = empty_norm_output(backend_, norm, a, options_.activation_dtype);
   if (norm.bias)
     backend_.add_layernorm_forward(sum, output.out, output.mean, output.rstd, a, b, norm.weight->value,
@@ -288,8 +291,8 @@ void CausalLM::add_next_norm(size_t index, Tensor& out, NormOutput& norm, const 
 // A norm parameter's gradient, or null when it is frozen.
 static Tensor* grad_of(Parameter* p) { return p->trainable() ? &p->grad : nullptr; }
 
-void CausalLM::norm_backward(Tensor& dx, const NormParameters& norm, const Tensor& dout, const Tensor& x,
-                             const NormOutput& saved) {
+void LanguageModel::norm_backward(Tensor& dx, const NormParameters& norm, const Tensor& dout, const Tensor& x,
+                                  const NormOutput& saved) {
   if (norm.bias)
     backend_.layernorm_backward(dx, grad_of(norm.weight), grad_of(norm.bias), dout, x, norm.weight->value, saved.mean,
                                 saved.rstd);
@@ -297,8 +300,8 @@ void CausalLM::norm_backward(Tensor& dx, const NormParameters& norm, const Tenso
     backend_.rmsnorm_backward(dx, grad_of(norm.weight), dout, x, norm.weight->value, saved.rstd);
 }
 
-void CausalLM::norm_backward_add(Tensor& dresidual, const NormParameters& norm, const Tensor& dout, const Tensor& x,
-                                 const NormOutput& saved) {
+void LanguageModel::norm_backward_add(Tensor& dresidual, const NormParameters& norm, const Tensor& dout,
+                                      const Tensor& x, const NormOutput& saved) {
   if (norm.bias)
     backend_.layernorm_backward_add(dresidual, grad_of(norm.weight), grad_of(norm.bias), dout, dresidual, x,
                                     norm.weight->value, saved.mean, saved.rstd);
@@ -308,14 +311,6 @@ void CausalLM::norm_backward_add(Tensor& dresidual, const NormParameters& norm, 
 }
 
 // ---- the step --------------------------------------------------------------
-
-// One step's tokens on the backend: ids, targets and positions (0..T-1 in
-// every row) as i32 [B*T], from host i32 [B, T] input_ids and targets, and
-// how many targets count (are not -100).
-struct CausalLM::StepTokens {
-  int64_t batch = 0, seq = 0, counted = 0;
-  Tensor ids, targets, positions;
-};
 
 // One step through the decoder stack.
 struct CausalLM::DecoderStep {
@@ -346,26 +341,32 @@ float CausalLM::run_step(const Tensor& input_ids, const Tensor& targets, const f
   return loss;
 }
 
-// Uploads a host i32 [B, T] tensor as i32 [B*T] on the backend. Host only:
-// the targets are also counted on the host (upload_step_tokens).
-static Tensor upload_tokens(Backend& backend, const Tensor& host_tokens, const std::string& model_type) {
+// Host only: the targets are also counted on the host (upload_ids_and_targets).
+Tensor LanguageModel::upload_tokens(const Tensor& host_tokens) {
   FT_CHECK(host_tokens.dtype == DType::i32 && host_tokens.ndim() == 2 && host_tokens.device == Device::cpu,
-           model_type, ": token tensors must be host i32 [B, T], got ", dtype_name(host_tokens.dtype), " ",
+           config_.model_type, ": token tensors must be host i32 [B, T], got ", dtype_name(host_tokens.dtype), " ",
            shape_string(host_tokens.shape), host_tokens.device == Device::cpu ? "" : " on the device");
-  Tensor tokens = backend.empty({host_tokens.numel()}, DType::i32, MemCategory::activations);
-  backend.copy(tokens, host_tokens.reshaped({host_tokens.numel()}));
+  Tensor tokens = backend_.empty({host_tokens.numel()}, DType::i32, MemCategory::activations);
+  backend_.copy(tokens, host_tokens.reshaped({host_tokens.numel()}));
   return tokens;
 }
 
-CausalLM::StepTokens CausalLM::upload_step_tokens(const Tensor& input_ids, const Tensor& targets) {
+LanguageModel::StepTokens LanguageModel::upload_ids_and_targets(const Tensor& input_ids, const Tensor& targets) {
   const std::string& type = config_.model_type;
   FT_CHECK(input_ids.shape == targets.shape, type, ": input_ids ", shape_string(input_ids.shape), " and targets ",
            shape_string(targets.shape), " differ in shape");
   StepTokens tokens;
-  tokens.ids = upload_tokens(backend_, input_ids, type);
-  tokens.targets = upload_tokens(backend_, targets, type);
+  tokens.ids = upload_tokens(input_ids);
+  tokens.targets = upload_tokens(targets);
   tokens.batch = input_ids.dim(0);
   tokens.seq = input_ids.dim(1);
+  for (int64_t n = 0; n < tokens.batch * tokens.seq; ++n) tokens.counted += targets.ptr<int32_t>()[n] != -100;
+  return tokens;
+}
+
+CausalLM::StepTokens CausalLM::upload_step_tokens(const Tensor& input_ids, const Tensor& targets) {
+  StepTokens tokens = upload_ids_and_targets(input_ids, targets);
+  const std::string& type = config_.model_type;
   // Dynamic NTK rope exists to run past max_position_embeddings.
   FT_CHECK(tokens.seq <= config_.max_position_embeddings || config_.rope_scaling.type == "dynamic", type,
            ": sequence of ", tokens.seq, " tokens exceeds max_position_embeddings ",
@@ -374,8 +375,7 @@ CausalLM::StepTokens CausalLM::upload_step_tokens(const Tensor& input_ids, const
   HostAllocator host;
   Tensor host_positions = Tensor::empty({tokens.batch, tokens.seq}, DType::i32, host, MemCategory::activations);
   for (int64_t n = 0; n < N; ++n) host_positions.ptr<int32_t>()[n] = int32_t(n % tokens.seq);
-  tokens.positions = upload_tokens(backend_, host_positions, type);
-  for (int64_t n = 0; n < N; ++n) tokens.counted += targets.ptr<int32_t>()[n] != -100;
+  tokens.positions = upload_tokens(host_positions);
   return tokens;
 }
 
@@ -430,7 +430,8 @@ void CausalLM::backward_decoder(DecoderStep& step, Tensor& dnorm) {
   if (embedding_->trainable()) be.embedding_backward(embedding_->grad, step.tokens.ids, dresidual2d);
 }
 
-// The end of every forward: logits = hidden [N, C] lm_head^T and the mean
+// The end of every forward: logits = logits_scale_ * hidden [N, C] lm_head^T
+// (the scale folded into each product's alpha) and the mean
 // cross-entropy over counted tokens (returned). Eval (dhidden null): the
 // logits [N, V] are kept for last_logits(). Logits, the loss and dlogits are
 // f32 whatever hidden's dtype (the activation dtype); dlogits is rounded to
@@ -440,7 +441,8 @@ void CausalLM::backward_decoder(DecoderStep& step, Tensor& dnorm) {
 // (hidden's dtype, allocated here unless no token counts) = dlogits lm_head,
 // and lm_head.grad += dlogits^T hidden when it trains -- so no [N, V] tensor
 // exists in a training step with chunking.
-float CausalLM::lm_head_loss(const Tensor& hidden, const StepTokens& tokens, Tensor* dhidden, float grad_scale) {
+float LanguageModel::lm_head_loss(const Tensor& hidden, const StepTokens& tokens, Tensor* dhidden,
+                                  float grad_scale) {
   Backend& be = backend_;
   Parameter& lm_head = *lm_head_;
   const int64_t N = hidden.rows(), V = config_.vocab_size;
@@ -453,7 +455,7 @@ float CausalLM::lm_head_loss(const Tensor& hidden, const StepTokens& tokens, Ten
     const int64_t rows = std::min(chunk, N - first);
     const Tensor hidden_rows = hidden.slice_rows(first, rows);
     Tensor logits = be.empty({rows, V}, DType::f32, MemCategory::activations);
-    be.matmul(logits, hidden_rows, lm_head.value, false, true);
+    be.matmul(logits, hidden_rows, lm_head.value, false, true, logits_scale_);
     Tensor chunk_losses = losses.slice_rows(first, rows);
     be.cross_entropy(chunk_losses, backward ? &logits : nullptr, logits, tokens.targets.slice_rows(first, rows),
                      dloss);
@@ -471,8 +473,8 @@ float CausalLM::lm_head_loss(const Tensor& hidden, const StepTokens& tokens, Ten
       logits = Tensor{};
     }
     Tensor dhidden_rows = dhidden->slice_rows(first, rows);
-    be.matmul(dhidden_rows, dlogits, lm_head.value, false, false);
-    if (lm_head.trainable()) be.matmul(lm_head.grad, dlogits, hidden_rows, true, false, 1.0f, 1.0f);
+    be.matmul(dhidden_rows, dlogits, lm_head.value, false, false, logits_scale_);
+    if (lm_head.trainable()) be.matmul(lm_head.grad, dlogits, hidden_rows, true, false, logits_scale_, 1.0f);
   }
 
   HostAllocator host;
@@ -483,7 +485,7 @@ float CausalLM::lm_head_loss(const Tensor& hidden, const StepTokens& tokens, Ten
   return tokens.counted ? float(loss_sum / double(tokens.counted)) : 0.0f;
 }
 
-void CausalLM::set_trainable(const std::function<bool(const std::string&)>& is_trainable) {
+void LanguageModel::set_trainable(const std::function<bool(const std::string&)>& is_trainable) {
   for (Parameter& p : parameters_) {
     FT_CHECK(!is_trainable(p.name) || (p.value.dtype != DType::i8 && p.value.dtype != DType::u8), "\"", p.name,
              "\" is frozen in ", p.value.dtype == DType::i8 ? "int8" : "NF4",
@@ -500,7 +502,7 @@ void CausalLM::set_trainable(const std::function<bool(const std::string&)>& is_t
   }
 }
 
-void CausalLM::zero_grads() {
+void LanguageModel::zero_grads() {
   for (std::deque<Parameter>* list : {&parameters_, &adapters_})
     for (Parameter& p : *list)
       if (p.trainable()) backend_.fill(p.grad, 0.0f);

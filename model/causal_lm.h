@@ -1,11 +1,13 @@
-// What every decoder-only architecture shares: its parameters (base weights
-// under their Hugging Face names, LoRA adapters beside them), how linears are
-// built (dense or LLM.int8(), wrapped in LoRA when targeted), loading,
-// initialisation, the trainable set, and the whole training step: token
-// upload, embedding, the decoder stack with activation bookkeeping and
-// checkpointing, the final norm and the chunked LM-head loss, forward and
-// backward. An architecture adds only its parameters and one decoder layer's
-// forward and backward (llama.h, gpt_neox.h).
+// What every architecture shares (LanguageModel): its parameters (base
+// weights under their Hugging Face names, LoRA adapters beside them), how
+// linears are built (dense, LLM.int8() or NF4, wrapped in LoRA when
+// targeted), loading, initialisation, the trainable set, the norms and the
+// chunked LM-head loss. What every decoder-only architecture shares
+// (CausalLM): the whole training step: token upload, embedding, the decoder
+// stack with activation bookkeeping and checkpointing, the final norm and the
+// loss, forward and backward. A decoder-only architecture adds only its
+// parameters and one decoder layer's forward and backward (llama.h,
+// gpt_neox.h); the encoder-decoder T5 runs its own step (t5.h).
 #pragma once
 #include <deque>
 #include <functional>
@@ -37,9 +39,9 @@ struct NormParameters {
   float eps = 0.0f;
 };
 
-class CausalLM {
+class LanguageModel {
  public:
-  virtual ~CausalLM();
+  virtual ~LanguageModel();
 
   // Copies every base weight from the checkpoint (converting dtype, or
   // quantising to int8); a missing tensor or a shape mismatch is an Error
@@ -59,16 +61,6 @@ class CausalLM {
   void set_trainable(const std::function<bool(const std::string&)>& is_trainable);
   void zero_grads();
 
-  // Mean cross-entropy over counted tokens. input_ids and targets are host
-  // i32 [B, T]; targets[b, t] is the token position t should predict (-100:
-  // ignored). Keeps the logits [B*T, vocab] for last_logits(), whole even
-  // with loss_chunk_tokens: generation reads any row of them. An eval forward
-  // frees each layer's activations as soon as the layer is done.
-  float forward(const Tensor& input_ids, const Tensor& targets);
-  // Same loss, then gradients of grad_scale * loss are added to every
-  // trainable parameter's grad. Nothing of the step stays allocated.
-  float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f);
-
   const Tensor& last_logits() const { return last_logits_; }
   const ModelConfig& config() const { return config_; }
   Backend& backend() { return backend_; }
@@ -81,21 +73,83 @@ class CausalLM {
  protected:
   // default_lora_targets: PEFT's target_modules for the architecture, used
   // when options.lora names none.
-  CausalLM(const ModelConfig& config, Backend& backend, const ModelOptions& options,
-           const std::vector<std::string>& default_lora_targets);
+  LanguageModel(const ModelConfig& config, Backend& backend, const ModelOptions& options,
+                const std::vector<std::string>& default_lora_targets);
   Parameter& add_parameter(const std::string& name, const Shape& shape, DType dtype);
   // name + ".weight" (and name + ".bias" with bias: a LayerNorm), [hidden_size].
   NormParameters add_norm(const std::string& name, bool bias, float eps);
-  // A decoder linear named module (e.g. model.layers.0.self_attn.q_proj):
-  // dense or LLM.int8(), wrapped in LoRA when a target matches it. With
-  // bias, module + ".bias" [out_features] is a parameter too (weight_dtype,
-  // also over an int8 weight).
+  // A linear named module (e.g. model.layers.0.self_attn.q_proj): dense,
+  // LLM.int8() or NF4, wrapped in LoRA when a target matches it. With bias,
+  // module + ".bias" [out_features] is a parameter too (weight_dtype, also
+  // over an int8 weight).
   std::unique_ptr<Linear> make_linear(const std::string& module, int64_t out_features, int64_t in_features,
                                       bool bias = false);
   // Call at the end of a constructor: embedding_, final_norm_ and lm_head_
   // must be set, and a LoRA target that matched no module is an Error
   // listing module_names, the architecture's linear modules.
   void check_built(const std::string& module_names);
+
+  // Norms for the layers, RMSNorm or LayerNorm by norm.bias; outputs and
+  // statistics are allocated here (out in the activation dtype).
+  NormOutput norm_forward(const NormParameters& norm, const Tensor& x);
+  // sum = a + b (all [N, C]), and the norm of sum, in one fused op.
+  NormOutput add_norm_forward(const NormParameters& norm, Tensor& sum, const Tensor& a, const Tensor& b);
+  // dresidual += d(loss)/d(x) from dout = d(loss)/d(norm output), fused; the
+  // norm's weight (and bias) gradients accumulate when they train.
+  void norm_backward_add(Tensor& dresidual, const NormParameters& norm, const Tensor& dout, const Tensor& x,
+                         const NormOutput& saved);
+  // dx (overwritten) = d(loss)/d(x) from dout; parameter gradients as norm_backward_add.
+  void norm_backward(Tensor& dx, const NormParameters& norm, const Tensor& dout, const Tensor& x,
+                     const NormOutput& saved);
+
+  // One step's tokens on the backend: ids, targets and positions (0..T-1 in
+  // every row) as i32 [B*T], from host i32 [B, T] input_ids and targets, and
+  // how many targets count (are not -100).
+  struct StepTokens {
+    int64_t batch = 0, seq = 0, counted = 0;
+    Tensor ids, targets, positions;
+  };
+  // A host i32 [B, T] tensor as i32 [B*T] on the backend.
+  Tensor upload_tokens(const Tensor& host_tokens);
+  // ids, targets and the counted targets (no positions) from host i32 [B, T] tensors.
+  StepTokens upload_ids_and_targets(const Tensor& input_ids, const Tensor& targets);
+  // logits = logits_scale_ * hidden [N, C] lm_head^T and the mean cross-entropy
+  // over tokens.targets' counted tokens; with dhidden, the backward too (see
+  // causal_lm.cpp).
+  float lm_head_loss(const Tensor& hidden, const StepTokens& tokens, Tensor* dhidden, float grad_scale);
+  // Dropout in the adapters is on while training only.
+  void set_training(bool training);
+
+  ModelConfig config_;
+  Backend& backend_;
+  ModelOptions options_;
+  // Set by the architecture's constructor. lm_head_ == embedding_ when tied.
+  Parameter* embedding_ = nullptr;
+  NormParameters final_norm_;
+  Parameter* lm_head_ = nullptr;
+  float logits_scale_ = 1.0f;  // T5 with tied embeddings: d_model^-0.5
+
+ private:
+  std::deque<Parameter> parameters_;  // deque: stable addresses for the layers' references
+  std::deque<Parameter> adapters_;
+  std::vector<LoraLinear*> lora_layers_;
+  Tensor last_logits_;
+};
+
+class CausalLM : public LanguageModel {
+ public:
+  // Mean cross-entropy over counted tokens. input_ids and targets are host
+  // i32 [B, T]; targets[b, t] is the token position t should predict (-100:
+  // ignored). Keeps the logits [B*T, vocab] for last_logits(), whole even
+  // with loss_chunk_tokens: generation reads any row of them. An eval forward
+  // frees each layer's activations as soon as the layer is done.
+  float forward(const Tensor& input_ids, const Tensor& targets);
+  // Same loss, then gradients of grad_scale * loss are added to every
+  // trainable parameter's grad. Nothing of the step stays allocated.
+  float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f);
+
+ protected:
+  using LanguageModel::LanguageModel;
 
   // What one layer's backward reads from its forward; each architecture
   // derives its own.
@@ -137,29 +191,11 @@ class CausalLM {
   AttentionGradients attention_backward(const AttentionActivations& saved, const Tensor& dattn,
                                         const Tensor& positions);
 
-  // Norms for the layers, RMSNorm or LayerNorm by norm.bias; outputs and
-  // statistics are allocated here (out in the activation dtype).
-  NormOutput norm_forward(const NormParameters& norm, const Tensor& x);
-  // sum = a + b (all [N, C]), and the norm of sum, in one fused op.
-  NormOutput add_norm_forward(const NormParameters& norm, Tensor& sum, const Tensor& a, const Tensor& b);
   // out = a + b, and norm = out under the next norm: layer index + 1's
   // input norm, or the final norm after the last layer.
   void add_next_norm(size_t index, Tensor& out, NormOutput& norm, const Tensor& a, const Tensor& b);
-  // dresidual += d(loss)/d(x) from dout = d(loss)/d(norm output), fused; the
-  // norm's weight (and bias) gradients accumulate when they train.
-  void norm_backward_add(Tensor& dresidual, const NormParameters& norm, const Tensor& dout, const Tensor& x,
-                         const NormOutput& saved);
-
-  ModelConfig config_;
-  Backend& backend_;
-  ModelOptions options_;
-  // Set by the architecture's constructor. lm_head_ == embedding_ when tied.
-  Parameter* embedding_ = nullptr;
-  NormParameters final_norm_;
-  Parameter* lm_head_ = nullptr;
 
  private:
-  struct StepTokens;
   struct DecoderStep;
   // The loss, and when grad_scale is given the backward pass too (skipped
   // when no token counts).
@@ -167,17 +203,6 @@ class CausalLM {
   StepTokens upload_step_tokens(const Tensor& input_ids, const Tensor& targets);
   void forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets, bool training);
   void backward_decoder(DecoderStep& step, Tensor& dnorm);
-  float lm_head_loss(const Tensor& hidden, const StepTokens& tokens, Tensor* dhidden, float grad_scale);
-  // dx (overwritten) = d(loss)/d(x) from dout; parameter gradients as norm_backward_add.
-  void norm_backward(Tensor& dx, const NormParameters& norm, const Tensor& dout, const Tensor& x,
-                     const NormOutput& saved);
-  // Dropout in the adapters is on while training only.
-  void set_training(bool training);
-
-  std::deque<Parameter> parameters_;  // deque: stable addresses for the layers' references
-  std::deque<Parameter> adapters_;
-  std::vector<LoraLinear*> lora_layers_;
-  Tensor last_logits_;
 };
 
 // The architecture named by config.model_type.

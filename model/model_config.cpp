@@ -174,6 +174,51 @@ void read_gpt_neox_fields(const json& config, ModelConfig& result, const std::st
   FT_CHECK(result.layer_norm_eps > 0, source, ": layer_norm_eps must be positive, got ", result.layer_norm_eps);
 }
 
+// T5 (transformers' T5Config) under its own field names. tie_word_embeddings
+// defaults to true as in T5Config, and when true the decoder output is scaled
+// by d_model^-0.5 before the shared lm_head (v1.0); v1.1 and FLAN-T5 write
+// false and carry their own lm_head. dropout_rate is not applied: no dropout
+// runs in the base model, only LoRA's.
+void read_t5_fields(const json& config, ModelConfig& result, const std::string& source) {
+  result.hidden_size = required_int(config, "d_model", source);
+  result.intermediate_size = required_int(config, "d_ff", source);
+  result.num_hidden_layers = required_int(config, "num_layers", source);
+  result.num_decoder_layers =
+      config.contains("num_decoder_layers") && !config["num_decoder_layers"].is_null()
+          ? required_int(config, "num_decoder_layers", source)
+          : result.num_hidden_layers;
+  result.num_attention_heads = required_int(config, "num_heads", source);
+  result.num_key_value_heads = result.num_attention_heads;
+  result.head_dim = required_int(config, "d_kv", source);
+  result.vocab_size = required_int(config, "vocab_size", source);
+  result.relative_attention_num_buckets = optional_value<int64_t>(config, "relative_attention_num_buckets", 32, source);
+  result.relative_attention_max_distance =
+      optional_value<int64_t>(config, "relative_attention_max_distance", 128, source);
+  FT_CHECK(result.relative_attention_num_buckets >= 4 && result.relative_attention_max_distance > 0, source,
+           ": relative_attention_num_buckets must be at least 4 and relative_attention_max_distance positive, got ",
+           result.relative_attention_num_buckets, " and ", result.relative_attention_max_distance);
+  result.rms_norm_eps = optional_value<float>(config, "layer_norm_epsilon", 1e-6f, source);
+  FT_CHECK(result.rms_norm_eps > 0, source, ": layer_norm_epsilon must be positive, got ", result.rms_norm_eps);
+  const std::string ffn = optional_value<std::string>(config, "feed_forward_proj", "relu", source);
+  FT_CHECK(ffn == "relu" || ffn == "gated-gelu", source, ": feed_forward_proj \"", ffn,
+           "\" is not supported for t5 (expected \"relu\" or \"gated-gelu\")");
+  result.gated_ffn = ffn == "gated-gelu";
+  result.hidden_act = ffn == "relu" ? "relu" : "gelu_new";
+  // transformers 5 writes tie_word_embeddings true for every T5 (it ties a
+  // head only when the checkpoint has none of its own) and keeps v1.0's
+  // scaled, shared head as scale_decoder_outputs; v1.1 heads are untied.
+  result.tie_word_embeddings = optional_value<bool>(config, "tie_word_embeddings", true, source);
+  result.tie_word_embeddings =
+      optional_value<bool>(config, "scale_decoder_outputs", result.tie_word_embeddings, source);
+  // T5's checkpoints set decoder_start_token_id to pad_token_id (0); an
+  // absent one falls back to pad_token_id, as T5's documentation describes.
+  const int64_t pad = optional_value<int64_t>(config, "pad_token_id", 0, source);
+  result.decoder_start_token_id = optional_value<int64_t>(config, "decoder_start_token_id", pad, source);
+  FT_CHECK(result.decoder_start_token_id >= 0 && result.decoder_start_token_id < result.vocab_size, source,
+           ": decoder_start_token_id ", result.decoder_start_token_id, " is outside the vocabulary [0, ",
+           result.vocab_size, ")");
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::from_json_text(const std::string& text, const std::string& source) {
@@ -184,8 +229,12 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   ModelConfig result;
   result.model_type = config["model_type"].get<std::string>();
   const std::string& type = result.model_type;
-  FT_CHECK(type == "llama" || type == "qwen2" || type == "mistral" || type == "gpt_neox", source,
+  FT_CHECK(type == "llama" || type == "qwen2" || type == "mistral" || type == "gpt_neox" || type == "t5", source,
            ": model_type \"", type, "\" is not supported (", kSupportedModelTypes, ")");
+  if (type == "t5") {
+    read_t5_fields(config, result, source);
+    return result;
+  }
   result.hidden_size = required_int(config, "hidden_size", source);
   result.intermediate_size = required_int(config, "intermediate_size", source);
   result.num_hidden_layers = required_int(config, "num_hidden_layers", source);

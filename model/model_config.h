@@ -11,8 +11,11 @@ namespace ft {
 // fields stay far inside int64.
 inline constexpr int64_t kMaxModelConfigInt = int64_t(1) << 24;
 
-// The model_type values make_causal_lm builds, for messages.
+// The model_type values ModelConfig reads, for messages.
 inline constexpr const char* kSupportedModelTypes =
+    "supported model_type values: \"llama\", \"qwen2\", \"mistral\", \"gpt_neox\", \"t5\"";
+// Those make_causal_lm builds (t5 is T5Model's, model/t5.h).
+inline constexpr const char* kCausalLmModelTypes =
     "supported model_type values: \"llama\", \"qwen2\", \"mistral\", \"gpt_neox\"";
 
 // Rotary scaling as transformers' rope_parameters / rope_scaling describe it
@@ -27,7 +30,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string model_type;  // "llama", "qwen2", "mistral" or "gpt_neox"
+  std::string model_type;  // "llama", "qwen2", "mistral", "gpt_neox" or "t5"
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_hidden_layers = 0;
@@ -49,6 +52,15 @@ struct ModelConfig {
   int64_t sliding_window = 0;   // mistral's attention window in tokens, 0: none
   std::string hidden_act = "silu";  // gpt_neox: "gelu" and the tanh forms
   bool use_parallel_residual = true;  // gpt_neox: x + attn(ln1(x)) + mlp(ln2(x))
+  // t5 (transformers' T5Config names in brackets): hidden_size [d_model],
+  // intermediate_size [d_ff], num_hidden_layers [num_layers] counts the
+  // encoder's layers, num_attention_heads [num_heads], head_dim [d_kv], which
+  // need not be hidden_size / heads, rms_norm_eps [layer_norm_epsilon].
+  int64_t num_decoder_layers = 0;            // defaults to num_layers
+  int64_t relative_attention_num_buckets = 32;
+  int64_t relative_attention_max_distance = 128;
+  bool gated_ffn = false;                    // feed_forward_proj "gated-gelu" (v1.1, FLAN-T5) vs "relu" (v1.0)
+  int64_t decoder_start_token_id = 0;        // the decoder's first input token
 
   // Rotated features per head: int(head_dim * rotary_pct), as HF computes it.
   int64_t rotary_dim() const { return int64_t(double(head_dim) * rotary_pct); }

@@ -142,7 +142,7 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
   return adapter;
 }
 
-void save_peft_adapter(const std::string& folder, CausalLM& model, const PeftAdapterConfig& peft) {
+void save_peft_adapter(const std::string& folder, LanguageModel& model, const PeftAdapterConfig& peft) {
   const LoraOptions& config = peft.lora;
   check_matches_model(config, model.options().lora, "save_peft_adapter(" + folder + ")");
   std::error_code error;
@@ -186,7 +186,7 @@ void save_peft_adapter(const std::string& folder, CausalLM& model, const PeftAda
   write_file_atomically((fs::path(folder) / "adapter_config.json").string(), out.dump(2));
 }
 
-void load_peft_adapter(const std::string& folder, CausalLM& model) {
+void load_peft_adapter(const std::string& folder, LanguageModel& model) {
   check_matches_model(read_peft_adapter_config(folder).lora, model.options().lora,
                       (fs::path(folder) / "adapter_config.json").string());
   SafetensorsFile file((fs::path(folder) / "adapter_model.safetensors").string());

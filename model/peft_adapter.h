@@ -35,13 +35,13 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder);
 // with a "checksum" in its metadata that PEFT ignores) and
 // adapter_config.json, each atomically. config.lora must describe the model's
 // adapters (r, alpha, rslora, targets): a mismatch is an Error.
-void save_peft_adapter(const std::string& folder, CausalLM& model, const PeftAdapterConfig& config);
+void save_peft_adapter(const std::string& folder, LanguageModel& model, const PeftAdapterConfig& config);
 
 // Copies every adapter tensor of folder into model.adapters(). The model must
 // have been built with the folder's r, lora_alpha, use_rslora and
 // target_modules; every adapter needs exactly one tensor of its shape, and
 // the file may hold nothing else. Everything is checked before any value is
 // copied, so a refused adapter leaves the model as it was.
-void load_peft_adapter(const std::string& folder, CausalLM& model);
+void load_peft_adapter(const std::string& folder, LanguageModel& model);
 
 }  // namespace ft

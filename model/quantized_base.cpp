@@ -11,7 +11,7 @@
 
 namespace ft {
 
-void save_quantized_base(CausalLM& model, const std::string& path) {
+void save_quantized_base(LanguageModel& model, const std::string& path) {
   FT_CHECK(model.options().int8_base || model.options().nf4_base, "save_quantized_base: the model has no "
            "quantised base to save (it needs quantization.mode int8 or nf4)");
   Backend& backend = model.backend();

@@ -5,7 +5,10 @@
 
 FILE (default: ADAPTER_DIR/../adapter_logits.safetensors) holds `input_ids` int32 [1, T] and our `logits`
 [T, vocab] of MODEL_DIR in float32 with the adapter (test_finetune_cli writes it for the end-to-end runs).
-PEFT runs the same ids through AutoModelForCausalLM (float32, eager attention) + PeftModel.from_pretrained;
+For an encoder-decoder model (T5; test_t5 writes such a file) it also holds `decoder_input_ids` int32 [1, T'],
+`input_ids` feed the encoder and `logits` are [T', vocab].
+PEFT runs the same ids through AutoModelForCausalLM or AutoModelForSeq2SeqLM (float32, eager attention) +
+PeftModel.from_pretrained;
 the script prints max |ours - peft| / max |peft| and exits 1 above the tolerance. Needs torch, transformers,
 peft and safetensors; the test suite does not run it.
 """
@@ -16,7 +19,7 @@ import sys
 import torch
 from peft import PeftModel
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 
 def main():
@@ -29,17 +32,22 @@ def main():
     logits_path = args.logits or os.path.join(os.path.dirname(os.path.abspath(args.adapter)), "adapter_logits.safetensors")
 
     torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32, attn_implementation="eager")
+    ours = load_file(logits_path)
+    inputs = {"input_ids": ours["input_ids"].long()}
+    seq2seq = "decoder_input_ids" in ours
+    if seq2seq:
+        inputs["decoder_input_ids"] = ours["decoder_input_ids"].long()
+    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+    base = auto.from_pretrained(args.base, dtype=torch.float32, attn_implementation="eager")
     model = PeftModel.from_pretrained(base, args.adapter).eval()
     adapters = {n: p for n, p in model.named_parameters() if "lora_" in n}
     lora_b = max(p.abs().max().item() for n, p in adapters.items() if "lora_B" in n)
 
-    ours = load_file(logits_path)
-    input_ids = ours["input_ids"].long()
+    input_ids = inputs.get("decoder_input_ids", inputs["input_ids"])
     with torch.no_grad():
-        peft_logits = model(input_ids=input_ids).logits[0].double()
+        peft_logits = model(**inputs).logits[0].double()
         with model.disable_adapter():
-            base_logits = model(input_ids=input_ids).logits[0].double()
+            base_logits = model(**inputs).logits[0].double()
     our_logits = ours["logits"].double()
     scale = peft_logits.abs().max().item()
     error = (our_logits - peft_logits).abs().max().item() / scale

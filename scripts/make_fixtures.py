@@ -358,9 +358,15 @@ def write_reference(model, out_dir, grad_names, note):
         ref["grad." + n] = g
     save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out_dir, "reference.safetensors"))
 
-    model64 = copy.deepcopy(model).to(torch.float64)
-    logits64, loss64, grads64 = forward_backward(model64, input_ids, labels, grad_names)
-    print(f"{os.path.basename(out_dir)}: loss f32 {loss.item():.8f}  f64 {loss64.item():.8f}  {note}")
+    check_float64(f"{os.path.basename(out_dir)}", model, lambda m: forward_backward(m, input_ids, labels, grad_names),
+                  (logits, loss, grads), note)
+
+
+def check_float64(tag, model, run, results, note=""):
+    """Checks the float32 results (logits, loss, grads) of run(model) against run on a float64 copy of the model."""
+    logits, loss, grads = results
+    logits64, loss64, grads64 = run(copy.deepcopy(model).to(torch.float64))
+    print(f"{tag}: loss f32 {loss.item():.8f}  f64 {loss64.item():.8f}  {note}")
     worst = compare("logits+loss", {"logits": logits, "loss": loss}, {"logits": logits64, "loss": loss64})
     worst = max(worst, compare("grads", grads, grads64))
     assert worst < 1e-4, worst

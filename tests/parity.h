@@ -9,6 +9,7 @@
 #include "kernels/allocator.h"
 #include "kernels/tensor.h"
 #include "model/causal_lm.h"
+#include "trainer/optimizer.h"
 
 namespace ft::parity {
 
@@ -43,13 +44,24 @@ inline std::vector<std::string> all_linear_modules(const ModelConfig& config) {
 
 // PEFT's init leaves B = 0, which would zero every lora_A gradient: give B
 // small deterministic values so both adapters' gradients are exercised.
-inline void set_lora_B(CausalLM& model) {
+inline void set_lora_B(LanguageModel& model) {
   for (Parameter& adapter : model.adapters()) {
     if (adapter.name.find(".lora_B.") == std::string::npos) continue;
     std::vector<float> values(size_t(adapter.value.numel()));
     for (size_t i = 0; i < values.size(); ++i) values[i] = 0.05f * std::sin(float(i) + 1.0f);
     model.backend().copy(adapter.value, Tensor::view_of(values.data(), adapter.value.shape, DType::f32));
   }
+}
+
+// The fixtures' optimizer step (scripts/make_fixtures.py's ADAMW): one
+// torch.optim.AdamW step with lr 1e-2, weight decay 0.01, eps 1e-8, no clipping.
+inline void fixture_adamw_step(Backend& backend, const std::vector<Parameter*>& trainable) {
+  AdamWOptions options;
+  options.weight_decay = 0.01;
+  options.eps = 1e-8;
+  options.max_grad_norm = 0.0;
+  AdamW adamw(backend, trainable, options);
+  adamw.step(1e-2);
 }
 
 }  // namespace ft::parity

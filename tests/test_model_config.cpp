@@ -102,7 +102,7 @@ TEST_CASE("reads from a file and names it in errors") {
     message = error.what();
   }
   CHECK(message == path + ": model_type \"gpt2\" is not supported (supported model_type values: \"llama\", "
-                          "\"qwen2\", \"mistral\", \"gpt_neox\")");
+                          "\"qwen2\", \"mistral\", \"gpt_neox\", \"t5\")");
   std::filesystem::remove_all(pattern);
   CHECK_THROWS_WITH_AS(ModelConfig::from_json_file(path), doctest::Contains("cannot open model config"), Error);
 }

@@ -26,7 +26,6 @@
 #include "model/rope.h"
 #include "model/safetensors.h"
 #include "tests/parity.h"
-#include "trainer/optimizer.h"
 
 using namespace ft;
 using ft::parity::relative_error;
@@ -92,13 +91,7 @@ void check_family(const std::string& fixture, size_t adapters) {
     CHECK(relative_error(p.grad, reference.view("grad." + kKeyPrefix + p.name)) <= kTolerance);
     trainable.push_back(&p);
   }
-  // The fixture's AdamW: torch.optim.AdamW(lr 1e-2, wd 0.01, eps 1e-8), no clipping.
-  AdamWOptions options;
-  options.weight_decay = 0.01;
-  options.eps = 1e-8;
-  options.max_grad_norm = 0.0;
-  AdamW adamw(backend, trainable, options);
-  adamw.step(1e-2);
+  parity::fixture_adamw_step(backend, trainable);
   for (Parameter* p : trainable) {
     CAPTURE(p->name);
     CHECK(relative_error(p->value, reference.view("after_step." + kKeyPrefix + p->name)) <= kTolerance);

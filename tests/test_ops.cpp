@@ -980,3 +980,171 @@ TEST_CASE("fused residual norms reject mismatched residual operands") {
   CHECK_THROWS_AS(backend.rmsnorm_backward_add(out, nullptr, x, wrong, x, w, stat), Error);
   CHECK_THROWS_AS(backend.layernorm_backward_add(out, nullptr, nullptr, x, ids, x, w, stat, stat), Error);
 }
+
+// ---- T5 attention and activation ------------------------------------------
+
+namespace {
+
+struct BiasedShape {
+  int B, Tq, Tk, H, D;
+  bool causal, with_bias;
+};
+
+// scores = q.k + bias[i, j, h] (unscaled), causal or full; bias empty: none.
+void biased_attention_ref(const Vec& q, const Vec& k, const Vec& v, const Vec& bias, const BiasedShape& s, Vec& out,
+                          Vec& lse) {
+  out.assign(size_t(s.B) * s.Tq * s.H * s.D, 0.0);
+  lse.assign(size_t(s.B) * s.H * s.Tq, 0.0);
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.H; ++h)
+      for (int i = 0; i < s.Tq; ++i) {
+        const int keys = s.causal ? i + 1 : s.Tk;
+        Vec scores(size_t(keys), 0.0);
+        for (int j = 0; j < keys; ++j) {
+          double sum = bias.empty() ? 0.0 : bias[(size_t(i) * s.Tk + j) * s.H + h];
+          for (int e = 0; e < s.D; ++e)
+            sum += q[((size_t(b) * s.Tq + i) * s.H + h) * s.D + e] * k[((size_t(b) * s.Tk + j) * s.H + h) * s.D + e];
+          scores[size_t(j)] = sum;
+        }
+        const double m = *std::max_element(scores.begin(), scores.end());
+        double total = 0.0;
+        for (double& x : scores) total += (x = std::exp(x - m));
+        for (int j = 0; j < keys; ++j)
+          for (int e = 0; e < s.D; ++e)
+            out[((size_t(b) * s.Tq + i) * s.H + h) * s.D + e] +=
+                scores[size_t(j)] / total * v[((size_t(b) * s.Tk + j) * s.H + h) * s.D + e];
+        lse[(size_t(b) * s.H + h) * s.Tq + i] = m + std::log(total);
+      }
+}
+
+const BiasedShape kBiasedShapes[] = {
+    {2, 7, 7, 3, 5, false, true},   // encoder self-attention
+    {2, 6, 6, 2, 4, true, true},    // decoder self-attention
+    {2, 5, 9, 3, 6, false, false},  // cross-attention: more keys than queries, no bias
+    {1, 9, 4, 2, 3, false, false},  // fewer keys than queries
+};
+
+}  // namespace
+
+TEST_CASE("biased attention forward: unscaled scores plus bias, causal and full, cross shapes") {
+  std::mt19937 rng(31);
+  for (const BiasedShape& s : kBiasedShapes)
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      CAPTURE(s.Tq);
+      CAPTURE(s.Tk);
+      CAPTURE(s.causal);
+      CAPTURE(dtype_name(dtype));
+      const Shape q_shape = {s.B, s.Tq, s.H, s.D}, kv_shape = {s.B, s.Tk, s.H, s.D};
+      Vec q = random_vec(size_t(s.B) * s.Tq * s.H * s.D, rng, -2.0, 2.0);
+      Vec k = random_vec(size_t(s.B) * s.Tk * s.H * s.D, rng, -2.0, 2.0);
+      Vec v = random_vec(k.size(), rng);
+      Vec bias = s.with_bias ? random_vec(size_t(s.Tq) * s.Tk * s.H, rng, -3.0, 3.0) : Vec{};
+      Tensor tq = make(q_shape, dtype, q), tk = make(kv_shape, dtype, k), tv = make(kv_shape, dtype, v);
+      Tensor tbias = s.with_bias ? make({s.Tq, s.Tk, s.H}, dtype, bias) : Tensor{};
+      Tensor out = make(q_shape, dtype), lse = make({s.B, s.H, s.Tq}, DType::f32);
+      backend.biased_attention_forward(out, lse, tq, tk, tv, s.with_bias ? &tbias : nullptr, s.causal);
+      Vec want_out, want_lse;
+      biased_attention_ref(rounded(q, dtype), rounded(k, dtype), rounded(v, dtype), rounded(bias, dtype), s, want_out,
+                           want_lse);
+      check_close(values_of(out), want_out, dtype == DType::f32 ? kF32Tol : kBf16Tol, "biased attention out");
+      check_close(values_of(lse), want_lse, kF32Tol, "biased attention lse");
+    }
+}
+
+TEST_CASE("biased attention backward: finite differences for dq, dk, dv and the accumulated dbias") {
+  std::mt19937 rng(32);
+  for (const BiasedShape& s : kBiasedShapes) {
+    CAPTURE(s.Tq);
+    CAPTURE(s.Tk);
+    CAPTURE(s.causal);
+    const Shape q_shape = {s.B, s.Tq, s.H, s.D}, kv_shape = {s.B, s.Tk, s.H, s.D};
+    Vec q = random_vec(size_t(s.B) * s.Tq * s.H * s.D, rng, -2.0, 2.0);
+    Vec k = random_vec(size_t(s.B) * s.Tk * s.H * s.D, rng, -2.0, 2.0);
+    Vec v = random_vec(k.size(), rng);
+    Vec bias = random_vec(size_t(s.Tq) * s.Tk * s.H, rng, -3.0, 3.0);
+    if (!s.with_bias) bias.clear();
+    Vec probe = random_vec(q.size(), rng);
+    Tensor tq = make(q_shape, DType::f32, q), tk = make(kv_shape, DType::f32, k), tv = make(kv_shape, DType::f32, v);
+    Tensor tbias = s.with_bias ? make({s.Tq, s.Tk, s.H}, DType::f32, bias) : Tensor{};
+    const Tensor* bias_arg = s.with_bias ? &tbias : nullptr;
+    Tensor out = make(q_shape, DType::f32), lse = make({s.B, s.H, s.Tq}, DType::f32);
+    backend.biased_attention_forward(out, lse, tq, tk, tv, bias_arg, s.causal);
+    Tensor dout = make(q_shape, DType::f32, probe);
+    Tensor dq = make(q_shape, DType::f32), dk = make(kv_shape, DType::f32), dv = make(kv_shape, DType::f32);
+    backend.fill(dk, NAN);  // overwritten, never accumulated into
+    const Vec dbias_before = random_vec(size_t(s.Tq) * s.Tk * s.H, rng);
+    Tensor dbias = make({s.Tq, s.Tk, s.H}, DType::f32, dbias_before);
+    backend.biased_attention_backward(dq, dk, dv, &dbias, dout, tq, tk, tv, out, lse, bias_arg, s.causal);
+
+    auto loss = [&](const Vec& qs, const Vec& ks, const Vec& vs, const Vec& bs) {
+      Vec o, l;
+      biased_attention_ref(qs, ks, vs, bs, s, o, l);
+      return dot(o, probe);
+    };
+    check_close(values_of(dq), numeric_grad([&](const Vec& x) { return loss(x, k, v, bias); }, q), kGradTol, "dq");
+    check_close(values_of(dk), numeric_grad([&](const Vec& x) { return loss(q, x, v, bias); }, k), kGradTol, "dk");
+    check_close(values_of(dv), numeric_grad([&](const Vec& x) { return loss(q, k, x, bias); }, v), kGradTol, "dv");
+    // The bias gradient, with or without a bias in the forward (the
+    // gradient of an all-zero bias), added to what dbias held.
+    Vec zero_or_bias = s.with_bias ? bias : Vec(dbias_before.size(), 0.0);
+    Vec want_dbias = numeric_grad(
+        [&](const Vec& x) {
+          BiasedShape with = s;
+          with.with_bias = true;
+          Vec o, l;
+          biased_attention_ref(q, k, v, x, with, o, l);
+          return dot(o, probe);
+        },
+        zero_or_bias);
+    for (size_t n = 0; n < want_dbias.size(); ++n) want_dbias[n] += double(float(dbias_before[n]));
+    check_close(values_of(dbias), want_dbias, kGradTol, "dbias");
+  }
+}
+
+TEST_CASE("activation: relu and tanh GELU, plain and gated, dx aliasing dout") {
+  std::mt19937 rng(33);
+  const int n = 2051;  // crosses the 1024-element chunks
+  Vec x = random_vec(n, rng, -6.0, 6.0), up = random_vec(n, rng, -2.0, 2.0), probe = random_vec(n, rng);
+  x[0] = 0.0;  // relu'(0) = 0, as torch
+  auto act = [](double value, Activation kind) {
+    return kind == Activation::relu ? std::max(value, 0.0) : gelu_ref(value, GeluKind::tanh);
+  };
+  for (Activation kind : {Activation::relu, Activation::gelu_tanh})
+    for (bool gated : {false, true}) {
+      CAPTURE(int(kind));
+      CAPTURE(gated);
+      Tensor tx = make({n}, DType::f32, x), tup = make({n}, DType::f32, up), out = make({n}, DType::f32);
+      const Tensor* up_arg = gated ? &tup : nullptr;
+      backend.activation_forward(out, tx, up_arg, kind);
+      auto loss = [&](const Vec& xs, const Vec& us) {
+        double sum = 0.0;
+        for (int i = 0; i < n; ++i) sum += act(xs[i], kind) * (gated ? us[i] : 1.0) * probe[i];
+        return sum;
+      };
+      Vec want(n);
+      for (int i = 0; i < n; ++i) want[i] = act(x[i], kind) * (gated ? up[i] : 1.0);
+      check_close(values_of(out), want, kF32Tol, "activation forward");
+
+      Tensor grad = make({n}, DType::f32, probe), dup = make({n}, DType::f32);
+      backend.activation_backward(grad, gated ? &dup : nullptr, grad, tx, up_arg, kind);
+      Vec want_dx = numeric_grad([&](const Vec& xs) { return loss(xs, up); }, x);
+      if (kind == Activation::relu) want_dx[0] = 0.0;  // the kink: torch's subgradient
+      check_close(values_of(grad), want_dx, kGradTol, "activation dx");
+      if (gated) check_close(values_of(dup), numeric_grad([&](const Vec& us) { return loss(x, us); }, up), kGradTol,
+                             "activation dup");
+    }
+}
+
+TEST_CASE("biased attention and activation reject mismatched operands") {
+  Tensor q = make({1, 4, 2, 3}, DType::f32), k = make({1, 5, 2, 3}, DType::f32), v = make({1, 5, 2, 3}, DType::f32);
+  Tensor out = make({1, 4, 2, 3}, DType::f32), lse = make({1, 2, 4}, DType::f32);
+  Tensor bias = make({4, 4, 2}, DType::f32);
+  CHECK_THROWS_WITH_AS(backend.biased_attention_forward(out, lse, q, k, v, nullptr, true),
+                       doctest::Contains("causal attention needs as many keys as queries"), Error);
+  CHECK_THROWS_WITH_AS(backend.biased_attention_forward(out, lse, q, k, v, &bias, false),
+                       doctest::Contains("bias"), Error);
+  Tensor x = make({6}, DType::f32), y = make({5}, DType::f32);
+  CHECK_THROWS_AS(backend.activation_forward(x, x, &y, Activation::relu), Error);
+  CHECK_THROWS_WITH_AS(backend.activation_backward(x, &x, x, x, nullptr, Activation::relu),
+                       doctest::Contains("dup needs up"), Error);
+}

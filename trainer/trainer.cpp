@@ -175,6 +175,9 @@ void save_base(const Run& run, CausalLM& model) {
 void make_model(Run& run) {
   const TrainConfig& config = run.config;
   run.model_config = ModelConfig::from_json_file(path_in(config.model, "config.json"));
+  // Before the tokenizer, whose file (T5's spiece.model) would fail first with a less telling message.
+  FT_CHECK(run.model_config.model_type != "t5", config.source, ": ", path_in(config.model, "config.json"),
+           " is a t5 (encoder-decoder) model, which ./finetune cannot train yet (", kCausalLmModelTypes, ")");
   FT_CHECK(config.seq_len <= run.model_config.max_position_embeddings, config.source, ": seq_len ", config.seq_len,
            " is larger than the model's max_position_embeddings ", run.model_config.max_position_embeddings, " (",
            path_in(config.model, "config.json"), ")");

@@ -2,6 +2,7 @@
 // ("gelu", torch's default) and the tanh approximation ("gelu_new",
 // "gelu_fast", "gelu_pytorch_tanh": the same formula). Chunked through f32
 // scratch, every input of a chunk loaded before storing, so dx may alias dout.
+// T5's MLP activation (relu, or the tanh form gated by up) reuses them.
 #include <algorithm>
 #include <cmath>
 
@@ -52,6 +53,45 @@ void CpuBackend::gelu_backward_impl(Tensor& dx, const Tensor& dout, const Tensor
     cpu::load_row(d, dout, start, count);
     for (int64_t i = 0; i < count; ++i) d[i] *= gelu_grad(v[i], kind);
     cpu::store_row(dx, start, d, count);
+  }
+}
+
+static float activation(float x, Activation kind) {
+  return kind == Activation::relu ? std::max(x, 0.0f) : gelu(x, GeluKind::tanh);
+}
+static float activation_grad(float x, Activation kind) {
+  return kind == Activation::relu ? (x > 0.0f ? 1.0f : 0.0f) : gelu_grad(x, GeluKind::tanh);
+}
+
+void CpuBackend::activation_forward_impl(Tensor& out, const Tensor& x, const Tensor* up, Activation kind) {
+  int64_t n = out.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+    float v[cpu::kChunk], u[cpu::kChunk];
+    int64_t count = std::min(cpu::kChunk, n - start);
+    cpu::load_row(v, x, start, count);
+    if (up) cpu::load_row(u, *up, start, count);
+    for (int64_t i = 0; i < count; ++i) v[i] = activation(v[i], kind) * (up ? u[i] : 1.0f);
+    cpu::store_row(out, start, v, count);
+  }
+}
+
+void CpuBackend::activation_backward_impl(Tensor& dx, Tensor* dup, const Tensor& dout, const Tensor& x,
+                                          const Tensor* up, Activation kind) {
+  int64_t n = dx.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+    float v[cpu::kChunk], d[cpu::kChunk], u[cpu::kChunk], du[cpu::kChunk];
+    int64_t count = std::min(cpu::kChunk, n - start);
+    cpu::load_row(v, x, start, count);
+    cpu::load_row(d, dout, start, count);
+    if (up) cpu::load_row(u, *up, start, count);
+    for (int64_t i = 0; i < count; ++i) {
+      du[i] = d[i] * activation(v[i], kind);
+      d[i] *= activation_grad(v[i], kind) * (up ? u[i] : 1.0f);
+    }
+    cpu::store_row(dx, start, d, count);
+    if (dup) cpu::store_row(*dup, start, du, count);
   }
 }
 

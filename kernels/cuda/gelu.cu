@@ -1,6 +1,7 @@
 // GELU in the two forms Hugging Face configs name (GeluKind): the exact erf
 // form and the tanh approximation. Every thread loads all inputs of its
-// element before storing, so out may alias x and dx may alias dout.
+// element before storing, so out may alias x and dx may alias dout. T5's MLP
+// activation (relu, or the tanh form gated by up) reuses them.
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -41,7 +42,54 @@ __global__ void __launch_bounds__(kBlock)
     cuda::store(dx, i, cuda::load(dout, i) * gelu_grad(cuda::load(x, i), kind));
 }
 
+__device__ inline float activation(float x, Activation kind) {
+  return kind == Activation::relu ? fmaxf(x, 0.0f) : gelu(x, GeluKind::tanh);
+}
+__device__ inline float activation_grad(float x, Activation kind) {
+  return kind == Activation::relu ? (x > 0.0f ? 1.0f : 0.0f) : gelu_grad(x, GeluKind::tanh);
+}
+
+// up.data null: no gate.
+__global__ void __launch_bounds__(kBlock)
+    activation_forward_kernel(cuda::View out, cuda::ConstView x, cuda::ConstView up, Activation kind, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(kBlock) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kBlock) {
+    const float u = up.data ? cuda::load(up, i) : 1.0f;
+    cuda::store(out, i, activation(cuda::load(x, i), kind) * u);
+  }
+}
+
+// dup.data null: no gate gradient.
+__global__ void __launch_bounds__(kBlock)
+    activation_backward_kernel(cuda::View dx, cuda::View dup, cuda::ConstView dout, cuda::ConstView x,
+                               cuda::ConstView up, Activation kind, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(kBlock) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kBlock) {
+    const float d = cuda::load(dout, i), v = cuda::load(x, i), u = up.data ? cuda::load(up, i) : 1.0f;
+    cuda::store(dx, i, d * activation_grad(v, kind) * u);
+    if (dup.data) cuda::store(dup, i, d * activation(v, kind));
+  }
+}
+
 }  // namespace
+
+void CudaBackend::activation_forward_impl(Tensor& out, const Tensor& x, const Tensor* up, Activation kind) {
+  int64_t n = out.numel();
+  if (n == 0) return;
+  const cuda::ConstView gate = up ? cuda::const_view(*up) : cuda::ConstView{nullptr, x.dtype};
+  launch<activation_forward_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(out),
+                                    cuda::const_view(x), gate, kind, n);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::activation_backward_impl(Tensor& dx, Tensor* dup, const Tensor& dout, const Tensor& x,
+                                           const Tensor* up, Activation kind) {
+  int64_t n = dx.numel();
+  if (n == 0) return;
+  const cuda::ConstView gate = up ? cuda::const_view(*up) : cuda::ConstView{nullptr, x.dtype};
+  const cuda::View dgate = dup ? cuda::view(*dup) : cuda::View{nullptr, x.dtype};
+  launch<activation_backward_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(dx), dgate,
+                                     cuda::const_view(dout), cuda::const_view(x), gate, kind, n);
+  FT_CUDA_CHECK_LAUNCH();
+}
 
 void CudaBackend::gelu_forward_impl(Tensor& out, const Tensor& x, GeluKind kind) {
   int64_t n = out.numel();

@@ -190,6 +190,26 @@ void MetaBackend::attention_backward_impl(Tensor&, Tensor&, Tensor&, const Tenso
   Tensor dq_accum = sizes.dq_accum ? cuda_scratch(*sizes.dq_accum) : Tensor{};
 }
 
+// Our own kernels, no scratch: every block recomputes what it needs.
+void MetaBackend::biased_attention_forward_impl(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                const Tensor*, bool) {
+  enter("biased_attention_forward", {});
+}
+
+void MetaBackend::biased_attention_backward_impl(Tensor&, Tensor&, Tensor&, Tensor*, const Tensor&, const Tensor&,
+                                                 const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                 const Tensor*, bool) {
+  enter("biased_attention_backward", {});
+}
+
+void MetaBackend::activation_forward_impl(Tensor&, const Tensor&, const Tensor*, Activation) {
+  enter("activation_forward", {});
+}
+
+void MetaBackend::activation_backward_impl(Tensor&, Tensor*, const Tensor&, const Tensor&, const Tensor*, Activation) {
+  enter("activation_backward", {});
+}
+
 void MetaBackend::cross_entropy_impl(Tensor&, Tensor*, const Tensor&, const Tensor&, float) {
   enter("cross_entropy", {});
 }

@@ -113,6 +113,27 @@ const BadCall kBadCalls[] = {
        be.layernorm_backward_add(dx, nullptr, nullptr, dout, dres, x, w, mean, rstd);
      },
      "layernorm_backward_add: dresidual has shape [8, 4], expected [4, 8]"},
+    {"biased_attention_forward causal over more keys than queries",
+     [](Backend& be) {
+       Tensor q = make(be, {1, 3, 2, 4}), k = make(be, {1, 5, 2, 4});
+       Tensor out = make(be, {1, 3, 2, 4}), lse = make(be, {1, 2, 3});
+       be.biased_attention_forward(out, lse, q, k, k, nullptr, true);
+     },
+     "biased_attention_forward: causal attention needs as many keys as queries, got 5 and 3"},
+    {"biased_attention_backward with a bf16 dbias",
+     [](Backend& be) {
+       Tensor q = make(be, {1, 3, 2, 4}), out = make(be, {1, 3, 2, 4}), lse = make(be, {1, 2, 3});
+       Tensor dq = make(be, {1, 3, 2, 4}), dk = make(be, {1, 3, 2, 4}), dv = make(be, {1, 3, 2, 4});
+       Tensor dbias = make(be, {3, 3, 2}, DType::bf16);
+       be.biased_attention_backward(dq, dk, dv, &dbias, out, q, q, q, out, lse, nullptr, false);
+     },
+     "biased_attention_backward: dbias must be f32"},
+    {"activation_backward with a gate gradient but no gate",
+     [](Backend& be) {
+       Tensor x = make(be, {4, 8}), dx = make(be, {4, 8}), dup = make(be, {4, 8});
+       be.activation_backward(dx, &dup, x, x, nullptr, Activation::gelu_tanh);
+     },
+     "activation_backward: dup needs up"},
 };
 
 }  // namespace

@@ -1,0 +1,383 @@
+#include "model/t5.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/error.h"
+
+namespace ft {
+
+// One T5Attention (SelfAttention or EncDecAttention) with the layer norm before it.
+struct T5Model::Attention {
+  NormParameters norm;
+  std::unique_ptr<Linear> q, k, v, o;
+};
+
+// DenseReluDense: wi (v1.0) or wi_0 and wi_1 (gated-gelu), then wo.
+struct T5Model::FeedForward {
+  NormParameters norm;
+  std::unique_ptr<Linear> wi_0, wi_1, wo;  // wi_0 holds "wi" when not gated; wi_1 null then
+};
+
+struct T5Model::Block {
+  Attention self_attention, cross_attention;  // cross: decoder blocks only
+  FeedForward feed_forward;
+};
+
+struct T5Model::Stack {
+  std::vector<Block> blocks;
+  Parameter* relative_bias = nullptr;  // block 0's relative_attention_bias [buckets, H]
+  NormParameters final_norm;
+  bool decoder = false;
+  // Encoder blocks: self-attention, feed-forward; decoder blocks add cross-attention between.
+  int64_t sublayers_per_block() const { return decoder ? 3 : 2; }
+};
+
+// What one sublayer's backward reads from its forward.
+struct T5Model::SublayerActivations {
+  NormOutput norm;            // the sublayer's input under its layer norm
+  Tensor q, k, v, attn, lse;  // attention [B, T, H, D]; cross-attention's k and v over the encoder's tokens
+  Tensor gate, up, act;       // feed-forward [N, F]; up only when gated
+};
+
+// One stack's pass over a batch.
+struct T5Model::StackRun {
+  int64_t batch = 0, seq = 0;
+  Tensor ids;                     // i32 [B*T]
+  Tensor bucket_ids, bias;        // i32 [T*T] and the relative position bias [T, T, H]
+  std::vector<Tensor> residuals;  // residuals[k]: input of sublayer k; back(): output of the last
+  std::vector<SublayerActivations> sublayers;
+  NormOutput final_norm;          // residuals.back() under the final layer norm
+};
+
+T5Model::T5Model(const ModelConfig& config, Backend& backend, const ModelOptions& options)
+    : LanguageModel(config, backend, options, {"q", "v"}), encoder_(new Stack), decoder_(new Stack) {
+  FT_CHECK(options.activation_checkpointing == ActivationCheckpointing::none,
+           "t5: activation checkpointing is not supported (every activation of a step is kept)");
+  const int64_t C = config.hidden_size;
+  embedding_ = &add_parameter("shared.weight", {config.vocab_size, C}, options.weight_dtype);
+  add_stack(*encoder_, "encoder.", config.num_hidden_layers, false);
+  add_stack(*decoder_, "decoder.", config.num_decoder_layers, true);
+  final_norm_ = decoder_->final_norm;
+  if (config.tie_word_embeddings) {
+    lm_head_ = embedding_;
+    logits_scale_ = 1.0f / std::sqrt(float(C));
+  } else {
+    lm_head_ = &add_parameter("lm_head.weight", {config.vocab_size, C}, options.weight_dtype);
+  }
+  check_built(config.gated_ffn ? "q, k, v, o, wi_0, wi_1, wo" : "q, k, v, o, wi, wo");
+}
+
+T5Model::~T5Model() = default;
+
+void T5Model::add_stack(Stack& stack, const std::string& prefix, int64_t layers, bool decoder) {
+  const int64_t C = config_.hidden_size, F = config_.intermediate_size;
+  const int64_t inner = config_.num_attention_heads * config_.head_dim;
+  const float eps = config_.rms_norm_eps;
+  stack.decoder = decoder;
+  stack.blocks.resize(size_t(layers));
+  auto add_attention = [&](Attention& attention, const std::string& module) {
+    attention.q = make_linear(module + ".q", inner, C);
+    attention.k = make_linear(module + ".k", inner, C);
+    attention.v = make_linear(module + ".v", inner, C);
+    attention.o = make_linear(module + ".o", C, inner);
+  };
+  for (int64_t i = 0; i < layers; ++i) {
+    Block& block = stack.blocks[size_t(i)];
+    const std::string layer = prefix + "block." + std::to_string(i) + ".layer.";
+    add_attention(block.self_attention, layer + "0.SelfAttention");
+    if (i == 0)
+      stack.relative_bias =
+          &add_parameter(layer + "0.SelfAttention.relative_attention_bias.weight",
+                         {config_.relative_attention_num_buckets, config_.num_attention_heads}, options_.weight_dtype);
+    block.self_attention.norm = add_norm(layer + "0.layer_norm", false, eps);
+    if (decoder) {
+      add_attention(block.cross_attention, layer + "1.EncDecAttention");
+      block.cross_attention.norm = add_norm(layer + "1.layer_norm", false, eps);
+    }
+    const std::string ff = layer + (decoder ? "2" : "1");
+    FeedForward& feed_forward = block.feed_forward;
+    if (config_.gated_ffn) {
+      feed_forward.wi_0 = make_linear(ff + ".DenseReluDense.wi_0", F, C);
+      feed_forward.wi_1 = make_linear(ff + ".DenseReluDense.wi_1", F, C);
+    } else {
+      feed_forward.wi_0 = make_linear(ff + ".DenseReluDense.wi", F, C);
+    }
+    feed_forward.wo = make_linear(ff + ".DenseReluDense.wo", C, F);
+    feed_forward.norm = add_norm(ff + ".layer_norm", false, eps);
+  }
+  stack.final_norm = add_norm(prefix + "final_layer_norm", false, eps);
+}
+
+int32_t t5_relative_position_bucket(int64_t relative_position, bool bidirectional, int64_t num_buckets,
+                                    int64_t max_distance) {
+  int64_t bucket = 0;
+  if (bidirectional) {
+    num_buckets /= 2;
+    if (relative_position > 0) bucket += num_buckets;
+    relative_position = std::abs(relative_position);
+  } else {
+    relative_position = -std::min<int64_t>(relative_position, 0);
+  }
+  const int64_t max_exact = num_buckets / 2;
+  if (relative_position < max_exact) return int32_t(bucket + relative_position);
+  // In f32 as transformers computes it (a float tensor's log, divided by a
+  // double rounded to f32), truncated toward zero: the same bucket edges.
+  const float log_ratio = float(std::log(double(max_distance) / double(max_exact)));
+  const float scaled =
+      std::log(float(relative_position) / float(max_exact)) / log_ratio * float(num_buckets - max_exact);
+  const int64_t large = std::min<int64_t>(max_exact + int64_t(scaled), num_buckets - 1);
+  return int32_t(bucket + large);
+}
+
+Tensor t5_decoder_inputs(const Tensor& labels, int64_t decoder_start_token_id, int64_t pad_id, HostAllocator& host) {
+  FT_CHECK(labels.dtype == DType::i32 && labels.ndim() == 2, "t5: labels must be host i32 [B, T], got ",
+           dtype_name(labels.dtype), " ", shape_string(labels.shape));
+  Tensor inputs = Tensor::empty(labels.shape, DType::i32, host, MemCategory::activations);
+  const int64_t B = labels.dim(0), T = labels.dim(1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t previous = t == 0 ? int32_t(decoder_start_token_id) : labels.ptr<int32_t>()[b * T + t - 1];
+      inputs.ptr<int32_t>()[b * T + t] = previous == -100 ? int32_t(pad_id) : previous;
+    }
+  return inputs;
+}
+
+// ---- the step --------------------------------------------------------------
+
+float T5Model::forward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets) {
+  encode(encoder_ids);
+  const float loss = decode(decoder_ids, targets);
+  encoded_ = Tensor{};
+  return loss;
+}
+
+void T5Model::encode(const Tensor& encoder_ids) {
+  set_training(false);
+  encoded_ = Tensor{};
+  StackRun encoder;
+  encoder.ids = upload_tokens(encoder_ids);
+  encoder.batch = encoder_ids.dim(0);
+  encoder.seq = encoder_ids.dim(1);
+  forward_stack(*encoder_, encoder, nullptr, 0, false);
+  encoded_ = encoder.final_norm.out;
+  encoded_batch_ = encoder.batch;
+  encoded_seq_ = encoder.seq;
+}
+
+float T5Model::decode(const Tensor& decoder_ids, const Tensor& targets) {
+  FT_CHECK(encoded_.data, "t5: decode() needs encode() first");
+  set_training(false);
+  StackRun decoder;
+  const StepTokens tokens = upload_ids_and_targets(decoder_ids, targets);
+  FT_CHECK(tokens.batch == encoded_batch_, "t5: decoder_ids ", shape_string(decoder_ids.shape),
+           " and the encoded batch of ", encoded_batch_, " rows differ in batch size");
+  decoder.ids = tokens.ids;
+  decoder.batch = tokens.batch;
+  decoder.seq = tokens.seq;
+  forward_stack(*decoder_, decoder, &encoded_, encoded_seq_, false);
+  return lm_head_loss(decoder.final_norm.out, tokens, nullptr, 0.0f);
+}
+
+float T5Model::forward_backward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
+                                float grad_scale) {
+  set_training(true);
+  StackRun encoder, decoder;
+  encoder.ids = upload_tokens(encoder_ids);
+  FT_CHECK(encoder_ids.dim(0) == decoder_ids.dim(0), "t5: encoder_ids ", shape_string(encoder_ids.shape),
+           " and decoder_ids ", shape_string(decoder_ids.shape), " differ in batch size");
+  encoder.batch = encoder_ids.dim(0);
+  encoder.seq = encoder_ids.dim(1);
+  const StepTokens tokens = upload_ids_and_targets(decoder_ids, targets);
+  decoder.ids = tokens.ids;
+  decoder.batch = tokens.batch;
+  decoder.seq = tokens.seq;
+  forward_stack(*encoder_, encoder, nullptr, 0, true);
+  const Tensor& encoder_out = encoder.final_norm.out;
+  forward_stack(*decoder_, decoder, &encoder_out, encoder.seq, true);
+  Tensor dhidden;  // d(loss)/d(decoder output) [N, C], made by lm_head_loss
+  const float loss = lm_head_loss(decoder.final_norm.out, tokens, &dhidden, grad_scale);
+  if (tokens.counted == 0) return loss;
+  Tensor dencoder_out = backend_.empty(encoder_out.shape, options_.activation_dtype, MemCategory::activations);
+  backend_.fill(dencoder_out, 0.0f);
+  backward_stack(*decoder_, decoder, dhidden, &encoder_out, &dencoder_out);
+  dhidden = Tensor{};
+  backward_stack(*encoder_, encoder, dencoder_out, nullptr, nullptr);
+  return loss;
+}
+
+// bias[i, j, :] = table[bucket(j - i)]: an embedding lookup of host-computed bucket ids.
+void T5Model::relative_bias_forward(const Stack& stack, StackRun& run) {
+  const int64_t T = run.seq, H = config_.num_attention_heads;
+  HostAllocator host;
+  Tensor buckets = Tensor::empty({T, T}, DType::i32, host, MemCategory::activations);
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < T; ++j)
+      buckets.ptr<int32_t>()[i * T + j] =
+          t5_relative_position_bucket(j - i, !stack.decoder, config_.relative_attention_num_buckets,
+                                      config_.relative_attention_max_distance);
+  run.bucket_ids = upload_tokens(buckets);
+  run.bias = backend_.empty({T, T, H}, options_.activation_dtype, MemCategory::activations);
+  Tensor rows = run.bias.reshaped({T * T, H});
+  backend_.embedding_forward(rows, run.bucket_ids, stack.relative_bias->value);
+}
+
+void T5Model::forward_stack(const Stack& stack, StackRun& run, const Tensor* encoder_out, int64_t encoder_seq,
+                            bool training) {
+  Backend& be = backend_;
+  const int64_t B = run.batch, T = run.seq, N = B * T, C = config_.hidden_size;
+  const DType act = options_.activation_dtype;
+  relative_bias_forward(stack, run);
+  run.residuals.push_back(be.empty({N, C}, act, MemCategory::activations));
+  be.embedding_forward(run.residuals[0], run.ids, embedding_->value);
+  const int64_t per_block = stack.sublayers_per_block();
+  run.sublayers.resize(stack.blocks.size() * size_t(per_block));
+  run.residuals.reserve(run.sublayers.size() + 1);  // x below refers into it across push_back
+  for (size_t k = 0; k < run.sublayers.size(); ++k) {
+    const Block& block = stack.blocks[k / size_t(per_block)];
+    const int64_t kind = int64_t(k) % per_block;  // 0 self-attention, then cross-attention (decoder), then feed-forward
+    SublayerActivations& saved = run.sublayers[k];
+    const Tensor& x = run.residuals[k];
+    Tensor y;
+    if (kind == 0) {
+      saved.norm = norm_forward(block.self_attention.norm, x);
+      y = attention_forward(block.self_attention, saved, saved.norm.out, B, T, T, &run.bias, stack.decoder);
+    } else if (kind == 1 && stack.decoder) {
+      saved.norm = norm_forward(block.cross_attention.norm, x);
+      y = attention_forward(block.cross_attention, saved, *encoder_out, B, T, encoder_seq, nullptr, false);
+    } else {
+      saved.norm = norm_forward(block.feed_forward.norm, x);
+      y = feed_forward_forward(block.feed_forward, saved);
+    }
+    run.residuals.push_back(be.empty({N, C}, act, MemCategory::activations));
+    be.add(run.residuals.back(), x, y);
+    if (!training) {  // eval: free the sublayer's activations and its input at once
+      saved = SublayerActivations{};
+      run.residuals[k] = Tensor{};
+    }
+  }
+  run.final_norm = norm_forward(stack.final_norm, run.residuals.back());
+}
+
+void T5Model::backward_stack(const Stack& stack, StackRun& run, const Tensor& dfinal, const Tensor* encoder_out,
+                             Tensor* dencoder_out) {
+  Backend& be = backend_;
+  const int64_t N = run.batch * run.seq, C = config_.hidden_size, T = run.seq, H = config_.num_attention_heads;
+  const DType act = options_.activation_dtype;
+  Tensor dresidual = be.empty({N, C}, act, MemCategory::activations);
+  norm_backward(dresidual, stack.final_norm, dfinal, run.residuals.back(), run.final_norm);
+  run.final_norm = NormOutput{};
+  Tensor dbias;  // d(loss)/d(bias), summed over the layers, when the table trains
+  if (stack.relative_bias->trainable()) {
+    dbias = be.empty({T, T, H}, DType::f32, MemCategory::activations);
+    be.fill(dbias, 0.0f);
+  }
+  Tensor* dbias_arg = dbias.data ? &dbias : nullptr;
+  Tensor dnorm = be.empty({N, C}, act, MemCategory::activations);
+  const int64_t per_block = stack.sublayers_per_block();
+  for (size_t k = run.sublayers.size(); k-- > 0;) {
+    const Block& block = stack.blocks[k / size_t(per_block)];
+    const int64_t kind = int64_t(k) % per_block;
+    SublayerActivations& saved = run.sublayers[k];
+    const NormParameters* norm = nullptr;
+    if (kind == 0) {
+      norm = &block.self_attention.norm;
+      attention_backward(block.self_attention, saved, dresidual, dnorm, saved.norm.out, nullptr, &run.bias,
+                         dbias_arg, stack.decoder);
+    } else if (kind == 1 && stack.decoder) {
+      norm = &block.cross_attention.norm;
+      attention_backward(block.cross_attention, saved, dresidual, dnorm, *encoder_out, dencoder_out, nullptr,
+                         nullptr, false);
+    } else {
+      norm = &block.feed_forward.norm;
+      feed_forward_backward(block.feed_forward, saved, dresidual, dnorm);
+    }
+    norm_backward_add(dresidual, *norm, dnorm, run.residuals[k], saved.norm);
+    saved = SublayerActivations{};
+    run.residuals[k + 1] = Tensor{};
+  }
+  if (dbias.data) {
+    const Tensor rows = dbias.reshaped({T * T, H});
+    be.embedding_backward(stack.relative_bias->grad, run.bucket_ids, rows);
+  }
+  if (embedding_->trainable()) be.embedding_backward(embedding_->grad, run.ids, dresidual);
+}
+
+// ---- sublayers ---------------------------------------------------------------
+
+Tensor T5Model::attention_forward(const Attention& attention, SublayerActivations& saved, const Tensor& kv_input,
+                                  int64_t batch, int64_t seq, int64_t kv_seq, const Tensor* bias, bool causal) {
+  Backend& be = backend_;
+  const int64_t H = config_.num_attention_heads, D = config_.head_dim, C = config_.hidden_size;
+  const int64_t N = batch * seq, M = batch * kv_seq;
+  const DType act = options_.activation_dtype;
+  saved.q = be.empty({batch, seq, H, D}, act, MemCategory::activations);
+  saved.k = be.empty({batch, kv_seq, H, D}, act, MemCategory::activations);
+  saved.v = be.empty({batch, kv_seq, H, D}, act, MemCategory::activations);
+  Tensor q2d = saved.q.reshaped({N, H * D}), k2d = saved.k.reshaped({M, H * D}), v2d = saved.v.reshaped({M, H * D});
+  attention.q->forward(be, q2d, saved.norm.out);
+  attention.k->forward(be, k2d, kv_input);
+  attention.v->forward(be, v2d, kv_input);
+  saved.attn = be.empty({batch, seq, H, D}, act, MemCategory::activations);
+  saved.lse = be.empty({batch, H, seq}, DType::f32, MemCategory::activations);
+  be.biased_attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, bias, causal);
+  Tensor y = be.empty({N, C}, act, MemCategory::activations);
+  attention.o->forward(be, y, saved.attn.reshaped({N, H * D}));
+  return y;
+}
+
+void T5Model::attention_backward(const Attention& attention, SublayerActivations& saved, const Tensor& dy,
+                                 Tensor& dnorm, const Tensor& kv_input, Tensor* dkv_input, const Tensor* bias,
+                                 Tensor* dbias, bool causal) {
+  Backend& be = backend_;
+  const int64_t H = config_.num_attention_heads, D = config_.head_dim;
+  const int64_t N = saved.q.dim(0) * saved.q.dim(1), M = saved.k.dim(0) * saved.k.dim(1);
+  const DType act = options_.activation_dtype;
+  Tensor dattn = be.empty(saved.attn.shape, act, MemCategory::activations);
+  Tensor dattn2d = dattn.reshaped({N, H * D});
+  attention.o->backward(be, dattn2d, dy, saved.attn.reshaped({N, H * D}), false);
+  Tensor dq = be.empty(saved.q.shape, act, MemCategory::activations);
+  Tensor dk = be.empty(saved.k.shape, act, MemCategory::activations);
+  Tensor dv = be.empty(saved.v.shape, act, MemCategory::activations);
+  be.biased_attention_backward(dq, dk, dv, dbias, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse, bias,
+                               causal);
+  attention.q->backward(be, dnorm, dq.reshaped({N, H * D}), saved.norm.out, false);
+  // Self-attention's keys and values come from the same normed input; cross-attention's from the encoder.
+  Tensor& dkv = dkv_input ? *dkv_input : dnorm;
+  attention.k->backward(be, dkv, dk.reshaped({M, H * D}), kv_input, true);
+  attention.v->backward(be, dkv, dv.reshaped({M, H * D}), kv_input, true);
+}
+
+Tensor T5Model::feed_forward_forward(const FeedForward& ff, SublayerActivations& saved) {
+  Backend& be = backend_;
+  const int64_t N = saved.norm.out.rows(), F = config_.intermediate_size, C = config_.hidden_size;
+  const DType act = options_.activation_dtype;
+  saved.gate = be.empty({N, F}, act, MemCategory::activations);
+  ff.wi_0->forward(be, saved.gate, saved.norm.out);
+  if (ff.wi_1) {
+    saved.up = be.empty({N, F}, act, MemCategory::activations);
+    ff.wi_1->forward(be, saved.up, saved.norm.out);
+  }
+  saved.act = be.empty({N, F}, act, MemCategory::activations);
+  const Activation kind = config_.gated_ffn ? Activation::gelu_tanh : Activation::relu;
+  be.activation_forward(saved.act, saved.gate, ff.wi_1 ? &saved.up : nullptr, kind);
+  Tensor y = be.empty({N, C}, act, MemCategory::activations);
+  ff.wo->forward(be, y, saved.act);
+  return y;
+}
+
+void T5Model::feed_forward_backward(const FeedForward& ff, SublayerActivations& saved, const Tensor& dy,
+                                    Tensor& dnorm) {
+  Backend& be = backend_;
+  const DType act = options_.activation_dtype;
+  Tensor dact = be.empty(saved.act.shape, act, MemCategory::activations);
+  ff.wo->backward(be, dact, dy, saved.act, false);
+  Tensor dup = ff.wi_1 ? be.empty(saved.up.shape, act, MemCategory::activations) : Tensor{};
+  const Activation kind = config_.gated_ffn ? Activation::gelu_tanh : Activation::relu;
+  // dact becomes d(loss)/d(gate) in place (the op allows dx to alias dout).
+  be.activation_backward(dact, ff.wi_1 ? &dup : nullptr, dact, saved.gate, ff.wi_1 ? &saved.up : nullptr, kind);
+  ff.wi_0->backward(be, dnorm, dact, saved.norm.out, false);
+  if (ff.wi_1) ff.wi_1->backward(be, dnorm, dup, saved.norm.out, true);
+}
+
+}  // namespace ft

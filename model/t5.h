@@ -1,0 +1,96 @@
+// T5 and FLAN-T5 (transformers' T5ForConditionalGeneration) with Hugging
+// Face tensor names, written against the op interface only: an encoder and
+// a decoder stack of pre-norm blocks (T5's RMS layer norm, no bias, no mean),
+// unscaled attention with a relative position bias that only each stack's
+// first block owns (bidirectional buckets in the encoder, causal in the
+// decoder), cross-attention from every decoder block to the encoder output,
+// and the feed-forward of v1.0 (relu) or v1.1 / FLAN-T5 (gated-gelu). With
+// tie_word_embeddings the shared embedding is also the LM head and the
+// decoder output is scaled by d_model^-0.5 first.
+//
+// It shares LanguageModel's parameters, linears (dense, INT8, NF4, LoRA),
+// loading, initialisation and loss with the decoder-only models, and runs a
+// step of its own. PEFT's default targets are q and v, which match the
+// self-attention and the decoder's EncDecAttention alike. Every activation of
+// a training step is kept (no per-layer checkpointing), and dropout_rate is
+// not applied (only LoRA's dropout runs).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "model/causal_lm.h"
+
+namespace ft {
+
+class T5Model final : public LanguageModel {
+ public:
+  // Allocates every weight (uninitialised) and adapter on the backend. A LoRA
+  // target that matches no module, or activation checkpointing, is an Error.
+  T5Model(const ModelConfig& config, Backend& backend, const ModelOptions& options = {});
+  ~T5Model() override;
+
+  // Mean cross-entropy of the decoder's predictions. encoder_ids: host i32
+  // [B, S]; decoder_ids and targets: host i32 [B, T], targets[b, t] the token
+  // decoder position t predicts (-100: ignored), i.e. transformers' labels,
+  // and decoder_ids = t5_decoder_inputs(labels). Keeps the logits [B*T,
+  // vocab] for last_logits(). Encoder rows are not masked: every row of a
+  // batch must be a whole input (no padding).
+  float forward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets);
+  // Same loss, then gradients of grad_scale * loss are added to every
+  // trainable parameter's grad. Nothing of the step stays allocated.
+  float forward_backward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
+                         float grad_scale = 1.0f);
+
+  // For generation, forward in two halves: encode() runs the encoder and
+  // keeps its output until the next encode() or forward(); decode() is
+  // forward's decoder half against it (same arguments and logits), so a
+  // growing decoder input needs the encoder only once.
+  void encode(const Tensor& encoder_ids);
+  float decode(const Tensor& decoder_ids, const Tensor& targets);
+
+ private:
+  struct Attention;
+  struct FeedForward;
+  struct Block;
+  struct Stack;
+  struct SublayerActivations;
+  struct StackRun;
+
+  // Builds one stack's parameters under prefix ("encoder." or "decoder.").
+  void add_stack(Stack& stack, const std::string& prefix, int64_t layers, bool decoder);
+  // The stack's relative position bias [T, T, H] for run.seq tokens.
+  void relative_bias_forward(const Stack& stack, StackRun& run);
+  // Embeds run.ids and runs every sublayer, then the final norm; a decoder
+  // attends to encoder_out [B*S, C] of encoder_seq tokens per row.
+  void forward_stack(const Stack& stack, StackRun& run, const Tensor* encoder_out, int64_t encoder_seq,
+                     bool training);
+  // From dfinal = d(loss)/d(the final norm's output), every sublayer's
+  // backward, last to first, then the bias table's and embedding's
+  // gradients when they train. A decoder adds d(loss)/d(encoder_out) into
+  // dencoder_out.
+  void backward_stack(const Stack& stack, StackRun& run, const Tensor& dfinal, const Tensor* encoder_out,
+                      Tensor* dencoder_out);
+  Tensor attention_forward(const Attention& attention, SublayerActivations& saved, const Tensor& kv_input,
+                           int64_t batch, int64_t seq, int64_t kv_seq, const Tensor* bias, bool causal);
+  // dnorm (overwritten) = d(loss)/d(the sublayer's normed input) from dy;
+  // cross-attention adds its key/value input's gradient into dkv_input instead.
+  void attention_backward(const Attention& attention, SublayerActivations& saved, const Tensor& dy, Tensor& dnorm,
+                          const Tensor& kv_input, Tensor* dkv_input, const Tensor* bias, Tensor* dbias, bool causal);
+  Tensor feed_forward_forward(const FeedForward& ff, SublayerActivations& saved);
+  void feed_forward_backward(const FeedForward& ff, SublayerActivations& saved, const Tensor& dy, Tensor& dnorm);
+
+  std::unique_ptr<Stack> encoder_, decoder_;
+  Tensor encoded_;  // encode()'s output [B*S, C]
+  int64_t encoded_batch_ = 0, encoded_seq_ = 0;
+};
+
+// transformers' _shift_right: the decoder's inputs for labels host i32
+// [B, T]: decoder_start_token_id, then labels[:, :-1] with -100 replaced by
+// pad_id.
+Tensor t5_decoder_inputs(const Tensor& labels, int64_t decoder_start_token_id, int64_t pad_id, HostAllocator& host);
+
+// transformers' T5Attention._relative_position_bucket for key_pos - query_pos.
+int32_t t5_relative_position_bucket(int64_t relative_position, bool bidirectional, int64_t num_buckets,
+                                    int64_t max_distance);
+
+}  // namespace ft

@@ -1,0 +1,46 @@
+#include "trainer/generate_seq2seq.h"
+
+#include <algorithm>
+
+#include "kernels/error.h"
+
+namespace ft {
+namespace {
+
+// A host i32 [1, n] tensor holding ids.
+Tensor row_tensor(const std::vector<int32_t>& ids, HostAllocator& host) {
+  Tensor row = Tensor::empty({1, int64_t(ids.size())}, DType::i32, host, MemCategory::activations);
+  std::copy(ids.begin(), ids.end(), row.ptr<int32_t>());
+  return row;
+}
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> generate_seq2seq(T5Model& model, const std::vector<std::vector<int32_t>>& inputs,
+                                                   const SamplingOptions& options,
+                                                   const std::vector<int32_t>& stop_ids) {
+  const int64_t V = model.config().vocab_size;
+  SamplerRng rng{options.seed};
+  HostAllocator host;
+  std::vector<std::vector<int32_t>> generated(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    FT_CHECK(!inputs[i].empty(), "generate_seq2seq: empty input ", i);
+    model.encode(row_tensor(inputs[i], host));
+    std::vector<int32_t> decoder_ids = {int32_t(model.config().decoder_start_token_id)};
+    Tensor logits = Tensor::empty({V}, DType::f32, host, MemCategory::activations);
+    while (int64_t(generated[i].size()) < options.max_new_tokens) {
+      const Tensor ids = row_tensor(decoder_ids, host);
+      const std::vector<int32_t> ignored(decoder_ids.size(), -100);
+      model.decode(ids, row_tensor(ignored, host));
+      const Tensor last = model.last_logits().slice_rows(int64_t(decoder_ids.size()) - 1, 1);
+      model.backend().copy(logits, last);
+      const int32_t token = sample_token(logits.ptr<float>(), V, options, rng);
+      if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) break;
+      generated[i].push_back(token);
+      decoder_ids.push_back(token);
+    }
+  }
+  return generated;
+}
+
+}  // namespace ft

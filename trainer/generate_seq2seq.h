@@ -1,0 +1,23 @@
+// Generation with an encoder-decoder model (T5): each input is encoded once
+// (T5Model::encode keeps the encoder's output), then the decoder runs from
+// decoder_start_token_id, and each next token is picked from the last
+// position's logits as generate() picks it (greedy, or temperature + top-p,
+// trainer/generate.h). The decoder reruns over its tokens so far at every
+// step (no decoder KV cache). Inputs run one at a time: T5Model does not mask
+// encoder padding, so inputs of different lengths cannot share a batch.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/t5.h"
+#include "trainer/generate.h"
+
+namespace ft {
+
+// The new tokens of every input, each ending before the first of stop_ids
+// (not returned) or after options.max_new_tokens.
+std::vector<std::vector<int32_t>> generate_seq2seq(T5Model& model, const std::vector<std::vector<int32_t>>& inputs,
+                                                   const SamplingOptions& options,
+                                                   const std::vector<int32_t>& stop_ids);
+
+}  // namespace ft
