@@ -123,6 +123,29 @@ inline void check_attention(Device device, const char* op, const Tensor& q, cons
   check_shape(lse, {s.batch, s.q_heads, s.seq}, op, "lse");
 }
 
+// attention_cached: q and out [B, Tq, Hq, D], the caches [B, S, Hkv, D], one
+// i32 position per query. Position values are the backend's to check
+// (reading them needs the host).
+inline void check_attention_cached(Device device, const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                                   const Tensor& v_cache, const Tensor& positions, int64_t sliding_window) {
+  const char* op = "attention_cached";
+  FT_CHECK(sliding_window >= 0, op, ": sliding_window must be >= 0 (0: none), got ", sliding_window);
+  check_float(q, device, op, "q");
+  check_float(k_cache, device, op, "k_cache");
+  check_float(v_cache, device, op, "v_cache");
+  check_float(out, device, op, "out");
+  check_dtype(positions, DType::i32, device, op, "positions");
+  FT_CHECK(q.ndim() == 4 && k_cache.ndim() == 4, op, ": q and k_cache must be [B, T, H, D], got q ",
+           shape_string(q.shape), " and k_cache ", shape_string(k_cache.shape));
+  const int64_t kv_heads = k_cache.dim(2);
+  FT_CHECK(kv_heads > 0 && q.dim(2) % kv_heads == 0, op, ": query heads (", q.dim(2),
+           ") must be a multiple of kv heads (", kv_heads, ")");
+  check_shape(k_cache, {q.dim(0), k_cache.dim(1), kv_heads, q.dim(3)}, op, "k_cache");
+  check_shape(v_cache, k_cache.shape, op, "v_cache");
+  check_shape(out, q.shape, op, "out");
+  check_shape(positions, {q.dim(0) * q.dim(1)}, op, "positions");
+}
+
 // attention_backward's gradients, shaped as their inputs.
 inline void check_attention_gradients(Device device, const char* op, const Tensor& dq, const Tensor& dk,
                                       const Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k) {
