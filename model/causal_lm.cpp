@@ -574,10 +574,8 @@ Tensor CausalLM::forward_cached(KvCache& cache, const Tensor& input_ids, const s
   }
   Tensor logits = be.empty({B, V}, DType::f32, MemCategory::activations);
   be.matmul(logits, last_hidden, lm_head_->value, false, true);
-  Tensor host_logits = Tensor::empty({B, V}, DType::f32, host, MemCategory::activations);
-  be.copy(host_logits, logits);
   for (int64_t b = 0; b < B; ++b) cache.lengths_tokens[size_t(b)] += valid_tokens[size_t(b)];
-  return host_logits;
+  return logits;
 }
 
 void CausalLM::set_trainable(const std::function<bool(const std::string&)>& is_trainable) {

@@ -87,8 +87,8 @@ class CausalLM {
   // length grows by valid_tokens[b] <= T: a right-padded row's padding is
   // overwritten by its next tokens. A row with valid_tokens 0 is idle (a
   // finished row kept so the batch stays rectangular): its tokens run at
-  // positions from 0, its cache is no longer meaningful. Returns host f32
-  // [B, vocab]: each row's logits after its last valid token.
+  // positions from 0, its cache is no longer meaningful. Returns f32
+  // [B, vocab] on the backend: each row's logits after its last valid token.
   Tensor forward_cached(KvCache& cache, const Tensor& input_ids, const std::vector<int64_t>& valid_tokens);
 
   const Tensor& last_logits() const { return last_logits_; }

@@ -97,8 +97,8 @@ void generate_cached(CausalLM& model, Rows& rows, const SamplingOptions& options
   int64_t longest_prompt = 0;
   for (const auto& row : rows.tokens) longest_prompt = std::max<int64_t>(longest_prompt, int64_t(row.size()));
   if (longest_prompt > max_positions || options.max_new_tokens <= 0) return;
-  KvCache cache = model.make_kv_cache(B, std::min(longest_prompt + options.max_new_tokens, max_positions));
   HostAllocator host;
+  KvCache cache = model.make_kv_cache(B, std::min(longest_prompt + options.max_new_tokens, max_positions));
   Tensor ids = Tensor::empty({B, longest_prompt}, DType::i32, host, MemCategory::activations);
   std::fill_n(ids.ptr<int32_t>(), B * longest_prompt, 0);
   std::vector<int64_t> valid(static_cast<size_t>(B), 0);
@@ -106,7 +106,8 @@ void generate_cached(CausalLM& model, Rows& rows, const SamplingOptions& options
     std::copy(rows.tokens[size_t(b)].begin(), rows.tokens[size_t(b)].end(), ids.ptr<int32_t>() + b * longest_prompt);
     valid[size_t(b)] = int64_t(rows.tokens[size_t(b)].size());
   }
-  Tensor logits = model.forward_cached(cache, ids, valid);
+  Tensor logits = Tensor::empty({B, V}, DType::f32, host, MemCategory::activations);
+  model.backend().copy(logits, model.forward_cached(cache, ids, valid));
   SamplerRng rng{options.seed};
   Tensor step_ids = Tensor::empty({B, 1}, DType::i32, host, MemCategory::activations);
   for (int64_t new_tokens = 0;; ++new_tokens) {
@@ -117,7 +118,7 @@ void generate_cached(CausalLM& model, Rows& rows, const SamplingOptions& options
       valid[size_t(b)] = rows.done[size_t(b)] ? 0 : 1;
       step_ids.ptr<int32_t>()[b] = rows.done[size_t(b)] ? 0 : rows.tokens[size_t(b)].back();
     }
-    logits = model.forward_cached(cache, step_ids, valid);
+    model.backend().copy(logits, model.forward_cached(cache, step_ids, valid));
   }
 }
 
