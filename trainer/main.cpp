@@ -12,6 +12,7 @@
 
 #include "kernels/error.h"
 #include "trainer/generate_command.h"
+#include "trainer/merge.h"
 #include "trainer/plan.h"
 #include "trainer/train_config.h"
 #include "trainer/trainer.h"
@@ -63,13 +64,17 @@ int run_plan(int argc, char** argv) {
 int run(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "plan") return run_plan(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "generate") return ft::run_generate(ft::parse_generate_args(argc, argv, 2));
+  if (argc > 1 && std::string(argv[1]) == "merge") {
+    ft::merge_adapter(ft::parse_merge_args(argc, argv, 2), std::cout);
+    return 0;
+  }
   std::string config_path;
   std::vector<std::string> overrides;
   ft::RunOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage << ft::kGenerateUsage;
+      std::cout << kUsage << ft::kGenerateUsage << ft::kMergeUsage;
       return 0;
     } else if (arg == "--resume") {
       options.resume = true;
