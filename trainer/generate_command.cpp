@@ -19,11 +19,12 @@
 namespace ft {
 
 const char* const kGenerateUsage =
-    "usage: finetune generate MODEL [--adapter DIR] (--prompt TEXT | --file JSONL | --interactive)\n"
+    "usage: finetune generate MODEL [--adapter DIR] [--tokenizer FILE] (--prompt TEXT | --file JSONL | --interactive)\n"
     "         [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0] [--repetition-penalty 1]\n"
     "         [--stop TEXT]... [--seed 0] [--batch-size 8] [--quantization none|int8|nf4]\n"
     "         [--precision fp32|bf16] [--device auto|cpu|cuda] [--no-kv-cache] [--ignore-eos]\n"
-    "  MODEL: a Hugging Face checkpoint folder; --adapter: a PEFT LoRA adapter folder\n"
+    "  MODEL: a Hugging Face checkpoint folder; --adapter: a PEFT LoRA adapter folder;\n"
+    "  --tokenizer: tokenizer.model or tokenizer.json (default: MODEL's)\n"
     "  --prompt streams one completion; --file reads {\"prompt\": ...} rows and writes one JSON line each;\n"
     "  --interactive reads a prompt a line from stdin. --temperature 0 is greedy.\n"
     "  --ignore-eos: the EOS tokens do not stop a row (benchmarks: exactly --max-new-tokens each)\n"
@@ -112,7 +113,7 @@ void load_session(Session& session, const GenerateCommand& command) {
   TrainConfig config;
   config.source = "finetune generate";
   config.model = command.model;
-  config.tokenizer = default_tokenizer_path(command.model);
+  config.tokenizer = command.tokenizer.empty() ? default_tokenizer_path(command.model) : command.tokenizer;
   config.quantization.mode = command.quantization;
   config.precision = command.precision;
   for (const std::string& stop : command.stop) config.generate.stop.push_back(TokenRef{-1, stop});
@@ -155,6 +156,7 @@ GenerateCommand parse_generate_args(int argc, char** argv, int first) {
       return argv[++i];
     };
     if (arg == "--adapter") c.adapter = value();
+    else if (arg == "--tokenizer") c.tokenizer = value();
     else if (arg == "--prompt") c.prompt = value();
     else if (arg == "--file") c.prompts_file = value();
     else if (arg == "--interactive") c.interactive = true;

@@ -16,6 +16,7 @@ namespace ft {
 
 struct GenerateCommand {
   std::string model, adapter;  // folders; adapter "" = the base alone
+  std::string tokenizer;       // "" = MODEL's own tokenizer file
   std::string prompt, prompts_file;
   bool interactive = false;
   SamplingOptions sampling;
