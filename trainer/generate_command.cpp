@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "kernels/error.h"
 #include "model/peft_adapter.h"
@@ -32,20 +33,14 @@ const char* const kGenerateUsage =
 
 namespace {
 
-// The flag's value as a number in [lo, hi]; the error names the flag.
-double number_arg(const std::string& flag, const std::string& text, double lo, double hi) {
-  double value = 0.0;
+// The flag's value as a number (an integer when Number is one) in [lo, hi];
+// the error names the flag.
+template <class Number>
+Number number_arg(const std::string& flag, const std::string& text, Number lo, Number hi) {
+  Number value = 0;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  FT_CHECK(error == std::errc() && end == text.data() + text.size() && value >= lo && value <= hi, flag,
-           " expects a number in [", lo, ", ", hi, "], got \"", text, "\"");
-  return value;
-}
-
-int64_t integer_arg(const std::string& flag, const std::string& text, int64_t lo, int64_t hi) {
-  int64_t value = 0;
-  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  FT_CHECK(error == std::errc() && end == text.data() + text.size() && value >= lo && value <= hi, flag,
-           " expects an integer in [", lo, ", ", hi, "], got \"", text, "\"");
+  FT_CHECK(error == std::errc() && end == text.data() + text.size() && value >= lo && value <= hi, flag, " expects ",
+           std::is_integral_v<Number> ? "an integer" : "a number", " in [", lo, ", ", hi, "], got \"", text, "\"");
   return value;
 }
 
@@ -75,8 +70,10 @@ class StreamPrinter {
     const std::string text = visible_text();
     write(text, text.size() - std::min(text.size(), held_bytes_ ? held_bytes_ - 1 : 0));
   }
+  // The rest of the text, also after a rewrite of what was already printed.
   void finish() {
-    write(visible_text(), std::string::npos);
+    const std::string text = visible_text();
+    if (text.size() > printed_.size()) std::cout << text.substr(printed_.size());
     std::cout << "\n" << std::flush;
   }
 
@@ -85,8 +82,9 @@ class StreamPrinter {
     std::string text = tokenizer_.decode(tokens_);
     return text.substr(0, find_stop_string(text, stop_strings_));
   }
-  // Writes text[printed, end) once the printed prefix still matches (a
-  // decoder may rewrite the last characters when a token completes them).
+  // Writes text[printed, end) while the printed prefix still matches (a
+  // decoder may rewrite the last characters when a token completes them:
+  // then it waits for finish).
   void write(const std::string& text, size_t end) {
     end = std::min(end, text.size());
     if (end <= printed_.size() || text.compare(0, printed_.size(), printed_) != 0) return;
@@ -160,14 +158,14 @@ GenerateCommand parse_generate_args(int argc, char** argv, int first) {
     else if (arg == "--prompt") c.prompt = value();
     else if (arg == "--file") c.prompts_file = value();
     else if (arg == "--interactive") c.interactive = true;
-    else if (arg == "--max-new-tokens") c.sampling.max_new_tokens = integer_arg(arg, value(), 1, 1 << 20);
+    else if (arg == "--max-new-tokens") c.sampling.max_new_tokens = number_arg<int64_t>(arg, value(), 1, 1 << 20);
     else if (arg == "--temperature") c.sampling.temperature = number_arg(arg, value(), 0.0, 100.0);
     else if (arg == "--top-p") c.sampling.top_p = number_arg(arg, value(), 1e-9, 1.0);
-    else if (arg == "--top-k") c.sampling.top_k = integer_arg(arg, value(), 0, int64_t(1) << 31);
+    else if (arg == "--top-k") c.sampling.top_k = number_arg<int64_t>(arg, value(), 0, int64_t(1) << 31);
     else if (arg == "--repetition-penalty") c.sampling.repetition_penalty = number_arg(arg, value(), 1e-3, 1e3);
     else if (arg == "--stop") c.stop.push_back(value());
-    else if (arg == "--seed") c.sampling.seed = uint64_t(integer_arg(arg, value(), 0, INT64_MAX));
-    else if (arg == "--batch-size") c.batch_size = integer_arg(arg, value(), 1, 4096);
+    else if (arg == "--seed") c.sampling.seed = uint64_t(number_arg<int64_t>(arg, value(), 0, INT64_MAX));
+    else if (arg == "--batch-size") c.batch_size = number_arg<int64_t>(arg, value(), 1, 4096);
     else if (arg == "--no-kv-cache") c.sampling.kv_cache = false;
     else if (arg == "--ignore-eos") c.ignore_eos = true;
     else if (arg == "--quantization")
