@@ -70,6 +70,8 @@ namespace ft {
   PREFIX void attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,      \
                                       const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,       \
                                       float scale, int64_t sliding_window) SUFFIX;                                  \
+  PREFIX void attention_cached_impl(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,     \
+                                    const Tensor& positions, float scale, int64_t sliding_window) SUFFIX;          \
   PREFIX void biased_attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,            \
                                             const Tensor& v, const Tensor* bias, bool causal) SUFFIX;               \
   PREFIX void biased_attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, Tensor* dbias, const Tensor& dout, \
@@ -289,6 +291,21 @@ class Backend {
     checks::check_attention(device(), "attention_backward", q, k, v, out, lse, sliding_window);
     checks::check_attention_gradients(device(), "attention_backward", dq, dk, dv, dout, q, k);
     attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, scale, sliding_window);
+  }
+
+  // Generation's attention: new queries against a key/value cache. q and out
+  // [B, Tq, Hq, D]; k_cache and v_cache [B, S, Hkv, D] hold each row's keys
+  // and values by position (rotated as attention_forward's k); positions
+  // i32 [B * Tq]. Query (b, t) at position p = positions[b * Tq + t] sees the
+  // cached keys j <= p of row b (and p - j < sliding_window when that is > 0),
+  // exactly the keys attention_forward shows query p of a sequence, and
+  // p must be < S. No lse: generation has no backward. On the CPU each query
+  // row is computed with attention_forward's own tiles and order (bit for
+  // bit the same row in f32), so cached and uncached generation agree.
+  void attention_cached(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        const Tensor& positions, float scale, int64_t sliding_window) {
+    checks::check_attention_cached(device(), out, q, k_cache, v_cache, positions, sliding_window);
+    attention_cached_impl(out, q, k_cache, v_cache, positions, scale, sliding_window);
   }
 
   // T5's attention (encoder self-attention, decoder self- and

@@ -104,13 +104,20 @@ struct AttentionShape {
 inline AttentionShape attention_shape(const Tensor& q, const Tensor& k) {
   return {q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
 }
-inline void check_attention(Device device, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& out, const Tensor& lse, int64_t sliding_window) {
+// Attention's window and floating operands (k and v under their names: the
+// cached op's are the caches).
+inline void check_attention_operands(Device device, const char* op, const Tensor& q, const Tensor& k,
+                                     const char* k_name, const Tensor& v, const char* v_name, const Tensor& out,
+                                     int64_t sliding_window) {
   FT_CHECK(sliding_window >= 0, op, ": sliding_window must be >= 0 (0: none), got ", sliding_window);
   check_float(q, device, op, "q");
-  check_float(k, device, op, "k");
-  check_float(v, device, op, "v");
+  check_float(k, device, op, k_name);
+  check_float(v, device, op, v_name);
   check_float(out, device, op, "out");
+}
+inline void check_attention(Device device, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& out, const Tensor& lse, int64_t sliding_window) {
+  check_attention_operands(device, op, q, k, "k", v, "v", out, sliding_window);
   check_dtype(lse, DType::f32, device, op, "lse");
   FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got q ", shape_string(q.shape),
            " and k ", shape_string(k.shape));
@@ -121,6 +128,25 @@ inline void check_attention(Device device, const char* op, const Tensor& q, cons
   check_shape(v, k.shape, op, "v");
   check_shape(out, q.shape, op, "out");
   check_shape(lse, {s.batch, s.q_heads, s.seq}, op, "lse");
+}
+
+// attention_cached: q and out [B, Tq, Hq, D], the caches [B, S, Hkv, D], one
+// i32 position per query. Position values are the backend's to check
+// (reading them needs the host).
+inline void check_attention_cached(Device device, const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                                   const Tensor& v_cache, const Tensor& positions, int64_t sliding_window) {
+  const char* op = "attention_cached";
+  check_attention_operands(device, op, q, k_cache, "k_cache", v_cache, "v_cache", out, sliding_window);
+  check_dtype(positions, DType::i32, device, op, "positions");
+  FT_CHECK(q.ndim() == 4 && k_cache.ndim() == 4, op, ": q and k_cache must be [B, T, H, D], got q ",
+           shape_string(q.shape), " and k_cache ", shape_string(k_cache.shape));
+  const int64_t kv_heads = k_cache.dim(2);
+  FT_CHECK(kv_heads > 0 && q.dim(2) % kv_heads == 0, op, ": query heads (", q.dim(2),
+           ") must be a multiple of kv heads (", kv_heads, ")");
+  check_shape(k_cache, {q.dim(0), k_cache.dim(1), kv_heads, q.dim(3)}, op, "k_cache");
+  check_shape(v_cache, k_cache.shape, op, "v_cache");
+  check_shape(out, q.shape, op, "out");
+  check_shape(positions, {q.dim(0) * q.dim(1)}, op, "positions");
 }
 
 // attention_backward's gradients, shaped as their inputs.

@@ -215,9 +215,10 @@ void CausalLM::attention_forward(AttentionActivations& saved, const Tensor& posi
   const int64_t B = saved.q.dim(0), T = saved.q.dim(1), N = B * T, Hq = saved.q.dim(2), Hkv = saved.k.dim(2);
   const int64_t D = config_.head_dim;
   Tensor q_heads = saved.q.reshaped({N, Hq, D}), k_heads = saved.k.reshaped({N, Hkv, D});
-  const std::vector<float> inv_freq = rope_inv_freq(config_, T);
+  const std::vector<float> inv_freq = rope_inv_freq(config_, cached_step_ ? cached_step_->seq_tokens : T);
   be.rope_forward(q_heads, positions, inv_freq);
   be.rope_forward(k_heads, positions, inv_freq);
+  if (cached_step_) return attend_cached(saved);
   saved.attn = be.empty({B, T, Hq, D}, options_.activation_dtype, MemCategory::activations);
   saved.lse = be.empty({B, Hq, T}, DType::f32, MemCategory::activations);
   be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)),
@@ -240,6 +241,42 @@ CausalLM::AttentionGradients CausalLM::attention_backward(const AttentionActivat
   be.rope_backward(dq_heads, positions, inv_freq);
   be.rope_backward(dk_heads, positions, inv_freq);
   return grads;
+}
+
+// ---- generation with a key/value cache -------------------------------------
+
+KvCache CausalLM::make_kv_cache(int64_t batch, int64_t capacity_tokens) {
+  FT_CHECK(batch > 0 && capacity_tokens > 0, "make_kv_cache: batch and capacity must be > 0, got ", batch, " and ",
+           capacity_tokens);
+  KvCache cache;
+  const Shape shape{batch, capacity_tokens, config_.num_key_value_heads, config_.head_dim};
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    cache.keys.push_back(backend_.empty(shape, options_.activation_dtype, MemCategory::activations));
+    cache.values.push_back(backend_.empty(shape, options_.activation_dtype, MemCategory::activations));
+  }
+  cache.lengths_tokens.assign(size_t(batch), 0);
+  return cache;
+}
+
+// Writes the step's rotated keys and values into the layer's cache rows at
+// their positions, then attends over the cache.
+void CausalLM::attend_cached(AttentionActivations& saved) {
+  Backend& be = backend_;
+  KvCache& cache = *cached_step_->cache;
+  const int64_t B = saved.q.dim(0), T = saved.q.dim(1), Hq = saved.q.dim(2), D = config_.head_dim;
+  const int64_t S = cache.capacity_tokens(), kv_features = saved.k.dim(2) * D;
+  Tensor k_rows = saved.k.reshaped({B * T, kv_features}), v_rows = saved.v.reshaped({B * T, kv_features});
+  Tensor k_slots = cache.keys[cached_step_->layer].reshaped({B * S, kv_features});
+  Tensor v_slots = cache.values[cached_step_->layer].reshaped({B * S, kv_features});
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t slot = b * S + cached_step_->first_positions[size_t(b)];
+    Tensor k_dst = k_slots.slice_rows(slot, T), v_dst = v_slots.slice_rows(slot, T);
+    be.copy(k_dst, k_rows.slice_rows(b * T, T));
+    be.copy(v_dst, v_rows.slice_rows(b * T, T));
+  }
+  saved.attn = be.empty({B, T, Hq, D}, options_.activation_dtype, MemCategory::activations);
+  be.attention_cached(saved.attn, saved.q, cache.keys[cached_step_->layer], cache.values[cached_step_->layer],
+                      cached_step_->positions, 1.0f / std::sqrt(float(D)), config_.sliding_window);
 }
 
 // ---- norms ---------------------------------------------------------------
@@ -483,6 +520,68 @@ float LanguageModel::lm_head_loss(const Tensor& hidden, const StepTokens& tokens
   double loss_sum = 0.0;
   for (int64_t n = 0; n < N; ++n) loss_sum += host_losses.ptr<float>()[n];
   return tokens.counted ? float(loss_sum / double(tokens.counted)) : 0.0f;
+}
+
+// The positions of a cached step's tokens: row b's token t at
+// lengths_tokens[b] + t, or at t for an idle row (valid_tokens 0).
+static std::vector<int64_t> first_positions(const KvCache& cache, const std::vector<int64_t>& valid_tokens) {
+  std::vector<int64_t> first(valid_tokens.size(), 0);
+  for (size_t b = 0; b < first.size(); ++b)
+    if (valid_tokens[b] > 0) first[b] = cache.lengths_tokens[b];
+  return first;
+}
+
+Tensor CausalLM::forward_cached(KvCache& cache, const Tensor& input_ids, const std::vector<int64_t>& valid_tokens) {
+  Backend& be = backend_;
+  const std::string& type = config_.model_type;
+  FT_CHECK(input_ids.ndim() == 2 && input_ids.dim(0) == int64_t(cache.lengths_tokens.size()) &&
+               valid_tokens.size() == cache.lengths_tokens.size(),
+           type, ": forward_cached needs input_ids [", cache.lengths_tokens.size(), ", T] and as many valid_tokens, got ",
+           shape_string(input_ids.shape), " and ", valid_tokens.size());
+  const int64_t B = input_ids.dim(0), T = input_ids.dim(1), C = config_.hidden_size, V = config_.vocab_size;
+  CachedStep step{&cache, 0, 0, Tensor{}, first_positions(cache, valid_tokens)};
+  HostAllocator host;
+  Tensor host_positions = Tensor::empty({B, T}, DType::i32, host, MemCategory::activations);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t valid = valid_tokens[size_t(b)], first = step.first_positions[size_t(b)];
+    FT_CHECK(valid >= 0 && valid <= T && first + T <= cache.capacity_tokens(), type, ": forward_cached row ", b,
+             " (", valid, " of ", T, " tokens valid, from position ", first, ") does not fit the cache's ",
+             cache.capacity_tokens(), " positions");
+    if (valid > 0) step.seq_tokens = std::max(step.seq_tokens, first + valid);
+    for (int64_t t = 0; t < T; ++t) host_positions.ptr<int32_t>()[b * T + t] = int32_t(first + t);
+  }
+  step.positions = upload_tokens(host_positions);
+  const Tensor ids = upload_tokens(input_ids);
+
+  set_training(false);
+  Tensor x = be.empty({B, T, C}, options_.activation_dtype, MemCategory::activations);
+  Tensor next = be.empty({B, T, C}, options_.activation_dtype, MemCategory::activations);
+  Tensor x2d = x.reshaped({B * T, C});
+  be.embedding_forward(x2d, ids, embedding_->value);
+  NormOutput norm = norm_forward(input_norm(0), x2d);
+  cached_step_ = &step;
+  try {
+    for (size_t i = 0; i < size_t(config_.num_hidden_layers); ++i) {
+      step.layer = i;
+      forward_layer(i, x, norm, &next, step.positions);  // its saved activations are freed at once
+      std::swap(x, next);
+    }
+  } catch (...) {
+    cached_step_ = nullptr;
+    throw;
+  }
+  cached_step_ = nullptr;
+
+  // Each row's last valid token under the final norm (an idle row's first), then the LM head.
+  Tensor last_hidden = be.empty({B, C}, options_.activation_dtype, MemCategory::activations);
+  for (int64_t b = 0; b < B; ++b) {
+    Tensor dst = last_hidden.slice_rows(b, 1);
+    be.copy(dst, norm.out.slice_rows(b * T + std::max<int64_t>(valid_tokens[size_t(b)], 1) - 1, 1));
+  }
+  Tensor logits = be.empty({B, V}, DType::f32, MemCategory::activations);
+  be.matmul(logits, last_hidden, lm_head_->value, false, true);
+  for (int64_t b = 0; b < B; ++b) cache.lengths_tokens[size_t(b)] += valid_tokens[size_t(b)];
+  return logits;
 }
 
 void LanguageModel::set_trainable(const std::function<bool(const std::string&)>& is_trainable) {

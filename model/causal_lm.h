@@ -26,6 +26,14 @@ namespace ft {
 class Checkpoint;
 class LoraLinear;
 
+// Generation's key/value cache: every layer's rotated keys and values of the
+// tokens run so far, by row and position (CausalLM::forward_cached).
+struct KvCache {
+  std::vector<Tensor> keys, values;    // per layer [B, capacity, Hkv, D], activation dtype
+  std::vector<int64_t> lengths_tokens;  // per row: positions filled (the next token's position)
+  int64_t capacity_tokens() const { return keys.empty() ? 0 : keys[0].dim(1); }
+};
+
 // A norm's output [N, C] (activation dtype) and the f32 statistics [N] its
 // backward reads (mean: LayerNorm only).
 struct NormOutput {
@@ -148,6 +156,20 @@ class CausalLM : public LanguageModel {
   // trainable parameter's grad. Nothing of the step stays allocated.
   float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f);
 
+  // An empty cache (every row at length 0) for batch rows of up to
+  // capacity_tokens positions, allocated on the backend.
+  KvCache make_kv_cache(int64_t batch, int64_t capacity_tokens);
+  // Runs input_ids (host i32 [B, T]) as the continuation of the cache's rows,
+  // token t of row b at position lengths_tokens[b] + t, through the same
+  // layers as forward() with attention over the cache (Backend::
+  // attention_cached). Every token's keys and values are cached, then row b's
+  // length grows by valid_tokens[b] <= T: a right-padded row's padding is
+  // overwritten by its next tokens. A row with valid_tokens 0 is idle (a
+  // finished row kept so the batch stays rectangular): its tokens run at
+  // positions from 0, its cache is no longer meaningful. Returns f32
+  // [B, vocab] on the backend: each row's logits after its last valid token.
+  Tensor forward_cached(KvCache& cache, const Tensor& input_ids, const std::vector<int64_t>& valid_tokens);
+
  protected:
   using LanguageModel::LanguageModel;
 
@@ -203,6 +225,18 @@ class CausalLM : public LanguageModel {
   StepTokens upload_step_tokens(const Tensor& input_ids, const Tensor& targets);
   void forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets, bool training);
   void backward_decoder(DecoderStep& step, Tensor& dnorm);
+  // Set while forward_cached runs: attention_forward then caches the layer's
+  // keys and values and attends over the cache. seq_tokens (the longest
+  // active row after the step) sizes the rotary frequencies as forward()'s T.
+  struct CachedStep {
+    KvCache* cache = nullptr;
+    size_t layer = 0;
+    int64_t seq_tokens = 0;
+    Tensor positions;                      // i32 [B*T] on the backend
+    std::vector<int64_t> first_positions;  // per row: its first token's position (host)
+  };
+  CachedStep* cached_step_ = nullptr;
+  void attend_cached(AttentionActivations& saved);
 };
 
 // The architecture named by config.model_type.

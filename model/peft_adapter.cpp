@@ -222,4 +222,35 @@ void load_peft_adapter(const std::string& folder, LanguageModel& model) {
                          Tensor::view_of(const_cast<void*>(entry->data), entry->shape, entry->dtype));
 }
 
+std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, const PeftAdapterConfig& config) {
+  const std::string& path = file.path();
+  std::map<std::string, LoraPair> pairs;
+  for (const SafetensorsEntry& entry : file.entries()) {
+    const std::string name = adapter_name_of(entry.name);
+    FT_CHECK(!name.empty(), path, ": tensor \"", entry.name, "\" is not a LoRA weight (expected names like \"",
+             kKeyPrefix, "model.layers.0.self_attn.q_proj.lora_A.weight\")");
+    FT_CHECK(entry.dtype == DType::f32 || entry.dtype == DType::bf16 || entry.dtype == DType::f16, path,
+             ": tensor \"", entry.name, "\" must be F32, BF16 or F16, got ", dtype_name(entry.dtype));
+    FT_CHECK(entry.shape.size() == 2, path, ": tensor \"", entry.name, "\" must be 2-D, got ",
+             shape_string(entry.shape));
+    require_finite(entry);
+    // name is <module>.lora_A.weight or <module>.lora_B.weight.
+    const size_t suffix = std::string(".lora_A.weight").size();
+    const bool is_a = name.compare(name.size() - suffix, suffix, ".lora_A.weight") == 0;
+    LoraPair& pair = pairs[name.substr(0, name.size() - suffix)];
+    const SafetensorsEntry*& slot = is_a ? pair.A : pair.B;
+    FT_CHECK(!slot, path, ": tensors \"", slot ? slot->name : "", "\" and \"", entry.name, "\" are the same adapter");
+    slot = &entry;
+  }
+  FT_CHECK(!pairs.empty(), path, ": holds no LoRA weights");
+  for (const auto& [module, pair] : pairs) {
+    FT_CHECK(pair.A && pair.B, path, ": module \"", module, "\" has a lora_", pair.A ? "A" : "B",
+             " tensor but no lora_", pair.A ? "B" : "A");
+    FT_CHECK(pair.A->shape[0] == config.lora.r && pair.B->shape[1] == config.lora.r, path, ": module \"", module,
+             "\" has lora_A ", shape_string(pair.A->shape), " and lora_B ", shape_string(pair.B->shape),
+             " but adapter_config.json says r = ", config.lora.r);
+  }
+  return pairs;
+}
+
 }  // namespace ft

@@ -8,11 +8,13 @@
 // tools keep it (...q_proj.lora_A.default.weight), and both are read.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "model/causal_lm.h"
 #include "model/model_options.h"
+#include "model/safetensors.h"
 
 namespace ft {
 
@@ -43,5 +45,19 @@ void save_peft_adapter(const std::string& folder, LanguageModel& model, const Pe
 // the file may hold nothing else. Everything is checked before any value is
 // copied, so a refused adapter leaves the model as it was.
 void load_peft_adapter(const std::string& folder, LanguageModel& model);
+
+// One adapted module's A [r, in] and B [out, r], views into the adapter file.
+struct LoraPair {
+  const SafetensorsEntry* A = nullptr;
+  const SafetensorsEntry* B = nullptr;
+};
+
+// The LoRA pairs of an adapter_model.safetensors by module name (the base
+// model's, e.g. model.layers.0.self_attn.q_proj), with no model built: for
+// merging adapters into a checkpoint's weights. Every tensor must be a LoRA
+// weight of floating dtype (checked finite), every module must have both A
+// and B with matching rank, and the rank must be config.lora.r; each failure
+// is an Error naming the file and the tensor.
+std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, const PeftAdapterConfig& config);
 
 }  // namespace ft

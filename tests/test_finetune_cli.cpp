@@ -231,8 +231,9 @@ TEST_CASE("device: auto says which backend it picked and why; device: cuda witho
         std::string::npos);
 }
 
-TEST_CASE("bad input exits non-zero with a message naming what is wrong") {
+TEST_CASE("bad input exits non-zero with a message naming what is wrong (training, generate, merge)") {
   const std::string dir = make_run_dir("bad");
+  const std::string model = kFixtures + "/llama_gqa", tokenizer = " --tokenizer " + kFixtures + "/tokenizer/tokenizer.model";
   struct Case {
     std::string arguments, expected;
   };
@@ -259,6 +260,25 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong") {
       {"config.yaml --set generate.stop=[2,-1]", "generate.stop: expected a token id in [0, 2147483647]"},
       {"config.yaml --set model=bad_eos_model",
        "bad_eos_model/config.json: \"eos_token_id\" holds id 999, outside the vocabulary [0, 320)"},
+      {"generate --prompt hi", "generate: no MODEL folder given"},
+      {"generate no_such_model --prompt hi", "no_such_model: MODEL must be a Hugging Face checkpoint folder"},
+      {"generate " + model + tokenizer, "give exactly one of --prompt, --file and --interactive"},
+      {"generate " + model + tokenizer + " --prompt hi --file rows.jsonl", "give exactly one of --prompt"},
+      {"generate " + model + tokenizer + " --prompt hi --temperature warm",
+       "--temperature expects a number in [0, 100], got \"warm\""},
+      {"generate " + model + tokenizer + " --prompt hi --top-k -1", "--top-k expects an integer in [0, "},
+      {"generate " + model + tokenizer + " --prompt hi --max-new-tokens", "--max-new-tokens needs a value"},
+      {"generate " + model + tokenizer + " --prompt hi --quantization int4", "--quantization expects none|int8|nf4"},
+      {"generate " + model + tokenizer + " --file rows.jsonl", "rows.jsonl:2: expected a \"prompt\" string, got keys \"text\""},
+      {"generate " + model + tokenizer + " --file none.jsonl", "none.jsonl: cannot open prompts file"},
+      {"generate " + model + tokenizer + " --prompt hi --adapter " + model, "adapter_config.json"},
+      {"generate " + model + " --prompt hi", "tokenizer.model"},
+      {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter", "merge: --out DIR is required"},
+      {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out m --dtype f8",
+       "--dtype expects bf16, fp16 or f32, got \"f8\""},
+      {"merge " + model + " --adapter " + kFixtures + "/gpt_neox_lora/adapter --out m", "has no weight"},
+      {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out m --max-shard-size lots",
+       "\"lots\" is not a size"},
   };
   fs::create_directories(dir + "/bad_eos_model");
   nlohmann::json bad_eos = nlohmann::json::parse(std::ifstream(kFixtures + "/llama_gqa/config.json"));
@@ -267,6 +287,7 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong") {
   std::ofstream(dir + "/bad_lr.yaml") << "model: m\ndata: {train: t.jsonl}\nlr: .inf\n";
   std::ofstream(dir + "/empty.jsonl") << "\n";
   std::ofstream(dir + "/broken.jsonl") << "{\"text\": \"fine\"}\n{\"text\": oops}\n";
+  std::ofstream(dir + "/rows.jsonl") << "{\"prompt\": \"fine\"}\n{\"text\": \"no prompt\"}\n";
   for (const Case& c : cases) {
     CAPTURE(c.arguments);
     CommandResult result = run_command("cd " + dir + " && " + kBinary + " " + c.arguments);
@@ -274,6 +295,7 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong") {
     CHECK(result.output.find("error: ") != std::string::npos);
     CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
   }
+  CHECK(!fs::exists(dir + "/m"));  // a refused merge writes nothing
 }
 
 namespace {
@@ -674,4 +696,38 @@ TEST_CASE("Llama-3-style and Qwen2-style checkpoints with their tokenizer.json p
     write_adapter_logits(model_dir, adapter);
     CHECK(fs::exists(dir + "/out/adapter_logits.safetensors"));
   }
+}
+
+TEST_CASE("generate streams text from a trained adapter; the merged checkpoint and the uncached path say the same") {
+  const std::string dir = make_run_dir("generate");
+  REQUIRE(run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=2 --set save_every=0").exit_code ==
+          0);
+  const std::string model = kFixtures + "/llama_gqa", tokenizer = kFixtures + "/tokenizer/tokenizer.model";
+  const std::string generate = kBinary + " generate " + model + " --tokenizer " + tokenizer + " --device cpu ";
+  const std::string prompt = " --prompt 'The cat' --max-new-tokens 12 --ignore-eos";
+  CommandResult cached = run_command(generate + "--adapter " + dir + "/out/adapter" + prompt + " 2>/dev/null");
+  REQUIRE(cached.exit_code == 0);
+  CHECK(cached.output.size() > 1);
+  CommandResult uncached =
+      run_command(generate + "--adapter " + dir + "/out/adapter" + prompt + " --no-kv-cache 2>/dev/null");
+  CHECK(uncached.output == cached.output);
+  const std::string adapter_prompt = "--adapter " + dir + "/out/adapter --max-new-tokens 12 --ignore-eos";
+  CHECK(run_command("echo 'The cat' | " + generate + adapter_prompt + " --interactive 2>/dev/null").output ==
+        cached.output);
+  CommandResult timing = run_command(generate + "--adapter " + dir + "/out/adapter" + prompt + " 2>&1 >/dev/null");
+  CHECK(timing.output.find("generate: 12 new tokens in ") != std::string::npos);
+
+  REQUIRE(run_command(kBinary + " merge " + model + " --adapter " + dir + "/out/adapter --out " + dir + "/merged")
+              .exit_code == 0);
+  const std::string merged = kBinary + " generate " + dir + "/merged --tokenizer " + tokenizer + " --device cpu ";
+  CHECK(run_command(merged + prompt + " 2>/dev/null").output == cached.output);
+
+  std::ofstream(dir + "/prompts.jsonl") << "{\"prompt\": \"The cat\"}\n\n{\"prompt\": \"A dog\", \"completion\": \"x\"}\n";
+  CommandResult file = run_command(generate + "--file " + dir + "/prompts.jsonl --max-new-tokens 4 2>/dev/null");
+  REQUIRE(file.exit_code == 0);
+  std::istringstream lines(file.output);
+  std::string line;
+  std::vector<std::string> prompts;
+  while (std::getline(lines, line)) prompts.push_back(nlohmann::json::parse(line)["prompt"]);
+  CHECK(prompts == std::vector<std::string>{"The cat", "A dog"});
 }

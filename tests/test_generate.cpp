@@ -1,4 +1,7 @@
-// Token sampling and batched generation.
+// Token sampling, batched generation, and generation with the key/value
+// cache against rerunning the whole batch every step (the same tokens, greedy
+// and sampled, on every fixture architecture; the CPU attention_cached gives
+// bit-identical attention rows, so only the GEMMs' row counts differ).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -6,6 +9,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/causal_lm.h"
+#include "model/peft_adapter.h"
 #include "model/safetensors.h"
 #include "trainer/generate.h"
 
@@ -16,6 +20,7 @@ TEST_CASE("greedy takes the argmax; a tiny top_p keeps only the most likely toke
   SamplerRng rng{1};
   SamplingOptions greedy;
   CHECK(sample_token(logits, 5, greedy, rng) == 1);
+  CHECK(rng.draws == 0);  // greedy draws nothing
   SamplingOptions nucleus;
   nucleus.temperature = 1.0;
   nucleus.top_p = 1e-6;
@@ -56,4 +61,105 @@ TEST_CASE("batched generation equals generating each prompt alone") {
     CHECK(alone[0] == together[i]);
     CHECK(together[i].size() <= 6);
   }
+}
+
+TEST_CASE("top_k keeps the k most likely tokens; the repetition penalty follows transformers") {
+  const float logits[5] = {0.1f, 2.0f, -1.0f, 1.9f, 0.0f};
+  SamplingOptions top2;
+  top2.temperature = 1.0;
+  top2.top_k = 2;
+  SamplerRng rng{3};
+  int counts[5] = {};
+  for (int i = 0; i < 4000; ++i) counts[sample_token(logits, 5, top2, rng)]++;
+  CHECK(counts[0] + counts[2] + counts[4] == 0);
+  // exp(2.0) : exp(1.9) = 0.525 : 0.475 between the two kept tokens.
+  CHECK(double(counts[1]) / 4000 == doctest::Approx(0.525).epsilon(0.06));
+  // Penalty 2: token 1's logit 2.0 -> 1.0 (divided), token 2's -1.0 -> -2.0
+  // (multiplied), so greedy picks token 3 (1.9).
+  SamplingOptions greedy;
+  greedy.repetition_penalty = 2.0;
+  const std::vector<int32_t> context = {1, 2, 1};
+  CHECK(sample_token(logits, 5, greedy, rng, context) == 3);
+  greedy.repetition_penalty = 1.0;
+  CHECK(sample_token(logits, 5, greedy, rng, context) == 1);
+}
+
+namespace {
+
+// A fixture model on the CPU, with its PEFT adapter when adapter is non-empty.
+std::unique_ptr<CausalLM> fixture_model(Backend& backend, const std::string& fixture, bool with_adapter) {
+  const std::string dir = std::string(FT_FIXTURES_DIR) + "/" + fixture;
+  ModelOptions options;
+  if (with_adapter) options.lora = read_peft_adapter_config(dir + "/adapter").lora;
+  auto model = make_causal_lm(ModelConfig::from_json_file(dir + "/config.json"), backend, options);
+  model->load(Checkpoint(dir));
+  if (with_adapter) load_peft_adapter(dir + "/adapter", *model);
+  return model;
+}
+
+}  // namespace
+
+TEST_CASE("the key/value cache generates the same tokens as rerunning the batch") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  struct Fixture {
+    std::string name;
+    bool adapter;
+  };
+  // GQA, tied embeddings, q/k/v biases + LoRA, a sliding window of 4 + LoRA,
+  // GPT-NeoX both residual forms, dynamic rope (8 positions: the cap binds).
+  const Fixture fixtures[] = {{"llama_gqa", false},         {"llama_tied", false},
+                              {"qwen2", true},              {"mistral", true},
+                              {"gpt_neox_parallel", false}, {"gpt_neox_sequential", false},
+                              {"llama_dynamic_rope", true}};
+  for (const Fixture& fixture : fixtures) {
+    CAPTURE(fixture.name);
+    auto model = fixture_model(backend, fixture.name, fixture.adapter);
+    const int32_t V = int32_t(model->config().vocab_size);
+    const int64_t cap = model->config().max_position_embeddings;
+    // Ragged prompts; the longest reaches the position cap before 40 new tokens.
+    std::vector<std::vector<int32_t>> prompts = {{1, 17 % V, 59 % V, 25 % V}, {1, 5}, {1}};
+    for (int32_t i = 0; i < std::min<int32_t>(26, int32_t(cap) - 3); ++i) prompts[2].push_back((7 * i + 3) % V);
+    for (double temperature : {0.0, 0.8}) {
+      CAPTURE(temperature);
+      SamplingOptions options;
+      options.max_new_tokens = 40;
+      options.temperature = temperature;
+      options.top_k = 20;
+      options.top_p = 0.95;
+      options.repetition_penalty = 1.1;
+      options.seed = 7;
+      options.kv_cache = false;
+      const auto uncached = generate(*model, prompts, options, StopCondition{});
+      options.kv_cache = true;
+      std::vector<std::vector<int32_t>> streamed(prompts.size());
+      const auto cached = generate(*model, prompts, options, StopCondition{},
+                                   [&](size_t row, int32_t token) { streamed[row].push_back(token); });
+      CHECK(cached == uncached);
+      CHECK(streamed == cached);
+      for (size_t i = 0; i < prompts.size(); ++i)
+        CHECK(int64_t(cached[i].size()) == std::min<int64_t>(40, cap - int64_t(prompts[i].size())));
+    }
+  }
+}
+
+TEST_CASE("a row that stops early idles in the cached batch without disturbing the others") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  auto model = fixture_model(backend, "llama_gqa", false);
+  const std::vector<std::vector<int32_t>> prompts = {{1, 17, 99, 250}, {1, 5}, {1, 300, 12, 8, 77, 6, 40}};
+  SamplingOptions greedy;
+  greedy.max_new_tokens = 12;
+  const auto free_run = generate(*model, prompts, greedy, StopCondition{});
+  // Stop row 1 at its third token: rows 0 and 2 must continue unchanged.
+  const StopCondition stop{{free_run[1][2]}, {}, nullptr};
+  const auto stopped = generate(*model, prompts, greedy, stop);
+  greedy.kv_cache = false;
+  CHECK(stopped == generate(*model, prompts, greedy, stop));
+  for (size_t row : {size_t(0), size_t(2)}) {
+    const auto& want = free_run[row];
+    const auto cut = std::find(want.begin(), want.end(), free_run[1][2]);
+    CHECK(stopped[row] == std::vector<int32_t>(want.begin(), cut));
+  }
+  CHECK(stopped[1] == std::vector<int32_t>(free_run[1].begin(), free_run[1].begin() + 2));
 }

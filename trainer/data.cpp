@@ -100,6 +100,23 @@ Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat form
   return data;
 }
 
+std::vector<std::string> load_prompts(const std::string& path) {
+  std::ifstream input(path);
+  FT_CHECK(input.good(), path, ": cannot open prompts file");
+  std::vector<std::string> prompts;
+  std::string line;
+  for (int64_t line_number = 1; read_line(input, line, path, line_number); line_number++) {
+    if (is_blank(line)) continue;
+    const std::string where = path + ":" + std::to_string(line_number);
+    nlohmann::json row = parse_json(line, where);
+    FT_CHECK(row.is_object(), where, ": expected a JSON object with a \"prompt\" string, got ", row.type_name());
+    FT_CHECK(row.contains("prompt"), where, ": expected a \"prompt\" string, got ", key_list(row));
+    prompts.push_back(string_field(row, "prompt", where));
+  }
+  FT_CHECK(!prompts.empty(), path, ": no prompts (expected JSON rows with a \"prompt\" string)");
+  return prompts;
+}
+
 TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id) {
   FT_CHECK(seq_len > 0, "tokenize_dataset: seq_len must be > 0, got ", seq_len);
   TokenizedDataset out;

@@ -47,6 +47,10 @@ Dataset load_jsonl(const std::string& path, DataFormat format);
 // Same, from a stream; path names it in messages.
 Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat format);
 
+// The "prompt" string of every JSONL row (other fields are ignored, so an
+// eval set serves); the same line and file errors as load_jsonl.
+std::vector<std::string> load_prompts(const std::string& path);
+
 // tokens[i] is a token id; loss_mask[i] = 1 when predicting tokens[i] from
 // tokens[0..i) carries loss (completion tokens and eos; never bos or prompt).
 struct TokenSequence {

@@ -1,9 +1,14 @@
-// Text generation for samples and the task metric: batched, greedy
-// (temperature 0) or temperature + nucleus (top-p) sampling as transformers'
-// generate() does it. Rows are right-padded; with causal attention a row's
-// real tokens never see the padding, so one forward serves the whole batch.
+// Text generation for samples, the task metric and `finetune generate`:
+// batched, greedy (temperature 0) or sampled as transformers' generate()
+// does it (repetition penalty, then temperature, top-k and top-p). With the
+// key/value cache (the default) the prompts run once, right-padded in one
+// batch, and every later step runs one new token per row against the cache;
+// without it every step reruns the whole batch (kept as the reference the
+// cache is tested against).
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -15,7 +20,10 @@ struct SamplingOptions {
   int64_t max_new_tokens = 48;
   double temperature = 0.0;  // 0 = greedy
   double top_p = 1.0;
+  int64_t top_k = 0;                // 0 = no limit; else the k most likely tokens (ties: lower id first)
+  double repetition_penalty = 1.0;  // > 1 discourages tokens already in the row (CTRL, as transformers)
   uint64_t seed = 0;
+  bool kv_cache = true;
 };
 
 class Tokenizer;
@@ -30,10 +38,14 @@ struct StopCondition {
   const Tokenizer* tokenizer = nullptr;  // decodes for `strings`; needed only with them
 };
 
+// Called with (row, token) for each token as it is generated: streaming.
+using TokenCallback = std::function<void(size_t, int32_t)>;
+
 // Continues every prompt until `stop` or max_new_tokens (or the model's
 // position limit); returns only the new tokens.
 std::vector<std::vector<int32_t>> generate(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
-                                           const SamplingOptions& options, const StopCondition& stop);
+                                           const SamplingOptions& options, const StopCondition& stop,
+                                           const TokenCallback& on_token = {});
 
 // Where the first of `strings` starts in text; std::string::npos if none does.
 size_t find_stop_string(const std::string& text, const std::vector<std::string>& strings);
@@ -46,7 +58,9 @@ struct SamplerRng {
   uint64_t draws = 0;  // how many numbers were drawn so far
 };
 
-// Picks a token from one row of logits; exposed for tests.
-int32_t sample_token(const float* logits, int64_t vocab_size, const SamplingOptions& options, SamplerRng& rng);
+// Picks a token from one row of logits, the repetition penalty applied to the
+// tokens in `context` (the row's prompt and generated tokens); exposed for tests.
+int32_t sample_token(const float* logits, int64_t vocab_size, const SamplingOptions& options, SamplerRng& rng,
+                     std::span<const int32_t> context = {});
 
 }  // namespace ft

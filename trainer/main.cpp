@@ -1,5 +1,7 @@
 // finetune CONFIG.yaml [--set key=value]... [--resume [--allow-data-change]]
 // finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--set key=value]...
+// finetune generate MODEL ... (trainer/generate_command.h)
+// finetune merge MODEL --adapter DIR --out DIR ... (trainer/merge.h)
 // Every user-caused problem is an ft::Error: printed, exit status 1. SIGINT or
 // SIGTERM during training saves a checkpoint at the next step boundary and
 // exits with 128 + the signal (130, 143); --resume continues from it.
@@ -10,6 +12,8 @@
 #include <vector>
 
 #include "kernels/error.h"
+#include "trainer/generate_command.h"
+#include "trainer/merge.h"
 #include "trainer/plan.h"
 #include "trainer/train_config.h"
 #include "trainer/trainer.h"
@@ -66,13 +70,18 @@ int run_plan(int argc, char** argv) {
 
 int run(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "plan") return run_plan(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "generate") return ft::run_generate(ft::parse_generate_args(argc, argv, 2));
+  if (argc > 1 && std::string(argv[1]) == "merge") {
+    ft::merge_adapter(ft::parse_merge_args(argc, argv, 2), std::cout);
+    return 0;
+  }
   std::string config_path;
   std::vector<std::string> overrides;
   ft::RunOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage;
+      std::cout << kUsage << ft::kGenerateUsage << ft::kMergeUsage;
       return 0;
     } else if (arg == "--resume") {
       options.resume = true;

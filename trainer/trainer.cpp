@@ -10,8 +10,6 @@
 #include <sstream>
 
 #include "kernels/checked_mul.h"
-#include "kernels/cpu/cpu_backend.h"
-#include "kernels/cuda/cuda_device.h"
 #include "kernels/dropout_hash.h"
 #include "kernels/error.h"
 #include "model/atomic_file.h"
@@ -20,6 +18,7 @@
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
 #include "tokenizer/tokenizer.h"
+#include "trainer/device_backend.h"
 #include "trainer/evaluate.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/optimizer.h"
@@ -30,8 +29,6 @@
 
 namespace ft {
 namespace fs = std::filesystem;
-
-namespace {
 
 ModelOptions model_options(const TrainConfig& config) {
   ModelOptions options;
@@ -48,6 +45,8 @@ ModelOptions model_options(const TrainConfig& config) {
   if (config.offload_optimizer == OffloadTarget::host) options.adapter_dtype = options.weight_dtype;
   return options;
 }
+
+namespace {
 
 std::unique_ptr<AdamW> make_optimizer(Backend& backend, CausalLM& model, const TrainConfig& config,
                                       Allocator* host_state) {
@@ -118,33 +117,11 @@ std::string with_commas(int64_t value) {
   return out;
 }
 
-// auto: CUDA where a device is usable, else the CPU; the "device:" line says
-// which and why.
 void make_backend(Run& run) {
-  const DeviceChoice choice = run.config.device;
-  std::string no_cuda_why;
-  bool runtime_failed = false;
-  const bool use_cuda = choice != DeviceChoice::cpu && cuda_device_count(&no_cuda_why, &runtime_failed) > 0;
-  FT_CHECK(use_cuda || choice != DeviceChoice::cuda, run.config.source, ": device: cuda, but no CUDA device is usable (",
-           no_cuda_why, "); set device: auto or cpu to train on the CPU");
-  const char* automatic = choice == DeviceChoice::automatic ? "auto: " : "";
-  if (use_cuda) {
-    run.device_memory = make_cuda_caching_allocator();
-    run.tracker = std::make_unique<TrackingAllocator>(*run.device_memory);
-    run.backend = make_cuda_backend(*run.tracker);
-    std::cout << "device: cuda (" << automatic << cuda_device_description() << ")\n";
-    return;
-  }
-  run.tracker = std::make_unique<TrackingAllocator>(run.host);
-  run.backend = std::make_unique<CpuBackend>(*run.tracker);
-  std::cout << "device: cpu";
-  if (choice == DeviceChoice::automatic) std::cout << " (auto: no CUDA device: " << no_cuda_why << ")";
-  std::cout << "\n";
-  // A GPU whose runtime fails is worth a warning: the run will be far slower
-  // than the user expects, for a reason they can fix.
-  if (runtime_failed)
-    std::cerr << "warning: device: auto falls back to the CPU because the CUDA runtime failed: " << no_cuda_why
-              << "\n";
+  DeviceBackend device = make_device_backend(run.config.device, run.config.source, run.host, std::cout);
+  run.device_memory = std::move(device.device_memory);
+  run.tracker = std::move(device.tracker);
+  run.backend = std::move(device.backend);
 }
 
 // As PEFT's print_trainable_parameters; "all" counts the adapters too.

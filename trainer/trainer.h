@@ -10,6 +10,10 @@
 
 namespace ft {
 
+// How the config builds the model: weight and activation dtypes, the INT8 or
+// NF4 base, LoRA (when trainable is lora), checkpointing, loss chunking.
+ModelOptions model_options(const TrainConfig& config);
+
 // What a run trains: the model and the optimizer over its trainable set.
 struct TrainingSetup {
   std::unique_ptr<CausalLM> model;

@@ -32,11 +32,16 @@ int64_t head_offset(const AttentionShape& d, int64_t heads, int64_t b, int64_t t
   return ((b * d.seq + t) * heads + h) * d.head_dim;
 }
 
+// dst[rows, D] = x[b, :rows, h, :] as f32.
+void gather_rows(float* dst, const Tensor& x, const AttentionShape& d, int64_t b, int64_t h, int64_t rows) {
+  int64_t heads = x.dim(2);
+  for (int64_t t = 0; t < rows; ++t)
+    cpu::load_row(dst + t * d.head_dim, x, head_offset(d, heads, b, t, h), d.head_dim);
+}
+
 // dst[T, D] = x[b, :, h, :] as f32.
 void gather_head(float* dst, const Tensor& x, const AttentionShape& d, int64_t b, int64_t h) {
-  int64_t heads = x.dim(2);
-  for (int64_t t = 0; t < d.seq; ++t)
-    cpu::load_row(dst + t * d.head_dim, x, head_offset(d, heads, b, t, h), d.head_dim);
+  gather_rows(dst, x, d, b, h, d.seq);
 }
 
 void scatter_head(Tensor& x, const float* src, const AttentionShape& d, int64_t b, int64_t h) {
@@ -72,45 +77,59 @@ float* scratch(std::vector<float>& buffer, int64_t count) {
   return buffer.data();
 }
 
+// One query row's online softmax: its running max and sum of exp(score - max).
+struct RowSoftmax {
+  float max = -INFINITY, sum = 0.0f;
+};
+
+// Query i (q_i, its output row out unnormalised) meets the keys of the tile
+// starting at j0 that it sees; srow is [kKeyCols] scratch. k and v are [*, D].
+void attend_key_tile(float* out, RowSoftmax& row, float* srow, const float* q_i, const float* k, const float* v,
+                     int64_t i, int64_t j0, int64_t D, float scale, int64_t window) {
+  const int64_t c0 = std::max<int64_t>(first_visible_key(i, window) - j0, 0);
+  const int64_t c1 = std::min(i - j0 + 1, kKeyCols);
+  if (c0 >= c1) return;
+  score_row(srow, q_i, k, D, j0, c0, c1, scale);
+  const float tile_max = *std::max_element(srow + c0, srow + c1);
+  const float new_max = std::max(row.max, tile_max);
+  const float rescale = std::exp(row.max - new_max);  // 0 on the first visible tile
+  if (rescale != 1.0f)
+    for (int64_t e = 0; e < D; ++e) out[e] *= rescale;
+  float sum = row.sum * rescale;
+  for (int64_t c = c0; c < c1; ++c) {
+    const float p = std::exp(srow[c] - new_max);
+    sum += p;
+    axpy(out, p, v + (j0 + c) * D, D);
+  }
+  row.max = new_max, row.sum = sum;
+}
+
+// Divides the output row by its softmax sum; returns the row's lse.
+float finish_row(float* out, const RowSoftmax& row, int64_t D) {
+  const float inv = 1.0f / row.sum;
+  for (int64_t e = 0; e < D; ++e) out[e] *= inv;
+  return row.max + std::log(row.sum);
+}
+
+// The first key tile of query i's query tile: every row of a tile walks the
+// same key tiles, so a row alone (attention_cached) starts where its tile does.
+int64_t first_key_tile(int64_t i, int64_t window) { return first_visible_key(i - i % kQueryRows, window); }
+
 // One (batch, query head): out rows and lse from gathered q, k and v [T, D];
 // o is [T, D] scratch.
 void forward_head(float* o, float* lse, const float* q, const float* k, const float* v, int64_t T, int64_t D,
                   float scale, int64_t window) {
-  float s[kQueryRows * kKeyCols], row_max[kQueryRows], row_sum[kQueryRows];
+  float s[kQueryRows * kKeyCols];
+  RowSoftmax rows_softmax[kQueryRows];
   for (int64_t i0 = 0; i0 < T; i0 += kQueryRows) {
     const int64_t rows = std::min(kQueryRows, T - i0);
     std::fill(o + i0 * D, o + (i0 + rows) * D, 0.0f);
-    std::fill(row_max, row_max + rows, -INFINITY);
-    std::fill(row_sum, row_sum + rows, 0.0f);
-    for (int64_t j0 = first_visible_key(i0, window); j0 < i0 + rows; j0 += kKeyCols) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r;
-        const int64_t c0 = std::max<int64_t>(first_visible_key(i, window) - j0, 0);
-        const int64_t c1 = std::min(i - j0 + 1, kKeyCols);
-        if (c0 >= c1) continue;
-        float* srow = s + r * kKeyCols;
-        score_row(srow, q + i * D, k, D, j0, c0, c1, scale);
-        const float tile_max = *std::max_element(srow + c0, srow + c1);
-        const float new_max = std::max(row_max[r], tile_max);
-        const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first visible tile
-        float* out = o + i * D;
-        if (rescale != 1.0f)
-          for (int64_t e = 0; e < D; ++e) out[e] *= rescale;
-        float sum = row_sum[r] * rescale;
-        for (int64_t c = c0; c < c1; ++c) {
-          const float p = std::exp(srow[c] - new_max);
-          sum += p;
-          axpy(out, p, v + (j0 + c) * D, D);
-        }
-        row_max[r] = new_max, row_sum[r] = sum;
-      }
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      float* out = o + (i0 + r) * D;
-      const float inv = 1.0f / row_sum[r];
-      for (int64_t e = 0; e < D; ++e) out[e] *= inv;
-      lse[i0 + r] = row_max[r] + std::log(row_sum[r]);
-    }
+    std::fill(rows_softmax, rows_softmax + rows, RowSoftmax{});
+    for (int64_t j0 = first_key_tile(i0, window); j0 < i0 + rows; j0 += kKeyCols)
+      for (int64_t r = 0; r < rows; ++r)
+        attend_key_tile(o + (i0 + r) * D, rows_softmax[r], s + r * kKeyCols, q + (i0 + r) * D, k, v, i0 + r, j0, D,
+                        scale, window);
+    for (int64_t r = 0; r < rows; ++r) lse[i0 + r] = finish_row(o + (i0 + r) * D, rows_softmax[r], D);
   }
 }
 
@@ -214,6 +233,43 @@ void CpuBackend::attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, con
       }
       scatter_head(dk, dkh, d, b, hk);
       scatter_head(dv, dvh, d, b, hk);
+    }
+}
+
+// One task per (batch, query head): its kv head's cached keys and values up
+// to the row's last query position are gathered once, then each query row
+// runs attend_key_tile over the tiles attention_forward gives it.
+void CpuBackend::attention_cached_impl(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                       const Tensor& positions, float scale, int64_t window) {
+  const int64_t B = q.dim(0), Tq = q.dim(1), Hq = q.dim(2), D = q.dim(3), S = k_cache.dim(1);
+  const int64_t group = Hq / k_cache.dim(2);
+  const int32_t* position = positions.ptr<const int32_t>();
+  for (int64_t n = 0; n < B * Tq; ++n)
+    FT_CHECK(position[n] >= 0 && position[n] < S, "attention_cached: position ", position[n], " of query ", n,
+             " is outside the cache's ", S, " slots");
+  const AttentionShape queries{B, Tq, Hq, k_cache.dim(2), D}, cache{B, S, Hq, k_cache.dim(2), D};
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      AttentionScratch& s = tls;
+      const int32_t* row_positions = position + b * Tq;
+      const int64_t keys = *std::max_element(row_positions, row_positions + Tq) + 1;
+      float *kh = scratch(s.k, keys * D), *vh = scratch(s.v, keys * D), *qh = scratch(s.q, Tq * D);
+      float* oh = scratch(s.o, Tq * D);
+      gather_rows(kh, k_cache, cache, b, h / group, keys);
+      gather_rows(vh, v_cache, cache, b, h / group, keys);
+      gather_head(qh, q, queries, b, h);
+      float srow[kKeyCols];
+      for (int64_t t = 0; t < Tq; ++t) {
+        const int64_t i = row_positions[t];
+        float* o = oh + t * D;
+        std::fill(o, o + D, 0.0f);
+        RowSoftmax row;
+        for (int64_t j0 = first_key_tile(i, window); j0 <= i; j0 += kKeyCols)
+          attend_key_tile(o, row, srow, qh + t * D, kh, vh, i, j0, D, scale, window);
+        finish_row(o, row, D);
+      }
+      scatter_head(out, oh, queries, b, h);
     }
 }
 

@@ -190,6 +190,11 @@ void MetaBackend::attention_backward_impl(Tensor&, Tensor&, Tensor&, const Tenso
   Tensor dq_accum = sizes.dq_accum ? cuda_scratch(*sizes.dq_accum) : Tensor{};
 }
 
+void MetaBackend::attention_cached_impl(Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float,
+                                        int64_t) {
+  enter("attention_cached", {});
+}
+
 // Our own kernels, no scratch: every block recomputes what it needs.
 void MetaBackend::biased_attention_forward_impl(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                 const Tensor*, bool) {

@@ -1,0 +1,145 @@
+// finetune merge against PEFT: tests/fixtures/merge/reference.safetensors
+// (scripts/make_merge_fixtures.py) holds the logits of merge_and_unload() on
+// llama_gqa + llama_lora and gpt_neox_parallel + gpt_neox_lora (the fused
+// query_key_value), in f32 and with the merged weights rounded to bf16. Our
+// merged folders, loaded as plain checkpoints with no adapter, must give
+// them: f32 within 1e-5 of the largest |logit| (measured 5e-7), bf16 within
+// 2e-5 (a bf16 rounding of W + scaling B A can land one ulp away when the
+// sum is taken in another order; measured 3.4e-6). Also: the
+// shards, the index and the copied files; and every bad input is one Error
+// naming the file, raised before --out is touched.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/error.h"
+#include "model/causal_lm.h"
+#include "model/safetensors.h"
+#include "trainer/merge.h"
+
+using namespace ft;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kFixtures = FT_FIXTURES_DIR;
+
+std::string fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / (std::string(FT_TEST_NAME) + "_" + name);
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+MergeCommand command_for(const std::string& base, const std::string& adapter, const std::string& out) {
+  MergeCommand command;
+  command.model = kFixtures + "/" + base;
+  command.adapter = kFixtures + "/" + adapter + "/adapter";
+  command.out = out;
+  return command;
+}
+
+// The merged folder's logits on the fixture's input ids, [T, vocab].
+std::vector<float> merged_logits(const std::string& folder) {
+  HostAllocator host;
+  CpuBackend backend(host);
+  auto model = make_causal_lm(ModelConfig::from_json_file(folder + "/config.json"), backend, ModelOptions{});
+  model->load(Checkpoint(folder));
+  const Checkpoint reference(kFixtures + "/merge/reference.safetensors");
+  const Tensor ids = reference.view("input_ids");
+  const int64_t T = ids.numel();
+  Tensor input_ids = Tensor::empty({1, T}, DType::i32, host, MemCategory::activations);
+  Tensor targets = Tensor::empty({1, T}, DType::i32, host, MemCategory::activations);
+  std::copy_n(ids.ptr<int32_t>(), T, input_ids.ptr<int32_t>());
+  std::fill_n(targets.ptr<int32_t>(), T, -100);
+  model->forward(input_ids, targets);
+  const Tensor& logits = model->last_logits();
+  return std::vector<float>(logits.ptr<float>(), logits.ptr<float>() + logits.numel());
+}
+
+void check_against_peft(const std::string& folder, const std::string& key, double bound_of_max) {
+  CAPTURE(key);
+  const std::vector<float> got = merged_logits(folder);
+  const Checkpoint reference(kFixtures + "/merge/reference.safetensors");
+  const Tensor want = reference.view(key);
+  REQUIRE(int64_t(got.size()) == want.numel());
+  double largest = 0.0, worst = 0.0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    largest = std::max(largest, double(std::abs(want.ptr<float>()[i])));
+    worst = std::max(worst, double(std::abs(got[size_t(i)] - want.ptr<float>()[i])));
+  }
+  CAPTURE(worst);
+  CHECK(worst <= bound_of_max * largest);
+}
+
+std::string error_of(const MergeCommand& command) {
+  std::ostringstream log;
+  try {
+    merge_adapter(command, log);
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("merged checkpoints give PEFT's merge_and_unload logits, f32 and bf16") {
+  std::ostringstream log;
+  const std::string llama = fresh_dir("llama");
+  MergeCommand command = command_for("llama_gqa", "llama_lora", llama);
+  command.max_shard_bytes = 100'000;  // several shards and an index
+  merge_adapter(command, log);
+  check_against_peft(llama, "llama.logits_f32", 1e-5);
+  const nlohmann::json index = nlohmann::json::parse(std::ifstream(llama + "/model.safetensors.index.json"));
+  const size_t shards = std::distance(fs::directory_iterator(llama), fs::directory_iterator{}) - 3;
+  CHECK(shards > 2);
+  CHECK(index["weight_map"].size() == Checkpoint(kFixtures + "/llama_gqa").names().size());
+  for (size_t i = 1; i <= shards; ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "/model-%05zu-of-%05zu.safetensors", i, shards);
+    CHECK(fs::file_size(llama + name) <= 100'000 + 4096);  // tensors within the limit, plus the header
+  }
+  CHECK(fs::exists(llama + "/generation_config.json"));
+
+  for (const char* dtype : {"f32", "bf16"}) {
+    const std::string neox = fresh_dir(std::string("neox_") + dtype);
+    MergeCommand neox_command = command_for("gpt_neox_parallel", "gpt_neox_lora", neox);
+    if (std::string(dtype) == "bf16") neox_command.dtype = DType::bf16;
+    merge_adapter(neox_command, log);
+    CHECK(fs::exists(neox + "/model.safetensors"));
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(neox + "/config.json"));
+    const std::string stored = config.contains("dtype") ? config["dtype"] : config["torch_dtype"];
+    CHECK(stored == (std::string(dtype) == "bf16" ? "bfloat16" : "float32"));
+    if (std::string(dtype) == "bf16") check_against_peft(neox, "neox.logits_bf16", 2e-5);
+    else check_against_peft(neox, "neox.logits_f32", 1e-5);
+  }
+}
+
+TEST_CASE("merge refuses bad input with one error naming the file, before writing anything") {
+  const std::string out = fresh_dir("refused");
+  // The adapter of another architecture: its modules are not in this checkpoint.
+  CHECK(error_of(command_for("llama_gqa", "gpt_neox_lora", out))
+            .find("module \"gpt_neox.layers.0.attention.query_key_value\" has no weight") != std::string::npos);
+  // A saved NF4 base is not the original weights.
+  CHECK(error_of(command_for("nf4/llama_nf4", "llama_lora", out)).find("a quantised base") != std::string::npos);
+  // --out may not be MODEL itself.
+  CHECK(error_of(command_for("llama_gqa", "llama_lora", kFixtures + "/llama_gqa")).find("--out is MODEL itself") !=
+        std::string::npos);
+  // No adapter there.
+  MergeCommand missing = command_for("llama_gqa", "llama_lora", out);
+  missing.adapter = kFixtures + "/llama_gqa";
+  CHECK(error_of(missing).find("adapter_config.json") != std::string::npos);
+  CHECK(!fs::exists(out));
+  // An --out that already holds a checkpoint.
+  const std::string taken = fresh_dir("taken");
+  std::ostringstream log;
+  merge_adapter(command_for("llama_gqa", "llama_lora", taken), log);
+  CHECK(error_of(command_for("llama_gqa", "llama_lora", taken)).find("already holds a checkpoint") !=
+        std::string::npos);
+}

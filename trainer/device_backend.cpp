@@ -1,0 +1,39 @@
+#include "trainer/device_backend.h"
+
+#include <iostream>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/error.h"
+
+namespace ft {
+
+DeviceBackend make_device_backend(DeviceChoice choice, const std::string& source, Allocator& host, std::ostream& log) {
+  std::string no_cuda_why;
+  bool runtime_failed = false;
+  const bool use_cuda = choice != DeviceChoice::cpu && cuda_device_count(&no_cuda_why, &runtime_failed) > 0;
+  FT_CHECK(use_cuda || choice != DeviceChoice::cuda, source, ": device: cuda, but no CUDA device is usable (",
+           no_cuda_why, "); set device: auto or cpu to run on the CPU");
+  const char* automatic = choice == DeviceChoice::automatic ? "auto: " : "";
+  DeviceBackend device;
+  if (use_cuda) {
+    device.device_memory = make_cuda_caching_allocator();
+    device.tracker = std::make_unique<TrackingAllocator>(*device.device_memory);
+    device.backend = make_cuda_backend(*device.tracker);
+    log << "device: cuda (" << automatic << cuda_device_description() << ")\n";
+    return device;
+  }
+  device.tracker = std::make_unique<TrackingAllocator>(host);
+  device.backend = std::make_unique<CpuBackend>(*device.tracker);
+  log << "device: cpu";
+  if (choice == DeviceChoice::automatic) log << " (auto: no CUDA device: " << no_cuda_why << ")";
+  log << "\n";
+  // A GPU whose runtime fails is worth a warning: the run will be far slower
+  // than the user expects, for a reason they can fix.
+  if (runtime_failed)
+    std::cerr << "warning: device: auto falls back to the CPU because the CUDA runtime failed: " << no_cuda_why
+              << "\n";
+  return device;
+}
+
+}  // namespace ft

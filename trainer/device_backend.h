@@ -1,0 +1,24 @@
+// The backend a command runs on (training, generation), from the config's
+// device choice: CUDA where a device is usable (auto) or required (cuda),
+// else the CPU; every allocation goes through a TrackingAllocator.
+#pragma once
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "kernels/backend.h"
+#include "trainer/train_config.h"
+
+namespace ft {
+
+struct DeviceBackend {
+  std::unique_ptr<Allocator> device_memory;  // CUDA only: the caching allocator under the tracker
+  std::unique_ptr<TrackingAllocator> tracker;
+  std::unique_ptr<Backend> backend;
+};
+
+// Writes the "device:" line (which device and why) to log. source names the
+// config in the error for device: cuda without a usable GPU.
+DeviceBackend make_device_backend(DeviceChoice choice, const std::string& source, Allocator& host, std::ostream& log);
+
+}  // namespace ft

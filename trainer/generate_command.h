@@ -1,0 +1,38 @@
+// `finetune generate MODEL [--adapter DIR] (--prompt TEXT | --file JSONL | --interactive) [options]`:
+// text from a Hugging Face checkpoint, with a PEFT adapter when given, on the
+// INT8 or NF4 base it was trained over (--quantization) or the full-precision
+// weights. --prompt and --interactive stream each completion to stdout as it
+// is generated; --file writes one JSON line {"prompt", "completion"} per row,
+// generated in batches. Status lines go to stderr, so stdout is the text alone.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/generate.h"
+#include "trainer/train_config.h"
+
+namespace ft {
+
+struct GenerateCommand {
+  std::string model, adapter;  // folders; adapter "" = the base alone
+  std::string tokenizer;       // "" = MODEL's own tokenizer file
+  std::string prompt, prompts_file;
+  bool interactive = false;
+  SamplingOptions sampling;
+  std::vector<std::string> stop;  // texts or special tokens, besides the checkpoint's EOS
+  int64_t batch_size = 8;         // --file rows per batch
+  bool ignore_eos = false;        // no stop ids: every row runs to max_new_tokens (or a stop text)
+  QuantMode quantization = QuantMode::none;
+  Precision precision = Precision::fp32;
+  DeviceChoice device = DeviceChoice::automatic;
+};
+
+extern const char* const kGenerateUsage;
+
+// argv[first..argc): everything after "generate". A bad or missing argument is
+// an Error naming the flag and what it expects.
+GenerateCommand parse_generate_args(int argc, char** argv, int first);
+int run_generate(const GenerateCommand& command);
+
+}  // namespace ft
