@@ -163,10 +163,7 @@ inline void check_attention_gradients(Device device, const char* op, const Tenso
 // causal needs Tq == Tk.
 inline void check_biased_attention(Device device, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& out, const Tensor& lse, const Tensor* bias, bool causal) {
-  check_float(q, device, op, "q");
-  check_float(k, device, op, "k");
-  check_float(v, device, op, "v");
-  check_float(out, device, op, "out");
+  check_attention_operands(device, op, q, k, "k", v, "v", out, /*sliding_window=*/0);
   check_dtype(lse, DType::f32, device, op, "lse");
   FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got q ", shape_string(q.shape),
            " and k ", shape_string(k.shape));
