@@ -279,6 +279,68 @@ void CausalLM::attend_cached(AttentionActivations& saved) {
                       cached_step_->positions, 1.0f / std::sqrt(float(D)), config_.sliding_window);
 }
 
+// The positions of a cached step's tokens: row b's token t at
+// lengths_tokens[b] + t, or at t for an idle row (valid_tokens 0).
+static std::vector<int64_t> first_positions(const KvCache& cache, const std::vector<int64_t>& valid_tokens) {
+  std::vector<int64_t> first(valid_tokens.size(), 0);
+  for (size_t b = 0; b < first.size(); ++b)
+    if (valid_tokens[b] > 0) first[b] = cache.lengths_tokens[b];
+  return first;
+}
+
+Tensor CausalLM::forward_cached(KvCache& cache, const Tensor& input_ids, const std::vector<int64_t>& valid_tokens) {
+  Backend& be = backend_;
+  const std::string& type = config_.model_type;
+  FT_CHECK(input_ids.ndim() == 2 && input_ids.dim(0) == int64_t(cache.lengths_tokens.size()) &&
+               valid_tokens.size() == cache.lengths_tokens.size(),
+           type, ": forward_cached needs input_ids [", cache.lengths_tokens.size(), ", T] and as many valid_tokens, got ",
+           shape_string(input_ids.shape), " and ", valid_tokens.size());
+  const int64_t B = input_ids.dim(0), T = input_ids.dim(1), C = config_.hidden_size, V = config_.vocab_size;
+  CachedStep step{&cache, 0, 0, Tensor{}, first_positions(cache, valid_tokens)};
+  HostAllocator host;
+  Tensor host_positions = Tensor::empty({B, T}, DType::i32, host, MemCategory::activations);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t valid = valid_tokens[size_t(b)], first = step.first_positions[size_t(b)];
+    FT_CHECK(valid >= 0 && valid <= T && first + T <= cache.capacity_tokens(), type, ": forward_cached row ", b,
+             " (", valid, " of ", T, " tokens valid, from position ", first, ") does not fit the cache's ",
+             cache.capacity_tokens(), " positions");
+    if (valid > 0) step.seq_tokens = std::max(step.seq_tokens, first + valid);
+    for (int64_t t = 0; t < T; ++t) host_positions.ptr<int32_t>()[b * T + t] = int32_t(first + t);
+  }
+  step.positions = upload_tokens(host_positions);
+  const Tensor ids = upload_tokens(input_ids);
+
+  set_training(false);
+  Tensor x = be.empty({B, T, C}, options_.activation_dtype, MemCategory::activations);
+  Tensor next = be.empty({B, T, C}, options_.activation_dtype, MemCategory::activations);
+  Tensor x2d = x.reshaped({B * T, C});
+  be.embedding_forward(x2d, ids, embedding_->value);
+  NormOutput norm = norm_forward(input_norm(0), x2d);
+  cached_step_ = &step;
+  try {
+    for (size_t i = 0; i < size_t(config_.num_hidden_layers); ++i) {
+      step.layer = i;
+      forward_layer(i, x, norm, &next, step.positions);  // its saved activations are freed at once
+      std::swap(x, next);
+    }
+  } catch (...) {
+    cached_step_ = nullptr;
+    throw;
+  }
+  cached_step_ = nullptr;
+
+  // Each row's last valid token under the final norm (an idle row's first), then the LM head.
+  Tensor last_hidden = be.empty({B, C}, options_.activation_dtype, MemCategory::activations);
+  for (int64_t b = 0; b < B; ++b) {
+    Tensor dst = last_hidden.slice_rows(b, 1);
+    be.copy(dst, norm.out.slice_rows(b * T + std::max<int64_t>(valid_tokens[size_t(b)], 1) - 1, 1));
+  }
+  Tensor logits = be.empty({B, V}, DType::f32, MemCategory::activations);
+  be.matmul(logits, last_hidden, lm_head_->value, false, true);
+  for (int64_t b = 0; b < B; ++b) cache.lengths_tokens[size_t(b)] += valid_tokens[size_t(b)];
+  return logits;
+}
+
 // ---- norms ---------------------------------------------------------------
 
 NormParameters LanguageModel::add_norm(const std::string& name, bool bias, float eps) {
@@ -520,68 +582,6 @@ float LanguageModel::lm_head_loss(const Tensor& hidden, const StepTokens& tokens
   double loss_sum = 0.0;
   for (int64_t n = 0; n < N; ++n) loss_sum += host_losses.ptr<float>()[n];
   return tokens.counted ? float(loss_sum / double(tokens.counted)) : 0.0f;
-}
-
-// The positions of a cached step's tokens: row b's token t at
-// lengths_tokens[b] + t, or at t for an idle row (valid_tokens 0).
-static std::vector<int64_t> first_positions(const KvCache& cache, const std::vector<int64_t>& valid_tokens) {
-  std::vector<int64_t> first(valid_tokens.size(), 0);
-  for (size_t b = 0; b < first.size(); ++b)
-    if (valid_tokens[b] > 0) first[b] = cache.lengths_tokens[b];
-  return first;
-}
-
-Tensor CausalLM::forward_cached(KvCache& cache, const Tensor& input_ids, const std::vector<int64_t>& valid_tokens) {
-  Backend& be = backend_;
-  const std::string& type = config_.model_type;
-  FT_CHECK(input_ids.ndim() == 2 && input_ids.dim(0) == int64_t(cache.lengths_tokens.size()) &&
-               valid_tokens.size() == cache.lengths_tokens.size(),
-           type, ": forward_cached needs input_ids [", cache.lengths_tokens.size(), ", T] and as many valid_tokens, got ",
-           shape_string(input_ids.shape), " and ", valid_tokens.size());
-  const int64_t B = input_ids.dim(0), T = input_ids.dim(1), C = config_.hidden_size, V = config_.vocab_size;
-  CachedStep step{&cache, 0, 0, Tensor{}, first_positions(cache, valid_tokens)};
-  HostAllocator host;
-  Tensor host_positions = Tensor::empty({B, T}, DType::i32, host, MemCategory::activations);
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t valid = valid_tokens[size_t(b)], first = step.first_positions[size_t(b)];
-    FT_CHECK(valid >= 0 && valid <= T && first + T <= cache.capacity_tokens(), type, ": forward_cached row ", b,
-             " (", valid, " of ", T, " tokens valid, from position ", first, ") does not fit the cache's ",
-             cache.capacity_tokens(), " positions");
-    if (valid > 0) step.seq_tokens = std::max(step.seq_tokens, first + valid);
-    for (int64_t t = 0; t < T; ++t) host_positions.ptr<int32_t>()[b * T + t] = int32_t(first + t);
-  }
-  step.positions = upload_tokens(host_positions);
-  const Tensor ids = upload_tokens(input_ids);
-
-  set_training(false);
-  Tensor x = be.empty({B, T, C}, options_.activation_dtype, MemCategory::activations);
-  Tensor next = be.empty({B, T, C}, options_.activation_dtype, MemCategory::activations);
-  Tensor x2d = x.reshaped({B * T, C});
-  be.embedding_forward(x2d, ids, embedding_->value);
-  NormOutput norm = norm_forward(input_norm(0), x2d);
-  cached_step_ = &step;
-  try {
-    for (size_t i = 0; i < size_t(config_.num_hidden_layers); ++i) {
-      step.layer = i;
-      forward_layer(i, x, norm, &next, step.positions);  // its saved activations are freed at once
-      std::swap(x, next);
-    }
-  } catch (...) {
-    cached_step_ = nullptr;
-    throw;
-  }
-  cached_step_ = nullptr;
-
-  // Each row's last valid token under the final norm (an idle row's first), then the LM head.
-  Tensor last_hidden = be.empty({B, C}, options_.activation_dtype, MemCategory::activations);
-  for (int64_t b = 0; b < B; ++b) {
-    Tensor dst = last_hidden.slice_rows(b, 1);
-    be.copy(dst, norm.out.slice_rows(b * T + std::max<int64_t>(valid_tokens[size_t(b)], 1) - 1, 1));
-  }
-  Tensor logits = be.empty({B, V}, DType::f32, MemCategory::activations);
-  be.matmul(logits, last_hidden, lm_head_->value, false, true);
-  for (int64_t b = 0; b < B; ++b) cache.lengths_tokens[size_t(b)] += valid_tokens[size_t(b)];
-  return logits;
 }
 
 void LanguageModel::set_trainable(const std::function<bool(const std::string&)>& is_trainable) {
