@@ -96,7 +96,8 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 void check_gradients(const StepResult& got, const StepResult& want, double max_error = 0.0) {
   REQUIRE(got.grads.size() == want.grads.size());
   for (size_t i = 0; i < got.grads.size(); ++i) {
-    const auto& [name, grad] = got.grads[i];
+    const std::string& name = got.grads[i].first;  // not a structured binding: CAPTURE's lambda (clang, OpenMP)
+    const auto& grad = got.grads[i].second;
     CAPTURE(name);
     REQUIRE(name == want.grads[i].first);
     if (max_error == 0.0) {

@@ -166,8 +166,10 @@ TEST_CASE("cuda: int8_linear_forward matches the CPU, with and without outlier c
   double worst_f32 = 0.0, worst_bf16 = 0.0;
   unsigned seed = 50;
   for (const Size& s : sizes)
-    for (auto [x_dtype, out_dtype] : dtypes)
+    for (const auto& x_out_dtypes : dtypes)
       for (Outliers outliers : {Outliers::planted, Outliers::disabled, Outliers::none}) {
+        // Not structured bindings: CAPTURE's lambda cannot take one (clang, OpenMP).
+        const DType x_dtype = x_out_dtypes.first, out_dtype = x_out_dtypes.second;
         CAPTURE(s.N);
         CAPTURE(s.K);
         CAPTURE(s.O);
@@ -197,7 +199,8 @@ TEST_CASE("cuda: int8_linear_forward over several row chunks, gathering some or 
   struct Case {
     int64_t N, chunk, gather;
   };
-  for (auto [N, chunk, gather] : {Case{5, 2, 0}, Case{37, 16, 1}, Case{37, 1, 64}, Case{37, 36, 2}}) {
+  for (const Case& c : {Case{5, 2, 0}, Case{37, 16, 1}, Case{37, 1, 64}, Case{37, 36, 2}}) {
+    const int64_t N = c.N, chunk = c.chunk, gather = c.gather;  // no structured binding: see above
     CAPTURE(N);
     CAPTURE(chunk);
     CAPTURE(gather);
@@ -360,8 +363,9 @@ TEST_CASE("cuda: int8_linear_backward matches the CPU over ragged weight tiles")
   double worst[2][2] = {};  // [dout bf16][dx bf16]: max |got - want| / magnitude
   unsigned seed = 70;
   for (const BackwardCase& c : cases)
-    for (auto [dout_dtype, dx_dtype] : dtypes)
+    for (const auto& dout_dx_dtypes : dtypes)
       for (bool accumulate : {false, true}) {
+        const DType dout_dtype = dout_dx_dtypes.first, dx_dtype = dout_dx_dtypes.second;  // see above
         CAPTURE(c.N);
         CAPTURE(c.O);
         CAPTURE(c.K);

@@ -73,7 +73,9 @@ TEST_CASE("cuda: nf4_dequantize is bit-identical to the CPU's") {
       // K = 100: blocks of 64 straddle rows; 300 blocks: two nested blocks.
       const HostNf4 host = host_nf4(193, 100, double_quant, 3);
       const HostNf4 dev = on_device(host);
-      for (auto [row0, col0, R, C] : {std::array<int64_t, 4>{0, 0, 193, 100}, {7, 33, 50, 41}}) {
+      for (const auto& tile_at : {std::array<int64_t, 4>{0, 0, 193, 100}, {7, 33, 50, 41}}) {
+        // Not a structured binding: the lambda below cannot capture one (clang, OpenMP).
+        const int64_t row0 = tile_at[0], col0 = tile_at[1], R = tile_at[2], C = tile_at[3];
         Tensor want = cpu.empty({R, C}, dtype, MemCategory::activations);
         cpu.nf4_dequantize(want, host.weight(), row0, col0);
         std::vector<float> got = emu_test::same_under_schedules([&] {
