@@ -152,20 +152,30 @@ std::vector<SafetensorsEntry> parse_file(const std::string& path, const uint8_t*
   return entries;
 }
 
+// values[i], read bytewise: a tensor in a safetensors file need not be
+// aligned to its element size (tensors are packed back to back).
+template <class Bits>
+Bits element_bits(const unsigned char* values, size_t i) {
+  Bits bits;
+  std::memcpy(&bits, values + i * sizeof(Bits), sizeof(Bits));
+  return bits;
+}
+
 // Index of the first element of `values` whose exponent bits are all set
 // (NaN or Inf), or count when there is none. Blocks keep the inner loop
 // branch-free so it vectorises; only a block holding a bad value is rescanned.
 template <class Bits>
-size_t first_non_finite(const Bits* values, size_t count, Bits exponent_mask) {
+size_t first_non_finite(const unsigned char* values, size_t count, Bits exponent_mask) {
   constexpr size_t kBlock = 4096;
   for (size_t start = 0; start < count; start += kBlock) {
     const size_t end = std::min(count, start + kBlock);
     unsigned any = 0;
 #pragma omp simd reduction(| : any)
-    for (size_t i = start; i < end; ++i) any |= unsigned((values[i] & exponent_mask) == exponent_mask);
+    for (size_t i = start; i < end; ++i)
+      any |= unsigned((element_bits<Bits>(values, i) & exponent_mask) == exponent_mask);
     if (!any) continue;
     for (size_t i = start; i < end; ++i)
-      if ((values[i] & exponent_mask) == exponent_mask) return i;
+      if ((element_bits<Bits>(values, i) & exponent_mask) == exponent_mask) return i;
   }
   return count;
 }
@@ -176,14 +186,13 @@ void require_finite(const SafetensorsEntry& entry) {
   size_t count = entry.size_bytes / std::max<size_t>(1, dtype_size_bytes(entry.dtype));
   size_t bad = count;
   float value = 0;
+  const auto* bytes = static_cast<const unsigned char*>(entry.data);
   if (entry.dtype == DType::f32) {
-    const uint32_t* bits = static_cast<const uint32_t*>(entry.data);
-    bad = first_non_finite<uint32_t>(bits, count, 0x7f800000u);
-    if (bad < count) std::memcpy(&value, bits + bad, 4);
+    bad = first_non_finite<uint32_t>(bytes, count, 0x7f800000u);
+    if (bad < count) std::memcpy(&value, bytes + 4 * bad, 4);
   } else if (entry.dtype == DType::bf16 || entry.dtype == DType::f16) {
-    const uint16_t* bits = static_cast<const uint16_t*>(entry.data);
     const uint16_t mask = entry.dtype == DType::bf16 ? 0x7f80 : 0x7c00;
-    bad = first_non_finite<uint16_t>(bits, count, mask);
+    bad = first_non_finite<uint16_t>(bytes, count, mask);
     if (bad < count) value = load_as_f32(entry.data, entry.dtype, int64_t(bad));
   }
   FT_CHECK(bad == count, entry.file, ": tensor \"", entry.name, "\" holds ", value, " at element ", bad,

@@ -19,6 +19,17 @@
 #include <map>
 #include <mutex>
 
+#if defined(__SANITIZE_ADDRESS__)
+#define FT_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FT_EMU_ASAN 1
+#endif
+#endif
+#ifdef FT_EMU_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 #if !defined(__x86_64__)
 #error "cuda_emu's fiber switch is written for x86-64"
 #endif
@@ -392,6 +403,18 @@ Symbols read_symbols() {
   return out;
 }
 
+// The bytes of a static that the program may touch. Clang's AddressSanitizer
+// pads each global with its redzone and the symbol's size counts the padding,
+// which run_block's memset must leave alone.
+size_t usable_bytes(char* p, size_t symbol_bytes) {
+#ifdef FT_EMU_ASAN
+  if (void* redzone = __asan_region_is_poisoned(p, symbol_bytes)) return size_t(static_cast<char*>(redzone) - p);
+#else
+  (void)p;
+#endif
+  return symbol_bytes;
+}
+
 // A kernel's local statics are its __shared__ variables (CUDA allows no other).
 std::vector<std::pair<char*, size_t>> static_shared_of(const void* kernel) {
   static const Symbols symbols = read_symbols();
@@ -405,7 +428,7 @@ std::vector<std::pair<char*, size_t>> static_shared_of(const void* kernel) {
   std::string prefix = name.rfind("_Z", 0) == 0 ? "_ZZ" + name.substr(2) + "E"
                                                 : "_ZZ" + std::to_string(name.size()) + name + "E";
   for (auto& [static_name, p, bytes] : symbols.statics)
-    if (static_name.rfind(prefix, 0) == 0) it->second.emplace_back(p, bytes);
+    if (static_name.rfind(prefix, 0) == 0) it->second.emplace_back(p, usable_bytes(p, bytes));
   return it->second;
 }
 

@@ -91,11 +91,14 @@ void* dynamic_shared();
 void run(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, void (*body)(void*),
          void* params);
 
-// "block_sum<256>" from the template argument, for error messages.
+// "block_sum<256>" from the template argument, for error messages. gcc
+// writes "Kernel = block_sum<256>"; clang writes "Kernel = &block_sum",
+// without the template's own arguments.
 template <auto Kernel>
 const char* kernel_name() {
   static const std::string name = [](std::string s) {
     size_t begin = s.find("Kernel = ") + 9;
+    if (s[begin] == '&') ++begin;
     return s.substr(begin, s.rfind(']') - begin);
   }(__PRETTY_FUNCTION__);
   return name.c_str();
