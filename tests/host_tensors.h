@@ -1,6 +1,7 @@
-// Small helpers shared by the op tests: random values, and host tensors made
-// from and read back into plain float vectors.
+// Small helpers shared by the tests: random values, host tensors made from
+// and read back into plain float vectors, and bitwise tensor equality.
 #pragma once
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -26,6 +27,13 @@ inline std::vector<float> read(const Tensor& t) {
   std::vector<float> values(static_cast<size_t>(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) values[size_t(i)] = load_as_f32(t.data, t.dtype, i);
   return values;
+}
+
+// Same dtype, shape and bytes. An empty tensor's data may be null, which
+// memcmp must not see even for 0 bytes.
+inline bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype == b.dtype && a.shape == b.shape &&
+         (a.size_bytes() == 0 || std::memcmp(a.data, b.data, a.size_bytes()) == 0);
 }
 
 }  // namespace ft::testing

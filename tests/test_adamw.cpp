@@ -11,8 +11,10 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/host_tensors.h"
 
 using namespace ft;
+using ft::testing::same_bytes;
 
 namespace {
 
@@ -131,10 +133,6 @@ std::vector<float> random_values(int64_t n, unsigned seed) {
   return values;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.size_bytes() == b.size_bytes() && std::memcmp(a.data, b.data, a.size_bytes()) == 0;
-}
-
 // Tensors of odd sizes (empty, one element, not a multiple of any vector
 // width), decayed and not, over 3 steps: every bit as adamw_update per tensor
 // with weight decay 0 where not decayed, which is what the optimizer did.
@@ -165,9 +163,9 @@ TEST_CASE("adamw_update_many is adamw_update per tensor, bit for bit") {
     backend.adamw_update_many(tensors, s);
     for (size_t i = 0; i < many.size(); ++i) {
       CAPTURE(i);
-      CHECK(same_bits(many[i].param, single[i].param));
-      CHECK(same_bits(many[i].m, single[i].m));
-      CHECK(same_bits(many[i].v, single[i].v));
+      CHECK(same_bytes(many[i].param, single[i].param));
+      CHECK(same_bytes(many[i].m, single[i].m));
+      CHECK(same_bytes(many[i].v, single[i].v));
     }
   }
 }

@@ -14,8 +14,10 @@
 #include "model/causal_lm.h"
 #include "model/safetensors.h"
 #include "tests/parity.h"
+#include "tests/host_tensors.h"
 
 using namespace ft;
+using ft::testing::same_bytes;
 using parity::relative_error;
 using parity::shifted_targets;
 
@@ -85,10 +87,6 @@ StepResult train_step(const std::string& fixture, const Step& step) {
       result.grads.emplace_back(p.name, grad);
     }
   return result;
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.size_bytes() == b.size_bytes() && std::memcmp(a.data, b.data, a.size_bytes()) == 0;
 }
 
 // got's gradients are want's bit for bit, or with max_error > 0 agree within

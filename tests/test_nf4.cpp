@@ -22,6 +22,8 @@
 namespace ft {
 namespace {
 
+using testing::same_bytes;
+
 const std::string kFixtures = FT_FIXTURES_DIR;
 const std::string kBlocks = kFixtures + "/nf4/blocks.safetensors";
 
@@ -123,10 +125,6 @@ TEST_CASE("NF4 dequantisation within 1 ulp of bitsandbytes' dequantize_4bit (f32
 }
 
 // ---- the NF4 linear ops and NF4 models --------------------------------------
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.dtype == b.dtype && a.numel() == b.numel() && std::memcmp(a.data, b.data, a.size_bytes()) == 0;
-}
 
 // A random NF4 weight [O, K] on the CPU backend, double-quantised or not.
 Parameter random_nf4(Backend& backend, int64_t O, int64_t K, bool double_quant, uint32_t seed) {

@@ -23,8 +23,10 @@
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
 #include "trainer/optimizer.h"
+#include "tests/host_tensors.h"
 
 using namespace ft;
+using ft::testing::same_bytes;
 using ft::parity::relative_error;
 using ft::parity::shifted_targets;
 using nlohmann::json;
@@ -40,10 +42,6 @@ const std::string kKeyPrefix = "base_model.model.";
 // check gives ~6e-7 for logits and ~2e-6 for gradients, so 1e-4 leaves
 // room for summation order without hiding a wrong formula.
 constexpr double kTolerance = 1e-4;
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.dtype == b.dtype && a.shape == b.shape && std::memcmp(a.data, b.data, a.size_bytes()) == 0;
-}
 
 json read_json(const std::string& path) {
   std::ifstream file(path);

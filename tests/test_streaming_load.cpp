@@ -28,8 +28,10 @@
 #include "model/causal_lm.h"
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
+#include "tests/host_tensors.h"
 
 using namespace ft;
+using ft::testing::same_bytes;
 namespace fs = std::filesystem;
 
 namespace {
@@ -193,8 +195,14 @@ TEST_CASE("loading a sharded bf16 checkpoint into an int8 base keeps peak RSS ne
       mib(f.baseline_rss), mib(added));
   // What loading adds must fit; at 1 GB the whole process must too (the
   // ~10 MB of code and libraries before the load is within the 10% there).
+#ifdef FT_SANITIZED
+  // AddressSanitizer keeps freed blocks in quarantine and adds shadow memory:
+  // RSS then measures the instrumentation, not the loader.
+  MESSAGE("sanitizer build: the RSS bound is not checked");
+#else
   CHECK(added <= bound);
   if (bench) CHECK(f.peak_rss <= bound);
+#endif
 }
 
 TEST_CASE("a saved quantised base loads back to the same codes, scales and logits") {
@@ -220,9 +228,6 @@ TEST_CASE("a saved quantised base loads back to the same codes, scales and logit
   CHECK(file.entry("model.layers.0.self_attn.q_proj.weight").dtype == DType::i8);
   CHECK(file.entry("model.layers.0.self_attn.q_proj.weight.SCB").dtype == DType::f32);
 
-  auto same_bytes = [](const Tensor& a, const Tensor& b) {
-    return a.dtype == b.dtype && a.shape == b.shape && std::memcmp(a.data, b.data, a.size_bytes()) == 0;
-  };
   size_t int8_parameters = 0;
   for (const Parameter& p : quantised->parameters()) {
     const Parameter& q = reloaded->parameter(p.name);

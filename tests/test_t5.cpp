@@ -26,8 +26,10 @@
 #include "model/t5.h"
 #include "tests/parity.h"
 #include "trainer/generate_seq2seq.h"
+#include "tests/host_tensors.h"
 
 using namespace ft;
+using ft::testing::same_bytes;
 using ft::parity::relative_error;
 
 namespace {
@@ -51,10 +53,6 @@ void check_loss(float got, const Tensor& want_tensor, const std::string& what) {
   const float want = want_tensor.ptr<float>()[0];
   MESSAGE(what, " relative error ", std::abs(got - want) / std::abs(want));
   CHECK(std::abs(got - want) <= 1e-5 * std::abs(want));
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.size_bytes() == b.size_bytes() && std::memcmp(a.data, b.data, a.size_bytes()) == 0;
 }
 
 void check_against_transformers(const std::string& fixture, bool tied) {
