@@ -170,3 +170,14 @@ TEST_CASE("Alpaca rows get Stanford Alpaca's prompt and train on the output") {
   CHECK(load_error("{\"instruction\": \"a\", \"input\": 1, \"output\": \"b\"}") ==
         "chat.jsonl:1: \"input\" must be a string, got number");
 }
+
+TEST_CASE("chat examples get the conversation before the last assistant turn as their sample prompt") {
+  const nlohmann::json c = read_json(kChatDir + "/llama2/cases.json")["cases"][1];
+  Dataset data{"mem", DataFormat::chat, {{"", "", messages_of(c["messages"]), 1}}};
+  set_chat_prompts(data, resolve_chat_template(ChatTemplateKind::automatic, kChatDir + "/llama2"));
+  const std::string text = c["text"].get<std::string>();
+  const std::string last = c["messages"].back()["content"].get<std::string>();
+  // apply_chat_template's text less its leading "<s>" (generation adds bos) and the last " answer </s>".
+  CHECK(data.examples[0].prompt == text.substr(3, text.rfind(" " + last + " </s>") - 3));
+  CHECK(data.examples[0].completion == last);
+}

@@ -198,6 +198,18 @@ size_t tokens_before(const std::string& text, size_t boundary, const std::vector
 
 }  // namespace
 
+void set_chat_prompts(Dataset& data, const ChatTemplate& chat) {
+  for (Example& example : data.examples) {
+    std::vector<RenderedPiece> pieces = render_chat(chat, example.messages, data.path + ":" + std::to_string(example.line));
+    size_t last_trained = pieces.size();
+    while (last_trained > 0 && !pieces[last_trained - 1].loss) last_trained--;
+    example.prompt.clear();
+    for (size_t i = 0; i + 1 < last_trained; i++) example.prompt += pieces[i].text;
+    if (example.prompt.starts_with(chat.bos_token)) example.prompt.erase(0, chat.bos_token.size());
+    example.completion = example.messages.back().content;
+  }
+}
+
 TokenSequence tokenize_chat(const std::vector<RenderedPiece>& pieces, const Tokenizer& tokenizer) {
   std::string text;
   std::vector<std::pair<size_t, bool>> starts;  // byte where each run of equal loss begins, its loss

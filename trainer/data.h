@@ -84,6 +84,11 @@ struct TokenizedDataset {
 TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
                                   const ChatTemplate* chat = nullptr);
 
+// For samples and task_metric: each chat example's prompt becomes the rendered
+// conversation before its last assistant turn (less a leading bos text, which
+// generation puts itself) and its completion that turn's content.
+void set_chat_prompts(Dataset& data, const ChatTemplate& chat);
+
 // The rendered text encoded in one piece, as apply_chat_template tokenizes it
 // (special-token strings become their ids), each token flagged with the loss
 // of the piece its first character lies in. Piece boundaries are found by
