@@ -105,7 +105,7 @@ void render_llama2(const ChatTemplate& chat, const std::vector<ChatMessage>& mes
     if (message.role == "user")
       out.push_back({chat.bos_token + "[INST] " + strip(content) + " [/INST]", false});
     else
-      out.push_back({" " + strip(content) + " " + chat.eos_token, true});
+      out.push_back({std::string(" ").append(strip(content)).append(" ").append(chat.eos_token), true});
   }
 }
 
@@ -126,22 +126,6 @@ void render_zephyr(const ChatTemplate& chat, const std::vector<ChatMessage>& mes
 }
 
 }  // namespace
-
-const char* enum_name(ChatTemplateKind kind) {
-  switch (kind) {
-    case ChatTemplateKind::automatic:
-      return "auto";
-    case ChatTemplateKind::chatml:
-      return "chatml";
-    case ChatTemplateKind::llama2:
-      return "llama2";
-    case ChatTemplateKind::llama3:
-      return "llama3";
-    case ChatTemplateKind::zephyr:
-      return "zephyr";
-  }
-  return "?";
-}
 
 ChatTemplateKind recognise_chat_template(const std::string& jinja) {
   // Reasoning templates (Qwen3) rewrite assistant turns around <think> blocks.

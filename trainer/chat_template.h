@@ -17,8 +17,8 @@
 
 namespace ft {
 
+// Spelled auto, chatml, llama2, llama3, zephyr in the config (data.chat_template).
 enum class ChatTemplateKind { automatic, chatml, llama2, llama3, zephyr };
-const char* enum_name(ChatTemplateKind kind);  // "auto", "chatml", ...
 
 struct ChatMessage {
   std::string role;  // system, user or assistant

@@ -200,7 +200,8 @@ size_t tokens_before(const std::string& text, size_t boundary, const std::vector
 
 void set_chat_prompts(Dataset& data, const ChatTemplate& chat) {
   for (Example& example : data.examples) {
-    std::vector<RenderedPiece> pieces = render_chat(chat, example.messages, data.path + ":" + std::to_string(example.line));
+    const std::string where = data.path + ":" + std::to_string(example.line);
+    std::vector<RenderedPiece> pieces = render_chat(chat, example.messages, where);
     size_t last_trained = pieces.size();
     while (last_trained > 0 && !pieces[last_trained - 1].loss) last_trained--;
     example.prompt.clear();
