@@ -95,7 +95,8 @@ TEST_CASE("load_jsonl errors name the file and the line") {
             .starts_with("bad_json.jsonl:2: not valid JSON ("));
   CHECK(load_error("array.jsonl", "\n[1, 2]\n") == "array.jsonl:2: expected a JSON object, got array");
   CHECK(load_error("fields.jsonl", "{\"question\": \"a\", \"answer\": \"b\"}\n") ==
-        "fields.jsonl:1: expected \"prompt\" and \"completion\" strings or a \"text\" string, got keys \"answer\", "
+        "fields.jsonl:1: expected \"prompt\" and \"completion\" strings, a \"text\" string, a \"messages\" list or "
+        "\"instruction\" and \"output\" strings, got keys \"answer\", "
         "\"question\"");
   CHECK(load_error("lacks.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"c\"}\n") ==
         "lacks.jsonl:2: row lacks \"completion\"");
@@ -103,7 +104,8 @@ TEST_CASE("load_jsonl errors name the file and the line") {
         "number.jsonl:1: \"completion\" must be a string, got number");
   CHECK(load_error("null.jsonl", "{\"text\": null}\n") == "null.jsonl:1: \"text\" must be a string, got null");
   CHECK(load_error("both.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\", \"text\": \"c\"}\n") ==
-        "both.jsonl:1: a row has either \"prompt\"/\"completion\" or \"text\", not both");
+        "both.jsonl:1: a row has one of \"prompt\"/\"completion\", \"text\", \"messages\" or \"instruction\"/\"output\", "
+        "got keys \"completion\", \"prompt\", \"text\"");
   CHECK(load_error("mixed.jsonl", "\n{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"text\": \"c\"}\n") ==
         "mixed.jsonl:3: a text row, but line 2 is a prompt_completion row and all rows must agree");
   CHECK(load_error("forced.jsonl", "{\"text\": \"c\"}\n", DataFormat::prompt_completion) ==

@@ -734,3 +734,41 @@ TEST_CASE("generate streams text from a trained adapter; the merged checkpoint a
   while (std::getline(lines, line)) prompts.push_back(nlohmann::json::parse(line)["prompt"]);
   CHECK(prompts == std::vector<std::string>{"The cat", "A dog"});
 }
+
+TEST_CASE("chat rows fine-tune end to end; without a template the run names tokenizer_config.json") {
+  // Conversations from the pretraining text (seq_len is 64): the user gives a line's opening words, the
+  // assistant the next few.
+  const std::string dir = make_run_dir("chat");
+  std::ifstream source(std::string(FT_SOURCE_DIR) + "/configs/data/pretrain.jsonl");
+  std::ofstream train(dir + "/train.jsonl"), eval(dir + "/eval.jsonl");
+  std::string line;
+  for (int i = 0; i < 260 && std::getline(source, line); ++i) {
+    const std::string text = nlohmann::json::parse(line)["text"];
+    const size_t cut = text.find(' ', 16), end = text.find(' ', cut + 24);
+    nlohmann::json messages = nlohmann::json::array(
+        {{{"role", "system"}, {"content", "Continue."}},
+         {{"role", "user"}, {"content", text.substr(0, cut)}},
+         {{"role", "assistant"}, {"content", text.substr(cut + 1, end - cut - 1)}}});
+    (i < 240 ? train : eval) << nlohmann::json{{"messages", messages}}.dump() << "\n";
+  }
+  train.close(), eval.close();
+  const std::string qwen2 = " --set model=" + kFixtures + "/qwen2_tiny --set tokenizer= --set data.packing=false";
+  CommandResult refused = run_command("cd " + dir + " && " + kBinary + " config.yaml" + qwen2);
+  CHECK(refused.exit_code == 1);
+  CHECK(refused.output.find(kFixtures + "/qwen2_tiny/tokenizer_config.json: no chat_template to render chat rows "
+                                        "with; set data.chat_template to one of chatml, llama2, llama3, zephyr") !=
+        std::string::npos);
+  // ChatML over Qwen2's tokenizer.json; Llama-2's template over the SentencePiece fixture tokenizer.
+  for (const std::string& settings : {qwen2 + " --set data.chat_template=chatml", std::string(" --set data.chat_template=llama2")}) {
+    CAPTURE(settings);
+    CommandResult result = run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=8" +
+                                       " --set grad_accum_steps=1 --set lr=1.0e-2 --set output_dir=out_chat" + settings);
+    INFO(result.output);
+    REQUIRE(result.exit_code == 0);
+    CHECK(result.output.find("train: 240 examples") != std::string::npos);
+    const auto losses = train_losses(dir + "/out_chat/metrics.jsonl");
+    REQUIRE(losses.size() == 8);
+    CHECK(losses.rbegin()->second < losses.begin()->second);
+    fs::remove_all(dir + "/out_chat");
+  }
+}

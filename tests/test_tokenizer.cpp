@@ -2,6 +2,7 @@
 // (tests/fixtures/tokenizer/encode_reference.json, from scripts/make_fixtures.py).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -29,6 +30,21 @@ TEST_CASE("encodings match Python sentencepiece and decode back") {
     CHECK(ids == reference["ids"].get<std::vector<int32_t>>());
     if (reference.contains("decoded")) CHECK(tokenizer.decode(ids) == reference["decoded"].get<std::string>());
   }
+}
+
+TEST_CASE("special pieces' strings in the text become their ids, the text between them encoded on its own") {
+  SentencePieceTokenizer tokenizer(kTokenizerPath);
+  auto concat = [](std::vector<std::vector<int32_t>> parts) {
+    std::vector<int32_t> ids;
+    for (const auto& part : parts) ids.insert(ids.end(), part.begin(), part.end());
+    return ids;
+  };
+  CHECK(tokenizer.encode("<s>[INST] Hi there [/INST] ok </s>") ==
+        concat({{1}, tokenizer.encode("[INST] Hi there [/INST] ok "), {2}}));
+  CHECK(tokenizer.encode("a</s><s>b<unk>") == concat({tokenizer.encode("a"), {2, 1}, tokenizer.encode("b"), {0}}));
+  std::vector<int32_t> partial = tokenizer.encode("</s");  // a partial string stays text
+  CHECK(std::find(partial.begin(), partial.end(), 2) == partial.end());
+  CHECK(partial.size() > 1);
 }
 
 TEST_CASE("a tokenizer whose vocabulary differs from the model's is refused") {

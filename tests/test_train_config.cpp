@@ -247,8 +247,11 @@ TEST_CASE("invalid enum values list the valid ones") {
   CHECK(error_of(base + "quantization: {mode: int4}\n") ==
         "configs/x.yaml:3: quantization.mode: expected one of int8, nf4, none, got \"int4\"");
   CHECK(error_of(kMinimal, {"data.format=csv"}) ==
-        "configs/x.yaml (--set data.format=csv): data.format: expected one of auto, prompt_completion, text, got "
-        "\"csv\"");
+        "configs/x.yaml (--set data.format=csv): data.format: expected one of auto, prompt_completion, text, chat, "
+        "alpaca, got \"csv\"");
+  CHECK(error_of(kMinimal, {"data.chat_template=vicuna"}) ==
+        "configs/x.yaml (--set data.chat_template=vicuna): data.chat_template: expected one of auto, chatml, llama2, "
+        "llama3, zephyr, got \"vicuna\"");
   CHECK(error_of(base + "task_metric: bleu\n") ==
         "configs/x.yaml:3: task_metric: expected one of none, rouge, got \"bleu\"");
 }
@@ -361,9 +364,17 @@ TEST_CASE("the key list matches the fields configs/README.md documents") {
   REQUIRE(readme.good());
   std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
   std::vector<std::string> keys = train_config_keys();
-  CHECK(keys.size() == 48);
+  CHECK(keys.size() == 49);
   for (const std::string& key : keys) {
     CAPTURE(key);
     CHECK(text.find("`" + key + "`") != std::string::npos);
   }
+}
+
+TEST_CASE("data.format chat and alpaca; data.chat_template names a template or auto") {
+  TrainConfig c = parse(kMinimal, {"data.format=chat", "data.chat_template=llama3"});
+  CHECK(c.data.format == DataFormat::chat);
+  CHECK(c.data.chat_template == ChatTemplateKind::llama3);
+  CHECK(parse(kMinimal).data.chat_template == ChatTemplateKind::automatic);
+  CHECK(parse(kMinimal, {"data.format=alpaca"}).data.format == DataFormat::alpaca);
 }

@@ -2,6 +2,8 @@
 
 #include <sentencepiece_processor.h>
 
+#include <algorithm>
+
 #include "kernels/error.h"
 
 namespace ft {
@@ -12,15 +14,38 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& path, int64_t 
   FT_CHECK(status.ok(), path, ": cannot load SentencePiece model: ", status.ToString());
   FT_CHECK(expected_vocab_size <= 0 || vocab_size() == expected_vocab_size, path, ": tokenizer vocabulary has ",
            vocab_size(), " pieces but the model's vocab_size is ", expected_vocab_size);
+  for (int id = 0; id < processor_->GetPieceSize(); id++)
+    if (processor_->IsControl(id) || processor_->IsUnknown(id))
+      special_pieces_.push_back({processor_->IdToPiece(id), int32_t(id)});
+  std::stable_sort(special_pieces_.begin(), special_pieces_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 }
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
-std::vector<int32_t> SentencePieceTokenizer::encode(const std::string& text) const {
-  std::vector<int> ids;
-  auto status = processor_->Encode(text, &ids);
+void SentencePieceTokenizer::encode_plain(const std::string& text, std::vector<int32_t>& ids) const {
+  if (text.empty()) return;
+  std::vector<int> piece_ids;
+  auto status = processor_->Encode(text, &piece_ids);
   FT_CHECK(status.ok(), path_, ": encode failed: ", status.ToString());
-  return std::vector<int32_t>(ids.begin(), ids.end());
+  ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
+}
+
+std::vector<int32_t> SentencePieceTokenizer::encode(const std::string& text) const {
+  std::vector<int32_t> ids;
+  size_t done = 0;  // text before it is encoded
+  for (size_t at = 0; at < text.size(); at++) {
+    for (const auto& [piece, id] : special_pieces_) {
+      if (piece.empty() || text.compare(at, piece.size(), piece) != 0) continue;
+      encode_plain(text.substr(done, at - done), ids);
+      ids.push_back(id);
+      done = at + piece.size();
+      at = done - 1;
+      break;
+    }
+  }
+  encode_plain(text.substr(done), ids);
+  return ids;
 }
 
 std::string SentencePieceTokenizer::decode(const std::vector<int32_t>& ids) const {

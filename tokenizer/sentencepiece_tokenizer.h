@@ -1,9 +1,14 @@
 // A SentencePiece tokenizer (tokenizer.model / spiece.model) with the special
-// token ids the model file defines.
+// token ids the model file defines. Like transformers' LlamaTokenizer, encode
+// first splits the text on the special pieces' strings (<s>, </s>, <unk>):
+// each becomes its id, and the text between them is encoded piece by piece
+// (each with SentencePiece's dummy prefix, as the legacy tokenizer does), so
+// rendered chat templates get single ids for their bos and eos.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tokenizer/tokenizer.h"
@@ -32,8 +37,11 @@ class SentencePieceTokenizer final : public Tokenizer {
   int32_t unk_id() const;
 
  private:
+  void encode_plain(const std::string& text, std::vector<int32_t>& ids) const;
+
   std::string path_;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
+  std::vector<std::pair<std::string, int32_t>> special_pieces_;  // control and unknown pieces, longest first
 };
 
 }  // namespace ft

@@ -26,12 +26,20 @@ std::string key_list(const nlohmann::json& row) {
 
 // Which kind of row this is, from the fields it has.
 DataFormat row_format(const nlohmann::json& row, const std::string& where) {
-  bool has_pair = row.contains("prompt") || row.contains("completion");
-  FT_CHECK(!(has_pair && row.contains("text")), where,
-           ": a row has either \"prompt\"/\"completion\" or \"text\", not both");
-  FT_CHECK(has_pair || row.contains("text"), where,
-           ": expected \"prompt\" and \"completion\" strings or a \"text\" string, got ", key_list(row));
-  return has_pair ? DataFormat::prompt_completion : DataFormat::text;
+  const bool pair = row.contains("prompt") || row.contains("completion");
+  const bool text = row.contains("text");
+  const bool chat = row.contains("messages");
+  const bool alpaca = row.contains("instruction") || row.contains("output");
+  FT_CHECK(int(pair) + int(text) + int(chat) + int(alpaca) <= 1, where,
+           ": a row has one of \"prompt\"/\"completion\", \"text\", \"messages\" or \"instruction\"/\"output\", "
+           "got ", key_list(row));
+  FT_CHECK(pair || text || chat || alpaca, where,
+           ": expected \"prompt\" and \"completion\" strings, a \"text\" string, a \"messages\" list or "
+           "\"instruction\" and \"output\" strings, got ",
+           key_list(row));
+  if (chat) return DataFormat::chat;
+  if (alpaca) return DataFormat::alpaca;
+  return pair ? DataFormat::prompt_completion : DataFormat::text;
 }
 
 std::string string_field(const nlohmann::json& row, const char* key, const std::string& where) {
@@ -39,6 +47,40 @@ std::string string_field(const nlohmann::json& row, const char* key, const std::
   const nlohmann::json& value = row[key];
   FT_CHECK(value.is_string(), where, ": \"", key, "\" must be a string, got ", value.type_name());
   return value.get<std::string>();
+}
+
+// {"messages": [{"role": ..., "content": ...}, ...]}, roles checked.
+std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::string& where) {
+  const nlohmann::json& list = row["messages"];
+  FT_CHECK(list.is_array(), where, ": \"messages\" must be a list of {\"role\", \"content\"} objects, got ",
+           list.type_name());
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < list.size(); i++) {
+    const std::string item = where + ": messages[" + std::to_string(i) + "]";
+    FT_CHECK(list[i].is_object(), item, " must be a {\"role\", \"content\"} object, got ", list[i].type_name());
+    for (const char* key : {"role", "content"}) {
+      FT_CHECK(list[i].contains(key), item, " lacks \"", key, "\"");
+      FT_CHECK(list[i][key].is_string(), item, ".", key, " must be a string, got ", list[i][key].type_name());
+    }
+    messages.push_back({list[i]["role"].get<std::string>(), list[i]["content"].get<std::string>()});
+  }
+  check_chat_roles(messages, where);
+  return messages;
+}
+
+Example read_example(const nlohmann::json& row, DataFormat kind, const std::string& where) {
+  switch (kind) {
+    case DataFormat::text:
+      return {"", string_field(row, "text", where)};
+    case DataFormat::chat:
+      return {"", "", chat_messages(row, where)};
+    case DataFormat::alpaca: {
+      std::string input = row.contains("input") ? string_field(row, "input", where) : "";
+      return {alpaca_prompt(string_field(row, "instruction", where), input), string_field(row, "output", where)};
+    }
+    default:
+      return {string_field(row, "prompt", where), string_field(row, "completion", where)};
+  }
 }
 
 // Reads the next line of input (without its '\n') into line; false once the
@@ -66,8 +108,22 @@ const char* enum_name(DataFormat format) {
       return "prompt_completion";
     case DataFormat::text:
       return "text";
+    case DataFormat::chat:
+      return "chat";
+    case DataFormat::alpaca:
+      return "alpaca";
   }
   return "?";
+}
+
+std::string alpaca_prompt(const std::string& instruction, const std::string& input) {
+  if (input.empty())
+    return "Below is an instruction that describes a task. Write a response that appropriately completes the "
+           "request.\n\n### Instruction:\n" +
+           instruction + "\n\n### Response:";
+  return "Below is an instruction that describes a task, paired with an input that provides further context. Write a "
+         "response that appropriately completes the request.\n\n### Instruction:\n" +
+         instruction + "\n\n### Input:\n" + input + "\n\n### Response:";
 }
 
 Dataset load_jsonl(const std::string& path, DataFormat format) {
@@ -91,10 +147,8 @@ Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat form
              first_line ? "line " + std::to_string(first_line) + " is a " + enum_name(data.format) +
                               " row and all rows must agree"
                         : std::string("data.format is ") + enum_name(data.format));
-    if (kind == DataFormat::text)
-      data.examples.push_back({"", string_field(row, "text", where)});
-    else
-      data.examples.push_back({string_field(row, "prompt", where), string_field(row, "completion", where)});
+    data.examples.push_back(read_example(row, kind, where));
+    data.examples.back().line = line_number;
   }
   FT_CHECK(!data.examples.empty(), path, ": the dataset is empty (no JSON rows)");
   return data;
@@ -117,26 +171,85 @@ std::vector<std::string> load_prompts(const std::string& path) {
   return prompts;
 }
 
-TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id) {
+namespace {
+
+TokenSequence tokenize_pair(const Example& example, const Tokenizer& tokenizer, int32_t eos_id) {
+  TokenSequence seq;
+  auto append = [&](int32_t id, bool loss) {
+    seq.tokens.push_back(id);
+    seq.loss_mask.push_back(loss ? 1 : 0);
+  };
+  if (tokenizer.bos_id() >= 0) append(tokenizer.bos_id(), false);
+  for (int32_t id : tokenizer.encode(example.prompt)) append(id, false);
+  for (int32_t id : tokenizer.encode(example.completion)) append(id, true);
+  if (eos_id >= 0) append(eos_id, true);
+  return seq;
+}
+
+// How many tokens of `whole` (the encoding of the full text) start before
+// byte `boundary`, judged from the encoding of the text up to it.
+size_t tokens_before(const std::string& text, size_t boundary, const std::vector<int32_t>& whole,
+                     const Tokenizer& tokenizer) {
+  std::vector<int32_t> prefix = tokenizer.encode(text.substr(0, boundary));
+  size_t shared = 0;
+  while (shared < prefix.size() && shared < whole.size() && prefix[shared] == whole[shared]) shared++;
+  return shared < prefix.size() ? shared + 1 : shared;
+}
+
+}  // namespace
+
+void set_chat_prompts(Dataset& data, const ChatTemplate& chat) {
+  for (Example& example : data.examples) {
+    const std::string where = data.path + ":" + std::to_string(example.line);
+    std::vector<RenderedPiece> pieces = render_chat(chat, example.messages, where);
+    size_t last_trained = pieces.size();
+    while (last_trained > 0 && !pieces[last_trained - 1].loss) last_trained--;
+    example.prompt.clear();
+    for (size_t i = 0; i + 1 < last_trained; i++) example.prompt += pieces[i].text;
+    if (example.prompt.starts_with(chat.bos_token)) example.prompt.erase(0, chat.bos_token.size());
+    example.completion = example.messages.back().content;
+  }
+}
+
+TokenSequence tokenize_chat(const std::vector<RenderedPiece>& pieces, const Tokenizer& tokenizer) {
+  std::string text;
+  std::vector<std::pair<size_t, bool>> starts;  // byte where each run of equal loss begins, its loss
+  for (const RenderedPiece& piece : pieces) {
+    if (starts.empty() || starts.back().second != piece.loss) starts.push_back({text.size(), piece.loss});
+    text += piece.text;
+  }
+  TokenSequence seq;
+  seq.tokens = tokenizer.encode(text);
+  seq.loss_mask.assign(seq.tokens.size(), 0);
+  for (size_t run = 0; run < starts.size(); run++) {
+    if (!starts[run].second) continue;
+    size_t begin = tokens_before(text, starts[run].first, seq.tokens, tokenizer);
+    size_t end = run + 1 < starts.size() ? tokens_before(text, starts[run + 1].first, seq.tokens, tokenizer)
+                                         : seq.tokens.size();
+    for (size_t i = begin; i < end && i < seq.tokens.size(); i++) seq.loss_mask[i] = 1;
+  }
+  return seq;
+}
+
+TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
+                                  const ChatTemplate* chat) {
   FT_CHECK(seq_len > 0, "tokenize_dataset: seq_len must be > 0, got ", seq_len);
+  FT_CHECK(data.format != DataFormat::chat || chat, data.path, ": chat rows need a chat template");
   TokenizedDataset out;
   for (const Example& example : data.examples) {
-    TokenSequence seq;
-    auto append = [&](int32_t id, bool loss) {
-      seq.tokens.push_back(id);
-      seq.loss_mask.push_back(loss ? 1 : 0);
-    };
-    if (tokenizer.bos_id() >= 0) append(tokenizer.bos_id(), false);
-    for (int32_t id : tokenizer.encode(example.prompt)) append(id, false);
-    for (int32_t id : tokenizer.encode(example.completion)) append(id, true);
-    if (eos_id >= 0) append(eos_id, true);
+    TokenSequence seq =
+        data.format == DataFormat::chat
+            ? tokenize_chat(render_chat(*chat, example.messages, data.path + ":" + std::to_string(example.line)),
+                            tokenizer)
+            : tokenize_pair(example, tokenizer, eos_id);
     if (int64_t(seq.tokens.size()) > seq_len + 1) {
       seq.tokens.resize(size_t(seq_len + 1));
       seq.loss_mask.resize(size_t(seq_len + 1));
       out.truncated_count++;
     }
     // loss_mask[0] never counts: the first token has nothing before it.
-    int64_t loss_tokens = std::accumulate(seq.loss_mask.begin() + 1, seq.loss_mask.end(), int64_t(0));
+    int64_t loss_tokens =
+        seq.tokens.size() < 2 ? 0 : std::accumulate(seq.loss_mask.begin() + 1, seq.loss_mask.end(), int64_t(0));
     if (loss_tokens == 0) {
       out.dropped_count++;
       continue;

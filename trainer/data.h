@@ -3,7 +3,7 @@
 // the Batch tensors. The pipeline:
 //
 //   Dataset data = load_jsonl(path, DataFormat::automatic);
-//   TokenizedDataset tokens = tokenize_dataset(data, tokenizer, seq_len, eos_id);
+//   TokenizedDataset tokens = tokenize_dataset(data, tokenizer, seq_len, eos_id, &chat_template);
 //   DataLoader loader(make_rows(tokens, seq_len, packing), micro_batch_size, seq_len,
 //                     padding_id(tokenizer), seed, host_allocator);
 //   Batch batch = loader.next();                 // training, shuffled
@@ -15,26 +15,36 @@
 #include <vector>
 
 #include "kernels/tensor.h"
+#include "trainer/chat_template.h"
 
 namespace ft {
 
 class Tokenizer;
 
-enum class DataFormat { automatic, prompt_completion, text };
-const char* enum_name(DataFormat format);  // "auto", "prompt_completion", "text"
+enum class DataFormat { automatic, prompt_completion, text, chat, alpaca };
+const char* enum_name(DataFormat format);  // "auto", "prompt_completion", "text", "chat", "alpaca"
 
 // One JSONL row. Text rows ({"text": ...}) have an empty prompt and the text
 // as completion, so "loss on the completion" covers every token of them.
+// Alpaca rows ({"instruction", "input", "output"}) become Stanford Alpaca's
+// prompt and the output as completion. Chat rows ({"messages": [...]}) keep
+// their messages (prompt and completion empty): the chat template renders them.
 struct Example {
   std::string prompt;
   std::string completion;
+  std::vector<ChatMessage> messages = {};
+  int64_t line = 0;  // in the file, for errors found after loading
 };
 
 struct Dataset {
   std::string path;
-  DataFormat format = DataFormat::automatic;  // prompt_completion or text once loaded
+  DataFormat format = DataFormat::automatic;  // the rows' format once loaded
   std::vector<Example> examples;
 };
+
+// Stanford Alpaca's prompt (train.py's PROMPT_DICT): the variant with an
+// "### Input:" block when input is not empty. The output follows it directly.
+std::string alpaca_prompt(const std::string& instruction, const std::string& input);
 
 // The longest JSONL line accepted, in bytes (16 MiB: millions of tokens,
 // far beyond any seq_len). A longer line is refused before it is stored.
@@ -67,9 +77,24 @@ struct TokenizedDataset {
 
 // [bos] + encode(prompt) + encode(completion) + [eos_id] (bos where the
 // tokenizer defines one, eos_id unless -1: trainer/special_tokens.h picks it),
-// cut to seq_len + 1 tokens. Examples whose prompt fills the whole window teach
-// nothing and are dropped (and counted); an error if that leaves none.
-TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id);
+// cut to seq_len + 1 tokens. Chat rows are tokenize_chat(render_chat(...)) with
+// `chat`, which they require; the template places bos and end markers itself.
+// Examples whose prompt fills the whole window teach nothing and are dropped
+// (and counted); an error if that leaves none.
+TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
+                                  const ChatTemplate* chat = nullptr);
+
+// For samples and task_metric: each chat example's prompt becomes the rendered
+// conversation before its last assistant turn (less a leading bos text, which
+// generation puts itself) and its completion that turn's content.
+void set_chat_prompts(Dataset& data, const ChatTemplate& chat);
+
+// The rendered text encoded in one piece, as apply_chat_template tokenizes it
+// (special-token strings become their ids), each token flagged with the loss
+// of the piece its first character lies in. Piece boundaries are found by
+// encoding the text up to each one: the tokens it shares with the whole text
+// lie before the boundary, and one more when a token straddles it.
+TokenSequence tokenize_chat(const std::vector<RenderedPiece>& pieces, const Tokenizer& tokenizer);
 
 // The id written into padding positions: pad, else eos, else 0. Padding never
 // carries loss, so the choice only matters for what the model attends to.

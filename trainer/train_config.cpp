@@ -35,7 +35,13 @@ const Named<Precision> kPrecisions[] = {{"fp32", Precision::fp32}, {"bf16", Prec
 const Named<DeviceChoice> kDevices[] = {
     {"auto", DeviceChoice::automatic}, {"cpu", DeviceChoice::cpu}, {"cuda", DeviceChoice::cuda}};
 const Named<DataFormat> kFormats[] = {
-    {"auto", DataFormat::automatic}, {"prompt_completion", DataFormat::prompt_completion}, {"text", DataFormat::text}};
+    {"auto", DataFormat::automatic}, {"prompt_completion", DataFormat::prompt_completion}, {"text", DataFormat::text},
+    {"chat", DataFormat::chat}, {"alpaca", DataFormat::alpaca}};
+const Named<ChatTemplateKind> kChatTemplates[] = {{"auto", ChatTemplateKind::automatic},
+                                                  {"chatml", ChatTemplateKind::chatml},
+                                                  {"llama2", ChatTemplateKind::llama2},
+                                                  {"llama3", ChatTemplateKind::llama3},
+                                                  {"zephyr", ChatTemplateKind::zephyr}};
 const Named<ActivationCheckpointing> kCheckpointings[] = {{"none", ActivationCheckpointing::none},
                                                            {"per_layer", ActivationCheckpointing::per_layer}};
 const Named<Schedule> kSchedules[] = {
@@ -205,6 +211,7 @@ const Field kFields[] = {
     {"data.train", [](TrainConfig& c, const Value& v) { c.data.train = v.path(); }},
     {"data.eval", [](TrainConfig& c, const Value& v) { c.data.eval = v.path(); }},
     {"data.format", [](TrainConfig& c, const Value& v) { c.data.format = v.choice(kFormats); }},
+    {"data.chat_template", [](TrainConfig& c, const Value& v) { c.data.chat_template = v.choice(kChatTemplates); }},
     {"data.packing", [](TrainConfig& c, const Value& v) { c.data.packing = v.boolean(); }},
     {"data.add_eos",
      [](TrainConfig& c, const Value& v) {

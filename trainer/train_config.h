@@ -49,6 +49,7 @@ struct DataConfig {
   std::string train;  // resolved path, required
   std::string eval;   // resolved path, "" = no eval set
   DataFormat format = DataFormat::automatic;
+  ChatTemplateKind chat_template = ChatTemplateKind::automatic;  // auto: recognised in tokenizer_config.json
   bool packing = false;
   AddEos add_eos;
 };

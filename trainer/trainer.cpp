@@ -174,7 +174,14 @@ void make_model(Run& run) {
 
 std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const char* what, Dataset* keep) {
   Dataset data = load_jsonl(path, run.config.data.format);
-  TokenizedDataset tokens = tokenize_dataset(data, *run.tokenizer, run.config.seq_len, run.special_tokens.example_eos_id);
+  ChatTemplate chat;
+  if (data.format == DataFormat::chat) {
+    chat = resolve_chat_template(run.config.data.chat_template,
+                                 std::filesystem::path(run.config.tokenizer).parent_path().string());
+    set_chat_prompts(data, chat);
+  }
+  TokenizedDataset tokens =
+      tokenize_dataset(data, *run.tokenizer, run.config.seq_len, run.special_tokens.example_eos_id, &chat);
   std::cout << what << ": " << data.examples.size() << " examples, " << tokens.loss_token_count
             << " loss tokens, " << tokens.truncated_count << " truncated to seq_len " << run.config.seq_len << "\n";
   if (keep) *keep = std::move(data);
