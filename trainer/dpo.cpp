@@ -70,6 +70,20 @@ PairLogps pair_logps(const SequenceLogps& policy, const SequenceLogps& reference
 
 }  // namespace
 
+// A row carries loss when any of its targets is not -100.
+static bool has_loss_tokens(const Batch& batch, int64_t row) {
+  const int64_t T = batch.targets.dim(1);
+  const int32_t* targets = batch.targets.ptr<int32_t>() + row * T;
+  return std::any_of(targets, targets + T, [](int32_t target) { return target != kIgnoreIndex; });
+}
+
+int64_t count_pairs(const Batch& batch) {
+  const int64_t P = batch.targets.dim(0) / 2;
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < P; ++i) pairs += has_loss_tokens(batch, i) && has_loss_tokens(batch, P + i);
+  return pairs;
+}
+
 DpoFigures dpo_micro_batch(CausalLM& model, const Batch& batch, const DpoConfig& config, bool train,
                            double pair_weight) {
   const size_t P = size_t(batch.input_ids.dim(0) / 2);

@@ -44,6 +44,10 @@ struct DpoFigures {
   nlohmann::json means(const std::string& prefix = "") const;
 };
 
+// The pairs of a micro-batch whose rows both carry loss tokens (the rest
+// are an epoch's padding).
+int64_t count_pairs(const Batch& batch);
+
 // One micro-batch of pairs (preference_data.h's layout; a pair whose rows
 // carry no loss token, an epoch's padding, is left out). The reference
 // forward runs first, adapters off and without backward state, then the

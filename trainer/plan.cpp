@@ -9,6 +9,7 @@
 
 #include "kernels/error.h"
 #include "model/causal_lm.h"
+#include "trainer/dpo.h"
 #include "trainer/progress.h"
 #include "trainer/trainer.h"
 
@@ -102,15 +103,21 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   CausalLM& model = *setup.model;
 
   // One micro-batch of train_step: every target counts, so nothing is skipped.
+  // objective: dpo: micro_batch pairs, a chosen and a rejected row each, and
+  // the reference forward (adapters off, transient activations) before the
+  // policy's forward and backward, as dpo_train_step runs them.
+  const bool dpo = config.objective == Objective::dpo;
+  const int64_t rows = dpo ? 2 * micro_batch : micro_batch;
   HostAllocator host;
-  Tensor ids = Tensor::empty({micro_batch, seq_len}, DType::i32, host, MemCategory::activations);
-  Tensor targets = Tensor::empty({micro_batch, seq_len}, DType::i32, host, MemCategory::activations);
+  Tensor ids = Tensor::empty({rows, seq_len}, DType::i32, host, MemCategory::activations);
+  Tensor targets = Tensor::empty({rows, seq_len}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = targets.ptr<int32_t>()[i] = 0;
   watch.phase = "training step";
   backend.reset_cursor();
   model.zero_grads();
   model.set_dropout_seed(config.seed);
-  model.forward_backward(ids, targets, 1.0f);
+  if (dpo) dpo_micro_batch(model, Batch{ids, targets, ids.numel()}, config.dpo, true, 1.0 / double(micro_batch));
+  else model.forward_backward(ids, targets, 1.0f);
   watch.phase = "optimizer step";
   setup.optimizer->step(config.lr);
 
