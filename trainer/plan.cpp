@@ -244,9 +244,12 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
   const bool cuda = options.policy == MemoryPolicy::cuda;
   const ModelConfig model_config =
       ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
-  std::printf("memory plan: %s, %s %lld layers, on %s, micro_batch %lld x seq_len %lld\n", config.source.c_str(),
+  std::printf("memory plan: %s, %s %lld layers, on %s, micro_batch %lld x seq_len %lld%s\n", config.source.c_str(),
               model_config.model_type.c_str(), (long long)model_config.num_hidden_layers, cuda ? "cuda" : "cpu",
-              (long long)config.micro_batch_size, (long long)config.seq_len);
+              (long long)config.micro_batch_size, (long long)config.seq_len,
+              config.objective == Objective::dpo
+                  ? " (DPO: micro_batch counts pairs; the reference forward, adapters off, runs first)"
+                  : "");
   const StepPlan plan = plan_step(config, options, config.micro_batch_size, config.seq_len);
   print_breakdown(plan, options);
   const size_t budget = options.gpu_mem_bytes;
