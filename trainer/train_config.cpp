@@ -402,6 +402,9 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(c.objective != Objective::dpo || (c.data.format == DataFormat::automatic && !c.data.packing), f,
            ": objective: dpo reads {\"prompt\", \"chosen\", \"rejected\"} rows, one pair per row: data.format and "
            "data.packing apply to objective: sft only");
+  FT_CHECK(c.objective != Objective::dpo || c.task_metric == TaskMetric::none, f,
+           ": task_metric: ", enum_name(c.task_metric), " scores completions (objective: sft); objective: dpo reports "
+           "trl's preference figures instead");
   FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode != QuantMode::none, f,
            ": quantization.save_base needs quantization.mode: int8 or nf4 (it saves the quantised base)");
   FT_CHECK(c.task_metric == TaskMetric::none || !c.data.eval.empty(), f, ": task_metric: ", enum_name(c.task_metric),
