@@ -204,6 +204,10 @@ void LanguageModel::set_dropout_seed(uint64_t seed) {
   for (size_t i = 0; i < lora_layers_.size(); ++i) lora_layers_[i]->set_dropout_seed(splitmix64(seed, i));
 }
 
+void LanguageModel::set_adapters_enabled(bool enabled) {
+  for (LoraLinear* layer : lora_layers_) layer->set_enabled(enabled);
+}
+
 void LanguageModel::set_training(bool training) {
   for (LoraLinear* layer : lora_layers_) layer->set_training(training);
 }
@@ -440,6 +444,28 @@ float CausalLM::run_step(const Tensor& input_ids, const Tensor& targets, const f
   return loss;
 }
 
+SequenceLogps CausalLM::sequence_logps(const Tensor& input_ids, const Tensor& targets) {
+  set_training(false);
+  return run_logps_step(input_ids, targets, nullptr);
+}
+
+SequenceLogps CausalLM::sequence_logps_backward(const Tensor& input_ids, const Tensor& targets,
+                                                const LogpsGradient& gradient) {
+  set_training(true);
+  return run_logps_step(input_ids, targets, &gradient);
+}
+
+SequenceLogps CausalLM::run_logps_step(const Tensor& input_ids, const Tensor& targets,
+                                       const LogpsGradient* gradient) {
+  DecoderStep step;
+  forward_decoder(step, input_ids, targets, gradient != nullptr);
+  Tensor dnorm;
+  SequenceLogps logps = lm_head_logps(step.final_norm.out, step.tokens, targets, gradient ? &dnorm : nullptr, gradient);
+  step.final_norm.out = Tensor{};
+  if (gradient && step.tokens.counted > 0) backward_decoder(step, dnorm);
+  return logps;
+}
+
 // Host only: the targets are also counted on the host (upload_ids_and_targets).
 Tensor LanguageModel::upload_tokens(const Tensor& host_tokens) {
   FT_CHECK(host_tokens.dtype == DType::i32 && host_tokens.ndim() == 2 && host_tokens.device == Device::cpu,
@@ -560,20 +586,8 @@ float LanguageModel::lm_head_loss(const Tensor& hidden, const StepTokens& tokens
                      dloss);
     if (!training) last_logits_ = logits;  // eval: one chunk, all N rows
     if (!backward) continue;
-    // logits now hold dlogits (f32, from the f32 loss): the chunk's share of
-    // both gradients, then it is freed. With narrower activations dlogits is
-    // rounded to their dtype first, as autocast's backward does: an f32
-    // dlogits times a bf16 lm_head would make CudaBackend::matmul widen the
-    // whole [V, C] weight to f32 scratch, and the chunk copy is far smaller.
-    Tensor dlogits = logits;
-    if (hidden.dtype != DType::f32) {
-      dlogits = be.empty({rows, V}, hidden.dtype, MemCategory::activations);
-      be.copy(dlogits, logits);
-      logits = Tensor{};
-    }
     Tensor dhidden_rows = dhidden->slice_rows(first, rows);
-    be.matmul(dhidden_rows, dlogits, lm_head.value, false, false, logits_scale_);
-    if (lm_head.trainable()) be.matmul(lm_head.grad, dlogits, hidden_rows, true, false, logits_scale_, 1.0f);
+    lm_head_backward_chunk(logits, hidden_rows, dhidden_rows);
   }
 
   HostAllocator host;
@@ -582,6 +596,84 @@ float LanguageModel::lm_head_loss(const Tensor& hidden, const StepTokens& tokens
   double loss_sum = 0.0;
   for (int64_t n = 0; n < N; ++n) loss_sum += host_losses.ptr<float>()[n];
   return tokens.counted ? float(loss_sum / double(tokens.counted)) : 0.0f;
+}
+
+// logits hold dlogits (f32, from the f32 loss): the chunk's share of both
+// gradients, then it is freed. With narrower activations dlogits is rounded
+// to their dtype first, as autocast's backward does: an f32 dlogits times a
+// bf16 lm_head would make CudaBackend::matmul widen the whole [V, C] weight
+// to f32 scratch, and the chunk copy is far smaller.
+void LanguageModel::lm_head_backward_chunk(Tensor& logits, const Tensor& hidden_rows, Tensor& dhidden_rows) {
+  Backend& be = backend_;
+  Parameter& lm_head = *lm_head_;
+  Tensor dlogits = logits;
+  if (hidden_rows.dtype != DType::f32) {
+    dlogits = be.empty(logits.shape, hidden_rows.dtype, MemCategory::activations);
+    be.copy(dlogits, logits);
+  }
+  logits = Tensor{};
+  be.matmul(dhidden_rows, dlogits, lm_head.value, false, false, logits_scale_);
+  if (lm_head.trainable()) be.matmul(lm_head.grad, dlogits, hidden_rows, true, false, logits_scale_, 1.0f);
+}
+
+// The log-probabilities first (each row's sum of -cross-entropy over its
+// counted tokens), chunk by chunk without a backward; then, with gradient,
+// the per-row weights g[b] = d(loss)/d(logps[b]), and a second pass in which
+// cross_entropy's backward scaled by -g[b] on row b's tokens (d logp / d
+// logits = onehot - softmax) gives dlogits for lm_head_backward_chunk. A
+// single chunk keeps its logits between the passes; with several chunks each
+// chunk's logits are made again (one more LM-head product), so no [N, V]
+// tensor exists when loss_chunk_tokens is set.
+SequenceLogps LanguageModel::lm_head_logps(const Tensor& hidden, const StepTokens& tokens, const Tensor& host_targets,
+                                           Tensor* dhidden, const LogpsGradient* gradient) {
+  Backend& be = backend_;
+  const int64_t N = hidden.rows(), V = config_.vocab_size, T = tokens.seq;
+  const int64_t chunk = options_.loss_chunk_tokens > 0 ? std::min(options_.loss_chunk_tokens, N) : N;
+  auto chunk_logits = [&](int64_t first, int64_t rows) {
+    Tensor logits = be.empty({rows, V}, DType::f32, MemCategory::activations);
+    be.matmul(logits, hidden.slice_rows(first, rows), lm_head_->value, false, true, logits_scale_);
+    return logits;
+  };
+  Tensor losses = be.empty({N}, DType::f32, MemCategory::activations);
+  Tensor kept_logits;  // the single chunk's, for the backward pass
+  for (int64_t first = 0; first < N; first += chunk) {
+    const int64_t rows = std::min(chunk, N - first);
+    Tensor logits = chunk_logits(first, rows);
+    Tensor chunk_losses = losses.slice_rows(first, rows);
+    be.cross_entropy(chunk_losses, nullptr, logits, tokens.targets.slice_rows(first, rows), 0.0f);
+    if (gradient && rows == N) kept_logits = logits;
+  }
+  HostAllocator host;
+  Tensor host_losses = Tensor::empty({N}, DType::f32, host, MemCategory::activations);
+  be.copy(host_losses, losses);
+  SequenceLogps result{std::vector<double>(size_t(tokens.batch), 0.0), std::vector<int64_t>(size_t(tokens.batch), 0)};
+  for (int64_t n = 0; n < N; ++n) {
+    result.logps[size_t(n / T)] -= host_losses.ptr<float>()[n];
+    result.counted_tokens[size_t(n / T)] += host_targets.ptr<int32_t>()[n] != -100;
+  }
+  if (!gradient || tokens.counted == 0) return result;
+
+  const std::vector<double> dlogps = (*gradient)(result);
+  FT_CHECK(dlogps.size() == size_t(tokens.batch), "lm_head_logps: the gradient has ", dlogps.size(),
+           " rows, the batch ", tokens.batch);
+  *dhidden = be.empty(hidden.shape, hidden.dtype, MemCategory::activations);
+  for (int64_t first = 0; first < N; first += chunk) {
+    const int64_t rows = std::min(chunk, N - first);
+    Tensor logits = kept_logits.defined() ? kept_logits : chunk_logits(first, rows);
+    kept_logits = Tensor{};
+    // Row b's part of the chunk, each with its own scale.
+    for (int64_t start = first; start < first + rows;) {
+      const int64_t end = std::min((start / T + 1) * T, first + rows);
+      Tensor row_logits = logits.slice_rows(start - first, end - start);
+      Tensor row_losses = losses.slice_rows(start, end - start);
+      be.cross_entropy(row_losses, &row_logits, row_logits, tokens.targets.slice_rows(start, end - start),
+                       -float(dlogps[size_t(start / T)]));
+      start = end;
+    }
+    Tensor dhidden_rows = dhidden->slice_rows(first, rows);
+    lm_head_backward_chunk(logits, hidden.slice_rows(first, rows), dhidden_rows);
+  }
+  return result;
 }
 
 void LanguageModel::set_trainable(const std::function<bool(const std::string&)>& is_trainable) {

@@ -47,6 +47,15 @@ struct NormParameters {
   float eps = 0.0f;
 };
 
+// Per batch row: the summed log-probability of its counted targets
+// (sum over t of log p(targets[b, t]), -100 skipped), and how many counted.
+struct SequenceLogps {
+  std::vector<double> logps;
+  std::vector<int64_t> counted_tokens;
+};
+// d(loss)/d(logps[b]) for every row, from the rows' log-probabilities.
+using LogpsGradient = std::function<std::vector<double>(const SequenceLogps&)>;
+
 class LanguageModel {
  public:
   virtual ~LanguageModel();
@@ -63,6 +72,9 @@ class LanguageModel {
   void init_adapters(uint64_t seed);
   // Seeds this step's LoRA dropout masks (each adapter gets its own).
   void set_dropout_seed(uint64_t seed);
+  // Every LoRA layer on (the default) or off: off, the model is its base
+  // alone, as under PEFT's disable_adapter().
+  void set_adapters_enabled(bool enabled);
 
   // Gives a gradient buffer (zeroed) to every parameter or adapter whose name
   // satisfies the predicate; the others stay frozen (no buffer at all).
@@ -125,6 +137,13 @@ class LanguageModel {
   // over tokens.targets' counted tokens; with dhidden, the backward too (see
   // causal_lm.cpp).
   float lm_head_loss(const Tensor& hidden, const StepTokens& tokens, Tensor* dhidden, float grad_scale);
+  // Per-row log-probabilities through the LM head, loss_chunk_tokens rows
+  // at a time; with gradient, dhidden [N, C] too (see causal_lm.cpp).
+  SequenceLogps lm_head_logps(const Tensor& hidden, const StepTokens& tokens, const Tensor& host_targets,
+                              Tensor* dhidden, const LogpsGradient* gradient);
+  // From a chunk's dlogits (f32, in logits): dhidden_rows = dlogits lm_head,
+  // and lm_head.grad += dlogits^T hidden_rows when it trains; logits is freed.
+  void lm_head_backward_chunk(Tensor& logits, const Tensor& hidden_rows, Tensor& dhidden_rows);
   // Dropout in the adapters is on while training only.
   void set_training(bool training);
 
@@ -155,6 +174,14 @@ class CausalLM : public LanguageModel {
   // Same loss, then gradients of grad_scale * loss are added to every
   // trainable parameter's grad. Nothing of the step stays allocated.
   float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f);
+  // Each row's summed log-probability of its counted targets (DPO's sequence
+  // log-probs), as an eval forward: nothing kept for a backward.
+  SequenceLogps sequence_logps(const Tensor& input_ids, const Tensor& targets);
+  // The same in training mode, then the gradients of the loss whose
+  // derivative in each row's log-probability gradient() returns are added to
+  // every trainable parameter's grad (a per-row scaled cross-entropy backward).
+  SequenceLogps sequence_logps_backward(const Tensor& input_ids, const Tensor& targets,
+                                        const LogpsGradient& gradient);
 
   // An empty cache (every row at length 0) for batch rows of up to
   // capacity_tokens positions, allocated on the backend.
@@ -222,6 +249,7 @@ class CausalLM : public LanguageModel {
   // The loss, and when grad_scale is given the backward pass too (skipped
   // when no token counts).
   float run_step(const Tensor& input_ids, const Tensor& targets, const float* grad_scale);
+  SequenceLogps run_logps_step(const Tensor& input_ids, const Tensor& targets, const LogpsGradient* gradient);
   StepTokens upload_step_tokens(const Tensor& input_ids, const Tensor& targets);
   void forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets, bool training);
   void backward_decoder(DecoderStep& step, Tensor& dnorm);

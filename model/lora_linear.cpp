@@ -48,6 +48,7 @@ Tensor LoraLinear::adapter_hidden(Backend& backend, const Tensor& x) {
 // h first, so the base can add scaling * h B^T in its own output pass
 // (Int8Linear's epilogue) rather than out being re-read by a second matmul.
 void LoraLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
+  if (!enabled_) return base_->forward(backend, out, x);
   Tensor h = adapter_hidden(backend, x);
   Tensor B = compute_copy(backend, B_, x.dtype);
   base_->forward_with_lora(backend, out, x, h, B, scaling_);
@@ -58,6 +59,7 @@ void LoraLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
 //   dA += g^T xd,              dx += dropout_backward(g A).
 void LoraLinear::backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) {
   base_->backward(backend, dx, dout, x, accumulate_dx);
+  if (!enabled_) return;
   int64_t N = x.rows(), r = A_.value.dim(0);
   Tensor A = compute_copy(backend, A_, x.dtype), B = compute_copy(backend, B_, x.dtype);
   Tensor xd = adapter_input(backend, x);

@@ -26,6 +26,9 @@ class LoraLinear final : public Linear {
   void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
   // Dropout applies only while training (PEFT's nn.Dropout in train mode).
   void set_training(bool training) { training_ = training; }
+  // Disabled, the layer is its base alone (PEFT's disable_adapter()): how DPO
+  // gets its reference model from the same weights.
+  void set_enabled(bool enabled) { enabled_ = enabled; }
   void forward(Backend& backend, Tensor& out, const Tensor& x) override;
   void backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
   Linear& base() { return *base_; }
@@ -43,6 +46,7 @@ class LoraLinear final : public Linear {
   float dropout_;
   uint64_t dropout_seed_ = 0;
   bool training_ = true;
+  bool enabled_ = true;
 };
 
 // PEFT's scaling: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora.

@@ -8,6 +8,12 @@ Writes (all committed):
                                       slots, so no slot combination repeats)
   configs/data/pretrain.jsonl         {"text"} rows: dialogues (half with a recap) plus short
                                       third-person narratives, seed 3
+  configs/data/preference_train.jsonl {"prompt", "chosen", "rejected"} rows for
+  configs/data/preference_eval.jsonl  objective: dpo, from the first train / eval
+                                      examples, seed 4: chosen is the summary,
+                                      rejected the same summary with one fact
+                                      (a name, speaker, number, day, city, ...)
+                                      swapped for another of its kind
   configs/tiny-base/tokenizer.model   SentencePiece BPE trained on pretrain
                                       text with the `spm_train` CLI
 
@@ -40,6 +46,7 @@ PROMPT = "Summarize the following conversation.\n\n{dialogue}\n\nSummary: "
 N_TRAIN, N_EVAL, N_PRETRAIN_DIALOGUES, N_NARRATIVES = 4000, 200, 20000, 6000
 RECAP_FRACTION = 0.5  # pretraining dialogues followed by an "In short:" recap
 SEED_TRAIN, SEED_EVAL, SEED_PRETRAIN = 1, 2, 3
+N_PREFERENCE_TRAIN, N_PREFERENCE_EVAL, SEED_PREFERENCE = 1000, 100, 4
 VOCAB_SIZE = 1024
 SPEAKER_TAGS = ["#Person1#", "#Person2#", "#Person3#", "#Person4#"]
 MIN_TURNS, MAX_TURNS = 4, 10
@@ -988,6 +995,47 @@ def build_pretrain(seed, eval_summaries, eval_dialogues):
     return rows
 
 
+def fact_kinds():
+    """Word lists whose members a corrupted summary swaps for one another."""
+    digits = [str(n) for n in range(1, 100)]
+    return [NAMES, SURNAMES, DAYS, MONTHS, COLORS, NUMBER_WORDS, digits, SPEAKER_TAGS,
+            [city for city in CITIES if " " not in city]]
+
+
+def corrupt(rng, summary):
+    """The summary with one fact swapped for another of its kind: the
+    mistakes the tiny model makes after supervised tuning. None when the
+    summary has no such word."""
+    words = summary.split(" ")
+    spots = []
+    for i, word in enumerate(words):
+        core = word.rstrip(".,'s")
+        for kind in fact_kinds():
+            if core in kind:
+                spots.append((i, core, kind))
+                break
+    if not spots:
+        return None
+    i, core, kind = rng.choice(spots)
+    other = rng.choice([w for w in kind if w != core])
+    words[i] = words[i].replace(core, other, 1)
+    return " ".join(words)
+
+
+def build_preference(seed, sft_rows, n):
+    """n {prompt, chosen, rejected} pairs from the first SFT rows that have a fact to swap."""
+    rng = random.Random(seed)
+    rows = []
+    for row in sft_rows:
+        rejected = corrupt(rng, row["completion"])
+        if rejected is None:
+            continue
+        rows.append({"prompt": row["prompt"], "chosen": row["completion"], "rejected": rejected})
+        if len(rows) == n:
+            break
+    return rows
+
+
 def train_tokenizer(pretrain_rows, out_path):
     """Runs spm_train on the pretraining text, one line per dialogue turn or
     narrative (SentencePiece reads sentences line by line)."""
@@ -1040,7 +1088,11 @@ def main():
 
     outputs = [(os.path.join(args.data_dir, "summarize_train.jsonl"), train),
                (os.path.join(args.data_dir, "summarize_eval.jsonl"), evals),
-               (os.path.join(args.data_dir, "pretrain.jsonl"), pretrain)]
+               (os.path.join(args.data_dir, "pretrain.jsonl"), pretrain),
+               (os.path.join(args.data_dir, "preference_train.jsonl"),
+                build_preference(SEED_PREFERENCE, train, N_PREFERENCE_TRAIN)),
+               (os.path.join(args.data_dir, "preference_eval.jsonl"),
+                build_preference(SEED_PREFERENCE + 1, evals, N_PREFERENCE_EVAL))]
     for path, rows in outputs:
         write_jsonl(path, rows)
     train_tokenizer(pretrain, args.tokenizer)

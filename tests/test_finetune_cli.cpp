@@ -772,3 +772,52 @@ TEST_CASE("chat rows fine-tune end to end; without a template the run names toke
     fs::remove_all(dir + "/out_chat");
   }
 }
+
+TEST_CASE("objective: dpo refuses rows that are not preference pairs, full fine-tuning and a bad beta or loss") {
+  const std::string dir = make_run_dir("dpo_bad");
+  const std::string dpo = "config.yaml --set objective=dpo --set data.packing=false ";
+  struct Case {
+    std::string arguments, expected;
+  };
+  const Case cases[] = {
+      {dpo, "train.jsonl:1: row lacks \"prompt\": expected \"prompt\", \"chosen\" and \"rejected\" strings "
+            "(objective: dpo), got keys \"text\""},
+      {dpo + "--set trainable=all --set quantization.mode=none",
+       "objective: dpo needs trainable: lora: its reference model is the base with the adapters disabled"},
+      {"config.yaml --set objective=dpo", "data.format and data.packing apply to objective: sft only"},
+      {dpo + "--set dpo.beta=0", "dpo.beta: expected a number in (0, 1e6], got \"0\""},
+      {dpo + "--set dpo.loss=hinge", "dpo.loss: expected one of sigmoid, ipo, got \"hinge\""},
+      {dpo + "--set objective=rlhf", "objective: expected one of sft, dpo, got \"rlhf\""},
+      {dpo + "--set task_metric=rouge", "task_metric: rouge scores completions (objective: sft)"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.arguments);
+    CommandResult result = run_command("cd " + dir + " && " + kBinary + " " + c.arguments);
+    CHECK(result.exit_code == 1);
+    CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
+  }
+}
+
+TEST_CASE("configs/dpo-tiny.yaml run briefly raises the preference accuracy on held-out pairs") {
+  const fs::path out = fs::path(FT_BINARY_DIR) / "cli_runs" / "dpo_tiny";
+  fs::remove_all(out);
+  CommandResult result = run_command(kBinary + " " + FT_SOURCE_DIR + "/configs/dpo-tiny.yaml --set max_steps=6" +
+                                     " --set warmup_steps=0 --set eval_batches=2 --set generate.num_samples=0" +
+                                     " --set output_dir=" + out.string());
+  REQUIRE_MESSAGE(result.exit_code == 0, result.output);
+  CHECK(result.output.find("eval rewards/accuracies (held-out pairs) 0.0000 -> ") != std::string::npos);
+  std::map<int64_t, double> accuracy;
+  int64_t train_rows = 0;
+  std::ifstream in(out / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    if (row.contains("eval_rewards/accuracies")) accuracy[row["step"]] = row["eval_rewards/accuracies"];
+    train_rows += row.contains("rewards/margins") && row.contains("logps/rejected");
+  }
+  CHECK(train_rows == 6);
+  REQUIRE(accuracy.size() == 2);
+  MESSAGE("held-out rewards/accuracies ", accuracy[0], " -> ", accuracy[6]);
+  // Before training the policy is the reference: every reward is 0, no pair is ranked.
+  CHECK(accuracy[0] == 0.0);
+  CHECK(accuracy[6] >= 0.5);
+}

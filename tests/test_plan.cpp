@@ -15,6 +15,7 @@
 #include "model/causal_lm.h"
 #include "model/int8_linear.h"
 #include "model/nf4_linear.h"
+#include "trainer/dpo.h"
 #include "trainer/plan.h"
 #include "trainer/trainer.h"
 
@@ -61,8 +62,10 @@ void fill_weights(CausalLM& model, Backend& backend) {
   }
 }
 
-// The tracked peak of one real CPU training step, built as plan_step builds it.
+// The tracked peak of one real CPU training step, built as plan_step builds it
+// (objective: dpo: batch pairs, the reference forward and the policy's step).
 size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq) {
+  const bool dpo = config.objective == Objective::dpo;
   const ModelConfig model_config = ModelConfig::from_json_file(config.model + "/config.json");
   HostAllocator host;
   TrackingAllocator tracker(host), host_state(host);
@@ -70,11 +73,12 @@ size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq) {
   TrainingSetup setup = setup_training(
       config, model_config, backend, [&](CausalLM& model) { fill_weights(model, backend); }, &host_state);
   CausalLM* model = setup.model.get();
-  Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
+  Tensor ids = Tensor::empty({dpo ? 2 * batch : batch, seq}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
   model->zero_grads();
   model->set_dropout_seed(config.seed);
-  float loss = model->forward_backward(ids, ids, 1.0f);
+  const double loss = dpo ? dpo_micro_batch(*model, Batch{ids, ids, ids.numel()}, config.dpo, true, 1.0).loss
+                          : model->forward_backward(ids, ids, 1.0f);
   CHECK(std::isfinite(loss));
   setup.optimizer->step(config.lr);
   return tracker.stats().total_peak_bytes;
@@ -139,6 +143,8 @@ TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to th
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", kNf4AllLinear, 2, 16);
   check_plan_matches_real_step(kFixtures + "/llama_gqa", kNf4OffloadedAdamW, 2, 16);
   check_plan_matches_real_step(kFixtures + "/llama_gqa", kFullFp32 + "offload: {optimizer: host}\n", 2, 16);
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", "objective: dpo\n" + kLlamaLora, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", "objective: dpo\nloss_chunk_tokens: 12\n" + kNeoxLora, 2, 16);
 }
 
 // ~106M parameters each (57M in int8 linears, 49M in the f32 embeddings and

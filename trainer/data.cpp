@@ -18,12 +18,6 @@ bool is_blank(const std::string& line) {
   return std::all_of(line.begin(), line.end(), [](char ch) { return std::isspace((unsigned char)ch); });
 }
 
-std::string key_list(const nlohmann::json& row) {
-  std::string keys;
-  for (const auto& item : row.items()) keys += (keys.empty() ? "\"" : ", \"") + item.key() + "\"";
-  return keys.empty() ? "no keys" : "keys " + keys;
-}
-
 // Which kind of row this is, from the fields it has.
 DataFormat row_format(const nlohmann::json& row, const std::string& where) {
   const bool pair = row.contains("prompt") || row.contains("completion");
@@ -40,13 +34,6 @@ DataFormat row_format(const nlohmann::json& row, const std::string& where) {
   if (chat) return DataFormat::chat;
   if (alpaca) return DataFormat::alpaca;
   return pair ? DataFormat::prompt_completion : DataFormat::text;
-}
-
-std::string string_field(const nlohmann::json& row, const char* key, const std::string& where) {
-  FT_CHECK(row.contains(key), where, ": row lacks \"", key, "\"");
-  const nlohmann::json& value = row[key];
-  FT_CHECK(value.is_string(), where, ": \"", key, "\" must be a string, got ", value.type_name());
-  return value.get<std::string>();
 }
 
 // {"messages": [{"role": ..., "content": ...}, ...]}, roles checked.
@@ -99,6 +86,19 @@ bool read_line(std::istream& input, std::string& line, const std::string& path, 
 }
 
 }  // namespace
+
+std::string key_list(const nlohmann::json& row) {
+  std::string keys;
+  for (const auto& item : row.items()) keys += (keys.empty() ? "\"" : ", \"") + item.key() + "\"";
+  return keys.empty() ? "no keys" : "keys " + keys;
+}
+
+std::string string_field(const nlohmann::json& row, const char* key, const std::string& where) {
+  FT_CHECK(row.contains(key), where, ": row lacks \"", key, "\"");
+  const nlohmann::json& value = row[key];
+  FT_CHECK(value.is_string(), where, ": \"", key, "\" must be a string, got ", value.type_name());
+  return value.get<std::string>();
+}
 
 const char* enum_name(DataFormat format) {
   switch (format) {
@@ -154,36 +154,41 @@ Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat form
   return data;
 }
 
-std::vector<std::string> load_prompts(const std::string& path) {
+void read_jsonl_rows(const std::string& path, const char* file_kind, const std::string& expected,
+                     const std::function<void(const nlohmann::json& row, const std::string& where)>& on_row) {
   std::ifstream input(path);
-  FT_CHECK(input.good(), path, ": cannot open prompts file");
-  std::vector<std::string> prompts;
+  FT_CHECK(input.good(), path, ": cannot open ", file_kind);
   std::string line;
+  int64_t rows = 0;
   for (int64_t line_number = 1; read_line(input, line, path, line_number); line_number++) {
     if (is_blank(line)) continue;
     const std::string where = path + ":" + std::to_string(line_number);
     nlohmann::json row = parse_json(line, where);
-    FT_CHECK(row.is_object(), where, ": expected a JSON object with a \"prompt\" string, got ", row.type_name());
+    FT_CHECK(row.is_object(), where, ": expected a JSON object with ", expected, ", got ", row.type_name());
+    on_row(row, where);
+    rows++;
+  }
+  FT_CHECK(rows > 0, path, ": no rows (expected JSON rows with ", expected, ")");
+}
+
+std::vector<std::string> load_prompts(const std::string& path) {
+  std::vector<std::string> prompts;
+  read_jsonl_rows(path, "prompts file", "a \"prompt\" string", [&](const nlohmann::json& row, const std::string& where) {
     FT_CHECK(row.contains("prompt"), where, ": expected a \"prompt\" string, got ", key_list(row));
     prompts.push_back(string_field(row, "prompt", where));
-  }
-  FT_CHECK(!prompts.empty(), path, ": no prompts (expected JSON rows with a \"prompt\" string)");
+  });
   return prompts;
 }
 
 namespace {
 
-TokenSequence tokenize_pair(const Example& example, const Tokenizer& tokenizer, int32_t eos_id) {
-  TokenSequence seq;
-  auto append = [&](int32_t id, bool loss) {
-    seq.tokens.push_back(id);
-    seq.loss_mask.push_back(loss ? 1 : 0);
-  };
-  if (tokenizer.bos_id() >= 0) append(tokenizer.bos_id(), false);
-  for (int32_t id : tokenizer.encode(example.prompt)) append(id, false);
-  for (int32_t id : tokenizer.encode(example.completion)) append(id, true);
-  if (eos_id >= 0) append(eos_id, true);
-  return seq;
+// Cuts seq to seq_len + 1 tokens (inputs and targets of seq_len positions);
+// true when it was longer.
+bool truncate_to(TokenSequence& seq, int64_t seq_len) {
+  if (int64_t(seq.tokens.size()) <= seq_len + 1) return false;
+  seq.tokens.resize(size_t(seq_len + 1));
+  seq.loss_mask.resize(size_t(seq_len + 1));
+  return true;
 }
 
 // How many tokens of `whole` (the encoding of the full text) start before
@@ -197,6 +202,21 @@ size_t tokens_before(const std::string& text, size_t boundary, const std::vector
 }
 
 }  // namespace
+
+TokenSequence tokenize_example(const Example& example, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
+                               bool& truncated) {
+  TokenSequence seq;
+  auto append = [&](int32_t id, bool loss) {
+    seq.tokens.push_back(id);
+    seq.loss_mask.push_back(loss ? 1 : 0);
+  };
+  if (tokenizer.bos_id() >= 0) append(tokenizer.bos_id(), false);
+  for (int32_t id : tokenizer.encode(example.prompt)) append(id, false);
+  for (int32_t id : tokenizer.encode(example.completion)) append(id, true);
+  if (eos_id >= 0) append(eos_id, true);
+  truncated = truncate_to(seq, seq_len);
+  return seq;
+}
 
 void set_chat_prompts(Dataset& data, const ChatTemplate& chat) {
   for (Example& example : data.examples) {
@@ -231,25 +251,29 @@ TokenSequence tokenize_chat(const std::vector<RenderedPiece>& pieces, const Toke
   return seq;
 }
 
+// loss_mask[0] never counts: the first token has nothing before it.
+int64_t loss_token_count(const TokenSequence& sequence) {
+  if (sequence.loss_mask.empty()) return 0;
+  return std::accumulate(sequence.loss_mask.begin() + 1, sequence.loss_mask.end(), int64_t(0));
+}
+
 TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
                                   const ChatTemplate* chat) {
   FT_CHECK(seq_len > 0, "tokenize_dataset: seq_len must be > 0, got ", seq_len);
   FT_CHECK(data.format != DataFormat::chat || chat, data.path, ": chat rows need a chat template");
   TokenizedDataset out;
   for (const Example& example : data.examples) {
-    TokenSequence seq =
-        data.format == DataFormat::chat
-            ? tokenize_chat(render_chat(*chat, example.messages, data.path + ":" + std::to_string(example.line)),
-                            tokenizer)
-            : tokenize_pair(example, tokenizer, eos_id);
-    if (int64_t(seq.tokens.size()) > seq_len + 1) {
-      seq.tokens.resize(size_t(seq_len + 1));
-      seq.loss_mask.resize(size_t(seq_len + 1));
-      out.truncated_count++;
+    bool truncated = false;
+    TokenSequence seq;
+    if (data.format == DataFormat::chat) {
+      seq = tokenize_chat(render_chat(*chat, example.messages, data.path + ":" + std::to_string(example.line)),
+                          tokenizer);
+      truncated = truncate_to(seq, seq_len);
+    } else {
+      seq = tokenize_example(example, tokenizer, seq_len, eos_id, truncated);
     }
-    // loss_mask[0] never counts: the first token has nothing before it.
-    int64_t loss_tokens =
-        seq.tokens.size() < 2 ? 0 : std::accumulate(seq.loss_mask.begin() + 1, seq.loss_mask.end(), int64_t(0));
+    out.truncated_count += truncated;
+    int64_t loss_tokens = loss_token_count(seq);
     if (loss_tokens == 0) {
       out.dropped_count++;
       continue;

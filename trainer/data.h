@@ -10,7 +10,9 @@
 //   Batch batch = loader.batch_in_order(i);      // evaluation, file order
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <istream>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,16 @@ Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat form
 // eval set serves); the same line and file errors as load_jsonl.
 std::vector<std::string> load_prompts(const std::string& path);
 
+// Calls on_row(row, "path:line") for every JSON object line of path (blank
+// lines skipped), with load_jsonl's line errors; an unreadable file is an
+// error naming file_kind ("data file"), a non-object row or an empty file one
+// saying `expected`. string_field: row[key], which must be a string.
+void read_jsonl_rows(const std::string& path, const char* file_kind, const std::string& expected,
+                     const std::function<void(const nlohmann::json& row, const std::string& where)>& on_row);
+std::string string_field(const nlohmann::json& row, const char* key, const std::string& where);
+// "keys \"a\", \"b\"" (or "no keys"): what a row holds, for messages.
+std::string key_list(const nlohmann::json& row);
+
 // tokens[i] is a token id; loss_mask[i] = 1 when predicting tokens[i] from
 // tokens[0..i) carries loss (completion tokens and eos; never bos or prompt).
 struct TokenSequence {
@@ -74,6 +86,13 @@ struct TokenizedDataset {
   int64_t dropped_count = 0;    // examples left with no loss token after truncation
   int64_t loss_token_count = 0;
 };
+
+// One example as tokenize_dataset makes it (below), cut to seq_len + 1
+// tokens (truncated says whether it was); it may carry no loss token.
+TokenSequence tokenize_example(const Example& example, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
+                               bool& truncated);
+// The tokens that carry loss (loss_mask[0] never does: nothing precedes it).
+int64_t loss_token_count(const TokenSequence& sequence);
 
 // [bos] + encode(prompt) + encode(completion) + [eos_id] (bos where the
 // tokenizer defines one, eos_id unless -1: trainer/special_tokens.h picks it),

@@ -9,6 +9,7 @@
 
 #include "kernels/error.h"
 #include "model/causal_lm.h"
+#include "trainer/dpo.h"
 #include "trainer/progress.h"
 #include "trainer/trainer.h"
 
@@ -102,15 +103,21 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   CausalLM& model = *setup.model;
 
   // One micro-batch of train_step: every target counts, so nothing is skipped.
+  // objective: dpo: micro_batch pairs, a chosen and a rejected row each, and
+  // the reference forward (adapters off, transient activations) before the
+  // policy's forward and backward, as dpo_train_step runs them.
+  const bool dpo = config.objective == Objective::dpo;
+  const int64_t rows = dpo ? 2 * micro_batch : micro_batch;
   HostAllocator host;
-  Tensor ids = Tensor::empty({micro_batch, seq_len}, DType::i32, host, MemCategory::activations);
-  Tensor targets = Tensor::empty({micro_batch, seq_len}, DType::i32, host, MemCategory::activations);
+  Tensor ids = Tensor::empty({rows, seq_len}, DType::i32, host, MemCategory::activations);
+  Tensor targets = Tensor::empty({rows, seq_len}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = targets.ptr<int32_t>()[i] = 0;
   watch.phase = "training step";
   backend.reset_cursor();
   model.zero_grads();
   model.set_dropout_seed(config.seed);
-  model.forward_backward(ids, targets, 1.0f);
+  if (dpo) dpo_micro_batch(model, Batch{ids, targets, ids.numel()}, config.dpo, true, 1.0 / double(micro_batch));
+  else model.forward_backward(ids, targets, 1.0f);
   watch.phase = "optimizer step";
   setup.optimizer->step(config.lr);
 
@@ -237,9 +244,12 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
   const bool cuda = options.policy == MemoryPolicy::cuda;
   const ModelConfig model_config =
       ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
-  std::printf("memory plan: %s, %s %lld layers, on %s, micro_batch %lld x seq_len %lld\n", config.source.c_str(),
+  std::printf("memory plan: %s, %s %lld layers, on %s, micro_batch %lld x seq_len %lld%s\n", config.source.c_str(),
               model_config.model_type.c_str(), (long long)model_config.num_hidden_layers, cuda ? "cuda" : "cpu",
-              (long long)config.micro_batch_size, (long long)config.seq_len);
+              (long long)config.micro_batch_size, (long long)config.seq_len,
+              config.objective == Objective::dpo
+                  ? " (DPO: micro_batch counts pairs; the reference forward, adapters off, runs first)"
+                  : "");
   const StepPlan plan = plan_step(config, options, config.micro_batch_size, config.seq_len);
   print_breakdown(plan, options);
   const size_t budget = options.gpu_mem_bytes;

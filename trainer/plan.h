@@ -1,7 +1,8 @@
 // The memory planner behind `finetune plan`: builds the config's model from
 // config.json alone on the meta device (kernels/meta/), with the same options,
 // trainable set and AdamW as a real run (trainer.h), runs one training step
-// (forward_backward on a dummy batch, then the optimizer step) through the
+// (forward_backward on a dummy batch, or with objective: dpo the reference
+// forward and the policy's step over micro_batch pairs, then the optimizer step) through the
 // same code, and reports what the allocator held at the step's peak. No
 // weights, tokenizer or data are read.
 #pragma once

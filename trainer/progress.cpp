@@ -83,7 +83,13 @@ std::string Progress::format_bar(const StepReport& report, double tokens_per_s, 
                 (long long)report.step, (long long)total_steps_, bar.c_str(), report.loss, report.lr, tokens_per_s,
                 format_duration(elapsed_s).c_str(), format_duration(eta_s).c_str(),
                 format_bytes(report.peak_memory_bytes).c_str());
-  return text;
+  std::string line = text;
+  for (const auto& item : report.figures.items()) {
+    char figure[96];
+    std::snprintf(figure, sizeof figure, " %s %.4g", item.key().c_str(), item.value().get<double>());
+    line += figure;
+  }
+  return line;
 }
 
 void Progress::start() {
@@ -102,6 +108,7 @@ void Progress::on_step(const StepReport& report) {
   nlohmann::json row = {{"step", report.step}, {"loss", report.loss}, {"lr", report.lr}, {"grad_norm", report.grad_norm},
                         {"tokens", report.tokens}, {"step_s", step_s}, {"tokens_per_s", tokens_per_s},
                         {"peak_memory_bytes", report.peak_memory_bytes}};
+  for (const auto& item : report.figures.items()) row[item.key()] = item.value();
   if (report.update_skipped) row["update_skipped"] = true;  // loss or grad_norm is null (NaN or Inf)
   write_metrics(row);
   const bool last = report.step == total_steps_;

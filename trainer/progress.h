@@ -18,6 +18,9 @@ struct StepReport {
   int64_t tokens = 0;  // tokens processed in this step
   size_t peak_memory_bytes = 0;
   bool update_skipped = false;  // the loss or gradient norm was not finite: no optimizer update
+  // The objective's own figures (DPO's rewards/... and logps/...), by name:
+  // written to metrics.jsonl and shown after the bar.
+  nlohmann::json figures = nlohmann::json::object();
 };
 
 class Progress {

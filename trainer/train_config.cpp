@@ -47,6 +47,8 @@ const Named<ActivationCheckpointing> kCheckpointings[] = {{"none", ActivationChe
 const Named<Schedule> kSchedules[] = {
     {"constant", Schedule::constant}, {"linear", Schedule::linear}, {"cosine", Schedule::cosine}};
 const Named<TaskMetric> kTaskMetrics[] = {{"none", TaskMetric::none}, {"rouge", TaskMetric::rouge}};
+const Named<Objective> kObjectives[] = {{"sft", Objective::sft}, {"dpo", Objective::dpo}};
+const Named<DpoLoss> kDpoLosses[] = {{"sigmoid", DpoLoss::sigmoid}, {"ipo", DpoLoss::ipo}};
 const Named<OffloadTarget> kOffloadTargets[] = {{"device", OffloadTarget::device}, {"host", OffloadTarget::host}};
 
 template <class E, size_t N>
@@ -177,6 +179,13 @@ const Field kFields[] = {
     {"tokenizer", [](TrainConfig& c, const Value& v) { c.tokenizer = v.path(); }},
     {"init", [](TrainConfig& c, const Value& v) { c.init = v.choice(kInitModes); }},
     {"trainable", [](TrainConfig& c, const Value& v) { c.trainable = v.choice(kTrainables); }},
+    {"objective", [](TrainConfig& c, const Value& v) { c.objective = v.choice(kObjectives); }},
+    {"dpo.beta",
+     [](TrainConfig& c, const Value& v) {
+       c.dpo.beta = v.number();
+       v.require(c.dpo.beta > 0 && c.dpo.beta <= kMaxScale, "a number in (0, 1e6]");
+     }},
+    {"dpo.loss", [](TrainConfig& c, const Value& v) { c.dpo.loss = v.choice(kDpoLosses); }},
     {"lora.r", [](TrainConfig& c, const Value& v) { c.lora.r = v.integer_in(1, kMaxLoraRank); }},
     {"lora.lora_alpha",
      [](TrainConfig& c, const Value& v) {
@@ -394,6 +403,15 @@ void check_consistency(const TrainConfig& c) {
   checked_mul(checked_mul(c.micro_batch_size, c.seq_len), c.grad_accum_steps);  // tokens per optimizer step
   FT_CHECK(!(c.trainable == Trainable::all && c.quantization.mode != QuantMode::none), f,
            ": trainable: all needs quantization.mode: none (INT8 and NF4 base weights are frozen)");
+  FT_CHECK(!(c.objective == Objective::dpo && c.trainable == Trainable::all), f,
+           ": objective: dpo needs trainable: lora: its reference model is the base with the adapters disabled, "
+           "and full fine-tuning has no adapters to disable");
+  FT_CHECK(c.objective != Objective::dpo || (c.data.format == DataFormat::automatic && !c.data.packing), f,
+           ": objective: dpo reads {\"prompt\", \"chosen\", \"rejected\"} rows, one pair per row: data.format and "
+           "data.packing apply to objective: sft only");
+  FT_CHECK(c.objective != Objective::dpo || c.task_metric == TaskMetric::none, f,
+           ": task_metric: ", enum_name(c.task_metric), " scores completions (objective: sft); objective: dpo reports "
+           "trl's preference figures instead");
   FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode != QuantMode::none, f,
            ": quantization.save_base needs quantization.mode: int8 or nf4 (it saves the quantised base)");
   FT_CHECK(c.task_metric == TaskMetric::none || !c.data.eval.empty(), f, ": task_metric: ", enum_name(c.task_metric),
@@ -439,5 +457,7 @@ const char* enum_name(Schedule value) { return name_in(kSchedules, value); }
 const char* enum_name(ActivationCheckpointing value) { return name_in(kCheckpointings, value); }
 const char* enum_name(TaskMetric value) { return name_in(kTaskMetrics, value); }
 const char* enum_name(OffloadTarget value) { return name_in(kOffloadTargets, value); }
+const char* enum_name(Objective value) { return name_in(kObjectives, value); }
+const char* enum_name(DpoLoss value) { return name_in(kDpoLosses, value); }
 
 }  // namespace ft

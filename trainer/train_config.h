@@ -24,6 +24,14 @@ enum class DeviceChoice { automatic, cpu, cuda };
 enum class Schedule { constant, linear, cosine };
 enum class TaskMetric { none, rouge };
 enum class OffloadTarget { device, host };
+enum class Objective { sft, dpo };
+enum class DpoLoss { sigmoid, ipo };
+
+// objective: dpo (trainer/dpo.h): trl's beta and loss_type.
+struct DpoConfig {
+  double beta = 0.1;
+  DpoLoss loss = DpoLoss::sigmoid;
+};
 
 struct QuantizationConfig {
   QuantMode mode = QuantMode::int8;
@@ -67,6 +75,8 @@ struct TrainConfig {
   std::string model;      // resolved path, required
   std::string tokenizer;  // resolved path; defaults to <model>/tokenizer.model, else <model>/tokenizer.json
   InitMode init = InitMode::pretrained;
+  Objective objective = Objective::sft;
+  DpoConfig dpo;
   Trainable trainable = Trainable::lora;
   LoraOptions lora;  // used when trainable is lora
   QuantizationConfig quantization;
@@ -123,5 +133,7 @@ const char* enum_name(Schedule value);
 const char* enum_name(ActivationCheckpointing value);
 const char* enum_name(TaskMetric value);
 const char* enum_name(OffloadTarget value);
+const char* enum_name(Objective value);
+const char* enum_name(DpoLoss value);
 
 }  // namespace ft

@@ -19,9 +19,11 @@
 #include "model/safetensors.h"
 #include "tokenizer/tokenizer.h"
 #include "trainer/device_backend.h"
+#include "trainer/dpo.h"
 #include "trainer/evaluate.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/optimizer.h"
+#include "trainer/preference_data.h"
 #include "trainer/progress.h"
 #include "trainer/run_identity.h"
 #include "trainer/special_tokens.h"
@@ -96,7 +98,8 @@ struct Run {
   std::unique_ptr<AdamW> optimizer;
   RunIdentity identity;  // what its checkpoints belong to
   std::unique_ptr<DataLoader> train, eval;
-  Dataset eval_examples;
+  std::unique_ptr<PreferenceLoader> train_pairs, eval_pairs;  // objective: dpo, in place of train and eval
+  Dataset eval_examples;  // with objective: dpo, the eval pairs' prompts and chosen completions
   LrSchedule schedule;
   int64_t total_steps = 0;
   explicit Run(const TrainConfig& c) : config(c) {}
@@ -190,11 +193,47 @@ std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const
                                       run.config.seed, run.host);
 }
 
+// objective: dpo: micro_batch_size pairs per micro-batch.
+std::unique_ptr<PreferenceLoader> make_pair_loader(Run& run, const std::string& path, const char* what,
+                                                   Dataset* keep) {
+  const std::vector<PreferencePair> pairs = load_preference_jsonl(path);
+  TokenizedPairs tokens = tokenize_pairs(pairs, path, *run.tokenizer, run.config.seq_len,
+                                         run.special_tokens.example_eos_id);
+  std::cout << what << ": " << tokens.chosen.size() << " preference pairs, " << tokens.truncated_count
+            << " completions truncated to seq_len " << run.config.seq_len << ", " << tokens.dropped_count
+            << " pairs dropped (a completion with no token left)\n";
+  if (keep) {
+    keep->path = path;
+    for (const PreferencePair& pair : pairs) keep->examples.push_back({pair.prompt, pair.chosen});
+  }
+  return std::make_unique<PreferenceLoader>(tokens, run.config.micro_batch_size, run.config.seq_len,
+                                            padding_id(*run.tokenizer), run.config.seed, run.host);
+}
+
+int64_t train_batches_per_epoch(const Run& run) {
+  return run.train_pairs ? run.train_pairs->batches_per_epoch() : run.train->batches_per_epoch();
+}
+
+DataPosition train_position(const Run& run) {
+  return run.train_pairs ? run.train_pairs->position() : run.train->position();
+}
+
+void set_train_position(Run& run, DataPosition position) {
+  if (run.train_pairs) run.train_pairs->set_position(position);
+  else run.train->set_position(position);
+}
+
 void make_data(Run& run) {
   const TrainConfig& config = run.config;
-  run.train = make_loader(run, config.data.train, "train", nullptr);
-  if (!config.data.eval.empty()) run.eval = make_loader(run, config.data.eval, "eval", &run.eval_examples);
-  const int64_t steps_per_epoch = (run.train->batches_per_epoch() + config.grad_accum_steps - 1) / config.grad_accum_steps;
+  const bool dpo = config.objective == Objective::dpo, has_eval = !config.data.eval.empty();
+  if (dpo) {
+    run.train_pairs = make_pair_loader(run, config.data.train, "train", nullptr);
+    if (has_eval) run.eval_pairs = make_pair_loader(run, config.data.eval, "eval", &run.eval_examples);
+  } else {
+    run.train = make_loader(run, config.data.train, "train", nullptr);
+    if (has_eval) run.eval = make_loader(run, config.data.eval, "eval", &run.eval_examples);
+  }
+  const int64_t steps_per_epoch = (train_batches_per_epoch(run) + config.grad_accum_steps - 1) / config.grad_accum_steps;
   run.total_steps = config.max_steps > 0 ? config.max_steps : checked_mul(config.epochs, steps_per_epoch);
   run.schedule = LrSchedule{enum_name(config.schedule), config.lr, config.warmup_steps, run.total_steps,
                             config.min_lr_ratio};
@@ -232,6 +271,38 @@ StepReport train_step(Run& run, int64_t step) {
   // AdamW leaves every weight and moment as it was when the norm is not finite.
   const bool loss_finite = std::isfinite(report.loss);
   report.grad_norm = !counted ? 0.0 : loss_finite ? run.optimizer->step(report.lr) : std::nan("");
+  report.update_skipped = !loss_finite || !std::isfinite(report.grad_norm);
+  report.peak_memory_bytes = run.tracker->stats().total_peak_bytes;
+  return report;
+}
+
+// objective: dpo: one optimizer step over grad_accum_steps micro-batches of
+// pairs, the loss the mean over all their pairs (each pair weighs 1 / pairs),
+// as trl's over one batch. report.figures gets trl's reward and log-prob means.
+StepReport dpo_train_step(Run& run, int64_t step) {
+  std::vector<Batch> batches;
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < run.config.grad_accum_steps; ++i) {
+    batches.push_back(trim_padding(run.train_pairs->next(), run.host));
+    pairs += count_pairs(batches.back());
+  }
+  run.model->zero_grads();
+  StepReport report;
+  report.step = step + 1;
+  DpoFigures figures;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    report.tokens += batches[i].input_ids.numel();
+    if (count_pairs(batches[i]) == 0) continue;
+    const int64_t micro_batch = checked_mul(step, run.config.grad_accum_steps) + int64_t(i);
+    run.model->set_dropout_seed(splitmix64(run.config.seed, uint64_t(micro_batch)));
+    figures.add(dpo_micro_batch(*run.model, batches[i], run.config.dpo, true, 1.0 / double(pairs)));
+  }
+  report.figures = figures.means();
+  report.loss = report.figures["loss"].get<double>();
+  report.figures.erase("loss");
+  report.lr = run.schedule.lr_at(step);
+  const bool loss_finite = std::isfinite(report.loss);
+  report.grad_norm = !pairs ? 0.0 : loss_finite ? run.optimizer->step(report.lr) : std::nan("");
   report.update_skipped = !loss_finite || !std::isfinite(report.grad_norm);
   report.peak_memory_bytes = run.tracker->stats().total_peak_bytes;
   return report;
@@ -286,16 +357,35 @@ void check_finite_before_save(Run& run, const std::string& path) {
 
 void save_state(Run& run, const std::string& path, int64_t step) {
   check_finite_before_save(run, path);
-  save_train_state(path, *run.optimizer, {step, run.train->position(), {}}, run.identity);
+  save_train_state(path, *run.optimizer, {step, train_position(run), {}}, run.identity);
 }
 
 struct EvalFigures {
   EvalLoss loss;
   bool has_rouge = false;
   RougeScores rouge;
+  double preference_accuracy = 0.0;  // objective: dpo: rewards/accuracies
 };
 
+// objective: dpo: trl's figures over the eval pairs, as eval_loss and
+// eval_rewards/... (trl's eval names).
+EvalFigures evaluate_pairs(Run& run, int64_t step, Progress& progress, const char* label) {
+  EvalFigures figures;
+  const DpoFigures dpo = evaluate_dpo(*run.model, *run.eval_pairs, run.config.dpo, run.config.eval_batches);
+  const nlohmann::json means = dpo.means();
+  figures.loss.loss = means["loss"].get<double>();
+  figures.preference_accuracy = means["rewards/accuracies"].get<double>();
+  progress.on_eval(step, dpo.means("eval_"));
+  std::ostringstream line;
+  line.precision(4);
+  line << std::fixed << "eval (" << label << ", step " << step << ", " << dpo.pairs << " pairs):";
+  for (const auto& item : means.items()) line << " " << item.key() << " " << item.value().get<double>();
+  progress.message(line.str());
+  return figures;
+}
+
 EvalFigures evaluate(Run& run, int64_t step, Progress& progress, const char* label) {
+  if (run.eval_pairs) return evaluate_pairs(run, step, progress, label);
   EvalFigures figures;
   if (!run.eval) return figures;
   figures.loss = evaluate_loss(*run.model, *run.eval, run.config.eval_batches);
@@ -448,7 +538,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     resumed = load_train_state(state_path, *run.optimizer, run.identity, options.allow_data_change);
     for (const std::string& change : resumed.data_changes)
       std::cout << "warning: resuming with changed data (--allow-data-change): " << change << "\n";
-    run.train->set_position(resumed.data_position);
+    set_train_position(run, resumed.data_position);
     truncate_metrics(metrics_path, resumed.step);
     std::cout << "resumed at step " << resumed.step << " from " << state_path << "\n";
   } else {
@@ -463,7 +553,10 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     std::cout << ", optimizer state on the host " << format_bytes(run.host_state.stats().current(MemCategory::optimizer));
   std::cout << "\n";
   std::cout << "training " << run.total_steps << " steps of " << config.micro_batch_size << " x "
-            << config.grad_accum_steps << " sequences of up to " << config.seq_len << " tokens\n";
+            << config.grad_accum_steps
+            << (config.objective == Objective::dpo ? " preference pairs (a chosen and a rejected sequence each)"
+                                                   : " sequences")
+            << " of up to " << config.seq_len << " tokens\n";
 
   Progress progress(metrics_path, run.total_steps, resumed.step, config.log_every);
   EvalFigures before;
@@ -471,7 +564,8 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   progress.start();
   int64_t bad_in_a_row = 0;
   for (int64_t step = resumed.step; step < run.total_steps; ++step) {
-    const StepReport report = train_step(run, step);
+    const StepReport report =
+        config.objective == Objective::dpo ? dpo_train_step(run, step) : train_step(run, step);
     progress.on_step(report);
     bad_in_a_row = report.update_skipped ? on_bad_step(run, report, bad_in_a_row, progress) : 0;
     const bool last = step + 1 == run.total_steps;
@@ -488,7 +582,10 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   progress.finish();
   save_state(run, state_path, run.total_steps);
   EvalFigures after = evaluate(run, run.total_steps, progress, "after training");
-  if (run.eval && !options.resume) {
+  if (run.eval_pairs && !options.resume)
+    std::cout << "eval rewards/accuracies (held-out pairs) "
+              << describe_change(before.preference_accuracy, after.preference_accuracy) << "\n";
+  if ((run.eval || run.eval_pairs) && !options.resume) {
     std::cout << "eval loss " << describe_change(before.loss.loss, after.loss.loss) << "\n";
     if (after.has_rouge)
       std::cout << "rouge1 " << describe_change(before.rouge.rouge1, after.rouge.rouge1) << ", rouge2 "

@@ -1,0 +1,127 @@
+// DPO against trl's loss (tests/fixtures/dpo, scripts/make_dpo_fixture.py:
+// trl 1.16.0's DPOTrainer loss re-implemented in torch over PEFT's model,
+// the reference taken under disable_adapter()): the llama_gqa base with the
+// llama_lora adapter gives the fixture's loss, trl's reward and log-prob
+// figures and every LoRA gradient, for the sigmoid and the IPO loss, with the
+// LM head unchunked and chunked across rows; the adapters are on again
+// afterwards; preference rows that are not {prompt, chosen, rejected} are
+// refused naming the line and the field.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/error.h"
+#include "model/llama.h"
+#include "model/peft_adapter.h"
+#include "model/safetensors.h"
+#include "tests/parity.h"
+#include "trainer/dpo.h"
+#include "trainer/preference_data.h"
+
+using namespace ft;
+using ft::parity::relative_error;
+using ft::parity::shifted_targets;
+
+namespace {
+
+const std::string kFixtures = FT_FIXTURES_DIR;
+const std::string kAdapterFolder = kFixtures + "/llama_lora/adapter";
+
+// As test_peft: f32 against f32 PyTorch, whose own f32 vs f64 gap is ~1e-6
+// on these gradients (the fixture script prints it).
+constexpr double kTolerance = 1e-4;
+
+std::unique_ptr<LlamaModel> make_policy(Backend& backend, int64_t loss_chunk_tokens) {
+  ModelOptions options;
+  options.weight_dtype = DType::f32;
+  options.int8_base = false;
+  options.loss_chunk_tokens = loss_chunk_tokens;
+  options.lora = read_peft_adapter_config(kAdapterFolder).lora;
+  auto model = std::make_unique<LlamaModel>(ModelConfig::from_json_file(kFixtures + "/llama_gqa/config.json"),
+                                            backend, options);
+  model->load(Checkpoint(kFixtures + "/llama_gqa"));
+  load_peft_adapter(kAdapterFolder, *model);
+  model->set_trainable([](const std::string& name) { return name.find("lora_") != std::string::npos; });
+  return model;
+}
+
+float scalar(const Checkpoint& reference, const std::string& name) { return reference.view(name).ptr<float>()[0]; }
+
+void check_against_trl(int64_t loss_chunk_tokens, DpoLoss loss_type, const char* prefix) {
+  Checkpoint reference(kFixtures + "/dpo/reference.safetensors");
+  HostAllocator host;
+  CpuBackend backend(host);
+  std::unique_ptr<LlamaModel> model = make_policy(backend, loss_chunk_tokens);
+  Batch batch{reference.view("input_ids"), shifted_targets(reference.view("labels"), host), 0};
+  const int64_t pairs = batch.input_ids.dim(0) / 2;
+  DpoConfig config{scalar(reference, std::string(prefix) + ".beta"), loss_type};
+
+  const float logits_before = model->forward(batch.input_ids, batch.targets);
+  DpoFigures figures = dpo_micro_batch(*model, batch, config, true, 1.0 / double(pairs));
+  CHECK(figures.pairs == pairs);
+  const nlohmann::json means = figures.means();
+  for (const char* name : {"loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+                           "logps/chosen", "logps/rejected"}) {
+    CAPTURE(name);
+    const double want = scalar(reference, std::string(prefix) + "." + name), got = means[name].get<double>();
+    MESSAGE(std::string(prefix), " ", std::string(name), ": ours ", got, ", trl's ", want);
+    CHECK(std::abs(got - want) <= kTolerance * std::max(std::abs(want), 1.0));
+  }
+  for (Parameter& adapter : model->adapters()) {
+    CAPTURE(adapter.name);
+    const double error =
+        relative_error(adapter.grad, reference.view(std::string(prefix) + ".grad.base_model.model." + adapter.name));
+    MESSAGE(std::string(prefix), " gradient relative error ", error, " ", adapter.name);
+    CHECK(error <= kTolerance);
+  }
+  // The reference forward turned the adapters off only while it ran.
+  CHECK(model->forward(batch.input_ids, batch.targets) == logits_before);
+}
+
+std::string preference_error(const std::string& name, const std::string& content) {
+  const std::filesystem::path dir = std::filesystem::path(FT_BINARY_DIR) / "test_dpo_tmp";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / name).string();
+  std::ofstream(path) << content;
+  try {
+    load_preference_jsonl(path);
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    return message.starts_with(path) ? name + message.substr(path.size()) : message;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("DPO sigmoid loss, trl's figures and LoRA gradients match trl's loss over PEFT") {
+  check_against_trl(0, DpoLoss::sigmoid, "sigmoid");
+}
+
+TEST_CASE("DPO IPO loss (length-averaged log-ratios) matches trl's") { check_against_trl(0, DpoLoss::ipo, "ipo"); }
+
+TEST_CASE("DPO with the LM head in chunks that cut across rows gives the same loss and gradients") {
+  check_against_trl(5, DpoLoss::sigmoid, "sigmoid");
+  check_against_trl(7, DpoLoss::ipo, "ipo");
+}
+
+TEST_CASE("preference rows must be {prompt, chosen, rejected} strings") {
+  const std::string good = R"({"prompt": "a", "chosen": "b", "rejected": "c"})";
+  CHECK(preference_error("ok.jsonl", good + "\n\n" + good + "\n") == "");
+  CHECK(preference_error("sft.jsonl", good + "\n" + R"({"prompt": "a", "completion": "b"})" + "\n") ==
+        "sft.jsonl:2: row lacks \"chosen\": expected \"prompt\", \"chosen\" and \"rejected\" strings (objective: dpo), "
+        "got keys \"completion\", \"prompt\"");
+  CHECK(preference_error("number.jsonl", R"({"prompt": "a", "chosen": "b", "rejected": 3})") ==
+        "number.jsonl:1: \"rejected\" must be a string, got number");
+  CHECK(preference_error("list.jsonl", "[1]") ==
+        "list.jsonl:1: expected a JSON object with \"prompt\", \"chosen\" and \"rejected\" strings (objective: dpo), "
+        "got array");
+  CHECK(preference_error("empty.jsonl", "\n") ==
+        "empty.jsonl: no rows (expected JSON rows with \"prompt\", \"chosen\" and \"rejected\" strings (objective: "
+        "dpo))");
+  std::filesystem::remove_all(std::filesystem::path(FT_BINARY_DIR) / "test_dpo_tmp");
+}

@@ -1,0 +1,127 @@
+#include "trainer/dpo.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/error.h"
+#include "trainer/evaluate.h"
+
+namespace ft {
+
+// -log sigmoid(z) = log(1 + exp(-z)), without overflow for either sign.
+static double softplus_of_minus(double z) { return z >= 0 ? std::log1p(std::exp(-z)) : -z + std::log1p(std::exp(z)); }
+
+PairLoss dpo_pair_loss(const DpoConfig& config, const PairLogps& logps) {
+  const double chosen = logps.policy_chosen - logps.reference_chosen;
+  const double rejected = logps.policy_rejected - logps.reference_rejected;
+  const double beta = config.beta;
+  PairLoss out;
+  if (config.loss == DpoLoss::sigmoid) {
+    const double z = beta * (chosen - rejected);
+    out.loss = softplus_of_minus(z);
+    const double dz = -beta / (1.0 + std::exp(z));  // d(-log sigmoid(z))/dz = -sigmoid(-z), times dz/dh = beta
+    out.dchosen = dz;
+    out.drejected = -dz;
+    return out;
+  }
+  const double n_chosen = double(std::max<int64_t>(logps.chosen_tokens, 1));
+  const double n_rejected = double(std::max<int64_t>(logps.rejected_tokens, 1));
+  const double gap = chosen / n_chosen - rejected / n_rejected - 1.0 / (2.0 * beta);
+  out.loss = gap * gap;
+  out.dchosen = 2.0 * gap / n_chosen;
+  out.drejected = -2.0 * gap / n_rejected;
+  return out;
+}
+
+void DpoFigures::add(const DpoFigures& other) {
+  pairs += other.pairs;
+  loss += other.loss;
+  rewards_chosen += other.rewards_chosen;
+  rewards_rejected += other.rewards_rejected;
+  accuracies += other.accuracies;
+  logps_chosen += other.logps_chosen;
+  logps_rejected += other.logps_rejected;
+}
+
+nlohmann::json DpoFigures::means(const std::string& prefix) const {
+  const double n = double(std::max<int64_t>(pairs, 1));
+  return {{prefix + "loss", loss / n},
+          {prefix + "rewards/chosen", rewards_chosen / n},
+          {prefix + "rewards/rejected", rewards_rejected / n},
+          {prefix + "rewards/margins", (rewards_chosen - rewards_rejected) / n},
+          {prefix + "rewards/accuracies", accuracies / n},
+          {prefix + "logps/chosen", logps_chosen / n},
+          {prefix + "logps/rejected", logps_rejected / n}};
+}
+
+namespace {
+
+// Turns the adapters off for the reference forward and on again, also when it throws.
+struct AdaptersOff {
+  LanguageModel& model;
+  explicit AdaptersOff(LanguageModel& m) : model(m) { model.set_adapters_enabled(false); }
+  ~AdaptersOff() { model.set_adapters_enabled(true); }
+};
+
+PairLogps pair_logps(const SequenceLogps& policy, const SequenceLogps& reference, size_t chosen, size_t rejected) {
+  return {policy.logps[chosen],           policy.logps[rejected], reference.logps[chosen], reference.logps[rejected],
+          policy.counted_tokens[chosen], policy.counted_tokens[rejected]};
+}
+
+}  // namespace
+
+// A row carries loss when any of its targets is not -100.
+static bool has_loss_tokens(const Batch& batch, int64_t row) {
+  const int64_t T = batch.targets.dim(1);
+  const int32_t* targets = batch.targets.ptr<int32_t>() + row * T;
+  return std::any_of(targets, targets + T, [](int32_t target) { return target != kIgnoreIndex; });
+}
+
+int64_t count_pairs(const Batch& batch) {
+  const int64_t P = batch.targets.dim(0) / 2;
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < P; ++i) pairs += has_loss_tokens(batch, i) && has_loss_tokens(batch, P + i);
+  return pairs;
+}
+
+DpoFigures dpo_micro_batch(CausalLM& model, const Batch& batch, const DpoConfig& config, bool train,
+                           double pair_weight) {
+  const size_t P = size_t(batch.input_ids.dim(0) / 2);
+  SequenceLogps reference;
+  {
+    AdaptersOff off(model);
+    reference = model.sequence_logps(batch.input_ids, batch.targets);
+  }
+  DpoFigures figures;
+  // The figures and the gradient from the policy's log-probabilities; called
+  // once, by the policy's step, between its forward and its backward.
+  auto score = [&](const SequenceLogps& policy) {
+    std::vector<double> dlogps(2 * P, 0.0);
+    for (size_t i = 0; i < P; ++i) {
+      if (policy.counted_tokens[i] == 0 || policy.counted_tokens[P + i] == 0) continue;  // padding
+      const PairLogps logps = pair_logps(policy, reference, i, P + i);
+      const PairLoss loss = dpo_pair_loss(config, logps);
+      const double reward_chosen = config.beta * (logps.policy_chosen - logps.reference_chosen);
+      const double reward_rejected = config.beta * (logps.policy_rejected - logps.reference_rejected);
+      figures.add({1, loss.loss, reward_chosen, reward_rejected, reward_chosen > reward_rejected ? 1.0 : 0.0,
+                   logps.policy_chosen, logps.policy_rejected});
+      dlogps[i] = pair_weight * loss.dchosen;
+      dlogps[P + i] = pair_weight * loss.drejected;
+    }
+    return dlogps;
+  };
+  if (train) model.sequence_logps_backward(batch.input_ids, batch.targets, score);
+  else score(model.sequence_logps(batch.input_ids, batch.targets));
+  return figures;
+}
+
+DpoFigures evaluate_dpo(CausalLM& model, const PreferenceLoader& eval, const DpoConfig& config, int64_t max_batches) {
+  HostAllocator host;
+  const int64_t batches = max_batches > 0 ? std::min(max_batches, eval.batches_per_epoch()) : eval.batches_per_epoch();
+  DpoFigures figures;
+  for (int64_t i = 0; i < batches; ++i)
+    figures.add(dpo_micro_batch(model, trim_padding(eval.batch_in_order(i), host), config, false, 0.0));
+  return figures;
+}
+
+}  // namespace ft
