@@ -5,6 +5,9 @@
 // Every user-caused problem is an ft::Error: printed, exit status 1. SIGINT or
 // SIGTERM during training saves a checkpoint at the next step boundary and
 // exits with 128 + the signal (130, 143); --resume continues from it.
+// `mpirun -np N finetune CONFIG.yaml` trains data parallel on N ranks
+// (trainer/data_parallel.h); an error on any rank is printed with the rank
+// named and ends the whole job (MPI_Abort).
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -12,6 +15,8 @@
 #include <vector>
 
 #include "kernels/error.h"
+#include "trainer/collectives.h"
+#include "trainer/device_backend.h"
 #include "trainer/generate_command.h"
 #include "trainer/merge.h"
 #include "trainer/plan.h"
@@ -68,7 +73,8 @@ int run_plan(int argc, char** argv) {
   return 0;
 }
 
-int run(int argc, char** argv) {
+// world: set for training, so that an error names the rank and ends the job.
+int run(int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
   if (argc > 1 && std::string(argv[1]) == "plan") return run_plan(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "generate") return ft::run_generate(ft::parse_generate_args(argc, argv, 2));
   if (argc > 1 && std::string(argv[1]) == "merge") {
@@ -100,19 +106,28 @@ int run(int argc, char** argv) {
   }
   FT_CHECK(!config_path.empty(), "no config file given\n", kUsage);
   FT_CHECK(options.resume || !options.allow_data_change, "--allow-data-change applies to --resume only\n", kUsage);
+  world = ft::join_world(&argc, &argv);
+  if (world->world_size() > 1) ft::bind_local_device(world->local_rank());
+  options.collectives = world.get();
   return ft::run_training(ft::load_train_config(config_path, overrides), options);
 }
 
 }  // namespace
 
+// With several ranks the error names its rank and ends every rank: the
+// others would otherwise wait for it in the next collective.
+int report_error(const std::exception& error, ft::Collectives* world) {
+  const std::string rank = world ? ft::rank_label(*world) : "";
+  std::cerr << "error" << (rank.empty() ? "" : " (" + rank + ")") << ": " << error.what() << "\n" << std::flush;
+  if (!rank.empty()) world->abort(1);
+  return 1;
+}
+
 int main(int argc, char** argv) {
+  std::unique_ptr<ft::Collectives> world;
   try {
-    return run(argc, argv);
-  } catch (const ft::Error& error) {
-    std::cerr << "error: " << error.what() << "\n";
-    return 1;
-  } catch (const std::exception& error) {
-    std::cerr << "error: " << error.what() << "\n";
-    return 1;
+    return run(argc, argv, world);
+  } catch (const std::exception& error) {  // ft::Error included
+    return report_error(error, world.get());
   }
 }
