@@ -744,7 +744,7 @@ TEST_CASE("generate streams text from a trained adapter; the merged checkpoint a
 // Data parallel: `mpirun -np 2` on the shipped tiny model (configs/default.yaml
 // shortened), on the CPU, one OpenMP thread per rank and in the single
 // process compared with. ctest runs these cases as
-// test_finetune_cli_data_parallel; a build without MPI (no mpirun found at
+// test_finetune_cli_data_parallel and ..._kill; a build without MPI (no mpirun found at
 // configure time) exits 77 there, which ctest reports as skipped.
 
 namespace {
@@ -862,9 +862,24 @@ TEST_CASE("data parallel: mpirun -np 2 trains as one process with twice the grad
   CHECK(refused.output.find("parallel.data 4 x parallel.pipeline 1 must equal the job's 2 ranks") !=
         std::string::npos);
 
-  const Ran one = run_ranks(0, short_default_run(dir + "/one", 4, 4), dir, "one.txt");
+  // One epoch of the first 32 training examples: 16 micro-batches, 4 steps of
+  // 4 micro-batches (one process x 4, or 2 ranks x 2). Over the f32 base: over
+  // INT8 the activations are rounded to int8 codes, which now and then turns an
+  // f32 rounding difference into a whole quantisation step (measured: losses
+  // 1.7e-4 apart after 4 steps), so no tight bound holds there.
+  std::ifstream source(std::string(FT_SOURCE_DIR) + "/configs/data/summarize_train.jsonl");
+  std::ofstream train(dir + "/train32.jsonl");
+  std::string line;
+  for (int i = 0; i < 32 && std::getline(source, line); ++i) train << line << "\n";
+  train.close();
+  const std::vector<std::string> one_epoch = {"--set", "data.train=" + dir + "/train32.jsonl", "--set", "max_steps=0",
+                                              "--set", "epochs=1", "--set", "quantization.mode=none"};
+  std::vector<std::string> one_args = short_default_run(dir + "/one", 4, 4), two_args = short_default_run(dir + "/two", 2, 4);
+  one_args.insert(one_args.end(), one_epoch.begin(), one_epoch.end());
+  two_args.insert(two_args.end(), one_epoch.begin(), one_epoch.end());
+  const Ran one = run_ranks(0, one_args, dir, "one.txt");
   REQUIRE_MESSAGE(one.exit_code == 0, one.output);
-  const Ran two = run_ranks(2, short_default_run(dir + "/two", 2, 4), dir, "two.txt");
+  const Ran two = run_ranks(2, two_args, dir, "two.txt");
   REQUIRE_MESSAGE(two.exit_code == 0, two.output);
   CHECK(two.output.find("training 4 steps of 2 x 2 x 2 ranks (data parallel)") != std::string::npos);
 
@@ -905,11 +920,11 @@ TEST_CASE("data parallel: kill -9 of one rank ends the job; --resume on 2 ranks 
   const std::string dir = (fs::path(FT_BINARY_DIR) / "cli_runs" / "data_parallel_kill").string();
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const Ran full = run_ranks(2, short_default_run(dir + "/full", 2, 6), dir, "full.txt");
+  const Ran full = run_ranks(2, short_default_run(dir + "/full", 2, 4), dir, "full.txt");
   REQUIRE_MESSAGE(full.exit_code == 0, full.output);
 
-  // The first checkpoint (step 2 of 6) appears: kill one rank at once.
-  const std::vector<std::string> args = short_default_run(dir + "/out", 2, 6);
+  // The first checkpoint (step 2 of 4) appears: kill one rank at once.
+  const std::vector<std::string> args = short_default_run(dir + "/out", 2, 4);
   const pid_t job = start_program(kMpirun, dir, with_mpirun(2, args), dir + "/killed.txt");
   int status = 0;
   while (!fs::exists(dir + "/out/train_state.safetensors")) {
@@ -926,7 +941,7 @@ TEST_CASE("data parallel: kill -9 of one rank ends the job; --resume on 2 ranks 
   INFO(read_file(dir + "/killed.txt"));
   CHECK(killed_code != 0);
   CHECK(job_end_s < 30.0);  // the other rank did not wait for ever in the next all-reduce
-  CHECK(train_losses(dir + "/out/metrics.jsonl").size() < 6);
+  CHECK(train_losses(dir + "/out/metrics.jsonl").size() < 4);
   MESSAGE("the job ended ", job_end_s, " s after one rank was killed (exit ", killed_code, ")");
 
   std::vector<std::string> resume = args;

@@ -191,7 +191,9 @@ void make_data(Run& run) {
   const TrainConfig& config = run.config;
   run.train = make_loader(run, config.data.train, "train", nullptr);
   if (!config.data.eval.empty()) run.eval = make_loader(run, config.data.eval, "eval", &run.eval_examples);
-  const int64_t steps_per_epoch = (run.train->batches_per_epoch() + config.grad_accum_steps - 1) / config.grad_accum_steps;
+  // A step takes grad_accum_steps micro-batches on each data-parallel rank.
+  const int64_t per_step = checked_mul(config.grad_accum_steps, int64_t(run.collectives.world_size()));
+  const int64_t steps_per_epoch = (run.train->batches_per_epoch() + per_step - 1) / per_step;
   run.total_steps = config.max_steps > 0 ? config.max_steps : checked_mul(config.epochs, steps_per_epoch);
   run.schedule = LrSchedule{enum_name(config.schedule), config.lr, config.warmup_steps, run.total_steps,
                             config.min_lr_ratio};
