@@ -47,6 +47,12 @@ std::unique_ptr<Collectives> join_world(int* argc, char*** argv) {
   return single_process_collectives();
 }
 
+int launcher_local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  return -1;
+}
+
 std::unique_ptr<Collectives> single_process_collectives() { return std::make_unique<SingleProcess>(); }
 
 std::string rank_label(const Collectives& collectives) {

@@ -40,6 +40,10 @@ class Collectives {
 // without MPI is an error: every rank would train the whole job alone.
 std::unique_ptr<Collectives> join_world(int* argc, char*** argv);
 
+// The local rank a launcher puts in the environment (Open MPI's mpirun,
+// MPICH's hydra, Slurm's srun), readable before MPI starts; -1 when none does.
+int launcher_local_rank();
+
 // A world of one: what join_world gives a plain `./finetune`.
 std::unique_ptr<Collectives> single_process_collectives();
 

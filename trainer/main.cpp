@@ -118,8 +118,11 @@ int run(int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
   }
   FT_CHECK(!config_path.empty(), "no config file given\n", kUsage);
   FT_CHECK(options.resume || !options.allow_data_change, "--allow-data-change applies to --resume only\n", kUsage);
+  // Before MPI_Init where the launcher says: a CUDA-aware MPI may start CUDA there.
+  const int launcher_local_rank = ft::launcher_local_rank();
+  if (launcher_local_rank >= 0) ft::bind_local_device(launcher_local_rank);
   world = ft::join_world(&argc, &argv);
-  if (world->world_size() > 1) ft::bind_local_device(world->local_rank());
+  if (launcher_local_rank < 0 && world->world_size() > 1) ft::bind_local_device(world->local_rank());
   options.collectives = world.get();
   return ft::run_training(ft::load_train_config(config_path, overrides), options);
 }
