@@ -211,6 +211,18 @@ TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA at seq 2048, micro_batch 1 (CUDA polic
   CHECK(plan.at_peak.current(MemCategory::adapters) == size_t(17301504) * 4);
 }
 
+// The README's data-parallel line: the same 20B run on 8 GPUs. Each rank's
+// peak is the single-GPU plan; the 17,301,504 f32 adapter gradients are
+// all-reduced each optimizer step, and a ring sends 2 x 7/8 of them per rank.
+TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA data parallel on 8 GPUs all-reduces the adapter gradients only") {
+  const TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/gpt-neox-20b-int8-lora.yaml");
+  const StepPlan plan = plan_step(config, PlanOptions{}, config.micro_batch_size, config.seq_len);
+  const AllReducePlan all_reduce = plan_all_reduce(plan, 8);
+  CHECK(all_reduce.gradient_bytes == size_t(17301504) * 4);  // 69,206,016: 66.0 MiB
+  CHECK(all_reduce.ring_sent_per_rank_bytes == size_t(17301504) * 4 * 14 / 8);  // 121,110,528: 115.5 MiB
+  CHECK(plan_all_reduce(plan, 1).ring_sent_per_rank_bytes == 0);
+}
+
 // offload.optimizer: host: the device keeps bf16 adapters (2 B) and f32
 // gradients (4 B); m, v and the f32 masters (12 B) are in host memory.
 static void check_offloaded_adapter_state(const StepPlan& plan, size_t adapters) {
@@ -306,6 +318,23 @@ TEST_CASE("plan: a bare config.json plans as a bf16 LoRA run at seq 2048") {
 // The shipped tiny model's folder on a 1 GiB card: every mode fits its
 // micro_batch 1 x seq_len 512 (its max_position_embeddings), so the best is
 // the unquantised base; the table and the best mode reach the user.
+TEST_CASE("plan: --ranks prints the all-reduce of data-parallel ranks; a bad count is refused") {
+  const std::string model = std::string(FT_SOURCE_DIR) + "/configs/tiny-base";
+  const TrainConfig config = plan_config_for_model(model, {});
+  const AllReducePlan all_reduce =
+      plan_all_reduce(plan_step(config, PlanOptions{}, config.micro_batch_size, config.seq_len), 4);
+  const PlanRun run = run_plan(model + " --gpu-mem 1GiB --ranks 4");
+  CHECK(run.exit_status == 0);
+  CHECK(run.output.find("data parallel on 4 ranks: each rank's peak as above; per optimizer step") != std::string::npos);
+  const std::string gradient_bytes = std::to_string(all_reduce.gradient_bytes);
+  const std::string ring_bytes = std::to_string(all_reduce.gradient_bytes * 6 / 4);  // 2 x 3/4
+  CHECK(run.output.find(gradient_bytes + " bytes), a ring sends") != std::string::npos);
+  CHECK(run.output.find(ring_bytes + " bytes)") != std::string::npos);
+  const PlanRun bad = run_plan(model + " --ranks 0");
+  CHECK(bad.exit_status == 1);
+  CHECK(bad.output.find("--ranks must be an integer in [1, 1048576], got \"0\"") != std::string::npos);
+}
+
 TEST_CASE("plan: finetune plan MODEL_FOLDER --gpu-mem prints the mode table and the best mode") {
   const PlanRun run = run_plan(std::string(FT_SOURCE_DIR) + "/configs/tiny-base --gpu-mem 1GiB");
   CHECK(run.exit_status == 0);

@@ -1,6 +1,9 @@
 #include "trainer/device_backend.h"
 
+#include <cstdlib>
 #include <iostream>
+#include <sstream>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_device.h"
@@ -34,6 +37,21 @@ DeviceBackend make_device_backend(DeviceChoice choice, const std::string& source
     std::cerr << "warning: device: auto falls back to the CPU because the CUDA runtime failed: " << no_cuda_why
               << "\n";
   return device;
+}
+
+void bind_local_device(int local_rank) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (!visible) {
+    setenv("CUDA_VISIBLE_DEVICES", std::to_string(local_rank).c_str(), 1);
+    return;
+  }
+  std::vector<std::string> devices;
+  std::istringstream list(visible);
+  for (std::string device; std::getline(list, device, ',');) devices.push_back(device);
+  if (devices.size() <= 1) return;
+  FT_CHECK(size_t(local_rank) < devices.size(), "local rank ", local_rank, " has no GPU of its own: CUDA_VISIBLE_DEVICES=",
+           visible, " lists ", devices.size(), " (run one rank per GPU)");
+  setenv("CUDA_VISIBLE_DEVICES", devices[size_t(local_rank)].c_str(), 1);
 }
 
 }  // namespace ft

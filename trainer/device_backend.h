@@ -21,4 +21,10 @@ struct DeviceBackend {
 // config in the error for device: cuda without a usable GPU.
 DeviceBackend make_device_backend(DeviceChoice choice, const std::string& source, Allocator& host, std::ostream& log);
 
+// One GPU per rank: before the CUDA runtime starts, limits this process to
+// the local_rank-th device of CUDA_VISIBLE_DEVICES (or device local_rank when
+// it is unset). A list of one device is kept as it is (a launcher that binds
+// a GPU to each task, as srun --gpus-per-task=1 does, has chosen already).
+void bind_local_device(int local_rank);
+
 }  // namespace ft

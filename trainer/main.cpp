@@ -1,10 +1,14 @@
 // finetune CONFIG.yaml [--set key=value]... [--resume [--allow-data-change]]
-// finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--set key=value]...
+// finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--ranks N] [--set key=value]...
 // finetune generate MODEL ... (trainer/generate_command.h)
 // finetune merge MODEL --adapter DIR --out DIR ... (trainer/merge.h)
 // Every user-caused problem is an ft::Error: printed, exit status 1. SIGINT or
 // SIGTERM during training saves a checkpoint at the next step boundary and
 // exits with 128 + the signal (130, 143); --resume continues from it.
+// `mpirun -np N finetune CONFIG.yaml` trains data parallel on N ranks
+// (trainer/data_parallel.h); an error on any rank is printed with the rank
+// named and ends the whole job (MPI_Abort).
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -12,6 +16,8 @@
 #include <vector>
 
 #include "kernels/error.h"
+#include "trainer/collectives.h"
+#include "trainer/device_backend.h"
 #include "trainer/generate_command.h"
 #include "trainer/merge.h"
 #include "trainer/plan.h"
@@ -28,13 +34,22 @@ const char* kUsage =
     "  --allow-data-change  with --resume: accept changed data files\n"
     "  SIGINT/SIGTERM (Ctrl-C) save a checkpoint at the next step and exit; a second one stops at once\n"
     "usage: finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem 24GiB] [--device cuda|cpu]\n"
-    "                     [--context-reserve 0.75GiB] [--set key=value]...\n"
+    "                     [--context-reserve 0.75GiB] [--ranks N] [--set key=value]...\n"
     "  plans one training step's memory on the meta device (no weights read) and\n"
     "  prints where it goes, its peak, and for each mode (bf16 / int8 / nf4 base,\n"
     "  optimizer state on the device or the host) the largest seq_len and micro_batch\n"
     "  that fit in --gpu-mem, and the best mode; a config.json is planned as a bf16\n"
-    "  LoRA run with per-layer checkpointing at micro_batch 1 x seq_len 2048\n"
+    "  LoRA run with per-layer checkpointing at micro_batch 1 x seq_len 2048;\n"
+    "  --ranks N adds the per-step gradient all-reduce of N data-parallel ranks\n"
     "Fields are documented in configs/README.md.\n";
+
+int64_t parse_ranks(const std::string& text) {
+  int64_t ranks = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), ranks);
+  FT_CHECK(error == std::errc() && end == text.data() + text.size() && ranks >= 1 && ranks <= (int64_t(1) << 20),
+           "--ranks must be an integer in [1, 1048576], got \"", text, "\"");
+  return ranks;
+}
 
 // finetune plan ...: the memory planner (trainer/plan.h).
 int run_plan(int argc, char** argv) {
@@ -52,6 +67,8 @@ int run_plan(int argc, char** argv) {
       const std::string device = argv[++i];
       FT_CHECK(device == "cuda" || device == "cpu", "--device must be cuda or cpu, got \"", device, "\"");
       options.policy = device == "cuda" ? ft::MemoryPolicy::cuda : ft::MemoryPolicy::cpu;
+    } else if (arg == "--ranks" && has_value) {
+      options.ranks = parse_ranks(argv[++i]);
     } else if (arg == "--set" && has_value) {
       overrides.push_back(argv[++i]);
     } else if (arg.rfind("-", 0) == 0 || !config_path.empty()) {
@@ -68,7 +85,8 @@ int run_plan(int argc, char** argv) {
   return 0;
 }
 
-int run(int argc, char** argv) {
+// world: set for training, so that an error names the rank and ends the job.
+int run(int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
   if (argc > 1 && std::string(argv[1]) == "plan") return run_plan(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "generate") return ft::run_generate(ft::parse_generate_args(argc, argv, 2));
   if (argc > 1 && std::string(argv[1]) == "merge") {
@@ -100,19 +118,31 @@ int run(int argc, char** argv) {
   }
   FT_CHECK(!config_path.empty(), "no config file given\n", kUsage);
   FT_CHECK(options.resume || !options.allow_data_change, "--allow-data-change applies to --resume only\n", kUsage);
+  // Before MPI_Init where the launcher says: a CUDA-aware MPI may start CUDA there.
+  const int launcher_local_rank = ft::launcher_local_rank();
+  if (launcher_local_rank >= 0) ft::bind_local_device(launcher_local_rank);
+  world = ft::join_world(&argc, &argv);
+  if (launcher_local_rank < 0 && world->world_size() > 1) ft::bind_local_device(world->local_rank());
+  options.collectives = world.get();
   return ft::run_training(ft::load_train_config(config_path, overrides), options);
 }
 
 }  // namespace
 
+// With several ranks the error names its rank and ends every rank: the
+// others would otherwise wait for it in the next collective.
+int report_error(const std::exception& error, ft::Collectives* world) {
+  const std::string rank = world ? ft::rank_label(*world) : "";
+  std::cerr << "error" << (rank.empty() ? "" : " (" + rank + ")") << ": " << error.what() << "\n" << std::flush;
+  if (!rank.empty()) world->abort(1);
+  return 1;
+}
+
 int main(int argc, char** argv) {
+  std::unique_ptr<ft::Collectives> world;
   try {
-    return run(argc, argv);
-  } catch (const ft::Error& error) {
-    std::cerr << "error: " << error.what() << "\n";
-    return 1;
-  } catch (const std::exception& error) {
-    std::cerr << "error: " << error.what() << "\n";
-    return 1;
+    return run(argc, argv, world);
+  } catch (const std::exception& error) {  // ft::Error included
+    return report_error(error, world.get());
   }
 }

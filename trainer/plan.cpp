@@ -7,6 +7,7 @@
 #include <iostream>
 #include <unordered_map>
 
+#include "kernels/checked_mul.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
 #include "trainer/dpo.h"
@@ -185,6 +186,16 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
 
 }  // namespace
 
+AllReducePlan plan_all_reduce(const StepPlan& plan, int64_t ranks) {
+  FT_CHECK(ranks >= 1, "--ranks must be at least 1, got ", ranks);
+  AllReducePlan all_reduce;
+  all_reduce.ranks = ranks;
+  all_reduce.gradient_bytes = plan.at_peak.current(MemCategory::gradients);
+  all_reduce.ring_sent_per_rank_bytes =
+      size_t(checked_mul(int64_t(all_reduce.gradient_bytes), 2 * (ranks - 1)) / ranks);
+  return all_reduce;
+}
+
 std::string mode_name(const PlanMode& mode) {
   const char* base = mode.quantization == QuantMode::none ? "unquantised base" : enum_name(mode.quantization);
   return std::string(base) + (mode.optimizer == OffloadTarget::host ? ", optimizer state on the host" : "");
@@ -257,6 +268,14 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
   std::printf("  fits in %s: %s (%s %s)\n", format_bytes(budget).c_str(), fits ? "yes" : "NO",
               format_bytes(fits ? budget - plan.total_bytes() : plan.total_bytes() - budget).c_str(),
               fits ? "to spare" : "over");
+
+  if (options.ranks > 1) {
+    const AllReducePlan all_reduce = plan_all_reduce(plan, options.ranks);
+    std::printf("data parallel on %lld ranks: each rank's peak as above; per optimizer step %s of gradients "
+                "all-reduced (%zu bytes), a ring sends %s per rank (%zu bytes)\n",
+                (long long)options.ranks, format_bytes(all_reduce.gradient_bytes).c_str(), all_reduce.gradient_bytes,
+                format_bytes(all_reduce.ring_sent_per_rank_bytes).c_str(), all_reduce.ring_sent_per_rank_bytes);
+  }
 
   const std::vector<ModeFit> modes = fit_modes(config, options);
   const std::string at = std::to_string(config.micro_batch_size) + " x " + std::to_string(config.seq_len);

@@ -26,6 +26,7 @@ struct PlanOptions {
   // cuda policy: bf16 attention on cuDNN SDPA with its workspace budget;
   // false plans our attention kernels alone (the emulator, builds without cuDNN).
   bool library_attention = true;
+  int64_t ranks = 1;  // data-parallel ranks: print_plan adds the all-reduce traffic when > 1
 };
 
 struct StepPlan {
@@ -51,6 +52,18 @@ struct StepPlan {
 
 // One training step of micro_batch x seq_len tokens, planned.
 StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch, int64_t seq_len);
+
+// Data parallel over ranks (`mpirun -np ranks`): every rank holds the whole
+// step plan (its peak is one process's), and once per optimizer step the
+// trainable gradients (f32, never the frozen base) are all-reduced. A ring
+// all-reduce sends 2 (ranks - 1) / ranks of them from each rank (and
+// receives as much).
+struct AllReducePlan {
+  int64_t ranks = 1;
+  size_t gradient_bytes = 0;
+  size_t ring_sent_per_rank_bytes = 0;
+};
+AllReducePlan plan_all_reduce(const StepPlan& plan, int64_t ranks);
 
 // One way to hold the frozen base and the optimizer state.
 struct PlanMode {

@@ -70,6 +70,13 @@ struct GenerateConfig {
   std::vector<TokenRef> stop;  // besides the checkpoint's EOS ids
 };
 
+// How the ranks of `mpirun -np N ./finetune` share the work (trainer/data_parallel.h).
+struct ParallelConfig {
+  int64_t data = 0;      // data-parallel ranks; 0 = the world size
+  int64_t pipeline = 1;  // pipeline stages; only 1 is implemented
+  int64_t timeout_s = 1800;  // a rank waiting longer than this for the others ends the job; 0 = never
+};
+
 struct TrainConfig {
   std::string source;     // the config file, for messages
   std::string model;      // resolved path, required
@@ -92,6 +99,7 @@ struct TrainConfig {
   // (trainer/optimizer.h) and the adapters in the weight dtype on the device.
   OffloadTarget offload_optimizer = OffloadTarget::device;
   int64_t grad_accum_steps = 1;
+  ParallelConfig parallel;
   double lr = 2.0e-4;
   int64_t warmup_steps = 0;
   Schedule schedule = Schedule::cosine;

@@ -74,7 +74,7 @@ std::vector<std::string> check_identity(const SafetensorsFile& file, const RunId
   for (const std::string& difference : differences) message += "\n  " + difference;
   message += only_data ? "\n--resume --allow-data-change resumes with the changed data anyway"
                        : "\na checkpoint resumes only with the base model, adapter config and tokenizer it was made "
-                         "with (--allow-data-change covers the data files only)";
+                         "with, on as many data-parallel ranks (--allow-data-change covers the data files only)";
   fail(message);
 }
 

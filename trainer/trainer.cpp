@@ -18,6 +18,8 @@
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
 #include "tokenizer/tokenizer.h"
+#include "trainer/collectives.h"
+#include "trainer/data_parallel.h"
 #include "trainer/device_backend.h"
 #include "trainer/dpo.h"
 #include "trainer/evaluate.h"
@@ -86,6 +88,8 @@ namespace {
 // Everything one run holds, in construction order.
 struct Run {
   const TrainConfig& config;
+  Collectives& collectives;
+  bool leader;  // rank 0: the one that prints, evaluates and writes files
   HostAllocator host;
   TrackingAllocator host_state{host};  // AdamW's state with offload.optimizer: host
   std::unique_ptr<Allocator> device_memory;  // CUDA only: the caching allocator under the tracker
@@ -102,7 +106,7 @@ struct Run {
   Dataset eval_examples;  // with objective: dpo, the eval pairs' prompts and chosen completions
   LrSchedule schedule;
   int64_t total_steps = 0;
-  explicit Run(const TrainConfig& c) : config(c) {}
+  Run(const TrainConfig& c, Collectives& ranks) : config(c), collectives(ranks), leader(ranks.rank() == 0) {}
 };
 
 std::string path_in(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
@@ -167,7 +171,7 @@ void make_model(Run& run) {
   TrainingSetup setup = setup_training(config, run.model_config, *run.backend, [&](CausalLM& model) {
     if (config.init == InitMode::random) model.init_random(config.seed);
     else model.load(Checkpoint(config.model));
-    if (!config.quantization.save_base.empty()) save_base(run, model);
+    if (!config.quantization.save_base.empty() && run.leader) save_base(run, model);
   }, &run.host_state);
   run.model = std::move(setup.model);
   run.optimizer = std::move(setup.optimizer);
@@ -233,7 +237,9 @@ void make_data(Run& run) {
     run.train = make_loader(run, config.data.train, "train", nullptr);
     if (has_eval) run.eval = make_loader(run, config.data.eval, "eval", &run.eval_examples);
   }
-  const int64_t steps_per_epoch = (train_batches_per_epoch(run) + config.grad_accum_steps - 1) / config.grad_accum_steps;
+  // A step takes grad_accum_steps micro-batches on each data-parallel rank.
+  const int64_t per_step = checked_mul(config.grad_accum_steps, int64_t(run.collectives.world_size()));
+  const int64_t steps_per_epoch = (train_batches_per_epoch(run) + per_step - 1) / per_step;
   run.total_steps = config.max_steps > 0 ? config.max_steps : checked_mul(config.epochs, steps_per_epoch);
   run.schedule = LrSchedule{enum_name(config.schedule), config.lr, config.warmup_steps, run.total_steps,
                             config.min_lr_ratio};
@@ -243,29 +249,29 @@ void make_data(Run& run) {
 
 namespace {
 
-// One optimizer step over grad_accum_steps micro-batches. The loss is the
-// mean over every counted token of all of them (each micro-batch's gradient
-// is weighted by its share of the tokens), as if they were one batch.
+// One optimizer step over grad_accum_steps micro-batches on each of the
+// data-parallel ranks (data_parallel.h). The loss is the mean over every
+// counted token of all of them (each micro-batch's gradient is weighted by its
+// share of the tokens, which is where the 1 / (micro-batches x ranks) of a
+// plain mean would go), as if they were one batch; the gradients and the loss
+// are summed over the ranks before the optimizer sees them.
 StepReport train_step(Run& run, int64_t step) {
-  std::vector<Batch> batches;
-  int64_t counted = 0;
-  for (int64_t i = 0; i < run.config.grad_accum_steps; ++i) {
-    batches.push_back(trim_padding(run.train->next(), run.host));
-    counted += batches.back().counted_tokens;
-  }
+  const StepBatches batches = draw_step_batches(*run.train, run.host, run.config.grad_accum_steps, run.collectives);
+  const int64_t counted = batches.counted_tokens;
   run.model->zero_grads();
   StepReport report;
   report.step = step + 1;
+  report.tokens = batches.tokens;
   double loss_sum = 0.0;
-  for (size_t i = 0; i < batches.size(); ++i) {
-    const Batch& batch = batches[i];
-    report.tokens += batch.input_ids.numel();
+  for (const RankBatch& mine : batches.mine) {
+    const Batch& batch = mine.batch;
     if (batch.counted_tokens == 0) continue;
-    const int64_t micro_batch = checked_mul(step, run.config.grad_accum_steps) + int64_t(i);
+    const int64_t micro_batch = checked_mul(step, batches.per_step) + mine.index;
     run.model->set_dropout_seed(splitmix64(run.config.seed, uint64_t(micro_batch)));  // one seed per micro-batch
     const float share = float(batch.counted_tokens) / float(counted);
     loss_sum += double(run.model->forward_backward(batch.input_ids, batch.targets, share)) * double(batch.counted_tokens);
   }
+  loss_sum = sum_over_ranks(run.collectives, *run.backend, run.host, *run.optimizer, loss_sum);
   report.loss = counted ? loss_sum / double(counted) : 0.0;
   report.lr = run.schedule.lr_at(step);
   // AdamW leaves every weight and moment as it was when the norm is not finite.
@@ -356,6 +362,7 @@ void check_finite_before_save(Run& run, const std::string& path) {
 }
 
 void save_state(Run& run, const std::string& path, int64_t step) {
+  if (!run.leader) return;  // every rank holds the same state
   check_finite_before_save(run, path);
   save_train_state(path, *run.optimizer, {step, train_position(run), {}}, run.identity);
 }
@@ -387,7 +394,7 @@ EvalFigures evaluate_pairs(Run& run, int64_t step, Progress& progress, const cha
 EvalFigures evaluate(Run& run, int64_t step, Progress& progress, const char* label) {
   if (run.eval_pairs) return evaluate_pairs(run, step, progress, label);
   EvalFigures figures;
-  if (!run.eval) return figures;
+  if (!run.eval || !run.leader) return figures;  // evaluated on rank 0 alone, the others go on to the next step
   figures.loss = evaluate_loss(*run.model, *run.eval, run.config.eval_batches);
   nlohmann::json row = {{"eval_loss", figures.loss.loss}, {"eval_perplexity", figures.loss.perplexity}};
   std::ostringstream line;
@@ -422,7 +429,7 @@ std::string opening_words(const std::string& text, int words) {
 
 void print_samples(Run& run, Progress& progress) {
   const int64_t count = std::min<int64_t>(run.config.generate.num_samples, int64_t(run.eval_examples.examples.size()));
-  if (count <= 0) return;
+  if (count <= 0 || !run.leader) return;
   std::vector<std::string> prompts, references;
   for (int64_t i = 0; i < count; ++i) {
     const Example& example = run.eval_examples.examples[size_t(i)];
@@ -461,6 +468,7 @@ void save_full_model(Run& run, const std::string& folder) {
 }
 
 void save_outputs(Run& run) {
+  if (!run.leader) return;
   const TrainConfig& config = run.config;
   check_finite_before_save(run, path_in(config.output_dir, config.trainable == Trainable::all ? "model" : "adapter"));
   if (config.trainable == Trainable::all) {
@@ -521,14 +529,38 @@ struct StopOnSignals {
   }
 };
 
+// Only rank 0 prints: the other ranks' standard output is dropped while
+// they train (their errors and warnings still reach stderr).
+struct QuietUnlessLeader {
+  std::streambuf* previous = nullptr;
+  explicit QuietUnlessLeader(bool leader) {
+    if (!leader) previous = std::cout.rdbuf(nullptr);
+  }
+  ~QuietUnlessLeader() {
+    if (previous) std::cout.rdbuf(previous);
+  }
+};
+
+// Rank 0 writes metrics; the others' Progress appends to nowhere.
+std::string metrics_sink(const Run& run, const std::string& metrics_path) {
+  return run.leader ? metrics_path : "/dev/null";
+}
+
 }  // namespace
 
 int run_training(const TrainConfig& config, const RunOptions& options) {
+  std::unique_ptr<Collectives> single = options.collectives ? nullptr : single_process_collectives();
+  Collectives& collectives = options.collectives ? *options.collectives : *single;
+  const int64_t data_ranks = data_parallel_ranks(config, collectives);
+  collectives.set_timeout_s(config.parallel.timeout_s);
+  QuietUnlessLeader quiet(collectives.rank() == 0);
   StopOnSignals stop_on_signals;
-  Run run(config);
+  Run run(config, collectives);
   fs::create_directories(config.output_dir);
   make_backend(run);
+  check_same_device(collectives, *run.backend);
   make_model(run);
+  run.identity.push_back(data_parallel_identity(data_ranks));
   make_data(run);
   const std::string state_path = path_in(config.output_dir, "train_state.safetensors");
   const std::string metrics_path = path_in(config.output_dir, "metrics.jsonl");
@@ -539,9 +571,9 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     for (const std::string& change : resumed.data_changes)
       std::cout << "warning: resuming with changed data (--allow-data-change): " << change << "\n";
     set_train_position(run, resumed.data_position);
-    truncate_metrics(metrics_path, resumed.step);
+    if (run.leader) truncate_metrics(metrics_path, resumed.step);
     std::cout << "resumed at step " << resumed.step << " from " << state_path << "\n";
-  } else {
+  } else if (run.leader) {
     std::ofstream(metrics_path, std::ios::trunc);
   }
   MemoryStats memory = run.tracker->stats();
@@ -553,12 +585,13 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     std::cout << ", optimizer state on the host " << format_bytes(run.host_state.stats().current(MemCategory::optimizer));
   std::cout << "\n";
   std::cout << "training " << run.total_steps << " steps of " << config.micro_batch_size << " x "
-            << config.grad_accum_steps
-            << (config.objective == Objective::dpo ? " preference pairs (a chosen and a rejected sequence each)"
+            << config.grad_accum_steps;
+  if (data_ranks > 1) std::cout << " x " << data_ranks << " ranks (data parallel)";
+  std::cout << (config.objective == Objective::dpo ? " preference pairs (a chosen and a rejected sequence each)"
                                                    : " sequences")
             << " of up to " << config.seq_len << " tokens\n";
 
-  Progress progress(metrics_path, run.total_steps, resumed.step, config.log_every);
+  Progress progress(metrics_sink(run, metrics_path), run.total_steps, resumed.step, config.log_every);
   EvalFigures before;
   if (!options.resume) before = evaluate(run, 0, progress, "before training");
   progress.start();
@@ -571,12 +604,14 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     const bool last = step + 1 == run.total_steps;
     if (config.save_every > 0 && (step + 1) % config.save_every == 0 && !last) save_state(run, state_path, step + 1);
     if (config.eval_every > 0 && (step + 1) % config.eval_every == 0 && !last) evaluate(run, step + 1, progress, "during training");
-    if (stop_signal != 0 && !last) {
+    if (any_rank(collectives, stop_signal != 0) && !last) {
       save_state(run, state_path, step + 1);
       progress.finish();
-      std::cout << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << ": stopped after step " << step + 1
+      const int signal = stop_signal != 0 ? int(stop_signal) : SIGTERM;  // another rank's signal
+      std::cout << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ": stopped after step " << step + 1
                 << "; checkpoint saved to " << state_path << "; continue with --resume\n";
-      return 128 + stop_signal;
+      any_rank(collectives, false);  // the others wait until the checkpoint is written
+      return 128 + signal;
     }
   }
   progress.finish();
@@ -595,6 +630,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   print_samples(run, progress);
   save_outputs(run);
   std::cout << "metrics: " << metrics_path << "\n";
+  any_rank(collectives, false);  // the others end once rank 0 has written everything
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "model/causal_lm.h"
+#include "trainer/collectives.h"
 #include "trainer/optimizer.h"
 #include "trainer/train_config.h"
 
@@ -38,6 +39,9 @@ struct RunOptions {
   // With resume: accept a checkpoint whose data files differ from this run's
   // (never one whose base model, adapter config or tokenizer differ).
   bool allow_data_change = false;
+  // The job's ranks (collectives.h); null: a single process. Rank 0 prints,
+  // evaluates and writes every file; the others train their share.
+  Collectives* collectives = nullptr;
 };
 
 // Returns the exit status: 0, or 128 + the signal when SIGINT or SIGTERM

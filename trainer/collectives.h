@@ -1,0 +1,53 @@
+// How the ranks of a training job talk to each other: who this process is,
+// sums over all ranks (adapter gradients, the loss, a stop request) and ending
+// the whole job. `./finetune` alone is a world of one whose sums are the value
+// itself; under `mpirun -np N` (or `srun --mpi=pmix`) the build with MPI runs
+// N ranks over MPI (collectives_mpi.cpp), and gradients held in GPU memory go
+// over NCCL where the build has it (collectives_nccl.cpp), else through host
+// memory and MPI.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace ft {
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // The rank among those on this node: which of the node's devices is this rank's.
+  virtual int local_rank() const = 0;
+  // Replaces each f32 tensor (on backend's device) by its sum over all ranks;
+  // every rank gets the same values. host is for staging device tensors.
+  virtual void sum_in_place(Backend& backend, Allocator& host, const std::vector<Tensor*>& tensors) = 0;
+  virtual double sum(double value) = 0;
+  // A sum that waits longer than this for another rank ends the job with a
+  // message naming this rank (0: wait for ever).
+  virtual void set_timeout_s(int64_t seconds) = 0;
+  // Ends every rank of the job with this exit status (MPI_Abort); a single
+  // process just exits.
+  [[noreturn]] virtual void abort(int status) = 0;
+};
+
+// The world this process was started in: MPI when a launcher started it
+// (mpirun, mpiexec, srun: its environment says so) and the build has MPI,
+// else a single process. A launcher's world of several ranks with a build
+// without MPI is an error: every rank would train the whole job alone.
+std::unique_ptr<Collectives> join_world(int* argc, char*** argv);
+
+// The local rank a launcher puts in the environment (Open MPI's mpirun,
+// MPICH's hydra, Slurm's srun), readable before MPI starts; -1 when none does.
+int launcher_local_rank();
+
+// A world of one: what join_world gives a plain `./finetune`.
+std::unique_ptr<Collectives> single_process_collectives();
+
+// "rank 1 of 2" for messages; "" for a single process.
+std::string rank_label(const Collectives& collectives);
+
+}  // namespace ft

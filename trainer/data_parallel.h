@@ -1,0 +1,59 @@
+// Data parallelism across the ranks of `mpirun -np D ./finetune`: every rank
+// holds the whole model and trains on its own share of each optimizer step's
+// micro-batches; the adapters' gradients (the trainable set: never the frozen
+// base) are summed over the ranks before clipping and AdamW, so each rank
+// takes the same update a single process would with grad_accum_steps x D.
+//
+// The split: every rank draws all grad_accum_steps x D micro-batches of the
+// step from the same shuffled order (so the loader position, the token count
+// that weights each micro-batch, and the dropout seeds are the global ones),
+// and rank r trains micro-batches r, r + D, r + 2D, ...
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "trainer/collectives.h"
+#include "trainer/data.h"
+#include "trainer/optimizer.h"
+#include "trainer/train_config.h"
+#include "trainer/train_state.h"
+
+namespace ft {
+
+// The data-parallel rank count: parallel.data (0: the world size). Refuses a
+// layout that does not cover the world exactly, and pipeline stages (not
+// implemented).
+int64_t data_parallel_ranks(const TrainConfig& config, const Collectives& collectives);
+
+// Refuses a job whose ranks train on different kinds of device (one rank's
+// GPU unusable, say), whose gradients could not be summed.
+void check_same_device(Collectives& collectives, Backend& backend);
+
+struct RankBatch {
+  int64_t index;  // within the step's global micro-batches: step * per_step + index seeds its dropout
+  Batch batch;    // padding trimmed
+};
+
+struct StepBatches {
+  int64_t per_step = 0;        // grad_accum_steps x ranks
+  int64_t counted_tokens = 0;  // over all ranks' micro-batches: what each micro-batch's loss is divided by
+  int64_t tokens = 0;          // over all ranks' micro-batches, padding trimmed
+  std::vector<RankBatch> mine;
+};
+
+StepBatches draw_step_batches(DataLoader& loader, Allocator& host, int64_t grad_accum_steps,
+                              const Collectives& collectives);
+
+// Sums the optimizer's gradients and this rank's loss_sum over all ranks;
+// returns the global loss_sum.
+double sum_over_ranks(Collectives& collectives, Backend& backend, Allocator& host, AdamW& optimizer, double loss_sum);
+
+// True on every rank when any rank says so (a stop signal reaches the ranks
+// at different steps; they must stop at the same one).
+bool any_rank(Collectives& collectives, bool value);
+
+// What a checkpoint records of the layout: it resumes on as many ranks only
+// (the global batch and the data position depend on it).
+IdentityField data_parallel_identity(int64_t ranks);
+
+}  // namespace ft
