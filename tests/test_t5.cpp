@@ -366,21 +366,42 @@ TEST_CASE("t5 over an NF4 base: as transformers with bitsandbytes' dequantised w
   CHECK(std::abs(cosine - -0.3202) <= 0.02);
 }
 
+namespace {
+
+// A fixture's model in f32 on the CPU, its weights loaded, and its reference.safetensors.
+struct LoadedT5 {
+  HostAllocator host;
+  CpuBackend backend{host};
+  T5Model model;
+  Checkpoint reference;
+  explicit LoadedT5(const std::string& fixture)
+      : model(ModelConfig::from_json_file(fixture_dir(fixture) + "/config.json"), backend, f32_options()),
+        reference(fixture_dir(fixture) + "/reference.safetensors") {
+    model.load(Checkpoint(fixture_dir(fixture)));
+  }
+};
+
+// The rows of host i32 [B, S] input ids.
+std::vector<std::vector<int32_t>> input_rows(const Tensor& input_ids) {
+  const int64_t S = input_ids.dim(1);
+  std::vector<std::vector<int32_t>> rows;
+  for (int64_t b = 0; b < input_ids.dim(0); ++b)
+    rows.emplace_back(input_ids.ptr<int32_t>() + b * S, input_ids.ptr<int32_t>() + (b + 1) * S);
+  return rows;
+}
+
+}  // namespace
+
 TEST_CASE("t5 greedy generation equals transformers' generate(); encode/decode split equals forward") {
   for (const std::string fixture : {"t5_v1_0", "t5_v1_1"}) {
     CAPTURE(fixture);
-    const std::string dir = fixture_dir(fixture);
-    Checkpoint reference(dir + "/reference.safetensors");
-    HostAllocator host;
-    CpuBackend backend(host);
-    T5Model model(ModelConfig::from_json_file(dir + "/config.json"), backend, f32_options());
-    model.load(Checkpoint(dir));
+    LoadedT5 loaded(fixture);
+    T5Model& model = loaded.model;
+    const Checkpoint& reference = loaded.reference;
 
     const Tensor input_ids = reference.view("input_ids"), want = reference.view("generated");
-    const int64_t S = input_ids.dim(1), steps = want.dim(1);
-    std::vector<std::vector<int32_t>> inputs;
-    for (int64_t b = 0; b < input_ids.dim(0); ++b)
-      inputs.emplace_back(input_ids.ptr<int32_t>() + b * S, input_ids.ptr<int32_t>() + (b + 1) * S);
+    const int64_t steps = want.dim(1);
+    const std::vector<std::vector<int32_t>> inputs = input_rows(input_ids);
     SamplingOptions greedy;
     greedy.max_new_tokens = steps;
     const std::vector<std::vector<int32_t>> got = generate_seq2seq(model, inputs, greedy, {1});
@@ -409,17 +430,12 @@ TEST_CASE("t5 greedy generation equals transformers' generate(); encode/decode s
 TEST_CASE("t5 generation with the decoder key/value cache equals the uncached decoder, token for token") {
   for (const std::string fixture : {"t5_v1_0", "t5_v1_1"}) {
     CAPTURE(fixture);
-    const std::string dir = fixture_dir(fixture);
-    Checkpoint reference(dir + "/reference.safetensors");
-    HostAllocator host;
-    CpuBackend backend(host);
-    T5Model model(ModelConfig::from_json_file(dir + "/config.json"), backend, f32_options());
-    model.load(Checkpoint(dir));
+    LoadedT5 loaded(fixture);
+    T5Model& model = loaded.model;
+    const Checkpoint& reference = loaded.reference;
+    HostAllocator& host = loaded.host;
     const Tensor input_ids = reference.view("input_ids");
-    const int64_t S = input_ids.dim(1);
-    std::vector<std::vector<int32_t>> inputs;
-    for (int64_t b = 0; b < input_ids.dim(0); ++b)
-      inputs.emplace_back(input_ids.ptr<int32_t>() + b * S, input_ids.ptr<int32_t>() + (b + 1) * S);
+    std::vector<std::vector<int32_t>> inputs = input_rows(input_ids);
     inputs.push_back({5, 17, 3});  // a shorter input too
     // No stop id: 40 tokens each, past the decoder's logarithmic buckets and their cap (max distance 9).
     SamplingOptions greedy, sampled;
