@@ -9,7 +9,7 @@ namespace ft {
 
 namespace {
 
-constexpr double kLeftPx = 80, kRightPx = 90, kTopPx = 50, kBottomPx = 60;
+constexpr double kLeftPx = 80, kRightPx = 90, kTopPx = 66, kBottomPx = 60;
 constexpr double kAreaWidthPx = kPlotWidthPx - kLeftPx - kRightPx;
 constexpr double kAreaHeightPx = kPlotHeightPx - kTopPx - kBottomPx;
 
@@ -122,18 +122,20 @@ std::string series_svg(const PlotSeries& s, const Axis& x, const Axis& y) {
          "\" stroke-width=\"" + (s.dots ? "2" : "1.5") + "\" points=\"" + points + "\"/>\n" + dots;
 }
 
+// One row above the plot area, so it never hides a line; text width is
+// estimated (about 6.5 px per character at font-size 12).
 std::string legend_svg(const LineChart& chart) {
   std::string svg;
-  const double x = kLeftPx + kAreaWidthPx - 190, row_px = 20;
-  svg += "<rect x=\"" + format("%.0f", x - 8) + "\" y=\"" + format("%.0f", kTopPx + 8) + "\" width=\"190\" height=\"" +
-         format("%.0f", row_px * double(chart.series.size()) + 10) + "\" fill=\"white\" fill-opacity=\"0.85\" stroke=\"#bbb\"/>\n";
-  for (size_t i = 0; i < chart.series.size(); ++i) {
-    const PlotSeries& s = chart.series[i];
-    const double y = kTopPx + 22 + row_px * double(i);
-    svg += "<line x1=\"" + format("%.0f", x) + "\" x2=\"" + format("%.0f", x + 26) + "\" y1=\"" + format("%.0f", y) +
-           "\" y2=\"" + format("%.0f", y) + "\" stroke=\"" + s.color + "\" stroke-width=\"2\"/>\n";
-    svg += "<text x=\"" + format("%.0f", x + 34) + "\" y=\"" + format("%.0f", y) + "\" dominant-baseline=\"middle\">" +
-           escape(s.label + (s.right_axis ? " (right axis)" : "")) + "</text>\n";
+  const std::string y = format("%.0f", kTopPx - 16);
+  double x = kLeftPx;
+  for (const PlotSeries& s : chart.series) {
+    const std::string label = s.label + (s.right_axis ? " (right axis)" : "");
+    svg += "<line x1=\"" + format("%.0f", x) + "\" x2=\"" + format("%.0f", x + 26) + "\" y1=\"" + y + "\" y2=\"" + y +
+           "\" stroke=\"" + s.color + "\" stroke-width=\"2\"/>\n";
+    if (s.dots) svg += "<circle cx=\"" + format("%.0f", x + 13) + "\" cy=\"" + y + "\" r=\"3.5\" fill=\"" + s.color + "\"/>\n";
+    svg += "<text x=\"" + format("%.0f", x + 32) + "\" y=\"" + y + "\" dominant-baseline=\"middle\">" + escape(label) +
+           "</text>\n";
+    x += 32 + 6.5 * double(label.size()) + 24;
   }
   return svg;
 }
@@ -149,7 +151,7 @@ std::string render_svg(const LineChart& chart) {
                     std::to_string(kPlotWidthPx) + "\" height=\"" + std::to_string(kPlotHeightPx) +
                     "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   svg += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  svg += "<text x=\"" + format("%.0f", kPlotWidthPx / 2.0) + "\" y=\"28\" text-anchor=\"middle\" font-size=\"15\">" +
+  svg += "<text x=\"" + format("%.0f", kPlotWidthPx / 2.0) + "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" +
          escape(chart.title) + "</text>\n";
   svg += axes_svg(chart, x, left, has_right ? &right : nullptr);
   for (const PlotSeries& s : chart.series) svg += series_svg(s, x, s.right_axis ? right : left);
