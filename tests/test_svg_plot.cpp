@@ -209,3 +209,16 @@ TEST_CASE("Progress redraws loss.svg beside metrics.jsonl at each evaluation and
   REQUIRE(eval.size() == 2);
   check_close(eval[1].second, 1.5, left);
 }
+
+TEST_CASE("a metrics.jsonl that is not a regular file (/dev/full reads zeros forever) gives an empty chart") {
+  const fs::path dir = fs::path(FT_BINARY_DIR) / "svg_plot_device";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink("/dev/full", dir / "metrics.jsonl");
+  const ft::LineChart chart = ft::loss_chart((dir / "metrics.jsonl").string());
+  REQUIRE(chart.series.size() == 3);
+  for (const ft::PlotSeries& series : chart.series) CHECK(series.x.empty());
+  std::string error;
+  CHECK(ft::write_loss_plot((dir / "metrics.jsonl").string(), &error));
+  CHECK(fs::exists(dir / "loss.svg"));
+}

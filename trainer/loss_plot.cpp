@@ -29,6 +29,12 @@ LineChart loss_chart(const std::string& metrics_path) {
   PlotSeries train{"train loss", "#1f77b4", false, false, {}, {}};
   PlotSeries eval{"eval loss", "#d62728", false, true, {}, {}};
   PlotSeries lr{"learning rate", "#2ca02c", true, false, {}, {}};
+  // Only a regular file is read: metrics.jsonl may be a device (/dev/full, /dev/null) or a pipe, which
+  // reads forever or blocks.
+  if (!std::filesystem::is_regular_file(metrics_path)) {
+    chart.series = {train, eval, lr};
+    return chart;
+  }
   std::ifstream in(metrics_path);
   std::string line;
   while (std::getline(in, line)) {

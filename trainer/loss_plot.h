@@ -10,7 +10,7 @@ namespace ft {
 // The chart of a metrics.jsonl as Progress writes it: rows with "loss" and
 // "lr" (training steps) and rows with "eval_loss", each at its "step".
 // Lines that are not such rows (a torn last line after a crash) are skipped;
-// a missing file gives an empty chart.
+// a missing file, or one that is not a regular file, gives an empty chart.
 LineChart loss_chart(const std::string& metrics_path);
 
 // metrics_path's folder / "loss.svg".
