@@ -112,8 +112,9 @@ std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, in
     adapters_.push_back(std::move(adapter));
     return adapters_.back();
   };
-  Parameter& A = add_adapter(module + ".lora_A.weight", {lora.r, in_features});
-  Parameter& B = add_adapter(module + ".lora_B.weight", {out_features, lora.r});
+  const LoraShapes shapes = lora_shapes(out_features, in_features, lora.r);
+  Parameter& A = add_adapter(module + ".lora_A.weight", shapes.a);
+  Parameter& B = add_adapter(module + ".lora_B.weight", shapes.b);
   auto adapted = std::make_unique<LoraLinear>(std::move(base), A, B,
                                               lora_scaling(lora.lora_alpha, lora.r, lora.use_rslora),
                                               float(lora.lora_dropout));

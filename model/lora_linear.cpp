@@ -81,6 +81,10 @@ void LoraLinear::backward(Backend& backend, Tensor& dx, const Tensor& dout, cons
   backend.add(dx, dx, dxd);
 }
 
+LoraShapes lora_shapes(int64_t out_features, int64_t in_features, int64_t r) {
+  return LoraShapes{{r, in_features}, {out_features, r}};
+}
+
 float lora_scaling(double lora_alpha, int64_t r, bool use_rslora) {
   return float(use_rslora ? lora_alpha / std::sqrt(double(r)) : lora_alpha / double(r));
 }

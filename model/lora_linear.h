@@ -49,6 +49,14 @@ class LoraLinear final : public Linear {
   bool enabled_ = true;
 };
 
+// PEFT's adapter shapes for a weight [out, in] at rank r: lora_A [r, in]
+// (Linear(in, r)), lora_B [out, r] (Linear(r, out)).
+struct LoraShapes {
+  Shape a, b;
+  int64_t numel() const { return a[0] * a[1] + b[0] * b[1]; }
+};
+LoraShapes lora_shapes(int64_t out_features, int64_t in_features, int64_t r);
+
 // PEFT's scaling: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora.
 float lora_scaling(double lora_alpha, int64_t r, bool use_rslora);
 

@@ -179,6 +179,77 @@ float T5Model::decode(const Tensor& decoder_ids, const Tensor& targets) {
   return lm_head_loss(decoder.final_norm.out, tokens, nullptr, 0.0f);
 }
 
+T5DecoderCache T5Model::make_decoder_cache(int64_t capacity_tokens) {
+  FT_CHECK(encoded_.data && encoded_batch_ == 1, "t5: make_decoder_cache needs encode() of one row first");
+  FT_CHECK(capacity_tokens > 0, "t5: make_decoder_cache needs a capacity of at least one token, got ", capacity_tokens);
+  Backend& be = backend_;
+  const int64_t H = config_.num_attention_heads, D = config_.head_dim, S = encoded_seq_;
+  const DType act = options_.activation_dtype;
+  T5DecoderCache cache;
+  cache.self.lengths_tokens = {0};
+  for (const Block& block : decoder_->blocks) {
+    cache.self.keys.push_back(be.empty({1, capacity_tokens, H, D}, act, MemCategory::activations));
+    cache.self.values.push_back(be.empty({1, capacity_tokens, H, D}, act, MemCategory::activations));
+    cache.cross_keys.push_back(be.empty({1, S, H, D}, act, MemCategory::activations));
+    cache.cross_values.push_back(be.empty({1, S, H, D}, act, MemCategory::activations));
+    Tensor k = cache.cross_keys.back().reshaped({S, H * D}), v = cache.cross_values.back().reshaped({S, H * D});
+    block.cross_attention.k->forward(be, k, encoded_);
+    block.cross_attention.v->forward(be, v, encoded_);
+  }
+  return cache;
+}
+
+void T5Model::decode_cached(T5DecoderCache& cache, int32_t token) {
+  Backend& be = backend_;
+  const int64_t position = cache.self.lengths_tokens.at(0), L = position + 1;
+  const int64_t H = config_.num_attention_heads, D = config_.head_dim, C = config_.hidden_size;
+  FT_CHECK(L <= cache.self.capacity_tokens(), "t5: decode_cached at position ", position, " is past the cache's ",
+           cache.self.capacity_tokens(), " positions");
+  set_training(false);
+  HostAllocator host;
+  Tensor host_ids = Tensor::empty({1, 1}, DType::i32, host, MemCategory::activations);
+  Tensor host_targets = Tensor::empty({1, 1}, DType::i32, host, MemCategory::activations);
+  host_ids.ptr<int32_t>()[0] = token;
+  host_targets.ptr<int32_t>()[0] = -100;
+  const StepTokens tokens = upload_ids_and_targets(host_ids, host_targets);
+  // The relative position bias of query `position` against keys 0..position: row `position` of forward's [T, T, H].
+  Tensor buckets = Tensor::empty({1, L}, DType::i32, host, MemCategory::activations);
+  for (int64_t j = 0; j < L; ++j)
+    buckets.ptr<int32_t>()[j] = t5_relative_position_bucket(j - position, false, config_.relative_attention_num_buckets,
+                                                             config_.relative_attention_max_distance);
+  Tensor bias = be.empty({1, L, H}, options_.activation_dtype, MemCategory::activations);
+  Tensor bias_rows = bias.reshaped({L, H});
+  be.embedding_forward(bias_rows, upload_tokens(buckets), decoder_->relative_bias->value);
+
+  Tensor x = be.empty({1, C}, options_.activation_dtype, MemCategory::activations);
+  be.embedding_forward(x, tokens.ids, embedding_->value);
+  auto add_to_x = [&](const Tensor& y) {
+    Tensor sum = be.empty({1, C}, options_.activation_dtype, MemCategory::activations);
+    be.add(sum, x, y);
+    x = sum;
+  };
+  for (size_t i = 0; i < decoder_->blocks.size(); ++i) {
+    const Block& block = decoder_->blocks[i];
+    NormOutput norm = norm_forward(block.self_attention.norm, x);
+    // The cache's positions as rows [capacity, H*D]: this token's keys and values go to row `position`.
+    const Tensor keys = cache.self.keys[i].reshaped({cache.self.capacity_tokens(), H * D});
+    const Tensor values = cache.self.values[i].reshaped({cache.self.capacity_tokens(), H * D});
+    Tensor k_row = keys.slice_rows(position, 1), v_row = values.slice_rows(position, 1);
+    block.self_attention.k->forward(be, k_row, norm.out);
+    block.self_attention.v->forward(be, v_row, norm.out);
+    add_to_x(cached_attention(block.self_attention, norm.out, keys.slice_rows(0, L).reshaped({1, L, H, D}),
+                              values.slice_rows(0, L).reshaped({1, L, H, D}), &bias));
+    norm = norm_forward(block.cross_attention.norm, x);
+    add_to_x(cached_attention(block.cross_attention, norm.out, cache.cross_keys[i], cache.cross_values[i], nullptr));
+    SublayerActivations saved;
+    saved.norm = norm_forward(block.feed_forward.norm, x);
+    add_to_x(feed_forward_forward(block.feed_forward, saved));
+  }
+  const NormOutput final_norm = norm_forward(decoder_->final_norm, x);
+  lm_head_loss(final_norm.out, tokens, nullptr, 0.0f);
+  cache.self.lengths_tokens[0] = L;
+}
+
 float T5Model::forward_backward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
                                 float grad_scale) {
   set_training(true);
@@ -346,6 +417,23 @@ void T5Model::attention_backward(const Attention& attention, SublayerActivations
   Tensor& dkv = dkv_input ? *dkv_input : dnorm;
   attention.k->backward(be, dkv, dk.reshaped({M, H * D}), kv_input, true);
   attention.v->backward(be, dkv, dv.reshaped({M, H * D}), kv_input, true);
+}
+
+Tensor T5Model::cached_attention(const Attention& attention, const Tensor& normed, const Tensor& keys,
+                                 const Tensor& values, const Tensor* bias) {
+  Backend& be = backend_;
+  const int64_t H = config_.num_attention_heads, D = config_.head_dim, C = config_.hidden_size;
+  const DType act = options_.activation_dtype;
+  Tensor q = be.empty({1, 1, H, D}, act, MemCategory::activations);
+  Tensor q2d = q.reshaped({1, H * D});
+  attention.q->forward(be, q2d, normed);
+  Tensor attn = be.empty({1, 1, H, D}, act, MemCategory::activations);
+  Tensor lse = be.empty({1, H, 1}, DType::f32, MemCategory::activations);
+  // Every cached key is visible: they are this query's past and itself (or the encoder's tokens).
+  be.biased_attention_forward(attn, lse, q, keys, values, bias, false);
+  Tensor y = be.empty({1, C}, act, MemCategory::activations);
+  attention.o->forward(be, y, attn.reshaped({1, H * D}));
+  return y;
 }
 
 Tensor T5Model::feed_forward_forward(const FeedForward& ff, SublayerActivations& saved) {

@@ -22,6 +22,15 @@
 
 namespace ft {
 
+// T5 generation's decoder cache (T5Model::make_decoder_cache) for one row:
+// the decoder-only models' KvCache for the self-attention's keys and values
+// (per layer [1, capacity, H, D], unrotated), and each decoder layer's
+// cross-attention keys and values of the encoder output [1, S, H, D].
+struct T5DecoderCache {
+  KvCache self;
+  std::vector<Tensor> cross_keys, cross_values;
+};
+
 class T5Model final : public LanguageModel {
  public:
   // Allocates every weight (uninitialised) and adapter on the backend. A LoRA
@@ -47,6 +56,18 @@ class T5Model final : public LanguageModel {
   // growing decoder input needs the encoder only once.
   void encode(const Tensor& encoder_ids);
   float decode(const Tensor& decoder_ids, const Tensor& targets);
+
+  // Generation's decoder with a key/value cache, after encode() of one row
+  // ([1, S]): an empty cache for up to capacity_tokens decoder tokens, whose
+  // cross-attention keys and values are computed here, once.
+  T5DecoderCache make_decoder_cache(int64_t capacity_tokens);
+  // Runs one decoder token at position cache.self.lengths_tokens[0] through
+  // the same sublayers as decode(), its self-attention over the cached keys
+  // and values (Backend::biased_attention_forward with the relative position
+  // bias of that one query), appends its keys and values, and leaves its
+  // logits [1, vocab] in last_logits(): decode()'s last row for the tokens so
+  // far.
+  void decode_cached(T5DecoderCache& cache, int32_t token);
 
  private:
   struct Attention;
@@ -76,6 +97,9 @@ class T5Model final : public LanguageModel {
   // cross-attention adds its key/value input's gradient into dkv_input instead.
   void attention_backward(const Attention& attention, SublayerActivations& saved, const Tensor& dy, Tensor& dnorm,
                           const Tensor& kv_input, Tensor* dkv_input, const Tensor* bias, Tensor* dbias, bool causal);
+  // One query row's attention [1, C] from normed [1, C] over keys and values [1, L, H, D].
+  Tensor cached_attention(const Attention& attention, const Tensor& normed, const Tensor& keys, const Tensor& values,
+                          const Tensor* bias);
   Tensor feed_forward_forward(const FeedForward& ff, SublayerActivations& saved);
   void feed_forward_backward(const FeedForward& ff, SublayerActivations& saved, const Tensor& dy, Tensor& dnorm);
 

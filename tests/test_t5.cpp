@@ -364,29 +364,54 @@ TEST_CASE("t5 over an NF4 base: as transformers with bitsandbytes' dequantised w
   CHECK(std::abs(cosine - -0.3202) <= 0.02);
 }
 
+namespace {
+
+// A fixture's model in f32 on the CPU, its weights loaded, and its reference.safetensors.
+struct LoadedT5 {
+  HostAllocator host;
+  CpuBackend backend{host};
+  T5Model model;
+  Checkpoint reference;
+  explicit LoadedT5(const std::string& fixture)
+      : model(ModelConfig::from_json_file(fixture_dir(fixture) + "/config.json"), backend, f32_options()),
+        reference(fixture_dir(fixture) + "/reference.safetensors") {
+    model.load(Checkpoint(fixture_dir(fixture)));
+  }
+};
+
+// The rows of host i32 [B, S] input ids.
+std::vector<std::vector<int32_t>> input_rows(const Tensor& input_ids) {
+  const int64_t S = input_ids.dim(1);
+  std::vector<std::vector<int32_t>> rows;
+  for (int64_t b = 0; b < input_ids.dim(0); ++b)
+    rows.emplace_back(input_ids.ptr<int32_t>() + b * S, input_ids.ptr<int32_t>() + (b + 1) * S);
+  return rows;
+}
+
+}  // namespace
+
 TEST_CASE("t5 greedy generation equals transformers' generate(); encode/decode split equals forward") {
   for (const std::string fixture : {"t5_v1_0", "t5_v1_1"}) {
     CAPTURE(fixture);
-    const std::string dir = fixture_dir(fixture);
-    Checkpoint reference(dir + "/reference.safetensors");
-    HostAllocator host;
-    CpuBackend backend(host);
-    T5Model model(ModelConfig::from_json_file(dir + "/config.json"), backend, f32_options());
-    model.load(Checkpoint(dir));
+    LoadedT5 loaded(fixture);
+    T5Model& model = loaded.model;
+    const Checkpoint& reference = loaded.reference;
 
     const Tensor input_ids = reference.view("input_ids"), want = reference.view("generated");
-    const int64_t S = input_ids.dim(1), steps = want.dim(1);
-    std::vector<std::vector<int32_t>> inputs;
-    for (int64_t b = 0; b < input_ids.dim(0); ++b)
-      inputs.emplace_back(input_ids.ptr<int32_t>() + b * S, input_ids.ptr<int32_t>() + (b + 1) * S);
+    const int64_t steps = want.dim(1);
+    const std::vector<std::vector<int32_t>> inputs = input_rows(input_ids);
     SamplingOptions greedy;
     greedy.max_new_tokens = steps;
     const std::vector<std::vector<int32_t>> got = generate_seq2seq(model, inputs, greedy, {1});
+    SamplingOptions uncached = greedy;
+    uncached.kv_cache = false;
+    const std::vector<std::vector<int32_t>> got_uncached = generate_seq2seq(model, inputs, uncached, {1});
     for (size_t b = 0; b < inputs.size(); ++b) {
       const int32_t* row = want.ptr<int32_t>() + int64_t(b) * steps;
       std::vector<int32_t> want_row(row, row + steps);
       want_row.erase(std::find(want_row.begin(), want_row.end(), -1), want_row.end());
       CHECK(got[b] == want_row);
+      CHECK(got_uncached[b] == want_row);
     }
     // A stop id ends a row before it: the first greedy token of row 0 as the stop.
     CHECK(generate_seq2seq(model, {inputs[0]}, greedy, {got[0][0]})[0].empty());
@@ -397,6 +422,46 @@ TEST_CASE("t5 greedy generation equals transformers' generate(); encode/decode s
     model.encode(input_ids);
     CHECK(model.decode(decoder_ids, labels) == loss);
     CHECK(same_bytes(model.last_logits(), logits));
+  }
+}
+
+TEST_CASE("t5 generation with the decoder key/value cache equals the uncached decoder, token for token") {
+  for (const std::string fixture : {"t5_v1_0", "t5_v1_1"}) {
+    CAPTURE(fixture);
+    LoadedT5 loaded(fixture);
+    T5Model& model = loaded.model;
+    const Checkpoint& reference = loaded.reference;
+    HostAllocator& host = loaded.host;
+    const Tensor input_ids = reference.view("input_ids");
+    std::vector<std::vector<int32_t>> inputs = input_rows(input_ids);
+    inputs.push_back({5, 17, 3});  // a shorter input too
+    // No stop id: 40 tokens each, past the decoder's logarithmic buckets and their cap (max distance 9).
+    SamplingOptions greedy, sampled;
+    greedy.max_new_tokens = sampled.max_new_tokens = 40;
+    sampled.temperature = 1.3;
+    sampled.top_p = 0.95;
+    sampled.seed = 7;
+    for (const SamplingOptions& options : {greedy, sampled}) {
+      CAPTURE(options.temperature);
+      SamplingOptions uncached = options;
+      uncached.kv_cache = false;
+      const std::vector<std::vector<int32_t>> cached_tokens = generate_seq2seq(model, inputs, options, {});
+      CHECK(cached_tokens == generate_seq2seq(model, inputs, uncached, {}));
+      for (const std::vector<int32_t>& row : cached_tokens) CHECK(row.size() == 40);
+    }
+    // One cached step's logits are the uncached decoder's last row.
+    model.encode(input_ids.slice_rows(0, 1));
+    T5DecoderCache cache = model.make_decoder_cache(3);
+    const std::vector<int32_t> decoder_ids = {0, 11, 42};
+    for (int32_t token : decoder_ids) model.decode_cached(cache, token);
+    const Tensor cached_logits = model.last_logits();
+    Tensor ids = Tensor::empty({1, 3}, DType::i32, host, MemCategory::activations);
+    Tensor ignored = Tensor::empty({1, 3}, DType::i32, host, MemCategory::activations);
+    for (int t = 0; t < 3; ++t) ids.ptr<int32_t>()[t] = decoder_ids[size_t(t)], ignored.ptr<int32_t>()[t] = -100;
+    model.decode(ids, ignored);
+    const Tensor last = model.last_logits().slice_rows(2, 1);
+    CHECK(relative_error(cached_logits, last) <= 1e-6);
+    CHECK_THROWS_WITH_AS(model.decode_cached(cache, 1), doctest::Contains("past the cache's 3 positions"), Error);
   }
 }
 

@@ -27,12 +27,17 @@ std::vector<std::vector<int32_t>> generate_seq2seq(T5Model& model, const std::ve
     FT_CHECK(!inputs[i].empty(), "generate_seq2seq: empty input ", i);
     model.encode(row_tensor(inputs[i], host));
     std::vector<int32_t> decoder_ids = {int32_t(model.config().decoder_start_token_id)};
+    T5DecoderCache cache;
+    if (options.kv_cache) cache = model.make_decoder_cache(std::max<int64_t>(options.max_new_tokens, 1));
     Tensor logits = Tensor::empty({V}, DType::f32, host, MemCategory::activations);
     while (int64_t(generated[i].size()) < options.max_new_tokens) {
-      const Tensor ids = row_tensor(decoder_ids, host);
-      const std::vector<int32_t> ignored(decoder_ids.size(), -100);
-      model.decode(ids, row_tensor(ignored, host));
-      const Tensor last = model.last_logits().slice_rows(int64_t(decoder_ids.size()) - 1, 1);
+      if (options.kv_cache) {
+        model.decode_cached(cache, decoder_ids.back());
+      } else {  // the whole decoder input again
+        const std::vector<int32_t> ignored(decoder_ids.size(), -100);
+        model.decode(row_tensor(decoder_ids, host), row_tensor(ignored, host));
+      }
+      const Tensor last = model.last_logits().slice_rows(model.last_logits().dim(0) - 1, 1);
       model.backend().copy(logits, last);
       const int32_t token = sample_token(logits.ptr<float>(), V, options, rng);
       if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) break;

@@ -2,9 +2,12 @@
 // (T5Model::encode keeps the encoder's output), then the decoder runs from
 // decoder_start_token_id, and each next token is picked from the last
 // position's logits as generate() picks it (greedy, or temperature + top-p,
-// trainer/generate.h). The decoder reruns over its tokens so far at every
-// step (no decoder KV cache). Inputs run one at a time: T5Model does not mask
-// encoder padding, so inputs of different lengths cannot share a batch.
+// trainer/generate.h). With options.kv_cache (the default) the decoder runs
+// one token per step against its key/value cache (T5Model::decode_cached:
+// self-attention keys and values cached per layer, cross-attention's
+// computed once from the encoder output); without, it reruns over its tokens
+// so far. Inputs run one at a time: T5Model does not mask encoder padding,
+// so inputs of different lengths cannot share a batch.
 #pragma once
 #include <cstdint>
 #include <vector>

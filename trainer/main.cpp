@@ -2,6 +2,7 @@
 // finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--ranks N] [--set key=value]...
 // finetune generate MODEL ... (trainer/generate_command.h)
 // finetune merge MODEL --adapter DIR --out DIR ... (trainer/merge.h)
+// finetune course [CONFIGS_DIR] (trainer/course.h)
 // Every user-caused problem is an ft::Error: printed, exit status 1. SIGINT or
 // SIGTERM during training saves a checkpoint at the next step boundary and
 // exits with 128 + the signal (130, 143); --resume continues from it.
@@ -17,6 +18,7 @@
 
 #include "kernels/error.h"
 #include "trainer/collectives.h"
+#include "trainer/course.h"
 #include "trainer/device_backend.h"
 #include "trainer/generate_command.h"
 #include "trainer/merge.h"
@@ -41,6 +43,9 @@ const char* kUsage =
     "  that fit in --gpu-mem, and the best mode; a config.json is planned as a bf16\n"
     "  LoRA run with per-layer checkpointing at micro_batch 1 x seq_len 2048;\n"
     "  --ranks N adds the per-step gradient all-reduce of N data-parallel ranks\n"
+    "usage: finetune course [CONFIGS_DIR]\n"
+    "  prints the course's memory and LoRA figures computed by this trainer, from the model configs\n"
+    "  pythia-1b/, gpt-neox-20b/ and flan-t5-base/ under CONFIGS_DIR (default: configs)\n"
     "Fields are documented in configs/README.md.\n";
 
 int64_t parse_ranks(const std::string& text) {
@@ -85,8 +90,17 @@ int run_plan(int argc, char** argv) {
   return 0;
 }
 
+// finetune course [CONFIGS_DIR]: the course's figures (trainer/course.h).
+int run_course(int argc, char** argv) {
+  FT_CHECK(argc <= 3, "course: unexpected argument \"", argc > 3 ? argv[3] : "", "\"\n", kUsage);
+  const std::string configs_dir = argc == 3 ? argv[2] : "configs";
+  ft::print_course(ft::course_figures(configs_dir), configs_dir, std::cout);
+  return 0;
+}
+
 // world: set for training, so that an error names the rank and ends the job.
 int run(int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
+  if (argc > 1 && std::string(argv[1]) == "course") return run_course(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "plan") return run_plan(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "generate") return ft::run_generate(ft::parse_generate_args(argc, argv, 2));
   if (argc > 1 && std::string(argv[1]) == "merge") {

@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "kernels/error.h"
+#include "trainer/loss_plot.h"
 
 namespace ft {
 
@@ -130,11 +131,21 @@ void Progress::on_eval(int64_t step, const nlohmann::json& figures) {
   nlohmann::json row = figures;
   row["step"] = step;
   write_metrics(row);
+  redraw_plot();
 }
 
 void Progress::finish() {
   if (bar_drawn_) std::cout << "\n" << std::flush;
   bar_drawn_ = false;
+  redraw_plot();
+}
+
+// Like a metrics row, the picture failing to write (a full disk) warns once and the run goes on.
+void Progress::redraw_plot() {
+  std::string error;
+  if (write_loss_plot(metrics_path_, &error) || warned_plot_failure_) return;
+  std::cerr << "warning: " << error << "; training goes on without the picture\n";
+  warned_plot_failure_ = true;
 }
 
 }  // namespace ft

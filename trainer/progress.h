@@ -1,6 +1,7 @@
 // What the user sees while training: a one-line progress bar redrawn in place
-// on a terminal, plain log lines otherwise (CI logs, pipes, files), and every
-// figure appended as JSON to output_dir/metrics.jsonl.
+// on a terminal, plain log lines otherwise (CI logs, pipes, files), every
+// figure appended as JSON to output_dir/metrics.jsonl, and loss.svg beside it
+// (loss_plot.h) redrawn at each evaluation and when training ends.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -33,20 +34,23 @@ class Progress {
   // evaluation that precedes training, so it does not count as step time).
   void start();
   void on_step(const StepReport& report);
-  // Prints a line above the bar (eval results, samples) and records it.
+  // Records an evaluation's figures and redraws loss.svg.
   void on_eval(int64_t step, const nlohmann::json& figures);
+  // Prints a line above the bar (eval results, samples).
   void message(const std::string& text);
+  // Ends the bar's line and redraws loss.svg.
   void finish();
 
  private:
   void write_metrics(const nlohmann::json& row);
+  void redraw_plot();
   std::string format_bar(const StepReport& report, double tokens_per_s, double elapsed_s) const;
 
   // metrics.jsonl rows not yet written: a failed write (a full disk for a
   // moment) warns once and keeps its rows here, and the next row retries them.
   std::string metrics_path_, unwritten_rows_;
   int metrics_fd_ = -1;
-  bool warned_write_failure_ = false;
+  bool warned_write_failure_ = false, warned_plot_failure_ = false;
   int64_t total_steps_, first_step_, log_every_;
   bool is_terminal_;
   bool bar_drawn_ = false;

@@ -25,6 +25,7 @@
 #include "trainer/evaluate.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/optimizer.h"
+#include "trainer/parameter_count.h"
 #include "trainer/preference_data.h"
 #include "trainer/progress.h"
 #include "trainer/run_identity.h"
@@ -115,34 +116,11 @@ StopCondition stop_condition(const Run& run) {
   return StopCondition{run.special_tokens.stop_ids, run.special_tokens.stop_strings, run.tokenizer.get()};
 }
 
-std::string with_commas(int64_t value) {
-  std::string digits = std::to_string(value), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
-}
-
 void make_backend(Run& run) {
   DeviceBackend device = make_device_backend(run.config.device, run.config.source, run.host, std::cout);
   run.device_memory = std::move(device.device_memory);
   run.tracker = std::move(device.tracker);
   run.backend = std::move(device.backend);
-}
-
-// As PEFT's print_trainable_parameters; "all" counts the adapters too.
-void print_trainable_parameters(CausalLM& model) {
-  int64_t trainable = 0, all = 0;
-  for (std::deque<Parameter>* list : {&model.parameters(), &model.adapters()})
-    for (const Parameter& p : *list) {
-      all += p.value.numel();
-      if (p.trainable()) trainable += p.value.numel();
-    }
-  char percent[32];
-  std::snprintf(percent, sizeof percent, "%.4f", 100.0 * double(trainable) / double(all));
-  std::cout << "trainable params: " << with_commas(trainable) << " || all params: " << with_commas(all)
-            << " || trainable%: " << percent << "\n";
 }
 
 // The INT8 base as a loadable model folder: later runs read the codes and
@@ -176,7 +154,7 @@ void make_model(Run& run) {
   run.model = std::move(setup.model);
   run.optimizer = std::move(setup.optimizer);
   run.identity = run_identity(config, *run.model);
-  print_trainable_parameters(*run.model);
+  std::cout << trainable_parameters_line(count_parameters(*run.model)) << "\n";
 }
 
 std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const char* what, Dataset* keep) {
