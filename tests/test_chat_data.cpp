@@ -63,7 +63,9 @@ TEST_CASE("chat templates render, tokenize and mask as apply_chat_template does"
                                                                {"llama2", ChatTemplateKind::llama2},
                                                                {"llama3", ChatTemplateKind::llama3},
                                                                {"zephyr", ChatTemplateKind::zephyr}};
-  for (const auto& [family, kind] : families) {
+  for (const auto& family_kind : families) {
+    const char* family = family_kind.first;  // not a structured binding: CAPTURE cannot take one (clang, OpenMP)
+    const ChatTemplateKind kind = family_kind.second;
     CAPTURE(family);
     const std::string dir = kChatDir + "/" + family;
     const nlohmann::json fixture = read_json(dir + "/cases.json");
