@@ -828,6 +828,7 @@ TEST_CASE("configs/dpo-tiny.yaml run briefly raises the preference accuracy on h
   // Before training the policy is the reference: every reward is 0, no pair is ranked.
   CHECK(accuracy[0] == 0.0);
   CHECK(accuracy[6] >= 0.5);
+}
 
 // ---------------------------------------------------------------------------
 // Data parallel: `mpirun -np 2` on the shipped tiny model (configs/default.yaml
