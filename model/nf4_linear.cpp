@@ -1,6 +1,7 @@
 #include "model/nf4_linear.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "kernels/allocator.h"
@@ -144,10 +145,12 @@ void load_nf4_parameter(Backend& backend, const Checkpoint& checkpoint, Paramete
   const Tensor quant_map = checkpoint.view(p.name + ".quant_map");
   FT_CHECK(quant_map.dtype == DType::f32 && quant_map.numel() == 16, entry.file, ": \"", p.name,
            ".quant_map\" must be F32 [16]");
+  // Copied out: tensors in a safetensors file need not be 4-byte aligned.
+  float codes[16];
+  std::memcpy(codes, quant_map.data, sizeof(codes));
   for (int i = 0; i < 16; ++i)
-    FT_CHECK(quant_map.ptr<const float>()[i] == kNf4Codes[i], entry.file, ": \"", p.name,
-             ".quant_map\" is not bitsandbytes' NF4 code table (value ", i, " is ", quant_map.ptr<const float>()[i],
-             ")");
+    FT_CHECK(codes[i] == kNf4Codes[i], entry.file, ": \"", p.name,
+             ".quant_map\" is not bitsandbytes' NF4 code table (value ", i, " is ", codes[i], ")");
   load_exact(backend, checkpoint, p.name, p.value);
   load_exact(backend, checkpoint, p.name + ".absmax", p.scales);
   if (!double_quant) return;
