@@ -227,6 +227,18 @@ void make_data(Run& run) {
 
 namespace {
 
+// The end of a training step once report.loss is known: the optimizer step
+// (none without a trained token) at this step's learning rate. AdamW leaves
+// every weight and moment as it was when the gradient norm is not finite, and
+// a non-finite loss skips it.
+void finish_step(Run& run, int64_t step, bool trained_anything, StepReport& report) {
+  report.lr = run.schedule.lr_at(step);
+  const bool loss_finite = std::isfinite(report.loss);
+  report.grad_norm = !trained_anything ? 0.0 : loss_finite ? run.optimizer->step(report.lr) : std::nan("");
+  report.update_skipped = !loss_finite || !std::isfinite(report.grad_norm);
+  report.peak_memory_bytes = run.tracker->stats().total_peak_bytes;
+}
+
 // One optimizer step over grad_accum_steps micro-batches on each of the
 // data-parallel ranks (data_parallel.h). The loss is the mean over every
 // counted token of all of them (each micro-batch's gradient is weighted by its
@@ -251,12 +263,7 @@ StepReport train_step(Run& run, int64_t step) {
   }
   loss_sum = sum_over_ranks(run.collectives, *run.backend, run.host, *run.optimizer, loss_sum);
   report.loss = counted ? loss_sum / double(counted) : 0.0;
-  report.lr = run.schedule.lr_at(step);
-  // AdamW leaves every weight and moment as it was when the norm is not finite.
-  const bool loss_finite = std::isfinite(report.loss);
-  report.grad_norm = !counted ? 0.0 : loss_finite ? run.optimizer->step(report.lr) : std::nan("");
-  report.update_skipped = !loss_finite || !std::isfinite(report.grad_norm);
-  report.peak_memory_bytes = run.tracker->stats().total_peak_bytes;
+  finish_step(run, step, counted > 0, report);
   return report;
 }
 
@@ -284,11 +291,7 @@ StepReport dpo_train_step(Run& run, int64_t step) {
   report.figures = figures.means();
   report.loss = report.figures["loss"].get<double>();
   report.figures.erase("loss");
-  report.lr = run.schedule.lr_at(step);
-  const bool loss_finite = std::isfinite(report.loss);
-  report.grad_norm = !pairs ? 0.0 : loss_finite ? run.optimizer->step(report.lr) : std::nan("");
-  report.update_skipped = !loss_finite || !std::isfinite(report.grad_norm);
-  report.peak_memory_bytes = run.tracker->stats().total_peak_bytes;
+  finish_step(run, step, pairs > 0, report);
   return report;
 }
 
