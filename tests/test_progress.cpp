@@ -1,9 +1,11 @@
 // Progress's metrics.jsonl writer: a failed write (here the file-size limit,
 // as a full disk would) warns once, keeps the rows, and writes them all with
-// the next row that fits, in order.
+// the next row that fits, in order. Without a metrics path (a data-parallel
+// rank other than 0) it writes no file at all.
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -40,4 +42,24 @@ TEST_CASE("rows whose write failed are kept and written, in order, by the next w
   std::string line;
   while (std::getline(in, line)) steps.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
   CHECK(steps == std::vector<int64_t>{0, 1, 2, 3});
+}
+
+TEST_CASE("a Progress without a metrics path writes no file, neither metrics nor loss.svg") {
+  const fs::path folder = fs::path(FT_BINARY_DIR) / "progress_no_files";
+  fs::remove_all(folder);
+  fs::create_directories(folder);
+  const fs::path previous = fs::current_path();
+  fs::current_path(folder);  // where a relative loss.svg beside "" would land
+  {
+    ft::Progress progress("", 2, 0, 1);
+    progress.start();
+    ft::StepReport report;
+    report.step = 1;
+    report.loss = 2.0;
+    progress.on_step(report);
+    progress.on_eval(1, {{"eval_loss", 1.5}});
+    progress.finish();
+  }
+  fs::current_path(previous);
+  CHECK(fs::is_empty(folder));
 }

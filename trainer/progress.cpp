@@ -40,24 +40,25 @@ std::string format_duration(double seconds) {
 
 Progress::Progress(const std::string& metrics_path, int64_t total_steps, int64_t first_step, int64_t log_every)
     : metrics_path_(metrics_path),
-      metrics_fd_(::open(metrics_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644)),
+      metrics_fd_(metrics_path.empty() ? -1 : ::open(metrics_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644)),
       total_steps_(total_steps),
       first_step_(first_step),
       log_every_(log_every > 0 ? log_every : 1),
       is_terminal_(isatty(STDOUT_FILENO)),
       start_(std::chrono::steady_clock::now()),
       last_step_(start_) {
-  FT_CHECK(metrics_fd_ >= 0, metrics_path, ": cannot open for appending (", std::strerror(errno), ")");
+  FT_CHECK(metrics_path.empty() || metrics_fd_ >= 0, metrics_path, ": cannot open for appending (", std::strerror(errno), ")");
 }
 
 Progress::~Progress() {
   if (!unwritten_rows_.empty())
     std::cerr << "warning: " << metrics_path_ << ": " << std::count(unwritten_rows_.begin(), unwritten_rows_.end(), '\n')
               << " metrics rows could not be written\n";
-  ::close(metrics_fd_);
+  if (metrics_fd_ >= 0) ::close(metrics_fd_);
 }
 
 void Progress::write_metrics(const nlohmann::json& row) {
+  if (metrics_path_.empty()) return;
   unwritten_rows_ += row.dump() + "\n";
   while (!unwritten_rows_.empty()) {
     const ssize_t written = ::write(metrics_fd_, unwritten_rows_.data(), unwritten_rows_.size());
@@ -143,6 +144,7 @@ void Progress::finish() {
 // Like a metrics row, the picture failing to write (a full disk) warns once and the run goes on.
 void Progress::redraw_plot() {
   std::string error;
+  if (metrics_path_.empty()) return;
   if (write_loss_plot(metrics_path_, &error) || warned_plot_failure_) return;
   std::cerr << "warning: " << error << "; training goes on without the picture\n";
   warned_plot_failure_ = true;

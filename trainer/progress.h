@@ -26,6 +26,8 @@ struct StepReport {
 
 class Progress {
  public:
+  // An empty metrics_path writes no file at all (a data-parallel rank other
+  // than 0: only rank 0 writes metrics.jsonl and loss.svg).
   Progress(const std::string& metrics_path, int64_t total_steps, int64_t first_step, int64_t log_every);
   ~Progress();
   Progress(const Progress&) = delete;

@@ -522,11 +522,6 @@ struct QuietUnlessLeader {
   }
 };
 
-// Rank 0 writes metrics; the others' Progress appends to nowhere.
-std::string metrics_sink(const Run& run, const std::string& metrics_path) {
-  return run.leader ? metrics_path : "/dev/null";
-}
-
 }  // namespace
 
 int run_training(const TrainConfig& config, const RunOptions& options) {
@@ -572,7 +567,8 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
                                                    : " sequences")
             << " of up to " << config.seq_len << " tokens\n";
 
-  Progress progress(metrics_sink(run, metrics_path), run.total_steps, resumed.step, config.log_every);
+  // Rank 0 alone writes metrics.jsonl and loss.svg.
+  Progress progress(run.leader ? metrics_path : "", run.total_steps, resumed.step, config.log_every);
   EvalFigures before;
   if (!options.resume) before = evaluate(run, 0, progress, "before training");
   progress.start();
