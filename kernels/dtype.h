@@ -42,14 +42,25 @@ inline uint16_t f32_to_f16(float value) {
   return bits;
 }
 
-// Reads element i of a buffer of the given floating dtype as f32.
+// Element i of a buffer of T, read bytewise: the buffer need not be aligned
+// to T (a tensor in a safetensors file is packed back to back with the
+// others). The memcpy compiles to one load.
+template <class T>
+inline T load_unaligned(const void* data, int64_t i) {
+  T value;
+  std::memcpy(&value, static_cast<const unsigned char*>(data) + size_t(i) * sizeof(T), sizeof(T));
+  return value;
+}
+
+// Reads element i of a buffer of the given dtype as f32; the buffer may be a
+// view of a file, so it need not be aligned.
 inline float load_as_f32(const void* data, DType dtype, int64_t i) {
   switch (dtype) {
-    case DType::f32: return static_cast<const float*>(data)[i];
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
-    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::f32: return load_unaligned<float>(data, i);
+    case DType::bf16: return bf16_to_f32(load_unaligned<uint16_t>(data, i));
+    case DType::f16: return f16_to_f32(load_unaligned<uint16_t>(data, i));
     case DType::i8: return float(static_cast<const int8_t*>(data)[i]);
-    case DType::i32: return float(static_cast<const int32_t*>(data)[i]);
+    case DType::i32: return float(load_unaligned<int32_t>(data, i));
     case DType::u8: return float(static_cast<const uint8_t*>(data)[i]);
   }
   return 0.0f;

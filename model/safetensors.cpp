@@ -152,15 +152,6 @@ std::vector<SafetensorsEntry> parse_file(const std::string& path, const uint8_t*
   return entries;
 }
 
-// values[i], read bytewise: a tensor in a safetensors file need not be
-// aligned to its element size (tensors are packed back to back).
-template <class Bits>
-Bits element_bits(const unsigned char* values, size_t i) {
-  Bits bits;
-  std::memcpy(&bits, values + i * sizeof(Bits), sizeof(Bits));
-  return bits;
-}
-
 // Index of the first element of `values` whose exponent bits are all set
 // (NaN or Inf), or count when there is none. Blocks keep the inner loop
 // branch-free so it vectorises; only a block holding a bad value is rescanned.
@@ -172,10 +163,10 @@ size_t first_non_finite(const unsigned char* values, size_t count, Bits exponent
     unsigned any = 0;
 #pragma omp simd reduction(| : any)
     for (size_t i = start; i < end; ++i)
-      any |= unsigned((element_bits<Bits>(values, i) & exponent_mask) == exponent_mask);
+      any |= unsigned((load_unaligned<Bits>(values, int64_t(i)) & exponent_mask) == exponent_mask);
     if (!any) continue;
     for (size_t i = start; i < end; ++i)
-      if ((element_bits<Bits>(values, i) & exponent_mask) == exponent_mask) return i;
+      if ((load_unaligned<Bits>(values, int64_t(i)) & exponent_mask) == exponent_mask) return i;
   }
   return count;
 }
@@ -189,12 +180,11 @@ void require_finite(const SafetensorsEntry& entry) {
   const auto* bytes = static_cast<const unsigned char*>(entry.data);
   if (entry.dtype == DType::f32) {
     bad = first_non_finite<uint32_t>(bytes, count, 0x7f800000u);
-    if (bad < count) std::memcpy(&value, bytes + 4 * bad, 4);
   } else if (entry.dtype == DType::bf16 || entry.dtype == DType::f16) {
     const uint16_t mask = entry.dtype == DType::bf16 ? 0x7f80 : 0x7c00;
     bad = first_non_finite<uint16_t>(bytes, count, mask);
-    if (bad < count) value = load_as_f32(entry.data, entry.dtype, int64_t(bad));
   }
+  if (bad < count) value = load_as_f32(entry.data, entry.dtype, int64_t(bad));
   FT_CHECK(bad == count, entry.file, ": tensor \"", entry.name, "\" holds ", value, " at element ", bad,
            " (expected finite values; the checkpoint is corrupt or was saved after training diverged)");
 }

@@ -77,6 +77,29 @@ constexpr size_t kDefaultSmem = 48 << 10, kMaxSmem = 227 << 10;
 
 enum class Wait : unsigned char { runnable, barrier, warp, exited };
 
+// ASan keeps a shadow of the current stack; a switch to another stack must be
+// announced (start) and confirmed on arrival (finish), or ASan takes the
+// fiber's frames for overflows of the scheduler's stack. No-ops without ASan.
+struct StackRange {
+  const void* bottom = nullptr;
+  size_t bytes = 0;
+};
+#ifdef FT_EMU_ASAN
+void asan_leave_stack(void** fake_stack, StackRange to) {
+  __sanitizer_start_switch_fiber(fake_stack, to.bottom, to.bytes);
+}
+void asan_arrive(void* fake_stack, StackRange* from) {
+  StackRange ignored;
+  StackRange& out = from ? *from : ignored;
+  __sanitizer_finish_switch_fiber(fake_stack, &out.bottom, &out.bytes);
+}
+void asan_unpoison(void* p, size_t bytes) { __asan_unpoison_memory_region(p, bytes); }
+#else
+void asan_leave_stack(void**, StackRange) {}
+void asan_arrive(void*, StackRange*) {}
+void asan_unpoison(void*, size_t) {}
+#endif
+
 struct Thread {
   Wait wait;
   int fiber;  // index into stacks/fiber_sp; -1 until the thread first runs
@@ -103,6 +126,7 @@ struct Emu {
   int live = 0, at_barrier = 0, at_warp = 0;
   std::string fiber_error;  // set on a fiber, thrown by the scheduler (never unwind a fiber)
   void* scheduler_sp = nullptr;
+  StackRange scheduler_stack;  // the launching thread's stack, as ASan reports it to a fiber
   std::vector<char*> stacks;  // kept across launches: mmap per launch is slow
   std::vector<void*> fiber_sp;
   int fibers_used = 0;
@@ -171,6 +195,7 @@ void enter(int t) {
 // threads never synchronise costs one fiber switch. The first thread that
 // synchronises keeps the fiber; the threads not yet started get their own.
 [[noreturn]] void fiber_main() {
+  asan_arrive(nullptr, &emu.scheduler_stack);
   for (;;) {
     emu.body(emu.params);
     Thread& done = emu.threads[emu.current];
@@ -182,6 +207,7 @@ void enter(int t) {
     enter(t);
   }
   void* finished;
+  asan_leave_stack(nullptr, emu.scheduler_stack);  // this fiber's frames are done with for good
   ft_emu_switch(&finished, emu.scheduler_sp);
   __builtin_unreachable();
 }
@@ -195,6 +221,9 @@ int new_fiber() {
     emu.stacks.push_back(static_cast<char*>(base));
     emu.fiber_sp.push_back(nullptr);
   }
+  // A reused stack still carries the shadow of the frames its last thread
+  // left behind (fiber_main's never returns).
+  asan_unpoison(emu.stacks[f] + kStackGuard, kStackBytes);
   // Initial frame for ft_emu_switch: six zero registers, then the "return"
   // into fiber_main with the stack aligned as if fiber_main had been called.
   void** top = reinterpret_cast<void**>(emu.stacks[f] + kStackGuard + kStackBytes);
@@ -206,7 +235,12 @@ int new_fiber() {
 }
 
 // Fiber side: back to the scheduler until it resumes this thread.
-void yield() { ft_emu_switch(&emu.fiber_sp[emu.threads[emu.current].fiber], emu.scheduler_sp); }
+void yield() {
+  void* fake_stack = nullptr;
+  asan_leave_stack(&fake_stack, emu.scheduler_stack);
+  ft_emu_switch(&emu.fiber_sp[emu.threads[emu.current].fiber], emu.scheduler_sp);
+  asan_arrive(fake_stack, &emu.scheduler_stack);
+}
 
 [[noreturn]] void fiber_fail(const std::string& what) {
   emu.fiber_error = what;
@@ -224,7 +258,10 @@ void resume(int t) {
   Thread& th = emu.threads[t];
   if (th.fiber < 0) th.fiber = new_fiber();
   enter(t);
+  void* fake_stack = nullptr;
+  asan_leave_stack(&fake_stack, {emu.stacks[th.fiber] + kStackGuard, kStackBytes});
   ft_emu_switch(&emu.scheduler_sp, emu.fiber_sp[th.fiber]);
+  asan_arrive(fake_stack, nullptr);
   emu.current = -1;
   if (!emu.fiber_error.empty()) fail(emu.fiber_error);
 }
