@@ -48,6 +48,9 @@ ModelOptions model_options(const TrainConfig& config) {
   if (config.trainable == Trainable::lora) options.lora = config.lora;
   // With the f32 masters on the host the device keeps only the copy the adapters compute with.
   if (config.offload_optimizer == OffloadTarget::host) options.adapter_dtype = options.weight_dtype;
+  options.stream_base = config.offload_base == OffloadTarget::host;
+  options.resident_layers = config.resident_layers;
+  options.stream_slots = config.stream_slots;
   return options;
 }
 
@@ -73,6 +76,9 @@ std::unique_ptr<AdamW> make_optimizer(Backend& backend, CausalLM& model, const T
 
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
                              const std::function<void(CausalLM&)>& fill_base, Allocator* host_state) {
+  FT_CHECK(config.offload_base == OffloadTarget::device || config.resident_layers < model_config.num_hidden_layers,
+           config.source, ": offload.resident_layers must be below the model's num_hidden_layers (",
+           model_config.num_hidden_layers, ") with offload.base: host, got ", config.resident_layers);
   TrainingSetup setup;
   setup.model = make_causal_lm(model_config, backend, model_options(config));
   fill_base(*setup.model);
