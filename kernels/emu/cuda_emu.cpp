@@ -617,7 +617,12 @@ struct EmuEvent {
   EmuStream* stream = nullptr;  // null: recorded on the legacy stream, or never
   uint64_t issued = 0;          // the stream's copies issued at the record
 };
-std::set<EmuStream*> streams;
+// Built on first use and never destroyed: tests create backends (and so
+// streams) in static initialisers and free memory in static destructors.
+std::set<EmuStream*>& streams() {
+  static auto* all = new std::set<EmuStream*>;
+  return *all;
+}
 
 void land(EmuStream& stream, uint64_t up_to) {
   while (stream.landed < up_to && !stream.pending.empty()) {
@@ -628,11 +633,11 @@ void land(EmuStream& stream, uint64_t up_to) {
   }
 }
 void land_all() {
-  for (EmuStream* stream : streams) land(*stream, stream->issued);
+  for (EmuStream* stream : streams()) land(*stream, stream->issued);
 }
 // Legacy-stream work waits for every blocking stream.
 void before_legacy_work() {
-  for (EmuStream* stream : streams)
+  for (EmuStream* stream : streams())
     if (stream->blocking) land(*stream, stream->issued);
 }
 }  // namespace
@@ -798,7 +803,7 @@ cudaError_t cudaDeviceSynchronize() {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   auto* stream = new EmuStream;
   stream->blocking = (flags & cudaStreamNonBlocking) == 0;
-  streams.insert(stream);
+  streams().insert(stream);
   *s = reinterpret_cast<cudaStream_t>(stream);
   return cudaSuccess;
 }
@@ -806,7 +811,7 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   auto* stream = reinterpret_cast<EmuStream*>(s);
   land(*stream, stream->issued);  // as CUDA: work already issued completes
-  streams.erase(stream);
+  streams().erase(stream);
   delete stream;
   return cudaSuccess;
 }
