@@ -196,6 +196,15 @@ TEST_CASE("plan: bad model_type or LoRA target is a clear error") {
   const PlanRun missing = run_plan(std::string(FT_SOURCE_DIR) + "/configs/nothing/config.json");
   CHECK(missing.exit_status == 1);
   CHECK(missing.output.find("nothing/config.json") != std::string::npos);
+  // A streamed base keeps fewer layers resident than the model has.
+  const PlanRun all_resident = run_plan(std::string(FT_SOURCE_DIR) +
+                                        "/configs/llama-2-70b-nf4-lora-24gb.yaml --set offload.resident_layers=80");
+  CHECK(all_resident.exit_status == 1);
+  CHECK(all_resident.output.find("llama-2-70b-nf4-lora-24gb.yaml: offload.resident_layers must be below the model's "
+                                 "num_hidden_layers (80) with offload.base: host, got 80") != std::string::npos);
+  const PlanRun bad_tflops = run_plan(std::string(FT_SOURCE_DIR) + "/configs/llama-2-70b-nf4-lora-24gb.yaml --tflops 0");
+  CHECK(bad_tflops.exit_status == 1);
+  CHECK(bad_tflops.output.find("--tflops must be a number in (0, 1e6], got \"0\"") != std::string::npos);
 }
 
 TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA at seq 2048, micro_batch 1 (CUDA policy)") {
