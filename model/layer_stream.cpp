@@ -52,6 +52,12 @@ LayerStream::LayerStream(Backend& backend, std::vector<std::vector<Parameter*>> 
   }
 }
 
+size_t LayerStream::host_bytes() const {
+  size_t bytes = 0;
+  for (const Layer& layer : layers_) bytes += layer.bytes;
+  return bytes;
+}
+
 void LayerStream::prefetch(size_t layer) {
   const size_t s = slot_of(layer);
   if (slot_layer_[s] == int64_t(layer)) return;

@@ -33,6 +33,8 @@ class LayerStream {
   size_t slot_bytes() const { return slot_bytes_; }
   // Bytes of one layer's streamed tensors (what one copy moves).
   size_t layer_bytes(size_t layer) const { return layers_[layer].bytes; }
+  // Every streamed layer's bytes: what the pinned host memory holds.
+  size_t host_bytes() const;
   // Host-to-device bytes copied since construction.
   size_t copied_bytes() const { return copied_bytes_; }
 

@@ -14,6 +14,7 @@
 #include "kernels/error.h"
 #include "model/atomic_file.h"
 #include "model/causal_lm.h"
+#include "model/layer_stream.h"
 #include "model/peft_adapter.h"
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
@@ -570,6 +571,10 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
             << format_bytes(memory.current(MemCategory::optimizer));
   if (config.offload_optimizer == OffloadTarget::host)
     std::cout << ", optimizer state on the host " << format_bytes(run.host_state.stats().current(MemCategory::optimizer));
+  if (const LayerStream* stream = run.model->layer_stream())
+    std::cout << ", base layers 0-" << stream->layer_count() - 1 << " streamed from pinned host memory ("
+              << format_bytes(stream->host_bytes()) << ") through " << stream->slot_count()
+              << " device slots";
   std::cout << "\n";
   std::cout << "training " << run.total_steps << " steps of " << config.micro_batch_size << " x "
             << config.grad_accum_steps;
