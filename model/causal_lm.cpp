@@ -164,7 +164,8 @@ void LanguageModel::fill_parameter(Parameter& p, const std::function<void(Parame
   if (p.value.device == backend_.device()) return fill(p);
   Parameter staged = p;
   for (Tensor Parameter::*member : kQuantizedTensors)
-    if ((p.*member).defined()) staged.*member = backend_.empty((p.*member).shape, (p.*member).dtype, MemCategory::workspace);
+    if ((p.*member).defined())
+      staged.*member = backend_.empty((p.*member).shape, (p.*member).dtype, MemCategory::workspace);
   fill(staged);
   for (Tensor Parameter::*member : kQuantizedTensors)
     if ((p.*member).defined()) backend_.copy(p.*member, staged.*member);

@@ -10,7 +10,9 @@
 // waits: a copy into a slot waits for the compute stream's release of the
 // layer that last used it, and compute waits for the copy before it reads.
 // While a layer is acquired its Parameters' tensors are views of its slot;
-// otherwise they are the host tensors, which no device op accepts.
+// otherwise they are the host tensors, which no device op accepts. The slots
+// are long-lived weights, never returned to CachingAllocator's cache, so the
+// copy stream writing them does not break its one-stream reuse order.
 #pragma once
 #include <cstddef>
 #include <cstdint>
