@@ -29,6 +29,10 @@ namespace ft {
 // suffix = 0) and once per backend (suffix override) from this one list.
 #define FT_BACKEND_OP_IMPLS(PREFIX, SUFFIX)                                                                         \
   PREFIX void copy_impl(Tensor& dst, const Tensor& src) SUFFIX;                                                     \
+  PREFIX void copy_async_impl(Tensor& dst, const Tensor& src) SUFFIX;                                               \
+  PREFIX StreamEvent make_event_impl() SUFFIX;                                                                      \
+  PREFIX void record_event_impl(StreamEvent& event, Stream stream) SUFFIX;                                          \
+  PREFIX void wait_event_impl(Stream stream, const StreamEvent& event) SUFFIX;                                      \
   PREFIX void fill_impl(Tensor& dst, float value) SUFFIX;                                                           \
   PREFIX void copy_columns_impl(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,             \
                                 int64_t width) SUFFIX;                                                              \
@@ -104,6 +108,9 @@ class Backend {
   virtual Allocator& allocator() = 0;
   // Where the backend's tensors live (its allocator's device).
   Device device() { return allocator().device(); }
+  // Host memory copy_async reads from (page-locked on CUDA, so the copy
+  // engine reads it while the host goes on; Device::cpu tensors).
+  virtual Allocator& pinned_host_allocator() = 0;
 
   Tensor empty(const Shape& shape, DType dtype, MemCategory category) {
     return Tensor::empty(shape, dtype, allocator(), category);
@@ -127,6 +134,26 @@ class Backend {
     checks::check_copy_columns(device(), dst, dst_offset, src, src_offset, width);
     copy_columns_impl(dst, dst_offset, src, src_offset, width);
   }
+
+  // ---- the copy stream -------------------------------------------------
+  // Every other op runs on the compute stream, in issue order. copy_async
+  // copies src (a pinned_host_allocator tensor) to dst on the device, byte
+  // for byte (same dtype and size), on the copy stream, so it overlaps the
+  // compute stream's work; the host does not wait for it. The streams are
+  // ordered only by events: record_event marks what `stream` has been given
+  // so far, wait_event makes `stream`'s later work wait until the event's
+  // work is done (an event never recorded is done). So a copy into a buffer
+  // the compute stream reads must wait for an event recorded on compute after
+  // the last reader, and compute must wait for an event recorded on copy
+  // after the copy before it reads. The CPU backend runs everything at issue
+  // (copy_async is a memcpy, events are no-ops).
+  void copy_async(Tensor& dst, const Tensor& src) {
+    checks::check_copy_async(device(), dst, src);
+    copy_async_impl(dst, src);
+  }
+  StreamEvent make_event() { return make_event_impl(); }
+  void record_event(StreamEvent& event, Stream stream) { record_event_impl(event, stream); }
+  void wait_event(Stream stream, const StreamEvent& event) { wait_event_impl(stream, event); }
 
   // ---- linear algebra ----------------------------------------------------
   // out[M,N] = alpha * op(a)[M,K] @ op(b)[K,N] + beta * out, op = transpose

@@ -284,6 +284,16 @@ inline void check_copy(Device device, const Tensor& dst, const Tensor& src) {
            dtype_name(src.dtype), " to ", dtype_name(dst.dtype));
 }
 
+inline void check_copy_async(Device device, const Tensor& dst, const Tensor& src) {
+  check_on(dst, device, "copy_async", "dst");
+  const bool has_data = src.data != nullptr || src.numel() == 0 || device == Device::meta;
+  FT_CHECK(src.device == Device::cpu && has_data, "copy_async: src must be a pinned host tensor with data (shape ",
+           shape_string(src.shape), ")");
+  FT_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy_async: dst ", dtype_name(dst.dtype), " ",
+           shape_string(dst.shape), " and src ", dtype_name(src.dtype), " ", shape_string(src.shape),
+           " differ (copy_async copies bytes)");
+}
+
 inline void check_fill(Device device, const Tensor& dst) { check_on(dst, device, "fill", "dst"); }
 
 // out = a + b: all floating and shaped alike.

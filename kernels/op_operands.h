@@ -3,10 +3,22 @@
 // backend.h can call the checks.
 #pragma once
 #include <cstdint>
+#include <memory>
 
 #include "kernels/tensor.h"
 
 namespace ft {
+
+// The two streams a backend runs work on (Backend::copy_async). Work on one
+// stream runs in issue order; the streams are ordered only by events.
+enum class Stream : uint8_t { compute, copy };
+
+// A point in a stream's work (Backend::make_event): what the stream had been
+// given when record_event was last called with it. The handle belongs to the
+// backend (a cudaEvent_t on CUDA; none where work runs at issue).
+struct StreamEvent {
+  std::shared_ptr<void> handle;
+};
 
 // One AdamW step's scalars (see Backend::adamw_update); step counts from 1.
 struct AdamWStep {

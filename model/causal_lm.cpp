@@ -7,6 +7,7 @@
 #include "kernels/error.h"
 #include "model/gpt_neox.h"
 #include "model/int8_linear.h"
+#include "model/layer_stream.h"
 #include "model/llama.h"
 #include "model/lora_linear.h"
 #include "model/nf4_linear.h"
@@ -14,6 +15,17 @@
 #include "model/safetensors.h"
 
 namespace ft {
+
+// The decoder layer a module belongs to ("model.layers.3.mlp.up_proj": 3), -1 for none.
+static int64_t decoder_layer_of(const std::string& module) {
+  const std::string marker = ".layers.";
+  const size_t at = module.find(marker);
+  if (at == std::string::npos) return -1;
+  const size_t first = at + marker.size(), end = module.find('.', first);
+  const std::string digits = module.substr(first, end == std::string::npos ? std::string::npos : end - first);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
 
 LanguageModel::LanguageModel(const ModelConfig& config, Backend& backend, const ModelOptions& options,
                              const std::vector<std::string>& default_lora_targets)
@@ -43,6 +55,16 @@ std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& config, Backend& bac
 void LanguageModel::check_built(const std::string& module_names) {
   FT_CHECK(embedding_ && final_norm_.weight && lm_head_, config_.model_type,
            ": the architecture must set its embedding, final norm and lm_head");
+  if (streamed_layers() > 0) {
+    std::vector<std::vector<Parameter*>> layers(static_cast<size_t>(streamed_layers()));
+    for (Parameter& p : parameters_) {
+      const int64_t layer = decoder_layer_of(p.name);
+      if (layer >= 0 && layer < streamed_layers() && (p.value.dtype == DType::i8 || p.value.dtype == DType::u8))
+        layers[size_t(layer)].push_back(&p);
+    }
+    layer_stream_ = std::make_unique<LayerStream>(backend_, std::move(layers),
+                                                  std::min(options_.stream_slots, streamed_layers()));
+  }
   if (!options_.lora) return;
   std::vector<std::string>& targets = options_.lora->target_modules;
   if (targets == std::vector<std::string>{kAllLinear}) {
@@ -72,26 +94,35 @@ bool module_matches_target(const std::string& module_name, const std::string& ta
          module_name[module_name.size() - target.size() - 1] == '.';
 }
 
-Parameter& LanguageModel::add_parameter(const std::string& name, const Shape& shape, DType dtype) {
+Parameter& LanguageModel::add_parameter(const std::string& name, const Shape& shape, DType dtype,
+                                        Allocator* allocator) {
   Parameter parameter;
   parameter.name = name;
-  parameter.value = backend_.empty(shape, dtype, MemCategory::weights);
+  parameter.value = Tensor::empty(shape, dtype, allocator ? *allocator : backend_.allocator(), MemCategory::weights);
   parameters_.push_back(std::move(parameter));
   return parameters_.back();
 }
 
-// A decoder linear: dense, LLM.int8() or NF4, wrapped in LoRA when it is a target.
+int64_t LanguageModel::streamed_layers() const {
+  return options_.stream_base ? config_.num_hidden_layers - options_.resident_layers : 0;
+}
+
+// A decoder linear: dense, LLM.int8() or NF4, wrapped in LoRA when it is a
+// target. A streamed layer's quantized tensors go to pinned host memory.
 std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, int64_t out_features,
                                                    int64_t in_features, bool bias) {
   std::unique_ptr<Linear> base;
+  const int64_t layer = decoder_layer_of(module);
+  Allocator& quantized = layer >= 0 && layer < streamed_layers() ? backend_.pinned_host_allocator()
+                                                                 : backend_.allocator();
   if (options_.int8_base) {
-    Parameter& weight = add_parameter(module + ".weight", {out_features, in_features}, DType::i8);
-    weight.scales = backend_.empty({out_features}, DType::f32, MemCategory::weights);
+    Parameter& weight = add_parameter(module + ".weight", {out_features, in_features}, DType::i8, &quantized);
+    weight.scales = Tensor::empty({out_features}, DType::f32, quantized, MemCategory::weights);
     Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
     base = std::make_unique<Int8Linear>(weight, options_.int8_threshold, b);
   } else if (options_.nf4_base) {
     Parameter& weight = add_parameter(module + ".weight", {0}, DType::u8);
-    allocate_nf4_parameter(backend_, weight, out_features, in_features, options_.nf4_double_quant);
+    allocate_nf4_parameter(quantized, weight, out_features, in_features, options_.nf4_double_quant);
     Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
     base = std::make_unique<Nf4Linear>(weight, b);
   } else {
@@ -129,11 +160,23 @@ Parameter& LanguageModel::parameter(const std::string& name) {
   fail("no parameter named \"", name, "\"");
 }
 
+void LanguageModel::fill_parameter(Parameter& p, const std::function<void(Parameter&)>& fill) {
+  if (p.value.device == backend_.device()) return fill(p);
+  Parameter staged = p;
+  for (Tensor Parameter::*member : kQuantizedTensors)
+    if ((p.*member).defined())
+      staged.*member = backend_.empty((p.*member).shape, (p.*member).dtype, MemCategory::workspace);
+  fill(staged);
+  for (Tensor Parameter::*member : kQuantizedTensors)
+    if ((p.*member).defined()) backend_.copy(p.*member, staged.*member);
+  p.nested_offset = staged.nested_offset;
+}
+
 void LanguageModel::load(const Checkpoint& checkpoint) {
-  for (Parameter& p : parameters_) {
+  for (Parameter& parameter : parameters_) fill_parameter(parameter, [&](Parameter& p) {
     if (p.value.dtype == DType::u8) {
       load_nf4_parameter(backend_, checkpoint, p);
-      continue;
+      return;
     }
     const SafetensorsEntry& entry = checkpoint.entry(p.name);
     FT_CHECK(entry.dtype != DType::u8, entry.file, ": tensor \"", p.name,
@@ -161,7 +204,7 @@ void LanguageModel::load(const Checkpoint& checkpoint) {
     // Done with the source bytes: drop their pages so the mapped checkpoint
     // holds about one tensor resident, not the whole file, at peak.
     checkpoint.release(p.name);
-  }
+  });
 }
 
 void LanguageModel::init_random(uint64_t seed) {
@@ -190,9 +233,11 @@ void LanguageModel::init_random(uint64_t seed) {
         out[2 * pair + k] = is_bias ? 0.0f : is_norm ? 1.0f : float(config_.initializer_range * normals[k]);
     }
     // An INT8 base is quantised from the f32 values, as load() does a 16-bit checkpoint.
-    if (p.value.dtype == DType::i8) quantize_parameter(backend_, p, values);
-    else if (p.value.dtype == DType::u8) quantize_nf4_parameter(backend_, p, values);
-    else backend_.copy(p.value, values);
+    fill_parameter(p, [&](Parameter& q) {
+      if (q.value.dtype == DType::i8) quantize_parameter(backend_, q, values);
+      else if (q.value.dtype == DType::u8) quantize_nf4_parameter(backend_, q, values);
+      else backend_.copy(q.value, values);
+    });
   }
 }
 
@@ -207,6 +252,14 @@ void LanguageModel::set_dropout_seed(uint64_t seed) {
 
 void LanguageModel::set_adapters_enabled(bool enabled) {
   for (LoraLinear* layer : lora_layers_) layer->set_enabled(enabled);
+}
+
+void LanguageModel::acquire_layer(size_t index, int direction) {
+  if (layer_stream_ && index < layer_stream_->layer_count()) layer_stream_->acquire(index, direction);
+}
+
+void LanguageModel::release_layer(size_t index) {
+  if (layer_stream_ && index < layer_stream_->layer_count()) layer_stream_->release(index);
 }
 
 void LanguageModel::set_training(bool training) {
@@ -325,7 +378,9 @@ Tensor CausalLM::forward_cached(KvCache& cache, const Tensor& input_ids, const s
   try {
     for (size_t i = 0; i < size_t(config_.num_hidden_layers); ++i) {
       step.layer = i;
+      acquire_layer(i, 1);
       forward_layer(i, x, norm, &next, step.positions);  // its saved activations are freed at once
+      release_layer(i);
       std::swap(x, next);
     }
   } catch (...) {
@@ -523,8 +578,10 @@ void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const
   for (size_t i = 0; i < step.layers.size(); ++i) {
     step.residuals.push_back(be.empty({B, T, C}, act, MemCategory::activations));
     if (i == 0) norm = norm_forward(input_norm(0), embedded);
+    acquire_layer(i, 1);
     std::unique_ptr<SavedActivations> saved =
         forward_layer(i, step.residuals[i], norm, &step.residuals[i + 1], step.tokens.positions);
+    release_layer(i);
     if (keep) step.layers[i] = std::move(saved);  // else freed here, before the next layer runs
   }
   step.final_norm = std::move(norm);
@@ -543,6 +600,7 @@ void CausalLM::backward_decoder(DecoderStep& step, Tensor& dnorm) {
   norm_backward(dresidual2d, final_norm_, dnorm, step.residuals.back().reshaped({N, C}), step.final_norm);
   dnorm = Tensor{};
   for (size_t i = step.layers.size(); i-- > 0;) {
+    acquire_layer(i, -1);  // once for the recomputation and the backward
     // A checkpointed layer runs its forward again from its kept input,
     // without the output (residuals[i + 1] still holds it) or the next norm.
     if (!step.layers[i]) {
@@ -551,6 +609,7 @@ void CausalLM::backward_decoder(DecoderStep& step, Tensor& dnorm) {
     }
     step.residuals[i + 1] = Tensor{};
     backward_layer(i, *step.layers[i], dresidual, step.residuals[i], step.tokens.positions);
+    release_layer(i);
     step.layers[i] = nullptr;
   }
   if (embedding_->trainable()) be.embedding_backward(embedding_->grad, step.tokens.ids, dresidual2d);

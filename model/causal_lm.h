@@ -24,6 +24,7 @@
 namespace ft {
 
 class Checkpoint;
+class LayerStream;
 class LoraLinear;
 
 // Generation's key/value cache: every layer's rotated keys and values of the
@@ -89,13 +90,16 @@ class LanguageModel {
   // As built: options.lora's empty target_modules replaced by the architecture's default.
   const ModelOptions& options() const { return options_; }
   Parameter& parameter(const std::string& name);
+  // The streamed base (options.stream_base), null when every layer is resident.
+  const LayerStream* layer_stream() const { return layer_stream_.get(); }
 
  protected:
   // default_lora_targets: PEFT's target_modules for the architecture, used
   // when options.lora names none.
   LanguageModel(const ModelConfig& config, Backend& backend, const ModelOptions& options,
                 const std::vector<std::string>& default_lora_targets);
-  Parameter& add_parameter(const std::string& name, const Shape& shape, DType dtype);
+  // From the backend's allocator, or the given one.
+  Parameter& add_parameter(const std::string& name, const Shape& shape, DType dtype, Allocator* allocator = nullptr);
   // name + ".weight" (and name + ".bias" with bias: a LayerNorm), [hidden_size].
   NormParameters add_norm(const std::string& name, bool bias, float eps);
   // A linear named module (e.g. model.layers.0.self_attn.q_proj): dense,
@@ -106,8 +110,14 @@ class LanguageModel {
                                       bool bias = false);
   // Call at the end of a constructor: embedding_, final_norm_ and lm_head_
   // must be set, and a LoRA target that matched no module is an Error
-  // listing module_names, the architecture's linear modules.
+  // listing module_names, the architecture's linear modules. Starts the
+  // layer stream when options.stream_base.
   void check_built(const std::string& module_names);
+  // Decoder layer `index` is about to run (direction +1 in a forward, -1 in
+  // a backward) / has issued its last op: with a streamed base its weights
+  // are bound to a device buffer in between (LayerStream).
+  void acquire_layer(size_t index, int direction);
+  void release_layer(size_t index);
 
   // Norms for the layers, RMSNorm or LayerNorm by norm.bias; outputs and
   // statistics are allocated here (out in the activation dtype).
@@ -161,6 +171,13 @@ class LanguageModel {
   std::deque<Parameter> adapters_;
   std::vector<LoraLinear*> lora_layers_;
   Tensor last_logits_;
+  std::unique_ptr<LayerStream> layer_stream_;
+  // Layers below this index are streamed (options.stream_base), else 0.
+  int64_t streamed_layers() const;
+  // Runs fill on p, through device tensors of p's shapes when p's tensors
+  // are in host memory the backend's ops cannot write (a streamed layer),
+  // copied back to the host after.
+  void fill_parameter(Parameter& p, const std::function<void(Parameter&)>& fill);
 };
 
 class CausalLM : public LanguageModel {

@@ -47,6 +47,15 @@ struct ModelOptions {
   // weights, the copy the adapter computes with anyway.
   DType adapter_dtype = DType::f32;
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::none;
+  // Layer streaming (model/layer_stream.h), for an int8 or nf4 base: the
+  // quantized tensors of decoder layers [0, num_hidden_layers -
+  // resident_layers) live in pinned host memory and pass through
+  // stream_slots device buffers; the last resident_layers stay on the device
+  // (a forward ends and the backward starts on them, so the copies of the
+  // first streamed layers of the backward overlap their compute).
+  bool stream_base = false;
+  int64_t resident_layers = 0;
+  int64_t stream_slots = 2;
   // Training steps compute lm_head logits and cross-entropy this many tokens
   // at a time ([chunk, vocab] f32 instead of [tokens, vocab]); 0: all at once.
   int64_t loss_chunk_tokens = 0;

@@ -41,15 +41,15 @@ void Nf4Linear::backward(Backend& backend, Tensor& dx, const Tensor& dout, const
   linear_bias_backward(backend, bias_, dout);
 }
 
-void allocate_nf4_parameter(Backend& backend, Parameter& p, int64_t out_features, int64_t in_features,
+void allocate_nf4_parameter(Allocator& allocator, Parameter& p, int64_t out_features, int64_t in_features,
                             bool double_quant) {
   const int64_t elements = out_features * in_features, blocks = nf4_blocks(elements);
   p.nf4_shape = {out_features, in_features};
-  p.value = backend.empty({nf4_packed_bytes(elements), 1}, DType::u8, MemCategory::weights);
-  p.scales = backend.empty({blocks}, double_quant ? DType::u8 : DType::f32, MemCategory::weights);
+  p.value = Tensor::empty({nf4_packed_bytes(elements), 1}, DType::u8, allocator, MemCategory::weights);
+  p.scales = Tensor::empty({blocks}, double_quant ? DType::u8 : DType::f32, allocator, MemCategory::weights);
   if (!double_quant) return;
-  p.nested_absmax = backend.empty({nf4_nested_blocks(blocks)}, DType::f32, MemCategory::weights);
-  p.nested_map = backend.empty({256}, DType::f32, MemCategory::weights);
+  p.nested_absmax = Tensor::empty({nf4_nested_blocks(blocks)}, DType::f32, allocator, MemCategory::weights);
+  p.nested_map = Tensor::empty({256}, DType::f32, allocator, MemCategory::weights);
 }
 
 void quantize_nf4_parameter(Backend& backend, Parameter& p, const Tensor& full_precision) {

@@ -29,9 +29,10 @@ class Nf4Linear final : public Linear {
 // The op operand for an NF4 parameter.
 Nf4Weight nf4_weight(const Parameter& p);
 
-// Allocates p's NF4 tensors for a weight [out_features, in_features] on the
-// backend (category weights).
-void allocate_nf4_parameter(Backend& backend, Parameter& p, int64_t out_features, int64_t in_features,
+// Allocates p's NF4 tensors for a weight [out_features, in_features] from
+// allocator (the backend's, or pinned host memory for a streamed layer),
+// category weights.
+void allocate_nf4_parameter(Allocator& allocator, Parameter& p, int64_t out_features, int64_t in_features,
                             bool double_quant);
 
 // Quantises a full-precision [out, in] weight (any floating dtype, host or

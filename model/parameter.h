@@ -26,4 +26,8 @@ struct Parameter {
   bool trainable() const { return grad.data != nullptr || grad.storage != nullptr; }
 };
 
+// The members a quantized weight keeps its tensors in (undefined ones unused).
+inline constexpr Tensor Parameter::*kQuantizedTensors[] = {&Parameter::value, &Parameter::scales,
+                                                          &Parameter::nested_absmax, &Parameter::nested_map};
+
 }  // namespace ft

@@ -36,6 +36,8 @@ struct Step {
   bool lora = true;        // LoRA (dropout 0.1) on every linear; false: every parameter trains
   uint64_t dropout_seed = 11;
   int64_t vocab_size = 0;  // 0: the fixture's weights; else random weights with this vocabulary
+  bool int8_base = false;
+  int64_t stream_slots = 0;  // > 0: the INT8 base streamed from host memory through this many slots
 };
 
 struct StepResult {
@@ -48,6 +50,9 @@ ModelOptions model_options(const ModelConfig& config, const Step& step) {
   ModelOptions options;
   options.activation_checkpointing = step.checkpointing;
   options.loss_chunk_tokens = step.loss_chunk_tokens;
+  options.int8_base = step.int8_base;
+  options.stream_base = step.stream_slots > 0;
+  options.stream_slots = step.stream_slots;
   if (!step.lora) return options;
   options.lora = LoraOptions{.r = 4, .lora_dropout = 0.1, .target_modules = parity::all_linear_modules(config)};
   return options;
@@ -141,6 +146,23 @@ TEST_CASE("checkpointing and the chunked loss give the plain path's loss and gra
         const StepResult reseeded = train_step(fixture, {.lora = lora, .dropout_seed = 12});
         CHECK(reseeded.loss != plain.loss);
       }
+    }
+}
+
+// A base streamed from host memory (on the CPU copy_async is a memcpy into
+// the slot) through one slot: every layer is copied into it before it runs,
+// the backward's too, and its tensors are views of the slot meanwhile. The
+// loss and gradients are the resident step's bit for bit.
+TEST_CASE("an INT8 base streamed through a slot gives the resident step's loss and gradients") {
+  for (const std::string& fixture : kFixtures)
+    for (ActivationCheckpointing checkpointing : {ActivationCheckpointing::none, ActivationCheckpointing::per_layer}) {
+      CAPTURE(fixture);
+      CAPTURE(int(checkpointing));
+      const StepResult resident = train_step(fixture, {.checkpointing = checkpointing, .int8_base = true});
+      const StepResult streamed =
+          train_step(fixture, {.checkpointing = checkpointing, .int8_base = true, .stream_slots = 1});
+      CHECK(streamed.loss == resident.loss);
+      check_gradients(streamed, resident);
     }
 }
 

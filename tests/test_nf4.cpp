@@ -130,7 +130,7 @@ TEST_CASE("NF4 dequantisation within 1 ulp of bitsandbytes' dequantize_4bit (f32
 Parameter random_nf4(Backend& backend, int64_t O, int64_t K, bool double_quant, uint32_t seed) {
   Parameter p;
   p.name.push_back('w');  // (assigning a literal trips a GCC 12 -Wrestrict false positive)
-  allocate_nf4_parameter(backend, p, O, K, double_quant);
+  allocate_nf4_parameter(backend.allocator(), p, O, K, double_quant);
   quantize_nf4_parameter(backend, p, testing::make(backend, {O, K}, testing::gaussian(O * K, 0.02f, seed)));
   return p;
 }

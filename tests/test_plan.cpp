@@ -196,6 +196,15 @@ TEST_CASE("plan: bad model_type or LoRA target is a clear error") {
   const PlanRun missing = run_plan(std::string(FT_SOURCE_DIR) + "/configs/nothing/config.json");
   CHECK(missing.exit_status == 1);
   CHECK(missing.output.find("nothing/config.json") != std::string::npos);
+  // A streamed base keeps fewer layers resident than the model has.
+  const PlanRun all_resident = run_plan(std::string(FT_SOURCE_DIR) +
+                                        "/configs/llama-2-70b-nf4-lora-24gb.yaml --set offload.resident_layers=80");
+  CHECK(all_resident.exit_status == 1);
+  CHECK(all_resident.output.find("llama-2-70b-nf4-lora-24gb.yaml: offload.resident_layers must be below the model's "
+                                 "num_hidden_layers (80) with offload.base: host, got 80") != std::string::npos);
+  const PlanRun bad_tflops = run_plan(std::string(FT_SOURCE_DIR) + "/configs/llama-2-70b-nf4-lora-24gb.yaml --tflops 0");
+  CHECK(bad_tflops.exit_status == 1);
+  CHECK(bad_tflops.output.find("--tflops must be a number in (0, 1e6], got \"0\"") != std::string::npos);
 }
 
 TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA at seq 2048, micro_batch 1 (CUDA policy)") {
@@ -276,17 +285,80 @@ TEST_CASE("plan: Llama-2-70B NF4 + LoRA r=64 on all linear layers at seq 2048 on
   CHECK(plan.total_bytes() == 45872889856);
 }
 
-// --gpu-mem's mode table on a 24 GiB card: the 33B step fits only with the
-// NF4 base and AdamW's state on the host, and then at seq 2048 with
-// micro_batch 1 and no more; NF4 with resident state is the 26.49 GiB plan
-// this config had before offloading.
+// offload.base: host on a 24 GiB card: the NF4 tensors of layers 0-51 in
+// pinned host memory, the last 28 resident (the most the 22.5 GiB budget
+// holds, as the planner finds them), two device slots for the streamed ones.
+TEST_CASE("plan: Llama-2-70B NF4 + LoRA r=64 streamed from host memory fits a 24 GiB card (CUDA policy)") {
+  const TrainConfig config =
+      load_train_config(std::string(FT_SOURCE_DIR) + "/configs/llama-2-70b-nf4-lora-24gb.yaml");
+  const StepPlan plan = plan_step(config, PlanOptions{}, config.micro_batch_size, config.seq_len);
+  const StreamPlan& stream = plan.stream;
+  MESSAGE("70B NF4 streamed plan: ", plan.total_bytes(), " bytes (", double(plan.total_bytes()) / double(1ull << 30),
+          " GiB incl. context reserve), peak at ", plan.where, "; host ", stream.host_bytes + plan.host_optimizer_bytes,
+          " bytes; PCIe ", stream.pcie_bytes, " bytes per micro-batch");
+  PlanOptions budget;
+  budget.gpu_mem_bytes = size_t(45) << 29;
+  CHECK(fit_resident_layers(config, budget, config.micro_batch_size, config.seq_len) == 28);
+  CHECK(config.resident_layers == 28);
+  // One layer's NF4 codes and double-quantised absmax, as in the 48 GiB plan above.
+  const size_t q = size_t(8192) * 8192, kv = size_t(1024) * 8192, mlp = size_t(8192) * 28672;
+  auto blocks = [](size_t weights) { return weights / 64; };
+  auto nested = [](size_t weights) { return (weights / 64 + 255) / 256; };
+  const size_t codes = (2 * q + 2 * kv + 3 * mlp) / 2;
+  const size_t absmax = 2 * blocks(q) + 2 * blocks(kv) + 3 * blocks(mlp) +
+                        4 * (2 * nested(q) + 2 * nested(kv) + 3 * nested(mlp)) + 7 * 256 * 4;
+  const size_t layer = codes + absmax;
+  CHECK(layer == 441404416);
+  CHECK(plan.nf4_weight_bytes + plan.nf4_absmax_bytes == 28 * layer);
+  CHECK(stream.streamed_layers == 52);
+  CHECK(stream.slots == 2);
+  CHECK(stream.layer_bytes == layer);
+  CHECK(stream.host_bytes == 52 * layer);
+  // A slot holds each of a layer's 28 tensors at a 256-byte offset (every
+  // size here is a multiple of 256 already).
+  CHECK(stream.ring_bytes == 2 * layer);
+  // Per micro-batch, once the ring is warm: every streamed layer but the two
+  // the ring keeps from the last pass, forward and backward.
+  CHECK(stream.pcie_bytes == 2 * (52 - 2) * layer);
+  const size_t adapters = size_t(80) * 64 * (2 * (8192 + 8192) + 2 * (8192 + 1024) + 3 * (8192 + 28672));
+  check_offloaded_adapter_state(plan, adapters);
+  // The 24 GiB card's budget: 22.5 GiB, context reserve included; the host
+  // holds the streamed layers and AdamW's state.
+  CHECK(plan.total_bytes() <= size_t(45) << 29);
+  CHECK(plan.total_bytes() == 23802669056);
+  CHECK(stream.host_bytes + plan.host_optimizer_bytes == 32893530112);
+
+  // The time model: at 25 GB/s a layer's copy (17.7 ms) hides behind the
+  // previous layer's forward (36.2 ms at 100 TFLOP/s); at 8 GB/s each of the
+  // forward's 50 copies stalls by the difference, the backward's still hide.
+  CHECK(stream.copy_s == double(layer) / 25e9);
+  CHECK(stream.forward_s < stream.backward_s);
+  CHECK(stream.copy_s < stream.forward_s);
+  CHECK(stream.stall_s == 0.0);
+  PlanOptions slow;
+  slow.h2d_bytes_per_s = 8e9;
+  const StreamPlan slow_stream = plan_step(config, slow, config.micro_batch_size, config.seq_len).stream;
+  CHECK(slow_stream.copy_s > slow_stream.forward_s);
+  CHECK(slow_stream.copy_s < slow_stream.backward_s);
+  CHECK(slow_stream.stall_s == doctest::Approx(50 * (slow_stream.copy_s - slow_stream.forward_s)).epsilon(1e-12));
+  MESSAGE("at 8 GB/s the copies stall ", slow_stream.stall_s, " s of ", slow_stream.compute_s + slow_stream.stall_s,
+          " s (", 100 * slow_stream.stall_fraction(), "%)");
+}
+
+// --gpu-mem's mode table on a 24 GiB card: of the resident modes the 33B
+// step fits only with the NF4 base and AdamW's state on the host, and then
+// at seq 2048 with micro_batch 1 and no more; NF4 with resident state is the
+// 26.49 GiB plan this config had before offloading. Every streamed mode
+// fits, with the most resident layers that do, but ranks after the resident ones.
 TEST_CASE("plan: the best mode for LLaMA-33B on a 24 GiB card is nf4 with the optimizer state on the host") {
   const TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/llama-33b-nf4-lora.yaml");
   const std::vector<ModeFit> modes = fit_modes(config, PlanOptions{});
-  REQUIRE(modes.size() == 6);
-  for (const ModeFit& fit : modes) {
+  REQUIRE(modes.size() == 10);
+  for (size_t i = 0; i < 6; ++i) {
+    const ModeFit& fit = modes[i];
     CAPTURE(mode_name(fit.mode));
     const bool nf4_host = fit.mode.quantization == QuantMode::nf4 && fit.mode.optimizer == OffloadTarget::host;
+    CHECK(fit.mode.base == OffloadTarget::device);
     CHECK(fit.fits == nf4_host);
     CHECK(fit.largest_seq_len == (nf4_host ? 2048 : 0));
     CHECK(fit.largest_micro_batch == (nf4_host ? 1 : 0));
@@ -294,6 +366,17 @@ TEST_CASE("plan: the best mode for LLaMA-33B on a 24 GiB card is nf4 with the op
   CHECK(mode_name(modes[5].mode) == "nf4, optimizer state on the host");
   CHECK(modes[5].bytes == 23568419840);
   CHECK(modes[4].bytes == 28447509504);
+  // Streamed, in order: int8, int8 with the state on the host, nf4, nf4 on the host.
+  const int64_t resident[] = {23, 32, 48, 59}, micro_batch[] = {4, 8, 4, 8};
+  for (size_t i = 6; i < 10; ++i) {
+    CAPTURE(mode_name(modes[i].mode));
+    CHECK(modes[i].mode.base == OffloadTarget::host);
+    CHECK(modes[i].fits);
+    CHECK(modes[i].mode.resident_layers == resident[i - 6]);
+    CHECK(modes[i].largest_seq_len == 2048);
+    CHECK(modes[i].largest_micro_batch == micro_batch[i - 6]);
+  }
+  CHECK(mode_name(modes[9].mode) == "nf4 streamed (59 resident), optimizer state on the host");
 }
 
 TEST_CASE("plan: a bare config.json plans as a bf16 LoRA run at seq 2048") {
@@ -340,5 +423,6 @@ TEST_CASE("plan: finetune plan MODEL_FOLDER --gpu-mem prints the mode table and 
   CHECK(run.exit_status == 0);
   CHECK(run.output.find("micro_batch 1 x seq_len 512") != std::string::npos);
   CHECK(run.output.find("nf4, optimizer state on the host") != std::string::npos);
+  CHECK(run.output.find("nf4 streamed (3 resident), optimizer state on the host") != std::string::npos);
   CHECK(run.output.find("best mode: unquantised base (") != std::string::npos);
 }

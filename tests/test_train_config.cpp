@@ -364,7 +364,7 @@ TEST_CASE("the key list matches the fields configs/README.md documents") {
   REQUIRE(readme.good());
   std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
   std::vector<std::string> keys = train_config_keys();
-  CHECK(keys.size() == 55);
+  CHECK(keys.size() == 58);
   for (const std::string& key : keys) {
     CAPTURE(key);
     CHECK(text.find("`" + key + "`") != std::string::npos);
@@ -377,4 +377,22 @@ TEST_CASE("data.format chat and alpaca; data.chat_template names a template or a
   CHECK(c.data.chat_template == ChatTemplateKind::llama3);
   CHECK(parse(kMinimal).data.chat_template == ChatTemplateKind::automatic);
   CHECK(parse(kMinimal, {"data.format=alpaca"}).data.format == DataFormat::alpaca);
+}
+
+TEST_CASE("offload.base: host is read and checked against the other fields") {
+  const std::string minimal = kMinimal;
+  const TrainConfig c =
+      parse(minimal + "quantization: {mode: nf4}\noffload: {base: host, resident_layers: 28, stream_slots: 3}\n");
+  CHECK(c.offload_base == OffloadTarget::host);
+  CHECK(c.resident_layers == 28);
+  CHECK(c.stream_slots == 3);
+  CHECK(error_of(minimal + "quantization: {mode: none}\noffload: {base: host}\n") ==
+        "configs/x.yaml: offload.base: host streams the frozen quantized base from host memory: it needs "
+        "quantization.mode: int8 or nf4");
+  CHECK(error_of(minimal + "offload: {resident_layers: 4}\n") ==
+        "configs/x.yaml: offload.resident_layers and offload.stream_slots apply to offload.base: host only");
+  CHECK(error_of(minimal + "offload: {base: host, stream_slots: 0}\n").find("offload.stream_slots") !=
+        std::string::npos);
+  CHECK(error_of(minimal + "offload: {base: host, resident_layers: -1}\n").find("offload.resident_layers") !=
+        std::string::npos);
 }

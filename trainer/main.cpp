@@ -1,5 +1,5 @@
 // finetune CONFIG.yaml [--set key=value]... [--resume [--allow-data-change]]
-// finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--ranks N] [--set key=value]...
+// finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--ranks N] [--h2d-bandwidth SIZE] [--tflops N] [--set key=value]...
 // finetune generate MODEL ... (trainer/generate_command.h)
 // finetune merge MODEL --adapter DIR --out DIR ... (trainer/merge.h)
 // finetune course [CONFIGS_DIR] (trainer/course.h)
@@ -36,13 +36,16 @@ const char* kUsage =
     "  --allow-data-change  with --resume: accept changed data files\n"
     "  SIGINT/SIGTERM (Ctrl-C) save a checkpoint at the next step and exit; a second one stops at once\n"
     "usage: finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem 24GiB] [--device cuda|cpu]\n"
-    "                     [--context-reserve 0.75GiB] [--ranks N] [--set key=value]...\n"
+    "                     [--context-reserve 0.75GiB] [--ranks N] [--h2d-bandwidth 25GB]\n"
+    "                     [--tflops 100] [--set key=value]...\n"
     "  plans one training step's memory on the meta device (no weights read) and\n"
     "  prints where it goes, its peak, and for each mode (bf16 / int8 / nf4 base,\n"
-    "  optimizer state on the device or the host) the largest seq_len and micro_batch\n"
+    "  resident or streamed from host memory, optimizer state on the device or the\n"
+    "  host) the largest seq_len and micro_batch\n"
     "  that fit in --gpu-mem, and the best mode; a config.json is planned as a bf16\n"
     "  LoRA run with per-layer checkpointing at micro_batch 1 x seq_len 2048;\n"
     "  --ranks N adds the per-step gradient all-reduce of N data-parallel ranks\n"
+    "  --h2d-bandwidth (bytes per second) and --tflops set a streamed base's time model\n"
     "usage: finetune course [CONFIGS_DIR]\n"
     "  prints the course's memory and LoRA figures computed by this trainer, from the model configs\n"
     "  pythia-1b/, gpt-neox-20b/ and flan-t5-base/ under CONFIGS_DIR (default: configs)\n"
@@ -54,6 +57,14 @@ int64_t parse_ranks(const std::string& text) {
   FT_CHECK(error == std::errc() && end == text.data() + text.size() && ranks >= 1 && ranks <= (int64_t(1) << 20),
            "--ranks must be an integer in [1, 1048576], got \"", text, "\"");
   return ranks;
+}
+
+double parse_tflops(const std::string& text) {
+  double tflops = 0.0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), tflops);
+  FT_CHECK(error == std::errc() && end == text.data() + text.size() && tflops > 0 && tflops <= 1e6,
+           "--tflops must be a number in (0, 1e6], got \"", text, "\"");
+  return tflops;
 }
 
 // finetune plan ...: the memory planner (trainer/plan.h).
@@ -74,6 +85,11 @@ int run_plan(int argc, char** argv) {
       options.policy = device == "cuda" ? ft::MemoryPolicy::cuda : ft::MemoryPolicy::cpu;
     } else if (arg == "--ranks" && has_value) {
       options.ranks = parse_ranks(argv[++i]);
+    } else if (arg == "--h2d-bandwidth" && has_value) {
+      options.h2d_bytes_per_s = double(ft::parse_byte_size(argv[++i]));
+      FT_CHECK(options.h2d_bytes_per_s > 0, "--h2d-bandwidth must be > 0 bytes per second, got \"", argv[i], "\"");
+    } else if (arg == "--tflops" && has_value) {
+      options.flops_per_s = parse_tflops(argv[++i]) * 1e12;
     } else if (arg == "--set" && has_value) {
       overrides.push_back(argv[++i]);
     } else if (arg.rfind("-", 0) == 0 || !config_path.empty()) {

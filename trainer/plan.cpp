@@ -10,6 +10,7 @@
 #include "kernels/checked_mul.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
+#include "model/layer_stream.h"
 #include "trainer/dpo.h"
 #include "trainer/progress.h"
 #include "trainer/trainer.h"
@@ -66,8 +67,11 @@ std::string describe_peak(const PeakWatch& watch, CausalLM& model) {
   return where;
 }
 
+// The device's weights by kind; a streamed layer's tensors (host memory)
+// are StreamPlan's.
 void split_weights(StepPlan& plan, CausalLM& model) {
   for (const Parameter& p : model.parameters()) {
+    if (p.value.device == Device::cpu) continue;
     if (p.value.dtype == DType::i8) {
       plan.int8_weight_bytes += p.value.size_bytes();
       plan.int8_scale_bytes += p.scales.size_bytes();
@@ -80,6 +84,50 @@ void split_weights(StepPlan& plan, CausalLM& model) {
       plan.dense_weight_dtype = p.value.dtype;
     }
   }
+}
+
+// The frozen linear weights and LoRA parameters of decoder layer 0 (all
+// layers are alike), for the time model.
+struct LayerParameters {
+  double linear = 0.0, lora = 0.0;
+};
+LayerParameters layer_parameters(CausalLM& model) {
+  LayerParameters counts;
+  for (const Parameter& p : model.parameters())
+    if (p.name.find(".layers.0.") != std::string::npos && (p.value.dtype == DType::i8 || p.value.dtype == DType::u8))
+      counts.linear += double(shape_numel(p.value.dtype == DType::u8 ? p.nf4_shape : p.value.shape));
+  for (const Parameter& p : model.adapters())
+    if (p.name.find(".layers.0.") != std::string::npos) counts.lora += double(p.value.numel());
+  return counts;
+}
+
+// StreamPlan's time model. FLOPs of one layer over N = B x T tokens:
+// forward 2N (linear + LoRA parameters) plus causal attention 2 B T^2 x
+// (heads x head_dim) (QK^T and PV, half of each masked); backward 2N
+// linear (dx only: the base is frozen), 4N LoRA (dx and its gradients),
+// attention twice its forward, and the forward again when checkpointed. The
+// LM head: 2 N hidden vocab forward and as much for dhidden. Each copied
+// layer overlaps the compute of the layer before it (the copy stream moves
+// one layer while the compute stream runs one), so it stalls the pass by
+// max(0, copy - that layer's compute).
+void model_stream_time(StreamPlan& stream, CausalLM& model, const TrainConfig& config, const PlanOptions& options,
+                       int64_t micro_batch, int64_t seq_len) {
+  const ModelConfig& mc = model.config();
+  const double tokens = double(micro_batch) * double(seq_len), flops = options.flops_per_s;
+  const LayerParameters counts = layer_parameters(model);
+  const double attention = 2.0 * double(micro_batch) * double(seq_len) * double(seq_len) *
+                           double(mc.num_attention_heads * mc.head_dim);
+  const double forward = 2.0 * tokens * (counts.linear + counts.lora) + attention;
+  const double recompute = config.activation_checkpointing == ActivationCheckpointing::per_layer ? forward : 0.0;
+  const double backward = 2.0 * tokens * counts.linear + 4.0 * tokens * counts.lora + 2.0 * attention + recompute;
+  stream.copy_s = double(stream.layer_bytes) / options.h2d_bytes_per_s;
+  stream.forward_s = forward / flops;
+  stream.backward_s = backward / flops;
+  const double lm_head = 4.0 * tokens * double(mc.hidden_size) * double(mc.vocab_size);
+  stream.compute_s = (double(stream.layers) * (forward + backward) + lm_head) / flops;
+  const double copies_per_pass = double(stream.pcie_bytes) / double(stream.layer_bytes) / 2.0;
+  stream.stall_s = copies_per_pass * (std::max(0.0, stream.copy_s - stream.forward_s) +
+                                      std::max(0.0, stream.copy_s - stream.backward_s));
 }
 
 }  // namespace
@@ -113,21 +161,44 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   Tensor ids = Tensor::empty({rows, seq_len}, DType::i32, host, MemCategory::activations);
   Tensor targets = Tensor::empty({rows, seq_len}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = targets.ptr<int32_t>()[i] = 0;
+  auto micro_batch_step = [&] {
+    if (dpo) dpo_micro_batch(model, Batch{ids, targets, ids.numel()}, config.dpo, true, 1.0 / double(micro_batch));
+    else model.forward_backward(ids, targets, 1.0f);
+  };
   watch.phase = "training step";
   backend.reset_cursor();
   model.zero_grads();
   model.set_dropout_seed(config.seed);
-  if (dpo) dpo_micro_batch(model, Batch{ids, targets, ids.numel()}, config.dpo, true, 1.0 / double(micro_batch));
-  else model.forward_backward(ids, targets, 1.0f);
+  micro_batch_step();
   watch.phase = "optimizer step";
   setup.optimizer->step(config.lr);
+  // A streamed base: the next micro-batch's copies, with the ring as the
+  // last one left it (its allocations repeat the first's, so the peak stays).
+  const LayerStream* stream = model.layer_stream();
+  const size_t cold_copied_bytes = stream ? stream->copied_bytes() : 0;
+  if (stream && options.plan_stream_traffic) {
+    watch.phase = "second micro-batch";
+    micro_batch_step();
+  }
 
   StepPlan plan;
   plan.micro_batch = micro_batch;
   plan.seq_len = seq_len;
   split_weights(plan, model);
+  if (stream) {
+    StreamPlan& s = plan.stream;
+    s.layers = model_config.num_hidden_layers;
+    s.streamed_layers = int64_t(stream->layer_count());
+    s.resident_layers = s.layers - s.streamed_layers;
+    s.slots = stream->slot_count();
+    s.layer_bytes = stream->layer_bytes(0);
+    s.host_bytes = backend.pinned_host_allocator().stats().current(MemCategory::weights);
+    s.ring_bytes = stream->slot_bytes() * size_t(s.slots);
+    s.pcie_bytes = stream->copied_bytes() - cold_copied_bytes;
+    if (options.plan_stream_traffic) model_stream_time(s, model, config, options, micro_batch, seq_len);
+  }
   FT_CHECK(plan.int8_weight_bytes + plan.int8_scale_bytes + plan.nf4_weight_bytes + plan.nf4_absmax_bytes +
-                   plan.dense_weight_bytes ==
+                   plan.dense_weight_bytes + plan.stream.ring_bytes ==
                watch.at_peak.current(MemCategory::weights),
            "plan: the weights category holds more than the model's parameters");
   plan.at_peak = watch.at_peak;
@@ -146,15 +217,37 @@ void print_row(const char* label, size_t bytes) {
   std::printf("  %-58s %12s\n", label, format_bytes(bytes).c_str());
 }
 
+void print_stream(const StreamPlan& s, size_t host_optimizer_bytes, const PlanOptions& options) {
+  std::printf("  layer streaming (offload.base: host): %lld of %lld decoder layers in pinned host memory (%s, %s "
+              "each), the last %lld resident, %lld device slots\n",
+              (long long)s.streamed_layers, (long long)s.layers, format_bytes(s.host_bytes).c_str(),
+              format_bytes(s.layer_bytes).c_str(), (long long)s.resident_layers, (long long)s.slots);
+  std::printf("  host memory: streamed layers %s + optimizer state %s = %s (%zu bytes)\n",
+              format_bytes(s.host_bytes).c_str(), format_bytes(host_optimizer_bytes).c_str(),
+              format_bytes(s.host_bytes + host_optimizer_bytes).c_str(), s.host_bytes + host_optimizer_bytes);
+  std::printf("  PCIe host to device per micro-batch: %zu bytes (%s; the ring keeps the last %lld layers of each "
+              "pass for the next)\n",
+              s.pcie_bytes, format_bytes(s.pcie_bytes).c_str(), (long long)s.slots);
+  std::printf("  time model at %.1f GB/s host to device and %.0f TFLOP/s: a layer's copy %.1f ms, its forward %.1f "
+              "ms, its backward %.1f ms; the copies stall %.1f ms of a %.2f s micro-batch (%.1f%%)\n",
+              options.h2d_bytes_per_s / 1e9, options.flops_per_s / 1e12, 1e3 * s.copy_s, 1e3 * s.forward_s,
+              1e3 * s.backward_s, 1e3 * s.stall_s, s.compute_s + s.stall_s, 100.0 * s.stall_fraction());
+}
+
 void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
   const MemoryStats& s = plan.at_peak;
   const std::string dense = std::string("dense weights (embeddings, norms, biases, lm_head), ") +
                             dtype_name(plan.dense_weight_dtype);
-  print_row("frozen int8 linear weights", plan.int8_weight_bytes);
+  const char* resident = plan.stream.layers ? ", resident layers" : "";
+  print_row((std::string("frozen int8 linear weights") + resident).c_str(), plan.int8_weight_bytes);
   print_row("their f32 row scales", plan.int8_scale_bytes);
   if (plan.nf4_weight_bytes > 0) {
-    print_row("frozen NF4 linear weights (4-bit codes)", plan.nf4_weight_bytes);
+    print_row((std::string("frozen NF4 linear weights (4-bit codes)") + resident).c_str(), plan.nf4_weight_bytes);
     print_row("their block absmax (double-quantised: 8-bit + nested)", plan.nf4_absmax_bytes);
+  }
+  if (plan.stream.layers) {
+    const std::string ring = "streamed layers' device ring (" + std::to_string(plan.stream.slots) + " slots)";
+    print_row(ring.c_str(), plan.stream.ring_bytes);
   }
   print_row(dense.c_str(), plan.dense_weight_bytes);
   print_row((std::string("LoRA adapters (") + dtype_name(plan.adapter_dtype) + ")").c_str(),
@@ -182,6 +275,7 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
     std::printf("  host memory (offload.optimizer: host): AdamW m, v and f32 masters %s; PCIe %s each way per "
                 "optimizer step\n",
                 format_bytes(plan.host_optimizer_bytes).c_str(), format_bytes(plan.host_optimizer_bytes).c_str());
+  if (plan.stream.layers) print_stream(plan.stream, plan.host_optimizer_bytes, options);
 }
 
 }  // namespace
@@ -197,8 +291,9 @@ AllReducePlan plan_all_reduce(const StepPlan& plan, int64_t ranks) {
 }
 
 std::string mode_name(const PlanMode& mode) {
-  const char* base = mode.quantization == QuantMode::none ? "unquantised base" : enum_name(mode.quantization);
-  return std::string(base) + (mode.optimizer == OffloadTarget::host ? ", optimizer state on the host" : "");
+  std::string base = mode.quantization == QuantMode::none ? "unquantised base" : enum_name(mode.quantization);
+  if (mode.base == OffloadTarget::host) base += " streamed (" + std::to_string(mode.resident_layers) + " resident)";
+  return base + (mode.optimizer == OffloadTarget::host ? ", optimizer state on the host" : "");
 }
 
 namespace {
@@ -218,16 +313,42 @@ int64_t largest_power_of_two(int64_t limit, const Fits& fits) {
   return int64_t(1) << low;
 }
 
-ModeFit fit_mode(const TrainConfig& config, const PlanOptions& options, const PlanMode& mode, int64_t max_seq_len) {
+size_t step_bytes(const TrainConfig& config, const PlanOptions& options, int64_t batch, int64_t seq) {
+  PlanOptions peak_only = options;
+  peak_only.plan_stream_traffic = false;
+  return plan_step(config, peak_only, batch, seq).total_bytes();
+}
+
+bool step_fits(const TrainConfig& config, const PlanOptions& options, int64_t batch, int64_t seq) {
+  return step_bytes(config, options, batch, seq) <= options.gpu_mem_bytes;
+}
+
+TrainConfig with_mode(const TrainConfig& config, const PlanMode& mode) {
   TrainConfig moded = config;
   moded.quantization.mode = mode.quantization;
   moded.offload_optimizer = mode.optimizer;
-  auto fits = [&](int64_t batch, int64_t seq) {
-    return plan_step(moded, options, batch, seq).total_bytes() <= options.gpu_mem_bytes;
-  };
+  moded.offload_base = mode.base;
+  moded.resident_layers = mode.base == OffloadTarget::host ? mode.resident_layers : 0;
+  if (mode.base == OffloadTarget::device) moded.stream_slots = 2;
+  return moded;
+}
+
+// A streamed mode at the config's size keeps the most resident layers that
+// fit; its largest sizes are searched with every layer streamed.
+ModeFit fit_mode(const TrainConfig& config, const PlanOptions& options, PlanMode mode, int64_t max_seq_len) {
+  if (mode.base == OffloadTarget::host)
+    mode.resident_layers =
+        std::max<int64_t>(0, fit_resident_layers(with_mode(config, mode), options, config.micro_batch_size,
+                                                 config.seq_len));
+  PlanMode searched = mode;
+  searched.resident_layers = 0;
+  const TrainConfig moded = with_mode(config, searched);
+  auto fits = [&](int64_t batch, int64_t seq) { return step_fits(moded, options, batch, seq); };
   ModeFit fit;
   fit.mode = mode;
-  fit.bytes = plan_step(moded, options, config.micro_batch_size, config.seq_len).total_bytes();
+  const StepPlan plan = plan_step(with_mode(config, mode), options, config.micro_batch_size, config.seq_len);
+  fit.bytes = plan.total_bytes();
+  fit.stream = plan.stream;
   fit.fits = fit.bytes <= options.gpu_mem_bytes;
   fit.largest_seq_len = largest_power_of_two(max_seq_len, [&](int64_t seq) { return fits(1, seq); });
   if (fit.largest_seq_len > 0)
@@ -239,15 +360,45 @@ std::string power_or_dash(int64_t value) { return value ? std::to_string(value) 
 
 }  // namespace
 
+int64_t fit_resident_layers(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch,
+                            int64_t seq_len) {
+  const ModelConfig model_config =
+      ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
+  TrainConfig streamed = config;
+  streamed.offload_base = OffloadTarget::host;
+  auto bytes = [&](int64_t resident) {
+    streamed.resident_layers = resident;
+    return step_bytes(streamed, options, micro_batch, seq_len);
+  };
+  const size_t budget = options.gpu_mem_bytes, all_streamed = bytes(0);
+  const int64_t most = model_config.num_hidden_layers - 1;
+  if (all_streamed > budget) return -1;
+  if (most == 0) return 0;
+  // Each resident layer adds its weights to a peak that holds them all
+  // along; the estimate is then checked both ways.
+  const size_t one_resident = bytes(1);
+  const size_t per_layer = std::max<size_t>(1, one_resident - std::min(one_resident, all_streamed));
+  int64_t resident = std::min<int64_t>(most, int64_t((budget - all_streamed) / per_layer));
+  while (resident > 0 && bytes(resident) > budget) --resident;
+  while (resident < most && bytes(resident + 1) <= budget) ++resident;
+  return resident;
+}
+
 std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& options) {
   const ModelConfig model_config =
       ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
-  std::vector<QuantMode> bases = {QuantMode::none};
-  if (config.trainable == Trainable::lora) bases = {QuantMode::none, QuantMode::int8, QuantMode::nf4};
+  std::vector<PlanMode> modes;
+  const bool lora = config.trainable == Trainable::lora;
+  for (OffloadTarget base : {OffloadTarget::device, OffloadTarget::host})
+    for (QuantMode quantization : {QuantMode::none, QuantMode::int8, QuantMode::nf4}) {
+      if ((!lora && quantization != QuantMode::none) || (base == OffloadTarget::host && quantization == QuantMode::none))
+        continue;
+      for (OffloadTarget optimizer : {OffloadTarget::device, OffloadTarget::host})
+        modes.push_back(PlanMode{quantization, optimizer, base, 0});
+    }
   std::vector<ModeFit> fits;
-  for (QuantMode base : bases)
-    for (OffloadTarget optimizer : {OffloadTarget::device, OffloadTarget::host})
-      fits.push_back(fit_mode(config, options, PlanMode{base, optimizer}, model_config.max_position_embeddings));
+  for (const PlanMode& mode : modes)
+    fits.push_back(fit_mode(config, options, mode, model_config.max_position_embeddings));
   return fits;
 }
 
@@ -268,6 +419,12 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
   std::printf("  fits in %s: %s (%s %s)\n", format_bytes(budget).c_str(), fits ? "yes" : "NO",
               format_bytes(fits ? budget - plan.total_bytes() : plan.total_bytes() - budget).c_str(),
               fits ? "to spare" : "over");
+  if (config.offload_base == OffloadTarget::host) {
+    const int64_t resident = fit_resident_layers(config, options, config.micro_batch_size, config.seq_len);
+    std::printf("  offload.resident_layers that fit in %s: %s (this config: %lld, %lld device slots)\n",
+                format_bytes(budget).c_str(), resident < 0 ? "none (not even all streamed)" :
+                std::to_string(resident).c_str(), (long long)config.resident_layers, (long long)config.stream_slots);
+  }
 
   if (options.ranks > 1) {
     const AllReducePlan all_reduce = plan_all_reduce(plan, options.ranks);
@@ -282,16 +439,20 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
   const std::string at_text = "micro_batch " + std::to_string(config.micro_batch_size) + " x seq_len " +
                               std::to_string(config.seq_len);
   std::printf("modes in %s (largest powers of two that fit):\n", format_bytes(budget).c_str());
-  std::printf("  %-46s %12s %5s %24s %28s\n", "mode", ("at " + at).c_str(), "fits", "seq_len at micro_batch 1",
+  std::printf("  %-58s %12s %5s %24s %28s\n", "mode", ("at " + at).c_str(), "fits", "seq_len at micro_batch 1",
               ("micro_batch at seq_len " + std::to_string(config.seq_len)).c_str());
   const ModeFit* best = nullptr;
   for (const ModeFit& fit : modes) {
-    std::printf("  %-46s %12s %5s %24s %28s\n", mode_name(fit.mode).c_str(), format_bytes(fit.bytes).c_str(),
+    std::printf("  %-58s %12s %5s %24s %28s\n", mode_name(fit.mode).c_str(), format_bytes(fit.bytes).c_str(),
                 fit.fits ? "yes" : "no", power_or_dash(fit.largest_seq_len).c_str(),
                 power_or_dash(fit.largest_micro_batch).c_str());
     if (fit.fits && !best) best = &fit;
   }
-  if (best)
+  if (best && best->mode.base == OffloadTarget::host)
+    std::printf("best mode: %s (%s at %s; PCIe %s per micro-batch, the copies stall %.1f%% of it)\n",
+                mode_name(best->mode).c_str(), format_bytes(best->bytes).c_str(), at_text.c_str(),
+                format_bytes(best->stream.pcie_bytes).c_str(), 100.0 * best->stream.stall_fraction());
+  else if (best)
     std::printf("best mode: %s (%s at %s)\n", mode_name(best->mode).c_str(), format_bytes(best->bytes).c_str(),
                 at_text.c_str());
   else

@@ -27,6 +27,32 @@ struct PlanOptions {
   // false plans our attention kernels alone (the emulator, builds without cuDNN).
   bool library_attention = true;
   int64_t ranks = 1;  // data-parallel ranks: print_plan adds the all-reduce traffic when > 1
+  // offload.base: host's time model: host-to-device bandwidth (PCIe 4.0 x16
+  // moves about 25 GB/s of pinned memory) and the GEMM rate a layer's compute
+  // runs at (bf16 tensor cores at a realistic fraction of peak).
+  double h2d_bytes_per_s = 25e9;
+  double flops_per_s = 100e12;
+  // offload.base: host: run a second micro-batch for StreamPlan's traffic
+  // and time model (the warm ring's copies); the fit searches need only the peak.
+  bool plan_stream_traffic = true;
+};
+
+// offload.base: host: what the streamed layers cost, and a time model of
+// one micro-batch (forward and backward) in which each streamed layer's copy
+// overlaps the compute of the layer before it: a copy slower than that
+// compute stalls the step by the difference.
+struct StreamPlan {
+  int64_t layers = 0, resident_layers = 0, streamed_layers = 0, slots = 0;
+  size_t layer_bytes = 0;        // one streamed layer's tensors (one copy)
+  size_t host_bytes = 0;         // every streamed layer, pinned host memory
+  size_t ring_bytes = 0;         // the device slots
+  size_t pcie_bytes = 0;         // host to device per micro-batch, once the ring is warm
+  double copy_s = 0.0;           // one layer's copy at h2d_bytes_per_s
+  double forward_s = 0.0;        // one layer's forward at flops_per_s
+  double backward_s = 0.0;       // one layer's backward, its recomputation included
+  double compute_s = 0.0;        // the micro-batch's modelled compute (layers and LM head)
+  double stall_s = 0.0;          // what the copies add to it
+  double stall_fraction() const { return stall_s / (compute_s + stall_s); }
 };
 
 struct StepPlan {
@@ -41,6 +67,7 @@ struct StepPlan {
   // offload.optimizer: host: AdamW's m, v and f32 masters in host memory
   // (not part of peak_bytes).
   size_t host_optimizer_bytes = 0;
+  StreamPlan stream;  // offload.base: host only (stream.layers 0 otherwise)
   MemoryStats at_peak;        // the tracker (requested bytes per category) at the peak
   size_t peak_bytes = 0;      // held at the peak: requested bytes (cpu), size-class-rounded bytes (cuda)
   size_t reserved_bytes = 0;  // cuda: what the caching allocator has cudaMalloc'd after the step
@@ -65,30 +92,48 @@ struct AllReducePlan {
 };
 AllReducePlan plan_all_reduce(const StepPlan& plan, int64_t ranks);
 
-// One way to hold the frozen base and the optimizer state.
+// One way to hold the frozen base and the optimizer state. base host: the
+// quantized layers streamed (offload.base: host) with resident_layers of
+// them kept on the device.
 struct PlanMode {
   QuantMode quantization = QuantMode::int8;
   OffloadTarget optimizer = OffloadTarget::device;
+  OffloadTarget base = OffloadTarget::device;
+  int64_t resident_layers = 0;
 };
-std::string mode_name(const PlanMode& mode);  // e.g. "nf4, optimizer state on the host"
+// e.g. "nf4, optimizer state on the host", "nf4 streamed (28 resident), optimizer state on the host"
+std::string mode_name(const PlanMode& mode);
+
+// offload.base: host: the most decoder layers that can stay resident with
+// the step still fitting options.gpu_mem_bytes at micro_batch x seq_len
+// (config's offload.stream_slots device buffers), or -1 when none fits even
+// with every layer streamed.
+int64_t fit_resident_layers(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch,
+                            int64_t seq_len);
 
 // How one mode fits options.gpu_mem_bytes: its plan at the config's
 // micro_batch_size x seq_len, and the largest powers of two that fit (0:
 // none) for seq_len at micro_batch 1 (up to max_position_embeddings) and
-// for micro_batch at the config's seq_len (up to 1024).
+// for micro_batch at the config's seq_len (up to 1024). A streamed mode is
+// planned with the most resident layers that fit at the config's size
+// (fit_resident_layers; every layer streamed when none fits), and searched
+// with every layer streamed.
 struct ModeFit {
   PlanMode mode;
   size_t bytes = 0;
   bool fits = false;
   int64_t largest_seq_len = 0, largest_micro_batch = 0;
+  StreamPlan stream;  // a streamed mode's, at the config's size
 };
 
 // Every mode the config's trainable set allows (LoRA: bf16/f32 base, int8,
-// nf4; full fine-tuning: unquantised only), each with its optimizer state on
-// the device and on the host, in order of preference: a more faithful base
-// first (16-bit, then int8, then 4-bit), and for each the state on the
-// device (no PCIe traffic in the optimizer step) before the host. The best
-// mode is the first that fits.
+// nf4, then int8 and nf4 streamed; full fine-tuning: unquantised only), each
+// with its optimizer state on the device and on the host, in order of
+// preference: a resident base before a streamed one (streaming copies the
+// streamed layers every micro-batch), a more faithful base first (16-bit,
+// then int8, then 4-bit), and for each the state on the device (no PCIe
+// traffic in the optimizer step) before the host. The best mode is the
+// first that fits.
 std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& options);
 
 // `finetune plan`: the breakdown at the config's micro_batch_size x seq_len,

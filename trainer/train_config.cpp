@@ -167,6 +167,7 @@ constexpr int64_t kMaxExamples = 1'000'000;
 constexpr int64_t kMaxBadSteps = 1'000'000;
 constexpr int64_t kMaxRanks = int64_t(1) << 20;
 constexpr int64_t kMaxTimeoutS = int64_t(1) << 31;
+constexpr int64_t kMaxLayers = int64_t(1) << 16;
 constexpr double kMaxLr = 10.0;
 constexpr double kMaxScale = 1e6;
 constexpr double kMaxTemperature = 100.0;
@@ -245,6 +246,10 @@ const Field kFields[] = {
      [](TrainConfig& c, const Value& v) { c.activation_checkpointing = v.choice(kCheckpointings); }},
     {"loss_chunk_tokens", [](TrainConfig& c, const Value& v) { c.loss_chunk_tokens = v.integer_in(0, kMaxTokens); }},
     {"offload.optimizer", [](TrainConfig& c, const Value& v) { c.offload_optimizer = v.choice(kOffloadTargets); }},
+    {"offload.base", [](TrainConfig& c, const Value& v) { c.offload_base = v.choice(kOffloadTargets); }},
+    {"offload.resident_layers",
+     [](TrainConfig& c, const Value& v) { c.resident_layers = v.integer_in(0, kMaxLayers); }},
+    {"offload.stream_slots", [](TrainConfig& c, const Value& v) { c.stream_slots = v.integer_in(1, kMaxLayers); }},
     {"parallel.data", [](TrainConfig& c, const Value& v) { c.parallel.data = v.integer_in(0, kMaxRanks); }},
     {"parallel.pipeline", [](TrainConfig& c, const Value& v) { c.parallel.pipeline = v.integer_in(1, kMaxRanks); }},
     {"parallel.timeout_s", [](TrainConfig& c, const Value& v) { c.parallel.timeout_s = v.integer_in(0, kMaxTimeoutS); }},
@@ -419,6 +424,14 @@ void check_consistency(const TrainConfig& c) {
            "trl's preference figures instead");
   FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode != QuantMode::none, f,
            ": quantization.save_base needs quantization.mode: int8 or nf4 (it saves the quantised base)");
+  FT_CHECK(c.offload_base == OffloadTarget::device || c.quantization.mode != QuantMode::none, f,
+           ": offload.base: host streams the frozen quantized base from host memory: it needs quantization.mode: "
+           "int8 or nf4");
+  FT_CHECK(c.offload_base == OffloadTarget::device || c.quantization.save_base.empty(), f,
+           ": quantization.save_base with offload.base: host is not supported (the streamed layers are in host "
+           "memory); save the base in a run without offload.base");
+  FT_CHECK(c.offload_base == OffloadTarget::host || (c.resident_layers == 0 && c.stream_slots == 2), f,
+           ": offload.resident_layers and offload.stream_slots apply to offload.base: host only");
   FT_CHECK(c.task_metric == TaskMetric::none || !c.data.eval.empty(), f, ": task_metric: ", enum_name(c.task_metric),
            " needs data.eval (prompt/completion pairs to score)");
 }

@@ -98,6 +98,12 @@ struct TrainConfig {
   // offload.optimizer: host keeps AdamW's m, v and f32 masters in host memory
   // (trainer/optimizer.h) and the adapters in the weight dtype on the device.
   OffloadTarget offload_optimizer = OffloadTarget::device;
+  // offload.base: host streams the frozen int8/nf4 decoder layers from pinned
+  // host memory (model/layer_stream.h); the last offload.resident_layers stay
+  // on the device, the rest pass through offload.stream_slots device buffers.
+  OffloadTarget offload_base = OffloadTarget::device;
+  int64_t resident_layers = 0;
+  int64_t stream_slots = 2;
   int64_t grad_accum_steps = 1;
   ParallelConfig parallel;
   double lr = 2.0e-4;

@@ -14,6 +14,7 @@
 #include "kernels/error.h"
 #include "model/atomic_file.h"
 #include "model/causal_lm.h"
+#include "model/layer_stream.h"
 #include "model/peft_adapter.h"
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
@@ -48,6 +49,9 @@ ModelOptions model_options(const TrainConfig& config) {
   if (config.trainable == Trainable::lora) options.lora = config.lora;
   // With the f32 masters on the host the device keeps only the copy the adapters compute with.
   if (config.offload_optimizer == OffloadTarget::host) options.adapter_dtype = options.weight_dtype;
+  options.stream_base = config.offload_base == OffloadTarget::host;
+  options.resident_layers = config.resident_layers;
+  options.stream_slots = config.stream_slots;
   return options;
 }
 
@@ -73,6 +77,9 @@ std::unique_ptr<AdamW> make_optimizer(Backend& backend, CausalLM& model, const T
 
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
                              const std::function<void(CausalLM&)>& fill_base, Allocator* host_state) {
+  FT_CHECK(config.offload_base == OffloadTarget::device || config.resident_layers < model_config.num_hidden_layers,
+           config.source, ": offload.resident_layers must be below the model's num_hidden_layers (",
+           model_config.num_hidden_layers, ") with offload.base: host, got ", config.resident_layers);
   TrainingSetup setup;
   setup.model = make_causal_lm(model_config, backend, model_options(config));
   fill_base(*setup.model);
@@ -559,6 +566,10 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
             << format_bytes(memory.current(MemCategory::optimizer));
   if (config.offload_optimizer == OffloadTarget::host)
     std::cout << ", optimizer state on the host " << format_bytes(run.host_state.stats().current(MemCategory::optimizer));
+  if (const LayerStream* stream = run.model->layer_stream())
+    std::cout << ", base layers 0-" << stream->layer_count() - 1 << " streamed from pinned host memory ("
+              << format_bytes(stream->host_bytes()) << ") through " << stream->slot_count()
+              << " device slots";
   std::cout << "\n";
   std::cout << "training " << run.total_steps << " steps of " << config.micro_batch_size << " x "
             << config.grad_accum_steps;

@@ -26,11 +26,15 @@ class CpuBackend final : public Backend {
   CpuGemm gemm() const;
   const char* name() const override { return "cpu"; }
   Allocator& allocator() override { return allocator_; }
+  // Plain host memory, outside allocator()'s accounting: the CPU's device
+  // memory is host memory already.
+  Allocator& pinned_host_allocator() override { return pinned_; }
 
  private:
   FT_BACKEND_OP_IMPLS(, override)
 
   Allocator& allocator_;
+  HostAllocator pinned_;
   std::unique_ptr<OnednnGemm> onednn_;  // null: the reference GEMMs
 };
 

@@ -64,6 +64,26 @@ void CudaBackend::copy_impl(Tensor& dst, const Tensor& src) {
   }
 }
 
+void CudaBackend::copy_async_impl(Tensor& dst, const Tensor& src) {
+  if (src.numel() == 0) return;
+  FT_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.size_bytes(), cudaMemcpyHostToDevice, copy_stream_));
+}
+
+// Timing off: the events only order the streams.
+StreamEvent CudaBackend::make_event_impl() {
+  cudaEvent_t event = nullptr;
+  FT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return StreamEvent{std::shared_ptr<void>(event, [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); })};
+}
+
+void CudaBackend::record_event_impl(StreamEvent& event, Stream stream) {
+  FT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event.handle.get()), stream_of(stream)));
+}
+
+void CudaBackend::wait_event_impl(Stream stream, const StreamEvent& event) {
+  FT_CUDA_CHECK(cudaStreamWaitEvent(stream_of(stream), static_cast<cudaEvent_t>(event.handle.get()), 0));
+}
+
 void CudaBackend::fill_impl(Tensor& dst, float value) {
   int64_t n = dst.numel();
   if (n == 0) return;

@@ -1,6 +1,7 @@
 // CudaBackend construction; the ops live in their own .cu files beside this one.
 #include "kernels/cuda/cuda_backend.h"
 
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/error.h"
 
 namespace ft {
@@ -14,6 +15,14 @@ static Allocator& device_allocator(Allocator& allocator) {
 CudaBackend::CudaBackend(Allocator& allocator, cuda::GemmKind gemm, bool library_attention)
     : allocator_(device_allocator(allocator)),
       gemm_(cuda::make_gemm(gemm, allocator_)),
-      attention_(library_attention ? cuda::make_library_attention(allocator_) : nullptr) {}
+      attention_(library_attention ? cuda::make_library_attention(allocator_) : nullptr) {
+  FT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+}
+
+CudaBackend::~CudaBackend() {
+  // Copies still in flight read pinned memory the caller may free next.
+  cudaStreamSynchronize(copy_stream_);
+  cudaStreamDestroy(copy_stream_);
+}
 
 }  // namespace ft

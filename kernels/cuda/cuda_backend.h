@@ -3,7 +3,8 @@
 // cuda::Gemm (cuBLASLt on a GPU). Device memory comes from the allocator given
 // to the constructor (kernels/cuda/device_allocator.h: a CachingAllocator for
 // training, a plain DeviceAllocator in tests). All work is issued on the
-// legacy default stream, which also orders it with cudaMemcpy.
+// legacy default stream, which also orders it with cudaMemcpy; copy_async
+// runs on a non-blocking copy stream of its own, ordered by events only.
 //
 // Build scheme: one .cu file per op family in this folder, written in the
 // kernels/launch.h dialect (ft::launch<kernel>(...) instead of <<<>>>,
@@ -24,6 +25,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/attention_engine.h"
+#include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/scratch.h"
 
@@ -36,8 +38,12 @@ class CudaBackend final : public Backend {
   // our attention kernels where the build has it; false runs ours alone.
   explicit CudaBackend(Allocator& allocator, cuda::GemmKind gemm = cuda::default_gemm_kind(),
                        bool library_attention = true);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
   const char* name() const override { return "cuda"; }
   Allocator& allocator() override { return allocator_; }
+  Allocator& pinned_host_allocator() override { return pinned_; }
 
  private:
   FT_BACKEND_OP_IMPLS(, override)
@@ -58,10 +64,15 @@ class CudaBackend final : public Backend {
                                const Tensor* dresidual, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                const Tensor& rstd);
 
+  CUstream_st* stream_of(Stream stream) const { return stream == Stream::copy ? copy_stream_ : stream_; }
+
   Allocator& allocator_;
+  PinnedHostAllocator pinned_;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::AttentionEngine> attention_;  // null: our attention kernels only
   CUstream_st* stream_ = nullptr;  // cudaStream_t: the legacy default stream
+  // copy_async's: non-blocking, so the legacy stream does not serialise with it.
+  CUstream_st* copy_stream_ = nullptr;
 };
 
 }  // namespace ft

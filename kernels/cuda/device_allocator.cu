@@ -18,6 +18,20 @@ void* DeviceAllocator::allocate(size_t bytes, MemCategory category) {
 
 void DeviceAllocator::deallocate(void* ptr, size_t, MemCategory) { FT_CUDA_CHECK(cudaFree(ptr)); }
 
+void* PinnedHostAllocator::allocate(size_t bytes, MemCategory category) {
+  if (bytes == 0) return nullptr;
+  void* ptr = nullptr;
+  cudaError_t status = cudaMallocHost(&ptr, bytes);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    fail("CUDA error: cudaMallocHost of ", bytes, " bytes of pinned host memory for ", mem_category_name(category),
+         " failed: ", cudaGetErrorString(status));
+  }
+  return ptr;
+}
+
+void PinnedHostAllocator::deallocate(void* ptr, size_t, MemCategory) { FT_CUDA_CHECK(cudaFreeHost(ptr)); }
+
 CachingAllocator::~CachingAllocator() {
   std::lock_guard lock(mutex_);
   try {

@@ -2,6 +2,9 @@
 //   DeviceAllocator  - one cudaMalloc per allocation, cudaFree on release. Tests
 //                      use it directly: under the emulator every tensor is then
 //                      its own guarded, NaN-poisoned allocation.
+//   PinnedHostAllocator - page-locked host memory (cudaMallocHost), which
+//                      the copy engine reads while the host goes on
+//                      (Backend::copy_async's source); Device::cpu.
 //   CachingAllocator - keeps released activation and workspace blocks on free
 //                      lists keyed by size class and hands them out again, so a
 //                      training step that repeats the previous step's
@@ -31,6 +34,13 @@ namespace ft {
 class DeviceAllocator final : public Allocator {
  public:
   Device device() const override { return Device::cuda; }
+  void* allocate(size_t bytes, MemCategory category) override;
+  void deallocate(void* ptr, size_t bytes, MemCategory category) override;
+};
+
+class PinnedHostAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::cpu; }
   void* allocate(size_t bytes, MemCategory category) override;
   void deallocate(void* ptr, size_t bytes, MemCategory category) override;
 };

@@ -14,10 +14,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <set>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define FT_EMU_ASAN 1
@@ -634,6 +636,49 @@ void vote_ballot(WarpLane* lanes, unsigned mask) {
     if (mask >> lane & 1) lanes[lane].out = ballot;
 }
 
+// ---- streams (see "Streams" at cudaDeviceSynchronize) ----
+
+namespace {
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+struct EmuStream {
+  bool blocking = true;
+  uint64_t issued = 0, landed = 0;  // copies issued and landed so far, in issue order
+  std::deque<PendingCopy> pending;  // the copies issued but not landed, oldest first
+};
+struct EmuEvent {
+  std::chrono::steady_clock::time_point time;
+  EmuStream* stream = nullptr;  // null: recorded on the legacy stream, or never
+  uint64_t issued = 0;          // the stream's copies issued at the record
+};
+// Built on first use and never destroyed: tests create backends (and so
+// streams) in static initialisers and free memory in static destructors.
+std::set<EmuStream*>& streams() {
+  static auto* all = new std::set<EmuStream*>;
+  return *all;
+}
+
+void land(EmuStream& stream, uint64_t up_to) {
+  while (stream.landed < up_to && !stream.pending.empty()) {
+    const PendingCopy copy = stream.pending.front();
+    stream.pending.pop_front();
+    std::memmove(copy.dst, copy.src, copy.bytes);
+    stream.landed += 1;
+  }
+}
+void land_all() {
+  for (EmuStream* stream : streams()) land(*stream, stream->issued);
+}
+// Legacy-stream work waits for every blocking stream.
+void before_legacy_work() {
+  for (EmuStream* stream : streams())
+    if (stream->blocking) land(*stream, stream->issued);
+}
+}  // namespace
+
 // ---- launches ------------------------------------------------------------------------------
 
 void run(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, void (*body)(void*),
@@ -641,6 +686,7 @@ void run(const char* name, const void* kernel, dim3 grid, dim3 block, size_t sme
   if (emu.kernel)
     throw Error("cuda_emu: kernel " + std::string(emu.kernel) + " launched " + name + ": not supported");
   check_launch(name, kernel, grid, block, smem_bytes);
+  before_legacy_work();  // our kernels run on the legacy stream
   schedule();  // reads FT_EMU_SCHEDULE on first use
   emu.kernel = last_kernel = name;
   struct Finish {  // also after a throw: the abandoned fibers' stacks are simply reused
@@ -702,6 +748,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
+  land_all();  // cudaFree synchronises the device
   std::lock_guard lock(memory_mutex);
   auto it = allocations.find(reinterpret_cast<uintptr_t>(p));
   if (it == allocations.end()) throw Error("cuda_emu: cudaFree of a pointer cudaMalloc did not return");
@@ -717,6 +764,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
   return *p || bytes == 0 ? cudaSuccess : (last_error = cudaErrorMemoryAllocation);
 }
 cudaError_t cudaFreeHost(void* p) {
+  land_all();
   std::free(p);
   return cudaSuccess;
 }
@@ -724,14 +772,24 @@ cudaError_t cudaFreeHost(void* p) {
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   check_range(dst, bytes, "cudaMemcpy destination");
   check_range(src, bytes, "cudaMemcpy source");
+  before_legacy_work();
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
+// On a created stream: deferred (see "Streams" below).
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  if (!s) return cudaMemcpy(dst, src, bytes, kind);
+  check_range(dst, bytes, "cudaMemcpyAsync destination");
+  check_range(src, bytes, "cudaMemcpyAsync source");
+  auto* stream = reinterpret_cast<EmuStream*>(s);
+  std::memset(dst, kPoisonByte, bytes);
+  stream->pending.push_back({dst, src, bytes});
+  stream->issued += 1;
+  return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   check_range(dst, bytes, "cudaMemset");
+  before_legacy_work();
   std::memset(dst, value, bytes);
   return cudaSuccess;
 }
@@ -765,34 +823,72 @@ cudaError_t cudaGetDeviceCount(int* count) {
   return cudaSuccess;
 }
 
-// Launches run synchronously in issue order, so streams and events only need
-// identities, and events a timestamp.
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-cudaError_t cudaStreamCreate(cudaStream_t* s) {
-  *s = reinterpret_cast<cudaStream_t>(new char);
+// Streams. Kernels, and copies on the legacy default stream (null), run at
+// issue. A copy on a created stream is deferred, so that a missing event
+// shows: its destination is poisoned when it is issued (the old bytes are
+// gone as early as the real copy engine could take them) and its bytes land
+// only when something must see them (as late as it could run): the legacy
+// stream waiting on an event recorded after it, a synchronize, or cudaFree
+// (which synchronises the device). A blocking stream (cudaStreamCreate) is
+// also drained before legacy-stream work, as the legacy stream synchronises
+// with it; a cudaStreamNonBlocking one is not. Every event has a timestamp.
+
+cudaError_t cudaDeviceSynchronize() {
+  land_all();
   return cudaSuccess;
 }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  auto* stream = new EmuStream;
+  stream->blocking = (flags & cudaStreamNonBlocking) == 0;
+  streams().insert(stream);
+  *s = reinterpret_cast<cudaStream_t>(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  delete reinterpret_cast<char*>(s);
+  auto* stream = reinterpret_cast<EmuStream*>(s);
+  land(*stream, stream->issued);  // as CUDA: work already issued completes
+  streams().erase(stream);
+  delete stream;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
-cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = reinterpret_cast<cudaEvent_t>(new Clock::time_point());
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (!s) return cudaSuccess;
+  auto* stream = reinterpret_cast<EmuStream*>(s);
+  land(*stream, stream->issued);
   return cudaSuccess;
 }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  const auto* event = reinterpret_cast<EmuEvent*>(e);
+  // A created stream waiting on anything: its later copies are deferred
+  // anyway, and legacy-stream work is done at issue.
+  if (s || !event->stream) return cudaSuccess;
+  land(*event->stream, event->issued);
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+  *e = reinterpret_cast<cudaEvent_t>(new EmuEvent);
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete reinterpret_cast<Clock::time_point*>(e);
+  delete reinterpret_cast<EmuEvent*>(e);
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  *reinterpret_cast<Clock::time_point*>(e) = Clock::now();
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  auto* event = reinterpret_cast<EmuEvent*>(e);
+  event->time = Clock::now();
+  event->stream = reinterpret_cast<EmuStream*>(s);
+  event->issued = event->stream ? event->stream->issued : 0;
   return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  const auto* event = reinterpret_cast<EmuEvent*>(e);
+  if (event->stream) land(*event->stream, event->issued);
+  return cudaSuccess;
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  auto d = *reinterpret_cast<Clock::time_point*>(end) - *reinterpret_cast<Clock::time_point*>(start);
+  auto d = reinterpret_cast<EmuEvent*>(end)->time - reinterpret_cast<EmuEvent*>(start)->time;
   *ms = std::chrono::duration<float, std::milli>(d).count();
   return cudaSuccess;
 }

@@ -72,6 +72,14 @@ void MetaBackend::copy_impl(Tensor& dst, const Tensor& src) {
   if (const auto staging = cuda::copy_scratch(dst, src)) Tensor staged = cuda_scratch(*staging);
 }
 
+void MetaBackend::copy_async_impl(Tensor& dst, const Tensor& src) {
+  enter("copy_async", {&dst, &src});
+  copy_async_bytes_ += src.size_bytes();
+}
+StreamEvent MetaBackend::make_event_impl() { return {}; }
+void MetaBackend::record_event_impl(StreamEvent&, Stream) {}
+void MetaBackend::wait_event_impl(Stream, const StreamEvent&) {}
+
 void MetaBackend::fill_impl(Tensor& dst, float) { enter("fill", {&dst}); }
 
 void MetaBackend::copy_columns_impl(Tensor&, int64_t, const Tensor& src, int64_t, int64_t) {

@@ -54,6 +54,16 @@ struct MetaCursor {
   bool backward = false;  // sticky: set by the first *_backward op
 };
 
+// Host memory on the meta device: Device::cpu tensors without data, so the
+// planner can count a step's pinned host memory (MetaBackend::
+// pinned_host_allocator) apart from the device's.
+class MetaHostAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::cpu; }
+  void* allocate(size_t, MemCategory) override { return nullptr; }
+  void deallocate(void*, size_t, MemCategory) override {}
+};
+
 class MetaBackend final : public Backend {
  public:
   // gemm_workspace_bytes: the cuda policy's GEMM workspace (cuBLASLt's; 0
@@ -64,6 +74,11 @@ class MetaBackend final : public Backend {
               size_t gemm_workspace_bytes = cuda::kCublasLtWorkspaceBytes, bool library_attention = true);
   const char* name() const override { return "meta"; }
   Allocator& allocator() override { return allocator_; }
+  // Counted pinned host memory (tensors without data).
+  TrackingAllocator& pinned_host_allocator() override { return pinned_; }
+  // Bytes copy_async has copied host to device since construction: the
+  // modelled step's PCIe traffic.
+  size_t copy_async_bytes() const { return copy_async_bytes_; }
   const MetaCursor& cursor() const { return cursor_; }
   void reset_cursor() { cursor_ = MetaCursor{}; }
 
@@ -79,6 +94,9 @@ class MetaBackend final : public Backend {
   bool library_attention_;
   Tensor cublaslt_workspace_;  // cuda policy only
   MetaCursor cursor_;
+  MetaHostAllocator pinned_backing_;
+  TrackingAllocator pinned_{pinned_backing_};
+  size_t copy_async_bytes_ = 0;
 };
 
 }  // namespace ft

@@ -98,3 +98,17 @@ TEST_CASE("plan: with AdamW's state offloaded the CUDA policy's peak equals a CU
   for (const char* precision : {"precision: fp32\n", "precision: bf16\n"})
     check_plan_matches_cuda_step("llama_gqa", qlora + precision);
 }
+
+// offload.base: host: the streamed layers' tensors in pinned host memory (not
+// the device's), their device slots in the weights, and the planner's second
+// micro-batch (its PCIe traffic) repeats the first's allocations.
+TEST_CASE("plan: with the base streamed from host memory the CUDA policy's peak equals a CUDA step's, to the byte") {
+  REQUIRE(cuda_device_present);
+  const std::string base = "lora: {r: 8, target_modules: all-linear}\nactivation_checkpointing: per_layer\n"
+                           "precision: bf16\n";
+  for (const char* quantization : {"quantization: {mode: nf4}\n", "quantization: {mode: int8}\n"}) {
+    check_plan_matches_cuda_step("llama_gqa", base + quantization + "offload: {base: host, stream_slots: 1}\n");
+    check_plan_matches_cuda_step("llama_gqa",
+                                 base + quantization + "offload: {base: host, optimizer: host, resident_layers: 1}\n");
+  }
+}

@@ -253,3 +253,35 @@ TEST_CASE("emu: host API checks device ranges") {
                  "overrun a 40-byte device allocation"));
   CHECK(std::isnan(x.host()[0]));  // fresh allocations are poisoned
 }
+
+// Streams: a copy on a created stream takes the destination's old bytes at
+// once (poisoned) and lands only when an event recorded after it orders it
+// before legacy-stream work, or a synchronize; so a kernel that reads a
+// buffer without waiting for its copy reads NaN, not the copy.
+TEST_CASE("emu: a copy on a non-blocking stream lands when an event orders it, not before") {
+  DeviceBuffer<float> x(std::vector<float>{1, 2, 3, 4});
+  const std::vector<float> host = {5, 6, 7, 8};
+  cudaStream_t copy = nullptr;
+  cudaEvent_t before = nullptr, copied = nullptr;
+  check(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
+  check(cudaEventCreateWithFlags(&before, cudaEventDisableTiming));
+  check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+  check(cudaEventRecord(before, copy));
+  check(cudaMemcpyAsync(x.ptr, host.data(), 4 * sizeof(float), cudaMemcpyHostToDevice, copy));
+  check(cudaEventRecord(copied, copy));
+  CHECK(std::isnan(x.ptr[0]));  // issued: the old values are gone, the new ones not there yet
+  DeviceBuffer<float> other(std::vector<float>{0});  // legacy-stream work does not wait for a non-blocking stream
+  check(cudaStreamWaitEvent(nullptr, before, 0));    // nor does an event recorded before the copy
+  CHECK(std::isnan(x.ptr[3]));
+  check(cudaStreamWaitEvent(nullptr, copied, 0));
+  CHECK(x.ptr[0] == 5.0f);
+  CHECK(x.ptr[3] == 8.0f);
+  const std::vector<float> again = {9, 10, 11, 12};
+  check(cudaMemcpyAsync(x.ptr, again.data(), 4 * sizeof(float), cudaMemcpyHostToDevice, copy));
+  CHECK(std::isnan(x.ptr[1]));
+  check(cudaStreamSynchronize(copy));
+  CHECK(x.ptr[1] == 10.0f);
+  check(cudaEventDestroy(before));
+  check(cudaEventDestroy(copied));
+  check(cudaStreamDestroy(copy));
+}
