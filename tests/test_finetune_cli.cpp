@@ -1061,3 +1061,80 @@ TEST_CASE("data parallel: kill -9 of one rank ends the job; --resume on 2 ranks 
   CHECK(alone.exit_code == 1);
   CHECK(alone.output.find("the data-parallel ranks (mpirun -np): now 1; the checkpoint's: 2") != std::string::npos);
 }
+
+namespace {
+
+// A folder training the shipped tiny T5 architecture (configs/tiny-t5, random
+// weights) on summaries: prompt/completion rows of different lengths, so every
+// batch pads its encoder rows.
+std::string make_t5_run_dir(const std::string& name, const std::string& extra_yaml) {
+  const fs::path dir = fs::path(FT_BINARY_DIR) / "cli_runs" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ifstream source(std::string(FT_SOURCE_DIR) + "/configs/data/summarize_train.jsonl");
+  std::ofstream train(dir / "train.jsonl"), eval(dir / "eval.jsonl");
+  std::string line;
+  for (int i = 0; i < 40 && std::getline(source, line); ++i) (i < 32 ? train : eval) << line << "\n";
+  const std::string configs = std::string(FT_SOURCE_DIR) + "/configs";
+  std::ofstream(dir / "config.yaml") << "model: " << configs << "/tiny-t5\n"
+                                     << "tokenizer: " << configs << "/tiny-base/tokenizer.model\n"
+                                     << "init: random\n"
+                                     << "data: {train: train.jsonl, eval: eval.jsonl, add_eos: true}\n"
+                                     << "seq_len: 128\nmicro_batch_size: 4\ngrad_accum_steps: 2\n"
+                                     << "lr: 1.0e-3\nmax_steps: 4\nsave_every: 2\neval_batches: 1\n"
+                                     << "task_metric: rouge\nmetric_examples: 2\n"
+                                     << "generate: {max_new_tokens: 4, num_samples: 1}\noutput_dir: out\n"
+                                     << extra_yaml;
+  return dir.string();
+}
+
+}  // namespace
+
+TEST_CASE("t5 trains through finetune: LoRA on q and v (PEFT's T5 adapter), INT8 base, full fine-tuning, resume") {
+  // LoRA over an INT8 base: the adapter is PEFT's, under T5's module names.
+  // A constant schedule, so a run stopped after step 2 continues as the whole run: the same losses.
+  const std::string run_yaml = "quantization: {mode: int8}\nlora: {r: 4, lora_alpha: 8}\nschedule: constant\n";
+  const std::string lora = make_t5_run_dir("t5_lora", run_yaml);
+  CommandResult result = run_command("cd " + lora + " && " + kBinary + " config.yaml");
+  INFO(result.output);
+  REQUIRE(result.exit_code == 0);
+  // q and v in 3 encoder self-attentions, 3 decoder self- and 3 cross-attentions: 9 x 2 x 4 x (128 + 128).
+  CHECK(result.output.find("trainable params: 18,432 ||") != std::string::npos);
+  CHECK(result.output.find("| rouge1 ") != std::string::npos);
+  const nlohmann::json adapter_config = nlohmann::json::parse(read_file(lora + "/out/adapter/adapter_config.json"));
+  CHECK(adapter_config["task_type"] == "SEQ_2_SEQ_LM");
+  CHECK(adapter_config["target_modules"] == nlohmann::json::array({"q", "v"}));
+  const Checkpoint adapter(lora + "/out/adapter/adapter_model.safetensors");
+  CHECK(adapter.contains("base_model.model.decoder.block.1.layer.1.EncDecAttention.q.lora_A.weight"));
+  CHECK(adapter.contains("base_model.model.encoder.block.2.layer.0.SelfAttention.v.lora_B.weight"));
+  const auto losses = train_losses(lora + "/out/metrics.jsonl");
+  REQUIRE(losses.size() == 4);
+
+  const std::string resumed = make_t5_run_dir("t5_resumed", run_yaml);
+  REQUIRE(run_command("cd " + resumed + " && " + kBinary + " config.yaml --set max_steps=2").exit_code == 0);
+  CommandResult again = run_command("cd " + resumed + " && " + kBinary + " config.yaml --resume");
+  INFO(again.output);
+  REQUIRE(again.exit_code == 0);
+  CHECK(train_losses(resumed + "/out/metrics.jsonl") == losses);
+
+  // Full fine-tuning writes the whole model in HF layout.
+  const std::string full = make_t5_run_dir("t5_full", "trainable: all\nquantization: {mode: none}\n");
+  result = run_command("cd " + full + " && " + kBinary + " config.yaml --set max_steps=2");
+  INFO(result.output);
+  REQUIRE(result.exit_code == 0);
+  CHECK(result.output.find("trainable params: 1,739,136 || all params: 1,739,136 || trainable%: 100.0000") !=
+        std::string::npos);
+  CHECK(fs::exists(full + "/out/model/model.safetensors"));
+  CHECK(fs::exists(full + "/out/model/config.json"));
+}
+
+TEST_CASE("t5 refuses packing and objective: dpo with the file and field named") {
+  const std::string dir = make_t5_run_dir("t5_bad", "");
+  CommandResult packed = run_command("cd " + dir + " && " + kBinary + " config.yaml --set data.packing=true");
+  CHECK(packed.exit_code == 1);
+  CHECK(packed.output.find("config.yaml: data.packing: true packs examples into one causal row") != std::string::npos);
+  CommandResult dpo = run_command("cd " + dir + " && " + kBinary +
+                                  " config.yaml --set objective=dpo --set task_metric=none");
+  CHECK(dpo.exit_code == 1);
+  CHECK(dpo.output.find("objective: dpo needs a decoder-only model") != std::string::npos);
+}

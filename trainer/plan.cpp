@@ -11,6 +11,7 @@
 #include "kernels/error.h"
 #include "model/causal_lm.h"
 #include "trainer/dpo.h"
+#include "trainer/evaluate.h"
 #include "trainer/progress.h"
 #include "trainer/trainer.h"
 
@@ -55,7 +56,7 @@ class PeakWatch final : public Allocator {
 
 // "backward, last op int8_linear_backward on gpt_neox.layers.43.attention.query_key_value.weight":
 // the peak allocation was made inside that op (its scratch) or just after it.
-std::string describe_peak(const PeakWatch& watch, CausalLM& model) {
+std::string describe_peak(const PeakWatch& watch, LanguageModel& model) {
   std::string where = watch.phase_at_peak;
   if (where != "training step") return where;
   const MetaCursor& cursor = watch.cursor_at_peak;
@@ -66,7 +67,7 @@ std::string describe_peak(const PeakWatch& watch, CausalLM& model) {
   return where;
 }
 
-void split_weights(StepPlan& plan, CausalLM& model) {
+void split_weights(StepPlan& plan, LanguageModel& model) {
   for (const Parameter& p : model.parameters()) {
     if (p.value.dtype == DType::i8) {
       plan.int8_weight_bytes += p.value.size_bytes();
@@ -99,9 +100,9 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   // As a run builds it, minus reading weights: the meta device has no values.
   watch.phase = "model weights";
   TrainingSetup setup = setup_training(config, model_config, backend,
-                                       [&](CausalLM&) { watch.phase = "gradients and optimizer state"; },
+                                       [&](LanguageModel&) { watch.phase = "gradients and optimizer state"; },
                                        &host_state);
-  CausalLM& model = *setup.model;
+  LanguageModel& model = *setup.model;
 
   // One micro-batch of train_step: every target counts, so nothing is skipped.
   // objective: dpo: micro_batch pairs, a chosen and a rejected row each, and
@@ -117,8 +118,10 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   backend.reset_cursor();
   model.zero_grads();
   model.set_dropout_seed(config.seed);
-  if (dpo) dpo_micro_batch(model, Batch{ids, targets, ids.numel()}, config.dpo, true, 1.0 / double(micro_batch));
-  else model.forward_backward(ids, targets, 1.0f);
+  const Batch batch{ids, targets, ids.numel()};
+  const float grad_scale = 1.0f;
+  if (dpo) dpo_micro_batch(causal_lm(model, "objective: dpo"), batch, config.dpo, true, 1.0 / double(micro_batch));
+  else micro_batch_loss(model, batch, &grad_scale);
   watch.phase = "optimizer step";
   setup.optimizer->step(config.lr);
 
