@@ -1138,3 +1138,58 @@ TEST_CASE("t5 refuses packing and objective: dpo with the file and field named")
   CHECK(dpo.exit_code == 1);
   CHECK(dpo.output.find("objective: dpo needs a decoder-only model") != std::string::npos);
 }
+
+TEST_CASE("configs/course-lab2.yaml runs its four-way comparison (short) and writes the table and the chart") {
+  const fs::path out = fs::path(FT_BINARY_DIR) / "cli_runs" / "course_lab2";
+  fs::remove_all(out);
+  CommandResult result = run_command(kBinary + " " + FT_SOURCE_DIR + "/configs/course-lab2.yaml --set max_steps=2" +
+                                     " --set metric_examples=2 --set eval_batches=1 --set output_dir=" + out.string());
+  INFO(result.output);
+  REQUIRE(result.exit_code == 0);
+  const size_t table = result.output.find("method ");
+  REQUIRE(table != std::string::npos);
+  for (const char* row : {"original model", "full fine-tuning", "LoRA", "INT8 + LoRA"})
+    CHECK(result.output.find(std::string("\n") + row + " ", table) != std::string::npos);
+  // LoRA r=32 on q and v: 9 attentions x 2 x 32 x (128 + 128); the original trains nothing.
+  CHECK(result.output.find("147,456 / 1,886,592 (7.82%)", table) != std::string::npos);
+  CHECK(result.output.find("0 / 1,739,136 (0.00%)", table) != std::string::npos);
+  std::istringstream csv(read_file((out / "comparison.csv").string()));
+  std::string line;
+  std::vector<std::string> lines;
+  while (std::getline(csv, line)) lines.push_back(line);
+  REQUIRE(lines.size() == 5);
+  CHECK(lines[0].rfind("method,rouge1,rouge2,rougeL,rougeLsum,", 0) == 0);
+  CHECK(lines[4].rfind("INT8 + LoRA,", 0) == 0);
+  CHECK(read_file((out / "rouge.svg").string()).find("<rect class=\"bar\"") != std::string::npos);
+  CHECK(fs::exists(out / "lora" / "adapter" / "adapter_config.json"));
+}
+
+TEST_CASE("a comparison file's bad entries exit 1 naming the file, line and field") {
+  const fs::path dir = fs::path(FT_BINARY_DIR) / "cli_runs" / "compare_bad";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string configs = std::string(FT_SOURCE_DIR) + "/configs";
+  const std::string shared = "model: " + configs + "/tiny-t5\ntokenizer: " + configs +
+                             "/tiny-base/tokenizer.model\ndata: {train: " + configs +
+                             "/data/summarize_train.jsonl, eval: " + configs +
+                             "/data/summarize_eval.jsonl}\ntask_metric: rouge\n";
+  struct Case {
+    std::string compare, expected;
+  };
+  const Case cases[] = {
+      {"compare: []\n", "bad.yaml: compare: expected a list of runs"},
+      {"compare:\n  - {train: false}\n", "bad.yaml:6: compare[0].name: expected a name"},
+      {"compare:\n  - {name: a}\n  - {name: b, lora: {r: 0}}\n", "bad.yaml:7: lora.r"},
+      {"compare:\n  - {name: a, train: maybe}\n", "bad.yaml:6: compare[0].train: expected true or false"},
+      {"compare:\n  - {name: a, output_dir: x}\n", "compare[0].output_dir: runs write to the file's output_dir"},
+      {"compare:\n  - {name: LoRA}\n  - {name: lora}\n", "compare[1].name: \"lora\" names the same folder"},
+      {"compare:\n  - {name: a, task_metric: none}\n", "compare[0]: task_metric: rouge (and data.eval) is needed"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.compare);
+    std::ofstream(dir / "bad.yaml") << shared << c.compare;
+    CommandResult result = run_command("cd " + dir.string() + " && " + kBinary + " bad.yaml");
+    CHECK(result.exit_code == 1);
+    CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
+  }
+}

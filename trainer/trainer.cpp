@@ -171,7 +171,8 @@ void make_model(Run& run) {
 
 
 std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const char* what, Dataset* keep) {
-  Dataset data = load_jsonl(path, run.config.data.format);
+  const RowTemplate& row_template = run.config.data.row_template;
+  Dataset data = row_template.empty() ? load_jsonl(path, run.config.data.format) : load_templated(path, row_template);
   ChatTemplate chat;
   if (data.format == DataFormat::chat) {
     chat = resolve_chat_template(run.config.data.chat_template,
