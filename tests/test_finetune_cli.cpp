@@ -68,15 +68,23 @@ CommandResult run_command(const std::string& command) {
   return result;
 }
 
-// A fresh folder with a config for the fixture model and a small text dataset.
-std::string make_run_dir(const std::string& name, const std::string& extra_yaml = "") {
+// A fresh folder under cli_runs holding train.jsonl and eval.jsonl: the first
+// train_rows and the next eval_rows rows of configs/data/<data_file>.
+fs::path fresh_run_dir(const std::string& name, const std::string& data_file, int train_rows, int eval_rows) {
   const fs::path dir = fs::path(FT_BINARY_DIR) / "cli_runs" / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::ifstream source(std::string(FT_SOURCE_DIR) + "/configs/data/pretrain.jsonl");
+  std::ifstream source(std::string(FT_SOURCE_DIR) + "/configs/data/" + data_file);
   std::ofstream train(dir / "train.jsonl"), eval(dir / "eval.jsonl");
   std::string line;
-  for (int i = 0; i < 260 && std::getline(source, line); ++i) (i < 240 ? train : eval) << line << "\n";
+  for (int i = 0; i < train_rows + eval_rows && std::getline(source, line); ++i)
+    (i < train_rows ? train : eval) << line << "\n";
+  return dir;
+}
+
+// A fresh folder with a config for the fixture model and a small text dataset.
+std::string make_run_dir(const std::string& name, const std::string& extra_yaml = "") {
+  const fs::path dir = fresh_run_dir(name, "pretrain.jsonl", 240, 20);
   std::ofstream(dir / "config.yaml") << "model: " << kFixtures << "/llama_gqa\n"
                                      << "tokenizer: " << kFixtures << "/tokenizer/tokenizer.model\n"
                                      << "data: {train: train.jsonl, eval: eval.jsonl, packing: true}\n"
@@ -1068,13 +1076,7 @@ namespace {
 // weights) on summaries: prompt/completion rows of different lengths, so every
 // batch pads its encoder rows.
 std::string make_t5_run_dir(const std::string& name, const std::string& extra_yaml) {
-  const fs::path dir = fs::path(FT_BINARY_DIR) / "cli_runs" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  std::ifstream source(std::string(FT_SOURCE_DIR) + "/configs/data/summarize_train.jsonl");
-  std::ofstream train(dir / "train.jsonl"), eval(dir / "eval.jsonl");
-  std::string line;
-  for (int i = 0; i < 40 && std::getline(source, line); ++i) (i < 32 ? train : eval) << line << "\n";
+  const fs::path dir = fresh_run_dir(name, "summarize_train.jsonl", 32, 8);
   const std::string configs = std::string(FT_SOURCE_DIR) + "/configs";
   std::ofstream(dir / "config.yaml") << "model: " << configs << "/tiny-t5\n"
                                      << "tokenizer: " << configs << "/tiny-base/tokenizer.model\n"

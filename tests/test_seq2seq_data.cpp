@@ -54,18 +54,13 @@ TEST_CASE("seq2seq truncation keeps each part's eos: labels at most seq_len / 2,
   CHECK(std::equal(row.tokens.begin(), row.tokens.begin() + (seq_len - labels), prompt.begin()));
 }
 
-TEST_CASE("a text row splits at the word boundary nearest its middle (the prefix-LM objective)") {
-  CHECK(split_text_row("one two three four") == std::pair<std::string, std::string>{"one two", " three four"});
-  CHECK(split_text_row("aaaa bb c") == std::pair<std::string, std::string>{"aaaa", " bb c"});
-  CHECK(split_text_row("nospace") == std::pair<std::string, std::string>{"nos", "pace"});
-  SentencePieceTokenizer tokenizer(kTokenizerPath);
-  bool truncated = false;
-  const TokenSequence row = tokenize_seq2seq_example({"", "one two three four"}, tokenizer, 64, kEos, truncated);
-  std::vector<int32_t> want = tokenizer.encode("one two");
-  want.push_back(kEos);
-  for (int32_t id : tokenizer.encode(" three four")) want.push_back(id);
-  want.push_back(kEos);
-  CHECK(row.tokens == want);
+TEST_CASE("a text row splits after the marker's last occurrence, else at the word boundary nearest its middle") {
+  using Halves = std::pair<std::string, std::string>;
+  CHECK(split_text_row("one two three four", "") == Halves{"one two", " three four"});
+  CHECK(split_text_row("aaaa bb c", "") == Halves{"aaaa", " bb c"});
+  CHECK(split_text_row("nospace", "") == Halves{"nos", "pace"});
+  CHECK(split_text_row("a: b\nIn short: c. In short: d", "In short: ") == Halves{"a: b\nIn short: c. In short: ", "d"});
+  CHECK(split_text_row("one two three four", "In short: ") == Halves{"one two", " three four"});
 }
 
 TEST_CASE("seq2seq_batch splits loader batches into padded encoder rows, lengths and labels") {

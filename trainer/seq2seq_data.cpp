@@ -8,7 +8,9 @@
 
 namespace ft {
 
-std::pair<std::string, std::string> split_text_row(const std::string& text) {
+std::pair<std::string, std::string> split_text_row(const std::string& text, const std::string& marker) {
+  const size_t found = marker.empty() ? std::string::npos : text.rfind(marker);
+  if (found != std::string::npos) return {text.substr(0, found + marker.size()), text.substr(found + marker.size())};
   const size_t middle = text.size() / 2;
   const size_t after = text.find(' ', middle), before = text.rfind(' ', middle);
   size_t cut = after;
@@ -20,9 +22,7 @@ std::pair<std::string, std::string> split_text_row(const std::string& text) {
 TokenSequence tokenize_seq2seq_example(const Example& example, const Tokenizer& tokenizer, int64_t seq_len,
                                        int32_t eos_id, bool& truncated) {
   FT_CHECK(eos_id >= 0, "seq2seq data needs an end-of-sequence token (data.add_eos or the tokenizer's eos)");
-  const auto [prompt_text, completion_text] =
-      example.prompt.empty() ? split_text_row(example.completion) : std::pair{example.prompt, example.completion};
-  std::vector<int32_t> prompt = tokenizer.encode(prompt_text), labels = tokenizer.encode(completion_text);
+  std::vector<int32_t> prompt = tokenizer.encode(example.prompt), labels = tokenizer.encode(example.completion);
   const size_t max_labels = size_t(std::max<int64_t>(seq_len / 2, 1));  // eos included
   const size_t label_tokens = std::min(labels.size() + 1, max_labels);
   const size_t max_prompt = size_t(seq_len + 1) - label_tokens;  // eos included

@@ -18,13 +18,16 @@ namespace ft {
 // labels (transformers' tokenizer(prompt), tokenizer(text_target=completion)).
 // The row fits seq_len + 1 tokens: labels keep at most seq_len / 2 tokens,
 // the prompt's beginning fills the rest (each part keeps its eos). truncated
-// says whether anything was cut. A text row (no prompt) becomes T5's
-// prefix-LM objective: split_text_row's first half is the encoder's input.
+// says whether anything was cut. (Text rows get their prompt from
+// split_text_row first.)
 TokenSequence tokenize_seq2seq_example(const Example& example, const Tokenizer& tokenizer, int64_t seq_len,
                                        int32_t eos_id, bool& truncated);
 
-// A text cut at the word boundary nearest its middle: {first half, rest}.
-std::pair<std::string, std::string> split_text_row(const std::string& text);
+// A text row as an encoder input and labels: cut after the last occurrence
+// of marker (which stays with the input), or, without marker or where it
+// does not occur, at the word boundary nearest the middle (a prefix-LM
+// objective).
+std::pair<std::string, std::string> split_text_row(const std::string& text, const std::string& marker);
 
 // One micro-batch as T5Model takes it: host i32 tensors.
 struct Seq2SeqBatch {

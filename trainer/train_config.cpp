@@ -226,6 +226,7 @@ const Field kFields[] = {
     {"data.packing", [](TrainConfig& c, const Value& v) { c.data.packing = v.boolean(); }},
     {"data.template.prompt", [](TrainConfig& c, const Value& v) { c.data.row_template.prompt = v.string(); }},
     {"data.template.completion", [](TrainConfig& c, const Value& v) { c.data.row_template.completion = v.string(); }},
+    {"data.text_split", [](TrainConfig& c, const Value& v) { c.data.text_split = v.string(); }},
     {"data.add_eos",
      [](TrainConfig& c, const Value& v) {
        bool flag = false;

@@ -67,6 +67,8 @@ struct DataConfig {
   AddEos add_eos;
   // data.template: rows with named fields (JSONL or .csv) made into prompt/completion (template_data.h).
   RowTemplate row_template;
+  // An encoder-decoder model's text rows: encoder input up to the last occurrence (split_text_row).
+  std::string text_split;
 };
 
 struct GenerateConfig {

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <tuple>
 
 #include "kernels/checked_mul.h"
 #include "kernels/dropout_hash.h"
@@ -29,6 +30,7 @@
 #include "trainer/preference_data.h"
 #include "trainer/progress.h"
 #include "trainer/run_identity.h"
+#include "trainer/seq2seq_data.h"
 #include "trainer/special_tokens.h"
 #include "trainer/train_state.h"
 
@@ -173,6 +175,9 @@ void make_model(Run& run) {
 std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const char* what, Dataset* keep) {
   const RowTemplate& row_template = run.config.data.row_template;
   Dataset data = row_template.empty() ? load_jsonl(path, run.config.data.format) : load_templated(path, row_template);
+  if (run.seq2seq && data.format == DataFormat::text)  // the encoder reads the text's beginning
+    for (Example& example : data.examples)
+      std::tie(example.prompt, example.completion) = split_text_row(example.completion, run.config.data.text_split);
   ChatTemplate chat;
   if (data.format == DataFormat::chat) {
     chat = resolve_chat_template(run.config.data.chat_template,
