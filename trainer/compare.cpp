@@ -156,6 +156,7 @@ int run_comparison(const Comparison& comparison, std::ostream& out) {
     ComparedResult result{run.name, {}, 0.0};
     RunOptions options;
     options.evaluate_only = !run.train;
+    options.evaluate_before = false;  // the untrained model is a run of its own (train: false)
     options.summary = &result.summary;
     const auto start = std::chrono::steady_clock::now();
     const int status = run_training(run.config, options);

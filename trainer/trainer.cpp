@@ -610,7 +610,8 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     return 0;
   }
   EvalFigures before;
-  if (!options.resume) before = evaluate(run, 0, progress, "before training");
+  const bool compare_to_before = !options.resume && options.evaluate_before;
+  if (compare_to_before) before = evaluate(run, 0, progress, "before training");
   progress.start();
   int64_t bad_in_a_row = 0;
   for (int64_t step = resumed.step; step < run.total_steps; ++step) {
@@ -634,10 +635,10 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   progress.finish();
   save_state(run, state_path, run.total_steps);
   EvalFigures after = evaluate(run, run.total_steps, progress, "after training");
-  if (run.eval_pairs && !options.resume)
+  if (run.eval_pairs && compare_to_before)
     std::cout << "eval rewards/accuracies (held-out pairs) "
               << describe_change(before.preference_accuracy, after.preference_accuracy) << "\n";
-  if ((run.eval || run.eval_pairs) && !options.resume) {
+  if ((run.eval || run.eval_pairs) && compare_to_before) {
     std::cout << "eval loss " << describe_change(before.loss.loss, after.loss.loss) << "\n";
     if (after.has_rouge)
       std::cout << "rouge1 " << describe_change(before.rouge.rouge1, after.rouge.rouge1) << ", rouge2 "

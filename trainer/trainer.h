@@ -60,6 +60,9 @@ struct RunOptions {
   // Evaluate the model as built (the base, adapters untouched) and stop: no
   // training, nothing written but metrics.jsonl.
   bool evaluate_only = false;
+  // Evaluate before training too and print the change (a comparison's
+  // original-model run evaluates that once for all).
+  bool evaluate_before = true;
   RunSummary* summary = nullptr;  // filled at the end when given
 };
 
