@@ -171,7 +171,6 @@ void make_model(Run& run) {
   std::cout << trainable_parameters_line(count_parameters(*run.model)) << "\n";
 }
 
-
 std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const char* what, Dataset* keep) {
   const RowTemplate& row_template = run.config.data.row_template;
   Dataset data = row_template.empty() ? load_jsonl(path, run.config.data.format) : load_templated(path, row_template);
