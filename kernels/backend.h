@@ -77,10 +77,12 @@ namespace ft {
   PREFIX void attention_cached_impl(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,     \
                                     const Tensor& positions, float scale, int64_t sliding_window) SUFFIX;          \
   PREFIX void biased_attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,            \
-                                            const Tensor& v, const Tensor* bias, bool causal) SUFFIX;               \
+                                            const Tensor& v, const Tensor* bias, const Tensor* key_lengths,         \
+                                            bool causal) SUFFIX;                                                    \
   PREFIX void biased_attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, Tensor* dbias, const Tensor& dout, \
                                              const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,  \
-                                             const Tensor& lse, const Tensor* bias, bool causal) SUFFIX;            \
+                                             const Tensor& lse, const Tensor* bias, const Tensor* key_lengths,      \
+                                             bool causal) SUFFIX;                                                   \
   PREFIX void activation_forward_impl(Tensor& out, const Tensor& x, const Tensor* up, Activation kind) SUFFIX;     \
   PREFIX void activation_backward_impl(Tensor& dx, Tensor* dup, const Tensor& dout, const Tensor& x,               \
                                        const Tensor* up, Activation kind) SUFFIX;                                   \
@@ -343,21 +345,28 @@ class Backend {
   // cross-attention) is [Tq, Tk, H] f32 or bf16, shared by the batch rows:
   // the relative position bias, an embedding lookup of bucket ids. causal:
   // key j is visible to query i iff j <= i (Tq == Tk); otherwise every key is.
+  // key_lengths (null: every key) i32 [B] on the backend, each in [1, Tk]:
+  // besides, key j of row b is visible only when j < key_lengths[b], so a
+  // right-padded row attends as the row alone would (the encoder's padding
+  // mask). Queries past a row's length still get outputs (over its real keys).
   void biased_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                                const Tensor* bias, bool causal) {
-    checks::check_biased_attention(device(), "biased_attention_forward", q, k, v, out, lse, bias, causal);
-    biased_attention_forward_impl(out, lse, q, k, v, bias, causal);
+                                const Tensor* bias, const Tensor* key_lengths, bool causal) {
+    checks::check_biased_attention(device(), "biased_attention_forward", q, k, v, out, lse, bias, key_lengths,
+                                   causal);
+    biased_attention_forward_impl(out, lse, q, k, v, bias, key_lengths, causal);
   }
   // dq, dk, dv overwritten. dbias (null: not wanted) f32 [Tq, Tk, H] +=
   // d(loss)/d(bias) summed over the batch, accumulated like a parameter
-  // gradient because T5's later layers reuse the first layer's bias.
+  // gradient because T5's later layers reuse the first layer's bias. Masked
+  // keys get dk = dv = 0.
   void biased_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor* dbias, const Tensor& dout,
                                  const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                 const Tensor& lse, const Tensor* bias, bool causal) {
-    checks::check_biased_attention(device(), "biased_attention_backward", q, k, v, out, lse, bias, causal);
+                                 const Tensor& lse, const Tensor* bias, const Tensor* key_lengths, bool causal) {
+    checks::check_biased_attention(device(), "biased_attention_backward", q, k, v, out, lse, bias, key_lengths,
+                                   causal);
     checks::check_biased_attention_gradients(device(), "biased_attention_backward", dq, dk, dv, dbias, dout, q, k,
                                              lse);
-    biased_attention_backward_impl(dq, dk, dv, dbias, dout, q, k, v, out, lse, bias, causal);
+    biased_attention_backward_impl(dq, dk, dv, dbias, dout, q, k, v, out, lse, bias, key_lengths, causal);
   }
 
   // ---- T5 feed-forward activation ------------------------------------------

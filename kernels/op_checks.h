@@ -159,10 +159,11 @@ inline void check_attention_gradients(Device device, const char* op, const Tenso
 }
 
 // Backend::biased_attention_forward's operands: q [B, Tq, H, D], k and v
-// [B, Tk, H, D], out like q, lse f32 [B, H, Tq], bias [Tq, Tk, H] or null;
-// causal needs Tq == Tk.
+// [B, Tk, H, D], out like q, lse f32 [B, H, Tq], bias [Tq, Tk, H] or null,
+// key_lengths i32 [B] or null; causal needs Tq == Tk.
 inline void check_biased_attention(Device device, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const Tensor& out, const Tensor& lse, const Tensor* bias, bool causal) {
+                                   const Tensor& out, const Tensor& lse, const Tensor* bias,
+                                   const Tensor* key_lengths, bool causal) {
   check_attention_operands(device, op, q, k, "k", v, "v", out, /*sliding_window=*/0);
   check_dtype(lse, DType::f32, device, op, "lse");
   FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got q ", shape_string(q.shape),
@@ -173,6 +174,10 @@ inline void check_biased_attention(Device device, const char* op, const Tensor& 
   check_shape(out, q.shape, op, "out");
   check_shape(lse, {B, H, Tq}, op, "lse");
   FT_CHECK(!causal || Tq == Tk, op, ": causal attention needs as many keys as queries, got ", Tk, " and ", Tq);
+  if (key_lengths) {
+    check_dtype(*key_lengths, DType::i32, device, op, "key_lengths");
+    check_shape(*key_lengths, {B}, op, "key_lengths");
+  }
   if (!bias) return;
   check_float(*bias, device, op, "bias");
   check_shape(*bias, {Tq, Tk, H}, op, "bias");

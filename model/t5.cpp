@@ -44,6 +44,7 @@ struct T5Model::SublayerActivations {
 struct T5Model::StackRun {
   int64_t batch = 0, seq = 0;
   Tensor ids;                     // i32 [B*T]
+  Tensor encoder_lengths;         // i32 [B]: the encoder rows' real tokens, or empty: whole rows
   Tensor bucket_ids, bias;        // i32 [T*T] and the relative position bias [T, T, H]
   std::vector<Tensor> residuals;  // residuals[k]: input of sublayer k; back(): output of the last
   std::vector<SublayerActivations> sublayers;
@@ -109,6 +110,12 @@ void T5Model::add_stack(Stack& stack, const std::string& prefix, int64_t layers,
   stack.final_norm = add_norm(prefix + "final_layer_norm", false, eps);
 }
 
+std::unique_ptr<LanguageModel> make_language_model(const ModelConfig& config, Backend& backend,
+                                                   const ModelOptions& options) {
+  if (config.model_type == "t5") return std::make_unique<T5Model>(config, backend, options);
+  return make_causal_lm(config, backend, options);
+}
+
 int32_t t5_relative_position_bucket(int64_t relative_position, bool bidirectional, int64_t num_buckets,
                                     int64_t max_distance) {
   int64_t bucket = 0;
@@ -145,22 +152,41 @@ Tensor t5_decoder_inputs(const Tensor& labels, int64_t decoder_start_token_id, i
 
 // ---- the step --------------------------------------------------------------
 
-float T5Model::forward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets) {
-  encode(encoder_ids);
+float T5Model::forward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
+                       const std::vector<int32_t>& encoder_lengths) {
+  encode(encoder_ids, encoder_lengths);
   const float loss = decode(decoder_ids, targets);
   encoded_ = Tensor{};
+  encoded_lengths_ = Tensor{};
   return loss;
 }
 
-void T5Model::encode(const Tensor& encoder_ids) {
+Tensor T5Model::upload_encoder_lengths(const Tensor& encoder_ids, const std::vector<int32_t>& encoder_lengths) {
+  if (encoder_lengths.empty()) return Tensor{};
+  const int64_t B = encoder_ids.dim(0), S = encoder_ids.dim(1);
+  FT_CHECK(int64_t(encoder_lengths.size()) == B, "t5: ", encoder_lengths.size(), " encoder lengths for ", B,
+           " encoder rows");
+  HostAllocator host;
+  Tensor lengths = Tensor::empty({B, 1}, DType::i32, host, MemCategory::activations);
+  for (int64_t b = 0; b < B; ++b) {
+    FT_CHECK(encoder_lengths[size_t(b)] >= 1 && encoder_lengths[size_t(b)] <= S, "t5: encoder row ", b,
+             " has length ", encoder_lengths[size_t(b)], ", expected 1 to ", S);
+    lengths.ptr<int32_t>()[b] = encoder_lengths[size_t(b)];
+  }
+  return upload_tokens(lengths);
+}
+
+void T5Model::encode(const Tensor& encoder_ids, const std::vector<int32_t>& encoder_lengths) {
   set_training(false);
   encoded_ = Tensor{};
   StackRun encoder;
   encoder.ids = upload_tokens(encoder_ids);
   encoder.batch = encoder_ids.dim(0);
   encoder.seq = encoder_ids.dim(1);
+  encoder.encoder_lengths = upload_encoder_lengths(encoder_ids, encoder_lengths);
   forward_stack(*encoder_, encoder, nullptr, 0, false);
   encoded_ = encoder.final_norm.out;
+  encoded_lengths_ = encoder.encoder_lengths;
   encoded_batch_ = encoder.batch;
   encoded_seq_ = encoder.seq;
 }
@@ -175,12 +201,14 @@ float T5Model::decode(const Tensor& decoder_ids, const Tensor& targets) {
   decoder.ids = tokens.ids;
   decoder.batch = tokens.batch;
   decoder.seq = tokens.seq;
+  decoder.encoder_lengths = encoded_lengths_;
   forward_stack(*decoder_, decoder, &encoded_, encoded_seq_, false);
   return lm_head_loss(decoder.final_norm.out, tokens, nullptr, 0.0f);
 }
 
 T5DecoderCache T5Model::make_decoder_cache(int64_t capacity_tokens) {
-  FT_CHECK(encoded_.data && encoded_batch_ == 1, "t5: make_decoder_cache needs encode() of one row first");
+  FT_CHECK(encoded_.data && encoded_batch_ == 1 && !encoded_lengths_.data,
+           "t5: make_decoder_cache needs encode() of one whole row first");
   FT_CHECK(capacity_tokens > 0, "t5: make_decoder_cache needs a capacity of at least one token, got ", capacity_tokens);
   Backend& be = backend_;
   const int64_t H = config_.num_attention_heads, D = config_.head_dim, S = encoded_seq_;
@@ -251,7 +279,7 @@ void T5Model::decode_cached(T5DecoderCache& cache, int32_t token) {
 }
 
 float T5Model::forward_backward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
-                                float grad_scale) {
+                                float grad_scale, const std::vector<int32_t>& encoder_lengths) {
   set_training(true);
   StackRun encoder, decoder;
   encoder.ids = upload_tokens(encoder_ids);
@@ -263,6 +291,7 @@ float T5Model::forward_backward(const Tensor& encoder_ids, const Tensor& decoder
   decoder.ids = tokens.ids;
   decoder.batch = tokens.batch;
   decoder.seq = tokens.seq;
+  encoder.encoder_lengths = decoder.encoder_lengths = upload_encoder_lengths(encoder_ids, encoder_lengths);
   forward_stack(*encoder_, encoder, nullptr, 0, true);
   const Tensor& encoder_out = encoder.final_norm.out;
   forward_stack(*decoder_, decoder, &encoder_out, encoder.seq, true);
@@ -298,6 +327,7 @@ void T5Model::forward_stack(const Stack& stack, StackRun& run, const Tensor* enc
   Backend& be = backend_;
   const int64_t B = run.batch, T = run.seq, N = B * T, C = config_.hidden_size;
   const DType act = options_.activation_dtype;
+  const Tensor* lengths = run.encoder_lengths.data ? &run.encoder_lengths : nullptr;
   relative_bias_forward(stack, run);
   run.residuals.push_back(be.empty({N, C}, act, MemCategory::activations));
   be.embedding_forward(run.residuals[0], run.ids, embedding_->value);
@@ -312,10 +342,11 @@ void T5Model::forward_stack(const Stack& stack, StackRun& run, const Tensor* enc
     Tensor y;
     if (kind == 0) {
       saved.norm = norm_forward(block.self_attention.norm, x);
-      y = attention_forward(block.self_attention, saved, saved.norm.out, B, T, T, &run.bias, stack.decoder);
+      y = attention_forward(block.self_attention, saved, saved.norm.out, B, T, T, &run.bias,
+                            stack.decoder ? nullptr : lengths, stack.decoder);
     } else if (kind == 1 && stack.decoder) {
       saved.norm = norm_forward(block.cross_attention.norm, x);
-      y = attention_forward(block.cross_attention, saved, *encoder_out, B, T, encoder_seq, nullptr, false);
+      y = attention_forward(block.cross_attention, saved, *encoder_out, B, T, encoder_seq, nullptr, lengths, false);
     } else {
       saved.norm = norm_forward(block.feed_forward.norm, x);
       y = feed_forward_forward(block.feed_forward, saved);
@@ -344,6 +375,7 @@ void T5Model::backward_stack(const Stack& stack, StackRun& run, const Tensor& df
     be.fill(dbias, 0.0f);
   }
   Tensor* dbias_arg = dbias.data ? &dbias : nullptr;
+  const Tensor* lengths = run.encoder_lengths.data ? &run.encoder_lengths : nullptr;
   Tensor dnorm = be.empty({N, C}, act, MemCategory::activations);
   const int64_t per_block = stack.sublayers_per_block();
   for (size_t k = run.sublayers.size(); k-- > 0;) {
@@ -354,11 +386,11 @@ void T5Model::backward_stack(const Stack& stack, StackRun& run, const Tensor& df
     if (kind == 0) {
       norm = &block.self_attention.norm;
       attention_backward(block.self_attention, saved, dresidual, dnorm, saved.norm.out, nullptr, &run.bias,
-                         dbias_arg, stack.decoder);
+                         dbias_arg, stack.decoder ? nullptr : lengths, stack.decoder);
     } else if (kind == 1 && stack.decoder) {
       norm = &block.cross_attention.norm;
       attention_backward(block.cross_attention, saved, dresidual, dnorm, *encoder_out, dencoder_out, nullptr,
-                         nullptr, false);
+                         nullptr, lengths, false);
     } else {
       norm = &block.feed_forward.norm;
       feed_forward_backward(block.feed_forward, saved, dresidual, dnorm);
@@ -377,7 +409,8 @@ void T5Model::backward_stack(const Stack& stack, StackRun& run, const Tensor& df
 // ---- sublayers ---------------------------------------------------------------
 
 Tensor T5Model::attention_forward(const Attention& attention, SublayerActivations& saved, const Tensor& kv_input,
-                                  int64_t batch, int64_t seq, int64_t kv_seq, const Tensor* bias, bool causal) {
+                                  int64_t batch, int64_t seq, int64_t kv_seq, const Tensor* bias,
+                                  const Tensor* key_lengths, bool causal) {
   Backend& be = backend_;
   const int64_t H = config_.num_attention_heads, D = config_.head_dim, C = config_.hidden_size;
   const int64_t N = batch * seq, M = batch * kv_seq;
@@ -391,7 +424,7 @@ Tensor T5Model::attention_forward(const Attention& attention, SublayerActivation
   attention.v->forward(be, v2d, kv_input);
   saved.attn = be.empty({batch, seq, H, D}, act, MemCategory::activations);
   saved.lse = be.empty({batch, H, seq}, DType::f32, MemCategory::activations);
-  be.biased_attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, bias, causal);
+  be.biased_attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, bias, key_lengths, causal);
   Tensor y = be.empty({N, C}, act, MemCategory::activations);
   attention.o->forward(be, y, saved.attn.reshaped({N, H * D}));
   return y;
@@ -399,7 +432,7 @@ Tensor T5Model::attention_forward(const Attention& attention, SublayerActivation
 
 void T5Model::attention_backward(const Attention& attention, SublayerActivations& saved, const Tensor& dy,
                                  Tensor& dnorm, const Tensor& kv_input, Tensor* dkv_input, const Tensor* bias,
-                                 Tensor* dbias, bool causal) {
+                                 Tensor* dbias, const Tensor* key_lengths, bool causal) {
   Backend& be = backend_;
   const int64_t H = config_.num_attention_heads, D = config_.head_dim;
   const int64_t N = saved.q.dim(0) * saved.q.dim(1), M = saved.k.dim(0) * saved.k.dim(1);
@@ -411,7 +444,7 @@ void T5Model::attention_backward(const Attention& attention, SublayerActivations
   Tensor dk = be.empty(saved.k.shape, act, MemCategory::activations);
   Tensor dv = be.empty(saved.v.shape, act, MemCategory::activations);
   be.biased_attention_backward(dq, dk, dv, dbias, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse, bias,
-                               causal);
+                               key_lengths, causal);
   attention.q->backward(be, dnorm, dq.reshaped({N, H * D}), saved.norm.out, false);
   // Self-attention's keys and values come from the same normed input; cross-attention's from the encoder.
   Tensor& dkv = dkv_input ? *dkv_input : dnorm;
@@ -430,7 +463,7 @@ Tensor T5Model::cached_attention(const Attention& attention, const Tensor& norme
   Tensor attn = be.empty({1, 1, H, D}, act, MemCategory::activations);
   Tensor lse = be.empty({1, H, 1}, DType::f32, MemCategory::activations);
   // Every cached key is visible: they are this query's past and itself (or the encoder's tokens).
-  be.biased_attention_forward(attn, lse, q, keys, values, bias, false);
+  be.biased_attention_forward(attn, lse, q, keys, values, bias, nullptr, false);
   Tensor y = be.empty({1, C}, act, MemCategory::activations);
   attention.o->forward(be, y, attn.reshaped({1, H * D}));
   return y;

@@ -42,19 +42,23 @@ class T5Model final : public LanguageModel {
   // [B, S]; decoder_ids and targets: host i32 [B, T], targets[b, t] the token
   // decoder position t predicts (-100: ignored), i.e. transformers' labels,
   // and decoder_ids = t5_decoder_inputs(labels). Keeps the logits [B*T,
-  // vocab] for last_logits(). Encoder rows are not masked: every row of a
-  // batch must be a whole input (no padding).
-  float forward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets);
+  // vocab] for last_logits(). encoder_lengths (empty: every row whole)
+  // gives each encoder row's real tokens, the rest right padding: padded
+  // positions are masked as keys of the encoder's self-attention and of
+  // the cross-attention, so each row's loss and gradients are the row's alone
+  // (transformers' attention_mask).
+  float forward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
+                const std::vector<int32_t>& encoder_lengths = {});
   // Same loss, then gradients of grad_scale * loss are added to every
   // trainable parameter's grad. Nothing of the step stays allocated.
   float forward_backward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
-                         float grad_scale = 1.0f);
+                         float grad_scale = 1.0f, const std::vector<int32_t>& encoder_lengths = {});
 
   // For generation, forward in two halves: encode() runs the encoder and
   // keeps its output until the next encode() or forward(); decode() is
   // forward's decoder half against it (same arguments and logits), so a
   // growing decoder input needs the encoder only once.
-  void encode(const Tensor& encoder_ids);
+  void encode(const Tensor& encoder_ids, const std::vector<int32_t>& encoder_lengths = {});
   float decode(const Tensor& decoder_ids, const Tensor& targets);
 
   // Generation's decoder with a key/value cache, after encode() of one row
@@ -91,12 +95,17 @@ class T5Model final : public LanguageModel {
   // dencoder_out.
   void backward_stack(const Stack& stack, StackRun& run, const Tensor& dfinal, const Tensor* encoder_out,
                       Tensor* dencoder_out);
+  // key_lengths: the encoder's padding mask (Backend::biased_attention_forward), or null.
   Tensor attention_forward(const Attention& attention, SublayerActivations& saved, const Tensor& kv_input,
-                           int64_t batch, int64_t seq, int64_t kv_seq, const Tensor* bias, bool causal);
+                           int64_t batch, int64_t seq, int64_t kv_seq, const Tensor* bias,
+                           const Tensor* key_lengths, bool causal);
   // dnorm (overwritten) = d(loss)/d(the sublayer's normed input) from dy;
   // cross-attention adds its key/value input's gradient into dkv_input instead.
   void attention_backward(const Attention& attention, SublayerActivations& saved, const Tensor& dy, Tensor& dnorm,
-                          const Tensor& kv_input, Tensor* dkv_input, const Tensor* bias, Tensor* dbias, bool causal);
+                          const Tensor& kv_input, Tensor* dkv_input, const Tensor* bias, Tensor* dbias,
+                          const Tensor* key_lengths, bool causal);
+  // encoder_lengths checked against encoder_ids [B, S] and uploaded as i32 [B]; empty stays empty.
+  Tensor upload_encoder_lengths(const Tensor& encoder_ids, const std::vector<int32_t>& encoder_lengths);
   // One query row's attention [1, C] from normed [1, C] over keys and values [1, L, H, D].
   Tensor cached_attention(const Attention& attention, const Tensor& normed, const Tensor& keys, const Tensor& values,
                           const Tensor* bias);
@@ -105,8 +114,13 @@ class T5Model final : public LanguageModel {
 
   std::unique_ptr<Stack> encoder_, decoder_;
   Tensor encoded_;  // encode()'s output [B*S, C]
+  Tensor encoded_lengths_;  // its rows' lengths i32 [B], or empty: whole rows
   int64_t encoded_batch_ = 0, encoded_seq_ = 0;
 };
+
+// The architecture named by config.model_type: T5Model for t5, make_causal_lm's otherwise.
+std::unique_ptr<LanguageModel> make_language_model(const ModelConfig& config, Backend& backend,
+                                                   const ModelOptions& options);
 
 // transformers' _shift_right: the decoder's inputs for labels host i32
 // [B, T]: decoder_start_token_id, then labels[:, :-1] with -100 replaced by

@@ -68,15 +68,23 @@ CommandResult run_command(const std::string& command) {
   return result;
 }
 
-// A fresh folder with a config for the fixture model and a small text dataset.
-std::string make_run_dir(const std::string& name, const std::string& extra_yaml = "") {
+// A fresh folder under cli_runs holding train.jsonl and eval.jsonl: the first
+// train_rows and the next eval_rows rows of configs/data/<data_file>.
+fs::path fresh_run_dir(const std::string& name, const std::string& data_file, int train_rows, int eval_rows) {
   const fs::path dir = fs::path(FT_BINARY_DIR) / "cli_runs" / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::ifstream source(std::string(FT_SOURCE_DIR) + "/configs/data/pretrain.jsonl");
+  std::ifstream source(std::string(FT_SOURCE_DIR) + "/configs/data/" + data_file);
   std::ofstream train(dir / "train.jsonl"), eval(dir / "eval.jsonl");
   std::string line;
-  for (int i = 0; i < 260 && std::getline(source, line); ++i) (i < 240 ? train : eval) << line << "\n";
+  for (int i = 0; i < train_rows + eval_rows && std::getline(source, line); ++i)
+    (i < train_rows ? train : eval) << line << "\n";
+  return dir;
+}
+
+// A fresh folder with a config for the fixture model and a small text dataset.
+std::string make_run_dir(const std::string& name, const std::string& extra_yaml = "") {
+  const fs::path dir = fresh_run_dir(name, "pretrain.jsonl", 240, 20);
   std::ofstream(dir / "config.yaml") << "model: " << kFixtures << "/llama_gqa\n"
                                      << "tokenizer: " << kFixtures << "/tokenizer/tokenizer.model\n"
                                      << "data: {train: train.jsonl, eval: eval.jsonl, packing: true}\n"
@@ -1060,4 +1068,130 @@ TEST_CASE("data parallel: kill -9 of one rank ends the job; --resume on 2 ranks 
   const Ran alone = run_ranks(0, resume, dir, "alone.txt");
   CHECK(alone.exit_code == 1);
   CHECK(alone.output.find("the data-parallel ranks (mpirun -np): now 1; the checkpoint's: 2") != std::string::npos);
+}
+
+namespace {
+
+// A folder training the shipped tiny T5 architecture (configs/tiny-t5, random
+// weights) on summaries: prompt/completion rows of different lengths, so every
+// batch pads its encoder rows.
+std::string make_t5_run_dir(const std::string& name, const std::string& extra_yaml) {
+  const fs::path dir = fresh_run_dir(name, "summarize_train.jsonl", 32, 8);
+  const std::string configs = std::string(FT_SOURCE_DIR) + "/configs";
+  std::ofstream(dir / "config.yaml") << "model: " << configs << "/tiny-t5\n"
+                                     << "tokenizer: " << configs << "/tiny-base/tokenizer.model\n"
+                                     << "init: random\n"
+                                     << "data: {train: train.jsonl, eval: eval.jsonl, add_eos: true}\n"
+                                     << "seq_len: 128\nmicro_batch_size: 4\ngrad_accum_steps: 2\n"
+                                     << "lr: 1.0e-3\nmax_steps: 4\nsave_every: 2\neval_batches: 1\n"
+                                     << "task_metric: rouge\nmetric_examples: 2\n"
+                                     << "generate: {max_new_tokens: 4, num_samples: 1}\noutput_dir: out\n"
+                                     << extra_yaml;
+  return dir.string();
+}
+
+}  // namespace
+
+TEST_CASE("t5 trains through finetune: LoRA on q and v (PEFT's T5 adapter), INT8 base, full fine-tuning, resume") {
+  // LoRA over an INT8 base: the adapter is PEFT's, under T5's module names.
+  // A constant schedule, so a run stopped after step 2 continues as the whole run: the same losses.
+  const std::string run_yaml = "quantization: {mode: int8}\nlora: {r: 4, lora_alpha: 8}\nschedule: constant\n";
+  const std::string lora = make_t5_run_dir("t5_lora", run_yaml);
+  CommandResult result = run_command("cd " + lora + " && " + kBinary + " config.yaml");
+  INFO(result.output);
+  REQUIRE(result.exit_code == 0);
+  // q and v in 3 encoder self-attentions, 3 decoder self- and 3 cross-attentions: 9 x 2 x 4 x (128 + 128).
+  CHECK(result.output.find("trainable params: 18,432 ||") != std::string::npos);
+  CHECK(result.output.find("| rouge1 ") != std::string::npos);
+  const nlohmann::json adapter_config = nlohmann::json::parse(read_file(lora + "/out/adapter/adapter_config.json"));
+  CHECK(adapter_config["task_type"] == "SEQ_2_SEQ_LM");
+  CHECK(adapter_config["target_modules"] == nlohmann::json::array({"q", "v"}));
+  const Checkpoint adapter(lora + "/out/adapter/adapter_model.safetensors");
+  CHECK(adapter.contains("base_model.model.decoder.block.1.layer.1.EncDecAttention.q.lora_A.weight"));
+  CHECK(adapter.contains("base_model.model.encoder.block.2.layer.0.SelfAttention.v.lora_B.weight"));
+  const auto losses = train_losses(lora + "/out/metrics.jsonl");
+  REQUIRE(losses.size() == 4);
+
+  const std::string resumed = make_t5_run_dir("t5_resumed", run_yaml);
+  REQUIRE(run_command("cd " + resumed + " && " + kBinary + " config.yaml --set max_steps=2").exit_code == 0);
+  CommandResult again = run_command("cd " + resumed + " && " + kBinary + " config.yaml --resume");
+  INFO(again.output);
+  REQUIRE(again.exit_code == 0);
+  CHECK(train_losses(resumed + "/out/metrics.jsonl") == losses);
+
+  // Full fine-tuning writes the whole model in HF layout.
+  const std::string full = make_t5_run_dir("t5_full", "trainable: all\nquantization: {mode: none}\n");
+  result = run_command("cd " + full + " && " + kBinary + " config.yaml --set max_steps=2");
+  INFO(result.output);
+  REQUIRE(result.exit_code == 0);
+  CHECK(result.output.find("trainable params: 1,739,136 || all params: 1,739,136 || trainable%: 100.0000") !=
+        std::string::npos);
+  CHECK(fs::exists(full + "/out/model/model.safetensors"));
+  CHECK(fs::exists(full + "/out/model/config.json"));
+}
+
+TEST_CASE("t5 refuses packing and objective: dpo with the file and field named") {
+  const std::string dir = make_t5_run_dir("t5_bad", "");
+  CommandResult packed = run_command("cd " + dir + " && " + kBinary + " config.yaml --set data.packing=true");
+  CHECK(packed.exit_code == 1);
+  CHECK(packed.output.find("config.yaml: data.packing: true packs examples into one causal row") != std::string::npos);
+  CommandResult dpo = run_command("cd " + dir + " && " + kBinary +
+                                  " config.yaml --set objective=dpo --set task_metric=none");
+  CHECK(dpo.exit_code == 1);
+  CHECK(dpo.output.find("objective: dpo needs a decoder-only model") != std::string::npos);
+}
+
+TEST_CASE("configs/course-lab2.yaml runs its four-way comparison (short) and writes the table and the chart") {
+  const fs::path out = fs::path(FT_BINARY_DIR) / "cli_runs" / "course_lab2";
+  fs::remove_all(out);
+  CommandResult result = run_command(kBinary + " " + FT_SOURCE_DIR + "/configs/course-lab2.yaml --set max_steps=2" +
+                                     " --set metric_examples=2 --set eval_batches=1 --set output_dir=" + out.string());
+  INFO(result.output);
+  REQUIRE(result.exit_code == 0);
+  const size_t table = result.output.find("method ");
+  REQUIRE(table != std::string::npos);
+  for (const char* row : {"original model", "full fine-tuning", "LoRA", "INT8 + LoRA"})
+    CHECK(result.output.find(std::string("\n") + row + " ", table) != std::string::npos);
+  // LoRA r=32 on q and v: 9 attentions x 2 x 32 x (128 + 128); the original trains nothing.
+  CHECK(result.output.find("147,456 / 1,886,592 (7.82%)", table) != std::string::npos);
+  CHECK(result.output.find("0 / 1,739,136 (0.00%)", table) != std::string::npos);
+  std::istringstream csv(read_file((out / "comparison.csv").string()));
+  std::string line;
+  std::vector<std::string> lines;
+  while (std::getline(csv, line)) lines.push_back(line);
+  REQUIRE(lines.size() == 5);
+  CHECK(lines[0].rfind("method,rouge1,rouge2,rougeL,rougeLsum,", 0) == 0);
+  CHECK(lines[4].rfind("INT8 + LoRA,", 0) == 0);
+  CHECK(read_file((out / "rouge.svg").string()).find("<rect class=\"bar\"") != std::string::npos);
+  CHECK(fs::exists(out / "lora" / "adapter" / "adapter_config.json"));
+}
+
+TEST_CASE("a comparison file's bad entries exit 1 naming the file, line and field") {
+  const fs::path dir = fs::path(FT_BINARY_DIR) / "cli_runs" / "compare_bad";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string configs = std::string(FT_SOURCE_DIR) + "/configs";
+  const std::string shared = "model: " + configs + "/tiny-t5\ntokenizer: " + configs +
+                             "/tiny-base/tokenizer.model\ndata: {train: " + configs +
+                             "/data/summarize_train.jsonl, eval: " + configs +
+                             "/data/summarize_eval.jsonl}\ntask_metric: rouge\n";
+  struct Case {
+    std::string compare, expected;
+  };
+  const Case cases[] = {
+      {"compare: []\n", "bad.yaml: compare: expected a list of runs"},
+      {"compare:\n  - {train: false}\n", "bad.yaml:6: compare[0].name: expected a name"},
+      {"compare:\n  - {name: a}\n  - {name: b, lora: {r: 0}}\n", "bad.yaml:7: lora.r"},
+      {"compare:\n  - {name: a, train: maybe}\n", "bad.yaml:6: compare[0].train: expected true or false"},
+      {"compare:\n  - {name: a, output_dir: x}\n", "compare[0].output_dir: runs write to the file's output_dir"},
+      {"compare:\n  - {name: LoRA}\n  - {name: lora}\n", "compare[1].name: \"lora\" names the same folder"},
+      {"compare:\n  - {name: a, task_metric: none}\n", "compare[0]: task_metric: rouge (and data.eval) is needed"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.compare);
+    std::ofstream(dir / "bad.yaml") << shared << c.compare;
+    CommandResult result = run_command("cd " + dir.string() + " && " + kBinary + " bad.yaml");
+    CHECK(result.exit_code == 1);
+    CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
+  }
 }

@@ -988,9 +988,18 @@ namespace {
 struct BiasedShape {
   int B, Tq, Tk, H, D;
   bool causal, with_bias;
+  std::vector<int32_t> key_lengths = {};  // per row; empty: every key
 };
 
-// scores = q.k + bias[i, j, h] (unscaled), causal or full; bias empty: none.
+// key_lengths as the op takes them, or null.
+const Tensor* key_lengths_arg(const BiasedShape& s, Tensor& storage) {
+  if (s.key_lengths.empty()) return nullptr;
+  storage = make_i32(s.key_lengths);
+  return &storage;
+}
+
+// scores = q.k + bias[i, j, h] (unscaled), causal or full, keys of row b
+// cut at key_lengths[b]; bias empty: none.
 void biased_attention_ref(const Vec& q, const Vec& k, const Vec& v, const Vec& bias, const BiasedShape& s, Vec& out,
                           Vec& lse) {
   out.assign(size_t(s.B) * s.Tq * s.H * s.D, 0.0);
@@ -998,7 +1007,8 @@ void biased_attention_ref(const Vec& q, const Vec& k, const Vec& v, const Vec& b
   for (int b = 0; b < s.B; ++b)
     for (int h = 0; h < s.H; ++h)
       for (int i = 0; i < s.Tq; ++i) {
-        const int keys = s.causal ? i + 1 : s.Tk;
+        int keys = s.causal ? i + 1 : s.Tk;
+        if (!s.key_lengths.empty()) keys = std::min(keys, s.key_lengths[size_t(b)]);
         Vec scores(size_t(keys), 0.0);
         for (int j = 0; j < keys; ++j) {
           double sum = bias.empty() ? 0.0 : bias[(size_t(i) * s.Tk + j) * s.H + h];
@@ -1022,6 +1032,9 @@ const BiasedShape kBiasedShapes[] = {
     {2, 6, 6, 2, 4, true, true},    // decoder self-attention
     {2, 5, 9, 3, 6, false, false},  // cross-attention: more keys than queries, no bias
     {1, 9, 4, 2, 3, false, false},  // fewer keys than queries
+    {2, 7, 7, 3, 5, false, true, {7, 4}},   // encoder self-attention over a padded row
+    {2, 5, 9, 3, 6, false, false, {3, 9}},  // cross-attention to a padded encoder row
+    {2, 6, 6, 2, 4, true, true, {6, 2}},    // causal and cut
 };
 
 }  // namespace
@@ -1041,8 +1054,9 @@ TEST_CASE("biased attention forward: unscaled scores plus bias, causal and full,
       Vec bias = s.with_bias ? random_vec(size_t(s.Tq) * s.Tk * s.H, rng, -3.0, 3.0) : Vec{};
       Tensor tq = make(q_shape, dtype, q), tk = make(kv_shape, dtype, k), tv = make(kv_shape, dtype, v);
       Tensor tbias = s.with_bias ? make({s.Tq, s.Tk, s.H}, dtype, bias) : Tensor{};
-      Tensor out = make(q_shape, dtype), lse = make({s.B, s.H, s.Tq}, DType::f32);
-      backend.biased_attention_forward(out, lse, tq, tk, tv, s.with_bias ? &tbias : nullptr, s.causal);
+      Tensor out = make(q_shape, dtype), lse = make({s.B, s.H, s.Tq}, DType::f32), lengths;
+      backend.biased_attention_forward(out, lse, tq, tk, tv, s.with_bias ? &tbias : nullptr,
+                                       key_lengths_arg(s, lengths), s.causal);
       Vec want_out, want_lse;
       biased_attention_ref(rounded(q, dtype), rounded(k, dtype), rounded(v, dtype), rounded(bias, dtype), s, want_out,
                            want_lse);
@@ -1067,14 +1081,16 @@ TEST_CASE("biased attention backward: finite differences for dq, dk, dv and the 
     Tensor tq = make(q_shape, DType::f32, q), tk = make(kv_shape, DType::f32, k), tv = make(kv_shape, DType::f32, v);
     Tensor tbias = s.with_bias ? make({s.Tq, s.Tk, s.H}, DType::f32, bias) : Tensor{};
     const Tensor* bias_arg = s.with_bias ? &tbias : nullptr;
-    Tensor out = make(q_shape, DType::f32), lse = make({s.B, s.H, s.Tq}, DType::f32);
-    backend.biased_attention_forward(out, lse, tq, tk, tv, bias_arg, s.causal);
+    Tensor out = make(q_shape, DType::f32), lse = make({s.B, s.H, s.Tq}, DType::f32), lengths;
+    const Tensor* lengths_arg = key_lengths_arg(s, lengths);
+    backend.biased_attention_forward(out, lse, tq, tk, tv, bias_arg, lengths_arg, s.causal);
     Tensor dout = make(q_shape, DType::f32, probe);
     Tensor dq = make(q_shape, DType::f32), dk = make(kv_shape, DType::f32), dv = make(kv_shape, DType::f32);
     backend.fill(dk, NAN);  // overwritten, never accumulated into
     const Vec dbias_before = random_vec(size_t(s.Tq) * s.Tk * s.H, rng);
     Tensor dbias = make({s.Tq, s.Tk, s.H}, DType::f32, dbias_before);
-    backend.biased_attention_backward(dq, dk, dv, &dbias, dout, tq, tk, tv, out, lse, bias_arg, s.causal);
+    backend.biased_attention_backward(dq, dk, dv, &dbias, dout, tq, tk, tv, out, lse, bias_arg, lengths_arg,
+                                      s.causal);
 
     auto loss = [&](const Vec& qs, const Vec& ks, const Vec& vs, const Vec& bs) {
       Vec o, l;
@@ -1139,10 +1155,13 @@ TEST_CASE("biased attention and activation reject mismatched operands") {
   Tensor q = make({1, 4, 2, 3}, DType::f32), k = make({1, 5, 2, 3}, DType::f32), v = make({1, 5, 2, 3}, DType::f32);
   Tensor out = make({1, 4, 2, 3}, DType::f32), lse = make({1, 2, 4}, DType::f32);
   Tensor bias = make({4, 4, 2}, DType::f32);
-  CHECK_THROWS_WITH_AS(backend.biased_attention_forward(out, lse, q, k, v, nullptr, true),
+  CHECK_THROWS_WITH_AS(backend.biased_attention_forward(out, lse, q, k, v, nullptr, nullptr, true),
                        doctest::Contains("causal attention needs as many keys as queries"), Error);
-  CHECK_THROWS_WITH_AS(backend.biased_attention_forward(out, lse, q, k, v, &bias, false),
+  CHECK_THROWS_WITH_AS(backend.biased_attention_forward(out, lse, q, k, v, &bias, nullptr, false),
                        doctest::Contains("bias"), Error);
+  Tensor lengths = make_i32({5, 5});
+  CHECK_THROWS_WITH_AS(backend.biased_attention_forward(out, lse, q, k, v, nullptr, &lengths, false),
+                       doctest::Contains("key_lengths has shape [2], expected [1]"), Error);
   Tensor x = make({6}, DType::f32), y = make({5}, DType::f32);
   CHECK_THROWS_AS(backend.activation_forward(x, x, &y, Activation::relu), Error);
   CHECK_THROWS_WITH_AS(backend.activation_backward(x, &x, x, x, nullptr, Activation::relu),

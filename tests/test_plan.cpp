@@ -43,7 +43,7 @@ std::string write_model(const std::string& name, const std::string& json) {
 // Deterministic small values; memory does not depend on them. init_random
 // refuses int8 weights, so int8 ones are quantised from these values the way
 // load() does (into the already allocated int8 tensors: nothing new is tracked).
-void fill_weights(CausalLM& model, Backend& backend) {
+void fill_weights(LanguageModel& model, Backend& backend) {
   HostAllocator host;
   uint32_t state = 12345;
   for (Parameter& p : model.parameters()) {
@@ -71,8 +71,8 @@ size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq) {
   TrackingAllocator tracker(host), host_state(host);
   CpuBackend backend(tracker);
   TrainingSetup setup = setup_training(
-      config, model_config, backend, [&](CausalLM& model) { fill_weights(model, backend); }, &host_state);
-  CausalLM* model = setup.model.get();
+      config, model_config, backend, [&](LanguageModel& model) { fill_weights(model, backend); }, &host_state);
+  CausalLM* model = &causal_lm(*setup.model, "real_step_peak");
   Tensor ids = Tensor::empty({dpo ? 2 * batch : batch, seq}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
   model->zero_grads();

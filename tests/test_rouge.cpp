@@ -101,3 +101,30 @@ TEST_CASE("corpus score is the mean of per-example F-measures") {
   CHECK_THROWS_WITH_AS(rouge_corpus({"a", "b"}, {"a"}), "rouge_corpus: 2 targets but 1 predictions", Error);
   CHECK_THROWS_AS(rouge_corpus({}, {}), Error);
 }
+
+TEST_CASE("ROUGE-Lsum matches rouge_score 0.1.2: union LCS over newline-separated sentences") {
+  // Printed by rouge_score 0.1.2:
+  //   RougeScorer(["rougeL", "rougeLsum"], use_stemmer=False).score(target, prediction)
+  struct Reference {
+    const char* target;
+    const char* prediction;
+    double rougeL, rougeLsum;
+  };
+  const Reference references[] = {
+      {"the cat sat on the mat\nthe dog ran in the park", "the dog sat in the park\nthe cat ran on the mat", 0.5, 1.0},
+      {"a b c d\ne f a b", "a c e\nb d f a", 0.6666666666666666, 0.9333333333333333},
+      {"#Person1# books a room.\n#Person2# pays 60 dollars.", "#Person2# books a room for 60 dollars.",
+       0.6666666666666666, 0.7999999999999999},
+      {"one line only here", "only one line here", 0.75, 0.75},
+      {"x y z\n\nx y", "x x y y z", 0.6, 1.0},
+  };
+  for (const Reference& r : references) {
+    CAPTURE(r.target);
+    const RougeScores s = rouge_scores(r.target, r.prediction);
+    CHECK(s.rougeL == doctest::Approx(r.rougeL).epsilon(1e-12));
+    CHECK(s.rougeLsum == doctest::Approx(r.rougeLsum).epsilon(1e-12));
+  }
+  const RougeScores mean = rouge_corpus({references[0].target, references[3].target},
+                                        {references[0].prediction, references[3].prediction});
+  CHECK(mean.rougeLsum == doctest::Approx((1.0 + 0.75) / 2).epsilon(1e-12));
+}

@@ -1,6 +1,7 @@
 // loss.svg: well-formed XML whose polylines, read back through the tick
 // labels' positions, give the metrics' values; Progress redraws it beside
-// metrics.jsonl at each evaluation and at the end.
+// metrics.jsonl at each evaluation and at the end. A comparison's ROUGE bar
+// chart: its bars' heights, read back the same way, are the scores.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/compare.h"
 #include "trainer/loss_plot.h"
 #include "trainer/progress.h"
 
@@ -221,4 +223,37 @@ TEST_CASE("a metrics.jsonl that is not a regular file (/dev/full reads zeros for
   std::string error;
   CHECK(ft::write_loss_plot((dir / "metrics.jsonl").string(), &error));
   CHECK(fs::exists(dir / "loss.svg"));
+}
+
+TEST_CASE("the comparison's ROUGE bar chart is well-formed and its bars' heights give back the scores") {
+  std::vector<ft::ComparedResult> results(3);
+  results[0].name = "original model";
+  results[0].summary.rouge = {0.1234, 0.0211, 0.1100, 0.1111};
+  results[1].name = "full <fine-tuning>";  // escaped in the SVG
+  results[1].summary.rouge = {0.4521, 0.2210, 0.4012, 0.4013};
+  results[2].name = "LoRA";
+  results[2].summary.rouge = {0.4080, 0.1900, 0.3700, 0.3702};
+  const std::vector<Element> elements = parse_xml(ft::render_bar_svg(ft::rouge_chart(results)));
+  const Scale y = scale_from_ticks(elements, "ytick-left", "y");
+  std::vector<double> heights, values;
+  std::vector<std::string> groups, fills;
+  for (const Element& e : elements) {
+    if (e.attributes.count("class") && e.attributes.at("class") == "group") groups.push_back(e.text);
+    if (!e.attributes.count("class") || e.attributes.at("class") != "bar") continue;
+    const double top = std::stod(e.attributes.at("y")), bottom = top + std::stod(e.attributes.at("height"));
+    CHECK(std::fabs(y.value(bottom)) <= 0.02 / std::fabs(y.b));  // bars stand on 0
+    heights.push_back(y.value(top));
+    values.push_back(std::stod(e.attributes.at("data-value")));
+    fills.push_back(e.attributes.at("fill"));
+  }
+  CHECK(groups == std::vector<std::string>{"original model", "full &lt;fine-tuning&gt;", "LoRA"});
+  const std::vector<double> want = {0.1234, 0.0211, 0.1100, 0.1111, 0.4521, 0.2210,
+                                    0.4012, 0.4013, 0.4080, 0.1900, 0.3700, 0.3702};
+  REQUIRE(heights.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    check_close(heights[i], want[i], y);
+    CHECK(values[i] == doctest::Approx(want[i]).epsilon(1e-9));
+    CHECK(fills[i] == fills[i % 4]);  // one colour per ROUGE variant
+  }
+  CHECK(fills[0] != fills[1]);
 }

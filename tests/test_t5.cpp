@@ -491,3 +491,81 @@ TEST_CASE("t5 on the meta backend (the memory planner) allocates exactly what th
   CHECK(on_cpu[0] > 0);
   CHECK(planned == on_cpu);
 }
+
+namespace {
+
+// Host i32 [rows, width]: each row's ids, then `fill` to the width.
+Tensor padded_rows(const std::vector<std::vector<int32_t>>& rows, int64_t width, int32_t fill, HostAllocator& host) {
+  Tensor t = Tensor::empty({int64_t(rows.size()), width}, DType::i32, host, MemCategory::activations);
+  for (size_t b = 0; b < rows.size(); ++b)
+    for (int64_t t_pos = 0; t_pos < width; ++t_pos)
+      t.ptr<int32_t>()[int64_t(b) * width + t_pos] = t_pos < int64_t(rows[b].size()) ? rows[b][size_t(t_pos)] : fill;
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("t5 padded batch: encoder padding masked, loss and every gradient as each row run alone") {
+  const std::string dir = fixture_dir("t5_v1_1");
+  const ModelConfig config = ModelConfig::from_json_file(dir + "/config.json");
+  HostAllocator host;
+  CpuBackend backend(host);
+  ModelOptions options = f32_options();
+  options.lora = read_peft_adapter_config(dir + "/adapter").lora;
+  options.lora->lora_dropout = 0.0;  // dropout masks depend on the batch layout
+  T5Model model(config, backend, options);
+  model.load(Checkpoint(dir));
+  model.init_adapters(3);
+  // B nonzero, so the adapters' A gradients are too, and every parameter trains.
+  for (Parameter& p : model.adapters())
+    if (p.name.find("lora_B") != std::string::npos) backend.fill(p.value, 0.05f);
+  model.set_trainable([](const std::string&) { return true; });
+  const std::vector<std::vector<int32_t>> inputs = {{5, 9, 14, 3, 1}, {7, 1}, {22, 4, 8, 1}};
+  const std::vector<std::vector<int32_t>> labels = {{4, 6, 1}, {11, 2, 9, 1}, {1}};
+  const int64_t S = 5, T = 4;
+  const int64_t counted = 3 + 4 + 1;
+
+  auto all_grads = [&] {
+    std::vector<std::vector<float>> grads;
+    for (std::deque<Parameter>* list : {&model.parameters(), &model.adapters()})
+      for (Parameter& p : *list) grads.push_back(ft::testing::read(p.grad));
+    return grads;
+  };
+  // Each row alone, its gradient weighted by its share of the counted tokens.
+  model.zero_grads();
+  double want_loss = 0.0;
+  for (size_t b = 0; b < inputs.size(); ++b) {
+    const Tensor row_labels = padded_rows({labels[b]}, int64_t(labels[b].size()), -100, host);
+    const float share = float(labels[b].size()) / float(counted);
+    want_loss += share * model.forward_backward(padded_rows({inputs[b]}, int64_t(inputs[b].size()), 0, host),
+                                                t5_decoder_inputs(row_labels, config.decoder_start_token_id, 0, host),
+                                                row_labels, share);
+  }
+  const std::vector<std::vector<float>> want = all_grads();
+
+  model.zero_grads();
+  const Tensor batch_labels = padded_rows(labels, T, -100, host);
+  const Tensor decoder_ids = t5_decoder_inputs(batch_labels, config.decoder_start_token_id, 0, host);
+  const Tensor encoder_ids = padded_rows(inputs, S, 0, host);
+  const float loss = model.forward_backward(encoder_ids, decoder_ids, batch_labels, 1.0f, {5, 2, 4});
+  CHECK(loss == doctest::Approx(want_loss).epsilon(1e-5));
+  const std::vector<std::vector<float>> got = all_grads();
+  double worst = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double max_diff = 0.0, max_want = 0.0;
+    for (size_t n = 0; n < got[i].size(); ++n) {
+      max_diff = std::max(max_diff, double(std::abs(got[i][n] - want[i][n])));
+      max_want = std::max(max_want, double(std::abs(want[i][n])));
+    }
+    CHECK(max_want > 0.0);
+    worst = std::max(worst, max_diff / max_want);
+  }
+  MESSAGE("padded batch: worst gradient relative error ", worst, " over ", got.size(), " tensors");
+  CHECK(worst <= 1e-5);
+  // Without the mask the padding leaks into the short rows: a different loss.
+  model.zero_grads();
+  const float unmasked = model.forward(encoder_ids, decoder_ids, batch_labels);
+  CHECK(std::abs(unmasked - loss) > 1e-3f);
+  // The eval forward takes the same mask.
+  CHECK(model.forward(encoder_ids, decoder_ids, batch_labels, {5, 2, 4}) == doctest::Approx(loss).epsilon(1e-6));
+}

@@ -35,7 +35,10 @@ std::string default_tokenizer_path(const std::string& model_dir) {
   namespace fs = std::filesystem;
   fs::path sentencepiece = fs::path(model_dir) / "tokenizer.model";
   fs::path json = fs::path(model_dir) / "tokenizer.json";
-  if (!fs::exists(sentencepiece) && fs::exists(json)) return json.string();
+  fs::path t5_sentencepiece = fs::path(model_dir) / "spiece.model";  // T5's name for its SentencePiece model
+  if (fs::exists(sentencepiece)) return sentencepiece.string();
+  if (fs::exists(json)) return json.string();
+  if (fs::exists(t5_sentencepiece)) return t5_sentencepiece.string();
   return sentencepiece.string();
 }
 

@@ -41,7 +41,7 @@ class Tokenizer {
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int64_t model_vocab_size);
 
 // The tokenizer file of a Hugging Face model folder: tokenizer.model if present, else
-// tokenizer.json if present, else the tokenizer.model path (so the error names it).
+// tokenizer.json, else T5's spiece.model, else the tokenizer.model path (so the error names it).
 std::string default_tokenizer_path(const std::string& model_dir);
 
 }  // namespace ft

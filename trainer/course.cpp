@@ -47,9 +47,7 @@ DTypeFigures dtype_figure(const char* name, DType dtype, uint64_t highest_bits, 
 ParameterCount count_on_meta(const ModelConfig& config, const ModelOptions& options) {
   MetaAllocator meta;
   MetaBackend backend(meta, MemoryPolicy::cpu);
-  std::unique_ptr<LanguageModel> model;
-  if (config.model_type == "t5") model = std::make_unique<T5Model>(config, backend, options);
-  else model = make_causal_lm(config, backend, options);
+  std::unique_ptr<LanguageModel> model = make_language_model(config, backend, options);
   model->set_trainable([](const std::string& name) { return name.find(".lora_") != std::string::npos; });
   return count_parameters(*model);
 }

@@ -10,6 +10,7 @@
 #include "kernels/error.h"
 #include "model/json_input.h"
 #include "tokenizer/tokenizer.h"
+#include "trainer/seq2seq_data.h"
 
 namespace ft {
 namespace {
@@ -258,9 +259,11 @@ int64_t loss_token_count(const TokenSequence& sequence) {
 }
 
 TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
-                                  const ChatTemplate* chat) {
+                                  const ChatTemplate* chat, RowLayout layout) {
   FT_CHECK(seq_len > 0, "tokenize_dataset: seq_len must be > 0, got ", seq_len);
   FT_CHECK(data.format != DataFormat::chat || chat, data.path, ": chat rows need a chat template");
+  FT_CHECK(data.format != DataFormat::chat || layout == RowLayout::causal, data.path,
+           ": chat rows train decoder-only models; an encoder-decoder model needs prompt/completion rows");
   TokenizedDataset out;
   for (const Example& example : data.examples) {
     bool truncated = false;
@@ -269,6 +272,8 @@ TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenize
       seq = tokenize_chat(render_chat(*chat, example.messages, data.path + ":" + std::to_string(example.line)),
                           tokenizer);
       truncated = truncate_to(seq, seq_len);
+    } else if (layout == RowLayout::seq2seq) {
+      seq = tokenize_seq2seq_example(example, tokenizer, seq_len, eos_id, truncated);
     } else {
       seq = tokenize_example(example, tokenizer, seq_len, eos_id, truncated);
     }

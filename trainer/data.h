@@ -100,8 +100,11 @@ int64_t loss_token_count(const TokenSequence& sequence);
 // `chat`, which they require; the template places bos and end markers itself.
 // Examples whose prompt fills the whole window teach nothing and are dropped
 // (and counted); an error if that leaves none.
+// With layout seq2seq each row is tokenize_seq2seq_example's (seq2seq_data.h)
+// instead: the encoder's tokens, then the labels.
+enum class RowLayout { causal, seq2seq };
 TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
-                                  const ChatTemplate* chat = nullptr);
+                                  const ChatTemplate* chat = nullptr, RowLayout layout = RowLayout::causal);
 
 // For samples and task_metric: each chat example's prompt becomes the rendered
 // conversation before its last assistant turn (less a leading bos text, which

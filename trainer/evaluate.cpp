@@ -3,6 +3,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/error.h"
+#include "model/t5.h"
+#include "trainer/data.h"
+#include "trainer/generate_seq2seq.h"
+#include "trainer/seq2seq_data.h"
+
 namespace ft {
 
 Batch trim_padding(const Batch& batch, Allocator& host) {
@@ -23,7 +29,21 @@ Batch trim_padding(const Batch& batch, Allocator& host) {
   return trimmed;
 }
 
-EvalLoss evaluate_loss(CausalLM& model, const DataLoader& eval, int64_t max_batches) {
+float micro_batch_loss(LanguageModel& model, const Batch& batch, const float* grad_scale) {
+  if (auto* t5 = dynamic_cast<T5Model*>(&model)) {
+    HostAllocator host;
+    // T5's decoder starts from its pad token, which also fills the padding.
+    const int64_t start = t5->config().decoder_start_token_id;
+    const Seq2SeqBatch rows = seq2seq_batch(batch, start, int32_t(start), host);
+    if (!grad_scale) return t5->forward(rows.encoder_ids, rows.decoder_ids, rows.labels, rows.encoder_lengths);
+    return t5->forward_backward(rows.encoder_ids, rows.decoder_ids, rows.labels, *grad_scale, rows.encoder_lengths);
+  }
+  auto& causal = dynamic_cast<CausalLM&>(model);
+  return grad_scale ? causal.forward_backward(batch.input_ids, batch.targets, *grad_scale)
+                    : causal.forward(batch.input_ids, batch.targets);
+}
+
+EvalLoss evaluate_loss(LanguageModel& model, const DataLoader& eval, int64_t max_batches) {
   HostAllocator host;
   const int64_t batches = max_batches > 0 ? std::min(max_batches, eval.batches_per_epoch()) : eval.batches_per_epoch();
   double loss_sum = 0.0;
@@ -31,7 +51,7 @@ EvalLoss evaluate_loss(CausalLM& model, const DataLoader& eval, int64_t max_batc
   for (int64_t i = 0; i < batches; ++i) {
     Batch batch = trim_padding(eval.batch_in_order(i), host);
     if (batch.counted_tokens == 0) continue;
-    loss_sum += double(model.forward(batch.input_ids, batch.targets)) * double(batch.counted_tokens);
+    loss_sum += double(micro_batch_loss(model, batch, nullptr)) * double(batch.counted_tokens);
     result.tokens += batch.counted_tokens;
   }
   result.loss = result.tokens ? loss_sum / double(result.tokens) : 0.0;
@@ -47,19 +67,25 @@ std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string
   return tokens;
 }
 
-std::vector<std::string> complete_prompts(CausalLM& model, const Tokenizer& tokenizer,
+std::vector<std::string> complete_prompts(LanguageModel& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts, const SamplingOptions& sampling,
                                           const StopCondition& stop, int64_t batch_size) {
   StopCondition decoding_stop = stop;
   decoding_stop.tokenizer = &tokenizer;
+  auto* t5 = dynamic_cast<T5Model*>(&model);
   std::vector<std::string> completions;
   for (size_t first = 0; first < prompts.size(); first += size_t(batch_size)) {
     std::vector<std::vector<int32_t>> batch;
-    for (size_t i = first; i < std::min(prompts.size(), first + size_t(batch_size)); ++i)
-      batch.push_back(prompt_tokens(tokenizer, prompts[i]));
+    for (size_t i = first; i < std::min(prompts.size(), first + size_t(batch_size)); ++i) {
+      batch.push_back(t5 ? tokenizer.encode(prompts[i]) : prompt_tokens(tokenizer, prompts[i]));
+      if (t5) batch.back().push_back(tokenizer.eos_id());  // as tokenize_seq2seq_example
+    }
     SamplingOptions options = sampling;
     options.seed = sampling.seed + first;
-    for (const auto& generated : generate(model, batch, options, decoding_stop)) {
+    const std::vector<std::vector<int32_t>> generated_rows =
+        t5 ? generate_seq2seq(*t5, batch, options, stop.ids)
+           : generate(dynamic_cast<CausalLM&>(model), batch, options, decoding_stop);
+    for (const auto& generated : generated_rows) {
       std::string text = tokenizer.decode(generated);
       completions.push_back(text.substr(0, find_stop_string(text, stop.strings)));
     }
@@ -67,7 +93,7 @@ std::vector<std::string> complete_prompts(CausalLM& model, const Tokenizer& toke
   return completions;
 }
 
-TaskMetricResult evaluate_rouge(CausalLM& model, const Tokenizer& tokenizer,
+TaskMetricResult evaluate_rouge(LanguageModel& model, const Tokenizer& tokenizer,
                                 const std::vector<Example>& examples, int64_t count, int64_t max_new_tokens,
                                 const StopCondition& stop, int64_t batch_size) {
   std::vector<std::string> prompts, references;

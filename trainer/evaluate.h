@@ -1,5 +1,7 @@
 // Evaluation: mean loss and perplexity over the eval set, and the task metric
-// (ROUGE of greedy generations against the reference completions).
+// (ROUGE of greedy generations against the reference completions), for the
+// decoder-only models and T5 alike: micro_batch_loss and complete_prompts are
+// where the two kinds of model differ.
 #pragma once
 #include <string>
 #include <vector>
@@ -22,15 +24,23 @@ struct EvalLoss {
   int64_t tokens = 0;
 };
 
+// The mean loss of one micro-batch (batch.counted_tokens > 0), and with
+// grad_scale the gradients of grad_scale * loss added to the trainable
+// parameters: CausalLM's step, or T5Model's on seq2seq_batch(batch)
+// (seq2seq_data.h) with the encoder's padding masked.
+float micro_batch_loss(LanguageModel& model, const Batch& batch, const float* grad_scale);
+
 // max_batches 0 = the whole set.
-EvalLoss evaluate_loss(CausalLM& model, const DataLoader& eval, int64_t max_batches);
+EvalLoss evaluate_loss(LanguageModel& model, const DataLoader& eval, int64_t max_batches);
 
 // The ids a prompt is given to the model as: [bos] + encode(prompt), as in training.
 std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt);
 
 // Continues each prompt and decodes the new tokens, cut before the first stop
 // string, batch_size prompts at a time. stop.tokenizer is set to `tokenizer`.
-std::vector<std::string> complete_prompts(CausalLM& model, const Tokenizer& tokenizer,
+// T5 reads each prompt as its encoder input (encode(prompt) + eos, one at a
+// time, generate_seq2seq) and stops at stop.ids.
+std::vector<std::string> complete_prompts(LanguageModel& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts, const SamplingOptions& sampling,
                                           const StopCondition& stop, int64_t batch_size);
 
@@ -41,7 +51,7 @@ struct TaskMetricResult {
 
 // ROUGE of greedy completions of the first `count` examples' prompts against
 // their completions.
-TaskMetricResult evaluate_rouge(CausalLM& model, const Tokenizer& tokenizer,
+TaskMetricResult evaluate_rouge(LanguageModel& model, const Tokenizer& tokenizer,
                                 const std::vector<Example>& examples, int64_t count, int64_t max_new_tokens,
                                 const StopCondition& stop, int64_t batch_size);
 

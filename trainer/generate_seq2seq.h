@@ -6,8 +6,7 @@
 // one token per step against its key/value cache (T5Model::decode_cached:
 // self-attention keys and values cached per layer, cross-attention's
 // computed once from the encoder output); without, it reruns over its tokens
-// so far. Inputs run one at a time: T5Model does not mask encoder padding,
-// so inputs of different lengths cannot share a batch.
+// so far. Inputs run one at a time (the decoder cache holds one row).
 #pragma once
 #include <cstdint>
 #include <vector>

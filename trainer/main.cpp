@@ -18,6 +18,7 @@
 
 #include "kernels/error.h"
 #include "trainer/collectives.h"
+#include "trainer/compare.h"
 #include "trainer/course.h"
 #include "trainer/device_backend.h"
 #include "trainer/generate_command.h"
@@ -46,6 +47,9 @@ const char* kUsage =
     "  LoRA run with per-layer checkpointing at micro_batch 1 x seq_len 2048;\n"
     "  --ranks N adds the per-step gradient all-reduce of N data-parallel ranks\n"
     "  --h2d-bandwidth (bytes per second) and --tflops set a streamed base's time model\n"
+    "usage: finetune COMPARISON.yaml [--set key=value]...\n"
+    "  a config with a top-level compare: list runs each entry, then prints one table (ROUGE, trainable\n"
+    "  parameters, peak memory, wall time) and writes it as CSV with a ROUGE bar chart (configs/course-lab2.yaml)\n"
     "usage: finetune course [CONFIGS_DIR]\n"
     "  prints the course's memory and LoRA figures computed by this trainer, from the model configs\n"
     "  pythia-1b/, gpt-neox-20b/ and flan-t5-base/ under CONFIGS_DIR (default: configs)\n"
@@ -148,6 +152,10 @@ int run(int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
   }
   FT_CHECK(!config_path.empty(), "no config file given\n", kUsage);
   FT_CHECK(options.resume || !options.allow_data_change, "--allow-data-change applies to --resume only\n", kUsage);
+  if (ft::is_comparison_file(config_path)) {  // a top-level compare: list (trainer/compare.h)
+    FT_CHECK(!options.resume, config_path, ": --resume continues one run; a comparison starts its runs afresh");
+    return ft::run_comparison(ft::load_comparison(config_path, overrides), std::cout);
+  }
   // Before MPI_Init where the launcher says: a CUDA-aware MPI may start CUDA there.
   const int launcher_local_rank = ft::launcher_local_rank();
   if (launcher_local_rank >= 0) ft::bind_local_device(launcher_local_rank);

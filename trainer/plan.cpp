@@ -12,6 +12,7 @@
 #include "model/causal_lm.h"
 #include "model/layer_stream.h"
 #include "trainer/dpo.h"
+#include "trainer/evaluate.h"
 #include "trainer/progress.h"
 #include "trainer/trainer.h"
 
@@ -56,7 +57,7 @@ class PeakWatch final : public Allocator {
 
 // "backward, last op int8_linear_backward on gpt_neox.layers.43.attention.query_key_value.weight":
 // the peak allocation was made inside that op (its scratch) or just after it.
-std::string describe_peak(const PeakWatch& watch, CausalLM& model) {
+std::string describe_peak(const PeakWatch& watch, LanguageModel& model) {
   std::string where = watch.phase_at_peak;
   if (where != "training step") return where;
   const MetaCursor& cursor = watch.cursor_at_peak;
@@ -69,7 +70,7 @@ std::string describe_peak(const PeakWatch& watch, CausalLM& model) {
 
 // The device's weights by kind; a streamed layer's tensors (host memory)
 // are StreamPlan's.
-void split_weights(StepPlan& plan, CausalLM& model) {
+void split_weights(StepPlan& plan, LanguageModel& model) {
   for (const Parameter& p : model.parameters()) {
     if (p.value.device == Device::cpu) continue;
     if (p.value.dtype == DType::i8) {
@@ -91,7 +92,7 @@ void split_weights(StepPlan& plan, CausalLM& model) {
 struct LayerParameters {
   double linear = 0.0, lora = 0.0;
 };
-LayerParameters layer_parameters(CausalLM& model) {
+LayerParameters layer_parameters(LanguageModel& model) {
   LayerParameters counts;
   for (const Parameter& p : model.parameters())
     if (p.name.find(".layers.0.") != std::string::npos && (p.value.dtype == DType::i8 || p.value.dtype == DType::u8))
@@ -110,7 +111,7 @@ LayerParameters layer_parameters(CausalLM& model) {
 // layer overlaps the compute of the layer before it (the copy stream moves
 // one layer while the compute stream runs one), so it stalls the pass by
 // max(0, copy - that layer's compute).
-void model_stream_time(StreamPlan& stream, CausalLM& model, const TrainConfig& config, const PlanOptions& options,
+void model_stream_time(StreamPlan& stream, LanguageModel& model, const TrainConfig& config, const PlanOptions& options,
                        int64_t micro_batch, int64_t seq_len) {
   const ModelConfig& mc = model.config();
   const double tokens = double(micro_batch) * double(seq_len), flops = options.flops_per_s;
@@ -147,9 +148,9 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   // As a run builds it, minus reading weights: the meta device has no values.
   watch.phase = "model weights";
   TrainingSetup setup = setup_training(config, model_config, backend,
-                                       [&](CausalLM&) { watch.phase = "gradients and optimizer state"; },
+                                       [&](LanguageModel&) { watch.phase = "gradients and optimizer state"; },
                                        &host_state);
-  CausalLM& model = *setup.model;
+  LanguageModel& model = *setup.model;
 
   // One micro-batch of train_step: every target counts, so nothing is skipped.
   // objective: dpo: micro_batch pairs, a chosen and a rejected row each, and
@@ -162,8 +163,10 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   Tensor targets = Tensor::empty({rows, seq_len}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = targets.ptr<int32_t>()[i] = 0;
   auto micro_batch_step = [&] {
-    if (dpo) dpo_micro_batch(model, Batch{ids, targets, ids.numel()}, config.dpo, true, 1.0 / double(micro_batch));
-    else model.forward_backward(ids, targets, 1.0f);
+    const Batch batch{ids, targets, ids.numel()};
+    const float grad_scale = 1.0f;
+    if (dpo) dpo_micro_batch(causal_lm(model, "objective: dpo"), batch, config.dpo, true, 1.0 / double(micro_batch));
+    else micro_batch_loss(model, batch, &grad_scale);
   };
   watch.phase = "training step";
   backend.reset_cursor();

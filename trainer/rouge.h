@@ -5,7 +5,12 @@
 //   ROUGE-N = overlap of n-gram multisets (counts clipped to the smaller side),
 //             precision = overlap / prediction n-grams, recall = overlap /
 //             target n-grams, F = 2PR / (P + R), 0 when either side is empty;
-//   ROUGE-L = the same with the longest common subsequence as the overlap.
+//   ROUGE-L = the same with the longest common subsequence as the overlap;
+//   ROUGE-Lsum = summary-level: both texts split on newlines into sentences,
+//             each target sentence's union LCS with every predicted sentence
+//             (rouge_score's _union_lcs, its backtracking's tie order) counts
+//             tokens, each at most as often as it occurs on both sides. On
+//             one-line texts it equals ROUGE-L.
 #pragma once
 #include <string>
 #include <vector>
@@ -16,6 +21,7 @@ struct RougeScores {
   double rouge1 = 0;  // F-measures in [0, 1]
   double rouge2 = 0;
   double rougeL = 0;
+  double rougeLsum = 0;
 };
 
 std::vector<std::string> rouge_tokenize(const std::string& text);

@@ -29,7 +29,7 @@ std::string base_tensors(const TrainConfig& config) {
   return std::to_string(names.size()) + " tensors, checksum " + checksum.hex() + ", " + held;
 }
 
-std::string adapter_config(const TrainConfig& config, const CausalLM& model) {
+std::string adapter_config(const TrainConfig& config, const LanguageModel& model) {
   if (config.trainable == Trainable::all) return "trainable: all (no adapters)";
   const LoraOptions& lora = *model.options().lora;
   std::vector<std::string> targets = lora.target_modules;
@@ -44,7 +44,7 @@ std::string adapter_config(const TrainConfig& config, const CausalLM& model) {
 
 }  // namespace
 
-RunIdentity run_identity(const TrainConfig& config, const CausalLM& model) {
+RunIdentity run_identity(const TrainConfig& config, const LanguageModel& model) {
   const std::string config_json = (std::filesystem::path(config.model) / "config.json").string();
   RunIdentity identity = {
       {"base_model.config", "the base model's config.json (" + config_json + ")", file_fingerprint(config_json)},

@@ -12,6 +12,6 @@ namespace ft {
 
 // model: the run's model, built from config (its LoRA options have the
 // architecture's default targets filled in).
-RunIdentity run_identity(const TrainConfig& config, const CausalLM& model);
+RunIdentity run_identity(const TrainConfig& config, const LanguageModel& model);
 
 }  // namespace ft

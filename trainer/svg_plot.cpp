@@ -78,7 +78,8 @@ std::vector<double> ticks(const Axis& axis) {
 double x_px(const Axis& x, double value) { return kLeftPx + x.fraction(value) * kAreaWidthPx; }
 double y_px(const Axis& y, double value) { return kTopPx + (1.0 - y.fraction(value)) * kAreaHeightPx; }
 
-std::string axes_svg(const LineChart& chart, const Axis& x, const Axis& left, const Axis* right) {
+// x null: no x ticks (a bar chart names its groups instead).
+std::string axes_svg(const LineChart& chart, const Axis* x, const Axis& left, const Axis* right) {
   std::string svg;
   const double bottom = kTopPx + kAreaHeightPx, right_edge = kLeftPx + kAreaWidthPx;
   for (double v : ticks(left)) {
@@ -92,9 +93,10 @@ std::string axes_svg(const LineChart& chart, const Axis& x, const Axis& left, co
     for (double v : ticks(*right))
       svg += "<text class=\"ytick-right\" x=\"" + format("%.0f", right_edge + 6) + "\" y=\"" +
              format("%.2f", y_px(*right, v)) + "\" dominant-baseline=\"middle\">" + format("%g", v) + "</text>\n";
-  for (double v : ticks(x))
-    svg += "<text class=\"xtick\" x=\"" + format("%.2f", x_px(x, v)) + "\" y=\"" + format("%.0f", bottom + 18) +
-           "\" text-anchor=\"middle\">" + format("%g", v) + "</text>\n";
+  if (x)
+    for (double v : ticks(*x))
+      svg += "<text class=\"xtick\" x=\"" + format("%.2f", x_px(*x, v)) + "\" y=\"" + format("%.0f", bottom + 18) +
+             "\" text-anchor=\"middle\">" + format("%g", v) + "</text>\n";
   svg += "<rect x=\"" + format("%.0f", kLeftPx) + "\" y=\"" + format("%.0f", kTopPx) + "\" width=\"" +
          format("%.0f", kAreaWidthPx) + "\" height=\"" + format("%.0f", kAreaHeightPx) +
          "\" fill=\"none\" stroke=\"#333\"/>\n";
@@ -140,20 +142,72 @@ std::string legend_svg(const LineChart& chart) {
   return svg;
 }
 
+
+std::string svg_header(const std::string& title) {
+  std::string svg = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" +
+                    std::to_string(kPlotWidthPx) + "\" height=\"" + std::to_string(kPlotHeightPx) +
+                    "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  svg += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  return svg + "<text x=\"" + format("%.0f", kPlotWidthPx / 2.0) +
+         "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" + escape(title) + "</text>\n";
+}
+
+// The left axis of a bar chart (ticks, grid, frame, label) and the group names under the plot area.
+std::string bar_axes_svg(const BarChart& chart, const Axis& y) {
+  LineChart frame;
+  frame.left_label = chart.y_label;
+  std::string svg = axes_svg(frame, nullptr, y, nullptr);
+  const double group_px = kAreaWidthPx / double(std::max<size_t>(chart.groups.size(), 1));
+  for (size_t g = 0; g < chart.groups.size(); ++g)
+    svg += "<text class=\"group\" x=\"" + format("%.2f", kLeftPx + (double(g) + 0.5) * group_px) + "\" y=\"" +
+           format("%.0f", kTopPx + kAreaHeightPx + 18) + "\" text-anchor=\"middle\">" + escape(chart.groups[g]) +
+           "</text>\n";
+  return svg;
+}
+
 }  // namespace
+
+std::string render_bar_svg(const BarChart& chart) {
+  double high = 0.0;
+  for (const BarSeries& s : chart.series)
+    for (double v : s.values)
+      if (std::isfinite(v)) high = std::max(high, v);
+  const Axis y = nice_axis(0.0, high > 0.0 ? high : 1.0);
+  std::string svg = svg_header(chart.title) + bar_axes_svg(chart, y);
+  const double group_px = kAreaWidthPx / double(std::max<size_t>(chart.groups.size(), 1));
+  const double bar_px = group_px * 0.8 / double(std::max<size_t>(chart.series.size(), 1));
+  for (size_t g = 0; g < chart.groups.size(); ++g)
+    for (size_t k = 0; k < chart.series.size(); ++k) {
+      const double value = g < chart.series[k].values.size() ? chart.series[k].values[g] : NAN;
+      if (!std::isfinite(value)) continue;
+      const double x = kLeftPx + double(g) * group_px + group_px * 0.1 + double(k) * bar_px;
+      const double top = y_px(y, value), bottom = y_px(y, 0.0);
+      svg += "<rect class=\"bar\" data-value=\"" + format("%.4f", value) + "\" x=\"" + format("%.2f", x) +
+             "\" y=\"" + format("%.2f", top) + "\" width=\"" + format("%.2f", bar_px - 2.0) + "\" height=\"" +
+             format("%.2f", bottom - top) + "\" fill=\"" + chart.series[k].color + "\"/>\n";
+      svg += "<text class=\"bar-value\" x=\"" + format("%.2f", x + bar_px / 2 - 1.0) + "\" y=\"" +
+             format("%.2f", top - 4) + "\" text-anchor=\"middle\" font-size=\"10\">" + format("%.3f", value) +
+             "</text>\n";
+    }
+  double x = kLeftPx;  // the legend, one row above the plot area
+  const std::string legend_y = format("%.0f", kTopPx - 16);
+  for (const BarSeries& s : chart.series) {
+    svg += "<rect x=\"" + format("%.0f", x) + "\" y=\"" + format("%.0f", kTopPx - 22) +
+           "\" width=\"12\" height=\"12\" fill=\"" + s.color + "\"/>\n";
+    svg += "<text x=\"" + format("%.0f", x + 18) + "\" y=\"" + legend_y + "\" dominant-baseline=\"middle\">" +
+           escape(s.label) + "</text>\n";
+    x += 18 + 6.5 * double(s.label.size()) + 24;
+  }
+  return svg + "</svg>\n";
+}
 
 std::string render_svg(const LineChart& chart) {
   const Axis x = axis_for(chart, true, false), left = axis_for(chart, false, false);
   const bool has_right =
       std::any_of(chart.series.begin(), chart.series.end(), [](const PlotSeries& s) { return s.right_axis; });
   const Axis right = axis_for(chart, false, true);
-  std::string svg = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" +
-                    std::to_string(kPlotWidthPx) + "\" height=\"" + std::to_string(kPlotHeightPx) +
-                    "\" font-family=\"sans-serif\" font-size=\"12\">\n";
-  svg += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  svg += "<text x=\"" + format("%.0f", kPlotWidthPx / 2.0) + "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" +
-         escape(chart.title) + "</text>\n";
-  svg += axes_svg(chart, x, left, has_right ? &right : nullptr);
+  std::string svg = svg_header(chart.title);
+  svg += axes_svg(chart, &x, left, has_right ? &right : nullptr);
   for (const PlotSeries& s : chart.series) svg += series_svg(s, x, s.right_axis ? right : left);
   svg += legend_svg(chart);
   return svg + "</svg>\n";

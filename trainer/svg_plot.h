@@ -21,7 +21,20 @@ struct LineChart {
   std::vector<PlotSeries> series;
 };
 
-// Layout of the SVG render_svg writes, in pixels.
+// Grouped bars: one group per name in `groups`, one bar per series in each.
+struct BarSeries {
+  std::string label;
+  std::string color;          // CSS colour, e.g. "#1f77b4"
+  std::vector<double> values; // one per group
+};
+
+struct BarChart {
+  std::string title, y_label;
+  std::vector<std::string> groups;
+  std::vector<BarSeries> series;
+};
+
+// Layout of the SVGs render_svg and render_bar_svg write, in pixels.
 inline constexpr int kPlotWidthPx = 860, kPlotHeightPx = 480;
 
 // The chart as a standalone SVG document. Each series is one <polyline>
@@ -30,5 +43,10 @@ inline constexpr int kPlotWidthPx = 860, kPlotHeightPx = 480;
 // "ytick-left" or "ytick-right" whose content is the value at their x (xtick)
 // or y (ytick) attribute, so the pixels map back to data.
 std::string render_svg(const LineChart& chart);
+
+// The bar chart as a standalone SVG document, the y axis from 0. Each bar is
+// a <rect class="bar"> filled with its series' colour whose data-value
+// attribute is its value; the value is also written above it.
+std::string render_bar_svg(const BarChart& chart);
 
 }  // namespace ft

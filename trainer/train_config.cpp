@@ -225,6 +225,9 @@ const Field kFields[] = {
     {"data.format", [](TrainConfig& c, const Value& v) { c.data.format = v.choice(kFormats); }},
     {"data.chat_template", [](TrainConfig& c, const Value& v) { c.data.chat_template = v.choice(kChatTemplates); }},
     {"data.packing", [](TrainConfig& c, const Value& v) { c.data.packing = v.boolean(); }},
+    {"data.template.prompt", [](TrainConfig& c, const Value& v) { c.data.row_template.prompt = v.string(); }},
+    {"data.template.completion", [](TrainConfig& c, const Value& v) { c.data.row_template.completion = v.string(); }},
+    {"data.text_split", [](TrainConfig& c, const Value& v) { c.data.text_split = v.string(); }},
     {"data.add_eos",
      [](TrainConfig& c, const Value& v) {
        bool flag = false;
@@ -363,8 +366,9 @@ struct Source {
 void apply(TrainConfig& c, const std::string& key, const YAML::Node& node, const std::string& where,
            const Source& source);
 
+// skipped: keys of this map that are not config fields (a comparison's own).
 void apply_map(TrainConfig& c, const std::string& prefix, const YAML::Node& map, const std::string& where,
-               const Source& source) {
+               const Source& source, const std::vector<std::string>& skipped = {}) {
   FT_CHECK(map.IsMap() || map.IsNull(), where, ": ", prefix.empty() ? "the config" : prefix,
            ": expected a map of keys, got ", describe(map));
   std::set<std::string> seen;
@@ -372,6 +376,7 @@ void apply_map(TrainConfig& c, const std::string& prefix, const YAML::Node& map,
     std::string key_where =
         source.where.empty() ? source.file + ":" + std::to_string(entry.first.Mark().line + 1) : source.where;
     FT_CHECK(entry.first.IsScalar(), key_where, ": keys must be plain names");
+    if (std::find(skipped.begin(), skipped.end(), entry.first.Scalar()) != skipped.end()) continue;
     std::string key = (prefix.empty() ? "" : prefix + ".") + entry.first.Scalar();
     FT_CHECK(seen.insert(key).second, key_where, ": duplicate key \"", key, "\"");
     apply(c, key, entry.second, key_where, source);
@@ -432,6 +437,13 @@ void check_consistency(const TrainConfig& c) {
            "memory); save the base in a run without offload.base");
   FT_CHECK(c.offload_base == OffloadTarget::host || (c.resident_layers == 0 && c.stream_slots == 2), f,
            ": offload.resident_layers and offload.stream_slots apply to offload.base: host only");
+  for (const std::string& path : {c.data.train, c.data.eval})
+    FT_CHECK(!path.ends_with(".csv") || !c.data.row_template.empty(), f, ": data: ", path,
+             " is CSV: set data.template.prompt and data.template.completion (\"{column}\" is a column's value)");
+  FT_CHECK(c.data.row_template.empty() || (!c.data.row_template.prompt.empty() &&
+                                           !c.data.row_template.completion.empty() &&
+                                           c.data.format == DataFormat::automatic),
+           f, ": data.template needs both prompt and completion, and makes prompt/completion rows (no data.format)");
   FT_CHECK(c.task_metric == TaskMetric::none || !c.data.eval.empty(), f, ": task_metric: ", enum_name(c.task_metric),
            " needs data.eval (prompt/completion pairs to score)");
 }
@@ -446,11 +458,16 @@ std::vector<std::string> train_config_keys() {
 
 TrainConfig parse_train_config(const std::string& yaml_text, const std::string& source,
                                const std::vector<std::string>& overrides) {
+  return train_config_from_layers({parse_yaml(yaml_text, source)}, {}, source, overrides);
+}
+
+TrainConfig train_config_from_layers(const std::vector<YAML::Node>& layers, const std::vector<std::string>& skipped,
+                                     const std::string& source, const std::vector<std::string>& overrides) {
   std::string config_dir = std::filesystem::path(source).parent_path().string();
   TrainConfig c;
   c.source = source;
   c.output_dir = Value{YAML::Node("runs/out"), "output_dir", source, config_dir}.path();
-  apply_map(c, "", parse_yaml(yaml_text, source), source, Source{source, "", config_dir});
+  for (const YAML::Node& layer : layers) apply_map(c, "", layer, source, Source{source, "", config_dir}, skipped);
   for (const std::string& text : overrides) apply_override(c, text, source);
   if (c.tokenizer.empty() && !c.model.empty())
     c.tokenizer = default_tokenizer_path(c.model);
@@ -458,12 +475,16 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
   return c;
 }
 
-TrainConfig load_train_config(const std::string& yaml_path, const std::vector<std::string>& overrides) {
-  std::ifstream file(yaml_path);
-  FT_CHECK(file.good(), yaml_path, ": cannot open config file");
+YAML::Node load_yaml_file(const std::string& path) {
+  std::ifstream file(path);
+  FT_CHECK(file.good(), path, ": cannot open config file");
   std::stringstream text;
   text << file.rdbuf();
-  return parse_train_config(text.str(), yaml_path, overrides);
+  return parse_yaml(text.str(), path);
+}
+
+TrainConfig load_train_config(const std::string& yaml_path, const std::vector<std::string>& overrides) {
+  return train_config_from_layers({load_yaml_file(yaml_path)}, {}, yaml_path, overrides);
 }
 
 const char* enum_name(InitMode value) { return name_in(kInitModes, value); }

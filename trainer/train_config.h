@@ -13,6 +13,11 @@
 
 #include "model/model_options.h"
 #include "trainer/data.h"
+#include "trainer/template_data.h"
+
+namespace YAML {
+class Node;
+}
 
 namespace ft {
 
@@ -60,6 +65,10 @@ struct DataConfig {
   ChatTemplateKind chat_template = ChatTemplateKind::automatic;  // auto: recognised in tokenizer_config.json
   bool packing = false;
   AddEos add_eos;
+  // data.template: rows with named fields (JSONL or .csv) made into prompt/completion (template_data.h).
+  RowTemplate row_template;
+  // An encoder-decoder model's text rows: encoder input up to the last occurrence (split_text_row).
+  std::string text_split;
 };
 
 struct GenerateConfig {
@@ -133,6 +142,14 @@ TrainConfig load_train_config(const std::string& yaml_path, const std::vector<st
 // messages and for resolving relative paths.
 TrainConfig parse_train_config(const std::string& yaml_text, const std::string& source,
                                const std::vector<std::string>& overrides = {});
+
+// The same from maps of one YAML file (source), each applied over the one
+// before (a section such as lora: sets only the keys it names), their
+// top-level keys in `skipped` left out: a comparison's runs (compare.h).
+TrainConfig train_config_from_layers(const std::vector<YAML::Node>& layers, const std::vector<std::string>& skipped,
+                                     const std::string& source, const std::vector<std::string>& overrides = {});
+// path's YAML, parsed; an unreadable file or invalid YAML is an Error naming it.
+YAML::Node load_yaml_file(const std::string& path);
 
 // Every valid dotted key, in the order of configs/README.md.
 std::vector<std::string> train_config_keys();

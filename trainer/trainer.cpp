@@ -8,6 +8,7 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <tuple>
 
 #include "kernels/checked_mul.h"
 #include "kernels/dropout_hash.h"
@@ -30,6 +31,7 @@
 #include "trainer/preference_data.h"
 #include "trainer/progress.h"
 #include "trainer/run_identity.h"
+#include "trainer/seq2seq_data.h"
 #include "trainer/special_tokens.h"
 #include "trainer/train_state.h"
 
@@ -57,7 +59,7 @@ ModelOptions model_options(const TrainConfig& config) {
 
 namespace {
 
-std::unique_ptr<AdamW> make_optimizer(Backend& backend, CausalLM& model, const TrainConfig& config,
+std::unique_ptr<AdamW> make_optimizer(Backend& backend, LanguageModel& model, const TrainConfig& config,
                                       Allocator* host_state) {
   std::vector<Parameter*> trainable;
   for (std::deque<Parameter>* list : {&model.parameters(), &model.adapters()})
@@ -76,12 +78,15 @@ std::unique_ptr<AdamW> make_optimizer(Backend& backend, CausalLM& model, const T
 }  // namespace
 
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
-                             const std::function<void(CausalLM&)>& fill_base, Allocator* host_state) {
+                             const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state) {
+  FT_CHECK(config.offload_base == OffloadTarget::device || model_config.model_type != "t5", config.source,
+           ": offload.base: host streams a decoder-only model's layers; a t5 (encoder-decoder) model keeps its base "
+           "on the device");
   FT_CHECK(config.offload_base == OffloadTarget::device || config.resident_layers < model_config.num_hidden_layers,
            config.source, ": offload.resident_layers must be below the model's num_hidden_layers (",
            model_config.num_hidden_layers, ") with offload.base: host, got ", config.resident_layers);
   TrainingSetup setup;
-  setup.model = make_causal_lm(model_config, backend, model_options(config));
+  setup.model = make_language_model(model_config, backend, model_options(config));
   fill_base(*setup.model);
   setup.model->init_adapters(config.seed);
   const bool train_all = config.trainable == Trainable::all;
@@ -89,6 +94,13 @@ TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model
       [&](const std::string& name) { return train_all || name.find(".lora_") != std::string::npos; });
   setup.optimizer = make_optimizer(backend, *setup.model, config, host_state);
   return setup;
+}
+
+CausalLM& causal_lm(LanguageModel& model, const char* what) {
+  auto* causal = dynamic_cast<CausalLM*>(&model);
+  FT_CHECK(causal, what, " needs a decoder-only model (", kCausalLmModelTypes, "), got model_type ",
+           model.config().model_type);
+  return *causal;
 }
 
 namespace {
@@ -106,7 +118,8 @@ struct Run {
   ModelConfig model_config;
   std::unique_ptr<Tokenizer> tokenizer;
   SpecialTokens special_tokens;
-  std::unique_ptr<CausalLM> model;
+  std::unique_ptr<LanguageModel> model;  // T5Model or a CausalLM
+  bool seq2seq = false;                  // T5: rows are the encoder's tokens, then the labels (seq2seq_data.h)
   std::unique_ptr<AdamW> optimizer;
   RunIdentity identity;  // what its checkpoints belong to
   std::unique_ptr<DataLoader> train, eval;
@@ -132,7 +145,7 @@ void make_backend(Run& run) {
 
 // The INT8 base as a loadable model folder: later runs read the codes and
 // scales directly instead of quantising the 16-bit checkpoint again.
-void save_base(const Run& run, CausalLM& model) {
+void save_base(const Run& run, LanguageModel& model) {
   const std::string& folder = run.config.quantization.save_base;
   fs::create_directories(folder);
   save_quantized_base(model, path_in(folder, "model.safetensors"));
@@ -144,16 +157,20 @@ void save_base(const Run& run, CausalLM& model) {
 void make_model(Run& run) {
   const TrainConfig& config = run.config;
   run.model_config = ModelConfig::from_json_file(path_in(config.model, "config.json"));
-  // Before the tokenizer, whose file (T5's spiece.model) would fail first with a less telling message.
-  FT_CHECK(run.model_config.model_type != "t5", config.source, ": ", path_in(config.model, "config.json"),
-           " is a t5 (encoder-decoder) model, which ./finetune cannot train yet (", kCausalLmModelTypes, ")");
+  run.seq2seq = run.model_config.model_type == "t5";
+  FT_CHECK(!run.seq2seq || config.objective == Objective::sft, config.source, ": objective: ",
+           enum_name(config.objective), " needs a decoder-only model; ", path_in(config.model, "config.json"),
+           " is a t5 (encoder-decoder) model");
+  FT_CHECK(!run.seq2seq || !config.data.packing, config.source,
+           ": data.packing: true packs examples into one causal row; a t5 model reads one example per row (set "
+           "data.packing: false)");
   FT_CHECK(config.seq_len <= run.model_config.max_position_embeddings, config.source, ": seq_len ", config.seq_len,
            " is larger than the model's max_position_embeddings ", run.model_config.max_position_embeddings, " (",
            path_in(config.model, "config.json"), ")");
   run.tokenizer = load_tokenizer(config.tokenizer, run.model_config.vocab_size);
   run.special_tokens = resolve_special_tokens(config, *run.tokenizer, run.model_config.vocab_size);
   std::cout << "special tokens: " << describe(run.special_tokens) << "\n";
-  TrainingSetup setup = setup_training(config, run.model_config, *run.backend, [&](CausalLM& model) {
+  TrainingSetup setup = setup_training(config, run.model_config, *run.backend, [&](LanguageModel& model) {
     if (config.init == InitMode::random) model.init_random(config.seed);
     else model.load(Checkpoint(config.model));
     if (!config.quantization.save_base.empty() && run.leader) save_base(run, model);
@@ -165,15 +182,20 @@ void make_model(Run& run) {
 }
 
 std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const char* what, Dataset* keep) {
-  Dataset data = load_jsonl(path, run.config.data.format);
+  const RowTemplate& row_template = run.config.data.row_template;
+  Dataset data = row_template.empty() ? load_jsonl(path, run.config.data.format) : load_templated(path, row_template);
+  if (run.seq2seq && data.format == DataFormat::text)  // the encoder reads the text's beginning
+    for (Example& example : data.examples)
+      std::tie(example.prompt, example.completion) = split_text_row(example.completion, run.config.data.text_split);
   ChatTemplate chat;
   if (data.format == DataFormat::chat) {
     chat = resolve_chat_template(run.config.data.chat_template,
                                  std::filesystem::path(run.config.tokenizer).parent_path().string());
     set_chat_prompts(data, chat);
   }
-  TokenizedDataset tokens =
-      tokenize_dataset(data, *run.tokenizer, run.config.seq_len, run.special_tokens.example_eos_id, &chat);
+  TokenizedDataset tokens = tokenize_dataset(data, *run.tokenizer, run.config.seq_len,
+                                             run.special_tokens.example_eos_id, &chat,
+                                             run.seq2seq ? RowLayout::seq2seq : RowLayout::causal);
   std::cout << what << ": " << data.examples.size() << " examples, " << tokens.loss_token_count
             << " loss tokens, " << tokens.truncated_count << " truncated to seq_len " << run.config.seq_len << "\n";
   if (keep) *keep = std::move(data);
@@ -266,7 +288,7 @@ StepReport train_step(Run& run, int64_t step) {
     const int64_t micro_batch = checked_mul(step, batches.per_step) + mine.index;
     run.model->set_dropout_seed(splitmix64(run.config.seed, uint64_t(micro_batch)));  // one seed per micro-batch
     const float share = float(batch.counted_tokens) / float(counted);
-    loss_sum += double(run.model->forward_backward(batch.input_ids, batch.targets, share)) * double(batch.counted_tokens);
+    loss_sum += double(micro_batch_loss(*run.model, batch, &share)) * double(batch.counted_tokens);
   }
   loss_sum = sum_over_ranks(run.collectives, *run.backend, run.host, *run.optimizer, loss_sum);
   report.loss = counted ? loss_sum / double(counted) : 0.0;
@@ -293,7 +315,8 @@ StepReport dpo_train_step(Run& run, int64_t step) {
     if (count_pairs(batches[i]) == 0) continue;
     const int64_t micro_batch = checked_mul(step, run.config.grad_accum_steps) + int64_t(i);
     run.model->set_dropout_seed(splitmix64(run.config.seed, uint64_t(micro_batch)));
-    figures.add(dpo_micro_batch(*run.model, batches[i], run.config.dpo, true, 1.0 / double(pairs)));
+    figures.add(dpo_micro_batch(causal_lm(*run.model, "objective: dpo"), batches[i], run.config.dpo, true,
+                                1.0 / double(pairs)));
   }
   report.figures = figures.means();
   report.loss = report.figures["loss"].get<double>();
@@ -366,7 +389,8 @@ struct EvalFigures {
 // eval_rewards/... (trl's eval names).
 EvalFigures evaluate_pairs(Run& run, int64_t step, Progress& progress, const char* label) {
   EvalFigures figures;
-  const DpoFigures dpo = evaluate_dpo(*run.model, *run.eval_pairs, run.config.dpo, run.config.eval_batches);
+  const DpoFigures dpo = evaluate_dpo(causal_lm(*run.model, "objective: dpo"), *run.eval_pairs, run.config.dpo,
+                                      run.config.eval_batches);
   const nlohmann::json means = dpo.means();
   figures.loss.loss = means["loss"].get<double>();
   figures.preference_accuracy = means["rewards/accuracies"].get<double>();
@@ -405,6 +429,15 @@ EvalFigures evaluate(Run& run, int64_t step, Progress& progress, const char* lab
   progress.on_eval(step, row);
   progress.message(line.str());
   return figures;
+}
+
+void fill_summary(Run& run, const EvalFigures& figures, RunSummary* summary) {
+  if (!summary) return;
+  summary->eval_loss = figures.loss.loss;
+  summary->has_rouge = figures.has_rouge;
+  summary->rouge = figures.rouge;
+  summary->parameters = count_parameters(*run.model);
+  summary->peak_memory_bytes = run.tracker->stats().total_peak_bytes;
 }
 
 // The opening words of a text, as a prompt for text-only datasets.
@@ -467,7 +500,7 @@ void save_outputs(Run& run) {
   PeftAdapterConfig adapter;
   adapter.lora = *run.model->options().lora;  // with the architecture's default targets filled in
   adapter.base_model_name_or_path = config.model;
-  adapter.task_type = "CAUSAL_LM";
+  adapter.task_type = run.seq2seq ? "SEQ_2_SEQ_LM" : "CAUSAL_LM";
   save_peft_adapter(path_in(config.output_dir, "adapter"), *run.model, adapter);
   std::cout << "adapter (PEFT format): " << path_in(config.output_dir, "adapter") << "\n";
 }
@@ -580,8 +613,14 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
 
   // Rank 0 alone writes metrics.jsonl and loss.svg.
   Progress progress(run.leader ? metrics_path : "", run.total_steps, resumed.step, config.log_every);
+  if (options.evaluate_only) {
+    fill_summary(run, evaluate(run, 0, progress, "model as loaded, no training"), options.summary);
+    if (options.summary) options.summary->parameters.trainable = 0;  // nothing trained
+    return 0;
+  }
   EvalFigures before;
-  if (!options.resume) before = evaluate(run, 0, progress, "before training");
+  const bool compare_to_before = !options.resume && options.evaluate_before;
+  if (compare_to_before) before = evaluate(run, 0, progress, "before training");
   progress.start();
   int64_t bad_in_a_row = 0;
   for (int64_t step = resumed.step; step < run.total_steps; ++step) {
@@ -605,10 +644,10 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   progress.finish();
   save_state(run, state_path, run.total_steps);
   EvalFigures after = evaluate(run, run.total_steps, progress, "after training");
-  if (run.eval_pairs && !options.resume)
+  if (run.eval_pairs && compare_to_before)
     std::cout << "eval rewards/accuracies (held-out pairs) "
               << describe_change(before.preference_accuracy, after.preference_accuracy) << "\n";
-  if ((run.eval || run.eval_pairs) && !options.resume) {
+  if ((run.eval || run.eval_pairs) && compare_to_before) {
     std::cout << "eval loss " << describe_change(before.loss.loss, after.loss.loss) << "\n";
     if (after.has_rouge)
       std::cout << "rouge1 " << describe_change(before.rouge.rouge1, after.rouge.rouge1) << ", rouge2 "
@@ -617,6 +656,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   }
   print_samples(run, progress);
   save_outputs(run);
+  fill_summary(run, after, options.summary);
   std::cout << "metrics: " << metrics_path << "\n";
   any_rank(collectives, false);  // the others end once rank 0 has written everything
   return 0;

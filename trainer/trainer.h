@@ -4,9 +4,11 @@
 #include <functional>
 #include <memory>
 
-#include "model/causal_lm.h"
+#include "model/t5.h"
 #include "trainer/collectives.h"
 #include "trainer/optimizer.h"
+#include "trainer/parameter_count.h"
+#include "trainer/rouge.h"
 #include "trainer/train_config.h"
 
 namespace ft {
@@ -17,7 +19,7 @@ ModelOptions model_options(const TrainConfig& config);
 
 // What a run trains: the model and the optimizer over its trainable set.
 struct TrainingSetup {
-  std::unique_ptr<CausalLM> model;
+  std::unique_ptr<LanguageModel> model;  // a CausalLM, or T5Model for model_type t5
   std::unique_ptr<AdamW> optimizer;
 };
 
@@ -32,7 +34,20 @@ struct TrainingSetup {
 // allocated from host_state (required then; a run's host memory, the
 // planner's host-side tracker).
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
-                             const std::function<void(CausalLM&)>& fill_base, Allocator* host_state = nullptr);
+                             const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state = nullptr);
+
+// model as the decoder-only CausalLM that `what` (e.g. "objective: dpo")
+// needs; a T5Model is an Error saying so.
+CausalLM& causal_lm(LanguageModel& model, const char* what);
+
+// What a finished run reports to its caller (a comparison of runs).
+struct RunSummary {
+  double eval_loss = 0.0;  // the final evaluation's (0 without data.eval)
+  bool has_rouge = false;  // task_metric: rouge
+  RougeScores rouge;
+  ParameterCount parameters;
+  size_t peak_memory_bytes = 0;  // everything the run's tracker held at once
+};
 
 struct RunOptions {
   bool resume = false;  // continue from output_dir/train_state.safetensors
@@ -42,6 +57,13 @@ struct RunOptions {
   // The job's ranks (collectives.h); null: a single process. Rank 0 prints,
   // evaluates and writes every file; the others train their share.
   Collectives* collectives = nullptr;
+  // Evaluate the model as built (the base, adapters untouched) and stop: no
+  // training, nothing written but metrics.jsonl.
+  bool evaluate_only = false;
+  // Evaluate before training too and print the change (a comparison's
+  // original-model run evaluates that once for all).
+  bool evaluate_before = true;
+  RunSummary* summary = nullptr;  // filled at the end when given
 };
 
 // Returns the exit status: 0, or 128 + the signal when SIGINT or SIGTERM

@@ -1,5 +1,5 @@
 // T5's attention on the CPU: unscaled scores plus a [Tq, Tk, H] bias, a
-// causal or a full mask, the whole score row of one query at a time (T5's
+// causal or a full mask (cut at each row's key length), the whole score row of one query at a time (T5's
 // sequences are short; no tiling). Backward recomputes each row's
 // probabilities from lse:
 //   P = exp(S - lse), Di = rowsum(dO * O), dP = dO V^T, dS = P * (dP - Di),
@@ -64,10 +64,17 @@ void probabilities(float* p, const float* q_i, const float* k, const float* bias
   for (int64_t j = 0; j < keys; ++j) p[j] = std::exp(dot(q_i, k + j * D, D) + bias_row[j] - lse);
 }
 
+// How many keys query i of row b sees: [0, keys).
+int64_t visible_keys(const Tensor* key_lengths, int64_t b, int64_t i, int64_t Tk, bool causal) {
+  const int64_t keys = causal ? i + 1 : Tk;
+  return key_lengths ? std::min<int64_t>(keys, key_lengths->ptr<const int32_t>()[b]) : keys;
+}
+
 }  // namespace
 
 void CpuBackend::biased_attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
-                                               const Tensor& v, const Tensor* bias, bool causal) {
+                                               const Tensor& v, const Tensor* bias, const Tensor* key_lengths,
+                                               bool causal) {
   const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Tk = k.dim(1);
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < B; ++b)
@@ -77,7 +84,7 @@ void CpuBackend::biased_attention_forward_impl(Tensor& out, Tensor& lse, const T
       std::vector<float> o(size_t(Tq * D), 0.0f), s(size_t(Tk), 0.0f);
       float* lse_bh = lse.ptr<float>() + (b * H + h) * Tq;
       for (int64_t i = 0; i < Tq; ++i) {
-        const int64_t keys = causal ? i + 1 : Tk;
+        const int64_t keys = visible_keys(key_lengths, b, i, Tk, causal);
         for (int64_t j = 0; j < keys; ++j)
           s[size_t(j)] = dot(&head.q[size_t(i * D)], &head.k[size_t(j * D)], D) + bias_h[size_t(i * Tk + j)];
         const float row_max = *std::max_element(s.begin(), s.begin() + keys);
@@ -97,7 +104,8 @@ void CpuBackend::biased_attention_forward_impl(Tensor& out, Tensor& lse, const T
 
 void CpuBackend::biased_attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, Tensor* dbias, const Tensor& dout,
                                                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                                const Tensor& lse, const Tensor* bias, bool causal) {
+                                                const Tensor& lse, const Tensor* bias, const Tensor* key_lengths,
+                                                bool causal) {
   const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Tk = k.dim(1);
 #pragma omp parallel for schedule(dynamic)
   for (int64_t h = 0; h < H; ++h) {
@@ -112,7 +120,7 @@ void CpuBackend::biased_attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& 
       std::vector<float> dq_h(size_t(Tq * D), 0.0f), dk_h(size_t(Tk * D), 0.0f), dv_h(size_t(Tk * D), 0.0f);
       const float* lse_bh = lse.ptr<const float>() + (b * H + h) * Tq;
       for (int64_t i = 0; i < Tq; ++i) {
-        const int64_t keys = causal ? i + 1 : Tk;
+        const int64_t keys = visible_keys(key_lengths, b, i, Tk, causal);
         const float* q_i = &head.q[size_t(i * D)];
         const float* do_i = &head.dout[size_t(i * D)];
         const float di = dot(do_i, &head.out[size_t(i * D)], D);

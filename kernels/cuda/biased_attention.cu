@@ -1,5 +1,6 @@
 // T5's attention (kernels/backend.h, biased_attention_*): unscaled scores
-// plus a [Tq, Tk, H] bias, causal or full. Same math as the CPU reference
+// plus a [Tq, Tk, H] bias, causal or full, cut at each row's key length
+// (key_lengths null: none). Same math as the CPU reference
 // (kernels/cpu/biased_attention.cpp):
 //   forward:  S = Q K^T + bias, O = softmax(S) V, lse = logsumexp(S)
 //   backward: P = exp(S - lse), Di = rowsum(dO * O), dP = dO V^T,
@@ -52,6 +53,12 @@ __device__ inline float bias_at(cuda::ConstView bias, const Dims& d, int i, int 
   return bias.data ? cuda::load(bias, (int64_t(i) * d.k_len + j) * d.heads + h) : 0.0f;
 }
 
+// How many keys query i of row b sees: [0, keys).
+__device__ inline int visible_keys(const Dims& d, const int32_t* key_lengths, int b, int i) {
+  const int keys = d.causal ? i + 1 : d.k_len;
+  return key_lengths ? min(keys, int(key_lengths[b])) : keys;
+}
+
 __device__ inline void stage(float* dst, cuda::ConstView x, int64_t at, int D) {
   for (int e = threadIdx.x; e < D; e += kBlock) dst[e] = cuda::load(x, at + e);
 }
@@ -59,9 +66,9 @@ __device__ inline void stage(float* dst, cuda::ConstView x, int64_t at, int D) {
 // Block (query i, head h, batch b): the score row in shared memory, then O's row.
 __global__ void __launch_bounds__(kBlock)
     biased_attention_forward_kernel(cuda::View out, float* lse, cuda::ConstView q, cuda::ConstView k,
-                                    cuda::ConstView v, cuda::ConstView bias, Dims d) {
+                                    cuda::ConstView v, cuda::ConstView bias, const int32_t* key_lengths, Dims d) {
   const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, D = d.head_dim;
-  const int keys = d.causal ? i + 1 : d.k_len;
+  const int keys = visible_keys(d, key_lengths, b, i);
   FT_DYNAMIC_SHARED(float, smem);
   float* q_s = smem;      // [D]
   float* s_s = smem + D;  // [Tk]: scores, then exp(score - max)
@@ -96,9 +103,9 @@ __global__ void __launch_bounds__(kBlock)
 __global__ void __launch_bounds__(kBlock)
     biased_attention_dq_kernel(cuda::View dq, float* dbias, cuda::ConstView dout, cuda::ConstView q,
                                cuda::ConstView k, cuda::ConstView v, cuda::ConstView out, const float* lse,
-                               cuda::ConstView bias, Dims d) {
+                               cuda::ConstView bias, const int32_t* key_lengths, Dims d) {
   const int i = blockIdx.x, h = blockIdx.y, D = d.head_dim;
-  const int keys = d.causal ? i + 1 : d.k_len;
+  const int keys = d.causal ? i + 1 : d.k_len;  // the most any row sees
   FT_DYNAMIC_SHARED(float, smem);
   float* q_s = smem;                   // [D]
   float* do_s = smem + D;              // [D]
@@ -115,7 +122,8 @@ __global__ void __launch_bounds__(kBlock)
     for (int e = threadIdx.x; e < D; e += kBlock) di = fmaf(do_s[e], cuda::load(out, at + e), di);
     di = cuda::block_sum<kBlock>(di, scratch);
     const float row_lse = lse[(int64_t(b) * d.heads + h) * d.q_len + i];
-    for (int j = threadIdx.x; j < keys; j += kBlock) {
+    const int row_keys = visible_keys(d, key_lengths, b, i);
+    for (int j = threadIdx.x; j < row_keys; j += kBlock) {
       const int64_t key_at = row_at(d, d.k_len, b, j, h);
       const float p = expf(dot_shared(q_s, k, key_at, D) + bias_at(bias, d, i, j, h) - row_lse);
       const float ds = p * (dot_shared(do_s, v, key_at, D) - di);
@@ -125,7 +133,7 @@ __global__ void __launch_bounds__(kBlock)
     __syncthreads();
     for (int e = threadIdx.x; e < D; e += kBlock) {
       float acc = 0.0f;
-      for (int j = 0; j < keys; ++j) acc = fmaf(ds_s[j], cuda::load(k, row_at(d, d.k_len, b, j, h) + e), acc);
+      for (int j = 0; j < row_keys; ++j) acc = fmaf(ds_s[j], cuda::load(k, row_at(d, d.k_len, b, j, h) + e), acc);
       cuda::store(dq, at + e, acc);
     }
     __syncthreads();  // q_s, do_s and ds_s are restaged next
@@ -138,9 +146,10 @@ __global__ void __launch_bounds__(kBlock)
 __global__ void __launch_bounds__(kBlock)
     biased_attention_dkdv_kernel(cuda::View dk, cuda::View dv, cuda::ConstView dout, cuda::ConstView q,
                                  cuda::ConstView k, cuda::ConstView v, cuda::ConstView out, const float* lse,
-                                 cuda::ConstView bias, Dims d) {
+                                 cuda::ConstView bias, const int32_t* key_lengths, Dims d) {
   const int j = blockIdx.x, h = blockIdx.y, b = blockIdx.z, D = d.head_dim;
-  const int first = d.causal ? j : 0;  // the first query that sees key j
+  const bool masked = key_lengths && j >= key_lengths[b];  // no query sees it: dk = dv = 0
+  const int first = masked ? d.q_len : d.causal ? j : 0;  // the first query that sees key j
   FT_DYNAMIC_SHARED(float, smem);
   float* k_s = smem;                 // [D]
   float* v_s = smem + D;             // [D]
@@ -184,38 +193,44 @@ cuda::ConstView optional_view(const Tensor* t) {
   return t ? cuda::const_view(*t) : cuda::ConstView{nullptr, DType::f32};
 }
 
+const int32_t* lengths_of(const Tensor* key_lengths) {
+  return key_lengths ? key_lengths->ptr<const int32_t>() : nullptr;
+}
+
 }  // namespace
 
 void CudaBackend::biased_attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
-                                                const Tensor& v, const Tensor* bias, bool causal) {
+                                                const Tensor& v, const Tensor* bias, const Tensor* key_lengths,
+                                                bool causal) {
   const Dims d = dims_of("biased_attention_forward", q, k, causal);
   if (q.numel() == 0 || k.numel() == 0) return;
   const size_t shared_bytes = size_t(d.head_dim + d.k_len) * sizeof(float);
   launch<biased_attention_forward_kernel>(dim3(unsigned(d.q_len), unsigned(d.heads), unsigned(d.batch)), kBlock,
                                           shared_bytes, stream_, cuda::view(out), lse.ptr<float>(),
                                           cuda::const_view(q), cuda::const_view(k), cuda::const_view(v),
-                                          optional_view(bias), d);
+                                          optional_view(bias), lengths_of(key_lengths), d);
   FT_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::biased_attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, Tensor* dbias,
                                                  const Tensor& dout, const Tensor& q, const Tensor& k,
                                                  const Tensor& v, const Tensor& out, const Tensor& lse,
-                                                 const Tensor* bias, bool causal) {
+                                                 const Tensor* bias, const Tensor* key_lengths, bool causal) {
   const Dims d = dims_of("biased_attention_backward", q, k, causal);
   if (q.numel() == 0 || k.numel() == 0) return;
   const size_t dq_shared_bytes = size_t(2 * d.head_dim + 2 * d.k_len) * sizeof(float);
   launch<biased_attention_dq_kernel>(dim3(unsigned(d.q_len), unsigned(d.heads)), kBlock, dq_shared_bytes, stream_,
                                      cuda::view(dq), dbias ? dbias->ptr<float>() : nullptr, cuda::const_view(dout),
                                      cuda::const_view(q), cuda::const_view(k), cuda::const_view(v),
-                                     cuda::const_view(out), lse.ptr<const float>(), optional_view(bias), d);
+                                     cuda::const_view(out), lse.ptr<const float>(), optional_view(bias),
+                                     lengths_of(key_lengths), d);
   FT_CUDA_CHECK_LAUNCH();
   const size_t dkdv_shared_bytes = size_t(2 * d.head_dim + 2 * d.q_len) * sizeof(float);
   launch<biased_attention_dkdv_kernel>(dim3(unsigned(d.k_len), unsigned(d.heads), unsigned(d.batch)), kBlock,
                                        dkdv_shared_bytes, stream_, cuda::view(dk), cuda::view(dv),
                                        cuda::const_view(dout), cuda::const_view(q), cuda::const_view(k),
                                        cuda::const_view(v), cuda::const_view(out), lse.ptr<const float>(),
-                                       optional_view(bias), d);
+                                       optional_view(bias), lengths_of(key_lengths), d);
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -205,13 +205,13 @@ void MetaBackend::attention_cached_impl(Tensor&, const Tensor&, const Tensor&, c
 
 // Our own kernels, no scratch: every block recomputes what it needs.
 void MetaBackend::biased_attention_forward_impl(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                                const Tensor*, bool) {
+                                                const Tensor*, const Tensor*, bool) {
   enter("biased_attention_forward", {});
 }
 
 void MetaBackend::biased_attention_backward_impl(Tensor&, Tensor&, Tensor&, Tensor*, const Tensor&, const Tensor&,
                                                  const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                                 const Tensor*, bool) {
+                                                 const Tensor*, const Tensor*, bool) {
   enter("biased_attention_backward", {});
 }
 

@@ -117,7 +117,7 @@ const BadCall kBadCalls[] = {
      [](Backend& be) {
        Tensor q = make(be, {1, 3, 2, 4}), k = make(be, {1, 5, 2, 4});
        Tensor out = make(be, {1, 3, 2, 4}), lse = make(be, {1, 2, 3});
-       be.biased_attention_forward(out, lse, q, k, k, nullptr, true);
+       be.biased_attention_forward(out, lse, q, k, k, nullptr, nullptr, true);
      },
      "biased_attention_forward: causal attention needs as many keys as queries, got 5 and 3"},
     {"biased_attention_backward with a bf16 dbias",
@@ -125,7 +125,7 @@ const BadCall kBadCalls[] = {
        Tensor q = make(be, {1, 3, 2, 4}), out = make(be, {1, 3, 2, 4}), lse = make(be, {1, 2, 3});
        Tensor dq = make(be, {1, 3, 2, 4}), dk = make(be, {1, 3, 2, 4}), dv = make(be, {1, 3, 2, 4});
        Tensor dbias = make(be, {3, 3, 2}, DType::bf16);
-       be.biased_attention_backward(dq, dk, dv, &dbias, out, q, q, q, out, lse, nullptr, false);
+       be.biased_attention_backward(dq, dk, dv, &dbias, out, q, q, q, out, lse, nullptr, nullptr, false);
      },
      "biased_attention_backward: dbias must be f32"},
     {"activation_backward with a gate gradient but no gate",

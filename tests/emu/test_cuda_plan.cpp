@@ -45,8 +45,8 @@ size_t measured_step_peak(const TrainConfig& config, int64_t batch, int64_t seq)
   HostAllocator host;
   TrackingAllocator host_state(host);
   TrainingSetup setup = setup_training(
-      config, model_config, backend, [&](CausalLM& model) { model.init_random(config.seed); }, &host_state);
-  CausalLM* model = setup.model.get();
+      config, model_config, backend, [&](LanguageModel& model) { model.init_random(config.seed); }, &host_state);
+  CausalLM* model = &causal_lm(*setup.model, "this test");
   Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
   caching.reset_peak();  // init_random's staging is not part of a step

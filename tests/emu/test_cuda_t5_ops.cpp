@@ -17,15 +17,19 @@ namespace {
 struct Case {
   int64_t B, Tq, Tk, H, D;
   bool causal, with_bias;
+  std::vector<int32_t> key_lengths = {};  // per row; empty: every key
 };
 
 // Encoder self-attention, decoder self-attention, cross-attention (no bias);
-// 130 keys or queries > the 128 threads of a block, so threads loop.
+// 130 keys or queries > the 128 threads of a block, so threads loop; then
+// padded rows (key lengths) in the encoder and in cross-attention.
 const Case kCases[] = {{2, 7, 7, 3, 5, false, true},
                        {2, 6, 6, 2, 4, true, true},
                        {2, 5, 9, 3, 6, false, false},
                        {1, 130, 130, 2, 3, true, true},
-                       {1, 3, 130, 1, 7, false, false}};
+                       {1, 3, 130, 1, 7, false, false},
+                       {2, 7, 7, 3, 5, false, true, {7, 4}},
+                       {3, 5, 130, 2, 6, false, false, {130, 3, 129}}};
 
 constexpr Tolerance kGrad{1e-5, 1e-5};
 
@@ -44,26 +48,30 @@ TEST_CASE("cuda: biased attention forward and backward match the CPU, dbias accu
       Tensor bias = host_random({c.Tq, c.Tk, c.H}, dtype, 54, -3.0f, 3.0f);
       Tensor dbias_before = host_random({c.Tq, c.Tk, c.H}, DType::f32, 55);
       const Tensor* bias_arg = c.with_bias ? &bias : nullptr;
+      const Tensor lengths = c.key_lengths.empty() ? Tensor{} : host_ints(c.key_lengths);
+      const Tensor* lengths_arg = c.key_lengths.empty() ? nullptr : &lengths;
       Tensor out = cpu.empty(q_shape, dtype, MemCategory::activations);
       Tensor lse = cpu.empty({c.B, c.H, c.Tq}, DType::f32, MemCategory::activations);
-      cpu.biased_attention_forward(out, lse, q, k, v, bias_arg, c.causal);
+      cpu.biased_attention_forward(out, lse, q, k, v, bias_arg, lengths_arg, c.causal);
       Tensor dq = cpu.empty(q_shape, dtype, MemCategory::activations);
       Tensor dk = cpu.empty(kv_shape, dtype, MemCategory::activations);
       Tensor dv = cpu.empty(kv_shape, dtype, MemCategory::activations);
       Tensor dbias = host_copy(dbias_before);
-      cpu.biased_attention_backward(dq, dk, dv, &dbias, dout, q, k, v, out, lse, bias_arg, c.causal);
+      cpu.biased_attention_backward(dq, dk, dv, &dbias, dout, q, k, v, out, lse, bias_arg, lengths_arg, c.causal);
 
       std::vector<float> got = emu_test::same_under_schedules([&] {
         Tensor gq = to_device(q), gk = to_device(k), gv = to_device(v), gdout = to_device(dout);
         Tensor gbias = to_device(bias), gdbias = to_device(dbias_before);
+        Tensor glengths = c.key_lengths.empty() ? Tensor{} : to_device(lengths);
+        const Tensor* glengths_arg = c.key_lengths.empty() ? nullptr : &glengths;
         Tensor gout = device_empty(q_shape, dtype), glse = device_empty({c.B, c.H, c.Tq}, DType::f32);
-        gpu.biased_attention_forward(gout, glse, gq, gk, gv, c.with_bias ? &gbias : nullptr, c.causal);
+        gpu.biased_attention_forward(gout, glse, gq, gk, gv, c.with_bias ? &gbias : nullptr, glengths_arg, c.causal);
         // Backward from the CPU's forward, so only the backward's differences show.
         Tensor cout = to_device(out), clse = to_device(lse);
         Tensor gdq = device_empty(q_shape, dtype), gdk = device_empty(kv_shape, dtype);
         Tensor gdv = device_empty(kv_shape, dtype);
         gpu.biased_attention_backward(gdq, gdk, gdv, &gdbias, gdout, gq, gk, gv, cout, clse,
-                                      c.with_bias ? &gbias : nullptr, c.causal);
+                                      c.with_bias ? &gbias : nullptr, glengths_arg, c.causal);
         return values({&gout, &glse, &gdq, &gdk, &gdv, &gdbias});
       });
       std::vector<float> forward(got.begin(), got.begin() + out.numel() + lse.numel());
@@ -106,6 +114,6 @@ TEST_CASE("cuda: biased attention refuses rows that overflow a block's shared me
   Tensor q = device_empty({1, 2, 1, 4}, DType::f32), k = device_empty({1, 7000, 1, 4}, DType::f32);
   Tensor v = device_empty({1, 7000, 1, 4}, DType::f32), out = device_empty({1, 2, 1, 4}, DType::f32);
   Tensor lse = device_empty({1, 1, 2}, DType::f32);
-  CHECK_THROWS_WITH_AS(gpu.biased_attention_forward(out, lse, q, k, v, nullptr, false),
+  CHECK_THROWS_WITH_AS(gpu.biased_attention_forward(out, lse, q, k, v, nullptr, nullptr, false),
                        doctest::Contains("shared memory"), Error);
 }

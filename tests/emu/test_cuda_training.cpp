@@ -108,8 +108,8 @@ TrainingResult train(const TrainConfig& config, Backend& backend, const CachingA
   TrackingAllocator host_state(host);  // AdamW's state with offload.optimizer: host
   TrainingSetup setup = setup_training(
       config, ModelConfig::from_json_file(config.model + "/config.json"), backend,
-      [&](CausalLM& model) { model.load(Checkpoint(config.model)); }, &host_state);
-  CausalLM* model = setup.model.get();
+      [&](LanguageModel& model) { model.load(Checkpoint(config.model)); }, &host_state);
+  CausalLM* model = &causal_lm(*setup.model, "this test");
   AdamW* optimizer = setup.optimizer.get();
   Tensor ids = Tensor::empty({2, 16}, DType::i32, host, MemCategory::activations);
   Tensor targets = Tensor::empty({2, 16}, DType::i32, host, MemCategory::activations);

@@ -227,11 +227,11 @@ json measure_training(const std::string& config_path, int steps, const Ceilings&
   CudaBackend backend(tracker);
   const bool random_weights = !has_weights(config.model);
   TrainingSetup setup = setup_training(config, ModelConfig::from_json_file(config.model + "/config.json"), backend,
-                                       [&](CausalLM& model) {
+                                       [&](LanguageModel& model) {
                                          if (random_weights) model.init_random(config.seed);
                                          else model.load(Checkpoint(config.model));
                                        });
-  CausalLM* model = setup.model.get();
+  CausalLM* model = &causal_lm(*setup.model, "bench_gpu");
   AdamW* optimizer = setup.optimizer.get();
 
   HostAllocator host;
