@@ -32,6 +32,14 @@ LanguageModel::LanguageModel(const ModelConfig& config, Backend& backend, const 
     : config_(config), backend_(backend), options_(options) {
   FT_CHECK(options.loss_chunk_tokens >= 0, "loss_chunk_tokens must be >= 0 (0: unchunked), got ",
            options.loss_chunk_tokens);
+  LayerRange& layers = options_.layers;
+  if (layers.end_layer == 0) layers.end_layer = config.num_hidden_layers;
+  FT_CHECK(layers.first_layer >= 0 && layers.first_layer < layers.end_layer &&
+               layers.end_layer <= config.num_hidden_layers,
+           config.model_type, ": a stage's layers must be a non-empty range within the model's ",
+           config.num_hidden_layers, ", got [", layers.first_layer, ", ", layers.end_layer, ")");
+  FT_CHECK(!options.stream_base || (first_stage() && last_stage()), config.model_type,
+           ": a streamed base (offload.base: host) runs in one pipeline stage");
   if (!options_.lora) return;
   LoraOptions& lora = *options_.lora;
   FT_CHECK(lora.r > 0, "lora.r must be > 0, got ", lora.r);
@@ -53,8 +61,8 @@ std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& config, Backend& bac
 }
 
 void LanguageModel::check_built(const std::string& module_names) {
-  FT_CHECK(embedding_ && final_norm_.weight && lm_head_, config_.model_type,
-           ": the architecture must set its embedding, final norm and lm_head");
+  FT_CHECK((embedding_ || !first_stage()) && ((final_norm_.weight && lm_head_) || !last_stage()), config_.model_type,
+           ": the architecture must set its embedding (first stage), final norm and lm_head (last stage)");
   if (streamed_layers() > 0) {
     std::vector<std::vector<Parameter*>> layers(static_cast<size_t>(streamed_layers()));
     for (Parameter& p : parameters_) {
@@ -246,8 +254,13 @@ void LanguageModel::init_adapters(uint64_t seed) {
     init_lora_parameters(backend_, adapters_[i], adapters_[i + 1], splitmix64(seed, i));
 }
 
+// A pipeline stage numbers its adapters from its first layer's, as the whole
+// model does (every decoder layer has as many), so each draws the same masks.
 void LanguageModel::set_dropout_seed(uint64_t seed) {
-  for (size_t i = 0; i < lora_layers_.size(); ++i) lora_layers_[i]->set_dropout_seed(splitmix64(seed, i));
+  const LayerRange& layers = options_.layers;
+  const size_t per_layer = lora_layers_.size() / size_t(layers.end_layer - layers.first_layer);
+  const size_t first = size_t(layers.first_layer) * per_layer;
+  for (size_t i = 0; i < lora_layers_.size(); ++i) lora_layers_[i]->set_dropout_seed(splitmix64(seed, first + i));
 }
 
 void LanguageModel::set_adapters_enabled(bool enabled) {
@@ -354,6 +367,7 @@ Tensor CausalLM::forward_cached(KvCache& cache, const Tensor& input_ids, const s
            type, ": forward_cached needs input_ids [", cache.lengths_tokens.size(), ", T] and as many valid_tokens, got ",
            shape_string(input_ids.shape), " and ", valid_tokens.size());
   const int64_t B = input_ids.dim(0), T = input_ids.dim(1), C = config_.hidden_size, V = config_.vocab_size;
+  FT_CHECK(first_stage() && last_stage(), type, ": generation needs the whole model, not a pipeline stage");
   CachedStep step{&cache, 0, 0, Tensor{}, first_positions(cache, valid_tokens)};
   HostAllocator host;
   Tensor host_positions = Tensor::empty({B, T}, DType::i32, host, MemCategory::activations);
@@ -442,8 +456,15 @@ NormOutput LanguageModel::add_norm_forward(const NormParameters& norm, Tensor& s
   return output;
 }
 
+// A stage's last layer before the model's last: the next stage norms its
+// input itself, so this one only adds.
 void CausalLM::add_next_norm(size_t index, Tensor& out, NormOutput& norm, const Tensor& a, const Tensor& b) {
   const bool last = index + 1 == size_t(config_.num_hidden_layers);
+  if (!last && int64_t(index) + 1 == options_.layers.end_layer) {
+    backend_.add(out, a, b);
+    norm = NormOutput{};
+    return;
+  }
   norm = add_norm_forward(last ? final_norm_ : input_norm(index + 1), out, a, b);
 }
 
@@ -471,14 +492,6 @@ void LanguageModel::norm_backward_add(Tensor& dresidual, const NormParameters& n
 
 // ---- the step --------------------------------------------------------------
 
-// One step through the decoder stack.
-struct CausalLM::DecoderStep {
-  StepTokens tokens;
-  std::vector<Tensor> residuals;  // residuals[i]: input of layer i; back(): output of the last
-  std::vector<std::unique_ptr<SavedActivations>> layers;  // null: not kept (eval, or checkpointed)
-  NormOutput final_norm;  // residuals.back() under the final norm, made by the last layer
-};
-
 float CausalLM::forward(const Tensor& input_ids, const Tensor& targets) {
   set_training(false);
   return run_step(input_ids, targets, nullptr);
@@ -490,14 +503,42 @@ float CausalLM::forward_backward(const Tensor& input_ids, const Tensor& targets,
 }
 
 float CausalLM::run_step(const Tensor& input_ids, const Tensor& targets, const float* grad_scale) {
+  FT_CHECK(first_stage() && last_stage(), config_.model_type,
+           ": a pipeline stage runs stage_forward and stage_backward");
   DecoderStep step;
-  forward_decoder(step, input_ids, targets, grad_scale != nullptr);
-  Tensor dnorm;  // d(loss)/d(final norm output) [N, C], made by a training step's lm_head_loss
-  const float loss =
-      lm_head_loss(step.final_norm.out, step.tokens, grad_scale ? &dnorm : nullptr, grad_scale ? *grad_scale : 0.0f);
+  forward_decoder(step, input_ids, targets, Tensor{}, grad_scale != nullptr);
+  const float loss = lm_head_loss(step.final_norm.out, step.tokens, grad_scale ? &step.dnorm : nullptr,
+                                  grad_scale ? *grad_scale : 0.0f);
   step.final_norm.out = Tensor{};  // its backward reads only the statistics
-  if (grad_scale && step.tokens.counted > 0) backward_decoder(step, dnorm);
+  if (grad_scale && step.tokens.counted > 0) backward_decoder(step, Tensor{});
   return loss;
+}
+
+std::unique_ptr<CausalLM::DecoderStep> CausalLM::stage_forward(const Tensor& input_ids, const Tensor& targets,
+                                                               Tensor input, Tensor* output, float grad_scale,
+                                                               float* loss) {
+  set_training(true);
+  auto step = std::make_unique<DecoderStep>();
+  forward_decoder(*step, input_ids, targets, std::move(input), true);
+  *loss = 0.0f;
+  if (!last_stage()) {
+    *output = std::move(step->residuals.back());
+    step->residuals.back() = Tensor{};
+    return step;
+  }
+  *loss = lm_head_loss(step->final_norm.out, step->tokens, &step->dnorm, grad_scale);
+  step->final_norm.out = Tensor{};
+  return step;
+}
+
+// No counted token: no stage runs a backward (each counts the same targets),
+// so nothing passes between them either.
+Tensor CausalLM::stage_backward(DecoderStep& step, Tensor doutput) {
+  if (step.tokens.counted == 0) return Tensor{};
+  FT_CHECK(last_stage() != doutput.defined(), config_.model_type,
+           ": stage_backward takes d(output) on every stage but the last");
+  Tensor dinput = backward_decoder(step, std::move(doutput));
+  return first_stage() ? Tensor{} : dinput;
 }
 
 SequenceLogps CausalLM::sequence_logps(const Tensor& input_ids, const Tensor& targets) {
@@ -514,11 +555,12 @@ SequenceLogps CausalLM::sequence_logps_backward(const Tensor& input_ids, const T
 SequenceLogps CausalLM::run_logps_step(const Tensor& input_ids, const Tensor& targets,
                                        const LogpsGradient* gradient) {
   DecoderStep step;
-  forward_decoder(step, input_ids, targets, gradient != nullptr);
-  Tensor dnorm;
-  SequenceLogps logps = lm_head_logps(step.final_norm.out, step.tokens, targets, gradient ? &dnorm : nullptr, gradient);
+  FT_CHECK(first_stage() && last_stage(), config_.model_type, ": sequence log-probabilities need the whole model");
+  forward_decoder(step, input_ids, targets, Tensor{}, gradient != nullptr);
+  SequenceLogps logps =
+      lm_head_logps(step.final_norm.out, step.tokens, targets, gradient ? &step.dnorm : nullptr, gradient);
   step.final_norm.out = Tensor{};
-  if (gradient && step.tokens.counted > 0) backward_decoder(step, dnorm);
+  if (gradient && step.tokens.counted > 0) backward_decoder(step, Tensor{});
   return logps;
 }
 
@@ -560,59 +602,78 @@ CausalLM::StepTokens CausalLM::upload_step_tokens(const Tensor& input_ids, const
   return tokens;
 }
 
-// Uploads the tokens, embeds them and runs every layer, the last one leaving
+// Uploads the tokens, embeds them (the first stage; a later stage starts
+// from input) and runs this model's layers, the model's last layer leaving
 // the final norm's output in step.final_norm. A training step keeps each
 // layer's activations unless options_.activation_checkpointing says
 // per_layer; an eval step (training false) keeps none.
-void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets, bool training) {
+void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets, Tensor input,
+                               bool training) {
   Backend& be = backend_;
   step.tokens = upload_step_tokens(input_ids, targets);
   const int64_t B = step.tokens.batch, T = step.tokens.seq, C = config_.hidden_size;
   const DType act = options_.activation_dtype;
-  step.residuals.push_back(be.empty({B, T, C}, act, MemCategory::activations));
-  Tensor embedded = step.residuals[0].reshaped({B * T, C});
-  be.embedding_forward(embedded, step.tokens.ids, embedding_->value);
-  const bool keep = training && options_.activation_checkpointing == ActivationCheckpointing::none;
-  step.layers.resize(size_t(config_.num_hidden_layers));
-  NormOutput norm;  // each layer's input under its input norm, made by the layer before
-  for (size_t i = 0; i < step.layers.size(); ++i) {
+  const size_t first = size_t(options_.layers.first_layer), end = size_t(options_.layers.end_layer);
+  FT_CHECK(first_stage() != input.defined(), config_.model_type,
+           ": a stage after the first takes its input from the previous stage, the first embeds the tokens");
+  if (first_stage()) {
     step.residuals.push_back(be.empty({B, T, C}, act, MemCategory::activations));
-    if (i == 0) norm = norm_forward(input_norm(0), embedded);
-    acquire_layer(i, 1);
+    Tensor embedded = step.residuals[0].reshaped({B * T, C});
+    be.embedding_forward(embedded, step.tokens.ids, embedding_->value);
+  } else {
+    FT_CHECK(input.shape == Shape({B, T, C}) && input.dtype == act, config_.model_type, ": a stage's input must be ",
+             dtype_name(act), " ", shape_string({B, T, C}), ", got ", dtype_name(input.dtype), " ",
+             shape_string(input.shape));
+    step.residuals.push_back(std::move(input));
+  }
+  const bool keep = training && options_.activation_checkpointing == ActivationCheckpointing::none;
+  step.layers.resize(end - first);
+  NormOutput norm;  // each layer's input under its input norm, made by the layer before
+  for (size_t k = 0; k < step.layers.size(); ++k) {
+    step.residuals.push_back(be.empty({B, T, C}, act, MemCategory::activations));
+    if (k == 0) norm = norm_forward(input_norm(first), step.residuals[0].reshaped({B * T, C}));
+    acquire_layer(first + k, 1);
     std::unique_ptr<SavedActivations> saved =
-        forward_layer(i, step.residuals[i], norm, &step.residuals[i + 1], step.tokens.positions);
-    release_layer(i);
-    if (keep) step.layers[i] = std::move(saved);  // else freed here, before the next layer runs
+        forward_layer(first + k, step.residuals[k], norm, &step.residuals[k + 1], step.tokens.positions);
+    release_layer(first + k);
+    if (keep) step.layers[k] = std::move(saved);  // else freed here, before the next layer runs
   }
   step.final_norm = std::move(norm);
 }
 
-// From dnorm = d(loss)/d(final norm output): the final norm's backward, then
-// every layer's, last to first (rerunning the forward of a checkpointed layer
-// first), freeing each layer's tensors as it goes; then the embedding's
-// gradient when it trains.
-void CausalLM::backward_decoder(DecoderStep& step, Tensor& dnorm) {
+// From dresidual = d(loss)/d(this stage's output) on a stage before the
+// last, or on the last from step.dnorm = d(loss)/d(final norm output) through
+// the final norm's backward: every layer's backward, last to first
+// (rerunning the forward of a checkpointed layer first), freeing each
+// layer's tensors as it goes; then the embedding's gradient when it trains
+// (first stage). Returns d(loss)/d(the stage's input).
+Tensor CausalLM::backward_decoder(DecoderStep& step, Tensor dresidual) {
   Backend& be = backend_;
   const int64_t N = step.tokens.batch * step.tokens.seq, C = config_.hidden_size;
-  Tensor dresidual =
-      be.empty({step.tokens.batch, step.tokens.seq, C}, options_.activation_dtype, MemCategory::activations);
-  Tensor dresidual2d = dresidual.reshaped({N, C});
-  norm_backward(dresidual2d, final_norm_, dnorm, step.residuals.back().reshaped({N, C}), step.final_norm);
-  dnorm = Tensor{};
-  for (size_t i = step.layers.size(); i-- > 0;) {
+  const size_t first = size_t(options_.layers.first_layer);
+  if (last_stage()) {
+    dresidual = be.empty({step.tokens.batch, step.tokens.seq, C}, options_.activation_dtype, MemCategory::activations);
+    Tensor dresidual2d = dresidual.reshaped({N, C});
+    norm_backward(dresidual2d, final_norm_, step.dnorm, step.residuals.back().reshaped({N, C}), step.final_norm);
+    step.dnorm = Tensor{};
+  }
+  for (size_t k = step.layers.size(); k-- > 0;) {
+    const size_t i = first + k;
     acquire_layer(i, -1);  // once for the recomputation and the backward
     // A checkpointed layer runs its forward again from its kept input,
-    // without the output (residuals[i + 1] still holds it) or the next norm.
-    if (!step.layers[i]) {
-      NormOutput norm = norm_forward(input_norm(i), step.residuals[i].reshaped({N, C}));
-      step.layers[i] = forward_layer(i, step.residuals[i], norm, nullptr, step.tokens.positions);
+    // without the output (residuals[k + 1] still holds it) or the next norm.
+    if (!step.layers[k]) {
+      NormOutput norm = norm_forward(input_norm(i), step.residuals[k].reshaped({N, C}));
+      step.layers[k] = forward_layer(i, step.residuals[k], norm, nullptr, step.tokens.positions);
     }
-    step.residuals[i + 1] = Tensor{};
-    backward_layer(i, *step.layers[i], dresidual, step.residuals[i], step.tokens.positions);
+    step.residuals[k + 1] = Tensor{};
+    backward_layer(i, *step.layers[k], dresidual, step.residuals[k], step.tokens.positions);
     release_layer(i);
-    step.layers[i] = nullptr;
+    step.layers[k] = nullptr;
   }
-  if (embedding_->trainable()) be.embedding_backward(embedding_->grad, step.tokens.ids, dresidual2d);
+  if (first_stage() && embedding_->trainable())
+    be.embedding_backward(embedding_->grad, step.tokens.ids, dresidual.reshaped({N, C}));
+  return dresidual;
 }
 
 // The end of every forward: logits = logits_scale_ * hidden [N, C] lm_head^T

@@ -92,6 +92,11 @@ class LanguageModel {
   Parameter& parameter(const std::string& name);
   // The streamed base (options.stream_base), null when every layer is resident.
   const LayerStream* layer_stream() const { return layer_stream_.get(); }
+  // The decoder layers this model holds (options.layers, end_layer resolved):
+  // the first stage embeds the tokens, the last one owns the loss.
+  const LayerRange& layers() const { return options_.layers; }
+  bool first_stage() const { return options_.layers.first_layer == 0; }
+  bool last_stage() const { return options_.layers.end_layer == config_.num_hidden_layers; }
 
  protected:
   // default_lora_targets: PEFT's target_modules for the architecture, used
@@ -214,6 +219,23 @@ class CausalLM : public LanguageModel {
   // [B, vocab] on the backend: each row's logits after its last valid token.
   Tensor forward_cached(KvCache& cache, const Tensor& input_ids, const std::vector<int64_t>& valid_tokens);
 
+  // Pipeline parallel: one training micro-batch's state on this stage
+  // between its forward and its backward (defined below).
+  struct DecoderStep;
+  // The micro-batch's forward through this model's layers (options.layers).
+  // The first stage embeds input_ids; a later one takes input [B, T, C], the
+  // previous stage's output (kept as its first layer's checkpoint). A stage
+  // before the last moves its output [B, T, C] into *output for the next
+  // stage and keeps no copy of it; the last stage computes the loss and its
+  // gradient through the LM head (scaled by grad_scale) as forward_backward
+  // does and returns the loss (0 on the other stages).
+  std::unique_ptr<DecoderStep> stage_forward(const Tensor& input_ids, const Tensor& targets, Tensor input,
+                                             Tensor* output, float grad_scale, float* loss);
+  // The micro-batch's backward from doutput = d(loss)/d(this stage's output)
+  // (received from the next stage; undefined on the last stage): returns
+  // d(loss)/d(input) for the previous stage (undefined on the first stage).
+  Tensor stage_backward(DecoderStep& step, Tensor doutput);
+
  protected:
   using LanguageModel::LanguageModel;
 
@@ -261,15 +283,26 @@ class CausalLM : public LanguageModel {
   // input norm, or the final norm after the last layer.
   void add_next_norm(size_t index, Tensor& out, NormOutput& norm, const Tensor& a, const Tensor& b);
 
+ public:
+  // One step through this model's decoder layers: index k of residuals and
+  // layers is layer options.layers.first_layer + k.
+  struct DecoderStep {
+    StepTokens tokens;
+    std::vector<Tensor> residuals;  // residuals[k]: input of layer k; back(): output of the last
+    std::vector<std::unique_ptr<SavedActivations>> layers;  // null: not kept (eval, or checkpointed)
+    NormOutput final_norm;  // last stage: residuals.back() under the final norm, made by the last layer
+    Tensor dnorm;           // last stage: d(loss)/d(final norm output), made by the loss
+  };
+
  private:
-  struct DecoderStep;
   // The loss, and when grad_scale is given the backward pass too (skipped
   // when no token counts).
   float run_step(const Tensor& input_ids, const Tensor& targets, const float* grad_scale);
   SequenceLogps run_logps_step(const Tensor& input_ids, const Tensor& targets, const LogpsGradient* gradient);
   StepTokens upload_step_tokens(const Tensor& input_ids, const Tensor& targets);
-  void forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets, bool training);
-  void backward_decoder(DecoderStep& step, Tensor& dnorm);
+  void forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets, Tensor input,
+                       bool training);
+  Tensor backward_decoder(DecoderStep& step, Tensor dresidual);
   // Set while forward_cached runs: attention_forward then caches the layer's
   // keys and values and attends over the cache. seq_tokens (the longest
   // active row after the step) sizes the rotary frequencies as forward()'s T.

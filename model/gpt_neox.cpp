@@ -23,8 +23,17 @@ GptNeoxModel::GptNeoxModel(const ModelConfig& config, Backend& backend, const Mo
   const int64_t C = config.hidden_size, I = config.intermediate_size, V = config.vocab_size;
   const DType dtype = options.weight_dtype;
   const float eps = config.layer_norm_eps;
-  embedding_ = &add_parameter("gpt_neox.embed_in.weight", {V, C}, dtype);
+  // A pipeline stage holds its layers only (null elsewhere), the embedding
+  // on the first stage (and the last, when lm_head is tied to it).
+  const LayerRange& stage = layers();
+  const bool tied = config.tie_word_embeddings;
+  if (first_stage() || (tied && last_stage()))
+    embedding_ = &add_parameter("gpt_neox.embed_in.weight", {V, C}, dtype);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    if (i < stage.first_layer || i >= stage.end_layer) {
+      layers_.push_back(nullptr);
+      continue;
+    }
     const std::string prefix = "gpt_neox.layers." + std::to_string(i) + ".";
     auto layer = std::make_unique<Layer>();
     layer->input_norm = add_norm(prefix + "input_layernorm", true, eps);
@@ -35,8 +44,10 @@ GptNeoxModel::GptNeoxModel(const ModelConfig& config, Backend& backend, const Mo
     layer->dense_4h_to_h = make_linear(prefix + "mlp.dense_4h_to_h", C, I, true);
     layers_.push_back(std::move(layer));
   }
-  final_norm_ = add_norm("gpt_neox.final_layer_norm", true, eps);
-  lm_head_ = config.tie_word_embeddings ? embedding_ : &add_parameter("embed_out.weight", {V, C}, dtype);
+  if (last_stage()) {
+    final_norm_ = add_norm("gpt_neox.final_layer_norm", true, eps);
+    lm_head_ = tied ? embedding_ : &add_parameter("embed_out.weight", {V, C}, dtype);
+  }
   check_built("query_key_value, dense, dense_h_to_4h, dense_4h_to_h");
 }
 

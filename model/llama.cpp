@@ -26,8 +26,17 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelO
   const int64_t q_features = config.num_attention_heads * D, kv_features = config.num_key_value_heads * D;
   const DType dtype = options.weight_dtype;
   const float eps = config.rms_norm_eps;
-  embedding_ = &add_parameter("model.embed_tokens.weight", {config.vocab_size, C}, dtype);
+  // A pipeline stage holds its layers only (null elsewhere), the embedding
+  // on the first stage (and the last, when lm_head is tied to it).
+  const LayerRange& stage = layers();
+  const bool tied = config.tie_word_embeddings;
+  if (first_stage() || (tied && last_stage()))
+    embedding_ = &add_parameter("model.embed_tokens.weight", {config.vocab_size, C}, dtype);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    if (i < stage.first_layer || i >= stage.end_layer) {
+      layers_.push_back(nullptr);
+      continue;
+    }
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
     auto layer = std::make_unique<Layer>();
     layer->input_norm = add_norm(prefix + "input_layernorm", false, eps);
@@ -41,8 +50,10 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelO
     layer->down_proj = make_linear(prefix + "mlp.down_proj", C, I, mlp_bias);
     layers_.push_back(std::move(layer));
   }
-  final_norm_ = add_norm("model.norm", false, eps);
-  lm_head_ = config.tie_word_embeddings ? embedding_ : &add_parameter("lm_head.weight", {config.vocab_size, C}, dtype);
+  if (last_stage()) {
+    final_norm_ = add_norm("model.norm", false, eps);
+    lm_head_ = tied ? embedding_ : &add_parameter("lm_head.weight", {config.vocab_size, C}, dtype);
+  }
   check_built("q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
 }
 

@@ -30,6 +30,12 @@ struct LoraOptions {
 //              at a time, at the cost of a second forward.
 enum class ActivationCheckpointing { none, per_layer };
 
+// A pipeline stage's share of the decoder: layers [first_layer, end_layer).
+// end_layer 0 stands for every layer (one stage holding the whole model).
+struct LayerRange {
+  int64_t first_layer = 0, end_layer = 0;
+};
+
 struct ModelOptions {
   DType weight_dtype = DType::f32;  // non-quantised weights (embeddings, norms, lm_head, dense linears)
   // Every activation the decoder allocates (residual stream, checkpointed
@@ -59,6 +65,9 @@ struct ModelOptions {
   // Training steps compute lm_head logits and cross-entropy this many tokens
   // at a time ([chunk, vocab] f32 instead of [tokens, vocab]); 0: all at once.
   int64_t loss_chunk_tokens = 0;
+  // Pipeline parallel: the decoder layers this model holds; the embedding
+  // only with layer 0, the final norm and lm_head only with the last layer.
+  LayerRange layers;
 };
 
 // PEFT's target_modules shorthand for every linear layer but the output head

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -145,6 +146,65 @@ TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to th
   check_plan_matches_real_step(kFixtures + "/llama_gqa", kFullFp32 + "offload: {optimizer: host}\n", 2, 16);
   check_plan_matches_real_step(kFixtures + "/llama_gqa", "objective: dpo\n" + kLlamaLora, 2, 16);
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", "objective: dpo\nloss_chunk_tokens: 12\n" + kNeoxLora, 2, 16);
+}
+
+// A model's layers run as two stages, the second taking the first's output
+// and giving back d(input), compute what the whole model computes, to the
+// bit: the loss and every adapter gradient (the same weights copied by name).
+void check_stages_match_whole_model(const std::string& model_dir, const std::string& extra_yaml) {
+  CAPTURE(model_dir);
+  const TrainConfig config = make_config(model_dir, extra_yaml);
+  const ModelConfig model_config = ModelConfig::from_json_file(config.model + "/config.json");
+  HostAllocator host;
+  CpuBackend backend(host);
+  TrainingSetup whole = setup_training(config, model_config, backend,
+                                       [&](LanguageModel& model) { fill_weights(model, backend); });
+  const int64_t middle = model_config.num_hidden_layers / 2;
+  auto stage = [&](LayerRange layers) {
+    TrainingSetup setup = setup_training(config, model_config, backend, [](LanguageModel&) {}, nullptr, layers);
+    for (std::deque<Parameter>* list : {&setup.model->parameters(), &setup.model->adapters()})
+      for (Parameter& p : *list) {
+        Parameter& from = whole.model->parameter(p.name);
+        for (Tensor Parameter::*member : kQuantizedTensors)
+          if ((p.*member).defined()) backend.copy(p.*member, from.*member);
+        p.nested_offset = from.nested_offset;
+      }
+    setup.model->zero_grads();
+    return setup;
+  };
+  TrainingSetup first = stage({0, middle}), last = stage({middle, model_config.num_hidden_layers});
+  Tensor ids = Tensor::empty({2, 16}, DType::i32, host, MemCategory::activations);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
+  whole.model->zero_grads();
+  for (TrainingSetup* setup : {&whole, &first, &last}) setup->model->set_dropout_seed(config.seed);
+  const float whole_loss = causal_lm(*whole.model, "whole").forward_backward(ids, ids, 1.0f);
+
+  CausalLM& model0 = causal_lm(*first.model, "stage 0");
+  CausalLM& model1 = causal_lm(*last.model, "stage 1");
+  Tensor hidden, unused;
+  float loss0 = 0.0f, loss1 = 0.0f;
+  auto pass0 = model0.stage_forward(ids, ids, Tensor{}, &hidden, 1.0f, &loss0);
+  auto pass1 = model1.stage_forward(ids, ids, std::move(hidden), &unused, 1.0f, &loss1);
+  CHECK(loss0 == 0.0f);
+  CHECK(loss1 == whole_loss);
+  Tensor dhidden = model1.stage_backward(*pass1, Tensor{});
+  CHECK(!model0.stage_backward(*pass0, std::move(dhidden)).defined());
+  size_t compared = 0;
+  for (TrainingSetup* setup : {&first, &last})
+    for (Parameter& p : setup->model->adapters()) {
+      const Tensor& expected = whole.model->parameter(p.name).grad;
+      CAPTURE(p.name);
+      REQUIRE(p.grad.numel() == expected.numel());
+      CHECK(std::memcmp(p.grad.ptr<float>(), expected.ptr<float>(), size_t(expected.numel()) * 4) == 0);
+      ++compared;
+    }
+  CHECK(compared == whole.model->adapters().size());
+}
+
+TEST_CASE("pipeline stages compute what the whole model computes, to the bit") {
+  check_stages_match_whole_model(kFixtures + "/llama_gqa", kLlamaLora);
+  check_stages_match_whole_model(kFixtures + "/llama_gqa", kLlamaLora + "activation_checkpointing: per_layer\n");
+  check_stages_match_whole_model(kFixtures + "/gpt_neox_parallel", kNeoxLora);
 }
 
 // ~106M parameters each (57M in int8 linears, 49M in the f32 embeddings and

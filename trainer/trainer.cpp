@@ -78,7 +78,8 @@ std::unique_ptr<AdamW> make_optimizer(Backend& backend, LanguageModel& model, co
 }  // namespace
 
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
-                             const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state) {
+                             const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state,
+                             const LayerRange& stage) {
   FT_CHECK(config.offload_base == OffloadTarget::device || model_config.model_type != "t5", config.source,
            ": offload.base: host streams a decoder-only model's layers; a t5 (encoder-decoder) model keeps its base "
            "on the device");
@@ -86,7 +87,9 @@ TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model
            config.source, ": offload.resident_layers must be below the model's num_hidden_layers (",
            model_config.num_hidden_layers, ") with offload.base: host, got ", config.resident_layers);
   TrainingSetup setup;
-  setup.model = make_language_model(model_config, backend, model_options(config));
+  ModelOptions options = model_options(config);
+  options.layers = stage;
+  setup.model = make_language_model(model_config, backend, options);
   fill_base(*setup.model);
   setup.model->init_adapters(config.seed);
   const bool train_all = config.trainable == Trainable::all;

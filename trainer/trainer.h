@@ -32,9 +32,10 @@ struct TrainingSetup {
 // adapters, or everything) gets gradient buffers, and AdamW takes the config's
 // weight decay and clipping. With offload.optimizer: host its state is
 // allocated from host_state (required then; a run's host memory, the
-// planner's host-side tracker).
+// planner's host-side tracker). A pipeline stage builds its layers only.
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
-                             const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state = nullptr);
+                             const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state = nullptr,
+                             const LayerRange& stage = {});
 
 // model as the decoder-only CausalLM that `what` (e.g. "objective: dpo")
 // needs; a T5Model is an Error saying so.
