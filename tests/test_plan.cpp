@@ -148,6 +148,62 @@ TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to th
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", "objective: dpo\nloss_chunk_tokens: 12\n" + kNeoxLora, 2, 16);
 }
 
+// One pipeline stage's share of 1F1B on a real CPU backend, as plan_pipeline
+// replays it: stage.in_flight forwards (a stage after the first receives
+// each input, a stage before the last each d(output), into a new tensor),
+// their backwards oldest first, then AdamW. Returns the tracked peak.
+size_t real_stage_peak(const TrainConfig& config, const StagePlan& stage) {
+  const ModelConfig model_config = ModelConfig::from_json_file(config.model + "/config.json");
+  HostAllocator host;
+  TrackingAllocator tracker(host), host_state(host);
+  CpuBackend backend(tracker);
+  TrainingSetup setup = setup_training(
+      config, model_config, backend, [&](LanguageModel& model) { fill_weights(model, backend); }, &host_state,
+      stage.layers);
+  CausalLM& model = causal_lm(*setup.model, "real_stage_peak");
+  const int64_t batch = config.micro_batch_size, seq = config.seq_len, C = model_config.hidden_size;
+  Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
+  Tensor values = Tensor::empty({batch, seq, C}, DType::f32, host, MemCategory::activations);
+  for (int64_t i = 0; i < values.numel(); ++i) values.ptr<float>()[i] = 0.01f * float(i % 13);
+  auto received = [&] {
+    Tensor t = backend.empty({batch, seq, C}, DType::f32, MemCategory::activations);
+    backend.copy(t, values);
+    return t;
+  };
+  model.zero_grads();
+  model.set_dropout_seed(config.seed);
+  std::vector<std::unique_ptr<CausalLM::DecoderStep>> passes;
+  for (int64_t k = 0; k < stage.in_flight; ++k) {
+    Tensor output;
+    float loss = 0.0f;
+    passes.push_back(model.stage_forward(ids, ids, model.first_stage() ? Tensor{} : received(), &output, 1.0f, &loss));
+    CHECK(std::isfinite(loss));
+  }
+  for (std::unique_ptr<CausalLM::DecoderStep>& pass : passes) {
+    model.stage_backward(*pass, model.last_stage() ? Tensor{} : received());
+    pass.reset();
+  }
+  setup.optimizer->step(config.lr);
+  return tracker.stats().total_peak_bytes;
+}
+
+// plan_pipeline on the CPU policy against real stages, stage by stage.
+void check_pipeline_matches_real_stages(const std::string& model_dir, const std::string& extra_yaml, int64_t ranks) {
+  CAPTURE(model_dir);
+  CAPTURE(extra_yaml);
+  const TrainConfig config = make_config(model_dir, "micro_batch_size: 2\nseq_len: 16\n" + extra_yaml);
+  PlanOptions cpu;
+  cpu.policy = MemoryPolicy::cpu;
+  cpu.ranks = ranks;
+  const PipelinePlan plan = plan_pipeline(config, cpu);
+  REQUIRE(int64_t(plan.stages.size()) == config.parallel.pipeline);
+  for (const StagePlan& stage : plan.stages) {
+    CAPTURE(stage.layers.first_layer);
+    CHECK(stage.step.peak_bytes == real_stage_peak(config, stage));
+  }
+}
+
 // A model's layers run as two stages, the second taking the first's output
 // and giving back d(input), compute what the whole model computes, to the
 // bit: the loss and every adapter gradient (the same weights copied by name).
@@ -199,6 +255,20 @@ void check_stages_match_whole_model(const std::string& model_dir, const std::str
       ++compared;
     }
   CHECK(compared == whole.model->adapters().size());
+}
+
+TEST_CASE("plan: a pipeline stage's replayed peak equals a real CPU stage's share of 1F1B, to the byte") {
+  const std::string llama = write_model("llama_4_layers", R"({"model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 160, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "vocab_size": 256, "max_position_embeddings": 64})");
+  const std::string neox = write_model("neox_5_layers", R"({"model_type": "gpt_neox", "hidden_size": 64,
+    "intermediate_size": 256, "num_hidden_layers": 5, "num_attention_heads": 4, "vocab_size": 256,
+    "max_position_embeddings": 64, "hidden_act": "gelu_fast"})");
+  check_pipeline_matches_real_stages(llama, kLlamaLora + "parallel: {pipeline: 2}\n", 2);
+  const std::string checkpointed = "activation_checkpointing: per_layer\n";
+  check_pipeline_matches_real_stages(llama, kLlamaLora + checkpointed + "parallel: {pipeline: 4}\n", 8);
+  check_pipeline_matches_real_stages(neox, kNeoxLora + checkpointed + "parallel: {pipeline: 3}\n", 3);
+  check_pipeline_matches_real_stages(kFixtures + "/llama_tied", kLlamaLora + "parallel: {pipeline: 2}\n", 2);
 }
 
 TEST_CASE("pipeline stages compute what the whole model computes, to the bit") {
@@ -290,6 +360,62 @@ TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA data parallel on 8 GPUs all-reduces th
   CHECK(all_reduce.gradient_bytes == size_t(17301504) * 4);  // 69,206,016: 66.0 MiB
   CHECK(all_reduce.ring_sent_per_rank_bytes == size_t(17301504) * 4 * 14 / 8);  // 121,110,528: 115.5 MiB
   CHECK(plan_all_reduce(plan, 1).ring_sent_per_rank_bytes == 0);
+}
+
+// The README's pipeline table: Llama-2-70B's 69 GB of int8 weights over four
+// 24 GiB cards, a stage each. Stage s holds 4 - s micro-batches' layer inputs
+// (32 MiB per layer each at seq 2048); the split trades stage 0's extra
+// activations against the last stage's LM head.
+TEST_CASE("plan: Llama-2-70B INT8 + LoRA as a 4-stage pipeline fits every stage in 24 GiB (CUDA policy)") {
+  const TrainConfig config =
+      load_train_config(std::string(FT_SOURCE_DIR) + "/configs/llama-2-70b-int8-lora-4x24gb-pipeline.yaml");
+  PlanOptions options;
+  options.ranks = 4;
+  const PipelinePlan plan = plan_pipeline(config, options);
+  CHECK(plan.data == 1);
+  CHECK(plan.micro_batches == 32);
+  CHECK(plan.bubble_fraction == 3.0 / 35.0);
+  REQUIRE(plan.stages.size() == 4);
+  const int64_t first_layers[] = {0, 19, 39, 60, 80};
+  const size_t peaks[] = {21367922688, 21169299456, 21427855360, 20351385600};
+  const size_t q = size_t(8192) * 8192, kv = size_t(1024) * 8192, mlp = size_t(8192) * 28672;
+  for (size_t s = 0; s < 4; ++s) {
+    const StagePlan& stage = plan.stages[s];
+    CAPTURE(s);
+    MESSAGE("70B stage ", s, ": layers ", stage.layers.first_layer, "-", stage.layers.end_layer - 1, ", peak ",
+            stage.step.total_bytes(), " bytes, at ", stage.step.where);
+    CHECK(stage.layers.first_layer == first_layers[s]);
+    CHECK(stage.layers.end_layer == first_layers[s + 1]);
+    CHECK(stage.in_flight == 4 - int64_t(s));
+    const size_t layers = size_t(stage.layers.end_layer - stage.layers.first_layer);
+    CHECK(stage.step.int8_weight_bytes == layers * (2 * q + 2 * kv + 3 * mlp));
+    // r = 16 on q_proj (8192 + 8192) and v_proj (8192 + 1024), f32.
+    CHECK(stage.step.at_peak.current(MemCategory::adapters) == layers * 16 * (8192 + 8192 + 8192 + 1024) * 4);
+    CHECK(stage.step.total_bytes() == peaks[s]);
+    CHECK(stage.step.total_bytes() <= size_t(24) << 30);
+  }
+  // Whole, the step needs 69.5 GiB: no one card holds it.
+  CHECK(plan_step(config, options, 1, 2048).total_bytes() > size_t(48) << 30);
+}
+
+TEST_CASE("plan: a pipeline layout the model or the ranks cannot take is one clear error") {
+  const std::string yaml = std::string(FT_SOURCE_DIR) + "/configs/llama-2-70b-int8-lora-4x24gb-pipeline.yaml";
+  const PlanRun ranks = run_plan(yaml + " --ranks 6");
+  CHECK(ranks.exit_status == 1);
+  CHECK(ranks.output.find("parallel.pipeline 4 must divide the job's 6 ranks (--ranks 6)") != std::string::npos);
+  const PlanRun data = run_plan(yaml + " --ranks 4 --set parallel.data=2");
+  CHECK(data.exit_status == 1);
+  CHECK(data.output.find("parallel.data 2 x parallel.pipeline 4 must equal the job's 4 ranks (--ranks 4)") !=
+        std::string::npos);
+  const PlanRun stages = run_plan(kFixtures + "/llama_gqa --ranks 4 --set parallel.pipeline=4");
+  CHECK(stages.exit_status == 1);
+  CHECK(stages.output.find("parallel.pipeline: 4 stages need at least one decoder layer each; the model has 2") !=
+        std::string::npos);
+  const PlanRun t5 = run_plan(std::string(FT_SOURCE_DIR) +
+                              "/configs/flan-t5-base-dialogsum-lora.yaml --ranks 2 --set parallel.pipeline=2");
+  CHECK(t5.exit_status == 1);
+  CHECK(t5.output.find("parallel.pipeline: 2: pipeline stages split a decoder-only model's layers") !=
+        std::string::npos);
 }
 
 // offload.optimizer: host: the device keeps bf16 adapters (2 B) and f32

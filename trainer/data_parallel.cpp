@@ -8,17 +8,27 @@
 
 namespace ft {
 
+ParallelLayout parallel_layout(const TrainConfig& config, int64_t world_ranks, const std::string& launched_as) {
+  ParallelLayout layout;
+  layout.pipeline = config.parallel.pipeline;
+  FT_CHECK(config.parallel.data > 0 || world_ranks % layout.pipeline == 0, config.source, ": parallel.pipeline ",
+           layout.pipeline, " must divide the job's ", world_ranks, " ranks (", launched_as,
+           "): each data-parallel copy of the model runs on parallel.pipeline ranks");
+  layout.data = config.parallel.data == 0 ? world_ranks / layout.pipeline : config.parallel.data;
+  FT_CHECK(layout.data * layout.pipeline == world_ranks, config.source, ": parallel.data ", layout.data,
+           " x parallel.pipeline ", layout.pipeline, " must equal the job's ", world_ranks, " ranks (", launched_as,
+           "); leave parallel.data out to use every rank");
+  return layout;
+}
+
 int64_t data_parallel_ranks(const TrainConfig& config, const Collectives& collectives) {
   const int64_t world = collectives.world_size(), pipeline = config.parallel.pipeline;
   FT_CHECK(pipeline == 1, config.source, ": parallel.pipeline: ", pipeline,
-           ": pipeline parallelism is not implemented; leave it at 1 (every rank data parallel)");
+           ": pipeline parallelism is not implemented in training (`finetune plan --ranks N` plans its stages); "
+           "leave it at 1 (every rank data parallel)");
   FT_CHECK(world == 1 || config.objective == Objective::sft, config.source,
            ": objective: dpo runs in one process; data parallelism (mpirun -np ", world, ") covers objective: sft");
-  const int64_t data = config.parallel.data == 0 ? world : config.parallel.data;
-  FT_CHECK(data * pipeline == world, config.source, ": parallel.data ", data, " x parallel.pipeline ", pipeline,
-           " must equal the job's ", world, " ranks (mpirun -np ", world,
-           "); leave parallel.data out to use every rank");
-  return data;
+  return parallel_layout(config, world, "mpirun -np " + std::to_string(world)).data;
 }
 
 void check_same_device(Collectives& collectives, Backend& backend) {

@@ -10,6 +10,7 @@
 // and rank r trains micro-batches r, r + D, r + 2D, ...
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "trainer/collectives.h"
@@ -20,9 +21,18 @@
 
 namespace ft {
 
-// The data-parallel rank count: parallel.data (0: the world size). Refuses a
-// layout that does not cover the world exactly, and pipeline stages (not
-// implemented).
+// How world_ranks ranks share the work: parallel.data x parallel.pipeline,
+// parallel.data 0 taking what the pipeline leaves (world_ranks / pipeline).
+// Refuses a layout that does not cover the world exactly; launched_as says
+// where world_ranks came from in the message (e.g. "mpirun -np 4").
+struct ParallelLayout {
+  int64_t data = 1, pipeline = 1;
+};
+ParallelLayout parallel_layout(const TrainConfig& config, int64_t world_ranks, const std::string& launched_as);
+
+// The data-parallel rank count of a run (parallel_layout over the job's
+// ranks). Refuses pipeline stages: `finetune plan` plans them, training does
+// not run them yet.
 int64_t data_parallel_ranks(const TrainConfig& config, const Collectives& collectives);
 
 // Refuses a job whose ranks train on different kinds of device (one rank's

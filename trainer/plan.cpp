@@ -5,12 +5,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <unordered_map>
 
 #include "kernels/checked_mul.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
 #include "model/layer_stream.h"
+#include "trainer/data_parallel.h"
 #include "trainer/dpo.h"
 #include "trainer/evaluate.h"
 #include "trainer/progress.h"
@@ -87,53 +89,85 @@ void split_weights(StepPlan& plan, LanguageModel& model) {
   }
 }
 
-// The frozen linear weights and LoRA parameters of decoder layer 0 (all
-// layers are alike), for the time model.
+// The frozen linear weights and LoRA parameters of the model's first decoder
+// layer (all layers are alike), for the time model.
 struct LayerParameters {
   double linear = 0.0, lora = 0.0;
 };
 LayerParameters layer_parameters(LanguageModel& model) {
+  const std::string layer = ".layers." + std::to_string(model.layers().first_layer) + ".";
   LayerParameters counts;
   for (const Parameter& p : model.parameters())
-    if (p.name.find(".layers.0.") != std::string::npos && (p.value.dtype == DType::i8 || p.value.dtype == DType::u8))
+    if (p.name.find(layer) != std::string::npos && (p.value.dtype == DType::i8 || p.value.dtype == DType::u8))
       counts.linear += double(shape_numel(p.value.dtype == DType::u8 ? p.nf4_shape : p.value.shape));
   for (const Parameter& p : model.adapters())
-    if (p.name.find(".layers.0.") != std::string::npos) counts.lora += double(p.value.numel());
+    if (p.name.find(layer) != std::string::npos) counts.lora += double(p.value.numel());
   return counts;
 }
 
-// StreamPlan's time model. FLOPs of one layer over N = B x T tokens:
-// forward 2N (linear + LoRA parameters) plus causal attention 2 B T^2 x
-// (heads x head_dim) (QK^T and PV, half of each masked); backward 2N
-// linear (dx only: the base is frozen), 4N LoRA (dx and its gradients),
-// attention twice its forward, and the forward again when checkpointed. The
-// LM head: 2 N hidden vocab forward and as much for dhidden. Each copied
-// layer overlaps the compute of the layer before it (the copy stream moves
-// one layer while the compute stream runs one), so it stalls the pass by
-// max(0, copy - that layer's compute).
-void model_stream_time(StreamPlan& stream, LanguageModel& model, const TrainConfig& config, const PlanOptions& options,
-                       int64_t micro_batch, int64_t seq_len) {
+// The time model's FLOPs over N = B x T tokens. One layer: forward 2N
+// (linear + LoRA parameters) plus causal attention 2 B T^2 x (heads x
+// head_dim) (QK^T and PV, half of each masked); backward 2N linear (dx only:
+// the base is frozen), 4N LoRA (dx and its gradients), attention twice its
+// forward, and the forward again when checkpointed. The LM head: 2 N hidden
+// vocab forward and as much for dhidden.
+struct LayerFlops {
+  double forward = 0.0, backward = 0.0, lm_head = 0.0;
+};
+LayerFlops layer_flops(LanguageModel& model, const TrainConfig& config, int64_t micro_batch, int64_t seq_len) {
   const ModelConfig& mc = model.config();
-  const double tokens = double(micro_batch) * double(seq_len), flops = options.flops_per_s;
+  const double tokens = double(micro_batch) * double(seq_len);
   const LayerParameters counts = layer_parameters(model);
   const double attention = 2.0 * double(micro_batch) * double(seq_len) * double(seq_len) *
                            double(mc.num_attention_heads * mc.head_dim);
-  const double forward = 2.0 * tokens * (counts.linear + counts.lora) + attention;
-  const double recompute = config.activation_checkpointing == ActivationCheckpointing::per_layer ? forward : 0.0;
-  const double backward = 2.0 * tokens * counts.linear + 4.0 * tokens * counts.lora + 2.0 * attention + recompute;
+  LayerFlops flops;
+  flops.forward = 2.0 * tokens * (counts.linear + counts.lora) + attention;
+  const double recompute = config.activation_checkpointing == ActivationCheckpointing::per_layer ? flops.forward : 0.0;
+  flops.backward = 2.0 * tokens * counts.linear + 4.0 * tokens * counts.lora + 2.0 * attention + recompute;
+  flops.lm_head = 4.0 * tokens * double(mc.hidden_size) * double(mc.vocab_size);
+  return flops;
+}
+
+// StreamPlan's time model at options.flops_per_s. Each copied layer overlaps
+// the compute of the layer before it (the copy stream moves one layer while
+// the compute stream runs one), so it stalls the pass by max(0, copy - that
+// layer's compute).
+void model_stream_time(StreamPlan& stream, const LayerFlops& flops, const PlanOptions& options) {
+  const double rate = options.flops_per_s;
   stream.copy_s = double(stream.layer_bytes) / options.h2d_bytes_per_s;
-  stream.forward_s = forward / flops;
-  stream.backward_s = backward / flops;
-  const double lm_head = 4.0 * tokens * double(mc.hidden_size) * double(mc.vocab_size);
-  stream.compute_s = (double(stream.layers) * (forward + backward) + lm_head) / flops;
+  stream.forward_s = flops.forward / rate;
+  stream.backward_s = flops.backward / rate;
+  stream.compute_s = (double(stream.layers) * (flops.forward + flops.backward) + flops.lm_head) / rate;
   const double copies_per_pass = double(stream.pcie_bytes) / double(stream.layer_bytes) / 2.0;
   stream.stall_s = copies_per_pass * (std::max(0.0, stream.copy_s - stream.forward_s) +
                                       std::max(0.0, stream.copy_s - stream.backward_s));
 }
 
-}  // namespace
+// A pipeline stage's share of 1F1B: in_flight micro-batches' forwards, then
+// their backwards, oldest first. A stage after the first receives each input
+// (and a stage before the last each d(output)) into a new activations
+// tensor; what it sends on is freed once sent.
+void replay_stage(CausalLM& model, Backend& backend, const Tensor& ids, const Tensor& targets, int64_t in_flight) {
+  const Shape hidden{ids.dim(0), ids.dim(1), model.config().hidden_size};
+  const DType activation_dtype = model.options().activation_dtype;
+  auto received = [&] { return backend.empty(hidden, activation_dtype, MemCategory::activations); };
+  std::vector<std::unique_ptr<CausalLM::DecoderStep>> passes;
+  for (int64_t k = 0; k < in_flight; ++k) {
+    Tensor output;
+    float loss = 0.0f;
+    passes.push_back(
+        model.stage_forward(ids, targets, model.first_stage() ? Tensor{} : received(), &output, 1.0f, &loss));
+  }
+  for (std::unique_ptr<CausalLM::DecoderStep>& pass : passes) {
+    model.stage_backward(*pass, model.last_stage() ? Tensor{} : received());
+    pass.reset();
+  }
+}
 
-StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch, int64_t seq_len) {
+// plan_step, or with a stage (end_layer > 0) that pipeline stage's replay
+// holding in_flight micro-batches.
+StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch, int64_t seq_len,
+                     const LayerRange& stage, int64_t in_flight) {
   const ModelConfig model_config =
       ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
   MetaAllocator meta;
@@ -149,7 +183,7 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   watch.phase = "model weights";
   TrainingSetup setup = setup_training(config, model_config, backend,
                                        [&](LanguageModel&) { watch.phase = "gradients and optimizer state"; },
-                                       &host_state);
+                                       &host_state, stage);
   LanguageModel& model = *setup.model;
 
   // One micro-batch of train_step: every target counts, so nothing is skipped.
@@ -172,7 +206,8 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   backend.reset_cursor();
   model.zero_grads();
   model.set_dropout_seed(config.seed);
-  micro_batch_step();
+  if (stage.end_layer > 0) replay_stage(causal_lm(model, "parallel.pipeline"), backend, ids, targets, in_flight);
+  else micro_batch_step();
   watch.phase = "optimizer step";
   setup.optimizer->step(config.lr);
   // A streamed base: the next micro-batch's copies, with the ring as the
@@ -188,6 +223,9 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   plan.micro_batch = micro_batch;
   plan.seq_len = seq_len;
   split_weights(plan, model);
+  const LayerFlops flops = layer_flops(model, config, micro_batch, seq_len);
+  plan.layer_flops = flops.forward + flops.backward;
+  plan.lm_head_flops = flops.lm_head;
   if (stream) {
     StreamPlan& s = plan.stream;
     s.layers = model_config.num_hidden_layers;
@@ -198,7 +236,7 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
     s.host_bytes = backend.pinned_host_allocator().stats().current(MemCategory::weights);
     s.ring_bytes = stream->slot_bytes() * size_t(s.slots);
     s.pcie_bytes = stream->copied_bytes() - cold_copied_bytes;
-    if (options.plan_stream_traffic) model_stream_time(s, model, config, options, micro_batch, seq_len);
+    if (options.plan_stream_traffic) model_stream_time(s, flops, options);
   }
   FT_CHECK(plan.int8_weight_bytes + plan.int8_scale_bytes + plan.nf4_weight_bytes + plan.nf4_absmax_bytes +
                    plan.dense_weight_bytes + plan.stream.ring_bytes ==
@@ -212,6 +250,12 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
   if (!model.adapters().empty()) plan.adapter_dtype = model.adapters().front().value.dtype;
   plan.host_optimizer_bytes = host_state.stats().current(MemCategory::optimizer);
   return plan;
+}
+
+}  // namespace
+
+StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch, int64_t seq_len) {
+  return replay_step(config, options, micro_batch, seq_len, LayerRange{}, 1);
 }
 
 namespace {
@@ -281,6 +325,41 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
   if (plan.stream.layers) print_stream(plan.stream, plan.host_optimizer_bytes, options);
 }
 
+// "0-19 + embedding", "60-79 + final norm, lm_head, loss"
+std::string stage_layers_text(const LayerRange& layers, bool first, bool last) {
+  std::string text = std::to_string(layers.first_layer) + "-" + std::to_string(layers.end_layer - 1);
+  if (first) text += " + embedding";
+  if (last) text += " + final norm, lm_head, loss";
+  return text;
+}
+
+void print_pipeline(const PipelinePlan& plan, const PlanOptions& options) {
+  const int64_t stages = int64_t(plan.stages.size());
+  std::printf("pipeline parallel: %lld stages x %lld data parallel (%lld ranks), 1F1B over %lld micro-batches per "
+              "optimizer step: each stage idles (P - 1) / (m + P - 1) = %lld / %lld = %.1f%% of the step "
+              "(the bubble)\n",
+              (long long)stages, (long long)plan.data, (long long)options.ranks, (long long)plan.micro_batches,
+              (long long)(stages - 1), (long long)(plan.micro_batches + stages - 1), 100.0 * plan.bubble_fraction);
+  std::printf("  %-5s %-36s %9s %15s %12s %14s %5s\n", "stage", "decoder layers", "in flight", "TFLOP/micro-batch",
+              "peak", "peak bytes", "fits");
+  for (int64_t s = 0; s < stages; ++s) {
+    const StagePlan& stage = plan.stages[size_t(s)];
+    const size_t peak_bytes = stage.step.total_bytes();
+    std::printf("  %-5lld %-36s %9lld %15.1f %12s %14zu %5s\n", (long long)s,
+                stage_layers_text(stage.layers, s == 0, s == stages - 1).c_str(), (long long)stage.in_flight,
+                stage.flops / 1e12, format_bytes(peak_bytes).c_str(), peak_bytes,
+                peak_bytes <= options.gpu_mem_bytes ? "yes" : "NO");
+  }
+  if (plan.data == 1) return;
+  for (int64_t s = 0; s < stages; ++s) {
+    const AllReducePlan all_reduce = plan_all_reduce(plan.stages[size_t(s)].step, plan.data);
+    std::printf("  stage %lld: per optimizer step %s of gradients all-reduced over %lld data-parallel ranks, a ring "
+                "sends %s per rank (%zu bytes)\n",
+                (long long)s, format_bytes(all_reduce.gradient_bytes).c_str(), (long long)plan.data,
+                format_bytes(all_reduce.ring_sent_per_rank_bytes).c_str(), all_reduce.ring_sent_per_rank_bytes);
+  }
+}
+
 }  // namespace
 
 AllReducePlan plan_all_reduce(const StepPlan& plan, int64_t ranks) {
@@ -291,6 +370,115 @@ AllReducePlan plan_all_reduce(const StepPlan& plan, int64_t ranks) {
   all_reduce.ring_sent_per_rank_bytes =
       size_t(checked_mul(int64_t(all_reduce.gradient_bytes), 2 * (ranks - 1)) / ranks);
   return all_reduce;
+}
+
+namespace {
+
+// One stage's cost for the split, linear in its layer count: bytes from
+// replays of a one- and a two-layer stage in its place (its in-flight
+// micro-batches, embedding or LM head), FLOPs from the time model.
+struct StageCost {
+  double fixed_bytes = 0.0, layer_bytes = 0.0, fixed_flops = 0.0, layer_flops = 0.0;
+  double bytes(int64_t layers) const { return fixed_bytes + layer_bytes * double(layers); }
+  double flops(int64_t layers) const { return fixed_flops + layer_flops * double(layers); }
+};
+
+// Stage s of a P-stage pipeline over total layers, holding `layers` of them
+// (which ones does not change its bytes: the layers are alike).
+LayerRange stage_in_place(int64_t s, int64_t stages, int64_t layers, int64_t total) {
+  if (s == 0) return {0, layers};
+  if (s == stages - 1) return {total - layers, total};
+  return {1, 1 + layers};
+}
+
+// Layers per stage minimising the largest max(flops / mean flops, bytes /
+// mean bytes) over the stages (the means of an even split), by dynamic
+// programming over (stages so far, layers so far).
+std::vector<int64_t> balanced_split(const std::vector<StageCost>& costs, int64_t total) {
+  const int64_t stages = int64_t(costs.size());
+  double flops_sum = 0.0, bytes_sum = 0.0;
+  for (const StageCost& c : costs) {
+    flops_sum += c.fixed_flops + c.layer_flops * double(total) / double(stages);
+    bytes_sum += c.fixed_bytes + c.layer_bytes * double(total) / double(stages);
+  }
+  auto cost = [&](int64_t s, int64_t layers) {
+    const StageCost& c = costs[size_t(s)];
+    return std::max(c.flops(layers) * double(stages) / flops_sum, c.bytes(layers) * double(stages) / bytes_sum);
+  };
+  const double none = std::numeric_limits<double>::infinity();
+  // best[s][l]: the least largest cost of stages 0..s over layers 0..l-1; last[s][l]: stage s's layers then.
+  std::vector<std::vector<double>> best(size_t(stages), std::vector<double>(size_t(total) + 1, none));
+  std::vector<std::vector<int64_t>> last(size_t(stages), std::vector<int64_t>(size_t(total) + 1, 0));
+  for (int64_t l = 1; l <= total; ++l) {
+    best[0][size_t(l)] = cost(0, l);
+    last[0][size_t(l)] = l;
+  }
+  for (int64_t s = 1; s < stages; ++s)
+    for (int64_t l = s + 1; l <= total; ++l)
+      for (int64_t n = 1; n <= l - s; ++n) {
+        const double candidate = std::max(best[size_t(s - 1)][size_t(l - n)], cost(s, n));
+        if (candidate < best[size_t(s)][size_t(l)]) {
+          best[size_t(s)][size_t(l)] = candidate;
+          last[size_t(s)][size_t(l)] = n;
+        }
+      }
+  std::vector<int64_t> counts(static_cast<size_t>(stages), 0);
+  int64_t layers_left = total;
+  for (int64_t s = stages - 1; s >= 0; --s) {
+    counts[size_t(s)] = last[size_t(s)][size_t(layers_left)];
+    layers_left -= counts[size_t(s)];
+  }
+  return counts;
+}
+
+}  // namespace
+
+PipelinePlan plan_pipeline(const TrainConfig& config, const PlanOptions& options) {
+  const ModelConfig model_config =
+      ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
+  const int64_t stages = config.parallel.pipeline, total = model_config.num_hidden_layers;
+  FT_CHECK(model_config.model_type != "t5", config.source, ": parallel.pipeline: ", stages,
+           ": pipeline stages split a decoder-only model's layers (", kCausalLmModelTypes,
+           "); model_type t5 is an encoder-decoder model");
+  FT_CHECK(stages <= total, config.source, ": parallel.pipeline: ", stages,
+           " stages need at least one decoder layer each; the model has ", total);
+  FT_CHECK(config.objective == Objective::sft, config.source, ": parallel.pipeline covers objective: sft");
+  FT_CHECK(config.offload_base == OffloadTarget::device, config.source,
+           ": parallel.pipeline splits the layers over the devices; leave offload.base at device");
+  PipelinePlan plan;
+  plan.data = parallel_layout(config, options.ranks, "--ranks " + std::to_string(options.ranks)).data;
+  plan.micro_batches = config.grad_accum_steps;
+  plan.bubble_fraction = double(stages - 1) / double(plan.micro_batches + stages - 1);
+  auto replay = [&](const LayerRange& layers, int64_t s) {
+    return replay_step(config, options, config.micro_batch_size, config.seq_len, layers, stages - s);
+  };
+  std::vector<int64_t> counts(size_t(stages), 1);
+  if (total > stages) {
+    std::vector<StageCost> costs;
+    for (int64_t s = 0; s < stages; ++s) {
+      const StepPlan one = replay(stage_in_place(s, stages, 1, total), s);
+      const StepPlan two = replay(stage_in_place(s, stages, 2, total), s);
+      StageCost c;
+      c.layer_bytes = double(two.total_bytes()) - double(one.total_bytes());
+      c.fixed_bytes = double(one.total_bytes()) - c.layer_bytes;
+      c.layer_flops = one.layer_flops;
+      c.fixed_flops = s == stages - 1 ? one.lm_head_flops : 0.0;
+      costs.push_back(c);
+    }
+    counts = balanced_split(costs, total);
+  }
+  int64_t first = 0;
+  for (int64_t s = 0; s < stages; ++s) {
+    StagePlan stage;
+    stage.layers = {first, first + counts[size_t(s)]};
+    stage.in_flight = stages - s;
+    stage.step = replay(stage.layers, s);
+    stage.flops = double(counts[size_t(s)]) * stage.step.layer_flops;
+    if (s == stages - 1) stage.flops += stage.step.lm_head_flops;
+    plan.stages.push_back(stage);
+    first = stage.layers.end_layer;
+  }
+  return plan;
 }
 
 std::string mode_name(const PlanMode& mode) {
@@ -415,6 +603,8 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
               config.objective == Objective::dpo
                   ? " (DPO: micro_batch counts pairs; the reference forward, adapters off, runs first)"
                   : "");
+  // First: a layout the model or the ranks cannot take is the one error.
+  const PipelinePlan pipeline = config.parallel.pipeline > 1 ? plan_pipeline(config, options) : PipelinePlan{};
   const StepPlan plan = plan_step(config, options, config.micro_batch_size, config.seq_len);
   print_breakdown(plan, options);
   const size_t budget = options.gpu_mem_bytes;
@@ -429,7 +619,9 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
                 std::to_string(resident).c_str(), (long long)config.resident_layers, (long long)config.stream_slots);
   }
 
-  if (options.ranks > 1) {
+  if (config.parallel.pipeline > 1) {
+    print_pipeline(pipeline, options);
+  } else if (options.ranks > 1) {
     const AllReducePlan all_reduce = plan_all_reduce(plan, options.ranks);
     std::printf("data parallel on %lld ranks: each rank's peak as above; per optimizer step %s of gradients "
                 "all-reduced (%zu bytes), a ring sends %s per rank (%zu bytes)\n",

@@ -26,7 +26,9 @@ struct PlanOptions {
   // cuda policy: bf16 attention on cuDNN SDPA with its workspace budget;
   // false plans our attention kernels alone (the emulator, builds without cuDNN).
   bool library_attention = true;
-  int64_t ranks = 1;  // data-parallel ranks: print_plan adds the all-reduce traffic when > 1
+  // The job's ranks, parallel.data x parallel.pipeline: print_plan adds the
+  // data-parallel all-reduce traffic, and the pipeline stages' plans.
+  int64_t ranks = 1;
   // offload.base: host's time model: host-to-device bandwidth (PCIe 4.0 x16
   // moves about 25 GB/s of pinned memory) and the GEMM rate a layer's compute
   // runs at (bf16 tensor cores at a realistic fraction of peak).
@@ -73,6 +75,10 @@ struct StepPlan {
   size_t reserved_bytes = 0;  // cuda: what the caching allocator has cudaMalloc'd after the step
   size_t context_bytes = 0;   // cuda: the context reserve
   std::string where;          // e.g. "backward, last op int8_linear_backward on gpt_neox.layers.43..."
+  // The time model's FLOPs of one micro-batch's forward and backward (its
+  // recomputation included) through one decoder layer, and through the LM
+  // head (logits and d(hidden): the head is frozen).
+  double layer_flops = 0.0, lm_head_flops = 0.0;
 
   size_t total_bytes() const { return peak_bytes + context_bytes; }
 };
@@ -91,6 +97,33 @@ struct AllReducePlan {
   size_t ring_sent_per_rank_bytes = 0;
 };
 AllReducePlan plan_all_reduce(const StepPlan& plan, int64_t ranks);
+
+// Pipeline parallel (parallel.pipeline P > 1 over options.ranks = D x P):
+// the decoder layers split into P contiguous stages, the embedding on the
+// first, the final norm, lm_head and loss on the last. Under 1F1B stage s
+// holds the activations of at most P - s micro-batches at once (with
+// per-layer checkpointing: their layer inputs), so its peak is replayed on
+// the meta device as that many forwards of its layers, then their backwards,
+// then AdamW over its adapters. The split minimises the largest stage cost,
+// a stage's cost being the larger of its FLOPs and its bytes (the peak model
+// from replays of one- and two-layer stages in its place), each relative to
+// the mean over the stages: the slowest stage sets the pace, the fullest one
+// the device. Each optimizer step runs m = grad_accum_steps micro-batches
+// through each pipeline; the fill and drain leave every stage idle for
+// (P - 1) / (m + P - 1) of the step (the bubble).
+struct StagePlan {
+  LayerRange layers;
+  int64_t in_flight = 0;  // micro-batches whose activations it holds at once: P - s
+  double flops = 0.0;     // one micro-batch's forward and backward through the stage
+  StepPlan step;          // its replayed peak (step.total_bytes())
+};
+struct PipelinePlan {
+  int64_t data = 1;           // data-parallel copies of the pipeline
+  int64_t micro_batches = 0;  // per optimizer step through each pipeline: m
+  std::vector<StagePlan> stages;
+  double bubble_fraction = 0.0;  // (P - 1) / (m + P - 1)
+};
+PipelinePlan plan_pipeline(const TrainConfig& config, const PlanOptions& options);
 
 // One way to hold the frozen base and the optimizer state. base host: the
 // quantized layers streamed (offload.base: host) with resident_layers of
