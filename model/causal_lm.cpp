@@ -249,17 +249,21 @@ void LanguageModel::init_random(uint64_t seed) {
   }
 }
 
-void LanguageModel::init_adapters(uint64_t seed) {
-  for (size_t i = 0; i + 1 < adapters_.size(); i += 2)
-    init_lora_parameters(backend_, adapters_[i], adapters_[i + 1], splitmix64(seed, i));
+// A pipeline stage numbers its adapters from its first layer's, as the whole
+// model does (every decoder layer has as many), so each stage draws the same
+// initial values and dropout masks as the whole model.
+static size_t stage_offset(const LayerRange& layers, size_t count) {
+  return size_t(layers.first_layer) * (count / size_t(layers.end_layer - layers.first_layer));
 }
 
-// A pipeline stage numbers its adapters from its first layer's, as the whole
-// model does (every decoder layer has as many), so each draws the same masks.
+void LanguageModel::init_adapters(uint64_t seed) {
+  const size_t first = stage_offset(options_.layers, adapters_.size());
+  for (size_t i = 0; i + 1 < adapters_.size(); i += 2)
+    init_lora_parameters(backend_, adapters_[i], adapters_[i + 1], splitmix64(seed, first + i));
+}
+
 void LanguageModel::set_dropout_seed(uint64_t seed) {
-  const LayerRange& layers = options_.layers;
-  const size_t per_layer = lora_layers_.size() / size_t(layers.end_layer - layers.first_layer);
-  const size_t first = size_t(layers.first_layer) * per_layer;
+  const size_t first = stage_offset(options_.layers, lora_layers_.size());
   for (size_t i = 0; i < lora_layers_.size(); ++i) lora_layers_[i]->set_dropout_seed(splitmix64(seed, first + i));
 }
 

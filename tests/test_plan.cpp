@@ -206,7 +206,8 @@ void check_pipeline_matches_real_stages(const std::string& model_dir, const std:
 
 // A model's layers run as two stages, the second taking the first's output
 // and giving back d(input), compute what the whole model computes, to the
-// bit: the loss and every adapter gradient (the same weights copied by name).
+// bit: the loss and every adapter gradient (the same base weights copied by
+// name; each stage initialises its adapters as the whole model does).
 void check_stages_match_whole_model(const std::string& model_dir, const std::string& extra_yaml) {
   CAPTURE(model_dir);
   const TrainConfig config = make_config(model_dir, extra_yaml);
@@ -218,13 +219,17 @@ void check_stages_match_whole_model(const std::string& model_dir, const std::str
   const int64_t middle = model_config.num_hidden_layers / 2;
   auto stage = [&](LayerRange layers) {
     TrainingSetup setup = setup_training(config, model_config, backend, [](LanguageModel&) {}, nullptr, layers);
-    for (std::deque<Parameter>* list : {&setup.model->parameters(), &setup.model->adapters()})
-      for (Parameter& p : *list) {
-        Parameter& from = whole.model->parameter(p.name);
-        for (Tensor Parameter::*member : kQuantizedTensors)
-          if ((p.*member).defined()) backend.copy(p.*member, from.*member);
-        p.nested_offset = from.nested_offset;
-      }
+    for (Parameter& p : setup.model->parameters()) {
+      Parameter& from = whole.model->parameter(p.name);
+      for (Tensor Parameter::*member : kQuantizedTensors)
+        if ((p.*member).defined()) backend.copy(p.*member, from.*member);
+      p.nested_offset = from.nested_offset;
+    }
+    for (Parameter& p : setup.model->adapters()) {
+      const Tensor& expected = whole.model->parameter(p.name).value;
+      CAPTURE(p.name);
+      CHECK(std::memcmp(p.value.ptr<float>(), expected.ptr<float>(), size_t(expected.numel()) * 4) == 0);
+    }
     setup.model->zero_grads();
     return setup;
   };
@@ -396,6 +401,20 @@ TEST_CASE("plan: Llama-2-70B INT8 + LoRA as a 4-stage pipeline fits every stage 
   }
   // Whole, the step needs 69.5 GiB: no one card holds it.
   CHECK(plan_step(config, options, 1, 2048).total_bytes() > size_t(48) << 30);
+
+  // Through the binary, on 8 ranks: two data-parallel copies of the pipeline,
+  // each stage all-reducing its adapter gradients with its peer.
+  const PlanRun run = run_plan(std::string(FT_SOURCE_DIR) +
+                               "/configs/llama-2-70b-int8-lora-4x24gb-pipeline.yaml --gpu-mem 24GiB --ranks 8");
+  CHECK(run.exit_status == 0);
+  CHECK(run.output.find("pipeline parallel: 4 stages x 2 data parallel (8 ranks), 1F1B over 32 micro-batches") !=
+        std::string::npos);
+  CHECK(run.output.find("= 3 / 35 = 8.6% of the step") != std::string::npos);
+  CHECK(run.output.find("0-18 + embedding") != std::string::npos);
+  CHECK(run.output.find("60-79 + final norm, lm_head, loss") != std::string::npos);
+  CHECK(run.output.find(" 21367922688   yes") != std::string::npos);
+  CHECK(run.output.find("stage 3: per optimizer step") != std::string::npos);
+  CHECK(run.output.find("all-reduced over 2 data-parallel ranks") != std::string::npos);
 }
 
 TEST_CASE("plan: a pipeline layout the model or the ranks cannot take is one clear error") {
