@@ -325,9 +325,10 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
   if (plan.stream.layers) print_stream(plan.stream, plan.host_optimizer_bytes, options);
 }
 
-// "0-19 + embedding", "60-79 + final norm, lm_head, loss"
+// "0-19 + embedding", "60-79 + final norm, lm_head, loss", "3" (one layer)
 std::string stage_layers_text(const LayerRange& layers, bool first, bool last) {
-  std::string text = std::to_string(layers.first_layer) + "-" + std::to_string(layers.end_layer - 1);
+  std::string text = std::to_string(layers.first_layer);
+  if (layers.end_layer - 1 > layers.first_layer) text += '-' + std::to_string(layers.end_layer - 1);
   if (first) text += " + embedding";
   if (last) text += " + final norm, lm_head, loss";
   return text;
