@@ -3,6 +3,7 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <system_error>
 
 #include "kernels/error.h"
 #include "tokenizer/bpe_tokenizer.h"
@@ -36,9 +37,14 @@ std::string default_tokenizer_path(const std::string& model_dir) {
   fs::path sentencepiece = fs::path(model_dir) / "tokenizer.model";
   fs::path json = fs::path(model_dir) / "tokenizer.json";
   fs::path t5_sentencepiece = fs::path(model_dir) / "spiece.model";  // T5's name for its SentencePiece model
-  if (fs::exists(sentencepiece)) return sentencepiece.string();
-  if (fs::exists(json)) return json.string();
-  if (fs::exists(t5_sentencepiece)) return t5_sentencepiece.string();
+  // The error_code overloads: a path the OS cannot even look up (a name past
+  // NAME_MAX, a folder without search permission) is not found here, and the
+  // tokenizer's loader then names it in its own error instead of a
+  // std::filesystem exception that names no field.
+  std::error_code error;
+  if (fs::exists(sentencepiece, error)) return sentencepiece.string();
+  if (fs::exists(json, error)) return json.string();
+  if (fs::exists(t5_sentencepiece, error)) return t5_sentencepiece.string();
   return sentencepiece.string();
 }
 
