@@ -460,7 +460,9 @@ TEST_CASE("t5 generation with the decoder key/value cache equals the uncached de
     for (int t = 0; t < 3; ++t) ids.ptr<int32_t>()[t] = decoder_ids[size_t(t)], ignored.ptr<int32_t>()[t] = -100;
     model.decode(ids, ignored);
     const Tensor last = model.last_logits().slice_rows(2, 1);
-    CHECK(relative_error(cached_logits, last) <= 1e-6);
+    // The same sums, from a one-row product against a three-row one: the
+    // order of their f32 additions follows the build's vectorisation.
+    CHECK(relative_error(cached_logits, last) <= 4e-6);
     CHECK_THROWS_WITH_AS(model.decode_cached(cache, 1), doctest::Contains("past the cache's 3 positions"), Error);
   }
 }

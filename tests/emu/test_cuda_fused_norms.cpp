@@ -62,6 +62,15 @@ void check_fused_equals_unfused(const std::vector<float>& got) {
   CHECK(slice(got, 0, half) == slice(got, half, half));
 }
 
+// A bf16 norm output rounds twice, as transformers does: the normalised value
+// to bf16, then its product with the weight. When the row statistic (rstd)
+// differs from the CPU's in its last f32 bit (a sum of squares reduced in
+// another order: the compiler's vectorisation, a sanitizer build), the first
+// rounding can flip by one ulp and the second adds one more: two bf16 ulps.
+Tolerance normed_out_tolerance(DType dtype) {
+  return dtype == DType::bf16 ? Tolerance{1e-6, 1.0 / 64} : kF32;
+}
+
 Tolerance dx_tolerance(DType dtype) {
   return dtype == DType::bf16 ? Tolerance{1.0 / 128, 1.0 / 128} : Tolerance{2e-5, 1e-5};
 }
@@ -100,7 +109,7 @@ TEST_CASE("cuda: add_rmsnorm_forward and rmsnorm_backward_add equal add + rmsnor
     size_t n = size_t(N * C), r = size_t(N), ch = size_t(C);
     Tolerance tol = tolerance_for(c.act);
     CHECK(slice(got, 0, n) == values(want_sum));
-    check_close(slice(got, n, n), values(want_out), tol);
+    check_close(slice(got, n, n), values(want_out), normed_out_tolerance(c.act));
     check_close(slice(got, 2 * n, r), values(want_rstd), kF32);
     check_close(slice(got, 2 * n + r, n), values(want_dx), dx_tolerance(c.act));
     check_close(slice(got, 3 * n + r, ch), values(want_dweight), {1e-5 * double(N), tol.rtol});
