@@ -62,15 +62,6 @@ void check_fused_equals_unfused(const std::vector<float>& got) {
   CHECK(slice(got, 0, half) == slice(got, half, half));
 }
 
-// A bf16 norm output rounds twice, as transformers does: the normalised value
-// to bf16, then its product with the weight. When the row statistic (rstd)
-// differs from the CPU's in its last f32 bit (a sum of squares reduced in
-// another order: the compiler's vectorisation, a sanitizer build), the first
-// rounding can flip by one ulp and the second adds one more: two bf16 ulps.
-Tolerance normed_out_tolerance(DType dtype) {
-  return dtype == DType::bf16 ? Tolerance{1e-6, 1.0 / 64} : kF32;
-}
-
 Tolerance dx_tolerance(DType dtype) {
   return dtype == DType::bf16 ? Tolerance{1.0 / 128, 1.0 / 128} : Tolerance{2e-5, 1e-5};
 }
