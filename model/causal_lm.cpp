@@ -535,6 +535,17 @@ std::unique_ptr<CausalLM::DecoderStep> CausalLM::stage_forward(const Tensor& inp
   return step;
 }
 
+float CausalLM::stage_eval_forward(const Tensor& input_ids, const Tensor& targets, Tensor input, Tensor* output) {
+  set_training(false);
+  DecoderStep step;
+  forward_decoder(step, input_ids, targets, std::move(input), false);
+  if (!last_stage()) {
+    *output = std::move(step.residuals.back());
+    return 0.0f;
+  }
+  return lm_head_loss(step.final_norm.out, step.tokens, nullptr, 0.0f);
+}
+
 // No counted token: no stage runs a backward (each counts the same targets),
 // so nothing passes between them either.
 Tensor CausalLM::stage_backward(DecoderStep& step, Tensor doutput) {

@@ -235,6 +235,10 @@ class CausalLM : public LanguageModel {
   // (received from the next stage; undefined on the last stage): returns
   // d(loss)/d(input) for the previous stage (undefined on the first stage).
   Tensor stage_backward(DecoderStep& step, Tensor doutput);
+  // An eval forward through this stage, as forward() computes it: a stage
+  // before the last moves its output into *output, the last returns the
+  // loss (0 on the others). Nothing is kept for a backward.
+  float stage_eval_forward(const Tensor& input_ids, const Tensor& targets, Tensor input, Tensor* output);
 
  protected:
   using LanguageModel::LanguageModel;

@@ -142,20 +142,28 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
   return adapter;
 }
 
-void save_peft_adapter(const std::string& folder, LanguageModel& model, const PeftAdapterConfig& peft) {
-  const LoraOptions& config = peft.lora;
-  check_matches_model(config, model.options().lora, "save_peft_adapter(" + folder + ")");
-  std::error_code error;
-  fs::create_directories(folder, error);
-  FT_CHECK(!error, folder, ": cannot create folder (", error.message(), ")");
-
-  HostAllocator host;  // declared before the tensors it backs
+std::vector<std::pair<std::string, Tensor>> peft_adapter_tensors(LanguageModel& model, Allocator& host) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const Parameter& adapter : model.adapters()) {
     Tensor value = Tensor::empty(adapter.value.shape, DType::f32, host, MemCategory::workspace);
     model.backend().copy(value, adapter.value);
     tensors.emplace_back(kKeyPrefix + adapter.name, value);
   }
+  return tensors;
+}
+
+void save_peft_adapter(const std::string& folder, LanguageModel& model, const PeftAdapterConfig& peft) {
+  HostAllocator host;  // declared before the tensors it backs
+  save_peft_adapter(folder, peft_adapter_tensors(model, host), model.options().lora, peft);
+}
+
+void save_peft_adapter(const std::string& folder, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::optional<LoraOptions>& model_lora, const PeftAdapterConfig& peft) {
+  const LoraOptions& config = peft.lora;
+  check_matches_model(config, model_lora, "save_peft_adapter(" + folder + ")");
+  std::error_code error;
+  fs::create_directories(folder, error);
+  FT_CHECK(!error, folder, ": cannot create folder (", error.message(), ")");
   // PEFT reads only "format"; the checksum is verified by load_peft_adapter.
   save_safetensors_with_checksum((fs::path(folder) / "adapter_model.safetensors").string(), tensors,
                                  {{"format", "pt"}});

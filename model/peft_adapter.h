@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,12 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder);
 // adapter_config.json, each atomically. config.lora must describe the model's
 // adapters (r, alpha, rslora, targets): a mismatch is an Error.
 void save_peft_adapter(const std::string& folder, LanguageModel& model, const PeftAdapterConfig& config);
+// The model's adapters as f32 host tensors under PEFT's keys, in the model's order.
+std::vector<std::pair<std::string, Tensor>> peft_adapter_tensors(LanguageModel& model, Allocator& host);
+// The same folder from such tensors (pipeline parallel: every stage's, in
+// stage order), checked against model_lora as above.
+void save_peft_adapter(const std::string& folder, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::optional<LoraOptions>& model_lora, const PeftAdapterConfig& config);
 
 // Copies every adapter tensor of folder into model.adapters(). The model must
 // have been built with the folder's r, lora_alpha, use_rslora and

@@ -961,15 +961,11 @@ TEST_CASE("data parallel: mpirun -np 2 trains as one process with twice the grad
   fs::remove_all(dir);
   fs::create_directories(dir);
 
-  std::vector<std::string> pipeline = short_default_run(dir + "/bad", 2, 4), too_many = pipeline;
-  pipeline.insert(pipeline.end(), {"--set", "parallel.pipeline=2"});
+  std::vector<std::string> too_many = short_default_run(dir + "/bad", 2, 4);
   too_many.insert(too_many.end(), {"--set", "parallel.data=4"});
-  Ran refused = run_ranks(2, pipeline, dir, "pipeline.txt");
+  const Ran refused = run_ranks(2, too_many, dir, "too_many.txt");
   CHECK(refused.exit_code != 0);
   CHECK(refused.output.find("error (rank ") != std::string::npos);
-  CHECK(refused.output.find("parallel.pipeline: 2: pipeline parallelism is not implemented") != std::string::npos);
-  refused = run_ranks(2, too_many, dir, "too_many.txt");
-  CHECK(refused.exit_code != 0);
   CHECK(refused.output.find("parallel.data 4 x parallel.pipeline 1 must equal the job's 2 ranks") !=
         std::string::npos);
 
@@ -1024,18 +1020,28 @@ TEST_CASE("data parallel: mpirun -np 2 trains as one process with twice the grad
           " (largest |lora_B| ", largest_lora_b, ")");
 }
 
-TEST_CASE("data parallel: kill -9 of one rank ends the job; --resume on 2 ranks ends with the uninterrupted adapter" *
-          doctest::skip()) {
-  skip_without_mpirun();
+namespace {
+
+// A job of 2 ranks (args: its finetune arguments) is killed by kill -9 of
+// one rank as its first checkpoint (step 2 of 4) appears: the job ends
+// instead of waiting in the next collective, and --resume on 2 ranks ends
+// with the adapter and losses of the job run uninterrupted. The checkpoint
+// belongs to its layout: resumed by one process (without extra_args) it is
+// refused with refused_alone.
+void check_kill_and_resume(const std::string& dir, const std::vector<std::string>& extra_args,
+                           const std::string& refused_alone) {
   setenv("OMP_NUM_THREADS", "1", 1);
-  const std::string dir = (fs::path(FT_BINARY_DIR) / "cli_runs" / "data_parallel_kill").string();
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const Ran full = run_ranks(2, short_default_run(dir + "/full", 2, 4), dir, "full.txt");
+  auto job_args = [&](const std::string& output_dir) {
+    std::vector<std::string> args = short_default_run(output_dir, 2, 4);
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    return args;
+  };
+  const Ran full = run_ranks(2, job_args(dir + "/full"), dir, "full.txt");
   REQUIRE_MESSAGE(full.exit_code == 0, full.output);
 
-  // The first checkpoint (step 2 of 4) appears: kill one rank at once.
-  const std::vector<std::string> args = short_default_run(dir + "/out", 2, 4);
+  const std::vector<std::string> args = job_args(dir + "/out");
   const pid_t job = start_program(kMpirun, dir, with_mpirun(2, args), dir + "/killed.txt");
   int status = 0;
   while (!fs::exists(dir + "/out/train_state.safetensors")) {
@@ -1051,7 +1057,7 @@ TEST_CASE("data parallel: kill -9 of one rank ends the job; --resume on 2 ranks 
   const double job_end_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
   INFO(read_file(dir + "/killed.txt"));
   CHECK(killed_code != 0);
-  CHECK(job_end_s < 30.0);  // the other rank did not wait for ever in the next all-reduce
+  CHECK(job_end_s < 30.0);  // the other rank did not wait for ever in the next collective
   CHECK(train_losses(dir + "/out/metrics.jsonl").size() < 4);
   MESSAGE("the job ended ", job_end_s, " s after one rank was killed (exit ", killed_code, ")");
 
@@ -1064,10 +1070,84 @@ TEST_CASE("data parallel: kill -9 of one rank ends the job; --resume on 2 ranks 
         read_file(dir + "/full/adapter/adapter_model.safetensors"));
   CHECK(train_losses(dir + "/out/metrics.jsonl") == train_losses(dir + "/full/metrics.jsonl"));
 
-  // The global batch and data position belong to the rank count.
-  const Ran alone = run_ranks(0, resume, dir, "alone.txt");
+  std::vector<std::string> resume_alone = short_default_run(dir + "/out", 2, 4);  // without extra_args
+  resume_alone.push_back("--resume");
+  const Ran alone = run_ranks(0, resume_alone, dir, "alone.txt");
   CHECK(alone.exit_code == 1);
-  CHECK(alone.output.find("the data-parallel ranks (mpirun -np): now 1; the checkpoint's: 2") != std::string::npos);
+  CHECK(alone.output.find(refused_alone) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("data parallel: kill -9 of one rank ends the job; --resume on 2 ranks ends with the uninterrupted adapter" *
+          doctest::skip()) {
+  skip_without_mpirun();
+  // The global batch and data position belong to the rank count.
+  check_kill_and_resume((fs::path(FT_BINARY_DIR) / "cli_runs" / "data_parallel_kill").string(), {},
+                        "the data-parallel ranks (mpirun -np): now 1; the checkpoint's: 2");
+}
+
+// Pipeline parallel: the same short runs with parallel.pipeline 2 (ctest:
+// test_finetune_cli_pipeline and ..._kill). Two stages of the tiny model's
+// four layers, over its INT8 base with LoRA dropout and clipping: every
+// stage computes its layers as one process does, so everything is equal to
+// the bit.
+TEST_CASE("pipeline: mpirun -np 2 with parallel.pipeline 2 trains as one process, bit for bit" * doctest::skip()) {
+  skip_without_mpirun();
+  setenv("OMP_NUM_THREADS", "1", 1);
+  const std::string dir = (fs::path(FT_BINARY_DIR) / "cli_runs" / "pipeline").string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::vector<std::string> two_stages = {"--set", "parallel.pipeline=2"};
+
+  // The default config's ROUGE generates with the whole model, which no rank holds.
+  std::vector<std::string> rouge = short_default_run(dir + "/bad", 4, 4);
+  rouge.insert(rouge.end(), {"--set", "task_metric=rouge", "--set", "parallel.pipeline=2"});
+  const Ran refused = run_ranks(2, rouge, dir, "rouge.txt");
+  CHECK(refused.exit_code != 0);
+  CHECK(refused.output.find("error (rank ") != std::string::npos);
+  CHECK(refused.output.find("parallel.pipeline: 2: task_metric: rouge generates with the whole model") !=
+        std::string::npos);
+
+  std::vector<std::string> one_args = short_default_run(dir + "/one", 4, 4),
+                           two_args = short_default_run(dir + "/two", 4, 4);
+  two_args.insert(two_args.end(), two_stages.begin(), two_stages.end());
+  const Ran one = run_ranks(0, one_args, dir, "one.txt");
+  REQUIRE_MESSAGE(one.exit_code == 0, one.output);
+  const Ran two = run_ranks(2, two_args, dir, "two.txt");
+  REQUIRE_MESSAGE(two.exit_code == 0, two.output);
+  CHECK(two.output.find("pipeline: stage 0: layers 0-1, stage 1: layers 2-3") != std::string::npos);
+  CHECK(two.output.find("through 2 pipeline stages") != std::string::npos);
+
+  for (const char* key : {"loss", "grad_norm", "eval_loss"}) {
+    CAPTURE(key);
+    const auto alone = step_metric(dir + "/one/metrics.jsonl", key);
+    CHECK(!alone.empty());
+    CHECK(alone == step_metric(dir + "/two/metrics.jsonl", key));
+  }
+  // The adapter: one PEFT folder, written by rank 0 from both stages' tensors.
+  CHECK(read_file(dir + "/two/adapter/adapter_model.safetensors") ==
+        read_file(dir + "/one/adapter/adapter_model.safetensors"));
+  CHECK(read_file(dir + "/two/adapter/adapter_config.json") == read_file(dir + "/one/adapter/adapter_config.json"));
+  // The training state: every stage's masters and moments in one file.
+  const SafetensorsFile alone(dir + "/one/train_state.safetensors");
+  const Checkpoint staged(dir + "/two/train_state.safetensors");
+  REQUIRE(alone.entries().size() == staged.names().size());
+  for (const SafetensorsEntry& entry : alone.entries()) {
+    CAPTURE(entry.name);
+    REQUIRE(staged.contains(entry.name));
+    const SafetensorsEntry& other = staged.entry(entry.name);
+    REQUIRE(other.size_bytes == entry.size_bytes);
+    CHECK(std::memcmp(other.data, entry.data, entry.size_bytes) == 0);
+  }
+}
+
+TEST_CASE("pipeline: kill -9 of one stage ends the job; --resume on 2 ranks ends with the uninterrupted adapter" *
+          doctest::skip()) {
+  skip_without_mpirun();
+  check_kill_and_resume((fs::path(FT_BINARY_DIR) / "cli_runs" / "pipeline_kill").string(),
+                        {"--set", "parallel.pipeline=2"},
+                        "parallel.pipeline: the checkpoint's: 2; none in this run");
 }
 
 namespace {

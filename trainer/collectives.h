@@ -1,5 +1,6 @@
 // How the ranks of a training job talk to each other: who this process is,
-// sums over all ranks (adapter gradients, the loss, a stop request) and ending
+// sums over all ranks (adapter gradients, the loss, a stop request), tensors
+// sent from one rank to another (pipeline stages), groups of ranks and ending
 // the whole job. `./finetune` alone is a world of one whose sums are the value
 // itself; under `mpirun -np N` (or `srun --mpi=pmix`) the build with MPI runs
 // N ranks over MPI (collectives_mpi.cpp), and gradients held in GPU memory go
@@ -26,6 +27,21 @@ class Collectives {
   // every rank gets the same values. host is for staging device tensors.
   virtual void sum_in_place(Backend& backend, Allocator& host, const std::vector<Tensor*>& tensors) = 0;
   virtual double sum(double value) = 0;
+  // The ranks that pass the same group, ranked by rank_in_group, as a world
+  // of their own (MPI_Comm_split): one pipeline's stages, or the ranks that
+  // hold the same stage. Every rank of this world calls it together.
+  virtual std::unique_ptr<Collectives> split(int group, int rank_in_group) = 0;
+  // Point to point: send starts sending tensor (host memory, or backend's
+  // device) to rank `to` and returns; the tensor is held, unchanged, until
+  // the send completes. receive fills tensor, whose shape and dtype both
+  // ranks know, from rank `from`. Tensors from one rank to another arrive in
+  // the order they were sent. Sends never wait, so two ranks sending to each
+  // other before they receive do not deadlock (1F1B's activations and
+  // gradients cross this way). host stages device tensors.
+  virtual void send(Backend& backend, Allocator& host, const Tensor& tensor, int to) = 0;
+  virtual void receive(Backend& backend, Allocator& host, Tensor& tensor, int from) = 0;
+  // Waits until every send this rank started has completed.
+  virtual void finish_sends() = 0;
   // A sum that waits longer than this for another rank ends the job with a
   // message naming this rank (0: wait for ever).
   virtual void set_timeout_s(int64_t seconds) = 0;

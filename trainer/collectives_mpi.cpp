@@ -3,14 +3,17 @@
 // (ranks often share a node's cores with OpenMP threads) nor waits past the
 // timeout. A rank that dies ends the job through the launcher (Open MPI's
 // mpirun kills the remaining ranks when one exits abnormally); a rank that
-// hangs is caught by the timeout of the others.
+// hangs is caught by the timeout of the others. Tensors between pipeline
+// stages go as bytes (device tensors through host memory).
 #include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
 #include <climits>
 #include <iostream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "kernels/error.h"
 #include "trainer/collectives.h"
@@ -24,14 +27,27 @@ class MpiCollectives final : public Collectives {
   MpiCollectives(int* argc, char*** argv) {
     int provided = 0;
     MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);  // only the main thread calls MPI
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+    owns_mpi_ = true;
+    join(MPI_COMM_WORLD);
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
     MPI_Comm_rank(node, &local_rank_);
     MPI_Comm_free(&node);
   }
-  ~MpiCollectives() override { MPI_Finalize(); }
+  // A group split from a world: messages name the rank in the whole job.
+  MpiCollectives(MPI_Comm comm, int local_rank, std::string who_am_i, int64_t timeout_s)
+      : local_rank_(local_rank), timeout_s_(timeout_s) {
+    join(comm);
+    who_am_i_ = std::move(who_am_i);
+  }
+  ~MpiCollectives() override {
+    if (!owns_mpi_) {
+      nccl_.reset();
+      MPI_Comm_free(&comm_);
+      return;
+    }
+    MPI_Finalize();
+  }
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
@@ -40,7 +56,7 @@ class MpiCollectives final : public Collectives {
 
   double sum(double value) override {
     MPI_Request request;
-    MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &request);
+    MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, comm_, &request);
     wait({request}, "a sum of the step's figures");
     return value;
   }
@@ -62,13 +78,50 @@ class MpiCollectives final : public Collectives {
         staged.emplace_back(tensor, copy);
       }
     }
-    if (!device.empty()) nccl_->sum_in_place(device, timeout_s_, rank_label(*this));
+    if (!device.empty()) nccl_->sum_in_place(device, timeout_s_, who_am_i_);
     wait(requests, "the gradient all-reduce");
     for (auto& [tensor, copy] : staged) backend.copy(*tensor, copy);
   }
 
+  std::unique_ptr<Collectives> split(int group, int rank_in_group) override {
+    MPI_Comm comm;
+    MPI_Comm_split(comm_, group, rank_in_group, &comm);
+    return std::make_unique<MpiCollectives>(comm, local_rank_, who_am_i_, timeout_s_);
+  }
+
+  void send(Backend& backend, Allocator& host, const Tensor& tensor, int to) override {
+    retire_finished_sends();
+    Pending pending{{}, on_host(backend, host, tensor)};
+    char* bytes = static_cast<char*>(pending.held.data);
+    for_each_piece(pending.held.size_bytes(), [&](size_t first, int count) {
+      pending.requests.emplace_back();
+      MPI_Isend(bytes + first, count, MPI_BYTE, to, 0, comm_, &pending.requests.back());
+    });
+    pending_sends_.push_back(std::move(pending));
+  }
+
+  void receive(Backend& backend, Allocator& host, Tensor& tensor, int from) override {
+    Tensor landing = tensor.device == Device::cpu ? tensor
+                                                  : Tensor::empty(tensor.shape, tensor.dtype, host, MemCategory::workspace);
+    char* bytes = static_cast<char*>(landing.data);
+    std::vector<MPI_Request> requests;
+    for_each_piece(landing.size_bytes(), [&](size_t first, int count) {
+      requests.emplace_back();
+      MPI_Irecv(bytes + first, count, MPI_BYTE, from, 0, comm_, &requests.back());
+    });
+    wait(requests, "a tensor from the previous or next pipeline stage");
+    if (tensor.device != Device::cpu) backend.copy(tensor, landing);
+  }
+
+  void finish_sends() override {
+    std::vector<MPI_Request> requests;
+    for (Pending& pending : pending_sends_) requests.insert(requests.end(), pending.requests.begin(), pending.requests.end());
+    wait(requests, "a tensor sent to the previous or next pipeline stage");
+    pending_sends_.clear();
+  }
+
   [[noreturn]] void abort(int status) override {
-    MPI_Abort(MPI_COMM_WORLD, status);
+    MPI_Abort(MPI_COMM_WORLD, status);  // the whole job, also from a group
     std::exit(status);  // MPI_Abort does not return; this tells the compiler so
   }
 
@@ -80,7 +133,7 @@ class MpiCollectives final : public Collectives {
 #ifdef FT_HAVE_NCCL
     if (!nccl_) {
       std::vector<char> id = rank_ == 0 ? nccl_unique_id() : std::vector<char>(nccl_unique_id_bytes());
-      MPI_Bcast(id.data(), int(id.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
+      MPI_Bcast(id.data(), int(id.size()), MPI_BYTE, 0, comm_);
       nccl_ = make_nccl_sum(id, rank_, world_size_);
     }
 #endif
@@ -92,7 +145,7 @@ class MpiCollectives final : public Collectives {
     for (int64_t first = 0; first < count; first += INT_MAX) {
       requests.emplace_back();
       MPI_Iallreduce(MPI_IN_PLACE, values + first, int(std::min<int64_t>(INT_MAX, count - first)), MPI_FLOAT, MPI_SUM,
-                     MPI_COMM_WORLD, &requests.back());
+                     comm_, &requests.back());
     }
   }
 
@@ -105,7 +158,7 @@ class MpiCollectives final : public Collectives {
       if (done) return;
       const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (timeout_s_ > 0 && waited_s > double(timeout_s_)) {
-        std::cerr << "error (" << rank_label(*this) << "): " << what << " waited " << timeout_s_
+        std::cerr << "error (" << who_am_i_ << "): " << what << " waited " << timeout_s_
                   << " s for the other ranks (parallel.timeout_s); ending the job\n";
         abort(1);
       }
@@ -114,8 +167,48 @@ class MpiCollectives final : public Collectives {
     }
   }
 
+  void join(MPI_Comm comm) {
+    comm_ = comm;
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &world_size_);
+    who_am_i_ = rank_label(*this);
+  }
+
+  // A send's bytes are in host memory: the tensor itself, or a copy of a
+  // device tensor, which the send then holds.
+  static Tensor on_host(Backend& backend, Allocator& host, const Tensor& tensor) {
+    if (tensor.device == Device::cpu) return tensor;
+    Tensor copy = Tensor::empty(tensor.shape, tensor.dtype, host, MemCategory::workspace);
+    backend.copy(copy, tensor);
+    return copy;
+  }
+
+  // MPI counts are ints: a message past INT_MAX bytes goes in several pieces.
+  template <class Piece>
+  static void for_each_piece(size_t size_bytes, const Piece& piece) {
+    for (size_t first = 0; first < size_bytes; first += size_t(INT_MAX))
+      piece(first, int(std::min<size_t>(size_t(INT_MAX), size_bytes - first)));
+  }
+
+  void retire_finished_sends() {
+    std::erase_if(pending_sends_, [](Pending& pending) {
+      int done = 0;
+      MPI_Testall(int(pending.requests.size()), pending.requests.data(), &done, MPI_STATUSES_IGNORE);
+      return done != 0;
+    });
+  }
+
+  struct Pending {
+    std::vector<MPI_Request> requests;
+    Tensor held;  // what the requests read, kept alive until they complete
+  };
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  bool owns_mpi_ = false;  // the world: MPI_Finalize at the end; a group frees its communicator
   int rank_ = 0, world_size_ = 1, local_rank_ = 0;
   int64_t timeout_s_ = 0;
+  std::string who_am_i_;  // "rank 1 of 4" in the whole job, for messages
+  std::vector<Pending> pending_sends_;
   std::unique_ptr<DeviceSum> nccl_;
 };
 

@@ -22,10 +22,7 @@ ParallelLayout parallel_layout(const TrainConfig& config, int64_t world_ranks, c
 }
 
 int64_t data_parallel_ranks(const TrainConfig& config, const Collectives& collectives) {
-  const int64_t world = collectives.world_size(), pipeline = config.parallel.pipeline;
-  FT_CHECK(pipeline == 1, config.source, ": parallel.pipeline: ", pipeline,
-           ": pipeline parallelism is not implemented in training (`finetune plan --ranks N` plans its stages); "
-           "leave it at 1 (every rank data parallel)");
+  const int64_t world = collectives.world_size();
   FT_CHECK(world == 1 || config.objective == Objective::sft, config.source,
            ": objective: dpo runs in one process; data parallelism (mpirun -np ", world, ") covers objective: sft");
   return parallel_layout(config, world, "mpirun -np " + std::to_string(world)).data;
@@ -64,6 +61,10 @@ bool any_rank(Collectives& collectives, bool value) { return collectives.sum(val
 
 IdentityField data_parallel_identity(int64_t ranks) {
   return {"parallel.data", "the data-parallel ranks (mpirun -np)", std::to_string(ranks), false};
+}
+
+IdentityField pipeline_identity(int64_t stages) {
+  return {"parallel.pipeline", "the pipeline stages (parallel.pipeline)", std::to_string(stages), false};
 }
 
 }  // namespace ft

@@ -31,8 +31,7 @@ struct ParallelLayout {
 ParallelLayout parallel_layout(const TrainConfig& config, int64_t world_ranks, const std::string& launched_as);
 
 // The data-parallel rank count of a run (parallel_layout over the job's
-// ranks). Refuses pipeline stages: `finetune plan` plans them, training does
-// not run them yet.
+// ranks): the copies of the model, each parallel.pipeline ranks.
 int64_t data_parallel_ranks(const TrainConfig& config, const Collectives& collectives);
 
 // Refuses a job whose ranks train on different kinds of device (one rank's
@@ -65,5 +64,7 @@ bool any_rank(Collectives& collectives, bool value);
 // What a checkpoint records of the layout: it resumes on as many ranks only
 // (the global batch and the data position depend on it).
 IdentityField data_parallel_identity(int64_t ranks);
+// And the stages (recorded with parallel.pipeline > 1): each holds its layers' state.
+IdentityField pipeline_identity(int64_t stages);
 
 }  // namespace ft

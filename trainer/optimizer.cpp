@@ -146,10 +146,18 @@ void AdamW::step_offloaded(const AdamWStep& update) {
 // One sum_squares_many and one adamw_update_many over all parameters (per
 // chunk when offloaded): on the GPU two reductions and one update launch per
 // step rather than a few per tensor, with a single device->host sync for the norm.
-double AdamW::step(double lr) {
+double AdamW::add_squared_gradients(double start) {
   std::vector<const Tensor*> grads;
   for (Parameter* p : parameters_) grads.push_back(&p->grad);
-  const double grad_norm = std::sqrt(backend_.sum_squares_many(grads));
+  if (start == 0.0) return backend_.sum_squares_many(grads);
+  for (const Tensor* grad : grads) start += backend_.sum_squares_many({&grad, 1});
+  return start;
+}
+
+double AdamW::step(double lr) { return step(lr, add_squared_gradients(0.0)); }
+
+double AdamW::step(double lr, double squared_grad_norm) {
+  const double grad_norm = std::sqrt(squared_grad_norm);
   if (!std::isfinite(grad_norm)) return grad_norm;  // a NaN/Inf gradient would poison every weight and moment
   double grad_scale = 1.0;
   // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when above.

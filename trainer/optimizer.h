@@ -36,6 +36,14 @@ class AdamW {
   // with learning rate lr, and returns the global gradient norm before clipping.
   // A non-finite norm (a NaN or Inf gradient) is returned without any update.
   double step(double lr);
+  // The same with the squared global norm given: pipeline parallel, where
+  // the norm spans every stage's parameters.
+  double step(double lr, double squared_grad_norm);
+  // start + the squared norm of every gradient here. With start 0 one
+  // reduction over all of them; otherwise added one parameter after another,
+  // so that the stages of a pipeline, each continuing from the previous
+  // one's sum, add in the order one process does (bit for bit on the CPU).
+  double add_squared_gradients(double start);
 
   Backend& backend() { return backend_; }
   int64_t steps_taken() const { return steps_taken_; }

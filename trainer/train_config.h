@@ -82,7 +82,7 @@ struct GenerateConfig {
 // How the ranks of `mpirun -np N ./finetune` share the work (trainer/data_parallel.h).
 struct ParallelConfig {
   int64_t data = 0;      // data-parallel ranks; 0 = the world size
-  int64_t pipeline = 1;  // pipeline stages; only 1 is implemented
+  int64_t pipeline = 1;  // pipeline stages, each a share of the decoder layers (trainer/pipeline.h)
   int64_t timeout_s = 1800;  // a rank waiting longer than this for the others ends the job; 0 = never
 };
 

@@ -80,9 +80,7 @@ std::vector<std::string> check_identity(const SafetensorsFile& file, const RunId
 
 }  // namespace
 
-void save_train_state(const std::string& path, AdamW& optimizer, const TrainProgress& progress,
-                      const RunIdentity& identity) {
-  HostAllocator host;
+std::vector<std::pair<std::string, Tensor>> train_state_tensors(AdamW& optimizer, Allocator& host) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (size_t i = 0; i < optimizer.parameters().size(); ++i) {
     const std::string& name = optimizer.parameters()[i]->name;
@@ -90,10 +88,21 @@ void save_train_state(const std::string& path, AdamW& optimizer, const TrainProg
     tensors.emplace_back("adam_m." + name, to_host(optimizer, optimizer.first_moment(i), host));
     tensors.emplace_back("adam_v." + name, to_host(optimizer, optimizer.second_moment(i), host));
   }
+  return tensors;
+}
+
+void save_train_state(const std::string& path, AdamW& optimizer, const TrainProgress& progress,
+                      const RunIdentity& identity) {
+  HostAllocator host;
+  save_train_state(path, train_state_tensors(optimizer, host), optimizer.steps_taken(), progress, identity);
+}
+
+void save_train_state(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      int64_t optimizer_steps, const TrainProgress& progress, const RunIdentity& identity) {
   std::map<std::string, std::string> metadata = {
       {"format", kFormat},
       {"step", std::to_string(progress.step)},
-      {"optimizer_steps", std::to_string(optimizer.steps_taken())},
+      {"optimizer_steps", std::to_string(optimizer_steps)},
       {"data_epoch", std::to_string(progress.data_position.epoch)},
       {"data_index", std::to_string(progress.data_position.index)},
   };
@@ -102,15 +111,16 @@ void save_train_state(const std::string& path, AdamW& optimizer, const TrainProg
 }
 
 TrainProgress load_train_state(const std::string& path, AdamW& optimizer, const RunIdentity& identity,
-                               bool allow_data_change) {
+                               bool allow_data_change, size_t job_trainable_tensors) {
+  if (job_trainable_tensors == 0) job_trainable_tensors = optimizer.parameters().size();
   SafetensorsFile file(path);
   verify_train_state(file);
   TrainProgress progress;
   progress.data_changes = check_identity(file, identity, allow_data_change);
   std::map<std::string, const SafetensorsEntry*> by_name;
   for (const SafetensorsEntry& entry : file.entries()) by_name[entry.name] = &entry;
-  FT_CHECK(by_name.size() == 3 * optimizer.parameters().size(), path, ": holds ", by_name.size() / 3,
-           " trainable tensors but this run trains ", optimizer.parameters().size(),
+  FT_CHECK(by_name.size() == 3 * job_trainable_tensors, path, ": holds ", by_name.size() / 3,
+           " trainable tensors but this run trains ", job_trainable_tensors,
            " (was the config changed since the checkpoint?)");
   for (size_t i = 0; i < optimizer.parameters().size(); ++i) {
     const std::string& name = optimizer.parameters()[i]->name;

@@ -32,13 +32,22 @@ struct TrainProgress {
 
 void save_train_state(const std::string& path, AdamW& optimizer, const TrainProgress& progress,
                       const RunIdentity& identity);
+// The optimizer's state as the file names it (param., adam_m., adam_v. +
+// the parameter's name), f32 host tensors.
+std::vector<std::pair<std::string, Tensor>> train_state_tensors(AdamW& optimizer, Allocator& host);
+// The file from such tensors (pipeline parallel: every stage's, gathered on
+// rank 0) and the optimizer steps taken.
+void save_train_state(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      int64_t optimizer_steps, const TrainProgress& progress, const RunIdentity& identity);
 // Verifies the checksum (a flipped byte anywhere is an Error naming the file),
 // then that the state belongs to identity (an Error listing every difference;
 // differences in data fields only are accepted when allow_data_change), then
 // restores parameters, moments and the step count into optimizer (whose
 // parameters must match the saved ones by name and shape) and returns the
-// progress. Errors name the file and the mismatching tensor.
+// progress. Errors name the file and the mismatching tensor. The file holds
+// job_trainable_tensors parameters (pipeline parallel: every stage's, of
+// which optimizer holds one stage's); 0: the optimizer's.
 TrainProgress load_train_state(const std::string& path, AdamW& optimizer, const RunIdentity& identity,
-                               bool allow_data_change = false);
+                               bool allow_data_change = false, size_t job_trainable_tensors = 0);
 
 }  // namespace ft

@@ -28,6 +28,7 @@
 #include "trainer/lr_schedule.h"
 #include "trainer/optimizer.h"
 #include "trainer/parameter_count.h"
+#include "trainer/pipeline.h"
 #include "trainer/preference_data.h"
 #include "trainer/progress.h"
 #include "trainer/run_identity.h"
@@ -113,6 +114,10 @@ struct Run {
   const TrainConfig& config;
   Collectives& collectives;
   bool leader;  // rank 0: the one that prints, evaluates and writes files
+  // One pipeline's stages, and the data-parallel ranks holding this stage
+  // (with parallel.pipeline 1: this rank alone, and every rank).
+  RankGroups groups;
+  int64_t pipeline_stages = 1;
   HostAllocator host;
   TrackingAllocator host_state{host};  // AdamW's state with offload.optimizer: host
   std::unique_ptr<Allocator> device_memory;  // CUDA only: the caching allocator under the tracker
@@ -130,7 +135,13 @@ struct Run {
   Dataset eval_examples;  // with objective: dpo, the eval pairs' prompts and chosen completions
   LrSchedule schedule;
   int64_t total_steps = 0;
-  Run(const TrainConfig& c, Collectives& ranks) : config(c), collectives(ranks), leader(ranks.rank() == 0) {}
+  Run(const TrainConfig& c, Collectives& ranks)
+      : config(c), collectives(ranks), leader(ranks.rank() == 0), groups(split_ranks(ranks, c.parallel.pipeline)),
+        pipeline_stages(c.parallel.pipeline) {}
+  Collectives& stages() { return *groups.stages; }
+  Collectives& replicas() { return *groups.replicas; }
+  // Rank 0 of each stage's data-parallel ranks: the pipeline that evaluates and saves.
+  bool in_first_pipeline() { return groups.replicas->rank() == 0; }
 };
 
 std::string path_in(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
@@ -157,6 +168,18 @@ void save_base(const Run& run, LanguageModel& model) {
   std::cout << "quantized base: " << folder << "\n";
 }
 
+// The whole model's parameters: every stage's summed, a tied embedding (held
+// by the first stage and the last) once.
+ParameterCount count_job_parameters(Run& run) {
+  ParameterCount count = count_parameters(*run.model);
+  const LanguageModel& model = *run.model;
+  if (model.config().tie_word_embeddings && model.last_stage() && !model.first_stage())
+    count.all -= model.config().vocab_size * model.config().hidden_size;
+  count.all = int64_t(run.stages().sum(double(count.all)));
+  count.trainable = int64_t(run.stages().sum(double(count.trainable)));
+  return count;
+}
+
 void make_model(Run& run) {
   const TrainConfig& config = run.config;
   run.model_config = ModelConfig::from_json_file(path_in(config.model, "config.json"));
@@ -170,6 +193,14 @@ void make_model(Run& run) {
   FT_CHECK(config.seq_len <= run.model_config.max_position_embeddings, config.source, ": seq_len ", config.seq_len,
            " is larger than the model's max_position_embeddings ", run.model_config.max_position_embeddings, " (",
            path_in(config.model, "config.json"), ")");
+  check_pipeline_config(config, run.model_config.model_type);
+  LayerRange stage;
+  if (run.pipeline_stages > 1) {
+    const StageLayout layout = pipeline_stage_layout(config, run.collectives.world_size(), run.stages().rank(),
+                                                     run.backend->device() != Device::cpu);
+    stage = layout.layers;
+    std::cout << "pipeline: " << layout.description << "\n";
+  }
   run.tokenizer = load_tokenizer(config.tokenizer, run.model_config.vocab_size);
   run.special_tokens = resolve_special_tokens(config, *run.tokenizer, run.model_config.vocab_size);
   std::cout << "special tokens: " << describe(run.special_tokens) << "\n";
@@ -177,11 +208,11 @@ void make_model(Run& run) {
     if (config.init == InitMode::random) model.init_random(config.seed);
     else model.load(Checkpoint(config.model));
     if (!config.quantization.save_base.empty() && run.leader) save_base(run, model);
-  }, &run.host_state);
+  }, &run.host_state, stage);
   run.model = std::move(setup.model);
   run.optimizer = std::move(setup.optimizer);
   run.identity = run_identity(config, *run.model);
-  std::cout << trainable_parameters_line(count_parameters(*run.model)) << "\n";
+  std::cout << trainable_parameters_line(count_job_parameters(run)) << "\n";
 }
 
 std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const char* what, Dataset* keep) {
@@ -248,7 +279,7 @@ void make_data(Run& run) {
     if (has_eval) run.eval = make_loader(run, config.data.eval, "eval", &run.eval_examples);
   }
   // A step takes grad_accum_steps micro-batches on each data-parallel rank.
-  const int64_t per_step = checked_mul(config.grad_accum_steps, int64_t(run.collectives.world_size()));
+  const int64_t per_step = checked_mul(config.grad_accum_steps, int64_t(run.replicas().world_size()));
   const int64_t steps_per_epoch = (train_batches_per_epoch(run) + per_step - 1) / per_step;
   run.total_steps = config.max_steps > 0 ? config.max_steps : checked_mul(config.epochs, steps_per_epoch);
   run.schedule = LrSchedule{enum_name(config.schedule), config.lr, config.warmup_steps, run.total_steps,
@@ -266,7 +297,12 @@ namespace {
 void finish_step(Run& run, int64_t step, bool trained_anything, StepReport& report) {
   report.lr = run.schedule.lr_at(step);
   const bool loss_finite = std::isfinite(report.loss);
-  report.grad_norm = !trained_anything ? 0.0 : loss_finite ? run.optimizer->step(report.lr) : std::nan("");
+  double grad_norm = std::nan("");
+  if (trained_anything && loss_finite)
+    grad_norm = run.pipeline_stages == 1
+                    ? run.optimizer->step(report.lr)
+                    : run.optimizer->step(report.lr, pipeline_squared_grad_norm(*run.optimizer, run.stages(), run.host));
+  report.grad_norm = trained_anything ? grad_norm : 0.0;
   report.update_skipped = !loss_finite || !std::isfinite(report.grad_norm);
   report.peak_memory_bytes = run.tracker->stats().total_peak_bytes;
 }
@@ -276,24 +312,35 @@ void finish_step(Run& run, int64_t step, bool trained_anything, StepReport& repo
 // counted token of all of them (each micro-batch's gradient is weighted by its
 // share of the tokens, which is where the 1 / (micro-batches x ranks) of a
 // plain mean would go), as if they were one batch; the gradients and the loss
-// are summed over the ranks before the optimizer sees them.
+// are summed over the ranks before the optimizer sees them. With
+// parallel.pipeline the micro-batches run through the stages (pipeline.h).
 StepReport train_step(Run& run, int64_t step) {
-  const StepBatches batches = draw_step_batches(*run.train, run.host, run.config.grad_accum_steps, run.collectives);
+  const StepBatches batches = draw_step_batches(*run.train, run.host, run.config.grad_accum_steps, run.replicas());
   const int64_t counted = batches.counted_tokens;
   run.model->zero_grads();
   StepReport report;
   report.step = step + 1;
   report.tokens = batches.tokens;
-  double loss_sum = 0.0;
+  std::vector<PipelineMicroBatch> micro_batches;
   for (const RankBatch& mine : batches.mine) {
-    const Batch& batch = mine.batch;
-    if (batch.counted_tokens == 0) continue;
+    if (mine.batch.counted_tokens == 0) continue;
     const int64_t micro_batch = checked_mul(step, batches.per_step) + mine.index;
-    run.model->set_dropout_seed(splitmix64(run.config.seed, uint64_t(micro_batch)));  // one seed per micro-batch
-    const float share = float(batch.counted_tokens) / float(counted);
-    loss_sum += double(micro_batch_loss(*run.model, batch, &share)) * double(batch.counted_tokens);
+    micro_batches.push_back({&mine.batch, splitmix64(run.config.seed, uint64_t(micro_batch)),  // one seed per micro-batch
+                             float(mine.batch.counted_tokens) / float(counted)});
   }
-  loss_sum = sum_over_ranks(run.collectives, *run.backend, run.host, *run.optimizer, loss_sum);
+  double loss_sum = 0.0;
+  if (run.pipeline_stages > 1) {
+    loss_sum = pipeline_forward_backward(causal_lm(*run.model, "parallel.pipeline"), run.stages(), run.host,
+                                         micro_batches);
+  } else {
+    for (const PipelineMicroBatch& micro : micro_batches) {
+      run.model->set_dropout_seed(micro.dropout_seed);
+      loss_sum += double(micro_batch_loss(*run.model, *micro.batch, &micro.grad_scale)) *
+                  double(micro.batch->counted_tokens);
+    }
+  }
+  loss_sum = sum_over_ranks(run.replicas(), *run.backend, run.host, *run.optimizer, loss_sum);
+  loss_sum = run.stages().sum(loss_sum);  // the last stage's, on every stage
   report.loss = counted ? loss_sum / double(counted) : 0.0;
   finish_step(run, step, counted > 0, report);
   return report;
@@ -375,10 +422,16 @@ void check_finite_before_save(Run& run, const std::string& path) {
   }
 }
 
+// Every pipeline holds the same state; the first one's stages gather theirs
+// on rank 0, which writes one file.
 void save_state(Run& run, const std::string& path, int64_t step) {
-  if (!run.leader) return;  // every rank holds the same state
+  if (!run.in_first_pipeline()) return;
   check_finite_before_save(run, path);
-  save_train_state(path, *run.optimizer, {step, train_position(run), {}}, run.identity);
+  const TrainProgress progress{step, train_position(run), {}};
+  if (run.pipeline_stages == 1) return save_train_state(path, *run.optimizer, progress, run.identity);
+  const NamedTensors tensors =
+      gather_on_first_stage(run.stages(), *run.backend, run.host, train_state_tensors(*run.optimizer, run.host));
+  if (run.leader) save_train_state(path, tensors, run.optimizer->steps_taken(), progress, run.identity);
 }
 
 struct EvalFigures {
@@ -409,8 +462,12 @@ EvalFigures evaluate_pairs(Run& run, int64_t step, Progress& progress, const cha
 EvalFigures evaluate(Run& run, int64_t step, Progress& progress, const char* label) {
   if (run.eval_pairs) return evaluate_pairs(run, step, progress, label);
   EvalFigures figures;
-  if (!run.eval || !run.leader) return figures;  // evaluated on rank 0 alone, the others go on to the next step
-  figures.loss = evaluate_loss(*run.model, *run.eval, run.config.eval_batches);
+  if (!run.eval || !run.in_first_pipeline()) return figures;  // the other pipelines go on to the next step
+  figures.loss = run.pipeline_stages == 1
+                     ? evaluate_loss(*run.model, *run.eval, run.config.eval_batches)
+                     : pipeline_eval_loss(causal_lm(*run.model, "parallel.pipeline"), run.stages(), run.host,
+                                          *run.eval, run.config.eval_batches);
+  if (!run.leader) return figures;
   nlohmann::json row = {{"eval_loss", figures.loss.loss}, {"eval_perplexity", figures.loss.perplexity}};
   std::ostringstream line;
   line.precision(4);
@@ -454,6 +511,12 @@ std::string opening_words(const std::string& text, int words) {
 void print_samples(Run& run, Progress& progress) {
   const int64_t count = std::min<int64_t>(run.config.generate.num_samples, int64_t(run.eval_examples.examples.size()));
   if (count <= 0 || !run.leader) return;
+  if (run.pipeline_stages > 1) {
+    progress.message("samples: none (generate.num_samples: " + std::to_string(count) + "): under parallel.pipeline "
+                     "no rank holds the whole model to generate with; generate from the saved adapter with "
+                     "`finetune generate`");
+    return;
+  }
   std::vector<std::string> prompts, references;
   for (int64_t i = 0; i < count; ++i) {
     const Example& example = run.eval_examples.examples[size_t(i)];
@@ -492,9 +555,12 @@ void save_full_model(Run& run, const std::string& folder) {
 }
 
 void save_outputs(Run& run) {
-  if (!run.leader) return;
+  if (!run.in_first_pipeline()) return;
   const TrainConfig& config = run.config;
   check_finite_before_save(run, path_in(config.output_dir, config.trainable == Trainable::all ? "model" : "adapter"));
+  const NamedTensors adapters = gather_on_first_stage(run.stages(), *run.backend, run.host,
+                                                      peft_adapter_tensors(*run.model, run.host));
+  if (!run.leader) return;
   if (config.trainable == Trainable::all) {
     save_full_model(run, path_in(config.output_dir, "model"));
     std::cout << "model: " << path_in(config.output_dir, "model") << "\n";
@@ -504,7 +570,7 @@ void save_outputs(Run& run) {
   adapter.lora = *run.model->options().lora;  // with the architecture's default targets filled in
   adapter.base_model_name_or_path = config.model;
   adapter.task_type = run.seq2seq ? "SEQ_2_SEQ_LM" : "CAUSAL_LM";
-  save_peft_adapter(path_in(config.output_dir, "adapter"), *run.model, adapter);
+  save_peft_adapter(path_in(config.output_dir, "adapter"), adapters, run.model->options().lora, adapter);
   std::cout << "adapter (PEFT format): " << path_in(config.output_dir, "adapter") << "\n";
 }
 
@@ -580,13 +646,15 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   check_same_device(collectives, *run.backend);
   make_model(run);
   run.identity.push_back(data_parallel_identity(data_ranks));
+  if (run.pipeline_stages > 1) run.identity.push_back(pipeline_identity(run.pipeline_stages));
   make_data(run);
   const std::string state_path = path_in(config.output_dir, "train_state.safetensors");
   const std::string metrics_path = path_in(config.output_dir, "metrics.jsonl");
   TrainProgress resumed;
   if (options.resume) {
     FT_CHECK(fs::exists(state_path), state_path, ": no training state to resume from");
-    resumed = load_train_state(state_path, *run.optimizer, run.identity, options.allow_data_change);
+    const auto job_trainable = size_t(run.stages().sum(double(run.optimizer->parameters().size())));
+    resumed = load_train_state(state_path, *run.optimizer, run.identity, options.allow_data_change, job_trainable);
     for (const std::string& change : resumed.data_changes)
       std::cout << "warning: resuming with changed data (--allow-data-change): " << change << "\n";
     set_train_position(run, resumed.data_position);
@@ -612,7 +680,9 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   if (data_ranks > 1) std::cout << " x " << data_ranks << " ranks (data parallel)";
   std::cout << (config.objective == Objective::dpo ? " preference pairs (a chosen and a rejected sequence each)"
                                                    : " sequences")
-            << " of up to " << config.seq_len << " tokens\n";
+            << " of up to " << config.seq_len << " tokens";
+  if (run.pipeline_stages > 1) std::cout << ", through " << run.pipeline_stages << " pipeline stages";
+  std::cout << "\n";
 
   // Rank 0 alone writes metrics.jsonl and loss.svg.
   Progress progress(run.leader ? metrics_path : "", run.total_steps, resumed.step, config.log_every);
