@@ -19,19 +19,32 @@ RankGroups split_ranks(Collectives& world, int64_t pipeline) {
   return groups;
 }
 
-void check_pipeline_config(const TrainConfig& config, const std::string& model_type) {
-  const int64_t stages = config.parallel.pipeline;
-  if (stages == 1) return;
-  const std::string where = config.source + ": parallel.pipeline: " + std::to_string(stages) + ": ";
+namespace {
+
+std::string pipeline_field(const TrainConfig& config) {
+  return config.source + ": parallel.pipeline: " + std::to_string(config.parallel.pipeline) + ": ";
+}
+
+}  // namespace
+
+void check_pipeline_model(const TrainConfig& config, const std::string& model_type) {
+  if (config.parallel.pipeline == 1) return;
+  const std::string where = pipeline_field(config);
   FT_CHECK(model_type != "t5", where, "pipeline stages split a decoder-only model's layers; model_type t5 is an "
            "encoder-decoder model (run it data parallel)");
   FT_CHECK(config.objective == Objective::sft, where, "the pipeline covers objective: sft");
   FT_CHECK(config.trainable == Trainable::lora, where, "the pipeline trains LoRA adapters (trainable: lora); "
            "full fine-tuning (trainable: all) runs data parallel");
-  FT_CHECK(config.init == InitMode::pretrained, where, "each stage loads its layers from the checkpoint; init: "
-           "random numbers the whole model's tensors, which a stage does not hold (use init: pretrained)");
   FT_CHECK(config.offload_base == OffloadTarget::device, where, "the stages split the layers over the devices; "
            "leave offload.base at device");
+}
+
+void check_pipeline_run(const TrainConfig& config, const std::string& model_type) {
+  check_pipeline_model(config, model_type);
+  if (config.parallel.pipeline == 1) return;
+  const std::string where = pipeline_field(config);
+  FT_CHECK(config.init == InitMode::pretrained, where, "each stage loads its layers from the checkpoint; init: "
+           "random numbers the whole model's tensors, which a stage does not hold (use init: pretrained)");
   FT_CHECK(config.task_metric == TaskMetric::none, where, "task_metric: rouge generates with the whole model, "
            "which no rank holds; set task_metric: none and score the saved adapter with `finetune generate`");
   FT_CHECK(config.quantization.save_base.empty(), where, "quantization.save_base writes the whole quantized "

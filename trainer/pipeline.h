@@ -41,8 +41,11 @@ struct RankGroups {
 RankGroups split_ranks(Collectives& world, int64_t pipeline);
 
 // Refuses what a pipeline does not run (before anything is loaded, on every
-// rank alike): each error names the config field.
-void check_pipeline_config(const TrainConfig& config, const std::string& model_type);
+// rank alike), each error naming the config field: a model or training mode
+// stages cannot split (what the planner refuses too), and for a run also
+// what needs the whole model in one process (generation, a random init).
+void check_pipeline_model(const TrainConfig& config, const std::string& model_type);
+void check_pipeline_run(const TrainConfig& config, const std::string& model_type);
 
 // This stage's decoder layers, by plan_pipeline for the job's world_ranks
 // (the same split on every rank), and a line describing every stage's.

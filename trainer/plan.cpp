@@ -15,6 +15,7 @@
 #include "trainer/data_parallel.h"
 #include "trainer/dpo.h"
 #include "trainer/evaluate.h"
+#include "trainer/pipeline.h"
 #include "trainer/progress.h"
 #include "trainer/trainer.h"
 
@@ -438,14 +439,9 @@ PipelinePlan plan_pipeline(const TrainConfig& config, const PlanOptions& options
   const ModelConfig model_config =
       ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
   const int64_t stages = config.parallel.pipeline, total = model_config.num_hidden_layers;
-  FT_CHECK(model_config.model_type != "t5", config.source, ": parallel.pipeline: ", stages,
-           ": pipeline stages split a decoder-only model's layers (", kCausalLmModelTypes,
-           "); model_type t5 is an encoder-decoder model");
+  check_pipeline_model(config, model_config.model_type);
   FT_CHECK(stages <= total, config.source, ": parallel.pipeline: ", stages,
            " stages need at least one decoder layer each; the model has ", total);
-  FT_CHECK(config.objective == Objective::sft, config.source, ": parallel.pipeline covers objective: sft");
-  FT_CHECK(config.offload_base == OffloadTarget::device, config.source,
-           ": parallel.pipeline splits the layers over the devices; leave offload.base at device");
   PipelinePlan plan;
   plan.data = parallel_layout(config, options.ranks, "--ranks " + std::to_string(options.ranks)).data;
   plan.micro_batches = config.grad_accum_steps;

@@ -193,7 +193,7 @@ void make_model(Run& run) {
   FT_CHECK(config.seq_len <= run.model_config.max_position_embeddings, config.source, ": seq_len ", config.seq_len,
            " is larger than the model's max_position_embeddings ", run.model_config.max_position_embeddings, " (",
            path_in(config.model, "config.json"), ")");
-  check_pipeline_config(config, run.model_config.model_type);
+  check_pipeline_run(config, run.model_config.model_type);
   LayerRange stage;
   if (run.pipeline_stages > 1) {
     const StageLayout layout = pipeline_stage_layout(config, run.collectives.world_size(), run.stages().rank(),
