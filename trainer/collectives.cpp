@@ -21,16 +21,14 @@ class SingleProcess final : public Collectives {
   void sum_in_place(Backend&, Allocator&, const std::vector<Tensor*>&) override {}
   double sum(double value) override { return value; }
   std::unique_ptr<Collectives> split(int, int) override { return std::make_unique<SingleProcess>(); }
-  void send(Backend&, Allocator&, const Tensor&, int to) override { no_other_rank(to); }
-  void receive(Backend&, Allocator&, Tensor&, int from) override { no_other_rank(from); }
-  void finish_sends() override {}
+  void exchange(Backend&, Allocator&, const std::vector<Transfer>& sends,
+                const std::vector<Transfer>& receives) override {
+    FT_CHECK(sends.empty() && receives.empty(), "a single process has no other rank to exchange tensors with "
+             "(start the job with mpirun -np N)");
+  }
   void set_timeout_s(int64_t) override {}
   [[noreturn]] void abort(int status) override { std::exit(status); }
 
- private:
-  [[noreturn]] static void no_other_rank(int rank) {
-    fail("a single process has no rank ", rank, " to exchange tensors with (start the job with mpirun -np N)");
-  }
 };
 
 // Launchers announce themselves in the environment: Open MPI's mpirun,

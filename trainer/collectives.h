@@ -31,17 +31,21 @@ class Collectives {
   // of their own (MPI_Comm_split): one pipeline's stages, or the ranks that
   // hold the same stage. Every rank of this world calls it together.
   virtual std::unique_ptr<Collectives> split(int group, int rank_in_group) = 0;
-  // Point to point: send starts sending tensor (host memory, or backend's
-  // device) to rank `to` and returns; the tensor is held, unchanged, until
-  // the send completes. receive fills tensor, whose shape and dtype both
-  // ranks know, from rank `from`. Tensors from one rank to another arrive in
-  // the order they were sent. Sends never wait, so two ranks sending to each
-  // other before they receive do not deadlock (1F1B's activations and
-  // gradients cross this way). host stages device tensors.
-  virtual void send(Backend& backend, Allocator& host, const Tensor& tensor, int to) = 0;
-  virtual void receive(Backend& backend, Allocator& host, Tensor& tensor, int from) = 0;
-  // Waits until every send this rank started has completed.
-  virtual void finish_sends() = 0;
+  // Point to point: sends each tensor (host memory, or backend's device) to
+  // its rank and fills each receiving tensor, whose shape and dtype both
+  // ranks know, from its rank; returns when all have completed. Tensors
+  // from one rank to another arrive in the order they were sent. A send
+  // completes only once its receiver takes it (as NCCL's do), so ranks
+  // exchanging with each other must pair their exchanges up: a pipeline
+  // stage sends an operation's output together with receiving the next
+  // operation's input (pipeline.cpp). host stages device tensors when the
+  // build has no NCCL.
+  struct Transfer {
+    Tensor* tensor;
+    int rank;
+  };
+  virtual void exchange(Backend& backend, Allocator& host, const std::vector<Transfer>& sends,
+                        const std::vector<Transfer>& receives) = 0;
   // A sum that waits longer than this for another rank ends the job with a
   // message naming this rank (0: wait for ever).
   virtual void set_timeout_s(int64_t seconds) = 0;

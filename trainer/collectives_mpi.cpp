@@ -89,35 +89,38 @@ class MpiCollectives final : public Collectives {
     return std::make_unique<MpiCollectives>(comm, local_rank_, who_am_i_, timeout_s_);
   }
 
-  void send(Backend& backend, Allocator& host, const Tensor& tensor, int to) override {
-    retire_finished_sends();
-    Pending pending{{}, on_host(backend, host, tensor)};
-    char* bytes = static_cast<char*>(pending.held.data);
-    for_each_piece(pending.held.size_bytes(), [&](size_t first, int count) {
-      pending.requests.emplace_back();
-      MPI_Isend(bytes + first, count, MPI_BYTE, to, 0, comm_, &pending.requests.back());
-    });
-    pending_sends_.push_back(std::move(pending));
-  }
-
-  void receive(Backend& backend, Allocator& host, Tensor& tensor, int from) override {
-    Tensor landing = tensor.device == Device::cpu ? tensor
-                                                  : Tensor::empty(tensor.shape, tensor.dtype, host, MemCategory::workspace);
-    char* bytes = static_cast<char*>(landing.data);
+  // Host tensors over MPI, device tensors over NCCL where the build has it
+  // (else through host copies and MPI). Sends are synchronous (MPI_Issend:
+  // complete once received), as NCCL's are, so the CPU runs check the
+  // pairing a GPU run relies on.
+  void exchange(Backend& backend, Allocator& host, const std::vector<Transfer>& sends,
+                const std::vector<Transfer>& receives) override {
+    std::vector<Transfer> device_sends, device_receives;
     std::vector<MPI_Request> requests;
-    for_each_piece(landing.size_bytes(), [&](size_t first, int count) {
-      requests.emplace_back();
-      MPI_Irecv(bytes + first, count, MPI_BYTE, from, 0, comm_, &requests.back());
-    });
-    wait(requests, "a tensor from the previous or next pipeline stage");
-    if (tensor.device != Device::cpu) backend.copy(tensor, landing);
-  }
-
-  void finish_sends() override {
-    std::vector<MPI_Request> requests;
-    for (Pending& pending : pending_sends_) requests.insert(requests.end(), pending.requests.begin(), pending.requests.end());
-    wait(requests, "a tensor sent to the previous or next pipeline stage");
-    pending_sends_.clear();
+    std::vector<Tensor> sent;                                 // what the requests read: held until they complete
+    std::vector<std::pair<Tensor*, Tensor>> landed;           // a device tensor, its host landing
+    for (const Transfer& send : sends) {
+      if (send.tensor->device != Device::cpu && use_nccl()) {
+        device_sends.push_back(send);
+        continue;
+      }
+      sent.push_back(on_host(backend, host, *send.tensor));
+      start_transfer(sent.back(), send.rank, true, requests);
+    }
+    for (const Transfer& receive : receives) {
+      Tensor& tensor = *receive.tensor;
+      if (tensor.device != Device::cpu && use_nccl()) {
+        device_receives.push_back(receive);
+        continue;
+      }
+      if (tensor.device != Device::cpu)
+        landed.emplace_back(&tensor, Tensor::empty(tensor.shape, tensor.dtype, host, MemCategory::workspace));
+      start_transfer(tensor.device == Device::cpu ? tensor : landed.back().second, receive.rank, false, requests);
+    }
+    if (!device_sends.empty() || !device_receives.empty())
+      nccl_->exchange(device_sends, device_receives, timeout_s_, who_am_i_);
+    wait(requests, "an exchange of tensors between pipeline stages");
+    for (auto& [tensor, landing] : landed) backend.copy(*tensor, landing);
   }
 
   [[noreturn]] void abort(int status) override {
@@ -128,13 +131,15 @@ class MpiCollectives final : public Collectives {
  private:
   // Whether GPU tensors go over NCCL: set up at the first sum of GPU
   // gradients, which every rank reaches together (the trainer checks that
-  // all ranks train on the same kind of device).
+  // all ranks train on the same kind of device), or at a pipeline stage's
+  // first exchange, which carries activations on every stage before any
+  // other collective of the stages.
   bool use_nccl() {
 #ifdef FT_HAVE_NCCL
     if (!nccl_) {
       std::vector<char> id = rank_ == 0 ? nccl_unique_id() : std::vector<char>(nccl_unique_id_bytes());
       MPI_Bcast(id.data(), int(id.size()), MPI_BYTE, 0, comm_);
-      nccl_ = make_nccl_sum(id, rank_, world_size_);
+      nccl_ = make_nccl_collectives(id, rank_, world_size_);
     }
 #endif
     return nccl_ != nullptr;
@@ -184,32 +189,22 @@ class MpiCollectives final : public Collectives {
   }
 
   // MPI counts are ints: a message past INT_MAX bytes goes in several pieces.
-  template <class Piece>
-  static void for_each_piece(size_t size_bytes, const Piece& piece) {
-    for (size_t first = 0; first < size_bytes; first += size_t(INT_MAX))
-      piece(first, int(std::min<size_t>(size_t(INT_MAX), size_bytes - first)));
+  void start_transfer(const Tensor& tensor, int rank, bool send, std::vector<MPI_Request>& requests) {
+    char* bytes = static_cast<char*>(tensor.data);
+    for (size_t first = 0; first < tensor.size_bytes(); first += size_t(INT_MAX)) {
+      const int count = int(std::min<size_t>(size_t(INT_MAX), tensor.size_bytes() - first));
+      requests.emplace_back();
+      if (send) MPI_Issend(bytes + first, count, MPI_BYTE, rank, 0, comm_, &requests.back());
+      else MPI_Irecv(bytes + first, count, MPI_BYTE, rank, 0, comm_, &requests.back());
+    }
   }
-
-  void retire_finished_sends() {
-    std::erase_if(pending_sends_, [](Pending& pending) {
-      int done = 0;
-      MPI_Testall(int(pending.requests.size()), pending.requests.data(), &done, MPI_STATUSES_IGNORE);
-      return done != 0;
-    });
-  }
-
-  struct Pending {
-    std::vector<MPI_Request> requests;
-    Tensor held;  // what the requests read, kept alive until they complete
-  };
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool owns_mpi_ = false;  // the world: MPI_Finalize at the end; a group frees its communicator
   int rank_ = 0, world_size_ = 1, local_rank_ = 0;
   int64_t timeout_s_ = 0;
   std::string who_am_i_;  // "rank 1 of 4" in the whole job, for messages
-  std::vector<Pending> pending_sends_;
-  std::unique_ptr<DeviceSum> nccl_;
+  std::unique_ptr<DeviceCollectives> nccl_;
 };
 
 }  // namespace

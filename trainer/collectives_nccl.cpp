@@ -17,13 +17,15 @@ void check_nccl(ncclResult_t result, const char* what) {
 }
 
 // On the legacy default stream, as the CUDA backend's kernels (cuda_backend.h):
-// the sums follow the backward pass and precede the optimizer step.
-class NcclSum final : public DeviceSum {
+// the sums follow the backward pass and precede the optimizer step; a stage's
+// sends follow the kernels that made them and its receives precede the
+// kernels that read them.
+class NcclCollectives final : public DeviceCollectives {
  public:
-  NcclSum(const ncclUniqueId& id, int rank, int world_size) {
+  NcclCollectives(const ncclUniqueId& id, int rank, int world_size) {
     check_nccl(ncclCommInitRank(&comm_, world_size, id, rank), "ncclCommInitRank");
   }
-  ~NcclSum() override {
+  ~NcclCollectives() override {
     if (comm_) ncclCommDestroy(comm_);
   }
 
@@ -35,23 +37,37 @@ class NcclSum final : public DeviceSum {
                  "ncclAllReduce");
     }
     check_nccl(ncclGroupEnd(), "ncclGroupEnd");
-    wait(timeout_s, who_am_i);
+    wait(timeout_s, who_am_i, "the gradient all-reduce");
+  }
+
+  void exchange(const std::vector<Collectives::Transfer>& sends, const std::vector<Collectives::Transfer>& receives,
+                int64_t timeout_s, const std::string& who_am_i) override {
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (const Collectives::Transfer& send : sends)
+      check_nccl(ncclSend(send.tensor->data, send.tensor->size_bytes(), ncclUint8, send.rank, comm_, cudaStreamLegacy),
+                 "ncclSend");
+    for (const Collectives::Transfer& receive : receives)
+      check_nccl(ncclRecv(receive.tensor->data, receive.tensor->size_bytes(), ncclUint8, receive.rank, comm_,
+                          cudaStreamLegacy),
+                 "ncclRecv");
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    wait(timeout_s, who_am_i, "an exchange of tensors between pipeline stages");
   }
 
  private:
   // Polls rather than synchronises, so that a rank that never joins is a
   // timeout (the communicator is aborted) instead of a hang.
-  void wait(int64_t timeout_s, const std::string& who_am_i) {
+  void wait(int64_t timeout_s, const std::string& who_am_i, const char* what) {
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
       const cudaError_t state = cudaStreamQuery(cudaStreamLegacy);
       if (state == cudaSuccess) return;
-      FT_CHECK(state == cudaErrorNotReady, who_am_i, ": the gradient all-reduce failed: ", cudaGetErrorString(state));
+      FT_CHECK(state == cudaErrorNotReady, who_am_i, ": ", what, " failed: ", cudaGetErrorString(state));
       const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (timeout_s > 0 && waited_s > double(timeout_s)) {
         ncclCommAbort(comm_);
         comm_ = nullptr;
-        fail(who_am_i, ": the gradient all-reduce (NCCL) waited ", timeout_s,
+        fail(who_am_i, ": ", what, " (NCCL) waited ", timeout_s,
              " s for the other ranks (parallel.timeout_s)");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -73,12 +89,13 @@ std::vector<char> nccl_unique_id() {
   return bytes;
 }
 
-std::unique_ptr<DeviceSum> make_nccl_sum(const std::vector<char>& unique_id, int rank, int world_size) {
+std::unique_ptr<DeviceCollectives> make_nccl_collectives(const std::vector<char>& unique_id, int rank,
+                                                         int world_size) {
   FT_CHECK(unique_id.size() == sizeof(ncclUniqueId), "NCCL: unique id of ", unique_id.size(), " bytes, expected ",
            sizeof(ncclUniqueId));
   ncclUniqueId id;
   std::memcpy(&id, unique_id.data(), sizeof id);
-  return std::make_unique<NcclSum>(id, rank, world_size);
+  return std::make_unique<NcclCollectives>(id, rank, world_size);
 }
 
 }  // namespace ft

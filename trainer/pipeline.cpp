@@ -59,9 +59,12 @@ StageLayout pipeline_stage_layout(const TrainConfig& config, int64_t world_ranks
   StageLayout layout;
   layout.layers = plan.stages[size_t(stage)].layers;
   std::ostringstream text;
-  for (size_t s = 0; s < plan.stages.size(); ++s)
-    text << (s ? ", " : "") << "stage " << s << ": layers " << plan.stages[s].layers.first_layer << "-"
-         << plan.stages[s].layers.end_layer - 1;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const LayerRange& layers = plan.stages[s].layers;
+    text << (s ? ", " : "") << "stage " << s << ": layer";
+    if (layers.end_layer - layers.first_layer == 1) text << " " << layers.first_layer;
+    else text << "s " << layers.first_layer << "-" << layers.end_layer - 1;
+  }
   text << "; 1F1B bubble " << std::lround(100.0 * plan.bubble_fraction) << "% of each step";
   layout.description = text.str();
   return layout;
@@ -75,50 +78,83 @@ Tensor stage_tensor(CausalLM& model, const Batch& batch) {
                                model.options().activation_dtype, MemCategory::activations);
 }
 
+// One operation of a stage on a micro-batch: its forward, or its backward.
+struct StageOp {
+  bool forward = true;
+  size_t micro_batch = 0;
+};
+
+// 1F1B for stage `stage` of `stages` over `count` micro-batches.
+std::vector<StageOp> one_forward_one_backward(int stage, int stages, size_t count) {
+  std::vector<StageOp> ops;
+  size_t forwards = 0, backwards = 0;
+  const size_t warmup = std::min(size_t(stages - 1 - stage), count);
+  while (forwards < warmup) ops.push_back({true, forwards++});
+  while (forwards < count) {
+    ops.push_back({true, forwards++});
+    ops.push_back({false, backwards++});
+  }
+  while (backwards < count) ops.push_back({false, backwards++});
+  return ops;
+}
+
+// Runs a stage's operations in order. A forward reads its input from the
+// previous stage (not on the first) and sends its output to the next (not
+// on the last); a backward reads d(output) from the next stage and sends
+// d(input) to the previous. Sends complete only when taken, so between two
+// operations one exchange both sends the first's result and receives the
+// second's input: Megatron-LM's pairing of 1F1B's transfers, in which no
+// two stages ever wait on each other. run(op, batch, received) returns what
+// the operation sends (undefined: nothing).
+template <class Run>
+void run_stage_ops(CausalLM& model, Collectives& stages, Allocator& host, const std::vector<StageOp>& ops,
+                   const std::vector<const Batch*>& batches, const Run& run) {
+  const int stage = stages.rank();
+  Tensor result;
+  int result_to = 0;
+  for (size_t i = 0; i <= ops.size(); ++i) {
+    std::vector<Collectives::Transfer> sends, receives;
+    if (result.defined()) sends.push_back({&result, result_to});
+    Tensor received;
+    const bool more = i < ops.size();
+    if (more && (ops[i].forward ? !model.first_stage() : !model.last_stage())) {
+      received = stage_tensor(model, *batches[ops[i].micro_batch]);
+      receives.push_back({&received, ops[i].forward ? stage - 1 : stage + 1});
+    }
+    if (!sends.empty() || !receives.empty()) stages.exchange(model.backend(), host, sends, receives);
+    result = Tensor{};
+    if (!more) break;
+    result = run(ops[i], *batches[ops[i].micro_batch], std::move(received));
+    result_to = ops[i].forward ? stage + 1 : stage - 1;
+  }
+}
+
 }  // namespace
 
 double pipeline_forward_backward(CausalLM& model, Collectives& stages, Allocator& host,
                                  const std::vector<PipelineMicroBatch>& micro_batches) {
-  Backend& backend = model.backend();
-  const int stage = stages.rank();
-  const size_t count = micro_batches.size();
+  std::vector<const Batch*> batches;
+  for (const PipelineMicroBatch& micro : micro_batches) batches.push_back(micro.batch);
   std::deque<std::unique_ptr<CausalLM::DecoderStep>> in_flight;  // forwarded, not yet backwarded: oldest first
-  size_t forwards = 0, backwards = 0;
   double loss_sum = 0.0;
-  auto forward = [&] {
-    const PipelineMicroBatch& micro = micro_batches[forwards++];
+  auto run = [&](const StageOp& op, const Batch& batch, Tensor received) {
+    const PipelineMicroBatch& micro = micro_batches[op.micro_batch];
+    // The same seed for the backward: a checkpointed layer's recomputation draws the same masks.
     model.set_dropout_seed(micro.dropout_seed);
-    Tensor input, output;
-    if (!model.first_stage()) {
-      input = stage_tensor(model, *micro.batch);
-      stages.receive(backend, host, input, stage - 1);
+    Tensor output;
+    if (op.forward) {
+      float loss = 0.0f;
+      in_flight.push_back(
+          model.stage_forward(batch.input_ids, batch.targets, std::move(received), &output, micro.grad_scale, &loss));
+      loss_sum += double(loss) * double(batch.counted_tokens);
+      return model.last_stage() ? Tensor{} : output;
     }
-    float loss = 0.0f;
-    in_flight.push_back(model.stage_forward(micro.batch->input_ids, micro.batch->targets, std::move(input), &output,
-                                            micro.grad_scale, &loss));
-    if (!model.last_stage()) stages.send(backend, host, output, stage + 1);
-    loss_sum += double(loss) * double(micro.batch->counted_tokens);
-  };
-  auto backward = [&] {
-    const PipelineMicroBatch& micro = micro_batches[backwards++];
-    model.set_dropout_seed(micro.dropout_seed);  // a checkpointed layer's recomputation draws the same masks
-    Tensor doutput;
-    if (!model.last_stage()) {
-      doutput = stage_tensor(model, *micro.batch);
-      stages.receive(backend, host, doutput, stage + 1);
-    }
-    Tensor dinput = model.stage_backward(*in_flight.front(), std::move(doutput));
+    Tensor dinput = model.stage_backward(*in_flight.front(), std::move(received));
     in_flight.pop_front();
-    if (!model.first_stage()) stages.send(backend, host, dinput, stage - 1);
+    return dinput;  // undefined on the first stage
   };
-  const size_t warmup = std::min(size_t(stages.world_size() - 1 - stage), count);
-  while (forwards < warmup) forward();
-  while (forwards < count) {
-    forward();
-    backward();
-  }
-  while (backwards < count) backward();
-  stages.finish_sends();
+  run_stage_ops(model, stages, host,
+                one_forward_one_backward(stages.rank(), stages.world_size(), micro_batches.size()), batches, run);
   return model.last_stage() ? loss_sum : 0.0;
 }
 
@@ -128,13 +164,13 @@ namespace {
 void send_double(Collectives& stages, Backend& backend, Allocator& host, double value, int to) {
   Tensor bytes = Tensor::empty({int64_t(sizeof value)}, DType::u8, host, MemCategory::workspace);
   std::memcpy(bytes.data, &value, sizeof value);
-  stages.send(backend, host, bytes, to);
+  stages.exchange(backend, host, {{&bytes, to}}, {});
 }
 
 double receive_double(Collectives& stages, Backend& backend, Allocator& host, int from) {
   double value = 0.0;
   Tensor bytes = Tensor::empty({int64_t(sizeof value)}, DType::u8, host, MemCategory::workspace);
-  stages.receive(backend, host, bytes, from);
+  stages.exchange(backend, host, {}, {{&bytes, from}});
   std::memcpy(&value, bytes.data, sizeof value);
   return value;
 }
@@ -149,31 +185,32 @@ double pipeline_squared_grad_norm(AdamW& optimizer, Collectives& stages, Allocat
   const double before = stage == 0 ? 0.0 : receive_double(stages, backend, host, stage - 1);
   const double through = optimizer.add_squared_gradients(before);
   if (stage < last) send_double(stages, backend, host, through, stage + 1);
-  stages.finish_sends();
   return stages.sum(stage == last ? through : 0.0);
 }
 
 EvalLoss pipeline_eval_loss(CausalLM& model, Collectives& stages, Allocator& host, const DataLoader& eval,
                             int64_t max_batches) {
-  Backend& backend = model.backend();
-  const int stage = stages.rank();
   const int64_t batches = max_batches > 0 ? std::min(max_batches, eval.batches_per_epoch()) : eval.batches_per_epoch();
+  std::vector<Batch> counted;  // padding trimmed, every one with a counted token
+  for (int64_t i = 0; i < batches; ++i) {
+    Batch batch = trim_padding(eval.batch_in_order(i), host);
+    if (batch.counted_tokens > 0) counted.push_back(std::move(batch));
+  }
+  std::vector<const Batch*> pointers;
+  std::vector<StageOp> forwards;
+  for (const Batch& batch : counted) {
+    forwards.push_back({true, pointers.size()});
+    pointers.push_back(&batch);
+  }
   double loss_sum = 0.0;
   EvalLoss result;
-  for (int64_t i = 0; i < batches; ++i) {
-    const Batch batch = trim_padding(eval.batch_in_order(i), host);
-    if (batch.counted_tokens == 0) continue;
-    Tensor input, output;
-    if (!model.first_stage()) {
-      input = stage_tensor(model, batch);
-      stages.receive(backend, host, input, stage - 1);
-    }
-    const float loss = model.stage_eval_forward(batch.input_ids, batch.targets, std::move(input), &output);
-    if (!model.last_stage()) stages.send(backend, host, output, stage + 1);
-    loss_sum += double(loss) * double(batch.counted_tokens);
+  run_stage_ops(model, stages, host, forwards, pointers, [&](const StageOp&, const Batch& batch, Tensor received) {
+    Tensor output;
+    loss_sum += double(model.stage_eval_forward(batch.input_ids, batch.targets, std::move(received), &output)) *
+                double(batch.counted_tokens);
     result.tokens += batch.counted_tokens;
-  }
-  stages.finish_sends();
+    return output;  // undefined on the last stage
+  });
   loss_sum = stages.sum(model.last_stage() ? loss_sum : 0.0);
   result.loss = result.tokens ? loss_sum / double(result.tokens) : 0.0;
   result.perplexity = std::exp(result.loss);
@@ -218,20 +255,20 @@ NamedTensors gather_on_first_stage(Collectives& stages, Backend& backend, Alloca
     send_double(stages, backend, host, double(description.size()), 0);
     Tensor text = Tensor::empty({int64_t(description.size())}, DType::u8, host, MemCategory::workspace);
     std::memcpy(text.data, description.data(), description.size());
-    stages.send(backend, host, text, 0);
-    for (auto& [name, tensor] : mine) stages.send(backend, host, tensor, 0);
-    stages.finish_sends();
+    std::vector<Collectives::Transfer> sends = {{&text, 0}};
+    for (auto& [name, tensor] : mine) sends.push_back({&tensor, 0});
+    stages.exchange(backend, host, sends, {});
     return mine;
   }
   for (int from = 1; from < stages.world_size(); ++from) {
     const auto length = int64_t(receive_double(stages, backend, host, from));
     Tensor text = Tensor::empty({length}, DType::u8, host, MemCategory::workspace);
-    stages.receive(backend, host, text, from);
+    stages.exchange(backend, host, {}, {{&text, from}});
     NamedTensors theirs = empty_tensors(std::string(static_cast<const char*>(text.data), size_t(length)), host);
-    for (auto& [name, tensor] : theirs) {
-      stages.receive(backend, host, tensor, from);
-      mine.emplace_back(name, tensor);
-    }
+    std::vector<Collectives::Transfer> receives;
+    for (auto& [name, tensor] : theirs) receives.push_back({&tensor, from});
+    stages.exchange(backend, host, {}, receives);
+    mine.insert(mine.end(), theirs.begin(), theirs.end());
   }
   return mine;
 }

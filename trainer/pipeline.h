@@ -51,7 +51,7 @@ void check_pipeline_run(const TrainConfig& config, const std::string& model_type
 // (the same split on every rank), and a line describing every stage's.
 struct StageLayout {
   LayerRange layers;
-  std::string description;  // "stage 0: layers 0-1, stage 1: layers 2-3; bubble 20%"
+  std::string description;  // "stage 0: layers 0-1, stage 1: layer 2, ...; 1F1B bubble 20% of each step"
 };
 StageLayout pipeline_stage_layout(const TrainConfig& config, int64_t world_ranks, int stage, bool on_gpu);
 
