@@ -1040,6 +1040,20 @@ TEST_CASE("data parallel: mpirun -np 2 trains as one process with twice the grad
   MESSAGE("2 ranks vs 1 process with doubled accumulation: losses differ by at most ", loss_difference,
           " (relative), gradient norms by ", norm_difference, ", adapter weights by ", weight_difference,
           " (largest |lora_B| ", largest_lora_b, ")");
+
+  // ZeRO-1: the same 2 ranks with AdamW's state split between them take the
+  // same steps to the bit and write the same files (rank 0 gathers the state).
+  std::vector<std::string> sharded_args = short_default_run(dir + "/sharded", 2, 4);
+  sharded_args.insert(sharded_args.end(), one_epoch.begin(), one_epoch.end());
+  sharded_args.insert(sharded_args.end(), {"--set", "parallel.shard_optimizer=true"});
+  const Ran sharded = run_ranks(2, sharded_args, dir, "sharded.txt");
+  REQUIRE_MESSAGE(sharded.exit_code == 0, sharded.output);
+  CHECK(sharded.output.find("the state is sharded over 2 data-parallel ranks") != std::string::npos);
+  for (const char* key : {"loss", "grad_norm", "eval_loss"})
+    CHECK(step_metric(dir + "/sharded/metrics.jsonl", key) == step_metric(dir + "/two/metrics.jsonl", key));
+  CHECK(read_file(dir + "/sharded/adapter/adapter_model.safetensors") ==
+        read_file(dir + "/two/adapter/adapter_model.safetensors"));
+  CHECK(read_file(dir + "/sharded/train_state.safetensors") == read_file(dir + "/two/train_state.safetensors"));
 }
 
 namespace {
@@ -1104,8 +1118,11 @@ void check_kill_and_resume(const std::string& dir, const std::vector<std::string
 TEST_CASE("data parallel: kill -9 of one rank ends the job; --resume on 2 ranks ends with the uninterrupted adapter" *
           doctest::skip()) {
   skip_without_mpirun();
-  // The global batch and data position belong to the rank count.
-  check_kill_and_resume((fs::path(FT_BINARY_DIR) / "cli_runs" / "data_parallel_kill").string(), {},
+  // With AdamW's state sharded: each rank restores its share of the
+  // checkpoint and takes the other's parameters from it. The global batch
+  // and data position belong to the rank count.
+  check_kill_and_resume((fs::path(FT_BINARY_DIR) / "cli_runs" / "data_parallel_kill").string(),
+                        {"--set", "parallel.shard_optimizer=true"},
                         "the data-parallel ranks (mpirun -np): now 1; the checkpoint's: 2");
 }
 

@@ -367,6 +367,30 @@ TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA data parallel on 8 GPUs all-reduces th
   CHECK(plan_all_reduce(plan, 1).ring_sent_per_rank_bytes == 0);
 }
 
+// ZeRO-1: Llama-2-7B fully fine-tuned (bf16 weights, AdamW's f32 m, v and
+// masters: 12 bytes per parameter) on 4 data-parallel ranks. Sharded, rank 0
+// holds the state of the parameters that start in the first quarter of the
+// elements: a quarter, give or take the largest tensor (the 32000 x 4096
+// embedding); nothing else of its peak changes.
+TEST_CASE("plan: parallel.shard_optimizer leaves each of 4 data-parallel ranks a quarter of AdamW's state") {
+  TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/llama-2-7b-int8-lora.yaml");
+  config.trainable = Trainable::all;
+  config.quantization.mode = QuantMode::none;
+  PlanOptions options;
+  options.ranks = 4;
+  const StepPlan whole = plan_step(config, options, config.micro_batch_size, config.seq_len);
+  config.parallel.shard_optimizer = true;
+  const StepPlan share = plan_step(config, options, config.micro_batch_size, config.seq_len);
+  const size_t whole_bytes = whole.at_peak.current(MemCategory::optimizer);
+  const size_t share_bytes = share.at_peak.current(MemCategory::optimizer);
+  const size_t largest_bytes = size_t(32000) * 4096 * 12;
+  MESSAGE("Llama-2-7B full fine-tuning, AdamW state ", whole_bytes, " bytes; rank 0's share of 4: ", share_bytes);
+  CHECK(whole_bytes == size_t(6738415616) * 12);
+  CHECK(share_bytes + largest_bytes >= whole_bytes / 4);
+  CHECK(share_bytes <= whole_bytes / 4 + largest_bytes);
+  CHECK(whole.total_bytes() - share.total_bytes() == whole_bytes - share_bytes);
+}
+
 // The README's pipeline table: Llama-2-70B's 69 GB of int8 weights over four
 // 24 GiB cards, a stage each. Stage s holds 4 - s micro-batches' layer inputs
 // (32 MiB per layer each at seq 2048); the split trades stage 0's extra

@@ -1,6 +1,8 @@
 #include "trainer/collectives.h"
 
 #include <cstdlib>
+#include <cstring>
+#include <sstream>
 #include <string>
 
 #include "kernels/error.h"
@@ -26,6 +28,7 @@ class SingleProcess final : public Collectives {
     FT_CHECK(sends.empty() && receives.empty(), "a single process has no other rank to exchange tensors with "
              "(start the job with mpirun -np N)");
   }
+  void broadcast(Backend&, Allocator&, const std::vector<Tensor*>&, int) override {}
   void set_timeout_s(int64_t) override {}
   [[noreturn]] void abort(int status) override { std::exit(status); }
 
@@ -65,6 +68,76 @@ std::unique_ptr<Collectives> single_process_collectives() { return std::make_uni
 std::string rank_label(const Collectives& collectives) {
   if (collectives.world_size() == 1) return "";
   return "rank " + std::to_string(collectives.rank()) + " of " + std::to_string(collectives.world_size());
+}
+
+void send_double(Collectives& group, Backend& backend, Allocator& host, double value, int to) {
+  Tensor bytes = Tensor::empty({int64_t(sizeof value)}, DType::u8, host, MemCategory::workspace);
+  std::memcpy(bytes.data, &value, sizeof value);
+  group.exchange(backend, host, {{&bytes, to}}, {});
+}
+
+double receive_double(Collectives& group, Backend& backend, Allocator& host, int from) {
+  double value = 0.0;
+  Tensor bytes = Tensor::empty({int64_t(sizeof value)}, DType::u8, host, MemCategory::workspace);
+  group.exchange(backend, host, {}, {{&bytes, from}});
+  std::memcpy(&value, bytes.data, sizeof value);
+  return value;
+}
+
+namespace {
+
+// What a rank's tensors are, sent ahead of their bytes: one line per
+// tensor, "name dtype-index dim dim ...".
+std::string describe_tensors(const NamedTensors& tensors) {
+  std::ostringstream text;
+  for (const auto& [name, tensor] : tensors) {
+    text << name << " " << int(tensor.dtype);
+    for (int64_t d : tensor.shape) text << " " << d;
+    text << "\n";
+  }
+  return text.str();
+}
+
+NamedTensors empty_tensors(const std::string& description, Allocator& host) {
+  NamedTensors tensors;
+  std::istringstream lines(description);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    std::string name;
+    int dtype = 0;
+    fields >> name >> dtype;
+    Shape shape;
+    for (int64_t d = 0; fields >> d;) shape.push_back(d);
+    tensors.emplace_back(name, Tensor::empty(shape, DType(dtype), host, MemCategory::workspace));
+  }
+  return tensors;
+}
+
+}  // namespace
+
+NamedTensors gather_on_rank_zero(Collectives& group, Backend& backend, Allocator& host, NamedTensors mine) {
+  if (group.rank() != 0) {
+    const std::string description = describe_tensors(mine);
+    send_double(group, backend, host, double(description.size()), 0);
+    Tensor text = Tensor::empty({int64_t(description.size())}, DType::u8, host, MemCategory::workspace);
+    std::memcpy(text.data, description.data(), description.size());
+    std::vector<Collectives::Transfer> sends = {{&text, 0}};
+    for (auto& [name, tensor] : mine) sends.push_back({&tensor, 0});
+    group.exchange(backend, host, sends, {});
+    return mine;
+  }
+  for (int from = 1; from < group.world_size(); ++from) {
+    const auto length = int64_t(receive_double(group, backend, host, from));
+    Tensor text = Tensor::empty({length}, DType::u8, host, MemCategory::workspace);
+    group.exchange(backend, host, {}, {{&text, from}});
+    NamedTensors theirs = empty_tensors(std::string(static_cast<const char*>(text.data), size_t(length)), host);
+    std::vector<Collectives::Transfer> receives;
+    for (auto& [name, tensor] : theirs) receives.push_back({&tensor, from});
+    group.exchange(backend, host, {}, receives);
+    mine.insert(mine.end(), theirs.begin(), theirs.end());
+  }
+  return mine;
 }
 
 }  // namespace ft

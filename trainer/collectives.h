@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -46,6 +47,9 @@ class Collectives {
   };
   virtual void exchange(Backend& backend, Allocator& host, const std::vector<Transfer>& sends,
                         const std::vector<Transfer>& receives) = 0;
+  // Every rank's tensors (alike in shape and dtype on every rank) get root's
+  // values (ZeRO-1: each rank's share of the updated parameters).
+  virtual void broadcast(Backend& backend, Allocator& host, const std::vector<Tensor*>& tensors, int root) = 0;
   // A sum that waits longer than this for another rank ends the job with a
   // message naming this rank (0: wait for ever).
   virtual void set_timeout_s(int64_t seconds) = 0;
@@ -69,5 +73,15 @@ std::unique_ptr<Collectives> single_process_collectives();
 
 // "rank 1 of 2" for messages; "" for a single process.
 std::string rank_label(const Collectives& collectives);
+
+// A double from one rank to another (exchange of its 8 bytes).
+void send_double(Collectives& group, Backend& backend, Allocator& host, double value, int to);
+double receive_double(Collectives& group, Backend& backend, Allocator& host, int from);
+
+// Every rank's named f32 host tensors on rank 0, in rank order (the others
+// get theirs back): one adapter or training state written from the shares
+// of pipeline stages or of a sharded optimizer state.
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+NamedTensors gather_on_rank_zero(Collectives& group, Backend& backend, Allocator& host, NamedTensors mine);
 
 }  // namespace ft

@@ -123,6 +123,26 @@ class MpiCollectives final : public Collectives {
     for (auto& [tensor, landing] : landed) backend.copy(*tensor, landing);
   }
 
+  void broadcast(Backend& backend, Allocator& host, const std::vector<Tensor*>& tensors, int root) override {
+    std::vector<Tensor*> device;
+    std::vector<MPI_Request> requests;
+    std::vector<std::pair<Tensor*, Tensor>> staged;  // a device tensor, its host copy
+    for (Tensor* tensor : tensors) {
+      if (tensor->device == Device::cpu) {
+        start_broadcast(*tensor, root, requests);
+      } else if (use_nccl()) {
+        device.push_back(tensor);
+      } else {
+        staged.emplace_back(tensor, on_host(backend, host, *tensor));
+        start_broadcast(staged.back().second, root, requests);
+      }
+    }
+    if (!device.empty()) nccl_->broadcast(device, root, timeout_s_, who_am_i_);
+    wait(requests, "a broadcast of the updated parameters");
+    if (rank_ != root)
+      for (auto& [tensor, copy] : staged) backend.copy(*tensor, copy);
+  }
+
   [[noreturn]] void abort(int status) override {
     MPI_Abort(MPI_COMM_WORLD, status);  // the whole job, also from a group
     std::exit(status);  // MPI_Abort does not return; this tells the compiler so
@@ -189,14 +209,26 @@ class MpiCollectives final : public Collectives {
   }
 
   // MPI counts are ints: a message past INT_MAX bytes goes in several pieces.
-  void start_transfer(const Tensor& tensor, int rank, bool send, std::vector<MPI_Request>& requests) {
+  template <class Piece>
+  static void for_each_piece(const Tensor& tensor, const Piece& piece) {
     char* bytes = static_cast<char*>(tensor.data);
-    for (size_t first = 0; first < tensor.size_bytes(); first += size_t(INT_MAX)) {
-      const int count = int(std::min<size_t>(size_t(INT_MAX), tensor.size_bytes() - first));
+    for (size_t first = 0; first < tensor.size_bytes(); first += size_t(INT_MAX))
+      piece(bytes + first, int(std::min<size_t>(size_t(INT_MAX), tensor.size_bytes() - first)));
+  }
+
+  void start_transfer(const Tensor& tensor, int rank, bool send, std::vector<MPI_Request>& requests) {
+    for_each_piece(tensor, [&](char* bytes, int count) {
       requests.emplace_back();
-      if (send) MPI_Issend(bytes + first, count, MPI_BYTE, rank, 0, comm_, &requests.back());
-      else MPI_Irecv(bytes + first, count, MPI_BYTE, rank, 0, comm_, &requests.back());
-    }
+      if (send) MPI_Issend(bytes, count, MPI_BYTE, rank, 0, comm_, &requests.back());
+      else MPI_Irecv(bytes, count, MPI_BYTE, rank, 0, comm_, &requests.back());
+    });
+  }
+
+  void start_broadcast(const Tensor& tensor, int root, std::vector<MPI_Request>& requests) {
+    for_each_piece(tensor, [&](char* bytes, int count) {
+      requests.emplace_back();
+      MPI_Ibcast(bytes, count, MPI_BYTE, root, comm_, &requests.back());
+    });
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

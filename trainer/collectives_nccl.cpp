@@ -54,6 +54,17 @@ class NcclCollectives final : public DeviceCollectives {
     wait(timeout_s, who_am_i, "an exchange of tensors between pipeline stages");
   }
 
+  void broadcast(const std::vector<Tensor*>& tensors, int root, int64_t timeout_s,
+                 const std::string& who_am_i) override {
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (Tensor* tensor : tensors)
+      check_nccl(ncclBroadcast(tensor->data, tensor->data, tensor->size_bytes(), ncclUint8, root, comm_,
+                               cudaStreamLegacy),
+                 "ncclBroadcast");
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    wait(timeout_s, who_am_i, "a broadcast of the updated parameters");
+  }
+
  private:
   // Polls rather than synchronises, so that a rank that never joins is a
   // timeout (the communicator is aborted) instead of a hang.

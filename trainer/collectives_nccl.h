@@ -24,6 +24,9 @@ class DeviceCollectives {
   virtual void exchange(const std::vector<Collectives::Transfer>& sends,
                         const std::vector<Collectives::Transfer>& receives, int64_t timeout_s,
                         const std::string& who_am_i) = 0;
+  // Collectives::broadcast for device tensors, in one NCCL group.
+  virtual void broadcast(const std::vector<Tensor*>& tensors, int root, int64_t timeout_s,
+                         const std::string& who_am_i) = 0;
 };
 
 size_t nccl_unique_id_bytes();

@@ -49,10 +49,11 @@ StepBatches draw_step_batches(DataLoader& loader, Allocator& host, int64_t grad_
   return step;
 }
 
-double sum_over_ranks(Collectives& collectives, Backend& backend, Allocator& host, AdamW& optimizer, double loss_sum) {
+double sum_over_ranks(Collectives& collectives, Backend& backend, Allocator& host,
+                      const std::vector<Parameter*>& trainable, double loss_sum) {
   if (collectives.world_size() == 1) return loss_sum;
   std::vector<Tensor*> gradients;
-  for (Parameter* p : optimizer.parameters()) gradients.push_back(&p->grad);
+  for (Parameter* p : trainable) gradients.push_back(&p->grad);
   collectives.sum_in_place(backend, host, gradients);
   return collectives.sum(loss_sum);
 }

@@ -53,9 +53,11 @@ struct StepBatches {
 StepBatches draw_step_batches(DataLoader& loader, Allocator& host, int64_t grad_accum_steps,
                               const Collectives& collectives);
 
-// Sums the optimizer's gradients and this rank's loss_sum over all ranks;
-// returns the global loss_sum.
-double sum_over_ranks(Collectives& collectives, Backend& backend, Allocator& host, AdamW& optimizer, double loss_sum);
+// Sums the trainable parameters' gradients (all of them, also with a
+// sharded optimizer state: the clipping norm needs every one) and this
+// rank's loss_sum over all ranks; returns the global loss_sum.
+double sum_over_ranks(Collectives& collectives, Backend& backend, Allocator& host,
+                      const std::vector<Parameter*>& trainable, double loss_sum);
 
 // True on every rank when any rank says so (a stop signal reaches the ranks
 // at different steps; they must stop at the same one).

@@ -146,15 +146,28 @@ void AdamW::step_offloaded(const AdamWStep& update) {
 // One sum_squares_many and one adamw_update_many over all parameters (per
 // chunk when offloaded): on the GPU two reductions and one update launch per
 // step rather than a few per tensor, with a single device->host sync for the norm.
-double AdamW::add_squared_gradients(double start) {
+double add_squared_gradients(Backend& backend, const std::vector<Parameter*>& parameters, double start) {
   std::vector<const Tensor*> grads;
-  for (Parameter* p : parameters_) grads.push_back(&p->grad);
-  if (start == 0.0) return backend_.sum_squares_many(grads);
-  for (const Tensor* grad : grads) start += backend_.sum_squares_many({&grad, 1});
+  for (Parameter* p : parameters) grads.push_back(&p->grad);
+  if (start == 0.0) return backend.sum_squares_many(grads);
+  for (const Tensor* grad : grads) start += backend.sum_squares_many({&grad, 1});
   return start;
 }
 
-double AdamW::step(double lr) { return step(lr, add_squared_gradients(0.0)); }
+std::vector<int64_t> state_owners(const std::vector<Parameter*>& parameters, int64_t ranks) {
+  int64_t total = 0;
+  for (const Parameter* p : parameters) total += p->value.numel();
+  std::vector<int64_t> owners;
+  int64_t offset = 0;
+  for (const Parameter* p : parameters) {
+    // The rank whose equal share of the elements holds the parameter's first element.
+    owners.push_back(std::min(ranks - 1, int64_t(double(offset) * double(ranks) / double(std::max<int64_t>(total, 1)))));
+    offset += p->value.numel();
+  }
+  return owners;
+}
+
+double AdamW::step(double lr) { return step(lr, add_squared_gradients(backend_, parameters_, 0.0)); }
 
 double AdamW::step(double lr, double squared_grad_norm) {
   const double grad_norm = std::sqrt(squared_grad_norm);
@@ -164,6 +177,7 @@ double AdamW::step(double lr, double squared_grad_norm) {
   if (options_.max_grad_norm > 0 && grad_norm > options_.max_grad_norm)
     grad_scale = options_.max_grad_norm / (grad_norm + 1e-6);
   steps_taken_ += 1;
+  if (parameters_.empty()) return grad_norm;  // a data-parallel rank whose share of a sharded state is empty
   AdamWStep update{float(lr), float(options_.beta1), float(options_.beta2), float(options_.eps),
                    float(options_.weight_decay), float(grad_scale), steps_taken_};
   if (options_.host_state) {

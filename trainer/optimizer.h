@@ -28,6 +28,18 @@ struct AdamWOptions {
   int64_t offload_chunk_elements = int64_t(1) << 23;  // 3 x 32 MiB of staging
 };
 
+// start + the squared norm of the parameters' gradients. With start 0 one
+// reduction over all of them; otherwise added one parameter after another,
+// so that the stages of a pipeline, each continuing from the previous one's
+// sum, add in the order one process does (bit for bit on the CPU).
+double add_squared_gradients(Backend& backend, const std::vector<Parameter*>& parameters, double start);
+
+// ZeRO-1's split of the trainable parameters over `ranks` data-parallel
+// ranks: each parameter's owner, contiguous in order and balanced by
+// elements, so gathering the owners' states in rank order lists the
+// parameters in order.
+std::vector<int64_t> state_owners(const std::vector<Parameter*>& parameters, int64_t ranks);
+
 class AdamW {
  public:
   AdamW(Backend& backend, std::vector<Parameter*> parameters, AdamWOptions options);
@@ -36,14 +48,10 @@ class AdamW {
   // with learning rate lr, and returns the global gradient norm before clipping.
   // A non-finite norm (a NaN or Inf gradient) is returned without any update.
   double step(double lr);
-  // The same with the squared global norm given: pipeline parallel, where
-  // the norm spans every stage's parameters.
+  // The same with the squared global norm given: where the norm spans more
+  // parameters than these (a pipeline's other stages, or with a sharded
+  // state the other ranks' shares).
   double step(double lr, double squared_grad_norm);
-  // start + the squared norm of every gradient here. With start 0 one
-  // reduction over all of them; otherwise added one parameter after another,
-  // so that the stages of a pipeline, each continuing from the previous
-  // one's sum, add in the order one process does (bit for bit on the CPU).
-  double add_squared_gradients(double start);
 
   Backend& backend() { return backend_; }
   int64_t steps_taken() const { return steps_taken_; }

@@ -158,32 +158,13 @@ double pipeline_forward_backward(CausalLM& model, Collectives& stages, Allocator
   return model.last_stage() ? loss_sum : 0.0;
 }
 
-namespace {
-
-// A double between stages, as its 8 bytes.
-void send_double(Collectives& stages, Backend& backend, Allocator& host, double value, int to) {
-  Tensor bytes = Tensor::empty({int64_t(sizeof value)}, DType::u8, host, MemCategory::workspace);
-  std::memcpy(bytes.data, &value, sizeof value);
-  stages.exchange(backend, host, {{&bytes, to}}, {});
-}
-
-double receive_double(Collectives& stages, Backend& backend, Allocator& host, int from) {
-  double value = 0.0;
-  Tensor bytes = Tensor::empty({int64_t(sizeof value)}, DType::u8, host, MemCategory::workspace);
-  stages.exchange(backend, host, {}, {{&bytes, from}});
-  std::memcpy(&value, bytes.data, sizeof value);
-  return value;
-}
-
-}  // namespace
-
 // Stage s continues the sum of stages 0..s-1; the last one's total reaches
 // every stage as a sum to which the others add exact zeros.
-double pipeline_squared_grad_norm(AdamW& optimizer, Collectives& stages, Allocator& host) {
-  Backend& backend = optimizer.backend();
+double pipeline_squared_grad_norm(Backend& backend, const std::vector<Parameter*>& trainable, Collectives& stages,
+                                  Allocator& host) {
   const int stage = stages.rank(), last = stages.world_size() - 1;
   const double before = stage == 0 ? 0.0 : receive_double(stages, backend, host, stage - 1);
-  const double through = optimizer.add_squared_gradients(before);
+  const double through = add_squared_gradients(backend, trainable, before);
   if (stage < last) send_double(stages, backend, host, through, stage + 1);
   return stages.sum(stage == last ? through : 0.0);
 }
@@ -215,62 +196,6 @@ EvalLoss pipeline_eval_loss(CausalLM& model, Collectives& stages, Allocator& hos
   result.loss = result.tokens ? loss_sum / double(result.tokens) : 0.0;
   result.perplexity = std::exp(result.loss);
   return result;
-}
-
-namespace {
-
-// What a stage's tensors are, sent ahead of their bytes: one line per
-// tensor, "name dtype-index dim dim ...".
-std::string describe_tensors(const NamedTensors& tensors) {
-  std::ostringstream text;
-  for (const auto& [name, tensor] : tensors) {
-    text << name << " " << int(tensor.dtype);
-    for (int64_t d : tensor.shape) text << " " << d;
-    text << "\n";
-  }
-  return text.str();
-}
-
-NamedTensors empty_tensors(const std::string& description, Allocator& host) {
-  NamedTensors tensors;
-  std::istringstream lines(description);
-  std::string line;
-  while (std::getline(lines, line)) {
-    std::istringstream fields(line);
-    std::string name;
-    int dtype = 0;
-    fields >> name >> dtype;
-    Shape shape;
-    for (int64_t d = 0; fields >> d;) shape.push_back(d);
-    tensors.emplace_back(name, Tensor::empty(shape, DType(dtype), host, MemCategory::workspace));
-  }
-  return tensors;
-}
-
-}  // namespace
-
-NamedTensors gather_on_first_stage(Collectives& stages, Backend& backend, Allocator& host, NamedTensors mine) {
-  if (stages.rank() != 0) {
-    const std::string description = describe_tensors(mine);
-    send_double(stages, backend, host, double(description.size()), 0);
-    Tensor text = Tensor::empty({int64_t(description.size())}, DType::u8, host, MemCategory::workspace);
-    std::memcpy(text.data, description.data(), description.size());
-    std::vector<Collectives::Transfer> sends = {{&text, 0}};
-    for (auto& [name, tensor] : mine) sends.push_back({&tensor, 0});
-    stages.exchange(backend, host, sends, {});
-    return mine;
-  }
-  for (int from = 1; from < stages.world_size(); ++from) {
-    const auto length = int64_t(receive_double(stages, backend, host, from));
-    Tensor text = Tensor::empty({length}, DType::u8, host, MemCategory::workspace);
-    stages.exchange(backend, host, {}, {{&text, from}});
-    NamedTensors theirs = empty_tensors(std::string(static_cast<const char*>(text.data), size_t(length)), host);
-    std::vector<Collectives::Transfer> receives;
-    for (auto& [name, tensor] : theirs) receives.push_back({&tensor, from});
-    stages.exchange(backend, host, {}, receives);
-    mine.insert(mine.end(), theirs.begin(), theirs.end());
-  }
-  return mine;
 }
 
 }  // namespace ft

@@ -67,18 +67,14 @@ struct PipelineMicroBatch {
 double pipeline_forward_backward(CausalLM& model, Collectives& stages, Allocator& host,
                                  const std::vector<PipelineMicroBatch>& micro_batches);
 
-// The squared global gradient norm, every stage's parameters summed in the
-// one-process order, known to every stage.
-double pipeline_squared_grad_norm(AdamW& optimizer, Collectives& stages, Allocator& host);
+// The squared global gradient norm, every stage's trainable parameters
+// summed in the one-process order, known to every stage.
+double pipeline_squared_grad_norm(Backend& backend, const std::vector<Parameter*>& trainable, Collectives& stages,
+                                  Allocator& host);
 
 // The eval loss through the pipeline, every stage taking part; the result
 // on every stage.
 EvalLoss pipeline_eval_loss(CausalLM& model, Collectives& stages, Allocator& host, const DataLoader& eval,
                             int64_t max_batches);
-
-// Every stage's named f32 host tensors on stage 0, in stage order (the
-// others get theirs back): to write one adapter or training state.
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
-NamedTensors gather_on_first_stage(Collectives& stages, Backend& backend, Allocator& host, NamedTensors mine);
 
 }  // namespace ft

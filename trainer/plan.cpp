@@ -182,9 +182,12 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
 
   // As a run builds it, minus reading weights: the meta device has no values.
   watch.phase = "model weights";
+  // parallel.shard_optimizer: rank 0's share of AdamW's state.
+  const int64_t data_ranks = parallel_layout(config, options.ranks, "--ranks " + std::to_string(options.ranks)).data;
+  const OptimizerShard shard = config.parallel.shard_optimizer ? OptimizerShard{0, data_ranks} : OptimizerShard{};
   TrainingSetup setup = setup_training(config, model_config, backend,
                                        [&](LanguageModel&) { watch.phase = "gradients and optimizer state"; },
-                                       &host_state, stage);
+                                       &host_state, stage, shard);
   LanguageModel& model = *setup.model;
 
   // One micro-batch of train_step: every target counts, so nothing is skipped.
@@ -620,9 +623,11 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
     print_pipeline(pipeline, options);
   } else if (options.ranks > 1) {
     const AllReducePlan all_reduce = plan_all_reduce(plan, options.ranks);
-    std::printf("data parallel on %lld ranks: each rank's peak as above; per optimizer step %s of gradients "
+    std::printf("data parallel on %lld ranks: each rank's peak as above%s; per optimizer step %s of gradients "
                 "all-reduced (%zu bytes), a ring sends %s per rank (%zu bytes)\n",
-                (long long)options.ranks, format_bytes(all_reduce.gradient_bytes).c_str(), all_reduce.gradient_bytes,
+                (long long)options.ranks,
+                config.parallel.shard_optimizer ? " (AdamW state sharded, ZeRO-1: rank 0's share)" : "",
+                format_bytes(all_reduce.gradient_bytes).c_str(), all_reduce.gradient_bytes,
                 format_bytes(all_reduce.ring_sent_per_rank_bytes).c_str(), all_reduce.ring_sent_per_rank_bytes);
   }
 

@@ -60,12 +60,8 @@ ModelOptions model_options(const TrainConfig& config) {
 
 namespace {
 
-std::unique_ptr<AdamW> make_optimizer(Backend& backend, LanguageModel& model, const TrainConfig& config,
-                                      Allocator* host_state) {
-  std::vector<Parameter*> trainable;
-  for (std::deque<Parameter>* list : {&model.parameters(), &model.adapters()})
-    for (Parameter& p : *list)
-      if (p.trainable()) trainable.push_back(&p);
+std::unique_ptr<AdamW> make_optimizer(Backend& backend, const std::vector<Parameter*>& parameters,
+                                      const TrainConfig& config, Allocator* host_state) {
   AdamWOptions options;
   options.weight_decay = config.weight_decay;
   options.max_grad_norm = config.max_grad_norm;
@@ -73,14 +69,14 @@ std::unique_ptr<AdamW> make_optimizer(Backend& backend, LanguageModel& model, co
     FT_CHECK(host_state, "setup_training: offload.optimizer: host needs a host allocator for the optimizer state");
     options.host_state = host_state;
   }
-  return std::make_unique<AdamW>(backend, trainable, options);
+  return std::make_unique<AdamW>(backend, parameters, options);
 }
 
 }  // namespace
 
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
                              const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state,
-                             const LayerRange& stage) {
+                             const LayerRange& stage, const OptimizerShard& shard) {
   FT_CHECK(config.offload_base == OffloadTarget::device || model_config.model_type != "t5", config.source,
            ": offload.base: host streams a decoder-only model's layers; a t5 (encoder-decoder) model keeps its base "
            "on the device");
@@ -96,7 +92,14 @@ TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model
   const bool train_all = config.trainable == Trainable::all;
   setup.model->set_trainable(
       [&](const std::string& name) { return train_all || name.find(".lora_") != std::string::npos; });
-  setup.optimizer = make_optimizer(backend, *setup.model, config, host_state);
+  for (std::deque<Parameter>* list : {&setup.model->parameters(), &setup.model->adapters()})
+    for (Parameter& p : *list)
+      if (p.trainable()) setup.trainable.push_back(&p);
+  setup.state_owners = state_owners(setup.trainable, shard.ranks);
+  std::vector<Parameter*> mine;
+  for (size_t i = 0; i < setup.trainable.size(); ++i)
+    if (setup.state_owners[i] == shard.rank) mine.push_back(setup.trainable[i]);
+  setup.optimizer = make_optimizer(backend, mine, config, host_state);
   return setup;
 }
 
@@ -118,6 +121,7 @@ struct Run {
   // (with parallel.pipeline 1: this rank alone, and every rank).
   RankGroups groups;
   int64_t pipeline_stages = 1;
+  bool sharded = false;  // parallel.shard_optimizer over several data-parallel ranks (ZeRO-1)
   HostAllocator host;
   TrackingAllocator host_state{host};  // AdamW's state with offload.optimizer: host
   std::unique_ptr<Allocator> device_memory;  // CUDA only: the caching allocator under the tracker
@@ -128,7 +132,9 @@ struct Run {
   SpecialTokens special_tokens;
   std::unique_ptr<LanguageModel> model;  // T5Model or a CausalLM
   bool seq2seq = false;                  // T5: rows are the encoder's tokens, then the labels (seq2seq_data.h)
-  std::unique_ptr<AdamW> optimizer;
+  std::unique_ptr<AdamW> optimizer;         // over this rank's share of trainable when sharded
+  std::vector<Parameter*> trainable;        // every trainable parameter of this rank's model
+  std::vector<int64_t> state_owners;        // per trainable parameter: the data-parallel rank updating it
   RunIdentity identity;  // what its checkpoints belong to
   std::unique_ptr<DataLoader> train, eval;
   std::unique_ptr<PreferenceLoader> train_pairs, eval_pairs;  // objective: dpo, in place of train and eval
@@ -137,7 +143,8 @@ struct Run {
   int64_t total_steps = 0;
   Run(const TrainConfig& c, Collectives& ranks)
       : config(c), collectives(ranks), leader(ranks.rank() == 0), groups(split_ranks(ranks, c.parallel.pipeline)),
-        pipeline_stages(c.parallel.pipeline) {}
+        pipeline_stages(c.parallel.pipeline),
+        sharded(c.parallel.shard_optimizer && groups.replicas->world_size() > 1) {}
   Collectives& stages() { return *groups.stages; }
   Collectives& replicas() { return *groups.replicas; }
   // Rank 0 of each stage's data-parallel ranks: the pipeline that evaluates and saves.
@@ -208,9 +215,12 @@ void make_model(Run& run) {
     if (config.init == InitMode::random) model.init_random(config.seed);
     else model.load(Checkpoint(config.model));
     if (!config.quantization.save_base.empty() && run.leader) save_base(run, model);
-  }, &run.host_state, stage);
+  }, &run.host_state, stage, run.sharded ? OptimizerShard{run.replicas().rank(), run.replicas().world_size()}
+                                         : OptimizerShard{});
   run.model = std::move(setup.model);
   run.optimizer = std::move(setup.optimizer);
+  run.trainable = std::move(setup.trainable);
+  run.state_owners = std::move(setup.state_owners);
   run.identity = run_identity(config, *run.model);
   std::cout << trainable_parameters_line(count_job_parameters(run)) << "\n";
 }
@@ -290,6 +300,18 @@ void make_data(Run& run) {
 
 namespace {
 
+// ZeRO-1: each data-parallel rank updated its share of the parameters; every
+// rank gets every share's new values from its owner.
+void share_updated_parameters(Run& run) {
+  if (!run.sharded) return;
+  for (int owner = 0; owner < run.replicas().world_size(); ++owner) {
+    std::vector<Tensor*> values;
+    for (size_t i = 0; i < run.trainable.size(); ++i)
+      if (run.state_owners[i] == owner) values.push_back(&run.trainable[i]->value);
+    run.replicas().broadcast(*run.backend, run.host, values, owner);
+  }
+}
+
 // The end of a training step once report.loss is known: the optimizer step
 // (none without a trained token) at this step's learning rate. AdamW leaves
 // every weight and moment as it was when the gradient norm is not finite, and
@@ -298,10 +320,13 @@ void finish_step(Run& run, int64_t step, bool trained_anything, StepReport& repo
   report.lr = run.schedule.lr_at(step);
   const bool loss_finite = std::isfinite(report.loss);
   double grad_norm = std::nan("");
-  if (trained_anything && loss_finite)
-    grad_norm = run.pipeline_stages == 1
-                    ? run.optimizer->step(report.lr)
-                    : run.optimizer->step(report.lr, pipeline_squared_grad_norm(*run.optimizer, run.stages(), run.host));
+  if (trained_anything && loss_finite) {
+    const double squared = run.pipeline_stages == 1
+                               ? add_squared_gradients(*run.backend, run.trainable, 0.0)
+                               : pipeline_squared_grad_norm(*run.backend, run.trainable, run.stages(), run.host);
+    grad_norm = run.optimizer->step(report.lr, squared);
+    if (std::isfinite(grad_norm)) share_updated_parameters(run);
+  }
   report.grad_norm = trained_anything ? grad_norm : 0.0;
   report.update_skipped = !loss_finite || !std::isfinite(report.grad_norm);
   report.peak_memory_bytes = run.tracker->stats().total_peak_bytes;
@@ -339,7 +364,7 @@ StepReport train_step(Run& run, int64_t step) {
                   double(micro.batch->counted_tokens);
     }
   }
-  loss_sum = sum_over_ranks(run.replicas(), *run.backend, run.host, *run.optimizer, loss_sum);
+  loss_sum = sum_over_ranks(run.replicas(), *run.backend, run.host, run.trainable, loss_sum);
   loss_sum = run.stages().sum(loss_sum);  // the last stage's, on every stage
   report.loss = counted ? loss_sum / double(counted) : 0.0;
   finish_step(run, step, counted > 0, report);
@@ -392,7 +417,7 @@ bool all_finite(Run& run, const Tensor& tensor) {
 // after max_bad_steps such steps in a row. Returns the new count in a row.
 int64_t on_bad_step(Run& run, const StepReport& report, int64_t bad_in_a_row, Progress& progress) {
   std::string offender = "none of the gradients holds one";
-  for (Parameter* p : run.optimizer->parameters())
+  for (Parameter* p : run.trainable)
     if (!all_finite(run, p->grad)) {
       offender = "the first is the gradient of " + p->name;
       break;
@@ -422,16 +447,18 @@ void check_finite_before_save(Run& run, const std::string& path) {
   }
 }
 
-// Every pipeline holds the same state; the first one's stages gather theirs
-// on rank 0, which writes one file.
+// Every pipeline holds the same state (a sharded one across its
+// data-parallel ranks: they gather it first); the first pipeline's stages
+// gather theirs on rank 0, which writes one file, as one process would.
 void save_state(Run& run, const std::string& path, int64_t step) {
-  if (!run.in_first_pipeline()) return;
+  if (!run.sharded && !run.in_first_pipeline()) return;
   check_finite_before_save(run, path);
-  const TrainProgress progress{step, train_position(run), {}};
-  if (run.pipeline_stages == 1) return save_train_state(path, *run.optimizer, progress, run.identity);
-  const NamedTensors tensors =
-      gather_on_first_stage(run.stages(), *run.backend, run.host, train_state_tensors(*run.optimizer, run.host));
-  if (run.leader) save_train_state(path, tensors, run.optimizer->steps_taken(), progress, run.identity);
+  NamedTensors tensors = train_state_tensors(*run.optimizer, run.host);
+  if (run.sharded) tensors = gather_on_rank_zero(run.replicas(), *run.backend, run.host, std::move(tensors));
+  if (!run.in_first_pipeline()) return;
+  tensors = gather_on_rank_zero(run.stages(), *run.backend, run.host, std::move(tensors));
+  if (run.leader)
+    save_train_state(path, tensors, run.optimizer->steps_taken(), {step, train_position(run), {}}, run.identity);
 }
 
 struct EvalFigures {
@@ -558,8 +585,8 @@ void save_outputs(Run& run) {
   if (!run.in_first_pipeline()) return;
   const TrainConfig& config = run.config;
   check_finite_before_save(run, path_in(config.output_dir, config.trainable == Trainable::all ? "model" : "adapter"));
-  const NamedTensors adapters = gather_on_first_stage(run.stages(), *run.backend, run.host,
-                                                      peft_adapter_tensors(*run.model, run.host));
+  const NamedTensors adapters = gather_on_rank_zero(run.stages(), *run.backend, run.host,
+                                                    peft_adapter_tensors(*run.model, run.host));
   if (!run.leader) return;
   if (config.trainable == Trainable::all) {
     save_full_model(run, path_in(config.output_dir, "model"));
@@ -653,8 +680,9 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   TrainProgress resumed;
   if (options.resume) {
     FT_CHECK(fs::exists(state_path), state_path, ": no training state to resume from");
-    const auto job_trainable = size_t(run.stages().sum(double(run.optimizer->parameters().size())));
+    const auto job_trainable = size_t(run.stages().sum(double(run.trainable.size())));
     resumed = load_train_state(state_path, *run.optimizer, run.identity, options.allow_data_change, job_trainable);
+    share_updated_parameters(run);  // a sharded state restored each rank's share only
     for (const std::string& change : resumed.data_changes)
       std::cout << "warning: resuming with changed data (--allow-data-change): " << change << "\n";
     set_train_position(run, resumed.data_position);
@@ -670,6 +698,9 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
             << format_bytes(memory.current(MemCategory::optimizer));
   if (config.offload_optimizer == OffloadTarget::host)
     std::cout << ", optimizer state on the host " << format_bytes(run.host_state.stats().current(MemCategory::optimizer));
+  if (run.sharded)
+    std::cout << " (this rank's share: the state is sharded over " << run.replicas().world_size()
+              << " data-parallel ranks, ZeRO-1)";
   if (const LayerStream* stream = run.model->layer_stream())
     std::cout << ", base layers 0-" << stream->layer_count() - 1 << " streamed from pinned host memory ("
               << format_bytes(stream->host_bytes()) << ") through " << stream->slot_count()

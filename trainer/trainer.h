@@ -20,7 +20,15 @@ ModelOptions model_options(const TrainConfig& config);
 // What a run trains: the model and the optimizer over its trainable set.
 struct TrainingSetup {
   std::unique_ptr<LanguageModel> model;  // a CausalLM, or T5Model for model_type t5
-  std::unique_ptr<AdamW> optimizer;
+  std::unique_ptr<AdamW> optimizer;      // over this rank's share of trainable
+  std::vector<Parameter*> trainable;     // every trainable parameter, in order
+  std::vector<int64_t> state_owners;     // the data-parallel rank holding each one's AdamW state
+};
+
+// ZeRO-1 (parallel.shard_optimizer): this rank's place among the
+// data-parallel ranks whose AdamW states are split (state_owners).
+struct OptimizerShard {
+  int64_t rank = 0, ranks = 1;
 };
 
 // The one way a run builds what it trains, on any backend; the memory planner
@@ -32,10 +40,11 @@ struct TrainingSetup {
 // adapters, or everything) gets gradient buffers, and AdamW takes the config's
 // weight decay and clipping. With offload.optimizer: host its state is
 // allocated from host_state (required then; a run's host memory, the
-// planner's host-side tracker). A pipeline stage builds its layers only.
+// planner's host-side tracker). A pipeline stage builds its layers only;
+// with a shard, AdamW holds state for the shard's parameters only.
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
                              const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state = nullptr,
-                             const LayerRange& stage = {});
+                             const LayerRange& stage = {}, const OptimizerShard& shard = {});
 
 // model as the decoder-only CausalLM that `what` (e.g. "objective: dpo")
 // needs; a T5Model is an Error saying so.
