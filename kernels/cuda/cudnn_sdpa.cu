@@ -6,9 +6,10 @@
 // Our [B, T, H, D] tensors are cuDNN's [B, H, T, D] dims with strides
 // {T H D, D, H D, 1}, read in place.
 //
-// Built only by nvcc with the cudnn-frontend headers (FT_HAVE_CUDNN_FRONTEND,
-// kernels/CMakeLists.txt; scripts/deps fetches them). Elsewhere, the emulator
-// included, there is no engine and our kernels (attention.cu) run.
+// Built into the GPU backend with the cudnn-frontend headers
+// (FT_HAVE_CUDNN_FRONTEND, kernels/CMakeLists.txt; scripts/deps fetches
+// them), as host C++: it holds no kernel. Elsewhere, the emulator included,
+// there is no engine and our kernels (attention.cu) run.
 //
 // One cuDNN graph per problem (shape, scale, direction), built on first use
 // and cached. A problem cuDNN has no engine for (f32 operands, a head size or
@@ -39,7 +40,7 @@ bool library_attention_wanted() {
 
 }  // namespace ft::cuda
 
-#if defined(__CUDACC__) && defined(FT_HAVE_CUDNN_FRONTEND)
+#if defined(FT_HAVE_CUDNN_FRONTEND)
 
 #include <cudnn_frontend.h>
 
@@ -225,7 +226,7 @@ bool library_attention_built() { return true; }
 
 }  // namespace ft::cuda
 
-#else  // the emulator, or nvcc without the cudnn-frontend headers
+#else  // the emulator, or a GPU build without the cudnn-frontend headers
 
 namespace ft::cuda {
 
