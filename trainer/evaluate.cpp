@@ -43,20 +43,33 @@ float micro_batch_loss(LanguageModel& model, const Batch& batch, const float* gr
                     : causal.forward(batch.input_ids, batch.targets);
 }
 
-EvalLoss evaluate_loss(LanguageModel& model, const DataLoader& eval, int64_t max_batches) {
-  HostAllocator host;
+std::vector<Batch> eval_batches(const DataLoader& eval, int64_t max_batches, Allocator& host) {
   const int64_t batches = max_batches > 0 ? std::min(max_batches, eval.batches_per_epoch()) : eval.batches_per_epoch();
-  double loss_sum = 0.0;
-  EvalLoss result;
+  std::vector<Batch> counted;
   for (int64_t i = 0; i < batches; ++i) {
     Batch batch = trim_padding(eval.batch_in_order(i), host);
-    if (batch.counted_tokens == 0) continue;
-    loss_sum += double(micro_batch_loss(model, batch, nullptr)) * double(batch.counted_tokens);
-    result.tokens += batch.counted_tokens;
+    if (batch.counted_tokens > 0) counted.push_back(std::move(batch));
   }
-  result.loss = result.tokens ? loss_sum / double(result.tokens) : 0.0;
+  return counted;
+}
+
+EvalLoss eval_loss_of(double loss_sum, int64_t tokens) {
+  EvalLoss result;
+  result.tokens = tokens;
+  result.loss = tokens ? loss_sum / double(tokens) : 0.0;
   result.perplexity = std::exp(result.loss);
   return result;
+}
+
+EvalLoss evaluate_loss(LanguageModel& model, const DataLoader& eval, int64_t max_batches) {
+  HostAllocator host;
+  double loss_sum = 0.0;
+  int64_t tokens = 0;
+  for (const Batch& batch : eval_batches(eval, max_batches, host)) {
+    loss_sum += double(micro_batch_loss(model, batch, nullptr)) * double(batch.counted_tokens);
+    tokens += batch.counted_tokens;
+  }
+  return eval_loss_of(loss_sum, tokens);
 }
 
 std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt) {

@@ -32,6 +32,11 @@ float micro_batch_loss(LanguageModel& model, const Batch& batch, const float* gr
 
 // max_batches 0 = the whole set.
 EvalLoss evaluate_loss(LanguageModel& model, const DataLoader& eval, int64_t max_batches);
+// What it evaluates: the first max_batches micro-batches (0: all) in file
+// order, padding trimmed, those without a counted token left out.
+std::vector<Batch> eval_batches(const DataLoader& eval, int64_t max_batches, Allocator& host);
+// The result from the sum over batches of mean loss x counted tokens.
+EvalLoss eval_loss_of(double loss_sum, int64_t tokens);
 
 // The ids a prompt is given to the model as: [bos] + encode(prompt), as in training.
 std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt);

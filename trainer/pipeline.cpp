@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <deque>
 #include <sstream>
 
@@ -171,31 +170,23 @@ double pipeline_squared_grad_norm(Backend& backend, const std::vector<Parameter*
 
 EvalLoss pipeline_eval_loss(CausalLM& model, Collectives& stages, Allocator& host, const DataLoader& eval,
                             int64_t max_batches) {
-  const int64_t batches = max_batches > 0 ? std::min(max_batches, eval.batches_per_epoch()) : eval.batches_per_epoch();
-  std::vector<Batch> counted;  // padding trimmed, every one with a counted token
-  for (int64_t i = 0; i < batches; ++i) {
-    Batch batch = trim_padding(eval.batch_in_order(i), host);
-    if (batch.counted_tokens > 0) counted.push_back(std::move(batch));
-  }
+  const std::vector<Batch> batches = eval_batches(eval, max_batches, host);
   std::vector<const Batch*> pointers;
   std::vector<StageOp> forwards;
-  for (const Batch& batch : counted) {
+  for (const Batch& batch : batches) {
     forwards.push_back({true, pointers.size()});
     pointers.push_back(&batch);
   }
   double loss_sum = 0.0;
-  EvalLoss result;
+  int64_t tokens = 0;
   run_stage_ops(model, stages, host, forwards, pointers, [&](const StageOp&, const Batch& batch, Tensor received) {
     Tensor output;
     loss_sum += double(model.stage_eval_forward(batch.input_ids, batch.targets, std::move(received), &output)) *
                 double(batch.counted_tokens);
-    result.tokens += batch.counted_tokens;
+    tokens += batch.counted_tokens;
     return output;  // undefined on the last stage
   });
-  loss_sum = stages.sum(model.last_stage() ? loss_sum : 0.0);
-  result.loss = result.tokens ? loss_sum / double(result.tokens) : 0.0;
-  result.perplexity = std::exp(result.loss);
-  return result;
+  return eval_loss_of(stages.sum(model.last_stage() ? loss_sum : 0.0), tokens);
 }
 
 }  // namespace ft

@@ -182,9 +182,10 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
 
   // As a run builds it, minus reading weights: the meta device has no values.
   watch.phase = "model weights";
-  // parallel.shard_optimizer: rank 0's share of AdamW's state.
-  const int64_t data_ranks = parallel_layout(config, options.ranks, "--ranks " + std::to_string(options.ranks)).data;
-  const OptimizerShard shard = config.parallel.shard_optimizer ? OptimizerShard{0, data_ranks} : OptimizerShard{};
+  // parallel.shard_optimizer: rank 0's share of AdamW's state over the data-parallel ranks.
+  OptimizerShard shard;
+  if (config.parallel.shard_optimizer)
+    shard.ranks = parallel_layout(config, options.ranks, "--ranks " + std::to_string(options.ranks)).data;
   TrainingSetup setup = setup_training(config, model_config, backend,
                                        [&](LanguageModel&) { watch.phase = "gradients and optimizer state"; },
                                        &host_state, stage, shard);
