@@ -7,14 +7,18 @@ Usage: scripts/estimate_step.py [MODEL_DIR] [--seq 2048] [--batch 1] [--markdown
 For each op of a GPT-NeoX layer stack (the shapes the memory planner plans:
 micro batch x seq tokens, hidden C, MLP I, H heads of D, vocab V; LoRA r 16
 on query_key_value; INT8 base; bf16 activations; per-layer activation
-checkpointing, so the forward runs twice), the FLOPs or bytes it must do or
+checkpointing, so a layer's forward runs again in backward), the FLOPs or bytes it must do or
 move, divided by a datasheet peak times an efficiency assumed per kernel kind
 (EFFICIENCY below). Three columns of engines:
   ours-today  attention as our f32-FMA flash kernel (CUDA cores);
   ours-tc     attention on tensor cores (FA2-structured kernel or cuDNN SDPA);
   hf-bnb-fa2  transformers + bitsandbytes LLM.int8() + FlashAttention-2: the
-              same FLOPs, bnb's backward dequantises each whole weight to fp16
-              per call, and unfused elementwise ops move ~1.5x our bytes.
+              same FLOPs except that its checkpointing reruns each layer's
+              whole forward, bnb's backward dequantises each whole weight to
+              fp16 per call, and unfused elementwise ops move ~1.5x our bytes.
+Ours reruns only what backward reads (CausalLM::forward_layer without out):
+not dense_4h_to_h or the GELU, whose outputs only make the layer output, nor,
+with the parallel residual, dense.
 These are ESTIMATES, not measurements: scripts/bench_gpu measures on a GPU.
 """
 import argparse
@@ -41,38 +45,52 @@ EFFICIENCY = {
 }
 
 
-def ops(cfg, seq, batch, r=16):
+def forward_passes(cfg, engine):
+    """How often each linear's forward runs in a step: twice where the
+    checkpointed layer's recomputation needs its output, else once."""
+    if engine == "hf-bnb-fa2":  # torch.utils.checkpoint reruns the layer's whole forward
+        return {"query_key_value": 2, "dense": 2, "dense_h_to_4h": 2, "dense_4h_to_h": 2}
+    parallel = cfg.get("use_parallel_residual", True)  # transformers' default for GPT-NeoX
+    return {"query_key_value": 2, "dense": 1 if parallel else 2, "dense_h_to_4h": 2, "dense_4h_to_h": 1}
+
+
+def ops(cfg, seq, batch, engine, r=16):
     """(name, kind, flops, bytes) for one training step; bytes only for memory kinds."""
     C, I, H, L, V = (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_attention_heads"],
                      cfg["num_hidden_layers"], cfg["vocab_size"])
     D, N = C // H, seq * batch
     linears = {"query_key_value": (3 * C, C), "dense": (C, C), "dense_h_to_4h": (I, C), "dense_4h_to_h": (C, I)}
-    fwd_passes = 2  # the forward and its recomputation in backward (per-layer checkpointing)
+    passes = forward_passes(cfg, engine)
     out = []
     for name, (O, K) in linears.items():
         flops = 2.0 * N * O * K
-        out.append((f"{name} int8 forward (x{fwd_passes})", "gemm_int8", fwd_passes * L * flops, 0))
+        out.append((f"{name} int8 forward (x{passes[name]})", "gemm_int8", passes[name] * L * flops, 0))
         # LLM.int8() around the product: x read twice (outliers, codes), codes and
         # the int32 product written and read, out written (bf16).
         extra = N * K * 2 * 2 + N * K + N * O * 4 * 2 + N * O * 2
-        out.append((f"{name} int8 quantise/outliers/epilogue (x{fwd_passes})", "memory", 0,
-                    fwd_passes * L * extra))
+        out.append((f"{name} int8 quantise/outliers/epilogue (x{passes[name]})", "memory", 0,
+                    passes[name] * L * extra))
         out.append((f"{name} backward dx (bf16, dequantised tiles)", "gemm_bf16", L * flops, 0))
         out.append((f"{name} weight dequantise (int8 -> bf16 tile)", "memory", 0, L * O * K * 3))
     lora_flops = 2.0 * N * r * (C + 3 * C)
-    out.append(("LoRA A/B forward, dx, dA, dB", "gemm_bf16", L * lora_flops * (fwd_passes + 2), 0))
+    out.append(("LoRA A/B forward, dx, dA, dB", "gemm_bf16", L * lora_flops * (passes["query_key_value"] + 2), 0))
     attn_fwd = 2.0 * batch * seq * seq * H * D  # causal: half of 4 T^2 H D
-    out.append(("attention forward (x2), tensor cores", "attn_fwd_tc", fwd_passes * L * attn_fwd, 0))
+    out.append(("attention forward (x2), tensor cores", "attn_fwd_tc", 2 * L * attn_fwd, 0))
     out.append(("attention backward, tensor cores", "attn_bwd_tc", L * 2.5 * attn_fwd, 0))
-    out.append(("attention forward (x2), f32 FMA", "attn_f32", fwd_passes * L * attn_fwd, 0))
+    out.append(("attention forward (x2), f32 FMA", "attn_f32", 2 * L * attn_fwd, 0))
     out.append(("attention backward, f32 FMA", "attn_f32", L * 2.5 * attn_fwd, 0))
     # Elementwise per layer, bf16 [N, C]-sized passes: 2 layernorms (fwd: read,
-    # write; bwd: read x, dout, write dx), rope on q, k, gelu on [N, I], the
-    # parallel residual adds, dropout on the LoRA input.
+    # write; bwd: read x, dout, write dx), rope on q, k, dropout on the LoRA
+    # input and q, k, v copied out of the fused qkv output (all rerun by a
+    # recomputation); gelu on [N, I] and the residual adds (rerun only where
+    # dense_4h_to_h's forward is). Backward also recomputes the gelu and
+    # copies dq, dk, dv back into the fused layout.
     nc, ni = N * C * 2, N * I * 2
-    fwd_bytes = 2 * 2 * nc + 2 * 2 * (2 * nc / 3 * 2) + 2 * ni + 3 * 2 * nc + 2 * nc
-    bwd_bytes = 2 * 3 * nc + 2 * (2 * nc) + 3 * ni + 3 * 2 * nc + 2 * nc
-    out.append(("norms, rope, gelu, adds, dropout", "memory", 0, L * (fwd_passes * fwd_bytes + bwd_bytes)))
+    rerun_bytes = 2 * 2 * nc + 2 * 2 * (2 * nc / 3 * 2) + 2 * nc + 6 * nc
+    output_bytes = 2 * ni + 3 * 2 * nc
+    bwd_bytes = 2 * 3 * nc + 2 * (2 * nc) + 2 * ni + 3 * ni + 3 * 2 * nc + 2 * nc + 6 * nc
+    fwd_bytes = 2 * rerun_bytes + passes["dense_4h_to_h"] * output_bytes
+    out.append(("norms, rope, gelu, adds, dropout, q/k/v copies", "memory", 0, L * (fwd_bytes + bwd_bytes)))
     out.append(("lm_head forward + dx (bf16)", "gemm_bf16", 2 * 2.0 * N * C * V, 0))
     out.append(("loss, embedding, AdamW (LoRA)", "memory", 0, N * V * 4 * 2 + N * C * 2 * 2))
     return out
@@ -116,7 +134,7 @@ def estimate(cfg, seq, batch, gpu):
     result = {}
     for engine in ("ours-today", "ours-tc", "hf-bnb-fa2"):
         rows = []
-        for name, kind, flops, nbytes in ops(cfg, seq, batch):
+        for name, kind, flops, nbytes in ops(cfg, seq, batch, engine):
             if uses(name, kind, engine):
                 rows.append((name, kind, flops or nbytes, seconds(kind, flops, nbytes, gpu, engine)))
         if engine == "hf-bnb-fa2":  # whole-weight fp16 dequantise per backward call: read i8, write + read fp16
