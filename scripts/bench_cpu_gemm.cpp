@@ -1,12 +1,15 @@
 // bench_cpu_gemm REPEATS: GFLOP/s of CpuBackend's GEMMs, reference kernels and
-// oneDNN (where built), on 2048^3 and on the GEMMs of one training step of
-// scripts/bench_cpu's Llama shape (1024 tokens, hidden 768, MLP 2048, vocab
-// 32000). One JSON object per line; the median time of REPEATS runs after one
-// warm-up. Compiled and run by scripts/bench_cpu.
+// oneDNN (where built), on 2048^3 and on the GEMMs and attention of one
+// training step of scripts/bench_cpu's Llama shape (1024 tokens, hidden 768,
+// MLP 2048, vocab 32000, 12 heads of 64), and the machine's multiply-add
+// peaks from register-only loops. One JSON object per line; the median time
+// of REPEATS runs after one warm-up. Compiled and run by scripts/bench_cpu.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <immintrin.h>
+#include <omp.h>
 #include <random>
 #include <string>
 #include <vector>
@@ -69,11 +72,91 @@ void bench_int8(CpuBackend& backend, const char* gemm, const std::string& name, 
               name.c_str(), gemm, long(N), long(K), long(O), flops / backward / 1e9);
 }
 
+// The machine's multiply-add peak, all threads, from loops that keep 12
+// independent sums in registers: f32 FMA, and int16 pairs multiplied and
+// summed into int32 (vpmaddwd + vpaddd: what an int8 product uses without
+// VNNI). 2 operations per multiply-add. Compiled for AVX2 + FMA, run only
+// where the CPU has them.
+__attribute__((target("avx2,fma"))) double f32_fma_loop(long iters) {
+  __m256 sums[12], a = _mm256_set1_ps(1.0000001f), b = _mm256_set1_ps(0.9999999f);
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) sums[i] = _mm256_set1_ps(1e-9f * float(i));  // distinct, so none is merged
+  for (long n = 0; n < iters; ++n) {
+#pragma GCC unroll 12
+    for (auto& sum : sums) sum = _mm256_fmadd_ps(a, b, sum);
+    asm volatile("" : "+x"(a));
+  }
+  float total = 0.0f;
+  for (auto& sum : sums) total += _mm256_cvtss_f32(sum);
+  return total;
+}
+
+__attribute__((target("avx2,fma"))) double int16_madd_loop(long iters) {
+  __m256i sums[12], x = _mm256_set1_epi16(3), y[12];  // distinct y, so no product is shared
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) sums[i] = _mm256_setzero_si256(), y[i] = _mm256_set1_epi16(short(i + 1));
+  for (long n = 0; n < iters; ++n) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) sums[i] = _mm256_add_epi32(sums[i], _mm256_madd_epi16(x, y[i]));
+    asm volatile("" : "+x"(x));
+  }
+  long total = 0;
+  for (auto& sum : sums) total += _mm256_cvtsi256_si32(sum);
+  return double(total);
+}
+
+void bench_peaks() {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return;
+  const long iters = 20'000'000;
+  const struct {
+    const char* op;
+    const char* dtype;
+    double (*loop)(long);
+    double ops_per_iter;
+  } loops[] = {{"peak: f32 FMA loop", "f32", f32_fma_loop, 12 * 8 * 2},
+               {"peak: int16 multiply-add loop", "int8", int16_madd_loop, 12 * 16 * 2}};
+  for (const auto& l : loops) {
+    double sink = 0.0;
+    auto start = std::chrono::steady_clock::now();
+#pragma omp parallel reduction(+ : sink)
+    sink += l.loop(iters);
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("{\"op\": \"%s\", \"gemm\": \"machine\", \"dtype\": \"%s\", \"M\": 0, \"N\": 0, \"K\": 0, "
+                "\"gflops\": %.1f, \"sink\": %g}\n",
+                l.op, l.dtype, omp_get_max_threads() * iters * l.ops_per_iter / seconds / 1e9, sink);
+  }
+}
+
+// Causal attention forward and backward, f32 [4, 256, 12, 64] (the bench
+// shape): FLOPs of the causal half, 4 T^2 H D / 2 forward and 2.5x that backward.
+void bench_attention(CpuBackend& backend, int repeats) {
+  std::mt19937 rng(3);
+  const int64_t B = 4, T = 256, H = 12, D = 64;
+  Tensor q = random_tensor(backend, {B, T, H, D}, DType::f32, 1.0f, rng), k = random_tensor(backend, {B, T, H, D}, DType::f32, 1.0f, rng);
+  Tensor v = random_tensor(backend, {B, T, H, D}, DType::f32, 1.0f, rng), dout = random_tensor(backend, {B, T, H, D}, DType::f32, 1.0f, rng);
+  Tensor out = backend.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+  Tensor lse = backend.empty({B, H, T}, DType::f32, MemCategory::activations);
+  Tensor dq = backend.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+  Tensor dk = backend.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+  Tensor dv = backend.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+  const float scale = 0.125f;
+  double forward = median_seconds([&] { backend.attention_forward(out, lse, q, k, v, scale, 0); }, repeats);
+  double backward = median_seconds([&] { backend.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, 0); },
+                                   repeats);
+  const double flops = 2.0 * B * H * T * (T + 1) * D;  // QK^T and PV over the visible half
+  std::printf("{\"op\": \"attention forward\", \"gemm\": \"ours\", \"dtype\": \"f32\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"gflops\": %.1f}\n",
+              long(T), long(T), long(D), flops / forward / 1e9);
+  std::printf("{\"op\": \"attention backward\", \"gemm\": \"ours\", \"dtype\": \"f32\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"gflops\": %.1f}\n",
+              long(T), long(T), long(D), 2.5 * flops / backward / 1e9);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::stoi(argv[1]) : 5;
   HostAllocator host;
+  bench_peaks();
   std::vector<CpuGemm> gemms{CpuGemm::reference};
   if (onednn_built()) gemms.push_back(CpuGemm::onednn);
   for (CpuGemm choice : gemms) {
@@ -88,5 +171,7 @@ int main(int argc, char** argv) {
     bench_matmul(backend, gemm, "lm_head forward", 1024, 32000, 768, DType::f32, repeats);
     bench_matmul(backend, gemm, "lora A", 1024, 8, 768, DType::f32, repeats);
   }
+  CpuBackend backend(host);
+  bench_attention(backend, repeats);
   return 0;
 }
