@@ -9,8 +9,8 @@
 // buffers (and K and V transposed, [D, T]), so each of a tile's products
 // (S = Q K^T, O += P V, dP = dO V^T, dQ += dS K, dK += dS^T Q, dV += P^T dO)
 // is a small row-major GEMM run by one register-blocked loop (tile_gemm).
-// Decoding (attention_cached: a few query rows) uses dot products and axpys
-// per row instead.
+// Decoding (attention_cached) runs each query row through the same loop, so
+// its rows equal the forward's bit for bit.
 // Key j is visible to query i iff j <= i and, with a sliding window W > 0,
 // i - j < W (transformers' Mistral mask): key tiles wholly outside are skipped.
 // Scratch is thread_local and only grows, so steps after the first allocate
@@ -143,7 +143,6 @@ void block_gemm(float* c, int64_t ldc, const float* const a_rows[kBlockRows], co
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
-    float sums[kBlockCols];
     if (cols == kBlockCols) {  // the same additions, eight at a time
       for (int half = 0; half < 2; ++half) {
         const Vec8 sum = load8(c + r * ldc + 8 * half) + acc[r][half];
@@ -151,6 +150,7 @@ void block_gemm(float* c, int64_t ldc, const float* const a_rows[kBlockRows], co
       }
       continue;
     }
+    float sums[kBlockCols];
     std::memcpy(sums, acc[r], sizeof(sums));
     for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] += sums[j];
   }
