@@ -62,18 +62,21 @@ namespace ft {
   PREFIX void layernorm_backward_add_impl(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,           \
                                           const Tensor& dresidual, const Tensor& x, const Tensor& weight,           \
                                           const Tensor& mean, const Tensor& rstd) SUFFIX;                           \
-  PREFIX void rope_forward_impl(Tensor& x, const Tensor& positions, std::span<const float> inv_freq) SUFFIX;      \
-  PREFIX void rope_backward_impl(Tensor& dx, const Tensor& positions, std::span<const float> inv_freq) SUFFIX;    \
+  PREFIX void rope_forward_impl(const HeadsView& x, const Tensor& positions, std::span<const float> inv_freq)      \
+      SUFFIX;                                                                                                       \
+  PREFIX void rope_backward_impl(const HeadsView& dx, const Tensor& positions, std::span<const float> inv_freq)    \
+      SUFFIX;                                                                                                       \
   PREFIX void swiglu_forward_impl(Tensor& out, const Tensor& gate, const Tensor& up) SUFFIX;                        \
   PREFIX void swiglu_backward_impl(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,              \
                                    const Tensor& up) SUFFIX;                                                        \
   PREFIX void gelu_forward_impl(Tensor& out, const Tensor& x, GeluKind kind) SUFFIX;                                \
   PREFIX void gelu_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) SUFFIX;            \
-  PREFIX void attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,   \
-                                     float scale, int64_t sliding_window) SUFFIX;                                   \
-  PREFIX void attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,      \
-                                      const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,       \
-                                      float scale, int64_t sliding_window) SUFFIX;                                  \
+  PREFIX void attention_forward_impl(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k,            \
+                                     const HeadsView& v, float scale, int64_t sliding_window) SUFFIX;               \
+  PREFIX void attention_backward_impl(const HeadsView& dq, const HeadsView& dk, const HeadsView& dv,               \
+                                      const Tensor& dout, const HeadsView& q, const HeadsView& k,                   \
+                                      const HeadsView& v, const Tensor& out, const Tensor& lse, float scale,        \
+                                      int64_t sliding_window) SUFFIX;                                               \
   PREFIX void attention_cached_impl(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,     \
                                     const Tensor& positions, float scale, int64_t sliding_window) SUFFIX;          \
   PREFIX void biased_attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,            \
@@ -263,18 +266,19 @@ class Backend {
   }
 
   // ---- rotary position embedding (in place) ------------------------------
-  // x is [N, H, D] (N tokens, H heads, head size D); positions i32[N]. The first
+  // x is [..., H, D] heads (N tokens, H heads, head size D; a view, so q and
+  // k rotate inside GPT-NeoX's fused qkv rows); positions i32[N]. The first
   // rotary_dim = 2 * inv_freq.size() features of each head are rotated with
   // HF's rotate_half layout: pair (i, i + rotary_dim/2) by the f32 angle
   // float(position) * inv_freq[i]. The caller computes inv_freq (host f32,
   // finite and positive) from the model's rope settings, scaling included
   // (model/rope.h), so every backend rotates by the same angles.
-  void rope_forward(Tensor& x, const Tensor& positions, std::span<const float> inv_freq) {
+  void rope_forward(const HeadsView& x, const Tensor& positions, std::span<const float> inv_freq) {
     checks::check_rope(device(), "rope_forward", x, positions, inv_freq);
     rope_forward_impl(x, positions, inv_freq);
   }
   // The transposed (inverse) rotation, applied in place to the gradient.
-  void rope_backward(Tensor& dx, const Tensor& positions, std::span<const float> inv_freq) {
+  void rope_backward(const HeadsView& dx, const Tensor& positions, std::span<const float> inv_freq) {
     checks::check_rope(device(), "rope_backward", dx, positions, inv_freq);
     rope_backward_impl(dx, positions, inv_freq);
   }
@@ -308,17 +312,21 @@ class Backend {
   // backward). scores = q.k * scale. sliding_window (Mistral's) 0 means plain
   // causal; otherwise key j is visible to query i iff j <= i and
   // i - j < sliding_window (transformers' mask kv_idx > q_idx - window).
-  void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                         int64_t sliding_window) {
+  // q, k and v are head views (kernels/tensor.h): GPT-NeoX's are read in place
+  // from the fused query_key_value output, as FlashAttention's qkvpacked
+  // form reads them, and its dq, dk and dv written in place into dqkv.
+  void attention_forward(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k, const HeadsView& v,
+                         float scale, int64_t sliding_window) {
     checks::check_attention(device(), "attention_forward", q, k, v, out, lse, sliding_window);
     attention_forward_impl(out, lse, q, k, v, scale, sliding_window);
   }
-  // dq, dk, dv overwritten.
-  void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                          const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
-                          int64_t sliding_window) {
+  // dq, dk, dv overwritten (every column of their views), none overlapping
+  // another operand.
+  void attention_backward(const HeadsView& dq, const HeadsView& dk, const HeadsView& dv, const Tensor& dout,
+                          const HeadsView& q, const HeadsView& k, const HeadsView& v, const Tensor& out,
+                          const Tensor& lse, float scale, int64_t sliding_window) {
     checks::check_attention(device(), "attention_backward", q, k, v, out, lse, sliding_window);
-    checks::check_attention_gradients(device(), "attention_backward", dq, dk, dv, dout, q, k);
+    checks::check_attention_gradients(device(), "attention_backward", dq, dk, dv, dout, q, k, v, out);
     attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, scale, sliding_window);
   }
 

@@ -96,37 +96,51 @@ inline void check_copy_columns(Device device, const Tensor& dst, int64_t dst_off
   FT_CHECK(!dst.data || dst.data != src.data, op, ": dst and src must not alias");
 }
 
+// A head view (kernels/tensor.h): floating rows, and a column window of
+// width >= 1 inside them.
+inline void check_heads(const HeadsView& x, Device device, const char* op, const char* name) {
+  check_float(x.rows, device, op, name);
+  FT_CHECK(x.rows.ndim() >= 1 && x.width >= 1 && x.first_column >= 0 && x.first_column + x.width <= x.pitch(), op,
+           ": ", name, " must be columns [c, c + D) with D >= 1 of its rows ", shape_string(x.rows.shape),
+           ", got [", x.first_column, ", ", x.first_column + x.width, ")");
+}
+
+inline void check_heads_shape(const HeadsView& x, const Shape& expected, const char* op, const char* name) {
+  FT_CHECK(x.shape() == expected, op, ": ", name, " has shape ", shape_string(x.shape()), ", expected ",
+           shape_string(expected));
+}
+
 // Backend::attention_forward's operands: q [B, T, Hq, D], k and v
 // [B, T, Hkv, D] with Hq a multiple of Hkv, out like q, lse f32 [B, Hq, T].
 struct AttentionShape {
   int64_t batch, seq, q_heads, kv_heads, head_dim;
 };
-inline AttentionShape attention_shape(const Tensor& q, const Tensor& k) {
+inline AttentionShape attention_shape(const HeadsView& q, const HeadsView& k) {
   return {q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
 }
 // Attention's window and floating operands (k and v under their names: the
 // cached op's are the caches).
-inline void check_attention_operands(Device device, const char* op, const Tensor& q, const Tensor& k,
-                                     const char* k_name, const Tensor& v, const char* v_name, const Tensor& out,
+inline void check_attention_operands(Device device, const char* op, const HeadsView& q, const HeadsView& k,
+                                     const char* k_name, const HeadsView& v, const char* v_name, const Tensor& out,
                                      int64_t sliding_window) {
   FT_CHECK(sliding_window >= 0, op, ": sliding_window must be >= 0 (0: none), got ", sliding_window);
-  check_float(q, device, op, "q");
-  check_float(k, device, op, k_name);
-  check_float(v, device, op, v_name);
+  check_heads(q, device, op, "q");
+  check_heads(k, device, op, k_name);
+  check_heads(v, device, op, v_name);
   check_float(out, device, op, "out");
 }
-inline void check_attention(Device device, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& out, const Tensor& lse, int64_t sliding_window) {
+inline void check_attention(Device device, const char* op, const HeadsView& q, const HeadsView& k,
+                            const HeadsView& v, const Tensor& out, const Tensor& lse, int64_t sliding_window) {
   check_attention_operands(device, op, q, k, "k", v, "v", out, sliding_window);
   check_dtype(lse, DType::f32, device, op, "lse");
-  FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got q ", shape_string(q.shape),
-           " and k ", shape_string(k.shape));
+  FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got q ", shape_string(q.shape()),
+           " and k ", shape_string(k.shape()));
   const AttentionShape s = attention_shape(q, k);
   FT_CHECK(s.kv_heads > 0 && s.q_heads % s.kv_heads == 0, op, ": query heads (", s.q_heads,
            ") must be a multiple of kv heads (", s.kv_heads, ")");
-  check_shape(k, {s.batch, s.seq, s.kv_heads, s.head_dim}, op, "k");
-  check_shape(v, k.shape, op, "v");
-  check_shape(out, q.shape, op, "out");
+  check_heads_shape(k, {s.batch, s.seq, s.kv_heads, s.head_dim}, op, "k");
+  check_heads_shape(v, k.shape(), op, "v");
+  check_shape(out, q.shape(), op, "out");
   check_shape(lse, {s.batch, s.q_heads, s.seq}, op, "lse");
 }
 
@@ -149,13 +163,29 @@ inline void check_attention_cached(Device device, const Tensor& out, const Tenso
   check_shape(positions, {q.dim(0) * q.dim(1)}, op, "positions");
 }
 
-// attention_backward's gradients, shaped as their inputs.
-inline void check_attention_gradients(Device device, const char* op, const Tensor& dq, const Tensor& dk,
-                                      const Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k) {
-  check_float_like(dq, q, device, op, "dq");
-  check_float_like(dk, k, device, op, "dk");
-  check_float_like(dv, k, device, op, "dv");
-  check_float_like(dout, q, device, op, "dout");
+// Whether two head views share bytes: the same rows with overlapping column windows.
+inline bool heads_overlap(const HeadsView& a, const HeadsView& b) {
+  return a.rows.data && a.rows.data == b.rows.data && a.first_column < b.first_column + b.width &&
+         b.first_column < a.first_column + a.width;
+}
+
+// attention_backward's gradients: shaped as their inputs, written without
+// touching each other or an input.
+inline void check_attention_gradients(Device device, const char* op, const HeadsView& dq, const HeadsView& dk,
+                                      const HeadsView& dv, const Tensor& dout, const HeadsView& q,
+                                      const HeadsView& k, const HeadsView& v, const Tensor& out) {
+  const std::pair<const HeadsView*, const char*> grads[] = {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
+  const HeadsView inputs[] = {q, k, v, dout, out};
+  for (const auto& [grad, name] : grads) {
+    check_heads(*grad, device, op, name);
+    check_heads_shape(*grad, (grad == &dq ? q : k).shape(), op, name);
+    for (const HeadsView& input : inputs)
+      FT_CHECK(!input.rows.data || grad->rows.data != input.rows.data, op, ": ", name,
+               " must not share memory with an input");
+  }
+  FT_CHECK(!heads_overlap(dq, dk) && !heads_overlap(dq, dv) && !heads_overlap(dk, dv), op,
+           ": dq, dk and dv must not overlap");
+  check_float_like(dout, out, device, op, "dout");
 }
 
 // Backend::biased_attention_forward's operands: q [B, Tq, H, D], k and v
@@ -347,17 +377,16 @@ inline void check_norm_backward_op(Device device, const char* op, const Tensor& 
 
 // x [..., H, D] with positions i32 of one per token; rotary_dim = 2 * inv_freq.size()
 // in (0, D]; inv_freq finite and positive.
-inline void check_rope(Device device, const char* op, const Tensor& x, const Tensor& positions,
+inline void check_rope(Device device, const char* op, const HeadsView& x, const Tensor& positions,
                        std::span<const float> inv_freq) {
   const int64_t rotary_dim = 2 * int64_t(inv_freq.size());
   for (float f : inv_freq)
     FT_CHECK(std::isfinite(f) && f > 0.0f, op, ": inv_freq must be finite and positive, got ", f);
-  check_float(x, device, op, "x");
+  check_heads(x, device, op, "x");
   check_dtype(positions, DType::i32, device, op, "positions");
-  FT_CHECK(x.ndim() >= 3 && x.dim(-2) > 0 && x.dim(-1) > 0, op, ": x must be [N, H, D], got ",
-           shape_string(x.shape));
-  const int64_t head_dim = x.dim(-1);
-  check_numel(positions, x.numel() / (x.dim(-2) * head_dim), op, "positions");
+  FT_CHECK(x.ndim() >= 3 && x.dim(-2) > 0, op, ": x must be [N, H, D], got ", shape_string(x.shape()));
+  const int64_t head_dim = x.width;
+  check_numel(positions, x.rows.rows() / x.dim(-2), op, "positions");
   FT_CHECK(rotary_dim > 0 && rotary_dim <= head_dim, op, ": rotary_dim ", rotary_dim,
            " (twice inv_freq's ", inv_freq.size(), " entries) must be in (0, head_dim = ", head_dim, "]");
 }

@@ -80,4 +80,14 @@ Tensor Tensor::slice_rows(int64_t first, int64_t count) const {
   return view;
 }
 
+Shape HeadsView::shape() const {
+  Shape view = rows.shape;
+  if (!view.empty()) view.back() = width;
+  return view;
+}
+
+void* HeadsView::data() const {
+  return rows.data ? static_cast<char*>(rows.data) + size_t(first_column) * dtype_size_bytes(rows.dtype) : nullptr;
+}
+
 }  // namespace ft

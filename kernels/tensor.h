@@ -64,4 +64,35 @@ struct Tensor {
   Tensor slice_rows(int64_t first, int64_t count) const;
 };
 
+// The heads of an attention operand, [..., H, width], read or written in
+// place: columns [first_column, first_column + width) of each row of `rows`,
+// a contiguous [..., H, pitch] tensor. A contiguous operand is its own view
+// (pitch = width, hence the implicit conversion); GPT-NeoX's fused
+// query_key_value output, [B, T, H, 3 * D], holds q, k and v at columns 0, D
+// and 2 * D, which attention and rope use there without copies.
+struct HeadsView {
+  Tensor rows;
+  int64_t first_column = 0;
+  int64_t width = 0;
+
+  HeadsView() = default;
+  // Implicit on purpose: a contiguous [..., H, D] tensor is its own view.
+  HeadsView(const Tensor& contiguous) : rows(contiguous), width(contiguous.cols()) {}
+  HeadsView(const Tensor& rows_, int64_t first_column_, int64_t width_)
+      : rows(rows_), first_column(first_column_), width(width_) {}
+
+  // The operand's shape: rows' with the last extent width.
+  Shape shape() const;
+  int64_t dim(int i) const { return i == -1 || i == rows.ndim() - 1 ? width : rows.dim(i); }
+  int ndim() const { return rows.ndim(); }
+  int64_t pitch() const { return rows.cols(); }
+  DType dtype() const { return rows.dtype; }
+  Device device() const { return rows.device; }
+  bool contiguous() const { return first_column == 0 && width == pitch(); }
+  // Element offset (from rows.data) of the view's first element in head row r.
+  int64_t offset(int64_t r) const { return r * pitch() + first_column; }
+  // Address of the view's first element (null on the meta device).
+  void* data() const;
+};
+
 }  // namespace ft

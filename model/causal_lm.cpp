@@ -287,12 +287,10 @@ void LanguageModel::set_training(bool training) {
 
 void CausalLM::attention_forward(AttentionActivations& saved, const Tensor& positions) {
   Backend& be = backend_;
-  const int64_t B = saved.q.dim(0), T = saved.q.dim(1), N = B * T, Hq = saved.q.dim(2), Hkv = saved.k.dim(2);
-  const int64_t D = config_.head_dim;
-  Tensor q_heads = saved.q.reshaped({N, Hq, D}), k_heads = saved.k.reshaped({N, Hkv, D});
+  const int64_t B = saved.q.dim(0), T = saved.q.dim(1), Hq = saved.q.dim(2), D = config_.head_dim;
   const std::vector<float> inv_freq = rope_inv_freq(config_, cached_step_ ? cached_step_->seq_tokens : T);
-  be.rope_forward(q_heads, positions, inv_freq);
-  be.rope_forward(k_heads, positions, inv_freq);
+  be.rope_forward(saved.q, positions, inv_freq);
+  be.rope_forward(saved.k, positions, inv_freq);
   if (cached_step_) return attend_cached(saved);
   saved.attn = be.empty({B, T, Hq, D}, options_.activation_dtype, MemCategory::activations);
   saved.lse = be.empty({B, Hq, T}, DType::f32, MemCategory::activations);
@@ -300,22 +298,15 @@ void CausalLM::attention_forward(AttentionActivations& saved, const Tensor& posi
                        config_.sliding_window);
 }
 
-CausalLM::AttentionGradients CausalLM::attention_backward(const AttentionActivations& saved, const Tensor& dattn,
-                                                          const Tensor& positions) {
+void CausalLM::attention_backward(const AttentionActivations& saved, const Tensor& dattn, const Tensor& positions,
+                                  const AttentionGradients& grads) {
   Backend& be = backend_;
-  const DType act = options_.activation_dtype;
-  const int64_t T = saved.q.dim(1), N = saved.q.dim(0) * T, D = config_.head_dim;
-  AttentionGradients grads;
-  grads.dq = be.empty(saved.q.shape, act, MemCategory::activations);
-  grads.dk = be.empty(saved.k.shape, act, MemCategory::activations);
-  grads.dv = be.empty(saved.v.shape, act, MemCategory::activations);
+  const int64_t T = saved.q.dim(1), D = config_.head_dim;
   be.attention_backward(grads.dq, grads.dk, grads.dv, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse,
                         1.0f / std::sqrt(float(D)), config_.sliding_window);
-  Tensor dq_heads = grads.dq.reshaped({N, saved.q.dim(2), D}), dk_heads = grads.dk.reshaped({N, saved.k.dim(2), D});
   const std::vector<float> inv_freq = rope_inv_freq(config_, T);
-  be.rope_backward(dq_heads, positions, inv_freq);
-  be.rope_backward(dk_heads, positions, inv_freq);
-  return grads;
+  be.rope_backward(grads.dq, positions, inv_freq);
+  be.rope_backward(grads.dk, positions, inv_freq);
 }
 
 // ---- generation with a key/value cache -------------------------------------
@@ -333,14 +324,26 @@ KvCache CausalLM::make_kv_cache(int64_t batch, int64_t capacity_tokens) {
   return cache;
 }
 
+// The view's heads as a contiguous tensor: its rows where they are, else a copy.
+static Tensor contiguous_heads(Backend& be, const HeadsView& x) {
+  if (x.contiguous()) return x.rows;
+  Tensor heads = be.empty(x.shape(), x.dtype(), MemCategory::activations);
+  Tensor head_rows = heads.reshaped({heads.rows(), x.width});
+  be.copy_columns(head_rows, 0, x.rows.reshaped({x.rows.rows(), x.pitch()}), x.first_column, x.width);
+  return heads;
+}
+
 // Writes the step's rotated keys and values into the layer's cache rows at
-// their positions, then attends over the cache.
+// their positions, then attends over the cache. Decoding moves a token or a
+// prompt per call, so views (GPT-NeoX's fused rows) are copied out first.
 void CausalLM::attend_cached(AttentionActivations& saved) {
   Backend& be = backend_;
   KvCache& cache = *cached_step_->cache;
   const int64_t B = saved.q.dim(0), T = saved.q.dim(1), Hq = saved.q.dim(2), D = config_.head_dim;
   const int64_t S = cache.capacity_tokens(), kv_features = saved.k.dim(2) * D;
-  Tensor k_rows = saved.k.reshaped({B * T, kv_features}), v_rows = saved.v.reshaped({B * T, kv_features});
+  const Tensor q = contiguous_heads(be, saved.q);
+  Tensor k_rows = contiguous_heads(be, saved.k).reshaped({B * T, kv_features});
+  Tensor v_rows = contiguous_heads(be, saved.v).reshaped({B * T, kv_features});
   Tensor k_slots = cache.keys[cached_step_->layer].reshaped({B * S, kv_features});
   Tensor v_slots = cache.values[cached_step_->layer].reshaped({B * S, kv_features});
   for (int64_t b = 0; b < B; ++b) {
@@ -350,7 +353,7 @@ void CausalLM::attend_cached(AttentionActivations& saved) {
     be.copy(v_dst, v_rows.slice_rows(b * T, T));
   }
   saved.attn = be.empty({B, T, Hq, D}, options_.activation_dtype, MemCategory::activations);
-  be.attention_cached(saved.attn, saved.q, cache.keys[cached_step_->layer], cache.values[cached_step_->layer],
+  be.attention_cached(saved.attn, q, cache.keys[cached_step_->layer], cache.values[cached_step_->layer],
                       cached_step_->positions, 1.0f / std::sqrt(float(D)), config_.sliding_window);
 }
 

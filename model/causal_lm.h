@@ -268,20 +268,23 @@ class CausalLM : public LanguageModel {
 
   // Rotary causal self-attention, as every architecture here computes it.
   struct AttentionActivations {
-    Tensor q, k, v;    // [B, T, H, D] (k and v: the key/value heads); q and k rotated
+    // [B, T, H, D] heads (k and v: the key/value heads), q and k rotated:
+    // separate projections' outputs, or views of one fused output's columns.
+    HeadsView q, k, v;
     Tensor attn, lse;  // output [B, T, Hq, D], log-sum-exp [B, Hq, T]
   };
   // Rotates saved.q and saved.k in place (the first rotary_dim() features of
   // each head), then allocates and computes saved.attn and saved.lse (scale
   // 1/sqrt(head_dim)).
   void attention_forward(AttentionActivations& saved, const Tensor& positions);
-  // d(loss)/d(q, k, v) as the projections made them (rotation undone),
-  // allocated here, from dattn = d(loss)/d(saved.attn).
+  // Writes d(loss)/d(q, k, v) as the projections made them (rotation
+  // undone) into grads' views (shaped as saved's, every column overwritten),
+  // from dattn = d(loss)/d(saved.attn).
   struct AttentionGradients {
-    Tensor dq, dk, dv;
+    HeadsView dq, dk, dv;
   };
-  AttentionGradients attention_backward(const AttentionActivations& saved, const Tensor& dattn,
-                                        const Tensor& positions);
+  void attention_backward(const AttentionActivations& saved, const Tensor& dattn, const Tensor& positions,
+                          const AttentionGradients& grads);
 
   // out = a + b, and norm = out under the next norm: layer index + 1's
   // input norm, or the final norm after the last layer.

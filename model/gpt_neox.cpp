@@ -67,15 +67,13 @@ void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int6
   const int64_t N = B * T, C = config_.hidden_size, H = config_.num_attention_heads, D = config_.head_dim;
   Tensor qkv = be.empty({N, 3 * C}, act, MemCategory::activations);
   layer.query_key_value->forward(be, qkv, saved.norm1.out);
-  // HF's fused layout: each token's 3C outputs are [H, 3, D], per head q then k then v.
-  const Tensor qkv_rows = qkv.reshaped({N * H, 3 * D});
+  // HF's fused layout: each token's 3C outputs are [H, 3, D], per head q then
+  // k then v. Rope and attention use them in place (the views keep qkv).
+  const Tensor heads = qkv.reshaped({B, T, H, 3 * D});
   AttentionActivations& attention = saved.attention;
-  Tensor* parts[3] = {&attention.q, &attention.k, &attention.v};
-  for (int part = 0; part < 3; ++part) {
-    *parts[part] = be.empty({B, T, H, D}, act, MemCategory::activations);
-    Tensor rows = parts[part]->reshaped({N * H, D});
-    be.copy_columns(rows, 0, qkv_rows, part * D, D);
-  }
+  attention.q = HeadsView(heads, 0, D);
+  attention.k = HeadsView(heads, D, D);
+  attention.v = HeadsView(heads, 2 * D, D);
   attention_forward(attention, positions);
   if (out) layer.dense->forward(be, *out, attention.attn.reshaped({N, C}));
 }
@@ -156,17 +154,15 @@ void GptNeoxModel::backward_attention(Layer& layer, LayerActivations& saved, con
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
   const AttentionActivations& attention = saved.attention;
-  const int64_t N = attention.q.dim(0) * attention.q.dim(1), C = config_.hidden_size;
-  const int64_t H = config_.num_attention_heads, D = config_.head_dim;
+  const int64_t N = attention.q.dim(0) * attention.q.dim(1), C = config_.hidden_size, D = config_.head_dim;
   Tensor dattn = be.empty(attention.attn.shape, act, MemCategory::activations);
   Tensor dattn2d = dattn.reshaped({N, C});
   layer.dense->backward(be, dattn2d, dout, attention.attn.reshaped({N, C}), false);
-  const AttentionGradients d = attention_backward(attention, dattn, positions);
-  // Back into HF's fused [H, 3, D] layout; the three parts cover every column.
+  // Straight into HF's fused [H, 3, D] layout; the three views cover every column.
   Tensor dqkv = be.empty({N, 3 * C}, act, MemCategory::activations);
-  Tensor dqkv_rows = dqkv.reshaped({N * H, 3 * D});
-  const Tensor* parts[3] = {&d.dq, &d.dk, &d.dv};
-  for (int part = 0; part < 3; ++part) be.copy_columns(dqkv_rows, part * D, parts[part]->reshaped({N * H, D}), 0, D);
+  const Tensor dheads = dqkv.reshaped(attention.q.rows.shape);
+  attention_backward(attention, dattn, positions, {HeadsView(dheads, 0, D), HeadsView(dheads, D, D),
+                                                    HeadsView(dheads, 2 * D, D)});
   layer.query_key_value->backward(be, dnorm, dqkv, saved.norm1.out, false);
 }
 

@@ -77,11 +77,13 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
   norm = {};
 
   AttentionActivations& attention = saved.attention;
-  attention.q = be.empty({B, T, Hq, D}, act, MemCategory::activations);
-  attention.k = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
-  attention.v = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
-  Tensor q2d = attention.q.reshaped({N, Hq * D}), k2d = attention.k.reshaped({N, Hkv * D});
-  Tensor v2d = attention.v.reshaped({N, Hkv * D});
+  const Tensor q = be.empty({B, T, Hq, D}, act, MemCategory::activations);
+  const Tensor k = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
+  const Tensor v = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
+  attention.q = q;
+  attention.k = k;
+  attention.v = v;
+  Tensor q2d = q.reshaped({N, Hq * D}), k2d = k.reshaped({N, Hkv * D}), v2d = v.reshaped({N, Hkv * D});
   layer.q_proj->forward(be, q2d, saved.norm1.out);
   layer.k_proj->forward(be, k2d, saved.norm1.out);
   layer.v_proj->forward(be, v2d, saved.norm1.out);
@@ -137,10 +139,13 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
     Tensor dattn = be.empty({B, T, Hq, D}, act, MemCategory::activations);
     Tensor dattn2d = dattn.reshaped({N, Hq * D});
     layer.o_proj->backward(be, dattn2d, dres, saved.attention.attn.reshaped({N, Hq * D}), false);
-    const AttentionGradients d = attention_backward(saved.attention, dattn, positions);
-    layer.q_proj->backward(be, dnorm, d.dq.reshaped({N, Hq * D}), saved.norm1.out, false);
-    layer.k_proj->backward(be, dnorm, d.dk.reshaped({N, Hkv * D}), saved.norm1.out, true);
-    layer.v_proj->backward(be, dnorm, d.dv.reshaped({N, Hkv * D}), saved.norm1.out, true);
+    const Tensor dq = be.empty({B, T, Hq, D}, act, MemCategory::activations);
+    const Tensor dk = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
+    const Tensor dv = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
+    attention_backward(saved.attention, dattn, positions, {dq, dk, dv});
+    layer.q_proj->backward(be, dnorm, dq.reshaped({N, Hq * D}), saved.norm1.out, false);
+    layer.k_proj->backward(be, dnorm, dk.reshaped({N, Hkv * D}), saved.norm1.out, true);
+    layer.v_proj->backward(be, dnorm, dv.reshaped({N, Hkv * D}), saved.norm1.out, true);
   }
   norm_backward_add(dres, layer.input_norm, dnorm, x.reshaped({N, C}), saved.norm1);
 }

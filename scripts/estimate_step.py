@@ -80,17 +80,20 @@ def ops(cfg, seq, batch, engine, r=16):
     out.append(("attention forward (x2), f32 FMA", "attn_f32", 2 * L * attn_fwd, 0))
     out.append(("attention backward, f32 FMA", "attn_f32", L * 2.5 * attn_fwd, 0))
     # Elementwise per layer, bf16 [N, C]-sized passes: 2 layernorms (fwd: read,
-    # write; bwd: read x, dout, write dx), rope on q, k, dropout on the LoRA
-    # input and q, k, v copied out of the fused qkv output (all rerun by a
-    # recomputation); gelu on [N, I] and the residual adds (rerun only where
-    # dense_4h_to_h's forward is). Backward also recomputes the gelu and
-    # copies dq, dk, dv back into the fused layout.
+    # write; bwd: read x, dout, write dx), rope on q, k and dropout on the LoRA
+    # input (all rerun by a recomputation); gelu on [N, I] and the residual
+    # adds (rerun only where dense_4h_to_h's forward is). Backward also
+    # recomputes the gelu. Ours reads q, k and v in place from the fused qkv
+    # output and writes dq, dk and dv into dqkv; transformers copies them out
+    # (rotary's concatenation, the split) and back (the split's backward).
     nc, ni = N * C * 2, N * I * 2
-    rerun_bytes = 2 * 2 * nc + 2 * 2 * (2 * nc / 3 * 2) + 2 * nc + 6 * nc
+    copy_bytes = 6 * nc if engine == "hf-bnb-fa2" else 0
+    rerun_bytes = 2 * 2 * nc + 2 * 2 * (2 * nc / 3 * 2) + 2 * nc + copy_bytes
     output_bytes = 2 * ni + 3 * 2 * nc
-    bwd_bytes = 2 * 3 * nc + 2 * (2 * nc) + 2 * ni + 3 * ni + 3 * 2 * nc + 2 * nc + 6 * nc
+    bwd_bytes = 2 * 3 * nc + 2 * (2 * nc) + 2 * ni + 3 * ni + 3 * 2 * nc + 2 * nc + copy_bytes
     fwd_bytes = 2 * rerun_bytes + passes["dense_4h_to_h"] * output_bytes
-    out.append(("norms, rope, gelu, adds, dropout, q/k/v copies", "memory", 0, L * (fwd_bytes + bwd_bytes)))
+    name = "norms, rope, gelu, adds, dropout" + (", q/k/v copies" if copy_bytes else "")
+    out.append((name, "memory", 0, L * (fwd_bytes + bwd_bytes)))
     out.append(("lm_head forward + dx (bf16)", "gemm_bf16", 2 * 2.0 * N * C * V, 0))
     out.append(("loss, embedding, AdamW (LoRA)", "memory", 0, N * V * 4 * 2 + N * C * 2 * 2))
     return out

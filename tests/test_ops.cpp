@@ -611,6 +611,117 @@ TEST_CASE("attention backward: finite differences for dq, dk, dv") {
   }
 }
 
+// Columns [first, first + D) of each head row of rows [B, T, H, P], as [B, T, H, D] values.
+Vec view_values(const HeadsView& x) {
+  Vec all = values_of(x.rows), out;
+  for (int64_t r = 0; r < x.rows.rows(); ++r)
+    for (int64_t d = 0; d < x.width; ++d) out.push_back(all[size_t(x.offset(r) + d)]);
+  return out;
+}
+
+// GPT-NeoX's layout: q, k and v read in place as column windows of one
+// [B, T, H, 3D] tensor, dq, dk and dv written into one. Only the addressing
+// differs from contiguous operands, so every value must be equal bit for bit,
+// and no column outside the views may change. The grouped-query case reads q
+// at an odd column of a wider row and k and v from separate tensors.
+TEST_CASE("attention and rope on head views equal contiguous operands bit for bit") {
+  std::mt19937 rng(14);
+  struct ViewCase {
+    AttnShape s;
+    bool fused;  // q, k, v (and dq, dk, dv) in one [B, T, H, 3D] tensor
+  };
+  for (ViewCase c : {ViewCase{{2, 13, 3, 3, 8}, true}, ViewCase{{1, 70, 2, 2, 6, 9}, true},
+                     ViewCase{{2, 13, 6, 2, 8}, false}})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const AttnShape& s = c.s;
+      CAPTURE(s.Hq);
+      CAPTURE(s.window);
+      CAPTURE(dtype_name(dtype));
+      const int64_t B = s.B, T = s.T, D = s.D;
+      auto random_rows = [&](int64_t heads, int64_t pitch) {
+        return make({B, T, heads, pitch}, dtype, random_vec(size_t(B * T * heads * pitch), rng, -2.0, 2.0));
+      };
+      HeadsView q, k, v, dq, dk, dv;
+      if (c.fused) {
+        Tensor qkv = random_rows(s.Hq, 3 * D), dqkv = make(qkv.shape, dtype);
+        q = {qkv, 0, D}, k = {qkv, D, D}, v = {qkv, 2 * D, D};
+        dq = {dqkv, 0, D}, dk = {dqkv, D, D}, dv = {dqkv, 2 * D, D};
+      } else {
+        q = {random_rows(s.Hq, 2 * D + 3), D + 1, D}, k = random_rows(s.Hkv, D), v = {random_rows(s.Hkv, 2 * D), D, D};
+        dq = {make({B, T, s.Hq, 2 * D + 3}, dtype), D + 1, D}, dk = make({B, T, s.Hkv, D}, dtype);
+        dv = {make({B, T, s.Hkv, 2 * D}, dtype), 0, D};
+      }
+      for (HeadsView* grad : {&dq, &dk, &dv}) backend.fill(grad->rows, NAN);
+      const Vec q_fused_before = values_of(q.rows);
+      Tensor tq = make({B, T, s.Hq, D}, dtype, view_values(q)), tk = make({B, T, s.Hkv, D}, dtype, view_values(k));
+      Tensor tv = make({B, T, s.Hkv, D}, dtype, view_values(v));
+
+      const std::vector<int32_t> pos_values = [&] {
+        std::vector<int32_t> p(size_t(B * T));
+        for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t(i % size_t(T)) * 7;
+        return p;
+      }();
+      const Tensor pos = make_i32(pos_values);
+      const std::vector<float> inv_freq = ft::default_rope_inv_freq(10000.0f, 4);  // partial rotary
+      for (auto [view, contiguous] : {std::pair{&q, &tq}, std::pair{&k, &tk}}) {
+        backend.rope_forward(*view, pos, inv_freq);
+        backend.rope_forward(*contiguous, pos, inv_freq);
+        CHECK(view_values(*view) == values_of(*contiguous));
+      }
+      if (!c.fused) {  // q's row outside its columns is untouched
+        const Vec after = values_of(q.rows);
+        for (int64_t r = 0; r < q.rows.rows(); ++r)
+          for (int64_t col = 0; col < q.pitch(); ++col)
+            if (col < q.first_column || col >= q.first_column + D)
+              REQUIRE(after[size_t(r * q.pitch() + col)] == q_fused_before[size_t(r * q.pitch() + col)]);
+      }
+
+      const float scale = 1.0f / std::sqrt(float(D));
+      Tensor out = make({B, T, s.Hq, D}, dtype), lse = make({B, s.Hq, T}, DType::f32);
+      Tensor want_out = make(out.shape, dtype), want_lse = make(lse.shape, DType::f32);
+      backend.attention_forward(out, lse, q, k, v, scale, s.window);
+      backend.attention_forward(want_out, want_lse, tq, tk, tv, scale, s.window);
+      CHECK(values_of(out) == values_of(want_out));
+      CHECK(values_of(lse) == values_of(want_lse));
+
+      Tensor dout = make(out.shape, dtype, random_vec(size_t(out.numel()), rng));
+      Tensor want_dq = make(tq.shape, dtype), want_dk = make(tk.shape, dtype), want_dv = make(tv.shape, dtype);
+      backend.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, s.window);
+      backend.attention_backward(want_dq, want_dk, want_dv, dout, tq, tk, tv, out, lse, scale, s.window);
+      backend.rope_backward(dq, pos, inv_freq);
+      backend.rope_backward(want_dq, pos, inv_freq);
+      CHECK(view_values(dq) == values_of(want_dq));
+      CHECK(view_values(dk) == values_of(want_dk));
+      CHECK(view_values(dv) == values_of(want_dv));
+      // The views wrote their columns and nothing else: NaN exactly outside them.
+      for (const HeadsView* grad : {&dq, &dk, &dv}) {
+        const Vec all = values_of(grad->rows);
+        size_t written = 0;
+        for (double x : all) written += std::isnan(x) ? 0 : 1;
+        const size_t views_here = c.fused ? 3 : 1;
+        CHECK(written == views_here * size_t(grad->rows.rows() * D));
+      }
+    }
+}
+
+TEST_CASE("attention refuses head views out of their rows and gradients that overlap") {
+  Tensor qkv = make({1, 3, 2, 24}, DType::f32), dqkv = make({1, 3, 2, 24}, DType::f32);
+  Tensor out = make({1, 3, 2, 8}, DType::f32), lse = make({1, 2, 3}, DType::f32);
+  const HeadsView q(qkv, 0, 8), k(qkv, 8, 8), v(qkv, 16, 8);
+  backend.fill(qkv, 0.5f);
+  CHECK_THROWS_WITH_AS(backend.attention_forward(out, lse, q, k, HeadsView(qkv, 17, 8), 1.0f, 0),
+                       doctest::Contains("v must be columns [c, c + D)"), Error);
+  CHECK_THROWS_AS(backend.attention_forward(out, lse, q, k, HeadsView(qkv, -1, 8), 1.0f, 0), Error);
+  CHECK_THROWS_AS(backend.attention_forward(out, lse, q, k, HeadsView(qkv, 16, 0), 1.0f, 0), Error);
+  backend.attention_forward(out, lse, q, k, v, 1.0f, 0);
+  CHECK_THROWS_WITH_AS(backend.attention_backward(HeadsView(dqkv, 0, 8), HeadsView(dqkv, 4, 8), HeadsView(dqkv, 16, 8),
+                                                  out, q, k, v, out, lse, 1.0f, 0),
+                       doctest::Contains("dq, dk and dv must not overlap"), Error);
+  CHECK_THROWS_WITH_AS(backend.attention_backward(HeadsView(qkv, 0, 8), HeadsView(dqkv, 8, 8), HeadsView(dqkv, 16, 8),
+                                                  out, q, k, v, out, lse, 1.0f, 0),
+                       doctest::Contains("dq must not share memory with an input"), Error);
+}
+
 // ---- cross entropy ------------------------------------------------------
 
 TEST_CASE("cross entropy: ignored rows, gradient, dlogits aliasing logits") {

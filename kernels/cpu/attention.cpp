@@ -31,27 +31,26 @@ using checks::AttentionShape;
 constexpr int64_t kQueryRows = 32;  // query tile: its scores (8 KiB) and output rows stay in L1
 constexpr int64_t kKeyCols = 64;    // key tile: one score row is 8 AVX vectors
 
-// Element offset of x[b, t, h, 0] in a [B, T, H, D] tensor.
-int64_t head_offset(const AttentionShape& d, int64_t heads, int64_t b, int64_t t, int64_t h) {
-  return ((b * d.seq + t) * heads + h) * d.head_dim;
+// Element offset of x[b, t, h, 0] in its rows.
+int64_t head_offset(const HeadsView& x, int64_t seq, int64_t b, int64_t t, int64_t h) {
+  return x.offset((b * seq + t) * x.dim(2) + h);
 }
 
 // dst[rows, D] = x[b, :rows, h, :] as f32.
-void gather_rows(float* dst, const Tensor& x, const AttentionShape& d, int64_t b, int64_t h, int64_t rows) {
-  int64_t heads = x.dim(2);
+void gather_rows(float* dst, const HeadsView& x, const AttentionShape& d, int64_t b, int64_t h, int64_t rows) {
   for (int64_t t = 0; t < rows; ++t)
-    cpu::load_row(dst + t * d.head_dim, x, head_offset(d, heads, b, t, h), d.head_dim);
+    cpu::load_row(dst + t * d.head_dim, x.rows, head_offset(x, d.seq, b, t, h), d.head_dim);
 }
 
 // dst[T, D] = x[b, :, h, :] as f32.
-void gather_head(float* dst, const Tensor& x, const AttentionShape& d, int64_t b, int64_t h) {
+void gather_head(float* dst, const HeadsView& x, const AttentionShape& d, int64_t b, int64_t h) {
   gather_rows(dst, x, d, b, h, d.seq);
 }
 
-void scatter_head(Tensor& x, const float* src, const AttentionShape& d, int64_t b, int64_t h) {
-  int64_t heads = x.dim(2);
+void scatter_head(const HeadsView& x, const float* src, const AttentionShape& d, int64_t b, int64_t h) {
+  Tensor rows = x.rows;
   for (int64_t t = 0; t < d.seq; ++t)
-    cpu::store_row(x, head_offset(d, heads, b, t, h), src + t * d.head_dim, d.head_dim);
+    cpu::store_row(rows, head_offset(x, d.seq, b, t, h), src + t * d.head_dim, d.head_dim);
 }
 
 // The keys query i sees: [first, i].
@@ -256,8 +255,8 @@ thread_local AttentionScratch tls;
 
 }  // namespace
 
-void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                                        float scale, int64_t window) {
+void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k,
+                                        const HeadsView& v, float scale, int64_t window) {
   AttentionShape d = checks::attention_shape(q, k);
   const int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
   float* lse_out = lse.ptr<float>();
@@ -278,9 +277,10 @@ void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& 
 
 // One task per (batch, kv head): it owns dk and dv for that kv head and loops
 // over the query heads that share it, so no two threads add into the same row.
-void CpuBackend::attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                                         float scale, int64_t window) {
+void CpuBackend::attention_backward_impl(const HeadsView& dq, const HeadsView& dk, const HeadsView& dv,
+                                         const Tensor& dout, const HeadsView& q, const HeadsView& k,
+                                         const HeadsView& v, const Tensor& out, const Tensor& lse, float scale,
+                                         int64_t window) {
   AttentionShape d = checks::attention_shape(q, k);
   const int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
   const float* lse_in = lse.ptr<const float>();

@@ -51,6 +51,8 @@ namespace {
 constexpr int kMaxHeadDim = 256;
 
 using Dims = cuda::AttentionDims;
+using cuda::HeadRows;
+using cuda::head_rows;
 using cuda::first_key_tile;
 using cuda::key_visible;
 
@@ -110,7 +112,7 @@ static_assert(backward_smem_floats<64>(64) * 4 <= 48 * 1024 && backward_smem_flo
 
 // dst[r, d] (row stride ld) = x[b, row0 + r, h, d] as f32 for r < rows, d < D;
 // rows at or past the sequence end are zero, so products over them stay finite.
-// base is the offset of x[b, 0, h, 0], stride the offset between tokens (H * D).
+// base is the offset of x[b, 0, h, 0], stride the offset between tokens (head_rows).
 template <int kThreads>
 __device__ inline void load_tile(float* dst, int ld, cuda::ConstView x, int64_t base, int64_t stride, int row0,
                                  int rows, int seq, int D) {
@@ -132,9 +134,9 @@ __global__ void __launch_bounds__(FwdTile<kMaxD>::kThreads)
   // Later query tiles see more keys: launch them first so the tail of the grid is short.
   const int q0 = int(gridDim.x - 1 - blockIdx.x) * kBr;
   const int h = blockIdx.y, b = blockIdx.z;
-  const int64_t q_stride = int64_t(dims.q_heads) * D, kv_stride = int64_t(dims.kv_heads) * D;
-  const int64_t q_base = (int64_t(b) * T * dims.q_heads + h) * D;
-  const int64_t kv_base = (int64_t(b) * T * dims.kv_heads + h / dims.group) * D;
+  const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h), out_rows = head_rows(D, dims.q_heads, T, b, h);
+  const HeadRows k_rows = head_rows(dims.k_pitch, dims.kv_heads, T, b, h / dims.group);
+  const HeadRows v_rows = head_rows(dims.v_pitch, dims.kv_heads, T, b, h / dims.group);
 
   FT_DYNAMIC_SHARED(float, smem);
   float* q_s = smem;                   // [Br, ld]
@@ -142,7 +144,7 @@ __global__ void __launch_bounds__(FwdTile<kMaxD>::kThreads)
   float* s_s = kv_s + kBc * ld;        // [Br, Bc + 1]: scores, then probabilities
   float* row_scale = s_s + kBr * kLdS;  // [Br]: exp(m_old - m_new), at the end 1 / l
 
-  load_tile<kThreads>(q_s, ld, q, q_base, q_stride, q0, kBr, T, D);
+  load_tile<kThreads>(q_s, ld, q, q_rows.base, q_rows.stride, q0, kBr, T, D);
   const int rg = tid / kG, tc = tid % kG;
   float o[kTM][kDC] = {};
   // Running max and sum of row `tid` (threads tid < Br keep the row statistics).
@@ -151,7 +153,7 @@ __global__ void __launch_bounds__(FwdTile<kMaxD>::kThreads)
   const int key_tiles = (q_end - 1) / kBc + 1;  // up to the diagonal
   for (int kt = first_key_tile(q0, kBc, dims.window); kt < key_tiles; ++kt) {
     const int k0 = kt * kBc;
-    load_tile<kThreads>(kv_s, ld, k, kv_base, kv_stride, k0, kBc, T, D);
+    load_tile<kThreads>(kv_s, ld, k, k_rows.base, k_rows.stride, k0, kBc, T, D);
     __syncthreads();
     float s[kTM][kTN] = {};
     for (int d = 0; d < D; ++d) {
@@ -193,7 +195,7 @@ __global__ void __launch_bounds__(FwdTile<kMaxD>::kThreads)
       m = m_new;
       row_scale[tid] = alpha;
     }
-    load_tile<kThreads>(kv_s, ld, v, kv_base, kv_stride, k0, kBc, T, D);
+    load_tile<kThreads>(kv_s, ld, v, v_rows.base, v_rows.stride, k0, kBc, T, D);
     __syncthreads();
     FT_UNROLL
     for (int i = 0; i < kTM; ++i) {
@@ -230,7 +232,7 @@ __global__ void __launch_bounds__(FwdTile<kMaxD>::kThreads)
     for (int j = 0; j < kDC; ++j) {
       int d = tc + j * kG;
       if (d >= D) continue;
-      cuda::store(out, q_base + int64_t(q0 + r) * q_stride + d, o[i][j] * inv_l);
+      cuda::store(out, out_rows.base + int64_t(q0 + r) * out_rows.stride + d, o[i][j] * inv_l);
     }
   }
 }
@@ -313,8 +315,8 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
   static_assert(kThreads / kG * C::kTM == kBr && kThreads / kG * kTK == kBc && kMaxD % kG == 0);
   const int T = dims.seq, D = dims.head_dim, ld = D + 1, tid = threadIdx.x;
   const int k0 = blockIdx.x * kBc, hk = blockIdx.y, b = blockIdx.z;
-  const int64_t q_stride = int64_t(dims.q_heads) * D, kv_stride = int64_t(dims.kv_heads) * D;
-  const int64_t kv_base = (int64_t(b) * T * dims.kv_heads + hk) * D;
+  const HeadRows k_rows = head_rows(dims.k_pitch, dims.kv_heads, T, b, hk);
+  const HeadRows v_rows = head_rows(dims.v_pitch, dims.kv_heads, T, b, hk);
 
   FT_DYNAMIC_SHARED(float, smem);
   float* k_s = smem;               // [Bc, ld]
@@ -326,17 +328,17 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
   float* lse_s = ds_s + kBr * kLdS;  // [Br]
   float* di_s = lse_s + kBr;         // [Br]
 
-  load_tile<kThreads>(k_s, ld, k, kv_base, kv_stride, k0, kBc, T, D);
-  load_tile<kThreads>(v_s, ld, v, kv_base, kv_stride, k0, kBc, T, D);
+  load_tile<kThreads>(k_s, ld, k, k_rows.base, k_rows.stride, k0, kBc, T, D);
+  load_tile<kThreads>(v_s, ld, v, v_rows.base, v_rows.stride, k0, kBc, T, D);
   const int kg = tid / kG, tc = tid % kG;  // key rows kg*TK + i, columns tc + j*G
   float dk_acc[kTK][kDC] = {}, dv_acc[kTK][kDC] = {};
   const int q_tiles = cuda::end_query_tile(k0, kBc, kBr, dims.window, T);
   for (int h = hk * dims.group; h < (hk + 1) * dims.group; ++h) {
-    const int64_t q_base = (int64_t(b) * T * dims.q_heads + h) * D;
+    const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h), do_rows = head_rows(D, dims.q_heads, T, b, h);
     for (int qt = k0 / kBr; qt < q_tiles; ++qt) {  // query tiles from the diagonal to the window's end
       const int q0 = qt * kBr;
-      load_tile<kThreads>(q_s, ld, q, q_base, q_stride, q0, kBr, T, D);
-      load_tile<kThreads>(do_s, ld, dout, q_base, q_stride, q0, kBr, T, D);
+      load_tile<kThreads>(q_s, ld, q, q_rows.base, q_rows.stride, q0, kBr, T, D);
+      load_tile<kThreads>(do_s, ld, dout, do_rows.base, do_rows.stride, q0, kBr, T, D);
       load_row_stats<kThreads, kBr>(lse_s, di_s, lse, di, (int64_t(b) * dims.q_heads + h) * T, q0, T);
       __syncthreads();
       backward_scores<C>(p_s, ds_s, q_s, do_s, k_s, v_s, lse_s, di_s, q0, k0, T, D, dims.window, scale);
@@ -364,6 +366,8 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
       __syncthreads();  // before the next tile overwrites q_s, do_s, p_s, ds_s
     }
   }
+  const HeadRows dk_rows = head_rows(dims.dk_pitch, dims.kv_heads, T, b, hk);
+  const HeadRows dv_rows = head_rows(dims.dv_pitch, dims.kv_heads, T, b, hk);
   FT_UNROLL
   for (int i = 0; i < kTK; ++i) {
     int key = k0 + kg * kTK + i;
@@ -372,9 +376,8 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
     for (int j = 0; j < kDC; ++j) {
       int d = tc + j * kG;
       if (d >= D) continue;
-      int64_t at = kv_base + int64_t(key) * kv_stride + d;
-      cuda::store(dk, at, scale * dk_acc[i][j]);
-      cuda::store(dv, at, dv_acc[i][j]);
+      cuda::store(dk, dk_rows.base + int64_t(key) * dk_rows.stride + d, scale * dk_acc[i][j]);
+      cuda::store(dv, dv_rows.base + int64_t(key) * dv_rows.stride + d, dv_acc[i][j]);
     }
   }
 }
@@ -389,9 +392,9 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
   const int T = dims.seq, D = dims.head_dim, ld = D + 1, tid = threadIdx.x;
   const int q0 = int(gridDim.x - 1 - blockIdx.x) * kBr;  // heavy tiles first, as in the forward
   const int h = blockIdx.y, b = blockIdx.z;
-  const int64_t q_stride = int64_t(dims.q_heads) * D, kv_stride = int64_t(dims.kv_heads) * D;
-  const int64_t q_base = (int64_t(b) * T * dims.q_heads + h) * D;
-  const int64_t kv_base = (int64_t(b) * T * dims.kv_heads + h / dims.group) * D;
+  const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h), do_rows = head_rows(D, dims.q_heads, T, b, h);
+  const HeadRows k_rows = head_rows(dims.k_pitch, dims.kv_heads, T, b, h / dims.group);
+  const HeadRows v_rows = head_rows(dims.v_pitch, dims.kv_heads, T, b, h / dims.group);
 
   FT_DYNAMIC_SHARED(float, smem);  // same layout as the dK/dV kernel; p_s unused
   float* k_s = smem;
@@ -402,8 +405,8 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
   float* lse_s = ds_s + kBr * kLdS;
   float* di_s = lse_s + kBr;
 
-  load_tile<kThreads>(q_s, ld, q, q_base, q_stride, q0, kBr, T, D);
-  load_tile<kThreads>(do_s, ld, dout, q_base, q_stride, q0, kBr, T, D);
+  load_tile<kThreads>(q_s, ld, q, q_rows.base, q_rows.stride, q0, kBr, T, D);
+  load_tile<kThreads>(do_s, ld, dout, do_rows.base, do_rows.stride, q0, kBr, T, D);
   load_row_stats<kThreads, kBr>(lse_s, di_s, lse, di, (int64_t(b) * dims.q_heads + h) * T, q0, T);
   const int rg = tid / kG, tc = tid % kG;  // query rows rg*TM + i, columns tc + j*G
   float dq_acc[kTM][kDC] = {};
@@ -411,8 +414,8 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
   const int key_tiles = (q_end - 1) / kBc + 1;
   for (int kt = first_key_tile(q0, kBc, dims.window); kt < key_tiles; ++kt) {
     const int k0 = kt * kBc;
-    load_tile<kThreads>(k_s, ld, k, kv_base, kv_stride, k0, kBc, T, D);
-    load_tile<kThreads>(v_s, ld, v, kv_base, kv_stride, k0, kBc, T, D);
+    load_tile<kThreads>(k_s, ld, k, k_rows.base, k_rows.stride, k0, kBc, T, D);
+    load_tile<kThreads>(v_s, ld, v, v_rows.base, v_rows.stride, k0, kBc, T, D);
     __syncthreads();
     backward_scores<C>(nullptr, ds_s, q_s, do_s, k_s, v_s, lse_s, di_s, q0, k0, T, D, dims.window, scale);
     __syncthreads();
@@ -432,6 +435,7 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
     }
     __syncthreads();  // before the next tile overwrites k_s, v_s, ds_s
   }
+  const HeadRows dq_rows = head_rows(dims.dq_pitch, dims.q_heads, T, b, h);
   FT_UNROLL
   for (int i = 0; i < kTM; ++i) {
     int row = q0 + rg * kTM + i;
@@ -440,27 +444,29 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
     for (int j = 0; j < kDC; ++j) {
       int d = tc + j * kG;
       if (d >= D) continue;
-      cuda::store(dq, q_base + int64_t(row) * q_stride + d, scale * dq_acc[i][j]);
+      cuda::store(dq, dq_rows.base + int64_t(row) * dq_rows.stride + d, scale * dq_acc[i][j]);
     }
   }
 }
 
-// The kernels' limits on the contract's shapes (checked by Backend).
-Dims launch_dims(const char* op, const Tensor& q, const Tensor& k, int64_t sliding_window, int64_t& batch) {
+// The kernels' limits on the contract's shapes (checked by Backend), with
+// the operands' pitches (the gradients' are the backward's to set).
+Dims launch_dims(const char* op, const HeadsView& q, const HeadsView& k, const HeadsView& v, int64_t sliding_window,
+                 int64_t& batch) {
   const checks::AttentionShape s = checks::attention_shape(q, k);
   const int64_t B = s.batch, T = s.seq, Hq = s.q_heads, Hkv = s.kv_heads, D = s.head_dim;
   FT_CHECK(D <= kMaxHeadDim, op, ": head_dim ", D, " exceeds the supported ", kMaxHeadDim);
-  FT_CHECK(B <= 65535 && Hq <= 65535 && T < (int64_t(1) << 30), op, ": ", shape_string(q.shape),
+  FT_CHECK(B <= 65535 && Hq <= 65535 && T < (int64_t(1) << 30), op, ": ", shape_string(q.shape()),
            " exceeds the kernels' grid");
   batch = B;
   // A window of T or more hides nothing beyond the causal mask.
   int window = sliding_window > 0 && sliding_window < T ? int(sliding_window) : 0;
-  return Dims{int(T), int(Hq), int(Hkv), int(D), int(Hq / Hkv), window};
+  return Dims{int(T), int(Hq), int(Hkv), int(D), int(Hq / Hkv), window, q.pitch(), k.pitch(), v.pitch(), D, D, D};
 }
 
 template <int kMaxD>
-void launch_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                    const Dims& dims, int64_t batch, cudaStream_t stream) {
+void launch_forward(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k, const HeadsView& v,
+                    float scale, const Dims& dims, int64_t batch, cudaStream_t stream) {
   using C = FwdTile<kMaxD>;
   dim3 grid(unsigned((dims.seq + C::kBr - 1) / C::kBr), unsigned(dims.q_heads), unsigned(batch));
   size_t smem = size_t(forward_smem_floats<kMaxD>(dims.head_dim)) * sizeof(float);
@@ -471,9 +477,9 @@ void launch_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, 
 }
 
 template <int kMaxD>
-void launch_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                     const Tensor& v, const Tensor& lse, const float* di, float scale, const Dims& dims,
-                     int64_t batch, cudaStream_t stream) {
+void launch_backward(const HeadsView& dq, const HeadsView& dk, const HeadsView& dv, const Tensor& dout,
+                     const HeadsView& q, const HeadsView& k, const HeadsView& v, const Tensor& lse, const float* di,
+                     float scale, const Dims& dims, int64_t batch, cudaStream_t stream) {
   using C = BwdTile<kMaxD>;
   size_t smem = size_t(backward_smem_floats<kMaxD>(dims.head_dim)) * sizeof(float);
   dim3 kv_grid(unsigned((dims.seq + C::kBc - 1) / C::kBc), unsigned(dims.kv_heads), unsigned(batch));
@@ -490,12 +496,12 @@ void launch_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, con
 
 }  // namespace
 
-void CudaBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                                         float scale, int64_t sliding_window) {
+void CudaBackend::attention_forward_impl(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k,
+                                         const HeadsView& v, float scale, int64_t sliding_window) {
   // cuDNN SDPA serves plain causal attention; a sliding window runs on our kernels.
   if (sliding_window == 0 && attention_ && attention_->forward(out, lse, q, k, v, scale, stream_)) return;
   int64_t batch = 0;
-  Dims dims = launch_dims("attention_forward", q, k, sliding_window, batch);
+  Dims dims = launch_dims("attention_forward", q, k, v, sliding_window, batch);
   if (batch == 0 || dims.seq == 0 || dims.q_heads == 0) return;
   if (cuda::attention_uses_tensor_cores(q, k, v))
     cuda::attention_forward_tc(out, lse, q, k, v, scale, dims, batch, stream_);
@@ -504,14 +510,18 @@ void CudaBackend::attention_forward_impl(Tensor& out, Tensor& lse, const Tensor&
   else launch_forward<256>(out, lse, q, k, v, scale, dims, batch, stream_);
 }
 
-void CudaBackend::attention_backward_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                                          float scale, int64_t sliding_window) {
+void CudaBackend::attention_backward_impl(const HeadsView& dq, const HeadsView& dk, const HeadsView& dv,
+                                          const Tensor& dout, const HeadsView& q, const HeadsView& k,
+                                          const HeadsView& v, const Tensor& out, const Tensor& lse, float scale,
+                                          int64_t sliding_window) {
   if (sliding_window == 0 && attention_ &&
       attention_->backward(dq, dk, dv, dout, q, k, v, out, lse, scale, stream_))
     return;  // cuDNN SDPA
   int64_t batch = 0;
-  Dims dims = launch_dims("attention_backward", q, k, sliding_window, batch);
+  Dims dims = launch_dims("attention_backward", q, k, v, sliding_window, batch);
+  dims.dq_pitch = dq.pitch();
+  dims.dk_pitch = dk.pitch();
+  dims.dv_pitch = dv.pitch();
   if (batch == 0 || dims.seq == 0 || dims.q_heads == 0) return;
   // Di = rowsum(dO * O) once per query row, read by the gradient kernels.
   int64_t rows = batch * dims.seq * dims.q_heads;

@@ -23,7 +23,21 @@ namespace ft::cuda {
 struct AttentionDims {
   int seq, q_heads, kv_heads, head_dim, group;  // group = q_heads / kv_heads
   int window;  // sliding window in tokens, 0 for none (at most seq, so it fits an int)
+  // Elements between consecutive head rows of each operand view (HeadsView's
+  // pitch: head_dim where contiguous, 3 * head_dim in GPT-NeoX's fused qkv
+  // rows); the gradients' are set by backward only. out and dout are contiguous.
+  int64_t q_pitch, k_pitch, v_pitch, dq_pitch, dk_pitch, dv_pitch;
 };
+
+// Where head h of batch row b lies in an operand of `heads` heads whose head
+// rows are pitch elements apart: x[b, t, h, d] at base + t * stride + d, from
+// the view's first column.
+struct HeadRows {
+  int64_t base, stride;
+};
+__host__ __device__ inline HeadRows head_rows(int64_t pitch, int heads, int seq, int b, int h) {
+  return {(int64_t(b) * seq * heads + h) * pitch, int64_t(heads) * pitch};
+}
 
 // Whether query position `query` sees key position `key`: causal, and within
 // the sliding window if there is one (transformers' kv_idx > q_idx - window).
@@ -47,12 +61,13 @@ __host__ __device__ inline int end_query_tile(int k0, int tile_keys, int tile_qu
 }
 
 // attention_tc.cu. lse f32 [B, Hq, T]; out any float dtype.
-void attention_forward_tc(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                          const AttentionDims& dims, int64_t batch, cudaStream_t stream);
+void attention_forward_tc(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k, const HeadsView& v,
+                          float scale, const AttentionDims& dims, int64_t batch, cudaStream_t stream);
 // di = rowsum(dO * O) f32 [B, Hq, T]; dq_accum f32 [B, T, Hq, D] workspace
 // (zeroed here, then summed into by atomics, then scaled into dq).
-void attention_backward_tc(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                           const Tensor& k, const Tensor& v, const Tensor& lse, const float* di, float* dq_accum,
-                           float scale, const AttentionDims& dims, int64_t batch, cudaStream_t stream);
+void attention_backward_tc(const HeadsView& dq, const HeadsView& dk, const HeadsView& dv, const Tensor& dout,
+                           const HeadsView& q, const HeadsView& k, const HeadsView& v, const Tensor& lse,
+                           const float* di, float* dq_accum, float scale, const AttentionDims& dims, int64_t batch,
+                           cudaStream_t stream);
 
 }  // namespace ft::cuda

@@ -21,10 +21,11 @@ class AttentionEngine {
   // checked). Each returns false without writing anything where the library
   // has no engine for these operands (dtype, head size, GPU, workspace over
   // sdpa_workspace_budget_bytes); the backend then runs its own kernel.
-  virtual bool forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                       CUstream_st* stream) = 0;
-  virtual bool backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse, float scale, CUstream_st* stream) = 0;
+  virtual bool forward(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k, const HeadsView& v,
+                       float scale, CUstream_st* stream) = 0;
+  virtual bool backward(const HeadsView& dq, const HeadsView& dk, const HeadsView& dv, const Tensor& dout,
+                        const HeadsView& q, const HeadsView& k, const HeadsView& v, const Tensor& out,
+                        const Tensor& lse, float scale, CUstream_st* stream) = 0;
 };
 
 // cuDNN SDPA where this build has it (nvcc with the cudnn-frontend headers)

@@ -122,7 +122,7 @@ static_assert(tc_backward_smem_bytes<64>(64) <= 48 * 1024 && tc_backward_smem_by
 // dst[r, d] (row stride ld) = x[b, row0 + r, h, d] for r < rows, d < Dp;
 // rows past the sequence end and columns past D are zero, so they add
 // nothing to any product. base is the offset of x[b, 0, h, 0], stride the
-// offset between tokens (H * D). Reads through f32: bf16 sources convert
+// offset between tokens (head_rows). Reads through f32: bf16 sources convert
 // exactly, and dout may be f32.
 __device__ inline void stage_tile(bf16* dst, int ld, ConstView x, int64_t base, int64_t stride, int row0, int rows,
                                   int seq, int D, int Dp) {
@@ -142,9 +142,9 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Later query tiles see more keys: launch them first so the tail of the grid is short.
   const int q0 = int(gridDim.x - 1 - blockIdx.x) * kBr, h = blockIdx.y, b = blockIdx.z;
-  const int64_t q_stride = int64_t(dims.q_heads) * D, kv_stride = int64_t(dims.kv_heads) * D;
-  const int64_t q_base = (int64_t(b) * T * dims.q_heads + h) * D;
-  const int64_t kv_base = (int64_t(b) * T * dims.kv_heads + h / dims.group) * D;
+  const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h), out_rows = head_rows(D, dims.q_heads, T, b, h);
+  const HeadRows k_rows = head_rows(dims.k_pitch, dims.kv_heads, T, b, h / dims.group);
+  const HeadRows v_rows = head_rows(dims.v_pitch, dims.kv_heads, T, b, h / dims.group);
 
   FT_DYNAMIC_SHARED(bf16, smem);
   bf16* q_s = smem;                 // [Br, ld], before the key loop only
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(kThreads)
   float* s_s = reinterpret_cast<float*>(v_s + kBc * ld) + warp * 16 * kLdS;  // this warp's [16, Bc + pad]
   bf16* p_s = reinterpret_cast<bf16*>(reinterpret_cast<float*>(v_s + kBc * ld) + kBr * kLdS) + warp * 16 * kLdP;
 
-  stage_tile(q_s, ld, q, q_base, q_stride, q0, kBr, T, D, Dp);
+  stage_tile(q_s, ld, q, q_rows.base, q_rows.stride, q0, kBr, T, D, Dp);
   __syncthreads();
   AFrag<wmma::row_major> q_frag[kChunks];
   FT_UNROLL
@@ -170,8 +170,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = first_key_tile(q0, kBc, dims.window); kt < key_tiles; ++kt) {
     const int k0 = kt * kBc;
     __syncthreads();  // the Q fragments, or the previous tile's K and V, are read
-    stage_tile(k_s, ld, k, kv_base, kv_stride, k0, kBc, T, D, Dp);
-    stage_tile(v_s, ld, v, kv_base, kv_stride, k0, kBc, T, D, Dp);
+    stage_tile(k_s, ld, k, k_rows.base, k_rows.stride, k0, kBc, T, D, Dp);
+    stage_tile(v_s, ld, v, v_rows.base, v_rows.stride, k0, kBc, T, D, Dp);
     __syncthreads();
     for (int n = 0; n < kBc / 16; ++n) {
       AccFrag acc;
@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(kThreads)
     FT_UNROLL
     for (int e = 0; e < 8; ++e) {
       int d = c * 16 + half * 8 + e;
-      if (d < D) store(out, q_base + int64_t(query) * q_stride + d, o[c][e] * inv_l);
+      if (d < D) store(out, out_rows.base + int64_t(query) * out_rows.stride + d, o[c][e] * inv_l);
     }
 }
 
@@ -267,8 +267,8 @@ __global__ void __launch_bounds__(kThreads)
   const int T = dims.seq, D = dims.head_dim, Dp = padded_head_dim(D), ld = Dp + kRowPad, chunks = Dp / 16;
   const int warp = threadIdx.x / 32;
   const int k0 = blockIdx.x * kBc, hk = blockIdx.y, b = blockIdx.z;
-  const int64_t q_stride = int64_t(dims.q_heads) * D, kv_stride = int64_t(dims.kv_heads) * D;
-  const int64_t kv_base = (int64_t(b) * T * dims.kv_heads + hk) * D;
+  const HeadRows k_rows = head_rows(dims.k_pitch, dims.kv_heads, T, b, hk);
+  const HeadRows v_rows = head_rows(dims.v_pitch, dims.kv_heads, T, b, hk);
 
   FT_DYNAMIC_SHARED(bf16, smem);
   bf16* k_s = smem;                 // [Bc, ld]
@@ -283,8 +283,8 @@ __global__ void __launch_bounds__(kThreads)
   bf16* p_s = reinterpret_cast<bf16*>(di_s + kBr);          // [Br, Bc + pad]
   bf16* ds_s = p_s + kBr * kLdP;                            // [Br, Bc + pad]
 
-  stage_tile(k_s, ld, k, kv_base, kv_stride, k0, kBc, T, D, Dp);
-  stage_tile(v_s, ld, v, kv_base, kv_stride, k0, kBc, T, D, Dp);
+  stage_tile(k_s, ld, k, k_rows.base, k_rows.stride, k0, kBc, T, D, Dp);
+  stage_tile(v_s, ld, v, v_rows.base, v_rows.stride, k0, kBc, T, D, Dp);
   // dK and dV tiles [16 keys, 16 columns]: warp w owns tiles w, w + 4, ...
   const int kv_tiles = kBc / 16 * chunks;
   AccFrag dk_acc[kKvPerWarp], dv_acc[kKvPerWarp];
@@ -295,12 +295,14 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int q_tiles = end_query_tile(k0, kBc, kBr, dims.window, T);
   for (int h = hk * dims.group; h < (hk + 1) * dims.group; ++h) {
-    const int64_t q_base = (int64_t(b) * T * dims.q_heads + h) * D, row_base = (int64_t(b) * dims.q_heads + h) * T;
+    // dout and the dQ workspace are contiguous [B, T, Hq, D].
+    const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h), d_rows = head_rows(D, dims.q_heads, T, b, h);
+    const int64_t row_base = (int64_t(b) * dims.q_heads + h) * T;
     for (int qt = k0 / kBr; qt < q_tiles; ++qt) {  // query tiles from the diagonal to the window's end
       const int q0 = qt * kBr;
       __syncthreads();  // the previous pair's tiles are read
-      stage_tile(q_s, ld, q, q_base, q_stride, q0, kBr, T, D, Dp);
-      stage_tile(do_s, ld, dout, q_base, q_stride, q0, kBr, T, D, Dp);
+      stage_tile(q_s, ld, q, q_rows.base, q_rows.stride, q0, kBr, T, D, Dp);
+      stage_tile(do_s, ld, dout, d_rows.base, d_rows.stride, q0, kBr, T, D, Dp);
       for (int r = threadIdx.x; r < kBr; r += kThreads) {
         bool valid = q0 + r < T;
         lse_s[r] = valid ? lse[row_base + q0 + r] : 0.0f;
@@ -372,11 +374,13 @@ __global__ void __launch_bounds__(kThreads)
         const float* from = tile_s + (lane / 2) * 16 + lane % 2 * 8;
         if (query < T)
           for (int e = 0; e < 8; ++e)
-            if (col0 + e < D) atomicAdd(dq_accum + q_base + int64_t(query) * q_stride + col0 + e, from[e]);
+            if (col0 + e < D) atomicAdd(dq_accum + d_rows.base + int64_t(query) * d_rows.stride + col0 + e, from[e]);
         __syncwarp();
       }
     }
   }
+  const HeadRows dk_rows = head_rows(dims.dk_pitch, dims.kv_heads, T, b, hk);
+  const HeadRows dv_rows = head_rows(dims.dv_pitch, dims.kv_heads, T, b, hk);
   FT_UNROLL
   for (int i = 0; i < kKvPerWarp; ++i) {
     const int t = warp + i * kWarps;
@@ -384,26 +388,27 @@ __global__ void __launch_bounds__(kThreads)
       const int n = t / chunks, c = t % chunks;
       wmma::store_matrix_sync(tile_s, dk_acc[i], 16, wmma::mem_row_major);
       __syncwarp();
-      write_tile(dk, kv_base, kv_stride, k0 + n * 16, T, c * 16, D, tile_s, scale);
+      write_tile(dk, dk_rows.base, dk_rows.stride, k0 + n * 16, T, c * 16, D, tile_s, scale);
       __syncwarp();
       wmma::store_matrix_sync(tile_s, dv_acc[i], 16, wmma::mem_row_major);
       __syncwarp();
-      write_tile(dv, kv_base, kv_stride, k0 + n * 16, T, c * 16, D, tile_s, 1.0f);
+      write_tile(dv, dv_rows.base, dv_rows.stride, k0 + n * 16, T, c * 16, D, tile_s, 1.0f);
       __syncwarp();
     }
   }
 }
 
-// dq[i] = scale * dq_accum[i].
+// dq = scale * dq_accum: element d of head row r is dq_accum[r * D + d] and
+// dq's r * pitch + d.
 __global__ void __launch_bounds__(256) attention_dq_scale_kernel(View dq, const float* dq_accum, float scale,
-                                                                  int64_t n) {
+                                                                  int64_t n, int D, int64_t pitch) {
   int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x;
-  if (i < n) store(dq, i, scale * dq_accum[i]);
+  if (i < n) store(dq, i / D * pitch + i % D, scale * dq_accum[i]);
 }
 
 template <int kMaxD>
-void launch_forward_tc(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                       const AttentionDims& dims, int64_t batch, cudaStream_t stream) {
+void launch_forward_tc(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k, const HeadsView& v,
+                       float scale, const AttentionDims& dims, int64_t batch, cudaStream_t stream) {
   dim3 grid(unsigned((dims.seq + kFwdBr - 1) / kFwdBr), unsigned(dims.q_heads), unsigned(batch));
   launch<attention_forward_tc_kernel<kMaxD>>(grid, kThreads, size_t(tc_forward_smem_bytes<kMaxD>(dims.head_dim)),
                                              stream, view(out), lse.ptr<float>(), const_view(q),
@@ -412,9 +417,9 @@ void launch_forward_tc(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
 }
 
 template <int kMaxD>
-void launch_backward_tc(Tensor& dk, Tensor& dv, float* dq_accum, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& lse, const float* di, float scale,
-                        const AttentionDims& dims, int64_t batch, cudaStream_t stream) {
+void launch_backward_tc(const HeadsView& dk, const HeadsView& dv, float* dq_accum, const Tensor& dout,
+                        const HeadsView& q, const HeadsView& k, const HeadsView& v, const Tensor& lse, const float* di,
+                        float scale, const AttentionDims& dims, int64_t batch, cudaStream_t stream) {
   constexpr int kBc = TcBackwardTile<kMaxD>::kBc;
   dim3 grid(unsigned((dims.seq + kBc - 1) / kBc), unsigned(dims.kv_heads), unsigned(batch));
   launch<attention_backward_tc_kernel<kMaxD>>(
@@ -426,23 +431,25 @@ void launch_backward_tc(Tensor& dk, Tensor& dv, float* dq_accum, const Tensor& d
 
 }  // namespace
 
-void attention_forward_tc(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                          const AttentionDims& dims, int64_t batch, cudaStream_t stream) {
+void attention_forward_tc(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k, const HeadsView& v,
+                          float scale, const AttentionDims& dims, int64_t batch, cudaStream_t stream) {
   if (dims.head_dim <= 64) launch_forward_tc<64>(out, lse, q, k, v, scale, dims, batch, stream);
   else if (dims.head_dim <= 128) launch_forward_tc<128>(out, lse, q, k, v, scale, dims, batch, stream);
   else launch_forward_tc<256>(out, lse, q, k, v, scale, dims, batch, stream);
 }
 
-void attention_backward_tc(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                           const Tensor& k, const Tensor& v, const Tensor& lse, const float* di, float* dq_accum,
-                           float scale, const AttentionDims& dims, int64_t batch, cudaStream_t stream) {
-  const int64_t n = q.numel();
+void attention_backward_tc(const HeadsView& dq, const HeadsView& dk, const HeadsView& dv, const Tensor& dout,
+                           const HeadsView& q, const HeadsView& k, const HeadsView& v, const Tensor& lse,
+                           const float* di, float* dq_accum, float scale, const AttentionDims& dims, int64_t batch,
+                           cudaStream_t stream) {
+  const int64_t n = dout.numel();
   FT_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, size_t(n) * sizeof(float), stream));
   if (dims.head_dim <= 64) launch_backward_tc<64>(dk, dv, dq_accum, dout, q, k, v, lse, di, scale, dims, batch, stream);
   else if (dims.head_dim <= 128)
     launch_backward_tc<128>(dk, dv, dq_accum, dout, q, k, v, lse, di, scale, dims, batch, stream);
   else launch_backward_tc<256>(dk, dv, dq_accum, dout, q, k, v, lse, di, scale, dims, batch, stream);
-  launch<attention_dq_scale_kernel>(unsigned((n + 255) / 256), 256, 0, stream, view(dq), dq_accum, scale, n);
+  launch<attention_dq_scale_kernel>(unsigned((n + 255) / 256), 256, 0, stream, view(dq), dq_accum, scale, n,
+                                    dims.head_dim, dq.pitch());
   FT_CUDA_CHECK_LAUNCH();
 }
 

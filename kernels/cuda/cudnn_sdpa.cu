@@ -3,8 +3,9 @@
 // grouped-query heads (cuDNN maps query head h to kv head h / (Hq / Hkv), as
 // kernels/backend.h does); f32 accumulation; its `Stats` output is our lse
 // (the natural log-sum-exp of the scaled scores of each query row, [B, Hq, T]).
-// Our [B, T, H, D] tensors are cuDNN's [B, H, T, D] dims with strides
-// {T H D, D, H D, 1}, read in place.
+// Our [B, T, H, D] head views (pitch P between head rows: D where contiguous,
+// 3 D inside GPT-NeoX's fused qkv rows) are cuDNN's [B, H, T, D] dims with
+// strides {T H P, P, H P, 1}, read and written in place.
 //
 // Built into the GPU backend with the cudnn-frontend headers
 // (FT_HAVE_CUDNN_FRONTEND, kernels/CMakeLists.txt; scripts/deps fetches
@@ -48,6 +49,7 @@ bool library_attention_wanted() {
 #include <map>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "kernels/cuda/scratch.h"
 #include "kernels/op_checks.h"
@@ -64,21 +66,29 @@ struct Problem {
   int64_t batch, seq, q_heads, kv_heads, head_dim;
   float scale;
   bool backward;
-  auto tie() const { return std::tie(batch, seq, q_heads, kv_heads, head_dim, scale, backward); }
+  int64_t q_pitch, k_pitch, v_pitch, dq_pitch, dk_pitch, dv_pitch;  // the gradients' 0 forward
+  auto tie() const {
+    return std::tie(batch, seq, q_heads, kv_heads, head_dim, scale, backward, q_pitch, k_pitch, v_pitch, dq_pitch,
+                    dk_pitch, dv_pitch);
+  }
   bool operator<(const Problem& other) const { return tie() < other.tie(); }
 };
 
-// [B, T, H, D] row-major as cuDNN's [B, H, T, D].
-TensorAttr bthd(fe::graph::Graph& graph, const char* name, Uid uid, const Problem& p, int64_t heads) {
+// [B, T, H, D] heads, head rows pitch elements apart, as cuDNN's [B, H, T, D].
+std::vector<int64_t> bthd_strides(const Problem& p, int64_t heads, int64_t pitch) {
+  return {p.seq * heads * pitch, pitch, heads * pitch, 1};
+}
+TensorAttr bthd(fe::graph::Graph& graph, const char* name, Uid uid, const Problem& p, int64_t heads,
+                int64_t pitch) {
   return graph.tensor(fe::graph::Tensor_attributes()
                           .set_name(name)
                           .set_uid(uid)
                           .set_dim({p.batch, heads, p.seq, p.head_dim})
-                          .set_stride({p.seq * heads * p.head_dim, p.head_dim, heads * p.head_dim, 1}));
+                          .set_stride(bthd_strides(p, heads, pitch)));
 }
-void set_bthd_output(const TensorAttr& t, Uid uid, const Problem& p, int64_t heads) {
+void set_bthd_output(const TensorAttr& t, Uid uid, const Problem& p, int64_t heads, int64_t pitch) {
   t->set_output(true).set_uid(uid).set_dim({p.batch, heads, p.seq, p.head_dim});
-  t->set_stride({p.seq * heads * p.head_dim, p.head_dim, heads * p.head_dim, 1});
+  t->set_stride(bthd_strides(p, heads, pitch));
 }
 // lse f32 [B, Hq, T] as cuDNN's Stats [B, Hq, T, 1].
 void describe_stats(fe::graph::Tensor_attributes& t, const Problem& p) {
@@ -91,25 +101,26 @@ std::shared_ptr<fe::graph::Graph> describe(const Problem& p) {
   graph->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  TensorAttr q = bthd(*graph, "q", kQ, p, p.q_heads), k = bthd(*graph, "k", kK, p, p.kv_heads);
-  TensorAttr v = bthd(*graph, "v", kV, p, p.kv_heads);
+  TensorAttr q = bthd(*graph, "q", kQ, p, p.q_heads, p.q_pitch), k = bthd(*graph, "k", kK, p, p.kv_heads, p.k_pitch);
+  TensorAttr v = bthd(*graph, "v", kV, p, p.kv_heads, p.v_pitch);
   if (!p.backward) {
     auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_causal_mask(true);
     auto [o, stats] = graph->sdpa(q, k, v, options.set_attn_scale(p.scale));
-    set_bthd_output(o, kO, p, p.q_heads);
+    set_bthd_output(o, kO, p, p.q_heads, p.head_dim);
     stats->set_output(true);
     describe_stats(*stats, p);
     return graph;
   }
-  TensorAttr o = bthd(*graph, "o", kO, p, p.q_heads), dout = bthd(*graph, "dout", kDO, p, p.q_heads);
+  TensorAttr o = bthd(*graph, "o", kO, p, p.q_heads, p.head_dim);
+  TensorAttr dout = bthd(*graph, "dout", kDO, p, p.q_heads, p.head_dim);
   fe::graph::Tensor_attributes stats_attributes;
   describe_stats(stats_attributes.set_name("stats"), p);
   TensorAttr stats = graph->tensor(stats_attributes);
   auto options = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_causal_mask(true);
   auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, o, dout, stats, options.set_attn_scale(p.scale));
-  set_bthd_output(dq, kDQ, p, p.q_heads);
-  set_bthd_output(dk, kDK, p, p.kv_heads);
-  set_bthd_output(dv, kDV, p, p.kv_heads);
+  set_bthd_output(dq, kDQ, p, p.q_heads, p.dq_pitch);
+  set_bthd_output(dk, kDK, p, p.kv_heads, p.dk_pitch);
+  set_bthd_output(dv, kDV, p, p.kv_heads, p.dv_pitch);
   return graph;
 }
 
@@ -129,32 +140,41 @@ class CudnnSdpa final : public AttentionEngine {
   CudnnSdpa(Allocator& allocator, cudnnHandle_t handle) : allocator_(allocator), handle_(handle) {}
   ~CudnnSdpa() override { cudnnDestroy(handle_); }
 
-  bool forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+  bool forward(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k, const HeadsView& v, float scale,
                CUstream_st* stream) override {
-    if (!bf16({&out, &q, &k, &v})) return false;
-    const Problem p = problem(q, k, scale, false);
-    return run(p, {{kQ, q.data}, {kK, k.data}, {kV, v.data}, {kO, out.data}, {kStats, lse.data}}, stream);
+    if (!usable({out, q, k, v})) return false;
+    Problem p = problem(q, k, v, scale, false);
+    return run(p, {{kQ, q.data()}, {kK, k.data()}, {kV, v.data()}, {kO, out.data}, {kStats, lse.data}}, stream);
   }
 
-  bool backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                const Tensor& v, const Tensor& out, const Tensor& lse, float scale, CUstream_st* stream) override {
-    if (!bf16({&dq, &dk, &dv, &dout, &q, &k, &v, &out})) return false;
-    const Problem p = problem(q, k, scale, true);
+  bool backward(const HeadsView& dq, const HeadsView& dk, const HeadsView& dv, const Tensor& dout,
+                const HeadsView& q, const HeadsView& k, const HeadsView& v, const Tensor& out, const Tensor& lse,
+                float scale, CUstream_st* stream) override {
+    if (!usable({dq, dk, dv, dout, q, k, v, out})) return false;
+    Problem p = problem(q, k, v, scale, true);
+    p.dq_pitch = dq.pitch();
+    p.dk_pitch = dk.pitch();
+    p.dv_pitch = dv.pitch();
     return run(p,
-               {{kQ, q.data}, {kK, k.data}, {kV, v.data}, {kO, out.data}, {kStats, lse.data}, {kDO, dout.data},
-                {kDQ, dq.data}, {kDK, dk.data}, {kDV, dv.data}},
+               {{kQ, q.data()}, {kK, k.data()}, {kV, v.data()}, {kO, out.data}, {kStats, lse.data},
+                {kDO, dout.data}, {kDQ, dq.data()}, {kDK, dk.data()}, {kDV, dv.data()}},
                stream);
   }
 
  private:
-  static bool bf16(std::initializer_list<const Tensor*> tensors) {
-    for (const Tensor* t : tensors)
-      if (t->dtype != DType::bf16) return false;
+  // bf16 operands whose heads start on 16-byte boundaries, as cuDNN's
+  // kernels load them (a view's first column and pitch move the start).
+  static bool usable(std::initializer_list<HeadsView> operands) {
+    for (const HeadsView& x : operands) {
+      const bool aligned = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && x.pitch() * 2 % 16 == 0;
+      if (x.dtype() != DType::bf16 || !aligned) return false;
+    }
     return true;
   }
-  static Problem problem(const Tensor& q, const Tensor& k, float scale, bool backward) {
+  static Problem problem(const HeadsView& q, const HeadsView& k, const HeadsView& v, float scale, bool backward) {
     const checks::AttentionShape s = checks::attention_shape(q, k);
-    return {s.batch, s.seq, s.q_heads, s.kv_heads, s.head_dim, scale, backward};
+    return {s.batch, s.seq, s.q_heads, s.kv_heads, s.head_dim, scale, backward, q.pitch(), k.pitch(), v.pitch(),
+            0, 0, 0};
   }
 
   // The cached graph, or null where cuDNN has no engine for p.

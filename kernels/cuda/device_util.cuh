@@ -29,6 +29,9 @@ struct View {
 
 inline ConstView const_view(const Tensor& t) { return {t.data, t.dtype}; }
 inline View view(Tensor& t) { return {t.data, t.dtype}; }
+// A head view's elements from its first column (head rows pitch() apart).
+inline ConstView const_view(const HeadsView& x) { return {x.data(), x.dtype()}; }
+inline View view(const HeadsView& x) { return {x.data(), x.dtype()}; }
 
 __device__ inline float load(ConstView x, int64_t i) {
   switch (x.dtype) {

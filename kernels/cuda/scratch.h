@@ -86,15 +86,16 @@ inline ScratchTensor column_partials_scratch(int64_t rows, int64_t channels) {
 
 // The tensor-core kernels (attention_tc.cu) run when q, k and v are all bf16
 // (the bf16 activation path); f32 and mixed operands take the f32 kernels.
-inline bool attention_uses_tensor_cores(const Tensor& q, const Tensor& k, const Tensor& v) {
-  return q.dtype == DType::bf16 && k.dtype == DType::bf16 && v.dtype == DType::bf16;
+inline bool attention_uses_tensor_cores(const HeadsView& q, const HeadsView& k, const HeadsView& v) {
+  return q.dtype() == DType::bf16 && k.dtype() == DType::bf16 && v.dtype() == DType::bf16;
 }
 
 struct AttentionBackwardScratch {
   ScratchTensor di;                       // f32 [B, Hq, T] (lse's shape): rowsum(dO * O)
   std::optional<ScratchTensor> dq_accum;  // tensor cores only: f32 [B, T, Hq, D], dQ summed over key tiles
 };
-inline AttentionBackwardScratch attention_backward_scratch(const Tensor& q, const Tensor& k, const Tensor& v) {
+inline AttentionBackwardScratch attention_backward_scratch(const HeadsView& q, const HeadsView& k,
+                                                           const HeadsView& v) {
   const int64_t B = q.dim(0), T = q.dim(1), Hq = q.dim(2), D = q.dim(3);
   AttentionBackwardScratch s{{{B, Hq, T}, DType::f32}, std::nullopt};
   if (attention_uses_tensor_cores(q, k, v)) s.dq_accum = ScratchTensor{{B, T, Hq, D}, DType::f32};

@@ -156,9 +156,9 @@ void MetaBackend::layernorm_backward_add_impl(Tensor&, Tensor* dweight, Tensor* 
   Tensor dbias_partials = column_partials(dbias, x.rows(), x.cols());
 }
 
-void MetaBackend::rope_forward_impl(Tensor&, const Tensor&, std::span<const float>) { enter("rope_forward", {}); }
+void MetaBackend::rope_forward_impl(const HeadsView&, const Tensor&, std::span<const float>) { enter("rope_forward", {}); }
 
-void MetaBackend::rope_backward_impl(Tensor&, const Tensor&, std::span<const float>) { enter("rope_backward", {}); }
+void MetaBackend::rope_backward_impl(const HeadsView&, const Tensor&, std::span<const float>) { enter("rope_backward", {}); }
 
 void MetaBackend::swiglu_forward_impl(Tensor&, const Tensor&, const Tensor&) { enter("swiglu_forward", {}); }
 
@@ -176,20 +176,20 @@ void MetaBackend::gelu_backward_impl(Tensor&, const Tensor&, const Tensor&, Gelu
 // (kernels/cuda/attention_engine.h) where
 // the build has it (library_attention_), which takes exactly
 // sdpa_workspace_budget_bytes of workspace; else on our kernels.
-void MetaBackend::attention_forward_impl(Tensor&, Tensor&, const Tensor& q, const Tensor& k, const Tensor&, float,
-                                         int64_t sliding_window) {
+void MetaBackend::attention_forward_impl(Tensor&, Tensor&, const HeadsView& q, const HeadsView& k, const HeadsView&,
+                                         float, int64_t sliding_window) {
   enter("attention_forward", {});
   const checks::AttentionShape s = checks::attention_shape(q, k);
-  if (library_attention_ && q.dtype == DType::bf16 && sliding_window == 0)
+  if (library_attention_ && q.dtype() == DType::bf16 && sliding_window == 0)
     Tensor workspace = cuda_scratch(cuda::sdpa_workspace_scratch(s.batch, s.q_heads, s.kv_heads, s.seq, s.head_dim, false));
 }
 
-void MetaBackend::attention_backward_impl(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor& q,
-                                          const Tensor& k, const Tensor& v, const Tensor&, const Tensor&, float,
-                                          int64_t sliding_window) {
+void MetaBackend::attention_backward_impl(const HeadsView&, const HeadsView&, const HeadsView&, const Tensor&,
+                                          const HeadsView& q, const HeadsView& k, const HeadsView& v, const Tensor&,
+                                          const Tensor&, float, int64_t sliding_window) {
   enter("attention_backward", {});
   const checks::AttentionShape s = checks::attention_shape(q, k);
-  if (library_attention_ && q.dtype == DType::bf16 && sliding_window == 0) {
+  if (library_attention_ && q.dtype() == DType::bf16 && sliding_window == 0) {
     Tensor workspace = cuda_scratch(cuda::sdpa_workspace_scratch(s.batch, s.q_heads, s.kv_heads, s.seq, s.head_dim, true));
     return;
   }

@@ -5,7 +5,9 @@
 // tiles with ragged edges, every head_dim bucket (8 and 20 -> 64, 80 and 96
 // -> 128, 256), GQA 1:1, 3:1 and 4:1, sliding windows narrower than T.
 // Results must be bit-identical under every thread schedule (the tensor-core
-// backward's dQ atomics add in block order under the emulator).
+// backward's dQ atomics add in block order under the emulator). Operands
+// read and gradients written as head views (GPT-NeoX's fused qkv rows) give
+// the contiguous runs' values bit for bit.
 //
 // Both backends' backward passes get the CPU forward's out and lse, so the
 // backward comparison does not inherit the forward's rounding differences.
@@ -191,4 +193,80 @@ TEST_CASE("cuda: attention rejects bad arguments") {
   Tensor q2 = device_empty({1, 3, 2, 8}, DType::f32), out2 = device_empty({1, 3, 2, 8}, DType::f32);
   Tensor lse2 = device_empty({1, 2, 3}, DType::f32);
   CHECK_THROWS_AS(gpu.attention_forward(out2, lse2, q2, kv, kv, 1.0f, -1), Error);  // negative window
+}
+
+namespace {
+
+// x's heads as a contiguous host tensor (copy_columns over its head rows).
+Tensor host_heads(const HeadsView& x) {
+  Tensor heads = cpu.empty(x.shape(), x.dtype(), MemCategory::activations);
+  Tensor head_rows = heads.reshaped({heads.rows(), x.width});
+  cpu.copy_columns(head_rows, 0, x.rows.reshaped({x.rows.rows(), x.pitch()}), x.first_column, x.width);
+  return heads;
+}
+
+// The same view's columns of device rows read back: all rows' values, as host rows.
+HeadsView read_back(const HeadsView& device_view) {
+  return {host_copy(device_view.rows), device_view.first_column, device_view.width};
+}
+
+}  // namespace
+
+// GPT-NeoX's layout: q, k and v read in place as column windows of one
+// [B, T, H, 3D] tensor, dq, dk and dv written into one (grouped-query: q from
+// a wider row, k and v from another), on both kernel families. Only the
+// addressing differs from contiguous operands, so every value equals the
+// contiguous run's bit for bit, under every schedule, and the gradient rows
+// hold NaN exactly outside the views.
+TEST_CASE("cuda: attention on views of fused qkv rows equals contiguous operands bit for bit") {
+  struct ViewCase {
+    int64_t q_heads, kv_heads, head_dim;
+    DType dtype;
+  };
+  const DType f = DType::f32, h = DType::bf16;
+  for (ViewCase c : {ViewCase{2, 2, 96, f}, ViewCase{2, 2, 96, h}, ViewCase{3, 3, 64, h}, ViewCase{4, 2, 40, f},
+                     ViewCase{4, 2, 40, h}}) {
+    CAPTURE(c.q_heads);
+    CAPTURE(c.head_dim);
+    CAPTURE(dtype_name(c.dtype));
+    const int64_t B = 2, T = 37, D = c.head_dim, Hq = c.q_heads, Hkv = c.kv_heads;
+    const bool fused = Hq == Hkv;
+    const float scale = 1.0f / std::sqrt(float(D));
+    const unsigned seed = unsigned(D * 10 + Hq);
+    const Tensor q_rows = host_random({B, T, Hq, fused ? 3 * D : 2 * D}, c.dtype, seed, -2.0f, 2.0f);
+    const Tensor kv_rows = fused ? q_rows : host_random({B, T, Hkv, 2 * D}, c.dtype, seed + 1, -2.0f, 2.0f);
+    const int64_t q_col = fused ? 0 : D, k_col = fused ? D : 0, v_col = fused ? 2 * D : D;
+    const Tensor dout = host_random({B, T, Hq, D}, c.dtype, seed + 2);
+    const Tensor q = host_heads({q_rows, q_col, D}), k = host_heads({kv_rows, k_col, D});
+    const Tensor v = host_heads({kv_rows, v_col, D});
+    HeadsView dq, dk, dv;  // the device gradient views, kept for reading back
+    std::vector<float> got = emu_test::same_under_schedules([&] {
+      Tensor g_q_rows = to_device(q_rows), g_kv_rows = fused ? g_q_rows : to_device(kv_rows);
+      Tensor gq = to_device(q), gk = to_device(k), gv = to_device(v), gdout = to_device(dout);
+      const HeadsView vq(g_q_rows, q_col, D), vk(g_kv_rows, k_col, D), vv(g_kv_rows, v_col, D);
+      Tensor out_view = device_empty({B, T, Hq, D}, c.dtype), lse_view = device_empty({B, Hq, T}, DType::f32);
+      Tensor out = device_empty({B, T, Hq, D}, c.dtype), lse = device_empty({B, Hq, T}, DType::f32);
+      ours.attention_forward(out_view, lse_view, vq, vk, vv, scale, 0);
+      ours.attention_forward(out, lse, gq, gk, gv, scale, 0);
+      Tensor dq_rows = device_empty(g_q_rows.shape, c.dtype);
+      Tensor dkv_rows = fused ? dq_rows : device_empty(g_kv_rows.shape, c.dtype);
+      ours.fill(dq_rows, NAN);
+      ours.fill(dkv_rows, NAN);
+      dq = {dq_rows, q_col, D}, dk = {dkv_rows, k_col, D}, dv = {dkv_rows, v_col, D};
+      Tensor gdq = device_empty(q.shape, c.dtype), gdk = device_empty(k.shape, c.dtype);
+      Tensor gdv = device_empty(v.shape, c.dtype);
+      ours.attention_backward(dq, dk, dv, gdout, vq, vk, vv, out, lse, scale, 0);
+      ours.attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, out, lse, scale, 0);
+      Tensor dq_got = host_heads(read_back(dq)), dk_got = host_heads(read_back(dk));
+      Tensor dv_got = host_heads(read_back(dv));
+      return values({&out_view, &lse_view, &dq_got, &dk_got, &dv_got, &out, &lse, &gdq, &gdk, &gdv});
+    });
+    const size_t half = got.size() / 2;
+    CHECK(std::equal(got.begin(), got.begin() + ptrdiff_t(half), got.begin() + ptrdiff_t(half)));
+    size_t nan_count = 0;  // NaN left by the fill: exactly the gradient rows' columns outside the views
+    for (float x : values(dq.rows)) nan_count += std::isnan(x);
+    if (!fused)
+      for (float x : values(dk.rows)) nan_count += std::isnan(x);
+    CHECK(nan_count == (fused ? 0 : size_t(B * T * Hq * D)));  // GQA: dq's row holds D columns before its view
+  }
 }
