@@ -685,7 +685,9 @@ Tensor CausalLM::backward_decoder(DecoderStep& step, Tensor dresidual) {
       step.layers[k] = forward_layer(i, step.residuals[k], norm, nullptr, step.tokens.positions);
     }
     step.residuals[k + 1] = Tensor{};
-    backward_layer(i, *step.layers[k], dresidual, step.residuals[k], step.tokens.positions);
+    // The first stage's input gradient feeds only a trainable embedding.
+    const bool input_grad = k > 0 || !first_stage() || embedding_->trainable();
+    backward_layer(i, *step.layers[k], dresidual, step.residuals[k], step.tokens.positions, input_grad);
     release_layer(i);
     step.layers[k] = nullptr;
   }

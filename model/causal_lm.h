@@ -260,9 +260,17 @@ class CausalLM : public LanguageModel {
   // weights and the step's dropout seeds.
   virtual std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, NormOutput& norm,
                                                           Tensor* out, const Tensor& positions) = 0;
-  // On entry dresidual holds d(loss)/d(layer output); on exit d(loss)/d(layer input).
+  // On entry dresidual holds d(loss)/d(layer output); on exit d(loss)/d(layer
+  // input). Without input_grad (the first layer under a frozen embedding:
+  // nothing reads it) the layer skips the input-side products that only make
+  // it, and the norm backwards behind them where their parameters do not
+  // train; dresidual's exit value is then meaningless.
   virtual void backward_layer(size_t index, SavedActivations& saved, Tensor& dresidual, const Tensor& x,
-                              const Tensor& positions) = 0;
+                              const Tensor& positions, bool input_grad) = 0;
+  // Whether a norm's weight or bias trains (its backward is then needed for them).
+  static bool trains(const NormParameters& norm) {
+    return (norm.weight && norm.weight->trainable()) || (norm.bias && norm.bias->trainable());
+  }
   // The norm layer `index` applies to its input.
   virtual const NormParameters& input_norm(size_t index) const = 0;
 

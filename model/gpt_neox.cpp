@@ -133,8 +133,9 @@ std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t i
 
 // ---- backward ------------------------------------------------------------
 
-// dnorm (overwritten) = d(loss)/d(saved.norm2) from dout = d(loss)/d(mlp output).
-void GptNeoxModel::backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor& dnorm) {
+// dnorm (overwritten; null: not wanted) = d(loss)/d(saved.norm2) from dout =
+// d(loss)/d(mlp output).
+void GptNeoxModel::backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor* dnorm) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
   const int64_t N = dout.rows(), I = config_.intermediate_size;
@@ -143,13 +144,14 @@ void GptNeoxModel::backward_mlp(Layer& layer, LayerActivations& saved, const Ten
   Tensor gelu_out = be.empty({N, I}, act, MemCategory::activations);
   be.gelu_forward(gelu_out, saved.h, gelu_kind_);
   Tensor dact = be.empty({N, I}, act, MemCategory::activations);
-  layer.dense_4h_to_h->backward(be, dact, dout, gelu_out, false);
+  layer.dense_4h_to_h->backward(be, &dact, dout, gelu_out, false);
   be.gelu_backward(dact, dact, saved.h, gelu_kind_);
   layer.dense_h_to_4h->backward(be, dnorm, dact, saved.norm2.out, false);
 }
 
-// dnorm (overwritten) = d(loss)/d(saved.norm1) from dout = d(loss)/d(attention block output).
-void GptNeoxModel::backward_attention(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor& dnorm,
+// dnorm (overwritten; null: not wanted) = d(loss)/d(saved.norm1) from dout =
+// d(loss)/d(attention block output).
+void GptNeoxModel::backward_attention(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor* dnorm,
                                       const Tensor& positions) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
@@ -157,7 +159,7 @@ void GptNeoxModel::backward_attention(Layer& layer, LayerActivations& saved, con
   const int64_t N = attention.q.dim(0) * attention.q.dim(1), C = config_.hidden_size, D = config_.head_dim;
   Tensor dattn = be.empty(attention.attn.shape, act, MemCategory::activations);
   Tensor dattn2d = dattn.reshaped({N, C});
-  layer.dense->backward(be, dattn2d, dout, attention.attn.reshaped({N, C}), false);
+  layer.dense->backward(be, &dattn2d, dout, attention.attn.reshaped({N, C}), false);
   // Straight into HF's fused [H, 3, D] layout; the three views cover every column.
   Tensor dqkv = be.empty({N, 3 * C}, act, MemCategory::activations);
   const Tensor dheads = dqkv.reshaped(attention.q.rows.shape);
@@ -167,7 +169,7 @@ void GptNeoxModel::backward_attention(Layer& layer, LayerActivations& saved, con
 }
 
 void GptNeoxModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dresidual, const Tensor& x,
-                                  const Tensor& positions) {
+                                  const Tensor& positions, bool input_grad) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
   Layer& layer = *layers_[index];
@@ -177,8 +179,12 @@ void GptNeoxModel::backward_layer(size_t index, SavedActivations& kept, Tensor& 
   const Tensor x2d = x.reshaped({N, C});
   Tensor dres = dresidual.reshaped({N, C});
   Tensor dnorm = be.empty({N, C}, act, MemCategory::activations);
+  // Which input gradients anything reads: the layer input's (input_grad),
+  // a training norm's, and, sequential, the MLP's (it reaches mid).
+  const bool mlp_input_grad = input_grad || !parallel || trains(layer.post_attention_norm);
+  const bool attention_input_grad = input_grad || trains(layer.input_norm);
 
-  backward_mlp(layer, saved, dres, dnorm);
+  backward_mlp(layer, saved, dres, mlp_input_grad ? &dnorm : nullptr);
   // Sequential: the attention block's output also reaches the MLP through
   // mid. Parallel: x's gradient through ln2 is added last (after the
   // attention block's, as the unfused order rounded), so the MLP's dnorm
@@ -190,9 +196,9 @@ void GptNeoxModel::backward_layer(size_t index, SavedActivations& kept, Tensor& 
     dnorm_attention = be.empty({N, C}, act, MemCategory::activations);
   else
     norm_backward_add(dres, layer.post_attention_norm, dnorm, saved.residual_mid, saved.norm2);
-  backward_attention(layer, saved, dres, dnorm_attention, positions);
-  norm_backward_add(dres, layer.input_norm, dnorm_attention, x2d, saved.norm1);
-  if (parallel) norm_backward_add(dres, layer.post_attention_norm, dnorm, x2d, saved.norm2);
+  backward_attention(layer, saved, dres, attention_input_grad ? &dnorm_attention : nullptr, positions);
+  if (attention_input_grad) norm_backward_add(dres, layer.input_norm, dnorm_attention, x2d, saved.norm1);
+  if (parallel && mlp_input_grad) norm_backward_add(dres, layer.post_attention_norm, dnorm, x2d, saved.norm2);
 }
 
 }  // namespace ft

@@ -30,11 +30,11 @@ class GptNeoxModel final : public CausalLM {
   void forward_mlp(Layer& layer, LayerActivations& saved, Tensor* out);
   std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, NormOutput& norm, Tensor* out,
                                                   const Tensor& positions) override;
-  void backward_attention(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor& dnorm,
+  void backward_attention(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor* dnorm,
                           const Tensor& positions);
-  void backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor& dnorm);
+  void backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor* dnorm);
   void backward_layer(size_t index, SavedActivations& saved, Tensor& dresidual, const Tensor& x,
-                      const Tensor& positions) override;
+                      const Tensor& positions, bool input_grad) override;
   const NormParameters& input_norm(size_t index) const override;
 
   GeluKind gelu_kind_;

@@ -24,8 +24,8 @@ void Int8Linear::forward_fused(Backend& backend, Tensor& out, const Tensor& x, I
   backend.int8_linear_forward(out, x, weight_.value, weight_.scales, threshold_, epilogue);
 }
 
-void Int8Linear::backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor&, bool accumulate_dx) {
-  backend.int8_linear_backward(dx, dout, weight_.value, weight_.scales, accumulate_dx);
+void Int8Linear::backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor&, bool accumulate_dx) {
+  if (dx) backend.int8_linear_backward(*dx, dout, weight_.value, weight_.scales, accumulate_dx);
   linear_bias_backward(backend, bias_, dout);
 }
 

@@ -18,7 +18,7 @@ class Int8Linear final : public Linear {
   void forward(Backend& backend, Tensor& out, const Tensor& x) override;
   void forward_with_lora(Backend& backend, Tensor& out, const Tensor& x, const Tensor& h, const Tensor& B,
                          float scaling) override;
-  void backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
+  void backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
 
  private:
   void forward_fused(Backend& backend, Tensor& out, const Tensor& x, Int8Epilogue epilogue);

@@ -19,8 +19,9 @@ class Linear {
   virtual void forward_with_lora(Backend& backend, Tensor& out, const Tensor& x, const Tensor& h, const Tensor& B,
                                  float scaling);
   // dx = dout W (or dx += dout W when accumulate_dx), and trainable
-  // parameters' gradients += their share of dout.
-  virtual void backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) = 0;
+  // parameters' gradients += their share of dout. dx null: no input gradient
+  // is wanted (the first layer's, under a frozen embedding), only those.
+  virtual void backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) = 0;
 };
 
 // A plain 16/32-bit weight, optionally trainable (full fine-tuning,
@@ -29,7 +30,7 @@ class DenseLinear final : public Linear {
  public:
   explicit DenseLinear(Parameter& weight, Parameter* bias = nullptr) : weight_(weight), bias_(bias) {}
   void forward(Backend& backend, Tensor& out, const Tensor& x) override;
-  void backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
+  void backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
 
  private:
   Parameter& weight_;

@@ -111,7 +111,7 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
 // ---- backward ------------------------------------------------------------
 
 void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dresidual, const Tensor& x,
-                                const Tensor& positions) {
+                                const Tensor& positions, bool input_grad) {
   Backend& be = backend_;
   Layer& layer = *layers_[index];
   LayerActivations& saved = static_cast<LayerActivations&>(kept);
@@ -125,12 +125,12 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
   // MLP block: out = residual_mid + down(silu(gate(n2)) * up(n2)).
   {
     Tensor dact = be.empty({N, I}, act, MemCategory::activations);
-    layer.down_proj->backward(be, dact, dres, saved.act, false);
+    layer.down_proj->backward(be, &dact, dres, saved.act, false);
     Tensor dgate = be.empty({N, I}, act, MemCategory::activations);
     Tensor dup = be.empty({N, I}, act, MemCategory::activations);
     be.swiglu_backward(dgate, dup, dact, saved.gate, saved.up);
-    layer.gate_proj->backward(be, dnorm, dgate, saved.norm2.out, false);
-    layer.up_proj->backward(be, dnorm, dup, saved.norm2.out, true);
+    layer.gate_proj->backward(be, &dnorm, dgate, saved.norm2.out, false);
+    layer.up_proj->backward(be, &dnorm, dup, saved.norm2.out, true);
   }
   norm_backward_add(dres, layer.post_attention_norm, dnorm, saved.residual_mid, saved.norm2);
 
@@ -138,14 +138,18 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
   {
     Tensor dattn = be.empty({B, T, Hq, D}, act, MemCategory::activations);
     Tensor dattn2d = dattn.reshaped({N, Hq * D});
-    layer.o_proj->backward(be, dattn2d, dres, saved.attention.attn.reshaped({N, Hq * D}), false);
+    layer.o_proj->backward(be, &dattn2d, dres, saved.attention.attn.reshaped({N, Hq * D}), false);
     const Tensor dq = be.empty({B, T, Hq, D}, act, MemCategory::activations);
     const Tensor dk = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
     const Tensor dv = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
     attention_backward(saved.attention, dattn, positions, {dq, dk, dv});
-    layer.q_proj->backward(be, dnorm, dq.reshaped({N, Hq * D}), saved.norm1.out, false);
-    layer.k_proj->backward(be, dnorm, dk.reshaped({N, Hkv * D}), saved.norm1.out, true);
-    layer.v_proj->backward(be, dnorm, dv.reshaped({N, Hkv * D}), saved.norm1.out, true);
+    // The MLP's input gradient reaches this block through residual_mid;
+    // this block's own reaches only the layer input.
+    Tensor* dinput = input_grad || trains(layer.input_norm) ? &dnorm : nullptr;
+    layer.q_proj->backward(be, dinput, dq.reshaped({N, Hq * D}), saved.norm1.out, false);
+    layer.k_proj->backward(be, dinput, dk.reshaped({N, Hkv * D}), saved.norm1.out, true);
+    layer.v_proj->backward(be, dinput, dv.reshaped({N, Hkv * D}), saved.norm1.out, true);
+    if (!dinput) return;
   }
   norm_backward_add(dres, layer.input_norm, dnorm, x.reshaped({N, C}), saved.norm1);
 }

@@ -57,7 +57,7 @@ void LoraLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
 // With xd = dropout(x), h = xd A^T and y += scaling * h B^T:
 //   dB += scaling * dout^T h,  g = scaling * dout B (the gradient at h),
 //   dA += g^T xd,              dx += dropout_backward(g A).
-void LoraLinear::backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) {
+void LoraLinear::backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) {
   base_->backward(backend, dx, dout, x, accumulate_dx);
   if (!enabled_) return;
   int64_t N = x.rows(), r = A_.value.dim(0);
@@ -71,14 +71,15 @@ void LoraLinear::backward(Backend& backend, Tensor& dx, const Tensor& dout, cons
   Tensor g = backend.empty({N, r}, x.dtype, MemCategory::activations);
   backend.matmul(g, dout, B, false, false, scaling_);
   if (A_.trainable()) backend.matmul(A_.grad, g, xd, true, false, 1.0f, 1.0f);
+  if (!dx) return;
   if (!dropout_active()) {
-    backend.matmul(dx, g, A, false, false, 1.0f, 1.0f);
+    backend.matmul(*dx, g, A, false, false, 1.0f, 1.0f);
     return;
   }
   Tensor dxd = backend.empty(x.shape, x.dtype, MemCategory::activations);
   backend.matmul(dxd, g, A, false, false);
   backend.dropout_backward(dxd, dxd, dropout_, dropout_seed_);
-  backend.add(dx, dx, dxd);
+  backend.add(*dx, *dx, dxd);
 }
 
 LoraShapes lora_shapes(int64_t out_features, int64_t in_features, int64_t r) {

@@ -30,7 +30,7 @@ class LoraLinear final : public Linear {
   // gets its reference model from the same weights.
   void set_enabled(bool enabled) { enabled_ = enabled; }
   void forward(Backend& backend, Tensor& out, const Tensor& x) override;
-  void backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
+  void backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
   Linear& base() { return *base_; }
 
  private:

@@ -19,7 +19,7 @@ class Nf4Linear final : public Linear {
  public:
   Nf4Linear(Parameter& weight, Parameter* bias = nullptr);
   void forward(Backend& backend, Tensor& out, const Tensor& x) override;
-  void backward(Backend& backend, Tensor& dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
+  void backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
 
  private:
   Parameter& weight_;

@@ -439,17 +439,17 @@ void T5Model::attention_backward(const Attention& attention, SublayerActivations
   const DType act = options_.activation_dtype;
   Tensor dattn = be.empty(saved.attn.shape, act, MemCategory::activations);
   Tensor dattn2d = dattn.reshaped({N, H * D});
-  attention.o->backward(be, dattn2d, dy, saved.attn.reshaped({N, H * D}), false);
+  attention.o->backward(be, &dattn2d, dy, saved.attn.reshaped({N, H * D}), false);
   Tensor dq = be.empty(saved.q.shape, act, MemCategory::activations);
   Tensor dk = be.empty(saved.k.shape, act, MemCategory::activations);
   Tensor dv = be.empty(saved.v.shape, act, MemCategory::activations);
   be.biased_attention_backward(dq, dk, dv, dbias, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse, bias,
                                key_lengths, causal);
-  attention.q->backward(be, dnorm, dq.reshaped({N, H * D}), saved.norm.out, false);
+  attention.q->backward(be, &dnorm, dq.reshaped({N, H * D}), saved.norm.out, false);
   // Self-attention's keys and values come from the same normed input; cross-attention's from the encoder.
   Tensor& dkv = dkv_input ? *dkv_input : dnorm;
-  attention.k->backward(be, dkv, dk.reshaped({M, H * D}), kv_input, true);
-  attention.v->backward(be, dkv, dv.reshaped({M, H * D}), kv_input, true);
+  attention.k->backward(be, &dkv, dk.reshaped({M, H * D}), kv_input, true);
+  attention.v->backward(be, &dkv, dv.reshaped({M, H * D}), kv_input, true);
 }
 
 Tensor T5Model::cached_attention(const Attention& attention, const Tensor& normed, const Tensor& keys,
@@ -492,13 +492,13 @@ void T5Model::feed_forward_backward(const FeedForward& ff, SublayerActivations& 
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
   Tensor dact = be.empty(saved.act.shape, act, MemCategory::activations);
-  ff.wo->backward(be, dact, dy, saved.act, false);
+  ff.wo->backward(be, &dact, dy, saved.act, false);
   Tensor dup = ff.wi_1 ? be.empty(saved.up.shape, act, MemCategory::activations) : Tensor{};
   const Activation kind = config_.gated_ffn ? Activation::gelu_tanh : Activation::relu;
   // dact becomes d(loss)/d(gate) in place (the op allows dx to alias dout).
   be.activation_backward(dact, ff.wi_1 ? &dup : nullptr, dact, saved.gate, ff.wi_1 ? &saved.up : nullptr, kind);
-  ff.wi_0->backward(be, dnorm, dact, saved.norm.out, false);
-  if (ff.wi_1) ff.wi_1->backward(be, dnorm, dup, saved.norm.out, true);
+  ff.wi_0->backward(be, &dnorm, dact, saved.norm.out, false);
+  if (ff.wi_1) ff.wi_1->backward(be, &dnorm, dup, saved.norm.out, true);
 }
 
 }  // namespace ft

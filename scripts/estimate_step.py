@@ -54,6 +54,19 @@ def forward_passes(cfg, engine):
     return {"query_key_value": 2, "dense": 1 if parallel else 2, "dense_h_to_4h": 2, "dense_4h_to_h": 1}
 
 
+def input_gradient_layers(cfg, engine):
+    """How many layers compute each linear's input gradient. The first layer's
+    feeds only the frozen embedding: ours skips its input-side products
+    (query_key_value's, and with the parallel residual dense_h_to_4h's);
+    transformers computes them (PEFT's enable_input_require_grads, needed by
+    its checkpointing)."""
+    L = cfg["num_hidden_layers"]
+    if engine == "hf-bnb-fa2":
+        return {"query_key_value": L, "dense": L, "dense_h_to_4h": L, "dense_4h_to_h": L}
+    parallel = cfg.get("use_parallel_residual", True)
+    return {"query_key_value": L - 1, "dense": L, "dense_h_to_4h": L - 1 if parallel else L, "dense_4h_to_h": L}
+
+
 def ops(cfg, seq, batch, engine, r=16):
     """(name, kind, flops, bytes) for one training step; bytes only for memory kinds."""
     C, I, H, L, V = (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_attention_heads"],
@@ -61,6 +74,7 @@ def ops(cfg, seq, batch, engine, r=16):
     D, N = C // H, seq * batch
     linears = {"query_key_value": (3 * C, C), "dense": (C, C), "dense_h_to_4h": (I, C), "dense_4h_to_h": (C, I)}
     passes = forward_passes(cfg, engine)
+    dx_layers = input_gradient_layers(cfg, engine)
     out = []
     for name, (O, K) in linears.items():
         flops = 2.0 * N * O * K
@@ -70,8 +84,9 @@ def ops(cfg, seq, batch, engine, r=16):
         extra = N * K * 2 * 2 + N * K + N * O * 4 * 2 + N * O * 2
         out.append((f"{name} int8 quantise/outliers/epilogue (x{passes[name]})", "memory", 0,
                     passes[name] * L * extra))
-        out.append((f"{name} backward dx (bf16, dequantised tiles)", "gemm_bf16", L * flops, 0))
-        out.append((f"{name} weight dequantise (int8 -> bf16 tile)", "memory", 0, L * O * K * 3))
+        out.append((f"{name} backward dx (bf16, dequantised tiles, {dx_layers[name]} layers)", "gemm_bf16",
+                    dx_layers[name] * flops, 0))
+        out.append((f"{name} weight dequantise (int8 -> bf16 tile)", "memory", 0, dx_layers[name] * O * K * 3))
     lora_flops = 2.0 * N * r * (C + 3 * C)
     out.append(("LoRA A/B forward, dx, dA, dB", "gemm_bf16", L * lora_flops * (passes["query_key_value"] + 2), 0))
     attn_fwd = 2.0 * batch * seq * seq * H * D  # causal: half of 4 T^2 H D

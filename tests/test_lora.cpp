@@ -161,12 +161,21 @@ TEST_CASE("LoraLinear forward and backward match float64 over a dense and an int
         check_close(read(y), want_y);
 
         Tensor dx = make(backend, {2, 5, s.in}, dx0);
-        layer.backward(backend, dx, dout_t, xt, accumulate_dx);
+        layer.backward(backend, &dx, dout_t, xt, accumulate_dx);
         std::vector<double> want_dx(base_dx);
         for (size_t i = 0; i < want_dx.size(); ++i) want_dx[i] += ref.dx[i] + (accumulate_dx ? dx0[i] : 0.0f);
         check_close(read(dx), want_dx);
         check_close(read(lora_A.grad), plus(ref.dA, dA0));
         check_close(read(lora_B.grad), plus(ref.dB, dB0));
+
+        // No input gradient wanted (the first layer under a frozen
+        // embedding): the same parameter gradients, bit for bit.
+        const auto dA_with_dx = read(lora_A.grad), dB_with_dx = read(lora_B.grad);
+        backend.copy(lora_A.grad, make(backend, {s.r, s.in}, dA0));
+        backend.copy(lora_B.grad, make(backend, {s.out, s.r}, dB0));
+        layer.backward(backend, nullptr, dout_t, xt, accumulate_dx);
+        CHECK(read(lora_A.grad) == dA_with_dx);
+        CHECK(read(lora_B.grad) == dB_with_dx);
       }
 }
 
@@ -190,7 +199,7 @@ TEST_CASE("LoraLinear dA and dB match finite differences with dropout") {
   Tensor xt = make(backend, {s.N, s.in}, x), y = backend.empty({s.N, s.out}, DType::f32, MemCategory::activations);
   Tensor dx = backend.empty({s.N, s.in}, DType::f32, MemCategory::activations);
   layer.forward(backend, y, xt);
-  layer.backward(backend, dx, make(backend, {s.N, s.out}, dout), xt, false);
+  layer.backward(backend, &dx, make(backend, {s.N, s.out}, dout), xt, false);
   auto loss = [&]() {
     layer.forward(backend, y, xt);
     double sum = 0.0;
