@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(FwdTile<kMaxD>::kThreads)
   // Later query tiles see more keys: launch them first so the tail of the grid is short.
   const int q0 = int(gridDim.x - 1 - blockIdx.x) * kBr;
   const int h = blockIdx.y, b = blockIdx.z;
-  const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h), out_rows = head_rows(D, dims.q_heads, T, b, h);
+  const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h);
+  const HeadRows out_rows = head_rows(D, dims.q_heads, T, b, h);
   const HeadRows k_rows = head_rows(dims.k_pitch, dims.kv_heads, T, b, h / dims.group);
   const HeadRows v_rows = head_rows(dims.v_pitch, dims.kv_heads, T, b, h / dims.group);
 
@@ -334,7 +335,8 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
   float dk_acc[kTK][kDC] = {}, dv_acc[kTK][kDC] = {};
   const int q_tiles = cuda::end_query_tile(k0, kBc, kBr, dims.window, T);
   for (int h = hk * dims.group; h < (hk + 1) * dims.group; ++h) {
-    const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h), do_rows = head_rows(D, dims.q_heads, T, b, h);
+    const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h);
+    const HeadRows do_rows = head_rows(D, dims.q_heads, T, b, h);
     for (int qt = k0 / kBr; qt < q_tiles; ++qt) {  // query tiles from the diagonal to the window's end
       const int q0 = qt * kBr;
       load_tile<kThreads>(q_s, ld, q, q_rows.base, q_rows.stride, q0, kBr, T, D);
@@ -392,7 +394,8 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
   const int T = dims.seq, D = dims.head_dim, ld = D + 1, tid = threadIdx.x;
   const int q0 = int(gridDim.x - 1 - blockIdx.x) * kBr;  // heavy tiles first, as in the forward
   const int h = blockIdx.y, b = blockIdx.z;
-  const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h), do_rows = head_rows(D, dims.q_heads, T, b, h);
+  const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h);
+  const HeadRows do_rows = head_rows(D, dims.q_heads, T, b, h);
   const HeadRows k_rows = head_rows(dims.k_pitch, dims.kv_heads, T, b, h / dims.group);
   const HeadRows v_rows = head_rows(dims.v_pitch, dims.kv_heads, T, b, h / dims.group);
 
@@ -450,7 +453,7 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
 }
 
 // The kernels' limits on the contract's shapes (checked by Backend), with
-// the operands' pitches (the gradients' are the backward's to set).
+// the inputs' pitches (the gradients', 0 here, are the backward's to set).
 Dims launch_dims(const char* op, const HeadsView& q, const HeadsView& k, const HeadsView& v, int64_t sliding_window,
                  int64_t& batch) {
   const checks::AttentionShape s = checks::attention_shape(q, k);
@@ -461,7 +464,7 @@ Dims launch_dims(const char* op, const HeadsView& q, const HeadsView& k, const H
   batch = B;
   // A window of T or more hides nothing beyond the causal mask.
   int window = sliding_window > 0 && sliding_window < T ? int(sliding_window) : 0;
-  return Dims{int(T), int(Hq), int(Hkv), int(D), int(Hq / Hkv), window, q.pitch(), k.pitch(), v.pitch(), D, D, D};
+  return Dims{int(T), int(Hq), int(Hkv), int(D), int(Hq / Hkv), window, q.pitch(), k.pitch(), v.pitch(), 0, 0, 0};
 }
 
 template <int kMaxD>

@@ -142,7 +142,8 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Later query tiles see more keys: launch them first so the tail of the grid is short.
   const int q0 = int(gridDim.x - 1 - blockIdx.x) * kBr, h = blockIdx.y, b = blockIdx.z;
-  const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h), out_rows = head_rows(D, dims.q_heads, T, b, h);
+  const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h);
+  const HeadRows out_rows = head_rows(D, dims.q_heads, T, b, h);
   const HeadRows k_rows = head_rows(dims.k_pitch, dims.kv_heads, T, b, h / dims.group);
   const HeadRows v_rows = head_rows(dims.v_pitch, dims.kv_heads, T, b, h / dims.group);
 
@@ -296,7 +297,8 @@ __global__ void __launch_bounds__(kThreads)
   const int q_tiles = end_query_tile(k0, kBc, kBr, dims.window, T);
   for (int h = hk * dims.group; h < (hk + 1) * dims.group; ++h) {
     // dout and the dQ workspace are contiguous [B, T, Hq, D].
-    const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h), d_rows = head_rows(D, dims.q_heads, T, b, h);
+    const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h);
+    const HeadRows d_rows = head_rows(D, dims.q_heads, T, b, h);
     const int64_t row_base = (int64_t(b) * dims.q_heads + h) * T;
     for (int qt = k0 / kBr; qt < q_tiles; ++qt) {  // query tiles from the diagonal to the window's end
       const int q0 = qt * kBr;

@@ -45,7 +45,7 @@ void rope_rotate(const char* op, const HeadsView& x, const Tensor& positions, st
   for (int i = 0; i < half; ++i) inv_freq.value[i] = host_inv_freq[size_t(i)];
   int64_t pairs = tokens * heads * half;
   if (pairs == 0) return;
-  launch<rope_kernel>(cuda::elementwise_blocks(pairs, kBlock), kBlock, 0, stream, cuda::View{x.data(), x.dtype()},
+  launch<rope_kernel>(cuda::elementwise_blocks(pairs, kBlock), kBlock, 0, stream, cuda::view(x),
                       positions.ptr<const int32_t>(), inv_freq, sign, heads, x.pitch(), half, pairs);
   FT_CUDA_CHECK_LAUNCH();
 }

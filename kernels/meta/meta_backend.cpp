@@ -156,9 +156,13 @@ void MetaBackend::layernorm_backward_add_impl(Tensor&, Tensor* dweight, Tensor* 
   Tensor dbias_partials = column_partials(dbias, x.rows(), x.cols());
 }
 
-void MetaBackend::rope_forward_impl(const HeadsView&, const Tensor&, std::span<const float>) { enter("rope_forward", {}); }
+void MetaBackend::rope_forward_impl(const HeadsView&, const Tensor&, std::span<const float>) {
+  enter("rope_forward", {});
+}
 
-void MetaBackend::rope_backward_impl(const HeadsView&, const Tensor&, std::span<const float>) { enter("rope_backward", {}); }
+void MetaBackend::rope_backward_impl(const HeadsView&, const Tensor&, std::span<const float>) {
+  enter("rope_backward", {});
+}
 
 void MetaBackend::swiglu_forward_impl(Tensor&, const Tensor&, const Tensor&) { enter("swiglu_forward", {}); }
 
