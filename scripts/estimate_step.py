@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-op time estimates of one LoRA training step on paper (no GPU needed).
 
-Usage: scripts/estimate_step.py [MODEL_DIR] [--seq 2048] [--batch 1] [--markdown]
+Usage: scripts/estimate_step.py [MODEL_DIR] [--seq 2048] [--batch 1]
        (default configs/gpt-neox-20b: the headline config's architecture)
 
 For each op of a GPT-NeoX layer stack (the shapes the memory planner plans:
@@ -10,12 +10,15 @@ on query_key_value; INT8 base; bf16 activations; per-layer activation
 checkpointing, so a layer's forward runs again in backward), the FLOPs or bytes it must do or
 move, divided by a datasheet peak times an efficiency assumed per kernel kind
 (EFFICIENCY below). Three columns of engines:
-  ours-today  attention as our f32-FMA flash kernel (CUDA cores);
+  ours-today  attention as our f32-FMA flash kernel (CUDA cores), whose
+              backward computes the scores in both its dK/dV and dQ kernels;
   ours-tc     attention on tensor cores (FA2-structured kernel or cuDNN SDPA);
   hf-bnb-fa2  transformers + bitsandbytes LLM.int8() + FlashAttention-2: the
               same FLOPs except that its checkpointing reruns each layer's
               whole forward, bnb's backward dequantises each whole weight to
-              fp16 per call, and unfused elementwise ops move ~1.5x our bytes.
+              fp16 per call (CB.to(fp16) then mul_ by SCB / 127: 7 bytes a
+              weight, where ours writes bf16 tiles: 3), and unfused
+              elementwise ops move ~1.5x our bytes.
 Ours reruns only what backward reads (CausalLM::forward_layer without out):
 not dense_4h_to_h or the GELU, whose outputs only make the layer output, nor,
 with the parallel residual, dense.
@@ -43,6 +46,9 @@ EFFICIENCY = {
     "attn_f32": 0.50,       # our f32-FMA flash kernel, of the f32 FMA peak
     "memory": 0.70,         # bandwidth-bound kernels, of DRAM bandwidth
 }
+
+
+ENGINES = ("ours-today", "ours-tc", "hf-bnb-fa2")
 
 
 def forward_passes(cfg, engine):
@@ -75,25 +81,28 @@ def ops(cfg, seq, batch, engine, r=16):
     linears = {"query_key_value": (3 * C, C), "dense": (C, C), "dense_h_to_4h": (I, C), "dense_4h_to_h": (C, I)}
     passes = forward_passes(cfg, engine)
     dx_layers = input_gradient_layers(cfg, engine)
+    unfused = 1.5 if engine == "hf-bnb-fa2" else 1.0  # the peer's elementwise passes move ~1.5x our bytes
     out = []
     for name, (O, K) in linears.items():
         flops = 2.0 * N * O * K
-        out.append((f"{name} int8 forward (x{passes[name]})", "gemm_int8", passes[name] * L * flops, 0))
+        out.append((f"{name} int8 forward", "gemm_int8", passes[name] * L * flops, 0))
         # LLM.int8() around the product: x read twice (outliers, codes), codes and
         # the int32 product written and read, out written (bf16).
         extra = N * K * 2 * 2 + N * K + N * O * 4 * 2 + N * O * 2
-        out.append((f"{name} int8 quantise/outliers/epilogue (x{passes[name]})", "memory", 0,
-                    passes[name] * L * extra))
-        out.append((f"{name} backward dx (bf16, dequantised tiles, {dx_layers[name]} layers)", "gemm_bf16",
-                    dx_layers[name] * flops, 0))
-        out.append((f"{name} weight dequantise (int8 -> bf16 tile)", "memory", 0, dx_layers[name] * O * K * 3))
+        out.append((f"{name} int8 quantise/outliers/epilogue", "memory", 0, unfused * passes[name] * L * extra))
+        out.append((f"{name} backward dx (bf16)", "gemm_bf16", dx_layers[name] * flops, 0))
+        dequantise_bytes = 7 if engine == "hf-bnb-fa2" else 3
+        out.append((f"{name} weight dequantise for dx", "memory", 0, dx_layers[name] * O * K * dequantise_bytes))
     lora_flops = 2.0 * N * r * (C + 3 * C)
     out.append(("LoRA A/B forward, dx, dA, dB", "gemm_bf16", L * lora_flops * (passes["query_key_value"] + 2), 0))
     attn_fwd = 2.0 * batch * seq * seq * H * D  # causal: half of 4 T^2 H D
-    out.append(("attention forward (x2), tensor cores", "attn_fwd_tc", 2 * L * attn_fwd, 0))
+    out.append(("attention forward (twice), tensor cores", "attn_fwd_tc", 2 * L * attn_fwd, 0))
     out.append(("attention backward, tensor cores", "attn_bwd_tc", L * 2.5 * attn_fwd, 0))
-    out.append(("attention forward (x2), f32 FMA", "attn_f32", 2 * L * attn_fwd, 0))
-    out.append(("attention backward, f32 FMA", "attn_f32", L * 2.5 * attn_fwd, 0))
+    out.append(("attention forward (twice), f32 FMA", "attn_f32", 2 * L * attn_fwd, 0))
+    # The f32 backward computes S = Q K^T and dP = dO V^T in both of its
+    # kernels (dK/dV, then dQ: no atomics), 7 products against the tensor-core
+    # backward's 5 (one pass, dQ added into an f32 workspace).
+    out.append(("attention backward, f32 FMA (S and dP twice)", "attn_f32", L * 3.5 * attn_fwd, 0))
     # Elementwise per layer, bf16 [N, C]-sized passes: 2 layernorms (fwd: read,
     # write; bwd: read x, dout, write dx), rope on q, k and dropout on the LoRA
     # input (all rerun by a recomputation); gelu on [N, I] and the residual
@@ -107,10 +116,10 @@ def ops(cfg, seq, batch, engine, r=16):
     output_bytes = 2 * ni + 3 * 2 * nc
     bwd_bytes = 2 * 3 * nc + 2 * (2 * nc) + 2 * ni + 3 * ni + 3 * 2 * nc + 2 * nc + copy_bytes
     fwd_bytes = 2 * rerun_bytes + passes["dense_4h_to_h"] * output_bytes
-    name = "norms, rope, gelu, adds, dropout" + (", q/k/v copies" if copy_bytes else "")
-    out.append((name, "memory", 0, L * (fwd_bytes + bwd_bytes)))
+    out.append(("norms, rope, gelu, adds, dropout (peer: + q/k/v copies)", "memory", 0,
+                unfused * L * (fwd_bytes + bwd_bytes)))
     out.append(("lm_head forward + dx (bf16)", "gemm_bf16", 2 * 2.0 * N * C * V, 0))
-    out.append(("loss, embedding, AdamW (LoRA)", "memory", 0, N * V * 4 * 2 + N * C * 2 * 2))
+    out.append(("loss, embedding, AdamW (LoRA)", "memory", 0, unfused * (N * V * 4 * 2 + N * C * 2 * 2)))
     return out
 
 
@@ -129,8 +138,7 @@ def model_flops(cfg, seq, batch, r=16):
 
 def seconds(kind, flops, nbytes, gpu, engine):
     if kind == "memory":
-        scale = 1.5 if engine == "hf-bnb-fa2" else 1.0
-        return scale * nbytes / (gpu["bw"] * EFFICIENCY["memory"])
+        return nbytes / (gpu["bw"] * EFFICIENCY["memory"])
     if kind == "gemm_int8":
         eff = EFFICIENCY["gemm_int8_bnb" if engine == "hf-bnb-fa2" else "gemm_int8"]
         return flops / (gpu["int8"] * eff)
@@ -148,20 +156,32 @@ def uses(name, kind, engine):
 
 
 def estimate(cfg, seq, batch, gpu):
-    """{engine: [(op name, kind, amount, seconds)]} plus the bnb extra."""
+    """{engine: [(op name, kind, amount, seconds)]}."""
     result = {}
-    for engine in ("ours-today", "ours-tc", "hf-bnb-fa2"):
-        rows = []
-        for name, kind, flops, nbytes in ops(cfg, seq, batch, engine):
-            if uses(name, kind, engine):
-                rows.append((name, kind, flops or nbytes, seconds(kind, flops, nbytes, gpu, engine)))
-        if engine == "hf-bnb-fa2":  # whole-weight fp16 dequantise per backward call: read i8, write + read fp16
-            C, I, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-            nbytes = L * (3 * C * C + C * C + 2 * C * I) * 5
-            rows.append(("bnb backward: whole-weight dequantise", "memory", nbytes,
-                         nbytes / (gpu["bw"] * EFFICIENCY["memory"])))
-        result[engine] = rows
+    for engine in ENGINES:
+        result[engine] = [(name, kind, flops or nbytes, seconds(kind, flops, nbytes, gpu, engine))
+                          for name, kind, flops, nbytes in ops(cfg, seq, batch, engine) if uses(name, kind, engine)]
     return result
+
+
+def print_per_op(details):
+    """One row per op: its FLOPs (or bytes) for ours and the peer, and its ms
+    on each GPU. Ours is ours-tc but for the f32-attention rows (ours-today's,
+    which replace the tensor-core rows in that engine)."""
+    print("\nPer op (amount: FLOPs, or bytes for memory-bound ops; ms on each GPU, ours | peer):\n")
+    print("| op | kind | ours: amount | peer: amount | " + " | ".join(f"{GPUS[g]['name']} ours | peer" for g in GPUS) + " |")
+    print("|---|---|---:|---:|" + "---:|---:|" * len(GPUS))
+    first = next(iter(GPUS))
+    peer = {row[0]: row for row in details[(first, "hf-bnb-fa2")]}
+    ours = details[(first, "ours-tc")] + [row for row in details[(first, "ours-today")] if row[1] == "attn_f32"]
+    for name, kind, amount, _ in ours:
+        cells = [name, kind, f"{amount:.3e}", f"{peer[name][2]:.3e}" if name in peer else "-"]
+        for g in GPUS:
+            engine = "ours-today" if kind == "attn_f32" else "ours-tc"
+            ms = {row[0]: row[3] * 1e3 for row in details[(g, engine)]}
+            peer_ms = {row[0]: row[3] * 1e3 for row in details[(g, "hf-bnb-fa2")]}
+            cells += [f"{ms[name]:.1f}", f"{peer_ms[name]:.1f}" if name in peer_ms else "-"]
+        print("| " + " | ".join(cells) + " |")
 
 
 def main():
@@ -188,11 +208,7 @@ def main():
             print(f"| {gpu['name']} | {engine} | {total * 1e3:.0f} | {100 * attn / total:.0f}% | "
                   f"{tokens / total:.0f} | {100 * mflops / total / gpu['bf16']:.0f}% |")
             details[(key, engine)] = rows
-    print("\nPer op, A100, ours-tc (amount: FLOPs, or bytes for memory-bound ops):\n")
-    print("| op | kind | amount | ms |")
-    print("|---|---|---:|---:|")
-    for name, kind, amount, s in details[("a100", "ours-tc")]:
-        print(f"| {name} | {kind} | {amount:.3e} | {s * 1e3:.1f} |")
+    print_per_op(details)
 
 
 if __name__ == "__main__":
