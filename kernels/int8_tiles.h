@@ -6,13 +6,21 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/dtype.h"
+
 namespace ft {
 
 // int8_linear_backward dequantises the frozen weight [O, K] one block of
 // input-feature columns at a time: a tile [O, kb] with O * kb at most this
-// many elements (16 MiB in f32, 8 MiB in bf16). The CPU's budget: its tile is
-// f32 and stays in cache-friendly sizes.
+// many elements (16 MiB in f32, 8 MiB in bf16). The CPU's budget: its tile
+// stays in cache-friendly sizes.
 constexpr int64_t kInt8DequantTileElements = int64_t(4) << 20;
+// The CPU's tile dtype for dout's: bf16 for bf16 dout (the GPU's tile, whose
+// dtype is dout's, value for value), else f32 (the CPU's GEMMs take f32 and
+// bf16 operands).
+inline DType int8_backward_cpu_tile_dtype(DType dout_dtype) {
+  return dout_dtype == DType::bf16 ? DType::bf16 : DType::f32;
+}
 // The GPU's budget (128 MiB in bf16): a few wide GEMMs per weight instead of
 // dozens of narrow ones (GPT-NeoX-20B: 9 per layer, not 129), each tile
 // dequantised once, within the memory planner's budget (it charges the tile).

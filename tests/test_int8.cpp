@@ -355,37 +355,43 @@ TEST_CASE("outlier columns go through the 16-bit path only at or above the thres
 
 // dx = dout @ dequant(W) in f32 over O = 300 terms (two dequantised tiles of
 // up to 256 weight rows): |got - ref| <= 1e-5 * sum of |terms|; a bf16 dx
-// adds one rounding (2^-8 relative).
+// adds one rounding (2^-8 relative). With bf16 dout the weight enters as its
+// f32 dequantisation rounded to bf16, as on the GPU.
 TEST_CASE("int8_linear_backward matches the float64 product with the dequantised weight") {
   HostAllocator host;
   CpuBackend backend(host);
   const int64_t N = 19, O = 300, K = 45;
   QuantWeight qw = quantize_weight(backend, gaussian(O * K, 0.05f, 8), O, K);
-  std::vector<float> dout = gaussian(N * O, 1.0f, 9);
   std::vector<float> prior = gaussian(N * K, 1.0f, 10);
-  std::vector<double> ref(size_t(N * K), 0.0), magnitude(size_t(N * K), 0.0);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t o = 0; o < O; ++o) {
-        double term = double(dout[size_t(n * O + o)]) * qw.dequant(o, k, K);
-        ref[size_t(n * K + k)] += term;
-        magnitude[size_t(n * K + k)] += std::fabs(term);
+  for (DType dout_dtype : {DType::f32, DType::bf16}) {
+    Tensor dout_t = make(backend, {N, O}, gaussian(N * O, 1.0f, 9), dout_dtype);
+    std::vector<float> dout = read(dout_t);
+    std::vector<double> ref(size_t(N * K), 0.0), magnitude(size_t(N * K), 0.0);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t o = 0; o < O; ++o) {
+          float w = float(qw.codes[size_t(o * K + k)]) * qw.s[size_t(o)] / 127.0f;
+          if (dout_dtype == DType::bf16) w = bf16_to_f32(f32_to_bf16(w));
+          double term = double(dout[size_t(n * O + o)]) * w;
+          ref[size_t(n * K + k)] += term;
+          magnitude[size_t(n * K + k)] += std::fabs(term);
+        }
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (bool accumulate : {false, true}) {
+        CAPTURE(dtype_name(dout_dtype));
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(accumulate);
+        std::vector<float> start = accumulate ? prior : std::vector<float>(size_t(N * K), NAN);
+        Tensor dx = make(backend, {N, K}, start, dtype);
+        std::vector<float> before = read(dx);
+        backend.int8_linear_backward(dx, dout_t, qw.q, qw.scales, accumulate);
+        std::vector<float> got = read(dx);
+        double rounding = dtype == DType::bf16 ? 1.0 / 256.0 : 0.0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          double want = ref[i] + (accumulate ? double(before[i]) : 0.0);
+          double scale = magnitude[i] + (accumulate ? std::fabs(before[i]) : 0.0);
+          CHECK(std::fabs(got[i] - want) <= 1e-5 * scale + rounding * std::fabs(want));
+        }
       }
-  Tensor dout_t = make(backend, {N, O}, dout);
-  for (DType dtype : {DType::f32, DType::bf16})
-    for (bool accumulate : {false, true}) {
-      CAPTURE(dtype_name(dtype));
-      CAPTURE(accumulate);
-      std::vector<float> start = accumulate ? prior : std::vector<float>(size_t(N * K), NAN);
-      Tensor dx = make(backend, {N, K}, start, dtype);
-      std::vector<float> before = read(dx);
-      backend.int8_linear_backward(dx, dout_t, qw.q, qw.scales, accumulate);
-      std::vector<float> got = read(dx);
-      double rounding = dtype == DType::bf16 ? 1.0 / 256.0 : 0.0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        double want = ref[i] + (accumulate ? double(before[i]) : 0.0);
-        double scale = magnitude[i] + (accumulate ? std::fabs(before[i]) : 0.0);
-        CHECK(std::fabs(got[i] - want) <= 1e-5 * scale + rounding * std::fabs(want));
-      }
-    }
+  }
 }

@@ -253,26 +253,31 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
 
 // dx is computed one block of input-feature columns at a time (tiles from
 // kernels/int8_tiles.h): dx[:, k0:k1] = dout @ dequant(W[:, k0:k1]), the tile
-// dequantised into f32 and the block summed in an f32 [N, kb] buffer, so the
-// scratch stays a few MiB however large the layer (no full f32 copy of W or
-// of dx), and each element of dx is one f32 sum rounded once.
+// dequantised into f32, or into bf16 for bf16 dout (the GPU's tile, value for
+// value: so the product runs on native bf16 dot products where the CPU has
+// them, and is widened exactly to f32 elsewhere), and the block summed in an
+// f32 [N, kb] buffer, so the scratch stays a few MiB however large the layer
+// (no full copy of W or of dx), and each element of dx is one f32 sum
+// rounded once.
 void CpuBackend::int8_linear_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& weight,
                                            const Tensor& weight_scales, bool accumulate) {
   int64_t N = dout.rows(), O = dout.cols(), K = weight.dim(1);
   if (N == 0 || K == 0) return;
   int64_t columns = int8_backward_tile_columns(O, K);
-  Tensor w_tile = empty({O, columns}, DType::f32, MemCategory::workspace);
+  const DType tile_dtype = int8_backward_cpu_tile_dtype(dout.dtype);
+  Tensor w_tile = empty({O, columns}, tile_dtype, MemCategory::workspace);
   Tensor dx_block = empty({N, columns}, DType::f32, MemCategory::workspace);
   const int8_t* wq = weight.ptr<const int8_t>();
   const float* sw = weight_scales.ptr<const float>();
   Tensor dx2 = dx.reshaped({N, K});
   for (int64_t k0 = 0; k0 < K; k0 += columns) {
     int64_t kb = std::min(columns, K - k0);
-    Tensor w = Tensor::view_of(w_tile.data, {O, kb}, DType::f32);
+    Tensor w = Tensor::view_of(w_tile.data, {O, kb}, tile_dtype);
     Tensor block = Tensor::view_of(dx_block.data, {N, kb}, DType::f32);
 #pragma omp parallel for schedule(static)
     for (int64_t o = 0; o < O; ++o)
-      for (int64_t k = 0; k < kb; ++k) w.ptr<float>()[o * kb + k] = float(wq[o * K + k0 + k]) * sw[o] / 127.0f;
+      for (int64_t k = 0; k < kb; ++k)
+        store_from_f32(w.data, tile_dtype, o * kb + k, float(wq[o * K + k0 + k]) * sw[o] / 127.0f);
     if (accumulate) copy_columns(block, 0, dx2, k0, kb);
     matmul(block, dout, w, false, false, 1.0f, accumulate ? 1.0f : 0.0f);
     copy_columns(dx2, k0, block, 0, kb);

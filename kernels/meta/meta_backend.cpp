@@ -261,7 +261,7 @@ void MetaBackend::int8_linear_backward_impl(Tensor&, const Tensor& dout, const T
     return;
   }
   const int64_t columns = int8_backward_tile_columns(O, K);
-  Tensor w_tile = empty({O, columns}, DType::f32, MemCategory::workspace);
+  Tensor w_tile = empty({O, columns}, int8_backward_cpu_tile_dtype(dout.dtype), MemCategory::workspace);
   Tensor dx_block = empty({N, columns}, DType::f32, MemCategory::workspace);
 }
 
