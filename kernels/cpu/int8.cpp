@@ -274,10 +274,15 @@ void CpuBackend::int8_linear_backward_impl(Tensor& dx, const Tensor& dout, const
     int64_t kb = std::min(columns, K - k0);
     Tensor w = Tensor::view_of(w_tile.data, {O, kb}, tile_dtype);
     Tensor block = Tensor::view_of(dx_block.data, {N, kb}, DType::f32);
-#pragma omp parallel for schedule(static)
-    for (int64_t o = 0; o < O; ++o)
-      for (int64_t k = 0; k < kb; ++k)
-        store_from_f32(w.data, tile_dtype, o * kb + k, float(wq[o * K + k0 + k]) * sw[o] / 127.0f);
+#pragma omp parallel
+    {
+      std::vector<float> row(static_cast<size_t>(kb));
+#pragma omp for schedule(static)
+      for (int64_t o = 0; o < O; ++o) {
+        for (int64_t k = 0; k < kb; ++k) row[size_t(k)] = float(wq[o * K + k0 + k]) * sw[o] / 127.0f;
+        cpu::store_row(w, o * kb, row.data(), kb);
+      }
+    }
     if (accumulate) copy_columns(block, 0, dx2, k0, kb);
     matmul(block, dout, w, false, false, 1.0f, accumulate ? 1.0f : 0.0f);
     copy_columns(dx2, k0, block, 0, kb);
