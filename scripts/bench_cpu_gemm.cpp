@@ -53,7 +53,9 @@ void bench_matmul(CpuBackend& backend, const char* gemm, const std::string& name
 
 // int8_linear_forward (x [N, K], weight [O, K], threshold 6, no outliers in
 // gaussian x of sigma 1 at these sizes is not guaranteed: a few are part of
-// the op) and int8_linear_backward (dx [N, K] from dout [N, O]).
+// the op) and int8_linear_backward (dx [N, K] from dout [N, O]), with f32 and
+// with bf16 dout and dx (a bf16 tile: a bf16 GEMM, native where the CPU has
+// AVX512-BF16 or AMX).
 void bench_int8(CpuBackend& backend, const char* gemm, const std::string& name, int64_t N, int64_t O, int64_t K,
                 int repeats) {
   std::mt19937 rng(2);
@@ -65,11 +67,17 @@ void bench_int8(CpuBackend& backend, const char* gemm, const std::string& name, 
   Tensor dx = backend.empty({N, K}, DType::f32, MemCategory::activations);
   double forward = median_seconds([&] { backend.int8_linear_forward(out, x, q, s, 6.0f); }, repeats);
   double backward = median_seconds([&] { backend.int8_linear_backward(dx, dout, q, s, false); }, repeats);
+  Tensor dout_bf16 = random_tensor(backend, {N, O}, DType::bf16, 1.0f, rng);
+  Tensor dx_bf16 = backend.empty({N, K}, DType::bf16, MemCategory::activations);
+  double backward_bf16 =
+      median_seconds([&] { backend.int8_linear_backward(dx_bf16, dout_bf16, q, s, false); }, repeats);
   const double flops = 2.0 * N * O * K;
   std::printf("{\"op\": \"%s forward\", \"gemm\": \"%s\", \"dtype\": \"int8\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"gflops\": %.1f}\n",
               name.c_str(), gemm, long(N), long(O), long(K), flops / forward / 1e9);
   std::printf("{\"op\": \"%s backward\", \"gemm\": \"%s\", \"dtype\": \"int8\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"gflops\": %.1f}\n",
               name.c_str(), gemm, long(N), long(K), long(O), flops / backward / 1e9);
+  std::printf("{\"op\": \"%s backward\", \"gemm\": \"%s\", \"dtype\": \"bf16\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"gflops\": %.1f}\n",
+              name.c_str(), gemm, long(N), long(K), long(O), flops / backward_bf16 / 1e9);
 }
 
 // The machine's multiply-add peak, all threads, from loops that keep
