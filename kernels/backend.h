@@ -448,7 +448,8 @@ class Backend {
   // The weight is dequantised tile by tile, never as a full copy, each value
   // code * scale / 127 in f32, rounded to dout's dtype where that is 16-bit
   // (as bitsandbytes dequantises to the activations' dtype; the CPU takes
-  // f16 dout against an f32 tile); products summed in f32. No weight gradient: int8 weights are frozen.
+  // f16 dout against an f32 tile); products summed in f32. No weight
+  // gradient: int8 weights are frozen.
   void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, const Tensor& weight_scales,
                             bool accumulate) {
     checks::check_int8_linear_backward(device(), dx, dout, weight, weight_scales);

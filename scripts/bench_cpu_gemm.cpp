@@ -40,6 +40,14 @@ Tensor random_tensor(Backend& backend, const Shape& shape, DType dtype, float sc
   return t;
 }
 
+// One result as a JSON line (bench_cpu_vs_torch.py reads them).
+void print_row(const std::string& op, const char* gemm, const char* dtype, int64_t M, int64_t N, int64_t K,
+               double gflops) {
+  std::printf("{\"op\": \"%s\", \"gemm\": \"%s\", \"dtype\": \"%s\", \"M\": %ld, \"N\": %ld, \"K\": %ld, "
+              "\"gflops\": %.1f}\n",
+              op.c_str(), gemm, dtype, long(M), long(N), long(K), gflops);
+}
+
 // out[M, N] = a[M, K] @ b[N, K]^T (a linear layer's forward) in dtype.
 void bench_matmul(CpuBackend& backend, const char* gemm, const std::string& name, int64_t M, int64_t N, int64_t K,
                   DType dtype, int repeats) {
@@ -47,8 +55,7 @@ void bench_matmul(CpuBackend& backend, const char* gemm, const std::string& name
   Tensor a = random_tensor(backend, {M, K}, dtype, 1.0f, rng), b = random_tensor(backend, {N, K}, dtype, 0.05f, rng);
   Tensor out = backend.empty({M, N}, DType::f32, MemCategory::activations);
   double seconds = median_seconds([&] { backend.matmul(out, a, b, false, true, 1.0f, 0.0f); }, repeats);
-  std::printf("{\"op\": \"%s\", \"gemm\": \"%s\", \"dtype\": \"%s\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"gflops\": %.1f}\n",
-              name.c_str(), gemm, dtype_name(dtype), long(M), long(N), long(K), 2.0 * M * N * K / seconds / 1e9);
+  print_row(name, gemm, dtype_name(dtype), M, N, K, 2.0 * M * N * K / seconds / 1e9);
 }
 
 // int8_linear_forward (x [N, K], weight [O, K], threshold 6, no outliers in
@@ -72,12 +79,9 @@ void bench_int8(CpuBackend& backend, const char* gemm, const std::string& name, 
   double backward_bf16 =
       median_seconds([&] { backend.int8_linear_backward(dx_bf16, dout_bf16, q, s, false); }, repeats);
   const double flops = 2.0 * N * O * K;
-  std::printf("{\"op\": \"%s forward\", \"gemm\": \"%s\", \"dtype\": \"int8\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"gflops\": %.1f}\n",
-              name.c_str(), gemm, long(N), long(O), long(K), flops / forward / 1e9);
-  std::printf("{\"op\": \"%s backward\", \"gemm\": \"%s\", \"dtype\": \"int8\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"gflops\": %.1f}\n",
-              name.c_str(), gemm, long(N), long(K), long(O), flops / backward / 1e9);
-  std::printf("{\"op\": \"%s backward\", \"gemm\": \"%s\", \"dtype\": \"bf16\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"gflops\": %.1f}\n",
-              name.c_str(), gemm, long(N), long(K), long(O), flops / backward_bf16 / 1e9);
+  print_row(name + " forward", gemm, "int8", N, O, K, flops / forward / 1e9);
+  print_row(name + " backward", gemm, "int8", N, K, O, flops / backward / 1e9);
+  print_row(name + " backward", gemm, "bf16", N, K, O, flops / backward_bf16 / 1e9);
 }
 
 // The machine's multiply-add peak, all threads, from loops that keep
@@ -155,10 +159,8 @@ void bench_attention(CpuBackend& backend, int repeats) {
   double backward = median_seconds([&] { backend.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, 0); },
                                    repeats);
   const double flops = 2.0 * B * H * T * (T + 1) * D;  // QK^T and PV over the visible half
-  std::printf("{\"op\": \"attention forward\", \"gemm\": \"ours\", \"dtype\": \"f32\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"gflops\": %.1f}\n",
-              long(T), long(T), long(D), flops / forward / 1e9);
-  std::printf("{\"op\": \"attention backward\", \"gemm\": \"ours\", \"dtype\": \"f32\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"gflops\": %.1f}\n",
-              long(T), long(T), long(D), 2.5 * flops / backward / 1e9);
+  print_row("attention forward", "ours", "f32", T, T, D, flops / forward / 1e9);
+  print_row("attention backward", "ours", "f32", T, T, D, 2.5 * flops / backward / 1e9);
 }
 
 }  // namespace

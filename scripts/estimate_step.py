@@ -168,19 +168,20 @@ def print_per_op(details):
     """One row per op: its FLOPs (or bytes) for ours and the peer, and its ms
     on each GPU. Ours is ours-tc but for the f32-attention rows (ours-today's,
     which replace the tensor-core rows in that engine)."""
+    ms = {key: {row[0]: row[3] * 1e3 for row in rows} for key, rows in details.items()}
     print("\nPer op (amount: FLOPs, or bytes for memory-bound ops; ms on each GPU, ours | peer):\n")
-    print("| op | kind | ours: amount | peer: amount | " + " | ".join(f"{GPUS[g]['name']} ours | peer" for g in GPUS) + " |")
+    print("| op | kind | ours: amount | peer: amount | " +
+          " | ".join(f"{GPUS[g]['name']} ours | peer" for g in GPUS) + " |")
     print("|---|---|---:|---:|" + "---:|---:|" * len(GPUS))
     first = next(iter(GPUS))
-    peer = {row[0]: row for row in details[(first, "hf-bnb-fa2")]}
+    peer = {row[0]: row[2] for row in details[(first, "hf-bnb-fa2")]}
     ours = details[(first, "ours-tc")] + [row for row in details[(first, "ours-today")] if row[1] == "attn_f32"]
     for name, kind, amount, _ in ours:
-        cells = [name, kind, f"{amount:.3e}", f"{peer[name][2]:.3e}" if name in peer else "-"]
+        engine = "ours-today" if kind == "attn_f32" else "ours-tc"
+        cells = [name, kind, f"{amount:.3e}", f"{peer[name]:.3e}" if name in peer else "-"]
         for g in GPUS:
-            engine = "ours-today" if kind == "attn_f32" else "ours-tc"
-            ms = {row[0]: row[3] * 1e3 for row in details[(g, engine)]}
-            peer_ms = {row[0]: row[3] * 1e3 for row in details[(g, "hf-bnb-fa2")]}
-            cells += [f"{ms[name]:.1f}", f"{peer_ms[name]:.1f}" if name in peer_ms else "-"]
+            peer_ms = ms[(g, "hf-bnb-fa2")]
+            cells += [f"{ms[(g, engine)][name]:.1f}", f"{peer_ms[name]:.1f}" if name in peer_ms else "-"]
         print("| " + " | ".join(cells) + " |")
 
 
