@@ -283,24 +283,29 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
   if (N == 0 || O == 0) return;
 
   find_outlier_columns(columns, x, threshold, context.stream);
+  context.passed("outlier columns");
   const OutlierWeights w{outlier_weights.ptr<const int8_t>(), weight.ptr<const int8_t>(), outlier_weights.dim(0)};
   if (w.capacity > 0) {
     launch<gather_outlier_weights_kernel>(elementwise_blocks(w.capacity * O, kBlock), kBlock, 0, context.stream,
                                           outlier_weights.ptr<int8_t>(), w.wq, columns.ptr<const int32_t>(), O, K,
                                           w.capacity);
     FT_CUDA_CHECK_LAUNCH();
+    context.passed("gather outlier weights");
   }
   launch<quantize_inliers_kernel>(unsigned(N), kBlock, 0, context.stream, codes.ptr<int8_t>(),
                                   row_scales.ptr<float>(), const_view(x), columns.ptr<const int32_t>(), K);
   FT_CUDA_CHECK_LAUNCH();
+  context.passed("quantize");
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     const int64_t rows = std::min(chunk, N - n0);
     int8_product(product, codes, weight, n0, rows, context);
+    context.passed("int8 GEMM");
     launch<forward_epilogue_kernel>(elementwise_blocks(rows * O, kBlock), kBlock, 0, context.stream, view(out),
                                     product.ptr<const int32_t>(), const_view(x), w,
                                     row_scales.ptr<const float>(), weight_scales.ptr<const float>(),
                                     columns.ptr<const int32_t>(), epilogue_views(epilogue), n0, rows, O, K);
     FT_CUDA_CHECK_LAUNCH();
+    context.passed("epilogue");
   }
 }
 
@@ -316,7 +321,9 @@ void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, 
     launch<dequantize_tile_kernel>(elementwise_blocks(O * kb, kBlock), kBlock, 0, context.stream, view(w_tile),
                                    weight.ptr<const int8_t>(), weight_scales.ptr<const float>(), O, K, k0, kb);
     FT_CUDA_CHECK_LAUNCH();
+    context.passed("dequantize tile");
     backward_block(dx, dout, w_tile, k0, kb, accumulate, context);
+    context.passed("dx GEMM");
   }
 }
 

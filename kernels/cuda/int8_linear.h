@@ -5,6 +5,7 @@
 // like cuda_backend.h.
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "kernels/allocator.h"
 #include "kernels/backend.h"
@@ -14,11 +15,17 @@
 namespace ft::cuda {
 
 // Where an op runs: the GEMM engine, the allocator its scratch comes from
-// (category workspace, freed on return) and the stream.
+// (category workspace, freed on return) and the stream. after_pass, where
+// set, is called after each pass is enqueued, with the pass's name
+// (scripts/bench_gpu records an event there to time each pass).
 struct Int8Context {
   Gemm& gemm;
   Allocator& allocator;
   CUstream_st* stream;
+  std::function<void(const char* pass)> after_pass = {};
+  void passed(const char* pass) const {
+    if (after_pass) after_pass(pass);
+  }
 };
 
 // Backend::int8_linear_forward holding the int32 product of at most

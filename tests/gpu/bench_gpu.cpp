@@ -1,12 +1,15 @@
 // bench_gpu OUTPUT.json STEPS CONFIG.yaml...: the CUDA backend on a real GPU
-// (scripts/bench_gpu runs it).
+// (scripts/bench_gpu runs it); bench_gpu OUTPUT.json --int8-only: part 2 alone.
 //   1. Device ceilings, measured: bandwidth from a 1 GiB device-to-device copy
 //      (read + write bytes / time), FLOP/s from an 8192^3 bf16 GEMM (cuBLASLt).
-//   2. Each op on the shapes of a ~1B-parameter layer (8192 tokens, hidden
+//   2. LLM.int8(): each INT8 linear op at the 1B and 20B shapes beside the
+//      cuBLASLt bf16 and int8 GEMMs of the same shape, with every pass of the
+//      op timed (measure_int8).
+//   3. Each op on the shapes of a ~1B-parameter layer (8192 tokens, hidden
 //      2048, MLP 5632, 16 heads of 128): time, and the bytes it must move or
 //      the FLOPs it must do, as a fraction of the ceiling. An op that is not
 //      implemented yet is reported with its error.
-//   3. Training steps of each config (model, LoRA, precision, seq_len,
+//   4. Training steps of each config (model, LoRA, precision, seq_len,
 //      micro_batch_size, grad_accum_steps as given; random token ids; random
 //      INT8 weights where the model folder has none): tokens/s and MFU, the
 //      model FLOPs of a step over the measured GEMM ceiling. A LoRA step does
@@ -15,7 +18,9 @@
 //      and twice that backward. Recomputation (checkpointing) is not counted.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -29,6 +34,8 @@
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_allocator.h"
+#include "kernels/cuda/int8_linear.h"
+#include "kernels/int8_tiles.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
 #include "model/rope.h"
@@ -46,23 +53,33 @@ void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) fail("bench_gpu: ", what, " failed: ", cudaGetErrorString(status));
 }
 
-// Mean milliseconds of fn over `reps` runs after two warm-up runs, timed with
-// events on the default stream (the backend's).
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n == 0 ? 0.0 : (n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]));
+}
+
+// Median milliseconds of fn over `reps` runs after two warm-up runs, each
+// run timed with its own pair of events on the default stream (the backend's).
 double time_ms(const std::function<void()>& fn, int reps = 10) {
   fn();
   fn();
-  cudaEvent_t start, end;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&end), "cudaEventCreate");
-  check(cudaEventRecord(start, nullptr), "cudaEventRecord");
-  for (int i = 0; i < reps; ++i) fn();
-  check(cudaEventRecord(end, nullptr), "cudaEventRecord");
-  check(cudaEventSynchronize(end), "cudaEventSynchronize");
-  float ms = 0.0f;
-  check(cudaEventElapsedTime(&ms, start, end), "cudaEventElapsedTime");
-  cudaEventDestroy(start);
-  cudaEventDestroy(end);
-  return double(ms) / reps;
+  std::vector<cudaEvent_t> events(size_t(reps) + 1);
+  for (cudaEvent_t& event : events) check(cudaEventCreate(&event), "cudaEventCreate");
+  check(cudaEventRecord(events[0], nullptr), "cudaEventRecord");
+  for (int i = 0; i < reps; ++i) {
+    fn();
+    check(cudaEventRecord(events[size_t(i) + 1], nullptr), "cudaEventRecord");
+  }
+  check(cudaEventSynchronize(events.back()), "cudaEventSynchronize");
+  std::vector<double> ms(static_cast<size_t>(reps), 0.0);
+  for (int i = 0; i < reps; ++i) {
+    float elapsed = 0.0f;
+    check(cudaEventElapsedTime(&elapsed, events[size_t(i)], events[size_t(i) + 1]), "cudaEventElapsedTime");
+    ms[size_t(i)] = elapsed;
+  }
+  for (cudaEvent_t event : events) cudaEventDestroy(event);
+  return median(ms);
 }
 
 struct Ceilings {
@@ -198,6 +215,178 @@ json measure_ops(Backend& backend, const Ceilings& ceilings) {
   return rows;
 }
 
+// ---- LLM.int8() at the 1B and 20B shapes -----------------------------------
+// Each INT8 linear op beside the cuBLASLt GEMMs of the same shape, on random
+// data (x with a few planted outlier columns, as LLM.int8() activations
+// have), with each pass of the op timed by events between passes (median of
+// reps, a pass that runs per row block or weight tile summed within a run).
+
+Tensor random_device(Backend& backend, const Shape& shape, DType dtype, unsigned seed, float lo, float hi) {
+  HostAllocator host;
+  Tensor values = Tensor::empty(shape, DType::f32, host, MemCategory::activations);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  for (int64_t i = 0; i < values.numel(); ++i) values.ptr<float>()[i] = dist(rng);
+  Tensor out = backend.empty(shape, dtype, MemCategory::activations);
+  backend.copy(out, values);
+  return out;
+}
+
+Tensor random_codes(Backend& backend, const Shape& shape, unsigned seed) {
+  HostAllocator host;
+  Tensor codes = Tensor::empty(shape, DType::i8, host, MemCategory::weights);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(-127, 127);
+  for (int64_t i = 0; i < codes.numel(); ++i) codes.ptr<int8_t>()[i] = int8_t(dist(rng));
+  Tensor out = backend.empty(shape, DType::i8, MemCategory::weights);
+  backend.copy(out, codes);
+  return out;
+}
+
+// x [N, K] in bf16, uniform in [-2, 2], with 6 columns holding +-8 (over the
+// threshold of 6) in every 97th row.
+Tensor activations_with_outliers(Backend& backend, int64_t N, int64_t K, unsigned seed) {
+  HostAllocator host;
+  Tensor values = Tensor::empty({N, K}, DType::f32, host, MemCategory::activations);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  for (int64_t i = 0; i < values.numel(); ++i) values.ptr<float>()[i] = dist(rng);
+  for (int64_t c = 0; c < 6; ++c)
+    for (int64_t n = 0; n < N; n += 97) values.ptr<float>()[n * K + (c * 977 + 13) % K] = n % 2 ? 8.0f : -8.0f;
+  Tensor x = backend.empty({N, K}, DType::bf16, MemCategory::activations);
+  backend.copy(x, values);
+  return x;
+}
+
+struct PassTimes {
+  double total_ms;
+  std::map<std::string, double> pass_ms;  // median over runs of each pass's summed time
+};
+
+// Runs op(context) twice to warm up, then `reps` times, each run bracketed by
+// events and with an event after every pass (Int8Context::after_pass).
+PassTimes time_passes(const std::function<void(const cuda::Int8Context&)>& op, cuda::Gemm& gemm,
+                      Allocator& allocator, int reps = 10) {
+  std::vector<cudaEvent_t> pool(256);
+  for (cudaEvent_t& event : pool) check(cudaEventCreate(&event), "cudaEventCreate");
+  std::vector<std::string> names;
+  cuda::Int8Context context{gemm, allocator, nullptr, [&](const char* pass) {
+                              FT_CHECK(names.size() + 1 < pool.size(), "bench_gpu: too many passes");
+                              check(cudaEventRecord(pool[names.size() + 1], nullptr), "cudaEventRecord");
+                              names.emplace_back(pass);
+                            }};
+  std::vector<double> totals;
+  std::map<std::string, std::vector<double>> passes;
+  for (int run = 0; run < reps + 2; ++run) {
+    names.clear();
+    check(cudaEventRecord(pool[0], nullptr), "cudaEventRecord");
+    op(context);
+    check(cudaEventRecord(pool[names.size() + 1], nullptr), "cudaEventRecord");
+    check(cudaEventSynchronize(pool[names.size() + 1]), "cudaEventSynchronize");
+    if (run < 2) continue;
+    std::map<std::string, double> sums;
+    for (size_t i = 0; i < names.size(); ++i) {
+      float ms = 0.0f;
+      check(cudaEventElapsedTime(&ms, pool[i], pool[i + 1]), "cudaEventElapsedTime");
+      sums[names[i]] += ms;
+    }
+    float total = 0.0f;
+    check(cudaEventElapsedTime(&total, pool[0], pool[names.size() + 1]), "cudaEventElapsedTime");
+    totals.push_back(total);
+    for (const auto& [name, ms] : sums) passes[name].push_back(ms);
+  }
+  for (cudaEvent_t event : pool) cudaEventDestroy(event);
+  PassTimes times{median(totals), {}};
+  for (const auto& [name, ms] : passes) times.pass_ms[name] = median(ms);
+  return times;
+}
+
+json pass_row(const std::string& op, double flops, const PassTimes& times, const Ceilings& ceilings) {
+  json row = {{"op", op},
+              {"ms", times.total_ms},
+              {"tflops", flops / (times.total_ms * 1e-3) / 1e12},
+              {"fraction_of_gemm_ceiling", flops / (times.total_ms * 1e-3) / ceilings.flops_per_s},
+              {"passes_ms", times.pass_ms}};
+  return row;
+}
+
+json measure_int8_shape(CudaBackend& backend, Allocator& allocator, cuda::Gemm& gemm, int64_t N, int64_t K,
+                        int64_t O, const Ceilings& ceilings) {
+  const int64_t r = 16;
+  const double flops = 2.0 * double(N) * double(K) * double(O);
+  char shape_text[64];
+  std::snprintf(shape_text, sizeof(shape_text), "[%lld,%lld]->%lld", static_cast<long long>(N),
+                static_cast<long long>(K), static_cast<long long>(O));
+  const std::string shape = shape_text;
+  Tensor x = activations_with_outliers(backend, N, K, 1);
+  Tensor wq = random_codes(backend, {O, K}, 2), codes = random_codes(backend, {N, K}, 3);
+  Tensor w_scales = random_device(backend, {O}, DType::f32, 4, 0.01f, 0.1f);
+  Tensor w = random_device(backend, {O, K}, DType::bf16, 5, -0.05f, 0.05f);
+  Tensor bias = random_device(backend, {O}, DType::bf16, 6, -0.1f, 0.1f);
+  Tensor h = random_device(backend, {N, r}, DType::bf16, 7, -1.0f, 1.0f);
+  Tensor B = random_device(backend, {O, r}, DType::bf16, 8, -0.1f, 0.1f);
+  Tensor dout = random_device(backend, {N, O}, DType::bf16, 9, -1.0f, 1.0f);
+  Tensor out = backend.empty({N, O}, DType::bf16, MemCategory::activations);
+  Tensor dx = backend.empty({N, K}, DType::bf16, MemCategory::activations);
+  Tensor product = backend.empty({N, O}, DType::i32, MemCategory::activations);
+  const int64_t chunk = int8_forward_chunk_rows(N, O), gather = int8_outlier_gather_columns(K, O);
+  const int64_t tile = int8_backward_tile_columns(O, K, kInt8DequantTileElementsGpu);
+  json rows = json::array();
+  auto add = [&](json row) {
+    std::cout << row.dump() << std::endl;
+    rows.push_back(std::move(row));
+  };
+  add(measure_op({"bf16 GEMM (cuBLASLt) x W^T " + shape, 0, flops, [&] { backend.matmul(out, x, w, false, true); }},
+                 ceilings));
+  add(measure_op({"int8 GEMM -> i32 (cuBLASLt) " + shape, 0, flops,
+                  [&] {
+                    cuda::GemmArgs args{};
+                    args.m = O, args.n = N, args.k = K, args.batch = 1, args.alpha = 1.0f, args.beta = 0.0f;
+                    args.a = {wq.data, DType::i8, true, K, 0};
+                    args.b = {codes.data, DType::i8, false, K, 0};
+                    args.c = {product.data, DType::i32, O, 0};
+                    gemm.gemm(args, nullptr);
+                  }},
+                 ceilings));
+  add(pass_row("int8_linear_forward " + shape, flops,
+               time_passes([&](const cuda::Int8Context& c) {
+                 cuda::int8_linear_forward(out, x, wq, w_scales, 6.0f, {}, chunk, gather, c);
+               }, gemm, allocator),
+               ceilings));
+  const Int8Epilogue epilogue{&bias, &h, &B, 2.0f};
+  add(pass_row("int8_linear_forward + bias + LoRA r16 " + shape, flops,
+               time_passes([&](const cuda::Int8Context& c) {
+                 cuda::int8_linear_forward(out, x, wq, w_scales, 6.0f, epilogue, chunk, gather, c);
+               }, gemm, allocator),
+               ceilings));
+  add(measure_op({"bf16 GEMM (cuBLASLt) dout W " + shape, 0, flops, [&] { backend.matmul(dx, dout, w, false, false); }},
+                 ceilings));
+  add(pass_row("int8_linear_backward " + shape, flops,
+               time_passes([&](const cuda::Int8Context& c) {
+                 cuda::int8_linear_backward(dx, dout, wq, w_scales, false, tile, c);
+               }, gemm, allocator),
+               ceilings));
+  return rows;
+}
+
+// The 1B shapes (8192 tokens, hidden 2048: query_key_value-sized and MLP-sized
+// outputs) and GPT-NeoX-20B's (2048 tokens: 6144 -> 18432 query_key_value,
+// 18432 ... -> 6144 as the second 20B shape).
+json measure_int8(CudaBackend& backend, Allocator& allocator, const Ceilings& ceilings) {
+  std::unique_ptr<cuda::Gemm> gemm = cuda::make_gemm(cuda::GemmKind::cublaslt, allocator);
+  const int64_t shapes[][3] = {{8192, 2048, 2048}, {8192, 2048, 8192}, {2048, 6144, 18432}, {2048, 18432, 6144}};
+  json rows = json::array();
+  for (const auto& s : shapes) {
+    try {
+      for (json& row : measure_int8_shape(backend, allocator, *gemm, s[0], s[1], s[2], ceilings)) rows.push_back(row);
+    } catch (const Error& error) {
+      rows.push_back({{"shape", {s[0], s[1], s[2]}}, {"error", error.what()}});
+      std::cout << rows.back().dump() << std::endl;
+    }
+  }
+  return rows;
+}
+
 bool has_weights(const std::string& model_dir) {
   return fs::exists(fs::path(model_dir) / "model.safetensors") ||
          fs::exists(fs::path(model_dir) / "model.safetensors.index.json");
@@ -250,17 +439,20 @@ json measure_training(const std::string& config_path, int steps, const Ceilings&
   step();  // warm-up: fills the caching allocator, cuBLASLt picks its algorithms
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   tracker.reset_peaks();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) step();
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const double tokens = double(steps) * double(config.grad_accum_steps * B * T);
-  const double tokens_per_s = tokens / seconds;
+  std::vector<double> step_seconds;
+  for (int i = 0; i < steps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    step();
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  const double seconds = median(step_seconds);
+  const double tokens_per_s = double(config.grad_accum_steps * B * T) / seconds;
   const double mfu = tokens_per_s * flops_per_token(*model, T) / ceilings.flops_per_s;
   return {{"config", config_path},        {"random_weights", random_weights},
           {"precision", enum_name(config.precision)},
           {"tokens_per_step", config.grad_accum_steps * B * T},
-          {"steps", steps},               {"step_s", seconds / steps},
+          {"steps", steps},               {"step_s", seconds},
           {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
           {"flops_per_token", flops_per_token(*model, T)},
           {"peak_memory_bytes", tracker.stats().total_peak_bytes},
@@ -268,9 +460,10 @@ json measure_training(const std::string& config_path, int steps, const Ceilings&
 }
 
 int run(int argc, char** argv) {
-  FT_CHECK(argc >= 4, "usage: bench_gpu OUTPUT.json STEPS CONFIG.yaml...");
+  FT_CHECK(argc >= 3, "usage: bench_gpu OUTPUT.json STEPS [CONFIG.yaml...] | bench_gpu OUTPUT.json --int8-only");
   const std::string output = argv[1];
-  const int steps = std::stoi(argv[2]);
+  const bool int8_only = std::string(argv[2]) == "--int8-only";
+  const int steps = int8_only ? 0 : std::stoi(argv[2]);
   cudaDeviceProp properties;
   check(cudaGetDeviceProperties(&properties, 0), "cudaGetDeviceProperties");
   json report = {{"device", properties.name}};
@@ -282,6 +475,12 @@ int run(int argc, char** argv) {
     report["ceilings"] = {{"copy_gb_per_s", ceilings.bytes_per_s / 1e9},
                           {"bf16_gemm_tflops", ceilings.flops_per_s / 1e12}};
     std::cout << report.dump() << std::endl;
+    report["int8"] = measure_int8(backend, caching, ceilings);
+    caching.release_cached();
+    if (int8_only) {
+      std::ofstream(output) << report.dump(2) << "\n";
+      return 0;
+    }
     report["ops"] = measure_ops(backend, ceilings);
     caching.release_cached();  // the training runs bring their own allocators
     report["training"] = json::array();
