@@ -53,12 +53,20 @@ inline int64_t balanced_chunk_rows(int64_t rows, int64_t most) {
 
 // int8_linear_forward on the GPU holds the int32 product [rows, O] of the
 // codes for a block of rows at a time: rows * O at most this many elements
-// (32 MiB of int32).
-constexpr int64_t kInt8ProductChunkElements = int64_t(8) << 20;
+// (96 MiB of int32: GPT-NeoX-20B's widest products, 2048 x 18432 and
+// 2048 x 24576, in two blocks of 1024 rows).
+constexpr int64_t kInt8ProductChunkElements = int64_t(24) << 20;
+// Row blocks of the int8 GEMM are whole multiples of this where the budget
+// allows: a block of 410 rows fills four 128-row GEMM tiles to 80%.
+constexpr int64_t kInt8ProductRowGranule = 128;
 
-// Rows per int32 product block: at least 1, at most rows, balanced.
+// Rows per int32 product block: at least 1, at most rows, balanced, rounded up
+// to a multiple of kInt8ProductRowGranule while that stays within the budget.
 inline int64_t int8_forward_chunk_rows(int64_t rows, int64_t out_features) {
-  return balanced_chunk_rows(rows, kInt8ProductChunkElements / std::max<int64_t>(1, out_features));
+  const int64_t most = std::max<int64_t>(1, kInt8ProductChunkElements / std::max<int64_t>(1, out_features));
+  const int64_t chunk = balanced_chunk_rows(rows, most);
+  const int64_t rounded = (chunk + kInt8ProductRowGranule - 1) / kInt8ProductRowGranule * kInt8ProductRowGranule;
+  return chunk < rows && rounded <= most ? rounded : chunk;
 }
 
 // The GPU forward gathers the weight codes of up to this many elements' worth

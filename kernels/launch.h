@@ -26,6 +26,14 @@
 #include "kernels/emu/cuda_emu.h"
 #endif
 
+// Loops over a thread's register arrays must be unrolled, or nvcc places the
+// arrays in local memory; g++ (the emulator build) has no such pragma.
+#if defined(__CUDACC__)
+#define FT_UNROLL _Pragma("unroll")
+#else
+#define FT_UNROLL
+#endif
+
 namespace ft {
 
 template <auto Kernel, class... Args>

@@ -9,14 +9,6 @@
 #include "kernels/launch.h"
 #include "kernels/tensor.h"
 
-// Loops over a thread's register arrays must be unrolled, or nvcc places the
-// arrays in local memory; g++ (the emulator build) has no such pragma.
-#if defined(__CUDACC__)
-#define FT_UNROLL _Pragma("unroll")
-#else
-#define FT_UNROLL
-#endif
-
 namespace ft::cuda {
 
 // Sizes a kernel needs; offsets into [B, T, H, D] tensors are int64.

@@ -1,20 +1,22 @@
 // LLM.int8() linear layers on the GPU, as the CPU reference (kernels/cpu/int8.cpp).
 //
 // Forward, out[N, O] = x[N, K] @ W^T with W = q[O, K] * s_w[O] / 127:
-//   1. outlier columns (any |x[:, k]| >= threshold): flagged per column, then
-//      compacted on the device into `columns` = [count, ascending indices...],
-//      so no kernel waits on the host for the count;
+//   1. outlier columns (any |x[:, k]| >= threshold): flagged per column by a
+//      grid of 32-column x 256-row blocks (a flag set by any block that saw
+//      one), then compacted on the device into `columns` = [count, ascending
+//      indices...], so no kernel waits on the host for the count;
 //   2. the outlier columns' weight codes gathered once into a contiguous
 //      [c, O] buffer (up to int8_outlier_gather_columns of them), so the
 //      epilogue reads them coalesced rather than one byte K apart per thread;
 //   3. per row of x: absmax with the outlier columns zeroed, and the codes;
-//   4. per block of rows (balanced: no short tail): the int8 x int8 -> int32
-//      product of the codes with q through cuda::Gemm (cuBLASLt's IMMA path on
-//      a GPU);
+//   4. per block of rows (int8_forward_chunk_rows: balanced, whole 128-row
+//      GEMM tiles where the budget allows): the int8 x int8 -> int32 product
+//      of the codes with q through cuda::Gemm (cuBLASLt's IMMA path on a GPU);
 //   5. an epilogue dequantises the product, adds the outlier columns in f32
 //      (x in place, the gathered codes), the bias and the LoRA update
 //      scaling * h B^T (reading h [N, r] and B [O, r] in place), and rounds
-//      out once.
+//      out once; each thread owns one output column for 16 rows, so the
+//      column's scale and B row are read once per 16 outputs.
 // The scratch is exactly what the memory planner models
 // (kernels/meta/meta_backend.cpp): it does not depend on the outlier count.
 //
@@ -39,28 +41,39 @@ constexpr int kBlock = 256;
 constexpr int kScanBlock = 1024;       // the one block that compacts the outlier list
 constexpr int kFlagColumns = 32;       // outlier flagging: a block is 32 columns x 8 row lanes
 constexpr int kFlagRowLanes = kBlock / kFlagColumns;
+constexpr int64_t kFlagRows = 256;     // rows per outlier-flagging block
+constexpr int kEpilogueRows = 16;      // rows of out per epilogue thread
+constexpr int kLoraChunk = 16;         // LoRA B values a thread holds in registers at a time
 constexpr float kInv127Sq = 1.0f / (127.0f * 127.0f);
 
 // Element i of a grid-stride loop's first pass.
 __device__ inline int64_t grid_index() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ inline int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
 
-// flags[k] = 1 where any |x[:, k]| >= threshold, else 0 (all 0 when threshold
-// is 0). Each block owns 32 columns: a warp reads 32 consecutive elements of a
-// row (coalesced), 8 warps split the rows, and lane 0's warp ORs their answers.
+// flags[k] = 1 where any |x[:, k]| >= threshold (threshold > 0); flags must
+// be zero on entry. A block owns 32 columns of kFlagRows rows: a warp reads
+// 32 consecutive elements of a row (coalesced), 8 warps split the rows, and
+// lane 0's warp sets the flags its columns earned. Blocks tile rows as well
+// as columns, so the grid fills the GPU even where K / 32 is a few dozen.
 __global__ void __launch_bounds__(kBlock)
     flag_outlier_columns_kernel(int32_t* flags, cuda::ConstView x, int64_t N, int64_t K, float threshold) {
   __shared__ int32_t seen[kFlagRowLanes][kFlagColumns];
   const int column = threadIdx.x % kFlagColumns, lane = threadIdx.x / kFlagColumns;
-  const int64_t k = int64_t(blockIdx.x) * kFlagColumns + column;
+  const int64_t k = int64_t(blockIdx.y) * kFlagColumns + column;
+  const int64_t n_first = int64_t(blockIdx.x) * kFlagRows, n_end = N < n_first + kFlagRows ? N : n_first + kFlagRows;
   int32_t any = 0;
-  if (k < K && threshold > 0.0f)
-    for (int64_t n = lane; n < N; n += kFlagRowLanes) any |= fabsf(cuda::load(x, n * K + k)) >= threshold;
+  if (k < K)
+    for (int64_t n = n_first + lane; n < n_end; n += kFlagRowLanes)
+      any |= fabsf(cuda::load(x, n * K + k)) >= threshold;
   seen[lane][column] = any;
   __syncthreads();
   if (lane != 0 || k >= K) return;
   for (int r = 1; r < kFlagRowLanes; ++r) any |= seen[r][column];
-  flags[k] = any;
+  if (any) atomicExch(&flags[k], 1);  // other row blocks may set the same flag
+}
+
+__global__ void __launch_bounds__(kBlock) zero_kernel(int32_t* values, int64_t n) {
+  for (int64_t i = grid_index(); i < n; i += grid_stride()) values[i] = 0;
 }
 
 // columns = [flags[0..K)] in place -> [count, indices of the set flags,
@@ -157,18 +170,6 @@ EpilogueViews epilogue_views(const Int8Epilogue& e) {
           e.lora_B->cols(), e.lora_scaling};
 }
 
-// value + bias[o] + scaling * sum_j h[n, j] B[o, j] in kernels/backend.h's
-// order. __fadd_rn keeps nvcc from contracting the bias add into an FMA
-// with the dequantisation, which the CPU does not do.
-__device__ inline float apply_epilogue(float value, const EpilogueViews& e, int64_t n, int64_t o) {
-  if (e.bias.data) value = __fadd_rn(value, cuda::load(e.bias, o));
-  if (e.r == 0) return value;
-  float sum = 0.0f;
-  for (int64_t j = 0; j < e.r; ++j)
-    sum = fmaf(cuda::load(e.lora_h, n * e.r + j), cuda::load(e.lora_B, o * e.r + j), sum);
-  return fmaf(e.lora_scaling, sum, value);
-}
-
 // out rows [n0, n0 + rows): the int32 product dequantised, plus the outlier
 // columns in f32 and the epilogue, in the CPU's order and arithmetic
 // (forward_block in kernels/cpu/int8.cpp), rounded once.
@@ -179,20 +180,59 @@ struct OutlierWeights {
   int64_t capacity;
 };
 
+// A block covers kBlock columns of out and kEpilogueRows rows: each thread
+// one column o for all the rows, so sw[o] and B[o, :] are read once per 16
+// outputs and h[n, :] is a warp-uniform (broadcast) load. Each element's
+// arithmetic is the CPU's, term by term (sums over j ascending).
 __global__ void __launch_bounds__(kBlock)
     forward_epilogue_kernel(cuda::View out, const int32_t* product, cuda::ConstView x, OutlierWeights w,
-                            const float* sx, const float* sw, const int32_t* columns, EpilogueViews epilogue,
+                            const float* sx, const float* sw, const int32_t* columns, EpilogueViews e,
                             int64_t n0, int64_t rows, int64_t O, int64_t K) {
-  const int32_t count = columns[0];
-  for (int64_t i = grid_index(); i < rows * O; i += grid_stride()) {
-    const int64_t n = n0 + i / O, o = i % O;
-    float value = float(product[i]) * (sx[n] * sw[o] * kInv127Sq);
-    for (int32_t c = 0; c < count; ++c) {
-      const int64_t k = columns[1 + c];
-      const int8_t code = c < w.capacity ? w.gathered[c * O + o] : w.wq[o * K + k];
-      value = fmaf(cuda::load(x, n * K + k), float(code) * sw[o] / 127.0f, value);
+  const int64_t o = int64_t(blockIdx.y) * kBlock + threadIdx.x;
+  const int64_t first = int64_t(blockIdx.x) * kEpilogueRows;
+  if (o >= O) return;
+  const int count = rows - first < kEpilogueRows ? int(rows - first) : kEpilogueRows;
+  const float sw_o = sw[o];
+  float value[kEpilogueRows], lora[kEpilogueRows];
+FT_UNROLL
+  for (int i = 0; i < kEpilogueRows; ++i) {
+    const int64_t n = n0 + first + i;
+    value[i] = i < count ? float(product[(first + i) * O + o]) * (sx[n] * sw_o * kInv127Sq) : 0.0f;
+    lora[i] = 0.0f;
+  }
+  for (int32_t c = 0; c < columns[0]; ++c) {
+    const int64_t k = columns[1 + c];
+    const int8_t code = c < w.capacity ? w.gathered[c * O + o] : w.wq[o * K + k];
+    const float weight = float(code) * sw_o / 127.0f;
+FT_UNROLL
+    for (int i = 0; i < kEpilogueRows; ++i)
+      if (i < count) value[i] = fmaf(cuda::load(x, (n0 + first + i) * K + k), weight, value[i]);
+  }
+  if (e.bias.data) {
+    const float bias = cuda::load(e.bias, o);
+    // __fadd_rn keeps nvcc from contracting the add into an FMA with the
+    // dequantisation, which the CPU does not do.
+FT_UNROLL
+    for (int i = 0; i < kEpilogueRows; ++i) value[i] = __fadd_rn(value[i], bias);
+  }
+  for (int64_t j0 = 0; j0 < e.r; j0 += kLoraChunk) {
+    float b[kLoraChunk];
+FT_UNROLL
+    for (int jj = 0; jj < kLoraChunk; ++jj) b[jj] = j0 + jj < e.r ? cuda::load(e.lora_B, o * e.r + j0 + jj) : 0.0f;
+FT_UNROLL
+    for (int i = 0; i < kEpilogueRows; ++i) {
+      if (i >= count) continue;
+      const int64_t h_row = (n0 + first + i) * e.r;
+FT_UNROLL
+      for (int jj = 0; jj < kLoraChunk; ++jj)
+        if (j0 + jj < e.r) lora[i] = fmaf(cuda::load(e.lora_h, h_row + j0 + jj), b[jj], lora[i]);
     }
-    cuda::store(out, n * O + o, apply_epilogue(value, epilogue, n, o));
+  }
+FT_UNROLL
+  for (int i = 0; i < kEpilogueRows; ++i) {
+    if (i >= count) continue;
+    const float v = e.r > 0 ? fmaf(e.lora_scaling, lora[i], value[i]) : value[i];
+    cuda::store(out, (n0 + first + i) * O + o, v);
   }
 }
 
@@ -213,9 +253,14 @@ Tensor scratch(const cuda::Int8Context& context, const cuda::ScratchTensor& t) {
 // columns = [count, outlier column indices ascending] for x [N, K].
 void find_outlier_columns(Tensor& columns, const Tensor& x, float threshold, cudaStream_t stream) {
   const int64_t N = x.rows(), K = x.cols();
-  if (K > 0) {
-    launch<flag_outlier_columns_kernel>(unsigned((K + kFlagColumns - 1) / kFlagColumns), kBlock, 0, stream,
-                                        columns.ptr<int32_t>() + 1, cuda::const_view(x), N, K, threshold);
+  launch<zero_kernel>(cuda::elementwise_blocks(K + 1, kBlock), kBlock, 0, stream, columns.ptr<int32_t>(), K + 1);
+  FT_CUDA_CHECK_LAUNCH();
+  if (K > 0 && N > 0 && threshold > 0.0f) {
+    const int64_t column_blocks = (K + kFlagColumns - 1) / kFlagColumns;
+    FT_CHECK(column_blocks <= 65535, "int8_linear_forward: too many input features (", K, ")");
+    const dim3 grid(unsigned((N + kFlagRows - 1) / kFlagRows), unsigned(column_blocks));
+    launch<flag_outlier_columns_kernel>(grid, kBlock, 0, stream, columns.ptr<int32_t>() + 1, cuda::const_view(x), N,
+                                        K, threshold);
     FT_CUDA_CHECK_LAUNCH();
   }
   launch<compact_outlier_columns_kernel>(1, kScanBlock, 0, stream, columns.ptr<int32_t>(), K);
@@ -272,7 +317,9 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
   const int64_t N = x.rows(), K = x.cols(), O = weight.dim(0);
   FT_CHECK(chunk_rows >= 1, op, ": chunk_rows must be >= 1, got ", chunk_rows);
   FT_CHECK(N < (int64_t(1) << 31), op, ": too many rows (", N, ")");
-  const int64_t chunk = balanced_chunk_rows(N, chunk_rows);
+  // The caller's block as given (int8_forward_chunk_rows for the backend,
+  // already balanced): the planner charges exactly [chunk_rows, O].
+  const int64_t chunk = std::min(chunk_rows, std::max<int64_t>(1, N));
   FT_CHECK(gather_columns >= 0, op, ": gather_columns must be >= 0, got ", gather_columns);
   const Int8ForwardScratch sizes = int8_forward_scratch(N, K, O, chunk, std::min(gather_columns, K));
   Tensor columns = scratch(context, sizes.outlier_columns);
@@ -296,11 +343,13 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
                                   row_scales.ptr<float>(), const_view(x), columns.ptr<const int32_t>(), K);
   FT_CUDA_CHECK_LAUNCH();
   context.passed("quantize");
+  FT_CHECK((O + kBlock - 1) / kBlock <= 65535, op, ": too many output features (", O, ")");
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     const int64_t rows = std::min(chunk, N - n0);
     int8_product(product, codes, weight, n0, rows, context);
     context.passed("int8 GEMM");
-    launch<forward_epilogue_kernel>(elementwise_blocks(rows * O, kBlock), kBlock, 0, context.stream, view(out),
+    const dim3 grid(unsigned((rows + kEpilogueRows - 1) / kEpilogueRows), unsigned((O + kBlock - 1) / kBlock));
+    launch<forward_epilogue_kernel>(grid, kBlock, 0, context.stream, view(out),
                                     product.ptr<const int32_t>(), const_view(x), w,
                                     row_scales.ptr<const float>(), weight_scales.ptr<const float>(),
                                     columns.ptr<const int32_t>(), epilogue_views(epilogue), n0, rows, O, K);

@@ -219,6 +219,51 @@ TEST_CASE("cuda: int8_linear_forward over several row chunks, gathering some or 
   }
 }
 
+TEST_CASE("cuda: int8_linear_forward finds outlier columns in every block of rows") {
+  // Outlier flagging splits rows into blocks of 256: outliers that only rows
+  // past the first block hold, one column flagged by two blocks at once, and
+  // one in the last, partial block must all leave the int8 product.
+  const int64_t N = 700, K = 40, O = 19;
+  Tensor x = make_x(N, K, DType::bf16, Outliers::none, 62);
+  const std::pair<int64_t, int64_t> planted[] = {{300, 3}, {260, 17}, {600, 17}, {699, 39}};
+  for (const auto& [row, column] : planted) store_from_f32(x.data, DType::bf16, row * K + column, -9.0f);
+  Int8Weight w = host_weight(O, K, 63);
+  Tensor want = cpu.empty({N, O}, DType::f32, MemCategory::activations);
+  cpu.int8_linear_forward(want, x, w.q, w.scales, 6.0f);
+  std::vector<float> got = emu_test::same_under_schedules([&] {
+    Tensor out = device_empty({N, O}, DType::f32);
+    gpu.int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f);
+    return values(out);
+  });
+  CHECK(got == values(want));
+  // The same rows with the outliers missed would differ: the check can fail.
+  Tensor missed = cpu.empty({N, O}, DType::f32, MemCategory::activations);
+  cpu.int8_linear_forward(missed, x, w.q, w.scales, 10.0f);
+  CHECK(values(missed) != values(want));
+}
+
+TEST_CASE("cuda: the forward's int32 product blocks are balanced, within budget, in whole GEMM tiles") {
+  // GPT-NeoX-20B's query_key_value and dense_h_to_4h products at 2048 tokens:
+  // two blocks of 1024 rows each.
+  CHECK(int8_forward_chunk_rows(2048, 18432) == 1024);
+  CHECK(int8_forward_chunk_rows(2048, 24576) == 1024);
+  CHECK(int8_forward_chunk_rows(8192, 2048) == 8192);  // one block
+  CHECK(int8_forward_chunk_rows(37, 67) == 37);
+  for (int64_t rows : {1, 5, 129, 1000, 2048, 4097, 8192, 65537})
+    for (int64_t out_features : {1, 67, 2048, 18432, 24576, 50000, 1 << 22}) {
+      CAPTURE(rows);
+      CAPTURE(out_features);
+      const int64_t chunk = int8_forward_chunk_rows(rows, out_features);
+      const int64_t most = std::max<int64_t>(1, kInt8ProductChunkElements / out_features);
+      CHECK(chunk >= 1);
+      CHECK(chunk <= rows);
+      CHECK(chunk <= most);
+      CHECK((rows + chunk - 1) / chunk == (rows + most - 1) / most);  // no more blocks than the budget needs
+      if (chunk < rows && chunk % kInt8ProductRowGranule != 0)  // not whole tiles only where they would not fit
+        CHECK((chunk + kInt8ProductRowGranule - 1) / kInt8ProductRowGranule * kInt8ProductRowGranule > most);
+    }
+}
+
 TEST_CASE("cuda: int8 chunks and tiles are balanced") {
   CHECK(balanced_chunk_rows(37, 36) == 19);  // 19 + 18, not 36 + 1
   CHECK(balanced_chunk_rows(8192, 1365) == 1171);  // 7 chunks of <= 1171
