@@ -8,7 +8,8 @@
 //   2. the outlier columns' weight codes gathered once into a contiguous
 //      [c, O] buffer (up to int8_outlier_gather_columns of them), so the
 //      epilogue reads them coalesced rather than one byte K apart per thread;
-//   3. per row of x: absmax with the outlier columns zeroed, and the codes;
+//   3. per row of x (one warp each, 16-byte loads of bf16): absmax with the
+//      outlier columns zeroed, and the codes;
 //   4. per block of rows (int8_forward_chunk_rows: balanced, whole 128-row
 //      GEMM tiles where the budget allows): the int8 x int8 -> int32 product
 //      of the codes with q through cuda::Gemm (cuBLASLt's IMMA path on a GPU);
@@ -43,7 +44,8 @@ constexpr int kFlagColumns = 32;       // outlier flagging: a block is 32 column
 constexpr int kFlagRowLanes = kBlock / kFlagColumns;
 constexpr int64_t kFlagRows = 256;     // rows per outlier-flagging block
 constexpr int kEpilogueRows = 16;      // rows of out per epilogue thread
-constexpr int kLoraChunk = 16;         // LoRA B values a thread holds in registers at a time
+constexpr int kStagedColumns = 32;     // outlier columns of x / LoRA ranks of h staged at a time
+constexpr int kTileRowsPerBlock = 8;   // weight-tile dequantisation: rows per block
 constexpr float kInv127Sq = 1.0f / (127.0f * 127.0f);
 
 // Element i of a grid-stride loop's first pass.
@@ -123,24 +125,70 @@ __device__ inline int8_t quantize_code(float v, float absmax, bool narrow_input)
   return int8_t(rint(double(v) * 127.0 / double(absmax)));
 }
 
-// One block per row of x: the absmax over the row with its outlier columns
-// zeroed, then the codes (quantize_code; quantize_rows_int8 and the CPU
-// round alike). Outlier columns get code 0.
+// A lane reads kQuantizeRun consecutive elements of its row at a time: one
+// 16-byte load where x is bf16 with rows of whole runs and 16-byte aligned.
+constexpr int kQuantizeRun = 8;
+constexpr int kQuantizeRows = kBlock / 32;  // rows of x per block, one warp each
+struct alignas(16) Bf16Run {
+  __nv_bfloat16 v[kQuantizeRun];
+};
+struct alignas(8) CodeRun {
+  int8_t v[kQuantizeRun];
+};
+
+// v[j] = x[i + j] in f32, 0 past end.
+__device__ inline void load_run(float (&v)[kQuantizeRun], cuda::ConstView x, int64_t i, int64_t end, bool vector) {
+  if (vector) {
+    const Bf16Run run = *reinterpret_cast<const Bf16Run*>(static_cast<const __nv_bfloat16*>(x.data) + i);
+    FT_UNROLL
+    for (int j = 0; j < kQuantizeRun; ++j) v[j] = __bfloat162float(run.v[j]);
+  } else {
+    FT_UNROLL
+    for (int j = 0; j < kQuantizeRun; ++j) v[j] = i + j < end ? cuda::load(x, i + j) : 0.0f;
+  }
+}
+
+// One warp per row of x: the absmax over the row with its outlier columns
+// zeroed (a warp reduction: no block barrier), then the codes
+// (quantize_code; quantize_rows_int8 and the CPU round alike). Outlier
+// columns get code 0. max is exact, so any order of the reduction agrees.
 __global__ void __launch_bounds__(kBlock) quantize_inliers_kernel(int8_t* q, float* scales, cuda::ConstView x,
-                                                                  const int32_t* columns, int64_t K) {
-  __shared__ float scratch[32];
-  const int64_t row = int64_t(blockIdx.x) * K;
+                                                                  const int32_t* columns, int64_t N, int64_t K) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n = int64_t(blockIdx.x) * kQuantizeRows + threadIdx.x / 32;
+  if (n >= N) return;  // whole warps: the rest synchronise only within their own warp
+  const int64_t row = n * K, end = row + K, step = 32 * kQuantizeRun;
+  const bool vector = x.dtype == DType::bf16 && K % kQuantizeRun == 0 &&
+                      reinterpret_cast<uintptr_t>(x.data) % sizeof(Bf16Run) == 0;
   float absmax = 0.0f;
   OutlierCursor in_absmax(columns);
-  for (int64_t k = threadIdx.x; k < K; k += kBlock)
-    if (!in_absmax.at(k)) absmax = fmaxf(absmax, fabsf(cuda::load(x, row + k)));
-  absmax = cuda::block_max<kBlock>(absmax, scratch);
-  if (threadIdx.x == 0) scales[blockIdx.x] = absmax;
+  for (int64_t k = int64_t(lane) * kQuantizeRun; k < K; k += step) {
+    float v[kQuantizeRun];
+    load_run(v, x, row + k, end, vector);
+    FT_UNROLL
+    for (int j = 0; j < kQuantizeRun; ++j)
+      if (k + j < K && !in_absmax.at(k + j)) absmax = fmaxf(absmax, fabsf(v[j]));
+  }
+  absmax = cuda::warp_max(absmax);
+  if (lane == 0) scales[n] = absmax;
   const bool narrow_input = x.dtype != DType::f32;
   OutlierCursor in_codes(columns);
-  for (int64_t k = threadIdx.x; k < K; k += kBlock) {
-    const bool zero = absmax == 0.0f || in_codes.at(k);
-    q[row + k] = zero ? int8_t(0) : quantize_code(cuda::load(x, row + k), absmax, narrow_input);
+  for (int64_t k = int64_t(lane) * kQuantizeRun; k < K; k += step) {
+    float v[kQuantizeRun];
+    load_run(v, x, row + k, end, vector);
+    CodeRun codes;
+    FT_UNROLL
+    for (int j = 0; j < kQuantizeRun; ++j) {
+      const bool zero = absmax == 0.0f || k + j >= K || in_codes.at(k + j);
+      codes.v[j] = zero ? int8_t(0) : quantize_code(v[j], absmax, narrow_input);
+    }
+    if (vector) {
+      *reinterpret_cast<CodeRun*>(q + row + k) = codes;  // row + k is a multiple of 8: aligned
+    } else {
+      FT_UNROLL
+      for (int j = 0; j < kQuantizeRun; ++j)
+        if (k + j < K) q[row + k + j] = codes.v[j];
+    }
   }
 }
 
@@ -180,70 +228,94 @@ struct OutlierWeights {
   int64_t capacity;
 };
 
+// staged[i][c] = src[(first + i) * pitch + column c] for the block's rows
+// i < count and c < columns (column c is indices[c], or col0 + c without
+// indices), 0 elsewhere, in f32: one load per value for the whole block,
+// where every thread would otherwise load it (a dtype switch and 64-bit
+// index math each). Barriers on both sides: all threads must call it.
+__device__ inline void stage_rows(float (&staged)[kEpilogueRows][kStagedColumns], cuda::ConstView src,
+                                  int64_t first, int count, int64_t pitch, const int32_t* indices, int64_t col0,
+                                  int columns) {
+  __syncthreads();  // the previous stage's readers are done
+  for (int t = threadIdx.x; t < kEpilogueRows * kStagedColumns; t += kBlock) {
+    const int i = t / kStagedColumns, c = t % kStagedColumns;
+    const int64_t column = indices ? int64_t(indices[c < columns ? c : 0]) : col0 + c;
+    staged[i][c] = i < count && c < columns ? cuda::load(src, (first + i) * pitch + column) : 0.0f;
+  }
+  __syncthreads();
+}
+
 // A block covers kBlock columns of out and kEpilogueRows rows: each thread
-// one column o for all the rows, so sw[o] and B[o, :] are read once per 16
-// outputs and h[n, :] is a warp-uniform (broadcast) load. Each element's
-// arithmetic is the CPU's, term by term (sums over j ascending).
+// one column o for all the rows, so sw[o], the outlier weights and B[o, :]
+// are read once per 16 outputs, and the rows' outlier x values and h values
+// are staged in shared memory (read as broadcasts). Each element's
+// arithmetic is the CPU's, term by term, in the order of kernels/backend.h.
 __global__ void __launch_bounds__(kBlock)
     forward_epilogue_kernel(cuda::View out, const int32_t* product, cuda::ConstView x, OutlierWeights w,
                             const float* sx, const float* sw, const int32_t* columns, EpilogueViews e,
                             int64_t n0, int64_t rows, int64_t O, int64_t K) {
+  __shared__ float staged[kEpilogueRows][kStagedColumns];
   const int64_t o = int64_t(blockIdx.y) * kBlock + threadIdx.x;
-  const int64_t first = int64_t(blockIdx.x) * kEpilogueRows;
-  if (o >= O) return;
-  const int count = rows - first < kEpilogueRows ? int(rows - first) : kEpilogueRows;
-  const float sw_o = sw[o];
+  const bool active = o < O;  // no early return: every thread takes part in the staging
+  const int64_t first = n0 + int64_t(blockIdx.x) * kEpilogueRows;
+  const int count = n0 + rows - first < kEpilogueRows ? int(n0 + rows - first) : kEpilogueRows;
+  const float sw_o = active ? sw[o] : 0.0f;
+  const int32_t* block_product = product + (first - n0) * O + o;
   float value[kEpilogueRows], lora[kEpilogueRows];
-FT_UNROLL
+  FT_UNROLL
   for (int i = 0; i < kEpilogueRows; ++i) {
-    const int64_t n = n0 + first + i;
-    value[i] = i < count ? float(product[(first + i) * O + o]) * (sx[n] * sw_o * kInv127Sq) : 0.0f;
+    value[i] = active && i < count ? float(block_product[i * O]) * (sx[first + i] * sw_o * kInv127Sq) : 0.0f;
     lora[i] = 0.0f;
   }
-  for (int32_t c = 0; c < columns[0]; ++c) {
-    const int64_t k = columns[1 + c];
-    const int8_t code = c < w.capacity ? w.gathered[c * O + o] : w.wq[o * K + k];
-    const float weight = float(code) * sw_o / 127.0f;
-FT_UNROLL
-    for (int i = 0; i < kEpilogueRows; ++i)
-      if (i < count) value[i] = fmaf(cuda::load(x, (n0 + first + i) * K + k), weight, value[i]);
+  const int32_t outliers = columns[0];
+  for (int32_t c0 = 0; c0 < outliers; c0 += kStagedColumns) {
+    const int staged_columns = outliers - c0 < kStagedColumns ? int(outliers - c0) : kStagedColumns;
+    stage_rows(staged, x, first, count, K, columns + 1 + c0, 0, staged_columns);
+    if (!active) continue;
+    for (int c = 0; c < staged_columns; ++c) {
+      const int32_t index = c0 + c;
+      const int8_t code = index < w.capacity ? w.gathered[index * O + o] : w.wq[o * K + columns[1 + index]];
+      const float weight = float(code) * sw_o / 127.0f;
+      FT_UNROLL
+      for (int i = 0; i < kEpilogueRows; ++i) value[i] = fmaf(staged[i][c], weight, value[i]);
+    }
   }
-  if (e.bias.data) {
+  if (e.bias.data && active) {
     const float bias = cuda::load(e.bias, o);
     // __fadd_rn keeps nvcc from contracting the add into an FMA with the
     // dequantisation, which the CPU does not do.
-FT_UNROLL
+    FT_UNROLL
     for (int i = 0; i < kEpilogueRows; ++i) value[i] = __fadd_rn(value[i], bias);
   }
-  for (int64_t j0 = 0; j0 < e.r; j0 += kLoraChunk) {
-    float b[kLoraChunk];
-FT_UNROLL
-    for (int jj = 0; jj < kLoraChunk; ++jj) b[jj] = j0 + jj < e.r ? cuda::load(e.lora_B, o * e.r + j0 + jj) : 0.0f;
-FT_UNROLL
-    for (int i = 0; i < kEpilogueRows; ++i) {
-      if (i >= count) continue;
-      const int64_t h_row = (n0 + first + i) * e.r;
-FT_UNROLL
-      for (int jj = 0; jj < kLoraChunk; ++jj)
-        if (j0 + jj < e.r) lora[i] = fmaf(cuda::load(e.lora_h, h_row + j0 + jj), b[jj], lora[i]);
+  for (int64_t j0 = 0; j0 < e.r; j0 += kStagedColumns) {
+    const int staged_ranks = e.r - j0 < kStagedColumns ? int(e.r - j0) : kStagedColumns;
+    stage_rows(staged, e.lora_h, first, count, e.r, nullptr, j0, staged_ranks);
+    if (!active) continue;
+    for (int j = 0; j < staged_ranks; ++j) {
+      const float b = cuda::load(e.lora_B, o * e.r + j0 + j);
+      FT_UNROLL
+      for (int i = 0; i < kEpilogueRows; ++i) lora[i] = fmaf(staged[i][j], b, lora[i]);
     }
   }
-FT_UNROLL
-  for (int i = 0; i < kEpilogueRows; ++i) {
-    if (i >= count) continue;
-    const float v = e.r > 0 ? fmaf(e.lora_scaling, lora[i], value[i]) : value[i];
-    cuda::store(out, (n0 + first + i) * O + o, v);
-  }
+  if (!active) return;
+  FT_UNROLL
+  for (int i = 0; i < kEpilogueRows; ++i)
+    if (i < count) cuda::store(out, (first + i) * O + o, e.r > 0 ? fmaf(e.lora_scaling, lora[i], value[i]) : value[i]);
 }
 
 // tile[o, j] = W[o, k0 + j] dequantised as the CPU's f32 tile, rounded once to
-// the tile's dtype; the tile is [O, kb], packed.
+// the tile's dtype; the tile is [O, kb], packed. A block walks
+// kTileRowsPerBlock rows of W, its threads consecutive columns (coalesced
+// reads of the codes and writes of the tile, no per-element division).
 __global__ void __launch_bounds__(kBlock) dequantize_tile_kernel(cuda::View tile, const int8_t* wq, const float* sw,
                                                                  int64_t O, int64_t K, int64_t k0, int64_t kb) {
-  for (int64_t i = grid_index(); i < O * kb; i += grid_stride()) {
-    const int64_t o = i / kb;
-    cuda::store(tile, i, float(wq[o * K + k0 + i % kb]) * sw[o] / 127.0f);
-  }
+  for (int64_t o = int64_t(blockIdx.y) * kTileRowsPerBlock; o < O; o += int64_t(gridDim.y) * kTileRowsPerBlock)
+    for (int64_t row = o; row < o + kTileRowsPerBlock && row < O; ++row) {
+      const float scale = sw[row];
+      const int8_t* codes = wq + row * K + k0;
+      for (int64_t j = int64_t(blockIdx.x) * kBlock + threadIdx.x; j < kb; j += int64_t(gridDim.x) * kBlock)
+        cuda::store(tile, row * kb + j, float(codes[j]) * scale / 127.0f);
+    }
 }
 
 Tensor scratch(const cuda::Int8Context& context, const cuda::ScratchTensor& t) {
@@ -339,8 +411,9 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
     FT_CUDA_CHECK_LAUNCH();
     context.passed("gather outlier weights");
   }
-  launch<quantize_inliers_kernel>(unsigned(N), kBlock, 0, context.stream, codes.ptr<int8_t>(),
-                                  row_scales.ptr<float>(), const_view(x), columns.ptr<const int32_t>(), K);
+  launch<quantize_inliers_kernel>(unsigned((N + kQuantizeRows - 1) / kQuantizeRows), kBlock, 0, context.stream,
+                                  codes.ptr<int8_t>(), row_scales.ptr<float>(), const_view(x),
+                                  columns.ptr<const int32_t>(), N, K);
   FT_CUDA_CHECK_LAUNCH();
   context.passed("quantize");
   FT_CHECK((O + kBlock - 1) / kBlock <= 65535, op, ": too many output features (", O, ")");
@@ -367,7 +440,9 @@ void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, 
   Tensor w_tile = scratch(context, int8_backward_scratch(O, tile_columns, dout.dtype));
   for (int64_t k0 = 0; k0 < K; k0 += tile_columns) {
     const int64_t kb = std::min(tile_columns, K - k0);
-    launch<dequantize_tile_kernel>(elementwise_blocks(O * kb, kBlock), kBlock, 0, context.stream, view(w_tile),
+    const dim3 grid(unsigned(std::min<int64_t>((kb + kBlock - 1) / kBlock, 64)),
+                    unsigned(std::min<int64_t>((O + kTileRowsPerBlock - 1) / kTileRowsPerBlock, 65535)));
+    launch<dequantize_tile_kernel>(grid, kBlock, 0, context.stream, view(w_tile),
                                    weight.ptr<const int8_t>(), weight_scales.ptr<const float>(), O, K, k0, kb);
     FT_CUDA_CHECK_LAUNCH();
     context.passed("dequantize tile");

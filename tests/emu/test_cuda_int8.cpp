@@ -242,6 +242,27 @@ TEST_CASE("cuda: int8_linear_forward finds outlier columns in every block of row
   CHECK(values(missed) != values(want));
 }
 
+TEST_CASE("cuda: int8_linear_forward with more outlier columns and LoRA ranks than one shared-memory stage") {
+  // The epilogue stages 32 outlier columns and 32 LoRA ranks at a time: 45
+  // outlier columns (some past the gather buffer's 40) and r = 70 take
+  // several stages each, over a partial block of rows and columns.
+  const int64_t N = 37, K = 96, O = 67, r = 70;
+  Tensor x = make_x(N, K, DType::bf16, Outliers::none, 64);
+  for (int64_t c = 0; c < 45; ++c) store_from_f32(x.data, DType::bf16, (c * 5 % N) * K + (c * 2 + 1), 7.0f + c);
+  Int8Weight w = host_weight(O, K, 65);
+  Tensor bias = host_random({O}, DType::bf16, 66), h = host_random({N, r}, DType::bf16, 67, -2.0f, 2.0f);
+  Tensor B = host_random({O, r}, DType::bf16, 68, -0.3f, 0.3f);
+  Tensor want = cpu.empty({N, O}, DType::f32, MemCategory::activations);
+  cpu.int8_linear_forward(want, x, w.q, w.scales, 6.0f, {&bias, &h, &B, 0.25f});
+  std::vector<float> got = emu_test::same_under_schedules([&] {
+    Tensor out = device_empty({N, O}, DType::f32), dbias = to_device(bias), dh = to_device(h), dB = to_device(B);
+    cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f, {&dbias, &dh, &dB, 0.25f},
+                              16, 40, context());
+    return values(out);
+  });
+  CHECK(got == values(want));
+}
+
 TEST_CASE("cuda: the forward's int32 product blocks are balanced, within budget, in whole GEMM tiles") {
   // GPT-NeoX-20B's query_key_value and dense_h_to_4h products at 2048 tokens:
   // two blocks of 1024 rows each.
