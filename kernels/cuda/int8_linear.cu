@@ -152,14 +152,17 @@ __device__ inline void load_run(float (&v)[kQuantizeRun], cuda::ConstView x, int
 // zeroed (a warp reduction: no block barrier), then the codes
 // (quantize_code; quantize_rows_int8 and the CPU round alike). Outlier
 // columns get code 0. max is exact, so any order of the reduction agrees.
+// Vector: x is bf16 with rows of whole runs, 16-byte aligned (a separate
+// instantiation, so that kernel holds neither the dtype switch nor the f32
+// input's double-precision division).
+template <bool Vector>
 __global__ void __launch_bounds__(kBlock) quantize_inliers_kernel(int8_t* q, float* scales, cuda::ConstView x,
                                                                   const int32_t* columns, int64_t N, int64_t K) {
   const int lane = threadIdx.x % 32;
   const int64_t n = int64_t(blockIdx.x) * kQuantizeRows + threadIdx.x / 32;
   if (n >= N) return;  // whole warps: the rest synchronise only within their own warp
   const int64_t row = n * K, end = row + K, step = 32 * kQuantizeRun;
-  const bool vector = x.dtype == DType::bf16 && K % kQuantizeRun == 0 &&
-                      reinterpret_cast<uintptr_t>(x.data) % sizeof(Bf16Run) == 0;
+  constexpr bool vector = Vector;
   float absmax = 0.0f;
   OutlierCursor in_absmax(columns);
   for (int64_t k = int64_t(lane) * kQuantizeRun; k < K; k += step) {
@@ -171,7 +174,7 @@ __global__ void __launch_bounds__(kBlock) quantize_inliers_kernel(int8_t* q, flo
   }
   absmax = cuda::warp_max(absmax);
   if (lane == 0) scales[n] = absmax;
-  const bool narrow_input = x.dtype != DType::f32;
+  const bool narrow_input = Vector || x.dtype != DType::f32;
   OutlierCursor in_codes(columns);
   for (int64_t k = int64_t(lane) * kQuantizeRun; k < K; k += step) {
     float v[kQuantizeRun];
@@ -304,18 +307,29 @@ __global__ void __launch_bounds__(kBlock)
 }
 
 // tile[o, j] = W[o, k0 + j] dequantised as the CPU's f32 tile, rounded once to
-// the tile's dtype; the tile is [O, kb], packed. A block walks
-// kTileRowsPerBlock rows of W, its threads consecutive columns (coalesced
-// reads of the codes and writes of the tile, no per-element division).
+// the tile's dtype; the tile is [O, kb], packed. A block owns
+// kTileRowsPerBlock rows of W at a time, all kb columns: it first tabulates
+// code * sw[o] / 127 for the 256 codes of each row (the division is the
+// costly part: a 256-entry table per row replaces one per element, the same
+// value bit for bit), then its threads walk consecutive columns (coalesced
+// reads of the codes and writes of the tile).
 __global__ void __launch_bounds__(kBlock) dequantize_tile_kernel(cuda::View tile, const int8_t* wq, const float* sw,
                                                                  int64_t O, int64_t K, int64_t k0, int64_t kb) {
-  for (int64_t o = int64_t(blockIdx.y) * kTileRowsPerBlock; o < O; o += int64_t(gridDim.y) * kTileRowsPerBlock)
-    for (int64_t row = o; row < o + kTileRowsPerBlock && row < O; ++row) {
-      const float scale = sw[row];
-      const int8_t* codes = wq + row * K + k0;
-      for (int64_t j = int64_t(blockIdx.x) * kBlock + threadIdx.x; j < kb; j += int64_t(gridDim.x) * kBlock)
-        cuda::store(tile, row * kb + j, float(codes[j]) * scale / 127.0f);
+  __shared__ float values[kTileRowsPerBlock][256];
+  for (int64_t o = int64_t(blockIdx.x) * kTileRowsPerBlock; o < O; o += int64_t(gridDim.x) * kTileRowsPerBlock) {
+    const int rows = O - o < kTileRowsPerBlock ? int(O - o) : kTileRowsPerBlock;
+    __syncthreads();  // the previous rows' table is no longer read
+    for (int t = threadIdx.x; t < kTileRowsPerBlock * 256; t += kBlock) {
+      const int r = t / 256, code = t % 256 - 128;
+      values[r][t % 256] = r < rows ? float(code) * sw[o + r] / 127.0f : 0.0f;
     }
+    __syncthreads();
+    for (int r = 0; r < rows; ++r) {
+      const int8_t* codes = wq + (o + r) * K + k0;
+      for (int64_t j = threadIdx.x; j < kb; j += kBlock)
+        cuda::store(tile, (o + r) * kb + j, values[r][int(codes[j]) + 128]);
+    }
+  }
 }
 
 Tensor scratch(const cuda::Int8Context& context, const cuda::ScratchTensor& t) {
@@ -411,9 +425,15 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
     FT_CUDA_CHECK_LAUNCH();
     context.passed("gather outlier weights");
   }
-  launch<quantize_inliers_kernel>(unsigned((N + kQuantizeRows - 1) / kQuantizeRows), kBlock, 0, context.stream,
-                                  codes.ptr<int8_t>(), row_scales.ptr<float>(), const_view(x),
-                                  columns.ptr<const int32_t>(), N, K);
+  const unsigned quantize_blocks = unsigned((N + kQuantizeRows - 1) / kQuantizeRows);
+  const bool vector = x.dtype == DType::bf16 && K % kQuantizeRun == 0 &&
+                      reinterpret_cast<uintptr_t>(x.data) % sizeof(Bf16Run) == 0;
+  if (vector)
+    launch<quantize_inliers_kernel<true>>(quantize_blocks, kBlock, 0, context.stream, codes.ptr<int8_t>(),
+                                          row_scales.ptr<float>(), const_view(x), columns.ptr<const int32_t>(), N, K);
+  else
+    launch<quantize_inliers_kernel<false>>(quantize_blocks, kBlock, 0, context.stream, codes.ptr<int8_t>(),
+                                           row_scales.ptr<float>(), const_view(x), columns.ptr<const int32_t>(), N, K);
   FT_CUDA_CHECK_LAUNCH();
   context.passed("quantize");
   FT_CHECK((O + kBlock - 1) / kBlock <= 65535, op, ": too many output features (", O, ")");
@@ -440,9 +460,8 @@ void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, 
   Tensor w_tile = scratch(context, int8_backward_scratch(O, tile_columns, dout.dtype));
   for (int64_t k0 = 0; k0 < K; k0 += tile_columns) {
     const int64_t kb = std::min(tile_columns, K - k0);
-    const dim3 grid(unsigned(std::min<int64_t>((kb + kBlock - 1) / kBlock, 64)),
-                    unsigned(std::min<int64_t>((O + kTileRowsPerBlock - 1) / kTileRowsPerBlock, 65535)));
-    launch<dequantize_tile_kernel>(grid, kBlock, 0, context.stream, view(w_tile),
+    const unsigned blocks = unsigned(std::min<int64_t>((O + kTileRowsPerBlock - 1) / kTileRowsPerBlock, 1 << 20));
+    launch<dequantize_tile_kernel>(blocks, kBlock, 0, context.stream, view(w_tile),
                                    weight.ptr<const int8_t>(), weight_scales.ptr<const float>(), O, K, k0, kb);
     FT_CUDA_CHECK_LAUNCH();
     context.passed("dequantize tile");
