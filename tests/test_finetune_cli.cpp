@@ -250,7 +250,7 @@ TEST_CASE("device: auto says which backend it picked and why; device: cuda witho
         std::string::npos);
 }
 
-TEST_CASE("bad input exits non-zero with a message naming what is wrong (training, generate, merge)") {
+TEST_CASE("bad input exits non-zero with a message naming what is wrong (training, generate, merge, plan)") {
   const std::string dir = make_run_dir("bad");
   const std::string model = kFixtures + "/llama_gqa", tokenizer = " --tokenizer " + kFixtures + "/tokenizer/tokenizer.model";
   struct Case {
@@ -298,6 +298,9 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"merge " + model + " --adapter " + kFixtures + "/gpt_neox_lora/adapter --out m", "has no weight"},
       {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out m --max-shard-size lots",
        "\"lots\" is not a size"},
+      {"plan config.yaml --gpu-mem inf", "\"inf\" is not a size below 1 EiB"},
+      {"plan config.yaml --gpu-mem 1e30GiB", "\"1e30GiB\" is not a size below 1 EiB"},
+      {"plan config.yaml --context-reserve 2EiB", "\"2EiB\" is not a size"},
   };
   fs::create_directories(dir + "/bad_eos_model");
   nlohmann::json bad_eos = nlohmann::json::parse(std::ifstream(kFixtures + "/llama_gqa/config.json"));

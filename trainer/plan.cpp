@@ -1,6 +1,7 @@
 #include "trainer/plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -685,7 +686,11 @@ size_t parse_byte_size(const std::string& text) {
     if (!std::isspace(static_cast<unsigned char>(text[i]))) unit += char(std::tolower(static_cast<unsigned char>(text[i])));
   auto it = units.find(unit);
   FT_CHECK(it != units.end() && value >= 0.0, "\"", text, "\" is not a size (expected e.g. 24GiB, 512MiB, 2GB)");
-  return size_t(value * it->second);
+  // Below 1 EiB: any real memory, and far from size_t's limit (inf or 1e30GiB
+  // would overflow the conversion).
+  const double bytes = value * it->second;
+  FT_CHECK(std::isfinite(bytes) && bytes < 0x1p60, "\"", text, "\" is not a size below 1 EiB");
+  return size_t(bytes);
 }
 
 }  // namespace ft
