@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "kernels/input_file.h"
 
 namespace ft {
 
@@ -27,8 +28,7 @@ nlohmann::json parse_json(std::string_view text, const std::string& where) {
 }
 
 nlohmann::json read_json_object(const std::string& path, const std::string& expected) {
-  std::ifstream file(path);
-  FT_CHECK(file, path, ": cannot open (expected ", expected, ")");
+  std::ifstream file = open_input_file(path, expected);
   std::stringstream text;
   text << file.rdbuf();
   nlohmann::json value = parse_json(text.str(), path);

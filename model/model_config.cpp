@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "kernels/error.h"
+#include "kernels/input_file.h"
 #include "model/json_input.h"
 
 namespace ft {
@@ -264,8 +265,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
 }
 
 ModelConfig ModelConfig::from_json_file(const std::string& path) {
-  std::ifstream file(path);
-  FT_CHECK(file, path, ": cannot open model config (expected an HF config.json)");
+  std::ifstream file = open_input_file(path, "model config (an HF config.json)");
   std::stringstream text;
   text << file.rdbuf();
   return from_json_text(text.str(), path);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "kernels/input_file.h"
 #include "model/atomic_file.h"
 #include "model/checksum.h"
 #include "model/json_input.h"
@@ -227,8 +228,7 @@ namespace {
 
 // Reads model.safetensors.index.json: tensor name -> shard file name.
 std::map<std::string, std::string> read_weight_map(const std::string& index_path) {
-  std::ifstream file(index_path);
-  FT_CHECK(file, index_path, ": cannot open shard index");
+  std::ifstream file = open_input_file(index_path, "shard index");
   std::stringstream text;
   text << file.rdbuf();
   json index = parse_json(text.str(), index_path);

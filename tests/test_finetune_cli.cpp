@@ -298,6 +298,10 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"merge " + model + " --adapter " + kFixtures + "/gpt_neox_lora/adapter --out m", "has no weight"},
       {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out m --max-shard-size lots",
        "\"lots\" is not a size"},
+      // A folder where a file belongs: named, not read as an empty file.
+      {"dir.yaml", "dir.yaml: is a directory, expected config file"},
+      {"config.yaml --set model=dir_model", "dir_model/config.json: is a directory, expected model config"},
+      {"generate " + model + " --tokenizer tokdir --prompt hi", "tokdir: is a directory, expected tokenizer file"},
       {"plan config.yaml --gpu-mem inf", "\"inf\" is not a size below 1 EiB"},
       {"plan config.yaml --gpu-mem 1e30GiB", "\"1e30GiB\" is not a size below 1 EiB"},
       {"plan config.yaml --context-reserve 2EiB", "\"2EiB\" is not a size"},
@@ -307,6 +311,9 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
   bad_eos["eos_token_id"] = {2, 999};
   std::ofstream(dir + "/bad_eos_model/config.json") << bad_eos.dump(2);
   std::ofstream(dir + "/bad_lr.yaml") << "model: m\ndata: {train: t.jsonl}\nlr: .inf\n";
+  fs::create_directories(dir + "/dir.yaml");
+  fs::create_directories(dir + "/dir_model/config.json");
+  fs::create_directories(dir + "/tokdir");
   std::ofstream(dir + "/empty.jsonl") << "\n";
   std::ofstream(dir + "/broken.jsonl") << "{\"text\": \"fine\"}\n{\"text\": oops}\n";
   std::ofstream(dir + "/rows.jsonl") << "{\"prompt\": \"fine\"}\n{\"text\": \"no prompt\"}\n";

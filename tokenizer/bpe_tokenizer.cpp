@@ -7,6 +7,7 @@
 #include <queue>
 
 #include "kernels/error.h"
+#include "kernels/input_file.h"
 #include "tokenizer/json_fields.h"
 #include "tokenizer/unicode.h"
 
@@ -43,8 +44,7 @@ std::pair<std::string, std::string> merge_pair(const json& entry, const std::str
 uint64_t pair_key(int32_t left, int32_t right) { return (uint64_t(uint32_t(left)) << 32) | uint32_t(right); }
 
 json read_json_file(const std::string& path) {
-  std::ifstream file(path);
-  FT_CHECK(file, path, ": cannot open tokenizer file");
+  std::ifstream file = open_input_file(path, "tokenizer file");
   try {
     return json::parse(file);
   } catch (const json::exception& e) {

@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "kernels/error.h"
+#include "kernels/input_file.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
 
@@ -15,8 +16,7 @@ namespace {
 // A tokenizer.json is a JSON object; a SentencePiece model is a binary protobuf, which never
 // starts with '{' (its first byte is a field tag, 0x0A for the pieces).
 bool looks_like_json(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  FT_CHECK(file, path, ": cannot open tokenizer file");
+  std::ifstream file = open_input_file(path, "tokenizer file", std::ios::binary);
   char c;
   while (file.get(c))
     if (!std::isspace(static_cast<unsigned char>(c))) return c == '{';

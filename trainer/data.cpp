@@ -8,6 +8,7 @@
 #include <random>
 
 #include "kernels/error.h"
+#include "kernels/input_file.h"
 #include "model/json_input.h"
 #include "tokenizer/tokenizer.h"
 #include "trainer/seq2seq_data.h"
@@ -128,8 +129,7 @@ std::string alpaca_prompt(const std::string& instruction, const std::string& inp
 }
 
 Dataset load_jsonl(const std::string& path, DataFormat format) {
-  std::ifstream file(path);
-  FT_CHECK(file.good(), path, ": cannot open data file");
+  std::ifstream file = open_input_file(path, "data file");
   return load_jsonl(file, path, format);
 }
 
@@ -157,8 +157,7 @@ Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat form
 
 void read_jsonl_rows(const std::string& path, const char* file_kind, const std::string& expected,
                      const std::function<void(const nlohmann::json& row, const std::string& where)>& on_row) {
-  std::ifstream input(path);
-  FT_CHECK(input.good(), path, ": cannot open ", file_kind);
+  std::ifstream input = open_input_file(path, file_kind);
   std::string line;
   int64_t rows = 0;
   for (int64_t line_number = 1; read_line(input, line, path, line_number); line_number++) {

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
+#include "kernels/input_file.h"
 
 namespace ft {
 namespace {
@@ -98,8 +99,7 @@ std::string fill_template(const std::string& pattern, const NamedRow& row, const
 Dataset load_templated(const std::string& path, const RowTemplate& row_template) {
   std::vector<NamedRow> rows;
   if (is_csv(path)) {
-    std::ifstream input(path, std::ios::binary);
-    FT_CHECK(input.good(), path, ": cannot open data file");
+    std::ifstream input = open_input_file(path, "data file", std::ios::binary);
     rows = read_csv(input, path);
   } else {
     read_jsonl_rows(path, "data file", "the fields data.template names",

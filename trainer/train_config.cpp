@@ -13,6 +13,7 @@
 
 #include "kernels/checked_mul.h"
 #include "kernels/error.h"
+#include "kernels/input_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ft {
@@ -477,8 +478,7 @@ TrainConfig train_config_from_layers(const std::vector<YAML::Node>& layers, cons
 }
 
 YAML::Node load_yaml_file(const std::string& path) {
-  std::ifstream file(path);
-  FT_CHECK(file.good(), path, ": cannot open config file");
+  std::ifstream file = open_input_file(path, "config file");
   std::stringstream text;
   text << file.rdbuf();
   return parse_yaml(text.str(), path);
