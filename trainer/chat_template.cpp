@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "kernels/input_file.h"
 #include "model/json_input.h"
 
 namespace ft {
@@ -59,7 +60,7 @@ std::string template_string(const nlohmann::json& config) {
 }
 
 std::string read_text(const std::filesystem::path& path) {
-  std::ifstream file(path);
+  std::ifstream file = open_input_file(path, "a chat template");
   std::ostringstream text;
   text << file.rdbuf();
   return text.str();
