@@ -231,6 +231,31 @@ TEST_CASE("SIGTERM saves a checkpoint at the next step boundary, exits 143, and 
   }
 }
 
+TEST_CASE("--resume past max_steps refuses and leaves the run as it was; at max_steps it rewrites the same adapter") {
+  const std::string dir = make_run_dir("finished");
+  const std::string finetune = "cd " + dir + " && " + kBinary + " config.yaml";
+  REQUIRE(run_command(finetune).exit_code == 0);
+  const std::string state = read_file(dir + "/out/train_state.safetensors");
+  const std::string metrics = read_file(dir + "/out/metrics.jsonl");
+  const std::string adapter = read_file(dir + "/out/adapter/adapter_model.safetensors");
+
+  CommandResult past = run_command(finetune + " --resume --set max_steps=5");
+  INFO(past.output);
+  CHECK(past.exit_code == 1);
+  CHECK(past.output.find("out/train_state.safetensors: the training state is at step 20, past the 5 steps") !=
+        std::string::npos);
+  CHECK(read_file(dir + "/out/train_state.safetensors") == state);
+  CHECK(read_file(dir + "/out/metrics.jsonl") == metrics);
+  CHECK(read_file(dir + "/out/adapter/adapter_model.safetensors") == adapter);
+
+  CommandResult complete = run_command(finetune + " --resume");
+  INFO(complete.output);
+  CHECK(complete.exit_code == 0);
+  CHECK(complete.output.find("resumed at step 20") != std::string::npos);
+  CHECK(read_file(dir + "/out/train_state.safetensors") == state);
+  CHECK(read_file(dir + "/out/adapter/adapter_model.safetensors") == adapter);
+}
+
 TEST_CASE("device: auto says which backend it picked and why; device: cuda without a GPU is an error") {
   const std::string dir = make_run_dir("device");
   std::string no_cuda_why;

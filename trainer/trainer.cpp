@@ -682,6 +682,12 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     FT_CHECK(fs::exists(state_path), state_path, ": no training state to resume from");
     const auto job_trainable = size_t(run.stages().sum(double(run.trainable.size())));
     resumed = load_train_state(state_path, *run.optimizer, run.identity, options.allow_data_change, job_trainable);
+    // Past the end: refused before anything is written, so the state (and its
+    // steps) survives. At the end exactly, the run trains nothing and finishes
+    // its outputs, which a crash after the last save may not have written.
+    FT_CHECK(resumed.step <= run.total_steps, state_path, ": the training state is at step ", resumed.step,
+             ", past the ", run.total_steps, " steps this config trains (max_steps, epochs): raise max_steps to "
+             "continue");
     share_updated_parameters(run);  // a sharded state restored each rank's share only
     for (const std::string& change : resumed.data_changes)
       std::cout << "warning: resuming with changed data (--allow-data-change): " << change << "\n";
