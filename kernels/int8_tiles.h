@@ -69,6 +69,10 @@ inline int64_t int8_forward_chunk_rows(int64_t rows, int64_t out_features) {
   return chunk < rows && rounded <= most ? rounded : chunk;
 }
 
+// The CPU's oneDNN int32 product [rows, O] (host memory) is held for rows * O
+// of at most this many elements at a time (32 MiB of int32), in balanced blocks.
+constexpr int64_t kInt8CpuProductChunkElements = int64_t(8) << 20;
+
 // The GPU forward gathers the weight codes of up to this many elements' worth
 // of outlier columns ([c, O] i8, 8 MiB) into one contiguous buffer per call,
 // so its epilogue reads them coalesced; columns past it (rare: LLM.int8()'s

@@ -232,8 +232,9 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
   }
   for (int64_t c = 0; c < p.C; ++c)
     for (int64_t o = 0; o < p.O; ++o) p.w_out[c * p.O + o] = float(p.wq[o * p.K + columns[c]]) * p.sw[o] / 127.0f;
-  // oneDNN's int32 product is held for a block of rows at a time (the bound the GPU uses).
-  const int64_t chunk_rows = onednn_product ? int8_forward_chunk_rows(p.N, p.O) : p.N;
+  // oneDNN's int32 product is held for a block of rows at a time.
+  const int64_t chunk_rows =
+      onednn_product ? balanced_chunk_rows(p.N, kInt8CpuProductChunkElements / std::max<int64_t>(1, p.O)) : p.N;
   for (int64_t r0 = 0; r0 < p.N; r0 += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, p.N - r0);
     if (onednn_product) {

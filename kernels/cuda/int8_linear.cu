@@ -162,12 +162,11 @@ __global__ void __launch_bounds__(kBlock) quantize_inliers_kernel(int8_t* q, flo
   const int64_t n = int64_t(blockIdx.x) * kQuantizeRows + threadIdx.x / 32;
   if (n >= N) return;  // whole warps: the rest synchronise only within their own warp
   const int64_t row = n * K, end = row + K, step = 32 * kQuantizeRun;
-  constexpr bool vector = Vector;
   float absmax = 0.0f;
   OutlierCursor in_absmax(columns);
   for (int64_t k = int64_t(lane) * kQuantizeRun; k < K; k += step) {
     float v[kQuantizeRun];
-    load_run(v, x, row + k, end, vector);
+    load_run(v, x, row + k, end, Vector);
     FT_UNROLL
     for (int j = 0; j < kQuantizeRun; ++j)
       if (k + j < K && !in_absmax.at(k + j)) absmax = fmaxf(absmax, fabsf(v[j]));
@@ -178,14 +177,14 @@ __global__ void __launch_bounds__(kBlock) quantize_inliers_kernel(int8_t* q, flo
   OutlierCursor in_codes(columns);
   for (int64_t k = int64_t(lane) * kQuantizeRun; k < K; k += step) {
     float v[kQuantizeRun];
-    load_run(v, x, row + k, end, vector);
+    load_run(v, x, row + k, end, Vector);
     CodeRun codes;
     FT_UNROLL
     for (int j = 0; j < kQuantizeRun; ++j) {
       const bool zero = absmax == 0.0f || k + j >= K || in_codes.at(k + j);
       codes.v[j] = zero ? int8_t(0) : quantize_code(v[j], absmax, narrow_input);
     }
-    if (vector) {
+    if (Vector) {
       *reinterpret_cast<CodeRun*>(q + row + k) = codes;  // row + k is a multiple of 8: aligned
     } else {
       FT_UNROLL

@@ -221,41 +221,44 @@ json measure_ops(Backend& backend, const Ceilings& ceilings) {
 // have), with each pass of the op timed by events between passes (median of
 // reps, a pass that runs per row block or weight tile summed within a run).
 
-Tensor random_device(Backend& backend, const Shape& shape, DType dtype, unsigned seed, float lo, float hi) {
-  HostAllocator host;
-  Tensor values = Tensor::empty(shape, DType::f32, host, MemCategory::activations);
+// Host tensors of the random inputs (each copied to the device, then freed).
+HostAllocator host_memory;
+
+// Uniform f32 values in [lo, hi) on the host.
+Tensor host_uniform(const Shape& shape, unsigned seed, float lo, float hi) {
+  Tensor values = Tensor::empty(shape, DType::f32, host_memory, MemCategory::activations);
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
   for (int64_t i = 0; i < values.numel(); ++i) values.ptr<float>()[i] = dist(rng);
-  Tensor out = backend.empty(shape, dtype, MemCategory::activations);
-  backend.copy(out, values);
+  return values;
+}
+
+// host's values in a device tensor of dtype.
+Tensor on_device(Backend& backend, const Tensor& host, DType dtype) {
+  Tensor out = backend.empty(host.shape, dtype, MemCategory::activations);
+  backend.copy(out, host);
   return out;
 }
 
+Tensor random_device(Backend& backend, const Shape& shape, DType dtype, unsigned seed, float lo, float hi) {
+  return on_device(backend, host_uniform(shape, seed, lo, hi), dtype);
+}
+
 Tensor random_codes(Backend& backend, const Shape& shape, unsigned seed) {
-  HostAllocator host;
-  Tensor codes = Tensor::empty(shape, DType::i8, host, MemCategory::weights);
+  Tensor codes = Tensor::empty(shape, DType::i8, host_memory, MemCategory::weights);
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> dist(-127, 127);
   for (int64_t i = 0; i < codes.numel(); ++i) codes.ptr<int8_t>()[i] = int8_t(dist(rng));
-  Tensor out = backend.empty(shape, DType::i8, MemCategory::weights);
-  backend.copy(out, codes);
-  return out;
+  return on_device(backend, codes, DType::i8);
 }
 
 // x [N, K] in bf16, uniform in [-2, 2], with 6 columns holding +-8 (over the
 // threshold of 6) in every 97th row.
 Tensor activations_with_outliers(Backend& backend, int64_t N, int64_t K, unsigned seed) {
-  HostAllocator host;
-  Tensor values = Tensor::empty({N, K}, DType::f32, host, MemCategory::activations);
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
-  for (int64_t i = 0; i < values.numel(); ++i) values.ptr<float>()[i] = dist(rng);
+  Tensor values = host_uniform({N, K}, seed, -2.0f, 2.0f);
   for (int64_t c = 0; c < 6; ++c)
     for (int64_t n = 0; n < N; n += 97) values.ptr<float>()[n * K + (c * 977 + 13) % K] = n % 2 ? 8.0f : -8.0f;
-  Tensor x = backend.empty({N, K}, DType::bf16, MemCategory::activations);
-  backend.copy(x, values);
-  return x;
+  return on_device(backend, values, DType::bf16);
 }
 
 struct PassTimes {
