@@ -9,6 +9,7 @@
 
 #include "kernels/error.h"
 #include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/load_tokenizer.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
 #include "tokenizer/unicode.h"
 

@@ -10,8 +10,8 @@
 
 #include "kernels/error.h"
 #include "tokenizer/bpe_tokenizer.h"
-#include "trainer/chat_template.h"
-#include "trainer/data.h"
+#include "trainer/data/chat_template.h"
+#include "trainer/data/data.h"
 
 using namespace ft;
 

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
-#include "trainer/course.h"
+#include "trainer/cli/course.h"
 
 namespace {
 

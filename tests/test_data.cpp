@@ -8,7 +8,7 @@
 
 #include "kernels/error.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 
 using namespace ft;
 

@@ -19,8 +19,8 @@
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
 #include "tests/parity.h"
+#include "trainer/data/preference_data.h"
 #include "trainer/dpo.h"
-#include "trainer/preference_data.h"
 
 using namespace ft;
 using ft::parity::relative_error;

@@ -21,7 +21,7 @@
 #include "model/model_config.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 #include "trainer/optimizer.h"
 #include "trainer/train_state.h"
 

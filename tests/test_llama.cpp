@@ -7,10 +7,10 @@
 #include <string>
 
 #include "kernels/cpu/cpu_backend.h"
-#include "tests/parity.h"
 #include "kernels/error.h"
 #include "model/llama.h"
 #include "model/safetensors.h"
+#include "tests/parity.h"
 
 using namespace ft;
 using ft::parity::relative_error;

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
-#include "tests/host_tensors.h"
 #include "kernels/dropout_hash.h"
 #include "model/int8_linear.h"
 #include "model/lora_linear.h"
+#include "tests/host_tensors.h"
 
 using namespace ft;
 using ft::testing::gaussian;

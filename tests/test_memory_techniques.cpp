@@ -13,8 +13,8 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "model/causal_lm.h"
 #include "model/safetensors.h"
-#include "tests/parity.h"
 #include "tests/host_tensors.h"
+#include "tests/parity.h"
 
 using namespace ft;
 using ft::testing::same_bytes;

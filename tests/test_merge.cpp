@@ -21,7 +21,7 @@
 #include "kernels/error.h"
 #include "model/causal_lm.h"
 #include "model/safetensors.h"
-#include "trainer/merge.h"
+#include "trainer/cli/merge.h"
 
 using namespace ft;
 namespace fs = std::filesystem;

@@ -16,9 +16,9 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/onednn_gemm.h"
 #include "kernels/error.h"
+#include "model/rope.h"
 #include "tests/host_tensors.h"
 #include "tests/wide_cross_entropy.h"
-#include "model/rope.h"
 
 using namespace ft;
 using Vec = std::vector<double>;

@@ -17,13 +17,13 @@
 #include <string>
 
 #include "kernels/cpu/cpu_backend.h"
-#include "tests/parity.h"
 #include "kernels/error.h"
 #include "model/llama.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
-#include "trainer/optimizer.h"
 #include "tests/host_tensors.h"
+#include "tests/parity.h"
+#include "trainer/optimizer.h"
 
 using namespace ft;
 using ft::testing::same_bytes;

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/progress.h"
+#include "trainer/report/progress.h"
 
 namespace fs = std::filesystem;
 

@@ -2,7 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "kernels/error.h"
-#include "trainer/rouge.h"
+#include "trainer/report/rouge.h"
 
 using namespace ft;
 

@@ -8,8 +8,8 @@
 
 #include "kernels/error.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
-#include "trainer/data.h"
-#include "trainer/seq2seq_data.h"
+#include "trainer/data/data.h"
+#include "trainer/data/seq2seq_data.h"
 
 using namespace ft;
 

@@ -14,11 +14,11 @@
 #include "model/causal_lm.h"
 #include "model/safetensors.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
-#include "tokenizer/tokenizer.h"
-#include "trainer/data.h"
+#include "tokenizer/load_tokenizer.h"
+#include "trainer/data/data.h"
+#include "trainer/data/special_tokens.h"
 #include "trainer/evaluate.h"
 #include "trainer/generate.h"
-#include "trainer/special_tokens.h"
 #include "trainer/train_config.h"
 
 using namespace ft;

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "trainer/compare.h"
-#include "trainer/loss_plot.h"
-#include "trainer/progress.h"
+#include "trainer/cli/compare.h"
+#include "trainer/report/loss_plot.h"
+#include "trainer/report/progress.h"
 
 namespace fs = std::filesystem;
 

@@ -24,9 +24,9 @@
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
 #include "model/t5.h"
+#include "tests/host_tensors.h"
 #include "tests/parity.h"
 #include "trainer/generate_seq2seq.h"
-#include "tests/host_tensors.h"
 
 using namespace ft;
 using ft::testing::same_bytes;

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "kernels/error.h"
-#include "trainer/template_data.h"
+#include "trainer/data/template_data.h"
 #include "trainer/train_config.h"
 
 using namespace ft;

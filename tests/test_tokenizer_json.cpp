@@ -13,6 +13,7 @@
 
 #include "kernels/error.h"
 #include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/load_tokenizer.h"
 
 using namespace ft;
 using nlohmann::json;

@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "kernels/error.h"
 #include "kernels/checked_mul.h"
+#include "kernels/error.h"
 #include "kernels/tensor.h"
 #include "trainer/train_config.h"
 

@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "model/causal_lm.h"
-#include "trainer/data.h"
-#include "trainer/preference_data.h"
+#include "trainer/data/data.h"
+#include "trainer/data/preference_data.h"
 #include "trainer/train_config.h"
 
 namespace ft {

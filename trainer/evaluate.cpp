@@ -5,9 +5,9 @@
 
 #include "kernels/error.h"
 #include "model/t5.h"
-#include "trainer/data.h"
+#include "trainer/data/data.h"
+#include "trainer/data/seq2seq_data.h"
 #include "trainer/generate_seq2seq.h"
-#include "trainer/seq2seq_data.h"
 
 namespace ft {
 

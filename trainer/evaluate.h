@@ -8,9 +8,9 @@
 
 #include "model/causal_lm.h"
 #include "tokenizer/tokenizer.h"
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 #include "trainer/generate.h"
-#include "trainer/rouge.h"
+#include "trainer/report/rouge.h"
 
 namespace ft {
 

@@ -29,7 +29,7 @@ struct SamplingOptions {
 class Tokenizer;
 
 // Where a row's generation ends: at a sampled token in `ids` (not returned:
-// the EOS tokens, trainer/special_tokens.h), or once its decoded new text
+// the EOS tokens, trainer/data/special_tokens.h), or once its decoded new text
 // contains one of `strings` (those tokens are returned; find_stop_string cuts
 // the text).
 struct StopCondition {

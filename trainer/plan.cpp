@@ -7,18 +7,19 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <sstream>
 #include <unordered_map>
 
 #include "kernels/checked_mul.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
 #include "model/layer_stream.h"
-#include "trainer/data_parallel.h"
 #include "trainer/dpo.h"
 #include "trainer/evaluate.h"
-#include "trainer/pipeline.h"
-#include "trainer/progress.h"
-#include "trainer/trainer.h"
+#include "trainer/parallel/data_parallel.h"
+#include "trainer/parallel/pipeline.h"
+#include "trainer/report/progress.h"
+#include "trainer/setup.h"
 
 namespace ft {
 
@@ -481,6 +482,25 @@ PipelinePlan plan_pipeline(const TrainConfig& config, const PlanOptions& options
     first = stage.layers.end_layer;
   }
   return plan;
+}
+
+StageLayout pipeline_stage_layout(const TrainConfig& config, int64_t world_ranks, int stage, bool on_gpu) {
+  PlanOptions options;
+  options.policy = on_gpu ? MemoryPolicy::cuda : MemoryPolicy::cpu;
+  options.ranks = world_ranks;
+  const PipelinePlan plan = plan_pipeline(config, options);
+  StageLayout layout;
+  layout.layers = plan.stages[size_t(stage)].layers;
+  std::ostringstream text;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const LayerRange& layers = plan.stages[s].layers;
+    text << (s ? ", " : "") << "stage " << s << ": layer";
+    if (layers.end_layer - layers.first_layer == 1) text << " " << layers.first_layer;
+    else text << "s " << layers.first_layer << "-" << layers.end_layer - 1;
+  }
+  text << "; 1F1B bubble " << std::lround(100.0 * plan.bubble_fraction) << "% of each step";
+  layout.description = text.str();
+  return layout;
 }
 
 std::string mode_name(const PlanMode& mode) {

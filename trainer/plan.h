@@ -125,6 +125,15 @@ struct PipelinePlan {
 };
 PipelinePlan plan_pipeline(const TrainConfig& config, const PlanOptions& options);
 
+// A pipeline run's stage: its decoder layers, by plan_pipeline for the job's
+// world_ranks (the same split on every rank), and a line describing every
+// stage's.
+struct StageLayout {
+  LayerRange layers;
+  std::string description;  // "stage 0: layers 0-1, stage 1: layer 2, ...; 1F1B bubble 20% of each step"
+};
+StageLayout pipeline_stage_layout(const TrainConfig& config, int64_t world_ranks, int stage, bool on_gpu);
+
 // One way to hold the frozen base and the optimizer state. base host: the
 // quantized layers streamed (offload.base: host) with resident_layers of
 // them kept on the device.

@@ -14,7 +14,7 @@
 #include "kernels/checked_mul.h"
 #include "kernels/error.h"
 #include "kernels/input_file.h"
-#include "tokenizer/tokenizer.h"
+#include "tokenizer/load_tokenizer.h"
 
 namespace ft {
 namespace {

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "model/model_options.h"
-#include "trainer/data.h"
-#include "trainer/template_data.h"
+#include "trainer/data/data.h"
+#include "trainer/data/template_data.h"
 
 namespace YAML {
 class Node;
@@ -54,7 +54,7 @@ struct TokenRef {
 // data.add_eos: whether each training example ends with an EOS token, and which one.
 struct AddEos {
   bool enabled = true;
-  bool from_checkpoint = true;  // the checkpoint's (trainer/special_tokens.h); else `token`
+  bool from_checkpoint = true;  // the checkpoint's (trainer/data/special_tokens.h); else `token`
   TokenRef token;
 };
 
@@ -79,10 +79,10 @@ struct GenerateConfig {
   std::vector<TokenRef> stop;  // besides the checkpoint's EOS ids
 };
 
-// How the ranks of `mpirun -np N ./finetune` share the work (trainer/data_parallel.h).
+// How the ranks of `mpirun -np N ./finetune` share the work (trainer/parallel/data_parallel.h).
 struct ParallelConfig {
   int64_t data = 0;      // data-parallel ranks; 0 = the world size
-  int64_t pipeline = 1;  // pipeline stages, each a share of the decoder layers (trainer/pipeline.h)
+  int64_t pipeline = 1;  // pipeline stages, each a share of the decoder layers (trainer/parallel/pipeline.h)
   int64_t timeout_s = 1800;  // a rank waiting longer than this for the others ends the job; 0 = never
   // ZeRO-1: each data-parallel rank keeps AdamW's state (moments, f32
   // masters) for its share of the trainable parameters only (trainer.h).

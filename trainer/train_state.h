@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "model/safetensors.h"
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 #include "trainer/optimizer.h"
 
 namespace ft {

@@ -4,51 +4,13 @@
 #include <functional>
 #include <memory>
 
-#include "model/t5.h"
-#include "trainer/collectives.h"
-#include "trainer/optimizer.h"
+#include "trainer/parallel/collectives.h"
 #include "trainer/parameter_count.h"
-#include "trainer/rouge.h"
+#include "trainer/report/rouge.h"
+#include "trainer/setup.h"
 #include "trainer/train_config.h"
 
 namespace ft {
-
-// How the config builds the model: weight and activation dtypes, the INT8 or
-// NF4 base, LoRA (when trainable is lora), checkpointing, loss chunking.
-ModelOptions model_options(const TrainConfig& config);
-
-// What a run trains: the model and the optimizer over its trainable set.
-struct TrainingSetup {
-  std::unique_ptr<LanguageModel> model;  // a CausalLM, or T5Model for model_type t5
-  std::unique_ptr<AdamW> optimizer;      // over this rank's share of trainable
-  std::vector<Parameter*> trainable;     // every trainable parameter, in order
-  std::vector<int64_t> state_owners;     // the data-parallel rank holding each one's AdamW state
-};
-
-// ZeRO-1 (parallel.shard_optimizer): this rank's place among the
-// data-parallel ranks whose AdamW states are split (state_owners).
-struct OptimizerShard {
-  int64_t rank = 0, ranks = 1;
-};
-
-// The one way a run builds what it trains, on any backend; the memory planner
-// (plan.h) and its tests build theirs here too, so the planner measures what
-// a run holds. The model gets the config's options (dtypes, LLM.int8(), LoRA
-// when trainable is lora, checkpointing, loss chunking); fill_base then fills
-// its base weights (load, init_random, or nothing when planning); adapters
-// are initialised from the config's seed, the config's trainable set (the
-// adapters, or everything) gets gradient buffers, and AdamW takes the config's
-// weight decay and clipping. With offload.optimizer: host its state is
-// allocated from host_state (required then; a run's host memory, the
-// planner's host-side tracker). A pipeline stage builds its layers only;
-// with a shard, AdamW holds state for the shard's parameters only.
-TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
-                             const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state = nullptr,
-                             const LayerRange& stage = {}, const OptimizerShard& shard = {});
-
-// model as the decoder-only CausalLM that `what` (e.g. "objective: dpo")
-// needs; a T5Model is an Error saying so.
-CausalLM& causal_lm(LanguageModel& model, const char* what);
 
 // What a finished run reports to its caller (a comparison of runs).
 struct RunSummary {

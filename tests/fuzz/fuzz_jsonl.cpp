@@ -2,7 +2,7 @@
 #include <sstream>
 
 #include "tests/fuzz/fuzz_util.h"
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -1,0 +1,51 @@
+#include "tokenizer/load_tokenizer.h"
+
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+#include "kernels/error.h"
+#include "kernels/input_file.h"
+#include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/sentencepiece_tokenizer.h"
+
+namespace ft {
+namespace {
+
+// A tokenizer.json is a JSON object; a SentencePiece model is a binary protobuf, which never
+// starts with '{' (its first byte is a field tag, 0x0A for the pieces).
+bool looks_like_json(const std::string& path) {
+  std::ifstream file = open_input_file(path, "tokenizer file", std::ios::binary);
+  char c;
+  while (file.get(c))
+    if (!std::isspace(static_cast<unsigned char>(c))) return c == '{';
+  return false;
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int64_t model_vocab_size) {
+  std::string extension = std::filesystem::path(path).extension().string();
+  bool json = extension == ".json" || (extension != ".model" && looks_like_json(path));
+  if (json) return std::make_unique<BpeTokenizer>(path, model_vocab_size);
+  return std::make_unique<SentencePieceTokenizer>(path, model_vocab_size);
+}
+
+std::string default_tokenizer_path(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  fs::path sentencepiece = fs::path(model_dir) / "tokenizer.model";
+  fs::path json = fs::path(model_dir) / "tokenizer.json";
+  fs::path t5_sentencepiece = fs::path(model_dir) / "spiece.model";  // T5's name for its SentencePiece model
+  // The error_code overloads: a path the OS cannot even look up (a name past
+  // NAME_MAX, a folder without search permission) is not found here, and the
+  // tokenizer's loader then names it in its own error instead of a
+  // std::filesystem exception that names no field.
+  std::error_code error;
+  if (fs::exists(sentencepiece, error)) return sentencepiece.string();
+  if (fs::exists(json, error)) return json.string();
+  if (fs::exists(t5_sentencepiece, error)) return t5_sentencepiece.string();
+  return sentencepiece.string();
+}
+
+}  // namespace ft

@@ -1,0 +1,22 @@
+// Which tokenizer a path holds, and where a model folder keeps its own.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tokenizer/tokenizer.h"
+
+namespace ft {
+
+// Loads a tokenizer.json (with the tokenizer_config.json beside it) or a SentencePiece model: by the
+// extension (.json / .model), otherwise by the content (a JSON object or not). When
+// model_vocab_size > 0 the tokenizer must fit the model's embedding: SentencePiece must have
+// exactly that many pieces; BPE ids must all be below it (GPT-NeoX pads its embedding:
+// 50,277 tokenizer ids, vocab_size 50,432). A mismatch is an Error naming both sizes.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int64_t model_vocab_size);
+
+// The tokenizer file of a Hugging Face model folder: tokenizer.model if present, else
+// tokenizer.json, else T5's spiece.model, else the tokenizer.model path (so the error names it).
+std::string default_tokenizer_path(const std::string& model_dir);
+
+}  // namespace ft

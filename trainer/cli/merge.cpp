@@ -1,0 +1,216 @@
+#include "trainer/cli/merge.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/error.h"
+#include "model/atomic_file.h"
+#include "model/json_input.h"
+#include "model/lora_linear.h"
+#include "model/peft_adapter.h"
+#include "model/safetensors.h"
+#include "trainer/plan.h"
+
+namespace ft {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* const kMergeUsage =
+    "usage: finetune merge MODEL --adapter DIR --out DIR [--dtype bf16|fp16|f32] [--max-shard-size 5GB]\n"
+    "  folds the PEFT LoRA adapter into MODEL's original weights (W + scaling * B A, as PEFT's\n"
+    "  merge_and_unload) and writes a Hugging Face folder to --out (a new or empty folder);\n"
+    "  --dtype defaults to the base weights' dtype\n";
+
+namespace {
+
+// The files of a model folder besides config.json and the weights that
+// transformers reads: tokenizers, their settings, generation defaults.
+const char* const kCopiedFiles[] = {"tokenizer.json",     "tokenizer.model", "tokenizer_config.json",
+                                    "special_tokens_map.json", "added_tokens.json", "vocab.json",
+                                    "merges.txt",         "chat_template.jinja", "generation_config.json"};
+
+// config.json's spelling of a dtype (torch's).
+const char* torch_dtype_name(DType dtype) {
+  return dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
+}
+
+bool is_float(DType dtype) { return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16; }
+
+void check_output_folder(const MergeCommand& command) {
+  std::error_code error;
+  FT_CHECK(!fs::exists(command.out) || !fs::equivalent(command.out, command.model, error), command.out,
+           ": --out is MODEL itself; merge writes a new folder");
+  if (!fs::exists(command.out)) return;
+  FT_CHECK(fs::is_directory(command.out), command.out, ": --out must be a folder");
+  for (const fs::directory_entry& entry : fs::directory_iterator(command.out)) {
+    const std::string name = entry.path().filename().string();
+    FT_CHECK(!(name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos), command.out,
+             ": already holds a checkpoint (", name, "); give a new or empty folder");
+  }
+}
+
+// Every adapted module must be a floating [out, in] weight of MODEL that A
+// [r, in] and B [out, r] fit; every tensor of MODEL must be floating (an INT8
+// or NF4 base saved by a run is not the original weights).
+void check_targets(const Checkpoint& base, const std::map<std::string, LoraPair>& pairs,
+                   const std::string& adapter_file) {
+  for (const std::string& name : base.names()) {
+    const SafetensorsEntry& entry = base.entry(name);
+    FT_CHECK(is_float(entry.dtype), entry.file, ": tensor \"", name, "\" is ", dtype_name(entry.dtype),
+             " (a quantised base); merge needs the original F32, BF16 or F16 weights the adapter was trained over");
+  }
+  for (const auto& [module, pair] : pairs) {
+    const std::string weight = module + ".weight";
+    FT_CHECK(base.contains(weight), adapter_file, ": module \"", module, "\" has no weight \"", weight, "\" in ",
+             base.path(), " (is this the adapter's base model?)");
+    const SafetensorsEntry& entry = base.entry(weight);
+    FT_CHECK(entry.shape == Shape({pair.B->shape[0], pair.A->shape[1]}), adapter_file, ": module \"", module,
+             "\": lora_B ", shape_string(pair.B->shape), " x lora_A ", shape_string(pair.A->shape),
+             " does not fit \"", weight, "\" ", shape_string(entry.shape), " of ", entry.file);
+  }
+}
+
+// Tensor names in shards of at most max_bytes in dtype (a larger tensor alone), in checkpoint order.
+std::vector<std::vector<std::string>> plan_shards(const Checkpoint& base, DType dtype, size_t max_bytes) {
+  std::vector<std::vector<std::string>> shards(1);
+  size_t shard_bytes = 0;
+  for (const std::string& name : base.names()) {
+    const size_t bytes = size_t(shape_numel(base.entry(name).shape)) * dtype_size_bytes(dtype);
+    if (shard_bytes > 0 && shard_bytes + bytes > max_bytes) shards.emplace_back(), shard_bytes = 0;
+    shards.back().push_back(name);
+    shard_bytes += bytes;
+  }
+  return shards;
+}
+
+// The adapter pair of a base tensor: name is <module>.weight for an adapted module.
+const LoraPair* pair_of(const std::map<std::string, LoraPair>& pairs, const std::string& name) {
+  const std::string suffix = ".weight";
+  if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return nullptr;
+  auto it = pairs.find(name.substr(0, name.size() - suffix.size()));
+  return it == pairs.end() ? nullptr : &it->second;
+}
+
+Tensor view_of(const SafetensorsEntry& entry) {
+  return Tensor::view_of(const_cast<void*>(entry.data), entry.shape, entry.dtype);
+}
+
+// name in dtype: the base tensor, plus scaling * B A where an adapter targets it (in f32, rounded once).
+Tensor output_tensor(CpuBackend& be, const Checkpoint& base, const std::string& name, const LoraPair* pair,
+                     float scaling, DType dtype) {
+  Tensor out = be.empty(base.entry(name).shape, dtype, MemCategory::weights);
+  if (!pair) {
+    be.copy(out, base.view(name));
+    return out;
+  }
+  Tensor weight = be.empty(out.shape, DType::f32, MemCategory::workspace);
+  Tensor A = be.empty(pair->A->shape, DType::f32, MemCategory::workspace);
+  Tensor B = be.empty(pair->B->shape, DType::f32, MemCategory::workspace);
+  be.copy(weight, base.view(name));
+  be.copy(A, view_of(*pair->A));
+  be.copy(B, view_of(*pair->B));
+  be.matmul(weight, B, A, false, false, scaling, 1.0f);
+  be.copy(out, weight);
+  return out;
+}
+
+// config.json with its dtype fields naming the output dtype.
+void write_config(const MergeCommand& command, DType dtype) {
+  const std::string source = (fs::path(command.model) / "config.json").string();
+  json config = read_json_object(source, "a Hugging Face config.json");
+  bool named = false;
+  for (const char* key : {"torch_dtype", "dtype"})
+    if (config.contains(key)) config[key] = torch_dtype_name(dtype), named = true;
+  if (!named) config["torch_dtype"] = torch_dtype_name(dtype);
+  write_file_atomically((fs::path(command.out) / "config.json").string(), config.dump(2) + "\n");
+}
+
+std::string shard_name(size_t index, size_t count) {
+  if (count == 1) return "model.safetensors";
+  char name[64];
+  std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", index + 1, count);
+  return name;
+}
+
+}  // namespace
+
+MergeCommand parse_merge_args(int argc, char** argv, int first) {
+  MergeCommand c;
+  for (int i = first; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      FT_CHECK(i + 1 < argc, arg, " needs a value\n", kMergeUsage);
+      return argv[++i];
+    };
+    if (arg == "--adapter") {
+      c.adapter = value();
+    } else if (arg == "--out") {
+      c.out = value();
+    } else if (arg == "--dtype") {
+      const std::string dtype = value();
+      FT_CHECK(dtype == "bf16" || dtype == "fp16" || dtype == "f32", "--dtype expects bf16, fp16 or f32, got \"",
+               dtype, "\"");
+      c.dtype = dtype == "bf16" ? DType::bf16 : dtype == "fp16" ? DType::f16 : DType::f32;
+    } else if (arg == "--max-shard-size") {
+      c.max_shard_bytes = parse_byte_size(value());
+      FT_CHECK(c.max_shard_bytes > 0, "--max-shard-size must be > 0");
+    } else if (arg.rfind("-", 0) == 0 || !c.model.empty()) {
+      fail("merge: unexpected argument \"", arg, "\"\n", kMergeUsage);
+    } else {
+      c.model = arg;
+    }
+  }
+  FT_CHECK(!c.model.empty(), "merge: no MODEL folder given\n", kMergeUsage);
+  FT_CHECK(!c.adapter.empty(), "merge: --adapter DIR is required\n", kMergeUsage);
+  FT_CHECK(!c.out.empty(), "merge: --out DIR is required\n", kMergeUsage);
+  return c;
+}
+
+void merge_adapter(const MergeCommand& command, std::ostream& log) {
+  FT_CHECK(fs::is_regular_file(fs::path(command.model) / "config.json"), command.model,
+           ": MODEL must be a Hugging Face checkpoint folder with a config.json");
+  check_output_folder(command);
+  const PeftAdapterConfig adapter = read_peft_adapter_config(command.adapter);
+  SafetensorsFile adapter_file((fs::path(command.adapter) / "adapter_model.safetensors").string());
+  verify_checksum(adapter_file);
+  const std::map<std::string, LoraPair> pairs = read_lora_pairs(adapter_file, adapter);
+  const Checkpoint base(command.model);
+  check_targets(base, pairs, adapter_file.path());
+  const DType dtype = command.dtype.value_or(base.entry(pairs.begin()->first + ".weight").dtype);
+  const float scaling = lora_scaling(adapter.lora.lora_alpha, adapter.lora.r, adapter.lora.use_rslora);
+
+  fs::create_directories(command.out);
+  const std::vector<std::vector<std::string>> shards = plan_shards(base, dtype, command.max_shard_bytes);
+  json weight_map = json::object();
+  size_t total_bytes = 0;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    HostAllocator host;  // before the tensors it backs: one shard's worth
+    CpuBackend be(host);
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const std::string& name : shards[s]) {
+      tensors.emplace_back(name, output_tensor(be, base, name, pair_of(pairs, name), scaling, dtype));
+      base.release(name);
+      weight_map[name] = shard_name(s, shards.size());
+      total_bytes += tensors.back().second.size_bytes();
+    }
+    save_safetensors((fs::path(command.out) / shard_name(s, shards.size())).string(), tensors, {{"format", "pt"}});
+  }
+  if (shards.size() > 1) {
+    const json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+    write_file_atomically((fs::path(command.out) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+  }
+  write_config(command, dtype);
+  for (const char* file : kCopiedFiles)
+    if (fs::exists(fs::path(command.model) / file))
+      copy_file_atomically((fs::path(command.model) / file).string(), (fs::path(command.out) / file).string());
+  log << "merged " << pairs.size() << " LoRA modules (scaling " << scaling << ") into " << base.names().size()
+      << " " << dtype_name(dtype) << " tensors, " << shards.size() << " shard" << (shards.size() > 1 ? "s" : "")
+      << ": " << command.out << "\n";
+}
+
+}  // namespace ft

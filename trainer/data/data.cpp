@@ -1,0 +1,426 @@
+#include "trainer/data/data.h"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+
+#include "kernels/error.h"
+#include "kernels/input_file.h"
+#include "model/json_input.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ft {
+namespace {
+
+bool is_blank(const std::string& line) {
+  return std::all_of(line.begin(), line.end(), [](char ch) { return std::isspace((unsigned char)ch); });
+}
+
+// Which kind of row this is, from the fields it has.
+DataFormat row_format(const nlohmann::json& row, const std::string& where) {
+  const bool pair = row.contains("prompt") || row.contains("completion");
+  const bool text = row.contains("text");
+  const bool chat = row.contains("messages");
+  const bool alpaca = row.contains("instruction") || row.contains("output");
+  FT_CHECK(int(pair) + int(text) + int(chat) + int(alpaca) <= 1, where,
+           ": a row has one of \"prompt\"/\"completion\", \"text\", \"messages\" or \"instruction\"/\"output\", "
+           "got ", key_list(row));
+  FT_CHECK(pair || text || chat || alpaca, where,
+           ": expected \"prompt\" and \"completion\" strings, a \"text\" string, a \"messages\" list or "
+           "\"instruction\" and \"output\" strings, got ",
+           key_list(row));
+  if (chat) return DataFormat::chat;
+  if (alpaca) return DataFormat::alpaca;
+  return pair ? DataFormat::prompt_completion : DataFormat::text;
+}
+
+// {"messages": [{"role": ..., "content": ...}, ...]}, roles checked.
+std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::string& where) {
+  const nlohmann::json& list = row["messages"];
+  FT_CHECK(list.is_array(), where, ": \"messages\" must be a list of {\"role\", \"content\"} objects, got ",
+           list.type_name());
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < list.size(); i++) {
+    const std::string item = where + ": messages[" + std::to_string(i) + "]";
+    FT_CHECK(list[i].is_object(), item, " must be a {\"role\", \"content\"} object, got ", list[i].type_name());
+    for (const char* key : {"role", "content"}) {
+      FT_CHECK(list[i].contains(key), item, " lacks \"", key, "\"");
+      FT_CHECK(list[i][key].is_string(), item, ".", key, " must be a string, got ", list[i][key].type_name());
+    }
+    messages.push_back({list[i]["role"].get<std::string>(), list[i]["content"].get<std::string>()});
+  }
+  check_chat_roles(messages, where);
+  return messages;
+}
+
+Example read_example(const nlohmann::json& row, DataFormat kind, const std::string& where) {
+  switch (kind) {
+    case DataFormat::text:
+      return {"", string_field(row, "text", where)};
+    case DataFormat::chat:
+      return {"", "", chat_messages(row, where)};
+    case DataFormat::alpaca: {
+      std::string input = row.contains("input") ? string_field(row, "input", where) : "";
+      return {alpaca_prompt(string_field(row, "instruction", where), input), string_field(row, "output", where)};
+    }
+    default:
+      return {string_field(row, "prompt", where), string_field(row, "completion", where)};
+  }
+}
+
+// Reads the next line of input (without its '\n') into line; false once the
+// input is exhausted. Stops with an Error as soon as a line passes
+// kMaxJsonlLineBytes, so a file without newlines is never held whole.
+bool read_line(std::istream& input, std::string& line, const std::string& path, int64_t line_number) {
+  line.clear();
+  std::streambuf* buffer = input.rdbuf();
+  for (int ch = buffer->sbumpc(); ch != '\n'; ch = buffer->sbumpc()) {
+    if (ch == std::char_traits<char>::eof()) return !line.empty();
+    FT_CHECK(line.size() < kMaxJsonlLineBytes, path, ":", line_number, ": line is longer than the limit of ",
+             kMaxJsonlLineBytes, " bytes (expected one JSON object a line)");
+    line.push_back(char(ch));
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string key_list(const nlohmann::json& row) {
+  std::string keys;
+  for (const auto& item : row.items()) keys += (keys.empty() ? "\"" : ", \"") + item.key() + "\"";
+  return keys.empty() ? "no keys" : "keys " + keys;
+}
+
+std::string string_field(const nlohmann::json& row, const char* key, const std::string& where) {
+  FT_CHECK(row.contains(key), where, ": row lacks \"", key, "\"");
+  const nlohmann::json& value = row[key];
+  FT_CHECK(value.is_string(), where, ": \"", key, "\" must be a string, got ", value.type_name());
+  return value.get<std::string>();
+}
+
+const char* enum_name(DataFormat format) {
+  switch (format) {
+    case DataFormat::automatic:
+      return "auto";
+    case DataFormat::prompt_completion:
+      return "prompt_completion";
+    case DataFormat::text:
+      return "text";
+    case DataFormat::chat:
+      return "chat";
+    case DataFormat::alpaca:
+      return "alpaca";
+  }
+  return "?";
+}
+
+std::string alpaca_prompt(const std::string& instruction, const std::string& input) {
+  if (input.empty())
+    return "Below is an instruction that describes a task. Write a response that appropriately completes the "
+           "request.\n\n### Instruction:\n" +
+           instruction + "\n\n### Response:";
+  return "Below is an instruction that describes a task, paired with an input that provides further context. Write a "
+         "response that appropriately completes the request.\n\n### Instruction:\n" +
+         instruction + "\n\n### Input:\n" + input + "\n\n### Response:";
+}
+
+Dataset load_jsonl(const std::string& path, DataFormat format) {
+  std::ifstream file = open_input_file(path, "data file");
+  return load_jsonl(file, path, format);
+}
+
+Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat format) {
+  Dataset data{path, format, {}};
+  int64_t first_line = 0;  // the row that decided the format when format is auto
+  std::string line;
+  for (int64_t line_number = 1; read_line(input, line, path, line_number); line_number++) {
+    if (is_blank(line)) continue;
+    std::string where = path + ":" + std::to_string(line_number);
+    nlohmann::json row = parse_json(line, where);
+    FT_CHECK(row.is_object(), where, ": expected a JSON object, got ", row.type_name());
+    DataFormat kind = row_format(row, where);
+    if (data.format == DataFormat::automatic) data.format = kind, first_line = line_number;
+    FT_CHECK(kind == data.format, where, ": a ", enum_name(kind), " row, but ",
+             first_line ? "line " + std::to_string(first_line) + " is a " + enum_name(data.format) +
+                              " row and all rows must agree"
+                        : std::string("data.format is ") + enum_name(data.format));
+    data.examples.push_back(read_example(row, kind, where));
+    data.examples.back().line = line_number;
+  }
+  FT_CHECK(!data.examples.empty(), path, ": the dataset is empty (no JSON rows)");
+  return data;
+}
+
+void read_jsonl_rows(const std::string& path, const char* file_kind, const std::string& expected,
+                     const std::function<void(const nlohmann::json& row, const std::string& where)>& on_row) {
+  std::ifstream input = open_input_file(path, file_kind);
+  std::string line;
+  int64_t rows = 0;
+  for (int64_t line_number = 1; read_line(input, line, path, line_number); line_number++) {
+    if (is_blank(line)) continue;
+    const std::string where = path + ":" + std::to_string(line_number);
+    nlohmann::json row = parse_json(line, where);
+    FT_CHECK(row.is_object(), where, ": expected a JSON object with ", expected, ", got ", row.type_name());
+    on_row(row, where);
+    rows++;
+  }
+  FT_CHECK(rows > 0, path, ": no rows (expected JSON rows with ", expected, ")");
+}
+
+std::vector<std::string> load_prompts(const std::string& path) {
+  std::vector<std::string> prompts;
+  read_jsonl_rows(path, "prompts file", "a \"prompt\" string", [&](const nlohmann::json& row, const std::string& where) {
+    FT_CHECK(row.contains("prompt"), where, ": expected a \"prompt\" string, got ", key_list(row));
+    prompts.push_back(string_field(row, "prompt", where));
+  });
+  return prompts;
+}
+
+namespace {
+
+// Cuts seq to seq_len + 1 tokens (inputs and targets of seq_len positions);
+// true when it was longer.
+bool truncate_to(TokenSequence& seq, int64_t seq_len) {
+  if (int64_t(seq.tokens.size()) <= seq_len + 1) return false;
+  seq.tokens.resize(size_t(seq_len + 1));
+  seq.loss_mask.resize(size_t(seq_len + 1));
+  return true;
+}
+
+// How many tokens of `whole` (the encoding of the full text) start before
+// byte `boundary`, judged from the encoding of the text up to it.
+size_t tokens_before(const std::string& text, size_t boundary, const std::vector<int32_t>& whole,
+                     const Tokenizer& tokenizer) {
+  std::vector<int32_t> prefix = tokenizer.encode(text.substr(0, boundary));
+  size_t shared = 0;
+  while (shared < prefix.size() && shared < whole.size() && prefix[shared] == whole[shared]) shared++;
+  return shared < prefix.size() ? shared + 1 : shared;
+}
+
+}  // namespace
+
+TokenSequence tokenize_example(const Example& example, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
+                               bool& truncated) {
+  TokenSequence seq;
+  auto append = [&](int32_t id, bool loss) {
+    seq.tokens.push_back(id);
+    seq.loss_mask.push_back(loss ? 1 : 0);
+  };
+  if (tokenizer.bos_id() >= 0) append(tokenizer.bos_id(), false);
+  for (int32_t id : tokenizer.encode(example.prompt)) append(id, false);
+  for (int32_t id : tokenizer.encode(example.completion)) append(id, true);
+  if (eos_id >= 0) append(eos_id, true);
+  truncated = truncate_to(seq, seq_len);
+  return seq;
+}
+
+std::pair<std::string, std::string> split_text_row(const std::string& text, const std::string& marker) {
+  const size_t found = marker.empty() ? std::string::npos : text.rfind(marker);
+  if (found != std::string::npos) return {text.substr(0, found + marker.size()), text.substr(found + marker.size())};
+  const size_t middle = text.size() / 2;
+  const size_t after = text.find(' ', middle), before = text.rfind(' ', middle);
+  size_t cut = after;
+  if (before != std::string::npos && (after == std::string::npos || middle - before < after - middle)) cut = before;
+  if (cut == std::string::npos) cut = middle;
+  return {text.substr(0, cut), text.substr(cut)};
+}
+
+TokenSequence tokenize_seq2seq_example(const Example& example, const Tokenizer& tokenizer, int64_t seq_len,
+                                       int32_t eos_id, bool& truncated) {
+  FT_CHECK(eos_id >= 0, "seq2seq data needs an end-of-sequence token (data.add_eos or the tokenizer's eos)");
+  std::vector<int32_t> prompt = tokenizer.encode(example.prompt), labels = tokenizer.encode(example.completion);
+  const size_t max_labels = size_t(std::max<int64_t>(seq_len / 2, 1));  // eos included
+  const size_t label_tokens = std::min(labels.size() + 1, max_labels);
+  const size_t max_prompt = size_t(seq_len + 1) - label_tokens;  // eos included
+  truncated = labels.size() + 1 > max_labels || prompt.size() + 1 > max_prompt;
+  prompt.resize(std::min(prompt.size(), max_prompt - 1));
+  labels.resize(label_tokens - 1);
+  TokenSequence seq;
+  for (int32_t id : prompt) seq.tokens.push_back(id);
+  seq.tokens.push_back(eos_id);
+  seq.loss_mask.assign(seq.tokens.size(), 0);
+  for (int32_t id : labels) seq.tokens.push_back(id);
+  seq.tokens.push_back(eos_id);
+  seq.loss_mask.resize(seq.tokens.size(), 1);
+  return seq;
+}
+
+void set_chat_prompts(Dataset& data, const ChatTemplate& chat) {
+  for (Example& example : data.examples) {
+    const std::string where = data.path + ":" + std::to_string(example.line);
+    std::vector<RenderedPiece> pieces = render_chat(chat, example.messages, where);
+    size_t last_trained = pieces.size();
+    while (last_trained > 0 && !pieces[last_trained - 1].loss) last_trained--;
+    example.prompt.clear();
+    for (size_t i = 0; i + 1 < last_trained; i++) example.prompt += pieces[i].text;
+    if (example.prompt.starts_with(chat.bos_token)) example.prompt.erase(0, chat.bos_token.size());
+    example.completion = example.messages.back().content;
+  }
+}
+
+TokenSequence tokenize_chat(const std::vector<RenderedPiece>& pieces, const Tokenizer& tokenizer) {
+  std::string text;
+  std::vector<std::pair<size_t, bool>> starts;  // byte where each run of equal loss begins, its loss
+  for (const RenderedPiece& piece : pieces) {
+    if (starts.empty() || starts.back().second != piece.loss) starts.push_back({text.size(), piece.loss});
+    text += piece.text;
+  }
+  TokenSequence seq;
+  seq.tokens = tokenizer.encode(text);
+  seq.loss_mask.assign(seq.tokens.size(), 0);
+  for (size_t run = 0; run < starts.size(); run++) {
+    if (!starts[run].second) continue;
+    size_t begin = tokens_before(text, starts[run].first, seq.tokens, tokenizer);
+    size_t end = run + 1 < starts.size() ? tokens_before(text, starts[run + 1].first, seq.tokens, tokenizer)
+                                         : seq.tokens.size();
+    for (size_t i = begin; i < end && i < seq.tokens.size(); i++) seq.loss_mask[i] = 1;
+  }
+  return seq;
+}
+
+// loss_mask[0] never counts: the first token has nothing before it.
+int64_t loss_token_count(const TokenSequence& sequence) {
+  if (sequence.loss_mask.empty()) return 0;
+  return std::accumulate(sequence.loss_mask.begin() + 1, sequence.loss_mask.end(), int64_t(0));
+}
+
+TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
+                                  const ChatTemplate* chat, RowLayout layout) {
+  FT_CHECK(seq_len > 0, "tokenize_dataset: seq_len must be > 0, got ", seq_len);
+  FT_CHECK(data.format != DataFormat::chat || chat, data.path, ": chat rows need a chat template");
+  FT_CHECK(data.format != DataFormat::chat || layout == RowLayout::causal, data.path,
+           ": chat rows train decoder-only models; an encoder-decoder model needs prompt/completion rows");
+  TokenizedDataset out;
+  for (const Example& example : data.examples) {
+    bool truncated = false;
+    TokenSequence seq;
+    if (data.format == DataFormat::chat) {
+      seq = tokenize_chat(render_chat(*chat, example.messages, data.path + ":" + std::to_string(example.line)),
+                          tokenizer);
+      truncated = truncate_to(seq, seq_len);
+    } else if (layout == RowLayout::seq2seq) {
+      seq = tokenize_seq2seq_example(example, tokenizer, seq_len, eos_id, truncated);
+    } else {
+      seq = tokenize_example(example, tokenizer, seq_len, eos_id, truncated);
+    }
+    out.truncated_count += truncated;
+    int64_t loss_tokens = loss_token_count(seq);
+    if (loss_tokens == 0) {
+      out.dropped_count++;
+      continue;
+    }
+    out.loss_token_count += loss_tokens;
+    out.examples.push_back(std::move(seq));
+  }
+  FT_CHECK(!out.examples.empty(), data.path, ": no example has a completion token within seq_len = ", seq_len, " (all ",
+           out.dropped_count, " prompts fill the window)");
+  return out;
+}
+
+int32_t padding_id(const Tokenizer& tokenizer) {
+  if (tokenizer.pad_id() >= 0) return tokenizer.pad_id();
+  if (tokenizer.eos_id() >= 0) return tokenizer.eos_id();
+  return 0;
+}
+
+std::vector<TokenSequence> make_rows(const TokenizedDataset& data, int64_t seq_len, bool packing) {
+  if (!packing) return data.examples;
+  TokenSequence stream;
+  for (const TokenSequence& example : data.examples) {
+    stream.tokens.insert(stream.tokens.end(), example.tokens.begin(), example.tokens.end());
+    stream.loss_mask.insert(stream.loss_mask.end(), example.loss_mask.begin(), example.loss_mask.end());
+  }
+  std::vector<TokenSequence> rows;
+  int64_t stream_len = int64_t(stream.tokens.size());
+  // A window needs two tokens to predict anything; windows start seq_len apart.
+  for (int64_t start = 0; start + 1 < stream_len; start += seq_len) {
+    int64_t end = std::min(start + seq_len + 1, stream_len);
+    rows.push_back({{stream.tokens.begin() + start, stream.tokens.begin() + end},
+                    {stream.loss_mask.begin() + start, stream.loss_mask.begin() + end}});
+  }
+  return rows;
+}
+
+DataLoader::DataLoader(std::vector<TokenSequence> rows, int64_t micro_batch_size, int64_t seq_len, int32_t pad_id,
+                       uint64_t seed, Allocator& host_allocator)
+    : rows_(std::move(rows)),
+      micro_batch_size_(micro_batch_size),
+      seq_len_(seq_len),
+      pad_id_(pad_id),
+      seed_(seed),
+      allocator_(host_allocator) {
+  FT_CHECK(!rows_.empty(), "DataLoader: no rows");
+  FT_CHECK(micro_batch_size > 0 && seq_len > 0, "DataLoader: micro_batch_size and seq_len must be > 0");
+  FT_CHECK(host_allocator.device() == Device::cpu, "DataLoader: batches live in host memory");
+  for (const TokenSequence& row : rows_)
+    FT_CHECK(int64_t(row.tokens.size()) <= seq_len + 1 && row.tokens.size() == row.loss_mask.size(),
+             "DataLoader: a row has ", row.tokens.size(), " tokens, more than seq_len + 1 = ", seq_len + 1);
+  identity_order_.resize(rows_.size());
+  std::iota(identity_order_.begin(), identity_order_.end(), int64_t(0));
+  order_ = epoch_order(0);
+}
+
+int64_t DataLoader::batches_per_epoch() const { return (row_count() + micro_batch_size_ - 1) / micro_batch_size_; }
+
+std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
+  std::vector<int64_t> order = identity_order_;
+  std::mt19937_64 rng(seed_ + uint64_t(epoch));
+  for (int64_t i = int64_t(order.size()) - 1; i > 0; i--) {
+    // Plain modulo: its bias is below rows / 2^64, and unlike
+    // std::uniform_int_distribution it gives the same draw on every library.
+    int64_t j = int64_t(rng() % uint64_t(i + 1));
+    std::swap(order[size_t(i)], order[size_t(j)]);
+  }
+  return order;
+}
+
+Batch DataLoader::next() {
+  Batch batch = make_batch(order_, position_.index);
+  position_.index++;
+  if (position_.index == batches_per_epoch()) {
+    position_ = {position_.epoch + 1, 0};
+    order_ = epoch_order(position_.epoch);
+  }
+  return batch;
+}
+
+void DataLoader::set_position(DataPosition position) {
+  FT_CHECK(position.epoch >= 0 && position.index >= 0 && position.index < batches_per_epoch(), "data position (epoch ",
+           position.epoch, ", micro-batch ", position.index, ") does not exist: this dataset has ", batches_per_epoch(),
+           " micro-batches per epoch (did the data, seq_len, packing or micro_batch_size change?)");
+  if (position.epoch != position_.epoch) order_ = epoch_order(position.epoch);
+  position_ = position;
+}
+
+Batch DataLoader::batch_in_order(int64_t index) const {
+  FT_CHECK(index >= 0 && index < batches_per_epoch(), "DataLoader: batch ", index, " out of range [0, ",
+           batches_per_epoch(), ")");
+  return make_batch(identity_order_, index);
+}
+
+Batch DataLoader::make_batch(const std::vector<int64_t>& order, int64_t index) const {
+  Batch batch{Tensor::empty({micro_batch_size_, seq_len_}, DType::i32, allocator_, MemCategory::activations),
+              Tensor::empty({micro_batch_size_, seq_len_}, DType::i32, allocator_, MemCategory::activations), 0};
+  int32_t* inputs = batch.input_ids.ptr<int32_t>();
+  int32_t* targets = batch.targets.ptr<int32_t>();
+  std::fill(inputs, inputs + batch.input_ids.numel(), pad_id_);
+  std::fill(targets, targets + batch.targets.numel(), kIgnoreIndex);
+  for (int64_t b = 0; b < micro_batch_size_; b++) {
+    int64_t slot = index * micro_batch_size_ + b;
+    if (slot >= row_count()) break;  // the epoch's last micro-batch: empty rows stay padding
+    const TokenSequence& row = rows_[size_t(order[size_t(slot)])];
+    int64_t length = std::min(int64_t(row.tokens.size()), seq_len_ + 1);
+    for (int64_t t = 0; t < std::min(length, seq_len_); t++) inputs[b * seq_len_ + t] = row.tokens[size_t(t)];
+    for (int64_t t = 0; t + 1 < length; t++) {
+      if (!row.loss_mask[size_t(t + 1)]) continue;
+      targets[b * seq_len_ + t] = row.tokens[size_t(t + 1)];
+      batch.counted_tokens++;
+    }
+  }
+  return batch;
+}
+
+}  // namespace ft

@@ -1,0 +1,205 @@
+// Training data: JSONL rows -> token sequences with loss masks -> shuffled
+// micro-batches of host i32 tensors. Framework-free: the model code consumes
+// the Batch tensors. The pipeline:
+//
+//   Dataset data = load_jsonl(path, DataFormat::automatic);
+//   TokenizedDataset tokens = tokenize_dataset(data, tokenizer, seq_len, eos_id, &chat_template);
+//   DataLoader loader(make_rows(tokens, seq_len, packing), micro_batch_size, seq_len,
+//                     padding_id(tokenizer), seed, host_allocator);
+//   Batch batch = loader.next();                 // training, shuffled
+//   Batch batch = loader.batch_in_order(i);      // evaluation, file order
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <istream>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/tensor.h"
+#include "trainer/data/chat_template.h"
+
+namespace ft {
+
+class Tokenizer;
+
+enum class DataFormat { automatic, prompt_completion, text, chat, alpaca };
+const char* enum_name(DataFormat format);  // "auto", "prompt_completion", "text", "chat", "alpaca"
+
+// One JSONL row. Text rows ({"text": ...}) have an empty prompt and the text
+// as completion, so "loss on the completion" covers every token of them.
+// Alpaca rows ({"instruction", "input", "output"}) become Stanford Alpaca's
+// prompt and the output as completion. Chat rows ({"messages": [...]}) keep
+// their messages (prompt and completion empty): the chat template renders them.
+struct Example {
+  std::string prompt;
+  std::string completion;
+  std::vector<ChatMessage> messages = {};
+  int64_t line = 0;  // in the file, for errors found after loading
+};
+
+struct Dataset {
+  std::string path;
+  DataFormat format = DataFormat::automatic;  // the rows' format once loaded
+  std::vector<Example> examples;
+};
+
+// Stanford Alpaca's prompt (train.py's PROMPT_DICT): the variant with an
+// "### Input:" block when input is not empty. The output follows it directly.
+std::string alpaca_prompt(const std::string& instruction, const std::string& input);
+
+// The longest JSONL line accepted, in bytes (16 MiB: millions of tokens,
+// far beyond any seq_len). A longer line is refused before it is stored.
+inline constexpr size_t kMaxJsonlLineBytes = size_t(16) << 20;
+
+// Reads one JSON object a line; blank lines are skipped. With format automatic
+// the first row decides, and every row must agree with it. Extra fields in a
+// row are ignored. Errors name the file and the line.
+Dataset load_jsonl(const std::string& path, DataFormat format);
+// Same, from a stream; path names it in messages.
+Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat format);
+
+// The "prompt" string of every JSONL row (other fields are ignored, so an
+// eval set serves); the same line and file errors as load_jsonl.
+std::vector<std::string> load_prompts(const std::string& path);
+
+// Calls on_row(row, "path:line") for every JSON object line of path (blank
+// lines skipped), with load_jsonl's line errors; an unreadable file is an
+// error naming file_kind ("data file"), a non-object row or an empty file one
+// saying `expected`. string_field: row[key], which must be a string.
+void read_jsonl_rows(const std::string& path, const char* file_kind, const std::string& expected,
+                     const std::function<void(const nlohmann::json& row, const std::string& where)>& on_row);
+std::string string_field(const nlohmann::json& row, const char* key, const std::string& where);
+// "keys \"a\", \"b\"" (or "no keys"): what a row holds, for messages.
+std::string key_list(const nlohmann::json& row);
+
+// tokens[i] is a token id; loss_mask[i] = 1 when predicting tokens[i] from
+// tokens[0..i) carries loss (completion tokens and eos; never bos or prompt).
+struct TokenSequence {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> loss_mask;
+};
+
+struct TokenizedDataset {
+  std::vector<TokenSequence> examples;
+  int64_t truncated_count = 0;  // examples cut to seq_len + 1 tokens (beginning kept)
+  int64_t dropped_count = 0;    // examples left with no loss token after truncation
+  int64_t loss_token_count = 0;
+};
+
+// One example as tokenize_dataset makes it (below), cut to seq_len + 1
+// tokens (truncated says whether it was); it may carry no loss token.
+TokenSequence tokenize_example(const Example& example, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
+                               bool& truncated);
+// A seq2seq (T5) row: encode(prompt) + [eos] for the encoder, then encode(completion) + [eos] as
+// labels (transformers' tokenizer(prompt), tokenizer(text_target=completion)).
+// The row fits seq_len + 1 tokens: labels keep at most seq_len / 2 tokens,
+// the prompt's beginning fills the rest (each part keeps its eos). truncated
+// says whether anything was cut. (Text rows get their prompt from
+// split_text_row first.)
+TokenSequence tokenize_seq2seq_example(const Example& example, const Tokenizer& tokenizer, int64_t seq_len,
+                                       int32_t eos_id, bool& truncated);
+
+// A text row as an encoder input and labels: cut after the last occurrence
+// of marker (which stays with the input), or, without marker or where it
+// does not occur, at the word boundary nearest the middle (a prefix-LM
+// objective).
+std::pair<std::string, std::string> split_text_row(const std::string& text, const std::string& marker);
+
+// The tokens that carry loss (loss_mask[0] never does: nothing precedes it).
+int64_t loss_token_count(const TokenSequence& sequence);
+
+// [bos] + encode(prompt) + encode(completion) + [eos_id] (bos where the
+// tokenizer defines one, eos_id unless -1: trainer/data/special_tokens.h picks it),
+// cut to seq_len + 1 tokens. Chat rows are tokenize_chat(render_chat(...)) with
+// `chat`, which they require; the template places bos and end markers itself.
+// Examples whose prompt fills the whole window teach nothing and are dropped
+// (and counted); an error if that leaves none.
+// With layout seq2seq each row is tokenize_seq2seq_example's (above)
+// instead: the encoder's tokens, then the labels.
+enum class RowLayout { causal, seq2seq };
+TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
+                                  const ChatTemplate* chat = nullptr, RowLayout layout = RowLayout::causal);
+
+// For samples and task_metric: each chat example's prompt becomes the rendered
+// conversation before its last assistant turn (less a leading bos text, which
+// generation puts itself) and its completion that turn's content.
+void set_chat_prompts(Dataset& data, const ChatTemplate& chat);
+
+// The rendered text encoded in one piece, as apply_chat_template tokenizes it
+// (special-token strings become their ids), each token flagged with the loss
+// of the piece its first character lies in. Piece boundaries are found by
+// encoding the text up to each one: the tokens it shares with the whole text
+// lie before the boundary, and one more when a token straddles it.
+TokenSequence tokenize_chat(const std::vector<RenderedPiece>& pieces, const Tokenizer& tokenizer);
+
+// The id written into padding positions: pad, else eos, else 0. Padding never
+// carries loss, so the choice only matters for what the model attends to.
+int32_t padding_id(const Tokenizer& tokenizer);
+
+// The rows the loader batches, each at most seq_len + 1 tokens. Without
+// packing every example is its own row. With packing the examples are
+// concatenated in order and cut into windows of seq_len + 1 tokens that start
+// seq_len apart: consecutive windows share one token, so every token of the
+// stream is predicted exactly once. Only the last window can be short.
+// (Attention is not masked between packed examples.)
+std::vector<TokenSequence> make_rows(const TokenizedDataset& data, int64_t seq_len, bool packing);
+
+struct Batch {
+  Tensor input_ids;  // i32 [micro_batch_size, seq_len]
+  Tensor targets;    // i32 [micro_batch_size, seq_len]: next token, or -100 = no loss
+  // Targets != -100. Can be 0 (an epoch's padded tail, or with packing a window
+  // inside a long prompt): normalise the loss by the sum over the accumulated
+  // micro-batches, not per micro-batch.
+  int64_t counted_tokens;
+};
+
+constexpr int32_t kIgnoreIndex = -100;
+
+// Position of the next micro-batch: the loader's whole state besides its data.
+struct DataPosition {
+  int64_t epoch = 0;
+  int64_t index = 0;  // micro-batch within the epoch, [0, batches_per_epoch)
+};
+
+class DataLoader {
+ public:
+  // host_allocator must be a CPU allocator that outlives the batches.
+  DataLoader(std::vector<TokenSequence> rows, int64_t micro_batch_size, int64_t seq_len, int32_t pad_id, uint64_t seed,
+             Allocator& host_allocator);
+
+  // Rows per epoch / micro_batch_size, rounded up: the last micro-batch of an
+  // epoch is padded with empty rows (all targets -100).
+  int64_t batches_per_epoch() const;
+  int64_t row_count() const { return int64_t(rows_.size()); }
+
+  // The micro-batch at position(), then advances; after the last micro-batch
+  // of an epoch it moves to index 0 of the next one, which has a new order.
+  Batch next();
+  DataPosition position() const { return position_; }
+  // Restores a position read from position() (e.g. from a checkpoint).
+  void set_position(DataPosition position);
+
+  // Rows in file order, no shuffling: for evaluation.
+  Batch batch_in_order(int64_t index) const;
+
+  // The row order of an epoch: a Fisher-Yates shuffle driven by
+  // std::mt19937_64(seed + epoch), identical on every platform.
+  std::vector<int64_t> epoch_order(int64_t epoch) const;
+
+ private:
+  Batch make_batch(const std::vector<int64_t>& order, int64_t index) const;
+
+  std::vector<TokenSequence> rows_;
+  int64_t micro_batch_size_;
+  int64_t seq_len_;
+  int32_t pad_id_;
+  uint64_t seed_;
+  Allocator& allocator_;
+  DataPosition position_;
+  std::vector<int64_t> order_;  // epoch_order(position_.epoch)
+  std::vector<int64_t> identity_order_;
+};
+
+}  // namespace ft

@@ -1,0 +1,76 @@
+#include "trainer/data/preference_data.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "kernels/error.h"
+
+namespace ft {
+
+std::vector<PreferencePair> load_preference_jsonl(const std::string& path) {
+  const std::string expected = "\"prompt\", \"chosen\" and \"rejected\" strings (objective: dpo)";
+  std::vector<PreferencePair> pairs;
+  read_jsonl_rows(path, "data file", expected, [&](const nlohmann::json& row, const std::string& where) {
+    for (const char* field : {"prompt", "chosen", "rejected"})
+      FT_CHECK(row.contains(field), where, ": row lacks \"", field, "\": expected ", expected, ", got ",
+               key_list(row));
+    pairs.push_back({string_field(row, "prompt", where), string_field(row, "chosen", where),
+                     string_field(row, "rejected", where)});
+  });
+  return pairs;
+}
+
+TokenizedPairs tokenize_pairs(const std::vector<PreferencePair>& pairs, const std::string& path,
+                              const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id) {
+  TokenizedPairs out;
+  for (const PreferencePair& pair : pairs) {
+    bool chosen_cut = false, rejected_cut = false;
+    TokenSequence chosen = tokenize_example({pair.prompt, pair.chosen}, tokenizer, seq_len, eos_id, chosen_cut);
+    TokenSequence rejected = tokenize_example({pair.prompt, pair.rejected}, tokenizer, seq_len, eos_id, rejected_cut);
+    out.truncated_count += chosen_cut + rejected_cut;
+    if (loss_token_count(chosen) == 0 || loss_token_count(rejected) == 0) {
+      out.dropped_count++;
+      continue;
+    }
+    out.chosen.push_back(std::move(chosen));
+    out.rejected.push_back(std::move(rejected));
+  }
+  FT_CHECK(!out.chosen.empty(), path, ": no pair has a completion token on both sides within seq_len = ", seq_len,
+           " (all ", out.dropped_count, " prompts fill the window)");
+  return out;
+}
+
+PreferenceLoader::PreferenceLoader(const TokenizedPairs& pairs, int64_t pairs_per_batch, int64_t seq_len,
+                                   int32_t pad_id, uint64_t seed, Allocator& host_allocator)
+    : chosen_(pairs.chosen, pairs_per_batch, seq_len, pad_id, seed, host_allocator),
+      rejected_(pairs.rejected, pairs_per_batch, seq_len, pad_id, seed, host_allocator),
+      allocator_(host_allocator) {}
+
+Batch PreferenceLoader::next() {
+  Batch chosen = chosen_.next();
+  return stacked(chosen, rejected_.next());
+}
+
+Batch PreferenceLoader::batch_in_order(int64_t index) const {
+  return stacked(chosen_.batch_in_order(index), rejected_.batch_in_order(index));
+}
+
+void PreferenceLoader::set_position(DataPosition position) {
+  chosen_.set_position(position);
+  rejected_.set_position(position);
+}
+
+// The chosen rows, then the rejected rows.
+Batch PreferenceLoader::stacked(const Batch& chosen, const Batch& rejected) const {
+  const int64_t P = chosen.input_ids.dim(0), T = chosen.input_ids.dim(1), n = P * T;
+  Batch batch{Tensor::empty({2 * P, T}, DType::i32, allocator_, MemCategory::activations),
+              Tensor::empty({2 * P, T}, DType::i32, allocator_, MemCategory::activations),
+              chosen.counted_tokens + rejected.counted_tokens};
+  std::copy_n(chosen.input_ids.ptr<int32_t>(), n, batch.input_ids.ptr<int32_t>());
+  std::copy_n(rejected.input_ids.ptr<int32_t>(), n, batch.input_ids.ptr<int32_t>() + n);
+  std::copy_n(chosen.targets.ptr<int32_t>(), n, batch.targets.ptr<int32_t>());
+  std::copy_n(rejected.targets.ptr<int32_t>(), n, batch.targets.ptr<int32_t>() + n);
+  return batch;
+}
+
+}  // namespace ft

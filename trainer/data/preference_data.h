@@ -1,0 +1,54 @@
+// Preference data for objective: dpo: JSONL rows {"prompt", "chosen",
+// "rejected"} -> token pairs (each completion tokenized as an SFT example:
+// prompt masked, loss on the completion and eos) -> micro-batches of pairs.
+// A micro-batch of P pairs is one [2P, seq_len] batch, trl's layout: rows
+// [0, P) the chosen completions, rows [P, 2P) the rejected ones, pair i in
+// rows i and P + i.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/data/data.h"
+
+namespace ft {
+
+struct PreferencePair {
+  std::string prompt, chosen, rejected;
+};
+
+// Every row must hold "prompt", "chosen" and "rejected" strings (extra fields
+// are ignored); errors name the file, the line and the field.
+std::vector<PreferencePair> load_preference_jsonl(const std::string& path);
+
+struct TokenizedPairs {
+  std::vector<TokenSequence> chosen, rejected;  // pair i: chosen[i], rejected[i]
+  int64_t truncated_count = 0;  // completions cut to seq_len + 1 tokens
+  int64_t dropped_count = 0;    // pairs where a completion kept no loss token
+};
+
+// tokenize_example on (prompt, chosen) and (prompt, rejected); a pair is
+// dropped when either side has no loss token left, an error if none is left.
+TokenizedPairs tokenize_pairs(const std::vector<PreferencePair>& pairs, const std::string& path,
+                              const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id);
+
+// Two DataLoaders over the chosen and the rejected rows with the same seed,
+// so they shuffle alike and stay in step: pairs are never split.
+class PreferenceLoader {
+ public:
+  PreferenceLoader(const TokenizedPairs& pairs, int64_t pairs_per_batch, int64_t seq_len, int32_t pad_id,
+                   uint64_t seed, Allocator& host_allocator);
+  int64_t batches_per_epoch() const { return chosen_.batches_per_epoch(); }
+  Batch next();
+  Batch batch_in_order(int64_t index) const;
+  DataPosition position() const { return chosen_.position(); }
+  void set_position(DataPosition position);
+
+ private:
+  Batch stacked(const Batch& chosen, const Batch& rejected) const;
+
+  DataLoader chosen_, rejected_;
+  Allocator& allocator_;
+};
+
+}  // namespace ft

@@ -1,0 +1,71 @@
+#include "trainer/parallel/data_parallel.h"
+
+#include <string>
+
+#include "kernels/checked_mul.h"
+#include "kernels/error.h"
+#include "trainer/evaluate.h"
+
+namespace ft {
+
+ParallelLayout parallel_layout(const TrainConfig& config, int64_t world_ranks, const std::string& launched_as) {
+  ParallelLayout layout;
+  layout.pipeline = config.parallel.pipeline;
+  FT_CHECK(config.parallel.data > 0 || world_ranks % layout.pipeline == 0, config.source, ": parallel.pipeline ",
+           layout.pipeline, " must divide the job's ", world_ranks, " ranks (", launched_as,
+           "): each data-parallel copy of the model runs on parallel.pipeline ranks");
+  layout.data = config.parallel.data == 0 ? world_ranks / layout.pipeline : config.parallel.data;
+  FT_CHECK(layout.data * layout.pipeline == world_ranks, config.source, ": parallel.data ", layout.data,
+           " x parallel.pipeline ", layout.pipeline, " must equal the job's ", world_ranks, " ranks (", launched_as,
+           "); leave parallel.data out to use every rank");
+  return layout;
+}
+
+int64_t data_parallel_ranks(const TrainConfig& config, const Collectives& collectives) {
+  const int64_t world = collectives.world_size();
+  FT_CHECK(world == 1 || config.objective == Objective::sft, config.source,
+           ": objective: dpo runs in one process; data parallelism (mpirun -np ", world, ") covers objective: sft");
+  return parallel_layout(config, world, "mpirun -np " + std::to_string(world)).data;
+}
+
+void check_same_device(Collectives& collectives, Backend& backend) {
+  const double on_cpu = collectives.sum(backend.device() == Device::cpu ? 1.0 : 0.0);
+  FT_CHECK(on_cpu == 0.0 || on_cpu == double(collectives.world_size()), int64_t(on_cpu), " of the job's ",
+           collectives.world_size(), " ranks train on the CPU and the others on a GPU; every rank must use the same "
+           "kind of device (set device: cuda or cpu, and one GPU per rank)");
+}
+
+StepBatches draw_step_batches(DataLoader& loader, Allocator& host, int64_t grad_accum_steps,
+                              const Collectives& collectives) {
+  StepBatches step;
+  const int64_t ranks = collectives.world_size();
+  step.per_step = checked_mul(grad_accum_steps, ranks);
+  for (int64_t i = 0; i < step.per_step; ++i) {
+    Batch batch = trim_padding(loader.next(), host);
+    step.counted_tokens += batch.counted_tokens;
+    step.tokens += batch.input_ids.numel();
+    if (i % ranks == collectives.rank()) step.mine.push_back({i, std::move(batch)});
+  }
+  return step;
+}
+
+double sum_over_ranks(Collectives& collectives, Backend& backend, Allocator& host,
+                      const std::vector<Parameter*>& trainable, double loss_sum) {
+  if (collectives.world_size() == 1) return loss_sum;
+  std::vector<Tensor*> gradients;
+  for (Parameter* p : trainable) gradients.push_back(&p->grad);
+  collectives.sum_in_place(backend, host, gradients);
+  return collectives.sum(loss_sum);
+}
+
+bool any_rank(Collectives& collectives, bool value) { return collectives.sum(value ? 1.0 : 0.0) > 0.0; }
+
+IdentityField data_parallel_identity(int64_t ranks) {
+  return {"parallel.data", "the data-parallel ranks (mpirun -np)", std::to_string(ranks), false};
+}
+
+IdentityField pipeline_identity(int64_t stages) {
+  return {"parallel.pipeline", "the pipeline stages (parallel.pipeline)", std::to_string(stages), false};
+}
+
+}  // namespace ft

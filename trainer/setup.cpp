@@ -1,0 +1,82 @@
+#include "trainer/setup.h"
+
+#include <deque>
+#include <string>
+
+#include "kernels/error.h"
+#include "model/t5.h"
+
+namespace ft {
+
+ModelOptions model_options(const TrainConfig& config) {
+  ModelOptions options;
+  options.weight_dtype = config.precision == Precision::bf16 ? DType::bf16 : DType::f32;
+  options.activation_dtype = options.weight_dtype;  // bf16 mixed precision: bf16 activations too
+  options.int8_base = config.quantization.mode == QuantMode::int8;
+  options.int8_threshold = float(config.quantization.threshold);
+  options.nf4_base = config.quantization.mode == QuantMode::nf4;
+  options.nf4_double_quant = config.quantization.double_quant;
+  options.activation_checkpointing = config.activation_checkpointing;
+  options.loss_chunk_tokens = config.loss_chunk_tokens;
+  if (config.trainable == Trainable::lora) options.lora = config.lora;
+  // With the f32 masters on the host the device keeps only the copy the adapters compute with.
+  if (config.offload_optimizer == OffloadTarget::host) options.adapter_dtype = options.weight_dtype;
+  options.stream_base = config.offload_base == OffloadTarget::host;
+  options.resident_layers = config.resident_layers;
+  options.stream_slots = config.stream_slots;
+  return options;
+}
+
+namespace {
+
+std::unique_ptr<AdamW> make_optimizer(Backend& backend, const std::vector<Parameter*>& parameters,
+                                      const TrainConfig& config, Allocator* host_state) {
+  AdamWOptions options;
+  options.weight_decay = config.weight_decay;
+  options.max_grad_norm = config.max_grad_norm;
+  if (config.offload_optimizer == OffloadTarget::host) {
+    FT_CHECK(host_state, "setup_training: offload.optimizer: host needs a host allocator for the optimizer state");
+    options.host_state = host_state;
+  }
+  return std::make_unique<AdamW>(backend, parameters, options);
+}
+
+}  // namespace
+
+TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
+                             const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state,
+                             const LayerRange& stage, const OptimizerShard& shard) {
+  FT_CHECK(config.offload_base == OffloadTarget::device || model_config.model_type != "t5", config.source,
+           ": offload.base: host streams a decoder-only model's layers; a t5 (encoder-decoder) model keeps its base "
+           "on the device");
+  FT_CHECK(config.offload_base == OffloadTarget::device || config.resident_layers < model_config.num_hidden_layers,
+           config.source, ": offload.resident_layers must be below the model's num_hidden_layers (",
+           model_config.num_hidden_layers, ") with offload.base: host, got ", config.resident_layers);
+  TrainingSetup setup;
+  ModelOptions options = model_options(config);
+  options.layers = stage;
+  setup.model = make_language_model(model_config, backend, options);
+  fill_base(*setup.model);
+  setup.model->init_adapters(config.seed);
+  const bool train_all = config.trainable == Trainable::all;
+  setup.model->set_trainable(
+      [&](const std::string& name) { return train_all || name.find(".lora_") != std::string::npos; });
+  for (std::deque<Parameter>* list : {&setup.model->parameters(), &setup.model->adapters()})
+    for (Parameter& p : *list)
+      if (p.trainable()) setup.trainable.push_back(&p);
+  setup.state_owners = state_owners(setup.trainable, shard.ranks);
+  std::vector<Parameter*> mine;
+  for (size_t i = 0; i < setup.trainable.size(); ++i)
+    if (setup.state_owners[i] == shard.rank) mine.push_back(setup.trainable[i]);
+  setup.optimizer = make_optimizer(backend, mine, config, host_state);
+  return setup;
+}
+
+CausalLM& causal_lm(LanguageModel& model, const char* what) {
+  auto* causal = dynamic_cast<CausalLM*>(&model);
+  FT_CHECK(causal, what, " needs a decoder-only model (", kCausalLmModelTypes, "), got model_type ",
+           model.config().model_type);
+  return *causal;
+}
+
+}  // namespace ft
