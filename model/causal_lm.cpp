@@ -5,10 +5,8 @@
 
 #include "kernels/dropout_hash.h"
 #include "kernels/error.h"
-#include "model/gpt_neox.h"
 #include "model/int8_linear.h"
 #include "model/layer_stream.h"
-#include "model/llama.h"
 #include "model/lora_linear.h"
 #include "model/nf4_linear.h"
 #include "model/rope.h"
@@ -27,8 +25,7 @@ static int64_t decoder_layer_of(const std::string& module) {
   return std::stoll(digits);
 }
 
-LanguageModel::LanguageModel(const ModelConfig& config, Backend& backend, const ModelOptions& options,
-                             const std::vector<std::string>& default_lora_targets)
+LanguageModel::LanguageModel(const ModelConfig& config, Backend& backend, const ModelOptions& options)
     : config_(config), backend_(backend), options_(options) {
   FT_CHECK(options.loss_chunk_tokens >= 0, "loss_chunk_tokens must be >= 0 (0: unchunked), got ",
            options.loss_chunk_tokens);
@@ -45,20 +42,11 @@ LanguageModel::LanguageModel(const ModelConfig& config, Backend& backend, const 
   FT_CHECK(lora.r > 0, "lora.r must be > 0, got ", lora.r);
   FT_CHECK(lora.lora_dropout >= 0.0 && lora.lora_dropout < 1.0, "lora.lora_dropout must be in [0, 1), got ",
            lora.lora_dropout);
-  if (lora.target_modules.empty()) lora.target_modules = default_lora_targets;
+  FT_CHECK(!lora.target_modules.empty(), config.model_type,
+           ": lora.target_modules is empty (make_language_model fills in the family's default)");
 }
 
 LanguageModel::~LanguageModel() = default;
-
-std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& config, Backend& backend, const ModelOptions& options) {
-  const std::string& type = config.model_type;
-  if (type == "llama" || type == "qwen2" || type == "mistral")
-    return std::make_unique<LlamaModel>(config, backend, options);
-  if (type == "gpt_neox") return std::make_unique<GptNeoxModel>(config, backend, options);
-  FT_CHECK(type != "t5", "model_type \"t5\" is an encoder-decoder model: it loads as T5Model (model/t5.h), but ",
-           "training and generation here run decoder-only models only (", kCausalLmModelTypes, ")");
-  fail("model_type \"", type, "\" is not supported (", kCausalLmModelTypes, ")");
-}
 
 void LanguageModel::check_built(const std::string& module_names) {
   FT_CHECK((embedding_ || !first_stage()) && ((final_norm_.weight && lm_head_) || !last_stage()), config_.model_type,

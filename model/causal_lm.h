@@ -26,6 +26,8 @@ namespace ft {
 class Checkpoint;
 class LayerStream;
 class LoraLinear;
+class CausalLM;
+class T5Model;
 
 // Generation's key/value cache: every layer's rotated keys and values of the
 // tokens run so far, by row and position (CausalLM::forward_cached).
@@ -77,6 +79,20 @@ class LanguageModel {
   // alone, as under PEFT's disable_adapter().
   void set_adapters_enabled(bool enabled);
 
+  // One batch of rows as the data loader makes them for this model's kind
+  // (model/families.h), host i32 [B, T]: a decoder-only model's tokens and
+  // next-token targets, an encoder-decoder model's encoder tokens followed
+  // by its labels (targets: -100 where nothing counts). forward: the mean
+  // cross-entropy over the counted targets; forward_backward: the same loss,
+  // then the gradients of grad_scale * loss are added to every trainable
+  // parameter's grad.
+  virtual float forward(const Tensor& input_ids, const Tensor& targets) = 0;
+  virtual float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f) = 0;
+  // The model as its kind's class, for what only that kind runs (DPO,
+  // pipeline stages, generation); null for the other kind.
+  virtual CausalLM* as_causal_lm() { return nullptr; }
+  virtual T5Model* as_seq2seq() { return nullptr; }
+
   // Gives a gradient buffer (zeroed) to every parameter or adapter whose name
   // satisfies the predicate; the others stay frozen (no buffer at all).
   void set_trainable(const std::function<bool(const std::string&)>& is_trainable);
@@ -99,10 +115,9 @@ class LanguageModel {
   bool last_stage() const { return options_.layers.end_layer == config_.num_hidden_layers; }
 
  protected:
-  // default_lora_targets: PEFT's target_modules for the architecture, used
-  // when options.lora names none.
-  LanguageModel(const ModelConfig& config, Backend& backend, const ModelOptions& options,
-                const std::vector<std::string>& default_lora_targets);
+  // options.lora, when given, names its target_modules (make_language_model
+  // fills in the family's default).
+  LanguageModel(const ModelConfig& config, Backend& backend, const ModelOptions& options);
   // From the backend's allocator, or the given one.
   Parameter& add_parameter(const std::string& name, const Shape& shape, DType dtype, Allocator* allocator = nullptr);
   // name + ".weight" (and name + ".bias" with bias: a LayerNorm), [hidden_size].
@@ -192,10 +207,11 @@ class CausalLM : public LanguageModel {
   // ignored). Keeps the logits [B*T, vocab] for last_logits(), whole even
   // with loss_chunk_tokens: generation reads any row of them. An eval forward
   // frees each layer's activations as soon as the layer is done.
-  float forward(const Tensor& input_ids, const Tensor& targets);
+  float forward(const Tensor& input_ids, const Tensor& targets) override;
   // Same loss, then gradients of grad_scale * loss are added to every
   // trainable parameter's grad. Nothing of the step stays allocated.
-  float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f);
+  float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f) override;
+  CausalLM* as_causal_lm() override { return this; }
   // Each row's summed log-probability of its counted targets (DPO's sequence
   // log-probs), as an eval forward: nothing kept for a backward.
   SequenceLogps sequence_logps(const Tensor& input_ids, const Tensor& targets);
@@ -331,8 +347,5 @@ class CausalLM : public LanguageModel {
   CachedStep* cached_step_ = nullptr;
   void attend_cached(AttentionActivations& saved);
 };
-
-// The architecture named by config.model_type.
-std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& config, Backend& backend, const ModelOptions& options);
 
 }  // namespace ft

@@ -1,6 +1,38 @@
 #include "model/gpt_neox.h"
 
+#include <nlohmann/json.hpp>
+
 namespace ft {
+
+using nlohmann::json;
+
+// GPT-NeoX (transformers' GPTNeoXConfig): head_dim is always hidden_size /
+// num_attention_heads; checkpoints from transformers 4 carry rotary_pct and
+// rotary_emb_base at the top level, transformers 5 writes rope_parameters.
+void read_gpt_neox_config(const json& config, ModelConfig& result, const std::string& source) {
+  read_decoder_fields(config, result, source);
+  FT_CHECK(result.hidden_size % result.num_attention_heads == 0, source, ": hidden_size (", result.hidden_size,
+           ") must be a multiple of num_attention_heads (", result.num_attention_heads, ")");
+  result.num_key_value_heads = result.num_attention_heads;
+  result.head_dim = result.hidden_size / result.num_attention_heads;
+  result.rotary_pct = optional_value<double>(config, "rotary_pct", 0.25, source);
+  result.rope_theta = optional_value<float>(config, "rotary_emb_base", result.rope_theta, source);
+  read_rope(config, result, source);
+  result.layer_norm_eps = optional_value<float>(config, "layer_norm_eps", result.layer_norm_eps, source);
+  result.use_parallel_residual = optional_value<bool>(config, "use_parallel_residual", true, source);
+  result.attention_bias = optional_value<bool>(config, "attention_bias", true, source);
+  result.hidden_act = optional_value<std::string>(config, "hidden_act", "gelu", source);
+  const std::string& act = result.hidden_act;
+  FT_CHECK(act == "gelu" || act == "gelu_new" || act == "gelu_fast" || act == "gelu_pytorch_tanh", source,
+           ": hidden_act \"", act, "\" is not supported for ", result.model_type, " (expected \"gelu\", \"gelu_new\", "
+           "\"gelu_fast\" or \"gelu_pytorch_tanh\")");
+  FT_CHECK(result.rotary_pct > 0.0 && result.rotary_pct <= 1.0 && result.rotary_dim() % 2 == 0 &&
+               result.rotary_dim() > 0,
+           source, ": rotary_pct ", result.rotary_pct, " must give an even, positive number of rotary features ",
+           "per head (head_dim ", result.head_dim, " * rotary_pct = ", double(result.head_dim) * result.rotary_pct, ")");
+  FT_CHECK(result.layer_norm_eps > 0, source, ": layer_norm_eps must be positive, got ", result.layer_norm_eps);
+  check_decoder_fields(result, source);
+}
 
 struct GptNeoxModel::Layer {
   NormParameters input_norm, post_attention_norm;
@@ -16,9 +48,8 @@ struct GptNeoxModel::LayerActivations final : SavedActivations {
   Tensor h;                    // dense_h_to_4h output [N, I], before GELU
 };
 
-// PEFT's default target_modules for GPT-NeoX.
 GptNeoxModel::GptNeoxModel(const ModelConfig& config, Backend& backend, const ModelOptions& options)
-    : CausalLM(config, backend, options, {"query_key_value"}) {
+    : CausalLM(config, backend, options) {
   gelu_kind_ = config.hidden_act == "gelu" ? GeluKind::erf : GeluKind::tanh;
   const int64_t C = config.hidden_size, I = config.intermediate_size, V = config.vocab_size;
   const DType dtype = options.weight_dtype;

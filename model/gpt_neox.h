@@ -8,11 +8,16 @@
 // CausalLM runs the step around its layers.
 #pragma once
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
 #include <vector>
 
 #include "model/causal_lm.h"
 
 namespace ft {
+
+// config.json's fields of model_type gpt_neox (model/families.h).
+void read_gpt_neox_config(const nlohmann::json& config, ModelConfig& result, const std::string& source);
 
 class GptNeoxModel final : public CausalLM {
  public:

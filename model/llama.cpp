@@ -1,8 +1,78 @@
 #include "model/llama.h"
 
+#include <nlohmann/json.hpp>
+
 #include "kernels/error.h"
 
 namespace ft {
+
+using nlohmann::json;
+
+namespace {
+
+// The Llama layer's fields around those of the family it serves (variant):
+// biases, or a sliding window.
+void read_llama_layer_config(const json& config, ModelConfig& result, const std::string& source,
+                             void (*read_variant)(const json&, ModelConfig&, const std::string&)) {
+  read_decoder_fields(config, result, source);
+  result.num_key_value_heads =
+      optional_value<int64_t>(config, "num_key_value_heads", result.num_attention_heads, source);
+  // Only a derived head_dim needs hidden_size to split evenly; an explicit one may not (e.g. Gemma).
+  bool explicit_head_dim = config.contains("head_dim") && !config["head_dim"].is_null();
+  FT_CHECK(explicit_head_dim || result.hidden_size % result.num_attention_heads == 0, source,
+           ": hidden_size (", result.hidden_size, ") must be a multiple of num_attention_heads (",
+           result.num_attention_heads, ") when head_dim is not given");
+  result.head_dim =
+      optional_value<int64_t>(config, "head_dim", result.hidden_size / result.num_attention_heads, source);
+  result.rms_norm_eps = optional_value<float>(config, "rms_norm_eps", result.rms_norm_eps, source);
+  result.rope_theta = optional_value<float>(config, "rope_theta", result.rope_theta, source);
+  read_rope(config, result, source);
+  read_variant(config, result, source);
+  result.hidden_act = optional_value<std::string>(config, "hidden_act", result.hidden_act, source);
+  FT_CHECK(result.hidden_act == "silu", source, ": hidden_act \"", result.hidden_act,
+           "\" is not supported for ", result.model_type, " (expected \"silu\")");
+  FT_CHECK(result.rotary_pct == 1.0, source, ": rope_parameters.partial_rotary_factor ", result.rotary_pct,
+           " is not supported for ", result.model_type, " (expected 1)");
+  check_decoder_fields(result, source);
+}
+
+void read_llama_variant(const json& config, ModelConfig& result, const std::string& source) {
+  result.attention_bias = optional_value<bool>(config, "attention_bias", false, source);
+  result.o_proj_bias = result.attention_bias;
+  result.mlp_bias = optional_value<bool>(config, "mlp_bias", false, source);
+}
+
+void read_qwen2_variant(const json& config, ModelConfig& result, const std::string& source) {
+  // Qwen2Attention: q/k/v always with bias, o_proj and the MLP without.
+  result.attention_bias = true;
+  // With use_sliding_window, layers from max_window_layers on attend within
+  // a window of their own; we refuse such a config rather than run those
+  // layers as full attention (released Qwen2/2.5 checkpoints set it false).
+  FT_CHECK(!optional_value<bool>(config, "use_sliding_window", false, source), source,
+           ": use_sliding_window true is not supported for ", result.model_type, " (expected false)");
+}
+
+// No biases, every layer in the window (null: none).
+void read_mistral_variant(const json& config, ModelConfig& result, const std::string& source) {
+  result.sliding_window = optional_value<int64_t>(config, "sliding_window", 0, source);
+  const bool given = config.contains("sliding_window") && !config["sliding_window"].is_null();
+  FT_CHECK(!given || result.sliding_window > 0, source, ": sliding_window must be a positive integer or null, got ",
+           result.sliding_window);
+}
+
+}  // namespace
+
+void read_llama_config(const json& config, ModelConfig& result, const std::string& source) {
+  read_llama_layer_config(config, result, source, read_llama_variant);
+}
+
+void read_qwen2_config(const json& config, ModelConfig& result, const std::string& source) {
+  read_llama_layer_config(config, result, source, read_qwen2_variant);
+}
+
+void read_mistral_config(const json& config, ModelConfig& result, const std::string& source) {
+  read_llama_layer_config(config, result, source, read_mistral_variant);
+}
 
 struct LlamaModel::Layer {
   NormParameters input_norm, post_attention_norm;
@@ -20,7 +90,7 @@ struct LlamaModel::LayerActivations final : SavedActivations {
 
 // PEFT's default target_modules for llama, qwen2 and mistral alike.
 LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelOptions& options)
-    : CausalLM(config, backend, options, {"q_proj", "v_proj"}) {
+    : CausalLM(config, backend, options) {
   const bool qkv_bias = config.attention_bias, o_bias = config.o_proj_bias, mlp_bias = config.mlp_bias;
   const int64_t C = config.hidden_size, I = config.intermediate_size, D = config.head_dim;
   const int64_t q_features = config.num_attention_heads * D, kv_features = config.num_key_value_heads * D;

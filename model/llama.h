@@ -6,11 +6,18 @@
 // biases too (ModelConfig says which). CausalLM runs the step around its layers.
 #pragma once
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
 #include <vector>
 
 #include "model/causal_lm.h"
 
 namespace ft {
+
+// config.json's fields of the families this layer serves (model/families.h).
+void read_llama_config(const nlohmann::json& config, ModelConfig& result, const std::string& source);
+void read_qwen2_config(const nlohmann::json& config, ModelConfig& result, const std::string& source);
+void read_mistral_config(const nlohmann::json& config, ModelConfig& result, const std::string& source);
 
 class LlamaModel final : public CausalLM {
  public:

@@ -1,6 +1,9 @@
-// Architecture hyper-parameters read from a Hugging Face config.json.
+// Architecture hyper-parameters read from a Hugging Face config.json, and
+// the field readers the families' config readers share (model/families.h
+// picks the family's reader by model_type).
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 namespace ft {
@@ -10,13 +13,6 @@ namespace ft {
 // model (vocabularies ~256k, hidden sizes ~16k), and products of two such
 // fields stay far inside int64.
 inline constexpr int64_t kMaxModelConfigInt = int64_t(1) << 24;
-
-// The model_type values ModelConfig reads, for messages.
-inline constexpr const char* kSupportedModelTypes =
-    "supported model_type values: \"llama\", \"qwen2\", \"mistral\", \"gpt_neox\", \"t5\"";
-// Those make_causal_lm builds (t5 is T5Model's, model/t5.h).
-inline constexpr const char* kCausalLmModelTypes =
-    "supported model_type values: \"llama\", \"qwen2\", \"mistral\", \"gpt_neox\"";
 
 // Rotary scaling as transformers' rope_parameters / rope_scaling describe it
 // (modeling_rope_utils.py): "default" (none), "linear" (inv_freq / factor),
@@ -30,7 +26,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string model_type;  // "llama", "qwen2", "mistral", "gpt_neox" or "t5"
+  std::string model_type;  // its family (model/families.h)
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_hidden_layers = 0;
@@ -64,13 +60,24 @@ struct ModelConfig {
 
   // Rotated features per head: int(head_dim * rotary_pct), as HF computes it.
   int64_t rotary_dim() const { return int64_t(double(head_dim) * rotary_pct); }
-
-  // Reads and validates path (a config.json). Missing required fields, wrong
-  // types, integers above kMaxModelConfigInt, non-finite numbers and
-  // unsupported settings are Errors naming the file and the field.
-  static ModelConfig from_json_file(const std::string& path);
-  // Same, from JSON text; source names it in messages.
-  static ModelConfig from_json_text(const std::string& text, const std::string& source);
 };
+
+// config.json's fields, each checked for its type and range (an Error names
+// source and the field). optional_value: T is bool, int64_t (magnitude at
+// most kMaxModelConfigInt), float, double (finite in T) or std::string; null
+// or absent gives fallback.
+int64_t required_int(const nlohmann::json& config, const char* field, const std::string& source);
+template <class T>
+T optional_value(const nlohmann::json& config, const char* field, T fallback, const std::string& source);
+// Rotary settings (rope_theta, partial_rotary_factor, rope_scaling /
+// rope_parameters) in every spelling a released config.json uses.
+void read_rope(const nlohmann::json& config, ModelConfig& result, const std::string& source);
+
+// A decoder-only model's shared fields: hidden_size, intermediate_size,
+// num_hidden_layers, num_attention_heads, vocab_size (required),
+// max_position_embeddings, initializer_range, tie_word_embeddings.
+void read_decoder_fields(const nlohmann::json& config, ModelConfig& result, const std::string& source);
+// What every decoder-only config satisfies once its family's fields are read.
+void check_decoder_fields(const ModelConfig& result, const std::string& source);
 
 }  // namespace ft

@@ -2,10 +2,59 @@
 
 #include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
 
 namespace ft {
+
+using nlohmann::json;
+
+// T5 (transformers' T5Config) under its own field names. tie_word_embeddings
+// defaults to true as in T5Config, and when true the decoder output is scaled
+// by d_model^-0.5 before the shared lm_head (v1.0); v1.1 and FLAN-T5 write
+// false and carry their own lm_head. dropout_rate is not applied: no dropout
+// runs in the base model, only LoRA's.
+void read_t5_config(const json& config, ModelConfig& result, const std::string& source) {
+  result.hidden_size = required_int(config, "d_model", source);
+  result.intermediate_size = required_int(config, "d_ff", source);
+  result.num_hidden_layers = required_int(config, "num_layers", source);
+  result.num_decoder_layers =
+      config.contains("num_decoder_layers") && !config["num_decoder_layers"].is_null()
+          ? required_int(config, "num_decoder_layers", source)
+          : result.num_hidden_layers;
+  result.num_attention_heads = required_int(config, "num_heads", source);
+  result.num_key_value_heads = result.num_attention_heads;
+  result.head_dim = required_int(config, "d_kv", source);
+  result.vocab_size = required_int(config, "vocab_size", source);
+  result.relative_attention_num_buckets = optional_value<int64_t>(config, "relative_attention_num_buckets", 32, source);
+  result.relative_attention_max_distance =
+      optional_value<int64_t>(config, "relative_attention_max_distance", 128, source);
+  FT_CHECK(result.relative_attention_num_buckets >= 4 && result.relative_attention_max_distance > 0, source,
+           ": relative_attention_num_buckets must be at least 4 and relative_attention_max_distance positive, got ",
+           result.relative_attention_num_buckets, " and ", result.relative_attention_max_distance);
+  result.rms_norm_eps = optional_value<float>(config, "layer_norm_epsilon", 1e-6f, source);
+  FT_CHECK(result.rms_norm_eps > 0, source, ": layer_norm_epsilon must be positive, got ", result.rms_norm_eps);
+  const std::string ffn = optional_value<std::string>(config, "feed_forward_proj", "relu", source);
+  FT_CHECK(ffn == "relu" || ffn == "gated-gelu", source, ": feed_forward_proj \"", ffn,
+           "\" is not supported for ", result.model_type, " (expected \"relu\" or \"gated-gelu\")");
+  result.gated_ffn = ffn == "gated-gelu";
+  result.hidden_act = ffn == "relu" ? "relu" : "gelu_new";
+  // transformers 5 writes tie_word_embeddings true for every T5 (it ties a
+  // head only when the checkpoint has none of its own) and keeps v1.0's
+  // scaled, shared head as scale_decoder_outputs; v1.1 heads are untied.
+  result.tie_word_embeddings = optional_value<bool>(config, "tie_word_embeddings", true, source);
+  result.tie_word_embeddings =
+      optional_value<bool>(config, "scale_decoder_outputs", result.tie_word_embeddings, source);
+  // T5's checkpoints set decoder_start_token_id to pad_token_id (0); an
+  // absent one falls back to pad_token_id, as T5's documentation describes.
+  const int64_t pad = optional_value<int64_t>(config, "pad_token_id", 0, source);
+  result.decoder_start_token_id = optional_value<int64_t>(config, "decoder_start_token_id", pad, source);
+  FT_CHECK(result.decoder_start_token_id >= 0 && result.decoder_start_token_id < result.vocab_size, source,
+           ": decoder_start_token_id ", result.decoder_start_token_id, " is outside the vocabulary [0, ",
+           result.vocab_size, ")");
+}
+
 
 // One T5Attention (SelfAttention or EncDecAttention) with the layer norm before it.
 struct T5Model::Attention {
@@ -52,7 +101,7 @@ struct T5Model::StackRun {
 };
 
 T5Model::T5Model(const ModelConfig& config, Backend& backend, const ModelOptions& options)
-    : LanguageModel(config, backend, options, {"q", "v"}), encoder_(new Stack), decoder_(new Stack) {
+    : LanguageModel(config, backend, options), encoder_(new Stack), decoder_(new Stack) {
   FT_CHECK(options.activation_checkpointing == ActivationCheckpointing::none,
            "t5: activation checkpointing is not supported (every activation of a step is kept)");
   const int64_t C = config.hidden_size;
@@ -110,12 +159,6 @@ void T5Model::add_stack(Stack& stack, const std::string& prefix, int64_t layers,
   stack.final_norm = add_norm(prefix + "final_layer_norm", false, eps);
 }
 
-std::unique_ptr<LanguageModel> make_language_model(const ModelConfig& config, Backend& backend,
-                                                   const ModelOptions& options) {
-  if (config.model_type == "t5") return std::make_unique<T5Model>(config, backend, options);
-  return make_causal_lm(config, backend, options);
-}
-
 int32_t t5_relative_position_bucket(int64_t relative_position, bool bidirectional, int64_t num_buckets,
                                     int64_t max_distance) {
   int64_t bucket = 0;
@@ -150,7 +193,58 @@ Tensor t5_decoder_inputs(const Tensor& labels, int64_t decoder_start_token_id, i
   return inputs;
 }
 
+T5Rows t5_rows(const Tensor& input_ids, const Tensor& targets, int64_t decoder_start_token_id, int32_t pad_id,
+               HostAllocator& host) {
+  FT_CHECK(input_ids.dtype == DType::i32 && input_ids.ndim() == 2 && targets.shape == input_ids.shape &&
+               targets.dtype == DType::i32,
+           "t5: rows must be host i32 input_ids and targets [B, T], got ", shape_string(input_ids.shape), " and ",
+           shape_string(targets.shape));
+  const int64_t B = input_ids.dim(0), T = input_ids.dim(1);
+  const int32_t* inputs = input_ids.ptr<int32_t>();
+  const int32_t* target_ids = targets.ptr<int32_t>();
+  std::vector<int64_t> first(size_t(B), T), label_count(size_t(B), 0);  // first counted target, labels
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      if (target_ids[b * T + t] != -100) {
+        first[size_t(b)] = std::min(first[size_t(b)], t);
+        label_count[size_t(b)] += 1;
+      }
+  T5Rows out;
+  int64_t S = 1, L = 1;
+  for (int64_t b = 0; b < B; ++b) {
+    out.encoder_lengths.push_back(int32_t(label_count[size_t(b)] ? first[size_t(b)] + 1 : 1));
+    S = std::max<int64_t>(S, out.encoder_lengths.back());
+    L = std::max(L, label_count[size_t(b)]);
+  }
+  out.encoder_ids = Tensor::empty({B, S}, DType::i32, host, MemCategory::activations);
+  out.labels = Tensor::empty({B, L}, DType::i32, host, MemCategory::activations);
+  std::fill_n(out.encoder_ids.ptr<int32_t>(), B * S, pad_id);
+  std::fill_n(out.labels.ptr<int32_t>(), B * L, -100);
+  for (int64_t b = 0; b < B; ++b) {
+    if (label_count[size_t(b)] == 0) continue;  // an empty row: one pad token, no labels
+    std::copy_n(inputs + b * T, out.encoder_lengths[size_t(b)], out.encoder_ids.ptr<int32_t>() + b * S);
+    std::copy_n(target_ids + b * T + first[size_t(b)], label_count[size_t(b)], out.labels.ptr<int32_t>() + b * L);
+  }
+  out.decoder_ids = t5_decoder_inputs(out.labels, decoder_start_token_id, pad_id, host);
+  return out;
+}
+
 // ---- the step --------------------------------------------------------------
+
+// T5's decoder starts from its pad token, which also fills the padding.
+float T5Model::forward(const Tensor& input_ids, const Tensor& targets) {
+  HostAllocator host;
+  const int64_t start = config_.decoder_start_token_id;
+  const T5Rows rows = t5_rows(input_ids, targets, start, int32_t(start), host);
+  return forward(rows.encoder_ids, rows.decoder_ids, rows.labels, rows.encoder_lengths);
+}
+
+float T5Model::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale) {
+  HostAllocator host;
+  const int64_t start = config_.decoder_start_token_id;
+  const T5Rows rows = t5_rows(input_ids, targets, start, int32_t(start), host);
+  return forward_backward(rows.encoder_ids, rows.decoder_ids, rows.labels, grad_scale, rows.encoder_lengths);
+}
 
 float T5Model::forward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
                        const std::vector<int32_t>& encoder_lengths) {

@@ -10,17 +10,23 @@
 //
 // It shares LanguageModel's parameters, linears (dense, INT8, NF4, LoRA),
 // loading, initialisation and loss with the decoder-only models, and runs a
-// step of its own. PEFT's default targets are q and v, which match the
-// self-attention and the decoder's EncDecAttention alike. Every activation of
+// step of its own. PEFT's default targets (model/families.cpp) are q and v,
+// which match the self-attention and the decoder's EncDecAttention alike.
+// Every activation of
 // a training step is kept (no per-layer checkpointing), and dropout_rate is
 // not applied (only LoRA's dropout runs).
 #pragma once
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
 #include <vector>
 
 #include "model/causal_lm.h"
 
 namespace ft {
+
+// config.json's fields of model_type t5 under T5Config's names (model/families.h).
+void read_t5_config(const nlohmann::json& config, ModelConfig& result, const std::string& source);
 
 // T5 generation's decoder cache (T5Model::make_decoder_cache) for one row:
 // the decoder-only models' KvCache for the self-attention's keys and values
@@ -53,6 +59,10 @@ class T5Model final : public LanguageModel {
   // trainable parameter's grad. Nothing of the step stays allocated.
   float forward_backward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
                          float grad_scale = 1.0f, const std::vector<int32_t>& encoder_lengths = {});
+  // The same on loader rows (t5_rows splits them): LanguageModel's step.
+  float forward(const Tensor& input_ids, const Tensor& targets) override;
+  float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f) override;
+  T5Model* as_seq2seq() override { return this; }
 
   // For generation, forward in two halves: encode() runs the encoder and
   // keeps its output until the next encode() or forward(); decode() is
@@ -118,14 +128,27 @@ class T5Model final : public LanguageModel {
   int64_t encoded_batch_ = 0, encoded_seq_ = 0;
 };
 
-// The architecture named by config.model_type: T5Model for t5, make_causal_lm's otherwise.
-std::unique_ptr<LanguageModel> make_language_model(const ModelConfig& config, Backend& backend,
-                                                   const ModelOptions& options);
-
 // transformers' _shift_right: the decoder's inputs for labels host i32
 // [B, T]: decoder_start_token_id, then labels[:, :-1] with -100 replaced by
 // pad_id.
 Tensor t5_decoder_inputs(const Tensor& labels, int64_t decoder_start_token_id, int64_t pad_id, HostAllocator& host);
+
+// Seq2seq rows as the data loader makes them (tokenize_seq2seq_example,
+// trainer/data/data.h): a row is the encoder's tokens followed by the
+// labels, the labels its counted targets. t5_rows splits host i32 [B, T]
+// input_ids and targets back: the encoder tokens of row b are input_ids[b,
+// 0..p] where targets[b, p] is the row's first counted target (right-padded
+// with pad_id, with their lengths for the padding mask); its labels are the
+// counted targets from p (-100 padding), and decoder_ids
+// t5_decoder_inputs(labels).
+struct T5Rows {
+  Tensor encoder_ids;                    // [B, S]
+  std::vector<int32_t> encoder_lengths;  // per row, >= 1 (an empty row: one pad token)
+  Tensor labels;                         // [B, T]
+  Tensor decoder_ids;
+};
+T5Rows t5_rows(const Tensor& input_ids, const Tensor& targets, int64_t decoder_start_token_id, int32_t pad_id,
+               HostAllocator& host);
 
 // transformers' T5Attention._relative_position_bucket for key_pos - query_pos.
 int32_t t5_relative_position_bucket(int64_t relative_position, bool bidirectional, int64_t num_buckets,

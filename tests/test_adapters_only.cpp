@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/safetensors.h"
 #include "trainer/optimizer.h"
 #include "trainer/train_state.h"
@@ -56,7 +57,7 @@ TEST_CASE("INT8 base + LoRA: optimizer state is 8 bytes per adapter parameter an
   ModelOptions options;
   options.int8_base = true;
   options.lora = LoraOptions{4, 8.0, 0.1, {"q_proj", "v_proj"}, false};
-  auto model = make_causal_lm(ModelConfig::from_json_file(kFixture + "/config.json"), backend, options);
+  auto model = make_causal_lm(read_model_config(kFixture + "/config.json"), backend, options);
   model->load(Checkpoint(kFixture));
   model->init_adapters(7);
   model->set_trainable([](const std::string& name) { return name.find(".lora_") != std::string::npos; });
@@ -102,7 +103,7 @@ TEST_CASE("full training with BF16 weights keeps f32 masters: 12 bytes of optimi
   CpuBackend backend(tracker);
   ModelOptions options;
   options.weight_dtype = DType::bf16;
-  auto model = make_causal_lm(ModelConfig::from_json_file(kFixture + "/config.json"), backend, options);
+  auto model = make_causal_lm(read_model_config(kFixture + "/config.json"), backend, options);
   model->load(Checkpoint(kFixture));
   model->set_trainable([](const std::string&) { return true; });
   AdamW optimizer(backend, trainable_parameters(*model), AdamWOptions{});
@@ -127,7 +128,7 @@ TEST_CASE("full training with BF16 weights keeps f32 masters: 12 bytes of optimi
 // is 12 bytes per parameter in host memory and none on the device.
 TEST_CASE("offloaded AdamW state trains bit for bit as resident state, from host memory") {
   HostAllocator host;
-  const ModelConfig config = ModelConfig::from_json_file(kFixture + "/config.json");
+  const ModelConfig config = read_model_config(kFixture + "/config.json");
   ModelOptions options;
   options.weight_dtype = DType::bf16;
   TrackingAllocator resident_tracker(host), offload_tracker(host), host_state(host);
@@ -176,7 +177,7 @@ TEST_CASE("offloaded AdamW state trains bit for bit as resident state, from host
 // from the masters all equal the saved run's.
 TEST_CASE("an offloaded optimizer's state saves and resumes exactly, offloaded or resident") {
   HostAllocator host;
-  const ModelConfig config = ModelConfig::from_json_file(kFixture + "/config.json");
+  const ModelConfig config = read_model_config(kFixture + "/config.json");
   ModelOptions options;
   options.weight_dtype = DType::bf16;
   CpuBackend backend(host);

@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/safetensors.h"
 #include "tests/parity.h"
 
@@ -66,7 +67,7 @@ ModelOptions options_for(const ModelConfig& config, DType activation_dtype) {
 StepResult run(const std::string& fixture, DType activation_dtype) {
   TrackingAllocator tracker(host);
   CpuBackend backend(tracker);
-  const ModelConfig config = ModelConfig::from_json_file(fixture_dir(fixture) + "/config.json");
+  const ModelConfig config = read_model_config(fixture_dir(fixture) + "/config.json");
   std::unique_ptr<CausalLM> model = make_causal_lm(config, backend, options_for(config, activation_dtype));
   model->load(Checkpoint(fixture_dir(fixture)));
   model->init_adapters(3);

@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
+#include "model/families.h"
 #include "model/llama.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
@@ -41,7 +42,7 @@ std::unique_ptr<LlamaModel> make_policy(Backend& backend, int64_t loss_chunk_tok
   options.int8_base = false;
   options.loss_chunk_tokens = loss_chunk_tokens;
   options.lora = read_peft_adapter_config(kAdapterFolder).lora;
-  auto model = std::make_unique<LlamaModel>(ModelConfig::from_json_file(kFixtures + "/llama_gqa/config.json"),
+  auto model = std::make_unique<LlamaModel>(read_model_config(kFixtures + "/llama_gqa/config.json"),
                                             backend, options);
   model->load(Checkpoint(kFixtures + "/llama_gqa"));
   load_peft_adapter(kAdapterFolder, *model);

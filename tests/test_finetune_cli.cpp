@@ -30,6 +30,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_device.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
 
@@ -713,7 +714,7 @@ void write_adapter_logits(const std::string& model_dir, const std::string& folde
   options.weight_dtype = DType::f32;
   options.int8_base = false;
   options.lora = read_peft_adapter_config(folder).lora;
-  const ModelConfig config = ModelConfig::from_json_file(model_dir + "/config.json");
+  const ModelConfig config = read_model_config(model_dir + "/config.json");
   std::unique_ptr<CausalLM> model = make_causal_lm(config, backend, options);
   model->load(Checkpoint(model_dir));
   load_peft_adapter(folder, *model);

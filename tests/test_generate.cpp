@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
 #include "trainer/generate.h"
@@ -49,7 +50,7 @@ TEST_CASE("batched generation equals generating each prompt alone") {
   const std::string dir = std::string(FT_FIXTURES_DIR) + "/llama_gqa";
   HostAllocator host;
   CpuBackend backend(host);
-  auto model = make_causal_lm(ModelConfig::from_json_file(dir + "/config.json"), backend, ModelOptions{});
+  auto model = make_causal_lm(read_model_config(dir + "/config.json"), backend, ModelOptions{});
   model->load(Checkpoint(dir));
   const std::vector<std::vector<int32_t>> prompts = {{1, 17, 99, 250}, {1, 5}, {1, 300, 12, 8, 77, 6, 40}};
   SamplingOptions greedy;
@@ -91,7 +92,7 @@ std::unique_ptr<CausalLM> fixture_model(Backend& backend, const std::string& fix
   const std::string dir = std::string(FT_FIXTURES_DIR) + "/" + fixture;
   ModelOptions options;
   if (with_adapter) options.lora = read_peft_adapter_config(dir + "/adapter").lora;
-  auto model = make_causal_lm(ModelConfig::from_json_file(dir + "/config.json"), backend, options);
+  auto model = make_causal_lm(read_model_config(dir + "/config.json"), backend, options);
   model->load(Checkpoint(dir));
   if (with_adapter) load_peft_adapter(dir + "/adapter", *model);
   return model;

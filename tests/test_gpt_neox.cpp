@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
+#include "model/families.h"
 #include "model/gpt_neox.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
@@ -31,7 +32,7 @@ constexpr double kGradientTolerance = 1e-4;
 
 void check_against_transformers(const std::string& fixture, bool parallel) {
   const std::string dir = std::string(FT_FIXTURES_DIR) + "/" + fixture;
-  ModelConfig config = ModelConfig::from_json_file(dir + "/config.json");
+  ModelConfig config = read_model_config(dir + "/config.json");
   REQUIRE(config.use_parallel_residual == parallel);
   REQUIRE(config.rotary_dim() == 4);  // int(16 * 0.25)
   Checkpoint checkpoint(dir);
@@ -98,7 +99,7 @@ TEST_CASE("gpt_neox + PEFT LoRA on query_key_value matches peft: logits, loss, a
   Checkpoint reference(kLoraFolder + "/reference.safetensors");
   HostAllocator host;
   CpuBackend backend(host);
-  GptNeoxModel model(ModelConfig::from_json_file(kParallelFolder + "/config.json"), backend,
+  GptNeoxModel model(read_model_config(kParallelFolder + "/config.json"), backend,
                      lora_on_query_key_value());
   model.load(Checkpoint(kParallelFolder));
   load_peft_adapter(kLoraFolder + "/adapter", model);
@@ -132,7 +133,7 @@ TEST_CASE("gpt_neox over an INT8 base: quantised query_key_value keeps its f32 b
   CpuBackend backend(host);
   ModelOptions options = lora_on_query_key_value();
   options.int8_base = true;
-  GptNeoxModel model(ModelConfig::from_json_file(kParallelFolder + "/config.json"), backend, options);
+  GptNeoxModel model(read_model_config(kParallelFolder + "/config.json"), backend, options);
   model.load(Checkpoint(kParallelFolder));
   const std::string qkv = "gpt_neox.layers.0.attention.query_key_value";
   CHECK(model.parameter(qkv + ".weight").value.dtype == DType::i8);
@@ -164,7 +165,7 @@ TEST_CASE("gpt_neox: a LoRA target that matches nothing lists the NeoX module na
   ModelOptions options;
   options.lora = LoraOptions{.r = 4, .target_modules = {"q_proj", "v_proj"}};
   CHECK_THROWS_WITH_AS(
-      GptNeoxModel(ModelConfig::from_json_file(kParallelFolder + "/config.json"), backend, options),
+      GptNeoxModel(read_model_config(kParallelFolder + "/config.json"), backend, options),
       doctest::Contains("\"q_proj\" matches no module of this gpt_neox model (its linear modules are "
                         "query_key_value, dense, dense_h_to_4h, dense_4h_to_h)"),
       Error);
@@ -176,7 +177,7 @@ TEST_CASE("gpt_neox config: transformers 4 fields, transformers 5 rope_parameter
       "num_hidden_layers": 44, "num_attention_heads": 64, "vocab_size": 50432, "rotary_pct": 0.25,
       "rotary_emb_base": 10000, "max_position_embeddings": 2048, "layer_norm_eps": 1e-05,
       "use_parallel_residual": true, "hidden_act": "gelu_fast", "tie_word_embeddings": false})";
-  ModelConfig config = ModelConfig::from_json_text(neox_20b, "20b.json");
+  ModelConfig config = parse_model_config(neox_20b, "20b.json");
   CHECK(config.head_dim == 96);
   CHECK(config.rotary_dim() == 24);
   CHECK(config.rope_theta == 10000.0f);
@@ -184,28 +185,28 @@ TEST_CASE("gpt_neox config: transformers 4 fields, transformers 5 rope_parameter
   CHECK(config.attention_bias);  // GPTNeoXConfig's default
   CHECK(config.hidden_act == "gelu_fast");
 
-  ModelConfig fixture = ModelConfig::from_json_file(kParallelFolder + "/config.json");
+  ModelConfig fixture = read_model_config(kParallelFolder + "/config.json");
   CHECK(fixture.rotary_pct == 0.25);
   CHECK(fixture.layer_norm_eps == 1e-5f);
   CHECK(fixture.num_key_value_heads == 4);
 
   const std::string minimal = R"({"model_type": "gpt_neox", "hidden_size": 64, "intermediate_size": 176,
       "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 320)";
-  ModelConfig defaults = ModelConfig::from_json_text(minimal + "}", "min.json");
+  ModelConfig defaults = parse_model_config(minimal + "}", "min.json");
   CHECK(defaults.rotary_pct == 0.25);
   CHECK(defaults.rope_theta == 10000.0f);
   CHECK(defaults.hidden_act == "gelu");
   CHECK(defaults.use_parallel_residual);
-  ModelConfig overridden = ModelConfig::from_json_text(
+  ModelConfig overridden = parse_model_config(
       minimal + R"(, "rotary_pct": 0.5, "rope_parameters": {"rope_theta": 500.0, "partial_rotary_factor": 1.0}})",
       "new.json");
   CHECK(overridden.rotary_pct == 1.0);  // rope_parameters wins, as in transformers
   CHECK(overridden.rope_theta == 500.0f);
 
-  CHECK_THROWS_WITH_AS(ModelConfig::from_json_text(minimal + R"(, "hidden_act": "relu"})", "act.json"),
+  CHECK_THROWS_WITH_AS(parse_model_config(minimal + R"(, "hidden_act": "relu"})", "act.json"),
                        doctest::Contains("act.json: hidden_act \"relu\" is not supported for gpt_neox"), Error);
-  CHECK_THROWS_WITH_AS(ModelConfig::from_json_text(minimal + R"(, "rotary_pct": 0.1})", "odd.json"),
+  CHECK_THROWS_WITH_AS(parse_model_config(minimal + R"(, "rotary_pct": 0.1})", "odd.json"),
                        doctest::Contains("odd.json: rotary_pct 0.1 must give an even"), Error);
-  CHECK_THROWS_WITH_AS(ModelConfig::from_json_text(minimal + R"(, "use_parallel_residual": 1})", "bool.json"),
+  CHECK_THROWS_WITH_AS(parse_model_config(minimal + R"(, "use_parallel_residual": 1})", "bool.json"),
                        doctest::Contains("bool.json: field \"use_parallel_residual\" has the wrong type"), Error);
 }

@@ -18,6 +18,7 @@
 #include "kernels/error.h"
 #include "model/atomic_file.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/model_config.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
@@ -92,7 +93,7 @@ void write_poisoned_checkpoint(const fs::path& dir, const std::string& poisoned,
 }
 
 std::string load_error(const fs::path& dir, bool int8_base) {
-  ModelConfig config = ModelConfig::from_json_file((dir / "config.json").string());
+  ModelConfig config = read_model_config((dir / "config.json").string());
   HostAllocator host;
   CpuBackend backend(host);
   ModelOptions options;
@@ -111,7 +112,7 @@ TEST_CASE("config.json: a number out of double's range names the file and the fi
   text.replace(text.find(key), key.size(), "\"rms_norm_eps\": 1e999");
   write_text(dir.path / "config.json", text);
   const std::string path = (dir.path / "config.json").string();
-  const std::string message = error_of([&] { ModelConfig::from_json_file(path); });
+  const std::string message = error_of([&] { read_model_config(path); });
   CHECK(has(message, path));
   CHECK(has(message, "number out of range in field \"rms_norm_eps\""));
 }
@@ -126,15 +127,15 @@ TEST_CASE("config.json: integers above the documented bound and floats beyond fl
   // 2^63 + 1 fits only uint64; 2^24 + 1 is just past the bound.
   for (const char* value : {"1180591620717411303424", "9223372036854775809", "16777217"}) {
     CAPTURE(value);
-    const std::string message = error_of([&] { ModelConfig::from_json_text(config_with("vocab_size", value), "c.json"); });
+    const std::string message = error_of([&] { parse_model_config(config_with("vocab_size", value), "c.json"); });
     CHECK(has(message, "c.json: field \"vocab_size\""));
   }
-  CHECK(ModelConfig::from_json_text(config_with("vocab_size", std::to_string(kMaxModelConfigInt)), "c.json").vocab_size ==
+  CHECK(parse_model_config(config_with("vocab_size", std::to_string(kMaxModelConfigInt)), "c.json").vocab_size ==
         kMaxModelConfigInt);
   // A double above FLT_MAX stored into a float field would be undefined behaviour.
-  const std::string message = error_of([&] { ModelConfig::from_json_text(config_with("rope_theta", "1e300"), "c.json"); });
+  const std::string message = error_of([&] { parse_model_config(config_with("rope_theta", "1e300"), "c.json"); });
   CHECK(has(message, "c.json: field \"rope_theta\""));
-  CHECK(has(error_of([&] { ModelConfig::from_json_text(config_with("max_position_embeddings", "-9223372036854775807"), "c.json"); }),
+  CHECK(has(error_of([&] { parse_model_config(config_with("max_position_embeddings", "-9223372036854775807"), "c.json"); }),
             "field \"max_position_embeddings\""));
 }
 

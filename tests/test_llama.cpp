@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
+#include "model/families.h"
 #include "model/llama.h"
 #include "model/safetensors.h"
 #include "tests/parity.h"
@@ -30,7 +31,7 @@ constexpr double kGradientTolerance = 1e-3;
 
 void check_against_transformers(const std::string& fixture) {
   const std::string dir = std::string(FT_FIXTURES_DIR) + "/" + fixture;
-  ModelConfig config = ModelConfig::from_json_file(dir + "/config.json");
+  ModelConfig config = read_model_config(dir + "/config.json");
   Checkpoint checkpoint(dir);
   Checkpoint reference(dir + "/reference.safetensors");
   HostAllocator host;
@@ -82,7 +83,7 @@ TEST_CASE("a checkpoint missing a tensor the config needs is refused, naming the
   save_safetensors(path, kept);
   HostAllocator host;
   CpuBackend backend(host);
-  LlamaModel model(ModelConfig::from_json_file(dir + "/config.json"), backend);
+  LlamaModel model(read_model_config(dir + "/config.json"), backend);
   CHECK_THROWS_WITH_AS(model.load(Checkpoint(path)),
                        doctest::Contains("missing tensor \"model.layers.1.mlp.up_proj.weight\""), Error);
 }

@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/safetensors.h"
 #include "tests/host_tensors.h"
 #include "tests/parity.h"
@@ -62,7 +63,7 @@ ModelOptions model_options(const ModelConfig& config, const Step& step) {
 StepResult train_step(const std::string& fixture, const Step& step) {
   TrackingAllocator tracker(host);
   CpuBackend backend(tracker);
-  ModelConfig config = ModelConfig::from_json_file(fixture_dir(fixture) + "/config.json");
+  ModelConfig config = read_model_config(fixture_dir(fixture) + "/config.json");
   if (step.vocab_size) config.vocab_size = step.vocab_size;
   std::unique_ptr<CausalLM> model = make_causal_lm(config, backend, model_options(config, step));
   if (step.vocab_size)
@@ -179,7 +180,7 @@ TEST_CASE("the activation peak drops by exactly the layers' saved activations an
   for (const std::string& fixture : kFixtures) {
     CAPTURE(fixture);
     const int64_t V = 8192;
-    const ModelConfig c = ModelConfig::from_json_file(fixture_dir(fixture) + "/config.json");
+    const ModelConfig c = read_model_config(fixture_dir(fixture) + "/config.json");
     const int64_t N = 2 * 11, C = c.hidden_size, I = c.intermediate_size, L = c.num_hidden_layers;
     const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
     const bool llama = c.model_type == "llama";

@@ -20,6 +20,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/safetensors.h"
 #include "trainer/cli/merge.h"
 
@@ -48,7 +49,7 @@ MergeCommand command_for(const std::string& base, const std::string& adapter, co
 std::vector<float> merged_logits(const std::string& folder) {
   HostAllocator host;
   CpuBackend backend(host);
-  auto model = make_causal_lm(ModelConfig::from_json_file(folder + "/config.json"), backend, ModelOptions{});
+  auto model = make_causal_lm(read_model_config(folder + "/config.json"), backend, ModelOptions{});
   model->load(Checkpoint(folder));
   const Checkpoint reference(kFixtures + "/merge/reference.safetensors");
   const Tensor ids = reference.view("input_ids");

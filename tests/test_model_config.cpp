@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
+#include "model/families.h"
 #include "model/model_config.h"
 
 using namespace ft;
@@ -30,7 +31,7 @@ json gqa_config() {
 // The message of the Error parsing config throws ("" when it throws none).
 std::string error_of(const json& config) {
   try {
-    ModelConfig::from_json_text(config.dump(), kSource);
+    parse_model_config(config.dump(), kSource);
   } catch (const Error& error) {
     return error.what();
   }
@@ -53,7 +54,7 @@ json with(json config, const std::string& field, const json& value) {
 }  // namespace
 
 TEST_CASE("parses a llama config with grouped-query attention") {
-  ModelConfig config = ModelConfig::from_json_text(gqa_config().dump(), kSource);
+  ModelConfig config = parse_model_config(gqa_config().dump(), kSource);
   CHECK(config.model_type == "llama");
   CHECK(config.hidden_size == 2048);
   CHECK(config.intermediate_size == 5632);
@@ -72,7 +73,7 @@ TEST_CASE("parses a llama config with grouped-query attention") {
 TEST_CASE("optional fields take their defaults") {
   json minimal = {{"model_type", "llama"}, {"hidden_size", 64},       {"intermediate_size", 128},
                   {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"vocab_size", 100}};
-  ModelConfig config = ModelConfig::from_json_text(minimal.dump(), kSource);
+  ModelConfig config = parse_model_config(minimal.dump(), kSource);
   CHECK(config.num_key_value_heads == 4);  // no GQA unless asked for
   CHECK(config.head_dim == 16);            // hidden_size / num_attention_heads
   CHECK(config.max_position_embeddings == 2048);
@@ -83,9 +84,9 @@ TEST_CASE("optional fields take their defaults") {
   CHECK(!config.mlp_bias);
   CHECK(config.hidden_act == "silu");
   // null means "use the default", as transformers writes it.
-  CHECK(ModelConfig::from_json_text(with(minimal, "num_key_value_heads", nullptr).dump(), kSource).num_key_value_heads == 4);
+  CHECK(parse_model_config(with(minimal, "num_key_value_heads", nullptr).dump(), kSource).num_key_value_heads == 4);
   // An explicit head_dim wins over the derived one.
-  CHECK(ModelConfig::from_json_text(with(minimal, "head_dim", 32).dump(), kSource).head_dim == 32);
+  CHECK(parse_model_config(with(minimal, "head_dim", 32).dump(), kSource).head_dim == 32);
 }
 
 TEST_CASE("reads from a file and names it in errors") {
@@ -93,18 +94,18 @@ TEST_CASE("reads from a file and names it in errors") {
   REQUIRE(mkdtemp(pattern.data()) != nullptr);
   std::string path = pattern + "/config.json";
   std::ofstream(path) << gqa_config().dump(2);
-  CHECK(ModelConfig::from_json_file(path).num_key_value_heads == 4);
+  CHECK(read_model_config(path).num_key_value_heads == 4);
   std::ofstream(path) << with(gqa_config(), "model_type", "gpt2").dump();
   std::string message;
   try {
-    ModelConfig::from_json_file(path);
+    read_model_config(path);
   } catch (const Error& error) {
     message = error.what();
   }
   CHECK(message == path + ": model_type \"gpt2\" is not supported (supported model_type values: \"llama\", "
                           "\"qwen2\", \"mistral\", \"gpt_neox\", \"t5\")");
   std::filesystem::remove_all(pattern);
-  CHECK_THROWS_WITH_AS(ModelConfig::from_json_file(path), doctest::Contains("cannot open model config"), Error);
+  CHECK_THROWS_WITH_AS(read_model_config(path), doctest::Contains("cannot open model config"), Error);
 }
 
 TEST_CASE("each missing required field is named") {
@@ -135,13 +136,13 @@ TEST_CASE("fields of the wrong type are refused") {
   check_rejected(with(gqa_config(), "max_position_embeddings", 0), "max_position_embeddings must be positive");
   check_rejected(with(gqa_config(), "rms_norm_eps", 0), "rms_norm_eps and rope_theta must be positive");
   // rope_theta as an integer is common in real configs (e.g. 500000).
-  CHECK(ModelConfig::from_json_text(with(gqa_config(), "rope_theta", 500000).dump(), kSource).rope_theta == 500000.0f);
+  CHECK(parse_model_config(with(gqa_config(), "rope_theta", 500000).dump(), kSource).rope_theta == 500000.0f);
 }
 
 TEST_CASE("text that is not a JSON object is refused") {
-  CHECK_THROWS_WITH_AS(ModelConfig::from_json_text("{\"model_type\": ", kSource), doctest::Contains("not valid JSON"),
+  CHECK_THROWS_WITH_AS(parse_model_config("{\"model_type\": ", kSource), doctest::Contains("not valid JSON"),
                        Error);
-  CHECK_THROWS_WITH_AS(ModelConfig::from_json_text("[1, 2]", kSource), doctest::Contains("expected a JSON object"), Error);
+  CHECK_THROWS_WITH_AS(parse_model_config("[1, 2]", kSource), doctest::Contains("expected a JSON object"), Error);
 }
 
 TEST_CASE("unsupported settings are refused") {
@@ -167,47 +168,47 @@ TEST_CASE("rope scaling in every spelling a released config.json uses") {
   json llama31 = with(gqa_config(), "rope_theta", 500000.0);
   llama31["rope_scaling"] = {{"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
                              {"original_max_position_embeddings", 8192}, {"rope_type", "llama3"}};
-  ModelConfig config = ModelConfig::from_json_text(llama31.dump(), kSource);
+  ModelConfig config = parse_model_config(llama31.dump(), kSource);
   CHECK(config.rope_theta == 500000.0f);
   CHECK(config.rope_scaling.type == "llama3");
   CHECK(config.rope_scaling.factor == 8.0);
   CHECK(config.rope_scaling.original_max_position_embeddings == 8192);
   // Older files: {"type": "linear"}; rope_type wins when both are given.
-  config = ModelConfig::from_json_text(with(gqa_config(), "rope_scaling", {{"type", "linear"}, {"factor", 2.0}}).dump(),
+  config = parse_model_config(with(gqa_config(), "rope_scaling", {{"type", "linear"}, {"factor", 2.0}}).dump(),
                                        kSource);
   CHECK((config.rope_scaling.type == "linear" && config.rope_scaling.factor == 2.0));
-  config = ModelConfig::from_json_text(
+  config = parse_model_config(
       with(gqa_config(), "rope_scaling", {{"type", "yarn"}, {"rope_type", "dynamic"}, {"factor", 2.0}}).dump(), kSource);
   CHECK(config.rope_scaling.type == "dynamic");
   // transformers 5: rope_parameters, whose rope_theta beats the top-level one; a non-empty rope_scaling beats it.
   json v5 = with(gqa_config(), "rope_scaling", nullptr);
   v5["rope_parameters"] = {{"rope_type", "linear"}, {"rope_theta", 1000.0}, {"factor", 4.0}};
-  config = ModelConfig::from_json_text(v5.dump(), kSource);
+  config = parse_model_config(v5.dump(), kSource);
   CHECK((config.rope_scaling.type == "linear" && config.rope_scaling.factor == 4.0 && config.rope_theta == 1000.0f));
   v5["rope_scaling"] = {{"type", "dynamic"}, {"factor", 3.0}};
-  config = ModelConfig::from_json_text(v5.dump(), kSource);
+  config = parse_model_config(v5.dump(), kSource);
   CHECK((config.rope_scaling.type == "dynamic" && config.rope_scaling.factor == 3.0 && config.rope_theta == 10000.0f));
   // llama3 without original_max_position_embeddings: max_position_embeddings; a top-level one wins.
   json bare = with(gqa_config(), "rope_scaling",
                    {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}});
-  CHECK(ModelConfig::from_json_text(bare.dump(), kSource).rope_scaling.original_max_position_embeddings == 2048);
-  CHECK(ModelConfig::from_json_text(with(bare, "original_max_position_embeddings", 4096).dump(), kSource)
+  CHECK(parse_model_config(bare.dump(), kSource).rope_scaling.original_max_position_embeddings == 2048);
+  CHECK(parse_model_config(with(bare, "original_max_position_embeddings", 4096).dump(), kSource)
             .rope_scaling.original_max_position_embeddings == 4096);
 }
 
 TEST_CASE("qwen2 and mistral configure the llama layer") {
   json qwen = with(gqa_config(), "model_type", "qwen2");
   qwen["attention_bias"] = false;  // Qwen2Attention ignores it: q/k/v always have biases
-  ModelConfig config = ModelConfig::from_json_text(qwen.dump(), kSource);
+  ModelConfig config = parse_model_config(qwen.dump(), kSource);
   CHECK((config.attention_bias && !config.o_proj_bias && !config.mlp_bias && config.sliding_window == 0));
-  config = ModelConfig::from_json_text(with(qwen, "use_sliding_window", false).dump(), kSource);
+  config = parse_model_config(with(qwen, "use_sliding_window", false).dump(), kSource);
   CHECK(config.sliding_window == 0);
   json mistral = with(with(gqa_config(), "model_type", "mistral"), "sliding_window", 4096);
-  config = ModelConfig::from_json_text(mistral.dump(), kSource);
+  config = parse_model_config(mistral.dump(), kSource);
   CHECK((config.sliding_window == 4096 && !config.attention_bias && !config.o_proj_bias));
-  CHECK(ModelConfig::from_json_text(with(mistral, "sliding_window", nullptr).dump(), kSource).sliding_window == 0);
+  CHECK(parse_model_config(with(mistral, "sliding_window", nullptr).dump(), kSource).sliding_window == 0);
   json llama = with(with(gqa_config(), "attention_bias", true), "mlp_bias", true);
-  config = ModelConfig::from_json_text(llama.dump(), kSource);
+  config = parse_model_config(llama.dump(), kSource);
   CHECK((config.attention_bias && config.o_proj_bias && config.mlp_bias));
 }
 
@@ -222,9 +223,9 @@ TEST_CASE("head counts that do not divide are refused") {
 }
 
 TEST_CASE("transformers 5 rope_parameters carry rope_theta") {
-  ModelConfig config = ModelConfig::from_json_file(std::string(FT_FIXTURES_DIR) + "/llama_tied/config.json");
+  ModelConfig config = read_model_config(std::string(FT_FIXTURES_DIR) + "/llama_tied/config.json");
   CHECK(config.rope_theta == 500000.0f);
-  CHECK_THROWS_WITH_AS(ModelConfig::from_json_text(R"({"model_type": "llama", "hidden_size": 64,
+  CHECK_THROWS_WITH_AS(parse_model_config(R"({"model_type": "llama", "hidden_size": 64,
       "intermediate_size": 88, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 320,
       "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0}})", "cfg.json"),
       doctest::Contains("cfg.json: rope_parameters.rope_type \"yarn\" is not supported"), Error);

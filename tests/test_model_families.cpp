@@ -22,6 +22,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/peft_adapter.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
@@ -42,7 +43,7 @@ std::unique_ptr<CausalLM> make_model(Backend& backend, const std::string& dir, c
   options.weight_dtype = DType::f32;
   options.int8_base = false;
   if (!adapter.empty()) options.lora = read_peft_adapter_config(adapter).lora;
-  std::unique_ptr<CausalLM> model = make_causal_lm(ModelConfig::from_json_file(dir + "/config.json"), backend, options);
+  std::unique_ptr<CausalLM> model = make_causal_lm(read_model_config(dir + "/config.json"), backend, options);
   model->load(Checkpoint(dir));
   if (!adapter.empty()) load_peft_adapter(adapter, *model);
   return model;
@@ -64,7 +65,7 @@ void check_family(const std::string& fixture, size_t adapters) {
   Tensor targets = shifted_targets(reference.view("labels"), host);
 
   // transformers' inverse frequencies for this batch's length, to f32 rounding.
-  const ModelConfig config = ModelConfig::from_json_file(dir + "/config.json");
+  const ModelConfig config = read_model_config(dir + "/config.json");
   std::vector<float> inv_freq = rope_inv_freq(config, input_ids.dim(1));
   const Tensor want_inv_freq = reference.view("inv_freq");
   REQUIRE(int64_t(inv_freq.size()) == want_inv_freq.numel());
@@ -118,7 +119,7 @@ TEST_CASE("mistral with a sliding window shorter than the batch matches transfor
 }
 
 TEST_CASE("dynamic rope equals the default rope up to max_position_embeddings") {
-  ModelConfig config = ModelConfig::from_json_file(std::string(FT_FIXTURES_DIR) + "/llama_dynamic_rope/config.json");
+  ModelConfig config = read_model_config(std::string(FT_FIXTURES_DIR) + "/llama_dynamic_rope/config.json");
   const std::vector<float> plain = default_rope_inv_freq(config.rope_theta, config.rotary_dim());
   CHECK(rope_inv_freq(config, config.max_position_embeddings) == plain);
   CHECK(rope_inv_freq(config, config.max_position_embeddings + 1) != plain);
@@ -127,7 +128,7 @@ TEST_CASE("dynamic rope equals the default rope up to max_position_embeddings") 
 TEST_CASE("an unsupported model_type is refused with the supported list") {
   nlohmann::json config = nlohmann::json::parse(R"({"model_type": "llama", "hidden_size": 32,
       "intermediate_size": 40, "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 96})");
-  ModelConfig parsed = ModelConfig::from_json_text(config.dump(), "config.json");
+  ModelConfig parsed = parse_model_config(config.dump(), "config.json");
   parsed.model_type = "phi3";
   HostAllocator host;
   CpuBackend backend(host);

@@ -14,6 +14,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/nf4.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/nf4_linear.h"
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
@@ -205,7 +206,7 @@ std::unique_ptr<CausalLM> nf4_llama(Backend& backend, const std::string& checkpo
   ModelOptions options;
   options.nf4_base = true;
   auto model =
-      make_causal_lm(ModelConfig::from_json_file(kFixtures + "/llama_gqa/config.json"), backend, options);
+      make_causal_lm(read_model_config(kFixtures + "/llama_gqa/config.json"), backend, options);
   model->load(Checkpoint(checkpoint));
   return model;
 }
@@ -281,7 +282,7 @@ TEST_CASE("a transformers/bitsandbytes NF4 checkpoint loads bit-identical to qua
   CHECK(check_same_nf4(*reloaded, *quantised_here) == 0);
 
   // The NF4 base in a model without one is refused by name.
-  auto dense = make_causal_lm(ModelConfig::from_json_file(kFixtures + "/llama_gqa/config.json"), backend, {});
+  auto dense = make_causal_lm(read_model_config(kFixtures + "/llama_gqa/config.json"), backend, {});
   CHECK_THROWS_WITH(dense->load(Checkpoint(saved)), doctest::Contains("quantization.mode nf4"));
 }
 
@@ -289,7 +290,7 @@ TEST_CASE("an NF4 model's logits equal a dense model's holding the dequantised w
   HostAllocator host;
   CpuBackend backend(host);
   auto nf4 = nf4_llama(backend, kFixtures + "/nf4/llama_nf4");
-  auto dense = make_causal_lm(ModelConfig::from_json_file(kFixtures + "/llama_gqa/config.json"), backend, {});
+  auto dense = make_causal_lm(read_model_config(kFixtures + "/llama_gqa/config.json"), backend, {});
   dense->load(Checkpoint(kFixtures + "/llama_gqa"));
   for (const Parameter& p : nf4->parameters())
     if (p.value.dtype == DType::u8) backend.nf4_dequantize(dense->parameter(p.name).value, nf4_weight(p), 0, 0);

@@ -18,6 +18,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
+#include "model/families.h"
 #include "model/llama.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
@@ -55,7 +56,7 @@ std::unique_ptr<LlamaModel> make_lora_model(Backend& backend, const std::string&
   options.weight_dtype = DType::f32;
   options.int8_base = false;
   options.lora = read_peft_adapter_config(adapter_folder).lora;
-  auto model = std::make_unique<LlamaModel>(ModelConfig::from_json_file(kBaseFolder + "/config.json"), backend, options);
+  auto model = std::make_unique<LlamaModel>(read_model_config(kBaseFolder + "/config.json"), backend, options);
   model->load(Checkpoint(kBaseFolder));
   return model;
 }
@@ -309,7 +310,7 @@ TEST_CASE("no target_modules: PEFT's default targets for the architecture, recor
   };
   for (const auto& c : cases) {
     CAPTURE(c.fixture);
-    const ModelConfig config = ModelConfig::from_json_file(std::string(FT_FIXTURES_DIR) + "/" + c.fixture + "/config.json");
+    const ModelConfig config = read_model_config(std::string(FT_FIXTURES_DIR) + "/" + c.fixture + "/config.json");
     std::unique_ptr<CausalLM> model = make_causal_lm(config, backend, options);
     CHECK(model->options().lora->target_modules == c.targets);
     // Two adapters (A, B) per targeted module per layer, PEFT's default rank.

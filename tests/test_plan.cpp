@@ -14,6 +14,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/int8_linear.h"
 #include "model/nf4_linear.h"
 #include "trainer/dpo.h"
@@ -67,7 +68,7 @@ void fill_weights(LanguageModel& model, Backend& backend) {
 // (objective: dpo: batch pairs, the reference forward and the policy's step).
 size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq) {
   const bool dpo = config.objective == Objective::dpo;
-  const ModelConfig model_config = ModelConfig::from_json_file(config.model + "/config.json");
+  const ModelConfig model_config = read_model_config(config.model + "/config.json");
   HostAllocator host;
   TrackingAllocator tracker(host), host_state(host);
   CpuBackend backend(tracker);
@@ -153,7 +154,7 @@ TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to th
 // each input, a stage before the last each d(output), into a new tensor),
 // their backwards oldest first, then AdamW. Returns the tracked peak.
 size_t real_stage_peak(const TrainConfig& config, const StagePlan& stage) {
-  const ModelConfig model_config = ModelConfig::from_json_file(config.model + "/config.json");
+  const ModelConfig model_config = read_model_config(config.model + "/config.json");
   HostAllocator host;
   TrackingAllocator tracker(host), host_state(host);
   CpuBackend backend(tracker);
@@ -211,7 +212,7 @@ void check_pipeline_matches_real_stages(const std::string& model_dir, const std:
 void check_stages_match_whole_model(const std::string& model_dir, const std::string& extra_yaml) {
   CAPTURE(model_dir);
   const TrainConfig config = make_config(model_dir, extra_yaml);
-  const ModelConfig model_config = ModelConfig::from_json_file(config.model + "/config.json");
+  const ModelConfig model_config = read_model_config(config.model + "/config.json");
   HostAllocator host;
   CpuBackend backend(host);
   TrainingSetup whole = setup_training(config, model_config, backend,

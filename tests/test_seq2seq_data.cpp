@@ -1,5 +1,5 @@
 // Seq2seq (T5) rows: tokenize_seq2seq_example's layout and truncation,
-// text rows split for the prefix-LM objective, and seq2seq_batch splitting the
+// text rows split for the prefix-LM objective, and t5_rows splitting the
 // loader's batches back into right-padded encoder rows, their lengths and
 // -100-padded labels.
 #include <doctest/doctest.h>
@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "kernels/error.h"
+#include "model/t5.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
 #include "trainer/data/data.h"
-#include "trainer/data/seq2seq_data.h"
 
 using namespace ft;
 
@@ -63,7 +63,7 @@ TEST_CASE("a text row splits after the marker's last occurrence, else at the wor
   CHECK(split_text_row("one two three four", "In short: ") == Halves{"one two", " three four"});
 }
 
-TEST_CASE("seq2seq_batch splits loader batches into padded encoder rows, lengths and labels") {
+TEST_CASE("t5_rows splits loader batches into padded encoder rows, lengths and labels") {
   // Rows: encoder {10, 11, 12, eos} labels {20, eos}; encoder {13, eos} labels {21, 22, 23, eos}.
   auto row = [](std::vector<int32_t> encoder, std::vector<int32_t> labels) {
     TokenSequence seq;
@@ -76,7 +76,7 @@ TEST_CASE("seq2seq_batch splits loader batches into padded encoder rows, lengths
   // Three slots per batch, two rows: the third is the epoch's empty padding row.
   DataLoader loader({row({10, 11, 12, kEos}, {20, kEos}), row({13, kEos}, {21, 22, 23, kEos})}, 3, 8, kPad, 1, host);
   const Batch batch = loader.batch_in_order(0);
-  const Seq2SeqBatch split = seq2seq_batch(batch, /*decoder_start_token_id=*/kPad, kPad, host);
+  const T5Rows split = t5_rows(batch.input_ids, batch.targets, /*decoder_start_token_id=*/kPad, kPad, host);
   CHECK(split.encoder_lengths == std::vector<int32_t>{4, 2, 1});
   CHECK(split.encoder_ids.shape == Shape{3, 4});
   CHECK(ints(split.encoder_ids) == std::vector<int32_t>{10, 11, 12, kEos, 13, kEos, kPad, kPad, kPad, kPad, kPad, kPad});

@@ -12,9 +12,10 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/safetensors.h"
-#include "tokenizer/sentencepiece_tokenizer.h"
 #include "tokenizer/load_tokenizer.h"
+#include "tokenizer/sentencepiece_tokenizer.h"
 #include "trainer/data/data.h"
 #include "trainer/data/special_tokens.h"
 #include "trainer/evaluate.h"
@@ -188,7 +189,7 @@ TEST_CASE("generation stops at any of the stop ids, and at a stop string") {
   const std::string dir = std::string(FT_FIXTURES_DIR) + "/llama_gqa";
   HostAllocator host;
   CpuBackend backend(host);
-  auto model = make_causal_lm(ModelConfig::from_json_file(dir + "/config.json"), backend, ModelOptions{});
+  auto model = make_causal_lm(read_model_config(dir + "/config.json"), backend, ModelOptions{});
   model->load(Checkpoint(dir));
   SamplingOptions greedy;
   greedy.max_new_tokens = 8;

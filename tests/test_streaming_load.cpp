@@ -26,6 +26,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/meta/meta_backend.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
 #include "tests/host_tensors.h"
@@ -75,7 +76,7 @@ Tensor synthetic_bf16(const Shape& shape, uint64_t seed, HostAllocator& host) {
 // Only one shard is in memory at a time.
 void write_sharded_checkpoint(const fs::path& dir, const std::string& config_text) {
   std::ofstream(dir / "config.json") << config_text;
-  ModelConfig config = ModelConfig::from_json_text(config_text, "synthetic config");
+  ModelConfig config = parse_model_config(config_text, "synthetic config");
   MetaAllocator meta;
   MetaBackend shapes_only(meta, MemoryPolicy::cpu);
   std::unique_ptr<CausalLM> model = make_causal_lm(config, shapes_only, ModelOptions{});
@@ -131,7 +132,7 @@ LoadFigures load_and_measure(const fs::path& dir) {
   options.int8_base = true;
   options.weight_dtype = DType::bf16;
   std::unique_ptr<CausalLM> model =
-      make_causal_lm(ModelConfig::from_json_file((dir / "config.json").string()), backend, options);
+      make_causal_lm(read_model_config((dir / "config.json").string()), backend, options);
   Checkpoint checkpoint(dir.string());
   model->load(checkpoint);
   figures.peak_rss = status_bytes("VmHWM");
@@ -214,7 +215,7 @@ TEST_CASE("a saved quantised base loads back to the same codes, scales and logit
   ModelOptions options;
   options.int8_base = true;
   options.weight_dtype = DType::bf16;
-  ModelConfig model_config = ModelConfig::from_json_text(config, "synthetic config");
+  ModelConfig model_config = parse_model_config(config, "synthetic config");
 
   std::unique_ptr<CausalLM> quantised = make_causal_lm(model_config, backend, options);
   quantised->load(Checkpoint(dir.path.string()));

@@ -21,6 +21,7 @@
 #include "kernels/error.h"
 #include "kernels/meta/meta_backend.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
 #include "model/t5.h"
@@ -57,7 +58,7 @@ void check_loss(float got, const Tensor& want_tensor, const std::string& what) {
 
 void check_against_transformers(const std::string& fixture, bool tied) {
   const std::string dir = fixture_dir(fixture);
-  const ModelConfig config = ModelConfig::from_json_file(dir + "/config.json");
+  const ModelConfig config = read_model_config(dir + "/config.json");
   REQUIRE(config.tie_word_embeddings == tied);
   REQUIRE(config.head_dim * config.num_attention_heads != config.hidden_size);
   Checkpoint checkpoint(dir);
@@ -123,7 +124,9 @@ void check_lora_against_peft(const std::string& fixture) {
   CHECK(peft.task_type == "SEQ_2_SEQ_LM");
   options.lora = peft.lora;
   options.lora->target_modules = {};  // PEFT's default for t5: q and v
-  T5Model model(ModelConfig::from_json_file(dir + "/config.json"), backend, options);
+  std::unique_ptr<LanguageModel> built = make_language_model(read_model_config(dir + "/config.json"), backend, options);
+  REQUIRE(built->as_seq2seq());
+  T5Model& model = *built->as_seq2seq();
   CHECK(model.options().lora->target_modules == std::vector<std::string>{"q", "v"});
   // Encoder: 3 x (q, v); decoder: 2 x (self q, v and EncDecAttention q, v); A and B each.
   REQUIRE(model.adapters().size() == 2 * (3 * 2 + 2 * 4));
@@ -186,7 +189,7 @@ void check_adapter_round_trip(const std::string& fixture) {
   ModelOptions options = f32_options();
   const PeftAdapterConfig peft = read_peft_adapter_config(adapter);
   options.lora = peft.lora;
-  const ModelConfig config = ModelConfig::from_json_file(dir + "/config.json");
+  const ModelConfig config = read_model_config(dir + "/config.json");
   T5Model model(config, backend, options);
   model.load(Checkpoint(dir));
   load_peft_adapter(adapter, model);
@@ -266,26 +269,26 @@ TEST_CASE("t5 relative position buckets are transformers' (bidirectional and cau
 TEST_CASE("t5 config: T5's field names, both feed-forward forms, transformers 5's tie fields, clear refusals") {
   const std::string base = R"({"model_type": "t5", "d_model": 20, "d_ff": 28, "d_kv": 6, "num_layers": 3,
                                "num_heads": 3, "vocab_size": 97)";
-  ModelConfig v10 = ModelConfig::from_json_text(base + "}", "v10");
+  ModelConfig v10 = parse_model_config(base + "}", "v10");
   CHECK(v10.num_decoder_layers == 3);  // defaults to num_layers
   CHECK(v10.tie_word_embeddings);      // T5Config's default
   CHECK(!v10.gated_ffn);
   CHECK(v10.relative_attention_num_buckets == 32);
   CHECK(v10.relative_attention_max_distance == 128);
   CHECK(v10.decoder_start_token_id == 0);
-  ModelConfig flan = ModelConfig::from_json_text(
+  ModelConfig flan = parse_model_config(
       base + R"(, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": false, "num_decoder_layers": 2})", "flan");
   CHECK(flan.gated_ffn);
   CHECK(!flan.tie_word_embeddings);
   CHECK(flan.num_decoder_layers == 2);
   // transformers 5 writes tie_word_embeddings true for every T5 and says
   // with scale_decoder_outputs whether the head is v1.0's shared one.
-  ModelConfig v5 = ModelConfig::from_json_text(
+  ModelConfig v5 = parse_model_config(
       base + R"(, "tie_word_embeddings": true, "scale_decoder_outputs": false})", "v5");
   CHECK(!v5.tie_word_embeddings);
-  CHECK_THROWS_WITH_AS(ModelConfig::from_json_text(base + R"(, "feed_forward_proj": "gated-silu"})", "cfg"),
+  CHECK_THROWS_WITH_AS(parse_model_config(base + R"(, "feed_forward_proj": "gated-silu"})", "cfg"),
                        doctest::Contains("feed_forward_proj \"gated-silu\" is not supported for t5"), Error);
-  CHECK_THROWS_WITH_AS(ModelConfig::from_json_text(R"({"model_type": "t5", "d_model": 20})", "cfg"),
+  CHECK_THROWS_WITH_AS(parse_model_config(R"({"model_type": "t5", "d_model": 20})", "cfg"),
                        doctest::Contains("missing required field \"d_ff\""), Error);
   HostAllocator host;
   CpuBackend backend(host);
@@ -302,7 +305,7 @@ namespace {
 // (all adapters together) and the f32 model's.
 std::pair<float, double> quantized_base_step(bool nf4) {
   const std::string dir = fixture_dir("t5_v1_1");
-  const ModelConfig config = ModelConfig::from_json_file(dir + "/config.json");
+  const ModelConfig config = read_model_config(dir + "/config.json");
   Checkpoint reference(dir + "/lora_reference.safetensors");
   const Tensor input_ids = reference.view("input_ids"), labels = reference.view("labels");
   const Tensor decoder_ids = reference.view("decoder_input_ids");
@@ -373,7 +376,7 @@ struct LoadedT5 {
   T5Model model;
   Checkpoint reference;
   explicit LoadedT5(const std::string& fixture)
-      : model(ModelConfig::from_json_file(fixture_dir(fixture) + "/config.json"), backend, f32_options()),
+      : model(read_model_config(fixture_dir(fixture) + "/config.json"), backend, f32_options()),
         reference(fixture_dir(fixture) + "/reference.safetensors") {
     model.load(Checkpoint(fixture_dir(fixture)));
   }
@@ -469,7 +472,7 @@ TEST_CASE("t5 generation with the decoder key/value cache equals the uncached de
 
 TEST_CASE("t5 on the meta backend (the memory planner) allocates exactly what the CPU step allocates") {
   const std::string dir = fixture_dir("t5_v1_1");
-  const ModelConfig config = ModelConfig::from_json_file(dir + "/config.json");
+  const ModelConfig config = read_model_config(dir + "/config.json");
   Checkpoint reference(dir + "/lora_reference.safetensors");
   ModelOptions options = f32_options();
   options.lora = read_peft_adapter_config(dir + "/adapter").lora;
@@ -509,7 +512,7 @@ Tensor padded_rows(const std::vector<std::vector<int32_t>>& rows, int64_t width,
 
 TEST_CASE("t5 padded batch: encoder padding masked, loss and every gradient as each row run alone") {
   const std::string dir = fixture_dir("t5_v1_1");
-  const ModelConfig config = ModelConfig::from_json_file(dir + "/config.json");
+  const ModelConfig config = read_model_config(dir + "/config.json");
   HostAllocator host;
   CpuBackend backend(host);
   ModelOptions options = f32_options();

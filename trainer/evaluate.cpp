@@ -6,7 +6,6 @@
 #include "kernels/error.h"
 #include "model/t5.h"
 #include "trainer/data/data.h"
-#include "trainer/data/seq2seq_data.h"
 #include "trainer/generate_seq2seq.h"
 
 namespace ft {
@@ -30,17 +29,8 @@ Batch trim_padding(const Batch& batch, Allocator& host) {
 }
 
 float micro_batch_loss(LanguageModel& model, const Batch& batch, const float* grad_scale) {
-  if (auto* t5 = dynamic_cast<T5Model*>(&model)) {
-    HostAllocator host;
-    // T5's decoder starts from its pad token, which also fills the padding.
-    const int64_t start = t5->config().decoder_start_token_id;
-    const Seq2SeqBatch rows = seq2seq_batch(batch, start, int32_t(start), host);
-    if (!grad_scale) return t5->forward(rows.encoder_ids, rows.decoder_ids, rows.labels, rows.encoder_lengths);
-    return t5->forward_backward(rows.encoder_ids, rows.decoder_ids, rows.labels, *grad_scale, rows.encoder_lengths);
-  }
-  auto& causal = dynamic_cast<CausalLM&>(model);
-  return grad_scale ? causal.forward_backward(batch.input_ids, batch.targets, *grad_scale)
-                    : causal.forward(batch.input_ids, batch.targets);
+  return grad_scale ? model.forward_backward(batch.input_ids, batch.targets, *grad_scale)
+                    : model.forward(batch.input_ids, batch.targets);
 }
 
 std::vector<Batch> eval_batches(const DataLoader& eval, int64_t max_batches, Allocator& host) {
@@ -85,7 +75,7 @@ std::vector<std::string> complete_prompts(LanguageModel& model, const Tokenizer&
                                           const StopCondition& stop, int64_t batch_size) {
   StopCondition decoding_stop = stop;
   decoding_stop.tokenizer = &tokenizer;
-  auto* t5 = dynamic_cast<T5Model*>(&model);
+  T5Model* t5 = model.as_seq2seq();  // an encoder-decoder model generates from the encoder's tokens
   std::vector<std::string> completions;
   for (size_t first = 0; first < prompts.size(); first += size_t(batch_size)) {
     std::vector<std::vector<int32_t>> batch;
@@ -97,7 +87,7 @@ std::vector<std::string> complete_prompts(LanguageModel& model, const Tokenizer&
     options.seed = sampling.seed + first;
     const std::vector<std::vector<int32_t>> generated_rows =
         t5 ? generate_seq2seq(*t5, batch, options, stop.ids)
-           : generate(dynamic_cast<CausalLM&>(model), batch, options, decoding_stop);
+           : generate(*model.as_causal_lm(), batch, options, decoding_stop);
     for (const auto& generated : generated_rows) {
       std::string text = tokenizer.decode(generated);
       completions.push_back(text.substr(0, find_stop_string(text, stop.strings)));

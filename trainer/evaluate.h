@@ -26,8 +26,8 @@ struct EvalLoss {
 
 // The mean loss of one micro-batch (batch.counted_tokens > 0), and with
 // grad_scale the gradients of grad_scale * loss added to the trainable
-// parameters: CausalLM's step, or T5Model's on seq2seq_batch(batch)
-// (seq2seq_data.h) with the encoder's padding masked.
+// parameters (LanguageModel::forward and forward_backward, whatever the
+// model's kind).
 float micro_batch_loss(LanguageModel& model, const Batch& batch, const float* grad_scale);
 
 // max_batches 0 = the whole set.

@@ -13,6 +13,7 @@
 #include "kernels/checked_mul.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/layer_stream.h"
 #include "trainer/dpo.h"
 #include "trainer/evaluate.h"
@@ -172,7 +173,7 @@ void replay_stage(CausalLM& model, Backend& backend, const Tensor& ids, const Te
 StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch, int64_t seq_len,
                      const LayerRange& stage, int64_t in_flight) {
   const ModelConfig model_config =
-      ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
+      read_model_config((std::filesystem::path(config.model) / "config.json").string());
   MetaAllocator meta;
   TrackingAllocator host_state(meta);  // offloaded optimizer state: host memory, not the device's
   CachingModelAllocator caching;
@@ -443,7 +444,7 @@ std::vector<int64_t> balanced_split(const std::vector<StageCost>& costs, int64_t
 
 PipelinePlan plan_pipeline(const TrainConfig& config, const PlanOptions& options) {
   const ModelConfig model_config =
-      ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
+      read_model_config((std::filesystem::path(config.model) / "config.json").string());
   const int64_t stages = config.parallel.pipeline, total = model_config.num_hidden_layers;
   check_pipeline_model(config, model_config.model_type);
   FT_CHECK(stages <= total, config.source, ": parallel.pipeline: ", stages,
@@ -576,7 +577,7 @@ std::string power_or_dash(int64_t value) { return value ? std::to_string(value) 
 int64_t fit_resident_layers(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch,
                             int64_t seq_len) {
   const ModelConfig model_config =
-      ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
+      read_model_config((std::filesystem::path(config.model) / "config.json").string());
   TrainConfig streamed = config;
   streamed.offload_base = OffloadTarget::host;
   auto bytes = [&](int64_t resident) {
@@ -599,7 +600,7 @@ int64_t fit_resident_layers(const TrainConfig& config, const PlanOptions& option
 
 std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& options) {
   const ModelConfig model_config =
-      ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
+      read_model_config((std::filesystem::path(config.model) / "config.json").string());
   std::vector<PlanMode> modes;
   const bool lora = config.trainable == Trainable::lora;
   for (OffloadTarget base : {OffloadTarget::device, OffloadTarget::host})
@@ -618,7 +619,7 @@ std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& opt
 void print_plan(const TrainConfig& config, const PlanOptions& options) {
   const bool cuda = options.policy == MemoryPolicy::cuda;
   const ModelConfig model_config =
-      ModelConfig::from_json_file((std::filesystem::path(config.model) / "config.json").string());
+      read_model_config((std::filesystem::path(config.model) / "config.json").string());
   std::printf("memory plan: %s, %s %lld layers, on %s, micro_batch %lld x seq_len %lld%s\n", config.source.c_str(),
               model_config.model_type.c_str(), (long long)model_config.num_hidden_layers, cuda ? "cuda" : "cpu",
               (long long)config.micro_batch_size, (long long)config.seq_len,
@@ -681,7 +682,7 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
 TrainConfig plan_config_for_model(const std::string& path, const std::vector<std::string>& overrides) {
   namespace fs = std::filesystem;
   const fs::path json = fs::is_directory(path) ? fs::path(path) / "config.json" : fs::path(path);
-  const ModelConfig model_config = ModelConfig::from_json_file(json.string());
+  const ModelConfig model_config = read_model_config(json.string());
   const int64_t seq_len = std::min<int64_t>(2048, model_config.max_position_embeddings);
   const std::string yaml = "model: " + fs::absolute(json.parent_path()).string() +
                            "\ndata: {train: unused.jsonl}\nprecision: bf16\nactivation_checkpointing: per_layer\n"

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "kernels/error.h"
-#include "model/t5.h"
+#include "model/families.h"
 
 namespace ft {
 
@@ -46,9 +46,10 @@ std::unique_ptr<AdamW> make_optimizer(Backend& backend, const std::vector<Parame
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
                              const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state,
                              const LayerRange& stage, const OptimizerShard& shard) {
-  FT_CHECK(config.offload_base == OffloadTarget::device || model_config.model_type != "t5", config.source,
-           ": offload.base: host streams a decoder-only model's layers; a t5 (encoder-decoder) model keeps its base "
-           "on the device");
+  FT_CHECK(config.offload_base == OffloadTarget::device ||
+               model_family(model_config.model_type).kind == ModelKind::causal,
+           config.source, ": offload.base: host streams a decoder-only model's layers; a ", model_config.model_type,
+           " (encoder-decoder) model keeps its base on the device");
   FT_CHECK(config.offload_base == OffloadTarget::device || config.resident_layers < model_config.num_hidden_layers,
            config.source, ": offload.resident_layers must be below the model's num_hidden_layers (",
            model_config.num_hidden_layers, ") with offload.base: host, got ", config.resident_layers);
@@ -73,10 +74,10 @@ TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model
 }
 
 CausalLM& causal_lm(LanguageModel& model, const char* what) {
-  auto* causal = dynamic_cast<CausalLM*>(&model);
-  FT_CHECK(causal, what, " needs a decoder-only model (", kCausalLmModelTypes, "), got model_type ",
-           model.config().model_type);
-  return *causal;
+  const ModelKind causal = ModelKind::causal;
+  FT_CHECK(model.as_causal_lm(), what, " needs a decoder-only model (", supported_model_types(&causal),
+           "), got model_type ", model.config().model_type);
+  return *model.as_causal_lm();
 }
 
 }  // namespace ft

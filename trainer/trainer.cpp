@@ -15,13 +15,13 @@
 #include "kernels/error.h"
 #include "model/atomic_file.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/layer_stream.h"
 #include "model/peft_adapter.h"
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
 #include "tokenizer/load_tokenizer.h"
 #include "trainer/data/preference_data.h"
-#include "trainer/data/seq2seq_data.h"
 #include "trainer/data/special_tokens.h"
 #include "trainer/device_backend.h"
 #include "trainer/dpo.h"
@@ -60,8 +60,8 @@ struct Run {
   ModelConfig model_config;
   std::unique_ptr<Tokenizer> tokenizer;
   SpecialTokens special_tokens;
-  std::unique_ptr<LanguageModel> model;  // T5Model or a CausalLM
-  bool seq2seq = false;                  // T5: rows are the encoder's tokens, then the labels (seq2seq_data.h)
+  std::unique_ptr<LanguageModel> model;  // its family's (model/families.h)
+  ModelKind kind = ModelKind::causal;    // seq2seq: rows are the encoder's tokens, then the labels
   std::unique_ptr<AdamW> optimizer;         // over this rank's share of trainable when sharded
   std::vector<Parameter*> trainable;        // every trainable parameter of this rank's model
   std::vector<int64_t> state_owners;        // per trainable parameter: the data-parallel rank updating it
@@ -119,14 +119,15 @@ ParameterCount count_job_parameters(Run& run) {
 
 void make_model(Run& run) {
   const TrainConfig& config = run.config;
-  run.model_config = ModelConfig::from_json_file(path_in(config.model, "config.json"));
-  run.seq2seq = run.model_config.model_type == "t5";
-  FT_CHECK(!run.seq2seq || config.objective == Objective::sft, config.source, ": objective: ",
+  run.model_config = read_model_config(path_in(config.model, "config.json"));
+  run.kind = model_family(run.model_config.model_type).kind;
+  const bool seq2seq = run.kind == ModelKind::seq2seq;
+  FT_CHECK(!seq2seq || config.objective == Objective::sft, config.source, ": objective: ",
            enum_name(config.objective), " needs a decoder-only model; ", path_in(config.model, "config.json"),
-           " is a t5 (encoder-decoder) model");
-  FT_CHECK(!run.seq2seq || !config.data.packing, config.source,
-           ": data.packing: true packs examples into one causal row; a t5 model reads one example per row (set "
-           "data.packing: false)");
+           " is a ", run.model_config.model_type, " (encoder-decoder) model");
+  FT_CHECK(!seq2seq || !config.data.packing, config.source,
+           ": data.packing: true packs examples into one causal row; a ", run.model_config.model_type,
+           " model reads one example per row (set data.packing: false)");
   FT_CHECK(config.seq_len <= run.model_config.max_position_embeddings, config.source, ": seq_len ", config.seq_len,
            " is larger than the model's max_position_embeddings ", run.model_config.max_position_embeddings, " (",
            path_in(config.model, "config.json"), ")");
@@ -158,7 +159,7 @@ void make_model(Run& run) {
 std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const char* what, Dataset* keep) {
   const RowTemplate& row_template = run.config.data.row_template;
   Dataset data = row_template.empty() ? load_jsonl(path, run.config.data.format) : load_templated(path, row_template);
-  if (run.seq2seq && data.format == DataFormat::text)  // the encoder reads the text's beginning
+  if (run.kind == ModelKind::seq2seq && data.format == DataFormat::text)  // the encoder reads the text's beginning
     for (Example& example : data.examples)
       std::tie(example.prompt, example.completion) = split_text_row(example.completion, run.config.data.text_split);
   ChatTemplate chat;
@@ -169,7 +170,7 @@ std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const
   }
   TokenizedDataset tokens = tokenize_dataset(data, *run.tokenizer, run.config.seq_len,
                                              run.special_tokens.example_eos_id, &chat,
-                                             run.seq2seq ? RowLayout::seq2seq : RowLayout::causal);
+                                             run.kind == ModelKind::seq2seq ? RowLayout::seq2seq : RowLayout::causal);
   std::cout << what << ": " << data.examples.size() << " examples, " << tokens.loss_token_count
             << " loss tokens, " << tokens.truncated_count << " truncated to seq_len " << run.config.seq_len << "\n";
   if (keep) *keep = std::move(data);
@@ -526,7 +527,7 @@ void save_outputs(Run& run) {
   PeftAdapterConfig adapter;
   adapter.lora = *run.model->options().lora;  // with the architecture's default targets filled in
   adapter.base_model_name_or_path = config.model;
-  adapter.task_type = run.seq2seq ? "SEQ_2_SEQ_LM" : "CAUSAL_LM";
+  adapter.task_type = peft_task_type(run.kind);
   save_peft_adapter(path_in(config.output_dir, "adapter"), adapters, run.model->options().lora, adapter);
   std::cout << "adapter (PEFT format): " << path_in(config.output_dir, "adapter") << "\n";
 }

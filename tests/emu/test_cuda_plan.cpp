@@ -17,6 +17,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_allocator.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "tests/emu/cuda_device_skip.h"
 #include "trainer/plan.h"
 #include "trainer/train_config.h"
@@ -37,7 +38,7 @@ TrainConfig make_config(const std::string& model, const std::string& extra_yaml)
 // The caching allocator's peak over one training step built as plan_step
 // builds it (random INT8 base instead of the planner's absent weights).
 size_t measured_step_peak(const TrainConfig& config, int64_t batch, int64_t seq) {
-  const ModelConfig model_config = ModelConfig::from_json_file(config.model + "/config.json");
+  const ModelConfig model_config = read_model_config(config.model + "/config.json");
   DeviceAllocator device;
   CachingAllocator caching(device);
   TrackingAllocator tracker(caching);

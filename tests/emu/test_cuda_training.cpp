@@ -40,6 +40,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_allocator.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/layer_stream.h"
 #include "model/safetensors.h"
 #include "tests/emu/cuda_device_skip.h"
@@ -107,7 +108,7 @@ TrainingResult train(const TrainConfig& config, Backend& backend, const CachingA
   HostAllocator host;
   TrackingAllocator host_state(host);  // AdamW's state with offload.optimizer: host
   TrainingSetup setup = setup_training(
-      config, ModelConfig::from_json_file(config.model + "/config.json"), backend,
+      config, read_model_config(config.model + "/config.json"), backend,
       [&](LanguageModel& model) { model.load(Checkpoint(config.model)); }, &host_state);
   CausalLM* model = &causal_lm(*setup.model, "this test");
   AdamW* optimizer = setup.optimizer.get();
@@ -285,7 +286,7 @@ TEST_CASE("cuda: LoRA training over a base streamed from host memory equals resi
       CHECK(got.adapters == want.adapters);
       CHECK(got.device_allocations.back() == got.device_allocations.front());
       // Layer 0's tensors: what one copy moves (both layers are alike).
-      const ModelConfig model = ModelConfig::from_json_file(streamed.model + "/config.json");
+      const ModelConfig model = read_model_config(streamed.model + "/config.json");
       size_t layer_bytes = 0;
       {
         HostAllocator host;

@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/peft_adapter.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -15,7 +16,7 @@ ft::CausalLM& tiny_llama() {
   static ft::HostAllocator host;
   static ft::CpuBackend backend(host);
   static std::unique_ptr<ft::CausalLM> model = [] {
-    ft::ModelConfig config = ft::ModelConfig::from_json_text(
+    ft::ModelConfig config = ft::parse_model_config(
         R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 88, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 320})",
         "tiny");

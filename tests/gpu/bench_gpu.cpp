@@ -38,6 +38,7 @@
 #include "kernels/error.h"
 #include "kernels/int8_tiles.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
 #include "trainer/train_config.h"
@@ -418,7 +419,7 @@ json measure_training(const std::string& config_path, int steps, const Ceilings&
   TrackingAllocator tracker(caching);
   CudaBackend backend(tracker);
   const bool random_weights = !has_weights(config.model);
-  TrainingSetup setup = setup_training(config, ModelConfig::from_json_file(config.model + "/config.json"), backend,
+  TrainingSetup setup = setup_training(config, read_model_config(config.model + "/config.json"), backend,
                                        [&](LanguageModel& model) {
                                          if (random_weights) model.init_random(config.seed);
                                          else model.load(Checkpoint(config.model));

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "kernels/meta/meta_backend.h"
+#include "model/families.h"
 #include "model/lora_linear.h"
 #include "model/t5.h"
 
@@ -43,7 +44,7 @@ DTypeFigures dtype_figure(const char* name, DType dtype, uint64_t highest_bits, 
 }
 
 // The model a run builds from config.json, on the meta device (no values):
-// T5 for model_type t5, a decoder-only model otherwise; LoRA adapters train.
+// its family's model (model/families.h); LoRA adapters train.
 ParameterCount count_on_meta(const ModelConfig& config, const ModelOptions& options) {
   MetaAllocator meta;
   MetaBackend backend(meta, MemoryPolicy::cpu);
@@ -52,8 +53,8 @@ ParameterCount count_on_meta(const ModelConfig& config, const ModelOptions& opti
   return count_parameters(*model);
 }
 
-ModelConfig read_model_config(const std::string& configs_dir, const char* model) {
-  return ModelConfig::from_json_file((std::filesystem::path(configs_dir) / model / "config.json").string());
+ModelConfig course_model_config(const std::string& configs_dir, const char* model) {
+  return read_model_config((std::filesystem::path(configs_dir) / model / "config.json").string());
 }
 
 // The planner's step for `finetune plan MODEL` with --set overrides, at
@@ -100,13 +101,13 @@ CourseFigures course_figures(const std::string& configs_dir) {
   figures.dtypes = dtype_figures();
   figures.rule = course_memory_rule();
 
-  figures.one_b_params = count_on_meta(read_model_config(configs_dir, "pythia-1b"), ModelOptions{});
+  figures.one_b_params = count_on_meta(course_model_config(configs_dir, "pythia-1b"), ModelOptions{});
   figures.one_b_full_fp32 =
       plan_model(configs_dir, "pythia-1b", {"trainable=all", "precision=fp32", "quantization.mode=none"}, 0);
   figures.one_b_lora_int8 = plan_model(configs_dir, "pythia-1b", {"quantization.mode=int8"}, 0);
 
   // Weights do not depend on the step's length: a short one plans faster.
-  figures.twenty_b_params = count_on_meta(read_model_config(configs_dir, "gpt-neox-20b"), ModelOptions{});
+  figures.twenty_b_params = count_on_meta(course_model_config(configs_dir, "gpt-neox-20b"), ModelOptions{});
   const std::pair<int, std::vector<std::string>> formats[] = {
       {32, {"precision=fp32", "quantization.mode=none"}},
       {16, {"precision=bf16", "quantization.mode=none"}},
@@ -118,7 +119,7 @@ CourseFigures course_figures(const std::string& configs_dir) {
   const LoraShapes shapes = lora_shapes(512, 64, 8);
   figures.lora_512x64_trainable = shapes.numel();
   figures.lora_512x64_base = 512 * 64;
-  figures.flan_t5_base = count_on_meta(read_model_config(configs_dir, "flan-t5-base"), flan_t5_lab_options());
+  figures.flan_t5_base = count_on_meta(course_model_config(configs_dir, "flan-t5-base"), flan_t5_lab_options());
   return figures;
 }
 

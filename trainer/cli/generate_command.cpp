@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "kernels/error.h"
+#include "model/families.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
 #include "tokenizer/load_tokenizer.h"
@@ -118,7 +119,7 @@ void load_session(Session& session, const GenerateCommand& command) {
   const std::string config_json = (std::filesystem::path(command.model) / "config.json").string();
   FT_CHECK(std::filesystem::is_directory(command.model), command.model,
            ": MODEL must be a Hugging Face checkpoint folder (config.json, safetensors, tokenizer)");
-  const ModelConfig model_config = ModelConfig::from_json_file(config_json);
+  const ModelConfig model_config = read_model_config(config_json);
   session.tokenizer = load_tokenizer(config.tokenizer, model_config.vocab_size);
   session.special = resolve_special_tokens(config, *session.tokenizer, model_config.vocab_size);
   ModelOptions options = model_options(config);

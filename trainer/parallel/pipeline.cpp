@@ -5,6 +5,7 @@
 #include <deque>
 
 #include "kernels/error.h"
+#include "model/families.h"
 
 namespace ft {
 
@@ -27,8 +28,8 @@ std::string pipeline_field(const TrainConfig& config) {
 void check_pipeline_model(const TrainConfig& config, const std::string& model_type) {
   if (config.parallel.pipeline == 1) return;
   const std::string where = pipeline_field(config);
-  FT_CHECK(model_type != "t5", where, "pipeline stages split a decoder-only model's layers; model_type t5 is an "
-           "encoder-decoder model (run it data parallel)");
+  FT_CHECK(model_family(model_type).pipeline, where, "pipeline stages split a decoder-only model's layers; model_type ",
+           model_type, " is an encoder-decoder model (run it data parallel)");
   FT_CHECK(config.objective == Objective::sft, where, "the pipeline covers objective: sft");
   FT_CHECK(config.trainable == Trainable::lora, where, "the pipeline trains LoRA adapters (trainable: lora); "
            "full fine-tuning (trainable: all) runs data parallel");
