@@ -1,7 +1,6 @@
 // AdamW, step for step as torch.optim.AdamW's single-tensor path
 // (foreach=False, fused=False), and the sum of squares behind global-norm
 // gradient clipping.
-#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -47,17 +46,14 @@ void CpuBackend::adamw_update_impl(Tensor& param, const Tensor& grad, Tensor& m,
 // the result does not depend on the number of threads.
 double CpuBackend::sum_squares_impl(const Tensor& x) {
   int64_t n = x.numel();
-  int64_t chunks = (n + cpu::kChunk - 1) / cpu::kChunk;
-  std::vector<double> partial(chunks);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
+  std::vector<double> partial((n + cpu::kChunk - 1) / cpu::kChunk);
+  cpu::for_each_chunk(n, [&](int64_t start, int64_t count) {
     float buf[cpu::kChunk];
-    int64_t start = c * cpu::kChunk, count = std::min(cpu::kChunk, n - start);
     cpu::load_row(buf, x, start, count);
     double sum = 0.0;
     for (int64_t i = 0; i < count; ++i) sum += double(buf[i]) * double(buf[i]);
-    partial[c] = sum;
-  }
+    partial[start / cpu::kChunk] = sum;
+  });
   double total = 0.0;
   for (double part : partial) total += part;
   return total;

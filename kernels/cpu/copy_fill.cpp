@@ -11,14 +11,11 @@ void CpuBackend::copy_impl(Tensor& dst, const Tensor& src) {
     if (dst.data != src.data) std::memcpy(dst.data, src.data, src.size_bytes());
     return;
   }
-  int64_t n = src.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+  cpu::for_each_chunk(src.numel(), [&](int64_t start, int64_t count) {
     float scratch[cpu::kChunk];
-    int64_t count = std::min(cpu::kChunk, n - start);
     cpu::load_row(scratch, src, start, count);
     cpu::store_row(dst, start, scratch, count);
-  }
+  });
 }
 
 // Everything runs at issue on the CPU: the copy is done when copy_async

@@ -1,7 +1,10 @@
 // Helpers shared by the CPU ops: row conversions between a tensor's storage
 // dtype and f32 scratch buffers (the dtype switch sits outside the loop so each
-// loop vectorises). Arguments are checked by Backend before an op runs.
+// loop vectorises), and the parallel loop over fixed chunks that elementwise
+// ops run those conversions in. Arguments are checked by Backend before an op
+// runs.
 #pragma once
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/tensor.h"
@@ -60,5 +63,16 @@ inline void store_grad_plus_row(Tensor& dx, float* grad, float* scratch, const T
 // Elementwise ops work through f32 scratch in chunks of this many elements:
 // small enough for the stack and L1, large enough to amortise the loop setup.
 constexpr int64_t kChunk = 1024;
+
+// body(start, count) for each chunk [start, start + count) of [0, n), count
+// at most kChunk, so a body's scratch fits in kChunk floats on its stack. The
+// chunks are shared out among the threads by a static schedule; their bounds
+// depend only on n, so per-chunk work (a partial sum, an element's index) is
+// the same for any thread count.
+template <typename Body>
+void for_each_chunk(int64_t n, const Body& body) {
+#pragma omp parallel for schedule(static)
+  for (int64_t start = 0; start < n; start += kChunk) body(start, std::min(kChunk, n - start));
+}
 
 }  // namespace ft::cpu

@@ -1,8 +1,6 @@
 // Dropout with a counter-based mask (kernels/dropout_hash.h): keep[i] depends
 // only on (seed, i), so backward redraws it and nothing is saved. Chunks are
 // loaded before they are stored, so out may alias x.
-#include <algorithm>
-
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
 #include "kernels/dropout_hash.h"
@@ -13,15 +11,12 @@ namespace ft {
 // multiplied, so p = 1 gives zeros (as PyTorch) instead of 0 * inf = NaN.
 static void apply_dropout_mask(Tensor& out, const Tensor& x, float p, uint64_t seed) {
   float scale = 1.0f / (1.0f - p);
-  int64_t n = out.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+  cpu::for_each_chunk(out.numel(), [&](int64_t start, int64_t count) {
     float buf[cpu::kChunk];
-    int64_t count = std::min(cpu::kChunk, n - start);
     cpu::load_row(buf, x, start, count);
     for (int64_t i = 0; i < count; ++i) buf[i] = dropout_keep(seed, uint64_t(start + i), p) ? buf[i] * scale : 0.0f;
     cpu::store_row(out, start, buf, count);
-  }
+  });
 }
 
 void CpuBackend::dropout_forward_impl(Tensor& out, const Tensor& x, float p, uint64_t seed) {

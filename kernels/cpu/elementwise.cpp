@@ -1,7 +1,6 @@
 // Elementwise ops: add and SwiGLU. Each works chunk by chunk through f32
 // scratch, loading every input of a chunk before storing, so outputs may alias
 // inputs.
-#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -10,41 +9,32 @@
 namespace ft {
 
 void CpuBackend::add_impl(Tensor& out, const Tensor& a, const Tensor& b) {
-  int64_t n = out.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+  cpu::for_each_chunk(out.numel(), [&](int64_t start, int64_t count) {
     float x[cpu::kChunk], y[cpu::kChunk];
-    int64_t count = std::min(cpu::kChunk, n - start);
     cpu::load_row(x, a, start, count);
     cpu::load_row(y, b, start, count);
     for (int64_t i = 0; i < count; ++i) x[i] += y[i];
     cpu::store_row(out, start, x, count);
-  }
+  });
 }
 
 static float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 void CpuBackend::swiglu_forward_impl(Tensor& out, const Tensor& gate, const Tensor& up) {
-  int64_t n = out.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+  cpu::for_each_chunk(out.numel(), [&](int64_t start, int64_t count) {
     float g[cpu::kChunk], u[cpu::kChunk];
-    int64_t count = std::min(cpu::kChunk, n - start);
     cpu::load_row(g, gate, start, count);
     cpu::load_row(u, up, start, count);
     for (int64_t i = 0; i < count; ++i) g[i] = g[i] * sigmoid(g[i]) * u[i];
     cpu::store_row(out, start, g, count);
-  }
+  });
 }
 
 // With s = sigmoid(g): d silu(g)/dg = s * (1 + g * (1 - s)).
 void CpuBackend::swiglu_backward_impl(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
                                       const Tensor& up) {
-  int64_t n = dout.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+  cpu::for_each_chunk(dout.numel(), [&](int64_t start, int64_t count) {
     float g[cpu::kChunk], u[cpu::kChunk], d[cpu::kChunk];
-    int64_t count = std::min(cpu::kChunk, n - start);
     cpu::load_row(g, gate, start, count);
     cpu::load_row(u, up, start, count);
     cpu::load_row(d, dout, start, count);
@@ -56,7 +46,7 @@ void CpuBackend::swiglu_backward_impl(Tensor& dgate, Tensor& dup, const Tensor& 
     }
     cpu::store_row(dgate, start, g, count);
     cpu::store_row(dup, start, u, count);
-  }
+  });
 }
 
 }  // namespace ft

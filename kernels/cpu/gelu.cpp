@@ -32,28 +32,22 @@ static float gelu_grad(float x, GeluKind kind) {
 }
 
 void CpuBackend::gelu_forward_impl(Tensor& out, const Tensor& x, GeluKind kind) {
-  int64_t n = out.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+  cpu::for_each_chunk(out.numel(), [&](int64_t start, int64_t count) {
     float v[cpu::kChunk];
-    int64_t count = std::min(cpu::kChunk, n - start);
     cpu::load_row(v, x, start, count);
     for (int64_t i = 0; i < count; ++i) v[i] = gelu(v[i], kind);
     cpu::store_row(out, start, v, count);
-  }
+  });
 }
 
 void CpuBackend::gelu_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) {
-  int64_t n = dx.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+  cpu::for_each_chunk(dx.numel(), [&](int64_t start, int64_t count) {
     float v[cpu::kChunk], d[cpu::kChunk];
-    int64_t count = std::min(cpu::kChunk, n - start);
     cpu::load_row(v, x, start, count);
     cpu::load_row(d, dout, start, count);
     for (int64_t i = 0; i < count; ++i) d[i] *= gelu_grad(v[i], kind);
     cpu::store_row(dx, start, d, count);
-  }
+  });
 }
 
 static float activation(float x, Activation kind) {
@@ -64,25 +58,19 @@ static float activation_grad(float x, Activation kind) {
 }
 
 void CpuBackend::activation_forward_impl(Tensor& out, const Tensor& x, const Tensor* up, Activation kind) {
-  int64_t n = out.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+  cpu::for_each_chunk(out.numel(), [&](int64_t start, int64_t count) {
     float v[cpu::kChunk], u[cpu::kChunk];
-    int64_t count = std::min(cpu::kChunk, n - start);
     cpu::load_row(v, x, start, count);
     if (up) cpu::load_row(u, *up, start, count);
     for (int64_t i = 0; i < count; ++i) v[i] = activation(v[i], kind) * (up ? u[i] : 1.0f);
     cpu::store_row(out, start, v, count);
-  }
+  });
 }
 
 void CpuBackend::activation_backward_impl(Tensor& dx, Tensor* dup, const Tensor& dout, const Tensor& x,
                                           const Tensor* up, Activation kind) {
-  int64_t n = dx.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t start = 0; start < n; start += cpu::kChunk) {
+  cpu::for_each_chunk(dx.numel(), [&](int64_t start, int64_t count) {
     float v[cpu::kChunk], d[cpu::kChunk], u[cpu::kChunk], du[cpu::kChunk];
-    int64_t count = std::min(cpu::kChunk, n - start);
     cpu::load_row(v, x, start, count);
     cpu::load_row(d, dout, start, count);
     if (up) cpu::load_row(u, *up, start, count);
@@ -92,7 +80,7 @@ void CpuBackend::activation_backward_impl(Tensor& dx, Tensor* dup, const Tensor&
     }
     cpu::store_row(dx, start, d, count);
     if (dup) cpu::store_row(*dup, start, du, count);
-  }
+  });
 }
 
 }  // namespace ft
