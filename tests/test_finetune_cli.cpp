@@ -353,6 +353,76 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
   CHECK(!fs::exists(dir + "/m"));  // a refused merge writes nothing
 }
 
+TEST_CASE("--help prints the usage with every option and exits 0, at the top level and for every subcommand") {
+  struct Case {
+    std::string subcommand;
+    std::vector<std::string> options;
+  };
+  const Case cases[] = {
+      {"", {"CONFIG", "--set", "--resume", "--allow-data-change", "--version", "plan", "generate", "merge", "course"}},
+      {"plan", {"CONFIG", "--gpu-mem", "--device", "--context-reserve", "--ranks", "--h2d-bandwidth", "--tflops", "--set"}},
+      {"generate", {"MODEL", "--adapter", "--tokenizer", "--prompt", "--file", "--interactive", "--max-new-tokens",
+                    "--temperature", "--top-p", "--top-k", "--repetition-penalty", "--stop", "--seed", "--batch-size",
+                    "--no-kv-cache", "--ignore-eos", "--quantization", "--precision", "--device"}},
+      {"merge", {"MODEL", "--adapter", "--out", "--dtype", "--max-shard-size"}},
+      {"course", {"CONFIGS_DIR"}},
+  };
+  for (const Case& c : cases) {
+    for (const char* help : {" --help", " -h"}) {
+      const std::string arguments = (c.subcommand.empty() ? "" : " " + c.subcommand) + help;
+      CAPTURE(arguments);
+      const CommandResult result = run_command(kBinary + arguments);
+      CHECK(result.exit_code == 0);
+      const std::string usage = "Usage: finetune" + (c.subcommand.empty() ? "" : " " + c.subcommand) + " [OPTIONS]";
+      CHECK_MESSAGE(result.output.find(usage) != std::string::npos, result.output);
+      for (const std::string& option : c.options) CHECK_MESSAGE(result.output.find(option) != std::string::npos, option);
+    }
+  }
+}
+
+TEST_CASE("--version prints the version and which backends this build has, and exits 0") {
+  const CommandResult result = run_command(kBinary + " --version");
+  CHECK(result.exit_code == 0);
+  CHECK_MESSAGE(result.output.starts_with("finetune "), result.output);
+  for (const char* backend : {"\nCUDA: ", "\ncuDNN SDPA: ", "\noneDNN: ", "\nMPI: ", "\nNCCL: "})
+    CHECK_MESSAGE(result.output.find(backend) != std::string::npos, backend);
+  // The MPI line says what the build found: the data-parallel tests run mpirun where it did.
+  CHECK(result.output.find(std::string(FT_MPIRUN).empty() ? "MPI: OFF" : "MPI: ON") != std::string::npos);
+}
+
+TEST_CASE("an unknown option or a bad value is one error line naming the option, exit 1") {
+  const std::string dir = make_run_dir("bad_options");
+  const std::string model = kFixtures + "/llama_gqa", adapter = kFixtures + "/llama_lora/adapter";
+  struct Case {
+    std::string arguments, expected;
+  };
+  const Case cases[] = {
+      {"config.yaml --bogus", "--bogus"},
+      {"plan config.yaml --bogus", "--bogus"},
+      {"generate " + model + " --prompt hi --bogus", "--bogus"},
+      {"merge " + model + " --adapter " + adapter + " --out m --bogus", "--bogus"},
+      {"course --bogus", "--bogus"},
+      {"config.yaml --set", "--set"},
+      {"plan config.yaml --ranks two", "--ranks: expected an integer in [1, 1048576], got \"two\""},
+      {"plan config.yaml --device gpu", "--device: expected one of cuda, cpu, got \"gpu\""},
+      {"plan config.yaml --h2d-bandwidth 0", "--h2d-bandwidth: expected > 0 bytes per second, got \"0\""},
+      {"generate " + model + " --prompt hi --seed -1", "--seed: expected an integer in [0, "},
+      {"generate " + model + " --prompt hi --device gpu", "--device: expected one of auto, cpu, cuda, got \"gpu\""},
+      {"generate " + model + " --prompt hi --precision fp16", "--precision: expected one of fp32, bf16, got \"fp16\""},
+      {"merge " + model + " --adapter " + adapter + " --out m --max-shard-size 0", "--max-shard-size: expected a size > 0"},
+      {"config.yaml plan config.yaml", "CONFIG belongs to a training run, not to plan"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.arguments);
+    const CommandResult result = run_command("cd " + dir + " && " + kBinary + " " + c.arguments);
+    CHECK(result.exit_code == 1);
+    CHECK_MESSAGE(result.output.starts_with("error: "), result.output);
+    CHECK_MESSAGE(std::count(result.output.begin(), result.output.end(), '\n') == 1, result.output);
+    CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
+  }
+  CHECK(!fs::exists(dir + "/m"));
+}
+
 namespace {
 
 // Overwrites every f32 value of one tensor of a safetensors file in place.
