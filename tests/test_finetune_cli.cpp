@@ -305,32 +305,33 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"config.yaml --set generate.stop=[2,-1]", "generate.stop: expected a token id in [0, 2147483647]"},
       {"config.yaml --set model=bad_eos_model",
        "bad_eos_model/config.json: \"eos_token_id\" holds id 999, outside the vocabulary [0, 320)"},
-      {"generate --prompt hi", "generate: no MODEL folder given"},
+      {"generate --prompt hi", "generate: MODEL is required"},
       {"generate no_such_model --prompt hi", "no_such_model: MODEL must be a Hugging Face checkpoint folder"},
       {"generate " + model + tokenizer, "give exactly one of --prompt, --file and --interactive"},
       {"generate " + model + tokenizer + " --prompt hi --file rows.jsonl", "give exactly one of --prompt"},
       {"generate " + model + tokenizer + " --prompt hi --temperature warm",
-       "--temperature expects a number in [0, 100], got \"warm\""},
-      {"generate " + model + tokenizer + " --prompt hi --top-k -1", "--top-k expects an integer in [0, "},
-      {"generate " + model + tokenizer + " --prompt hi --max-new-tokens", "--max-new-tokens needs a value"},
-      {"generate " + model + tokenizer + " --prompt hi --quantization int4", "--quantization expects none|int8|nf4"},
+       "--temperature: expected a number in [0, 100], got \"warm\""},
+      {"generate " + model + tokenizer + " --prompt hi --top-k -1", "--top-k: expected an integer in [0, "},
+      {"generate " + model + tokenizer + " --prompt hi --max-new-tokens", "--max-new-tokens: 1 required INT missing"},
+      {"generate " + model + tokenizer + " --prompt hi --quantization int4",
+       "--quantization: expected one of int8, nf4, none, got \"int4\""},
       {"generate " + model + tokenizer + " --file rows.jsonl", "rows.jsonl:2: expected a \"prompt\" string, got keys \"text\""},
       {"generate " + model + tokenizer + " --file none.jsonl", "none.jsonl: cannot open prompts file"},
       {"generate " + model + tokenizer + " --prompt hi --adapter " + model, "adapter_config.json"},
       {"generate " + model + " --prompt hi", "tokenizer.model"},
-      {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter", "merge: --out DIR is required"},
+      {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter", "merge: --out is required"},
       {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out m --dtype f8",
-       "--dtype expects bf16, fp16 or f32, got \"f8\""},
+       "--dtype: expected one of bf16, fp16, f32, got \"f8\""},
       {"merge " + model + " --adapter " + kFixtures + "/gpt_neox_lora/adapter --out m", "has no weight"},
       {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out m --max-shard-size lots",
-       "\"lots\" is not a size"},
+       "--max-shard-size: \"lots\" is not a size"},
       // A folder where a file belongs: named, not read as an empty file.
       {"dir.yaml", "dir.yaml: is a directory, expected config file"},
       {"config.yaml --set model=dir_model", "dir_model/config.json: is a directory, expected model config"},
       {"generate " + model + " --tokenizer tokdir --prompt hi", "tokdir: is a directory, expected tokenizer file"},
-      {"plan config.yaml --gpu-mem inf", "\"inf\" is not a size below 1 EiB"},
+      {"plan config.yaml --gpu-mem inf", "--gpu-mem: \"inf\" is not a size below 1 EiB"},
       {"plan config.yaml --gpu-mem 1e30GiB", "\"1e30GiB\" is not a size below 1 EiB"},
-      {"plan config.yaml --context-reserve 2EiB", "\"2EiB\" is not a size"},
+      {"plan config.yaml --context-reserve 2EiB", "--context-reserve: \"2EiB\" is not a size"},
   };
   fs::create_directories(dir + "/bad_eos_model");
   nlohmann::json bad_eos = nlohmann::json::parse(std::ifstream(kFixtures + "/llama_gqa/config.json"));
@@ -351,6 +352,76 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
     CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
   }
   CHECK(!fs::exists(dir + "/m"));  // a refused merge writes nothing
+}
+
+TEST_CASE("--help prints the usage with every option and exits 0, at the top level and for every subcommand") {
+  struct Case {
+    std::string subcommand;
+    std::vector<std::string> options;
+  };
+  const Case cases[] = {
+      {"", {"CONFIG", "--set", "--resume", "--allow-data-change", "--version", "plan", "generate", "merge", "course"}},
+      {"plan", {"CONFIG", "--gpu-mem", "--device", "--context-reserve", "--ranks", "--h2d-bandwidth", "--tflops", "--set"}},
+      {"generate", {"MODEL", "--adapter", "--tokenizer", "--prompt", "--file", "--interactive", "--max-new-tokens",
+                    "--temperature", "--top-p", "--top-k", "--repetition-penalty", "--stop", "--seed", "--batch-size",
+                    "--no-kv-cache", "--ignore-eos", "--quantization", "--precision", "--device"}},
+      {"merge", {"MODEL", "--adapter", "--out", "--dtype", "--max-shard-size"}},
+      {"course", {"CONFIGS_DIR"}},
+  };
+  for (const Case& c : cases) {
+    for (const char* help : {" --help", " -h"}) {
+      const std::string arguments = (c.subcommand.empty() ? "" : " " + c.subcommand) + help;
+      CAPTURE(arguments);
+      const CommandResult result = run_command(kBinary + arguments);
+      CHECK(result.exit_code == 0);
+      const std::string usage = "Usage: finetune" + (c.subcommand.empty() ? "" : " " + c.subcommand) + " [OPTIONS]";
+      CHECK_MESSAGE(result.output.find(usage) != std::string::npos, result.output);
+      for (const std::string& option : c.options) CHECK_MESSAGE(result.output.find(option) != std::string::npos, option);
+    }
+  }
+}
+
+TEST_CASE("--version prints the version and which backends this build has, and exits 0") {
+  const CommandResult result = run_command(kBinary + " --version");
+  CHECK(result.exit_code == 0);
+  CHECK_MESSAGE(result.output.starts_with("finetune "), result.output);
+  for (const char* backend : {"\nCUDA: ", "\ncuDNN SDPA: ", "\noneDNN: ", "\nMPI: ", "\nNCCL: "})
+    CHECK_MESSAGE(result.output.find(backend) != std::string::npos, backend);
+  // The MPI line says what the build found: the data-parallel tests run mpirun where it did.
+  CHECK(result.output.find(std::string(FT_MPIRUN).empty() ? "MPI: OFF" : "MPI: ON") != std::string::npos);
+}
+
+TEST_CASE("an unknown option or a bad value is one error line naming the option, exit 1") {
+  const std::string dir = make_run_dir("bad_options");
+  const std::string model = kFixtures + "/llama_gqa", adapter = kFixtures + "/llama_lora/adapter";
+  struct Case {
+    std::string arguments, expected;
+  };
+  const Case cases[] = {
+      {"config.yaml --bogus", "--bogus"},
+      {"plan config.yaml --bogus", "--bogus"},
+      {"generate " + model + " --prompt hi --bogus", "--bogus"},
+      {"merge " + model + " --adapter " + adapter + " --out m --bogus", "--bogus"},
+      {"course --bogus", "--bogus"},
+      {"config.yaml --set", "--set"},
+      {"plan config.yaml --ranks two", "--ranks: expected an integer in [1, 1048576], got \"two\""},
+      {"plan config.yaml --device gpu", "--device: expected one of cuda, cpu, got \"gpu\""},
+      {"plan config.yaml --h2d-bandwidth 0", "--h2d-bandwidth: expected > 0 bytes per second, got \"0\""},
+      {"generate " + model + " --prompt hi --seed -1", "--seed: expected an integer in [0, "},
+      {"generate " + model + " --prompt hi --device gpu", "--device: expected one of auto, cpu, cuda, got \"gpu\""},
+      {"generate " + model + " --prompt hi --precision fp16", "--precision: expected one of fp32, bf16, got \"fp16\""},
+      {"merge " + model + " --adapter " + adapter + " --out m --max-shard-size 0", "--max-shard-size: expected a size > 0"},
+      {"config.yaml plan config.yaml", "CONFIG belongs to a training run, not to plan"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.arguments);
+    const CommandResult result = run_command("cd " + dir + " && " + kBinary + " " + c.arguments);
+    CHECK(result.exit_code == 1);
+    CHECK_MESSAGE(result.output.starts_with("error: "), result.output);
+    CHECK_MESSAGE(std::count(result.output.begin(), result.output.end(), '\n') == 1, result.output);
+    CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
+  }
+  CHECK(!fs::exists(dir + "/m"));
 }
 
 namespace {

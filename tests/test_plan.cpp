@@ -340,7 +340,7 @@ TEST_CASE("plan: bad model_type or LoRA target is a clear error") {
                                  "num_hidden_layers (80) with offload.base: host, got 80") != std::string::npos);
   const PlanRun bad_tflops = run_plan(std::string(FT_SOURCE_DIR) + "/configs/llama-2-70b-nf4-lora-24gb.yaml --tflops 0");
   CHECK(bad_tflops.exit_status == 1);
-  CHECK(bad_tflops.output.find("--tflops must be a number in (0, 1e6], got \"0\"") != std::string::npos);
+  CHECK(bad_tflops.output.find("--tflops: expected a number in (0, 1e6], got \"0\"") != std::string::npos);
 }
 
 TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA at seq 2048, micro_batch 1 (CUDA policy)") {
@@ -645,7 +645,7 @@ TEST_CASE("plan: --ranks prints the all-reduce of data-parallel ranks; a bad cou
   CHECK(run.output.find(ring_bytes + " bytes)") != std::string::npos);
   const PlanRun bad = run_plan(model + " --ranks 0");
   CHECK(bad.exit_status == 1);
-  CHECK(bad.output.find("--ranks must be an integer in [1, 1048576], got \"0\"") != std::string::npos);
+  CHECK(bad.output.find("--ranks: expected an integer in [1, 1048576], got \"0\"") != std::string::npos);
 }
 
 TEST_CASE("plan: finetune plan MODEL_FOLDER --gpu-mem prints the mode table and the best mode") {

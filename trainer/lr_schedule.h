@@ -2,12 +2,13 @@
 // get_{constant,linear,cosine}_schedule_with_warmup (plus an optional floor).
 #pragma once
 #include <cstdint>
-#include <string>
 
 namespace ft {
 
+enum class Schedule { constant, linear, cosine };  // the config's schedule: (spelled in train_config.h)
+
 struct LrSchedule {
-  std::string kind = "cosine";  // constant | linear | cosine
+  Schedule kind = Schedule::cosine;
   double peak_lr = 2e-4;
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;

@@ -20,44 +20,23 @@ namespace ft {
 namespace {
 
 // ---------------------------------------------------------------------------
-// Enum spellings
+// Enum spellings (enum_names(), train_config.h), in the order messages list them
 
-template <class E>
-struct Named {
-  const char* name;
-  E value;
-};
-
-const Named<InitMode> kInitModes[] = {{"pretrained", InitMode::pretrained}, {"random", InitMode::random}};
-const Named<Trainable> kTrainables[] = {{"lora", Trainable::lora}, {"all", Trainable::all}};
-const Named<QuantMode> kQuantModes[] = {
+const EnumName<InitMode> kInitModes[] = {{"pretrained", InitMode::pretrained}, {"random", InitMode::random}};
+const EnumName<Trainable> kTrainables[] = {{"lora", Trainable::lora}, {"all", Trainable::all}};
+const EnumName<QuantMode> kQuantModes[] = {
     {"int8", QuantMode::int8}, {"nf4", QuantMode::nf4}, {"none", QuantMode::none}};
-const Named<Precision> kPrecisions[] = {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}};
-const Named<DeviceChoice> kDevices[] = {
+const EnumName<Precision> kPrecisions[] = {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}};
+const EnumName<DeviceChoice> kDevices[] = {
     {"auto", DeviceChoice::automatic}, {"cpu", DeviceChoice::cpu}, {"cuda", DeviceChoice::cuda}};
-const Named<DataFormat> kFormats[] = {
-    {"auto", DataFormat::automatic}, {"prompt_completion", DataFormat::prompt_completion}, {"text", DataFormat::text},
-    {"chat", DataFormat::chat}, {"alpaca", DataFormat::alpaca}};
-const Named<ChatTemplateKind> kChatTemplates[] = {{"auto", ChatTemplateKind::automatic},
-                                                  {"chatml", ChatTemplateKind::chatml},
-                                                  {"llama2", ChatTemplateKind::llama2},
-                                                  {"llama3", ChatTemplateKind::llama3},
-                                                  {"zephyr", ChatTemplateKind::zephyr}};
-const Named<ActivationCheckpointing> kCheckpointings[] = {{"none", ActivationCheckpointing::none},
-                                                           {"per_layer", ActivationCheckpointing::per_layer}};
-const Named<Schedule> kSchedules[] = {
+const EnumName<ActivationCheckpointing> kCheckpointings[] = {{"none", ActivationCheckpointing::none},
+                                                              {"per_layer", ActivationCheckpointing::per_layer}};
+const EnumName<Schedule> kSchedules[] = {
     {"constant", Schedule::constant}, {"linear", Schedule::linear}, {"cosine", Schedule::cosine}};
-const Named<TaskMetric> kTaskMetrics[] = {{"none", TaskMetric::none}, {"rouge", TaskMetric::rouge}};
-const Named<Objective> kObjectives[] = {{"sft", Objective::sft}, {"dpo", Objective::dpo}};
-const Named<DpoLoss> kDpoLosses[] = {{"sigmoid", DpoLoss::sigmoid}, {"ipo", DpoLoss::ipo}};
-const Named<OffloadTarget> kOffloadTargets[] = {{"device", OffloadTarget::device}, {"host", OffloadTarget::host}};
-
-template <class E, size_t N>
-const char* name_in(const Named<E> (&table)[N], E value) {
-  for (const Named<E>& entry : table)
-    if (entry.value == value) return entry.name;
-  return "?";
-}
+const EnumName<TaskMetric> kTaskMetrics[] = {{"none", TaskMetric::none}, {"rouge", TaskMetric::rouge}};
+const EnumName<Objective> kObjectives[] = {{"sft", Objective::sft}, {"dpo", Objective::dpo}};
+const EnumName<DpoLoss> kDpoLosses[] = {{"sigmoid", DpoLoss::sigmoid}, {"ipo", DpoLoss::ipo}};
+const EnumName<OffloadTarget> kOffloadTargets[] = {{"device", OffloadTarget::device}, {"host", OffloadTarget::host}};
 
 // ---------------------------------------------------------------------------
 // One value read from the YAML file or from --set, with where it came from.
@@ -141,14 +120,11 @@ struct Value {
     require(!text.empty(), "a token id or a token's (non-empty) text");
     return TokenRef{-1, text};
   }
-  template <class E, size_t N>
-  E choice(const Named<E> (&table)[N]) const {
-    std::string valid;
-    for (const Named<E>& entry : table) {
-      if (node.IsScalar() && node.Scalar() == entry.name) return entry.value;
-      valid += (valid.empty() ? "" : ", ") + std::string(entry.name);
-    }
-    wrong("one of " + valid);
+  template <class E>
+  E choice() const {
+    const std::optional<E> value = node.IsScalar() ? enum_value(node.Scalar(), enum_names(E{})) : std::nullopt;
+    if (!value) wrong("one of " + enum_spellings(enum_names(E{})));
+    return *value;
   }
 };
 
@@ -181,15 +157,15 @@ struct Field {
 const Field kFields[] = {
     {"model", [](TrainConfig& c, const Value& v) { c.model = v.path(); }},
     {"tokenizer", [](TrainConfig& c, const Value& v) { c.tokenizer = v.path(); }},
-    {"init", [](TrainConfig& c, const Value& v) { c.init = v.choice(kInitModes); }},
-    {"trainable", [](TrainConfig& c, const Value& v) { c.trainable = v.choice(kTrainables); }},
-    {"objective", [](TrainConfig& c, const Value& v) { c.objective = v.choice(kObjectives); }},
+    {"init", [](TrainConfig& c, const Value& v) { c.init = v.choice<InitMode>(); }},
+    {"trainable", [](TrainConfig& c, const Value& v) { c.trainable = v.choice<Trainable>(); }},
+    {"objective", [](TrainConfig& c, const Value& v) { c.objective = v.choice<Objective>(); }},
     {"dpo.beta",
      [](TrainConfig& c, const Value& v) {
        c.dpo.beta = v.number();
        v.require(c.dpo.beta > 0 && c.dpo.beta <= kMaxScale, "a number in (0, 1e6]");
      }},
-    {"dpo.loss", [](TrainConfig& c, const Value& v) { c.dpo.loss = v.choice(kDpoLosses); }},
+    {"dpo.loss", [](TrainConfig& c, const Value& v) { c.dpo.loss = v.choice<DpoLoss>(); }},
     {"lora.r", [](TrainConfig& c, const Value& v) { c.lora.r = v.integer_in(1, kMaxLoraRank); }},
     {"lora.lora_alpha",
      [](TrainConfig& c, const Value& v) {
@@ -210,7 +186,7 @@ const Field kFields[] = {
                  "a non-empty list of module names such as [q_proj, v_proj], or all-linear");
      }},
     {"lora.use_rslora", [](TrainConfig& c, const Value& v) { c.lora.use_rslora = v.boolean(); }},
-    {"quantization.mode", [](TrainConfig& c, const Value& v) { c.quantization.mode = v.choice(kQuantModes); }},
+    {"quantization.mode", [](TrainConfig& c, const Value& v) { c.quantization.mode = v.choice<QuantMode>(); }},
     {"quantization.threshold",
      [](TrainConfig& c, const Value& v) {
        c.quantization.threshold = v.number();
@@ -219,12 +195,12 @@ const Field kFields[] = {
     {"quantization.double_quant",
      [](TrainConfig& c, const Value& v) { c.quantization.double_quant = v.boolean(); }},
     {"quantization.save_base", [](TrainConfig& c, const Value& v) { c.quantization.save_base = v.path(); }},
-    {"precision", [](TrainConfig& c, const Value& v) { c.precision = v.choice(kPrecisions); }},
-    {"device", [](TrainConfig& c, const Value& v) { c.device = v.choice(kDevices); }},
+    {"precision", [](TrainConfig& c, const Value& v) { c.precision = v.choice<Precision>(); }},
+    {"device", [](TrainConfig& c, const Value& v) { c.device = v.choice<DeviceChoice>(); }},
     {"data.train", [](TrainConfig& c, const Value& v) { c.data.train = v.path(); }},
     {"data.eval", [](TrainConfig& c, const Value& v) { c.data.eval = v.path(); }},
-    {"data.format", [](TrainConfig& c, const Value& v) { c.data.format = v.choice(kFormats); }},
-    {"data.chat_template", [](TrainConfig& c, const Value& v) { c.data.chat_template = v.choice(kChatTemplates); }},
+    {"data.format", [](TrainConfig& c, const Value& v) { c.data.format = v.choice<DataFormat>(); }},
+    {"data.chat_template", [](TrainConfig& c, const Value& v) { c.data.chat_template = v.choice<ChatTemplateKind>(); }},
     {"data.packing", [](TrainConfig& c, const Value& v) { c.data.packing = v.boolean(); }},
     {"data.template.prompt", [](TrainConfig& c, const Value& v) { c.data.row_template.prompt = v.string(); }},
     {"data.template.completion", [](TrainConfig& c, const Value& v) { c.data.row_template.completion = v.string(); }},
@@ -247,10 +223,10 @@ const Field kFields[] = {
        v.require(c.lr > 0 && c.lr <= kMaxLr, "a number in (0, 10]");
      }},
     {"activation_checkpointing",
-     [](TrainConfig& c, const Value& v) { c.activation_checkpointing = v.choice(kCheckpointings); }},
+     [](TrainConfig& c, const Value& v) { c.activation_checkpointing = v.choice<ActivationCheckpointing>(); }},
     {"loss_chunk_tokens", [](TrainConfig& c, const Value& v) { c.loss_chunk_tokens = v.integer_in(0, kMaxTokens); }},
-    {"offload.optimizer", [](TrainConfig& c, const Value& v) { c.offload_optimizer = v.choice(kOffloadTargets); }},
-    {"offload.base", [](TrainConfig& c, const Value& v) { c.offload_base = v.choice(kOffloadTargets); }},
+    {"offload.optimizer", [](TrainConfig& c, const Value& v) { c.offload_optimizer = v.choice<OffloadTarget>(); }},
+    {"offload.base", [](TrainConfig& c, const Value& v) { c.offload_base = v.choice<OffloadTarget>(); }},
     {"offload.resident_layers",
      [](TrainConfig& c, const Value& v) { c.resident_layers = v.integer_in(0, kMaxLayers); }},
     {"offload.stream_slots", [](TrainConfig& c, const Value& v) { c.stream_slots = v.integer_in(1, kMaxLayers); }},
@@ -259,7 +235,7 @@ const Field kFields[] = {
     {"parallel.timeout_s", [](TrainConfig& c, const Value& v) { c.parallel.timeout_s = v.integer_in(0, kMaxTimeoutS); }},
     {"parallel.shard_optimizer", [](TrainConfig& c, const Value& v) { c.parallel.shard_optimizer = v.boolean(); }},
     {"warmup_steps", [](TrainConfig& c, const Value& v) { c.warmup_steps = v.integer_in(0, kMaxSteps); }},
-    {"schedule", [](TrainConfig& c, const Value& v) { c.schedule = v.choice(kSchedules); }},
+    {"schedule", [](TrainConfig& c, const Value& v) { c.schedule = v.choice<Schedule>(); }},
     {"min_lr_ratio",
      [](TrainConfig& c, const Value& v) {
        c.min_lr_ratio = v.number();
@@ -310,7 +286,7 @@ const Field kFields[] = {
        if (!v.node.IsSequence()) return c.generate.stop.push_back(v.token());
        for (const YAML::Node& item : v.node) c.generate.stop.push_back(Value{item, v.key, v.where, ""}.token());
      }},
-    {"task_metric", [](TrainConfig& c, const Value& v) { c.task_metric = v.choice(kTaskMetrics); }},
+    {"task_metric", [](TrainConfig& c, const Value& v) { c.task_metric = v.choice<TaskMetric>(); }},
     {"metric_examples", [](TrainConfig& c, const Value& v) { c.metric_examples = v.integer_in(1, kMaxExamples); }},
 };
 
@@ -488,16 +464,16 @@ TrainConfig load_train_config(const std::string& yaml_path, const std::vector<st
   return train_config_from_layers({load_yaml_file(yaml_path)}, {}, yaml_path, overrides);
 }
 
-const char* enum_name(InitMode value) { return name_in(kInitModes, value); }
-const char* enum_name(Trainable value) { return name_in(kTrainables, value); }
-const char* enum_name(QuantMode value) { return name_in(kQuantModes, value); }
-const char* enum_name(Precision value) { return name_in(kPrecisions, value); }
-const char* enum_name(DeviceChoice value) { return name_in(kDevices, value); }
-const char* enum_name(Schedule value) { return name_in(kSchedules, value); }
-const char* enum_name(ActivationCheckpointing value) { return name_in(kCheckpointings, value); }
-const char* enum_name(TaskMetric value) { return name_in(kTaskMetrics, value); }
-const char* enum_name(OffloadTarget value) { return name_in(kOffloadTargets, value); }
-const char* enum_name(Objective value) { return name_in(kObjectives, value); }
-const char* enum_name(DpoLoss value) { return name_in(kDpoLosses, value); }
+EnumNames<InitMode> enum_names(InitMode) { return kInitModes; }
+EnumNames<Trainable> enum_names(Trainable) { return kTrainables; }
+EnumNames<QuantMode> enum_names(QuantMode) { return kQuantModes; }
+EnumNames<Precision> enum_names(Precision) { return kPrecisions; }
+EnumNames<DeviceChoice> enum_names(DeviceChoice) { return kDevices; }
+EnumNames<Schedule> enum_names(Schedule) { return kSchedules; }
+EnumNames<ActivationCheckpointing> enum_names(ActivationCheckpointing) { return kCheckpointings; }
+EnumNames<TaskMetric> enum_names(TaskMetric) { return kTaskMetrics; }
+EnumNames<OffloadTarget> enum_names(OffloadTarget) { return kOffloadTargets; }
+EnumNames<Objective> enum_names(Objective) { return kObjectives; }
+EnumNames<DpoLoss> enum_names(DpoLoss) { return kDpoLosses; }
 
 }  // namespace ft

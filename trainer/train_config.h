@@ -14,6 +14,8 @@
 #include "model/model_options.h"
 #include "trainer/data/data.h"
 #include "trainer/data/template_data.h"
+#include "trainer/enum_names.h"
+#include "trainer/lr_schedule.h"
 
 namespace YAML {
 class Node;
@@ -26,7 +28,6 @@ enum class Trainable { lora, all };
 enum class QuantMode { int8, nf4, none };
 enum class Precision { fp32, bf16 };
 enum class DeviceChoice { automatic, cpu, cuda };
-enum class Schedule { constant, linear, cosine };
 enum class TaskMetric { none, rouge };
 enum class OffloadTarget { device, host };
 enum class Objective { sft, dpo };
@@ -157,17 +158,19 @@ YAML::Node load_yaml_file(const std::string& path);
 // Every valid dotted key, in the order of configs/README.md.
 std::vector<std::string> train_config_keys();
 
-// The YAML spelling of each enum value ("auto" for automatic); DataFormat's is in data.h.
-const char* enum_name(InitMode value);
-const char* enum_name(Trainable value);
-const char* enum_name(QuantMode value);
-const char* enum_name(Precision value);
-const char* enum_name(DeviceChoice value);
-const char* enum_name(Schedule value);
-const char* enum_name(ActivationCheckpointing value);
-const char* enum_name(TaskMetric value);
-const char* enum_name(OffloadTarget value);
-const char* enum_name(Objective value);
-const char* enum_name(DpoLoss value);
+// The YAML spelling of each enum value ("auto" for automatic), for
+// enum_name() and the config's parsing (trainer/enum_names.h); DataFormat's
+// is in data.h, ChatTemplateKind's in chat_template.h.
+EnumNames<InitMode> enum_names(InitMode);
+EnumNames<Trainable> enum_names(Trainable);
+EnumNames<QuantMode> enum_names(QuantMode);
+EnumNames<Precision> enum_names(Precision);
+EnumNames<DeviceChoice> enum_names(DeviceChoice);
+EnumNames<Schedule> enum_names(Schedule);
+EnumNames<ActivationCheckpointing> enum_names(ActivationCheckpointing);
+EnumNames<TaskMetric> enum_names(TaskMetric);
+EnumNames<OffloadTarget> enum_names(OffloadTarget);
+EnumNames<Objective> enum_names(Objective);
+EnumNames<DpoLoss> enum_names(DpoLoss);
 
 }  // namespace ft

@@ -223,7 +223,7 @@ void make_data(Run& run) {
   const int64_t per_step = checked_mul(config.grad_accum_steps, int64_t(run.replicas().world_size()));
   const int64_t steps_per_epoch = (train_batches_per_epoch(run) + per_step - 1) / per_step;
   run.total_steps = config.max_steps > 0 ? config.max_steps : checked_mul(config.epochs, steps_per_epoch);
-  run.schedule = LrSchedule{enum_name(config.schedule), config.lr, config.warmup_steps, run.total_steps,
+  run.schedule = LrSchedule{config.schedule, config.lr, config.warmup_steps, run.total_steps,
                             config.min_lr_ratio};
 }
 

@@ -1,17 +1,17 @@
 #include "trainer/cli/generate_command.h"
 
-#include <charconv>
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <type_traits>
 
 #include "kernels/error.h"
 #include "model/families.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
 #include "tokenizer/load_tokenizer.h"
+#include "trainer/cli/options.h"
 #include "trainer/data/data.h"
 #include "trainer/data/special_tokens.h"
 #include "trainer/device_backend.h"
@@ -20,42 +20,7 @@
 
 namespace ft {
 
-const char* const kGenerateUsage =
-    "usage: finetune generate MODEL [--adapter DIR] [--tokenizer FILE] (--prompt TEXT | --file JSONL | --interactive)\n"
-    "         [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0] [--repetition-penalty 1]\n"
-    "         [--stop TEXT]... [--seed 0] [--batch-size 8] [--quantization none|int8|nf4]\n"
-    "         [--precision fp32|bf16] [--device auto|cpu|cuda] [--no-kv-cache] [--ignore-eos]\n"
-    "  MODEL: a Hugging Face checkpoint folder; --adapter: a PEFT LoRA adapter folder;\n"
-    "  --tokenizer: tokenizer.model or tokenizer.json (default: MODEL's)\n"
-    "  --prompt streams one completion; --file reads {\"prompt\": ...} rows and writes one JSON line each;\n"
-    "  --interactive reads a prompt a line from stdin. --temperature 0 is greedy.\n"
-    "  --ignore-eos: the EOS tokens do not stop a row (benchmarks: exactly --max-new-tokens each)\n"
-    "  --quantization: the base as the adapter was trained over (int8, nf4) or full precision (none)\n";
-
 namespace {
-
-// The flag's value as a number (an integer when Number is one) in [lo, hi];
-// the error names the flag.
-template <class Number>
-Number number_arg(const std::string& flag, const std::string& text, Number lo, Number hi) {
-  Number value = 0;
-  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  FT_CHECK(error == std::errc() && end == text.data() + text.size() && value >= lo && value <= hi, flag, " expects ",
-           std::is_integral_v<Number> ? "an integer" : "a number", " in [", lo, ", ", hi, "], got \"", text, "\"");
-  return value;
-}
-
-template <class Enum>
-Enum choice_arg(const std::string& flag, const std::string& text,
-                std::initializer_list<std::pair<const char*, Enum>> choices) {
-  std::string names;
-  for (const auto& [name, value] : choices) {
-    if (text == name) return value;
-    if (!names.empty()) names += '|';
-    names += name;
-  }
-  fail(flag, " expects ", names, ", got \"", text, "\"");
-}
 
 // Prints a row's completion as its tokens arrive: the decoded text grows, and
 // only what is new is written. Text that could still become the start of a
@@ -145,47 +110,46 @@ int64_t stream_completion(Session& session, const std::string& prompt, const Sam
 
 }  // namespace
 
-GenerateCommand parse_generate_args(int argc, char** argv, int first) {
-  GenerateCommand c;
-  c.sampling.max_new_tokens = 128;
-  for (int i = first; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      FT_CHECK(i + 1 < argc, arg, " needs a value\n", kGenerateUsage);
-      return argv[++i];
-    };
-    if (arg == "--adapter") c.adapter = value();
-    else if (arg == "--tokenizer") c.tokenizer = value();
-    else if (arg == "--prompt") c.prompt = value();
-    else if (arg == "--file") c.prompts_file = value();
-    else if (arg == "--interactive") c.interactive = true;
-    else if (arg == "--max-new-tokens") c.sampling.max_new_tokens = number_arg<int64_t>(arg, value(), 1, 1 << 20);
-    else if (arg == "--temperature") c.sampling.temperature = number_arg(arg, value(), 0.0, 100.0);
-    else if (arg == "--top-p") c.sampling.top_p = number_arg(arg, value(), 1e-9, 1.0);
-    else if (arg == "--top-k") c.sampling.top_k = number_arg<int64_t>(arg, value(), 0, int64_t(1) << 31);
-    else if (arg == "--repetition-penalty") c.sampling.repetition_penalty = number_arg(arg, value(), 1e-3, 1e3);
-    else if (arg == "--stop") c.stop.push_back(value());
-    else if (arg == "--seed") c.sampling.seed = uint64_t(number_arg<int64_t>(arg, value(), 0, INT64_MAX));
-    else if (arg == "--batch-size") c.batch_size = number_arg<int64_t>(arg, value(), 1, 4096);
-    else if (arg == "--no-kv-cache") c.sampling.kv_cache = false;
-    else if (arg == "--ignore-eos") c.ignore_eos = true;
-    else if (arg == "--quantization")
-      c.quantization = choice_arg<QuantMode>(arg, value(), {{"none", QuantMode::none}, {"int8", QuantMode::int8}, {"nf4", QuantMode::nf4}});
-    else if (arg == "--precision")
-      c.precision = choice_arg<Precision>(arg, value(), {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}});
-    else if (arg == "--device")
-      c.device = choice_arg<DeviceChoice>(arg, value(), {{"auto", DeviceChoice::automatic}, {"cpu", DeviceChoice::cpu},
-                                           {"cuda", DeviceChoice::cuda}});
-    else if (arg.rfind("-", 0) == 0 || !c.model.empty()) fail("generate: unexpected argument \"", arg, "\"\n", kGenerateUsage);
-    else c.model = arg;
-  }
-  FT_CHECK(!c.model.empty(), "generate: no MODEL folder given\n", kGenerateUsage);
-  const int sources = int(!c.prompt.empty()) + int(!c.prompts_file.empty()) + int(c.interactive);
-  FT_CHECK(sources == 1, "generate: give exactly one of --prompt, --file and --interactive\n", kGenerateUsage);
-  return c;
+CLI::App* add_generate_command(CLI::App& app, GenerateCommand& c) {
+  CLI::App* generate =
+      app.add_subcommand("generate", "Text from a Hugging Face checkpoint, with a PEFT LoRA adapter when given");
+  generate->footer(
+      "Give exactly one of --prompt (streams one completion), --file (one JSON line {\"prompt\", \"completion\"}\n"
+      "per row, generated in batches) and --interactive (a prompt a line from stdin). Status lines go to stderr,\n"
+      "so stdout is the text alone.");
+  generate->add_option("MODEL", c.model, "a Hugging Face checkpoint folder")->required();
+  generate->add_option("--adapter", c.adapter, "a PEFT LoRA adapter folder")->type_name("DIR");
+  generate->add_option("--tokenizer", c.tokenizer, "tokenizer.model or tokenizer.json (default: MODEL's)")
+      ->type_name("FILE");
+  generate->add_option("--prompt", c.prompt, "one prompt; its completion is streamed")->type_name("TEXT");
+  generate->add_option("--file", c.prompts_file, "JSONL of {\"prompt\": ...} rows, generated in batches")
+      ->type_name("JSONL");
+  generate->add_flag("--interactive", c.interactive, "a prompt a line from stdin");
+  add_number_option<int64_t>(*generate, "--max-new-tokens", c.sampling.max_new_tokens, 1, 1 << 20, "default 128");
+  add_number_option(*generate, "--temperature", c.sampling.temperature, 0.0, 100.0, "0 (the default) is greedy");
+  add_number_option(*generate, "--top-p", c.sampling.top_p, 1e-9, 1.0, "nucleus sampling (default 1)");
+  add_number_option<int64_t>(*generate, "--top-k", c.sampling.top_k, 0, int64_t(1) << 31, "0 (the default): all");
+  add_number_option(*generate, "--repetition-penalty", c.sampling.repetition_penalty, 1e-3, 1e3, "default 1");
+  add_repeated_option(*generate, "--stop", c.stop,
+                      "a text or special token that ends a row, besides the checkpoint's EOS; repeatable")
+      ->type_name("TEXT");
+  auto seed = [](const std::string& text) { return uint64_t(number_in<int64_t>(text, 0, INT64_MAX)); };
+  add_parsed_option(*generate, "--seed", c.sampling.seed, seed, "sampling seed (default 0)")->type_name("INT");
+  add_number_option<int64_t>(*generate, "--batch-size", c.batch_size, 1, 4096, "--file rows per batch (default 8)");
+  generate->add_flag_callback("--no-kv-cache", [&c] { c.sampling.kv_cache = false; },
+                              "recompute every position each step (the old path)");
+  generate->add_flag("--ignore-eos", c.ignore_eos,
+                     "the EOS tokens do not stop a row (benchmarks: exactly --max-new-tokens each)");
+  add_choice_option(*generate, "--quantization", c.quantization, enum_names(QuantMode{}),
+                    "the base's quantization, as the adapter was trained over it (default none: full precision)");
+  add_choice_option(*generate, "--precision", c.precision, enum_names(Precision{}), "default fp32");
+  add_choice_option(*generate, "--device", c.device, enum_names(DeviceChoice{}), "default auto");
+  return generate;
 }
 
 int run_generate(const GenerateCommand& command) {
+  const int sources = int(!command.prompt.empty()) + int(!command.prompts_file.empty()) + int(command.interactive);
+  FT_CHECK(sources == 1, "generate: give exactly one of --prompt, --file and --interactive");
   Session session;
   load_session(session, command);
   const auto start = std::chrono::steady_clock::now();

@@ -12,6 +12,10 @@
 #include "trainer/generate.h"
 #include "trainer/train_config.h"
 
+namespace CLI {
+class App;
+}
+
 namespace ft {
 
 struct GenerateCommand {
@@ -19,7 +23,7 @@ struct GenerateCommand {
   std::string tokenizer;       // "" = MODEL's own tokenizer file
   std::string prompt, prompts_file;
   bool interactive = false;
-  SamplingOptions sampling;
+  SamplingOptions sampling = {.max_new_tokens = 128};
   std::vector<std::string> stop;  // texts or special tokens, besides the checkpoint's EOS
   int64_t batch_size = 8;         // --file rows per batch
   bool ignore_eos = false;        // no stop ids: every row runs to max_new_tokens (or a stop text)
@@ -28,11 +32,9 @@ struct GenerateCommand {
   DeviceChoice device = DeviceChoice::automatic;
 };
 
-extern const char* const kGenerateUsage;
-
-// argv[first..argc): everything after "generate". A bad or missing argument is
-// an Error naming the flag and what it expects.
-GenerateCommand parse_generate_args(int argc, char** argv, int first);
+// Adds the `generate` subcommand to app: parsing app fills command.
+CLI::App* add_generate_command(CLI::App& app, GenerateCommand& command);
+// Checks that exactly one of --prompt, --file and --interactive is given, then runs.
 int run_generate(const GenerateCommand& command);
 
 }  // namespace ft

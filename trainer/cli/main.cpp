@@ -3,16 +3,18 @@
 // finetune generate MODEL ... (trainer/cli/generate_command.h)
 // finetune merge MODEL --adapter DIR --out DIR ... (trainer/cli/merge.h)
 // finetune course [CONFIGS_DIR] (trainer/cli/course.h)
+// finetune [SUBCOMMAND] --help prints the usage; finetune --version the
+// version and the backends this build has. CLI11 parses every command line.
 // Every user-caused problem is an ft::Error: printed, exit status 1. SIGINT or
 // SIGTERM during training saves a checkpoint at the next step boundary and
 // exits with 128 + the signal (130, 143); --resume continues from it.
 // `mpirun -np N finetune CONFIG.yaml` trains data parallel on N ranks
 // (trainer/parallel/data_parallel.h); an error on any rank is printed with the rank
 // named and ends the whole job (MPI_Abort).
-#include <charconv>
-#include <cstring>
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "trainer/cli/course.h"
 #include "trainer/cli/generate_command.h"
 #include "trainer/cli/merge.h"
+#include "trainer/cli/options.h"
 #include "trainer/device_backend.h"
 #include "trainer/parallel/collectives.h"
 #include "trainer/plan.h"
@@ -29,142 +32,179 @@
 
 namespace {
 
-const char* kUsage =
-    "usage: finetune CONFIG.yaml [--set key=value]... [--resume [--allow-data-change]]\n"
-    "  --set key=value  override a config field (dotted keys: lora.r=16); repeatable\n"
-    "  --resume         continue from output_dir/train_state.safetensors; refused when the base model,\n"
-    "                   adapter config, tokenizer or data files differ from the checkpoint's\n"
-    "  --allow-data-change  with --resume: accept changed data files\n"
-    "  SIGINT/SIGTERM (Ctrl-C) save a checkpoint at the next step and exit; a second one stops at once\n"
-    "usage: finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem 24GiB] [--device cuda|cpu]\n"
-    "                     [--context-reserve 0.75GiB] [--ranks N] [--h2d-bandwidth 25GB]\n"
-    "                     [--tflops 100] [--set key=value]...\n"
-    "  plans one training step's memory on the meta device (no weights read) and\n"
-    "  prints where it goes, its peak, and for each mode (bf16 / int8 / nf4 base,\n"
-    "  resident or streamed from host memory, optimizer state on the device or the\n"
-    "  host) the largest seq_len and micro_batch\n"
-    "  that fit in --gpu-mem, and the best mode; a config.json is planned as a bf16\n"
-    "  LoRA run with per-layer checkpointing at micro_batch 1 x seq_len 2048;\n"
-    "  --ranks N: the job's ranks, parallel.data x parallel.pipeline; adds the per-step\n"
-    "  gradient all-reduce of the data-parallel ranks, and with parallel.pipeline P > 1\n"
-    "  each stage's layers, replayed peak and the 1F1B bubble\n"
-    "  --h2d-bandwidth (bytes per second) and --tflops set a streamed base's time model\n"
-    "usage: finetune COMPARISON.yaml [--set key=value]...\n"
-    "  a config with a top-level compare: list runs each entry, then prints one table (ROUGE, trainable\n"
-    "  parameters, peak memory, wall time) and writes it as CSV with a ROUGE bar chart (configs/course-lab2.yaml)\n"
-    "usage: finetune course [CONFIGS_DIR]\n"
-    "  prints the course's memory and LoRA figures computed by this trainer, from the model configs\n"
-    "  pythia-1b/, gpt-neox-20b/ and flan-t5-base/ under CONFIGS_DIR (default: configs)\n"
-    "Fields are documented in configs/README.md.\n";
-
-int64_t parse_ranks(const std::string& text) {
-  int64_t ranks = 0;
-  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), ranks);
-  FT_CHECK(error == std::errc() && end == text.data() + text.size() && ranks >= 1 && ranks <= (int64_t(1) << 20),
-           "--ranks must be an integer in [1, 1048576], got \"", text, "\"");
-  return ranks;
+// finetune --version: the project's version and the backends compiled in
+// (FT_VERSION and FT_BUILT_*: trainer/CMakeLists.txt).
+std::string version_text() {
+  const std::pair<const char*, bool> backends[] = {{"CUDA", FT_BUILT_CUDA},
+                                                   {"cuDNN SDPA", FT_BUILT_CUDNN_SDPA},
+                                                   {"oneDNN", FT_BUILT_ONEDNN},
+                                                   {"MPI", FT_BUILT_MPI},
+                                                   {"NCCL", FT_BUILT_NCCL}};
+  std::string text = "finetune " FT_VERSION;
+  for (const auto& [name, built] : backends) text += "\n" + std::string(name) + ": " + (built ? "ON" : "OFF");
+  return text;
 }
 
-double parse_tflops(const std::string& text) {
-  double tflops = 0.0;
-  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), tflops);
-  FT_CHECK(error == std::errc() && end == text.data() + text.size() && tflops > 0 && tflops <= 1e6,
-           "--tflops must be a number in (0, 1e6], got \"", text, "\"");
-  return tflops;
+void add_overrides(CLI::App& app, std::vector<std::string>& overrides) {
+  ft::add_repeated_option(app, "--set", overrides, "override a config field (dotted keys: lora.r=16); repeatable")
+      ->type_name("KEY=VALUE");
 }
 
-// finetune plan ...: the memory planner (trainer/plan.h).
-int run_plan(int argc, char** argv) {
+// The top level: a training run, or a comparison of runs.
+struct TrainCommand {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  ft::RunOptions options;
+};
+
+void add_train_options(CLI::App& app, TrainCommand& c) {
+  app.add_option("CONFIG", c.config_path, "the run's YAML config (fields: configs/README.md)");
+  add_overrides(app, c.overrides);
+  app.add_flag("--resume", c.options.resume,
+               "continue from output_dir/train_state.safetensors; refused when the base model,\n"
+               "adapter config, tokenizer or data files differ from the checkpoint's");
+  app.add_flag("--allow-data-change", c.options.allow_data_change, "with --resume: accept changed data files");
+}
+
+struct PlanCommand {
   std::string config_path;
   std::vector<std::string> overrides;
   ft::PlanOptions options;
-  for (int i = 2; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (arg == "--gpu-mem" && has_value) {
-      options.gpu_mem_bytes = ft::parse_byte_size(argv[++i]);
-    } else if (arg == "--context-reserve" && has_value) {
-      options.context_reserve_bytes = ft::parse_byte_size(argv[++i]);
-    } else if (arg == "--device" && has_value) {
-      const std::string device = argv[++i];
-      FT_CHECK(device == "cuda" || device == "cpu", "--device must be cuda or cpu, got \"", device, "\"");
-      options.policy = device == "cuda" ? ft::MemoryPolicy::cuda : ft::MemoryPolicy::cpu;
-    } else if (arg == "--ranks" && has_value) {
-      options.ranks = parse_ranks(argv[++i]);
-    } else if (arg == "--h2d-bandwidth" && has_value) {
-      options.h2d_bytes_per_s = double(ft::parse_byte_size(argv[++i]));
-      FT_CHECK(options.h2d_bytes_per_s > 0, "--h2d-bandwidth must be > 0 bytes per second, got \"", argv[i], "\"");
-    } else if (arg == "--tflops" && has_value) {
-      options.flops_per_s = parse_tflops(argv[++i]) * 1e12;
-    } else if (arg == "--set" && has_value) {
-      overrides.push_back(argv[++i]);
-    } else if (arg.rfind("-", 0) == 0 || !config_path.empty()) {
-      ft::fail("unexpected argument \"", arg, "\"\n", kUsage);
-    } else {
-      config_path = arg;
-    }
-  }
-  FT_CHECK(!config_path.empty(), "plan: no config file given\n", kUsage);
-  const bool model_config = config_path.ends_with(".json") || std::filesystem::is_directory(config_path);
-  ft::print_plan(model_config ? ft::plan_config_for_model(config_path, overrides)
-                              : ft::load_train_config(config_path, overrides),
-                 options);
+};
+
+// --device's spellings: the memory policy planned.
+const ft::EnumName<ft::MemoryPolicy> kPlanDevices[] = {{"cuda", ft::MemoryPolicy::cuda},
+                                                        {"cpu", ft::MemoryPolicy::cpu}};
+
+// finetune plan ...: the memory planner (trainer/plan.h).
+CLI::App* add_plan_command(CLI::App& app, PlanCommand& c) {
+  CLI::App* plan =
+      app.add_subcommand("plan", "Plans a training step's memory (no weights read): what fits in --gpu-mem");
+  plan->footer(
+      "Prints where one training step's memory goes on the meta device, its peak, and for each mode (bf16 / int8 /\n"
+      "nf4 base, resident or streamed from host memory, optimizer state on the device or the host) the largest\n"
+      "seq_len and micro_batch that fit in --gpu-mem, and the best mode. A config.json is planned as a bf16 LoRA\n"
+      "run with per-layer checkpointing at micro_batch 1 x seq_len 2048.");
+  plan->add_option("CONFIG", c.config_path, "a training config (.yaml) or a model's config.json (or its folder)")
+      ->required();
+  auto size = [](const std::string& text) { return ft::parse_byte_size(text); };
+  ft::add_parsed_option(*plan, "--gpu-mem", c.options.gpu_mem_bytes, size, "the device's memory (default 24GiB)")
+      ->type_name("SIZE");
+  ft::add_choice_option(*plan, "--device", c.options.policy, ft::EnumNames<ft::MemoryPolicy>(kPlanDevices),
+                        "plan for a GPU or the CPU (default cuda)");
+  ft::add_parsed_option(*plan, "--context-reserve", c.options.context_reserve_bytes, size,
+                        "the CUDA context and library handles (default 0.75GiB)")
+      ->type_name("SIZE");
+  ft::add_number_option<int64_t>(*plan, "--ranks", c.options.ranks, 1, int64_t(1) << 20,
+                                 "the job's ranks, parallel.data x parallel.pipeline: adds the per-step gradient\n"
+                                 "all-reduce, and with parallel.pipeline P > 1 each stage's layers, replayed peak\n"
+                                 "and the 1F1B bubble");
+  auto bandwidth = [](const std::string& text) {
+    const double bytes_per_s = double(ft::parse_byte_size(text));
+    FT_CHECK(bytes_per_s > 0, "expected > 0 bytes per second, got \"", text, "\"");
+    return bytes_per_s;
+  };
+  ft::add_parsed_option(*plan, "--h2d-bandwidth", c.options.h2d_bytes_per_s, bandwidth,
+                        "host-to-device bytes per second, a streamed base's time model (default 25GB)")
+      ->type_name("SIZE");
+  auto flops = [](const std::string& text) {
+    const double tflops = ft::number_in(text, 0.0, 1e6);
+    FT_CHECK(tflops > 0, "expected a number in (0, 1e6], got \"", text, "\"");
+    return tflops * 1e12;
+  };
+  ft::add_parsed_option(*plan, "--tflops", c.options.flops_per_s, flops,
+                        "the GEMM rate of a streamed base's time model (default 100)")
+      ->type_name("NUMBER");
+  add_overrides(*plan, c.overrides);
+  return plan;
+}
+
+int run_plan(const PlanCommand& c) {
+  const bool model_config = c.config_path.ends_with(".json") || std::filesystem::is_directory(c.config_path);
+  ft::print_plan(model_config ? ft::plan_config_for_model(c.config_path, c.overrides)
+                              : ft::load_train_config(c.config_path, c.overrides),
+                 c.options);
   return 0;
 }
 
 // finetune course [CONFIGS_DIR]: the course's figures (trainer/cli/course.h).
-int run_course(int argc, char** argv) {
-  FT_CHECK(argc <= 3, "course: unexpected argument \"", argc > 3 ? argv[3] : "", "\"\n", kUsage);
-  const std::string configs_dir = argc == 3 ? argv[2] : "configs";
-  ft::print_course(ft::course_figures(configs_dir), configs_dir, std::cout);
-  return 0;
+CLI::App* add_course_command(CLI::App& app, std::string& configs_dir) {
+  CLI::App* course = app.add_subcommand("course", "The course's memory and LoRA figures, computed by this trainer");
+  course->add_option("CONFIGS_DIR", configs_dir,
+                     "the folder of the model configs pythia-1b/, gpt-neox-20b/ and flan-t5-base/ (default: configs)");
+  return course;
 }
 
 // world: set for training, so that an error names the rank and ends the job.
-int run(int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
-  if (argc > 1 && std::string(argv[1]) == "course") return run_course(argc, argv);
-  if (argc > 1 && std::string(argv[1]) == "plan") return run_plan(argc, argv);
-  if (argc > 1 && std::string(argv[1]) == "generate") return ft::run_generate(ft::parse_generate_args(argc, argv, 2));
-  if (argc > 1 && std::string(argv[1]) == "merge") {
-    ft::merge_adapter(ft::parse_merge_args(argc, argv, 2), std::cout);
-    return 0;
-  }
-  std::string config_path;
-  std::vector<std::string> overrides;
-  ft::RunOptions options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage << ft::kGenerateUsage << ft::kMergeUsage;
-      return 0;
-    } else if (arg == "--resume") {
-      options.resume = true;
-    } else if (arg == "--allow-data-change") {
-      options.allow_data_change = true;
-    } else if (arg == "--set") {
-      FT_CHECK(i + 1 < argc, "--set needs key=value");
-      overrides.push_back(argv[++i]);
-    } else if (arg.rfind("--set=", 0) == 0) {
-      overrides.push_back(arg.substr(6));
-    } else if (arg.rfind("-", 0) == 0 || !config_path.empty()) {
-      ft::fail("unexpected argument \"", arg, "\"\n", kUsage);
-    } else {
-      config_path = arg;
-    }
-  }
-  FT_CHECK(!config_path.empty(), "no config file given\n", kUsage);
-  FT_CHECK(options.resume || !options.allow_data_change, "--allow-data-change applies to --resume only\n", kUsage);
-  if (ft::is_comparison_file(config_path)) {  // a top-level compare: list (trainer/cli/compare.h)
-    FT_CHECK(!options.resume, config_path, ": --resume continues one run; a comparison starts its runs afresh");
-    return ft::run_comparison(ft::load_comparison(config_path, overrides), std::cout);
+int run_training(TrainCommand& c, int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
+  FT_CHECK(!c.config_path.empty(), "no config file given (finetune --help shows the usage)");
+  FT_CHECK(c.options.resume || !c.options.allow_data_change, "--allow-data-change applies to --resume only");
+  if (ft::is_comparison_file(c.config_path)) {  // a top-level compare: list (trainer/cli/compare.h)
+    FT_CHECK(!c.options.resume, c.config_path, ": --resume continues one run; a comparison starts its runs afresh");
+    return ft::run_comparison(ft::load_comparison(c.config_path, c.overrides), std::cout);
   }
   // Before MPI_Init where the launcher says: a CUDA-aware MPI may start CUDA there.
   const int launcher_local_rank = ft::launcher_local_rank();
   if (launcher_local_rank >= 0) ft::bind_local_device(launcher_local_rank);
   world = ft::join_world(&argc, &argv);
   if (launcher_local_rank < 0 && world->world_size() > 1) ft::bind_local_device(world->local_rank());
-  options.collectives = world.get();
-  return ft::run_training(ft::load_train_config(config_path, overrides), options);
+  c.options.collectives = world.get();
+  return ft::run_training(ft::load_train_config(c.config_path, c.overrides), c.options);
+}
+
+// Parses argv into app; returns the exit status for --help and --version
+// (printed to stdout), nothing when there is work to do. A bad command line is
+// an Error of one line naming the subcommand and the option.
+std::optional<int> parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    if (error.get_exit_code() == 0) return app.exit(error);
+    const std::vector<CLI::App*> subcommands = app.get_subcommands();
+    ft::fail(subcommands.empty() ? "" : subcommands[0]->get_name() + ": ", error.what());
+  }
+  // The top level's CONFIG and options are a training run's: "finetune a.yaml plan b" is a mistake.
+  const std::vector<CLI::Option*> given = app.get_options([](CLI::Option* option) { return option->count() > 0; });
+  FT_CHECK(app.get_subcommands().empty() || given.empty(), given[0]->get_name(), " belongs to a training run, not to ",
+           app.get_subcommands()[0]->get_name(), " (finetune ", app.get_subcommands()[0]->get_name(),
+           " --help lists its options)");
+  return std::nullopt;
+}
+
+int run(int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
+  CLI::App app("Fine-tunes a language model (LoRA over an INT8 or NF4 base, or full) from one YAML config",
+               "finetune");
+  app.set_version_flag("--version", version_text(), "print the version and the backends this build has");
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last of a repeated option
+  TrainCommand train;
+  add_train_options(app, train);
+  PlanCommand plan;
+  CLI::App* plan_command = add_plan_command(app, plan);
+  ft::GenerateCommand generate;
+  CLI::App* generate_command = ft::add_generate_command(app, generate);
+  ft::MergeCommand merge;
+  CLI::App* merge_command = ft::add_merge_command(app, merge);
+  std::string configs_dir = "configs";
+  CLI::App* course_command = add_course_command(app, configs_dir);
+  // After the subcommands: each would inherit it.
+  app.footer(
+      "A CONFIG with a top-level compare: list runs each entry, then prints one table (ROUGE, trainable\n"
+      "parameters, peak memory, wall time) and writes it as CSV with a ROUGE bar chart (configs/course-lab2.yaml).\n"
+      "SIGINT/SIGTERM (Ctrl-C) save a checkpoint at the next step and exit; a second one stops at once.\n"
+      "finetune SUBCOMMAND --help lists a subcommand's options.");
+  if (const std::optional<int> status = parse(app, argc, argv)) return *status;
+
+  if (*plan_command) return run_plan(plan);
+  if (*generate_command) return ft::run_generate(generate);
+  if (*merge_command) {
+    ft::merge_adapter(merge, std::cout);
+    return 0;
+  }
+  if (*course_command) {
+    ft::print_course(ft::course_figures(configs_dir), configs_dir, std::cout);
+    return 0;
+  }
+  return run_training(train, argc, argv, world);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "trainer/cli/merge.h"
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -13,19 +14,17 @@
 #include "model/lora_linear.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
+#include "trainer/cli/options.h"
 #include "trainer/plan.h"
 
 namespace ft {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const char* const kMergeUsage =
-    "usage: finetune merge MODEL --adapter DIR --out DIR [--dtype bf16|fp16|f32] [--max-shard-size 5GB]\n"
-    "  folds the PEFT LoRA adapter into MODEL's original weights (W + scaling * B A, as PEFT's\n"
-    "  merge_and_unload) and writes a Hugging Face folder to --out (a new or empty folder);\n"
-    "  --dtype defaults to the base weights' dtype\n";
-
 namespace {
+
+// --dtype's spellings: fp16 as torch says it, not dtype_name()'s f16.
+const EnumName<DType> kOutputDtypes[] = {{"bf16", DType::bf16}, {"fp16", DType::f16}, {"f32", DType::f32}};
 
 // The files of a model folder besides config.json and the weights that
 // transformers reads: tokenizers, their settings, generation defaults.
@@ -139,36 +138,24 @@ std::string shard_name(size_t index, size_t count) {
 
 }  // namespace
 
-MergeCommand parse_merge_args(int argc, char** argv, int first) {
-  MergeCommand c;
-  for (int i = first; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      FT_CHECK(i + 1 < argc, arg, " needs a value\n", kMergeUsage);
-      return argv[++i];
-    };
-    if (arg == "--adapter") {
-      c.adapter = value();
-    } else if (arg == "--out") {
-      c.out = value();
-    } else if (arg == "--dtype") {
-      const std::string dtype = value();
-      FT_CHECK(dtype == "bf16" || dtype == "fp16" || dtype == "f32", "--dtype expects bf16, fp16 or f32, got \"",
-               dtype, "\"");
-      c.dtype = dtype == "bf16" ? DType::bf16 : dtype == "fp16" ? DType::f16 : DType::f32;
-    } else if (arg == "--max-shard-size") {
-      c.max_shard_bytes = parse_byte_size(value());
-      FT_CHECK(c.max_shard_bytes > 0, "--max-shard-size must be > 0");
-    } else if (arg.rfind("-", 0) == 0 || !c.model.empty()) {
-      fail("merge: unexpected argument \"", arg, "\"\n", kMergeUsage);
-    } else {
-      c.model = arg;
-    }
-  }
-  FT_CHECK(!c.model.empty(), "merge: no MODEL folder given\n", kMergeUsage);
-  FT_CHECK(!c.adapter.empty(), "merge: --adapter DIR is required\n", kMergeUsage);
-  FT_CHECK(!c.out.empty(), "merge: --out DIR is required\n", kMergeUsage);
-  return c;
+CLI::App* add_merge_command(CLI::App& app, MergeCommand& c) {
+  CLI::App* merge =
+      app.add_subcommand("merge", "Folds a PEFT LoRA adapter into MODEL's original weights: a Hugging Face folder");
+  merge->footer(
+      "W + scaling * B A in f32, rounded once to --dtype (PEFT's merge_and_unload), written to --out (a new or\n"
+      "empty folder) in safetensors shards of at most --max-shard-size, with config.json and the tokenizer files.");
+  merge->add_option("MODEL", c.model, "the Hugging Face checkpoint the adapter was trained over")->required();
+  merge->add_option("--adapter", c.adapter, "a PEFT LoRA adapter folder")->type_name("DIR")->required();
+  merge->add_option("--out", c.out, "the merged checkpoint's folder")->type_name("DIR")->required();
+  add_choice_option(*merge, "--dtype", c.dtype, EnumNames<DType>(kOutputDtypes),
+                    "the merged weights' dtype (default: the base weights')");
+  auto shard_bytes = [](const std::string& text) {
+    const size_t bytes = parse_byte_size(text);
+    FT_CHECK(bytes > 0, "expected a size > 0, got \"", text, "\"");
+    return bytes;
+  };
+  add_parsed_option(*merge, "--max-shard-size", c.max_shard_bytes, shard_bytes, "default 5GB")->type_name("SIZE");
+  return merge;
 }
 
 void merge_adapter(const MergeCommand& command, std::ostream& log) {

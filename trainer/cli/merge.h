@@ -1,4 +1,4 @@
-// `finetune merge MODEL --adapter DIR --out DIR [--dtype bf16|fp16|f32] [--max-shard-size 5GB]`:
+// `finetune merge MODEL --adapter DIR --out DIR [--dtype DTYPE] [--max-shard-size 5GB]`:
 // folds a PEFT LoRA adapter into the checkpoint's ORIGINAL weights, W +
 // scaling * B A computed in f32 and rounded once to the output dtype (PEFT's
 // merge_and_unload()), and writes a Hugging Face folder transformers loads:
@@ -17,6 +17,10 @@
 
 #include "kernels/dtype.h"
 
+namespace CLI {
+class App;
+}
+
 namespace ft {
 
 struct MergeCommand {
@@ -25,10 +29,8 @@ struct MergeCommand {
   size_t max_shard_bytes = size_t(5e9);  // save_pretrained's default, 5GB
 };
 
-extern const char* const kMergeUsage;
-
-// argv[first..argc): everything after "merge". Errors name the flag.
-MergeCommand parse_merge_args(int argc, char** argv, int first);
+// Adds the `merge` subcommand to app: parsing app fills command.
+CLI::App* add_merge_command(CLI::App& app, MergeCommand& command);
 // Writes command.out; a bad model, adapter or output folder is an Error
 // naming the file and what was expected, raised before anything is written.
 void merge_adapter(const MergeCommand& command, std::ostream& log);

@@ -128,6 +128,15 @@ void render_zephyr(const ChatTemplate& chat, const std::vector<ChatMessage>& mes
 
 }  // namespace
 
+EnumNames<ChatTemplateKind> enum_names(ChatTemplateKind) {
+  static const EnumName<ChatTemplateKind> names[] = {{"auto", ChatTemplateKind::automatic},
+                                                     {"chatml", ChatTemplateKind::chatml},
+                                                     {"llama2", ChatTemplateKind::llama2},
+                                                     {"llama3", ChatTemplateKind::llama3},
+                                                     {"zephyr", ChatTemplateKind::zephyr}};
+  return names;
+}
+
 ChatTemplateKind recognise_chat_template(const std::string& jinja) {
   // Reasoning templates (Qwen3) rewrite assistant turns around <think> blocks.
   if (has(jinja, "<|im_start|>") && has(jinja, "<|im_end|>") && !has(jinja, "<think>")) return ChatTemplateKind::chatml;
@@ -150,11 +159,12 @@ ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::strin
 
   ChatTemplate chat;
   chat.kind = configured != ChatTemplateKind::automatic ? configured : recognise_chat_template(jinja);
+  const std::string renderable = enum_spellings(enum_names(ChatTemplateKind{}), ", ", ChatTemplateKind::automatic);
   FT_CHECK(chat.kind != ChatTemplateKind::automatic, config_path.string(),
            jinja.empty() ? ": no chat_template to render chat rows with"
-                         : ": its chat_template is none of the templates this trainer renders (chatml, llama2, "
-                           "llama3, zephyr; Jinja is not run)",
-           "; set data.chat_template to one of chatml, llama2, llama3, zephyr");
+                         : ": its chat_template is none of the templates this trainer renders (" + renderable +
+                               "; Jinja is not run)",
+           "; set data.chat_template to one of ", renderable);
   chat.bos_token = token_text(config, "bos_token", chat.kind == ChatTemplateKind::llama3 ? "<|begin_of_text|>" : "<s>");
   chat.eos_token = token_text(config, "eos_token", "</s>");
   if (chat.kind == ChatTemplateKind::chatml) chat.default_system = chatml_default_system(jinja);

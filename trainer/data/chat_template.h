@@ -15,10 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "trainer/enum_names.h"
+
 namespace ft {
 
-// Spelled auto, chatml, llama2, llama3, zephyr in the config (data.chat_template).
 enum class ChatTemplateKind { automatic, chatml, llama2, llama3, zephyr };
+EnumNames<ChatTemplateKind> enum_names(ChatTemplateKind);  // data.chat_template's spellings (trainer/enum_names.h)
 
 struct ChatMessage {
   std::string role;  // system, user or assistant

@@ -101,20 +101,13 @@ std::string string_field(const nlohmann::json& row, const char* key, const std::
   return value.get<std::string>();
 }
 
-const char* enum_name(DataFormat format) {
-  switch (format) {
-    case DataFormat::automatic:
-      return "auto";
-    case DataFormat::prompt_completion:
-      return "prompt_completion";
-    case DataFormat::text:
-      return "text";
-    case DataFormat::chat:
-      return "chat";
-    case DataFormat::alpaca:
-      return "alpaca";
-  }
-  return "?";
+EnumNames<DataFormat> enum_names(DataFormat) {
+  static const EnumName<DataFormat> names[] = {{"auto", DataFormat::automatic},
+                                               {"prompt_completion", DataFormat::prompt_completion},
+                                               {"text", DataFormat::text},
+                                               {"chat", DataFormat::chat},
+                                               {"alpaca", DataFormat::alpaca}};
+  return names;
 }
 
 std::string alpaca_prompt(const std::string& instruction, const std::string& input) {

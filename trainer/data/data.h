@@ -19,13 +19,14 @@
 
 #include "kernels/tensor.h"
 #include "trainer/data/chat_template.h"
+#include "trainer/enum_names.h"
 
 namespace ft {
 
 class Tokenizer;
 
 enum class DataFormat { automatic, prompt_completion, text, chat, alpaca };
-const char* enum_name(DataFormat format);  // "auto", "prompt_completion", "text", "chat", "alpaca"
+EnumNames<DataFormat> enum_names(DataFormat);  // data.format's spellings (trainer/enum_names.h)
 
 // One JSONL row. Text rows ({"text": ...}) have an empty prompt and the text
 // as completion, so "loss on the completion" covers every token of them.
