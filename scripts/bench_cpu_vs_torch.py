@@ -7,9 +7,12 @@ times; each reports the median step time of its timed steps (after WARMUP steps)
 memory (ru_maxrss). tokens/s = 4 * 256 / step time for all. Then per-op GEMM GFLOP/s of ours
 (bench_cpu_gemm) against PyTorch's GEMMs at 2048^3 (f32, bf16, int8 via torch._int_mm) measured here.
 
-  driver:    bench_cpu_vs_torch.py FINETUNE GEMM_BENCH WORK_DIR OUTPUT.json THREADS ROUNDS WARMUP STEPS
+  driver:    bench_cpu_vs_torch.py FINETUNE GEMM_BENCH WORK_DIR OUTPUT.json THREADS ROUNDS WARMUP STEPS [DOCS_PAGE]
+             (DOCS_PAGE: also write the tokens/s and RSS table into that page's section for this CPU,
+             bench_cpu_vs_torch_avx512 or bench_cpu_vs_torch_avx2; scripts/docs_table.py)
   one torch: bench_cpu_vs_torch.py --torch {plain|peft} {fp32|bf16} THREADS WARMUP STEPS
 """
+import datetime
 import json
 import os
 import resource
@@ -208,20 +211,23 @@ def torch_gemm_peaks(threads):
     return peaks
 
 
-def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps):
+def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps, docs=""):
     os.makedirs(work_dir, exist_ok=True)
     config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "default.yaml")
     model_dir = write_model(work_dir)
+    versions = {}  # for the docs table's caption
     try:
-        import torch  # noqa: F401
+        import torch
         have_torch = True
+        versions["PyTorch"] = torch.__version__
     except ImportError:
         have_torch = False
         print("PyTorch not importable (pip install torch): the PyTorch peers are skipped")
     try:
-        import peft  # noqa: F401
-        import transformers  # noqa: F401
+        import peft
+        import transformers
         have_peft = have_torch
+        versions.update(transformers=transformers.__version__, peft=peft.__version__)
     except ImportError:
         have_peft = False
         print("transformers + peft not importable (pip install transformers peft): that peer is skipped")
@@ -300,21 +306,74 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps)
               f"{row['gflops']:7.1f} {share} {loop_share}")
     json.dump(report, open(output, "w"), indent=2)
     print(f"written: {output}")
+    if docs:
+        write_docs(docs, report, versions, one_step_bf16=not native_bf16, quick=quick)
+
+
+# The docs table's names for the trainers, in its order.
+DOCS_LABELS = {
+    "ours int8 fp32": "ours, INT8 base, fp32",
+    "ours int8 bf16": "ours, INT8 base, `precision: bf16`",
+    "ours none fp32": "ours, no quantisation, fp32",
+    "ours none bf16": "ours, no quantisation, `precision: bf16`",
+    "torch plain fp32": "plain PyTorch, fp32",
+    "torch plain bf16": "plain PyTorch, bf16 weights",
+    "transformers+peft fp32": "transformers + peft, fp32",
+    "transformers+peft bf16": "transformers + peft, bf16 weights",
+}
+
+
+def docs_markdown(report, versions, one_step_bf16, quick):
+    """The tokens/s and peak RSS of every trainer, with a caption naming the machine and the method."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from docs_table import table_row
+    method = (f"medians of {report['rounds']} rounds x {report['steps']} steps after {report['warmup_steps']} "
+              f"warm-up, {report['threads']} threads, load average {report['load_average'][0]:.1f}, "
+              f"{datetime.date.today().isoformat()}")
+    if quick:
+        method += ", `--quick`"
+    if one_step_bf16 and any(name.endswith("bf16") and not name.startswith("ours") for name in report["trainers"]):
+        method += "; PyTorch's bf16 peers ran one step, once"
+    peers = ", ".join(f"{name} {version}" for name, version in versions.items())
+    lines = [f"Measured with `scripts/bench_cpu --vs-torch` ({method}) on {report['machine']}"
+             + (f" ({peers})" if peers else "") + ":", "",
+             "| trainer | tokens/s | peak RSS |", "|---|---:|---:|"]
+    for name, label in DOCS_LABELS.items():
+        if name in report["trainers"]:
+            row = report["trainers"][name]
+            tokens_per_s = row["tokens_per_s"]
+            lines.append(table_row([label, f"{tokens_per_s:,.0f}" if tokens_per_s >= 10 else f"{tokens_per_s:.1f}",
+                                    f"{row['peak_rss_bytes'] / 2 ** 20:,.0f} MiB"]))
+    return "\n".join(lines)
+
+
+def write_docs(page, report, versions, one_step_bf16, quick):
+    from docs_table import replace_section
+    name = "bench_cpu_vs_torch_" + ("avx512" if "avx512f" in cpu_flags() else "avx2")
+    replace_section(page, name, docs_markdown(report, versions, one_step_bf16, quick))
+    print(f"written: {page} ({name})")
 
 
 # The CPU flags that pick the GEMM paths: AVX2/FMA f32, AVX-512, VNNI (exact int8 in oneDNN), native bf16, AMX.
 FLAGS_THAT_MATTER = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 
 
-def machine():
-    model, flags = "unknown CPU", []
+def cpu_flags():
+    """Which of FLAGS_THAT_MATTER this CPU has."""
     for line in open("/proc/cpuinfo"):
-        if line.startswith("model name") and model == "unknown CPU":
-            model = line.split(":", 1)[1].strip()
         if line.startswith("flags"):
             present = set(line.split(":", 1)[1].split())
-            flags = [flag for flag in FLAGS_THAT_MATTER if flag in present]
+            return [flag for flag in FLAGS_THAT_MATTER if flag in present]
+    return []
+
+
+def machine():
+    model = "unknown CPU"
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
             break
+    flags = cpu_flags()
     return f"{model}, {os.cpu_count()} logical CPUs, flags: {' '.join(flags) or 'none of ' + ' '.join(FLAGS_THAT_MATTER)}"
 
 
@@ -324,4 +383,4 @@ if __name__ == "__main__":
     else:
         a = sys.argv[1:]
         main(os.path.abspath(a[0]), os.path.abspath(a[1]), os.path.abspath(a[2]), os.path.abspath(a[3]), int(a[4]),
-             int(a[5]), int(a[6]), int(a[7]))
+             int(a[5]), int(a[6]), int(a[7]), os.path.abspath(a[8]) if len(a) > 8 else "")

@@ -4,12 +4,18 @@ Reads bench_int8.json (and bench_int8_baseline.json where present), bench_gpu.js
 prints the INT8 ops per shape (TFLOP/s, and the forward against the bf16 GEMM of the same shape), the forward's
 passes in milliseconds, and the training steps of ours beside the peer. A missing file is said, not guessed.
 
-Usage: gpu_table.py RESULTS_DIR
+Usage: gpu_table.py RESULTS_DIR [--docs]
+  --docs: also write the training table into docs/performance.md, in the section of the card it ran
+  on (<!-- gpu_training_h200:begin --> ... for an H200; scripts/docs_table.py), with a caption
+  naming the card, the day bench_gpu.json was written and the steps.
 """
+import datetime
 import json
 import os
 import re
 import sys
+
+import docs_table
 
 
 def load_json(path):
@@ -88,14 +94,15 @@ def print_int8(new, base):
     print()
 
 
-def print_training(ours, peers):
-    print("| config | ours tokens/s | MFU | ours peak GB | peer tokens/s | peer peak GB | ours / peer |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+def training_table(ours, peers):
+    """The training steps of ours beside the peer, as Markdown lines."""
+    lines = ["| config | ours tokens/s | MFU | ours peak GB | peer tokens/s | peer peak GB | ours / peer |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     by_config = {os.path.basename(p.get("config", "")): p for p in peers}
     for row in (ours or {}).get("training", []):
         name = os.path.basename(row.get("config", ""))
         if "error" in row:
-            print(f"| {name} | error: {row['error'][:100]} | | | | | |")
+            lines.append(f"| {name} | error: {row['error'][:100]} | | | | | |")
             continue
         peer = by_config.get(name, {})
         cells = [name, f"{row['tokens_per_s']:.0f}", f"{row['mfu'] * 100:.0f}%",
@@ -105,13 +112,42 @@ def print_training(ours, peers):
                       f"{row['tokens_per_s'] / peer['tokens_per_s']:.2f}x"]
         else:
             cells += [peer.get("error", "not measured")[:100], "-", "-"]
-        print("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def print_training(ours, peers):
+    print("\n".join(training_table(ours, peers)))
+
+
+def card_name(device):
+    """'NVIDIA H100 80GB HBM3' -> 'h100': the docs section's suffix."""
+    match = re.search(r"[A-Za-z]*\d+", device.replace("NVIDIA", ""))
+    return match.group(0).lower() if match else "gpu"
+
+
+def write_training_docs(ours_path, peers, source, page=docs_table.PERFORMANCE_PAGE):
+    """Writes the training table of ours_path (a bench_gpu.json) beside the peer's rows into the
+    page's gpu_training_<card> section."""
+    ours = load_json(ours_path)
+    if ours is None:
+        sys.exit(f"gpu_table: no {ours_path} to write into {page}")
+    device = ours.get("device", "an unnamed GPU")
+    day = datetime.date.fromtimestamp(os.path.getmtime(ours_path)).isoformat()
+    steps = sorted({row["steps"] for row in ours.get("training", []) if "steps" in row})
+    counted = f"median of {'/'.join(map(str, steps))} steps after one warm-up" if steps else "no step measured"
+    peer = "the peer, `scripts/bench_gpu_peer.py`, in the same run" if peers else "no peer measured"
+    caption = f"Measured on {device}, {day} (`{source}`: {counted}; {peer}):"
+    name = f"gpu_training_{card_name(device)}"
+    docs_table.replace_section(page, name, caption + "\n\n" + "\n".join(training_table(ours, peers)))
+    print(f"written: {os.path.relpath(page)} ({name})")
 
 
 def main():
-    if len(sys.argv) != 2:
+    args = [arg for arg in sys.argv[1:] if arg != "--docs"]
+    if len(args) != 1:
         sys.exit(__doc__)
-    out = sys.argv[1]
+    out = args[0]
     new = load_json(os.path.join(out, "bench_int8.json"))
     if new is None:
         print("(no bench_int8.json)")
@@ -122,6 +158,9 @@ def main():
         print("(no bench_gpu.json)")
     else:
         print_training(ours, load_jsonl(os.path.join(out, "bench_gpu_peer.jsonl")))
+    if "--docs" in sys.argv[1:]:
+        write_training_docs(os.path.join(out, "bench_gpu.json"), load_jsonl(os.path.join(out, "bench_gpu_peer.jsonl")),
+                            "scripts/gpu_run")
 
 
 if __name__ == "__main__":
