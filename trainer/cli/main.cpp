@@ -156,12 +156,22 @@ int run_training(TrainCommand& c, int argc, char** argv, std::unique_ptr<ft::Col
 // (printed to stdout), nothing when there is work to do. A bad command line is
 // an Error of one line naming the subcommand and the option.
 std::optional<int> parse(CLI::App& app, int argc, char** argv) {
+  auto command_prefix = [&app] {
+    const std::vector<CLI::App*> subcommands = app.get_subcommands();
+    return subcommands.empty() ? std::string() : subcommands[0]->get_name() + ": ";
+  };
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RequiredError& error) {
+    // CLI11 checks what is missing before what was not expected; an unknown
+    // option (`finetune plan --bogus`) is the mistake to name.
+    const std::vector<CLI::App*> subcommands = app.get_subcommands();
+    const std::vector<std::string> extras = subcommands.empty() ? app.remaining() : subcommands[0]->remaining();
+    if (!extras.empty()) ft::fail(command_prefix(), "The following argument was not expected: ", extras[0]);
+    ft::fail(command_prefix(), error.what());
   } catch (const CLI::ParseError& error) {
     if (error.get_exit_code() == 0) return app.exit(error);
-    const std::vector<CLI::App*> subcommands = app.get_subcommands();
-    ft::fail(subcommands.empty() ? "" : subcommands[0]->get_name() + ": ", error.what());
+    ft::fail(command_prefix(), error.what());
   }
   // The top level's CONFIG and options are a training run's: "finetune a.yaml plan b" is a mistake.
   const std::vector<CLI::Option*> given = app.get_options([](CLI::Option* option) { return option->count() > 0; });
