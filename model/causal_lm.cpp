@@ -123,12 +123,12 @@ std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, in
   const int64_t layer = decoder_layer_of(module);
   Allocator& quantized = layer >= 0 && layer < streamed_layers() ? backend_.pinned_host_allocator()
                                                                  : backend_.allocator();
-  if (options_.int8_base) {
+  if (options_.quantized_base == QuantizedBase::int8) {
     Parameter& weight = add_parameter(module + ".weight", {out_features, in_features}, DType::i8, &quantized);
     weight.scales = Tensor::empty({out_features}, DType::f32, quantized, MemCategory::weights);
     Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
     base = std::make_unique<Int8Linear>(weight, options_.int8_threshold, b);
-  } else if (options_.nf4_base) {
+  } else if (options_.quantized_base == QuantizedBase::nf4) {
     Parameter& weight = add_parameter(module + ".weight", {0}, DType::u8);
     allocate_nf4_parameter(quantized, weight, out_features, in_features, options_.nf4_double_quant);
     Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;

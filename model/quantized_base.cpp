@@ -12,7 +12,8 @@
 namespace ft {
 
 void save_quantized_base(LanguageModel& model, const std::string& path) {
-  FT_CHECK(model.options().int8_base || model.options().nf4_base, "save_quantized_base: the model has no "
+  const QuantizedBase base = model.options().quantized_base;
+  FT_CHECK(base != QuantizedBase::none, "save_quantized_base: the model has no "
            "quantised base to save (it needs quantization.mode int8 or nf4)");
   Backend& backend = model.backend();
   HostAllocator host;
@@ -33,7 +34,7 @@ void save_quantized_base(LanguageModel& model, const std::string& path) {
     tensors.emplace_back(p.name, on_host(p.value));
     if (p.value.dtype == DType::i8) tensors.emplace_back(p.name + ".SCB", on_host(p.scales));
   }
-  save_safetensors(path, tensors, {{"format", "pt"}, {kQuantizationMetadataKey, model.options().nf4_base ? kQuantizationNf4 : kQuantizationInt8}});
+  save_safetensors(path, tensors, {{"format", "pt"}, {kQuantizationMetadataKey, base == QuantizedBase::nf4 ? kQuantizationNf4 : kQuantizationInt8}});
 }
 
 }  // namespace ft

@@ -54,7 +54,7 @@ TEST_CASE("INT8 base + LoRA: optimizer state is 8 bytes per adapter parameter an
   TrackingAllocator tracker(host);
   CpuBackend backend(tracker);
   ModelOptions options;
-  options.int8_base = true;
+  options.quantized_base = QuantizedBase::int8;
   options.lora = LoraOptions{4, 8.0, 0.1, {"q_proj", "v_proj"}, false};
   auto model = make_causal_lm(ModelConfig::from_json_file(kFixture + "/config.json"), backend, options);
   model->load(Checkpoint(kFixture));

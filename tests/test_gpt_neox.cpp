@@ -131,7 +131,7 @@ TEST_CASE("gpt_neox over an INT8 base: quantised query_key_value keeps its f32 b
   HostAllocator host;
   CpuBackend backend(host);
   ModelOptions options = lora_on_query_key_value();
-  options.int8_base = true;
+  options.quantized_base = QuantizedBase::int8;
   GptNeoxModel model(ModelConfig::from_json_file(kParallelFolder + "/config.json"), backend, options);
   model.load(Checkpoint(kParallelFolder));
   const std::string qkv = "gpt_neox.layers.0.attention.query_key_value";

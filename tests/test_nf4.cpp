@@ -203,7 +203,7 @@ TEST_CASE("NF4 op contract: a wrong absmax dtype or shape is one clear error") {
 
 std::unique_ptr<CausalLM> nf4_llama(Backend& backend, const std::string& checkpoint) {
   ModelOptions options;
-  options.nf4_base = true;
+  options.quantized_base = QuantizedBase::nf4;
   auto model =
       make_causal_lm(ModelConfig::from_json_file(kFixtures + "/llama_gqa/config.json"), backend, options);
   model->load(Checkpoint(checkpoint));

@@ -375,7 +375,7 @@ TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA data parallel on 8 GPUs all-reduces th
 TEST_CASE("plan: parallel.shard_optimizer leaves each of 4 data-parallel ranks a quarter of AdamW's state") {
   TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/llama-2-7b-int8-lora.yaml");
   config.trainable = Trainable::all;
-  config.quantization.mode = QuantMode::none;
+  config.quantization.mode = QuantizedBase::none;
   PlanOptions options;
   options.ranks = 4;
   const StepPlan whole = plan_step(config, options, config.micro_batch_size, config.seq_len);
@@ -586,7 +586,7 @@ TEST_CASE("plan: the best mode for LLaMA-33B on a 24 GiB card is nf4 with the op
   for (size_t i = 0; i < 6; ++i) {
     const ModeFit& fit = modes[i];
     CAPTURE(mode_name(fit.mode));
-    const bool nf4_host = fit.mode.quantization == QuantMode::nf4 && fit.mode.optimizer == OffloadTarget::host;
+    const bool nf4_host = fit.mode.quantization == QuantizedBase::nf4 && fit.mode.optimizer == OffloadTarget::host;
     CHECK(fit.mode.base == OffloadTarget::device);
     CHECK(fit.fits == nf4_host);
     CHECK(fit.largest_seq_len == (nf4_host ? 2048 : 0));
@@ -620,7 +620,7 @@ TEST_CASE("plan: a bare config.json plans as a bf16 LoRA run at seq 2048") {
   CHECK(plan_config_for_model(std::string(FT_SOURCE_DIR) + "/configs/tiny-base", {}).seq_len == 512);
   // Llama-2-7B on 24 GiB: a bf16 base fits (13.5 GB of weights), so it is the best mode.
   const std::vector<ModeFit> modes = fit_modes(config, PlanOptions{});
-  CHECK(modes[0].mode.quantization == QuantMode::none);
+  CHECK(modes[0].mode.quantization == QuantizedBase::none);
   CHECK(modes[0].fits);
   CHECK(modes[0].largest_seq_len == 4096);
   CHECK_THROWS_WITH_AS(plan_config_for_model(std::string(FT_SOURCE_DIR) + "/configs/nothing.json", {}),

@@ -128,7 +128,7 @@ LoadFigures load_and_measure(const fs::path& dir) {
   HostAllocator host;
   CpuBackend backend(host);
   ModelOptions options;
-  options.int8_base = true;
+  options.quantized_base = QuantizedBase::int8;
   options.weight_dtype = DType::bf16;
   std::unique_ptr<CausalLM> model =
       make_causal_lm(ModelConfig::from_json_file((dir / "config.json").string()), backend, options);
@@ -212,7 +212,7 @@ TEST_CASE("a saved quantised base loads back to the same codes, scales and logit
   HostAllocator host;
   CpuBackend backend(host);
   ModelOptions options;
-  options.int8_base = true;
+  options.quantized_base = QuantizedBase::int8;
   options.weight_dtype = DType::bf16;
   ModelConfig model_config = ModelConfig::from_json_text(config, "synthetic config");
 

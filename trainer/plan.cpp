@@ -504,7 +504,7 @@ StageLayout pipeline_stage_layout(const TrainConfig& config, int64_t world_ranks
 }
 
 std::string mode_name(const PlanMode& mode) {
-  std::string base = mode.quantization == QuantMode::none ? "unquantised base" : enum_name(mode.quantization);
+  std::string base = mode.quantization == QuantizedBase::none ? "unquantised base" : enum_name(mode.quantization);
   if (mode.base == OffloadTarget::host) base += " streamed (" + std::to_string(mode.resident_layers) + " resident)";
   return base + (mode.optimizer == OffloadTarget::host ? ", optimizer state on the host" : "");
 }
@@ -603,8 +603,9 @@ std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& opt
   std::vector<PlanMode> modes;
   const bool lora = config.trainable == Trainable::lora;
   for (OffloadTarget base : {OffloadTarget::device, OffloadTarget::host})
-    for (QuantMode quantization : {QuantMode::none, QuantMode::int8, QuantMode::nf4}) {
-      if ((!lora && quantization != QuantMode::none) || (base == OffloadTarget::host && quantization == QuantMode::none))
+    for (QuantizedBase quantization : kQuantizedBases) {
+      if ((!lora && quantization != QuantizedBase::none) ||
+          (base == OffloadTarget::host && quantization == QuantizedBase::none))
         continue;
       for (OffloadTarget optimizer : {OffloadTarget::device, OffloadTarget::host})
         modes.push_back(PlanMode{quantization, optimizer, base, 0});

@@ -138,7 +138,7 @@ StageLayout pipeline_stage_layout(const TrainConfig& config, int64_t world_ranks
 // quantized layers streamed (offload.base: host) with resident_layers of
 // them kept on the device.
 struct PlanMode {
-  QuantMode quantization = QuantMode::int8;
+  QuantizedBase quantization = QuantizedBase::int8;
   OffloadTarget optimizer = OffloadTarget::device;
   OffloadTarget base = OffloadTarget::device;
   int64_t resident_layers = 0;

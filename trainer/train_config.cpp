@@ -30,8 +30,8 @@ struct Named {
 
 const Named<InitMode> kInitModes[] = {{"pretrained", InitMode::pretrained}, {"random", InitMode::random}};
 const Named<Trainable> kTrainables[] = {{"lora", Trainable::lora}, {"all", Trainable::all}};
-const Named<QuantMode> kQuantModes[] = {
-    {"int8", QuantMode::int8}, {"nf4", QuantMode::nf4}, {"none", QuantMode::none}};
+const Named<QuantizedBase> kQuantModes[] = {
+    {"int8", QuantizedBase::int8}, {"nf4", QuantizedBase::nf4}, {"none", QuantizedBase::none}};
 const Named<Precision> kPrecisions[] = {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}};
 const Named<DeviceChoice> kDevices[] = {
     {"auto", DeviceChoice::automatic}, {"cpu", DeviceChoice::cpu}, {"cuda", DeviceChoice::cuda}};
@@ -418,7 +418,7 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(!c.data.train.empty(), f, ": data.train: required (a JSONL file)");
   FT_CHECK(c.max_steps > 0 || c.epochs > 0, f, ": max_steps and epochs are both 0; set one of them > 0");
   checked_mul(checked_mul(c.micro_batch_size, c.seq_len), c.grad_accum_steps);  // tokens per optimizer step
-  FT_CHECK(!(c.trainable == Trainable::all && c.quantization.mode != QuantMode::none), f,
+  FT_CHECK(!(c.trainable == Trainable::all && c.quantization.mode != QuantizedBase::none), f,
            ": trainable: all needs quantization.mode: none (INT8 and NF4 base weights are frozen)");
   FT_CHECK(!(c.objective == Objective::dpo && c.trainable == Trainable::all), f,
            ": objective: dpo needs trainable: lora: its reference model is the base with the adapters disabled, "
@@ -429,9 +429,9 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(c.objective != Objective::dpo || c.task_metric == TaskMetric::none, f,
            ": task_metric: ", enum_name(c.task_metric), " scores completions (objective: sft); objective: dpo reports "
            "trl's preference figures instead");
-  FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode != QuantMode::none, f,
+  FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode != QuantizedBase::none, f,
            ": quantization.save_base needs quantization.mode: int8 or nf4 (it saves the quantised base)");
-  FT_CHECK(c.offload_base == OffloadTarget::device || c.quantization.mode != QuantMode::none, f,
+  FT_CHECK(c.offload_base == OffloadTarget::device || c.quantization.mode != QuantizedBase::none, f,
            ": offload.base: host streams the frozen quantized base from host memory: it needs quantization.mode: "
            "int8 or nf4");
   FT_CHECK(c.offload_base == OffloadTarget::device || c.quantization.save_base.empty(), f,
@@ -490,7 +490,7 @@ TrainConfig load_train_config(const std::string& yaml_path, const std::vector<st
 
 const char* enum_name(InitMode value) { return name_in(kInitModes, value); }
 const char* enum_name(Trainable value) { return name_in(kTrainables, value); }
-const char* enum_name(QuantMode value) { return name_in(kQuantModes, value); }
+const char* enum_name(QuantizedBase value) { return name_in(kQuantModes, value); }
 const char* enum_name(Precision value) { return name_in(kPrecisions, value); }
 const char* enum_name(DeviceChoice value) { return name_in(kDevices, value); }
 const char* enum_name(Schedule value) { return name_in(kSchedules, value); }

@@ -23,7 +23,6 @@ namespace ft {
 
 enum class InitMode { pretrained, random };
 enum class Trainable { lora, all };
-enum class QuantMode { int8, nf4, none };
 enum class Precision { fp32, bf16 };
 enum class DeviceChoice { automatic, cpu, cuda };
 enum class Schedule { constant, linear, cosine };
@@ -39,7 +38,7 @@ struct DpoConfig {
 };
 
 struct QuantizationConfig {
-  QuantMode mode = QuantMode::int8;
+  QuantizedBase mode = QuantizedBase::int8;
   double threshold = 6.0;  // LLM.int8() outlier threshold
   bool double_quant = true;  // NF4: absmax constants double-quantised to 8 bits
   std::string save_base;   // resolved folder; "" = don't save the quantised base
@@ -160,7 +159,7 @@ std::vector<std::string> train_config_keys();
 // The YAML spelling of each enum value ("auto" for automatic); DataFormat's is in data.h.
 const char* enum_name(InitMode value);
 const char* enum_name(Trainable value);
-const char* enum_name(QuantMode value);
+const char* enum_name(QuantizedBase value);
 const char* enum_name(Precision value);
 const char* enum_name(DeviceChoice value);
 const char* enum_name(Schedule value);

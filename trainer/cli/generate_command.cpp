@@ -169,7 +169,8 @@ GenerateCommand parse_generate_args(int argc, char** argv, int first) {
     else if (arg == "--no-kv-cache") c.sampling.kv_cache = false;
     else if (arg == "--ignore-eos") c.ignore_eos = true;
     else if (arg == "--quantization")
-      c.quantization = choice_arg<QuantMode>(arg, value(), {{"none", QuantMode::none}, {"int8", QuantMode::int8}, {"nf4", QuantMode::nf4}});
+      c.quantization = choice_arg<QuantizedBase>(
+          arg, value(), {{"none", QuantizedBase::none}, {"int8", QuantizedBase::int8}, {"nf4", QuantizedBase::nf4}});
     else if (arg == "--precision")
       c.precision = choice_arg<Precision>(arg, value(), {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}});
     else if (arg == "--device")
