@@ -14,7 +14,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/nf4.h"
 #include "model/causal_lm.h"
-#include "model/nf4_linear.h"
+#include "model/quant/nf4.h"
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
 #include "tests/host_tensors.h"
@@ -137,13 +137,15 @@ Parameter random_nf4(Backend& backend, int64_t O, int64_t K, bool double_quant, 
 
 // The weight dequantised in float64 from the host rules (kernels/nf4.h).
 std::vector<double> dequantised(const Parameter& p) {
-  const int64_t n = p.nf4_shape[0] * p.nf4_shape[1], blocks = nf4_blocks(n);
+  const Nf4Weight weight = nf4_weight(p);
+  const int64_t n = weight.out_features * weight.in_features, blocks = nf4_blocks(n);
   std::vector<float> absmax(static_cast<size_t>(blocks));
-  if (p.nested_map.defined())
-    nf4_dequantize_absmax(absmax.data(), p.scales.ptr<const uint8_t>(), blocks, p.nested_absmax.ptr<const float>(),
-                          p.nested_map.ptr<const float>(), p.nested_offset);
+  if (weight.double_quant())
+    nf4_dequantize_absmax(absmax.data(), weight.absmax->ptr<const uint8_t>(), blocks,
+                          weight.nested_absmax->ptr<const float>(), weight.nested_map->ptr<const float>(),
+                          weight.nested_offset);
   else
-    std::memcpy(absmax.data(), p.scales.data, absmax.size() * 4);
+    std::memcpy(absmax.data(), weight.absmax->data, absmax.size() * 4);
   std::vector<double> w(static_cast<size_t>(n));
   for (int64_t e = 0; e < n; ++e) w[e] = nf4_value(p.value.ptr<const uint8_t>(), absmax.data(), e);
   return w;
@@ -228,10 +230,11 @@ int64_t check_same_nf4(CausalLM& a, CausalLM& b) {
     CHECK(same_bytes(p.value, q.value));
     if (p.value.dtype != DType::u8) continue;
     ++nf4_parameters;
-    absmax_differing += differing_bytes(p.scales, q.scales);
-    CHECK(same_bytes(p.nested_absmax, q.nested_absmax));
-    CHECK(same_bytes(p.nested_map, q.nested_map));
-    CHECK(p.nested_offset == q.nested_offset);
+    const Nf4Weight w = nf4_weight(p), v = nf4_weight(q);
+    absmax_differing += differing_bytes(*w.absmax, *v.absmax);
+    CHECK(same_bytes(*w.nested_absmax, *v.nested_absmax));
+    CHECK(same_bytes(*w.nested_map, *v.nested_map));
+    CHECK(w.nested_offset == v.nested_offset);
   }
   CHECK(nf4_parameters == 2 * 7);
   return absmax_differing;
