@@ -5,10 +5,9 @@
 
 #include "kernels/dropout_hash.h"
 #include "kernels/error.h"
-#include "model/int8_linear.h"
 #include "model/layer_stream.h"
 #include "model/lora_linear.h"
-#include "model/nf4_linear.h"
+#include "model/quant/formats.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
 
@@ -55,7 +54,7 @@ void LanguageModel::check_built(const std::string& module_names) {
     std::vector<std::vector<Parameter*>> layers(static_cast<size_t>(streamed_layers()));
     for (Parameter& p : parameters_) {
       const int64_t layer = decoder_layer_of(p.name);
-      if (layer >= 0 && layer < streamed_layers() && (p.value.dtype == DType::i8 || p.value.dtype == DType::u8))
+      if (layer >= 0 && layer < streamed_layers() && p.is_quantized())
         layers[size_t(layer)].push_back(&p);
     }
     layer_stream_ = std::make_unique<LayerStream>(backend_, std::move(layers),
@@ -103,24 +102,22 @@ int64_t LanguageModel::streamed_layers() const {
   return options_.stream_base ? config_.num_hidden_layers - options_.resident_layers : 0;
 }
 
-// A decoder linear: dense, LLM.int8() or NF4, wrapped in LoRA when it is a
-// target. A streamed layer's quantized tensors go to pinned host memory.
+// A decoder linear: dense or in the quantized base's format, wrapped in LoRA
+// when it is a target. A streamed layer's quantized tensors go to pinned
+// host memory.
 std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, int64_t out_features,
                                                    int64_t in_features, bool bias) {
   std::unique_ptr<Linear> base;
   const int64_t layer = decoder_layer_of(module);
   Allocator& quantized = layer >= 0 && layer < streamed_layers() ? backend_.pinned_host_allocator()
                                                                  : backend_.allocator();
-  if (options_.int8_base) {
-    Parameter& weight = add_parameter(module + ".weight", {out_features, in_features}, DType::i8, &quantized);
-    weight.scales = Tensor::empty({out_features}, DType::f32, quantized, MemCategory::weights);
+  if (options_.quantized_base != QuantizedBase::none) {
+    const QuantizedFormat& format = quantized_format(options_.quantized_base);
+    Parameter& weight = parameters_.emplace_back();
+    weight.name = module + ".weight";
+    format.allocate(weight, {out_features, in_features}, quantized, options_);
     Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
-    base = std::make_unique<Int8Linear>(weight, options_.int8_threshold, b);
-  } else if (options_.nf4_base) {
-    Parameter& weight = add_parameter(module + ".weight", {0}, DType::u8);
-    allocate_nf4_parameter(quantized, weight, out_features, in_features, options_.nf4_double_quant);
-    Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
-    base = std::make_unique<Nf4Linear>(weight, b);
+    base = format.make_linear(weight, b, options_);
   } else {
     Parameter& weight = add_parameter(module + ".weight", {out_features, in_features}, options_.weight_dtype);
     Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
@@ -159,56 +156,23 @@ Parameter& LanguageModel::parameter(const std::string& name) {
 void LanguageModel::fill_parameter(Parameter& p, const std::function<void(Parameter&)>& fill) {
   if (p.value.device == backend_.device()) return fill(p);
   Parameter staged = p;
-  for (Tensor Parameter::*member : kQuantizedTensors)
-    if ((p.*member).defined())
-      staged.*member = backend_.empty((p.*member).shape, (p.*member).dtype, MemCategory::workspace);
+  for (Tensor* t : weight_tensors(staged)) *t = backend_.empty(t->shape, t->dtype, MemCategory::workspace);
   fill(staged);
-  for (Tensor Parameter::*member : kQuantizedTensors)
-    if ((p.*member).defined()) backend_.copy(p.*member, staged.*member);
-  p.nested_offset = staged.nested_offset;
+  const std::vector<Tensor*> host = weight_tensors(p), device = weight_tensors(staged);
+  for (size_t i = 0; i < host.size(); ++i) backend_.copy(*host[i], *device[i]);
+  p.quantized.offset = staged.quantized.offset;
 }
 
 void LanguageModel::load(const Checkpoint& checkpoint) {
-  for (Parameter& parameter : parameters_) fill_parameter(parameter, [&](Parameter& p) {
-    if (p.value.dtype == DType::u8) {
-      load_nf4_parameter(backend_, checkpoint, p);
-      return;
-    }
-    const SafetensorsEntry& entry = checkpoint.entry(p.name);
-    FT_CHECK(entry.dtype != DType::u8, entry.file, ": tensor \"", p.name,
-             "\" is stored NF4 (bitsandbytes 4-bit) and loads only with quantization.mode nf4");
-    FT_CHECK(entry.shape == p.value.shape, entry.file, ": tensor \"", p.name, "\" has shape ",
-             shape_string(entry.shape), " but config.json implies ", shape_string(p.value.shape));
-    if (entry.dtype == DType::i8) {
-      // A saved quantised base (save_quantized_base): codes plus bitsandbytes'
-      // row scales "<name>.SCB", taken as they are instead of requantising.
-      const std::string scb = p.name + ".SCB";
-      FT_CHECK(p.value.dtype == DType::i8, entry.file, ": tensor \"", p.name,
-               "\" is stored int8 (a quantised base) and loads only with quantization.mode int8");
-      const SafetensorsEntry& scales = checkpoint.entry(scb);
-      FT_CHECK(scales.dtype == DType::f32 && scales.shape == p.scales.shape, scales.file, ": tensor \"", scb,
-               "\" must be F32 ", shape_string(p.scales.shape), ", got ", dtype_name(scales.dtype), " ",
-               shape_string(scales.shape));
-      backend_.copy(p.value, checkpoint.view(p.name));
-      backend_.copy(p.scales, checkpoint.view(scb));
-      checkpoint.release(scb);
-    } else if (p.value.dtype == DType::i8) {
-      quantize_parameter(backend_, p, checkpoint.view(p.name));
-    } else {
-      backend_.copy(p.value, checkpoint.view(p.name));
-    }
-    // Done with the source bytes: drop their pages so the mapped checkpoint
-    // holds about one tensor resident, not the whole file, at peak.
-    checkpoint.release(p.name);
-  });
+  for (Parameter& parameter : parameters_)
+    fill_parameter(parameter, [&](Parameter& p) { load_parameter(backend_, checkpoint, p); });
 }
 
 void LanguageModel::init_random(uint64_t seed) {
   HostAllocator host;
   uint64_t index = 0;
   for (Parameter& p : parameters_) {
-    const Shape& shape = p.value.dtype == DType::u8 ? p.nf4_shape : p.value.shape;
-    Tensor values = Tensor::empty(shape, DType::f32, host, MemCategory::workspace);
+    Tensor values = Tensor::empty(p.shape(), DType::f32, host, MemCategory::workspace);
     const uint64_t stream = splitmix64(seed, index++);
     // As transformers: biases (linear and LayerNorm) 0, norm weights 1, the rest normal.
     const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
@@ -228,12 +192,8 @@ void LanguageModel::init_random(uint64_t seed) {
       for (int64_t k = 0; k < 2 && 2 * pair + k < n; ++k)
         out[2 * pair + k] = is_bias ? 0.0f : is_norm ? 1.0f : float(config_.initializer_range * normals[k]);
     }
-    // An INT8 base is quantised from the f32 values, as load() does a 16-bit checkpoint.
-    fill_parameter(p, [&](Parameter& q) {
-      if (q.value.dtype == DType::i8) quantize_parameter(backend_, q, values);
-      else if (q.value.dtype == DType::u8) quantize_nf4_parameter(backend_, q, values);
-      else backend_.copy(q.value, values);
-    });
+    // A quantized base is quantised from the f32 values, as load() does a 16-bit checkpoint.
+    fill_parameter(p, [&](Parameter& q) { assign_weight(backend_, q, values); });
   }
 }
 
@@ -807,8 +767,8 @@ SequenceLogps LanguageModel::lm_head_logps(const Tensor& hidden, const StepToken
 
 void LanguageModel::set_trainable(const std::function<bool(const std::string&)>& is_trainable) {
   for (Parameter& p : parameters_) {
-    FT_CHECK(!is_trainable(p.name) || (p.value.dtype != DType::i8 && p.value.dtype != DType::u8), "\"", p.name,
-             "\" is frozen in ", p.value.dtype == DType::i8 ? "int8" : "NF4",
+    FT_CHECK(!is_trainable(p.name) || !p.is_quantized(), "\"", p.name, "\" is frozen in ",
+             quantized_format(p.quantized.format).names.format,
              " and cannot be trained (use quantization.mode none for full fine-tuning)");
   }
   for (std::deque<Parameter>* list : {&parameters_, &adapters_})

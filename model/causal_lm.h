@@ -64,12 +64,13 @@ class LanguageModel {
   virtual ~LanguageModel();
 
   // Copies every base weight from the checkpoint (converting dtype, or
-  // quantising to int8); a missing tensor or a shape mismatch is an Error
-  // naming it.
+  // quantising into the base's format unless saved in it,
+  // model/quant/formats.h); a missing tensor or a shape mismatch is an
+  // Error naming it.
   void load(const Checkpoint& checkpoint);
   // Base weights as transformers initialises a new model (normal with
-  // std = initializer_range, norms 1), from a seed: for pretraining, or an
-  // INT8 base (quantised from those values) to benchmark without weights.
+  // std = initializer_range, norms 1), from a seed: for pretraining, or a
+  // quantized base (quantised from those values) to benchmark without weights.
   void init_random(uint64_t seed);
   // Adapters as PEFT's init_lora_weights=True: A kaiming-uniform, B zeros.
   void init_adapters(uint64_t seed);

@@ -33,11 +33,10 @@ LayerStream::LayerStream(Backend& backend, std::vector<std::vector<Parameter*>> 
     Layer layer;
     size_t offset = 0;
     for (Parameter* p : parameters)
-      for (Tensor Parameter::*member : kQuantizedTensors) {
-        const Tensor& host = p->*member;
-        if (!host.defined()) continue;
+      for (Tensor* bound : weight_tensors(*p)) {
+        const Tensor& host = *bound;
         FT_CHECK(host.device == Device::cpu, "LayerStream: \"", p->name, "\" is not in host memory");
-        layer.tensors.push_back({p, member, host, offset});
+        layer.tensors.push_back({bound, host, offset});
         layer.bytes += host.size_bytes();
         offset += (host.size_bytes() + kSlotAlignBytes - 1) / kSlotAlignBytes * kSlotAlignBytes;
       }
@@ -85,14 +84,14 @@ void LayerStream::acquire(size_t layer, int direction) {
   }
   const size_t s = slot_of(layer);
   backend_.wait_event(Stream::compute, copied_[s]);
-  for (const StreamedTensor& t : layers_[layer].tensors) t.parameter->*t.member = view_in(slots_[s], t.offset, t.host);
+  for (const StreamedTensor& t : layers_[layer].tensors) *t.bound = view_in(slots_[s], t.offset, t.host);
   bound_ = int64_t(layer);
 }
 
 void LayerStream::release(size_t layer) {
   FT_CHECK(bound_ == int64_t(layer), "LayerStream::release: layer ", layer, " is not the acquired one");
   backend_.record_event(released_[slot_of(layer)], Stream::compute);
-  for (const StreamedTensor& t : layers_[layer].tensors) t.parameter->*t.member = t.host;
+  for (const StreamedTensor& t : layers_[layer].tensors) *t.bound = t.host;
   bound_ = -1;
 }
 

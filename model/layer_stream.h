@@ -1,6 +1,6 @@
 // Layer streaming of a frozen quantized base (offload.base: host): the
-// decoder layers' INT8 or NF4 tensors (codes, row scales or absmax
-// constants) live in pinned host memory, and the device holds a ring of K
+// decoder layers' quantized tensors (codes and constants, whatever the
+// format) live in pinned host memory, and the device holds a ring of K
 // layer buffers (slots). Layer l always uses slot l % K, so a pass that runs
 // the layers in order, forwards or backwards, finds the next K - 1 layers in
 // the other slots: acquire(l) issues their copies on the copy stream
@@ -50,8 +50,7 @@ class LayerStream {
 
  private:
   struct StreamedTensor {
-    Parameter* parameter;
-    Tensor Parameter::*member;  // value, scales, nested_absmax or nested_map
+    Tensor* bound;  // one of its parameter's weight_tensors
     Tensor host;
     size_t offset;  // in the slot
   };

@@ -1,6 +1,6 @@
-// How an architecture builds its layers: storage dtype, LLM.int8() for the
-// frozen base, and PEFT-style LoRA adapters. Set by the trainer from its
-// config; the model knows nothing of YAML.
+// How an architecture builds its layers: storage dtype, the frozen base's
+// quantized format (LLM.int8() or NF4), and PEFT-style LoRA adapters. Set by
+// the trainer from its config; the model knows nothing of YAML.
 #pragma once
 #include <optional>
 #include <string>
@@ -9,6 +9,14 @@
 #include "kernels/dtype.h"
 
 namespace ft {
+
+// The format every decoder linear of the frozen base is quantized in
+// (quantization.mode); none: every weight dense (ModelOptions::weight_dtype).
+enum class QuantizedBase { int8, nf4, none };
+
+// Every choice, the most faithful first (16-bit, 8-bit, 4-bit): the order
+// the planner prefers them in.
+inline constexpr QuantizedBase kQuantizedBases[] = {QuantizedBase::none, QuantizedBase::int8, QuantizedBase::nf4};
 
 // LoRA adapters with PEFT's LoraConfig names and defaults, the one description
 // used by the YAML config (lora:), the model and PEFT adapter files.
@@ -43,9 +51,10 @@ struct ModelOptions {
   // gradients). bf16 halves their memory; ops still reduce and accumulate in
   // f32, and norm statistics, log-sum-exps, logits and losses stay f32.
   DType activation_dtype = DType::f32;
-  bool int8_base = false;           // every decoder linear frozen in LLM.int8()
-  float int8_threshold = 6.0f;      // outlier threshold; 0 disables the 16-bit outlier path
-  bool nf4_base = false;            // every decoder linear frozen in NF4 (QLoRA), as bitsandbytes stores it
+  // Every decoder linear frozen in LLM.int8() or NF4 (QLoRA, as bitsandbytes
+  // stores it), or none.
+  QuantizedBase quantized_base = QuantizedBase::none;
+  float int8_threshold = 6.0f;      // int8: outlier threshold; 0 disables the 16-bit outlier path
   bool nf4_double_quant = true;     // NF4 absmax double-quantised to 8 bits (bnb_4bit_use_double_quant)
   std::optional<LoraOptions> lora;  // none: no adapters
   // LoRA A and B as the model holds them. f32 unless an optimizer keeps

@@ -3,31 +3,40 @@
 // buffer at all, so they cost nothing beyond their weights.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "kernels/tensor.h"
+#include "model/model_options.h"
 
 namespace ft {
 
-struct Parameter {
-  std::string name;  // Hugging Face tensor name, e.g. model.layers.0.self_attn.q_proj.weight
-  Tensor value;
-  Tensor grad;
-  // Only for quantised parameters (value i8 [out, in]): f32 [out] absmax of
-  // each row of the full-precision weight, so W ~ value * scales / 127.
-  Tensor scales;
-  // Only for NF4 parameters (value u8 packed codes, kernels/nf4.h): scales
-  // holds the block absmax (f32, or u8 codes with double quantisation, then
-  // with these three), nf4_shape the weight's [out, in].
-  Tensor nested_absmax;
-  Tensor nested_map;
-  float nested_offset = 0.0f;
-  Shape nf4_shape;
-
-  bool trainable() const { return grad.data != nullptr || grad.storage != nullptr; }
+// A frozen quantized weight's tensors beyond its codes (the parameter's
+// value), laid out by its format (model/quantized_format.h), which alone
+// reads them: the rest of the model only holds, moves and counts them.
+struct QuantizedTensors {
+  QuantizedBase format = QuantizedBase::none;  // none: a dense parameter
+  Shape shape;                                 // the weight's [out, in]; the codes' shape may differ
+  std::vector<Tensor> constants;               // what dequantises the codes, in the format's order
+  float offset = 0.0f;                         // a scalar constant of the weight (NF4: the nested offset)
 };
 
-// The members a quantized weight keeps its tensors in (undefined ones unused).
-inline constexpr Tensor Parameter::*kQuantizedTensors[] = {&Parameter::value, &Parameter::scales,
-                                                          &Parameter::nested_absmax, &Parameter::nested_map};
+struct Parameter {
+  std::string name;  // Hugging Face tensor name, e.g. model.layers.0.self_attn.q_proj.weight
+  Tensor value;      // a quantized weight's codes
+  Tensor grad;
+  QuantizedTensors quantized;
+
+  bool trainable() const { return grad.data != nullptr || grad.storage != nullptr; }
+  bool is_quantized() const { return quantized.format != QuantizedBase::none; }
+  // The weight's shape, whatever holds it.
+  const Shape& shape() const { return is_quantized() ? quantized.shape : value.shape; }
+};
+
+// The tensors holding p's weight: value, then a quantized weight's constants.
+inline std::vector<Tensor*> weight_tensors(Parameter& p) {
+  std::vector<Tensor*> tensors{&p.value};
+  for (Tensor& constant : p.quantized.constants) tensors.push_back(&constant);
+  return tensors;
+}
 
 }  // namespace ft

@@ -1,39 +1,26 @@
 #include "model/quantized_base.h"
 
-#include <utility>
-#include <vector>
-
 #include "kernels/allocator.h"
 #include "kernels/error.h"
 #include "model/causal_lm.h"
-#include "model/nf4_linear.h"
-#include "model/safetensors.h"
+#include "model/quant/formats.h"
 
 namespace ft {
 
 void save_quantized_base(LanguageModel& model, const std::string& path) {
-  FT_CHECK(model.options().int8_base || model.options().nf4_base, "save_quantized_base: the model has no "
+  FT_CHECK(model.options().quantized_base != QuantizedBase::none, "save_quantized_base: the model has no "
            "quantised base to save (it needs quantization.mode int8 or nf4)");
+  const QuantizedFormat& format = quantized_format(model.options().quantized_base);
   Backend& backend = model.backend();
-  HostAllocator host;
   // On the CPU backend the parameters are host memory already and are written
   // in place; elsewhere each is copied down once.
-  auto on_host = [&](const Tensor& t) {
-    if (t.device == Device::cpu) return t;
-    Tensor copy = Tensor::empty(t.shape, t.dtype, host, MemCategory::workspace);
-    backend.copy(copy, t);
-    return copy;
-  };
-  std::vector<std::pair<std::string, Tensor>> tensors;
+  HostAllocator host;
+  NamedTensors tensors;
   for (const Parameter& p : model.parameters()) {
-    if (p.value.dtype == DType::u8) {
-      for (auto& named : nf4_state_dict(backend, p, model.options().weight_dtype, host)) tensors.push_back(std::move(named));
-      continue;
-    }
-    tensors.emplace_back(p.name, on_host(p.value));
-    if (p.value.dtype == DType::i8) tensors.emplace_back(p.name + ".SCB", on_host(p.scales));
+    if (p.is_quantized()) format.save(backend, p, model.options().weight_dtype, host, tensors);
+    else tensors.emplace_back(p.name, host_tensor(backend, p.value, host));
   }
-  save_safetensors(path, tensors, {{"format", "pt"}, {kQuantizationMetadataKey, model.options().nf4_base ? kQuantizationNf4 : kQuantizationInt8}});
+  save_safetensors(path, tensors, {{"format", "pt"}, {kQuantizationMetadataKey, format.names.metadata}});
 }
 
 }  // namespace ft

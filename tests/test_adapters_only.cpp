@@ -10,6 +10,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "model/causal_lm.h"
 #include "model/families.h"
+#include "model/quant/int8.h"
 #include "model/safetensors.h"
 #include "trainer/optimizer.h"
 #include "trainer/train_state.h"
@@ -55,7 +56,7 @@ TEST_CASE("INT8 base + LoRA: optimizer state is 8 bytes per adapter parameter an
   TrackingAllocator tracker(host);
   CpuBackend backend(tracker);
   ModelOptions options;
-  options.int8_base = true;
+  options.quantized_base = QuantizedBase::int8;
   options.lora = LoraOptions{4, 8.0, 0.1, {"q_proj", "v_proj"}, false};
   auto model = make_causal_lm(read_model_config(kFixture + "/config.json"), backend, options);
   model->load(Checkpoint(kFixture));
@@ -65,7 +66,7 @@ TEST_CASE("INT8 base + LoRA: optimizer state is 8 bytes per adapter parameter an
   for (Parameter& p : model->parameters()) {
     CHECK_FALSE(p.trainable());
     base_before.push_back(bytes_of(p.value));
-    if (p.value.dtype == DType::i8) base_before.push_back(bytes_of(p.scales));
+    if (p.value.dtype == DType::i8) base_before.push_back(bytes_of(int8_scales(p)));
   }
 
   const size_t optimizer_before = tracker.stats().current(MemCategory::optimizer);
@@ -93,7 +94,7 @@ TEST_CASE("INT8 base + LoRA: optimizer state is 8 bytes per adapter parameter an
   for (Parameter& p : model->parameters()) {
     CAPTURE(p.name);
     CHECK(bytes_of(p.value) == base_before[index++]);
-    if (p.value.dtype == DType::i8) CHECK(bytes_of(p.scales) == base_before[index++]);
+    if (p.value.dtype == DType::i8) CHECK(bytes_of(int8_scales(p)) == base_before[index++]);
   }
 }
 

@@ -39,7 +39,7 @@ constexpr double kTolerance = 1e-4;
 std::unique_ptr<LlamaModel> make_policy(Backend& backend, int64_t loss_chunk_tokens) {
   ModelOptions options;
   options.weight_dtype = DType::f32;
-  options.int8_base = false;
+  options.quantized_base = QuantizedBase::none;
   options.loss_chunk_tokens = loss_chunk_tokens;
   options.lora = read_peft_adapter_config(kAdapterFolder).lora;
   auto model = std::make_unique<LlamaModel>(read_model_config(kFixtures + "/llama_gqa/config.json"),

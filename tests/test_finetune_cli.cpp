@@ -786,7 +786,7 @@ void write_adapter_logits(const std::string& model_dir, const std::string& folde
   CpuBackend backend(host);
   ModelOptions options;
   options.weight_dtype = DType::f32;
-  options.int8_base = false;
+  options.quantized_base = QuantizedBase::none;
   options.lora = read_peft_adapter_config(folder).lora;
   const ModelConfig config = read_model_config(model_dir + "/config.json");
   std::unique_ptr<CausalLM> model = make_causal_lm(config, backend, options);

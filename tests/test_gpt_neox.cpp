@@ -132,7 +132,7 @@ TEST_CASE("gpt_neox over an INT8 base: quantised query_key_value keeps its f32 b
   HostAllocator host;
   CpuBackend backend(host);
   ModelOptions options = lora_on_query_key_value();
-  options.int8_base = true;
+  options.quantized_base = QuantizedBase::int8;
   GptNeoxModel model(read_model_config(kParallelFolder + "/config.json"), backend, options);
   model.load(Checkpoint(kParallelFolder));
   const std::string qkv = "gpt_neox.layers.0.attention.query_key_value";

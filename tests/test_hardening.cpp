@@ -97,7 +97,7 @@ std::string load_error(const fs::path& dir, bool int8_base) {
   HostAllocator host;
   CpuBackend backend(host);
   ModelOptions options;
-  options.int8_base = int8_base;
+  options.quantized_base = int8_base ? QuantizedBase::int8 : QuantizedBase::none;
   auto model = make_causal_lm(config, backend, options);
   return error_of([&] { model->load(Checkpoint(dir.string())); });
 }

@@ -12,8 +12,8 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/dropout_hash.h"
-#include "model/int8_linear.h"
 #include "model/lora_linear.h"
+#include "model/quant/int8.h"
 #include "tests/host_tensors.h"
 
 using namespace ft;
@@ -119,7 +119,7 @@ TEST_CASE("LoraLinear forward and backward match float64 over a dense and an int
   Parameter int8_w = named("q_proj.weight");
   quantize_parameter(backend, int8_w, make(backend, {s.out, s.in}, w));
   REQUIRE(int8_w.value.dtype == DType::i8);
-  REQUIRE(int8_w.scales.shape == Shape{s.out});
+  REQUIRE(int8_scales(int8_w).shape == Shape{s.out});
 
   for (bool int8_base : {false, true})
     for (float p : {0.0f, 0.3f})
@@ -132,8 +132,8 @@ TEST_CASE("LoraLinear forward and backward match float64 over a dense and an int
         if (int8_base) {
           Tensor y = backend.empty({s.N, s.out}, DType::f32, MemCategory::activations);
           Tensor dx = backend.empty({s.N, s.in}, DType::f32, MemCategory::activations);
-          backend.int8_linear_forward(y, xt, int8_w.value, int8_w.scales, 6.0f);
-          backend.int8_linear_backward(dx, dout_t, int8_w.value, int8_w.scales, false);
+          backend.int8_linear_forward(y, xt, int8_w.value, int8_scales(int8_w), 6.0f);
+          backend.int8_linear_backward(dx, dout_t, int8_w.value, int8_scales(int8_w), false);
           std::vector<float> yv = read(y), dxv = read(dx);
           base_y.assign(yv.begin(), yv.end());
           base_dx.assign(dxv.begin(), dxv.end());

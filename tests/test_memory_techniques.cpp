@@ -51,7 +51,7 @@ ModelOptions model_options(const ModelConfig& config, const Step& step) {
   ModelOptions options;
   options.activation_checkpointing = step.checkpointing;
   options.loss_chunk_tokens = step.loss_chunk_tokens;
-  options.int8_base = step.int8_base;
+  options.quantized_base = step.int8_base ? QuantizedBase::int8 : QuantizedBase::none;
   options.stream_base = step.stream_slots > 0;
   options.stream_slots = step.stream_slots;
   if (!step.lora) return options;

@@ -41,7 +41,7 @@ const std::string kKeyPrefix = "base_model.model.";
 std::unique_ptr<CausalLM> make_model(Backend& backend, const std::string& dir, const std::string& adapter) {
   ModelOptions options;
   options.weight_dtype = DType::f32;
-  options.int8_base = false;
+  options.quantized_base = QuantizedBase::none;
   if (!adapter.empty()) options.lora = read_peft_adapter_config(adapter).lora;
   std::unique_ptr<CausalLM> model = make_causal_lm(read_model_config(dir + "/config.json"), backend, options);
   model->load(Checkpoint(dir));

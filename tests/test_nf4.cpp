@@ -15,7 +15,7 @@
 #include "kernels/nf4.h"
 #include "model/causal_lm.h"
 #include "model/families.h"
-#include "model/nf4_linear.h"
+#include "model/quant/nf4.h"
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
 #include "tests/host_tensors.h"
@@ -138,13 +138,15 @@ Parameter random_nf4(Backend& backend, int64_t O, int64_t K, bool double_quant, 
 
 // The weight dequantised in float64 from the host rules (kernels/nf4.h).
 std::vector<double> dequantised(const Parameter& p) {
-  const int64_t n = p.nf4_shape[0] * p.nf4_shape[1], blocks = nf4_blocks(n);
+  const Nf4Weight weight = nf4_weight(p);
+  const int64_t n = weight.out_features * weight.in_features, blocks = nf4_blocks(n);
   std::vector<float> absmax(static_cast<size_t>(blocks));
-  if (p.nested_map.defined())
-    nf4_dequantize_absmax(absmax.data(), p.scales.ptr<const uint8_t>(), blocks, p.nested_absmax.ptr<const float>(),
-                          p.nested_map.ptr<const float>(), p.nested_offset);
+  if (weight.double_quant())
+    nf4_dequantize_absmax(absmax.data(), weight.absmax->ptr<const uint8_t>(), blocks,
+                          weight.nested_absmax->ptr<const float>(), weight.nested_map->ptr<const float>(),
+                          weight.nested_offset);
   else
-    std::memcpy(absmax.data(), p.scales.data, absmax.size() * 4);
+    std::memcpy(absmax.data(), weight.absmax->data, absmax.size() * 4);
   std::vector<double> w(static_cast<size_t>(n));
   for (int64_t e = 0; e < n; ++e) w[e] = nf4_value(p.value.ptr<const uint8_t>(), absmax.data(), e);
   return w;
@@ -204,7 +206,7 @@ TEST_CASE("NF4 op contract: a wrong absmax dtype or shape is one clear error") {
 
 std::unique_ptr<CausalLM> nf4_llama(Backend& backend, const std::string& checkpoint) {
   ModelOptions options;
-  options.nf4_base = true;
+  options.quantized_base = QuantizedBase::nf4;
   auto model =
       make_causal_lm(read_model_config(kFixtures + "/llama_gqa/config.json"), backend, options);
   model->load(Checkpoint(checkpoint));
@@ -229,10 +231,11 @@ int64_t check_same_nf4(CausalLM& a, CausalLM& b) {
     CHECK(same_bytes(p.value, q.value));
     if (p.value.dtype != DType::u8) continue;
     ++nf4_parameters;
-    absmax_differing += differing_bytes(p.scales, q.scales);
-    CHECK(same_bytes(p.nested_absmax, q.nested_absmax));
-    CHECK(same_bytes(p.nested_map, q.nested_map));
-    CHECK(p.nested_offset == q.nested_offset);
+    const Nf4Weight w = nf4_weight(p), v = nf4_weight(q);
+    absmax_differing += differing_bytes(*w.absmax, *v.absmax);
+    CHECK(same_bytes(*w.nested_absmax, *v.nested_absmax));
+    CHECK(same_bytes(*w.nested_map, *v.nested_map));
+    CHECK(w.nested_offset == v.nested_offset);
   }
   CHECK(nf4_parameters == 2 * 7);
   return absmax_differing;

@@ -54,7 +54,7 @@ json read_json(const std::string& path) {
 std::unique_ptr<LlamaModel> make_lora_model(Backend& backend, const std::string& adapter_folder) {
   ModelOptions options;
   options.weight_dtype = DType::f32;
-  options.int8_base = false;
+  options.quantized_base = QuantizedBase::none;
   options.lora = read_peft_adapter_config(adapter_folder).lora;
   auto model = std::make_unique<LlamaModel>(read_model_config(kBaseFolder + "/config.json"), backend, options);
   model->load(Checkpoint(kBaseFolder));

@@ -15,8 +15,7 @@
 #include "kernels/error.h"
 #include "model/causal_lm.h"
 #include "model/families.h"
-#include "model/int8_linear.h"
-#include "model/nf4_linear.h"
+#include "model/quant/formats.h"
 #include "trainer/dpo.h"
 #include "trainer/plan.h"
 #include "trainer/trainer.h"
@@ -42,25 +41,19 @@ std::string write_model(const std::string& name, const std::string& json) {
   return dir.string();
 }
 
-// Deterministic small values; memory does not depend on them. init_random
-// refuses int8 weights, so int8 ones are quantised from these values the way
-// load() does (into the already allocated int8 tensors: nothing new is tracked).
+// Deterministic small values; memory does not depend on them. Quantized
+// weights are quantised from these values the way load() does (assign_weight,
+// into the already allocated tensors: nothing new is tracked).
 void fill_weights(LanguageModel& model, Backend& backend) {
   HostAllocator host;
   uint32_t state = 12345;
   for (Parameter& p : model.parameters()) {
-    const Shape& shape = p.value.dtype == DType::u8 ? p.nf4_shape : p.value.shape;
-    Tensor values = Tensor::empty(shape, DType::f32, host, MemCategory::workspace);
+    Tensor values = Tensor::empty(p.shape(), DType::f32, host, MemCategory::workspace);
     for (int64_t i = 0; i < values.numel(); ++i) {
       state = state * 1664525u + 1013904223u;
       values.ptr<float>()[i] = 0.02f * (float(state >> 8) / float(1 << 24) - 0.5f);
     }
-    if (p.value.dtype == DType::i8)
-      quantize_parameter(backend, p, values);
-    else if (p.value.dtype == DType::u8)
-      quantize_nf4_parameter(backend, p, values);
-    else
-      backend.copy(p.value, values);
+    assign_weight(backend, p, values);
   }
 }
 
@@ -222,9 +215,9 @@ void check_stages_match_whole_model(const std::string& model_dir, const std::str
     TrainingSetup setup = setup_training(config, model_config, backend, [](LanguageModel&) {}, nullptr, layers);
     for (Parameter& p : setup.model->parameters()) {
       Parameter& from = whole.model->parameter(p.name);
-      for (Tensor Parameter::*member : kQuantizedTensors)
-        if ((p.*member).defined()) backend.copy(p.*member, from.*member);
-      p.nested_offset = from.nested_offset;
+      const std::vector<Tensor*> to = weight_tensors(p), source = weight_tensors(from);
+      for (size_t i = 0; i < to.size(); ++i) backend.copy(*to[i], *source[i]);
+      p.quantized.offset = from.quantized.offset;
     }
     for (Parameter& p : setup.model->adapters()) {
       const Tensor& expected = whole.model->parameter(p.name).value;
@@ -351,7 +344,7 @@ TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA at seq 2048, micro_batch 1 (CUDA polic
   // The 24 GB card's budget: 22.5 GiB at seq_len 2048, micro_batch 1, context reserve included.
   CHECK(plan.total_bytes() <= size_t(45) << 29);
   // Frozen weights alone: 44 x 12 x 6144^2 int8 bytes = 18.6 GiB.
-  CHECK(plan.int8_weight_bytes == size_t(44) * 12 * 6144 * 6144);
+  CHECK(plan.quantized_weight_bytes == size_t(44) * 12 * 6144 * 6144);
   // trl's recipe: 44 x 16 x (6144 + 18432) = 17,301,504 trainable f32 adapters.
   CHECK(plan.at_peak.current(MemCategory::adapters) == size_t(17301504) * 4);
 }
@@ -376,7 +369,7 @@ TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA data parallel on 8 GPUs all-reduces th
 TEST_CASE("plan: parallel.shard_optimizer leaves each of 4 data-parallel ranks a quarter of AdamW's state") {
   TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/llama-2-7b-int8-lora.yaml");
   config.trainable = Trainable::all;
-  config.quantization.mode = QuantMode::none;
+  config.quantization.mode = QuantizedBase::none;
   PlanOptions options;
   options.ranks = 4;
   const StepPlan whole = plan_step(config, options, config.micro_batch_size, config.seq_len);
@@ -418,7 +411,7 @@ TEST_CASE("plan: Llama-2-70B INT8 + LoRA as a 4-stage pipeline fits every stage 
     CHECK(stage.layers.end_layer == first_layers[s + 1]);
     CHECK(stage.in_flight == 4 - int64_t(s));
     const size_t layers = size_t(stage.layers.end_layer - stage.layers.first_layer);
-    CHECK(stage.step.int8_weight_bytes == layers * (2 * q + 2 * kv + 3 * mlp));
+    CHECK(stage.step.quantized_weight_bytes == layers * (2 * q + 2 * kv + 3 * mlp));
     // r = 16 on q_proj (8192 + 8192) and v_proj (8192 + 1024), f32.
     CHECK(stage.step.at_peak.current(MemCategory::adapters) == layers * 16 * (8192 + 8192 + 8192 + 1024) * 4);
     CHECK(stage.step.total_bytes() == peaks[s]);
@@ -480,10 +473,10 @@ TEST_CASE("plan: LLaMA-33B NF4 + LoRA r=64 on all linear layers at seq 2048 (CUD
   // Per layer 4 x 6656^2 + 3 x 6656 x 17920 linear weights, 60 layers.
   const size_t linear_params = size_t(60) * (4 * 6656 * 6656 + 3 * size_t(6656) * 17920);
   // 4 bits each; absmax double-quantised: 1 byte per 64, an f32 per 256 blocks, two 256-entry maps per weight.
-  CHECK(plan.nf4_weight_bytes == linear_params / 2);
+  CHECK(plan.quantized_weight_bytes == linear_params / 2);
   const size_t blocks_per_layer = 4 * (6656 * 6656 / 64) + 3 * (6656 * 17920 / 64);
   const size_t nested_per_layer = 4 * ((6656 * 6656 / 64 + 255) / 256) + 3 * ((6656 * 17920 / 64 + 255) / 256);
-  CHECK(plan.nf4_absmax_bytes == 60 * (blocks_per_layer + 4 * nested_per_layer + 7 * 256 * 4));
+  CHECK(plan.quantized_constant_bytes == 60 * (blocks_per_layer + 4 * nested_per_layer + 7 * 256 * 4));
   // QLoRA's recipe: r = 64 on q, k, v, o (6656 + 6656 each) and gate, up, down (6656 + 17920 each).
   const size_t adapters = size_t(60) * 64 * (4 * (6656 + 6656) + 3 * (6656 + 17920));
   CHECK(adapters == 487587840);
@@ -500,12 +493,12 @@ TEST_CASE("plan: Llama-2-70B NF4 + LoRA r=64 on all linear layers at seq 2048 on
           " GiB incl. context reserve), peak at ", plan.where);
   // Per layer q, o [8192, 8192], k, v [1024, 8192] (8 KV heads of 128), gate, up, down 8192 x 28672; 80 layers.
   const size_t q = size_t(8192) * 8192, kv = size_t(1024) * 8192, mlp = size_t(8192) * 28672;
-  CHECK(plan.nf4_weight_bytes == 80 * (2 * q + 2 * kv + 3 * mlp) / 2);
+  CHECK(plan.quantized_weight_bytes == 80 * (2 * q + 2 * kv + 3 * mlp) / 2);
   auto blocks = [](size_t weights) { return weights / 64; };
   auto nested = [](size_t weights) { return (weights / 64 + 255) / 256; };
   const size_t absmax_per_layer = 2 * blocks(q) + 2 * blocks(kv) + 3 * blocks(mlp) +
                                   4 * (2 * nested(q) + 2 * nested(kv) + 3 * nested(mlp)) + 7 * 256 * 4;
-  CHECK(plan.nf4_absmax_bytes == 80 * absmax_per_layer);
+  CHECK(plan.quantized_constant_bytes == 80 * absmax_per_layer);
   // r = 64 on q, o (8192 + 8192), k, v (8192 + 1024) and gate, up, down (8192 + 28672).
   const size_t adapters = size_t(80) * 64 * (2 * (8192 + 8192) + 2 * (8192 + 1024) + 3 * (8192 + 28672));
   CHECK(adapters == 828375040);
@@ -539,7 +532,7 @@ TEST_CASE("plan: Llama-2-70B NF4 + LoRA r=64 streamed from host memory fits a 24
                         4 * (2 * nested(q) + 2 * nested(kv) + 3 * nested(mlp)) + 7 * 256 * 4;
   const size_t layer = codes + absmax;
   CHECK(layer == 441404416);
-  CHECK(plan.nf4_weight_bytes + plan.nf4_absmax_bytes == 28 * layer);
+  CHECK(plan.quantized_weight_bytes + plan.quantized_constant_bytes == 28 * layer);
   CHECK(stream.streamed_layers == 52);
   CHECK(stream.slots == 2);
   CHECK(stream.layer_bytes == layer);
@@ -587,7 +580,7 @@ TEST_CASE("plan: the best mode for LLaMA-33B on a 24 GiB card is nf4 with the op
   for (size_t i = 0; i < 6; ++i) {
     const ModeFit& fit = modes[i];
     CAPTURE(mode_name(fit.mode));
-    const bool nf4_host = fit.mode.quantization == QuantMode::nf4 && fit.mode.optimizer == OffloadTarget::host;
+    const bool nf4_host = fit.mode.quantization == QuantizedBase::nf4 && fit.mode.optimizer == OffloadTarget::host;
     CHECK(fit.mode.base == OffloadTarget::device);
     CHECK(fit.fits == nf4_host);
     CHECK(fit.largest_seq_len == (nf4_host ? 2048 : 0));
@@ -621,7 +614,7 @@ TEST_CASE("plan: a bare config.json plans as a bf16 LoRA run at seq 2048") {
   CHECK(plan_config_for_model(std::string(FT_SOURCE_DIR) + "/configs/tiny-base", {}).seq_len == 512);
   // Llama-2-7B on 24 GiB: a bf16 base fits (13.5 GB of weights), so it is the best mode.
   const std::vector<ModeFit> modes = fit_modes(config, PlanOptions{});
-  CHECK(modes[0].mode.quantization == QuantMode::none);
+  CHECK(modes[0].mode.quantization == QuantizedBase::none);
   CHECK(modes[0].fits);
   CHECK(modes[0].largest_seq_len == 4096);
   CHECK_THROWS_WITH_AS(plan_config_for_model(std::string(FT_SOURCE_DIR) + "/configs/nothing.json", {}),

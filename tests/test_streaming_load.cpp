@@ -27,6 +27,7 @@
 #include "kernels/meta/meta_backend.h"
 #include "model/causal_lm.h"
 #include "model/families.h"
+#include "model/quant/int8.h"
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
 #include "tests/host_tensors.h"
@@ -129,15 +130,17 @@ LoadFigures load_and_measure(const fs::path& dir) {
   HostAllocator host;
   CpuBackend backend(host);
   ModelOptions options;
-  options.int8_base = true;
+  options.quantized_base = QuantizedBase::int8;
   options.weight_dtype = DType::bf16;
   std::unique_ptr<CausalLM> model =
       make_causal_lm(read_model_config((dir / "config.json").string()), backend, options);
   Checkpoint checkpoint(dir.string());
   model->load(checkpoint);
   figures.peak_rss = status_bytes("VmHWM");
-  for (const Parameter& p : model->parameters())
-    figures.quantized_bytes += p.value.size_bytes() + (p.scales.defined() ? p.scales.size_bytes() : 0);
+  for (const Parameter& p : model->parameters()) {
+    figures.quantized_bytes += p.value.size_bytes();
+    for (const Tensor& constant : p.quantized.constants) figures.quantized_bytes += constant.size_bytes();
+  }
   for (const std::string& name : checkpoint.names())
     figures.largest_tensor = std::max(figures.largest_tensor, checkpoint.entry(name).size_bytes);
   figures.checkpoint_bytes = checkpoint.total_bytes();
@@ -213,7 +216,7 @@ TEST_CASE("a saved quantised base loads back to the same codes, scales and logit
   HostAllocator host;
   CpuBackend backend(host);
   ModelOptions options;
-  options.int8_base = true;
+  options.quantized_base = QuantizedBase::int8;
   options.weight_dtype = DType::bf16;
   ModelConfig model_config = parse_model_config(config, "synthetic config");
 
@@ -236,7 +239,7 @@ TEST_CASE("a saved quantised base loads back to the same codes, scales and logit
     CHECK(same_bytes(p.value, q.value));
     if (p.value.dtype == DType::i8) {
       ++int8_parameters;
-      CHECK(same_bytes(p.scales, q.scales));
+      CHECK(same_bytes(int8_scales(p), int8_scales(q)));
     }
   }
   CHECK(int8_parameters == 2 * 7);

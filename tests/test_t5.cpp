@@ -46,7 +46,7 @@ std::string fixture_dir(const std::string& fixture) { return std::string(FT_FIXT
 ModelOptions f32_options() {
   ModelOptions options;
   options.weight_dtype = DType::f32;
-  options.int8_base = false;
+  options.quantized_base = QuantizedBase::none;
   return options;
 }
 
@@ -312,8 +312,7 @@ std::pair<float, double> quantized_base_step(bool nf4) {
   HostAllocator host;
   CpuBackend backend(host);
   ModelOptions options = f32_options();
-  options.int8_base = !nf4;
-  options.nf4_base = nf4;
+  options.quantized_base = nf4 ? QuantizedBase::nf4 : QuantizedBase::int8;
   options.lora = read_peft_adapter_config(dir + "/adapter").lora;
   T5Model model(config, backend, options);
   model.load(Checkpoint(dir));

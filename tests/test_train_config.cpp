@@ -44,7 +44,7 @@ TEST_CASE("defaults, with relative paths resolved against the config's directory
   CHECK(c.lora.lora_dropout == 0.0);
   CHECK(c.lora.target_modules.empty());
   CHECK(c.lora.use_rslora == false);
-  CHECK(c.quantization.mode == QuantMode::int8);
+  CHECK(c.quantization.mode == QuantizedBase::int8);
   CHECK(c.quantization.threshold == 6.0);
   CHECK(c.precision == Precision::fp32);
   CHECK(c.device == DeviceChoice::automatic);
@@ -126,7 +126,7 @@ metric_examples: 20
   CHECK(c.lora.lora_dropout == 0.0);
   CHECK(c.lora.target_modules == std::vector<std::string>{"q_proj", "k_proj", "o_proj"});
   CHECK(c.lora.use_rslora == true);
-  CHECK(c.quantization.mode == QuantMode::none);
+  CHECK(c.quantization.mode == QuantizedBase::none);
   CHECK(c.quantization.threshold == 4.5);
   CHECK(c.precision == Precision::bf16);
   CHECK(c.device == DeviceChoice::cuda);

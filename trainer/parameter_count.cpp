@@ -9,7 +9,7 @@ ParameterCount count_parameters(LanguageModel& model) {
   ParameterCount count;
   for (std::deque<Parameter>* list : {&model.parameters(), &model.adapters()})
     for (const Parameter& p : *list) {
-      const int64_t elements = p.nf4_shape.empty() ? p.value.numel() : p.nf4_shape[0] * p.nf4_shape[1];
+      const int64_t elements = shape_numel(p.shape());
       count.all += elements;
       if (p.trainable()) count.trainable += elements;
     }

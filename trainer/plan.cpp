@@ -15,6 +15,7 @@
 #include "model/causal_lm.h"
 #include "model/families.h"
 #include "model/layer_stream.h"
+#include "model/quant/formats.h"
 #include "trainer/dpo.h"
 #include "trainer/evaluate.h"
 #include "trainer/parallel/data_parallel.h"
@@ -77,15 +78,12 @@ std::string describe_peak(const PeakWatch& watch, LanguageModel& model) {
 // The device's weights by kind; a streamed layer's tensors (host memory)
 // are StreamPlan's.
 void split_weights(StepPlan& plan, LanguageModel& model) {
+  plan.quantized_base = model.options().quantized_base;
   for (const Parameter& p : model.parameters()) {
     if (p.value.device == Device::cpu) continue;
-    if (p.value.dtype == DType::i8) {
-      plan.int8_weight_bytes += p.value.size_bytes();
-      plan.int8_scale_bytes += p.scales.size_bytes();
-    } else if (p.value.dtype == DType::u8) {
-      plan.nf4_weight_bytes += p.value.size_bytes();
-      plan.nf4_absmax_bytes += p.scales.size_bytes();
-      if (p.nested_map.defined()) plan.nf4_absmax_bytes += p.nested_absmax.size_bytes() + p.nested_map.size_bytes();
+    if (p.is_quantized()) {
+      plan.quantized_weight_bytes += p.value.size_bytes();
+      for (const Tensor& constant : p.quantized.constants) plan.quantized_constant_bytes += constant.size_bytes();
     } else {
       plan.dense_weight_bytes += p.value.size_bytes();
       plan.dense_weight_dtype = p.value.dtype;
@@ -102,8 +100,7 @@ LayerParameters layer_parameters(LanguageModel& model) {
   const std::string layer = ".layers." + std::to_string(model.layers().first_layer) + ".";
   LayerParameters counts;
   for (const Parameter& p : model.parameters())
-    if (p.name.find(layer) != std::string::npos && (p.value.dtype == DType::i8 || p.value.dtype == DType::u8))
-      counts.linear += double(shape_numel(p.value.dtype == DType::u8 ? p.nf4_shape : p.value.shape));
+    if (p.name.find(layer) != std::string::npos && p.is_quantized()) counts.linear += double(shape_numel(p.shape()));
   for (const Parameter& p : model.adapters())
     if (p.name.find(layer) != std::string::npos) counts.lora += double(p.value.numel());
   return counts;
@@ -246,8 +243,8 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
     s.pcie_bytes = stream->copied_bytes() - cold_copied_bytes;
     if (options.plan_stream_traffic) model_stream_time(s, flops, options);
   }
-  FT_CHECK(plan.int8_weight_bytes + plan.int8_scale_bytes + plan.nf4_weight_bytes + plan.nf4_absmax_bytes +
-                   plan.dense_weight_bytes + plan.stream.ring_bytes ==
+  FT_CHECK(plan.quantized_weight_bytes + plan.quantized_constant_bytes + plan.dense_weight_bytes +
+                   plan.stream.ring_bytes ==
                watch.at_peak.current(MemCategory::weights),
            "plan: the weights category holds more than the model's parameters");
   plan.at_peak = watch.at_peak;
@@ -294,11 +291,10 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
   const std::string dense = std::string("dense weights (embeddings, norms, biases, lm_head), ") +
                             dtype_name(plan.dense_weight_dtype);
   const char* resident = plan.stream.layers ? ", resident layers" : "";
-  print_row((std::string("frozen int8 linear weights") + resident).c_str(), plan.int8_weight_bytes);
-  print_row("their f32 row scales", plan.int8_scale_bytes);
-  if (plan.nf4_weight_bytes > 0) {
-    print_row((std::string("frozen NF4 linear weights (4-bit codes)") + resident).c_str(), plan.nf4_weight_bytes);
-    print_row("their block absmax (double-quantised: 8-bit + nested)", plan.nf4_absmax_bytes);
+  if (plan.quantized_base != QuantizedBase::none) {
+    const QuantizedFormat::Names& names = quantized_format(plan.quantized_base).names;
+    print_row((std::string(names.codes_row) + resident).c_str(), plan.quantized_weight_bytes);
+    print_row(names.constants_row, plan.quantized_constant_bytes);
   }
   if (plan.stream.layers) {
     const std::string ring = "streamed layers' device ring (" + std::to_string(plan.stream.slots) + " slots)";
@@ -505,7 +501,7 @@ StageLayout pipeline_stage_layout(const TrainConfig& config, int64_t world_ranks
 }
 
 std::string mode_name(const PlanMode& mode) {
-  std::string base = mode.quantization == QuantMode::none ? "unquantised base" : enum_name(mode.quantization);
+  std::string base = mode.quantization == QuantizedBase::none ? "unquantised base" : enum_name(mode.quantization);
   if (mode.base == OffloadTarget::host) base += " streamed (" + std::to_string(mode.resident_layers) + " resident)";
   return base + (mode.optimizer == OffloadTarget::host ? ", optimizer state on the host" : "");
 }
@@ -604,8 +600,9 @@ std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& opt
   std::vector<PlanMode> modes;
   const bool lora = config.trainable == Trainable::lora;
   for (OffloadTarget base : {OffloadTarget::device, OffloadTarget::host})
-    for (QuantMode quantization : {QuantMode::none, QuantMode::int8, QuantMode::nf4}) {
-      if ((!lora && quantization != QuantMode::none) || (base == OffloadTarget::host && quantization == QuantMode::none))
+    for (QuantizedBase quantization : kQuantizedBases) {
+      if ((!lora && quantization != QuantizedBase::none) ||
+          (base == OffloadTarget::host && quantization == QuantizedBase::none))
         continue;
       for (OffloadTarget optimizer : {OffloadTarget::device, OffloadTarget::host})
         modes.push_back(PlanMode{quantization, optimizer, base, 0});

@@ -59,11 +59,12 @@ struct StreamPlan {
 
 struct StepPlan {
   int64_t micro_batch = 0, seq_len = 0;
-  // The weights category split by kind (it does not change during a step).
-  size_t int8_weight_bytes = 0, int8_scale_bytes = 0, dense_weight_bytes = 0;
-  // NF4: packed codes, and their absmax (with double quantisation: u8 codes,
-  // nested absmax and the 256-entry maps).
-  size_t nf4_weight_bytes = 0, nf4_absmax_bytes = 0;
+  // The weights category split by kind (it does not change during a step):
+  // the quantized base's codes and their constants (int8: row scales; NF4:
+  // absmax, with double quantisation u8 codes, nested absmax and the
+  // 256-entry maps), and the dense weights.
+  QuantizedBase quantized_base = QuantizedBase::none;
+  size_t quantized_weight_bytes = 0, quantized_constant_bytes = 0, dense_weight_bytes = 0;
   DType dense_weight_dtype = DType::f32;
   DType adapter_dtype = DType::f32;
   // offload.optimizer: host: AdamW's m, v and f32 masters in host memory
@@ -138,7 +139,7 @@ StageLayout pipeline_stage_layout(const TrainConfig& config, int64_t world_ranks
 // quantized layers streamed (offload.base: host) with resident_layers of
 // them kept on the device.
 struct PlanMode {
-  QuantMode quantization = QuantMode::int8;
+  QuantizedBase quantization = QuantizedBase::int8;
   OffloadTarget optimizer = OffloadTarget::device;
   OffloadTarget base = OffloadTarget::device;
   int64_t resident_layers = 0;

@@ -23,7 +23,7 @@ std::string base_tensors(const TrainConfig& config) {
     checksum.add_text(dtype_name(entry.dtype));
     checksum.add_text(shape_string(entry.shape));
   }
-  std::string held = config.quantization.mode == QuantMode::int8
+  std::string held = config.quantization.mode == QuantizedBase::int8
                          ? "int8, threshold " + nlohmann::json(config.quantization.threshold).dump()
                          : "not quantized";
   return std::to_string(names.size()) + " tensors, checksum " + checksum.hex() + ", " + held;

@@ -12,9 +12,8 @@ ModelOptions model_options(const TrainConfig& config) {
   ModelOptions options;
   options.weight_dtype = config.precision == Precision::bf16 ? DType::bf16 : DType::f32;
   options.activation_dtype = options.weight_dtype;  // bf16 mixed precision: bf16 activations too
-  options.int8_base = config.quantization.mode == QuantMode::int8;
+  options.quantized_base = config.quantization.mode;
   options.int8_threshold = float(config.quantization.threshold);
-  options.nf4_base = config.quantization.mode == QuantMode::nf4;
   options.nf4_double_quant = config.quantization.double_quant;
   options.activation_checkpointing = config.activation_checkpointing;
   options.loss_chunk_tokens = config.loss_chunk_tokens;

@@ -24,8 +24,8 @@ namespace {
 
 const EnumName<InitMode> kInitModes[] = {{"pretrained", InitMode::pretrained}, {"random", InitMode::random}};
 const EnumName<Trainable> kTrainables[] = {{"lora", Trainable::lora}, {"all", Trainable::all}};
-const EnumName<QuantMode> kQuantModes[] = {
-    {"int8", QuantMode::int8}, {"nf4", QuantMode::nf4}, {"none", QuantMode::none}};
+const EnumName<QuantizedBase> kQuantModes[] = {
+    {"int8", QuantizedBase::int8}, {"nf4", QuantizedBase::nf4}, {"none", QuantizedBase::none}};
 const EnumName<Precision> kPrecisions[] = {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}};
 const EnumName<DeviceChoice> kDevices[] = {
     {"auto", DeviceChoice::automatic}, {"cpu", DeviceChoice::cpu}, {"cuda", DeviceChoice::cuda}};
@@ -186,7 +186,7 @@ const Field kFields[] = {
                  "a non-empty list of module names such as [q_proj, v_proj], or all-linear");
      }},
     {"lora.use_rslora", [](TrainConfig& c, const Value& v) { c.lora.use_rslora = v.boolean(); }},
-    {"quantization.mode", [](TrainConfig& c, const Value& v) { c.quantization.mode = v.choice<QuantMode>(); }},
+    {"quantization.mode", [](TrainConfig& c, const Value& v) { c.quantization.mode = v.choice<QuantizedBase>(); }},
     {"quantization.threshold",
      [](TrainConfig& c, const Value& v) {
        c.quantization.threshold = v.number();
@@ -394,7 +394,7 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(!c.data.train.empty(), f, ": data.train: required (a JSONL file)");
   FT_CHECK(c.max_steps > 0 || c.epochs > 0, f, ": max_steps and epochs are both 0; set one of them > 0");
   checked_mul(checked_mul(c.micro_batch_size, c.seq_len), c.grad_accum_steps);  // tokens per optimizer step
-  FT_CHECK(!(c.trainable == Trainable::all && c.quantization.mode != QuantMode::none), f,
+  FT_CHECK(!(c.trainable == Trainable::all && c.quantization.mode != QuantizedBase::none), f,
            ": trainable: all needs quantization.mode: none (INT8 and NF4 base weights are frozen)");
   FT_CHECK(!(c.objective == Objective::dpo && c.trainable == Trainable::all), f,
            ": objective: dpo needs trainable: lora: its reference model is the base with the adapters disabled, "
@@ -405,9 +405,9 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(c.objective != Objective::dpo || c.task_metric == TaskMetric::none, f,
            ": task_metric: ", enum_name(c.task_metric), " scores completions (objective: sft); objective: dpo reports "
            "trl's preference figures instead");
-  FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode != QuantMode::none, f,
+  FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode != QuantizedBase::none, f,
            ": quantization.save_base needs quantization.mode: int8 or nf4 (it saves the quantised base)");
-  FT_CHECK(c.offload_base == OffloadTarget::device || c.quantization.mode != QuantMode::none, f,
+  FT_CHECK(c.offload_base == OffloadTarget::device || c.quantization.mode != QuantizedBase::none, f,
            ": offload.base: host streams the frozen quantized base from host memory: it needs quantization.mode: "
            "int8 or nf4");
   FT_CHECK(c.offload_base == OffloadTarget::device || c.quantization.save_base.empty(), f,
@@ -466,7 +466,7 @@ TrainConfig load_train_config(const std::string& yaml_path, const std::vector<st
 
 EnumNames<InitMode> enum_names(InitMode) { return kInitModes; }
 EnumNames<Trainable> enum_names(Trainable) { return kTrainables; }
-EnumNames<QuantMode> enum_names(QuantMode) { return kQuantModes; }
+EnumNames<QuantizedBase> enum_names(QuantizedBase) { return kQuantModes; }
 EnumNames<Precision> enum_names(Precision) { return kPrecisions; }
 EnumNames<DeviceChoice> enum_names(DeviceChoice) { return kDevices; }
 EnumNames<Schedule> enum_names(Schedule) { return kSchedules; }

@@ -25,7 +25,6 @@ namespace ft {
 
 enum class InitMode { pretrained, random };
 enum class Trainable { lora, all };
-enum class QuantMode { int8, nf4, none };
 enum class Precision { fp32, bf16 };
 enum class DeviceChoice { automatic, cpu, cuda };
 enum class TaskMetric { none, rouge };
@@ -40,7 +39,7 @@ struct DpoConfig {
 };
 
 struct QuantizationConfig {
-  QuantMode mode = QuantMode::int8;
+  QuantizedBase mode = QuantizedBase::int8;
   double threshold = 6.0;  // LLM.int8() outlier threshold
   bool double_quant = true;  // NF4: absmax constants double-quantised to 8 bits
   std::string save_base;   // resolved folder; "" = don't save the quantised base
@@ -163,7 +162,7 @@ std::vector<std::string> train_config_keys();
 // is in data.h, ChatTemplateKind's in chat_template.h.
 EnumNames<InitMode> enum_names(InitMode);
 EnumNames<Trainable> enum_names(Trainable);
-EnumNames<QuantMode> enum_names(QuantMode);
+EnumNames<QuantizedBase> enum_names(QuantizedBase);
 EnumNames<Precision> enum_names(Precision);
 EnumNames<DeviceChoice> enum_names(DeviceChoice);
 EnumNames<Schedule> enum_names(Schedule);

@@ -263,7 +263,7 @@ TEST_CASE("cuda: LoRA training over a base streamed from host memory equals resi
   for (const char* quantization : {"int8", "nf4"}) {
     CAPTURE(quantization);
     TrainConfig resident = model_config({"llama_gqa", "q_proj, v_proj, gate_proj", "bf16"});
-    resident.quantization.mode = quantization == std::string("int8") ? QuantMode::int8 : QuantMode::nf4;
+    resident.quantization.mode = quantization == std::string("int8") ? QuantizedBase::int8 : QuantizedBase::nf4;
     auto train_on_cuda = [](const TrainConfig& config) {
       DeviceAllocator device;
       CachingAllocator caching(device);

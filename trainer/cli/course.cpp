@@ -92,8 +92,7 @@ MemoryRule course_memory_rule() {
 }
 
 size_t WeightFormat::bytes() const {
-  return plan.int8_weight_bytes + plan.int8_scale_bytes + plan.nf4_weight_bytes + plan.nf4_absmax_bytes +
-         plan.dense_weight_bytes;
+  return plan.quantized_weight_bytes + plan.quantized_constant_bytes + plan.dense_weight_bytes;
 }
 
 CourseFigures course_figures(const std::string& configs_dir) {
@@ -201,12 +200,13 @@ void print_memory(const CourseFigures& f, std::ostream& out) {
 std::string weight_breakdown(const WeightFormat& w) {
   const StepPlan& p = w.plan;
   const std::string dense = std::string(dtype_name(p.dense_weight_dtype));
-  if (p.int8_weight_bytes)
-    return "INT8 linears " + gb(double(p.int8_weight_bytes)) + " + f32 row scales " + gb(double(p.int8_scale_bytes)) +
-           " + " + dense + " embeddings, norms, biases " + gb(double(p.dense_weight_bytes));
-  if (p.nf4_weight_bytes)
-    return "NF4 codes " + gb(double(p.nf4_weight_bytes)) + " + block constants (8-bit, double-quantised) " +
-           gb(double(p.nf4_absmax_bytes)) + " + " + dense + " embeddings, norms, biases " +
+  if (p.quantized_base == QuantizedBase::int8)
+    return "INT8 linears " + gb(double(p.quantized_weight_bytes)) + " + f32 row scales " +
+           gb(double(p.quantized_constant_bytes)) + " + " + dense + " embeddings, norms, biases " +
+           gb(double(p.dense_weight_bytes));
+  if (p.quantized_base == QuantizedBase::nf4)
+    return "NF4 codes " + gb(double(p.quantized_weight_bytes)) + " + block constants (8-bit, double-quantised) " +
+           gb(double(p.quantized_constant_bytes)) + " + " + dense + " embeddings, norms, biases " +
            gb(double(p.dense_weight_bytes));
   return "every weight in " + dense;
 }

@@ -140,7 +140,7 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCommand& c) {
                               "recompute every position each step (the old path)");
   generate->add_flag("--ignore-eos", c.ignore_eos,
                      "the EOS tokens do not stop a row (benchmarks: exactly --max-new-tokens each)");
-  add_choice_option(*generate, "--quantization", c.quantization, enum_names(QuantMode{}),
+  add_choice_option(*generate, "--quantization", c.quantization, enum_names(QuantizedBase{}),
                     "the base's quantization, as the adapter was trained over it (default none: full precision)");
   add_choice_option(*generate, "--precision", c.precision, enum_names(Precision{}), "default fp32");
   add_choice_option(*generate, "--device", c.device, enum_names(DeviceChoice{}), "default auto");

@@ -27,7 +27,7 @@ struct GenerateCommand {
   std::vector<std::string> stop;  // texts or special tokens, besides the checkpoint's EOS
   int64_t batch_size = 8;         // --file rows per batch
   bool ignore_eos = false;        // no stop ids: every row runs to max_new_tokens (or a stop text)
-  QuantMode quantization = QuantMode::none;
+  QuantizedBase quantization = QuantizedBase::none;
   Precision precision = Precision::fp32;
   DeviceChoice device = DeviceChoice::automatic;
 };

@@ -1,0 +1,103 @@
+#include "model/quant/int8.h"
+
+#include "kernels/error.h"
+
+namespace ft {
+
+namespace {
+
+// p's codes [out, in] and row scales [out], from allocator.
+void allocate_int8(Parameter& p, const Shape& shape, Allocator& allocator) {
+  p.value = Tensor::empty(shape, DType::i8, allocator, MemCategory::weights);
+  p.quantized = {QuantizedBase::int8, shape, {Tensor::empty({shape[0]}, DType::f32, allocator, MemCategory::weights)}};
+}
+
+class Int8Format final : public QuantizedFormat {
+ public:
+  Int8Format()
+      : QuantizedFormat({"int8", "int8", "int8 (a quantised base)", kQuantizationInt8, "frozen int8 linear weights",
+                         "their f32 row scales"}) {}
+
+  void allocate(Parameter& p, const Shape& shape, Allocator& allocator, const ModelOptions&) const override {
+    allocate_int8(p, shape, allocator);
+  }
+
+  std::unique_ptr<Linear> make_linear(Parameter& weight, Parameter* bias,
+                                      const ModelOptions& options) const override {
+    return std::make_unique<Int8Linear>(weight, options.int8_threshold, bias);
+  }
+
+  void quantize(Backend& backend, Parameter& p, const Tensor& full_precision) const override {
+    quantize_parameter(backend, p, full_precision);
+  }
+
+  bool holds(const SafetensorsEntry& entry) const override { return entry.dtype == DType::i8; }
+
+  // A saved base (save_quantized_base): codes plus bitsandbytes' row scales
+  // "<name>.SCB", taken as they are instead of requantising.
+  void load(Backend& backend, const Checkpoint& checkpoint, Parameter& p) const override {
+    require_shape(checkpoint.entry(p.name), p.name, p.value.shape);
+    const std::string scb = p.name + ".SCB";
+    Tensor& scales = p.quantized.constants.at(0);
+    const SafetensorsEntry& stored = checkpoint.entry(scb);
+    FT_CHECK(stored.dtype == DType::f32 && stored.shape == scales.shape, stored.file, ": tensor \"", scb,
+             "\" must be F32 ", shape_string(scales.shape), ", got ", dtype_name(stored.dtype), " ",
+             shape_string(stored.shape));
+    backend.copy(p.value, checkpoint.view(p.name));
+    backend.copy(scales, checkpoint.view(scb));
+    checkpoint.release(scb);
+    checkpoint.release(p.name);
+  }
+
+  void save(Backend& backend, const Parameter& p, DType, Allocator& host, NamedTensors& tensors) const override {
+    tensors.emplace_back(p.name, host_tensor(backend, p.value, host));
+    tensors.emplace_back(p.name + ".SCB", host_tensor(backend, int8_scales(p), host));
+  }
+};
+
+}  // namespace
+
+const QuantizedFormat& int8_format() {
+  static const Int8Format format;
+  return format;
+}
+
+Int8Linear::Int8Linear(Parameter& weight, float threshold, Parameter* bias)
+    : weight_(weight), threshold_(threshold), bias_(bias) {
+  FT_CHECK(weight.quantized.format == QuantizedBase::int8 && weight.value.ndim() == 2, "Int8Linear: \"",
+           weight.name, "\" is not a quantised weight (call quantize_parameter first)");
+  FT_CHECK(!weight.trainable(), "Int8Linear: \"", weight.name, "\" is int8 and cannot be trainable");
+}
+
+void Int8Linear::forward(Backend& backend, Tensor& out, const Tensor& x) { forward_fused(backend, out, x, {}); }
+
+void Int8Linear::forward_with_lora(Backend& backend, Tensor& out, const Tensor& x, const Tensor& h, const Tensor& B,
+                                   float scaling) {
+  forward_fused(backend, out, x, {nullptr, &h, &B, scaling});
+}
+
+// The op with the bias (if any) added to the given epilogue.
+void Int8Linear::forward_fused(Backend& backend, Tensor& out, const Tensor& x, Int8Epilogue epilogue) {
+  if (bias_) epilogue.bias = &bias_->value;
+  backend.int8_linear_forward(out, x, weight_.value, int8_scales(weight_), threshold_, epilogue);
+}
+
+void Int8Linear::backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor&, bool accumulate_dx) {
+  if (dx) backend.int8_linear_backward(*dx, dout, weight_.value, int8_scales(weight_), accumulate_dx);
+  linear_bias_backward(backend, bias_, dout);
+}
+
+void quantize_parameter(Backend& backend, Parameter& p, const Tensor& full_precision) {
+  FT_CHECK(full_precision.ndim() == 2, "quantize_parameter: \"", p.name, "\" must be 2-D [out, in], got ",
+           shape_string(full_precision.shape));
+  Tensor source = full_precision;
+  if (full_precision.device != backend.allocator().device()) {
+    source = backend.empty(full_precision.shape, full_precision.dtype, MemCategory::workspace);
+    backend.copy(source, full_precision);
+  }
+  if (p.quantized.format != QuantizedBase::int8 || p.value.shape != full_precision.shape)
+    allocate_int8(p, full_precision.shape, backend.allocator());
+  backend.quantize_rows_int8(p.value, p.quantized.constants.at(0), source);
+}
+
+}  // namespace ft

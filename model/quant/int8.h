@@ -1,0 +1,49 @@
+// LLM.int8(), the int8 quantized base: a frozen weight stored as i8 codes
+// [out, in] in weight.value plus its one constant, the f32 row scales [out]
+// (W ~ value * scales / 127), saved as bitsandbytes names them: the codes
+// under the weight's name, the scales under "<name>.SCB".
+//
+// Int8Linear's forward routes the outlier input columns (any |x| >=
+// threshold) through an f32 product and the rest through int8 x int8 ->
+// int32; backward yields dx only (no weight gradient: the weight never
+// trains). An optional bias stays in 16/32 bits, as bitsandbytes keeps it;
+// it and a LoRA update are added in the op's epilogue
+// (Backend::int8_linear_forward), so out is written once.
+#pragma once
+#include "model/linear.h"
+#include "model/quantized_format.h"
+
+namespace ft {
+
+// A saved int8 base's __metadata__ kQuantizationMetadataKey value.
+inline constexpr const char* kQuantizationInt8 = "llm_int8";
+
+const QuantizedFormat& int8_format();
+
+// An int8 weight's f32 row scales [out].
+inline const Tensor& int8_scales(const Parameter& p) { return p.quantized.constants.at(0); }
+
+class Int8Linear final : public Linear {
+ public:
+  // threshold: bitsandbytes' llm_int8_threshold (transformers' default 6.0; 0
+  // disables the outlier path). bias: null for none.
+  Int8Linear(Parameter& weight, float threshold, Parameter* bias = nullptr);
+  void forward(Backend& backend, Tensor& out, const Tensor& x) override;
+  void forward_with_lora(Backend& backend, Tensor& out, const Tensor& x, const Tensor& h, const Tensor& B,
+                         float scaling) override;
+  void backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
+
+ private:
+  void forward_fused(Backend& backend, Tensor& out, const Tensor& x, Int8Epilogue epilogue);
+
+  Parameter& weight_;
+  float threshold_;
+  Parameter* bias_;
+};
+
+// Sets p's codes and row scales from a full-precision [out, in] weight
+// (host or device). Reuses them when the model already allocated them (an
+// int8 weight of that shape), else allocates both on the backend as weights.
+void quantize_parameter(Backend& backend, Parameter& p, const Tensor& full_precision);
+
+}  // namespace ft
