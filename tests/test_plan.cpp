@@ -349,7 +349,7 @@ TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA at seq 2048, micro_batch 1 (CUDA polic
   CHECK(plan.at_peak.current(MemCategory::adapters) == size_t(17301504) * 4);
 }
 
-// The README's data-parallel line: the same 20B run on 8 GPUs. Each rank's
+// docs/memory.md's data-parallel line: the same 20B run on 8 GPUs. Each rank's
 // peak is the single-GPU plan; the 17,301,504 f32 adapter gradients are
 // all-reduced each optimizer step, and a ring sends 2 x 7/8 of them per rank.
 TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA data parallel on 8 GPUs all-reduces the adapter gradients only") {
@@ -385,7 +385,7 @@ TEST_CASE("plan: parallel.shard_optimizer leaves each of 4 data-parallel ranks a
   CHECK(whole.total_bytes() - share.total_bytes() == whole_bytes - share_bytes);
 }
 
-// The README's pipeline table: Llama-2-70B's 69 GB of int8 weights over four
+// docs/memory.md's pipeline table ("Pipeline stages"): Llama-2-70B's 69 GB of int8 weights over four
 // 24 GiB cards, a stage each. Stage s holds 4 - s micro-batches' layer inputs
 // (32 MiB per layer each at seq 2048); the split trades stage 0's extra
 // activations against the last stage's LM head.
