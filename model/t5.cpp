@@ -231,18 +231,26 @@ T5Rows t5_rows(const Tensor& input_ids, const Tensor& targets, int64_t decoder_s
 
 // ---- the step --------------------------------------------------------------
 
-// T5's decoder starts from its pad token, which also fills the padding.
+namespace {
+
+// The loader's rows split for the encoder and decoder. T5's decoder starts
+// from its pad token, which also fills the padding.
+T5Rows loader_rows(const ModelConfig& config, const Tensor& input_ids, const Tensor& targets, HostAllocator& host) {
+  const int64_t start = config.decoder_start_token_id;
+  return t5_rows(input_ids, targets, start, int32_t(start), host);
+}
+
+}  // namespace
+
 float T5Model::forward(const Tensor& input_ids, const Tensor& targets) {
   HostAllocator host;
-  const int64_t start = config_.decoder_start_token_id;
-  const T5Rows rows = t5_rows(input_ids, targets, start, int32_t(start), host);
+  const T5Rows rows = loader_rows(config_, input_ids, targets, host);
   return forward(rows.encoder_ids, rows.decoder_ids, rows.labels, rows.encoder_lengths);
 }
 
 float T5Model::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale) {
   HostAllocator host;
-  const int64_t start = config_.decoder_start_token_id;
-  const T5Rows rows = t5_rows(input_ids, targets, start, int32_t(start), host);
+  const T5Rows rows = loader_rows(config_, input_ids, targets, host);
   return forward_backward(rows.encoder_ids, rows.decoder_ids, rows.labels, grad_scale, rows.encoder_lengths);
 }
 
