@@ -72,11 +72,12 @@ namespace ft {
   PREFIX void gelu_forward_impl(Tensor& out, const Tensor& x, GeluKind kind) SUFFIX;                                \
   PREFIX void gelu_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) SUFFIX;            \
   PREFIX void attention_forward_impl(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k,            \
-                                     const HeadsView& v, float scale, int64_t sliding_window) SUFFIX;               \
+                                     const HeadsView& v, float scale, int64_t sliding_window,                       \
+                                     const Tensor* cu_seqlens) SUFFIX;                                              \
   PREFIX void attention_backward_impl(const HeadsView& dq, const HeadsView& dk, const HeadsView& dv,               \
                                       const Tensor& dout, const HeadsView& q, const HeadsView& k,                   \
                                       const HeadsView& v, const Tensor& out, const Tensor& lse, float scale,        \
-                                      int64_t sliding_window) SUFFIX;                                               \
+                                      int64_t sliding_window, const Tensor* cu_seqlens) SUFFIX;                     \
   PREFIX void attention_cached_impl(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,     \
                                     const Tensor& positions, float scale, int64_t sliding_window) SUFFIX;          \
   PREFIX void biased_attention_forward_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,            \
@@ -315,19 +316,29 @@ class Backend {
   // q, k and v are head views (kernels/tensor.h): GPT-NeoX's are read in place
   // from the fused query_key_value output, as FlashAttention's qkvpacked
   // form reads them, and its dq, dk and dv written in place into dqkv.
+  // Packed rows (padding-free packing): cu_seqlens, when given, is i32 [S + 1]
+  // on the backend, FlashAttention's varlen offsets: the S sequences of the
+  // B * T tokens in row-major order, sequence s = tokens [cu_seqlens[s],
+  // cu_seqlens[s + 1]). It starts at 0, ends at B * T, increases strictly and
+  // holds every row start b * T (no sequence crosses a row). Query i then sees
+  // key j only within its own sequence (and the window counts within it too,
+  // as positions restart there). Null: each row is one sequence. Its values
+  // are checked where the host can read them (the CPU backend, and
+  // checks::check_cu_seqlens_values for the caller that builds them).
   void attention_forward(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k, const HeadsView& v,
-                         float scale, int64_t sliding_window) {
-    checks::check_attention(device(), "attention_forward", q, k, v, out, lse, sliding_window);
-    attention_forward_impl(out, lse, q, k, v, scale, sliding_window);
+                         float scale, int64_t sliding_window, const Tensor* cu_seqlens = nullptr) {
+    checks::check_attention(device(), "attention_forward", q, k, v, out, lse, sliding_window, cu_seqlens);
+    attention_forward_impl(out, lse, q, k, v, scale, sliding_window, cu_seqlens);
   }
   // dq, dk, dv overwritten (every column of their views), none overlapping
   // another operand.
   void attention_backward(const HeadsView& dq, const HeadsView& dk, const HeadsView& dv, const Tensor& dout,
                           const HeadsView& q, const HeadsView& k, const HeadsView& v, const Tensor& out,
-                          const Tensor& lse, float scale, int64_t sliding_window) {
-    checks::check_attention(device(), "attention_backward", q, k, v, out, lse, sliding_window);
+                          const Tensor& lse, float scale, int64_t sliding_window,
+                          const Tensor* cu_seqlens = nullptr) {
+    checks::check_attention(device(), "attention_backward", q, k, v, out, lse, sliding_window, cu_seqlens);
     checks::check_attention_gradients(device(), "attention_backward", dq, dk, dv, dout, q, k, v, out);
-    attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, scale, sliding_window);
+    attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, scale, sliding_window, cu_seqlens);
   }
 
   // Generation's attention: new queries against a key/value cache. q and out

@@ -129,8 +129,25 @@ inline void check_attention_operands(Device device, const char* op, const HeadsV
   check_heads(v, device, op, v_name);
   check_float(out, device, op, "out");
 }
+// Backend::attention_forward's cu_seqlens values (host i32, count = S + 1)
+// for B rows of T tokens: 0 first, B * T last, strictly increasing, and every
+// row start b * T among them.
+inline void check_cu_seqlens_values(const char* op, const int32_t* cu, int64_t count, int64_t B, int64_t T) {
+  FT_CHECK(count >= 2 && cu[0] == 0 && cu[count - 1] == B * T, op, ": cu_seqlens must run from 0 to B * T = ",
+           B * T, ", got ", count, " offsets from ", count ? cu[0] : 0, " to ", count ? cu[count - 1] : 0);
+  int64_t next_row_start = T;
+  for (int64_t s = 1; s < count; ++s) {
+    FT_CHECK(cu[s] > cu[s - 1], op, ": cu_seqlens must increase strictly, got ", cu[s - 1], " then ", cu[s],
+             " at offset ", s);
+    FT_CHECK(cu[s] <= next_row_start, op, ": sequence ", s - 1, " (tokens ", cu[s - 1], " to ", cu[s],
+             ") crosses the row start ", next_row_start, " (rows of ", T, " tokens)");
+    if (cu[s] == next_row_start) next_row_start += T;
+  }
+}
+
 inline void check_attention(Device device, const char* op, const HeadsView& q, const HeadsView& k,
-                            const HeadsView& v, const Tensor& out, const Tensor& lse, int64_t sliding_window) {
+                            const HeadsView& v, const Tensor& out, const Tensor& lse, int64_t sliding_window,
+                            const Tensor* cu_seqlens = nullptr) {
   check_attention_operands(device, op, q, k, "k", v, "v", out, sliding_window);
   check_dtype(lse, DType::f32, device, op, "lse");
   FT_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": q and k must be [B, T, H, D], got q ", shape_string(q.shape()),
@@ -142,6 +159,12 @@ inline void check_attention(Device device, const char* op, const HeadsView& q, c
   check_heads_shape(v, k.shape(), op, "v");
   check_shape(out, q.shape(), op, "out");
   check_shape(lse, {s.batch, s.q_heads, s.seq}, op, "lse");
+  if (!cu_seqlens) return;
+  check_dtype(*cu_seqlens, DType::i32, device, op, "cu_seqlens");
+  FT_CHECK(cu_seqlens->ndim() == 1 && cu_seqlens->numel() >= s.batch + 1 &&
+               cu_seqlens->numel() <= s.batch * s.seq + 1,
+           op, ": cu_seqlens must be i32 [S + 1] with ", s.batch, " <= S <= ", s.batch * s.seq, ", got ",
+           shape_string(cu_seqlens->shape));
 }
 
 // attention_cached: q and out [B, Tq, Hq, D], the caches [B, S, Hkv, D], one

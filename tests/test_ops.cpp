@@ -704,6 +704,95 @@ TEST_CASE("attention and rope on head views equal contiguous operands bit for bi
     }
 }
 
+// Padding-free packing: rows of several sequences (cu_seqlens) must give each
+// sequence exactly what it gets alone in a row of its own length -- the
+// kernel runs each one from its first token with the same tiles -- so the
+// comparison is bit for bit, forward and backward, GQA and windows included.
+// Lengths cross the CPU kernel's 32-query and 64-key tiles.
+TEST_CASE("attention over packed sequences equals each sequence alone, bit for bit") {
+  std::mt19937 rng(16);
+  struct PackedCase {
+    int64_t Hq, Hkv, D, window;
+    std::vector<std::vector<int64_t>> rows;  // each row's sequence lengths
+  };
+  for (const PackedCase& c : {PackedCase{6, 2, 8, 0, {{5, 1, 7}, {13}}}, PackedCase{2, 1, 4, 0, {{33, 70, 1}}},
+                              PackedCase{3, 3, 5, 4, {{9, 2, 11}, {1, 21}}}, PackedCase{4, 2, 6, 40, {{100, 35}}}})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      CAPTURE(c.window);
+      CAPTURE(dtype_name(dtype));
+      const int64_t B = int64_t(c.rows.size()), D = c.D;
+      int64_t T = 0;
+      for (const auto& row : c.rows) {
+        int64_t sum = 0;
+        for (int64_t len : row) sum += len;
+        T = std::max(T, sum);
+      }
+      std::vector<int32_t> cu = {0};
+      for (int64_t b = 0; b < B; ++b) {  // a short row ends in one more sequence: its padding
+        int64_t t = 0;
+        for (int64_t len : c.rows[size_t(b)]) cu.push_back(int32_t(b * T + (t += len)));
+        if (t < T) cu.push_back(int32_t((b + 1) * T));
+      }
+      const Shape q_shape = {B, T, c.Hq, D}, kv_shape = {B, T, c.Hkv, D};
+      Tensor q = make(q_shape, dtype, random_vec(size_t(B * T * c.Hq * D), rng, -2.0, 2.0));
+      Tensor k = make(kv_shape, dtype, random_vec(size_t(B * T * c.Hkv * D), rng, -2.0, 2.0));
+      Tensor v = make(kv_shape, dtype, random_vec(size_t(B * T * c.Hkv * D), rng));
+      Tensor dout = make(q_shape, dtype, random_vec(size_t(B * T * c.Hq * D), rng));
+      Tensor cu_seqlens = make_i32(cu);
+      const float scale = 1.0f / std::sqrt(float(D));
+      Tensor out = make(q_shape, dtype), lse = make({B, c.Hq, T}, DType::f32);
+      Tensor dq = make(q_shape, dtype), dk = make(kv_shape, dtype), dv = make(kv_shape, dtype);
+      backend.attention_forward(out, lse, q, k, v, scale, c.window, &cu_seqlens);
+      backend.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, c.window, &cu_seqlens);
+      const Vec packed[] = {values_of(out), values_of(lse), values_of(dq), values_of(dk), values_of(dv)};
+      for (size_t s = 0; s + 1 < cu.size(); ++s) {
+        const int64_t b = cu[s] / T, t0 = cu[s] - b * T, L = cu[s + 1] - cu[s];
+        auto alone = [&](const Tensor& x) {  // rows [t0, t0 + L) of batch row b, as [1, L, H, D]
+          Tensor row = x.slice_rows(b, 1).reshaped({T, x.dim(2), D}).slice_rows(t0, L);
+          return make({1, L, x.dim(2), D}, dtype, values_of(row));
+        };
+        Tensor aq = alone(q), ak = alone(k), av = alone(v), adout = alone(dout);
+        Tensor aout = make(aq.shape, dtype), alse = make({1, c.Hq, L}, DType::f32);
+        Tensor adq = make(aq.shape, dtype), adk = make(ak.shape, dtype), adv = make(av.shape, dtype);
+        backend.attention_forward(aout, alse, aq, ak, av, scale, c.window);
+        backend.attention_backward(adq, adk, adv, adout, aq, ak, av, aout, alse, scale, c.window);
+        // The packed results at the sequence's tokens ([B, T, H, D] element offsets; lse [B, H, T]).
+        auto rows_of = [&](const Vec& all, int64_t heads) {
+          return Vec(all.begin() + (b * T + t0) * heads * D, all.begin() + (b * T + t0 + L) * heads * D);
+        };
+        CAPTURE(s);
+        CHECK(rows_of(packed[0], c.Hq) == values_of(aout));
+        CHECK(rows_of(packed[2], c.Hq) == values_of(adq));
+        CHECK(rows_of(packed[3], c.Hkv) == values_of(adk));
+        CHECK(rows_of(packed[4], c.Hkv) == values_of(adv));
+        const Vec alone_lse = values_of(alse);
+        for (int64_t h = 0; h < c.Hq; ++h)
+          for (int64_t t = 0; t < L; ++t)
+            REQUIRE(packed[1][size_t((b * c.Hq + h) * T + t0 + t)] == alone_lse[size_t(h * L + t)]);
+      }
+    }
+}
+
+TEST_CASE("attention refuses cu_seqlens that do not tile its rows") {
+  Tensor q = make({2, 4, 1, 4}, DType::f32), out = make({2, 4, 1, 4}, DType::f32), lse = make({2, 1, 4}, DType::f32);
+  backend.fill(q, 0.5f);
+  auto refuse = [&](const std::vector<int32_t>& cu, const char* says) {
+    Tensor cu_seqlens = make_i32(cu);
+    CHECK_THROWS_WITH_AS(backend.attention_forward(out, lse, q, q, q, 1.0f, 0, &cu_seqlens), doctest::Contains(says),
+                         Error);
+  };
+  refuse({0, 2, 6, 8}, "crosses the row start 4");
+  refuse({0, 4, 4, 8}, "must increase strictly");
+  refuse({0, 4, 7}, "must run from 0 to B * T = 8");
+  refuse({1, 4, 8}, "must run from 0 to B * T = 8");
+  refuse({0, 8}, "i32 [S + 1] with 2 <= S <= 8");
+  Tensor f32_offsets = make({3}, DType::f32);
+  CHECK_THROWS_WITH_AS(backend.attention_forward(out, lse, q, q, q, 1.0f, 0, &f32_offsets),
+                       doctest::Contains("cu_seqlens"), Error);
+  Tensor fine = make_i32({0, 1, 4, 6, 8});
+  backend.attention_forward(out, lse, q, q, q, 1.0f, 0, &fine);
+}
+
 TEST_CASE("attention refuses head views out of their rows and gradients that overlap") {
   Tensor qkv = make({1, 3, 2, 24}, DType::f32), dqkv = make({1, 3, 2, 24}, DType::f32);
   Tensor out = make({1, 3, 2, 8}, DType::f32), lse = make({1, 2, 3}, DType::f32);

@@ -13,6 +13,9 @@
 // its rows equal the forward's bit for bit.
 // Key j is visible to query i iff j <= i and, with a sliding window W > 0,
 // i - j < W (transformers' Mistral mask): key tiles wholly outside are skipped.
+// Packed rows (cu_seqlens) run each sequence of a row as a row of its own:
+// the same tiles from the sequence's first token, so a packed sequence's
+// results equal those of the sequence alone in a row, bit for bit.
 // Scratch is thread_local and only grows, so steps after the first allocate
 // nothing here.
 #include <algorithm>
@@ -186,10 +189,11 @@ void transpose(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int
     for (int64_t j = 0; j < cols; ++j) dst[j * ld_dst + i] = src[i * ld_src + j];
 }
 
-// One (batch, query head): out rows and lse from gathered q, v [T, D] and
-// kt = K^T [D, T]; o is [T, D] scratch.
-void forward_head(float* o, float* lse, const float* q, const float* kt, const float* v, int64_t T, int64_t D,
-                  float scale, int64_t window) {
+// One sequence of T tokens of a (batch, query head): out rows and lse from
+// gathered q, v [T, D] and kt = K^T [D, T] (rows ldk apart: the sequence is
+// columns of the row's gathered K^T); o is [T, D] scratch.
+void forward_head(float* o, float* lse, const float* q, const float* kt, int64_t ldk, const float* v, int64_t T,
+                  int64_t D, float scale, int64_t window) {
   float s[kQueryRows * kKeyCols];
   RowSoftmax rows_softmax[kQueryRows];
   for (int64_t i0 = 0; i0 < T; i0 += kQueryRows) {
@@ -199,7 +203,7 @@ void forward_head(float* o, float* lse, const float* q, const float* kt, const f
     for (int64_t j0 = first_key_tile(i0, window); j0 < i0 + rows; j0 += kKeyCols) {
       const int64_t keys = std::min(kKeyCols, i0 + rows - j0);
       std::fill(s, s + rows * kKeyCols, 0.0f);
-      tile_gemm(s, kKeyCols, q + i0 * D, D, kt + j0, T, rows, keys, D);
+      tile_gemm(s, kKeyCols, q + i0 * D, D, kt + j0, ldk, rows, keys, D);
       for (int64_t r = 0; r < rows; ++r)
         softmax_tile_row(s + r * kKeyCols, o + (i0 + r) * D, rows_softmax[r], i0 + r, j0, keys, D, scale, window);
       tile_gemm(o + i0 * D, D, s, kKeyCols, v + j0 * D, D, rows, D, keys);
@@ -208,12 +212,20 @@ void forward_head(float* o, float* lse, const float* q, const float* kt, const f
   }
 }
 
-// The gathered operands of one (batch, query head) in the backward: k, v
-// [T, D] and their transposes kt, vt [D, T].
+// The gathered operands of one sequence of a (batch, query head) in the
+// backward: k, v [T, D] and their transposes kt, vt [D, T] with rows ldk apart.
 struct HeadGrads {
   const float *q, *dout, *k, *kt, *vt, *lse, *do_dot_o;
   float *dq, *dk, *dv;
+  int64_t ldk;
 };
+
+// g's operands moved to the sequence at token t0 of the row.
+HeadGrads sequence_grads(HeadGrads g, int64_t t0, int64_t D) {
+  g.q += t0 * D, g.dout += t0 * D, g.k += t0 * D, g.kt += t0, g.vt += t0, g.lse += t0, g.do_dot_o += t0;
+  g.dq += t0 * D, g.dk += t0 * D, g.dv += t0 * D;
+  return g;
+}
 
 // One (batch, query head)'s contributions to dq (its own) and to dk, dv (its
 // kv head's, shared with the other query heads of the group: one task owns them).
@@ -225,8 +237,8 @@ void backward_head(const HeadGrads& g, int64_t T, int64_t D, float scale, int64_
       const int64_t keys = std::min(kKeyCols, i0 + rows - j0);
       std::fill(p, p + rows * kKeyCols, 0.0f);
       std::fill(ds, ds + rows * kKeyCols, 0.0f);
-      tile_gemm(p, kKeyCols, g.q + i0 * D, D, g.kt + j0, T, rows, keys, D);
-      tile_gemm(ds, kKeyCols, g.dout + i0 * D, D, g.vt + j0, T, rows, keys, D);  // dP
+      tile_gemm(p, kKeyCols, g.q + i0 * D, D, g.kt + j0, g.ldk, rows, keys, D);
+      tile_gemm(ds, kKeyCols, g.dout + i0 * D, D, g.vt + j0, g.ldk, rows, keys, D);  // dP
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         const VisibleKeys seen = visible_keys(i, j0, keys, window);
@@ -253,13 +265,34 @@ struct AttentionScratch {
 };
 thread_local AttentionScratch tls;
 
+// The sequences of each row as [first, end) token ranges within the row:
+// cu_seqlens' (checked here: the host reads it), or the whole row.
+std::vector<std::vector<std::pair<int64_t, int64_t>>> row_sequences(const char* op, const Tensor* cu_seqlens,
+                                                                    int64_t B, int64_t T) {
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> rows(static_cast<size_t>(B));
+  if (!cu_seqlens) {
+    for (auto& row : rows) row = {{0, T}};
+    return rows;
+  }
+  const int32_t* cu = cu_seqlens->ptr<const int32_t>();
+  const int64_t count = cu_seqlens->numel();
+  checks::check_cu_seqlens_values(op, cu, count, B, T);
+  for (int64_t s = 0; s + 1 < count; ++s) {
+    const int64_t b = cu[s] / T;
+    rows[size_t(b)].push_back({cu[s] - b * T, cu[s + 1] - b * T});
+  }
+  return rows;
+}
+
 }  // namespace
 
 void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k,
-                                        const HeadsView& v, float scale, int64_t window) {
+                                        const HeadsView& v, float scale, int64_t window,
+                                        const Tensor* cu_seqlens) {
   AttentionShape d = checks::attention_shape(q, k);
   const int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
   float* lse_out = lse.ptr<float>();
+  const auto sequences = row_sequences("attention_forward", cu_seqlens, d.batch, T);
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < d.batch; ++b)
     for (int64_t h = 0; h < d.q_heads; ++h) {
@@ -270,7 +303,9 @@ void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const HeadsVie
       gather_head(kh, k, d, b, h / group);
       gather_head(vh, v, d, b, h / group);
       transpose(kth, T, kh, D, T, D);
-      forward_head(oh, lse_out + (b * d.q_heads + h) * T, qh, kth, vh, T, D, scale, window);
+      float* lse_row = lse_out + (b * d.q_heads + h) * T;
+      for (const auto& [t0, t1] : sequences[size_t(b)])
+        forward_head(oh + t0 * D, lse_row + t0, qh + t0 * D, kth + t0, T, vh + t0 * D, t1 - t0, D, scale, window);
       scatter_head(out, oh, d, b, h);
     }
 }
@@ -280,10 +315,11 @@ void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const HeadsVie
 void CpuBackend::attention_backward_impl(const HeadsView& dq, const HeadsView& dk, const HeadsView& dv,
                                          const Tensor& dout, const HeadsView& q, const HeadsView& k,
                                          const HeadsView& v, const Tensor& out, const Tensor& lse, float scale,
-                                         int64_t window) {
+                                         int64_t window, const Tensor* cu_seqlens) {
   AttentionShape d = checks::attention_shape(q, k);
   const int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
   const float* lse_in = lse.ptr<const float>();
+  const auto sequences = row_sequences("attention_backward", cu_seqlens, d.batch, T);
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < d.batch; ++b)
     for (int64_t hk = 0; hk < d.kv_heads; ++hk) {
@@ -310,8 +346,9 @@ void CpuBackend::attention_backward_impl(const HeadsView& dq, const HeadsView& d
           do_dot_o[t] = sum;
         }
         std::fill(dqh, dqh + T * D, 0.0f);
-        g = {qh, doh, kh, kth, vth, lse_in + (b * d.q_heads + h) * T, do_dot_o, dqh, dkh, dvh};
-        backward_head(g, T, D, scale, window);
+        g = {qh, doh, kh, kth, vth, lse_in + (b * d.q_heads + h) * T, do_dot_o, dqh, dkh, dvh, T};
+        for (const auto& [t0, t1] : sequences[size_t(b)])
+          backward_head(sequence_grads(g, t0, D), t1 - t0, D, scale, window);
         scatter_head(dq, dqh, d, b, h);
       }
       scatter_head(dk, dkh, d, b, hk);

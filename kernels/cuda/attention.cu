@@ -500,8 +500,10 @@ void launch_backward(const HeadsView& dq, const HeadsView& dk, const HeadsView& 
 }  // namespace
 
 void CudaBackend::attention_forward_impl(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k,
-                                         const HeadsView& v, float scale, int64_t sliding_window) {
+                                         const HeadsView& v, float scale, int64_t sliding_window,
+                                         const Tensor* cu_seqlens) {
   // cuDNN SDPA serves plain causal attention; a sliding window runs on our kernels.
+  FT_CHECK(!cu_seqlens, "attention_forward: packed sequences (cu_seqlens) are not implemented on CUDA yet");
   if (sliding_window == 0 && attention_ && attention_->forward(out, lse, q, k, v, scale, stream_)) return;
   int64_t batch = 0;
   Dims dims = launch_dims("attention_forward", q, k, v, sliding_window, batch);
@@ -516,7 +518,8 @@ void CudaBackend::attention_forward_impl(Tensor& out, Tensor& lse, const HeadsVi
 void CudaBackend::attention_backward_impl(const HeadsView& dq, const HeadsView& dk, const HeadsView& dv,
                                           const Tensor& dout, const HeadsView& q, const HeadsView& k,
                                           const HeadsView& v, const Tensor& out, const Tensor& lse, float scale,
-                                          int64_t sliding_window) {
+                                          int64_t sliding_window, const Tensor* cu_seqlens) {
+  FT_CHECK(!cu_seqlens, "attention_backward: packed sequences (cu_seqlens) are not implemented on CUDA yet");
   if (sliding_window == 0 && attention_ &&
       attention_->backward(dq, dk, dv, dout, q, k, v, out, lse, scale, stream_))
     return;  // cuDNN SDPA

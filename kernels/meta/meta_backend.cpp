@@ -176,24 +176,25 @@ void MetaBackend::gelu_backward_impl(Tensor&, const Tensor&, const Tensor&, Gelu
   enter("gelu_backward", {});
 }
 
-// bf16 attention without a sliding window runs on cuDNN SDPA
+// bf16 attention without a sliding window or packed sequences runs on cuDNN SDPA
 // (kernels/cuda/attention_engine.h) where
 // the build has it (library_attention_), which takes exactly
 // sdpa_workspace_budget_bytes of workspace; else on our kernels.
 void MetaBackend::attention_forward_impl(Tensor&, Tensor&, const HeadsView& q, const HeadsView& k, const HeadsView&,
-                                         float, int64_t sliding_window) {
+                                         float, int64_t sliding_window, const Tensor* cu_seqlens) {
   enter("attention_forward", {});
   const checks::AttentionShape s = checks::attention_shape(q, k);
-  if (library_attention_ && q.dtype() == DType::bf16 && sliding_window == 0)
+  if (library_attention_ && q.dtype() == DType::bf16 && sliding_window == 0 && !cu_seqlens)
     Tensor workspace = cuda_scratch(cuda::sdpa_workspace_scratch(s.batch, s.q_heads, s.kv_heads, s.seq, s.head_dim, false));
 }
 
 void MetaBackend::attention_backward_impl(const HeadsView&, const HeadsView&, const HeadsView&, const Tensor&,
                                           const HeadsView& q, const HeadsView& k, const HeadsView& v, const Tensor&,
-                                          const Tensor&, float, int64_t sliding_window) {
+                                          const Tensor&, float, int64_t sliding_window,
+                                          const Tensor* cu_seqlens) {
   enter("attention_backward", {});
   const checks::AttentionShape s = checks::attention_shape(q, k);
-  if (library_attention_ && q.dtype() == DType::bf16 && sliding_window == 0) {
+  if (library_attention_ && q.dtype() == DType::bf16 && sliding_window == 0 && !cu_seqlens) {
     Tensor workspace = cuda_scratch(cuda::sdpa_workspace_scratch(s.batch, s.q_heads, s.kv_heads, s.seq, s.head_dim, true));
     return;
   }
