@@ -233,28 +233,29 @@ void LanguageModel::set_training(bool training) {
 
 // ---- attention -----------------------------------------------------------
 
-void CausalLM::attention_forward(AttentionActivations& saved, const Tensor& positions) {
+void CausalLM::attention_forward(AttentionActivations& saved, const TokenLayout& layout) {
   Backend& be = backend_;
   const int64_t B = saved.q.dim(0), T = saved.q.dim(1), Hq = saved.q.dim(2), D = config_.head_dim;
   const std::vector<float> inv_freq = rope_inv_freq(config_, cached_step_ ? cached_step_->seq_tokens : T);
-  be.rope_forward(saved.q, positions, inv_freq);
-  be.rope_forward(saved.k, positions, inv_freq);
+  be.rope_forward(saved.q, layout.positions, inv_freq);
+  be.rope_forward(saved.k, layout.positions, inv_freq);
   if (cached_step_) return attend_cached(saved);
   saved.attn = be.empty({B, T, Hq, D}, options_.activation_dtype, MemCategory::activations);
   saved.lse = be.empty({B, Hq, T}, DType::f32, MemCategory::activations);
   be.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, 1.0f / std::sqrt(float(D)),
-                       config_.sliding_window);
+                       config_.sliding_window, layout.cu_seqlens.defined() ? &layout.cu_seqlens : nullptr);
 }
 
-void CausalLM::attention_backward(const AttentionActivations& saved, const Tensor& dattn, const Tensor& positions,
+void CausalLM::attention_backward(const AttentionActivations& saved, const Tensor& dattn, const TokenLayout& layout,
                                   const AttentionGradients& grads) {
   Backend& be = backend_;
   const int64_t T = saved.q.dim(1), D = config_.head_dim;
   be.attention_backward(grads.dq, grads.dk, grads.dv, dattn, saved.q, saved.k, saved.v, saved.attn, saved.lse,
-                        1.0f / std::sqrt(float(D)), config_.sliding_window);
+                        1.0f / std::sqrt(float(D)), config_.sliding_window,
+                        layout.cu_seqlens.defined() ? &layout.cu_seqlens : nullptr);
   const std::vector<float> inv_freq = rope_inv_freq(config_, T);
-  be.rope_backward(grads.dq, positions, inv_freq);
-  be.rope_backward(grads.dk, positions, inv_freq);
+  be.rope_backward(grads.dq, layout.positions, inv_freq);
+  be.rope_backward(grads.dk, layout.positions, inv_freq);
 }
 
 // ---- generation with a key/value cache -------------------------------------
@@ -302,7 +303,7 @@ void CausalLM::attend_cached(AttentionActivations& saved) {
   }
   saved.attn = be.empty({B, T, Hq, D}, options_.activation_dtype, MemCategory::activations);
   be.attention_cached(saved.attn, q, cache.keys[cached_step_->layer], cache.values[cached_step_->layer],
-                      cached_step_->positions, 1.0f / std::sqrt(float(D)), config_.sliding_window);
+                      cached_step_->layout.positions, 1.0f / std::sqrt(float(D)), config_.sliding_window);
 }
 
 // The positions of a cached step's tokens: row b's token t at
@@ -323,7 +324,7 @@ Tensor CausalLM::forward_cached(KvCache& cache, const Tensor& input_ids, const s
            shape_string(input_ids.shape), " and ", valid_tokens.size());
   const int64_t B = input_ids.dim(0), T = input_ids.dim(1), C = config_.hidden_size, V = config_.vocab_size;
   FT_CHECK(first_stage() && last_stage(), type, ": generation needs the whole model, not a pipeline stage");
-  CachedStep step{&cache, 0, 0, Tensor{}, first_positions(cache, valid_tokens)};
+  CachedStep step{&cache, 0, 0, TokenLayout{}, first_positions(cache, valid_tokens)};
   HostAllocator host;
   Tensor host_positions = Tensor::empty({B, T}, DType::i32, host, MemCategory::activations);
   for (int64_t b = 0; b < B; ++b) {
@@ -334,7 +335,7 @@ Tensor CausalLM::forward_cached(KvCache& cache, const Tensor& input_ids, const s
     if (valid > 0) step.seq_tokens = std::max(step.seq_tokens, first + valid);
     for (int64_t t = 0; t < T; ++t) host_positions.ptr<int32_t>()[b * T + t] = int32_t(first + t);
   }
-  step.positions = upload_tokens(host_positions);
+  step.layout.positions = upload_tokens(host_positions);
   const Tensor ids = upload_tokens(input_ids);
 
   set_training(false);
@@ -348,7 +349,7 @@ Tensor CausalLM::forward_cached(KvCache& cache, const Tensor& input_ids, const s
     for (size_t i = 0; i < size_t(config_.num_hidden_layers); ++i) {
       step.layer = i;
       acquire_layer(i, 1);
-      forward_layer(i, x, norm, &next, step.positions);  // its saved activations are freed at once
+      forward_layer(i, x, norm, &next, step.layout);  // its saved activations are freed at once
       release_layer(i);
       std::swap(x, next);
     }
@@ -447,21 +448,23 @@ void LanguageModel::norm_backward_add(Tensor& dresidual, const NormParameters& n
 
 // ---- the step --------------------------------------------------------------
 
-float CausalLM::forward(const Tensor& input_ids, const Tensor& targets) {
+float CausalLM::forward(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids) {
   set_training(false);
-  return run_step(input_ids, targets, nullptr);
+  return run_step(input_ids, targets, position_ids, nullptr);
 }
 
-float CausalLM::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale) {
+float CausalLM::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale,
+                                 const Tensor* position_ids) {
   set_training(true);
-  return run_step(input_ids, targets, &grad_scale);
+  return run_step(input_ids, targets, position_ids, &grad_scale);
 }
 
-float CausalLM::run_step(const Tensor& input_ids, const Tensor& targets, const float* grad_scale) {
+float CausalLM::run_step(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids,
+                         const float* grad_scale) {
   FT_CHECK(first_stage() && last_stage(), config_.model_type,
            ": a pipeline stage runs stage_forward and stage_backward");
   DecoderStep step;
-  forward_decoder(step, input_ids, targets, Tensor{}, grad_scale != nullptr);
+  forward_decoder(step, input_ids, targets, position_ids, Tensor{}, grad_scale != nullptr);
   const float loss = lm_head_loss(step.final_norm.out, step.tokens, grad_scale ? &step.dnorm : nullptr,
                                   grad_scale ? *grad_scale : 0.0f);
   step.final_norm.out = Tensor{};  // its backward reads only the statistics
@@ -470,11 +473,11 @@ float CausalLM::run_step(const Tensor& input_ids, const Tensor& targets, const f
 }
 
 std::unique_ptr<CausalLM::DecoderStep> CausalLM::stage_forward(const Tensor& input_ids, const Tensor& targets,
-                                                               Tensor input, Tensor* output, float grad_scale,
-                                                               float* loss) {
+                                                               const Tensor* position_ids, Tensor input,
+                                                               Tensor* output, float grad_scale, float* loss) {
   set_training(true);
   auto step = std::make_unique<DecoderStep>();
-  forward_decoder(*step, input_ids, targets, std::move(input), true);
+  forward_decoder(*step, input_ids, targets, position_ids, std::move(input), true);
   *loss = 0.0f;
   if (!last_stage()) {
     *output = std::move(step->residuals.back());
@@ -486,10 +489,11 @@ std::unique_ptr<CausalLM::DecoderStep> CausalLM::stage_forward(const Tensor& inp
   return step;
 }
 
-float CausalLM::stage_eval_forward(const Tensor& input_ids, const Tensor& targets, Tensor input, Tensor* output) {
+float CausalLM::stage_eval_forward(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids,
+                                   Tensor input, Tensor* output) {
   set_training(false);
   DecoderStep step;
-  forward_decoder(step, input_ids, targets, std::move(input), false);
+  forward_decoder(step, input_ids, targets, position_ids, std::move(input), false);
   if (!last_stage()) {
     *output = std::move(step.residuals.back());
     return 0.0f;
@@ -522,7 +526,7 @@ SequenceLogps CausalLM::run_logps_step(const Tensor& input_ids, const Tensor& ta
                                        const LogpsGradient* gradient) {
   DecoderStep step;
   FT_CHECK(first_stage() && last_stage(), config_.model_type, ": sequence log-probabilities need the whole model");
-  forward_decoder(step, input_ids, targets, Tensor{}, gradient != nullptr);
+  forward_decoder(step, input_ids, targets, nullptr, Tensor{}, gradient != nullptr);
   SequenceLogps logps =
       lm_head_logps(step.final_norm.out, step.tokens, targets, gradient ? &step.dnorm : nullptr, gradient);
   step.final_norm.out = Tensor{};
@@ -553,19 +557,52 @@ LanguageModel::StepTokens LanguageModel::upload_ids_and_targets(const Tensor& in
   return tokens;
 }
 
-CausalLM::StepTokens CausalLM::upload_step_tokens(const Tensor& input_ids, const Tensor& targets) {
+CausalLM::StepTokens CausalLM::upload_step_tokens(const Tensor& input_ids, const Tensor& targets,
+                                                  const Tensor* position_ids) {
   StepTokens tokens = upload_ids_and_targets(input_ids, targets);
   const std::string& type = config_.model_type;
   // Dynamic NTK rope exists to run past max_position_embeddings.
   FT_CHECK(tokens.seq <= config_.max_position_embeddings || config_.rope_scaling.type == "dynamic", type,
            ": sequence of ", tokens.seq, " tokens exceeds max_position_embeddings ",
            config_.max_position_embeddings);
-  const int64_t N = tokens.batch * tokens.seq;
-  HostAllocator host;
-  Tensor host_positions = Tensor::empty({tokens.batch, tokens.seq}, DType::i32, host, MemCategory::activations);
-  for (int64_t n = 0; n < N; ++n) host_positions.ptr<int32_t>()[n] = int32_t(n % tokens.seq);
-  tokens.positions = upload_tokens(host_positions);
+  tokens.layout = upload_layout(position_ids, tokens.batch, tokens.seq);
   return tokens;
+}
+
+// A row of packed examples reads 0 1 2 0 1 0 1 2 3 ...: a sequence starts at
+// each 0 (and at each row start), as transformers derives FlashAttention's
+// cu_seqlens from position_ids. Rows of one sequence each need no offsets.
+CausalLM::TokenLayout CausalLM::upload_layout(const Tensor* position_ids, int64_t B, int64_t T) {
+  const std::string& type = config_.model_type;
+  HostAllocator host;
+  Tensor host_positions = Tensor::empty({B, T}, DType::i32, host, MemCategory::activations);
+  int32_t* position = host_positions.ptr<int32_t>();
+  if (!position_ids) {
+    for (int64_t n = 0; n < B * T; ++n) position[n] = int32_t(n % T);
+    return {upload_tokens(host_positions), Tensor{}};
+  }
+  FT_CHECK(position_ids->dtype == DType::i32 && position_ids->shape == Shape({B, T}) &&
+               position_ids->device == Device::cpu,
+           type, ": position_ids must be host i32 ", shape_string({B, T}), " as input_ids, got ",
+           dtype_name(position_ids->dtype), " ", shape_string(position_ids->shape));
+  std::vector<int32_t> cu_seqlens = {0};
+  for (int64_t n = 0; n < B * T; ++n) {
+    const int32_t p = position_ids->ptr<const int32_t>()[n];
+    const bool row_start = n % T == 0;
+    const int32_t next = row_start ? 0 : position[n - 1] + 1;
+    FT_CHECK(p == 0 || p == next, type, ": position_ids[", n / T, ", ", n % T, "] is ", p,
+             ", expected 0 (an example starts)", row_start ? std::string() : " or " + std::to_string(next));
+    position[n] = p;
+    if (p == 0 && n > 0) cu_seqlens.push_back(int32_t(n));
+  }
+  cu_seqlens.push_back(int32_t(B * T));
+  TokenLayout layout{upload_tokens(host_positions), Tensor{}};
+  if (int64_t(cu_seqlens.size()) == B + 1) return layout;  // one sequence a row
+  Tensor host_cu = Tensor::empty({int64_t(cu_seqlens.size())}, DType::i32, host, MemCategory::activations);
+  std::copy(cu_seqlens.begin(), cu_seqlens.end(), host_cu.ptr<int32_t>());
+  layout.cu_seqlens = backend_.empty(host_cu.shape, DType::i32, MemCategory::activations);
+  backend_.copy(layout.cu_seqlens, host_cu);
+  return layout;
 }
 
 // Uploads the tokens, embeds them (the first stage; a later stage starts
@@ -573,10 +610,10 @@ CausalLM::StepTokens CausalLM::upload_step_tokens(const Tensor& input_ids, const
 // the final norm's output in step.final_norm. A training step keeps each
 // layer's activations unless options_.activation_checkpointing says
 // per_layer; an eval step (training false) keeps none.
-void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets, Tensor input,
-                               bool training) {
+void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets,
+                               const Tensor* position_ids, Tensor input, bool training) {
   Backend& be = backend_;
-  step.tokens = upload_step_tokens(input_ids, targets);
+  step.tokens = upload_step_tokens(input_ids, targets, position_ids);
   const int64_t B = step.tokens.batch, T = step.tokens.seq, C = config_.hidden_size;
   const DType act = options_.activation_dtype;
   const size_t first = size_t(options_.layers.first_layer), end = size_t(options_.layers.end_layer);
@@ -600,7 +637,7 @@ void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const
     if (k == 0) norm = norm_forward(input_norm(first), step.residuals[0].reshaped({B * T, C}));
     acquire_layer(first + k, 1);
     std::unique_ptr<SavedActivations> saved =
-        forward_layer(first + k, step.residuals[k], norm, &step.residuals[k + 1], step.tokens.positions);
+        forward_layer(first + k, step.residuals[k], norm, &step.residuals[k + 1], step.tokens.layout);
     release_layer(first + k);
     if (keep) step.layers[k] = std::move(saved);  // else freed here, before the next layer runs
   }
@@ -630,12 +667,12 @@ Tensor CausalLM::backward_decoder(DecoderStep& step, Tensor dresidual) {
     // without the output (residuals[k + 1] still holds it) or the next norm.
     if (!step.layers[k]) {
       NormOutput norm = norm_forward(input_norm(i), step.residuals[k].reshaped({N, C}));
-      step.layers[k] = forward_layer(i, step.residuals[k], norm, nullptr, step.tokens.positions);
+      step.layers[k] = forward_layer(i, step.residuals[k], norm, nullptr, step.tokens.layout);
     }
     step.residuals[k + 1] = Tensor{};
     // The first stage's input gradient feeds only a trainable embedding.
     const bool input_grad = k > 0 || !first_stage() || embedding_->trainable();
-    backward_layer(i, *step.layers[k], dresidual, step.residuals[k], step.tokens.positions, input_grad);
+    backward_layer(i, *step.layers[k], dresidual, step.residuals[k], step.tokens.layout, input_grad);
     release_layer(i);
     step.layers[k] = nullptr;
   }

@@ -87,8 +87,14 @@ class LanguageModel {
   // cross-entropy over the counted targets; forward_backward: the same loss,
   // then the gradients of grad_scale * loss are added to every trainable
   // parameter's grad.
-  virtual float forward(const Tensor& input_ids, const Tensor& targets) = 0;
-  virtual float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f) = 0;
+  // position_ids (host i32 [B, T], or null; a decoder-only model's): each
+  // token's position within its example, as transformers' position_ids for
+  // padding-free packed rows: a row holds several examples, each starting at
+  // position 0 and counting up by one. Rope rotates by them and attention
+  // never crosses from one example into another. Null: 0..T-1 in every row.
+  virtual float forward(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids = nullptr) = 0;
+  virtual float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f,
+                                 const Tensor* position_ids = nullptr) = 0;
   // The model as its kind's class, for what only that kind runs (DPO,
   // pipeline stages, generation); null for the other kind.
   virtual CausalLM* as_causal_lm() { return nullptr; }
@@ -153,12 +159,19 @@ class LanguageModel {
   void norm_backward(Tensor& dx, const NormParameters& norm, const Tensor& dout, const Tensor& x,
                      const NormOutput& saved);
 
-  // One step's tokens on the backend: ids, targets and positions (0..T-1 in
-  // every row) as i32 [B*T], from host i32 [B, T] input_ids and targets, and
-  // how many targets count (are not -100).
+  // Where a step's tokens sit, on the backend: their rope positions i32
+  // [B*T] and, for packed rows, the sequences attention keeps apart
+  // (Backend::attention_forward's cu_seqlens; undefined: each row is one).
+  struct TokenLayout {
+    Tensor positions, cu_seqlens;
+  };
+  // One step's tokens on the backend: ids, targets and their layout as i32
+  // [B*T], from host i32 [B, T] input_ids, targets and position_ids, and how
+  // many targets count (are not -100).
   struct StepTokens {
     int64_t batch = 0, seq = 0, counted = 0;
-    Tensor ids, targets, positions;
+    Tensor ids, targets;
+    TokenLayout layout;
   };
   // A host i32 [B, T] tensor as i32 [B*T] on the backend.
   Tensor upload_tokens(const Tensor& host_tokens);
@@ -208,10 +221,11 @@ class CausalLM : public LanguageModel {
   // ignored). Keeps the logits [B*T, vocab] for last_logits(), whole even
   // with loss_chunk_tokens: generation reads any row of them. An eval forward
   // frees each layer's activations as soon as the layer is done.
-  float forward(const Tensor& input_ids, const Tensor& targets) override;
+  float forward(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids = nullptr) override;
   // Same loss, then gradients of grad_scale * loss are added to every
   // trainable parameter's grad. Nothing of the step stays allocated.
-  float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f) override;
+  float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f,
+                         const Tensor* position_ids = nullptr) override;
   CausalLM* as_causal_lm() override { return this; }
   // Each row's summed log-probability of its counted targets (DPO's sequence
   // log-probs), as an eval forward: nothing kept for a backward.
@@ -246,8 +260,9 @@ class CausalLM : public LanguageModel {
   // stage and keeps no copy of it; the last stage computes the loss and its
   // gradient through the LM head (scaled by grad_scale) as forward_backward
   // does and returns the loss (0 on the other stages).
-  std::unique_ptr<DecoderStep> stage_forward(const Tensor& input_ids, const Tensor& targets, Tensor input,
-                                             Tensor* output, float grad_scale, float* loss);
+  std::unique_ptr<DecoderStep> stage_forward(const Tensor& input_ids, const Tensor& targets,
+                                             const Tensor* position_ids, Tensor input, Tensor* output,
+                                             float grad_scale, float* loss);
   // The micro-batch's backward from doutput = d(loss)/d(this stage's output)
   // (received from the next stage; undefined on the last stage): returns
   // d(loss)/d(input) for the previous stage (undefined on the first stage).
@@ -255,7 +270,8 @@ class CausalLM : public LanguageModel {
   // An eval forward through this stage, as forward() computes it: a stage
   // before the last moves its output into *output, the last returns the
   // loss (0 on the others). Nothing is kept for a backward.
-  float stage_eval_forward(const Tensor& input_ids, const Tensor& targets, Tensor input, Tensor* output);
+  float stage_eval_forward(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids, Tensor input,
+                           Tensor* output);
 
  protected:
   using LanguageModel::LanguageModel;
@@ -276,14 +292,14 @@ class CausalLM : public LanguageModel {
   // was checkpointed, so it must depend on nothing but its arguments, the
   // weights and the step's dropout seeds.
   virtual std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, NormOutput& norm,
-                                                          Tensor* out, const Tensor& positions) = 0;
+                                                          Tensor* out, const TokenLayout& layout) = 0;
   // On entry dresidual holds d(loss)/d(layer output); on exit d(loss)/d(layer
   // input). Without input_grad (the first layer under a frozen embedding:
   // nothing reads it) the layer skips the input-side products that only make
   // it, and the norm backwards behind them where their parameters do not
   // train; dresidual's exit value is then meaningless.
   virtual void backward_layer(size_t index, SavedActivations& saved, Tensor& dresidual, const Tensor& x,
-                              const Tensor& positions, bool input_grad) = 0;
+                              const TokenLayout& layout, bool input_grad) = 0;
   // Whether a norm's weight or bias trains (its backward is then needed for them).
   static bool trains(const NormParameters& norm) {
     return (norm.weight && norm.weight->trainable()) || (norm.bias && norm.bias->trainable());
@@ -301,14 +317,14 @@ class CausalLM : public LanguageModel {
   // Rotates saved.q and saved.k in place (the first rotary_dim() features of
   // each head), then allocates and computes saved.attn and saved.lse (scale
   // 1/sqrt(head_dim)).
-  void attention_forward(AttentionActivations& saved, const Tensor& positions);
+  void attention_forward(AttentionActivations& saved, const TokenLayout& layout);
   // Writes d(loss)/d(q, k, v) as the projections made them (rotation
   // undone) into grads' views (shaped as saved's, every column overwritten),
   // from dattn = d(loss)/d(saved.attn).
   struct AttentionGradients {
     HeadsView dq, dk, dv;
   };
-  void attention_backward(const AttentionActivations& saved, const Tensor& dattn, const Tensor& positions,
+  void attention_backward(const AttentionActivations& saved, const Tensor& dattn, const TokenLayout& layout,
                           const AttentionGradients& grads);
 
   // out = a + b, and norm = out under the next norm: layer index + 1's
@@ -329,11 +345,16 @@ class CausalLM : public LanguageModel {
  private:
   // The loss, and when grad_scale is given the backward pass too (skipped
   // when no token counts).
-  float run_step(const Tensor& input_ids, const Tensor& targets, const float* grad_scale);
+  float run_step(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids,
+                 const float* grad_scale);
   SequenceLogps run_logps_step(const Tensor& input_ids, const Tensor& targets, const LogpsGradient* gradient);
-  StepTokens upload_step_tokens(const Tensor& input_ids, const Tensor& targets);
-  void forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets, Tensor input,
-                       bool training);
+  StepTokens upload_step_tokens(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids);
+  // position_ids' layout on the backend (checked: host i32 [B, T], each row
+  // 0, 1, ... with a restart at 0 where an example starts), or 0..T-1 per
+  // row where it is null.
+  TokenLayout upload_layout(const Tensor* position_ids, int64_t B, int64_t T);
+  void forward_decoder(DecoderStep& step, const Tensor& input_ids, const Tensor& targets,
+                       const Tensor* position_ids, Tensor input, bool training);
   Tensor backward_decoder(DecoderStep& step, Tensor dresidual);
   // Set while forward_cached runs: attention_forward then caches the layer's
   // keys and values and attends over the cache. seq_tokens (the longest
@@ -342,7 +363,7 @@ class CausalLM : public LanguageModel {
     KvCache* cache = nullptr;
     size_t layer = 0;
     int64_t seq_tokens = 0;
-    Tensor positions;                      // i32 [B*T] on the backend
+    TokenLayout layout;                    // positions i32 [B*T] on the backend; no cu_seqlens
     std::vector<int64_t> first_positions;  // per row: its first token's position (host)
   };
   CachedStep* cached_step_ = nullptr;

@@ -92,7 +92,7 @@ const NormParameters& GptNeoxModel::input_norm(size_t index) const { return laye
 // query_key_value(saved.norm1). Without out it stops before dense, whose
 // output backward does not read.
 void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int64_t B, int64_t T, Tensor* out,
-                                     const Tensor& positions) {
+                                     const TokenLayout& layout) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
   const int64_t N = B * T, C = config_.hidden_size, H = config_.num_attention_heads, D = config_.head_dim;
@@ -105,7 +105,7 @@ void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int6
   attention.q = HeadsView(heads, 0, D);
   attention.k = HeadsView(heads, D, D);
   attention.v = HeadsView(heads, 2 * D, D);
-  attention_forward(attention, positions);
+  attention_forward(attention, layout);
   if (out) layer.dense->forward(be, *out, attention.attn.reshaped({N, C}));
 }
 
@@ -127,7 +127,7 @@ void GptNeoxModel::forward_mlp(Layer& layer, LayerActivations& saved, Tensor* ou
 // Sequential:        mid = x + attn(ln1(x)); out = mid + mlp(ln2(mid)).
 std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t index, const Tensor& x,
                                                                         NormOutput& norm, Tensor* out,
-                                                                        const Tensor& positions) {
+                                                                        const TokenLayout& layout) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
   Layer& layer = *layers_[index];
@@ -143,7 +143,7 @@ std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t i
   // layer output (already kept). The sequential form's makes mid.
   Tensor attn_out;
   if (out || !parallel) attn_out = be.empty({N, C}, act, MemCategory::activations);
-  forward_attention(layer, saved, B, T, attn_out.defined() ? &attn_out : nullptr, positions);
+  forward_attention(layer, saved, B, T, attn_out.defined() ? &attn_out : nullptr, layout);
   if (parallel) {
     saved.norm2 = norm_forward(layer.post_attention_norm, x2d);
   } else {
@@ -183,7 +183,7 @@ void GptNeoxModel::backward_mlp(Layer& layer, LayerActivations& saved, const Ten
 // dnorm (overwritten; null: not wanted) = d(loss)/d(saved.norm1) from dout =
 // d(loss)/d(attention block output).
 void GptNeoxModel::backward_attention(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor* dnorm,
-                                      const Tensor& positions) {
+                                      const TokenLayout& layout) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
   const AttentionActivations& attention = saved.attention;
@@ -194,13 +194,13 @@ void GptNeoxModel::backward_attention(Layer& layer, LayerActivations& saved, con
   // Straight into HF's fused [H, 3, D] layout; the three views cover every column.
   Tensor dqkv = be.empty({N, 3 * C}, act, MemCategory::activations);
   const Tensor dheads = dqkv.reshaped(attention.q.rows.shape);
-  attention_backward(attention, dattn, positions, {HeadsView(dheads, 0, D), HeadsView(dheads, D, D),
+  attention_backward(attention, dattn, layout, {HeadsView(dheads, 0, D), HeadsView(dheads, D, D),
                                                     HeadsView(dheads, 2 * D, D)});
   layer.query_key_value->backward(be, dnorm, dqkv, saved.norm1.out, false);
 }
 
 void GptNeoxModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dresidual, const Tensor& x,
-                                  const Tensor& positions, bool input_grad) {
+                                  const TokenLayout& layout, bool input_grad) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
   Layer& layer = *layers_[index];
@@ -227,7 +227,7 @@ void GptNeoxModel::backward_layer(size_t index, SavedActivations& kept, Tensor& 
     dnorm_attention = be.empty({N, C}, act, MemCategory::activations);
   else
     norm_backward_add(dres, layer.post_attention_norm, dnorm, saved.residual_mid, saved.norm2);
-  backward_attention(layer, saved, dres, attention_input_grad ? &dnorm_attention : nullptr, positions);
+  backward_attention(layer, saved, dres, attention_input_grad ? &dnorm_attention : nullptr, layout);
   if (attention_input_grad) norm_backward_add(dres, layer.input_norm, dnorm_attention, x2d, saved.norm1);
   if (parallel && mlp_input_grad) norm_backward_add(dres, layer.post_attention_norm, dnorm, x2d, saved.norm2);
 }

@@ -31,15 +31,15 @@ class GptNeoxModel final : public CausalLM {
   struct LayerActivations;
 
   void forward_attention(Layer& layer, LayerActivations& saved, int64_t B, int64_t T, Tensor* out,
-                         const Tensor& positions);
+                         const TokenLayout& layout);
   void forward_mlp(Layer& layer, LayerActivations& saved, Tensor* out);
   std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, NormOutput& norm, Tensor* out,
-                                                  const Tensor& positions) override;
+                                                  const TokenLayout& layout) override;
   void backward_attention(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor* dnorm,
-                          const Tensor& positions);
+                          const TokenLayout& layout);
   void backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor* dnorm);
   void backward_layer(size_t index, SavedActivations& saved, Tensor& dresidual, const Tensor& x,
-                      const Tensor& positions, bool input_grad) override;
+                      const TokenLayout& layout, bool input_grad) override;
   const NormParameters& input_norm(size_t index) const override;
 
   GeluKind gelu_kind_;

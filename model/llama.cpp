@@ -133,7 +133,7 @@ const NormParameters& LlamaModel::input_norm(size_t index) const { return layers
 
 std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t index, const Tensor& x,
                                                                       NormOutput& norm, Tensor* out,
-                                                                      const Tensor& positions) {
+                                                                      const TokenLayout& layout) {
   Backend& be = backend_;
   Layer& layer = *layers_[index];
   auto kept = std::make_unique<LayerActivations>();
@@ -157,7 +157,7 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
   layer.q_proj->forward(be, q2d, saved.norm1.out);
   layer.k_proj->forward(be, k2d, saved.norm1.out);
   layer.v_proj->forward(be, v2d, saved.norm1.out);
-  attention_forward(attention, positions);
+  attention_forward(attention, layout);
 
   Tensor projected = be.empty({N, C}, act, MemCategory::activations);
   layer.o_proj->forward(be, projected, attention.attn.reshaped({N, Hq * D}));
@@ -181,7 +181,7 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
 // ---- backward ------------------------------------------------------------
 
 void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dresidual, const Tensor& x,
-                                const Tensor& positions, bool input_grad) {
+                                const TokenLayout& layout, bool input_grad) {
   Backend& be = backend_;
   Layer& layer = *layers_[index];
   LayerActivations& saved = static_cast<LayerActivations&>(kept);
@@ -212,7 +212,7 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
     const Tensor dq = be.empty({B, T, Hq, D}, act, MemCategory::activations);
     const Tensor dk = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
     const Tensor dv = be.empty({B, T, Hkv, D}, act, MemCategory::activations);
-    attention_backward(saved.attention, dattn, positions, {dq, dk, dv});
+    attention_backward(saved.attention, dattn, layout, {dq, dk, dv});
     // The MLP's input gradient reaches this block through residual_mid;
     // this block's own reaches only the layer input.
     Tensor* dinput = input_grad || trains(layer.input_norm) ? &dnorm : nullptr;

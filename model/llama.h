@@ -31,9 +31,9 @@ class LlamaModel final : public CausalLM {
   struct LayerActivations;
 
   std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, NormOutput& norm, Tensor* out,
-                                                  const Tensor& positions) override;
+                                                  const TokenLayout& layout) override;
   void backward_layer(size_t index, SavedActivations& saved, Tensor& dresidual, const Tensor& x,
-                      const Tensor& positions, bool input_grad) override;
+                      const TokenLayout& layout, bool input_grad) override;
   const NormParameters& input_norm(size_t index) const override;
 
   std::vector<std::unique_ptr<Layer>> layers_;

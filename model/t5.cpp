@@ -242,13 +242,16 @@ T5Rows loader_rows(const ModelConfig& config, const Tensor& input_ids, const Ten
 
 }  // namespace
 
-float T5Model::forward(const Tensor& input_ids, const Tensor& targets) {
+float T5Model::forward(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids) {
+  FT_CHECK(!position_ids, "t5: position_ids: an encoder-decoder row is one example, never packed");
   HostAllocator host;
   const T5Rows rows = loader_rows(config_, input_ids, targets, host);
   return forward(rows.encoder_ids, rows.decoder_ids, rows.labels, rows.encoder_lengths);
 }
 
-float T5Model::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale) {
+float T5Model::forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale,
+                                const Tensor* position_ids) {
+  FT_CHECK(!position_ids, "t5: position_ids: an encoder-decoder row is one example, never packed");
   HostAllocator host;
   const T5Rows rows = loader_rows(config_, input_ids, targets, host);
   return forward_backward(rows.encoder_ids, rows.decoder_ids, rows.labels, grad_scale, rows.encoder_lengths);

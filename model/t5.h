@@ -60,8 +60,10 @@ class T5Model final : public LanguageModel {
   float forward_backward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
                          float grad_scale = 1.0f, const std::vector<int32_t>& encoder_lengths = {});
   // The same on loader rows (t5_rows splits them): LanguageModel's step.
-  float forward(const Tensor& input_ids, const Tensor& targets) override;
-  float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f) override;
+  // position_ids must be null: each row is one example (packing is refused).
+  float forward(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids = nullptr) override;
+  float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f,
+                         const Tensor* position_ids = nullptr) override;
   T5Model* as_seq2seq() override { return this; }
 
   // For generation, forward in two halves: encode() runs the encoder and

@@ -38,8 +38,8 @@ inline Tensor shifted_targets(const Tensor& labels, HostAllocator& host) {
 
 // Every linear module of the architecture: LoRA targets that touch each path.
 inline std::vector<std::string> all_linear_modules(const ModelConfig& config) {
-  if (config.model_type == "llama") return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  return {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"};
+  if (config.model_type == "gpt_neox") return {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"};
+  return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};  // Llama, Qwen2, Mistral
 }
 
 // PEFT's init leaves B = 0, which would zero every lora_A gradient: give B

@@ -178,11 +178,11 @@ TEST_CASE("unpacked batches: one example a row, right-padded, targets shifted by
   CHECK(one.counted_tokens == 3);
 }
 
-TEST_CASE("packing: windows of seq_len + 1 tokens, seq_len apart, every token predicted once") {
+TEST_CASE("concatenate packing: windows of seq_len + 1 tokens, seq_len apart, every token predicted once") {
   TokenizedDataset data;
   data.examples = {{{1, 10, 11, 2}, {0, 0, 1, 1}}, {{1, 20, 2}, {0, 1, 1}}};
   // Stream 1 10 11 2 | 1 20 2, windows at 0 and 3 (sharing token 2).
-  std::vector<TokenSequence> rows = make_rows(data, 3, true);
+  std::vector<TokenSequence> rows = make_rows(data, 3, Packing::concatenate);
   REQUIRE(rows.size() == 2);
   CHECK(rows[0].tokens == std::vector<int32_t>{1, 10, 11, 2});
   CHECK(rows[1].tokens == std::vector<int32_t>{2, 1, 20, 2});
@@ -196,9 +196,63 @@ TEST_CASE("packing: windows of seq_len + 1 tokens, seq_len apart, every token pr
   CHECK(row_of(batch.targets, 1) == std::vector<int32_t>{-100, 20, 2});  // eos -> bos carries no loss
   CHECK(batch.counted_tokens == 4);  // = the loss tokens of both examples, none lost at the seam
   // The tail window is short; a lone last token makes no window.
-  CHECK(make_rows(data, 2, true).size() == 3);  // starts 0, 2, 4: [1 10 11] [11 2 1] [1 20 2]
-  CHECK(make_rows(data, 6, true).size() == 1);
-  CHECK(make_rows(data, 3, false).size() == 2);
+  CHECK(make_rows(data, 2, Packing::concatenate).size() == 3);  // starts 0, 2, 4: [1 10 11] [11 2 1] [1 20 2]
+  CHECK(make_rows(data, 6, Packing::concatenate).size() == 1);
+  CHECK(make_rows(data, 3, Packing::none).size() == 2);
+  CHECK(!batch.position_ids.defined());
+}
+
+// Lengths (inputs = tokens - 1) 5, 2, 4, 1, 3 into rows of 6 inputs, longest
+// first, each where it fits most tightly: [5 1] [4 2] [3], file order on ties.
+TEST_CASE("padding-free packing: whole examples by best-fit decreasing, positions restarting, own targets") {
+  TokenizedDataset data;
+  data.examples = {{{1, 10, 11, 12, 13, 2}, {0, 0, 1, 1, 1, 1}},
+                   {{1, 20, 2}, {0, 1, 1}},
+                   {{1, 30, 31, 32, 2}, {0, 1, 1, 1, 1}},
+                   {{1, 2}, {0, 1}},
+                   {{1, 50, 51, 2}, {0, 0, 1, 1}}};
+  std::vector<TokenSequence> rows = make_rows(data, 6, Packing::padding_free);
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0].tokens == std::vector<int32_t>{1, 10, 11, 12, 13, 2, 1, 2});
+  CHECK(rows[0].example_starts == std::vector<int64_t>{0, 6});
+  CHECK(rows[1].tokens == std::vector<int32_t>{1, 30, 31, 32, 2, 1, 20, 2});
+  CHECK(rows[1].example_starts == std::vector<int64_t>{0, 5});
+  CHECK(rows[2].tokens == std::vector<int32_t>{1, 50, 51, 2});
+  HostAllocator host;
+  DataLoader loader(rows, 3, 6, 3, 1234, host);
+  Batch batch = loader.batch_in_order(0);
+  REQUIRE(batch.position_ids.defined());
+  CHECK(row_of(batch.input_ids, 0) == std::vector<int32_t>{1, 10, 11, 12, 13, 1});
+  CHECK(row_of(batch.targets, 0) == std::vector<int32_t>{-100, 11, 12, 13, 2, 2});
+  CHECK(row_of(batch.position_ids, 0) == std::vector<int32_t>{0, 1, 2, 3, 4, 0});
+  CHECK(row_of(batch.input_ids, 1) == std::vector<int32_t>{1, 30, 31, 32, 1, 20});
+  CHECK(row_of(batch.targets, 1) == std::vector<int32_t>{30, 31, 32, 2, 20, 2});
+  CHECK(row_of(batch.position_ids, 1) == std::vector<int32_t>{0, 1, 2, 3, 0, 1});
+  CHECK(row_of(batch.input_ids, 2) == std::vector<int32_t>{1, 50, 51, 3, 3, 3});
+  CHECK(row_of(batch.targets, 2) == std::vector<int32_t>{-100, 51, 2, -100, -100, -100});
+  CHECK(row_of(batch.position_ids, 2) == std::vector<int32_t>{0, 1, 2, 0, 1, 2});  // the padding: a sequence of its own
+  int64_t loss_tokens = 0;
+  for (const TokenSequence& example : data.examples) loss_tokens += loss_token_count(example);
+  CHECK(batch.counted_tokens == loss_tokens);
+  // An epoch's empty tail rows count 0.. too; trim_padding keeps a prefix of them.
+  DataLoader two_per_batch(rows, 2, 6, 3, 1234, host);
+  CHECK(row_of(two_per_batch.batch_in_order(1).position_ids, 1) == std::vector<int32_t>{0, 1, 2, 3, 4, 5});
+  // The same rows every time: they depend on the data and seq_len alone.
+  CHECK(make_rows(data, 6, Packing::padding_free)[1].tokens == rows[1].tokens);
+  // An example filling more than a row cannot be placed.
+  TokenizedDataset too_long;
+  too_long.examples = {{{1, 10, 11, 12, 13, 14, 15, 2}, {0, 1, 1, 1, 1, 1, 1, 1}}};
+  CHECK_THROWS_WITH_AS(make_rows(too_long, 6, Packing::padding_free),
+                       "padding-free packing: an example of 8 tokens does not fit a row of seq_len 6 + 1 tokens",
+                       Error);
+}
+
+TEST_CASE("a loader row with more inputs than seq_len is refused") {
+  HostAllocator host;
+  TokenSequence packed{{1, 10, 11, 2, 1, 20, 2}, {0, 1, 1, 1, 0, 1, 1}, {0, 4}};  // 3 + 2 = 5 inputs
+  CHECK_NOTHROW(DataLoader({packed}, 1, 5, 3, 0, host));
+  CHECK_THROWS_WITH_AS(DataLoader({packed}, 1, 4, 3, 0, host),
+                       "DataLoader: a row of 2 examples in 7 tokens fills 5 inputs, more than seq_len = 4", Error);
 }
 
 TEST_CASE("shuffled order: deterministic from the seed, new each epoch, a permutation") {
@@ -278,8 +332,8 @@ TEST_CASE("end to end: a JSONL file to packed and unpacked batches") {
                                 "{\"prompt\": \"Alice and Bob\", \"completion\": \" Hello world\"}\n");
   TokenizedDataset tokens = tokenize_dataset(load_jsonl(path, DataFormat::automatic), tokenizer, 8, tokenizer.eos_id());
   HostAllocator host;
-  for (bool packing : {false, true}) {
-    CAPTURE(packing);
+  for (Packing packing : {Packing::none, Packing::padding_free, Packing::concatenate}) {
+    CAPTURE(enum_name(packing));
     DataLoader loader(make_rows(tokens, 8, packing), 2, 8, padding_id(tokenizer), 1234, host);
     int64_t counted = 0;
     for (int64_t i = 0; i < loader.batches_per_epoch(); i++) {
@@ -287,7 +341,7 @@ TEST_CASE("end to end: a JSONL file to packed and unpacked batches") {
       CHECK(batch.input_ids.shape == Shape{2, 8});
       counted += batch.counted_tokens;
     }
-    // Every loss token is predicted once either way; with packing because
+    // Every loss token is predicted once every way; with concatenate because
     // consecutive windows share a token.
     CHECK(counted == tokens.loss_token_count);
     CHECK(loader.position().epoch == 1);

@@ -171,7 +171,7 @@ size_t real_stage_peak(const TrainConfig& config, const StagePlan& stage) {
   for (int64_t k = 0; k < stage.in_flight; ++k) {
     Tensor output;
     float loss = 0.0f;
-    passes.push_back(model.stage_forward(ids, ids, model.first_stage() ? Tensor{} : received(), &output, 1.0f, &loss));
+    passes.push_back(model.stage_forward(ids, ids, nullptr, model.first_stage() ? Tensor{} : received(), &output, 1.0f, &loss));
     CHECK(std::isfinite(loss));
   }
   for (std::unique_ptr<CausalLM::DecoderStep>& pass : passes) {
@@ -238,8 +238,8 @@ void check_stages_match_whole_model(const std::string& model_dir, const std::str
   CausalLM& model1 = causal_lm(*last.model, "stage 1");
   Tensor hidden, unused;
   float loss0 = 0.0f, loss1 = 0.0f;
-  auto pass0 = model0.stage_forward(ids, ids, Tensor{}, &hidden, 1.0f, &loss0);
-  auto pass1 = model1.stage_forward(ids, ids, std::move(hidden), &unused, 1.0f, &loss1);
+  auto pass0 = model0.stage_forward(ids, ids, nullptr, Tensor{}, &hidden, 1.0f, &loss0);
+  auto pass1 = model1.stage_forward(ids, ids, nullptr, std::move(hidden), &unused, 1.0f, &loss1);
   CHECK(loss0 == 0.0f);
   CHECK(loss1 == whole_loss);
   Tensor dhidden = model1.stage_backward(*pass1, Tensor{});

@@ -51,7 +51,7 @@ TEST_CASE("defaults, with relative paths resolved against the config's directory
   CHECK(c.data.train == "configs/data/train.jsonl");
   CHECK(c.data.eval == "");
   CHECK(c.data.format == DataFormat::automatic);
-  CHECK(c.data.packing == false);
+  CHECK(c.data.packing == Packing::none);
   CHECK((c.data.add_eos.enabled && c.data.add_eos.from_checkpoint));
   CHECK(c.seq_len == 256);
   CHECK(c.micro_batch_size == 4);
@@ -133,7 +133,7 @@ metric_examples: 20
   CHECK(c.data.train == "configs/train.jsonl");
   CHECK(c.data.eval == "configs/eval.jsonl");
   CHECK(c.data.format == DataFormat::prompt_completion);
-  CHECK(c.data.packing == true);
+  CHECK(c.data.packing == Packing::padding_free);
   CHECK(c.seq_len == 512);
   CHECK(c.micro_batch_size == 2);
   CHECK(c.grad_accum_steps == 8);
@@ -170,7 +170,7 @@ TEST_CASE("--set overrides: dotted keys, YAML flow values, whole sections, cwd-r
   CHECK(c.lr == 3e-4);
   CHECK(c.lora.r == 16);
   CHECK(c.lora.target_modules == std::vector<std::string>{"q_proj", "k_proj"});
-  CHECK(c.data.packing == true);
+  CHECK(c.data.packing == Packing::padding_free);
   CHECK(c.output_dir == "runs/b");  // not under configs/: command-line paths are cwd-relative
   CHECK(c.schedule == Schedule::constant);
   CHECK(c.generate.temperature == 0.0);
@@ -243,6 +243,12 @@ TEST_CASE("invalid enum values list the valid ones") {
         "configs/x.yaml:3: precision: expected one of fp32, bf16, got \"fp16\"");
   CHECK(error_of(base + "init: zeros\n") ==
         "configs/x.yaml:3: init: expected one of pretrained, random, got \"zeros\"");
+  CHECK(error_of(kMinimal, {"data.packing=multipack"}) ==
+        "configs/x.yaml (--set data.packing=multipack): data.packing: expected true, false, none, padding_free, "
+        "concatenate, got \"multipack\"");
+  CHECK(parse(base, {"data.packing=concatenate"}).data.packing == Packing::concatenate);
+  CHECK(parse(base, {"data.packing=padding_free"}).data.packing == Packing::padding_free);
+  CHECK(parse(base, {"data.packing=false"}).data.packing == Packing::none);
   CHECK(error_of(base + "trainable: some\n") == "configs/x.yaml:3: trainable: expected one of lora, all, got \"some\"");
   CHECK(error_of(base + "quantization: {mode: int4}\n") ==
         "configs/x.yaml:3: quantization.mode: expected one of int8, nf4, none, got \"int4\"");

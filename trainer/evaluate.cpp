@@ -19,18 +19,19 @@ Batch trim_padding(const Batch& batch, Allocator& host) {
         used = t + 1;
         break;
       }
-  Batch trimmed{Tensor::empty({B, used}, DType::i32, host, MemCategory::activations),
-                Tensor::empty({B, used}, DType::i32, host, MemCategory::activations), batch.counted_tokens};
-  for (int64_t b = 0; b < B; ++b) {
-    std::copy_n(batch.input_ids.ptr<int32_t>() + b * T, used, trimmed.input_ids.ptr<int32_t>() + b * used);
-    std::copy_n(batch.targets.ptr<int32_t>() + b * T, used, trimmed.targets.ptr<int32_t>() + b * used);
-  }
-  return trimmed;
+  auto trim = [&](const Tensor& full) {
+    if (!full.defined()) return Tensor{};
+    Tensor columns = Tensor::empty({B, used}, DType::i32, host, MemCategory::activations);
+    for (int64_t b = 0; b < B; ++b) std::copy_n(full.ptr<int32_t>() + b * T, used, columns.ptr<int32_t>() + b * used);
+    return columns;
+  };
+  // A prefix of packed position_ids still restarts at each example it keeps.
+  return Batch{trim(batch.input_ids), trim(batch.targets), batch.counted_tokens, trim(batch.position_ids)};
 }
 
 float micro_batch_loss(LanguageModel& model, const Batch& batch, const float* grad_scale) {
-  return grad_scale ? model.forward_backward(batch.input_ids, batch.targets, *grad_scale)
-                    : model.forward(batch.input_ids, batch.targets);
+  return grad_scale ? model.forward_backward(batch.input_ids, batch.targets, *grad_scale, batch.positions())
+                    : model.forward(batch.input_ids, batch.targets, batch.positions());
 }
 
 std::vector<Batch> eval_batches(const DataLoader& eval, int64_t max_batches, Allocator& host) {

@@ -148,7 +148,8 @@ void model_stream_time(StreamPlan& stream, const LayerFlops& flops, const PlanOp
 // their backwards, oldest first. A stage after the first receives each input
 // (and a stage before the last each d(output)) into a new activations
 // tensor; what it sends on is freed once sent.
-void replay_stage(CausalLM& model, Backend& backend, const Tensor& ids, const Tensor& targets, int64_t in_flight) {
+void replay_stage(CausalLM& model, Backend& backend, const Tensor& ids, const Tensor& targets,
+                  const Tensor* position_ids, int64_t in_flight) {
   const Shape hidden{ids.dim(0), ids.dim(1), model.config().hidden_size};
   const DType activation_dtype = model.options().activation_dtype;
   auto received = [&] { return backend.empty(hidden, activation_dtype, MemCategory::activations); };
@@ -157,7 +158,8 @@ void replay_stage(CausalLM& model, Backend& backend, const Tensor& ids, const Te
     Tensor output;
     float loss = 0.0f;
     passes.push_back(
-        model.stage_forward(ids, targets, model.first_stage() ? Tensor{} : received(), &output, 1.0f, &loss));
+        model.stage_forward(ids, targets, position_ids, model.first_stage() ? Tensor{} : received(), &output, 1.0f,
+                            &loss));
   }
   for (std::unique_ptr<CausalLM::DecoderStep>& pass : passes) {
     model.stage_backward(*pass, model.last_stage() ? Tensor{} : received());
@@ -201,8 +203,12 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
   Tensor ids = Tensor::empty({rows, seq_len}, DType::i32, host, MemCategory::activations);
   Tensor targets = Tensor::empty({rows, seq_len}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = targets.ptr<int32_t>()[i] = 0;
+  // Padding-free packing: position 0 everywhere, every token an example of
+  // its own, is the most sequences a micro-batch can hold: the largest
+  // cu_seqlens, and attention on the kernels that take it.
+  const Tensor position_ids = config.data.packing == Packing::padding_free ? ids : Tensor{};
   auto micro_batch_step = [&] {
-    const Batch batch{ids, targets, ids.numel()};
+    const Batch batch{ids, targets, ids.numel(), position_ids};
     const float grad_scale = 1.0f;
     if (dpo) dpo_micro_batch(causal_lm(model, "objective: dpo"), batch, config.dpo, true, 1.0 / double(micro_batch));
     else micro_batch_loss(model, batch, &grad_scale);
@@ -211,7 +217,9 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
   backend.reset_cursor();
   model.zero_grads();
   model.set_dropout_seed(config.seed);
-  if (stage.end_layer > 0) replay_stage(causal_lm(model, "parallel.pipeline"), backend, ids, targets, in_flight);
+  if (stage.end_layer > 0)
+    replay_stage(causal_lm(model, "parallel.pipeline"), backend, ids, targets, position_ids.defined() ? &position_ids : nullptr,
+                 in_flight);
   else micro_batch_step();
   watch.phase = "optimizer step";
   setup.optimizer->step(config.lr);

@@ -120,6 +120,14 @@ struct Value {
     require(!text.empty(), "a token id or a token's (non-empty) text");
     return TokenRef{-1, text};
   }
+  // true (padding_free), false (none), or a spelling of Packing.
+  Packing packing() const {
+    bool flag = false;
+    if (node.IsScalar() && YAML::convert<bool>::decode(node, flag)) return flag ? Packing::padding_free : Packing::none;
+    const std::optional<Packing> value = node.IsScalar() ? enum_value(node.Scalar(), enum_names(Packing{})) : std::nullopt;
+    if (!value) wrong("true, false, " + enum_spellings(enum_names(Packing{})));
+    return *value;
+  }
   template <class E>
   E choice() const {
     const std::optional<E> value = node.IsScalar() ? enum_value(node.Scalar(), enum_names(E{})) : std::nullopt;
@@ -201,7 +209,7 @@ const Field kFields[] = {
     {"data.eval", [](TrainConfig& c, const Value& v) { c.data.eval = v.path(); }},
     {"data.format", [](TrainConfig& c, const Value& v) { c.data.format = v.choice<DataFormat>(); }},
     {"data.chat_template", [](TrainConfig& c, const Value& v) { c.data.chat_template = v.choice<ChatTemplateKind>(); }},
-    {"data.packing", [](TrainConfig& c, const Value& v) { c.data.packing = v.boolean(); }},
+    {"data.packing", [](TrainConfig& c, const Value& v) { c.data.packing = v.packing(); }},
     {"data.template.prompt", [](TrainConfig& c, const Value& v) { c.data.row_template.prompt = v.string(); }},
     {"data.template.completion", [](TrainConfig& c, const Value& v) { c.data.row_template.completion = v.string(); }},
     {"data.text_split", [](TrainConfig& c, const Value& v) { c.data.text_split = v.string(); }},
@@ -399,7 +407,7 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(!(c.objective == Objective::dpo && c.trainable == Trainable::all), f,
            ": objective: dpo needs trainable: lora: its reference model is the base with the adapters disabled, "
            "and full fine-tuning has no adapters to disable");
-  FT_CHECK(c.objective != Objective::dpo || (c.data.format == DataFormat::automatic && !c.data.packing), f,
+  FT_CHECK(c.objective != Objective::dpo || (c.data.format == DataFormat::automatic && c.data.packing == Packing::none), f,
            ": objective: dpo reads {\"prompt\", \"chosen\", \"rejected\"} rows, one pair per row: data.format and "
            "data.packing apply to objective: sft only");
   FT_CHECK(c.objective != Objective::dpo || c.task_metric == TaskMetric::none, f,

@@ -63,7 +63,7 @@ struct DataConfig {
   std::string eval;   // resolved path, "" = no eval set
   DataFormat format = DataFormat::automatic;
   ChatTemplateKind chat_template = ChatTemplateKind::automatic;  // auto: recognised in tokenizer_config.json
-  bool packing = false;
+  Packing packing = Packing::none;  // true: padding_free, false: none (trainer/data/data.h)
   AddEos add_eos;
   // data.template: rows with named fields (JSONL or .csv) made into prompt/completion (template_data.h).
   RowTemplate row_template;

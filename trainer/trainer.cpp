@@ -125,8 +125,8 @@ void make_model(Run& run) {
   FT_CHECK(!seq2seq || config.objective == Objective::sft, config.source, ": objective: ",
            enum_name(config.objective), " needs a decoder-only model; ", path_in(config.model, "config.json"),
            " is a ", run.model_config.model_type, " (encoder-decoder) model");
-  FT_CHECK(!seq2seq || !config.data.packing, config.source,
-           ": data.packing: true packs examples into one causal row; a ", run.model_config.model_type,
+  FT_CHECK(!seq2seq || config.data.packing == Packing::none, config.source, ": data.packing: ",
+           enum_name(config.data.packing), " packs examples into causal rows; a ", run.model_config.model_type,
            " model reads one example per row (set data.packing: false)");
   FT_CHECK(config.seq_len <= run.model_config.max_position_embeddings, config.source, ": seq_len ", config.seq_len,
            " is larger than the model's max_position_embeddings ", run.model_config.max_position_embeddings, " (",
@@ -277,6 +277,7 @@ StepReport train_step(Run& run, int64_t step) {
   StepReport report;
   report.step = step + 1;
   report.tokens = batches.tokens;
+  report.loss_tokens = counted;
   std::vector<PipelineMicroBatch> micro_batches;
   for (const RankBatch& mine : batches.mine) {
     if (mine.batch.counted_tokens == 0) continue;
@@ -318,6 +319,7 @@ StepReport dpo_train_step(Run& run, int64_t step) {
   DpoFigures figures;
   for (size_t i = 0; i < batches.size(); ++i) {
     report.tokens += batches[i].input_ids.numel();
+    report.loss_tokens += batches[i].counted_tokens;
     if (count_pairs(batches[i]) == 0) continue;
     const int64_t micro_batch = checked_mul(step, run.config.grad_accum_steps) + int64_t(i);
     run.model->set_dropout_seed(splitmix64(run.config.seed, uint64_t(micro_batch)));

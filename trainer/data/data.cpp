@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -99,6 +100,12 @@ std::string string_field(const nlohmann::json& row, const char* key, const std::
   const nlohmann::json& value = row[key];
   FT_CHECK(value.is_string(), where, ": \"", key, "\" must be a string, got ", value.type_name());
   return value.get<std::string>();
+}
+
+EnumNames<Packing> enum_names(Packing) {
+  static const EnumName<Packing> names[] = {
+      {"none", Packing::none}, {"padding_free", Packing::padding_free}, {"concatenate", Packing::concatenate}};
+  return names;
 }
 
 EnumNames<DataFormat> enum_names(DataFormat) {
@@ -319,10 +326,49 @@ int32_t padding_id(const Tokenizer& tokenizer) {
   return 0;
 }
 
-std::vector<TokenSequence> make_rows(const TokenizedDataset& data, int64_t seq_len, bool packing) {
-  if (!packing) return data.examples;
+namespace {
+
+// The inputs an example fills in a padding-free row: all its tokens but the
+// last, which is only predicted.
+int64_t input_slots(const TokenSequence& example) { return int64_t(example.tokens.size()) - 1; }
+
+// Best-fit decreasing: longest example first, each into the row whose free
+// space fits it most tightly (a new row if none does). Ties keep file order,
+// so the rows depend on the data and seq_len alone.
+std::vector<TokenSequence> pack_padding_free(const std::vector<TokenSequence>& examples, int64_t seq_len) {
+  std::vector<size_t> order(examples.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return input_slots(examples[a]) > input_slots(examples[b]); });
+  std::vector<TokenSequence> rows;
+  std::multimap<int64_t, size_t> rows_by_free_slots;
+  for (size_t i : order) {
+    const TokenSequence& example = examples[i];
+    const int64_t need = input_slots(example);
+    FT_CHECK(need >= 1 && need <= seq_len, "padding-free packing: an example of ", example.tokens.size(),
+             " tokens does not fit a row of seq_len ", seq_len, " + 1 tokens");
+    auto fit = rows_by_free_slots.lower_bound(need);
+    int64_t free_slots = seq_len;
+    size_t row = rows.size();
+    if (fit == rows_by_free_slots.end()) {
+      rows.emplace_back();
+    } else {
+      free_slots = fit->first, row = fit->second;
+      rows_by_free_slots.erase(fit);
+    }
+    TokenSequence& packed = rows[row];
+    packed.example_starts.push_back(int64_t(packed.tokens.size()));
+    packed.tokens.insert(packed.tokens.end(), example.tokens.begin(), example.tokens.end());
+    packed.loss_mask.insert(packed.loss_mask.end(), example.loss_mask.begin(), example.loss_mask.end());
+    if (free_slots > need) rows_by_free_slots.emplace(free_slots - need, row);
+  }
+  return rows;
+}
+
+// Examples joined and cut into windows (Packing::concatenate).
+std::vector<TokenSequence> concatenate(const std::vector<TokenSequence>& examples, int64_t seq_len) {
   TokenSequence stream;
-  for (const TokenSequence& example : data.examples) {
+  for (const TokenSequence& example : examples) {
     stream.tokens.insert(stream.tokens.end(), example.tokens.begin(), example.tokens.end());
     stream.loss_mask.insert(stream.loss_mask.end(), example.loss_mask.begin(), example.loss_mask.end());
   }
@@ -337,6 +383,22 @@ std::vector<TokenSequence> make_rows(const TokenizedDataset& data, int64_t seq_l
   return rows;
 }
 
+// The inputs a row fills: seq_len at most.
+int64_t row_inputs(const TokenSequence& row) {
+  return int64_t(row.tokens.size()) - std::max<int64_t>(int64_t(row.example_starts.size()), 1);
+}
+
+}  // namespace
+
+std::vector<TokenSequence> make_rows(const TokenizedDataset& data, int64_t seq_len, Packing packing) {
+  switch (packing) {
+    case Packing::none: return data.examples;
+    case Packing::padding_free: return pack_padding_free(data.examples, seq_len);
+    case Packing::concatenate: return concatenate(data.examples, seq_len);
+  }
+  return {};
+}
+
 DataLoader::DataLoader(std::vector<TokenSequence> rows, int64_t micro_batch_size, int64_t seq_len, int32_t pad_id,
                        uint64_t seed, Allocator& host_allocator)
     : rows_(std::move(rows)),
@@ -348,9 +410,14 @@ DataLoader::DataLoader(std::vector<TokenSequence> rows, int64_t micro_batch_size
   FT_CHECK(!rows_.empty(), "DataLoader: no rows");
   FT_CHECK(micro_batch_size > 0 && seq_len > 0, "DataLoader: micro_batch_size and seq_len must be > 0");
   FT_CHECK(host_allocator.device() == Device::cpu, "DataLoader: batches live in host memory");
-  for (const TokenSequence& row : rows_)
-    FT_CHECK(int64_t(row.tokens.size()) <= seq_len + 1 && row.tokens.size() == row.loss_mask.size(),
-             "DataLoader: a row has ", row.tokens.size(), " tokens, more than seq_len + 1 = ", seq_len + 1);
+  for (const TokenSequence& row : rows_) {
+    FT_CHECK(row_inputs(row) <= seq_len && row.tokens.size() == row.loss_mask.size(), "DataLoader: a row of ",
+             row.example_starts.size(), " examples in ", row.tokens.size(), " tokens fills ", row_inputs(row),
+             " inputs, more than seq_len = ", seq_len);
+    FT_CHECK(row.example_starts.empty() || row.example_starts[0] == 0, "DataLoader: a packed row's first example",
+             " must start at token 0, got ", row.example_starts.empty() ? 0 : row.example_starts[0]);
+    packed_ = packed_ || !row.example_starts.empty();
+  }
   identity_order_.resize(rows_.size());
   std::iota(identity_order_.begin(), identity_order_.end(), int64_t(0));
   order_ = epoch_order(0);
@@ -394,6 +461,28 @@ Batch DataLoader::batch_in_order(int64_t index) const {
   return make_batch(identity_order_, index);
 }
 
+// A padding-free row into batch row b: each example's inputs and targets at
+// positions 0, 1, ... from where the previous one ended; the padding tail
+// after the last counts from 0 again, a sequence of its own.
+void DataLoader::write_packed_row(Batch& batch, int64_t b, const TokenSequence& row) const {
+  int32_t* inputs = batch.input_ids.ptr<int32_t>() + b * seq_len_;
+  int32_t* targets = batch.targets.ptr<int32_t>() + b * seq_len_;
+  int32_t* positions = batch.position_ids.ptr<int32_t>() + b * seq_len_;
+  int64_t t = 0;
+  for (size_t e = 0; e < row.example_starts.size(); ++e) {
+    const int64_t start = row.example_starts[e];
+    const int64_t end = e + 1 < row.example_starts.size() ? row.example_starts[e + 1] : int64_t(row.tokens.size());
+    for (int64_t i = start; i + 1 < end; ++i, ++t) {
+      inputs[t] = row.tokens[size_t(i)];
+      positions[t] = int32_t(i - start);
+      if (!row.loss_mask[size_t(i + 1)]) continue;
+      targets[t] = row.tokens[size_t(i + 1)];
+      batch.counted_tokens++;
+    }
+  }
+  for (int32_t p = 0; t < seq_len_; ++t, ++p) positions[t] = p;
+}
+
 Batch DataLoader::make_batch(const std::vector<int64_t>& order, int64_t index) const {
   Batch batch{Tensor::empty({micro_batch_size_, seq_len_}, DType::i32, allocator_, MemCategory::activations),
               Tensor::empty({micro_batch_size_, seq_len_}, DType::i32, allocator_, MemCategory::activations), 0};
@@ -401,10 +490,18 @@ Batch DataLoader::make_batch(const std::vector<int64_t>& order, int64_t index) c
   int32_t* targets = batch.targets.ptr<int32_t>();
   std::fill(inputs, inputs + batch.input_ids.numel(), pad_id_);
   std::fill(targets, targets + batch.targets.numel(), kIgnoreIndex);
+  if (packed_) {
+    batch.position_ids = Tensor::empty(batch.input_ids.shape, DType::i32, allocator_, MemCategory::activations);
+    for (int64_t n = 0; n < batch.position_ids.numel(); ++n) batch.position_ids.ptr<int32_t>()[n] = int32_t(n % seq_len_);
+  }
   for (int64_t b = 0; b < micro_batch_size_; b++) {
     int64_t slot = index * micro_batch_size_ + b;
     if (slot >= row_count()) break;  // the epoch's last micro-batch: empty rows stay padding
     const TokenSequence& row = rows_[size_t(order[size_t(slot)])];
+    if (!row.example_starts.empty()) {
+      write_packed_row(batch, b, row);
+      continue;
+    }
     int64_t length = std::min(int64_t(row.tokens.size()), seq_len_ + 1);
     for (int64_t t = 0; t < std::min(length, seq_len_); t++) inputs[b * seq_len_ + t] = row.tokens[size_t(t)];
     for (int64_t t = 0; t + 1 < length; t++) {

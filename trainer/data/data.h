@@ -4,7 +4,7 @@
 //
 //   Dataset data = load_jsonl(path, DataFormat::automatic);
 //   TokenizedDataset tokens = tokenize_dataset(data, tokenizer, seq_len, eos_id, &chat_template);
-//   DataLoader loader(make_rows(tokens, seq_len, packing), micro_batch_size, seq_len,
+//   DataLoader loader(make_rows(tokens, seq_len, Packing::padding_free), micro_batch_size, seq_len,
 //                     padding_id(tokenizer), seed, host_allocator);
 //   Batch batch = loader.next();                 // training, shuffled
 //   Batch batch = loader.batch_in_order(i);      // evaluation, file order
@@ -77,9 +77,13 @@ std::string key_list(const nlohmann::json& row);
 
 // tokens[i] is a token id; loss_mask[i] = 1 when predicting tokens[i] from
 // tokens[0..i) carries loss (completion tokens and eos; never bos or prompt).
+// A padding-free packed row (make_rows) holds several examples one after
+// another: example_starts gives where each begins in tokens (the first at
+// 0), and each predicts only its own tokens from its own. Empty: one example.
 struct TokenSequence {
   std::vector<int32_t> tokens;
   std::vector<uint8_t> loss_mask;
+  std::vector<int64_t> example_starts = {};
 };
 
 struct TokenizedDataset {
@@ -139,21 +143,38 @@ TokenSequence tokenize_chat(const std::vector<RenderedPiece>& pieces, const Toke
 // carries loss, so the choice only matters for what the model attends to.
 int32_t padding_id(const Tokenizer& tokenizer);
 
-// The rows the loader batches, each at most seq_len + 1 tokens. Without
-// packing every example is its own row. With packing the examples are
-// concatenated in order and cut into windows of seq_len + 1 tokens that start
-// seq_len apart: consecutive windows share one token, so every token of the
-// stream is predicted exactly once. Only the last window can be short.
-// (Attention is not masked between packed examples.)
-std::vector<TokenSequence> make_rows(const TokenizedDataset& data, int64_t seq_len, bool packing);
+// data.packing: how examples become the loader's rows of seq_len inputs.
+//   none: every example is its own row, padded to seq_len.
+//   padding_free (what `true` means, as trl's padding_free and transformers'
+//     DataCollatorWithFlattening): whole examples share rows, placed by
+//     best-fit decreasing on their lengths (deterministic). An example of n
+//     tokens fills n - 1 inputs (its last token is only a target); each one's
+//     positions restart at 0 and attention never crosses into another, so its
+//     loss and gradients are those it has alone in a row. The loss stays the
+//     mean over the micro-batch's counted tokens, as unpacked.
+//   concatenate: the examples are joined in order and cut into windows of
+//     seq_len + 1 tokens that start seq_len apart (consecutive windows share
+//     one token, so every token of the stream is predicted once), attention
+//     crossing from one example into the next: pretraining's packing.
+enum class Packing { none, padding_free, concatenate };
+EnumNames<Packing> enum_names(Packing);  // data.packing's spellings besides true and false
+
+// The rows the loader batches, each at most seq_len inputs (see Packing).
+std::vector<TokenSequence> make_rows(const TokenizedDataset& data, int64_t seq_len, Packing packing);
 
 struct Batch {
   Tensor input_ids;  // i32 [micro_batch_size, seq_len]
   Tensor targets;    // i32 [micro_batch_size, seq_len]: next token, or -100 = no loss
-  // Targets != -100. Can be 0 (an epoch's padded tail, or with packing a window
-  // inside a long prompt): normalise the loss by the sum over the accumulated
-  // micro-batches, not per micro-batch.
+  // Targets != -100. Can be 0 (an epoch's padded tail, or with concatenate
+  // packing a window inside a long prompt): normalise the loss by the sum over
+  // the accumulated micro-batches, not per micro-batch.
   int64_t counted_tokens;
+  // Padding-free packed rows: i32 [micro_batch_size, seq_len], each token's
+  // position within its example (a row's padding tail counts as one more);
+  // undefined otherwise.
+  Tensor position_ids = {};
+  // position_ids for LanguageModel::forward: null where undefined.
+  const Tensor* positions() const { return position_ids.defined() ? &position_ids : nullptr; }
 };
 
 constexpr int32_t kIgnoreIndex = -100;
@@ -191,6 +212,7 @@ class DataLoader {
 
  private:
   Batch make_batch(const std::vector<int64_t>& order, int64_t index) const;
+  void write_packed_row(Batch& batch, int64_t b, const TokenSequence& row) const;
 
   std::vector<TokenSequence> rows_;
   int64_t micro_batch_size_;
@@ -201,6 +223,7 @@ class DataLoader {
   DataPosition position_;
   std::vector<int64_t> order_;  // epoch_order(position_.epoch)
   std::vector<int64_t> identity_order_;
+  bool packed_ = false;  // padding-free rows: batches carry position_ids
 };
 
 }  // namespace ft

@@ -124,7 +124,8 @@ double pipeline_forward_backward(CausalLM& model, Collectives& stages, Allocator
     if (op.forward) {
       float loss = 0.0f;
       in_flight.push_back(
-          model.stage_forward(batch.input_ids, batch.targets, std::move(received), &output, micro.grad_scale, &loss));
+          model.stage_forward(batch.input_ids, batch.targets, batch.positions(), std::move(received), &output,
+                              micro.grad_scale, &loss));
       loss_sum += double(loss) * double(batch.counted_tokens);
       return model.last_stage() ? Tensor{} : output;
     }
@@ -161,7 +162,8 @@ EvalLoss pipeline_eval_loss(CausalLM& model, Collectives& stages, Allocator& hos
   int64_t tokens = 0;
   run_stage_ops(model, stages, host, forwards, pointers, [&](const StageOp&, const Batch& batch, Tensor received) {
     Tensor output;
-    loss_sum += double(model.stage_eval_forward(batch.input_ids, batch.targets, std::move(received), &output)) *
+    loss_sum += double(model.stage_eval_forward(batch.input_ids, batch.targets, batch.positions(),
+                                                std::move(received), &output)) *
                 double(batch.counted_tokens);
     tokens += batch.counted_tokens;
     return output;  // undefined on the last stage

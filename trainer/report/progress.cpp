@@ -108,7 +108,7 @@ void Progress::on_step(const StepReport& report) {
   tokens_since_start_ += report.tokens;
   const double tokens_per_s = elapsed_s > 0 ? double(tokens_since_start_) / elapsed_s : 0.0;
   nlohmann::json row = {{"step", report.step}, {"loss", report.loss}, {"lr", report.lr}, {"grad_norm", report.grad_norm},
-                        {"tokens", report.tokens}, {"step_s", step_s}, {"tokens_per_s", tokens_per_s},
+                        {"tokens", report.tokens}, {"loss_tokens", report.loss_tokens}, {"step_s", step_s}, {"tokens_per_s", tokens_per_s},
                         {"peak_memory_bytes", report.peak_memory_bytes}};
   for (const auto& item : report.figures.items()) row[item.key()] = item.value();
   if (report.update_skipped) row["update_skipped"] = true;  // loss or grad_norm is null (NaN or Inf)

@@ -16,7 +16,8 @@ struct StepReport {
   double loss = 0.0;
   double lr = 0.0;
   double grad_norm = 0.0;
-  int64_t tokens = 0;  // tokens processed in this step
+  int64_t tokens = 0;       // tokens processed in this step (padding and prompts included)
+  int64_t loss_tokens = 0;  // of them, those whose prediction carries loss
   size_t peak_memory_bytes = 0;
   bool update_skipped = false;  // the loss or gradient norm was not finite: no optimizer update
   // The objective's own figures (DPO's rewards/... and logps/...), by name:
