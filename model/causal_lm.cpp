@@ -511,22 +511,22 @@ Tensor CausalLM::stage_backward(DecoderStep& step, Tensor doutput) {
   return first_stage() ? Tensor{} : dinput;
 }
 
-SequenceLogps CausalLM::sequence_logps(const Tensor& input_ids, const Tensor& targets) {
+SequenceLogps CausalLM::sequence_logps(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids) {
   set_training(false);
-  return run_logps_step(input_ids, targets, nullptr);
+  return run_logps_step(input_ids, targets, position_ids, nullptr);
 }
 
 SequenceLogps CausalLM::sequence_logps_backward(const Tensor& input_ids, const Tensor& targets,
-                                                const LogpsGradient& gradient) {
+                                                const LogpsGradient& gradient, const Tensor* position_ids) {
   set_training(true);
-  return run_logps_step(input_ids, targets, &gradient);
+  return run_logps_step(input_ids, targets, position_ids, &gradient);
 }
 
-SequenceLogps CausalLM::run_logps_step(const Tensor& input_ids, const Tensor& targets,
+SequenceLogps CausalLM::run_logps_step(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids,
                                        const LogpsGradient* gradient) {
   DecoderStep step;
   FT_CHECK(first_stage() && last_stage(), config_.model_type, ": sequence log-probabilities need the whole model");
-  forward_decoder(step, input_ids, targets, nullptr, Tensor{}, gradient != nullptr);
+  forward_decoder(step, input_ids, targets, position_ids, Tensor{}, gradient != nullptr);
   SequenceLogps logps =
       lm_head_logps(step.final_norm.out, step.tokens, targets, gradient ? &step.dnorm : nullptr, gradient);
   step.final_norm.out = Tensor{};
@@ -579,7 +579,9 @@ CausalLM::TokenLayout CausalLM::upload_layout(const Tensor* position_ids, int64_
   int32_t* position = host_positions.ptr<int32_t>();
   if (!position_ids) {
     for (int64_t n = 0; n < B * T; ++n) position[n] = int32_t(n % T);
-    return {upload_tokens(host_positions), Tensor{}};
+    TokenLayout layout{upload_tokens(host_positions), Tensor{}, {}};
+    for (int64_t b = 0; b < B; ++b) layout.sequence_starts.push_back(b * T);
+    return layout;
   }
   FT_CHECK(position_ids->dtype == DType::i32 && position_ids->shape == Shape({B, T}) &&
                position_ids->device == Device::cpu,
@@ -595,8 +597,8 @@ CausalLM::TokenLayout CausalLM::upload_layout(const Tensor* position_ids, int64_
     position[n] = p;
     if (p == 0 && n > 0) cu_seqlens.push_back(int32_t(n));
   }
+  TokenLayout layout{upload_tokens(host_positions), Tensor{}, {cu_seqlens.begin(), cu_seqlens.end()}};
   cu_seqlens.push_back(int32_t(B * T));
-  TokenLayout layout{upload_tokens(host_positions), Tensor{}};
   if (int64_t(cu_seqlens.size()) == B + 1) return layout;  // one sequence a row
   Tensor host_cu = Tensor::empty({int64_t(cu_seqlens.size())}, DType::i32, host, MemCategory::activations);
   std::copy(cu_seqlens.begin(), cu_seqlens.end(), host_cu.ptr<int32_t>());
@@ -742,11 +744,11 @@ void LanguageModel::lm_head_backward_chunk(Tensor& logits, const Tensor& hidden_
   if (lm_head.trainable()) be.matmul(lm_head.grad, dlogits, hidden_rows, true, false, logits_scale_, 1.0f);
 }
 
-// The log-probabilities first (each row's sum of -cross-entropy over its
+// The log-probabilities first (each sequence's sum of -cross-entropy over its
 // counted tokens), chunk by chunk without a backward; then, with gradient,
-// the per-row weights g[b] = d(loss)/d(logps[b]), and a second pass in which
-// cross_entropy's backward scaled by -g[b] on row b's tokens (d logp / d
-// logits = onehot - softmax) gives dlogits for lm_head_backward_chunk. A
+// the per-sequence weights g[s] = d(loss)/d(logps[s]), and a second pass in
+// which cross_entropy's backward scaled by -g[s] on sequence s's tokens
+// (d logp / d logits = onehot - softmax) gives dlogits for lm_head_backward_chunk. A
 // single chunk keeps its logits between the passes; with several chunks each
 // chunk's logits are made again (one more LM-head product), so no [N, V]
 // tensor exists when loss_chunk_tokens is set.
@@ -772,28 +774,35 @@ SequenceLogps LanguageModel::lm_head_logps(const Tensor& hidden, const StepToken
   HostAllocator host;
   Tensor host_losses = Tensor::empty({N}, DType::f32, host, MemCategory::activations);
   be.copy(host_losses, losses);
-  SequenceLogps result{std::vector<double>(size_t(tokens.batch), 0.0), std::vector<int64_t>(size_t(tokens.batch), 0)};
-  for (int64_t n = 0; n < N; ++n) {
-    result.logps[size_t(n / T)] -= host_losses.ptr<float>()[n];
-    result.counted_tokens[size_t(n / T)] += host_targets.ptr<int32_t>()[n] != -100;
+  const std::vector<int64_t>& starts = tokens.layout.sequence_starts;
+  const size_t S = starts.size();
+  // Sequence s holds tokens [starts[s], end_of(s)).
+  auto end_of = [&](size_t s) { return s + 1 < S ? starts[s + 1] : N; };
+  SequenceLogps result{std::vector<double>(S, 0.0), std::vector<int64_t>(S, 0), std::vector<int64_t>(S, 0)};
+  for (size_t s = 0; s < S; ++s) {
+    result.rows[s] = starts[s] / T;
+    for (int64_t n = starts[s]; n < end_of(s); ++n) {
+      result.logps[s] -= host_losses.ptr<float>()[n];
+      result.counted_tokens[s] += host_targets.ptr<int32_t>()[n] != -100;
+    }
   }
   if (!gradient || tokens.counted == 0) return result;
 
   const std::vector<double> dlogps = (*gradient)(result);
-  FT_CHECK(dlogps.size() == size_t(tokens.batch), "lm_head_logps: the gradient has ", dlogps.size(),
-           " rows, the batch ", tokens.batch);
+  FT_CHECK(dlogps.size() == S, "lm_head_logps: the gradient has ", dlogps.size(), " sequences, the batch ", S);
   *dhidden = be.empty(hidden.shape, hidden.dtype, MemCategory::activations);
   for (int64_t first = 0; first < N; first += chunk) {
     const int64_t rows = std::min(chunk, N - first);
     Tensor logits = kept_logits.defined() ? kept_logits : chunk_logits(first, rows);
     kept_logits = Tensor{};
-    // Row b's part of the chunk, each with its own scale.
-    for (int64_t start = first; start < first + rows;) {
-      const int64_t end = std::min((start / T + 1) * T, first + rows);
-      Tensor row_logits = logits.slice_rows(start - first, end - start);
-      Tensor row_losses = losses.slice_rows(start, end - start);
-      be.cross_entropy(row_losses, &row_logits, row_logits, tokens.targets.slice_rows(start, end - start),
-                       -float(dlogps[size_t(start / T)]));
+    // Each sequence's part of the chunk, with its own scale.
+    size_t s = size_t(std::upper_bound(starts.begin(), starts.end(), first) - starts.begin()) - 1;
+    for (int64_t start = first; start < first + rows; ++s) {
+      const int64_t end = std::min(end_of(s), first + rows);
+      Tensor part_logits = logits.slice_rows(start - first, end - start);
+      Tensor part_losses = losses.slice_rows(start, end - start);
+      be.cross_entropy(part_losses, &part_logits, part_logits, tokens.targets.slice_rows(start, end - start),
+                       -float(dlogps[s]));
       start = end;
     }
     Tensor dhidden_rows = dhidden->slice_rows(first, rows);

@@ -50,13 +50,16 @@ struct NormParameters {
   float eps = 0.0f;
 };
 
-// Per batch row: the summed log-probability of its counted targets
-// (sum over t of log p(targets[b, t]), -100 skipped), and how many counted.
+// Per sequence of the batch -- each row, or with packed rows (position_ids)
+// each example and each row's padding tail, in token order: the summed
+// log-probability of its counted targets (sum over its tokens t of
+// log p(targets[t]), -100 skipped), how many counted, and its batch row.
 struct SequenceLogps {
   std::vector<double> logps;
   std::vector<int64_t> counted_tokens;
+  std::vector<int64_t> rows;
 };
-// d(loss)/d(logps[b]) for every row, from the rows' log-probabilities.
+// d(loss)/d(logps[s]) for every sequence, from their log-probabilities.
 using LogpsGradient = std::function<std::vector<double>(const SequenceLogps&)>;
 
 class LanguageModel {
@@ -164,6 +167,7 @@ class LanguageModel {
   // (Backend::attention_forward's cu_seqlens; undefined: each row is one).
   struct TokenLayout {
     Tensor positions, cu_seqlens;
+    std::vector<int64_t> sequence_starts;  // host: each sequence's first token (rows' when not packed)
   };
   // One step's tokens on the backend: ids, targets and their layout as i32
   // [B*T], from host i32 [B, T] input_ids, targets and position_ids, and how
@@ -227,14 +231,14 @@ class CausalLM : public LanguageModel {
   float forward_backward(const Tensor& input_ids, const Tensor& targets, float grad_scale = 1.0f,
                          const Tensor* position_ids = nullptr) override;
   CausalLM* as_causal_lm() override { return this; }
-  // Each row's summed log-probability of its counted targets (DPO's sequence
-  // log-probs), as an eval forward: nothing kept for a backward.
-  SequenceLogps sequence_logps(const Tensor& input_ids, const Tensor& targets);
+  // Each sequence's summed log-probability of its counted targets (DPO's
+  // sequence log-probs), as an eval forward: nothing kept for a backward.
+  SequenceLogps sequence_logps(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids = nullptr);
   // The same in training mode, then the gradients of the loss whose
   // derivative in each row's log-probability gradient() returns are added to
   // every trainable parameter's grad (a per-row scaled cross-entropy backward).
   SequenceLogps sequence_logps_backward(const Tensor& input_ids, const Tensor& targets,
-                                        const LogpsGradient& gradient);
+                                        const LogpsGradient& gradient, const Tensor* position_ids = nullptr);
 
   // An empty cache (every row at length 0) for batch rows of up to
   // capacity_tokens positions, allocated on the backend.
@@ -347,7 +351,8 @@ class CausalLM : public LanguageModel {
   // when no token counts).
   float run_step(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids,
                  const float* grad_scale);
-  SequenceLogps run_logps_step(const Tensor& input_ids, const Tensor& targets, const LogpsGradient* gradient);
+  SequenceLogps run_logps_step(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids,
+                               const LogpsGradient* gradient);
   StepTokens upload_step_tokens(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids);
   // position_ids' layout on the backend (checked: host i32 [B, T], each row
   // 0, 1, ... with a restart at 0 where an example starts), or 0..T-1 per

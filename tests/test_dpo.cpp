@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <random>
+#include <tuple>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
@@ -125,4 +127,52 @@ TEST_CASE("preference rows must be {prompt, chosen, rejected} strings") {
         "empty.jsonl: no rows (expected JSON rows with \"prompt\", \"chosen\" and \"rejected\" strings (objective: "
         "dpo))");
   std::filesystem::remove_all(std::filesystem::path(FT_BINARY_DIR) / "test_dpo_tmp");
+}
+
+// Padding-free packed pairs (packed_pairs: several pairs per row, chosen and
+// rejected in rows of one index) give the figures and LoRA gradients of the
+// same pairs one per row, with the LM head whole and in chunks that cut
+// across the packed completions.
+TEST_CASE("DPO over packed pairs equals DPO over one pair a row") {
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int32_t> token(4, 300);
+  auto completion = [&](int64_t prompt, int64_t length) {
+    TokenSequence sequence;
+    for (int64_t t = 0; t < length; ++t) {
+      sequence.tokens.push_back(token(rng));
+      sequence.loss_mask.push_back(t >= prompt ? 1 : 0);
+    }
+    return sequence;
+  };
+  TokenizedPairs pairs;
+  for (auto [prompt, chosen, rejected] : {std::tuple{3, 9, 6}, {2, 4, 7}, {4, 12, 13}, {1, 3, 5}, {3, 8, 4}}) {
+    pairs.chosen.push_back(completion(prompt, chosen));
+    pairs.rejected.push_back(completion(prompt, rejected));
+  }
+  const int64_t seq_len = 16;
+  HostAllocator host;
+  const Batch padded = PreferenceLoader(pairs, 5, seq_len, 3, 1, host).batch_in_order(0);
+  const TokenizedPairs packed_rows = packed_pairs(pairs, seq_len);
+  CHECK(packed_rows.chosen.size() < pairs.chosen.size());
+  const Batch packed = PreferenceLoader(packed_rows, int64_t(packed_rows.chosen.size()), seq_len, 3, 1, host)
+                           .batch_in_order(0);
+  CHECK(count_pairs(padded) == 5);
+  CHECK(count_pairs(packed) == 5);
+  for (int64_t chunk : {0, 5}) {
+    CAPTURE(chunk);
+    CpuBackend backend(host);
+    const DpoConfig config{0.1, DpoLoss::sigmoid};
+    std::unique_ptr<LlamaModel> want_model = make_policy(backend, chunk), got_model = make_policy(backend, chunk);
+    const DpoFigures want = dpo_micro_batch(*want_model, padded, config, true, 0.2);
+    const DpoFigures got = dpo_micro_batch(*got_model, packed, config, true, 0.2);
+    CHECK(got.pairs == 5);
+    const nlohmann::json want_means = want.means(), got_means = got.means();
+    for (const auto& [name, value] : want_means.items()) {
+      CAPTURE(name);
+      CHECK(std::abs(got_means.at(name).get<double>() - value.get<double>()) <=
+            1e-6 * std::max(std::abs(value.get<double>()), 1.0));
+    }
+    for (size_t i = 0; i < want_model->adapters().size(); ++i)
+      CHECK(relative_error(got_model->adapters()[i].grad, want_model->adapters()[i].grad) <= 1e-6);
+  }
 }

@@ -68,50 +68,65 @@ PairLogps pair_logps(const SequenceLogps& policy, const SequenceLogps& reference
           policy.counted_tokens[chosen], policy.counted_tokens[rejected]};
 }
 
-}  // namespace
-
-// A row carries loss when any of its targets is not -100.
-static bool has_loss_tokens(const Batch& batch, int64_t row) {
-  const int64_t T = batch.targets.dim(1);
-  const int32_t* targets = batch.targets.ptr<int32_t>() + row * T;
-  return std::any_of(targets, targets + T, [](int32_t target) { return target != kIgnoreIndex; });
+// Pair j: the j-th sequence that carries loss among the chosen rows [0, P)
+// and the j-th among the rejected rows [P, 2P): a row each, or with packed
+// rows the examples, which PreferenceLoader lays out in the same order on
+// both sides. Padding (rows and packed rows' tails) carries no loss.
+std::vector<std::pair<size_t, size_t>> pairs_of(const SequenceLogps& logps, int64_t P) {
+  std::vector<size_t> chosen, rejected;
+  for (size_t s = 0; s < logps.logps.size(); ++s)
+    if (logps.counted_tokens[s] > 0) (logps.rows[s] < P ? chosen : rejected).push_back(s);
+  FT_CHECK(chosen.size() == rejected.size(), "objective: dpo: a micro-batch holds ", chosen.size(),
+           " chosen and ", rejected.size(), " rejected completions");
+  std::vector<std::pair<size_t, size_t>> pairs;
+  for (size_t j = 0; j < chosen.size(); ++j) pairs.emplace_back(chosen[j], rejected[j]);
+  return pairs;
 }
 
+}  // namespace
+
+// The chosen rows' sequences -- rows, or packed examples split where
+// position_ids restart -- that carry loss.
 int64_t count_pairs(const Batch& batch) {
-  const int64_t P = batch.targets.dim(0) / 2;
+  const int64_t P = batch.targets.dim(0) / 2, T = batch.targets.dim(1);
+  const int32_t* targets = batch.targets.ptr<int32_t>();
+  const int32_t* positions = batch.position_ids.defined() ? batch.position_ids.ptr<int32_t>() : nullptr;
   int64_t pairs = 0;
-  for (int64_t i = 0; i < P; ++i) pairs += has_loss_tokens(batch, i) && has_loss_tokens(batch, P + i);
+  bool counted = false;  // the current sequence has a loss token
+  for (int64_t n = 0; n < P * T; ++n) {
+    if (n % T == 0 || (positions && positions[n] == 0)) counted = false;
+    if (targets[n] != kIgnoreIndex && !counted) pairs++, counted = true;
+  }
   return pairs;
 }
 
 DpoFigures dpo_micro_batch(CausalLM& model, const Batch& batch, const DpoConfig& config, bool train,
                            double pair_weight) {
-  const size_t P = size_t(batch.input_ids.dim(0) / 2);
+  const int64_t P = batch.input_ids.dim(0) / 2;
   SequenceLogps reference;
   {
     AdaptersOff off(model);
-    reference = model.sequence_logps(batch.input_ids, batch.targets);
+    reference = model.sequence_logps(batch.input_ids, batch.targets, batch.positions());
   }
   DpoFigures figures;
   // The figures and the gradient from the policy's log-probabilities; called
   // once, by the policy's step, between its forward and its backward.
   auto score = [&](const SequenceLogps& policy) {
-    std::vector<double> dlogps(2 * P, 0.0);
-    for (size_t i = 0; i < P; ++i) {
-      if (policy.counted_tokens[i] == 0 || policy.counted_tokens[P + i] == 0) continue;  // padding
-      const PairLogps logps = pair_logps(policy, reference, i, P + i);
+    std::vector<double> dlogps(policy.logps.size(), 0.0);
+    for (const auto& [chosen, rejected] : pairs_of(policy, P)) {
+      const PairLogps logps = pair_logps(policy, reference, chosen, rejected);
       const PairLoss loss = dpo_pair_loss(config, logps);
       const double reward_chosen = config.beta * (logps.policy_chosen - logps.reference_chosen);
       const double reward_rejected = config.beta * (logps.policy_rejected - logps.reference_rejected);
       figures.add({1, loss.loss, reward_chosen, reward_rejected, reward_chosen > reward_rejected ? 1.0 : 0.0,
                    logps.policy_chosen, logps.policy_rejected});
-      dlogps[i] = pair_weight * loss.dchosen;
-      dlogps[P + i] = pair_weight * loss.drejected;
+      dlogps[chosen] = pair_weight * loss.dchosen;
+      dlogps[rejected] = pair_weight * loss.drejected;
     }
     return dlogps;
   };
-  if (train) model.sequence_logps_backward(batch.input_ids, batch.targets, score);
-  else score(model.sequence_logps(batch.input_ids, batch.targets));
+  if (train) model.sequence_logps_backward(batch.input_ids, batch.targets, score, batch.positions());
+  else score(model.sequence_logps(batch.input_ids, batch.targets, batch.positions()));
   return figures;
 }
 

@@ -44,8 +44,9 @@ struct DpoFigures {
   nlohmann::json means(const std::string& prefix = "") const;
 };
 
-// The pairs of a micro-batch whose rows both carry loss tokens (the rest
-// are an epoch's padding).
+// The pairs of a micro-batch: its chosen rows' sequences (rows, or with
+// padding-free packing the examples) that carry loss tokens; the rest are
+// padding.
 int64_t count_pairs(const Batch& batch);
 
 // One micro-batch of pairs (preference_data.h's layout; a pair whose rows

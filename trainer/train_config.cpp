@@ -407,9 +407,12 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(!(c.objective == Objective::dpo && c.trainable == Trainable::all), f,
            ": objective: dpo needs trainable: lora: its reference model is the base with the adapters disabled, "
            "and full fine-tuning has no adapters to disable");
-  FT_CHECK(c.objective != Objective::dpo || (c.data.format == DataFormat::automatic && c.data.packing == Packing::none), f,
-           ": objective: dpo reads {\"prompt\", \"chosen\", \"rejected\"} rows, one pair per row: data.format and "
-           "data.packing apply to objective: sft only");
+  FT_CHECK(c.objective != Objective::dpo || c.data.format == DataFormat::automatic, f,
+           ": objective: dpo reads {\"prompt\", \"chosen\", \"rejected\"} rows: data.format applies to objective: "
+           "sft only");
+  FT_CHECK(c.objective != Objective::dpo || c.data.packing != Packing::concatenate, f,
+           ": objective: dpo keeps each completion whole: data.packing: concatenate applies to objective: sft only "
+           "(padding_free packs whole pairs)");
   FT_CHECK(c.objective != Objective::dpo || c.task_metric == TaskMetric::none, f,
            ": task_metric: ", enum_name(c.task_metric), " scores completions (objective: sft); objective: dpo reports "
            "trl's preference figures instead");

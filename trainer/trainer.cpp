@@ -192,6 +192,7 @@ std::unique_ptr<PreferenceLoader> make_pair_loader(Run& run, const std::string& 
     keep->path = path;
     for (const PreferencePair& pair : pairs) keep->examples.push_back({pair.prompt, pair.chosen});
   }
+  if (run.config.data.packing == Packing::padding_free) tokens = packed_pairs(tokens, run.config.seq_len);
   return std::make_unique<PreferenceLoader>(tokens, run.config.micro_batch_size, run.config.seq_len,
                                             padding_id(*run.tokenizer), run.config.seed, run.host);
 }

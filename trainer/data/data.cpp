@@ -328,41 +328,16 @@ int32_t padding_id(const Tokenizer& tokenizer) {
 
 namespace {
 
-// The inputs an example fills in a padding-free row: all its tokens but the
-// last, which is only predicted.
-int64_t input_slots(const TokenSequence& example) { return int64_t(example.tokens.size()) - 1; }
-
-// Best-fit decreasing: longest example first, each into the row whose free
-// space fits it most tightly (a new row if none does). Ties keep file order,
-// so the rows depend on the data and seq_len alone.
+// Examples in groups of at most seq_len inputs (best_fit_decreasing), each
+// group joined into one row.
 std::vector<TokenSequence> pack_padding_free(const std::vector<TokenSequence>& examples, int64_t seq_len) {
-  std::vector<size_t> order(examples.size());
-  std::iota(order.begin(), order.end(), size_t(0));
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return input_slots(examples[a]) > input_slots(examples[b]); });
-  std::vector<TokenSequence> rows;
-  std::multimap<int64_t, size_t> rows_by_free_slots;
-  for (size_t i : order) {
-    const TokenSequence& example = examples[i];
-    const int64_t need = input_slots(example);
-    FT_CHECK(need >= 1 && need <= seq_len, "padding-free packing: an example of ", example.tokens.size(),
-             " tokens does not fit a row of seq_len ", seq_len, " + 1 tokens");
-    auto fit = rows_by_free_slots.lower_bound(need);
-    int64_t free_slots = seq_len;
-    size_t row = rows.size();
-    if (fit == rows_by_free_slots.end()) {
-      rows.emplace_back();
-    } else {
-      free_slots = fit->first, row = fit->second;
-      rows_by_free_slots.erase(fit);
-    }
-    TokenSequence& packed = rows[row];
-    packed.example_starts.push_back(int64_t(packed.tokens.size()));
-    packed.tokens.insert(packed.tokens.end(), example.tokens.begin(), example.tokens.end());
-    packed.loss_mask.insert(packed.loss_mask.end(), example.loss_mask.begin(), example.loss_mask.end());
-    if (free_slots > need) rows_by_free_slots.emplace(free_slots - need, row);
+  std::vector<int64_t> slots;
+  for (const TokenSequence& example : examples) {
+    slots.push_back(input_slots(example));
+    FT_CHECK(slots.back() >= 1 && slots.back() <= seq_len, "padding-free packing: an example of ",
+             example.tokens.size(), " tokens does not fit a row of seq_len ", seq_len, " + 1 tokens");
   }
-  return rows;
+  return join_examples(examples, best_fit_decreasing(slots, seq_len));
 }
 
 // Examples joined and cut into windows (Packing::concatenate).
@@ -389,6 +364,49 @@ int64_t row_inputs(const TokenSequence& row) {
 }
 
 }  // namespace
+
+int64_t input_slots(const TokenSequence& example) { return int64_t(example.tokens.size()) - 1; }
+
+// Longest first, each into the bin whose free space fits it most tightly (a
+// new bin if none does); ties keep index order, so the bins depend on the
+// sizes alone.
+std::vector<std::vector<size_t>> best_fit_decreasing(const std::vector<int64_t>& sizes, int64_t capacity) {
+  std::vector<size_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
+  std::vector<std::vector<size_t>> bins;
+  std::multimap<int64_t, size_t> bins_by_free_space;
+  for (size_t i : order) {
+    FT_CHECK(sizes[i] >= 1 && sizes[i] <= capacity, "best_fit_decreasing: item ", i, " of size ", sizes[i],
+             " does not fit a bin of ", capacity);
+    auto fit = bins_by_free_space.lower_bound(sizes[i]);
+    int64_t free_space = capacity;
+    size_t bin = bins.size();
+    if (fit == bins_by_free_space.end()) {
+      bins.emplace_back();
+    } else {
+      free_space = fit->first, bin = fit->second;
+      bins_by_free_space.erase(fit);
+    }
+    bins[bin].push_back(i);
+    if (free_space > sizes[i]) bins_by_free_space.emplace(free_space - sizes[i], bin);
+  }
+  return bins;
+}
+
+std::vector<TokenSequence> join_examples(const std::vector<TokenSequence>& examples,
+                                         const std::vector<std::vector<size_t>>& groups) {
+  std::vector<TokenSequence> rows(groups.size());
+  for (size_t r = 0; r < groups.size(); ++r)
+    for (size_t i : groups[r]) {
+      TokenSequence& row = rows[r];
+      const TokenSequence& example = examples[i];
+      row.example_starts.push_back(int64_t(row.tokens.size()));
+      row.tokens.insert(row.tokens.end(), example.tokens.begin(), example.tokens.end());
+      row.loss_mask.insert(row.loss_mask.end(), example.loss_mask.begin(), example.loss_mask.end());
+    }
+  return rows;
+}
 
 std::vector<TokenSequence> make_rows(const TokenizedDataset& data, int64_t seq_len, Packing packing) {
   switch (packing) {

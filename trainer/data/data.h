@@ -162,6 +162,16 @@ EnumNames<Packing> enum_names(Packing);  // data.packing's spellings besides tru
 // The rows the loader batches, each at most seq_len inputs (see Packing).
 std::vector<TokenSequence> make_rows(const TokenizedDataset& data, int64_t seq_len, Packing packing);
 
+// Padding-free packing's parts. The inputs an example fills in a packed row:
+// all its tokens but the last, which is only predicted.
+int64_t input_slots(const TokenSequence& example);
+// Indices of items grouped into bins of `capacity` by best-fit decreasing
+// (deterministic: the sizes alone decide); every size must be in [1, capacity].
+std::vector<std::vector<size_t>> best_fit_decreasing(const std::vector<int64_t>& sizes, int64_t capacity);
+// The examples of each group joined, in group order, into one packed row.
+std::vector<TokenSequence> join_examples(const std::vector<TokenSequence>& examples,
+                                         const std::vector<std::vector<size_t>>& groups);
+
 struct Batch {
   Tensor input_ids;  // i32 [micro_batch_size, seq_len]
   Tensor targets;    // i32 [micro_batch_size, seq_len]: next token, or -100 = no loss

@@ -40,6 +40,15 @@ TokenizedPairs tokenize_pairs(const std::vector<PreferencePair>& pairs, const st
   return out;
 }
 
+TokenizedPairs packed_pairs(const TokenizedPairs& pairs, int64_t seq_len) {
+  std::vector<int64_t> slots;
+  for (size_t i = 0; i < pairs.chosen.size(); ++i)
+    slots.push_back(std::max(input_slots(pairs.chosen[i]), input_slots(pairs.rejected[i])));
+  const std::vector<std::vector<size_t>> groups = best_fit_decreasing(slots, seq_len);
+  return {join_examples(pairs.chosen, groups), join_examples(pairs.rejected, groups), pairs.truncated_count,
+          pairs.dropped_count};
+}
+
 PreferenceLoader::PreferenceLoader(const TokenizedPairs& pairs, int64_t pairs_per_batch, int64_t seq_len,
                                    int32_t pad_id, uint64_t seed, Allocator& host_allocator)
     : chosen_(pairs.chosen, pairs_per_batch, seq_len, pad_id, seed, host_allocator),
@@ -70,6 +79,10 @@ Batch PreferenceLoader::stacked(const Batch& chosen, const Batch& rejected) cons
   std::copy_n(rejected.input_ids.ptr<int32_t>(), n, batch.input_ids.ptr<int32_t>() + n);
   std::copy_n(chosen.targets.ptr<int32_t>(), n, batch.targets.ptr<int32_t>());
   std::copy_n(rejected.targets.ptr<int32_t>(), n, batch.targets.ptr<int32_t>() + n);
+  if (!chosen.position_ids.defined()) return batch;
+  batch.position_ids = Tensor::empty({2 * P, T}, DType::i32, allocator_, MemCategory::activations);
+  std::copy_n(chosen.position_ids.ptr<int32_t>(), n, batch.position_ids.ptr<int32_t>());
+  std::copy_n(rejected.position_ids.ptr<int32_t>(), n, batch.position_ids.ptr<int32_t>() + n);
   return batch;
 }
 

@@ -3,7 +3,9 @@
 // prompt masked, loss on the completion and eos) -> micro-batches of pairs.
 // A micro-batch of P pairs is one [2P, seq_len] batch, trl's layout: rows
 // [0, P) the chosen completions, rows [P, 2P) the rejected ones, pair i in
-// rows i and P + i.
+// rows i and P + i. With padding-free packing a micro-batch holds P pairs of
+// packed rows instead: row i holds several pairs' chosen completions and
+// row P + i the same pairs' rejected ones, in the same order.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -32,8 +34,14 @@ struct TokenizedPairs {
 TokenizedPairs tokenize_pairs(const std::vector<PreferencePair>& pairs, const std::string& path,
                               const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id);
 
-// Two DataLoaders over the chosen and the rejected rows with the same seed,
-// so they shuffle alike and stay in step: pairs are never split.
+// Padding-free packing of pairs: the pairs grouped by best-fit decreasing on
+// their longer side's inputs, group i's chosen completions joined into
+// chosen row i and its rejected ones, in the same order, into rejected row i.
+TokenizedPairs packed_pairs(const TokenizedPairs& pairs, int64_t seq_len);
+
+// Two DataLoaders over the chosen and the rejected rows (one pair each, or
+// packed_pairs') with the same seed, so they shuffle alike and stay in step:
+// pairs are never split.
 class PreferenceLoader {
  public:
   PreferenceLoader(const TokenizedPairs& pairs, int64_t pairs_per_batch, int64_t seq_len, int32_t pad_id,
