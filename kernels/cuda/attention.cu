@@ -2,14 +2,22 @@
 // keys staged in shared memory, f32 accumulation, and no [T, T] matrix in
 // memory. These are the f32 FMA kernels, for f32 and mixed operands; bf16
 // q, k and v go to the tensor-core kernels of attention_tc.cu. A sliding
-// window (attention.h) masks scores and skips the key tiles wholly outside it.
+// window (attention.h) masks scores and skips the key tiles wholly outside it;
+// so do packed sequences (cu_seqlens): a query sees only keys of its own
+// sequence, and tiles wholly outside a tile's sequences are skipped.
 // Same math as the CPU reference (kernels/cpu/attention.cpp):
 //   forward:  S = scale * Q K^T (causal), O = softmax(S) V, lse = logsumexp(S)
 //   backward: P = exp(S - lse), Di = rowsum(dO * O), dP = dO V^T,
 //             dS = P * (dP - Di), dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K.
 // With a sliding window W > 0, key j is visible to query i iff i - W < j <= i:
 // scores outside are masked, and key tiles wholly below every query's window
-// (query tiles wholly past every key's window, in dK/dV) are skipped.
+// (query tiles wholly past every key's window, in dK/dV) are skipped. With
+// packed sequences key j is visible to query i only within i's sequence too:
+// each block finds where its rows' sequences start (attention.h's
+// sequence_of) once, keeps them beside the row statistics in shared memory,
+// starts its key loop at its first row's sequence start (dK/dV: ends its query
+// loop at its last key's sequence end) and masks per score within the tiles
+// that span several sequences.
 //
 // Kernels (all deterministic: every output element is written by exactly one
 // thread, which sums its terms in a fixed order; no atomics):
@@ -35,8 +43,8 @@
 // GPT-NeoX-20B 96, Pythia 256), and each bucket's tiles keep dynamic shared
 // memory under the default 48 KiB limit at the bucket's largest D, so no
 // cudaFuncSetAttribute opt-in is needed and two or more blocks fit per SM:
-//   forward  (Br x Bc, threads): 64x32/128, 32x32/128, 16x16/128 -> 32.9, 36.5, 33.3 KiB
-//   backward (Br x Bc, threads): 32x32/128, 16x16/128,   8x8/64  -> 41.0, 34.5, 32.8 KiB
+//   forward  (Br x Bc, threads): 64x32/128, 32x32/128, 16x16/128 -> 33.1, 36.6, 33.3 KiB
+//   backward (Br x Bc, threads): 32x32/128, 16x16/128,   8x8/64  -> 41.1, 34.6, 32.8 KiB
 // (the backward kernels stage four [tile, D] operands: Q, dO, K, V).
 #include <cmath>
 
@@ -94,17 +102,19 @@ struct BwdTile<256> {
   static constexpr int kThreads = 64, kBr = 8, kBc = 8, kTM = 1, kTN = 1;
 };
 
-// Shared-memory floats of each kernel for a runtime head_dim (rows padded to D + 1).
+// Shared-memory floats of each kernel for a runtime head_dim (rows padded to
+// D + 1); the last kBr hold each query row's sequence start (int, as wide as a float).
 template <int kMaxD>
 constexpr int64_t forward_smem_floats(int64_t D) {
   using C = FwdTile<kMaxD>;
-  return C::kBr * (D + 1) + C::kBc * (D + 1) + C::kBr * (C::kBc + 1) + C::kBr;
+  return C::kBr * (D + 1) + C::kBc * (D + 1) + C::kBr * (C::kBc + 1) + 2 * C::kBr;
 }
 template <int kMaxD>
 constexpr int64_t backward_smem_floats(int64_t D) {
   using C = BwdTile<kMaxD>;
-  return 2 * C::kBr * (D + 1) + 2 * C::kBc * (D + 1) + 2 * C::kBr * (C::kBc + 1) + 2 * C::kBr;
+  return 2 * C::kBr * (D + 1) + 2 * C::kBc * (D + 1) + 2 * C::kBr * (C::kBc + 1) + 3 * C::kBr;
 }
+static_assert(sizeof(int) == sizeof(float));
 static_assert(forward_smem_floats<64>(64) * 4 <= 48 * 1024 && forward_smem_floats<128>(128) * 4 <= 48 * 1024 &&
               forward_smem_floats<256>(256) * 4 <= 48 * 1024);
 static_assert(backward_smem_floats<64>(64) * 4 <= 48 * 1024 && backward_smem_floats<128>(128) * 4 <= 48 * 1024 &&
@@ -144,15 +154,18 @@ __global__ void __launch_bounds__(FwdTile<kMaxD>::kThreads)
   float* kv_s = q_s + kBr * ld;        // [Bc, ld]: K, then V, of the current key tile
   float* s_s = kv_s + kBc * ld;        // [Br, Bc + 1]: scores, then probabilities
   float* row_scale = s_s + kBr * kLdS;  // [Br]: exp(m_old - m_new), at the end 1 / l
+  int* first_key_s = reinterpret_cast<int*>(row_scale + kBr);  // [Br]: where each row's sequence starts
 
   load_tile<kThreads>(q_s, ld, q, q_rows.base, q_rows.stride, q0, kBr, T, D);
+  for (int r = tid; r < kBr; r += kThreads) first_key_s[r] = q0 + r < T ? cuda::sequence_of(dims, b, q0 + r).start : 0;
   const int rg = tid / kG, tc = tid % kG;
   float o[kTM][kDC] = {};
   // Running max and sum of row `tid` (threads tid < Br keep the row statistics).
   float m = -INFINITY, l = 0.0f;
   const int q_end = q0 + kBr < T ? q0 + kBr : T;
   const int key_tiles = (q_end - 1) / kBc + 1;  // up to the diagonal
-  for (int kt = first_key_tile(q0, kBc, dims.window); kt < key_tiles; ++kt) {
+  const int first_tile = first_key_tile(q0, cuda::sequence_of(dims, b, q0).start, kBc, dims.window);
+  for (int kt = first_tile; kt < key_tiles; ++kt) {
     const int k0 = kt * kBc;
     load_tile<kThreads>(kv_s, ld, k, k_rows.base, k_rows.stride, k0, kBc, T, D);
     __syncthreads();
@@ -173,13 +186,13 @@ __global__ void __launch_bounds__(FwdTile<kMaxD>::kThreads)
       FT_UNROLL
       for (int j = 0; j < kTN; ++j) {
         int r = rg * kTM + i, c = tc + j * kG;
-        s_s[r * kLdS + c] = key_visible(q0 + r, k0 + c, dims.window) ? scale * s[i][j] : -INFINITY;
+        s_s[r * kLdS + c] = key_visible(q0 + r, k0 + c, first_key_s[r], dims.window) ? scale * s[i][j] : -INFINITY;
       }
     __syncthreads();
     // K is consumed: stage V while the row owners update the softmax statistics.
-    // A row may see no key yet (a sliding window starts past this tile for
-    // it): then m_new is -inf, and exponents taken against 0 instead give
-    // p = 0 and alpha = 0 rather than NaN.
+    // A row may see no key yet (a sliding window or its sequence starts past
+    // this tile for it): then m_new is -inf, and exponents taken against 0
+    // instead give p = 0 and alpha = 0 rather than NaN.
     if (tid < kBr) {
       float* row = s_s + tid * kLdS;
       float m_new = m;
@@ -260,7 +273,8 @@ __global__ void __launch_bounds__(kDiThreads)
 template <class C>
 __device__ inline void backward_scores(float* p_s, float* ds_s, const float* q_s, const float* do_s,
                                        const float* k_s, const float* v_s, const float* lse_s, const float* di_s,
-                                       int q0, int k0, int T, int D, int window, float scale) {
+                                       const int* first_key_s, int q0, int k0, int T, int D, int window,
+                                       float scale) {
   constexpr int kTM = C::kTM, kTN = C::kTN, kG = C::kBc / kTN, kLdS = C::kBc + 1;
   const int ld = D + 1, rg = threadIdx.x / kG, tc = threadIdx.x % kG;
   float s[kTM][kTN] = {}, dp[kTM][kTN] = {};
@@ -289,20 +303,26 @@ __device__ inline void backward_scores(float* p_s, float* ds_s, const float* q_s
     FT_UNROLL
     for (int j = 0; j < kTN; ++j) {
       int r = rg * kTM + i, c = tc + j * kG, query = q0 + r;
-      float p = query >= T || !key_visible(query, k0 + c, window) ? 0.0f : expf(scale * s[i][j] - lse_s[r]);
+      float p = query >= T || !key_visible(query, k0 + c, first_key_s[r], window)
+                    ? 0.0f
+                    : expf(scale * s[i][j] - lse_s[r]);
       if (p_s) p_s[r * kLdS + c] = p;
       ds_s[r * kLdS + c] = p * (dp[i][j] - di_s[r]);
     }
 }
 
-// lse and Di of query rows q0 .. q0 + Br - 1 of head h (0 past the end).
+// lse, Di and the sequence start of query rows q0 .. q0 + Br - 1 of head h
+// in batch row b (0 past the end).
 template <int kThreads, int kBr>
-__device__ inline void load_row_stats(float* lse_s, float* di_s, const float* lse, const float* di, int64_t base,
-                                      int q0, int T) {
+__device__ inline void load_row_stats(float* lse_s, float* di_s, int* first_key_s, const float* lse,
+                                      const float* di, const Dims& dims, int b, int h, int q0) {
+  const int T = dims.seq;
+  const int64_t base = (int64_t(b) * dims.q_heads + h) * T;
   for (int r = threadIdx.x; r < kBr; r += kThreads) {
     bool valid = q0 + r < T;
     lse_s[r] = valid ? lse[base + q0 + r] : 0.0f;
     di_s[r] = valid ? di[base + q0 + r] : 0.0f;
+    first_key_s[r] = valid ? cuda::sequence_of(dims, b, q0 + r).start : 0;
   }
 }
 
@@ -328,22 +348,26 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
   float* ds_s = p_s + kBr * kLdS;  // [Br, Bc + 1]
   float* lse_s = ds_s + kBr * kLdS;  // [Br]
   float* di_s = lse_s + kBr;         // [Br]
+  int* first_key_s = reinterpret_cast<int*>(di_s + kBr);  // [Br]
 
   load_tile<kThreads>(k_s, ld, k, k_rows.base, k_rows.stride, k0, kBc, T, D);
   load_tile<kThreads>(v_s, ld, v, v_rows.base, v_rows.stride, k0, kBc, T, D);
   const int kg = tid / kG, tc = tid % kG;  // key rows kg*TK + i, columns tc + j*G
   float dk_acc[kTK][kDC] = {}, dv_acc[kTK][kDC] = {};
-  const int q_tiles = cuda::end_query_tile(k0, kBc, kBr, dims.window, T);
+  const int last_key = (k0 + kBc < T ? k0 + kBc : T) - 1;
+  const int q_tiles = cuda::end_query_tile(k0, kBc, kBr, dims.window, cuda::sequence_of(dims, b, last_key).end);
   for (int h = hk * dims.group; h < (hk + 1) * dims.group; ++h) {
     const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h);
     const HeadRows do_rows = head_rows(D, dims.q_heads, T, b, h);
-    for (int qt = k0 / kBr; qt < q_tiles; ++qt) {  // query tiles from the diagonal to the window's end
+    // Query tiles from the diagonal to the window's or the last key's sequence's end.
+    for (int qt = k0 / kBr; qt < q_tiles; ++qt) {
       const int q0 = qt * kBr;
       load_tile<kThreads>(q_s, ld, q, q_rows.base, q_rows.stride, q0, kBr, T, D);
       load_tile<kThreads>(do_s, ld, dout, do_rows.base, do_rows.stride, q0, kBr, T, D);
-      load_row_stats<kThreads, kBr>(lse_s, di_s, lse, di, (int64_t(b) * dims.q_heads + h) * T, q0, T);
+      load_row_stats<kThreads, kBr>(lse_s, di_s, first_key_s, lse, di, dims, b, h, q0);
       __syncthreads();
-      backward_scores<C>(p_s, ds_s, q_s, do_s, k_s, v_s, lse_s, di_s, q0, k0, T, D, dims.window, scale);
+      backward_scores<C>(p_s, ds_s, q_s, do_s, k_s, v_s, lse_s, di_s, first_key_s, q0, k0, T, D, dims.window,
+                         scale);
       __syncthreads();
       // dV += P^T dO, dK += dS^T Q (scale applied once at the end).
       for (int r = 0; r < kBr; ++r) {
@@ -407,20 +431,23 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
   float* ds_s = do_s + kBr * ld + kBr * kLdS;
   float* lse_s = ds_s + kBr * kLdS;
   float* di_s = lse_s + kBr;
+  int* first_key_s = reinterpret_cast<int*>(di_s + kBr);
 
   load_tile<kThreads>(q_s, ld, q, q_rows.base, q_rows.stride, q0, kBr, T, D);
   load_tile<kThreads>(do_s, ld, dout, do_rows.base, do_rows.stride, q0, kBr, T, D);
-  load_row_stats<kThreads, kBr>(lse_s, di_s, lse, di, (int64_t(b) * dims.q_heads + h) * T, q0, T);
+  load_row_stats<kThreads, kBr>(lse_s, di_s, first_key_s, lse, di, dims, b, h, q0);
   const int rg = tid / kG, tc = tid % kG;  // query rows rg*TM + i, columns tc + j*G
   float dq_acc[kTM][kDC] = {};
   const int q_end = q0 + kBr < T ? q0 + kBr : T;
   const int key_tiles = (q_end - 1) / kBc + 1;
-  for (int kt = first_key_tile(q0, kBc, dims.window); kt < key_tiles; ++kt) {
+  const int first_tile = first_key_tile(q0, cuda::sequence_of(dims, b, q0).start, kBc, dims.window);
+  for (int kt = first_tile; kt < key_tiles; ++kt) {
     const int k0 = kt * kBc;
     load_tile<kThreads>(k_s, ld, k, k_rows.base, k_rows.stride, k0, kBc, T, D);
     load_tile<kThreads>(v_s, ld, v, v_rows.base, v_rows.stride, k0, kBc, T, D);
     __syncthreads();
-    backward_scores<C>(nullptr, ds_s, q_s, do_s, k_s, v_s, lse_s, di_s, q0, k0, T, D, dims.window, scale);
+    backward_scores<C>(nullptr, ds_s, q_s, do_s, k_s, v_s, lse_s, di_s, first_key_s, q0, k0, T, D, dims.window,
+                       scale);
     __syncthreads();
     // dQ += dS K (scale applied once at the end).
     for (int c = 0; c < kBc; ++c) {
@@ -453,9 +480,10 @@ __global__ void __launch_bounds__(BwdTile<kMaxD>::kThreads)
 }
 
 // The kernels' limits on the contract's shapes (checked by Backend), with
-// the inputs' pitches (the gradients', 0 here, are the backward's to set).
+// the inputs' pitches (the gradients', 0 here, are the backward's to set) and
+// the packed sequences' offsets, if any.
 Dims launch_dims(const char* op, const HeadsView& q, const HeadsView& k, const HeadsView& v, int64_t sliding_window,
-                 int64_t& batch) {
+                 const Tensor* cu_seqlens, int64_t& batch) {
   const checks::AttentionShape s = checks::attention_shape(q, k);
   const int64_t B = s.batch, T = s.seq, Hq = s.q_heads, Hkv = s.kv_heads, D = s.head_dim;
   FT_CHECK(D <= kMaxHeadDim, op, ": head_dim ", D, " exceeds the supported ", kMaxHeadDim);
@@ -464,7 +492,10 @@ Dims launch_dims(const char* op, const HeadsView& q, const HeadsView& k, const H
   batch = B;
   // A window of T or more hides nothing beyond the causal mask.
   int window = sliding_window > 0 && sliding_window < T ? int(sliding_window) : 0;
-  return Dims{int(T), int(Hq), int(Hkv), int(D), int(Hq / Hkv), window, q.pitch(), k.pitch(), v.pitch(), 0, 0, 0};
+  const int32_t* offsets = cu_seqlens ? cu_seqlens->ptr<const int32_t>() : nullptr;
+  const int64_t offsets_count = cu_seqlens ? cu_seqlens->numel() : 0;
+  return Dims{int(T), int(Hq), int(Hkv), int(D), int(Hq / Hkv), window, q.pitch(), k.pitch(), v.pitch(), 0, 0, 0,
+              offsets, offsets_count};
 }
 
 template <int kMaxD>
@@ -502,11 +533,12 @@ void launch_backward(const HeadsView& dq, const HeadsView& dk, const HeadsView& 
 void CudaBackend::attention_forward_impl(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k,
                                          const HeadsView& v, float scale, int64_t sliding_window,
                                          const Tensor* cu_seqlens) {
-  // cuDNN SDPA serves plain causal attention; a sliding window runs on our kernels.
-  FT_CHECK(!cu_seqlens, "attention_forward: packed sequences (cu_seqlens) are not implemented on CUDA yet");
-  if (sliding_window == 0 && attention_ && attention_->forward(out, lse, q, k, v, scale, stream_)) return;
+  // cuDNN SDPA serves plain causal attention over whole rows; a sliding window
+  // or packed sequences (the engine is given no offsets) run on our kernels.
+  if (sliding_window == 0 && !cu_seqlens && attention_ && attention_->forward(out, lse, q, k, v, scale, stream_))
+    return;
   int64_t batch = 0;
-  Dims dims = launch_dims("attention_forward", q, k, v, sliding_window, batch);
+  Dims dims = launch_dims("attention_forward", q, k, v, sliding_window, cu_seqlens, batch);
   if (batch == 0 || dims.seq == 0 || dims.q_heads == 0) return;
   if (cuda::attention_uses_tensor_cores(q, k, v))
     cuda::attention_forward_tc(out, lse, q, k, v, scale, dims, batch, stream_);
@@ -519,12 +551,11 @@ void CudaBackend::attention_backward_impl(const HeadsView& dq, const HeadsView& 
                                           const Tensor& dout, const HeadsView& q, const HeadsView& k,
                                           const HeadsView& v, const Tensor& out, const Tensor& lse, float scale,
                                           int64_t sliding_window, const Tensor* cu_seqlens) {
-  FT_CHECK(!cu_seqlens, "attention_backward: packed sequences (cu_seqlens) are not implemented on CUDA yet");
-  if (sliding_window == 0 && attention_ &&
+  if (sliding_window == 0 && !cu_seqlens && attention_ &&
       attention_->backward(dq, dk, dv, dout, q, k, v, out, lse, scale, stream_))
-    return;  // cuDNN SDPA
+    return;  // cuDNN SDPA, as in the forward
   int64_t batch = 0;
-  Dims dims = launch_dims("attention_backward", q, k, v, sliding_window, batch);
+  Dims dims = launch_dims("attention_backward", q, k, v, sliding_window, cu_seqlens, batch);
   dims.dq_pitch = dq.pitch();
   dims.dk_pitch = dk.pitch();
   dims.dv_pitch = dv.pitch();

@@ -3,7 +3,11 @@
 // on a real GPU, in a build with the cudnn-frontend headers, cuDNN's fused
 // SDPA (flash attention forward and backward, cudnn_sdpa.cu); under the
 // emulator and in builds without the headers there is none, and our kernels
-// run. Plain C++, like gemm.h.
+// run. The backend offers it plain causal attention over whole rows only: a
+// sliding window, or packed sequences (Backend::attention_forward's
+// cu_seqlens, which this interface does not pass), run on our kernels, as
+// the memory planner's model of the backend (MetaBackend) assumes too.
+// Plain C++, like gemm.h.
 #pragma once
 #include <memory>
 

@@ -1,6 +1,7 @@
 // Causal grouped-query attention on tensor cores for bf16 q, k and v:
 // FlashAttention-2's structure on nvcuda::wmma 16x16x16 fragments (bf16
-// inputs, f32 accumulators). Same math as attention.cu and the CPU reference:
+// inputs, f32 accumulators). Same math, mask (sliding window, packed
+// sequences: attention.h) and tile skipping as attention.cu and the CPU reference:
 //   forward:  S = scale * Q K^T (masked), O = softmax(S) V, lse = logsumexp(S)
 //   backward: P = exp(S - lse), Di = rowsum(dO * O) (attention.cu, first),
 //             dP = dO V^T, dS = P * (dP - Di), dV = P^T dO, dK = scale * dS^T Q,
@@ -38,7 +39,7 @@
 // reads start on different banks). Dynamic shared memory stays under the
 // default 48 KiB at each bucket's largest head_dim, so no opt-in is needed:
 //   forward  Br x Bc: 64x64 (D <= 64), 64x32 (<= 128), 64x32 (<= 256): 44.0, 31.0, 47.0 KiB
-//   backward Br x Bc: 32x32, 16x32, 16x16: 36.3, 36.6, 41.1 KiB
+//   backward Br x Bc: 32x32, 16x32, 16x16: 36.4, 36.7, 41.2 KiB
 // The backward stages four operand tiles (Q, dO, K, V), so its tiles are
 // smaller. Registers: O takes D / 2 floats per lane and the Q fragments D / 4,
 // so at head_dim 256 the forward uses all 255 registers and spills ~100 bytes
@@ -105,14 +106,15 @@ constexpr int64_t tc_forward_smem_bytes(int D) {
   const int64_t loop_bytes = 2 * kBc * ld * 2 + kFwdBr * (kBc + kFloatPad) * 4 + kFwdBr * (kBc + kRowPad) * 2;
   return q_bytes > loop_bytes ? q_bytes : loop_bytes;
 }
-// Backward: K, V, Q, dO tiles; S and dP (f32); P and dS (bf16); lse and Di;
-// one [16, 16] f32 tile per warp for fragments on their way out.
+// Backward: K, V, Q, dO tiles; S and dP (f32); P and dS (bf16); lse, Di and
+// the query rows' sequence starts (int); one [16, 16] f32 tile per warp for
+// fragments on their way out.
 template <int kMaxD>
 constexpr int64_t tc_backward_smem_bytes(int D) {
   constexpr int64_t kBr = TcBackwardTile<kMaxD>::kBr, kBc = TcBackwardTile<kMaxD>::kBc;
   const int64_t ld = padded_head_dim(D) + kRowPad;
   return 2 * kBc * ld * 2 + 2 * kBr * ld * 2 + 2 * kBr * (kBc + kFloatPad) * 4 + 2 * kBr * (kBc + kRowPad) * 2 +
-         kWarps * 256 * 4 + 2 * kBr * 4;
+         kWarps * 256 * 4 + 3 * kBr * 4;
 }
 static_assert(tc_forward_smem_bytes<64>(64) <= 48 * 1024 && tc_forward_smem_bytes<128>(128) <= 48 * 1024 &&
               tc_forward_smem_bytes<256>(256) <= 48 * 1024);
@@ -163,12 +165,15 @@ __global__ void __launch_bounds__(kThreads)
 
   // Lanes 2r and 2r + 1 hold row r of the warp: its softmax statistics (each
   // over half the key columns) and O's columns (l % 2) * 8 .. +8 of each chunk.
+  // first_key: where the row's sequence starts (searched once, kept in a register).
   const int row = lane / 2, half = lane % 2, query = q0 + warp * 16 + row;
+  const int first_key = query < T ? sequence_of(dims, b, query).start : 0;
   float o[kChunks][8] = {};
   float m = -INFINITY, l = 0.0f;
   const int q_end = q0 + kBr < T ? q0 + kBr : T;
   const int key_tiles = (q_end - 1) / kBc + 1;  // up to the diagonal
-  for (int kt = first_key_tile(q0, kBc, dims.window); kt < key_tiles; ++kt) {
+  const int first_tile = first_key_tile(q0, sequence_of(dims, b, q0).start, kBc, dims.window);
+  for (int kt = first_tile; kt < key_tiles; ++kt) {
     const int k0 = kt * kBc;
     __syncthreads();  // the Q fragments, or the previous tile's K and V, are read
     stage_tile(k_s, ld, k, k_rows.base, k_rows.stride, k0, kBc, T, D, Dp);
@@ -188,17 +193,18 @@ __global__ void __launch_bounds__(kThreads)
       wmma::store_matrix_sync(s_s + n * 16, acc, kLdS, wmma::mem_row_major);
     }
     __syncwarp();
-    // A row may see no key of this tile yet (a sliding window starting past
-    // it): m_new is then -inf, and exponents taken against 0 give p = 0 and
-    // alpha = 0 rather than NaN.
+    // A row may see no key of this tile yet (a sliding window or its
+    // sequence starting past it): m_new is then -inf, and exponents taken
+    // against 0 give p = 0 and alpha = 0 rather than NaN.
     float tile_max = -INFINITY;
     for (int j = half * kBc / 2; j < (half + 1) * kBc / 2; ++j)
-      if (key_visible(query, k0 + j, dims.window)) tile_max = fmaxf(tile_max, scale * s_s[row * kLdS + j]);
+      if (key_visible(query, k0 + j, first_key, dims.window)) tile_max = fmaxf(tile_max, scale * s_s[row * kLdS + j]);
     const float m_new = fmaxf(m, fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1)));
     const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
     float sum = 0.0f;
     for (int j = half * kBc / 2; j < (half + 1) * kBc / 2; ++j) {
-      float p = key_visible(query, k0 + j, dims.window) ? expf(scale * s_s[row * kLdS + j] - m_ref) : 0.0f;
+      float p = key_visible(query, k0 + j, first_key, dims.window) ? expf(scale * s_s[row * kLdS + j] - m_ref)
+                                                                    : 0.0f;
       p_s[row * kLdP + j] = __float2bfloat16(p);
       sum += p;
     }
@@ -281,7 +287,8 @@ __global__ void __launch_bounds__(kThreads)
   float* tile_s = dp_s + kBr * kLdS + warp * 256;           // this warp's [16, 16]
   float* lse_s = dp_s + kBr * kLdS + kWarps * 256;          // [Br]
   float* di_s = lse_s + kBr;                                // [Br]
-  bf16* p_s = reinterpret_cast<bf16*>(di_s + kBr);          // [Br, Bc + pad]
+  int* first_key_s = reinterpret_cast<int*>(di_s + kBr);    // [Br]: where each query row's sequence starts
+  bf16* p_s = reinterpret_cast<bf16*>(first_key_s + kBr);   // [Br, Bc + pad]
   bf16* ds_s = p_s + kBr * kLdP;                            // [Br, Bc + pad]
 
   stage_tile(k_s, ld, k, k_rows.base, k_rows.stride, k0, kBc, T, D, Dp);
@@ -294,13 +301,15 @@ __global__ void __launch_bounds__(kThreads)
     wmma::fill_fragment(dk_acc[i], 0.0f);
     wmma::fill_fragment(dv_acc[i], 0.0f);
   }
-  const int q_tiles = end_query_tile(k0, kBc, kBr, dims.window, T);
+  const int last_key = (k0 + kBc < T ? k0 + kBc : T) - 1;
+  const int q_tiles = end_query_tile(k0, kBc, kBr, dims.window, sequence_of(dims, b, last_key).end);
   for (int h = hk * dims.group; h < (hk + 1) * dims.group; ++h) {
     // dout and the dQ workspace are contiguous [B, T, Hq, D].
     const HeadRows q_rows = head_rows(dims.q_pitch, dims.q_heads, T, b, h);
     const HeadRows d_rows = head_rows(D, dims.q_heads, T, b, h);
     const int64_t row_base = (int64_t(b) * dims.q_heads + h) * T;
-    for (int qt = k0 / kBr; qt < q_tiles; ++qt) {  // query tiles from the diagonal to the window's end
+    // Query tiles from the diagonal to the window's or the last key's sequence's end.
+    for (int qt = k0 / kBr; qt < q_tiles; ++qt) {
       const int q0 = qt * kBr;
       __syncthreads();  // the previous pair's tiles are read
       stage_tile(q_s, ld, q, q_rows.base, q_rows.stride, q0, kBr, T, D, Dp);
@@ -309,6 +318,7 @@ __global__ void __launch_bounds__(kThreads)
         bool valid = q0 + r < T;
         lse_s[r] = valid ? lse[row_base + q0 + r] : 0.0f;
         di_s[r] = valid ? di[row_base + q0 + r] : 0.0f;
+        first_key_s[r] = valid ? sequence_of(dims, b, q0 + r).start : 0;
       }
       __syncthreads();
       // S = Q K^T and dP = dO V^T, [16, 16] tiles spread over the warps.
@@ -334,8 +344,9 @@ __global__ void __launch_bounds__(kThreads)
       // P and dS; P = 0 where the key is hidden from the query or the query is past the end.
       for (int i = threadIdx.x; i < kBr * kBc; i += kThreads) {
         const int r = i / kBc, c = i % kBc, query = q0 + r;
-        float p = query < T && key_visible(query, k0 + c, dims.window) ? expf(scale * s_s[r * kLdS + c] - lse_s[r])
-                                                                         : 0.0f;
+        float p = query < T && key_visible(query, k0 + c, first_key_s[r], dims.window)
+                      ? expf(scale * s_s[r * kLdS + c] - lse_s[r])
+                      : 0.0f;
         p_s[r * kLdP + c] = __float2bfloat16(p);
         ds_s[r * kLdP + c] = __float2bfloat16(p * (dp_s[r * kLdS + c] - di_s[r]));
       }

@@ -35,7 +35,9 @@ class CudaBackend final : public Backend {
  public:
   // allocator must hand out device memory (Device::cuda) and outlive the backend.
   // library_attention: try cuDNN SDPA (cuda::make_library_attention) before
-  // our attention kernels where the build has it; false runs ours alone.
+  // our attention kernels where the build has it (plain causal attention over
+  // whole rows: a sliding window or packed sequences run on ours); false runs
+  // ours alone.
   explicit CudaBackend(Allocator& allocator, cuda::GemmKind gemm = cuda::default_gemm_kind(),
                        bool library_attention = true);
   ~CudaBackend() override;

@@ -3,7 +3,8 @@
 // f32 and mixed operands) and the bf16 tensor-core kernels (attention_tc.cu;
 // bf16 q, k and v). Odd sequence lengths that span several query and key
 // tiles with ragged edges, every head_dim bucket (8 and 20 -> 64, 80 and 96
-// -> 128, 256), GQA 1:1, 3:1 and 4:1, sliding windows narrower than T.
+// -> 128, 256), GQA 1:1, 3:1 and 4:1, sliding windows narrower than T,
+// packed rows (cu_seqlens) whose sequences start and end inside tiles.
 // Results must be bit-identical under every thread schedule (the tensor-core
 // backward's dQ atomics add in block order under the emulator). Operands
 // read and gradients written as head views (GPT-NeoX's fused qkv rows) give
@@ -11,6 +12,9 @@
 //
 // Both backends' backward passes get the CPU forward's out and lse, so the
 // backward comparison does not inherit the forward's rounding differences.
+// Packed cases also run our kernels without the offsets on the same inputs
+// and require every output to miss the packed reference somewhere, so a
+// kernel that ignored cu_seqlens could not pass.
 //
 // Tolerances, |got - want| <= atol + rtol * |want| with atol a fraction of
 // the tensor's largest |want| (gradients are sums of up to T terms of either
@@ -64,12 +68,26 @@ std::vector<float> slice(const std::vector<float>& all, size_t& at, int64_t n) {
   return out;
 }
 
+Tolerance tolerance(const std::vector<float>& want, Bound bound) {
+  double max_abs = 0.0;
+  for (float w : want) max_abs = std::max(max_abs, double(std::abs(w)));
+  return {1e-6 + bound.abs_of_max * max_abs, bound.rel};
+}
+
 void check_tensor(const char* name, const std::vector<float>& got, const Tensor& want_tensor, Bound bound) {
   CAPTURE(name);
   std::vector<float> want = values(want_tensor);
-  double max_abs = 0.0;
-  for (float w : want) max_abs = std::max(max_abs, double(std::abs(w)));
-  check_close(got, want, {1e-6 + bound.abs_of_max * max_abs, bound.rel});
+  check_close(got, want, tolerance(want, bound));
+}
+
+// Whether some element of got lies outside the bound around want_tensor's.
+bool misses(const std::vector<float>& got, const Tensor& want_tensor, Bound bound) {
+  std::vector<float> want = values(want_tensor);
+  const Tolerance tol = tolerance(want, bound);
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::abs(double(got[i]) - double(want[i])) <= tol.atol + tol.rtol * std::abs(double(want[i]))))
+      return true;
+  return false;
 }
 
 Bound bound_for(const AttentionCase& c, const Tensor& want, bool is_lse) {
@@ -78,7 +96,9 @@ Bound bound_for(const AttentionCase& c, const Tensor& want, bool is_lse) {
   return want.dtype == DType::bf16 ? Bound{1.0 / 128, 1.0 / 256} : Bound{1e-5, 1e-5};
 }
 
-void run_case(const AttentionCase& c) {
+// cu_seqlens: the packed sequences' offsets over the batch's rows, or empty
+// for one sequence per row.
+void run_case(const AttentionCase& c, const std::vector<int32_t>& cu_seqlens = {}) {
   CAPTURE(c.batch);
   CAPTURE(c.seq);
   CAPTURE(c.q_heads);
@@ -88,6 +108,7 @@ void run_case(const AttentionCase& c) {
   CAPTURE(dtype_name(c.kv));
   CAPTURE(dtype_name(c.grad));
   CAPTURE(c.window);
+  CAPTURE(cu_seqlens.size());
   const int64_t B = c.batch, T = c.seq, Hq = c.q_heads, Hkv = c.kv_heads, D = c.head_dim;
   const float scale = 1.0f / std::sqrt(float(D));
   unsigned seed = unsigned(T * 1000 + D * 10 + Hq);
@@ -96,30 +117,45 @@ void run_case(const AttentionCase& c) {
   Tensor k = host_random({B, T, Hkv, D}, c.kv, seed + 1);
   Tensor v = host_random({B, T, Hkv, D}, c.kv, seed + 2);
   Tensor dout = host_random({B, T, Hq, D}, c.q, seed + 3);
+  const Tensor host_offsets = host_ints(cu_seqlens);
+  const Tensor* offsets = cu_seqlens.empty() ? nullptr : &host_offsets;
 
   Tensor out = cpu.empty(q.shape, c.q, MemCategory::activations);
   Tensor lse = cpu.empty({B, Hq, T}, DType::f32, MemCategory::activations);
-  cpu.attention_forward(out, lse, q, k, v, scale, c.window);
+  cpu.attention_forward(out, lse, q, k, v, scale, c.window, offsets);
   Tensor dq = cpu.empty(q.shape, c.grad, MemCategory::activations);
   Tensor dk = cpu.empty(k.shape, c.grad, MemCategory::activations);
   Tensor dv = cpu.empty(v.shape, c.grad, MemCategory::activations);
-  cpu.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, c.window);
+  cpu.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, c.window, offsets);
 
-  std::vector<float> got = emu_test::same_under_schedules([&] {
+  // Our forward and backward, with the offsets on the device if packed or not.
+  auto run_ours = [&](bool packed) {
     Tensor gq = to_device(q), gk = to_device(k), gv = to_device(v), gdout = to_device(dout);
+    Tensor device_offsets = offsets ? to_device(*offsets) : Tensor{};
+    const Tensor* g_offsets = packed ? &device_offsets : nullptr;
     Tensor gout = device_empty(q.shape, c.q), glse = device_empty({B, Hq, T}, DType::f32);
-    ours.attention_forward(gout, glse, gq, gk, gv, scale, c.window);
+    ours.attention_forward(gout, glse, gq, gk, gv, scale, c.window, g_offsets);
     Tensor gdq = device_empty(q.shape, c.grad), gdk = device_empty(k.shape, c.grad);
     Tensor gdv = device_empty(v.shape, c.grad);
-    ours.attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, to_device(out), to_device(lse), scale, c.window);
+    ours.attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, to_device(out), to_device(lse), scale, c.window,
+                            g_offsets);
     return values({&gout, &glse, &gdq, &gdk, &gdv});
-  });
+  };
+  const Tensor* wants[] = {&out, &lse, &dq, &dk, &dv};
+  const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+  std::vector<float> got = emu_test::same_under_schedules([&] { return run_ours(offsets != nullptr); });
   size_t at = 0;
-  check_tensor("out", slice(got, at, out.numel()), out, bound_for(c, out, false));
-  check_tensor("lse", slice(got, at, lse.numel()), lse, bound_for(c, lse, true));
-  check_tensor("dq", slice(got, at, dq.numel()), dq, bound_for(c, dq, false));
-  check_tensor("dk", slice(got, at, dk.numel()), dk, bound_for(c, dk, false));
-  check_tensor("dv", slice(got, at, dv.numel()), dv, bound_for(c, dv, false));
+  for (int i = 0; i < 5; ++i)
+    check_tensor(names[i], slice(got, at, wants[i]->numel()), *wants[i], bound_for(c, *wants[i], i == 1));
+  if (!offsets) return;
+  // The first sequence of each row gives the same results unpacked: the
+  // misses lie at tokens of later sequences.
+  const std::vector<float> unpacked = run_ours(false);
+  at = 0;
+  for (int i = 0; i < 5; ++i) {
+    CAPTURE(names[i]);
+    CHECK(misses(slice(unpacked, at, wants[i]->numel()), *wants[i], bound_for(c, *wants[i], i == 1)));
+  }
 }
 
 }  // namespace
@@ -179,6 +215,60 @@ TEST_CASE("cuda: attention with a sliding window") {
       {2, 37, 6, 2, 20, h, h, h, 9},
   };
   for (const AttentionCase& c : cases) run_case(c);
+}
+
+// Packed rows of T = 77 tokens, two batch rows split differently. Row 0:
+// sequences of 1, 40, 1 and 35 tokens (40 starts one token into a tile and
+// crosses the 32- and 16-row tiles); row 1: 3, 66 (across the forward's
+// 64-row query tiles and every key tile size), 1, and a 7-token padding tail
+// as its own sequence. The kernels' tiles: f32 forward Br x Bc 64x32 (head_dim
+// <= 64) and 32x32 (<= 128), backward 32x32 and 16x16; tensor-core forward
+// 64x64 and 64x32, backward 32x32 and 16x32.
+const std::vector<int32_t> kPackedOffsets = {0, 1, 41, 42, 77, 80, 146, 147, 154};
+
+TEST_CASE("cuda: attention over packed sequences, f32 (FMA kernels)") {
+  const DType f = DType::f32, h = DType::bf16;
+  const AttentionCase cases[] = {
+      {2, 77, 6, 2, 20, f, f, f},      // GQA 3:1, 64 bucket
+      {2, 77, 4, 4, 96, f, f, f},      // MHA, 128 bucket
+      {2, 77, 6, 2, 20, f, f, f, 4},   // window narrower than the sequences
+      {2, 77, 4, 4, 96, f, f, f, 40},  // window past the 40-token sequence's tiles
+      {2, 77, 2, 2, 96, f, h, h, 40},  // mixed dtypes
+  };
+  for (const AttentionCase& c : cases) run_case(c, kPackedOffsets);
+}
+
+TEST_CASE("cuda: attention over packed sequences, bf16 (tensor-core kernels)") {
+  const DType h = DType::bf16;
+  const AttentionCase cases[] = {
+      {2, 77, 6, 2, 64, h, h, h},      // GQA 3:1, 64 bucket
+      {2, 77, 4, 4, 96, h, h, h},      // MHA, 128 bucket
+      {2, 77, 6, 2, 64, h, h, h, 40},
+      {2, 77, 4, 4, 96, h, h, h, 4},
+  };
+  for (const AttentionCase& c : cases) run_case(c, kPackedOffsets);
+}
+
+// The contract's checks of cu_seqlens' dtype, shape and device (its values
+// need the host: the CUDA backend takes them as given).
+TEST_CASE("cuda: attention refuses cu_seqlens of the wrong dtype or size") {
+  const int64_t B = 2, T = 5;
+  Tensor q = device_empty({B, T, 2, 8}, DType::f32), kv = device_empty({B, T, 1, 8}, DType::f32);
+  Tensor out = device_empty({B, T, 2, 8}, DType::f32), lse = device_empty({B, 2, T}, DType::f32);
+  Tensor dq = device_empty(q.shape, DType::f32), dk = device_empty(kv.shape, DType::f32);
+  Tensor dv = device_empty(kv.shape, DType::f32), dout = device_empty(q.shape, DType::f32);
+  const Tensor good = to_device(host_ints({0, 3, 5, 10}));
+  const Tensor as_f32 = device_empty({4}, DType::f32);
+  const Tensor too_few = to_device(host_ints({0, 10}));                      // fewer than B + 1 offsets
+  const Tensor too_many = to_device(host_ints(std::vector<int32_t>(12, 0)));  // more than B * T + 1
+  const Tensor two_d = to_device(host_ints({0, 3, 5, 10})).reshaped({2, 2});
+  const Tensor on_host = host_ints({0, 3, 5, 10});
+  CHECK_NOTHROW(gpu.attention_forward(out, lse, q, kv, kv, 1.0f, 0, &good));
+  CHECK_NOTHROW(gpu.attention_backward(dq, dk, dv, dout, q, kv, kv, out, lse, 1.0f, 0, &good));
+  for (const Tensor* bad : {&as_f32, &too_few, &too_many, &two_d, &on_host}) {
+    CHECK_THROWS_AS(gpu.attention_forward(out, lse, q, kv, kv, 1.0f, 0, bad), Error);
+    CHECK_THROWS_AS(gpu.attention_backward(dq, dk, dv, dout, q, kv, kv, out, lse, 1.0f, 0, bad), Error);
+  }
 }
 
 TEST_CASE("cuda: attention rejects bad arguments") {
