@@ -15,11 +15,15 @@
 #include "model/causal_lm.h"
 #include "model/families.h"
 #include "model/safetensors.h"
+#include "tests/packing_step.h"
 #include "tests/parity.h"
 #include "trainer/data/data.h"
 #include "trainer/evaluate.h"
 
 using namespace ft;
+using ft::packing_test::kSeqLen;
+using ft::packing_test::random_examples;
+using ft::packing_test::StepResult;
 
 namespace {
 
@@ -27,57 +31,10 @@ HostAllocator host;  // outlives every batch and copy made here
 
 std::string fixture_dir(const std::string& fixture) { return std::string(FT_FIXTURES_DIR) + "/" + fixture; }
 
-constexpr int64_t kSeqLen = 16;
-
-// Examples of lengths that leave room to pack (and one that fills a row):
-// random tokens, the first third a prompt without loss.
-TokenizedDataset random_examples(int64_t vocab_size) {
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int32_t> token(4, int32_t(vocab_size) - 1);
-  TokenizedDataset data;
-  for (int64_t length : {9, 4, 13, 6, 2, 11, 7, 17, 3}) {
-    TokenSequence example;
-    for (int64_t t = 0; t < length; ++t) {
-      example.tokens.push_back(token(rng));
-      example.loss_mask.push_back(t > 0 && t >= length / 3 ? 1 : 0);
-    }
-    data.examples.push_back(example);
-  }
-  return data;
-}
-
-struct StepResult {
-  float loss = 0.0f;
-  int64_t rows = 0;
-  std::vector<Tensor> grads;  // host f32, every adapter
-};
-
-// One forward_backward over every example in one micro-batch, rows made with packing.
+// One step on the CPU backend (tests/packing_step.h).
 StepResult train_step(const std::string& fixture, Packing packing, bool keep_positions = true) {
   CpuBackend backend(host);
-  const ModelConfig config = read_model_config(fixture_dir(fixture) + "/config.json");
-  ModelOptions options;
-  options.lora = LoraOptions{.r = 4, .lora_dropout = 0.0, .target_modules = parity::all_linear_modules(config)};
-  std::unique_ptr<CausalLM> model = make_causal_lm(config, backend, options);
-  model->load(Checkpoint(fixture_dir(fixture)));
-  model->init_adapters(3);
-  parity::set_lora_B(*model);
-  model->set_trainable([](const std::string& name) { return name.find(".lora_") != std::string::npos; });
-
-  std::vector<TokenSequence> rows = make_rows(random_examples(config.vocab_size), kSeqLen, packing);
-  const int64_t row_count = int64_t(rows.size());
-  DataLoader loader(std::move(rows), row_count, kSeqLen, 3, 1, host);
-  const Batch batch = loader.batch_in_order(0);
-  CHECK((batch.position_ids.defined()) == (packing == Packing::padding_free));
-  StepResult result{0.0f, row_count, {}};
-  result.loss = model->forward_backward(batch.input_ids, batch.targets, 1.0f,
-                                        keep_positions ? batch.positions() : nullptr);
-  for (Parameter& p : model->adapters()) {
-    Tensor grad = Tensor::empty(p.grad.shape, DType::f32, host, MemCategory::gradients);
-    backend.copy(grad, p.grad);
-    result.grads.push_back(grad);
-  }
-  return result;
+  return packing_test::train_step(backend, host, fixture_dir(fixture), packing, DType::f32, keep_positions);
 }
 
 }  // namespace
