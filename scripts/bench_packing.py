@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Padded against padding-free packed training on a realistic length spread.
 
-bench_packing.py FINETUNE ROOT WORKDIR OUTPUT.json STEPS WARMUP [DOCS_PAGE]
+bench_packing.py FINETUNE ROOT WORKDIR OUTPUT.json STEPS WARMUP ROUNDS [DOCS_PAGE]
 (run by scripts/bench_cpu --packing, which builds finetune first).
 
 The data: 4,000 text rows whose token lengths follow a log-normal with median
@@ -15,7 +15,7 @@ padded (data.packing: false; each micro-batch is cut to its longest row, as
 dynamic padding does) and padding_free. Reported per run over the steps after
 WARMUP: useful tokens/s (tokens that carry loss: every token of a text row
 but its first), the packing efficiency (useful / computed tokens) and the
-ratio of the two runs' useful tokens/s.
+ratio of the two runs' useful tokens/s; ROUNDS runs of each, alternately, the median reported.
 """
 import datetime
 import json
@@ -81,6 +81,8 @@ def run(finetune, root, workdir, data, packing, steps):
 
 
 def figures_of(rows, warmup):
+    """One run's throughput: the timed steps' totals (padded steps differ in size, so a rate per step would
+    weigh a short step like a long one)."""
     timed = rows[warmup:]
     useful = sum(row["loss_tokens"] for row in timed)
     computed = sum(row["tokens"] for row in timed)
@@ -90,16 +92,27 @@ def figures_of(rows, warmup):
             "peak_memory_bytes": rows[-1]["peak_memory_bytes"]}
 
 
-def main(finetune, root, workdir, output, steps, warmup, docs):
+def median_run(runs):
+    """The run whose useful tokens/s is the median of the rounds'."""
+    return sorted(runs, key=lambda f: f["useful_tokens_per_s"])[len(runs) // 2]
+
+
+def main(finetune, root, workdir, output, steps, warmup, rounds, docs):
     os.makedirs(workdir, exist_ok=True)
     data = os.path.join(workdir, "train.jsonl")
     spread = write_data(root, data)
     write_model(root, os.path.join(workdir, "model"))
-    figures = {"seq_len": SEQ_LEN, "micro_batch_size": MICRO_BATCH, "warmup_steps": warmup, "data": spread}
-    for packing in ("false", "padding_free"):
-        rows, summary = run(finetune, root, workdir, data, packing, steps)
-        figures["data"]["mean_tokens"] = summary["loss_tokens"] / summary["examples"] + 1
-        figures["padded" if packing == "false" else "padding_free"] = figures_of(rows, warmup)
+    figures = {"seq_len": SEQ_LEN, "micro_batch_size": MICRO_BATCH, "warmup_steps": warmup, "rounds": rounds,
+               "data": spread}
+    runs = {"padded": [], "padding_free": []}
+    for _ in range(rounds):  # alternately, so a slower spell of the machine hits both
+        for name, packing in (("padded", "false"), ("padding_free", "padding_free")):
+            rows, summary = run(finetune, root, workdir, data, packing, steps)
+            figures["data"]["mean_tokens"] = summary["loss_tokens"] / summary["examples"] + 1
+            runs[name].append(figures_of(rows, warmup))
+    for name, measured in runs.items():
+        figures[name] = median_run(measured)
+        figures[name]["rounds_useful_tokens_per_s"] = [f["useful_tokens_per_s"] for f in measured]
     ratio = figures["padding_free"]["useful_tokens_per_s"] / figures["padded"]["useful_tokens_per_s"]
     figures["speedup"] = ratio
     json.dump(figures, open(output, "w"), indent=2)
@@ -114,11 +127,12 @@ def main(finetune, root, workdir, output, steps, warmup, docs):
         import docs_table
         from bench_cpu_vs_torch import machine
         threads = os.environ.get("OMP_NUM_THREADS", "unset")
-        lines = [f"`scripts/bench_cpu --packing {steps}` on {machine()} (OMP_NUM_THREADS {threads}), "
+        lines = [f"`scripts/bench_cpu --packing {steps - warmup} {warmup} {rounds}` on {machine()} (OMP_NUM_THREADS {threads}), "
                  f"{datetime.date.today().isoformat()}: {spread['rows']:,} text rows, median "
                  f"{spread['target_median_tokens']} and longest {spread['target_max_tokens']:,} tokens drawn "
                  f"(mean {figures['data']['mean_tokens']:.0f} as tokenized), seq_len {SEQ_LEN}, micro_batch_size "
-                 f"{MICRO_BATCH}; sums over {figures['padded']['steps']} steps after {warmup} of warm-up:", "",
+                 f"{MICRO_BATCH}; each run's totals over {figures['padded']['steps']} steps after {warmup} of warm-up, "
+                 f"the median of {rounds} runs each, run alternately:", "",
                  "| data.packing | useful tokens/s | packing efficiency | s/step | peak tracked memory |",
                  "|---|---:|---:|---:|---:|"]
         for name, label in (("padded", "`false` (padded to each micro-batch's longest row)"),
@@ -135,4 +149,4 @@ def main(finetune, root, workdir, output, steps, warmup, docs):
 if __name__ == "__main__":
     a = sys.argv[1:]
     main(os.path.abspath(a[0]), os.path.abspath(a[1]), os.path.abspath(a[2]), os.path.abspath(a[3]), int(a[4]),
-         int(a[5]), a[6] if len(a) > 6 else "")
+         int(a[5]), int(a[6]), a[7] if len(a) > 7 else "")
