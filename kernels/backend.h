@@ -143,9 +143,10 @@ class Backend {
 
   // ---- the copy stream -------------------------------------------------
   // Every other op runs on the compute stream, in issue order. copy_async
-  // copies src (a pinned_host_allocator tensor) to dst on the device, byte
-  // for byte (same dtype and size), on the copy stream, so it overlaps the
-  // compute stream's work; the host does not wait for it. The streams are
+  // copies src to dst byte for byte (same dtype and size) between a
+  // pinned_host_allocator tensor and one on the device, either way (weights
+  // in, activation checkpoints out and back), on the copy stream, so it
+  // overlaps the compute stream's work; the host does not wait for it. The streams are
   // ordered only by events: record_event marks what `stream` has been given
   // so far, wait_event makes `stream`'s later work wait until the event's
   // work is done (an event never recorded is done). So a copy into a buffer

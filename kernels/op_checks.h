@@ -342,11 +342,15 @@ inline void check_copy(Device device, const Tensor& dst, const Tensor& src) {
            dtype_name(src.dtype), " to ", dtype_name(dst.dtype));
 }
 
+// One side on the backend's device, the other a pinned host tensor (with
+// data, unless the backend is the meta device, which has none).
 inline void check_copy_async(Device device, const Tensor& dst, const Tensor& src) {
-  check_on(dst, device, "copy_async", "dst");
-  const bool has_data = src.data != nullptr || src.numel() == 0 || device == Device::meta;
-  FT_CHECK(src.device == Device::cpu && has_data, "copy_async: src must be a pinned host tensor with data (shape ",
-           shape_string(src.shape), ")");
+  const bool to_device = dst.device == device;
+  const Tensor& host = to_device ? src : dst;
+  check_on(to_device ? dst : src, device, "copy_async", to_device ? "dst" : "src");
+  const bool has_data = host.data != nullptr || host.numel() == 0 || device == Device::meta;
+  FT_CHECK(host.device == Device::cpu && has_data, "copy_async: ", to_device ? "src" : "dst",
+           " must be a pinned host tensor with data (shape ", shape_string(host.shape), ")");
   FT_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy_async: dst ", dtype_name(dst.dtype), " ",
            shape_string(dst.shape), " and src ", dtype_name(src.dtype), " ", shape_string(src.shape),
            " differ (copy_async copies bytes)");

@@ -36,6 +36,14 @@ LanguageModel::LanguageModel(const ModelConfig& config, Backend& backend, const 
            config.num_hidden_layers, ", got [", layers.first_layer, ", ", layers.end_layer, ")");
   FT_CHECK(!options.stream_base || (first_stage() && last_stage()), config.model_type,
            ": a streamed base (offload.base: host) runs in one pipeline stage");
+  FT_CHECK(!options.offload_activations || options.activation_checkpointing == ActivationCheckpointing::per_layer,
+           config.model_type, ": offload.activations: host keeps the per-layer checkpoints in host memory: it needs ",
+           "activation_checkpointing: per_layer");
+  FT_CHECK(!options.offload_activations || (first_stage() && last_stage()), config.model_type,
+           ": offload.activations: host runs in one pipeline stage (micro-batches in flight would share its buffers)");
+  FT_CHECK(!options.offload_activations || backend.device() != Device::cpu, config.model_type,
+           ": offload.activations: host moves the checkpoints from a GPU to host memory; on the CPU they are in host ",
+           "memory already (set offload.activations: device)");
   if (!options_.lora) return;
   LoraOptions& lora = *options_.lora;
   FT_CHECK(lora.r > 0, "lora.r must be > 0, got ", lora.r);
@@ -229,6 +237,11 @@ void LanguageModel::release_layer(size_t index) {
 
 void LanguageModel::set_training(bool training) {
   for (LoraLinear* layer : lora_layers_) layer->set_training(training);
+}
+
+ActivationOffload& CausalLM::activation_offload() {
+  if (!activation_offload_) activation_offload_ = std::make_unique<ActivationOffload>(backend_);
+  return *activation_offload_;
 }
 
 // ---- attention -----------------------------------------------------------
@@ -632,6 +645,7 @@ void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const
     step.residuals.push_back(std::move(input));
   }
   const bool keep = training && options_.activation_checkpointing == ActivationCheckpointing::none;
+  ActivationOffload* offload = training && options_.offload_activations ? &activation_offload() : nullptr;
   step.layers.resize(end - first);
   NormOutput norm;  // each layer's input under its input norm, made by the layer before
   for (size_t k = 0; k < step.layers.size(); ++k) {
@@ -642,7 +656,11 @@ void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const
         forward_layer(first + k, step.residuals[k], norm, &step.residuals[k + 1], step.tokens.layout);
     release_layer(first + k);
     if (keep) step.layers[k] = std::move(saved);  // else freed here, before the next layer runs
+    // The layer's checkpoint (its input) leaves for host memory; the last
+    // layer's stays, as the backward starts with it.
+    if (offload && k + 1 < step.layers.size()) offload->store(k, step.residuals[k]);
   }
+  if (offload) offload->finish_forward();
   step.final_norm = std::move(norm);
 }
 
@@ -664,6 +682,10 @@ Tensor CausalLM::backward_decoder(DecoderStep& step, Tensor dresidual) {
   }
   for (size_t k = step.layers.size(); k-- > 0;) {
     const size_t i = first + k;
+    // An offloaded checkpoint comes back (prefetched while the layer after
+    // it ran), and the next one is sent for while this layer runs.
+    if (!step.residuals[k].defined()) step.residuals[k] = activation_offload_->fetch(k);
+    if (k > 0 && !step.residuals[k - 1].defined()) activation_offload_->prefetch(k - 1);
     acquire_layer(i, -1);  // once for the recomputation and the backward
     // A checkpointed layer runs its forward again from its kept input,
     // without the output (residuals[k + 1] still holds it) or the next norm.

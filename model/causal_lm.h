@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "model/activation_offload.h"
 #include "model/linear.h"
 #include "model/model_config.h"
 #include "model/model_options.h"
@@ -373,6 +374,15 @@ class CausalLM : public LanguageModel {
   };
   CachedStep* cached_step_ = nullptr;
   void attend_cached(AttentionActivations& saved);
+  // options_.offload_activations: the checkpoints' host buffers, made on
+  // the first training step.
+  std::unique_ptr<ActivationOffload> activation_offload_;
+  ActivationOffload& activation_offload();
+
+ public:
+  // Checkpoint offload's pinned host bytes and copies, for the planner (null
+  // before the first offloaded step).
+  const ActivationOffload* activation_offload_state() const { return activation_offload_.get(); }
 };
 
 }  // namespace ft

@@ -62,6 +62,11 @@ struct ModelOptions {
   // weights, the copy the adapter computes with anyway.
   DType adapter_dtype = DType::f32;
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::none;
+  // With per_layer checkpointing: each checkpointed layer input in pinned
+  // host memory instead of the device's (model/activation_offload.h), for
+  // contexts whose checkpoints alone would fill the device. A GPU's option:
+  // on the CPU the checkpoints are in host memory already.
+  bool offload_activations = false;
   // Layer streaming (model/layer_stream.h), for an int8 or nf4 base: the
   // quantized tensors of decoder layers [0, num_hidden_layers -
   // resident_layers) live in pinned host memory and pass through

@@ -208,3 +208,21 @@ TEST_CASE("the activation peak drops by exactly the layers' saved activations an
     CHECK(both == predicted(true, kChunk));
   }
 }
+
+// Checkpoint offload moves checkpoints from a GPU into host memory; the CPU
+// backend's are there already, so a CPU model refuses it (device: auto on a
+// machine without a GPU reaches this), naming the key.
+TEST_CASE("offload.activations: host is refused on the CPU backend and without per-layer checkpointing") {
+  CpuBackend backend(host);
+  const ModelConfig config = read_model_config(fixture_dir("llama_gqa") + "/config.json");
+  ModelOptions options;
+  options.offload_activations = true;
+  CHECK_THROWS_WITH_AS(make_causal_lm(config, backend, options),
+                       doctest::Contains("offload.activations: host keeps the per-layer checkpoints in host memory: "
+                                         "it needs activation_checkpointing: per_layer"),
+                       Error);
+  options.activation_checkpointing = ActivationCheckpointing::per_layer;
+  CHECK_THROWS_WITH_AS(make_causal_lm(config, backend, options),
+                       doctest::Contains("offload.activations: host moves the checkpoints from a GPU to host memory"),
+                       Error);
+}

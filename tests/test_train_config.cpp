@@ -370,7 +370,7 @@ TEST_CASE("the key list matches the fields configs/README.md documents") {
   REQUIRE(readme.good());
   std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
   std::vector<std::string> keys = train_config_keys();
-  CHECK(keys.size() == 62);
+  CHECK(keys.size() == 63);
   for (const std::string& key : keys) {
     CAPTURE(key);
     CHECK(text.find("`" + key + "`") != std::string::npos);
@@ -400,5 +400,22 @@ TEST_CASE("offload.base: host is read and checked against the other fields") {
   CHECK(error_of(minimal + "offload: {base: host, stream_slots: 0}\n").find("offload.stream_slots") !=
         std::string::npos);
   CHECK(error_of(minimal + "offload: {base: host, resident_layers: -1}\n").find("offload.resident_layers") !=
+        std::string::npos);
+}
+
+TEST_CASE("offload.activations: host is read and needs per-layer checkpointing, one stage and a GPU") {
+  const std::string minimal = kMinimal;
+  const TrainConfig c = parse(minimal + "activation_checkpointing: per_layer\noffload: {activations: host}\n");
+  CHECK(c.offload_activations == OffloadTarget::host);
+  CHECK(error_of(minimal + "offload: {activations: host}\n") ==
+        "configs/x.yaml: offload.activations: host keeps the per-layer checkpoints in host memory: it needs "
+        "activation_checkpointing: per_layer");
+  CHECK(error_of(minimal + "activation_checkpointing: per_layer\noffload: {activations: host}\nparallel: "
+                           "{pipeline: 2}\n")
+            .find("offload.activations: host runs in one pipeline stage") != std::string::npos);
+  CHECK(error_of(minimal + "activation_checkpointing: per_layer\noffload: {activations: host}\ndevice: cpu\n") ==
+        "configs/x.yaml: offload.activations: host moves the checkpoints from a GPU to host memory; with device: "
+        "cpu they are in host memory already");
+  CHECK(error_of(minimal + "offload: {activations: disk}\n").find("offload.activations: expected one of device, host") !=
         std::string::npos);
 }

@@ -144,6 +144,26 @@ void model_stream_time(StreamPlan& stream, const LayerFlops& flops, const PlanOp
                                       std::max(0.0, stream.copy_s - stream.backward_s));
 }
 
+// offload.activations: host over one micro-batch: every checkpoint but the
+// last layer's goes out once and comes back once, each overlapping one
+// layer's forward (out) or backward (back) at options' rates.
+void model_activation_offload(StepPlan& plan, const LanguageModel& model, const ActivationOffload& offload,
+                              const LayerFlops& flops, const PlanOptions& options) {
+  const LayerRange& layers = model.layers();
+  const int64_t offloaded = layers.end_layer - layers.first_layer - 1;
+  const size_t checkpoint_bytes = size_t(plan.micro_batch * plan.seq_len * model.config().hidden_size) *
+                                  dtype_size_bytes(model.options().activation_dtype);
+  plan.host_activation_bytes = offload.host_bytes();
+  FT_CHECK(plan.host_activation_bytes == size_t(offloaded) * checkpoint_bytes,
+           "plan: the offloaded checkpoints hold ", plan.host_activation_bytes, " host bytes, not ", offloaded,
+           " x ", checkpoint_bytes);
+  plan.activation_pcie_bytes = 2 * plan.host_activation_bytes;
+  plan.activation_copy_s = double(checkpoint_bytes) / options.h2d_bytes_per_s;
+  const double forward_s = flops.forward / options.flops_per_s, backward_s = flops.backward / options.flops_per_s;
+  plan.activation_stall_s = double(offloaded) * (std::max(0.0, plan.activation_copy_s - forward_s) +
+                                                 std::max(0.0, plan.activation_copy_s - backward_s));
+}
+
 // A pipeline stage's share of 1F1B: in_flight micro-batches' forwards, then
 // their backwards, oldest first. A stage after the first receives each input
 // (and a stage before the last each d(output)) into a new activations
@@ -173,6 +193,9 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
                      const LayerRange& stage, int64_t in_flight) {
   const ModelConfig model_config =
       read_model_config((std::filesystem::path(config.model) / "config.json").string());
+  FT_CHECK(config.offload_activations == OffloadTarget::device || options.policy == MemoryPolicy::cuda,
+           config.source, ": offload.activations: host moves the checkpoints from a GPU to host memory; a CPU plan "
+           "keeps them in host memory already");
   MetaAllocator meta;
   TrackingAllocator host_state(meta);  // offloaded optimizer state: host memory, not the device's
   CachingModelAllocator caching;
@@ -262,6 +285,8 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
   plan.where = describe_peak(watch, model);
   if (!model.adapters().empty()) plan.adapter_dtype = model.adapters().front().value.dtype;
   plan.host_optimizer_bytes = host_state.stats().current(MemCategory::optimizer);
+  if (const CausalLM* causal = model.as_causal_lm(); causal && causal->activation_offload_state())
+    model_activation_offload(plan, model, *causal->activation_offload_state(), flops, options);
   return plan;
 }
 
@@ -335,6 +360,13 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
                 "optimizer step\n",
                 format_bytes(plan.host_optimizer_bytes).c_str(), format_bytes(plan.host_optimizer_bytes).c_str());
   if (plan.stream.layers) print_stream(plan.stream, plan.host_optimizer_bytes, options);
+  if (plan.host_activation_bytes)
+    std::printf("  checkpoint offload (offload.activations: host): %s of pinned host memory (%zu bytes); PCIe %s per "
+                "micro-batch, out and back; at %.1f GB/s a checkpoint's copy takes %.1f ms, and the copies stall "
+                "%.1f ms of the micro-batch\n",
+                format_bytes(plan.host_activation_bytes).c_str(), plan.host_activation_bytes,
+                format_bytes(plan.activation_pcie_bytes).c_str(), options.h2d_bytes_per_s / 1e9,
+                1e3 * plan.activation_copy_s, 1e3 * plan.activation_stall_s);
 }
 
 // "0-19 + embedding", "60-79 + final norm, lm_head, loss", "3" (one layer)
@@ -531,6 +563,48 @@ int64_t largest_power_of_two(int64_t limit, const Fits& fits) {
   return int64_t(1) << low;
 }
 
+// The largest multiple of step in [step, limit] for which fits holds (0 if
+// none), fits holding for every value below one that does.
+template <class Fits>
+int64_t largest_multiple(int64_t step, int64_t limit, const Fits& fits) {
+  int64_t low = 0, high = limit / step;  // multiples: low * step fits (or is 0)
+  while (low < high) {
+    const int64_t middle = (low + high + 1) / 2;
+    if (fits(middle * step)) low = middle;
+    else high = middle - 1;
+  }
+  return low * step;
+}
+
+// What a plan's peak is spent on, largest first: the weights and their
+// training state, the per-layer checkpoints the step holds (layer inputs,
+// B x T x C each: every layer's under per-layer checkpointing, at most two
+// with them offloaded), and the rest of the activations, which the live
+// layer and the logits take.
+std::string peak_split(const StepPlan& plan, const TrainConfig& config, const ModelConfig& model) {
+  const MemoryStats& s = plan.at_peak;
+  const size_t state = s.current(MemCategory::weights) + s.current(MemCategory::adapters) +
+                       s.current(MemCategory::gradients) + s.current(MemCategory::optimizer);
+  const size_t checkpoint = size_t(plan.micro_batch * plan.seq_len * model.hidden_size) *
+                            (config.precision == Precision::bf16 ? 2 : 4);
+  const bool checkpointed = config.activation_checkpointing == ActivationCheckpointing::per_layer;
+  const size_t held = !checkpointed ? 0
+                      : config.offload_activations == OffloadTarget::host
+                          ? 2 * checkpoint
+                          : size_t(model.num_hidden_layers) * checkpoint;
+  const size_t activations = s.current(MemCategory::activations), checkpoints = std::min(held, activations);
+  std::vector<std::pair<size_t, std::string>> parts = {
+      {state, "weights and training state"},
+      {checkpoints, "checkpoints"},
+      {activations - checkpoints, checkpointed ? "the live layer and logits" : "saved activations and logits"},
+      {s.current(MemCategory::workspace), "workspace"}};
+  std::stable_sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string text;
+  for (const auto& [bytes, name] : parts)
+    if (bytes) text += (text.empty() ? "" : ", ") + name + " " + format_bytes(bytes);
+  return text;
+}
+
 size_t step_bytes(const TrainConfig& config, const PlanOptions& options, int64_t batch, int64_t seq) {
   PlanOptions peak_only = options;
   peak_only.plan_stream_traffic = false;
@@ -568,7 +642,19 @@ ModeFit fit_mode(const TrainConfig& config, const PlanOptions& options, PlanMode
   fit.bytes = plan.total_bytes();
   fit.stream = plan.stream;
   fit.fits = fit.bytes <= options.gpu_mem_bytes;
-  fit.largest_seq_len = largest_power_of_two(max_seq_len, [&](int64_t seq) { return fits(1, seq); });
+  if (options.exact_seq_len) {
+    fit.largest_seq_len = largest_multiple(kSeqLenStep, max_seq_len, [&](int64_t seq) { return fits(1, seq); });
+    const int64_t next = fit.largest_seq_len + kSeqLenStep;
+    if (next <= max_seq_len) {
+      PlanOptions peak_only = options;
+      peak_only.plan_stream_traffic = false;
+      const ModelConfig model = read_model_config((std::filesystem::path(config.model) / "config.json").string());
+      fit.seq_len_limit = "at " + std::to_string(next) + ": " +
+                          peak_split(plan_step(moded, peak_only, 1, next), moded, model);
+    }
+  } else {
+    fit.largest_seq_len = largest_power_of_two(max_seq_len, [&](int64_t seq) { return fits(1, seq); });
+  }
   if (fit.largest_seq_len > 0)
     fit.largest_micro_batch = largest_power_of_two(1024, [&](int64_t batch) { return fits(batch, config.seq_len); });
   return fit;
@@ -663,7 +749,8 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
   const std::string at = std::to_string(config.micro_batch_size) + " x " + std::to_string(config.seq_len);
   const std::string at_text = "micro_batch " + std::to_string(config.micro_batch_size) + " x seq_len " +
                               std::to_string(config.seq_len);
-  std::printf("modes in %s (largest powers of two that fit):\n", format_bytes(budget).c_str());
+  std::printf("modes in %s (largest %s that fit):\n", format_bytes(budget).c_str(),
+              options.exact_seq_len ? "seq_len multiples of 256 and micro_batch powers of two" : "powers of two");
   std::printf("  %-58s %12s %5s %24s %28s\n", "mode", ("at " + at).c_str(), "fits", "seq_len at micro_batch 1",
               ("micro_batch at seq_len " + std::to_string(config.seq_len)).c_str());
   const ModeFit* best = nullptr;
@@ -671,6 +758,7 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
     std::printf("  %-58s %12s %5s %24s %28s\n", mode_name(fit.mode).c_str(), format_bytes(fit.bytes).c_str(),
                 fit.fits ? "yes" : "no", power_or_dash(fit.largest_seq_len).c_str(),
                 power_or_dash(fit.largest_micro_batch).c_str());
+    if (!fit.seq_len_limit.empty()) std::printf("    %s\n", fit.seq_len_limit.c_str());
     if (fit.fits && !best) best = &fit;
   }
   if (best && best->mode.base == OffloadTarget::host)

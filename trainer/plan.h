@@ -37,7 +37,13 @@ struct PlanOptions {
   // offload.base: host: run a second micro-batch for StreamPlan's traffic
   // and time model (the warm ring's copies); the fit searches need only the peak.
   bool plan_stream_traffic = true;
+  // The mode table's seq_len at micro_batch 1: the largest multiple of
+  // kSeqLenStep that fits (finetune plan --max-seq-len), with what stops the
+  // next one, instead of the largest power of two.
+  bool exact_seq_len = false;
 };
+
+inline constexpr int64_t kSeqLenStep = 256;
 
 // offload.base: host: what the streamed layers cost, and a time model of
 // one micro-batch (forward and backward) in which each streamed layer's copy
@@ -71,6 +77,13 @@ struct StepPlan {
   // (not part of peak_bytes).
   size_t host_optimizer_bytes = 0;
   StreamPlan stream;  // offload.base: host only (stream.layers 0 otherwise)
+  // offload.activations: host: the checkpoints' pinned host memory (not
+  // part of peak_bytes), their PCIe bytes per micro-batch (out and back),
+  // and the time model's stall: each checkpoint's copy against the layer
+  // compute it overlaps (out: the next layer's forward; back: the later
+  // layer's backward).
+  size_t host_activation_bytes = 0, activation_pcie_bytes = 0;
+  double activation_copy_s = 0.0, activation_stall_s = 0.0;
   MemoryStats at_peak;        // the tracker (requested bytes per category) at the peak
   size_t peak_bytes = 0;      // held at the peak: requested bytes (cpu), size-class-rounded bytes (cuda)
   size_t reserved_bytes = 0;  // cuda: what the caching allocator has cudaMalloc'd after the step
@@ -167,6 +180,9 @@ struct ModeFit {
   bool fits = false;
   int64_t largest_seq_len = 0, largest_micro_batch = 0;
   StreamPlan stream;  // a streamed mode's, at the config's size
+  // PlanOptions::exact_seq_len: what the next seq_len's plan spends its peak
+  // on, largest first ("live layer and logits 14.2 GiB, weights ...").
+  std::string seq_len_limit;
 };
 
 // Every mode the config's trainable set allows (LoRA: bf16/f32 base, int8,

@@ -21,6 +21,7 @@ ModelOptions model_options(const TrainConfig& config) {
   // With the f32 masters on the host the device keeps only the copy the adapters compute with.
   if (config.offload_optimizer == OffloadTarget::host) options.adapter_dtype = options.weight_dtype;
   options.stream_base = config.offload_base == OffloadTarget::host;
+  options.offload_activations = config.offload_activations == OffloadTarget::host;
   options.resident_layers = config.resident_layers;
   options.stream_slots = config.stream_slots;
   return options;

@@ -235,6 +235,8 @@ const Field kFields[] = {
     {"loss_chunk_tokens", [](TrainConfig& c, const Value& v) { c.loss_chunk_tokens = v.integer_in(0, kMaxTokens); }},
     {"offload.optimizer", [](TrainConfig& c, const Value& v) { c.offload_optimizer = v.choice<OffloadTarget>(); }},
     {"offload.base", [](TrainConfig& c, const Value& v) { c.offload_base = v.choice<OffloadTarget>(); }},
+    {"offload.activations",
+     [](TrainConfig& c, const Value& v) { c.offload_activations = v.choice<OffloadTarget>(); }},
     {"offload.resident_layers",
      [](TrainConfig& c, const Value& v) { c.resident_layers = v.integer_in(0, kMaxLayers); }},
     {"offload.stream_slots", [](TrainConfig& c, const Value& v) { c.stream_slots = v.integer_in(1, kMaxLayers); }},
@@ -424,6 +426,16 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(c.offload_base == OffloadTarget::device || c.quantization.save_base.empty(), f,
            ": quantization.save_base with offload.base: host is not supported (the streamed layers are in host "
            "memory); save the base in a run without offload.base");
+  FT_CHECK(c.offload_activations == OffloadTarget::device ||
+               c.activation_checkpointing == ActivationCheckpointing::per_layer,
+           f, ": offload.activations: host keeps the per-layer checkpoints in host memory: it needs "
+              "activation_checkpointing: per_layer");
+  FT_CHECK(c.offload_activations == OffloadTarget::device || c.parallel.pipeline == 1, f,
+           ": offload.activations: host runs in one pipeline stage (parallel.pipeline: 1): micro-batches in flight "
+           "would share its buffers");
+  FT_CHECK(c.offload_activations == OffloadTarget::device || c.device != DeviceChoice::cpu, f,
+           ": offload.activations: host moves the checkpoints from a GPU to host memory; with device: cpu they are "
+           "in host memory already");
   FT_CHECK(c.offload_base == OffloadTarget::host || (c.resident_layers == 0 && c.stream_slots == 2), f,
            ": offload.resident_layers and offload.stream_slots apply to offload.base: host only");
   for (const std::string& path : {c.data.train, c.data.eval})

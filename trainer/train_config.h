@@ -114,6 +114,9 @@ struct TrainConfig {
   // host memory (model/layer_stream.h); the last offload.resident_layers stay
   // on the device, the rest pass through offload.stream_slots device buffers.
   OffloadTarget offload_base = OffloadTarget::device;
+  // offload.activations: host keeps each per-layer checkpoint in pinned host
+  // memory (model/activation_offload.h): a GPU run with per_layer checkpointing.
+  OffloadTarget offload_activations = OffloadTarget::device;
   int64_t resident_layers = 0;
   int64_t stream_slots = 2;
   int64_t grad_accum_steps = 1;

@@ -66,7 +66,8 @@ void CudaBackend::copy_impl(Tensor& dst, const Tensor& src) {
 
 void CudaBackend::copy_async_impl(Tensor& dst, const Tensor& src) {
   if (src.numel() == 0) return;
-  FT_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.size_bytes(), cudaMemcpyHostToDevice, copy_stream_));
+  const cudaMemcpyKind kind = dst.device == Device::cpu ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+  FT_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.size_bytes(), kind, copy_stream_));
 }
 
 // Timing off: the events only order the streams.

@@ -113,3 +113,24 @@ TEST_CASE("plan: with the base streamed from host memory the CUDA policy's peak 
                                  base + quantization + "offload: {base: host, optimizer: host, resident_layers: 1}\n");
   }
 }
+
+// offload.activations: host: every per-layer checkpoint but the last in
+// pinned host memory; the device holds at most the one leaving and the one
+// coming back. The plan's pinned host bytes are what the offload holds.
+TEST_CASE("plan: with the checkpoints offloaded the CUDA policy's peak equals a CUDA step's, to the byte") {
+  REQUIRE(cuda_device_present);
+  const std::string base = std::string(kInt8Lora) + "[q_proj, v_proj]}\nactivation_checkpointing: per_layer\n"
+                                                    "offload: {activations: host}\n";
+  for (const char* precision : {"precision: fp32\n", "precision: bf16\n"}) {
+    check_plan_matches_cuda_step("llama_gqa", base + precision);
+    check_plan_matches_cuda_step("gpt_neox_parallel",
+                                 std::string(kInt8Lora) + "[query_key_value]}\nactivation_checkpointing: per_layer\n"
+                                                          "offload: {activations: host}\n" + precision);
+  }
+  const TrainConfig config = make_config("llama_gqa", base + "precision: bf16\n");
+  const StepPlan plan = plan_step(config, PlanOptions{}, 2, 24);
+  const ModelConfig model = read_model_config(config.model + "/config.json");
+  const size_t checkpoint_bytes = size_t(2 * 24 * model.hidden_size) * 2;  // bf16
+  CHECK(plan.host_activation_bytes == size_t(model.num_hidden_layers - 1) * checkpoint_bytes);
+  CHECK(plan.activation_pcie_bytes == 2 * plan.host_activation_bytes);
+}

@@ -1,5 +1,5 @@
 // finetune CONFIG.yaml [--set key=value]... [--resume [--allow-data-change]]
-// finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--ranks N] [--h2d-bandwidth SIZE] [--tflops N] [--set key=value]...
+// finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--ranks N] [--max-seq-len] [--h2d-bandwidth SIZE] [--tflops N] [--set key=value]...
 // finetune generate MODEL ... (trainer/cli/generate_command.h)
 // finetune merge MODEL --adapter DIR --out DIR ... (trainer/cli/merge.h)
 // finetune course [CONFIGS_DIR] (trainer/cli/course.h)
@@ -104,6 +104,9 @@ CLI::App* add_plan_command(CLI::App& app, PlanCommand& c) {
     FT_CHECK(bytes_per_s > 0, "expected > 0 bytes per second, got \"", text, "\"");
     return bytes_per_s;
   };
+  plan->add_flag("--max-seq-len", c.options.exact_seq_len,
+                 "per mode, the exact largest seq_len (a multiple of 256) that fits at micro_batch 1, and where\n"
+                 "the next one's peak goes (weights and state, checkpoints, the live layer and logits)");
   ft::add_parsed_option(*plan, "--h2d-bandwidth", c.options.h2d_bytes_per_s, bandwidth,
                         "host-to-device bytes per second, a streamed base's time model (default 25GB)")
       ->type_name("SIZE");
