@@ -245,6 +245,11 @@ TEST_CASE("padding-free packing: whole examples by best-fit decreasing, position
   CHECK_THROWS_WITH_AS(make_rows(too_long, 6, Packing::padding_free),
                        "padding-free packing: an example of 8 tokens does not fit a row of seq_len 6 + 1 tokens",
                        Error);
+  TokenizedDataset empty;
+  empty.examples = {{{1}, {0}}};
+  CHECK_THROWS_WITH_AS(make_rows(empty, 6, Packing::padding_free),
+                       "padding-free packing: an example of 1 tokens predicts nothing (it needs 2 tokens or more)",
+                       Error);
 }
 
 TEST_CASE("a loader row with more inputs than seq_len is refused") {

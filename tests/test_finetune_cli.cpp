@@ -1374,7 +1374,8 @@ TEST_CASE("t5 refuses packing and objective: dpo with the file and field named")
   const std::string dir = make_t5_run_dir("t5_bad", "");
   CommandResult packed = run_command("cd " + dir + " && " + kBinary + " config.yaml --set data.packing=true");
   CHECK(packed.exit_code == 1);
-  CHECK(packed.output.find("config.yaml: data.packing: true packs examples into one causal row") != std::string::npos);
+  CHECK(packed.output.find("config.yaml: data.packing: padding_free packs examples into causal rows") !=
+        std::string::npos);
   CommandResult dpo = run_command("cd " + dir + " && " + kBinary +
                                   " config.yaml --set objective=dpo --set task_metric=none");
   CHECK(dpo.exit_code == 1);

@@ -334,8 +334,10 @@ std::vector<TokenSequence> pack_padding_free(const std::vector<TokenSequence>& e
   std::vector<int64_t> slots;
   for (const TokenSequence& example : examples) {
     slots.push_back(input_slots(example));
-    FT_CHECK(slots.back() >= 1 && slots.back() <= seq_len, "padding-free packing: an example of ",
-             example.tokens.size(), " tokens does not fit a row of seq_len ", seq_len, " + 1 tokens");
+    FT_CHECK(slots.back() >= 1, "padding-free packing: an example of ", example.tokens.size(),
+             " tokens predicts nothing (it needs 2 tokens or more)");
+    FT_CHECK(slots.back() <= seq_len, "padding-free packing: an example of ", example.tokens.size(),
+             " tokens does not fit a row of seq_len ", seq_len, " + 1 tokens");
   }
   return join_examples(examples, best_fit_decreasing(slots, seq_len));
 }
