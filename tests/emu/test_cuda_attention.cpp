@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/attention.h"
 #include "tests/emu/cuda_test_util.h"
 
 using namespace cuda_test;
@@ -359,4 +360,18 @@ TEST_CASE("cuda: attention on views of fused qkv rows equals contiguous operands
       for (float x : values(dk.rows)) nan_count += std::isnan(x);
     CHECK(nan_count == (fused ? 0 : size_t(B * T * Hq * D)));  // GQA: dq's row holds D columns before its view
   }
+}
+
+// The attention kernels' offsets at a long context: Llama-3.1-8B's 32 query
+// heads of 128 at 600,000 tokens put row 1's head 5 past 2^31 elements, which
+// an int product would wrap. (Every kernel's element offsets are int64; this
+// is the helper each attention kernel computes them with.)
+TEST_CASE("cuda: attention head offsets past 2^31 elements do not wrap") {
+  const int seq = 600000, heads = 32;
+  const cuda::HeadRows rows = cuda::head_rows(128, heads, seq, 1, 5);
+  CHECK(rows.base == (int64_t(seq) * heads + 5) * 128);
+  CHECK(rows.base > (int64_t(1) << 31));
+  CHECK(rows.stride == int64_t(heads) * 128);
+  const cuda::HeadRows fused = cuda::head_rows(3 * 128, heads, seq, 1, 31);  // GPT-NeoX's qkv rows
+  CHECK(fused.base == (int64_t(seq) * heads + 31) * 384);
 }
