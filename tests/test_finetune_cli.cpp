@@ -1436,3 +1436,10 @@ TEST_CASE("a comparison file's bad entries exit 1 naming the file, line and fiel
     CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
   }
 }
+
+TEST_CASE("finetune course runs from any directory: it finds the configs it ships") {
+  const CommandResult result = run_command("cd / && " + kBinary + " course");
+  CHECK(result.exit_code == 0);
+  CHECK(result.output.find("The course's memory and LoRA figures") != std::string::npos);
+  CHECK(result.output.find(std::string(FT_SOURCE_DIR) + "/configs") != std::string::npos);
+}

@@ -686,3 +686,16 @@ TEST_CASE("plan: finetune plan MODEL_FOLDER --gpu-mem prints the mode table and 
   CHECK(run.output.find("nf4 streamed (3 resident), optimizer state on the host") != std::string::npos);
   CHECK(run.output.find("best mode: unquantised base (") != std::string::npos);
 }
+
+// A run with device: cpu trains on the CPU, so its plan is the CPU's unless
+// --device says otherwise; device: auto plans the GPU it is meant for.
+TEST_CASE("plan: follows the config's device unless --device overrides it") {
+  const std::string config = std::string(FT_SOURCE_DIR) + "/configs/default.yaml";
+  const PlanRun cpu = run_plan(config + " --set device=cpu");
+  CHECK(cpu.exit_status == 0);
+  CHECK(cpu.output.find("on cpu, micro_batch") != std::string::npos);
+  const PlanRun overridden = run_plan(config + " --set device=cpu --device cuda");
+  CHECK(overridden.output.find("on cuda, micro_batch") != std::string::npos);
+  const PlanRun automatic = run_plan(config);
+  CHECK(automatic.output.find("on cuda, micro_batch") != std::string::npos);
+}

@@ -70,6 +70,7 @@ struct PlanCommand {
   std::string config_path;
   std::vector<std::string> overrides;
   ft::PlanOptions options;
+  CLI::Option* device = nullptr;  // --device, when given, overrides the config's device
 };
 
 // --device's spellings: the memory policy planned.
@@ -90,8 +91,9 @@ CLI::App* add_plan_command(CLI::App& app, PlanCommand& c) {
   auto size = [](const std::string& text) { return ft::parse_byte_size(text); };
   ft::add_parsed_option(*plan, "--gpu-mem", c.options.gpu_mem_bytes, size, "the device's memory (default 24GiB)")
       ->type_name("SIZE");
-  ft::add_choice_option(*plan, "--device", c.options.policy, ft::EnumNames<ft::MemoryPolicy>(kPlanDevices),
-                        "plan for a GPU or the CPU (default cuda)");
+  c.device = ft::add_choice_option(*plan, "--device", c.options.policy,
+                                   ft::EnumNames<ft::MemoryPolicy>(kPlanDevices),
+                                   "plan for a GPU or the CPU (default: the config's device; a GPU for auto)");
   ft::add_parsed_option(*plan, "--context-reserve", c.options.context_reserve_bytes, size,
                         "the CUDA context and library handles (default 0.75GiB)")
       ->type_name("SIZE");
@@ -124,17 +126,33 @@ CLI::App* add_plan_command(CLI::App& app, PlanCommand& c) {
 
 int run_plan(const PlanCommand& c) {
   const bool model_config = c.config_path.ends_with(".json") || std::filesystem::is_directory(c.config_path);
-  ft::print_plan(model_config ? ft::plan_config_for_model(c.config_path, c.overrides)
-                              : ft::load_train_config(c.config_path, c.overrides),
-                 c.options);
+  const ft::TrainConfig config = model_config ? ft::plan_config_for_model(c.config_path, c.overrides)
+                                              : ft::load_train_config(c.config_path, c.overrides);
+  ft::PlanOptions options = c.options;
+  if (!c.device->count())  // a run with device: cpu trains on the CPU: plan that
+    options.policy = config.device == ft::DeviceChoice::cpu ? ft::MemoryPolicy::cpu : ft::MemoryPolicy::cuda;
+  ft::print_plan(config, options);
   return 0;
+}
+
+// The model configs the trainer ships, wherever it runs from: under an
+// install prefix beside the binary (PREFIX/bin/finetune ->
+// PREFIX/share/finetune/configs), else in the source tree it was built from.
+std::string shipped_configs_dir() {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path binary = fs::read_symlink("/proc/self/exe", error);
+  const fs::path installed = binary.parent_path() / ".." / "share" / "finetune" / "configs";
+  if (!error && fs::exists(installed / "pythia-1b" / "config.json", error)) return fs::weakly_canonical(installed).string();
+  return FT_SOURCE_CONFIGS_DIR;
 }
 
 // finetune course [CONFIGS_DIR]: the course's figures (trainer/cli/course.h).
 CLI::App* add_course_command(CLI::App& app, std::string& configs_dir) {
   CLI::App* course = app.add_subcommand("course", "The course's memory and LoRA figures, computed by this trainer");
   course->add_option("CONFIGS_DIR", configs_dir,
-                     "the folder of the model configs pythia-1b/, gpt-neox-20b/ and flan-t5-base/ (default: configs)");
+                     "the folder of the model configs pythia-1b/, gpt-neox-20b/ and flan-t5-base/ (default: the\n"
+                     "configs this build ships, " + shipped_configs_dir() + ")");
   return course;
 }
 
@@ -197,7 +215,7 @@ int run(int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
   CLI::App* generate_command = ft::add_generate_command(app, generate);
   ft::MergeCommand merge;
   CLI::App* merge_command = ft::add_merge_command(app, merge);
-  std::string configs_dir = "configs";
+  std::string configs_dir = shipped_configs_dir();
   CLI::App* course_command = add_course_command(app, configs_dir);
   // After the subcommands: each would inherit it.
   app.footer(
