@@ -1443,3 +1443,48 @@ TEST_CASE("finetune course runs from any directory: it finds the configs it ship
   CHECK(result.output.find("The course's memory and LoRA figures") != std::string::npos);
   CHECK(result.output.find(std::string(FT_SOURCE_DIR) + "/configs") != std::string::npos);
 }
+
+// A user's chat path: conversations whose assistant always replies
+// "Sure, here it is." train an adapter (Llama-2's template over the fixture
+// tokenizer); the adapter folder records how (finetune_run.json), so
+// `generate --chat` renders a held-out question as training rendered its
+// rows, over the base the adapter was trained on, and replies in the trained
+// format; without --chat, generate says the adapter wants it.
+TEST_CASE("generate --chat replies in the chat-trained format; without --chat it says to add it") {
+  const std::string dir = make_run_dir("chat_generate");
+  std::ifstream source(std::string(FT_SOURCE_DIR) + "/configs/data/pretrain.jsonl");
+  std::ofstream train(dir + "/train.jsonl"), eval(dir + "/eval.jsonl");
+  std::string line;
+  for (int i = 0; i < 200 && std::getline(source, line); ++i) {
+    const std::string text = nlohmann::json::parse(line)["text"];
+    const nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", text.substr(0, text.find(' ', 20))}},
+                                                           {{"role", "assistant"}, {"content", "Sure, here it is."}}});
+    (i < 180 ? train : eval) << nlohmann::json{{"messages", messages}}.dump() << "\n";
+  }
+  train.close(), eval.close();
+  const CommandResult trained = run_command(
+      "cd " + dir + " && " + kBinary +
+      " config.yaml --set data.chat_template=llama2 --set max_steps=40 --set grad_accum_steps=1 --set lr=2.0e-2"
+      " --set lora.target_modules=all-linear --set lora.r=8 --set lora.lora_dropout=0 --set task_metric=none"
+      " --set generate.num_samples=0 --set eval_batches=0");
+  INFO(trained.output);
+  REQUIRE(trained.exit_code == 0);
+  const nlohmann::json record = nlohmann::json::parse(std::ifstream(dir + "/out/adapter/finetune_run.json"));
+  CHECK(record["chat_template"] == "llama2");
+  CHECK(record["base_quantization"] == "int8");
+
+  const std::string generate = "cd " + dir + " && " + kBinary + " generate " + kFixtures + "/llama_gqa --adapter " +
+                               "out/adapter --tokenizer " + kFixtures + "/tokenizer/tokenizer.model --device cpu " +
+                               "--max-new-tokens 12 --prompt 'What did Person2 say about the weather'";
+  const CommandResult chat = run_command(generate + " --chat");
+  INFO(chat.output);
+  CHECK(chat.exit_code == 0);
+  CHECK(chat.output.find("base: int8, precision fp32 (as the adapter was trained") != std::string::npos);
+  CHECK(chat.output.find("chat template: llama2") != std::string::npos);
+  CHECK(chat.output.find("Sure, here it is.") != std::string::npos);
+  const CommandResult bare = run_command(generate);
+  CHECK(bare.exit_code == 0);
+  CHECK(bare.output.find("the adapter was trained on chat rows (template llama2): add --chat") != std::string::npos);
+  CHECK(run_command(generate + " --system 'Be brief.'").output.find("--system and --chat-template apply to --chat") !=
+        std::string::npos);
+}

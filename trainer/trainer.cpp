@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -14,6 +15,7 @@
 #include "kernels/dropout_hash.h"
 #include "kernels/error.h"
 #include "model/atomic_file.h"
+#include "model/checksum.h"
 #include "model/causal_lm.h"
 #include "model/families.h"
 #include "model/layer_stream.h"
@@ -21,6 +23,7 @@
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
 #include "tokenizer/load_tokenizer.h"
+#include "trainer/adapter_record.h"
 #include "trainer/data/preference_data.h"
 #include "trainer/data/special_tokens.h"
 #include "trainer/device_backend.h"
@@ -62,6 +65,7 @@ struct Run {
   SpecialTokens special_tokens;
   std::unique_ptr<LanguageModel> model;  // its family's (model/families.h)
   ModelKind kind = ModelKind::causal;    // seq2seq: rows are the encoder's tokens, then the labels
+  std::optional<ChatTemplateKind> chat_template;  // the training rows' template, when they are chat
   std::unique_ptr<AdamW> optimizer;         // over this rank's share of trainable when sharded
   std::vector<Parameter*> trainable;        // every trainable parameter of this rank's model
   std::vector<int64_t> state_owners;        // per trainable parameter: the data-parallel rank updating it
@@ -167,6 +171,7 @@ std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const
     chat = resolve_chat_template(run.config.data.chat_template,
                                  std::filesystem::path(run.config.tokenizer).parent_path().string());
     set_chat_prompts(data, chat);
+    run.chat_template = chat.kind;
   }
   TokenizedDataset tokens = tokenize_dataset(data, *run.tokenizer, run.config.seq_len,
                                              run.special_tokens.example_eos_id, &chat,
@@ -532,6 +537,10 @@ void save_outputs(Run& run) {
   adapter.base_model_name_or_path = config.model;
   adapter.task_type = peft_task_type(run.kind);
   save_peft_adapter(path_in(config.output_dir, "adapter"), adapters, run.model->options().lora, adapter);
+  const bool config_file = fs::exists(config.source);
+  write_adapter_record(path_in(config.output_dir, "adapter"),
+                       {config.quantization.mode, config.precision, run.chat_template, config.source,
+                        config_file ? file_fingerprint(config.source) : ""});
   std::cout << "adapter (PEFT format): " << path_in(config.output_dir, "adapter") << "\n";
 }
 

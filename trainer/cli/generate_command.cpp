@@ -5,12 +5,14 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "kernels/error.h"
 #include "model/families.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
 #include "tokenizer/load_tokenizer.h"
+#include "trainer/adapter_record.h"
 #include "trainer/cli/options.h"
 #include "trainer/data/data.h"
 #include "trainer/data/special_tokens.h"
@@ -36,6 +38,8 @@ class StreamPrinter {
     const std::string text = visible_text();
     write(text, text.size() - std::min(text.size(), held_bytes_ ? held_bytes_ - 1 : 0));
   }
+  // The row's text so far (stop strings cut).
+  std::string text() const { return visible_text(); }
   // The rest of the text, also after a rewrite of what was already printed.
   void finish() {
     const std::string text = visible_text();
@@ -71,6 +75,8 @@ struct Session {
   std::unique_ptr<CausalLM> model;
   StopCondition stop;
   SpecialTokens special;
+  std::optional<ChatTemplate> chat;  // --chat
+  std::string system;                // --chat --system
 };
 
 void load_session(Session& session, const GenerateCommand& command) {
@@ -78,8 +84,15 @@ void load_session(Session& session, const GenerateCommand& command) {
   config.source = "finetune generate";
   config.model = command.model;
   config.tokenizer = command.tokenizer.empty() ? default_tokenizer_path(command.model) : command.tokenizer;
-  config.quantization.mode = command.quantization;
-  config.precision = command.precision;
+  const std::optional<AdapterRecord> record =
+      command.adapter.empty() ? std::nullopt : read_adapter_record(command.adapter);
+  config.quantization.mode = command.quantization.value_or(record ? record->quantization : QuantizedBase::none);
+  config.precision = command.precision.value_or(record ? record->precision : Precision::fp32);
+  std::cerr << "base: " << enum_name(config.quantization.mode) << ", precision " << enum_name(config.precision)
+            << (record && !(command.quantization && command.precision)
+                    ? " (as the adapter was trained: " + command.adapter + "/" + kAdapterRecordFile + ")"
+                    : "")
+            << "\n";
   for (const std::string& stop : command.stop) config.generate.stop.push_back(TokenRef{-1, stop});
   const std::string config_json = (std::filesystem::path(command.model) / "config.json").string();
   FT_CHECK(std::filesystem::is_directory(command.model), command.model,
@@ -97,15 +110,77 @@ void load_session(Session& session, const GenerateCommand& command) {
   session.stop = StopCondition{session.special.stop_ids, session.special.stop_strings, session.tokenizer.get()};
   if (command.ignore_eos) session.stop.ids.clear();
   std::cerr << "special tokens: " << describe(session.special) << "\n";
+  const std::optional<ChatTemplateKind> trained_chat = record ? record->chat_template : std::nullopt;
+  if (!command.chat) {
+    if (trained_chat)
+      std::cerr << "generate: the adapter was trained on chat rows (template " << enum_name(*trained_chat)
+                << "): add --chat to give it prompts as it saw them\n";
+    return;
+  }
+  const ChatTemplateKind kind = command.chat_template != ChatTemplateKind::automatic ? command.chat_template
+                                                                                    : trained_chat.value_or(ChatTemplateKind::automatic);
+  session.chat = resolve_chat_template(kind,
+                                       std::filesystem::path(config.tokenizer).parent_path().string(),
+                                       "--chat-template");
+  session.system = command.system;
+  std::cerr << "chat template: " << enum_name(session.chat->kind);
+  if (command.system.empty() && !session.chat->default_system.empty())
+    std::cerr << " (it adds the system message \"" << session.chat->default_system << "\" to a conversation without one)";
+  std::cerr << "\n";
 }
 
-// One prompt, streamed to stdout; returns the number of new tokens.
-int64_t stream_completion(Session& session, const std::string& prompt, const SamplingOptions& sampling) {
+// What the model is given for a prompt: the text itself, or with --chat the
+// generation prompt of the conversation (the system message first, if any).
+std::string model_prompt(const Session& session, std::vector<ChatMessage> conversation, const std::string& where) {
+  if (!session.chat) return conversation.back().content;
+  if (!session.system.empty()) conversation.insert(conversation.begin(), {"system", session.system});
+  return generation_prompt(*session.chat, conversation, where);
+}
+
+struct Completion {
+  int64_t new_tokens = 0;
+  std::string text;
+};
+
+// One prompt, streamed to stdout. A reply that ends before its first token
+// (a stop token first: a chat model given a bare prompt often does) says so.
+Completion stream_completion(Session& session, const std::string& prompt, const SamplingOptions& sampling) {
   StreamPrinter printer(*session.tokenizer, session.stop.strings);
   const auto generated = generate(*session.model, {prompt_tokens(*session.tokenizer, prompt)}, sampling, session.stop,
                                   [&](size_t, int32_t token) { printer.on_token(token); });
   printer.finish();
-  return int64_t(generated[0].size());
+  if (generated[0].empty())
+    std::cerr << "generate: the first token generated was a stop token: no new text"
+              << (session.chat ? "" : " (a model trained on chat data replies to its chat template: try --chat)")
+              << "\n";
+  return {int64_t(generated[0].size()), printer.text()};
+}
+
+// --file: each row's prompt text for the model, and the row's own fields
+// for the output line ({"prompt"}, or with --chat {"messages"} too).
+struct PromptRows {
+  std::vector<std::string> prompts;
+  std::vector<nlohmann::json> rows;
+};
+PromptRows load_prompt_rows(const Session& session, const std::string& path) {
+  if (!session.chat) {
+    PromptRows loaded{load_prompts(path), {}};
+    for (const std::string& prompt : loaded.prompts) loaded.rows.push_back({{"prompt", prompt}});
+    return loaded;
+  }
+  PromptRows loaded;
+  read_jsonl_rows(path, "prompts file", "a \"prompt\" string or a \"messages\" list ending with a user message",
+                  [&](const nlohmann::json& row, const std::string& where) {
+                    FT_CHECK(row.contains("prompt") || row.contains("messages"), where,
+                             ": expected a \"prompt\" string or a \"messages\" list, got ", key_list(row));
+                    const std::vector<ChatMessage> conversation =
+                        row.contains("messages") ? chat_messages(row, where)
+                                                 : std::vector<ChatMessage>{{"user", string_field(row, "prompt", where)}};
+                    loaded.prompts.push_back(model_prompt(session, conversation, where));
+                    loaded.rows.push_back(row.contains("messages") ? nlohmann::json{{"messages", row["messages"]}}
+                                                                   : nlohmann::json{{"prompt", row["prompt"]}});
+                  });
+  return loaded;
 }
 
 }  // namespace
@@ -115,8 +190,10 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCommand& c) {
       app.add_subcommand("generate", "Text from a Hugging Face checkpoint, with a PEFT LoRA adapter when given");
   generate->footer(
       "Give exactly one of --prompt (streams one completion), --file (one JSON line {\"prompt\", \"completion\"}\n"
-      "per row, generated in batches) and --interactive (a prompt a line from stdin). Status lines go to stderr,\n"
-      "so stdout is the text alone.");
+      "per row, generated in batches) and --interactive (a prompt a line from stdin). With --chat a prompt is a\n"
+      "user message rendered with the checkpoint's chat template, --file rows may be {\"messages\": [...]} ending\n"
+      "with a user message, and --interactive keeps one conversation. Status lines go to stderr, so stdout is the\n"
+      "text alone.");
   generate->add_option("MODEL", c.model, "a Hugging Face checkpoint folder")->required();
   generate->add_option("--adapter", c.adapter, "a PEFT LoRA adapter folder")->type_name("DIR");
   generate->add_option("--tokenizer", c.tokenizer, "tokenizer.model or tokenizer.json (default: MODEL's)")
@@ -141,34 +218,57 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCommand& c) {
   generate->add_flag("--ignore-eos", c.ignore_eos,
                      "the EOS tokens do not stop a row (benchmarks: exactly --max-new-tokens each)");
   add_choice_option(*generate, "--quantization", c.quantization, enum_names(QuantizedBase{}),
-                    "the base's quantization, as the adapter was trained over it (default none: full precision)");
-  add_choice_option(*generate, "--precision", c.precision, enum_names(Precision{}), "default fp32");
+                    "the base's quantization (default: as the adapter was trained, recorded in its\n"
+                    "finetune_run.json; else none: full precision)");
+  add_choice_option(*generate, "--precision", c.precision, enum_names(Precision{}),
+                    "default: as the adapter was trained; else fp32");
   add_choice_option(*generate, "--device", c.device, enum_names(DeviceChoice{}), "default auto");
+  generate->add_flag("--chat", c.chat,
+                     "prompts are user messages, rendered with the chat template (add_generation_prompt)");
+  generate->add_option("--system", c.system, "with --chat: the system message each conversation starts with")
+      ->type_name("TEXT");
+  add_choice_option(*generate, "--chat-template", c.chat_template, enum_names(ChatTemplateKind{}),
+                    "with --chat: the template (default: the adapter's, as trained; else the checkpoint's\n"
+                    "tokenizer_config.json)");
   return generate;
 }
 
 int run_generate(const GenerateCommand& command) {
   const int sources = int(!command.prompt.empty()) + int(!command.prompts_file.empty()) + int(command.interactive);
   FT_CHECK(sources == 1, "generate: give exactly one of --prompt, --file and --interactive");
+  FT_CHECK(command.chat || (command.system.empty() && command.chat_template == ChatTemplateKind::automatic),
+           "generate: --system and --chat-template apply to --chat");
   Session session;
   load_session(session, command);
   const auto start = std::chrono::steady_clock::now();
   std::string done;  // what was generated, for the closing line
   if (!command.prompt.empty()) {
-    done = std::to_string(stream_completion(session, command.prompt, command.sampling)) + " new tokens";
+    const std::string prompt = model_prompt(session, {{"user", command.prompt}}, "--prompt");
+    done = std::to_string(stream_completion(session, prompt, command.sampling).new_tokens) + " new tokens";
   } else if (command.interactive) {
     int64_t new_tokens = 0;
+    std::vector<ChatMessage> conversation;  // --chat: every turn so far
     std::string line;
-    while (std::cerr << "> " << std::flush, std::getline(std::cin, line))
-      if (!line.empty()) new_tokens += stream_completion(session, line, command.sampling);
+    while (std::cerr << "> " << std::flush, std::getline(std::cin, line)) {
+      if (line.empty()) continue;
+      conversation.push_back({"user", line});
+      const Completion reply =
+          stream_completion(session, model_prompt(session, conversation, "--interactive"), command.sampling);
+      new_tokens += reply.new_tokens;
+      if (session.chat) conversation.push_back({"assistant", reply.text});
+      else conversation.clear();
+    }
     done = std::to_string(new_tokens) + " new tokens";
   } else {
-    const std::vector<std::string> prompts = load_prompts(command.prompts_file);
+    const PromptRows loaded = load_prompt_rows(session, command.prompts_file);
     const std::vector<std::string> completions = complete_prompts(
-        *session.model, *session.tokenizer, prompts, command.sampling, session.stop, command.batch_size);
-    for (size_t i = 0; i < prompts.size(); ++i)
-      std::cout << nlohmann::json{{"prompt", prompts[i]}, {"completion", completions[i]}}.dump() << "\n";
-    done = std::to_string(prompts.size()) + " completions";
+        *session.model, *session.tokenizer, loaded.prompts, command.sampling, session.stop, command.batch_size);
+    for (size_t i = 0; i < loaded.prompts.size(); ++i) {
+      nlohmann::json out = loaded.rows[i];
+      out["completion"] = completions[i];
+      std::cout << out.dump() << "\n";
+    }
+    done = std::to_string(loaded.prompts.size()) + " completions";
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cerr << "generate: " << done << " in " << seconds << " s ("

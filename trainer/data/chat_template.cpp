@@ -148,7 +148,8 @@ ChatTemplateKind recognise_chat_template(const std::string& jinja) {
   return ChatTemplateKind::automatic;
 }
 
-ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::string& tokenizer_dir) {
+ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::string& tokenizer_dir,
+                                   const char* setting) {
   const std::filesystem::path config_path = std::filesystem::path(tokenizer_dir) / "tokenizer_config.json";
   const std::filesystem::path jinja_path = std::filesystem::path(tokenizer_dir) / "chat_template.jinja";
   nlohmann::json config = nlohmann::json::object();
@@ -164,7 +165,7 @@ ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::strin
            jinja.empty() ? ": no chat_template to render chat rows with"
                          : ": its chat_template is none of the templates this trainer renders (" + renderable +
                                "; Jinja is not run)",
-           "; set data.chat_template to one of ", renderable);
+           "; set ", setting, " to one of ", renderable);
   chat.bos_token = token_text(config, "bos_token", chat.kind == ChatTemplateKind::llama3 ? "<|begin_of_text|>" : "<s>");
   chat.eos_token = token_text(config, "eos_token", "</s>");
   if (chat.kind == ChatTemplateKind::chatml) chat.default_system = chatml_default_system(jinja);

@@ -46,8 +46,10 @@ ChatTemplateKind recognise_chat_template(const std::string& jinja);
 // recognised in tokenizer_dir's tokenizer_config.json (or chat_template.jinja).
 // Special-token strings come from that tokenizer_config.json when present.
 // An unrecognised or missing template is an Error naming the file and
-// data.chat_template.
-ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::string& tokenizer_dir);
+// `setting`, the option that names one (data.chat_template, or generate's
+// --chat-template).
+ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::string& tokenizer_dir,
+                                   const char* setting = "data.chat_template");
 
 // Roles every template takes: a non-empty list of system, user and assistant
 // messages ending with an assistant turn (training needs one to learn from).

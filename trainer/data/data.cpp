@@ -38,7 +38,8 @@ DataFormat row_format(const nlohmann::json& row, const std::string& where) {
   return pair ? DataFormat::prompt_completion : DataFormat::text;
 }
 
-// {"messages": [{"role": ..., "content": ...}, ...]}, roles checked.
+}  // namespace
+
 std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::string& where) {
   const nlohmann::json& list = row["messages"];
   FT_CHECK(list.is_array(), where, ": \"messages\" must be a list of {\"role\", \"content\"} objects, got ",
@@ -53,16 +54,21 @@ std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::str
     }
     messages.push_back({list[i]["role"].get<std::string>(), list[i]["content"].get<std::string>()});
   }
-  check_chat_roles(messages, where);
   return messages;
 }
+
+namespace {
 
 Example read_example(const nlohmann::json& row, DataFormat kind, const std::string& where) {
   switch (kind) {
     case DataFormat::text:
       return {"", string_field(row, "text", where)};
     case DataFormat::chat:
-      return {"", "", chat_messages(row, where)};
+      {
+        std::vector<ChatMessage> messages = chat_messages(row, where);
+        check_chat_roles(messages, where);
+        return {"", "", std::move(messages)};
+      }
     case DataFormat::alpaca: {
       std::string input = row.contains("input") ? string_field(row, "input", where) : "";
       return {alpaca_prompt(string_field(row, "instruction", where), input), string_field(row, "output", where)};
@@ -248,15 +254,28 @@ TokenSequence tokenize_seq2seq_example(const Example& example, const Tokenizer& 
   return seq;
 }
 
+// The reply's content is the last piece that carries loss: everything
+// before it is the prompt, the assistant's header included.
+std::string generation_prompt(const ChatTemplate& chat, std::vector<ChatMessage> conversation,
+                              const std::string& where) {
+  FT_CHECK(!conversation.empty() && conversation.back().role == "user", where, ": the last message is ",
+           conversation.empty() ? "missing" : "the " + conversation.back().role + "'s",
+           " (expected a user message to reply to)");
+  conversation.push_back({"assistant", ""});
+  const std::vector<RenderedPiece> pieces = render_chat(chat, conversation, where);
+  size_t last_trained = pieces.size();
+  while (last_trained > 0 && !pieces[last_trained - 1].loss) last_trained--;
+  std::string prompt;
+  for (size_t i = 0; i + 1 < last_trained; i++) prompt += pieces[i].text;
+  if (prompt.starts_with(chat.bos_token)) prompt.erase(0, chat.bos_token.size());
+  return prompt;
+}
+
 void set_chat_prompts(Dataset& data, const ChatTemplate& chat) {
   for (Example& example : data.examples) {
     const std::string where = data.path + ":" + std::to_string(example.line);
-    std::vector<RenderedPiece> pieces = render_chat(chat, example.messages, where);
-    size_t last_trained = pieces.size();
-    while (last_trained > 0 && !pieces[last_trained - 1].loss) last_trained--;
-    example.prompt.clear();
-    for (size_t i = 0; i + 1 < last_trained; i++) example.prompt += pieces[i].text;
-    if (example.prompt.starts_with(chat.bos_token)) example.prompt.erase(0, chat.bos_token.size());
+    const std::vector<ChatMessage> before_reply(example.messages.begin(), example.messages.end() - 1);
+    example.prompt = generation_prompt(chat, before_reply, where);
     example.completion = example.messages.back().content;
   }
 }

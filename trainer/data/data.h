@@ -127,9 +127,20 @@ enum class RowLayout { causal, seq2seq };
 TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
                                   const ChatTemplate* chat = nullptr, RowLayout layout = RowLayout::causal);
 
-// For samples and task_metric: each chat example's prompt becomes the rendered
-// conversation before its last assistant turn (less a leading bos text, which
-// generation puts itself) and its completion that turn's content.
+// What a chat model is given to reply to `conversation` (it ends with a
+// user message): the conversation rendered with an assistant turn to come,
+// up to that turn's content -- transformers' add_generation_prompt -- less a
+// leading bos text, which generation puts itself. `where` names it in errors.
+std::string generation_prompt(const ChatTemplate& chat, std::vector<ChatMessage> conversation,
+                              const std::string& where);
+
+// A row's "messages" list of {"role", "content"} strings (roles not checked
+// here: check_chat_roles for training, generation_prompt for a reply).
+std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::string& where);
+
+// For samples and task_metric: each chat example's prompt becomes the
+// generation_prompt of its conversation before its last assistant turn, and
+// its completion that turn's content.
 void set_chat_prompts(Dataset& data, const ChatTemplate& chat);
 
 // The rendered text encoded in one piece, as apply_chat_template tokenizes it
