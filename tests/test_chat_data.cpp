@@ -94,6 +94,21 @@ TEST_CASE("data.chat_template wins over tokenizer_config.json; an unknown templa
   CHECK(error_of([&] { resolve_chat_template(ChatTemplateKind::automatic, none); }) ==
         none + "/tokenizer_config.json: no chat_template to render chat rows with; set data.chat_template to one of "
                "chatml, llama2, llama3, zephyr");
+  // A template in chat_template.jinja (transformers' newer layout) is named by that file, and the setting
+  // named is the caller's.
+  const std::filesystem::path dir = std::filesystem::path(FT_BINARY_DIR) / "test_chat_jinja";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "chat_template.jinja") << "{% for m in messages %}<start_of_turn>{{ m.content }}{% endfor %}";
+  CHECK(error_of([&] { resolve_chat_template(ChatTemplateKind::automatic, dir.string(), "--chat-template"); }) ==
+        (dir / "chat_template.jinja").string() +
+            ": its chat_template is none of the templates this trainer renders (chatml, llama2, llama3, zephyr; "
+            "Jinja is not run); set --chat-template to one of chatml, llama2, llama3, zephyr");
+  std::ofstream(dir / "chat_template.jinja") << "{{ '<|im_start|>' + m.role }}{{ '<|im_end|>' }}";
+  const ChatTemplate from_jinja = resolve_chat_template(ChatTemplateKind::automatic, dir.string());
+  CHECK(from_jinja.kind == ChatTemplateKind::chatml);
+  CHECK(from_jinja.source == (dir / "chat_template.jinja").string());
+  CHECK(resolve_chat_template(ChatTemplateKind::zephyr, dir.string()).source == "data.chat_template");
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("chat rows load, are detected from the first row, and train only assistant turns") {

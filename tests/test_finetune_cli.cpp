@@ -155,7 +155,8 @@ TEST_CASE("finetune prints PEFT's trainable-parameter line and writes adapter an
   CHECK(fs::exists(dir + "/out/adapter/adapter_config.json"));
   CHECK(train_losses(dir + "/out/metrics.jsonl").size() == 2);
   // The fixture's config.json and SentencePiece tokenizer agree on </s>.
-  CHECK(result.output.find("special tokens: examples end with id 2; generation stops at ids [2]") != std::string::npos);
+  CHECK(result.output.find("special tokens: examples end with 2 \"</s>\"; generation stops at [2 \"</s>\"]") !=
+        std::string::npos);
 }
 
 TEST_CASE("a run killed with SIGKILL after a checkpoint resumes to identical losses") {
@@ -1466,9 +1467,13 @@ TEST_CASE("generate --chat replies in the chat-trained format; without --chat it
       "cd " + dir + " && " + kBinary +
       " config.yaml --set data.chat_template=llama2 --set max_steps=40 --set grad_accum_steps=1 --set lr=2.0e-2"
       " --set lora.target_modules=all-linear --set lora.r=8 --set lora.lora_dropout=0 --set task_metric=none"
-      " --set generate.num_samples=0 --set eval_batches=0");
+      " --set generate.num_samples=1 --set generate.temperature=0 --set eval_batches=0");
   INFO(trained.output);
   REQUIRE(trained.exit_code == 0);
+  CHECK(trained.output.find("chat template: llama2 (data.chat_template)") != std::string::npos);
+  // The sample's prompt as the model sees it, its bos included; at temperature 0 no separate sampled line.
+  CHECK(trained.output.find("--- sample 1 ---\n<s>[INST] ") != std::string::npos);
+  CHECK(trained.output.find("sampled (temperature") == std::string::npos);
   const nlohmann::json record = nlohmann::json::parse(std::ifstream(dir + "/out/adapter/finetune_run.json"));
   CHECK(record["chat_template"] == "llama2");
   CHECK(record["base_quantization"] == "int8");

@@ -137,8 +137,12 @@ TEST_CASE("data.add_eos and generate.stop override the checkpoint") {
   r = resolve(dir, {"generate.stop=[\"<|im_start|>\", 7, \"\\n\\n\", \"Human:\"]"});
   CHECK(r.tokens.stop_ids == std::vector<int32_t>{2, 1, 7});  // special tokens by text become ids
   CHECK(r.tokens.stop_strings == std::vector<std::string>{"\n\n", "Human:"});
-  CHECK(describe(r.tokens) ==
-        "examples end with id 2; generation stops at ids [2, 1, 7] and text \"\n\n\" and text \"Human:\"");
+  CHECK(r.tokenizer->token_text(1) == "<|im_start|>");
+  const std::string eos = "2 \"" + r.tokenizer->token_text(2) + "\"";
+  CHECK(describe(r.tokens, *r.tokenizer) == "examples end with " + eos + "; generation stops at [" + eos +
+                                                ", 1 \"<|im_start|>\", 7 \"" + r.tokenizer->token_text(7) +
+                                                "\"] and text \"\n\n\" and text \"Human:\"");
+  CHECK(r.tokenizer->token_text(int32_t(r.tokenizer->vocab_size())).empty());
 
   CHECK(error_of(dir, {"data.add_eos=703"}) ==
         "x.yaml: data.add_eos: token id 703 is outside the vocabulary [0, 703) of " + dir.string());

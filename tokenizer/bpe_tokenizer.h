@@ -59,6 +59,7 @@ class BpeTokenizer final : public Tokenizer {
   // skip_special_tokens), then runs the decoder.
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocab_size() const override { return int64_t(id_to_token_.size()); }
+  std::string token_text(int32_t id) const override { return id >= 0 && id < vocab_size() ? id_to_token_[size_t(id)] : ""; }
   int32_t bos_id() const override { return prefix_ids_.empty() ? -1 : prefix_ids_[0]; }
   int32_t eos_id() const override { return eos_id_; }
   int32_t pad_id() const override { return pad_id_; }

@@ -61,4 +61,8 @@ int32_t SentencePieceTokenizer::eos_id() const { return processor_->eos_id(); }
 int32_t SentencePieceTokenizer::pad_id() const { return processor_->pad_id(); }
 int32_t SentencePieceTokenizer::unk_id() const { return processor_->unk_id(); }
 
+std::string SentencePieceTokenizer::token_text(int32_t id) const {
+  return id >= 0 && id < processor_->GetPieceSize() ? processor_->IdToPiece(id) : "";
+}
+
 }  // namespace ft

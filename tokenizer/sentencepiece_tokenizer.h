@@ -30,6 +30,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::vector<int32_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocab_size() const override;
+  std::string token_text(int32_t id) const override;
   int32_t bos_id() const override;  // -1 when the model defines none
   int32_t eos_id() const override;
   int32_t pad_id() const override;

@@ -16,6 +16,9 @@ class Tokenizer {
   virtual std::vector<int32_t> encode(const std::string& text) const = 0;
   // Ids to text; special tokens (bos, eos, pad, ...) produce no text.
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // The vocabulary's own text of one id (a special token's string, e.g.
+  // "</s>", which decode() leaves out); "" for an id outside the vocabulary.
+  virtual std::string token_text(int32_t id) const = 0;
   // Number of ids the tokenizer can produce (largest id + 1).
   virtual int64_t vocab_size() const = 0;
   // -1 where the tokenizer defines none. bos_id is the token the model's own tokenizer puts

@@ -65,7 +65,7 @@ struct Run {
   SpecialTokens special_tokens;
   std::unique_ptr<LanguageModel> model;  // its family's (model/families.h)
   ModelKind kind = ModelKind::causal;    // seq2seq: rows are the encoder's tokens, then the labels
-  std::optional<ChatTemplateKind> chat_template;  // the training rows' template, when they are chat
+  std::optional<ChatTemplate> chat;  // the training rows' template, when they are chat
   std::unique_ptr<AdamW> optimizer;         // over this rank's share of trainable when sharded
   std::vector<Parameter*> trainable;        // every trainable parameter of this rank's model
   std::vector<int64_t> state_owners;        // per trainable parameter: the data-parallel rank updating it
@@ -145,7 +145,7 @@ void make_model(Run& run) {
   }
   run.tokenizer = load_tokenizer(config.tokenizer, run.model_config.vocab_size);
   run.special_tokens = resolve_special_tokens(config, *run.tokenizer, run.model_config.vocab_size);
-  std::cout << "special tokens: " << describe(run.special_tokens) << "\n";
+  std::cout << "special tokens: " << describe(run.special_tokens, *run.tokenizer) << "\n";
   TrainingSetup setup = setup_training(config, run.model_config, *run.backend, [&](LanguageModel& model) {
     if (config.init == InitMode::random) model.init_random(config.seed);
     else model.load(Checkpoint(config.model));
@@ -171,7 +171,13 @@ std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const
     chat = resolve_chat_template(run.config.data.chat_template,
                                  std::filesystem::path(run.config.tokenizer).parent_path().string());
     set_chat_prompts(data, chat);
-    run.chat_template = chat.kind;
+    if (!run.chat) {  // the training rows come first
+      std::cout << "chat template: " << enum_name(chat.kind) << " (" << chat.source << ")";
+      if (!chat.default_system.empty())
+        std::cout << "; it adds the system message \"" << chat.default_system << "\" to conversations without one";
+      std::cout << "\n";
+    }
+    run.chat = chat;
   }
   TokenizedDataset tokens = tokenize_dataset(data, *run.tokenizer, run.config.seq_len,
                                              run.special_tokens.example_eos_id, &chat,
@@ -495,12 +501,22 @@ void print_samples(Run& run, Progress& progress) {
   sampled.top_p = run.config.generate.top_p;
   sampled.seed = run.config.seed;
   std::vector<std::string> greedy_out = complete_prompts(*run.model, *run.tokenizer, prompts, greedy, stop_condition(run), count);
-  std::vector<std::string> sampled_out = complete_prompts(*run.model, *run.tokenizer, prompts, sampled, stop_condition(run), count);
+  // At temperature 0 the sampled text is the greedy one.
+  const bool sampling = sampled.temperature > 0;
+  std::vector<std::string> sampled_out =
+      sampling ? complete_prompts(*run.model, *run.tokenizer, prompts, sampled, stop_condition(run), count)
+               : std::vector<std::string>();
+  // A chat prompt as the model sees it: its leading bos text (a template's
+  // opening marker, for some) was left to generation's bos id.
+  const int32_t bos = run.tokenizer->bos_id();
+  const std::string bos_text = run.chat && bos >= 0 ? run.tokenizer->token_text(bos) : "";
   for (int64_t i = 0; i < count; ++i) {
     std::ostringstream text;
-    text << "--- sample " << i + 1 << " ---\n" << prompts[size_t(i)] << "\n  reference: " << references[size_t(i)]
-         << "\n  greedy:    " << greedy_out[size_t(i)] << "\n  sampled (temperature " << sampled.temperature
-         << ", top_p " << sampled.top_p << "): " << sampled_out[size_t(i)];
+    text << "--- sample " << i + 1 << " ---\n" << bos_text << prompts[size_t(i)]
+         << "\n  reference: " << references[size_t(i)] << "\n  greedy:    " << greedy_out[size_t(i)];
+    if (sampling)
+      text << "\n  sampled (temperature " << sampled.temperature << ", top_p " << sampled.top_p
+           << "): " << sampled_out[size_t(i)];
     progress.message(text.str());
   }
 }
@@ -539,7 +555,8 @@ void save_outputs(Run& run) {
   save_peft_adapter(path_in(config.output_dir, "adapter"), adapters, run.model->options().lora, adapter);
   const bool config_file = fs::exists(config.source);
   write_adapter_record(path_in(config.output_dir, "adapter"),
-                       {config.quantization.mode, config.precision, run.chat_template, config.source,
+                       {config.quantization.mode, config.precision,
+                        run.chat ? std::optional(run.chat->kind) : std::nullopt, config.source,
                         config_file ? file_fingerprint(config.source) : ""});
   std::cout << "adapter (PEFT format): " << path_in(config.output_dir, "adapter") << "\n";
 }

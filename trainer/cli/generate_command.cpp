@@ -109,7 +109,7 @@ void load_session(Session& session, const GenerateCommand& command) {
   if (!command.adapter.empty()) load_peft_adapter(command.adapter, *session.model);
   session.stop = StopCondition{session.special.stop_ids, session.special.stop_strings, session.tokenizer.get()};
   if (command.ignore_eos) session.stop.ids.clear();
-  std::cerr << "special tokens: " << describe(session.special) << "\n";
+  std::cerr << "special tokens: " << describe(session.special, *session.tokenizer) << "\n";
   const std::optional<ChatTemplateKind> trained_chat = record ? record->chat_template : std::nullopt;
   if (!command.chat) {
     if (trained_chat)

@@ -155,13 +155,14 @@ ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::strin
   nlohmann::json config = nlohmann::json::object();
   if (std::filesystem::exists(config_path))
     config = read_json_object(config_path.string(), "a tokenizer_config.json");
-  std::string jinja = template_string(config);
-  if (jinja.empty() && std::filesystem::exists(jinja_path)) jinja = read_text(jinja_path);
+  std::string jinja = template_string(config), jinja_source = config_path.string();
+  if (jinja.empty() && std::filesystem::exists(jinja_path)) jinja = read_text(jinja_path), jinja_source = jinja_path.string();
 
   ChatTemplate chat;
   chat.kind = configured != ChatTemplateKind::automatic ? configured : recognise_chat_template(jinja);
+  chat.source = configured != ChatTemplateKind::automatic ? setting : jinja_source;
   const std::string renderable = enum_spellings(enum_names(ChatTemplateKind{}), ", ", ChatTemplateKind::automatic);
-  FT_CHECK(chat.kind != ChatTemplateKind::automatic, config_path.string(),
+  FT_CHECK(chat.kind != ChatTemplateKind::automatic, jinja_source,
            jinja.empty() ? ": no chat_template to render chat rows with"
                          : ": its chat_template is none of the templates this trainer renders (" + renderable +
                                "; Jinja is not run)",

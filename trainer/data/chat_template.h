@@ -32,6 +32,7 @@ struct ChatTemplate {
   std::string bos_token = "<s>";  // tokenizer_config.json's, else the family's
   std::string eos_token = "</s>";
   std::string default_system;     // chatml: the system message a template adds when a conversation has none
+  std::string source;             // where the choice came from: the option that named it, or the template's file
 };
 
 struct RenderedPiece {

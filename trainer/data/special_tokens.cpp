@@ -98,12 +98,13 @@ SpecialTokens resolve_special_tokens(const TrainConfig& config, const Tokenizer&
   return tokens;
 }
 
-std::string describe(const SpecialTokens& tokens) {
+std::string describe(const SpecialTokens& tokens, const Tokenizer& tokenizer) {
   std::ostringstream text;
-  if (tokens.example_eos_id >= 0) text << "examples end with id " << tokens.example_eos_id;
+  auto token = [&](int32_t id) { return std::to_string(id) + " \"" + tokenizer.token_text(id) + "\""; };
+  if (tokens.example_eos_id >= 0) text << "examples end with " << token(tokens.example_eos_id);
   else text << "examples end with no EOS";
-  text << "; generation stops at ids [";
-  for (size_t i = 0; i < tokens.stop_ids.size(); ++i) text << (i ? ", " : "") << tokens.stop_ids[i];
+  text << "; generation stops at [";
+  for (size_t i = 0; i < tokens.stop_ids.size(); ++i) text << (i ? ", " : "") << token(tokens.stop_ids[i]);
   text << "]";
   for (const std::string& stop : tokens.stop_strings) text << " and text \"" << stop << "\"";
   return text.str();

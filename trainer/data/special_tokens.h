@@ -47,7 +47,7 @@ std::vector<int32_t> token_ids_field(const nlohmann::json& file, const char* key
 // the model's embedding size.
 SpecialTokens resolve_special_tokens(const TrainConfig& config, const Tokenizer& tokenizer, int64_t vocab_size);
 
-// One line for the log: "examples end with id 2 ('</s>'); generation stops at 2, 7".
-std::string describe(const SpecialTokens& tokens);
+// One line for the log, each token by id and text: "examples end with 2 \"</s>\"; generation stops at [2 \"</s>\", 7 ...]".
+std::string describe(const SpecialTokens& tokens, const Tokenizer& tokenizer);
 
 }  // namespace ft
