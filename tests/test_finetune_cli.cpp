@@ -1493,3 +1493,34 @@ TEST_CASE("generate --chat replies in the chat-trained format; without --chat it
   CHECK(run_command(generate + " --system 'Be brief.'").output.find("--system and --chat-template apply to --chat") !=
         std::string::npos);
 }
+
+// The end-of-run samples come with the `finetune generate` command that
+// gives them again from what the run saved (the same prompts, batching,
+// base and stops): its greedy completions are the printed ones.
+TEST_CASE("the end-of-run samples are reproduced by the generate command the run prints") {
+  const std::string dir = make_run_dir("samples_again");
+  const CommandResult trained =
+      run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=4 --set generate.num_samples=3 " +
+                  "--set generate.max_new_tokens=6 --set task_metric=none");
+  INFO(trained.output);
+  REQUIRE(trained.exit_code == 0);
+  std::vector<std::string> greedy;
+  std::istringstream lines(trained.output);
+  std::string line, command;
+  const std::string again = "the samples again, from what this run saves: finetune ";
+  while (std::getline(lines, line)) {
+    if (line.starts_with("  greedy:    ")) greedy.push_back(line.substr(13));
+    if (line.starts_with(again)) command = line.substr(again.size());
+  }
+  REQUIRE(greedy.size() == 3);
+  REQUIRE(!command.empty());
+  command = command.substr(0, command.find(" (sampled:"));
+  CHECK(fs::exists(dir + "/out/sample_prompts.jsonl"));
+  const CommandResult generated = run_command("cd " + dir + " && " + kBinary + " " + command + " 2>/dev/null");
+  REQUIRE(generated.exit_code == 0);
+  std::istringstream rows(generated.output);
+  for (const std::string& want : greedy) {
+    REQUIRE(std::getline(rows, line));
+    CHECK(nlohmann::json::parse(line)["completion"].get<std::string>() == want);
+  }
+}

@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <tuple>
@@ -480,6 +481,43 @@ std::string opening_words(const std::string& text, int words) {
   return out;
 }
 
+// A shell word: text in single quotes.
+std::string shell_quoted(const std::string& text) {
+  std::string quoted = "'";
+  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// The samples' prompts in output_dir/sample_prompts.jsonl, and the
+// `finetune generate` command that gives the same completions from the saved
+// adapter (or model): the same prompts in one batch (batching changes
+// LLM.int8()'s outlier columns), base, precision, stops and sampling.
+std::string write_sample_prompts(const Run& run, const std::vector<std::string>& prompts,
+                                 const std::vector<std::string>& references, const SamplingOptions& sampled) {
+  const TrainConfig& config = run.config;
+  std::string rows;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    rows += nlohmann::json{{"prompt", prompts[i]}, {"reference", references[i]}}.dump() + "\n";
+  const std::string path = path_in(config.output_dir, "sample_prompts.jsonl");
+  write_file_atomically(path, rows);
+  const bool full = config.trainable == Trainable::all;
+  std::string command = "finetune generate " + shell_quoted(full ? path_in(config.output_dir, "model") : config.model);
+  if (!full) command += " --adapter " + shell_quoted(path_in(config.output_dir, "adapter"));
+  command += " --tokenizer " + shell_quoted(config.tokenizer) + " --quantization " +
+             enum_name(full ? QuantizedBase::none : config.quantization.mode) + " --precision " +
+             enum_name(config.precision) + " --max-new-tokens " + std::to_string(config.generate.max_new_tokens);
+  for (const TokenRef& stop : config.generate.stop)
+    command += " --stop " + shell_quoted(stop.text.empty() ? run.tokenizer->token_text(int32_t(stop.id)) : stop.text);
+  command += " --file " + shell_quoted(path) + " --batch-size " + std::to_string(prompts.size());
+  if (sampled.temperature > 0) {
+    std::ostringstream sampling;
+    sampling << " (sampled: --temperature " << sampled.temperature << " --top-p " << sampled.top_p << " --seed "
+             << sampled.seed << ")";
+    command += sampling.str();
+  }
+  return command;
+}
+
 void print_samples(Run& run, Progress& progress) {
   const int64_t count = std::min<int64_t>(run.config.generate.num_samples, int64_t(run.eval_examples.examples.size()));
   if (count <= 0 || !run.leader) return;
@@ -519,6 +557,8 @@ void print_samples(Run& run, Progress& progress) {
            << "): " << sampled_out[size_t(i)];
     progress.message(text.str());
   }
+  progress.message("the samples again, from what this run saves: " +
+                   write_sample_prompts(run, prompts, references, sampled));
 }
 
 // The full model in HF layout (config.json, model.safetensors, the tokenizer file),
