@@ -134,6 +134,16 @@ TrainingResult train(const TrainConfig& config, Backend& backend, const CachingA
   return result;
 }
 
+// train() on a fresh CUDA backend over the trainer's stack: tracking over
+// caching over device memory.
+TrainingResult train_on_cuda(const TrainConfig& config) {
+  DeviceAllocator device;
+  CachingAllocator caching(device);
+  TrackingAllocator tracker(caching);
+  CudaBackend gpu(tracker, cuda::default_gemm_kind());
+  return train(config, gpu, &caching);
+}
+
 bool all_finite(const std::vector<float>& values) {
   for (float v : values)
     if (!std::isfinite(v)) return false;
@@ -266,15 +276,7 @@ TEST_CASE("cuda: LoRA training with AdamW's state on the host equals resident tr
   const TrainConfig resident = model_config({"llama_gqa", "q_proj, v_proj", "fp32"});
   TrainConfig offloaded = resident;
   offloaded.offload_optimizer = OffloadTarget::host;
-  TrainingResult results[2];
-  const TrainConfig* configs[2] = {&resident, &offloaded};
-  for (int k = 0; k < 2; ++k) {
-    DeviceAllocator device;
-    CachingAllocator caching(device);
-    TrackingAllocator tracker(caching);
-    CudaBackend gpu(tracker, cuda::default_gemm_kind());
-    results[k] = train(*configs[k], gpu, &caching);
-  }
+  const TrainingResult results[2] = {train_on_cuda(resident), train_on_cuda(offloaded)};
   CHECK(all_finite(results[1].adapters));
   CHECK(results[1].losses == results[0].losses);
   CHECK(results[1].adapters == results[0].adapters);
@@ -303,13 +305,6 @@ TEST_CASE("cuda: per-layer checkpoints offloaded to host memory give the residen
       resident.lora.lora_dropout = dropout;
       TrainConfig offloaded = resident;
       offloaded.offload_activations = OffloadTarget::host;
-      auto train_on_cuda = [](const TrainConfig& config) {
-        DeviceAllocator device;
-        CachingAllocator caching(device);
-        TrackingAllocator tracker(caching);
-        CudaBackend gpu(tracker, cuda::default_gemm_kind());
-        return train(config, gpu, &caching);
-      };
       const TrainingResult want = train_on_cuda(resident), got = train_on_cuda(offloaded);
       CHECK(all_finite(got.losses));
       CHECK(got.losses == want.losses);
@@ -339,13 +334,6 @@ TEST_CASE("cuda: LoRA training over a base streamed from host memory equals resi
     CAPTURE(quantization);
     TrainConfig resident = model_config({"llama_gqa", "q_proj, v_proj, gate_proj", "bf16"});
     resident.quantization.mode = quantization == std::string("int8") ? QuantizedBase::int8 : QuantizedBase::nf4;
-    auto train_on_cuda = [](const TrainConfig& config) {
-      DeviceAllocator device;
-      CachingAllocator caching(device);
-      TrackingAllocator tracker(caching);
-      CudaBackend gpu(tracker, cuda::default_gemm_kind());
-      return train(config, gpu, &caching);
-    };
     const TrainingResult want = train_on_cuda(resident);
     CHECK(all_finite(want.losses));
     for (const Streaming& streaming : streamings) {
