@@ -889,6 +889,7 @@ TEST_CASE("chat rows fine-tune end to end; without a template the run names toke
   CHECK(refused.output.find(kFixtures + "/qwen2_tiny/tokenizer_config.json: no chat_template to render chat rows "
                                         "with; set data.chat_template to one of chatml, llama2, llama3, zephyr") !=
         std::string::npos);
+  CHECK(refused.output.find("trainable params") == std::string::npos);  // refused before the weights load
   // ChatML over Qwen2's tokenizer.json; Llama-2's template over the SentencePiece fixture tokenizer.
   for (const std::string& settings : {qwen2 + " --set data.chat_template=chatml", std::string(" --set data.chat_template=llama2")}) {
     CAPTURE(settings);

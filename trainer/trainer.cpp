@@ -147,6 +147,15 @@ void make_model(Run& run) {
   run.tokenizer = load_tokenizer(config.tokenizer, run.model_config.vocab_size);
   run.special_tokens = resolve_special_tokens(config, *run.tokenizer, run.model_config.vocab_size);
   std::cout << "special tokens: " << describe(run.special_tokens, *run.tokenizer) << "\n";
+  // Chat rows need a template: found (or refused) before the weights load.
+  if (config.objective == Objective::sft && config.data.row_template.empty() &&
+      holds_chat_rows(config.data.train, config.data.format)) {
+    run.chat = resolve_chat_template(config.data.chat_template, fs::path(config.tokenizer).parent_path().string());
+    std::cout << "chat template: " << enum_name(run.chat->kind) << " (" << run.chat->source << ")";
+    if (!run.chat->default_system.empty())
+      std::cout << "; it adds the system message \"" << run.chat->default_system << "\" to conversations without one";
+    std::cout << "\n";
+  }
   TrainingSetup setup = setup_training(config, run.model_config, *run.backend, [&](LanguageModel& model) {
     if (config.init == InitMode::random) model.init_random(config.seed);
     else model.load(Checkpoint(config.model));
@@ -169,16 +178,10 @@ std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const
       std::tie(example.prompt, example.completion) = split_text_row(example.completion, run.config.data.text_split);
   ChatTemplate chat;
   if (data.format == DataFormat::chat) {
-    chat = resolve_chat_template(run.config.data.chat_template,
-                                 std::filesystem::path(run.config.tokenizer).parent_path().string());
+    chat = run.chat ? *run.chat
+                    : resolve_chat_template(run.config.data.chat_template,
+                                            std::filesystem::path(run.config.tokenizer).parent_path().string());
     set_chat_prompts(data, chat);
-    if (!run.chat) {  // the training rows come first
-      std::cout << "chat template: " << enum_name(chat.kind) << " (" << chat.source << ")";
-      if (!chat.default_system.empty())
-        std::cout << "; it adds the system message \"" << chat.default_system << "\" to conversations without one";
-      std::cout << "\n";
-    }
-    run.chat = chat;
   }
   TokenizedDataset tokens = tokenize_dataset(data, *run.tokenizer, run.config.seq_len,
                                              run.special_tokens.example_eos_id, &chat,

@@ -40,6 +40,16 @@ DataFormat row_format(const nlohmann::json& row, const std::string& where) {
 
 }  // namespace
 
+bool holds_chat_rows(const std::string& path, DataFormat format) {
+  if (format != DataFormat::automatic) return format == DataFormat::chat;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line) && is_blank(line)) {
+  }
+  const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+  return row.is_object() && row.contains("messages");
+}
+
 std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::string& where) {
   const nlohmann::json& list = row["messages"];
   FT_CHECK(list.is_array(), where, ": \"messages\" must be a list of {\"role\", \"content\"} objects, got ",

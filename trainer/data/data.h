@@ -134,6 +134,12 @@ TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenize
 std::string generation_prompt(const ChatTemplate& chat, std::vector<ChatMessage> conversation,
                               const std::string& where);
 
+// Whether a JSONL data file holds chat rows: format chat, or automatic with
+// a first row that has "messages" (read alone, so a run can check its chat
+// template before it loads a model). A file that cannot be read or parsed
+// says no: loading it names the problem.
+bool holds_chat_rows(const std::string& path, DataFormat format);
+
 // A row's "messages" list of {"role", "content"} strings (roles not checked
 // here: check_chat_roles for training, generation_prompt for a reply).
 std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::string& where);
