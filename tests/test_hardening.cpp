@@ -76,6 +76,24 @@ void write_safetensors(const fs::path& path, const std::string& header, const st
 
 // The llama_gqa fixture with one element of `poisoned` set to `value`, saved
 // into dir as config.json + model.safetensors.
+// The fixture's checkpoint with `retyped`'s bytes stored under another dtype
+// of the same size (no conversion), as a broken export might write them.
+void write_retyped_checkpoint(const fs::path& dir, const std::string& retyped, DType dtype) {
+  const std::string fixture = kFixtures + "/llama_gqa";
+  fs::copy_file(fixture + "/config.json", dir / "config.json");
+  Checkpoint original(fixture);
+  HostAllocator host;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& name : original.names()) {
+    const SafetensorsEntry& entry = original.entry(name);
+    Tensor copy = Tensor::empty(entry.shape, name == retyped ? dtype : entry.dtype, host, MemCategory::workspace);
+    REQUIRE(copy.size_bytes() == entry.size_bytes);
+    std::memcpy(copy.data, entry.data, entry.size_bytes);
+    tensors.emplace_back(name, copy);
+  }
+  save_safetensors((dir / "model.safetensors").string(), tensors);
+}
+
 void write_poisoned_checkpoint(const fs::path& dir, const std::string& poisoned, float value) {
   const std::string fixture = kFixtures + "/llama_gqa";
   fs::copy_file(fixture + "/config.json", dir / "config.json");
@@ -203,6 +221,21 @@ TEST_CASE("safetensors: require_finite finds NaN and Inf in every float dtype an
     CHECK(has(message, path.string() + ": tensor \"" + entry.name + "\" holds inf at element " +
                            std::to_string(4321 + dtype_size_bytes(entry.dtype))));
   }
+}
+
+// An embedding or a projection stored as integers is refused by file and
+// name, whatever the base's quantization, before any conversion runs.
+TEST_CASE("load refuses a weight stored in an integer dtype, naming the file and the tensor") {
+  for (const char* name : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight"})
+    for (bool int8_base : {false, true}) {
+      CAPTURE(name);
+      CAPTURE(int8_base);
+      TempDir dir("retyped");
+      write_retyped_checkpoint(dir.path, name, DType::i32);
+      const std::string message = load_error(dir.path, int8_base);
+      CHECK(has(message, (dir.path / "model.safetensors").string() + ": tensor \"" + name +
+                             "\" is stored as i32; a weight must be F32, F16 or BF16"));
+    }
 }
 
 TEST_CASE("load refuses a checkpoint with a NaN in embed_tokens, naming the tensor") {

@@ -31,6 +31,9 @@ void load_parameter(Backend& backend, const Checkpoint& checkpoint, Parameter& p
   if (p.is_quantized() && quantized_format(p.quantized.format).holds(entry))
     return quantized_format(p.quantized.format).load(backend, checkpoint, p);
   require_shape(entry, p.name, p.shape());
+  const bool floating = entry.dtype == DType::f32 || entry.dtype == DType::bf16 || entry.dtype == DType::f16;
+  FT_CHECK(floating, entry.file, ": tensor \"", p.name, "\" is stored as ", dtype_name(entry.dtype),
+           "; a weight must be F32, F16 or BF16", p.is_quantized() ? " (it is quantised as it loads)" : "");
   assign_weight(backend, p, checkpoint.view(p.name));
   // Done with the source bytes: drop their pages so the mapped checkpoint
   // holds about one tensor resident, not the whole file, at peak.
