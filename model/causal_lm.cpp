@@ -1,7 +1,10 @@
 #include "model/causal_lm.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "kernels/dropout_hash.h"
 #include "kernels/error.h"
@@ -171,9 +174,19 @@ void LanguageModel::fill_parameter(Parameter& p, const std::function<void(Parame
   p.quantized.offset = staged.quantized.offset;
 }
 
+// Each tensor is hashed just before it loads: its pages are read from disk
+// once, for both.
 void LanguageModel::load(const Checkpoint& checkpoint) {
-  for (Parameter& parameter : parameters_)
+  XXH64_hash_t fingerprint = 0;
+  for (Parameter& parameter : parameters_) {
+    const SafetensorsEntry& entry = checkpoint.entry(parameter.name);
+    fingerprint = XXH3_64bits_withSeed(parameter.name.data(), parameter.name.size(), fingerprint);
+    fingerprint = XXH3_64bits_withSeed(entry.data, entry.size_bytes, fingerprint);
     fill_parameter(parameter, [&](Parameter& p) { load_parameter(backend_, checkpoint, p); });
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fingerprint));
+  base_fingerprint_ = std::string("xxh3 ") + hex;
 }
 
 void LanguageModel::init_random(uint64_t seed) {

@@ -67,6 +67,10 @@ class LanguageModel {
  public:
   virtual ~LanguageModel();
 
+  // The base weights' fingerprint: xxHash (XXH3-64) over each loaded
+  // tensor's name and stored bytes, hashed as load() reads them; "" before
+  // load() (random init). A resumed run compares it with its checkpoint's.
+  const std::string& base_fingerprint() const { return base_fingerprint_; }
   // Copies every base weight from the checkpoint (converting dtype, or
   // quantising into the base's format unless saved in it,
   // model/quant/formats.h); a missing tensor or a shape mismatch is an
@@ -210,6 +214,7 @@ class LanguageModel {
   std::deque<Parameter> adapters_;
   std::vector<LoraLinear*> lora_layers_;
   Tensor last_logits_;
+  std::string base_fingerprint_;
   std::unique_ptr<LayerStream> layer_stream_;
   // Layers below this index are streamed (options.stream_base), else 0.
   int64_t streamed_layers() const;

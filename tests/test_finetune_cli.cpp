@@ -578,6 +578,19 @@ TEST_CASE("--resume refuses a checkpoint of another base model or adapter config
   }
   std::ofstream(dir + "/base/config.json", std::ios::trunc) << config_json;
 
+  // The same names, dtypes and shapes with other values (the last f32 weight's
+  // lowest mantissa bit flipped) is another base.
+  const std::string weights = read_file(dir + "/base/model.safetensors");
+  std::string changed = weights;
+  changed[changed.size() - 4] = char(changed[changed.size() - 4] ^ 1);
+  std::ofstream(dir + "/base/model.safetensors", std::ios::binary | std::ios::trunc) << changed;
+  CommandResult other_weights = run_command(finetune + " --resume --allow-data-change");
+  INFO(other_weights.output);
+  CHECK(other_weights.exit_code == 1);
+  CHECK(other_weights.output.find("  the base model's weights (xxHash of every tensor's bytes, " + dir +
+                                  "/base): now xxh3 ") != std::string::npos);
+  std::ofstream(dir + "/base/model.safetensors", std::ios::binary | std::ios::trunc) << weights;
+
   CommandResult other_rank = run_command(finetune + " --resume --set lora.r=8");
   INFO(other_rank.output);
   CHECK(other_rank.exit_code == 1);

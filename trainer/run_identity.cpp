@@ -55,6 +55,13 @@ RunIdentity run_identity(const TrainConfig& config, const LanguageModel& model) 
       {"tokenizer", "the tokenizer (" + config.tokenizer + ")", file_fingerprint(config.tokenizer)},
       {"data.train", "the train data (" + config.data.train + ")", file_fingerprint(config.data.train), true},
   };
+  // The weights' bytes, hashed as they loaded: same names and shapes but other
+  // values is another base. A pipeline stage loads only its layers, so only a
+  // whole model has the fingerprint every rank would agree on.
+  if (!model.base_fingerprint().empty() && model.first_stage() && model.last_stage())
+    identity.push_back({"base_model.weights", "the base model's weights (xxHash of every tensor's bytes, " +
+                                                  config.model + ")",
+                        model.base_fingerprint()});
   if (!config.data.eval.empty())
     identity.push_back(
         {"data.eval", "the eval data (" + config.data.eval + ")", file_fingerprint(config.data.eval), true});

@@ -1,8 +1,9 @@
 // What a run's checkpoints belong to, recorded in every training state and
 // compared on --resume (train_state.h): the base model (its config.json, the
-// names, dtypes and shapes of its tensors, how it is held: cheap, no tensor
-// data is read), the adapter config, the tokenizer file and the data files
-// (size and checksum of each).
+// names, dtypes and shapes of its tensors, how it is held, and the weights'
+// bytes as hashed while they loaded: LanguageModel::base_fingerprint), the
+// adapter config, the tokenizer file and the data files (size and checksum
+// of each).
 #pragma once
 #include "model/causal_lm.h"
 #include "trainer/train_config.h"
@@ -10,7 +11,7 @@
 
 namespace ft {
 
-// model: the run's model, built from config (its LoRA options have the
+// model: the run's model, built from config and loaded (its LoRA options have the
 // architecture's default targets filled in).
 RunIdentity run_identity(const TrainConfig& config, const LanguageModel& model);
 
