@@ -114,6 +114,9 @@ class LanguageModel {
   void zero_grads();
 
   const Tensor& last_logits() const { return last_logits_; }
+  // Frees the logits an eval forward kept: an evaluation between training
+  // steps must not leave [tokens, vocab] f32 held through the steps after it.
+  void release_logits() { last_logits_ = Tensor{}; }
   const ModelConfig& config() const { return config_; }
   Backend& backend() { return backend_; }
   std::deque<Parameter>& parameters() { return parameters_; }  // base weights, HF names

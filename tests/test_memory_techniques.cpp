@@ -16,6 +16,8 @@
 #include "model/safetensors.h"
 #include "tests/host_tensors.h"
 #include "tests/parity.h"
+#include "trainer/data/data.h"
+#include "trainer/evaluate.h"
 
 using namespace ft;
 using ft::testing::same_bytes;
@@ -225,4 +227,24 @@ TEST_CASE("offload.activations: host is refused on the CPU backend and without p
   CHECK_THROWS_WITH_AS(make_causal_lm(config, backend, options),
                        doctest::Contains("offload.activations: host moves the checkpoints from a GPU to host memory"),
                        Error);
+}
+
+// An evaluation between training steps frees everything it made: the eval
+// forward keeps its [tokens, vocab] f32 logits for last_logits(), which
+// evaluate_loss releases, so the steps after it do not carry them.
+TEST_CASE("evaluate_loss leaves no activation behind (the eval logits are released)") {
+  TrackingAllocator tracker(host);
+  CpuBackend backend(tracker);
+  const ModelConfig config = read_model_config(fixture_dir("llama_gqa") + "/config.json");
+  std::unique_ptr<CausalLM> model = make_causal_lm(config, backend, ModelOptions{});
+  model->init_random(2);
+  std::vector<TokenSequence> rows;
+  for (int32_t r = 0; r < 5; ++r) rows.push_back({{1, 10 + r, 20, 30 + r, 2}, {0, 1, 1, 1, 1}});
+  const DataLoader eval(rows, 2, 8, 3, 1, host);
+  const size_t before = tracker.stats().current(MemCategory::activations);
+  const EvalLoss loss = evaluate_loss(*model, eval, 0);
+  CHECK(std::isfinite(loss.loss));
+  CHECK(loss.tokens == 5 * 4);
+  CHECK(tracker.stats().current(MemCategory::activations) == before);
+  CHECK(!model->last_logits().defined());
 }

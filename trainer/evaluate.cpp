@@ -60,6 +60,7 @@ EvalLoss evaluate_loss(LanguageModel& model, const DataLoader& eval, int64_t max
     loss_sum += double(micro_batch_loss(model, batch, nullptr)) * double(batch.counted_tokens);
     tokens += batch.counted_tokens;
   }
+  model.release_logits();
   return eval_loss_of(loss_sum, tokens);
 }
 

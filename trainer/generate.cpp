@@ -163,6 +163,7 @@ std::vector<std::vector<int32_t>> generate(CausalLM& model, const std::vector<st
   if (prompts.empty()) return {};
   if (options.kv_cache) generate_cached(model, rows, options, stop, on_token);
   else generate_uncached(model, rows, options, stop, on_token);
+  model.release_logits();  // the uncached path's last forward kept them
   return rows.generated;
 }
 

@@ -168,6 +168,7 @@ EvalLoss pipeline_eval_loss(CausalLM& model, Collectives& stages, Allocator& hos
     tokens += batch.counted_tokens;
     return output;  // undefined on the last stage
   });
+  model.release_logits();
   return eval_loss_of(stages.sum(model.last_stage() ? loss_sum : 0.0), tokens);
 }
 
