@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "model/families.h"
 #include "model/quant/formats.h"
 #include "trainer/dpo.h"
+#include "trainer/generate.h"
 #include "trainer/plan.h"
 #include "trainer/trainer.h"
 
@@ -140,6 +142,72 @@ TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to th
   check_plan_matches_real_step(kFixtures + "/llama_gqa", kFullFp32 + "offload: {optimizer: host}\n", 2, 16);
   check_plan_matches_real_step(kFixtures + "/llama_gqa", "objective: dpo\n" + kLlamaLora, 2, 16);
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", "objective: dpo\nloss_chunk_tokens: 12\n" + kNeoxLora, 2, 16);
+}
+
+// After a real CPU step, the tracked peaks of the run's other phases as a
+// run makes them: an eval forward of batch x seq (its logits released), and
+// generate() over the larger of ROUGE's and the samples' batches with prompts
+// of seq tokens.
+std::vector<size_t> real_phase_peaks(const TrainConfig& config, int64_t batch, int64_t seq) {
+  const ModelConfig model_config = read_model_config(config.model + "/config.json");
+  HostAllocator host;
+  TrackingAllocator tracker(host), host_state(host);
+  CpuBackend backend(tracker);
+  TrainingSetup setup = setup_training(
+      config, model_config, backend, [&](LanguageModel& model) { fill_weights(model, backend); }, &host_state);
+  CausalLM* model = &causal_lm(*setup.model, "real_phase_peaks");
+  Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
+  model->zero_grads();
+  model->forward_backward(ids, ids, 1.0f);
+  setup.optimizer->step(config.lr);
+  std::vector<size_t> peaks;
+  tracker.reset_peaks();
+  model->forward(ids, ids);
+  model->release_logits();
+  peaks.push_back(tracker.stats().total_peak_bytes);
+  const int64_t rows = generation_batch(
+      config, std::max<int64_t>(std::min<int64_t>(16, config.metric_examples), config.generate.num_samples));
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t < seq; ++t) prompts[size_t(r)].push_back(int32_t((r * 5 + t * 3 + 4) % model_config.vocab_size));
+  SamplingOptions greedy;
+  greedy.max_new_tokens = config.generate.max_new_tokens;
+  tracker.reset_peaks();
+  generate(*model, prompts, greedy, StopCondition{});
+  peaks.push_back(tracker.stats().total_peak_bytes);
+  return peaks;
+}
+
+// With an eval set, the plan replays the run's evaluation and generation
+// after the step: each phase's planned peak equals the real one's to the
+// byte, and the run's peak is the largest.
+TEST_CASE("plan: evaluation and generation after the step plan to the byte, and the run's peak covers them") {
+  for (const std::string& lora : {kLlamaLora, kNf4AllLinear}) {
+    CAPTURE(lora);
+    TrainConfig config = make_config(kFixtures + "/llama_gqa",
+                                     lora + "metric_examples: 5\ngenerate: {num_samples: 3, max_new_tokens: 4}\n");
+    // The plan reads no data: naming an eval set is enough to replay its phases.
+    config.data.eval = "eval.jsonl";
+    config.task_metric = TaskMetric::rouge;
+    PlanOptions cpu;
+    cpu.policy = MemoryPolicy::cpu;
+    const int64_t batch = 2, seq = 16;
+    const StepPlan plan = plan_step(config, cpu, batch, seq);
+    REQUIRE(plan.phases.size() == 2);
+    CHECK(plan.phases[0].phase == "evaluation");
+    CHECK(plan.phases[1].phase == "generation");
+    const std::vector<size_t> measured = real_phase_peaks(config, batch, seq);
+    for (size_t i = 0; i < 2; ++i) {
+      MESSAGE(plan.phases[i].phase, ": planned ", plan.phases[i].peak_bytes, ", measured ", measured[i]);
+      CHECK(plan.phases[i].peak_bytes == measured[i]);
+    }
+    CHECK(plan.total_bytes() == std::max({plan.peak_bytes, measured[0], measured[1]}));
+    // Without an eval set a run neither evaluates nor samples.
+    config.data.eval.clear();
+    config.task_metric = TaskMetric::none;
+    CHECK(plan_step(config, cpu, batch, seq).phases.empty());
+  }
 }
 
 // One pipeline stage's share of 1F1B on a real CPU backend, as plan_pipeline
@@ -341,8 +409,11 @@ TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA at seq 2048, micro_batch 1 (CUDA polic
   const StepPlan plan = plan_step(config, PlanOptions{}, config.micro_batch_size, config.seq_len);
   MESSAGE("20B plan: ", plan.total_bytes(), " bytes (", double(plan.total_bytes()) / double(1ull << 30),
           " GiB incl. context reserve), peak at ", plan.where);
-  // The 24 GB card's budget: 22.5 GiB at seq_len 2048, micro_batch 1, context reserve included.
-  CHECK(plan.total_bytes() <= size_t(45) << 29);
+  // The 24 GB card's budget for the step: 22.5 GiB at seq_len 2048, micro_batch 1, context reserve included.
+  CHECK(plan.peak_bytes + plan.context_bytes <= size_t(45) << 29);
+  // The whole run (its evaluation, and generating from a 2048-token prompt with its key/value cache) fits the card.
+  CHECK(plan.run_peak_phase() == "generation");
+  CHECK(plan.total_bytes() <= size_t(24) << 30);
   // Frozen weights alone: 44 x 12 x 6144^2 int8 bytes = 18.6 GiB.
   CHECK(plan.quantized_weight_bytes == size_t(44) * 12 * 6144 * 6144);
   // trl's recipe: 44 x 16 x (6144 + 18432) = 17,301,504 trainable f32 adapters.
@@ -481,9 +552,11 @@ TEST_CASE("plan: LLaMA-33B NF4 + LoRA r=64 on all linear layers at seq 2048 (CUD
   const size_t adapters = size_t(60) * 64 * (4 * (6656 + 6656) + 3 * (6656 + 17920));
   CHECK(adapters == 487587840);
   check_offloaded_adapter_state(plan, adapters);
-  // The 24 GiB card's budget: 22.5 GiB at seq 2048, micro_batch 1, context reserve included.
-  CHECK(plan.total_bytes() <= size_t(45) << 29);
-  CHECK(plan.total_bytes() == 23568419840);
+  // The 24 GiB card's budget for the step: 22.5 GiB at seq 2048, micro_batch 1, context reserve included;
+  // the whole run, generating from a 2048-token prompt (its 60-layer key/value cache 3.1 GiB), fits the card.
+  CHECK(plan.peak_bytes + plan.context_bytes <= size_t(45) << 29);
+  CHECK(plan.peak_bytes + plan.context_bytes == 23568419840);
+  CHECK(plan.total_bytes() <= size_t(24) << 30);
 }
 
 TEST_CASE("plan: Llama-2-70B NF4 + LoRA r=64 on all linear layers at seq 2048 on a 48 GiB card (CUDA policy)") {
@@ -587,10 +660,12 @@ TEST_CASE("plan: the best mode for LLaMA-33B on a 24 GiB card is nf4 with the op
     CHECK(fit.largest_micro_batch == (nf4_host ? 1 : 0));
   }
   CHECK(mode_name(modes[5].mode) == "nf4, optimizer state on the host");
-  CHECK(modes[5].bytes == 23568419840);
-  CHECK(modes[4].bytes == 28447509504);
+  // The whole run's peaks (generation from a 2048-token prompt sets them; the step's are 23,568,419,840 and
+  // 28,447,509,504 bytes).
+  CHECK(modes[5].bytes == 24977009664);
+  CHECK(modes[4].bytes == 29852888064);
   // Streamed, in order: int8, int8 with the state on the host, nf4, nf4 on the host.
-  const int64_t resident[] = {23, 32, 48, 59}, micro_batch[] = {4, 8, 4, 8};
+  const int64_t resident[] = {21, 30, 43, 59}, micro_batch[] = {4, 8, 4, 8};
   for (size_t i = 6; i < 10; ++i) {
     CAPTURE(mode_name(modes[i].mode));
     CHECK(modes[i].mode.base == OffloadTarget::host);

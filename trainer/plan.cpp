@@ -44,7 +44,13 @@ class PeakWatch final : public Allocator {
       phase_at_peak = phase;
       cursor_at_peak = backend ? backend->cursor() : MetaCursor{};
     }
+    phase_peak_bytes = std::max(phase_peak_bytes, held);
     return ptr;
+  }
+  // A phase of the run after the step: its own peak starts from what is held now.
+  void start_phase(const char* name) {
+    phase = name;
+    phase_peak_bytes = caching_ ? caching_->in_use_bytes() : tracker_.stats().total_current_bytes;
   }
   void deallocate(void* ptr, size_t bytes, MemCategory category) override {
     tracker_.deallocate(ptr, bytes, category);
@@ -56,6 +62,7 @@ class PeakWatch final : public Allocator {
   MemoryStats at_peak;
   const char* phase_at_peak = "";
   MetaCursor cursor_at_peak;
+  size_t phase_peak_bytes = 0;  // since start_phase
 
  private:
   TrackingAllocator& tracker_;
@@ -162,6 +169,46 @@ void model_activation_offload(StepPlan& plan, const LanguageModel& model, const 
   const double forward_s = flops.forward / options.flops_per_s, backward_s = flops.backward / options.flops_per_s;
   plan.activation_stall_s = double(offloaded) * (std::max(0.0, plan.activation_copy_s - forward_s) +
                                                  std::max(0.0, plan.activation_copy_s - backward_s));
+}
+
+// What a run does besides its steps, after the step as a run does it:
+// evaluation forwards and generation (ROUGE, the samples), a decoder-only
+// model's. Generation is replayed as generate()'s cached path allocates:
+// the cache, the prompts' forward, one decoding step (each later step
+// repeats its allocations).
+void replay_run_phases(StepPlan& plan, PeakWatch& watch, const TrainConfig& config, LanguageModel& model,
+                       const Tensor& ids, const Tensor& targets) {
+  CausalLM* causal = model.as_causal_lm();
+  if (config.data.eval.empty() || !causal) return;
+  const int64_t micro_batch = plan.micro_batch, seq_len = plan.seq_len;
+  watch.start_phase("evaluation");
+  if (config.objective == Objective::dpo) {
+    dpo_micro_batch(*causal, Batch{ids, targets, ids.numel()}, config.dpo, false, 1.0);
+  } else {
+    causal->forward(ids.slice_rows(0, micro_batch), targets.slice_rows(0, micro_batch));
+    causal->release_logits();
+  }
+  plan.phases.push_back({"evaluation", watch.phase_peak_bytes});
+  const int64_t rouge_rows = config.task_metric == TaskMetric::rouge ? std::min<int64_t>(16, config.metric_examples) : 0;
+  const int64_t wanted = std::max(rouge_rows, config.generate.num_samples);
+  const int64_t rows = wanted > 0 ? generation_batch(config, wanted) : 0;
+  const int64_t new_tokens = config.generate.max_new_tokens;
+  if (config.objective != Objective::sft || rows == 0 || new_tokens == 0) return;
+  watch.start_phase("generation");
+  HostAllocator host;
+  const ModelConfig& model_config = model.config();
+  const int64_t capacity = std::min(seq_len + new_tokens, model_config.max_position_embeddings);
+  KvCache cache = causal->make_kv_cache(rows, capacity);
+  Tensor prompt = Tensor::empty({rows, seq_len}, DType::i32, host, MemCategory::activations);
+  std::fill_n(prompt.ptr<int32_t>(), prompt.numel(), 0);
+  Tensor logits = Tensor::empty({rows, model_config.vocab_size}, DType::f32, host, MemCategory::activations);
+  model.backend().copy(logits, causal->forward_cached(cache, prompt, std::vector<int64_t>(size_t(rows), seq_len)));
+  if (new_tokens > 1 && seq_len < capacity) {  // a prompt filling every position ends there
+    Tensor step = Tensor::empty({rows, 1}, DType::i32, host, MemCategory::activations);
+    std::fill_n(step.ptr<int32_t>(), rows, 0);
+    model.backend().copy(logits, causal->forward_cached(cache, step, std::vector<int64_t>(size_t(rows), 1)));
+  }
+  plan.phases.push_back({"generation", watch.phase_peak_bytes});
 }
 
 // A pipeline stage's share of 1F1B: in_flight micro-batches' forwards, then
@@ -285,12 +332,27 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
   plan.where = describe_peak(watch, model);
   if (!model.adapters().empty()) plan.adapter_dtype = model.adapters().front().value.dtype;
   plan.host_optimizer_bytes = host_state.stats().current(MemCategory::optimizer);
+  if (stage.end_layer == 0) replay_run_phases(plan, watch, config, model, ids, targets);
   if (const CausalLM* causal = model.as_causal_lm(); causal && causal->activation_offload_state())
     model_activation_offload(plan, model, *causal->activation_offload_state(), flops, options);
   return plan;
 }
 
 }  // namespace
+
+size_t StepPlan::run_peak_bytes() const {
+  size_t peak = peak_bytes;
+  for (const PhasePeak& p : phases) peak = std::max(peak, p.peak_bytes);
+  return peak;
+}
+
+std::string StepPlan::run_peak_phase() const {
+  std::string phase = "the training step";
+  size_t peak = peak_bytes;
+  for (const PhasePeak& p : phases)
+    if (p.peak_bytes > peak) peak = p.peak_bytes, phase = p.phase;
+  return phase;
+}
 
 StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch, int64_t seq_len) {
   return replay_step(config, options, micro_batch, seq_len, LayerRange{}, 1);
@@ -349,9 +411,15 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
     print_row("CUDA context reserve", plan.context_bytes);
   }
   std::printf("  %-58s %12s\n", "----------------------------------------", "----------");
-  print_row("peak", plan.total_bytes());
-  std::printf("  peak in bytes: %zu\n", plan.total_bytes());
+  print_row("peak", plan.peak_bytes + plan.context_bytes);
+  std::printf("  peak in bytes: %zu\n", plan.peak_bytes + plan.context_bytes);
   std::printf("  peak at: %s\n", plan.where.c_str());
+  for (const StepPlan::PhasePeak& phase : plan.phases)
+    std::printf("  %s (after the step): peak %s (%zu bytes)\n", phase.phase.c_str(),
+                format_bytes(phase.peak_bytes + plan.context_bytes).c_str(), phase.peak_bytes + plan.context_bytes);
+  if (!plan.phases.empty())
+    std::printf("  the run's peak: %s, in %s\n", format_bytes(plan.total_bytes()).c_str(),
+                plan.run_peak_phase().c_str());
   if (options.policy == MemoryPolicy::cuda)
     std::printf("  reserved by the caching allocator after the step (cache never flushed): %s\n",
                 format_bytes(plan.reserved_bytes + plan.context_bytes).c_str());

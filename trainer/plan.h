@@ -6,6 +6,7 @@
 // same code, and reports what the allocator held at the step's peak. No
 // weights, tokenizer or data are read.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -94,8 +95,28 @@ struct StepPlan {
   // head (logits and d(hidden): the head is frozen).
   double layer_flops = 0.0, lm_head_flops = 0.0;
 
-  size_t total_bytes() const { return peak_bytes + context_bytes; }
+  // The run's phases besides the step, each with its own peak (what the
+  // device holds then included): "evaluation" (one eval micro-batch, when the
+  // config has an eval set) and "generation" (ROUGE's and the end-of-run
+  // samples' larger batch: prompts of seq_len tokens, then a decoding step).
+  struct PhasePeak {
+    std::string phase;
+    size_t peak_bytes = 0;
+  };
+  std::vector<PhasePeak> phases;
+  // The whole run's: the step's peak, or a later phase's when larger.
+  size_t run_peak_bytes() const;
+  std::string run_peak_phase() const;
+
+  size_t total_bytes() const { return run_peak_bytes() + context_bytes; }
 };
+
+// The rows a run's generation (ROUGE, the samples) runs at once: `wanted`,
+// at most micro_batch_size, so a prompt batch costs no more than a training
+// micro-batch's forward (and the plan's generation phase fits where the step does).
+inline int64_t generation_batch(const TrainConfig& config, int64_t wanted) {
+  return std::max<int64_t>(1, std::min(wanted, config.micro_batch_size));
+}
 
 // One training step of micro_batch x seq_len tokens, planned.
 StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch, int64_t seq_len);

@@ -452,7 +452,7 @@ EvalFigures evaluate(Run& run, int64_t step, Progress& progress, const char* lab
   if (run.config.task_metric == TaskMetric::rouge) {
     TaskMetricResult metric = evaluate_rouge(*run.model, *run.tokenizer, run.eval_examples.examples,
                                              run.config.metric_examples, run.config.generate.max_new_tokens,
-                                             stop_condition(run), 16);
+                                             stop_condition(run), generation_batch(run.config, 16));
     figures.has_rouge = true;
     figures.rouge = metric.rouge;
     row["rouge1"] = metric.rouge.rouge1;
@@ -511,7 +511,8 @@ std::string write_sample_prompts(const Run& run, const std::vector<std::string>&
              enum_name(config.precision) + " --max-new-tokens " + std::to_string(config.generate.max_new_tokens);
   for (const TokenRef& stop : config.generate.stop)
     command += " --stop " + shell_quoted(stop.text.empty() ? run.tokenizer->token_text(int32_t(stop.id)) : stop.text);
-  command += " --file " + shell_quoted(path) + " --batch-size " + std::to_string(prompts.size());
+  command += " --file " + shell_quoted(path) + " --batch-size " +
+             std::to_string(generation_batch(config, int64_t(prompts.size())));
   if (sampled.temperature > 0) {
     std::ostringstream sampling;
     sampling << " (sampled: --temperature " << sampled.temperature << " --top-p " << sampled.top_p << " --seed "
@@ -541,11 +542,12 @@ void print_samples(Run& run, Progress& progress) {
   sampled.temperature = run.config.generate.temperature;
   sampled.top_p = run.config.generate.top_p;
   sampled.seed = run.config.seed;
-  std::vector<std::string> greedy_out = complete_prompts(*run.model, *run.tokenizer, prompts, greedy, stop_condition(run), count);
+  const int64_t batch = generation_batch(run.config, count);
+  std::vector<std::string> greedy_out = complete_prompts(*run.model, *run.tokenizer, prompts, greedy, stop_condition(run), batch);
   // At temperature 0 the sampled text is the greedy one.
   const bool sampling = sampled.temperature > 0;
   std::vector<std::string> sampled_out =
-      sampling ? complete_prompts(*run.model, *run.tokenizer, prompts, sampled, stop_condition(run), count)
+      sampling ? complete_prompts(*run.model, *run.tokenizer, prompts, sampled, stop_condition(run), batch)
                : std::vector<std::string>();
   // A chat prompt as the model sees it: its leading bos text (a template's
   // opening marker, for some) was left to generation's bos id.

@@ -19,6 +19,7 @@
 #include "model/causal_lm.h"
 #include "model/families.h"
 #include "tests/emu/cuda_device_skip.h"
+#include "trainer/generate.h"
 #include "trainer/plan.h"
 #include "trainer/train_config.h"
 #include "trainer/trainer.h"
@@ -133,4 +134,56 @@ TEST_CASE("plan: with the checkpoints offloaded the CUDA policy's peak equals a 
   const size_t checkpoint_bytes = size_t(2 * 24 * model.hidden_size) * 2;  // bf16
   CHECK(plan.host_activation_bytes == size_t(model.num_hidden_layers - 1) * checkpoint_bytes);
   CHECK(plan.activation_pcie_bytes == 2 * plan.host_activation_bytes);
+}
+
+// The run's phases after the step (tests/test_plan.cpp checks them on the
+// CPU): an eval forward and generate() over ROUGE's and the samples' larger
+// batch, planned against the caching allocator's measured peaks, to the byte.
+TEST_CASE("plan: evaluation and generation after a CUDA step plan to the byte") {
+  REQUIRE(cuda_device_present);
+  for (const char* precision : {"precision: fp32\n", "precision: bf16\n"}) {
+    CAPTURE(precision);
+    TrainConfig config = make_config("llama_gqa", std::string(kInt8Lora) + "[q_proj, v_proj]}\n" + precision +
+                                                      "metric_examples: 5\ngenerate: {num_samples: 3, max_new_tokens: 4}\n");
+    config.data.eval = "eval.jsonl";  // the plan reads no data
+    config.task_metric = TaskMetric::rouge;
+    PlanOptions options;
+    options.gemm_workspace_bytes = cuda::default_gemm_kind() == cuda::GemmKind::cublaslt
+                                       ? cuda::kCublasLtWorkspaceBytes : 0;
+    options.library_attention = cuda::library_attention_built() && cuda::library_attention_wanted();
+    const int64_t batch = 2, seq = 24;
+    const StepPlan plan = plan_step(config, options, batch, seq);
+    REQUIRE(plan.phases.size() == 2);
+
+    const ModelConfig model_config = read_model_config(config.model + "/config.json");
+    DeviceAllocator device;
+    CachingAllocator caching(device);
+    TrackingAllocator tracker(caching);
+    CudaBackend backend(tracker, cuda::default_gemm_kind());
+    HostAllocator host;
+    TrackingAllocator host_state(host);
+    TrainingSetup setup = setup_training(
+        config, model_config, backend, [&](LanguageModel& model) { model.init_random(config.seed); }, &host_state);
+    CausalLM* model = &causal_lm(*setup.model, "this test");
+    Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
+    for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
+    model->zero_grads();
+    model->forward_backward(ids, ids, 1.0f);
+    setup.optimizer->step(config.lr);
+    caching.reset_peak();
+    model->forward(ids, ids);
+    model->release_logits();
+    const size_t eval_peak = caching.stats().peak_bytes;
+    const size_t rows = size_t(generation_batch(config, 5));  // ROUGE's 5 examples, at most micro_batch_size
+    std::vector<std::vector<int32_t>> prompts(rows, std::vector<int32_t>(size_t(seq), 7));
+    SamplingOptions greedy;
+    greedy.max_new_tokens = 4;
+    caching.reset_peak();
+    generate(*model, prompts, greedy, StopCondition{});
+    const size_t generation_peak = caching.stats().peak_bytes;
+    MESSAGE("evaluation: planned ", plan.phases[0].peak_bytes, ", measured ", eval_peak, "; generation: planned ",
+            plan.phases[1].peak_bytes, ", measured ", generation_peak);
+    CHECK(plan.phases[0].peak_bytes == eval_peak);
+    CHECK(plan.phases[1].peak_bytes == generation_peak);
+  }
 }
