@@ -19,7 +19,9 @@
 #include "model/quant/formats.h"
 #include "trainer/dpo.h"
 #include "trainer/generate.h"
+#include "model/peft_adapter.h"
 #include "trainer/plan.h"
+#include "trainer/train_state.h"
 #include "trainer/trainer.h"
 
 namespace fs = std::filesystem;
@@ -163,6 +165,10 @@ std::vector<size_t> real_phase_peaks(const TrainConfig& config, int64_t batch, i
   setup.optimizer->step(config.lr);
   std::vector<size_t> peaks;
   tracker.reset_peaks();
+  train_state_tensors(*setup.optimizer, host);
+  peft_adapter_tensors(*model, host);
+  peaks.push_back(tracker.stats().total_peak_bytes);
+  tracker.reset_peaks();
   model->forward(ids, ids);
   model->release_logits();
   peaks.push_back(tracker.stats().total_peak_bytes);
@@ -194,19 +200,20 @@ TEST_CASE("plan: evaluation and generation after the step plan to the byte, and 
     cpu.policy = MemoryPolicy::cpu;
     const int64_t batch = 2, seq = 16;
     const StepPlan plan = plan_step(config, cpu, batch, seq);
-    REQUIRE(plan.phases.size() == 2);
-    CHECK(plan.phases[0].phase == "evaluation");
-    CHECK(plan.phases[1].phase == "generation");
+    REQUIRE(plan.phases.size() == 3);
+    CHECK(plan.phases[0].phase == "checkpoint");
+    CHECK(plan.phases[1].phase == "evaluation");
+    CHECK(plan.phases[2].phase == "generation");
     const std::vector<size_t> measured = real_phase_peaks(config, batch, seq);
-    for (size_t i = 0; i < 2; ++i) {
+    for (size_t i = 0; i < 3; ++i) {
       MESSAGE(plan.phases[i].phase, ": planned ", plan.phases[i].peak_bytes, ", measured ", measured[i]);
       CHECK(plan.phases[i].peak_bytes == measured[i]);
     }
-    CHECK(plan.total_bytes() == std::max({plan.peak_bytes, measured[0], measured[1]}));
-    // Without an eval set a run neither evaluates nor samples.
+    CHECK(plan.total_bytes() == std::max({plan.peak_bytes, measured[0], measured[1], measured[2]}));
+    // Without an eval set a run neither evaluates nor samples; it still saves.
     config.data.eval.clear();
     config.task_metric = TaskMetric::none;
-    CHECK(plan_step(config, cpu, batch, seq).phases.empty());
+    CHECK(plan_step(config, cpu, batch, seq).phases.size() == 1);
   }
 }
 

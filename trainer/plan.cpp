@@ -15,6 +15,7 @@
 #include "model/causal_lm.h"
 #include "model/families.h"
 #include "model/layer_stream.h"
+#include "model/peft_adapter.h"
 #include "model/quant/formats.h"
 #include "trainer/dpo.h"
 #include "trainer/evaluate.h"
@@ -22,6 +23,7 @@
 #include "trainer/parallel/pipeline.h"
 #include "trainer/report/progress.h"
 #include "trainer/setup.h"
+#include "trainer/train_state.h"
 
 namespace ft {
 
@@ -177,7 +179,16 @@ void model_activation_offload(StepPlan& plan, const LanguageModel& model, const 
 // the cache, the prompts' forward, one decoding step (each later step
 // repeats its allocations).
 void replay_run_phases(StepPlan& plan, PeakWatch& watch, const TrainConfig& config, LanguageModel& model,
-                       const Tensor& ids, const Tensor& targets) {
+                       AdamW& optimizer, const Tensor& ids, const Tensor& targets) {
+  // Every run saves: the training state and the adapter, copied to host
+  // memory (a dtype conversion on the way takes device scratch).
+  {
+    watch.start_phase("checkpoint");
+    HostAllocator host;  // the host copies are dropped at once: only the device side counts
+    train_state_tensors(optimizer, host);
+    if (config.trainable == Trainable::lora) peft_adapter_tensors(model, host);
+    plan.phases.push_back({"checkpoint", watch.phase_peak_bytes});
+  }
   CausalLM* causal = model.as_causal_lm();
   if (config.data.eval.empty() || !causal) return;
   const int64_t micro_batch = plan.micro_batch, seq_len = plan.seq_len;
@@ -332,7 +343,7 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
   plan.where = describe_peak(watch, model);
   if (!model.adapters().empty()) plan.adapter_dtype = model.adapters().front().value.dtype;
   plan.host_optimizer_bytes = host_state.stats().current(MemCategory::optimizer);
-  if (stage.end_layer == 0) replay_run_phases(plan, watch, config, model, ids, targets);
+  if (stage.end_layer == 0) replay_run_phases(plan, watch, config, model, *setup.optimizer, ids, targets);
   if (const CausalLM* causal = model.as_causal_lm(); causal && causal->activation_offload_state())
     model_activation_offload(plan, model, *causal->activation_offload_state(), flops, options);
   return plan;

@@ -96,9 +96,11 @@ struct StepPlan {
   double layer_flops = 0.0, lm_head_flops = 0.0;
 
   // The run's phases besides the step, each with its own peak (what the
-  // device holds then included): "evaluation" (one eval micro-batch, when the
-  // config has an eval set) and "generation" (ROUGE's and the end-of-run
-  // samples' larger batch: prompts of seq_len tokens, then a decoding step).
+  // device holds then included): "checkpoint" (the training state and the
+  // adapter copied to host memory), and with an eval set "evaluation" (one
+  // eval micro-batch) and "generation" (ROUGE's and the end-of-run samples'
+  // rows, at most micro_batch_size: prompts of seq_len tokens, then a
+  // decoding step).
   struct PhasePeak {
     std::string phase;
     size_t peak_bytes = 0;

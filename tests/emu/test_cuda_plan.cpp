@@ -20,7 +20,9 @@
 #include "model/families.h"
 #include "tests/emu/cuda_device_skip.h"
 #include "trainer/generate.h"
+#include "model/peft_adapter.h"
 #include "trainer/plan.h"
+#include "trainer/train_state.h"
 #include "trainer/train_config.h"
 #include "trainer/trainer.h"
 
@@ -153,7 +155,7 @@ TEST_CASE("plan: evaluation and generation after a CUDA step plan to the byte") 
     options.library_attention = cuda::library_attention_built() && cuda::library_attention_wanted();
     const int64_t batch = 2, seq = 24;
     const StepPlan plan = plan_step(config, options, batch, seq);
-    REQUIRE(plan.phases.size() == 2);
+    REQUIRE(plan.phases.size() == 3);
 
     const ModelConfig model_config = read_model_config(config.model + "/config.json");
     DeviceAllocator device;
@@ -171,6 +173,10 @@ TEST_CASE("plan: evaluation and generation after a CUDA step plan to the byte") 
     model->forward_backward(ids, ids, 1.0f);
     setup.optimizer->step(config.lr);
     caching.reset_peak();
+    train_state_tensors(*setup.optimizer, host);
+    peft_adapter_tensors(*model, host);
+    const size_t checkpoint_peak = caching.stats().peak_bytes;
+    caching.reset_peak();
     model->forward(ids, ids);
     model->release_logits();
     const size_t eval_peak = caching.stats().peak_bytes;
@@ -181,9 +187,11 @@ TEST_CASE("plan: evaluation and generation after a CUDA step plan to the byte") 
     caching.reset_peak();
     generate(*model, prompts, greedy, StopCondition{});
     const size_t generation_peak = caching.stats().peak_bytes;
-    MESSAGE("evaluation: planned ", plan.phases[0].peak_bytes, ", measured ", eval_peak, "; generation: planned ",
-            plan.phases[1].peak_bytes, ", measured ", generation_peak);
-    CHECK(plan.phases[0].peak_bytes == eval_peak);
-    CHECK(plan.phases[1].peak_bytes == generation_peak);
+    MESSAGE("checkpoint: planned ", plan.phases[0].peak_bytes, ", measured ", checkpoint_peak, "; evaluation: planned ",
+            plan.phases[1].peak_bytes, ", measured ", eval_peak, "; generation: planned ", plan.phases[2].peak_bytes,
+            ", measured ", generation_peak);
+    CHECK(plan.phases[0].peak_bytes == checkpoint_peak);
+    CHECK(plan.phases[1].peak_bytes == eval_peak);
+    CHECK(plan.phases[2].peak_bytes == generation_peak);
   }
 }
