@@ -1510,6 +1510,30 @@ TEST_CASE("generate --chat replies in the chat-trained format; without --chat it
   CHECK(bare.output.find("the adapter was trained on chat rows (template llama2): add --chat") != std::string::npos);
   CHECK(run_command(generate + " --system 'Be brief.'").output.find("--system and --chat-template apply to --chat") !=
         std::string::npos);
+
+  // --file in chat mode: {"messages"} rows answered as a conversation; a row that does not end with a user
+  // message, or a role the template cannot take, is one error naming the file and the line.
+  std::ofstream(dir + "/chats.jsonl")
+      << R"({"messages": [{"role": "user", "content": "What did Person1 ask"}]})" << "\n"
+      << R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]})" << "\n";
+  const std::string file = "cd " + dir + " && " + kBinary + " generate " + kFixtures + "/llama_gqa --adapter out/adapter " +
+                           "--tokenizer " + kFixtures + "/tokenizer/tokenizer.model --device cpu --chat --file ";
+  const CommandResult bad_row = run_command(file + "chats.jsonl");
+  CHECK(bad_row.exit_code == 1);
+  CHECK(bad_row.output.find("chats.jsonl:2: the last message is the assistant's (expected a user message to reply "
+                            "to)") != std::string::npos);
+  std::ofstream(dir + "/chats.jsonl", std::ios::trunc)
+      << R"({"messages": [{"role": "user", "content": "What did Person1 ask"}]})" << "\n"
+      << R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Again"}]})" << "\n";
+  const CommandResult bad_roles = run_command(file + "chats.jsonl");
+  CHECK(bad_roles.exit_code == 1);
+  CHECK(bad_roles.output.find("chats.jsonl:2: messages[1].role is \"user\" but the llama2 chat template needs user "
+                              "and assistant turns to alternate") != std::string::npos);
+  std::ofstream(dir + "/chats.jsonl", std::ios::trunc)
+      << R"({"messages": [{"role": "user", "content": "What did Person1 ask"}]})" << "\n";
+  const CommandResult answered = run_command(file + "chats.jsonl 2>/dev/null");
+  CHECK(answered.exit_code == 0);
+  CHECK(nlohmann::json::parse(answered.output)["completion"] == "Sure, here it is.");
 }
 
 // The end-of-run samples come with the `finetune generate` command that
