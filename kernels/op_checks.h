@@ -328,9 +328,10 @@ inline bool is_floating(DType dtype) { return dtype == DType::f32 || dtype == DT
 // Backend::copy: each side on the backend's device or the host (with data
 // unless meta), at least one on the device; equal element counts; a dtype
 // change only between floating dtypes.
+// On the meta device (the planner) host tensors have no data either.
 inline void check_copy(Device device, const Tensor& dst, const Tensor& src) {
   for (auto [t, name] : {std::pair{&dst, "dst"}, std::pair{&src, "src"}}) {
-    const bool has_data = t->data != nullptr || t->numel() == 0 || t->device == Device::meta;
+    const bool has_data = t->data != nullptr || t->numel() == 0 || t->device == Device::meta || device == Device::meta;
     FT_CHECK((t->device == device || t->device == Device::cpu) && has_data, "copy: ", name, " must be a ",
              device_name(device), " or CPU tensor with data (shape ", shape_string(t->shape), ")");
   }

@@ -184,7 +184,7 @@ void replay_run_phases(StepPlan& plan, PeakWatch& watch, const TrainConfig& conf
   // memory (a dtype conversion on the way takes device scratch).
   {
     watch.start_phase("checkpoint");
-    HostAllocator host;  // the host copies are dropped at once: only the device side counts
+    MetaHostAllocator host;  // host copies without bytes: only the device side counts (a 33B state is GBs)
     train_state_tensors(optimizer, host);
     if (config.trainable == Trainable::lora) peft_adapter_tensors(model, host);
     plan.phases.push_back({"checkpoint", watch.phase_peak_bytes});
