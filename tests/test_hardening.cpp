@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -74,11 +75,11 @@ void write_safetensors(const fs::path& path, const std::string& header, const st
   write_text(path, bytes + header + data);
 }
 
-// The llama_gqa fixture with one element of `poisoned` set to `value`, saved
-// into dir as config.json + model.safetensors.
-// The fixture's checkpoint with `retyped`'s bytes stored under another dtype
-// of the same size (no conversion), as a broken export might write them.
-void write_retyped_checkpoint(const fs::path& dir, const std::string& retyped, DType dtype) {
+// The llama_gqa fixture saved into dir as config.json + model.safetensors,
+// tensor `changed` altered: stored under `dtype` (its bytes unconverted, as a
+// broken export might write them) and/or its element 7 set to `poison`.
+void write_changed_checkpoint(const fs::path& dir, const std::string& changed, std::optional<DType> dtype,
+                              std::optional<float> poison) {
   const std::string fixture = kFixtures + "/llama_gqa";
   fs::copy_file(fixture + "/config.json", dir / "config.json");
   Checkpoint original(fixture);
@@ -86,28 +87,18 @@ void write_retyped_checkpoint(const fs::path& dir, const std::string& retyped, D
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const std::string& name : original.names()) {
     const SafetensorsEntry& entry = original.entry(name);
-    Tensor copy = Tensor::empty(entry.shape, name == retyped ? dtype : entry.dtype, host, MemCategory::workspace);
+    const DType stored = name == changed && dtype ? *dtype : entry.dtype;
+    Tensor copy = Tensor::empty(entry.shape, stored, host, MemCategory::workspace);
     REQUIRE(copy.size_bytes() == entry.size_bytes);
     std::memcpy(copy.data, entry.data, entry.size_bytes);
+    if (name == changed && poison) copy.ptr<float>()[7] = *poison;
     tensors.emplace_back(name, copy);
   }
   save_safetensors((dir / "model.safetensors").string(), tensors);
 }
 
 void write_poisoned_checkpoint(const fs::path& dir, const std::string& poisoned, float value) {
-  const std::string fixture = kFixtures + "/llama_gqa";
-  fs::copy_file(fixture + "/config.json", dir / "config.json");
-  Checkpoint original(fixture);
-  HostAllocator host;
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const std::string& name : original.names()) {
-    const SafetensorsEntry& entry = original.entry(name);
-    Tensor copy = Tensor::empty(entry.shape, entry.dtype, host, MemCategory::workspace);
-    std::memcpy(copy.data, entry.data, entry.size_bytes);
-    if (name == poisoned) copy.ptr<float>()[7] = value;
-    tensors.emplace_back(name, copy);
-  }
-  save_safetensors((dir / "model.safetensors").string(), tensors);
+  write_changed_checkpoint(dir, poisoned, std::nullopt, value);
 }
 
 std::string load_error(const fs::path& dir, bool int8_base) {
@@ -231,7 +222,7 @@ TEST_CASE("load refuses a weight stored in an integer dtype, naming the file and
       CAPTURE(name);
       CAPTURE(int8_base);
       TempDir dir("retyped");
-      write_retyped_checkpoint(dir.path, name, DType::i32);
+      write_changed_checkpoint(dir.path, name, DType::i32, std::nullopt);
       const std::string message = load_error(dir.path, int8_base);
       CHECK(has(message, (dir.path / "model.safetensors").string() + ": tensor \"" + name +
                              "\" is stored as i32; a weight must be F32, F16 or BF16"));

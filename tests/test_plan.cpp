@@ -63,7 +63,12 @@ void fill_weights(LanguageModel& model, Backend& backend) {
 
 // The tracked peak of one real CPU training step, built as plan_step builds it
 // (objective: dpo: batch pairs, the reference forward and the policy's step).
-size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq) {
+// With phase_peaks, after the step the tracked peaks of the run's other
+// phases as a run makes them: the checkpoint's host copies, an eval forward
+// of batch x seq (its logits released), and generate() over the larger of
+// ROUGE's and the samples' batches with prompts of seq tokens.
+size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq,
+                      std::vector<size_t>* phase_peaks = nullptr) {
   const bool dpo = config.objective == Objective::dpo;
   const ModelConfig model_config = read_model_config(config.model + "/config.json");
   HostAllocator host;
@@ -80,7 +85,27 @@ size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq) {
                           : model->forward_backward(ids, ids, 1.0f);
   CHECK(std::isfinite(loss));
   setup.optimizer->step(config.lr);
-  return tracker.stats().total_peak_bytes;
+  const size_t step_peak = tracker.stats().total_peak_bytes;
+  if (!phase_peaks) return step_peak;
+  tracker.reset_peaks();
+  train_state_tensors(*setup.optimizer, host);
+  peft_adapter_tensors(*model, host);
+  phase_peaks->push_back(tracker.stats().total_peak_bytes);
+  tracker.reset_peaks();
+  model->forward(ids, ids);
+  model->release_logits();
+  phase_peaks->push_back(tracker.stats().total_peak_bytes);
+  const int64_t rows = generation_batch(
+      config, std::max<int64_t>(std::min<int64_t>(16, config.metric_examples), config.generate.num_samples));
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t < seq; ++t) prompts[size_t(r)].push_back(int32_t((r * 5 + t * 3 + 4) % model_config.vocab_size));
+  SamplingOptions greedy;
+  greedy.max_new_tokens = config.generate.max_new_tokens;
+  tracker.reset_peaks();
+  generate(*model, prompts, greedy, StopCondition{});
+  phase_peaks->push_back(tracker.stats().total_peak_bytes);
+  return step_peak;
 }
 
 void check_plan_matches_real_step(const std::string& model_dir, const std::string& extra_yaml, int64_t batch,
@@ -146,45 +171,6 @@ TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to th
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", "objective: dpo\nloss_chunk_tokens: 12\n" + kNeoxLora, 2, 16);
 }
 
-// After a real CPU step, the tracked peaks of the run's other phases as a
-// run makes them: an eval forward of batch x seq (its logits released), and
-// generate() over the larger of ROUGE's and the samples' batches with prompts
-// of seq tokens.
-std::vector<size_t> real_phase_peaks(const TrainConfig& config, int64_t batch, int64_t seq) {
-  const ModelConfig model_config = read_model_config(config.model + "/config.json");
-  HostAllocator host;
-  TrackingAllocator tracker(host), host_state(host);
-  CpuBackend backend(tracker);
-  TrainingSetup setup = setup_training(
-      config, model_config, backend, [&](LanguageModel& model) { fill_weights(model, backend); }, &host_state);
-  CausalLM* model = &causal_lm(*setup.model, "real_phase_peaks");
-  Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
-  for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
-  model->zero_grads();
-  model->forward_backward(ids, ids, 1.0f);
-  setup.optimizer->step(config.lr);
-  std::vector<size_t> peaks;
-  tracker.reset_peaks();
-  train_state_tensors(*setup.optimizer, host);
-  peft_adapter_tensors(*model, host);
-  peaks.push_back(tracker.stats().total_peak_bytes);
-  tracker.reset_peaks();
-  model->forward(ids, ids);
-  model->release_logits();
-  peaks.push_back(tracker.stats().total_peak_bytes);
-  const int64_t rows = generation_batch(
-      config, std::max<int64_t>(std::min<int64_t>(16, config.metric_examples), config.generate.num_samples));
-  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t t = 0; t < seq; ++t) prompts[size_t(r)].push_back(int32_t((r * 5 + t * 3 + 4) % model_config.vocab_size));
-  SamplingOptions greedy;
-  greedy.max_new_tokens = config.generate.max_new_tokens;
-  tracker.reset_peaks();
-  generate(*model, prompts, greedy, StopCondition{});
-  peaks.push_back(tracker.stats().total_peak_bytes);
-  return peaks;
-}
-
 // With an eval set, the plan replays the run's evaluation and generation
 // after the step: each phase's planned peak equals the real one's to the
 // byte, and the run's peak is the largest.
@@ -204,7 +190,8 @@ TEST_CASE("plan: evaluation and generation after the step plan to the byte, and 
     CHECK(plan.phases[0].phase == "checkpoint");
     CHECK(plan.phases[1].phase == "evaluation");
     CHECK(plan.phases[2].phase == "generation");
-    const std::vector<size_t> measured = real_phase_peaks(config, batch, seq);
+    std::vector<size_t> measured;
+    real_step_peak(config, batch, seq, &measured);
     for (size_t i = 0; i < 3; ++i) {
       MESSAGE(plan.phases[i].phase, ": planned ", plan.phases[i].peak_bytes, ", measured ", measured[i]);
       CHECK(plan.phases[i].peak_bytes == measured[i]);

@@ -11,6 +11,7 @@
 // cuBLASLt's 32 MiB. On a real GPU (tests/gpu) it is cuBLASLt and 32 MiB.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -38,9 +39,23 @@ TrainConfig make_config(const std::string& model, const std::string& extra_yaml)
                             "test_cuda_plan.yaml");
 }
 
+// The planner's options for this build's CudaBackend.
+PlanOptions cuda_plan_options() {
+  PlanOptions options;
+  options.gemm_workspace_bytes = cuda::default_gemm_kind() == cuda::GemmKind::cublaslt
+                                     ? cuda::kCublasLtWorkspaceBytes : 0;
+  options.library_attention = cuda::library_attention_built() && cuda::library_attention_wanted();
+  return options;
+}
+
 // The caching allocator's peak over one training step built as plan_step
-// builds it (random INT8 base instead of the planner's absent weights).
-size_t measured_step_peak(const TrainConfig& config, int64_t batch, int64_t seq) {
+// builds it (random INT8 base instead of the planner's absent weights). With
+// phase_peaks, after the step the peaks of the run's other phases as a run
+// makes them: the checkpoint's host copies, an eval forward (its logits
+// released), and generate() over the larger of ROUGE's and the samples'
+// batches (at most micro_batch_size rows) with prompts of seq tokens.
+size_t measured_step_peak(const TrainConfig& config, int64_t batch, int64_t seq,
+                          std::vector<size_t>* phase_peaks = nullptr) {
   const ModelConfig model_config = read_model_config(config.model + "/config.json");
   DeviceAllocator device;
   CachingAllocator caching(device);
@@ -58,19 +73,33 @@ size_t measured_step_peak(const TrainConfig& config, int64_t batch, int64_t seq)
   model->set_dropout_seed(config.seed);
   model->forward_backward(ids, ids, 1.0f);
   setup.optimizer->step(config.lr);
-  return caching.stats().peak_bytes;
+  const size_t step_peak = caching.stats().peak_bytes;
+  if (!phase_peaks) return step_peak;
+  caching.reset_peak();
+  train_state_tensors(*setup.optimizer, host);
+  peft_adapter_tensors(*model, host);
+  phase_peaks->push_back(caching.stats().peak_bytes);
+  caching.reset_peak();
+  model->forward(ids, ids);
+  model->release_logits();
+  phase_peaks->push_back(caching.stats().peak_bytes);
+  const size_t rows = size_t(generation_batch(
+      config, std::max<int64_t>(std::min<int64_t>(16, config.metric_examples), config.generate.num_samples)));
+  std::vector<std::vector<int32_t>> prompts(rows, std::vector<int32_t>(size_t(seq), 7));
+  SamplingOptions greedy;
+  greedy.max_new_tokens = config.generate.max_new_tokens;
+  caching.reset_peak();
+  generate(*model, prompts, greedy, StopCondition{});
+  phase_peaks->push_back(caching.stats().peak_bytes);
+  return step_peak;
 }
 
 void check_plan_matches_cuda_step(const std::string& model, const std::string& extra_yaml) {
   CAPTURE(model);
   CAPTURE(extra_yaml);
   const TrainConfig config = make_config(model, extra_yaml);
-  PlanOptions options;
-  options.gemm_workspace_bytes = cuda::default_gemm_kind() == cuda::GemmKind::cublaslt
-                                     ? cuda::kCublasLtWorkspaceBytes : 0;
-  options.library_attention = cuda::library_attention_built() && cuda::library_attention_wanted();
   const int64_t batch = 2, seq = 24;
-  const StepPlan plan = plan_step(config, options, batch, seq);
+  const StepPlan plan = plan_step(config, cuda_plan_options(), batch, seq);
   const size_t measured = measured_step_peak(config, batch, seq);
   MESSAGE(model, ": planned ", plan.peak_bytes, " bytes, measured ", measured, " (peak at ", plan.where, ")");
   CHECK(plan.peak_bytes == measured);
@@ -149,49 +178,15 @@ TEST_CASE("plan: evaluation and generation after a CUDA step plan to the byte") 
                                                       "metric_examples: 5\ngenerate: {num_samples: 3, max_new_tokens: 4}\n");
     config.data.eval = "eval.jsonl";  // the plan reads no data
     config.task_metric = TaskMetric::rouge;
-    PlanOptions options;
-    options.gemm_workspace_bytes = cuda::default_gemm_kind() == cuda::GemmKind::cublaslt
-                                       ? cuda::kCublasLtWorkspaceBytes : 0;
-    options.library_attention = cuda::library_attention_built() && cuda::library_attention_wanted();
     const int64_t batch = 2, seq = 24;
-    const StepPlan plan = plan_step(config, options, batch, seq);
+    const StepPlan plan = plan_step(config, cuda_plan_options(), batch, seq);
     REQUIRE(plan.phases.size() == 3);
-
-    const ModelConfig model_config = read_model_config(config.model + "/config.json");
-    DeviceAllocator device;
-    CachingAllocator caching(device);
-    TrackingAllocator tracker(caching);
-    CudaBackend backend(tracker, cuda::default_gemm_kind());
-    HostAllocator host;
-    TrackingAllocator host_state(host);
-    TrainingSetup setup = setup_training(
-        config, model_config, backend, [&](LanguageModel& model) { model.init_random(config.seed); }, &host_state);
-    CausalLM* model = &causal_lm(*setup.model, "this test");
-    Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
-    for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
-    model->zero_grads();
-    model->forward_backward(ids, ids, 1.0f);
-    setup.optimizer->step(config.lr);
-    caching.reset_peak();
-    train_state_tensors(*setup.optimizer, host);
-    peft_adapter_tensors(*model, host);
-    const size_t checkpoint_peak = caching.stats().peak_bytes;
-    caching.reset_peak();
-    model->forward(ids, ids);
-    model->release_logits();
-    const size_t eval_peak = caching.stats().peak_bytes;
-    const size_t rows = size_t(generation_batch(config, 5));  // ROUGE's 5 examples, at most micro_batch_size
-    std::vector<std::vector<int32_t>> prompts(rows, std::vector<int32_t>(size_t(seq), 7));
-    SamplingOptions greedy;
-    greedy.max_new_tokens = 4;
-    caching.reset_peak();
-    generate(*model, prompts, greedy, StopCondition{});
-    const size_t generation_peak = caching.stats().peak_bytes;
-    MESSAGE("checkpoint: planned ", plan.phases[0].peak_bytes, ", measured ", checkpoint_peak, "; evaluation: planned ",
-            plan.phases[1].peak_bytes, ", measured ", eval_peak, "; generation: planned ", plan.phases[2].peak_bytes,
-            ", measured ", generation_peak);
-    CHECK(plan.phases[0].peak_bytes == checkpoint_peak);
-    CHECK(plan.phases[1].peak_bytes == eval_peak);
-    CHECK(plan.phases[2].peak_bytes == generation_peak);
+    std::vector<size_t> measured;
+    measured_step_peak(config, batch, seq, &measured);
+    REQUIRE(measured.size() == 3);
+    for (size_t i = 0; i < 3; ++i) {
+      MESSAGE(plan.phases[i].phase, ": planned ", plan.phases[i].peak_bytes, ", measured ", measured[i]);
+      CHECK(plan.phases[i].peak_bytes == measured[i]);
+    }
   }
 }
