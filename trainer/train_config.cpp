@@ -34,7 +34,8 @@ const EnumName<ActivationCheckpointing> kCheckpointings[] = {{"none", Activation
 const EnumName<Schedule> kSchedules[] = {
     {"constant", Schedule::constant}, {"linear", Schedule::linear}, {"cosine", Schedule::cosine}};
 const EnumName<TaskMetric> kTaskMetrics[] = {{"none", TaskMetric::none}, {"rouge", TaskMetric::rouge}};
-const EnumName<Objective> kObjectives[] = {{"sft", Objective::sft}, {"dpo", Objective::dpo}};
+const EnumName<Objective> kObjectives[] = {
+    {"sft", Objective::sft}, {"dpo", Objective::dpo}, {"reward", Objective::reward}};
 const EnumName<DpoLoss> kDpoLosses[] = {{"sigmoid", DpoLoss::sigmoid}, {"ipo", DpoLoss::ipo}};
 const EnumName<OffloadTarget> kOffloadTargets[] = {{"device", OffloadTarget::device}, {"host", OffloadTarget::host}};
 
@@ -418,6 +419,13 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(c.objective != Objective::dpo || c.task_metric == TaskMetric::none, f,
            ": task_metric: ", enum_name(c.task_metric), " scores completions (objective: sft); objective: dpo reports "
            "trl's preference figures instead");
+  FT_CHECK(c.objective != Objective::reward || c.data.format == DataFormat::automatic, f,
+           ": objective: reward reads {\"prompt\", \"chosen\", \"rejected\"} rows: data.format applies to "
+           "objective: sft only");
+  FT_CHECK(c.objective != Objective::reward || c.data.packing == Packing::none, f,
+           ": objective: reward scores each row's last token, one sequence a row: set data.packing: false");
+  FT_CHECK(c.objective != Objective::reward || c.task_metric == TaskMetric::none, f, ": task_metric: ",
+           enum_name(c.task_metric), " scores generated text; objective: reward reports trl's accuracy instead");
   FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode != QuantizedBase::none, f,
            ": quantization.save_base needs quantization.mode: int8 or nf4 (it saves the quantised base)");
   FT_CHECK(c.offload_base == OffloadTarget::device || c.quantization.mode != QuantizedBase::none, f,

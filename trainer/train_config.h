@@ -29,7 +29,7 @@ enum class Precision { fp32, bf16 };
 enum class DeviceChoice { automatic, cpu, cuda };
 enum class TaskMetric { none, rouge };
 enum class OffloadTarget { device, host };
-enum class Objective { sft, dpo };
+enum class Objective { sft, dpo, reward };
 enum class DpoLoss { sigmoid, ipo };
 
 // objective: dpo (trainer/dpo.h): trl's beta and loss_type.

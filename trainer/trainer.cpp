@@ -29,6 +29,7 @@
 #include "trainer/data/special_tokens.h"
 #include "trainer/device_backend.h"
 #include "trainer/dpo.h"
+#include "trainer/rl/reward.h"
 #include "trainer/evaluate.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/optimizer.h"
@@ -72,7 +73,7 @@ struct Run {
   std::vector<int64_t> state_owners;        // per trainable parameter: the data-parallel rank updating it
   RunIdentity identity;  // what its checkpoints belong to
   std::unique_ptr<DataLoader> train, eval;
-  std::unique_ptr<PreferenceLoader> train_pairs, eval_pairs;  // objective: dpo, in place of train and eval
+  std::unique_ptr<PreferenceLoader> train_pairs, eval_pairs;  // objective: dpo or reward, in place of train and eval
   Dataset eval_examples;  // with objective: dpo, the eval pairs' prompts and chosen completions
   LrSchedule schedule;
   int64_t total_steps = 0;
@@ -227,8 +228,9 @@ void set_train_position(Run& run, DataPosition position) {
 
 void make_data(Run& run) {
   const TrainConfig& config = run.config;
-  const bool dpo = config.objective == Objective::dpo, has_eval = !config.data.eval.empty();
-  if (dpo) {
+  const bool pairs = config.objective == Objective::dpo || config.objective == Objective::reward;
+  const bool has_eval = !config.data.eval.empty();
+  if (pairs) {
     run.train_pairs = make_pair_loader(run, config.data.train, "train", nullptr);
     if (has_eval) run.eval_pairs = make_pair_loader(run, config.data.eval, "eval", &run.eval_examples);
   } else {
@@ -319,10 +321,13 @@ StepReport train_step(Run& run, int64_t step) {
   return report;
 }
 
-// objective: dpo: one optimizer step over grad_accum_steps micro-batches of
-// pairs, the loss the mean over all their pairs (each pair weighs 1 / pairs),
-// as trl's over one batch. report.figures gets trl's reward and log-prob means.
-StepReport dpo_train_step(Run& run, int64_t step) {
+// objective: dpo or reward: one optimizer step over grad_accum_steps
+// micro-batches of pairs, the loss the mean over all their pairs (each pair
+// weighs 1 / pairs), as trl's over one batch. micro_batch(batch, pair_weight)
+// runs one micro-batch's pairs and returns their figures (DpoFigures or
+// RewardFigures), whose means go to report.figures.
+template <class MicroBatch>
+StepReport pairs_train_step(Run& run, int64_t step, const MicroBatch& micro_batch) {
   std::vector<Batch> batches;
   int64_t pairs = 0;
   for (int64_t i = 0; i < run.config.grad_accum_steps; ++i) {
@@ -332,21 +337,35 @@ StepReport dpo_train_step(Run& run, int64_t step) {
   run.model->zero_grads();
   StepReport report;
   report.step = step + 1;
-  DpoFigures figures;
+  decltype(micro_batch(batches[0], 0.0)) figures;
   for (size_t i = 0; i < batches.size(); ++i) {
     report.tokens += batches[i].input_ids.numel();
     report.loss_tokens += batches[i].counted_tokens;
     if (count_pairs(batches[i]) == 0) continue;
-    const int64_t micro_batch = checked_mul(step, run.config.grad_accum_steps) + int64_t(i);
-    run.model->set_dropout_seed(splitmix64(run.config.seed, uint64_t(micro_batch)));
-    figures.add(dpo_micro_batch(causal_lm(*run.model, "objective: dpo"), batches[i], run.config.dpo, true,
-                                1.0 / double(pairs)));
+    const int64_t index = checked_mul(step, run.config.grad_accum_steps) + int64_t(i);
+    run.model->set_dropout_seed(splitmix64(run.config.seed, uint64_t(index)));
+    figures.add(micro_batch(batches[i], 1.0 / double(pairs)));
   }
   report.figures = figures.means();
   report.loss = report.figures["loss"].get<double>();
   report.figures.erase("loss");
   finish_step(run, step, pairs > 0, report);
   return report;
+}
+
+StepReport dpo_train_step(Run& run, int64_t step) {
+  CausalLM& model = causal_lm(*run.model, "objective: dpo");
+  return pairs_train_step(run, step, [&](const Batch& batch, double pair_weight) {
+    return dpo_micro_batch(model, batch, run.config.dpo, true, pair_weight);
+  });
+}
+
+StepReport reward_train_step(Run& run, int64_t step) {
+  CausalLM& model = causal_lm(*run.model, "objective: reward");
+  const int32_t pad_id = padding_id(*run.tokenizer);
+  return pairs_train_step(run, step, [&](const Batch& batch, double pair_weight) {
+    return reward_micro_batch(model, batch, pad_id, true, pair_weight);
+  });
 }
 
 // Host f32 tensors (offloaded optimizer state) are read where they are.
@@ -414,22 +433,31 @@ struct EvalFigures {
   EvalLoss loss;
   bool has_rouge = false;
   RougeScores rouge;
-  double preference_accuracy = 0.0;  // objective: dpo: rewards/accuracies
+  double preference_accuracy = 0.0;  // objective: dpo: rewards/accuracies; reward: accuracy
 };
 
-// objective: dpo: trl's figures over the eval pairs, as eval_loss and
-// eval_rewards/... (trl's eval names).
+// objective: dpo or reward: trl's figures over the eval pairs, as eval_loss
+// and eval_<figure> (trl's eval names).
 EvalFigures evaluate_pairs(Run& run, int64_t step, Progress& progress, const char* label) {
   EvalFigures figures;
-  const DpoFigures dpo = evaluate_dpo(causal_lm(*run.model, "objective: dpo"), *run.eval_pairs, run.config.dpo,
-                                      run.config.eval_batches);
-  const nlohmann::json means = dpo.means();
+  CausalLM& model = causal_lm(*run.model, "a preference objective");
+  nlohmann::json means, eval_means;
+  int64_t pairs = 0;
+  if (run.config.objective == Objective::reward) {
+    const RewardFigures reward = evaluate_reward(model, *run.eval_pairs, padding_id(*run.tokenizer),
+                                                 run.config.eval_batches);
+    means = reward.means(), eval_means = reward.means("eval_"), pairs = reward.pairs;
+    figures.preference_accuracy = means["accuracy"].get<double>();
+  } else {
+    const DpoFigures dpo = evaluate_dpo(model, *run.eval_pairs, run.config.dpo, run.config.eval_batches);
+    means = dpo.means(), eval_means = dpo.means("eval_"), pairs = dpo.pairs;
+    figures.preference_accuracy = means["rewards/accuracies"].get<double>();
+  }
   figures.loss.loss = means["loss"].get<double>();
-  figures.preference_accuracy = means["rewards/accuracies"].get<double>();
-  progress.on_eval(step, dpo.means("eval_"));
+  progress.on_eval(step, eval_means);
   std::ostringstream line;
   line.precision(4);
-  line << std::fixed << "eval (" << label << ", step " << step << ", " << dpo.pairs << " pairs):";
+  line << std::fixed << "eval (" << label << ", step " << step << ", " << pairs << " pairs):";
   for (const auto& item : means.items()) line << " " << item.key() << " " << item.value().get<double>();
   progress.message(line.str());
   return figures;
@@ -720,8 +748,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   std::cout << "training " << run.total_steps << " steps of " << config.micro_batch_size << " x "
             << config.grad_accum_steps;
   if (data_ranks > 1) std::cout << " x " << data_ranks << " ranks (data parallel)";
-  std::cout << (config.objective == Objective::dpo ? " preference pairs (a chosen and a rejected sequence each)"
-                                                   : " sequences")
+  std::cout << (run.train_pairs ? " preference pairs (a chosen and a rejected sequence each)" : " sequences")
             << " of up to " << config.seq_len << " tokens";
   if (run.pipeline_stages > 1) std::cout << ", through " << run.pipeline_stages << " pipeline stages";
   std::cout << "\n";
@@ -739,8 +766,9 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   progress.start();
   int64_t bad_in_a_row = 0;
   for (int64_t step = resumed.step; step < run.total_steps; ++step) {
-    const StepReport report =
-        config.objective == Objective::dpo ? dpo_train_step(run, step) : train_step(run, step);
+    const StepReport report = config.objective == Objective::dpo      ? dpo_train_step(run, step)
+                              : config.objective == Objective::reward ? reward_train_step(run, step)
+                                                                      : train_step(run, step);
     progress.on_step(report);
     bad_in_a_row = report.update_skipped ? on_bad_step(run, report, bad_in_a_row, progress) : 0;
     const bool last = step + 1 == run.total_steps;
@@ -760,7 +788,8 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   save_state(run, state_path, run.total_steps);
   EvalFigures after = evaluate(run, run.total_steps, progress, "after training");
   if (run.eval_pairs && compare_to_before)
-    std::cout << "eval rewards/accuracies (held-out pairs) "
+    std::cout << (config.objective == Objective::reward ? "eval accuracy" : "eval rewards/accuracies")
+              << " (held-out pairs) "
               << describe_change(before.preference_accuracy, after.preference_accuracy) << "\n";
   if ((run.eval || run.eval_pairs) && compare_to_before) {
     std::cout << "eval loss " << describe_change(before.loss.loss, after.loss.loss) << "\n";
