@@ -133,6 +133,10 @@ class LanguageModel {
   std::deque<Parameter>& adapters() { return adapters_; }      // e.g. model.layers.0.self_attn.q_proj.lora_A.weight
   // options.output_head's parameters (last stage), else undefined.
   const HeadParameters& output_head() const { return output_head_; }
+  // Whether load() found the output head in the checkpoint, or a PEFT
+  // adapter's modules_to_save set it since.
+  bool output_head_loaded() const { return output_head_loaded_; }
+  void set_output_head_loaded() { output_head_loaded_ = true; }
   // Initialises the output head when load() found it not in the checkpoint
   // (or there was none): weight normal with std initializer_range, as
   // transformers initialises a new score, bias 0.

@@ -625,6 +625,10 @@ void save_outputs(Run& run) {
   adapter.lora = *run.model->options().lora;  // with the architecture's default targets filled in
   adapter.base_model_name_or_path = config.model;
   adapter.task_type = peft_task_type(run.kind);
+  if (config.objective == Objective::reward) {  // as PEFT saves a sequence classifier's adapter
+    adapter.task_type = "SEQ_CLS";
+    adapter.modules_to_save = {"score"};
+  }
   save_peft_adapter(path_in(config.output_dir, "adapter"), adapters, run.model->options().lora, adapter);
   const bool config_file = fs::exists(config.source);
   write_adapter_record(path_in(config.output_dir, "adapter"),
@@ -632,6 +636,11 @@ void save_outputs(Run& run) {
                         run.chat ? std::optional(run.chat->kind) : std::nullopt, config.source,
                         config_file ? file_fingerprint(config.source) : ""});
   std::cout << "adapter (PEFT format): " << path_in(config.output_dir, "adapter") << "\n";
+  if (config.objective == Objective::reward)
+    std::cout << "reward model: `finetune score " << shell_quoted(config.model) << " --adapter "
+              << shell_quoted(path_in(config.output_dir, "adapter"))
+              << " --file ROWS.jsonl` scores rows; `finetune merge` with the same adapter writes a folder "
+                 "AutoModelForSequenceClassification loads\n";
 }
 
 // Drops metric rows past the resumed step: a crash after the last checkpoint

@@ -118,14 +118,40 @@ Tensor output_tensor(CpuBackend& be, const Checkpoint& base, const std::string& 
   return out;
 }
 
+// A SEQ_CLS adapter (a reward model): the config of transformers'
+// *ForSequenceClassification with one label, as AutoModelForSequenceClassification
+// loads it. It reads the score at the last token that is not pad_token_id:
+// a base without one gets eos_token_id, the padding a run used then
+// (trainer/data/data.h's padding_id).
+void make_sequence_classifier(json& config, const std::string& source, std::ostream& log) {
+  FT_CHECK(config.contains("architectures") && config["architectures"].is_array() &&
+               !config["architectures"].empty() && config["architectures"][0].is_string(),
+           source, ": a SEQ_CLS adapter's merge needs \"architectures\" (e.g. [\"LlamaForCausalLM\"])");
+  std::string architecture = config["architectures"][0].get<std::string>();
+  const std::string causal = "ForCausalLM";
+  if (architecture.size() > causal.size() &&
+      architecture.compare(architecture.size() - causal.size(), causal.size(), causal) == 0)
+    architecture = architecture.substr(0, architecture.size() - causal.size()) + "ForSequenceClassification";
+  config["architectures"] = json::array({architecture});
+  config["id2label"] = {{"0", "LABEL_0"}};
+  config["label2id"] = {{"LABEL_0", 0}};
+  if (!config.contains("pad_token_id") || config["pad_token_id"].is_null()) {
+    FT_CHECK(config.contains("eos_token_id") && config["eos_token_id"].is_number_integer(), source,
+             ": a SEQ_CLS adapter's merge needs pad_token_id or eos_token_id (where the score is read)");
+    config["pad_token_id"] = config["eos_token_id"];
+    log << "pad_token_id: " << config["pad_token_id"] << " (eos_token_id; " << source << " has none)\n";
+  }
+}
+
 // config.json with its dtype fields naming the output dtype.
-void write_config(const MergeCommand& command, DType dtype) {
+void write_config(const MergeCommand& command, DType dtype, bool sequence_classifier, std::ostream& log) {
   const std::string source = (fs::path(command.model) / "config.json").string();
   json config = read_json_object(source, "a Hugging Face config.json");
   bool named = false;
   for (const char* key : {"torch_dtype", "dtype"})
     if (config.contains(key)) config[key] = torch_dtype_name(dtype), named = true;
   if (!named) config["torch_dtype"] = torch_dtype_name(dtype);
+  if (sequence_classifier) make_sequence_classifier(config, source, log);
   write_file_atomically((fs::path(command.out) / "config.json").string(), config.dump(2) + "\n");
 }
 
@@ -166,13 +192,24 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
   SafetensorsFile adapter_file((fs::path(command.adapter) / "adapter_model.safetensors").string());
   verify_checksum(adapter_file);
   const std::map<std::string, LoraPair> pairs = read_lora_pairs(adapter_file, adapter);
+  // modules_to_save (a reward model's score): saved whole, replacing or adding the base's tensor.
+  const std::map<std::string, const SafetensorsEntry*> saved = saved_modules(adapter_file, adapter);
   const Checkpoint base(command.model);
   check_targets(base, pairs, adapter_file.path());
+  std::vector<std::string> added;  // saved tensors the base lacks: after its own, in the last shard
+  for (const auto& [name, entry] : saved) {
+    if (!base.contains(name)) added.push_back(name);
+    else
+      FT_CHECK(base.entry(name).shape == entry->shape, adapter_file.path(), ": tensor \"", entry->name, "\" ",
+               shape_string(entry->shape), " does not fit \"", name, "\" ", shape_string(base.entry(name).shape),
+               " of ", base.entry(name).file);
+  }
   const DType dtype = command.dtype.value_or(base.entry(pairs.begin()->first + ".weight").dtype);
   const float scaling = lora_scaling(adapter.lora.lora_alpha, adapter.lora.r, adapter.lora.use_rslora);
 
   fs::create_directories(command.out);
-  const std::vector<std::vector<std::string>> shards = plan_shards(base, dtype, command.max_shard_bytes);
+  std::vector<std::vector<std::string>> shards = plan_shards(base, dtype, command.max_shard_bytes);
+  shards.back().insert(shards.back().end(), added.begin(), added.end());
   json weight_map = json::object();
   size_t total_bytes = 0;
   for (size_t s = 0; s < shards.size(); ++s) {
@@ -180,8 +217,14 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
     CpuBackend be(host);
     std::vector<std::pair<std::string, Tensor>> tensors;
     for (const std::string& name : shards[s]) {
-      tensors.emplace_back(name, output_tensor(be, base, name, pair_of(pairs, name), scaling, dtype));
-      base.release(name);
+      auto whole = saved.find(name);
+      if (whole != saved.end()) {
+        tensors.emplace_back(name, be.empty(whole->second->shape, dtype, MemCategory::weights));
+        be.copy(tensors.back().second, view_of(*whole->second));
+      } else {
+        tensors.emplace_back(name, output_tensor(be, base, name, pair_of(pairs, name), scaling, dtype));
+        base.release(name);
+      }
       weight_map[name] = shard_name(s, shards.size());
       total_bytes += tensors.back().second.size_bytes();
     }
@@ -191,11 +234,13 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
     const json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
     write_file_atomically((fs::path(command.out) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   }
-  write_config(command, dtype);
+  write_config(command, dtype, adapter.task_type == "SEQ_CLS", log);
   for (const char* file : kCopiedFiles)
     if (fs::exists(fs::path(command.model) / file))
       copy_file_atomically((fs::path(command.model) / file).string(), (fs::path(command.out) / file).string());
-  log << "merged " << pairs.size() << " LoRA modules (scaling " << scaling << ") into " << base.names().size()
+  log << "merged " << pairs.size() << " LoRA modules (scaling " << scaling << ")"
+      << (saved.empty() ? "" : " and " + std::to_string(saved.size()) + " modules_to_save tensors") << " into "
+      << base.names().size() + added.size()
       << " " << dtype_name(dtype) << " tensors, " << shards.size() << " shard" << (shards.size() > 1 ? "s" : "")
       << ": " << command.out << "\n";
 }

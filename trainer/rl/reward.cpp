@@ -8,6 +8,33 @@
 
 namespace ft {
 
+namespace {
+
+// transformers: the last position whose id is not pad_token_id (so a
+// trailing eos that is also the pad token is not scored), 0 if none.
+int64_t score_position(const int32_t* ids, int64_t length, int32_t pad_id) {
+  int64_t position = length - 1;
+  while (position > 0 && ids[position] == pad_id) --position;
+  return position;
+}
+
+}  // namespace
+
+ScoredRows scored_sequences(const std::vector<TokenSequence>& sequences, int32_t pad_id, Allocator& host) {
+  size_t width = 1;
+  for (const TokenSequence& sequence : sequences) width = std::max(width, sequence.tokens.size());
+  const int64_t R = int64_t(sequences.size()), T = int64_t(width);
+  ScoredRows rows{Tensor::empty({R, T}, DType::i32, host, MemCategory::activations), {}};
+  int32_t* ids = rows.ids.ptr<int32_t>();
+  std::fill_n(ids, R * T, pad_id);
+  for (int64_t r = 0; r < R; ++r) {
+    const std::vector<int32_t>& tokens = sequences[size_t(r)].tokens;
+    std::copy(tokens.begin(), tokens.end(), ids + r * T);
+    rows.score_positions.push_back(score_position(ids + r * T, int64_t(tokens.size()), pad_id));
+  }
+  return rows;
+}
+
 ScoredRows scored_rows(const Batch& batch, int32_t pad_id, Allocator& host) {
   FT_CHECK(!batch.position_ids.defined(), "objective: reward: packed rows cannot be scored (a score reads one "
            "sequence's last token); set data.packing: false");
@@ -26,11 +53,7 @@ ScoredRows scored_rows(const Batch& batch, int32_t pad_id, Allocator& host) {
     }
     std::copy(inputs, inputs + last + 1, ids + r * (T + 1));
     ids[r * (T + 1) + last + 1] = targets[last];
-    // transformers: the last position whose id is not pad_token_id (so a
-    // trailing eos that is also the pad token is not scored), 0 if none.
-    int64_t position = last + 1;
-    while (position > 0 && ids[r * (T + 1) + position] == pad_id) --position;
-    rows.score_positions.push_back(position);
+    rows.score_positions.push_back(score_position(ids + r * (T + 1), last + 2, pad_id));
   }
   return rows;
 }

@@ -27,6 +27,9 @@ struct ScoredRows {
   std::vector<int64_t> score_positions;
 };
 ScoredRows scored_rows(const Batch& batch, int32_t pad_id, Allocator& host);
+// The same from whole sequences (tokenize_example's tokens: prompt,
+// completion, eos), as `finetune score` reads rows.
+ScoredRows scored_sequences(const std::vector<TokenSequence>& sequences, int32_t pad_id, Allocator& host);
 
 // Each row's score (host [R]; 0 for rows at position -1) from one forward.
 std::vector<double> sequence_scores(CausalLM& model, const ScoredRows& rows);
