@@ -172,6 +172,7 @@ TEST_CASE("grpo loss: trl's GRPOTrainer loss, d(loss)/d(logps) and clip metrics 
 TEST_CASE("grpo: trl 1.16.0's defaults") {
   const GrpoConfig config;
   CHECK(config.num_generations == 8);
+  CHECK(config.num_iterations == 1);
   CHECK(config.beta == 0.0);
   CHECK(config.epsilon == 0.2);
   CHECK(!config.epsilon_high);

@@ -27,6 +27,7 @@ void validate(const GrpoConfig& config) {
   // trl's GRPOConfig.__post_init__: a group of one has no baseline to compare with.
   FT_CHECK(config.num_generations >= 2, "grpo.num_generations: expected at least 2 completions per prompt, got ",
            config.num_generations);
+  FT_CHECK(config.num_iterations >= 1, "grpo.num_iterations: expected at least 1, got ", config.num_iterations);
   FT_CHECK(config.epsilon >= 0 && config.epsilon_high.value_or(0) >= 0, "grpo.epsilon: expected >= 0");
   FT_CHECK(config.beta >= 0, "grpo.beta: expected >= 0, got ", config.beta);
   FT_CHECK(config.max_completion_length >= 1, "grpo.max_completion_length: expected >= 1, got ",
@@ -65,7 +66,8 @@ static void check_shapes(const GrpoConfig& config, const GrpoTokens& tokens) {
   const size_t n = size_t(tokens.rows * tokens.completion_tokens);
   FT_CHECK(tokens.rows > 0 && tokens.completion_tokens > 0, "grpo loss: empty batch (", tokens.rows, " rows x ",
            tokens.completion_tokens, " tokens)");
-  FT_CHECK(tokens.logps.size() == n, "grpo loss: logps holds ", tokens.logps.size(), " values, expected rows x tokens = ", n);
+  FT_CHECK(tokens.logps.size() == n, "grpo loss: logps holds ", tokens.logps.size(),
+           " values, expected rows x tokens = ", n);
   FT_CHECK(tokens.old_logps.empty() || tokens.old_logps.size() == n, "grpo loss: old_logps holds ",
            tokens.old_logps.size(), " values, expected ", n);
   FT_CHECK(config.beta == 0 || tokens.ref_logps.size() == n, "grpo loss: ref_logps holds ", tokens.ref_logps.size(),

@@ -44,6 +44,8 @@ EnumNames<GrpoScaleRewards> enum_names(GrpoScaleRewards);
 // GRPOConfig's names and trl 1.16.0's defaults.
 struct GrpoConfig {
   int64_t num_generations = 8;                       // completions per prompt: the group size
+  int64_t num_iterations = 1;                        // optimisation passes per generation batch (mu); above 1
+                                                     // the loss needs old_logps
   double beta = 0.0;                                 // KL coefficient; 0: no reference forward
   double epsilon = 0.2;                              // lower clip: ratio >= 1 - epsilon
   std::optional<double> epsilon_high;                // upper clip 1 + epsilon_high; unset: epsilon
@@ -54,8 +56,8 @@ struct GrpoConfig {
   bool use_bias_correction_kl = true;                // KL term times the ratio
 };
 
-// Refuses a config trl refuses: num_generations below 2, a negative epsilon
-// or beta, max_completion_length below 1.
+// Refuses a config trl refuses: num_generations below 2, num_iterations
+// below 1, a negative epsilon or beta, max_completion_length below 1.
 void validate(const GrpoConfig& config);
 
 // Per-completion advantages from per-completion rewards laid out group after

@@ -19,7 +19,8 @@ void validate(const PpoConfig& config) {
   FT_CHECK(config.mini_batch_size >= 1 && config.gradient_accumulation_steps >= 1 && config.batch_size >= 1,
            "ppo: batch_size, mini_batch_size and gradient_accumulation_steps must be at least 1");
   FT_CHECK(config.batch_size % (config.mini_batch_size * config.gradient_accumulation_steps) == 0,
-           "ppo.batch_size: ", config.batch_size, " is not a multiple of mini_batch_size * gradient_accumulation_steps = ",
+           "ppo.batch_size: ", config.batch_size,
+           " is not a multiple of mini_batch_size * gradient_accumulation_steps = ",
            config.mini_batch_size * config.gradient_accumulation_steps);
   FT_CHECK(config.ppo_epochs >= 1, "ppo.ppo_epochs: expected at least 1, got ", config.ppo_epochs);
 }
@@ -208,8 +209,9 @@ PpoLoss ppo_loss(const PpoConfig& config, const PpoMiniBatch& batch) {
     if (!batch.mask[n]) continue;
     // d masked_mean(x)/dx[n] = 1 / count; dratio/dlogprob = ratio.
     out.dlogprobs[n] = -A * ratio[n] * (share_of_max(pg1, pg2) + share_of_max(pg2, pg1) * dr_clipped) / count;
-    out.dvpreds[n] = config.vf_coef * 0.5 / count *
-                     (share_of_max(vf1, vf2) * 2 * (vpred - R) + share_of_max(vf2, vf1) * 2 * (vclipped - R) * dvclipped);
+    const double dvf =
+        share_of_max(vf1, vf2) * 2 * (vpred - R) + share_of_max(vf2, vf1) * 2 * (vclipped - R) * dvclipped;
+    out.dvpreds[n] = config.vf_coef * 0.5 / count * dvf;
   }
   out.pg_loss = masked_mean(pg, batch.mask);
   out.vf_loss = 0.5 * masked_mean(vf, batch.mask);
