@@ -67,7 +67,7 @@ KlController make_kl_controller(const PpoConfig& config);
 // One PPO step's rollouts as scored and re-read before the epochs.
 struct PpoRollout {
   int64_t rows = 0, response_tokens = 0;
-  std::vector<double> scores;        // [rows] the reward model's scores
+  std::vector<double> scores;        // [rows] the reward model's scores, after clip_scores
   std::vector<double> logprobs;      // the policy's per-token log-probabilities at rollout
   std::vector<double> ref_logprobs;  // the reference's (adapters off)
   std::vector<double> values;        // the value head's
