@@ -5,11 +5,9 @@
 
 #include "kernels/error.h"
 #include "trainer/evaluate.h"
+#include "trainer/log_sigmoid.h"
 
 namespace ft {
-
-// -log sigmoid(z) = log(1 + exp(-z)), without overflow for either sign.
-static double softplus_of_minus(double z) { return z >= 0 ? std::log1p(std::exp(-z)) : -z + std::log1p(std::exp(z)); }
 
 PairLoss dpo_pair_loss(const DpoConfig& config, const PairLogps& logps) {
   const double chosen = logps.policy_chosen - logps.reference_chosen;
