@@ -5,6 +5,7 @@
 
 #include "kernels/error.h"
 #include "trainer/evaluate.h"
+#include "trainer/rl/reward_loss.h"
 
 namespace ft {
 
@@ -69,9 +70,6 @@ std::vector<double> scores_at(const std::vector<float>& outputs, const ScoredRow
   return scores;
 }
 
-// -log sigmoid(z) = log(1 + exp(-z)), without overflow for either sign.
-double softplus_of_minus(double z) { return z >= 0 ? std::log1p(std::exp(-z)) : -z + std::log1p(std::exp(z)); }
-
 }  // namespace
 
 std::vector<double> sequence_scores(CausalLM& model, const ScoredRows& rows) {
@@ -88,8 +86,9 @@ void RewardFigures::add(const RewardFigures& other) {
   loss += other.loss;
   accuracy += other.accuracy;
   margin += other.margin;
-  chosen += other.chosen;
-  rejected += other.rejected;
+  rewards += other.rewards;
+  min_reward = std::min(min_reward, other.min_reward);
+  max_reward = std::max(max_reward, other.max_reward);
 }
 
 nlohmann::json RewardFigures::means(const std::string& prefix) const {
@@ -97,8 +96,9 @@ nlohmann::json RewardFigures::means(const std::string& prefix) const {
   return {{prefix + "loss", loss / n},
           {prefix + "accuracy", accuracy / n},
           {prefix + "margin", margin / n},
-          {prefix + "rewards/chosen", chosen / n},
-          {prefix + "rewards/rejected", rejected / n}};
+          {prefix + "mean_reward", rewards / (2 * n)},
+          {prefix + "min_reward", pairs ? min_reward : 0.0},
+          {prefix + "max_reward", pairs ? max_reward : 0.0}};
 }
 
 RewardFigures reward_micro_batch(CausalLM& model, const Batch& batch, int32_t pad_id, bool train,
@@ -117,13 +117,12 @@ RewardFigures reward_micro_batch(CausalLM& model, const Batch& batch, int32_t pa
     for (int64_t i = 0; i < P; ++i) {
       const int64_t chosen_at = rows.score_positions[size_t(i)], rejected_at = rows.score_positions[size_t(P + i)];
       if (chosen_at < 0 || rejected_at < 0) continue;
-      const double margin = scores[size_t(i)] - scores[size_t(P + i)];
-      // d(-log sigmoid(m))/dm = -sigmoid(-m)
-      const double dmargin = -pair_weight / (1.0 + std::exp(margin));
-      doutputs[size_t(i * width + chosen_at)] = float(dmargin);
-      doutputs[size_t((P + i) * width + rejected_at)] = float(-dmargin);
-      figures.add({1, softplus_of_minus(margin), margin > 0 ? 1.0 : 0.0, margin, scores[size_t(i)],
-                   scores[size_t(P + i)]});
+      const double chosen = scores[size_t(i)], rejected = scores[size_t(P + i)];
+      const RewardPairLoss pair = reward_pair_loss(chosen, rejected, 0.0);
+      doutputs[size_t(i * width + chosen_at)] = float(pair_weight * pair.dchosen);
+      doutputs[size_t((P + i) * width + rejected_at)] = float(pair_weight * pair.drejected);
+      figures.add({1, pair.loss, chosen > rejected ? 1.0 : 0.0, chosen - rejected, chosen + rejected,
+                   std::min(chosen, rejected), std::max(chosen, rejected)});
     }
     if (dhidden) head_backward(model.backend(), score, hidden, doutputs, *dhidden);
   };

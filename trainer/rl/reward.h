@@ -6,6 +6,7 @@
 // (preference_data.h): rows [0, P) the chosen sequences, [P, 2P) the
 // rejected ones, prompt and completion scored together.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -34,12 +35,13 @@ ScoredRows scored_sequences(const std::vector<TokenSequence>& sequences, int32_t
 // Each row's score (host [R]; 0 for rows at position -1) from one forward.
 std::vector<double> sequence_scores(CausalLM& model, const ScoredRows& rows);
 
-// trl's logged figures summed over pairs; means() gives them by trl's names
-// ("loss", "accuracy", "margin", "rewards/chosen", "rewards/rejected"), each
-// prefixed.
+// trl's logged figures over pairs (reward_loss.h); means() gives them by
+// trl's names ("loss", "accuracy", "margin", "mean_reward", "min_reward",
+// "max_reward"), each prefixed.
 struct RewardFigures {
   int64_t pairs = 0;
-  double loss = 0, accuracy = 0, margin = 0, chosen = 0, rejected = 0;
+  double loss = 0, accuracy = 0, margin = 0, rewards = 0;  // sums; rewards: of both scores
+  double min_reward = INFINITY, max_reward = -INFINITY;
   void add(const RewardFigures& other);
   nlohmann::json means(const std::string& prefix = "") const;
 };
