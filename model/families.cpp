@@ -32,6 +32,16 @@ std::string unsupported(const std::string& model_type, const ModelKind* kind) {
 
 }  // namespace
 
+// llama.cpp's names for a SentencePiece vocabulary and for the Split-regex
+// pre-tokenizers of Llama-3's and Qwen2's tokenizer.json (llama-vocab.cpp).
+const char* const kGgufSentencePieceModel = "llama";
+const GgufPreTokenizer kGgufSplitPreTokenizers[2] = {
+    {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+     "llama-bpe"},
+    {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+     "qwen2"},
+};
+
 const std::vector<ModelFamily>& model_families() {
   // llama.cpp's architectures (gguf-py's MODEL_ARCH_NAMES); convert_hf_to_gguf.py
   // converts Mistral as "llama".

@@ -4,7 +4,7 @@
 // LM Studio, llama-cpp-python) loads: llama.cpp's architecture name and
 // hyper-parameter keys for the family (model/families.cpp points at its
 // model/gguf_names.h entry), its tensor names and row layouts
-// (convert_hf_to_gguf.py's q/k permutation for "llama", GPT-NeoX's fused qkv
+// (convert_hf_to_gguf.py's q/k permutation for Llama, GPT-NeoX's fused qkv
 // regrouped), Llama-3's rope_freqs, and the tokenizer (trainer/gguf_vocab.h).
 //
 // Tensor types as convert_hf_to_gguf.py --outtype picks them: 1-D tensors,

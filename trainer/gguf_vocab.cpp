@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "model/gguf_names.h"
 #include "model/json_input.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/load_tokenizer.h"
@@ -88,15 +89,6 @@ Vocab sentencepiece_vocab(const SentencePieceTokenizer& tokenizer, const std::st
   return vocab;
 }
 
-// Pre-tokenizer regexes of released tokenizer.json files and llama.cpp's
-// names for them (llama-vocab.cpp's tokenizer.ggml.pre values).
-const std::pair<const char*, const char*> kSplitPatterns[] = {
-    {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
-     "llama-bpe"},
-    {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
-     "qwen2"},
-};
-
 // tokenizer.ggml.pre of a byte-level BPE's pre_tokenizer.
 std::string pre_tokenizer_name(const json& pre, const std::string& path) {
   const std::string type = pre.is_object() ? pre.value("type", "") : "";
@@ -107,8 +99,8 @@ std::string pre_tokenizer_name(const json& pre, const std::string& path) {
     const json pattern = split.is_object() && split.contains("pattern") ? split["pattern"] : json();
     if (split.value("type", "") == "Split" && pattern.is_object() && pattern.contains("Regex") &&
         bytes.value("type", "") == "ByteLevel" && !bytes.value("use_regex", true))
-      for (const auto& [regex, name] : kSplitPatterns)
-        if (pattern["Regex"] == regex) return name;
+      for (const GgufPreTokenizer& known : kGgufSplitPreTokenizers)
+        if (pattern["Regex"] == known.split_regex) return known.name;
   }
   fail(path, ": pre_tokenizer ", pre.dump().substr(0, 200),
        " has no llama.cpp pre-tokenizer this export knows (GPT-2's ByteLevel, Llama-3's or Qwen2's Split "
@@ -156,7 +148,7 @@ void add_gguf_vocab(const std::string& tokenizer_path, int64_t vocab_size, GgufM
   if (!is_tokenizer_json(tokenizer_path)) {
     const SentencePieceTokenizer tokenizer(tokenizer_path, vocab_size);
     vocab = sentencepiece_vocab(tokenizer, tokenizer_path, vocab_size);
-    metadata.emplace_back("tokenizer.ggml.model", GgufValue::string("llama"));
+    metadata.emplace_back("tokenizer.ggml.model", GgufValue::string(kGgufSentencePieceModel));
     metadata.emplace_back("tokenizer.ggml.pre", GgufValue::string("default"));
     metadata.emplace_back("tokenizer.ggml.tokens", GgufValue::strings_array(vocab.tokens));
     metadata.emplace_back("tokenizer.ggml.scores", GgufValue::f32_array(vocab.scores));

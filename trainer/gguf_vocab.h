@@ -1,11 +1,11 @@
 // The tokenizer.* metadata of a GGUF file, as llama.cpp's
 // convert_hf_to_gguf.py writes it, from the tokenizer this trainer uses:
 //
-//   SentencePiece (tokenizer.model): tokenizer.ggml.model "llama", pre
+//   SentencePiece (tokenizer.model): tokenizer.ggml.model llama, pre
 //     "default", every piece with its score and SentencePiece type;
 //   a byte-level BPE tokenizer.json: model "gpt2", pre named after the
 //     pre-tokenizer (GPT-2's ByteLevel regex "gpt-2", Llama-3's split
-//     "llama-bpe", Qwen2's "qwen2"), the merges in rank order;
+//     "llama-bpe", Qwen2's qwen2), the merges in rank order;
 //
 // ids up to the model's vocab_size ("[PADi]", unused, where the tokenizer has
 // none), token types (added special tokens, and those spelled <|...|>, are
