@@ -248,6 +248,20 @@ class LanguageModel {
   void fill_parameter(Parameter& p, const std::function<void(Parameter&)>& fill);
 };
 
+// The model's adapters off for a scope (the reference model of DPO, GRPO
+// and PPO: the base under PEFT's disable_adapter()), on again after it,
+// also when it throws.
+class AdaptersDisabled {
+ public:
+  explicit AdaptersDisabled(LanguageModel& model) : model_(model) { model_.set_adapters_enabled(false); }
+  ~AdaptersDisabled() { model_.set_adapters_enabled(true); }
+  AdaptersDisabled(const AdaptersDisabled&) = delete;
+  AdaptersDisabled& operator=(const AdaptersDisabled&) = delete;
+
+ private:
+  LanguageModel& model_;
+};
+
 class CausalLM : public LanguageModel {
  public:
   // Mean cross-entropy over counted tokens. input_ids and targets are host

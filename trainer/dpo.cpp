@@ -54,13 +54,6 @@ nlohmann::json DpoFigures::means(const std::string& prefix) const {
 
 namespace {
 
-// Turns the adapters off for the reference forward and on again, also when it throws.
-struct AdaptersOff {
-  LanguageModel& model;
-  explicit AdaptersOff(LanguageModel& m) : model(m) { model.set_adapters_enabled(false); }
-  ~AdaptersOff() { model.set_adapters_enabled(true); }
-};
-
 PairLogps pair_logps(const SequenceLogps& policy, const SequenceLogps& reference, size_t chosen, size_t rejected) {
   return {policy.logps[chosen],           policy.logps[rejected], reference.logps[chosen], reference.logps[rejected],
           policy.counted_tokens[chosen], policy.counted_tokens[rejected]};
@@ -103,7 +96,7 @@ DpoFigures dpo_micro_batch(CausalLM& model, const Batch& batch, const DpoConfig&
   const int64_t P = batch.input_ids.dim(0) / 2;
   SequenceLogps reference;
   {
-    AdaptersOff off(model);
+    AdaptersDisabled off(model);
     reference = model.sequence_logps(batch.input_ids, batch.targets, batch.positions());
   }
   DpoFigures figures;

@@ -29,7 +29,10 @@
 #include "trainer/data/special_tokens.h"
 #include "trainer/device_backend.h"
 #include "trainer/dpo.h"
+#include "trainer/rl/grpo_step.h"
+#include "trainer/rl/prompts.h"
 #include "trainer/rl/reward.h"
+#include "trainer/rl/rewards.h"
 #include "trainer/evaluate.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/optimizer.h"
@@ -75,6 +78,10 @@ struct Run {
   std::unique_ptr<DataLoader> train, eval;
   std::unique_ptr<PreferenceLoader> train_pairs, eval_pairs;  // objective: dpo or reward, in place of train and eval
   Dataset eval_examples;  // with objective: dpo, the eval pairs' prompts and chosen completions
+  // objective: grpo: prompt rows in place of train and eval, and the reward model when rewards.model is set.
+  std::unique_ptr<PromptLoader> train_prompts;
+  std::vector<PromptRow> eval_prompts;
+  std::unique_ptr<RewardModel> reward_model;
   LrSchedule schedule;
   int64_t total_steps = 0;
   Run(const TrainConfig& c, Collectives& ranks)
@@ -213,24 +220,59 @@ std::unique_ptr<PreferenceLoader> make_pair_loader(Run& run, const std::string& 
                                             padding_id(*run.tokenizer), run.config.seed, run.host);
 }
 
+// objective: grpo: prompts a step, each generated num_generations times.
+int64_t grpo_prompts_per_step(const TrainConfig& config) {
+  return config.micro_batch_size * config.grad_accum_steps / config.grpo.num_generations;
+}
+
 int64_t train_batches_per_epoch(const Run& run) {
+  if (run.train_prompts) {  // a step's prompts as grad_accum_steps micro-batches
+    const int64_t per_step = grpo_prompts_per_step(run.config);
+    const int64_t rows = int64_t(run.train_prompts->rows().size());
+    return (rows + per_step - 1) / per_step * run.config.grad_accum_steps;
+  }
   return run.train_pairs ? run.train_pairs->batches_per_epoch() : run.train->batches_per_epoch();
 }
 
 DataPosition train_position(const Run& run) {
+  if (run.train_prompts) return run.train_prompts->position();
   return run.train_pairs ? run.train_pairs->position() : run.train->position();
 }
 
 void set_train_position(Run& run, DataPosition position) {
-  if (run.train_pairs) run.train_pairs->set_position(position);
+  if (run.train_prompts) run.train_prompts->set_position(position);
+  else if (run.train_pairs) run.train_pairs->set_position(position);
   else run.train->set_position(position);
+}
+
+// objective: grpo: the prompt rows, cut to leave room for the completion, and the reward model.
+void make_prompts(Run& run) {
+  const TrainConfig& config = run.config;
+  FT_CHECK(run.collectives.world_size() == 1, config.source, ": objective: grpo runs in one process (its "
+           "rollouts are not split across ranks yet); run it without mpirun");
+  const int64_t max_prompt_tokens = config.seq_len - config.grpo.max_completion_length;
+  run.train_prompts = std::make_unique<PromptLoader>(
+      load_prompt_rows(config.data.train, *run.tokenizer, max_prompt_tokens), config.seed);
+  std::cout << "train: " << run.train_prompts->rows().size() << " prompts, " << grpo_prompts_per_step(config)
+            << " a step, " << config.grpo.num_generations << " completions each\n";
+  if (!config.data.eval.empty()) {
+    run.eval_prompts = load_prompt_rows(config.data.eval, *run.tokenizer, max_prompt_tokens);
+    run.eval_examples.path = config.data.eval;
+    for (const PromptRow& row : run.eval_prompts) run.eval_examples.examples.push_back({row.prompt, ""});
+    std::cout << "eval: " << run.eval_prompts.size() << " prompts\n";
+  }
+  if (!config.rewards.model.empty())
+    run.reward_model = std::make_unique<RewardModel>(config.rewards, *run.backend, model_options(config),
+                                                     config.tokenizer);
 }
 
 void make_data(Run& run) {
   const TrainConfig& config = run.config;
   const bool pairs = config.objective == Objective::dpo || config.objective == Objective::reward;
   const bool has_eval = !config.data.eval.empty();
-  if (pairs) {
+  if (config.objective == Objective::grpo) {
+    make_prompts(run);
+  } else if (pairs) {
     run.train_pairs = make_pair_loader(run, config.data.train, "train", nullptr);
     if (has_eval) run.eval_pairs = make_pair_loader(run, config.data.eval, "eval", &run.eval_examples);
   } else {
@@ -360,6 +402,34 @@ StepReport dpo_train_step(Run& run, int64_t step) {
   });
 }
 
+// objective: grpo: the step's rollouts and loss (trainer/rl/grpo_step.h).
+GrpoStep grpo_setup(Run& run) {
+  const TrainConfig& config = run.config;
+  SamplingOptions sampling;
+  sampling.max_new_tokens = config.grpo.max_completion_length;
+  sampling.temperature = 1.0;  // trl's default, and the distribution the loss's log-probabilities are of
+  sampling.top_p = config.grpo_top_p;
+  sampling.top_k = config.grpo_top_k;
+  return GrpoStep{causal_lm(*run.model, "objective: grpo"), *run.tokenizer, config.grpo, config.rewards,
+                  run.reward_model.get(), sampling, stop_condition(run), padding_id(*run.tokenizer),
+                  config.micro_batch_size, config.grad_accum_steps, config.seed};
+}
+
+StepReport grpo_train_step(Run& run, int64_t step) {
+  const GrpoStep setup = grpo_setup(run);
+  run.model->zero_grads();
+  StepReport report;
+  report.step = step + 1;
+  report.figures = grpo_step(setup, run.train_prompts->next(grpo_prompts_per_step(run.config)), step);
+  report.loss = report.figures["loss"].get<double>();
+  report.figures.erase("loss");
+  const double completions = double(run.config.micro_batch_size * run.config.grad_accum_steps);
+  report.loss_tokens = int64_t(report.figures["completions/mean_length"].get<double>() * completions + 0.5);
+  report.tokens = report.loss_tokens;
+  finish_step(run, step, true, report);
+  return report;
+}
+
 StepReport reward_train_step(Run& run, int64_t step) {
   CausalLM& model = causal_lm(*run.model, "objective: reward");
   const int32_t pad_id = padding_id(*run.tokenizer);
@@ -434,6 +504,7 @@ struct EvalFigures {
   bool has_rouge = false;
   RougeScores rouge;
   double preference_accuracy = 0.0;  // objective: dpo: rewards/accuracies; reward: accuracy
+  double reward = 0.0, kl = 0.0;     // objective: grpo: the held-out prompts' mean reward and KL to the reference
 };
 
 // objective: dpo or reward: trl's figures over the eval pairs, as eval_loss
@@ -463,8 +534,32 @@ EvalFigures evaluate_pairs(Run& run, int64_t step, Progress& progress, const cha
   return figures;
 }
 
+// objective: grpo: the held-out prompts' reward and KL to the reference
+// (grpo_step.h's evaluate_rollouts), as eval_reward, eval_kl, ...
+EvalFigures evaluate_prompts(Run& run, int64_t step, Progress& progress, const char* label) {
+  EvalFigures figures;
+  std::vector<const PromptRow*> prompts;
+  const int64_t count = std::min<int64_t>(run.config.metric_examples, int64_t(run.eval_prompts.size()));
+  for (int64_t i = 0; i < count; ++i) prompts.push_back(&run.eval_prompts[size_t(i)]);
+  const nlohmann::json means = evaluate_rollouts(grpo_setup(run), prompts);
+  figures.reward = means["reward"].get<double>();
+  figures.kl = means["kl"].get<double>();
+  nlohmann::json row;
+  std::ostringstream line;
+  line.precision(4);
+  line << std::fixed << "eval (" << label << ", step " << step << ", " << count << " prompts):";
+  for (const auto& item : means.items()) {
+    row["eval_" + item.key()] = item.value();
+    line << " " << item.key() << " " << item.value().get<double>();
+  }
+  progress.on_eval(step, row);
+  progress.message(line.str());
+  return figures;
+}
+
 EvalFigures evaluate(Run& run, int64_t step, Progress& progress, const char* label) {
   if (run.eval_pairs) return evaluate_pairs(run, step, progress, label);
+  if (run.train_prompts) return run.eval_prompts.empty() ? EvalFigures{} : evaluate_prompts(run, step, progress, label);
   EvalFigures figures;
   if (!run.eval || !run.in_first_pipeline()) return figures;  // the other pipelines go on to the next step
   figures.loss = run.pipeline_stages == 1
@@ -757,7 +852,9 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   std::cout << "training " << run.total_steps << " steps of " << config.micro_batch_size << " x "
             << config.grad_accum_steps;
   if (data_ranks > 1) std::cout << " x " << data_ranks << " ranks (data parallel)";
-  std::cout << (run.train_pairs ? " preference pairs (a chosen and a rejected sequence each)" : " sequences")
+  std::cout << (run.train_pairs     ? " preference pairs (a chosen and a rejected sequence each)"
+                : run.train_prompts ? " completions"
+                                    : " sequences")
             << " of up to " << config.seq_len << " tokens";
   if (run.pipeline_stages > 1) std::cout << ", through " << run.pipeline_stages << " pipeline stages";
   std::cout << "\n";
@@ -777,6 +874,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   for (int64_t step = resumed.step; step < run.total_steps; ++step) {
     const StepReport report = config.objective == Objective::dpo      ? dpo_train_step(run, step)
                               : config.objective == Objective::reward ? reward_train_step(run, step)
+                              : config.objective == Objective::grpo   ? grpo_train_step(run, step)
                                                                       : train_step(run, step);
     progress.on_step(report);
     bad_in_a_row = report.update_skipped ? on_bad_step(run, report, bad_in_a_row, progress) : 0;
@@ -800,6 +898,10 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     std::cout << (config.objective == Objective::reward ? "eval accuracy" : "eval rewards/accuracies")
               << " (held-out pairs) "
               << describe_change(before.preference_accuracy, after.preference_accuracy) << "\n";
+  if (!run.eval_prompts.empty() && compare_to_before)
+    std::cout << std::fixed << std::setprecision(4) << "eval reward (held-out prompts) " << before.reward << " -> "
+              << after.reward << " (" << std::showpos << after.reward - before.reward << std::noshowpos
+              << "); KL to the reference " << before.kl << " -> " << after.kl << std::defaultfloat << "\n";
   if ((run.eval || run.eval_pairs) && compare_to_before) {
     std::cout << "eval loss " << describe_change(before.loss.loss, after.loss.loss) << "\n";
     if (after.has_rouge)

@@ -34,8 +34,7 @@ void validate(const GrpoConfig& config) {
            config.max_completion_length);
 }
 
-// torch.std's unbiased (Bessel-corrected) standard deviation of values[begin, end).
-static double unbiased_std(const std::vector<double>& values, size_t begin, size_t end) {
+double unbiased_std(const std::vector<double>& values, size_t begin, size_t end) {
   const double n = double(end - begin);
   double mean = 0, squares = 0;
   for (size_t i = begin; i < end; ++i) mean += values[i] / n;

@@ -60,6 +60,10 @@ struct GrpoConfig {
 // below 1, a negative epsilon or beta, max_completion_length below 1.
 void validate(const GrpoConfig& config);
 
+// torch.std's unbiased (Bessel-corrected) standard deviation of
+// values[begin, end), at least two values.
+double unbiased_std(const std::vector<double>& values, size_t begin, size_t end);
+
 // Per-completion advantages from per-completion rewards laid out group after
 // group (group_size consecutive completions of one prompt): reward minus the
 // group's mean, divided by (std + 1e-4) with std torch's unbiased one (of the
