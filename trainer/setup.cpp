@@ -5,6 +5,7 @@
 
 #include "kernels/error.h"
 #include "model/families.h"
+#include "model/peft_adapter.h"
 
 namespace ft {
 
@@ -29,6 +30,13 @@ ModelOptions model_options(const TrainConfig& config) {
   return options;
 }
 
+ModelOptions reward_model_options(ModelOptions policy, const std::string& adapter) {
+  policy.output_head = OutputHead::score;
+  policy.lora.reset();
+  if (!adapter.empty()) policy.lora = read_peft_adapter_config(adapter).lora;
+  return policy;
+}
+
 namespace {
 
 std::unique_ptr<AdamW> make_optimizer(Backend& backend, const std::vector<Parameter*>& parameters,
@@ -47,7 +55,8 @@ std::unique_ptr<AdamW> make_optimizer(Backend& backend, const std::vector<Parame
 
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
                              const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state,
-                             const LayerRange& stage, const OptimizerShard& shard) {
+                             const LayerRange& stage, const OptimizerShard& shard,
+                             std::optional<OutputHead> output_head) {
   FT_CHECK(config.offload_base == OffloadTarget::device ||
                model_family(model_config.model_type).kind == ModelKind::causal,
            config.source, ": offload.base: host streams a decoder-only model's layers; a ", model_config.model_type,
@@ -58,6 +67,7 @@ TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model
   TrainingSetup setup;
   ModelOptions options = model_options(config);
   options.layers = stage;
+  if (output_head) options.output_head = *output_head;
   setup.model = make_language_model(model_config, backend, options);
   fill_base(*setup.model);
   setup.model->init_adapters(config.seed);

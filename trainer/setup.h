@@ -5,6 +5,8 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "model/causal_lm.h"
@@ -16,6 +18,12 @@ namespace ft {
 // How the config builds the model: weight and activation dtypes, the INT8 or
 // NF4 base, LoRA (when trainable is lora), checkpointing, loss chunking.
 ModelOptions model_options(const TrainConfig& config);
+
+// A reward model's options (rewards.model), as RewardModel
+// (trainer/rl/rewards.h) builds it: the policy's (quantization, precision)
+// with a score head, and the LoRA of its own PEFT adapter folder (adapter:
+// rewards.model_adapter) or none.
+ModelOptions reward_model_options(ModelOptions policy, const std::string& adapter);
 
 // What a run trains: the model and the optimizer over its trainable set.
 struct TrainingSetup {
@@ -41,10 +49,13 @@ struct OptimizerShard {
 // weight decay and clipping. With offload.optimizer: host its state is
 // allocated from host_state (required then; a run's host memory, the
 // planner's host-side tracker). A pipeline stage builds its layers only;
-// with a shard, AdamW holds state for the shard's parameters only.
+// with a shard, AdamW holds state for the shard's parameters only. With
+// output_head, the model gets that head instead of the config's (the
+// planner's PPO replay: the policy's value head, trained with the adapters).
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
                              const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state = nullptr,
-                             const LayerRange& stage = {}, const OptimizerShard& shard = {});
+                             const LayerRange& stage = {}, const OptimizerShard& shard = {},
+                             std::optional<OutputHead> output_head = std::nullopt);
 
 // model as the decoder-only CausalLM that `what` (e.g. "objective: dpo")
 // needs; a T5Model is an Error saying so.
