@@ -21,6 +21,8 @@
 #include "trainer/generate.h"
 #include "model/peft_adapter.h"
 #include "trainer/plan.h"
+#include "tests/rl_step_peaks.h"
+#include "trainer/rl/reward.h"
 #include "trainer/train_state.h"
 #include "trainer/trainer.h"
 
@@ -62,14 +64,15 @@ void fill_weights(LanguageModel& model, Backend& backend) {
 }
 
 // The tracked peak of one real CPU training step, built as plan_step builds it
-// (objective: dpo: batch pairs, the reference forward and the policy's step).
+// (objective: dpo: batch pairs, the reference forward and the policy's step;
+// objective: reward: batch pairs through the score head).
 // With phase_peaks, after the step the tracked peaks of the run's other
 // phases as a run makes them: the checkpoint's host copies, an eval forward
 // of batch x seq (its logits released), and generate() over the larger of
 // ROUGE's and the samples' batches with prompts of seq tokens.
 size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq,
                       std::vector<size_t>* phase_peaks = nullptr) {
-  const bool dpo = config.objective == Objective::dpo;
+  const bool dpo = config.objective == Objective::dpo, reward = config.objective == Objective::reward;
   const ModelConfig model_config = read_model_config(config.model + "/config.json");
   HostAllocator host;
   TrackingAllocator tracker(host), host_state(host);
@@ -77,12 +80,14 @@ size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq,
   TrainingSetup setup = setup_training(
       config, model_config, backend, [&](LanguageModel& model) { fill_weights(model, backend); }, &host_state);
   CausalLM* model = &causal_lm(*setup.model, "real_step_peak");
-  Tensor ids = Tensor::empty({dpo ? 2 * batch : batch, seq}, DType::i32, host, MemCategory::activations);
+  Tensor ids = Tensor::empty({dpo || reward ? 2 * batch : batch, seq}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
   model->zero_grads();
   model->set_dropout_seed(config.seed);
-  const double loss = dpo ? dpo_micro_batch(*model, Batch{ids, ids, ids.numel()}, config.dpo, true, 1.0).loss
-                          : model->forward_backward(ids, ids, 1.0f);
+  const Batch pairs{ids, ids, ids.numel()};
+  const double loss = dpo      ? dpo_micro_batch(*model, pairs, config.dpo, true, 1.0).loss
+                      : reward ? reward_micro_batch(*model, pairs, 0, true, 1.0).loss
+                               : model->forward_backward(ids, ids, 1.0f);
   CHECK(std::isfinite(loss));
   setup.optimizer->step(config.lr);
   const size_t step_peak = tracker.stats().total_peak_bytes;
@@ -169,6 +174,8 @@ TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to th
   check_plan_matches_real_step(kFixtures + "/llama_gqa", kFullFp32 + "offload: {optimizer: host}\n", 2, 16);
   check_plan_matches_real_step(kFixtures + "/llama_gqa", "objective: dpo\n" + kLlamaLora, 2, 16);
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", "objective: dpo\nloss_chunk_tokens: 12\n" + kNeoxLora, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", "objective: reward\n" + kLlamaLora, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", "objective: reward\n" + kNeoxLora, 2, 16);
 }
 
 // With an eval set, the plan replays the run's evaluation and generation
@@ -202,6 +209,80 @@ TEST_CASE("plan: evaluation and generation after the step plan to the byte, and 
     config.task_metric = TaskMetric::none;
     CHECK(plan_step(config, cpu, batch, seq).phases.size() == 1);
   }
+}
+
+// A CPU backend whose tracked peaks the RL steps (tests/rl_step_peaks.h) read.
+struct TrackedCpu {
+  HostAllocator host;
+  TrackingAllocator tracker{host}, host_state{host};
+  CpuBackend backend{tracker};
+  PeakMeter meter{[this] { tracker.reset_peaks(); }, [this] { return tracker.stats().total_peak_bytes; }};
+  TrainingSetup setup(const TrainConfig& config, std::optional<OutputHead> head = std::nullopt) {
+    return setup_training(config, read_model_config(config.model + "/config.json"), backend,
+                          [&](LanguageModel& model) { fill_weights(model, backend); }, &host_state, {}, {}, head);
+  }
+};
+
+// GRPO's step, planned as its phases (the rollout, the reference forward,
+// the policy's backward), equals grpo_step's measured peak on the CPU.
+TEST_CASE("plan: a GRPO step (rollout, reference, policy backward) plans to the byte") {
+  const std::string grpo = "objective: grpo\nrewards: {length: 8}\nmicro_batch_size: 4\nseq_len: 24\n";
+  for (const std::string& extra :
+       {grpo + "grpo: {num_generations: 2, max_completion_length: 8, beta: 0.04}\n" + kLlamaLora,
+        grpo + "grpo: {num_generations: 4, max_completion_length: 8}\ngrad_accum_steps: 2\n" + kLlamaLora,
+        grpo + "grpo: {num_generations: 2, max_completion_length: 8, beta: 0.04}\nactivation_checkpointing: "
+               "per_layer\n" + kNeoxLora}) {
+    CAPTURE(extra);
+    const bool neox = extra.find("query_key_value") != std::string::npos;
+    const TrainConfig config = make_config(kFixtures + (neox ? "/gpt_neox_parallel" : "/llama_gqa"), extra);
+    PlanOptions cpu;
+    cpu.policy = MemoryPolicy::cpu;
+    const StepPlan plan = plan_step(config, cpu, config.micro_batch_size, config.seq_len);
+    REQUIRE(plan.phases.size() >= 2);
+    CHECK(plan.phases[0].phase == "rollout");
+    CHECK(plan.phases[1].phase == (config.grpo.beta > 0 ? "reference" : "checkpoint"));
+    TrackedCpu cpu_step;
+    TrainingSetup setup = cpu_step.setup(config);
+    const GrpoPeaks measured = grpo_step_peaks(config, setup, cpu_step.meter);
+    MESSAGE("GRPO: planned ", rl_step_peak(plan), " bytes (rollout ", plan.phases[0].peak_bytes, "), measured ",
+            measured.step, " (rollout ", measured.rollout, ")");
+    CHECK(plan.phases[0].peak_bytes == measured.rollout);
+    CHECK(rl_step_peak(plan) == measured.step);
+  }
+}
+
+// plan_ppo_step against a real PPO step on the CPU, phase by phase, on the
+// tiny Llama and NeoX (the reward model: tests/fixtures/reward's Llama
+// classifier config).
+TEST_CASE("plan: a PPO step (rollout, values, reference, reward model, policy and value backward) plans to the byte") {
+  const PpoPlan ppo{3, 12, 6, 0, kFixtures + "/reward/model"};
+  for (const std::string& extra : {kLlamaLora, kNeoxLora + "activation_checkpointing: per_layer\nloss_chunk_tokens: 8\n"}) {
+    CAPTURE(extra);
+    const bool neox = extra.find("query_key_value") != std::string::npos;
+    const TrainConfig config = make_config(kFixtures + (neox ? "/gpt_neox_parallel" : "/llama_gqa"), extra);
+    PlanOptions cpu;
+    cpu.policy = MemoryPolicy::cpu;
+    const StepPlan plan = plan_ppo_step(config, cpu, ppo);
+    TrackedCpu cpu_step;
+    TrainingSetup setup = cpu_step.setup(config, OutputHead::value);
+    std::unique_ptr<CausalLM> reward = make_reward_model(config, ppo.reward_model, cpu_step.backend);
+    fill_weights(*reward, cpu_step.backend);
+    const std::vector<std::pair<std::string, size_t>> measured = ppo_step_peaks(config, ppo, setup, *reward,
+                                                                                cpu_step.meter);
+    REQUIRE(plan.phases.size() == 5);
+    for (size_t i = 0; i < 4; ++i) {
+      MESSAGE(plan.phases[i].phase, ": planned ", plan.phases[i].peak_bytes, ", measured ", measured[i].second);
+      CHECK(plan.phases[i].phase == measured[i].first);
+      CHECK(plan.phases[i].peak_bytes == measured[i].second);
+    }
+    MESSAGE("policy and value step: planned ", plan.peak_bytes, ", measured ", measured[4].second);
+    CHECK(plan.peak_bytes == measured[4].second);
+    CHECK(plan.reward_model_bytes > 0);
+    CHECK(setup.model->output_head().weight->grad.ptr<float>()[0] != 0.0f);  // the value head trained
+  }
+  const TrainConfig config = make_config(kFixtures + "/llama_gqa", kLlamaLora);
+  CHECK_THROWS_WITH_AS(plan_ppo_step(config, PlanOptions{}, PpoPlan{1, 60, 8, 0, ""}),
+                       doctest::Contains("exceeds the model's max_position_embeddings (64)"), Error);
 }
 
 // One pipeline stage's share of 1F1B on a real CPU backend, as plan_pipeline
@@ -424,6 +505,71 @@ TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA data parallel on 8 GPUs all-reduces th
   CHECK(all_reduce.gradient_bytes == size_t(17301504) * 4);  // 69,206,016: 66.0 MiB
   CHECK(all_reduce.ring_sent_per_rank_bytes == size_t(17301504) * 4 * 14 / 8);  // 121,110,528: 115.5 MiB
   CHECK(plan_all_reduce(plan, 1).ring_sent_per_rank_bytes == 0);
+}
+
+// trl's "20B on a 24 GB GPU" as PPO: GPT-NeoX-20B INT8 + LoRA r16 on
+// query_key_value (configs/gpt-neox-20b-int8-lora.yaml: bf16, per-layer
+// checkpointing, 256-token loss chunks), its reference the same weights with
+// the adapters disabled, the value head trained beside them. A PPO batch of
+// 8 rollouts of 256 prompt + 64 response tokens, scored by the reward model
+// in one forward, generated and trained 4 at a time (trl's generate() batch
+// and a mini_batch_size of 4). The reward model is a second model on the
+// device, built with the policy's options: a second INT8 20B base
+// (GPTNeoXForSequenceClassification) does not fit beside the policy, so it
+// is Pythia-1B's architecture as an INT8 classifier (configs/pythia-1b).
+TEST_CASE("plan: a PPO step on GPT-NeoX-20B INT8 + LoRA with a 1B reward model fits 24 GiB (CUDA policy)") {
+  const TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/gpt-neox-20b-int8-lora.yaml");
+  PpoPlan ppo{4, 256, 64, 8, std::string(FT_SOURCE_DIR) + "/configs/pythia-1b"};
+  const StepPlan plan = plan_ppo_step(config, PlanOptions{}, ppo);
+  MESSAGE("20B PPO: policy and value step ", plan.peak_bytes + plan.context_bytes, " bytes, peak at ", plan.where,
+          "; reward model weights ", plan.reward_model_bytes);
+  for (const StepPlan::PhasePeak& phase : plan.phases)
+    MESSAGE("20B PPO ", phase.phase, ": ", phase.peak_bytes + plan.context_bytes, " bytes");
+  MESSAGE("20B PPO run peak ", plan.total_bytes(), " bytes (", double(plan.total_bytes()) / double(1ull << 30),
+          " GiB incl. context reserve), in ", plan.run_peak_phase());
+  // Pythia-1B: 16 x 12 x 2048^2 INT8 linear weights and their f32 row scales (6144 + 2048 + 8192 + 2048 rows a
+  // layer); bf16 embed_in and embed_out (50304 x 2048 each), linear biases, two LayerNorms a layer, the final
+  // one, and the score head (2048).
+  const size_t rows_per_layer = 6144 + 2048 + 8192 + 2048;
+  CHECK(plan.reward_model_bytes == 16 * (12 * size_t(2048) * 2048 + 4 * rows_per_layer) +
+                                       2 * (2 * size_t(50304) * 2048 + 16 * (rows_per_layer + 4 * 2048) + 2 * 2048 +
+                                            2048));
+  CHECK(plan.reward_model_bytes == 1219440640);
+  // The run's phases, context reserve included: the rollout (4 rows' 44-layer key/value cache, 1.3 GiB, and the
+  // prompts' forward), the rollout's values and the reference (eval forwards, 4 x 319 tokens), the reward model
+  // over the batch of 8 (eval, no LM head), the checkpoint (the state copied to host memory).
+  const std::vector<std::pair<std::string, size_t>> phases = {{"rollout", 25198451712},
+                                                              {"rollout values", 24557135872},
+                                                              {"reference", 24557135872},
+                                                              {"reward", 23924550656},
+                                                              {"checkpoint", 23522798080}};
+  REQUIRE(plan.phases.size() == phases.size());
+  for (size_t i = 0; i < phases.size(); ++i) {
+    CHECK(plan.phases[i].phase == phases[i].first);
+    CHECK(plan.phases[i].peak_bytes + plan.context_bytes == phases[i].second);
+  }
+  CHECK(plan.peak_bytes + plan.context_bytes == 24633588224);  // the policy and value step: 22.94 GiB
+  CHECK(plan.run_peak_phase() == "rollout");
+  CHECK(plan.total_bytes() <= size_t(24) << 30);
+
+  // Generating 8 rows at once: their key/value cache (44 layers x 8 x 320 x
+  // 6144 x 2 x 2 bytes, 2.6 GiB) takes the rollout past the card.
+  PpoPlan eight = ppo;
+  eight.rows = 8;
+  const StepPlan eight_rows = plan_ppo_step(config, PlanOptions{}, eight);
+  MESSAGE("20B PPO generating 8 rows at once: ", eight_rows.total_bytes(), " bytes, in ", eight_rows.run_peak_phase());
+  CHECK(eight_rows.run_peak_phase() == "rollout");
+  CHECK(eight_rows.total_bytes() > size_t(24) << 30);
+
+  // A second 20B base as the reward model: its weights alone take 19.7 GiB
+  // (21,187,547,136 bytes), and the step then needs 42.4 GiB: not even a
+  // 40 GiB card holds it.
+  ppo.reward_model = std::string(FT_SOURCE_DIR) + "/configs/gpt-neox-20b";
+  const StepPlan twice = plan_ppo_step(config, PlanOptions{}, ppo);
+  MESSAGE("20B PPO with a 20B reward model: ", twice.total_bytes(), " bytes, reward model weights ",
+          twice.reward_model_bytes);
+  CHECK(twice.reward_model_bytes == 21187547136);
+  CHECK(twice.total_bytes() == 45551119360);
 }
 
 // ZeRO-1: Llama-2-7B fully fine-tuned (bf16 weights, AdamW's f32 m, v and

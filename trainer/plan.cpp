@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
@@ -22,6 +24,7 @@
 #include "trainer/parallel/data_parallel.h"
 #include "trainer/parallel/pipeline.h"
 #include "trainer/report/progress.h"
+#include "trainer/rl/reward.h"
 #include "trainer/setup.h"
 #include "trainer/train_state.h"
 
@@ -173,13 +176,33 @@ void model_activation_offload(StepPlan& plan, const LanguageModel& model, const 
                                                  std::max(0.0, plan.activation_copy_s - backward_s));
 }
 
+// generate()'s cached path as it allocates: the cache for rows of
+// prompt_tokens + new_tokens positions (at most max_position_embeddings),
+// the prompts' forward, one decoding step (each later step repeats its
+// allocations).
+void replay_generation(CausalLM& model, int64_t rows, int64_t prompt_tokens, int64_t new_tokens) {
+  HostAllocator host;
+  const ModelConfig& model_config = model.config();
+  const int64_t capacity = std::min(prompt_tokens + new_tokens, model_config.max_position_embeddings);
+  KvCache cache = model.make_kv_cache(rows, capacity);
+  Tensor prompt = Tensor::empty({rows, prompt_tokens}, DType::i32, host, MemCategory::activations);
+  std::fill_n(prompt.ptr<int32_t>(), prompt.numel(), 0);
+  Tensor logits = Tensor::empty({rows, model_config.vocab_size}, DType::f32, host, MemCategory::activations);
+  model.backend().copy(logits,
+                       model.forward_cached(cache, prompt, std::vector<int64_t>(size_t(rows), prompt_tokens)));
+  if (new_tokens > 1 && prompt_tokens < capacity) {  // a prompt filling every position ends there
+    Tensor step = Tensor::empty({rows, 1}, DType::i32, host, MemCategory::activations);
+    std::fill_n(step.ptr<int32_t>(), rows, 0);
+    model.backend().copy(logits, model.forward_cached(cache, step, std::vector<int64_t>(size_t(rows), 1)));
+  }
+}
+
 // What a run does besides its steps, after the step as a run does it:
 // evaluation forwards and generation (ROUGE, the samples), a decoder-only
-// model's. Generation is replayed as generate()'s cached path allocates:
-// the cache, the prompts' forward, one decoding step (each later step
-// repeats its allocations).
+// model's. Online RL (rl) evaluates on held-out prompts at its step's
+// shapes: its rollout and forwards, phases of the step already.
 void replay_run_phases(StepPlan& plan, PeakWatch& watch, const TrainConfig& config, LanguageModel& model,
-                       AdamW& optimizer, const Tensor& ids, const Tensor& targets) {
+                       AdamW& optimizer, const Tensor& ids, const Tensor& targets, bool rl) {
   // Every run saves: the training state and the adapter, copied to host
   // memory (a dtype conversion on the way takes device scratch).
   {
@@ -190,11 +213,13 @@ void replay_run_phases(StepPlan& plan, PeakWatch& watch, const TrainConfig& conf
     plan.phases.push_back({"checkpoint", watch.phase_peak_bytes});
   }
   CausalLM* causal = model.as_causal_lm();
-  if (config.data.eval.empty() || !causal) return;
+  if (config.data.eval.empty() || !causal || rl) return;
   const int64_t micro_batch = plan.micro_batch, seq_len = plan.seq_len;
   watch.start_phase("evaluation");
   if (config.objective == Objective::dpo) {
     dpo_micro_batch(*causal, Batch{ids, targets, ids.numel()}, config.dpo, false, 1.0);
+  } else if (config.objective == Objective::reward) {
+    reward_micro_batch(*causal, Batch{ids, targets, ids.numel()}, 0, false, 0.0);
   } else {
     causal->forward(ids.slice_rows(0, micro_batch), targets.slice_rows(0, micro_batch));
     causal->release_logits();
@@ -206,20 +231,94 @@ void replay_run_phases(StepPlan& plan, PeakWatch& watch, const TrainConfig& conf
   const int64_t new_tokens = config.generate.max_new_tokens;
   if (config.objective != Objective::sft || rows == 0 || new_tokens == 0) return;
   watch.start_phase("generation");
-  HostAllocator host;
-  const ModelConfig& model_config = model.config();
-  const int64_t capacity = std::min(seq_len + new_tokens, model_config.max_position_embeddings);
-  KvCache cache = causal->make_kv_cache(rows, capacity);
-  Tensor prompt = Tensor::empty({rows, seq_len}, DType::i32, host, MemCategory::activations);
-  std::fill_n(prompt.ptr<int32_t>(), prompt.numel(), 0);
-  Tensor logits = Tensor::empty({rows, model_config.vocab_size}, DType::f32, host, MemCategory::activations);
-  model.backend().copy(logits, causal->forward_cached(cache, prompt, std::vector<int64_t>(size_t(rows), seq_len)));
-  if (new_tokens > 1 && seq_len < capacity) {  // a prompt filling every position ends there
-    Tensor step = Tensor::empty({rows, 1}, DType::i32, host, MemCategory::activations);
-    std::fill_n(step.ptr<int32_t>(), rows, 0);
-    model.backend().copy(logits, causal->forward_cached(cache, step, std::vector<int64_t>(size_t(rows), 1)));
-  }
+  replay_generation(*causal, rows, seq_len, new_tokens);
   plan.phases.push_back({"generation", watch.phase_peak_bytes});
+}
+
+// An online-RL step's shapes: objective: grpo's from its config, PPO's
+// given (plan_ppo_step). Rollouts of prompt + completion tokens.
+struct RlReplay {
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t reward_rows = 0;                   // sequences the reward model scores in one forward
+  std::string reward_model, reward_adapter;  // folders; "" = none
+  bool reference = false;                    // a KL to the reference: its forward, adapters disabled
+  bool value_head = false;                   // PPO: the policy's value head, read and trained
+};
+
+// GRPO's step at micro_batch x seq_len: prompts cut to leave
+// max_completion_length (trainer.cpp), every completion that long; the
+// reward model scores the step's micro_batch x grad_accum_steps completions
+// in one forward (compute_rewards). The fit searches' short seq_len keep
+// one token each.
+RlReplay grpo_replay(const TrainConfig& config, int64_t micro_batch, int64_t seq_len) {
+  RlReplay rl;
+  rl.completion_tokens = std::max<int64_t>(1, std::min(config.grpo.max_completion_length, seq_len - 1));
+  rl.prompt_tokens = std::max<int64_t>(1, seq_len - rl.completion_tokens);
+  rl.reward_rows = micro_batch * config.grad_accum_steps;
+  rl.reward_model = config.rewards.model;
+  rl.reward_adapter = config.rewards.model_adapter;
+  rl.reference = config.grpo.beta != 0;
+  return rl;
+}
+
+// The reward model as RewardModel (trainer/rl/rewards.h) builds it.
+std::unique_ptr<CausalLM> make_reward_model(const TrainConfig& config, const RlReplay& rl, Backend& backend) {
+  const std::string config_json = (std::filesystem::path(rl.reward_model) / "config.json").string();
+  return make_causal_lm(read_model_config(config_json), backend,
+                        reward_model_options(model_options(config), rl.reward_adapter));
+}
+
+size_t weight_bytes(LanguageModel& model) {
+  size_t bytes = 0;
+  for (const Parameter& p : model.parameters()) {
+    bytes += p.value.size_bytes();
+    for (const Tensor& constant : p.quantized.constants) bytes += constant.size_bytes();
+  }
+  return bytes;
+}
+
+// The value head as a PPO step reads it: every token's value to the host,
+// and in training its gradient into dhidden (zeros here: memory does not
+// depend on them).
+HiddenHead value_head(CausalLM& model) {
+  return [&model](const Tensor& hidden, Tensor* dhidden) {
+    const std::vector<float> values = head_outputs(model.backend(), model.output_head(), hidden);
+    if (dhidden) head_backward(model.backend(), model.output_head(), hidden, std::vector<float>(values.size()), *dhidden);
+  };
+}
+
+// The rollout phases of an online-RL step, after its policy step (what they
+// hold then, the optimizer state included, is what every later step's hold):
+// the rollout's generation, with PPO the policy's values forward, the
+// reference forward, the reward model's scores. ids, targets: the step's
+// rows of prompt + completion.
+void replay_rl_phases(StepPlan& plan, PeakWatch& watch, CausalLM& model, CausalLM* reward_model,
+                      const RlReplay& rl, const Tensor& ids, const Tensor& targets) {
+  watch.start_phase("rollout");
+  replay_generation(model, ids.dim(0), rl.prompt_tokens, rl.completion_tokens);
+  plan.phases.push_back({"rollout", watch.phase_peak_bytes});
+  if (rl.value_head) {
+    watch.start_phase("rollout values");
+    const HiddenHead values = value_head(model);
+    model.token_logps(ids, targets, nullptr, &values);
+    plan.phases.push_back({"rollout values", watch.phase_peak_bytes});
+  }
+  if (rl.reference) {
+    watch.start_phase("reference");
+    AdaptersDisabled off(model);
+    model.token_logps(ids, targets);
+    plan.phases.push_back({"reference", watch.phase_peak_bytes});
+  }
+  if (reward_model) {
+    watch.start_phase("reward");
+    const int64_t length = rl.prompt_tokens + rl.completion_tokens;
+    HostAllocator host;
+    ScoredRows rows{Tensor::empty({rl.reward_rows, length}, DType::i32, host, MemCategory::activations),
+                    std::vector<int64_t>(size_t(rl.reward_rows), length - 1)};
+    std::fill_n(rows.ids.ptr<int32_t>(), rows.ids.numel(), 0);
+    sequence_scores(*reward_model, rows);
+    plan.phases.push_back({"reward", watch.phase_peak_bytes});
+  }
 }
 
 // A pipeline stage's share of 1F1B: in_flight micro-batches' forwards, then
@@ -245,10 +344,34 @@ void replay_stage(CausalLM& model, Backend& backend, const Tensor& ids, const Te
   }
 }
 
+// One micro-batch of the step's training: every target counts, so nothing
+// is skipped. objective: dpo: micro_batch pairs, a chosen and a rejected row
+// each, and the reference forward (adapters off, transient activations)
+// before the policy's forward and backward, as dpo_train_step runs them;
+// objective: reward: the pairs through the score head (reward_micro_batch);
+// online RL (rl): the policy's token_logps_backward over the completions,
+// PPO's value head trained beside it.
+void replay_micro_batch(const TrainConfig& config, LanguageModel& model, const Batch& batch, int64_t micro_batch,
+                        const RlReplay* rl) {
+  const float grad_scale = 1.0f;
+  if (rl) {
+    CausalLM& policy = causal_lm(model, "online RL");
+    const TokenLogpsGradient zeros = [](const std::vector<float>& logps) { return std::vector<float>(logps.size()); };
+    const HiddenHead values = value_head(policy);
+    policy.token_logps_backward(batch.input_ids, batch.targets, zeros, nullptr, rl->value_head ? &values : nullptr);
+  } else if (config.objective == Objective::dpo) {
+    dpo_micro_batch(causal_lm(model, "objective: dpo"), batch, config.dpo, true, 1.0 / double(micro_batch));
+  } else if (config.objective == Objective::reward) {
+    reward_micro_batch(causal_lm(model, "objective: reward"), batch, 0, true, 1.0 / double(micro_batch));
+  } else {
+    micro_batch_loss(model, batch, &grad_scale);
+  }
+}
+
 // plan_step, or with a stage (end_layer > 0) that pipeline stage's replay
-// holding in_flight micro-batches.
+// holding in_flight micro-batches; with rl, an online-RL step's.
 StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch, int64_t seq_len,
-                     const LayerRange& stage, int64_t in_flight) {
+                     const LayerRange& stage, int64_t in_flight, const RlReplay* rl = nullptr) {
   const ModelConfig model_config =
       read_model_config((std::filesystem::path(config.model) / "config.json").string());
   FT_CHECK(config.offload_activations == OffloadTarget::device || options.policy == MemoryPolicy::cuda,
@@ -269,30 +392,32 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
   OptimizerShard shard;
   if (config.parallel.shard_optimizer)
     shard.ranks = parallel_layout(config, options.ranks, "--ranks " + std::to_string(options.ranks)).data;
+  const std::optional<OutputHead> head = rl && rl->value_head ? std::optional(OutputHead::value) : std::nullopt;
   TrainingSetup setup = setup_training(config, model_config, backend,
                                        [&](LanguageModel&) { watch.phase = "gradients and optimizer state"; },
-                                       &host_state, stage, shard);
+                                       &host_state, stage, shard, head);
   LanguageModel& model = *setup.model;
+  std::unique_ptr<CausalLM> reward_model;
+  if (rl && !rl->reward_model.empty()) {
+    watch.phase = "reward model weights";
+    reward_model = make_reward_model(config, *rl, backend);
+  }
 
-  // One micro-batch of train_step: every target counts, so nothing is skipped.
-  // objective: dpo: micro_batch pairs, a chosen and a rejected row each, and
-  // the reference forward (adapters off, transient activations) before the
-  // policy's forward and backward, as dpo_train_step runs them.
-  const bool dpo = config.objective == Objective::dpo;
-  const int64_t rows = dpo ? 2 * micro_batch : micro_batch;
+  // Pairs (objective: dpo, reward) take two rows each; an online-RL row is
+  // a rollout's prompt and completion, inputs and next-token targets.
+  const bool pairs = config.objective == Objective::dpo || config.objective == Objective::reward;
+  const int64_t rows = pairs ? 2 * micro_batch : micro_batch;
+  const int64_t tokens = rl ? rl->prompt_tokens + rl->completion_tokens - 1 : seq_len;
   HostAllocator host;
-  Tensor ids = Tensor::empty({rows, seq_len}, DType::i32, host, MemCategory::activations);
-  Tensor targets = Tensor::empty({rows, seq_len}, DType::i32, host, MemCategory::activations);
+  Tensor ids = Tensor::empty({rows, tokens}, DType::i32, host, MemCategory::activations);
+  Tensor targets = Tensor::empty({rows, tokens}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = targets.ptr<int32_t>()[i] = 0;
   // Padding-free packing: position 0 everywhere, every token an example of
   // its own, is the most sequences a micro-batch can hold: the largest
   // cu_seqlens, and attention on the kernels that take it.
-  const Tensor position_ids = config.data.packing == Packing::padding_free ? ids : Tensor{};
+  const Tensor position_ids = config.data.packing == Packing::padding_free && !rl ? ids : Tensor{};
   auto micro_batch_step = [&] {
-    const Batch batch{ids, targets, ids.numel(), position_ids};
-    const float grad_scale = 1.0f;
-    if (dpo) dpo_micro_batch(causal_lm(model, "objective: dpo"), batch, config.dpo, true, 1.0 / double(micro_batch));
-    else micro_batch_loss(model, batch, &grad_scale);
+    replay_micro_batch(config, model, Batch{ids, targets, ids.numel(), position_ids}, micro_batch, rl);
   };
   watch.phase = "training step";
   backend.reset_cursor();
@@ -332,8 +457,9 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
     s.pcie_bytes = stream->copied_bytes() - cold_copied_bytes;
     if (options.plan_stream_traffic) model_stream_time(s, flops, options);
   }
+  plan.reward_model_bytes = reward_model ? weight_bytes(*reward_model) : 0;
   FT_CHECK(plan.quantized_weight_bytes + plan.quantized_constant_bytes + plan.dense_weight_bytes +
-                   plan.stream.ring_bytes ==
+                   plan.stream.ring_bytes + plan.reward_model_bytes ==
                watch.at_peak.current(MemCategory::weights),
            "plan: the weights category holds more than the model's parameters");
   plan.at_peak = watch.at_peak;
@@ -343,7 +469,9 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
   plan.where = describe_peak(watch, model);
   if (!model.adapters().empty()) plan.adapter_dtype = model.adapters().front().value.dtype;
   plan.host_optimizer_bytes = host_state.stats().current(MemCategory::optimizer);
-  if (stage.end_layer == 0) replay_run_phases(plan, watch, config, model, *setup.optimizer, ids, targets);
+  if (rl && stage.end_layer == 0)
+    replay_rl_phases(plan, watch, causal_lm(model, "online RL"), reward_model.get(), *rl, ids, targets);
+  if (stage.end_layer == 0) replay_run_phases(plan, watch, config, model, *setup.optimizer, ids, targets, rl);
   if (const CausalLM* causal = model.as_causal_lm(); causal && causal->activation_offload_state())
     model_activation_offload(plan, model, *causal->activation_offload_state(), flops, options);
   return plan;
@@ -366,7 +494,31 @@ std::string StepPlan::run_peak_phase() const {
 }
 
 StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch, int64_t seq_len) {
+  if (config.objective == Objective::grpo) {
+    const RlReplay rl = grpo_replay(config, micro_batch, seq_len);
+    return replay_step(config, options, micro_batch, seq_len, LayerRange{}, 1, &rl);
+  }
   return replay_step(config, options, micro_batch, seq_len, LayerRange{}, 1);
+}
+
+StepPlan plan_ppo_step(const TrainConfig& config, const PlanOptions& options, const PpoPlan& ppo) {
+  const ModelConfig model_config =
+      read_model_config((std::filesystem::path(config.model) / "config.json").string());
+  FT_CHECK(ppo.rows >= 1 && ppo.prompt_tokens >= 1 && ppo.response_tokens >= 1 && ppo.reward_rows >= 0,
+           config.source, ": a PPO plan needs at least one row of one prompt and one response token, got ", ppo.rows,
+           " rows of ", ppo.prompt_tokens, " + ", ppo.response_tokens);
+  const int64_t length = ppo.prompt_tokens + ppo.response_tokens;
+  FT_CHECK(length <= model_config.max_position_embeddings, config.source, ": a rollout of ", ppo.prompt_tokens,
+           " prompt + ", ppo.response_tokens, " response tokens exceeds the model's max_position_embeddings (",
+           model_config.max_position_embeddings, ")");
+  RlReplay rl;
+  rl.prompt_tokens = ppo.prompt_tokens;
+  rl.completion_tokens = ppo.response_tokens;
+  rl.reward_rows = ppo.reward_rows > 0 ? ppo.reward_rows : ppo.rows;
+  rl.reward_model = ppo.reward_model;
+  rl.reference = true;
+  rl.value_head = true;
+  return replay_step(config, options, ppo.rows, length, LayerRange{}, 1, &rl);
 }
 
 namespace {
@@ -407,6 +559,7 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
     print_row(ring.c_str(), plan.stream.ring_bytes);
   }
   print_row(dense.c_str(), plan.dense_weight_bytes);
+  if (plan.reward_model_bytes) print_row("reward model (rewards.model, score head): weights", plan.reward_model_bytes);
   print_row((std::string("LoRA adapters (") + dtype_name(plan.adapter_dtype) + ")").c_str(),
             s.current(MemCategory::adapters));
   print_row("gradients (f32)", s.current(MemCategory::gradients));
@@ -795,6 +948,9 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
               (long long)config.micro_batch_size, (long long)config.seq_len,
               config.objective == Objective::dpo
                   ? " (DPO: micro_batch counts pairs; the reference forward, adapters off, runs first)"
+              : config.objective == Objective::reward ? " (reward: micro_batch counts pairs, scored by the score head)"
+              : config.objective == Objective::grpo
+                  ? " (GRPO: micro_batch completions; the rollout, reference and reward model as phases)"
                   : "");
   // First: a layout the model or the ranks cannot take is the one error.
   const PipelinePlan pipeline = config.parallel.pipeline > 1 ? plan_pipeline(config, options) : PipelinePlan{};

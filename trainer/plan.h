@@ -1,9 +1,12 @@
 // The memory planner behind `finetune plan`: builds the config's model from
 // config.json alone on the meta device (kernels/meta/), with the same options,
 // trainable set and AdamW as a real run (trainer.h), runs one training step
-// (forward_backward on a dummy batch, or with objective: dpo the reference
-// forward and the policy's step over micro_batch pairs, then the optimizer step) through the
-// same code, and reports what the allocator held at the step's peak. No
+// (forward_backward on a dummy batch; objective: dpo the reference forward and
+// the policy's step over micro_batch pairs; objective: reward the score
+// head's step over micro_batch pairs; objective: grpo the policy's
+// token_logps_backward over micro_batch completions, with the rollout, the
+// reference and the reward model as phases; then the optimizer step) through
+// the same code, and reports what the allocator held at the step's peak. No
 // weights, tokenizer or data are read.
 #pragma once
 #include <algorithm>
@@ -72,6 +75,9 @@ struct StepPlan {
   // 256-entry maps), and the dense weights.
   QuantizedBase quantized_base = QuantizedBase::none;
   size_t quantized_weight_bytes = 0, quantized_constant_bytes = 0, dense_weight_bytes = 0;
+  // Online RL with a reward model (rewards.model): its weights, a second
+  // model the device holds through the run.
+  size_t reward_model_bytes = 0;
   DType dense_weight_dtype = DType::f32;
   DType adapter_dtype = DType::f32;
   // offload.optimizer: host: AdamW's m, v and f32 masters in host memory
@@ -100,7 +106,13 @@ struct StepPlan {
   // adapter copied to host memory), and with an eval set "evaluation" (one
   // eval micro-batch) and "generation" (ROUGE's and the end-of-run samples'
   // rows, at most micro_batch_size: prompts of seq_len tokens, then a
-  // decoding step).
+  // decoding step). Online RL's step (objective: grpo, plan_ppo_step)
+  // adds, before those: "rollout" (generation with the KV cache, micro_batch
+  // rows of prompt + completion tokens), with PPO "rollout values" (the
+  // policy's log-probabilities and values, an eval forward), with a KL to the
+  // reference "reference" (token_logps, adapters disabled), and with a
+  // reward model "reward" (its score head's forward); the step itself is the
+  // policy's token_logps_backward (PPO: with the value head).
   struct PhasePeak {
     std::string phase;
     size_t peak_bytes = 0;
@@ -122,6 +134,25 @@ inline int64_t generation_batch(const TrainConfig& config, int64_t wanted) {
 
 // One training step of micro_batch x seq_len tokens, planned.
 StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch, int64_t seq_len);
+
+// A PPO step as trl's classic PPOTrainer takes it, at given shapes (the
+// config's objective: ppo gives them): rows rollouts generated at once with
+// the KV cache (prompt_tokens, then response_tokens sampled), their
+// log-probabilities and values (an eval forward of the policy with its value
+// head, v_head.summary), the reference's (the same model, adapters
+// disabled), the reward model's scores over reward_rows sequences (0: rows),
+// then a PPO mini-batch of rows: token_logps_backward with the value head
+// trained beside the adapters, and the optimizer step. The reward model, a
+// folder holding config.json ("": rule rewards, no second model), is built
+// with the policy's options (quantization, precision) and a score head, as
+// trainer/rl/rewards.h's RewardModel builds it.
+struct PpoPlan {
+  int64_t rows = 0;
+  int64_t prompt_tokens = 0, response_tokens = 0;
+  int64_t reward_rows = 0;
+  std::string reward_model;
+};
+StepPlan plan_ppo_step(const TrainConfig& config, const PlanOptions& options, const PpoPlan& ppo);
 
 // Data parallel over ranks (`mpirun -np ranks`): every rank holds the whole
 // step plan (its peak is one process's), and once per optimizer step the

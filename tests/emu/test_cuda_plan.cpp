@@ -20,7 +20,9 @@
 #include "model/causal_lm.h"
 #include "model/families.h"
 #include "tests/emu/cuda_device_skip.h"
+#include "tests/rl_step_peaks.h"
 #include "trainer/generate.h"
+#include "trainer/rl/reward.h"
 #include "model/peft_adapter.h"
 #include "trainer/plan.h"
 #include "trainer/train_state.h"
@@ -49,7 +51,8 @@ PlanOptions cuda_plan_options() {
 }
 
 // The caching allocator's peak over one training step built as plan_step
-// builds it (random INT8 base instead of the planner's absent weights). With
+// builds it (random INT8 base instead of the planner's absent weights;
+// objective: reward: batch pairs through the score head). With
 // phase_peaks, after the step the peaks of the run's other phases as a run
 // makes them: the checkpoint's host copies, an eval forward (its logits
 // released), and generate() over the larger of ROUGE's and the samples'
@@ -66,12 +69,14 @@ size_t measured_step_peak(const TrainConfig& config, int64_t batch, int64_t seq,
   TrainingSetup setup = setup_training(
       config, model_config, backend, [&](LanguageModel& model) { model.init_random(config.seed); }, &host_state);
   CausalLM* model = &causal_lm(*setup.model, "this test");
-  Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
+  const bool reward = config.objective == Objective::reward;
+  Tensor ids = Tensor::empty({reward ? 2 * batch : batch, seq}, DType::i32, host, MemCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
   caching.reset_peak();  // init_random's staging is not part of a step
   model->zero_grads();
   model->set_dropout_seed(config.seed);
-  model->forward_backward(ids, ids, 1.0f);
+  if (reward) reward_micro_batch(*model, Batch{ids, ids, ids.numel()}, 0, true, 1.0);
+  else model->forward_backward(ids, ids, 1.0f);
   setup.optimizer->step(config.lr);
   const size_t step_peak = caching.stats().peak_bytes;
   if (!phase_peaks) return step_peak;
@@ -106,6 +111,21 @@ void check_plan_matches_cuda_step(const std::string& model, const std::string& e
 }
 
 const char* kInt8Lora = "quantization: {mode: int8}\nlora: {r: 8, lora_alpha: 16, lora_dropout: 0.05, target_modules: ";
+
+// The caching allocator's peaks for tests/rl_step_peaks.h's RL steps.
+struct CachedCuda {
+  DeviceAllocator device;
+  CachingAllocator caching{device};
+  TrackingAllocator tracker{caching};
+  CudaBackend backend{tracker, cuda::default_gemm_kind()};
+  HostAllocator host;
+  TrackingAllocator host_state{host};
+  PeakMeter meter{[this] { caching.reset_peak(); }, [this] { return caching.stats().peak_bytes; }};
+  TrainingSetup setup(const TrainConfig& config, std::optional<OutputHead> head = std::nullopt) {
+    return setup_training(config, read_model_config(config.model + "/config.json"), backend,
+                          [&](LanguageModel& model) { model.init_random(config.seed); }, &host_state, {}, {}, head);
+  }
+};
 
 }  // namespace
 
@@ -188,5 +208,50 @@ TEST_CASE("plan: evaluation and generation after a CUDA step plan to the byte") 
       MESSAGE(plan.phases[i].phase, ": planned ", plan.phases[i].peak_bytes, ", measured ", measured[i]);
       CHECK(plan.phases[i].peak_bytes == measured[i]);
     }
+  }
+}
+
+// Online RL on the CUDA policy (tests/test_plan.cpp checks the same on the
+// CPU): objective: reward's step; a GRPO step (its rollout, reference and
+// policy backward, grpo_step's peak); a PPO step phase by phase (rollout,
+// values, reference, a reward model's scores, the policy and value step).
+TEST_CASE("plan: reward, GRPO and PPO steps on the CUDA policy plan to the byte") {
+  REQUIRE(cuda_device_present);
+  const std::string llama = std::string(kInt8Lora) + "[q_proj, v_proj]}\n";
+  for (const char* precision : {"precision: fp32\n", "precision: bf16\n"}) {
+    CAPTURE(precision);
+    check_plan_matches_cuda_step("llama_gqa", "objective: reward\n" + llama + precision);
+
+    const TrainConfig grpo = make_config("llama_gqa", "objective: grpo\nrewards: {length: 8}\nmicro_batch_size: 4\n"
+                                         "seq_len: 24\ngrpo: {num_generations: 2, max_completion_length: 8, beta: "
+                                         "0.04}\n" + llama + precision);
+    const StepPlan grpo_plan = plan_step(grpo, cuda_plan_options(), grpo.micro_batch_size, grpo.seq_len);
+    CachedCuda grpo_cuda;
+    TrainingSetup grpo_setup = grpo_cuda.setup(grpo);
+    const GrpoPeaks grpo_measured = grpo_step_peaks(grpo, grpo_setup, grpo_cuda.meter);
+    MESSAGE("GRPO: planned ", rl_step_peak(grpo_plan), " (rollout ", grpo_plan.phases[0].peak_bytes, "), measured ",
+            grpo_measured.step, " (rollout ", grpo_measured.rollout, ")");
+    CHECK(grpo_plan.phases[0].peak_bytes == grpo_measured.rollout);
+    CHECK(rl_step_peak(grpo_plan) == grpo_measured.step);
+
+    const TrainConfig policy = make_config("gpt_neox_parallel", std::string(kInt8Lora) + "[query_key_value]}\n" +
+                                           "activation_checkpointing: per_layer\n" + precision);
+    const PpoPlan ppo{3, 12, 6, 0, kFixtures + "/reward/model"};
+    const StepPlan ppo_plan = plan_ppo_step(policy, cuda_plan_options(), ppo);
+    CachedCuda ppo_cuda;
+    TrainingSetup ppo_setup = ppo_cuda.setup(policy, OutputHead::value);
+    std::unique_ptr<CausalLM> reward = make_reward_model(policy, ppo.reward_model, ppo_cuda.backend);
+    reward->init_random(policy.seed);
+    const std::vector<std::pair<std::string, size_t>> measured =
+        ppo_step_peaks(policy, ppo, ppo_setup, *reward, ppo_cuda.meter);
+    REQUIRE(ppo_plan.phases.size() == 5);
+    for (size_t i = 0; i < 4; ++i) {
+      MESSAGE("PPO ", ppo_plan.phases[i].phase, ": planned ", ppo_plan.phases[i].peak_bytes, ", measured ",
+              measured[i].second);
+      CHECK(ppo_plan.phases[i].phase == measured[i].first);
+      CHECK(ppo_plan.phases[i].peak_bytes == measured[i].second);
+    }
+    MESSAGE("PPO step: planned ", ppo_plan.peak_bytes, ", measured ", measured[4].second);
+    CHECK(ppo_plan.peak_bytes == measured[4].second);
   }
 }
