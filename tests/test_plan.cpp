@@ -249,6 +249,22 @@ TEST_CASE("plan: a GRPO step (rollout, reference, policy backward) plans to the 
     CHECK(plan.phases[0].peak_bytes == measured.rollout);
     CHECK(rl_step_peak(plan) == measured.step);
   }
+  // With a reward model (the fixture classifier's config, INT8 as the policy): its weights are a line of the
+  // plan and its forward over the step's 4 completions a phase, in every mode of the table (a streamed base
+  // streams the reward model's layers too). Its weights: per layer q, o 64 x 64, k, v 32 x 64, gate, up, down
+  // 64 x 88 in INT8 with an f32 scale per row (432 rows), two f32 RMSNorms; f32 embed_tokens and lm_head
+  // (320 x 64 each), the final norm and the score head.
+  TrainConfig scored = make_config(kFixtures + "/llama_gqa", grpo + "grpo: {num_generations: 2, "
+                                   "max_completion_length: 8}\n" + kLlamaLora);
+  scored.rewards.model = kFixtures + "/reward/model";
+  PlanOptions cpu;
+  cpu.policy = MemoryPolicy::cpu;
+  const StepPlan plan = plan_step(scored, cpu, 4, 24);
+  REQUIRE(plan.phases.size() == 3);
+  CHECK(plan.phases[1].phase == "reward");
+  const size_t layer = 2 * 64 * 64 + 2 * 32 * 64 + 3 * 64 * 88 + 4 * 432 + 2 * 64 * 4;
+  CHECK(plan.reward_model_bytes == 2 * layer + 2 * 320 * 64 * 4 + 64 * 4 + 64 * 4);
+  CHECK(fit_modes(scored, PlanOptions{}).size() == 10);
 }
 
 // plan_ppo_step against a real PPO step on the CPU, phase by phase, on the

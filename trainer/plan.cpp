@@ -268,12 +268,16 @@ std::unique_ptr<CausalLM> make_reward_model(const TrainConfig& config, const RlR
                         reward_model_options(model_options(config), rl.reward_adapter));
 }
 
-size_t weight_bytes(LanguageModel& model) {
+// A model's weights on the device: its resident parameters and, with a
+// streamed base, its layer stream's slots.
+size_t device_weight_bytes(LanguageModel& model) {
   size_t bytes = 0;
   for (const Parameter& p : model.parameters()) {
+    if (p.value.device == Device::cpu) continue;  // a streamed layer's: host memory
     bytes += p.value.size_bytes();
     for (const Tensor& constant : p.quantized.constants) bytes += constant.size_bytes();
   }
+  if (const LayerStream* stream = model.layer_stream()) bytes += stream->slot_bytes() * size_t(stream->slot_count());
   return bytes;
 }
 
@@ -457,7 +461,7 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
     s.pcie_bytes = stream->copied_bytes() - cold_copied_bytes;
     if (options.plan_stream_traffic) model_stream_time(s, flops, options);
   }
-  plan.reward_model_bytes = reward_model ? weight_bytes(*reward_model) : 0;
+  plan.reward_model_bytes = reward_model ? device_weight_bytes(*reward_model) : 0;
   FT_CHECK(plan.quantized_weight_bytes + plan.quantized_constant_bytes + plan.dense_weight_bytes +
                    plan.stream.ring_bytes + plan.reward_model_bytes ==
                watch.at_peak.current(MemCategory::weights),
@@ -579,7 +583,7 @@ void print_breakdown(const StepPlan& plan, const PlanOptions& options) {
   std::printf("  peak in bytes: %zu\n", plan.peak_bytes + plan.context_bytes);
   std::printf("  peak at: %s\n", plan.where.c_str());
   for (const StepPlan::PhasePeak& phase : plan.phases)
-    std::printf("  %s (after the step): peak %s (%zu bytes)\n", phase.phase.c_str(),
+    std::printf("  %s phase: peak %s (%zu bytes)\n", phase.phase.c_str(),
                 format_bytes(phase.peak_bytes + plan.context_bytes).c_str(), phase.peak_bytes + plan.context_bytes);
   if (!plan.phases.empty())
     std::printf("  the run's peak: %s, in %s\n", format_bytes(plan.total_bytes()).c_str(),
