@@ -102,6 +102,16 @@ inline GrpoPeaks grpo_step_peaks(const TrainConfig& config, TrainingSetup& setup
   return peaks;
 }
 
+// A GRPO plan's rollout phase and whole step against the measured ones.
+inline void check_grpo_plan(const StepPlan& plan, const GrpoPeaks& measured) {
+  REQUIRE(plan.phases.size() >= 2);
+  CHECK(plan.phases[0].phase == "rollout");
+  MESSAGE("GRPO: planned ", rl_step_peak(plan), " bytes (rollout ", plan.phases[0].peak_bytes, "), measured ",
+          measured.step, " (rollout ", measured.rollout, ")");
+  CHECK(plan.phases[0].peak_bytes == measured.rollout);
+  CHECK(rl_step_peak(plan) == measured.step);
+}
+
 // One PPO step phase by phase, as plan_ppo_step replays it, over setup's
 // policy (built with OutputHead::value) and a reward model (score head):
 // the rollout (generate with the KV cache, no stop token), the rollout's
@@ -163,6 +173,21 @@ inline std::vector<std::pair<std::string, size_t>> ppo_step_peaks(const TrainCon
     setup.optimizer->step(config.lr);
   });
   return peaks;
+}
+
+// A PPO plan's phases (rollout, rollout values, reference, reward) and its
+// step against ppo_step_peaks' measured ones.
+inline void check_ppo_plan(const StepPlan& plan, const std::vector<std::pair<std::string, size_t>>& measured) {
+  REQUIRE(plan.phases.size() == 5);
+  REQUIRE(measured.size() == 5);
+  for (size_t i = 0; i < 4; ++i) {
+    MESSAGE("PPO ", plan.phases[i].phase, ": planned ", plan.phases[i].peak_bytes, ", measured ", measured[i].second);
+    CHECK(plan.phases[i].phase == measured[i].first);
+    CHECK(plan.phases[i].peak_bytes == measured[i].second);
+  }
+  MESSAGE("PPO policy and value step: planned ", plan.peak_bytes, ", measured ", measured[4].second);
+  CHECK(plan.peak_bytes == measured[4].second);
+  CHECK(plan.reward_model_bytes > 0);
 }
 
 }  // namespace ft

@@ -228,11 +228,7 @@ TEST_CASE("plan: reward, GRPO and PPO steps on the CUDA policy plan to the byte"
     const StepPlan grpo_plan = plan_step(grpo, cuda_plan_options(), grpo.micro_batch_size, grpo.seq_len);
     CachedCuda grpo_cuda;
     TrainingSetup grpo_setup = grpo_cuda.setup(grpo);
-    const GrpoPeaks grpo_measured = grpo_step_peaks(grpo, grpo_setup, grpo_cuda.meter);
-    MESSAGE("GRPO: planned ", rl_step_peak(grpo_plan), " (rollout ", grpo_plan.phases[0].peak_bytes, "), measured ",
-            grpo_measured.step, " (rollout ", grpo_measured.rollout, ")");
-    CHECK(grpo_plan.phases[0].peak_bytes == grpo_measured.rollout);
-    CHECK(rl_step_peak(grpo_plan) == grpo_measured.step);
+    check_grpo_plan(grpo_plan, grpo_step_peaks(grpo, grpo_setup, grpo_cuda.meter));
 
     const TrainConfig policy = make_config("gpt_neox_parallel", std::string(kInt8Lora) + "[query_key_value]}\n" +
                                            "activation_checkpointing: per_layer\n" + precision);
@@ -242,16 +238,6 @@ TEST_CASE("plan: reward, GRPO and PPO steps on the CUDA policy plan to the byte"
     TrainingSetup ppo_setup = ppo_cuda.setup(policy, OutputHead::value);
     std::unique_ptr<CausalLM> reward = make_reward_model(policy, ppo.reward_model, ppo_cuda.backend);
     reward->init_random(policy.seed);
-    const std::vector<std::pair<std::string, size_t>> measured =
-        ppo_step_peaks(policy, ppo, ppo_setup, *reward, ppo_cuda.meter);
-    REQUIRE(ppo_plan.phases.size() == 5);
-    for (size_t i = 0; i < 4; ++i) {
-      MESSAGE("PPO ", ppo_plan.phases[i].phase, ": planned ", ppo_plan.phases[i].peak_bytes, ", measured ",
-              measured[i].second);
-      CHECK(ppo_plan.phases[i].phase == measured[i].first);
-      CHECK(ppo_plan.phases[i].peak_bytes == measured[i].second);
-    }
-    MESSAGE("PPO step: planned ", ppo_plan.peak_bytes, ", measured ", measured[4].second);
-    CHECK(ppo_plan.peak_bytes == measured[4].second);
+    check_ppo_plan(ppo_plan, ppo_step_peaks(policy, ppo, ppo_setup, *reward, ppo_cuda.meter));
   }
 }
