@@ -410,9 +410,10 @@ GrpoStep grpo_setup(Run& run) {
   sampling.temperature = 1.0;  // trl's default, and the distribution the loss's log-probabilities are of
   sampling.top_p = config.grpo_top_p;
   sampling.top_k = config.grpo_top_k;
-  return GrpoStep{causal_lm(*run.model, "objective: grpo"), *run.tokenizer, config.grpo, config.rewards,
-                  run.reward_model.get(), sampling, stop_condition(run), padding_id(*run.tokenizer),
-                  config.micro_batch_size, config.grad_accum_steps, config.seed};
+  return GrpoStep{{causal_lm(*run.model, "objective: grpo"), *run.tokenizer, sampling, stop_condition(run),
+                   config.micro_batch_size, config.seed},
+                  config.grpo, config.rewards, run.reward_model.get(), padding_id(*run.tokenizer),
+                  config.micro_batch_size, config.grad_accum_steps};
 }
 
 StepReport grpo_train_step(Run& run, int64_t step) {
