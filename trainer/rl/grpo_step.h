@@ -38,10 +38,4 @@ struct GrpoStep {
 // "completions/mean_length", "completions/clipped_ratio").
 nlohmann::json grpo_step(const GrpoStep& s, const std::vector<const PromptRow*>& prompts, int64_t step);
 
-// Held-out figures: one completion per prompt from a fixed seed (the same
-// draws before and after training), its mean reward ("reward") and the mean
-// over completions of sum_t (logp - logp_ref), the sequence KL to the
-// reference that PPO reports as objective/kl ("kl").
-nlohmann::json evaluate_rollouts(const GrpoStep& s, const std::vector<const PromptRow*>& prompts);
-
 }  // namespace ft

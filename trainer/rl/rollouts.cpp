@@ -99,4 +99,26 @@ std::vector<float> reference_logps(CausalLM& model, const CompletionBatch& batch
   return model.token_logps(batch.ids, batch.targets);
 }
 
+nlohmann::json evaluate_rollouts(const RolloutSampler& sampler, const RewardRules& rules,
+                                 const RewardModel* reward_model, int32_t pad_id,
+                                 const std::vector<const PromptRow*>& prompts) {
+  // A step number no training step reaches: the same draws at every evaluation.
+  const std::vector<Rollout> completions = generate_completions(sampler, prompts, 1, -1);
+  const Rewards rewards = compute_rewards(rules, completions, reward_model);
+  double kl_sum = 0.0;
+  HostAllocator host;
+  const size_t chunk = size_t(std::max<int64_t>(sampler.rows_per_batch, 1));
+  for (size_t first = 0; first < completions.size(); first += chunk) {
+    const size_t end = std::min(completions.size(), first + chunk);
+    const CompletionBatch batch = completion_batch(completions, first, end, pad_id, host);
+    std::vector<double> policy(size_t(batch.rows * batch.width)), reference(policy.size());
+    gather_completion_tokens(batch, sampler.model.token_logps(batch.ids, batch.targets), batch.width, 0, policy);
+    gather_completion_tokens(batch, reference_logps(sampler.model, batch), batch.width, 0, reference);
+    for (size_t n = 0; n < policy.size(); ++n) kl_sum += policy[n] - reference[n];
+  }
+  nlohmann::json figures = rewards.metrics();
+  figures["kl"] = kl_sum / double(completions.size());
+  return figures;
+}
+
 }  // namespace ft

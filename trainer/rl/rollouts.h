@@ -57,4 +57,12 @@ std::vector<uint8_t> completion_mask(const std::vector<Rollout>& rollouts, size_
 // The reference's token log-probabilities: the same model, adapters off.
 std::vector<float> reference_logps(CausalLM& model, const CompletionBatch& batch);
 
+// Held-out figures: one completion per prompt from a fixed seed (the same
+// draws before and after training), the rewards' figures (rewards.h; their
+// mean as "reward") and the mean over completions of sum_t (logp - logp_ref),
+// the sequence KL to the reference that PPO reports as objective/kl ("kl").
+nlohmann::json evaluate_rollouts(const RolloutSampler& sampler, const RewardRules& rules,
+                                 const RewardModel* reward_model, int32_t pad_id,
+                                 const std::vector<const PromptRow*>& prompts);
+
 }  // namespace ft
