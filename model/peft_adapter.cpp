@@ -174,8 +174,11 @@ std::vector<std::pair<std::string, Tensor>> peft_adapter_tensors(LanguageModel& 
     model.backend().copy(value, adapter.value);
     tensors.emplace_back(kKeyPrefix + adapter.name, value);
   }
+  // A score head is saved as PEFT's modules_to_save; PPO's value head is not
+  // PEFT's (trl saves it beside the adapter).
   const HeadParameters& head = model.output_head();
-  for (const Parameter* p : {head.weight, head.bias}) {
+  if (head.bias) return tensors;
+  for (const Parameter* p : {head.weight}) {
     if (!p || !p->trainable()) continue;
     Tensor value = Tensor::empty(p->value.shape, DType::f32, host, MemCategory::workspace);
     model.backend().copy(value, p->value);

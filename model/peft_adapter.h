@@ -45,7 +45,8 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder);
 // adapters (r, alpha, rslora, targets): a mismatch is an Error.
 void save_peft_adapter(const std::string& folder, LanguageModel& model, const PeftAdapterConfig& config);
 // The model's adapters as f32 host tensors under PEFT's keys, in the model's
-// order, then its output head when it trains (modules_to_save).
+// order, then its score head when it trains (modules_to_save; PPO's value
+// head is saved beside the adapter instead, as trl does).
 std::vector<std::pair<std::string, Tensor>> peft_adapter_tensors(LanguageModel& model, Allocator& host);
 // The same folder from such tensors (pipeline parallel: every stage's, in
 // stage order), checked against model_lora as above.

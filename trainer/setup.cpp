@@ -27,6 +27,8 @@ ModelOptions model_options(const TrainConfig& config) {
   options.stream_slots = config.stream_slots;
   // A reward model scores with transformers' score head (trainer/reward.h).
   if (config.objective == Objective::reward) options.output_head = OutputHead::score;
+  // PPO's policy carries trl's value head (trainer/rl/ppo_step.h).
+  if (config.objective == Objective::ppo) options.output_head = OutputHead::value;
   return options;
 }
 

@@ -30,6 +30,7 @@
 #include "trainer/device_backend.h"
 #include "trainer/dpo.h"
 #include "trainer/rl/grpo_step.h"
+#include "trainer/rl/ppo_step.h"
 #include "trainer/rl/prompts.h"
 #include "trainer/rl/reward.h"
 #include "trainer/rl/rewards.h"
@@ -82,6 +83,7 @@ struct Run {
   std::unique_ptr<PromptLoader> train_prompts;
   std::vector<PromptRow> eval_prompts;
   std::unique_ptr<RewardModel> reward_model;
+  KlController kl_controller;  // objective: ppo's KL coefficient, saved with the training state
   LrSchedule schedule;
   int64_t total_steps = 0;
   Run(const TrainConfig& c, Collectives& ranks)
@@ -220,14 +222,18 @@ std::unique_ptr<PreferenceLoader> make_pair_loader(Run& run, const std::string& 
                                             padding_id(*run.tokenizer), run.config.seed, run.host);
 }
 
-// objective: grpo: prompts a step, each generated num_generations times.
-int64_t grpo_prompts_per_step(const TrainConfig& config) {
+// objective: grpo: prompts a step, each generated num_generations times;
+// ppo: ppo.batch_size, one response each.
+int64_t prompts_per_step(const TrainConfig& config) {
+  if (config.objective == Objective::ppo) return config.ppo.batch_size;
   return config.micro_batch_size * config.grad_accum_steps / config.grpo.num_generations;
 }
 
+bool generates_rows(Objective objective) { return objective == Objective::grpo || objective == Objective::ppo; }
+
 int64_t train_batches_per_epoch(const Run& run) {
   if (run.train_prompts) {  // a step's prompts as grad_accum_steps micro-batches
-    const int64_t per_step = grpo_prompts_per_step(run.config);
+    const int64_t per_step = prompts_per_step(run.config);
     const int64_t rows = int64_t(run.train_prompts->rows().size());
     return (rows + per_step - 1) / per_step * run.config.grad_accum_steps;
   }
@@ -245,16 +251,23 @@ void set_train_position(Run& run, DataPosition position) {
   else run.train->set_position(position);
 }
 
-// objective: grpo: the prompt rows, cut to leave room for the completion, and the reward model.
+// The longest completion a rollout samples (objective: grpo or ppo).
+int64_t max_completion_tokens(const TrainConfig& config) {
+  return config.objective == Objective::ppo ? config.ppo_max_new_tokens : config.grpo.max_completion_length;
+}
+
+// objective: grpo or ppo: the prompt rows, cut to leave room for the completion, and the reward model.
 void make_prompts(Run& run) {
   const TrainConfig& config = run.config;
-  FT_CHECK(run.collectives.world_size() == 1, config.source, ": objective: grpo runs in one process (its "
-           "rollouts are not split across ranks yet); run it without mpirun");
-  const int64_t max_prompt_tokens = config.seq_len - config.grpo.max_completion_length;
+  FT_CHECK(run.collectives.world_size() == 1, config.source, ": objective: ", enum_name(config.objective),
+           " runs in one process (its rollouts are not split across ranks yet); run it without mpirun");
+  const int64_t max_prompt_tokens = config.seq_len - max_completion_tokens(config);
   run.train_prompts = std::make_unique<PromptLoader>(
       load_prompt_rows(config.data.train, *run.tokenizer, max_prompt_tokens), config.seed);
-  std::cout << "train: " << run.train_prompts->rows().size() << " prompts, " << grpo_prompts_per_step(config)
-            << " a step, " << config.grpo.num_generations << " completions each\n";
+  const int64_t completions = config.objective == Objective::ppo ? 1 : config.grpo.num_generations;
+  std::cout << "train: " << run.train_prompts->rows().size() << " prompts, " << prompts_per_step(config)
+            << " a step, " << completions << " completion" << (completions > 1 ? "s" : "") << " each\n";
+  run.kl_controller = make_kl_controller(config.ppo);
   if (!config.data.eval.empty()) {
     run.eval_prompts = load_prompt_rows(config.data.eval, *run.tokenizer, max_prompt_tokens);
     run.eval_examples.path = config.data.eval;
@@ -270,7 +283,7 @@ void make_data(Run& run) {
   const TrainConfig& config = run.config;
   const bool pairs = config.objective == Objective::dpo || config.objective == Objective::reward;
   const bool has_eval = !config.data.eval.empty();
-  if (config.objective == Objective::grpo) {
+  if (generates_rows(config.objective)) {
     make_prompts(run);
   } else if (pairs) {
     run.train_pairs = make_pair_loader(run, config.data.train, "train", nullptr);
@@ -402,31 +415,61 @@ StepReport dpo_train_step(Run& run, int64_t step) {
   });
 }
 
-// objective: grpo: the step's rollouts and loss (trainer/rl/grpo_step.h).
-GrpoStep grpo_setup(Run& run) {
+// objective: grpo or ppo: how completions are sampled: temperature 1 (trl's
+// default, and the distribution the losses' log-probabilities are of).
+RolloutSampler rollout_sampler(Run& run) {
   const TrainConfig& config = run.config;
+  const bool ppo = config.objective == Objective::ppo;
   SamplingOptions sampling;
-  sampling.max_new_tokens = config.grpo.max_completion_length;
-  sampling.temperature = 1.0;  // trl's default, and the distribution the loss's log-probabilities are of
-  sampling.top_p = config.grpo_top_p;
-  sampling.top_k = config.grpo_top_k;
-  return GrpoStep{causal_lm(*run.model, "objective: grpo"), *run.tokenizer, config.grpo, config.rewards,
-                  run.reward_model.get(), sampling, stop_condition(run), padding_id(*run.tokenizer),
-                  config.micro_batch_size, config.grad_accum_steps, config.seed};
+  sampling.max_new_tokens = max_completion_tokens(config);
+  sampling.temperature = 1.0;
+  sampling.top_p = ppo ? config.ppo_top_p : config.grpo_top_p;
+  sampling.top_k = ppo ? config.ppo_top_k : config.grpo_top_k;
+  return RolloutSampler{causal_lm(*run.model, "online RL"), *run.tokenizer, sampling, stop_condition(run),
+                        config.micro_batch_size, config.seed};
 }
 
 StepReport grpo_train_step(Run& run, int64_t step) {
-  const GrpoStep setup = grpo_setup(run);
+  const TrainConfig& config = run.config;
+  const GrpoStep setup{rollout_sampler(run), config.grpo, config.rewards, run.reward_model.get(),
+                       padding_id(*run.tokenizer), config.micro_batch_size, config.grad_accum_steps};
   run.model->zero_grads();
   StepReport report;
   report.step = step + 1;
-  report.figures = grpo_step(setup, run.train_prompts->next(grpo_prompts_per_step(run.config)), step);
+  report.figures = grpo_step(setup, run.train_prompts->next(prompts_per_step(config)), step);
   report.loss = report.figures["loss"].get<double>();
   report.figures.erase("loss");
   const double completions = double(run.config.micro_batch_size * run.config.grad_accum_steps);
   report.loss_tokens = int64_t(report.figures["completions/mean_length"].get<double>() * completions + 0.5);
   report.tokens = report.loss_tokens;
   finish_step(run, step, true, report);
+  return report;
+}
+
+// objective: ppo: one PPO step (trainer/rl/ppo_step.h), several optimizer
+// updates at this step's learning rate.
+StepReport ppo_train_step(Run& run, int64_t step) {
+  const TrainConfig& config = run.config;
+  StepReport report;
+  report.step = step + 1;
+  report.lr = run.schedule.lr_at(step);
+  bool finite = true;
+  const std::function<double()> update = [&] {
+    const double grad_norm = run.optimizer->step(report.lr, add_squared_gradients(*run.backend, run.trainable, 0.0));
+    finite = finite && std::isfinite(grad_norm);
+    run.model->zero_grads();
+    return grad_norm;
+  };
+  const PpoStep setup{rollout_sampler(run), config.ppo, config.rewards, run.reward_model.get(),
+                      padding_id(*run.tokenizer), config.micro_batch_size, update};
+  run.model->zero_grads();
+  report.figures = ppo_step(setup, run.kl_controller, run.train_prompts->next(prompts_per_step(config)), step);
+  report.loss = report.figures["ppo/loss/total"].get<double>();
+  report.grad_norm = report.figures["ppo/grad_norm"].get<double>();
+  report.loss_tokens = int64_t(report.figures["tokens/responses_len_mean"].get<double>() * double(config.ppo.batch_size));
+  report.tokens = report.loss_tokens;
+  report.update_skipped = !finite || !std::isfinite(report.loss);
+  report.peak_memory_bytes = run.tracker->stats().total_peak_bytes;
   return report;
 }
 
@@ -496,7 +539,10 @@ void save_state(Run& run, const std::string& path, int64_t step) {
   if (!run.in_first_pipeline()) return;
   tensors = gather_on_rank_zero(run.stages(), *run.backend, run.host, std::move(tensors));
   if (run.leader)
-    save_train_state(path, tensors, run.optimizer->steps_taken(), {step, train_position(run), {}}, run.identity);
+    save_train_state(path, tensors, run.optimizer->steps_taken(),
+                     {step, train_position(run), {},
+                      run.config.objective == Objective::ppo ? run.kl_controller.to_json().dump() : ""},
+                     run.identity);
 }
 
 struct EvalFigures {
@@ -541,7 +587,9 @@ EvalFigures evaluate_prompts(Run& run, int64_t step, Progress& progress, const c
   std::vector<const PromptRow*> prompts;
   const int64_t count = std::min<int64_t>(run.config.metric_examples, int64_t(run.eval_prompts.size()));
   for (int64_t i = 0; i < count; ++i) prompts.push_back(&run.eval_prompts[size_t(i)]);
-  const nlohmann::json means = evaluate_rollouts(grpo_setup(run), prompts);
+  const nlohmann::json means =
+      evaluate_rollouts(rollout_sampler(run), run.config.rewards, run.reward_model.get(), padding_id(*run.tokenizer),
+                        prompts);
   figures.reward = means["reward"].get<double>();
   figures.kl = means["kl"].get<double>();
   nlohmann::json row;
@@ -704,6 +752,20 @@ void save_full_model(Run& run, const std::string& folder) {
   copy_file_atomically(run.config.tokenizer, path_in(folder, run.tokenizer->file_name()));
 }
 
+// PPO's value head under trl's names (v_head.summary.weight and .bias), as
+// trl keeps it beside the PEFT adapter.
+void save_value_head(Run& run, const std::string& path) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  const HeadParameters& head = run.model->output_head();
+  for (const Parameter* p : {head.weight, head.bias}) {
+    Tensor value = Tensor::empty(p->value.shape, DType::f32, run.host, MemCategory::workspace);
+    run.backend->copy(value, p->value);
+    tensors.emplace_back(p->name, value);
+  }
+  save_safetensors(path, tensors);
+  std::cout << "value head: " << path << "\n";
+}
+
 void save_outputs(Run& run) {
   if (!run.in_first_pipeline()) return;
   const TrainConfig& config = run.config;
@@ -731,6 +793,7 @@ void save_outputs(Run& run) {
                         run.chat ? std::optional(run.chat->kind) : std::nullopt, config.source,
                         config_file ? file_fingerprint(config.source) : ""});
   std::cout << "adapter (PEFT format): " << path_in(config.output_dir, "adapter") << "\n";
+  if (config.objective == Objective::ppo) save_value_head(run, path_in(config.output_dir, "value_head.safetensors"));
   if (config.objective == Objective::reward)
     std::cout << "reward model: `finetune score " << shell_quoted(config.model) << " --adapter "
               << shell_quoted(path_in(config.output_dir, "adapter"))
@@ -829,6 +892,11 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     for (const std::string& change : resumed.data_changes)
       std::cout << "warning: resuming with changed data (--allow-data-change): " << change << "\n";
     set_train_position(run, resumed.data_position);
+    if (config.objective == Objective::ppo) {
+      FT_CHECK(!resumed.objective_state.empty(), state_path, ": has no PPO state (the KL controller): it was not "
+               "saved by an objective: ppo run");
+      run.kl_controller = KlController::from_json(nlohmann::json::parse(resumed.objective_state));
+    }
     if (run.leader) truncate_metrics(metrics_path, resumed.step);
     std::cout << "resumed at step " << resumed.step << " from " << state_path << "\n";
   } else if (run.leader) {
@@ -875,6 +943,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     const StepReport report = config.objective == Objective::dpo      ? dpo_train_step(run, step)
                               : config.objective == Objective::reward ? reward_train_step(run, step)
                               : config.objective == Objective::grpo   ? grpo_train_step(run, step)
+                              : config.objective == Objective::ppo    ? ppo_train_step(run, step)
                                                                       : train_step(run, step);
     progress.on_step(report);
     bad_in_a_row = report.update_skipped ? on_bad_step(run, report, bad_in_a_row, progress) : 0;
