@@ -19,6 +19,7 @@
 #include "trainer/plan.h"
 #include "trainer/rl/grpo_step.h"
 #include "trainer/rl/reward.h"
+#include "trainer/rl/rollouts.h"
 #include "trainer/setup.h"
 #include "tokenizer/tokenizer.h"
 
@@ -87,11 +88,11 @@ inline GrpoPeaks grpo_step_peaks(const TrainConfig& config, TrainingSetup& setup
   SamplingOptions sampling;
   sampling.max_new_tokens = config.grpo.max_completion_length;
   sampling.temperature = 1.0;
-  const GrpoStep step{model, tokenizer, config.grpo, config.rewards, nullptr, sampling, StopCondition{}, 0,
-                      config.micro_batch_size, config.grad_accum_steps, config.seed};
+  const GrpoStep step{RolloutSampler{model, tokenizer, sampling, StopCondition{}, config.micro_batch_size, config.seed},
+                      config.grpo, config.rewards, nullptr, 0, config.micro_batch_size, config.grad_accum_steps};
   GrpoPeaks peaks;
   meter.reset();
-  generate_completions(step, prompts, config.grpo.num_generations, 0);
+  generate_completions(step.sampler, prompts, config.grpo.num_generations, 0);
   peaks.rollout = meter.peak();
   meter.reset();
   model.zero_grads();
@@ -114,10 +115,12 @@ inline void check_grpo_plan(const StepPlan& plan, const GrpoPeaks& measured) {
 
 // One PPO step phase by phase, as plan_ppo_step replays it, over setup's
 // policy (built with OutputHead::value) and a reward model (score head):
-// the rollout (generate with the KV cache, no stop token), the rollout's
+// the rollout of ppo.rows (generate with the KV cache, no stop token), their
 // log-probabilities and values, the reference's (adapters disabled), the
-// reward model's scores of prompt + response, then the policy and value
-// backward and AdamW. Each phase's peak, by the plan's names ("step" last).
+// reward model's scores of reward_rows sequences of prompt + response (the
+// rollouts repeated), then the policy and value backward over
+// mini_batch_rows of them and AdamW. Each phase's peak, by the plan's names
+// ("step" last).
 inline std::vector<std::pair<std::string, size_t>> ppo_step_peaks(const TrainConfig& config, const PpoPlan& ppo,
                                                                   TrainingSetup& setup, CausalLM& reward,
                                                                   const PeakMeter& meter) {
@@ -125,6 +128,9 @@ inline std::vector<std::pair<std::string, size_t>> ppo_step_peaks(const TrainCon
   REQUIRE(model.output_head().bias);
   Backend& backend = model.backend();
   const int64_t R = ppo.rows, P = ppo.prompt_tokens, length = ppo.prompt_tokens + ppo.response_tokens;
+  const int64_t scored_rows = ppo.reward_rows > 0 ? ppo.reward_rows : R;
+  const int64_t mini_batch_rows = ppo.mini_batch_rows > 0 ? ppo.mini_batch_rows : R;
+  REQUIRE(mini_batch_rows <= R);
   std::vector<std::vector<int32_t>> prompts;
   for (int64_t r = 0; r < R; ++r) prompts.push_back(test_prompt(r, P, model.config().vocab_size));
   SamplingOptions sampling;
@@ -142,12 +148,13 @@ inline std::vector<std::pair<std::string, size_t>> ppo_step_peaks(const TrainCon
   HostAllocator host;
   Tensor ids = Tensor::empty({R, length - 1}, DType::i32, host, MemCategory::activations);
   Tensor targets = Tensor::empty({R, length - 1}, DType::i32, host, MemCategory::activations);
-  Tensor scored = Tensor::empty({R, length}, DType::i32, host, MemCategory::activations);
+  Tensor scored = Tensor::empty({scored_rows, length}, DType::i32, host, MemCategory::activations);
   for (int64_t r = 0; r < R; ++r) {
     REQUIRE(int64_t(responses[size_t(r)].size()) == ppo.response_tokens);
     std::vector<int32_t> sequence = prompts[size_t(r)];
     sequence.insert(sequence.end(), responses[size_t(r)].begin(), responses[size_t(r)].end());
-    std::copy(sequence.begin(), sequence.end(), scored.ptr<int32_t>() + r * length);
+    for (int64_t copy = r; copy < scored_rows; copy += R)
+      std::copy(sequence.begin(), sequence.end(), scored.ptr<int32_t>() + copy * length);
     for (int64_t t = 0; t + 1 < length; ++t) {
       ids.ptr<int32_t>()[r * (length - 1) + t] = sequence[size_t(t)];
       targets.ptr<int32_t>()[r * (length - 1) + t] = t + 1 >= P ? sequence[size_t(t + 1)] : -100;
@@ -162,14 +169,16 @@ inline std::vector<std::pair<std::string, size_t>> ppo_step_peaks(const TrainCon
     AdaptersDisabled off(model);
     model.token_logps(ids, targets);
   });
-  phase("reward", [&] { sequence_scores(reward, ScoredRows{scored, std::vector<int64_t>(size_t(R), length - 1)}); });
+  phase("reward",
+        [&] { sequence_scores(reward, ScoredRows{scored, std::vector<int64_t>(size_t(scored_rows), length - 1)}); });
   phase("step", [&] {
     model.zero_grads();
     model.set_dropout_seed(config.seed);
     const TokenLogpsGradient gradient = [](const std::vector<float>& logps) {
       return std::vector<float>(logps.size(), 0.01f);
     };
-    model.token_logps_backward(ids, targets, gradient, nullptr, &value_head);
+    model.token_logps_backward(ids.slice_rows(0, mini_batch_rows), targets.slice_rows(0, mini_batch_rows), gradient,
+                               nullptr, &value_head);
     setup.optimizer->step(config.lr);
   });
   return peaks;

@@ -265,7 +265,7 @@ TEST_CASE("plan: a GRPO step (rollout, reference, policy backward) plans to the 
 // tiny Llama and NeoX (the reward model: tests/fixtures/reward's Llama
 // classifier config).
 TEST_CASE("plan: a PPO step (rollout, values, reference, reward model, policy and value backward) plans to the byte") {
-  const PpoPlan ppo{3, 12, 6, 0, kFixtures + "/reward/model"};
+  const PpoPlan ppo{3, 12, 6, 2, 5, kFixtures + "/reward/model", ""};
   for (const std::string& extra : {kLlamaLora, kNeoxLora + "activation_checkpointing: per_layer\nloss_chunk_tokens: 8\n"}) {
     CAPTURE(extra);
     const bool neox = extra.find("query_key_value") != std::string::npos;
@@ -281,7 +281,7 @@ TEST_CASE("plan: a PPO step (rollout, values, reference, reward model, policy an
     CHECK(setup.model->output_head().weight->grad.ptr<float>()[0] != 0.0f);  // the value head trained
   }
   const TrainConfig config = make_config(kFixtures + "/llama_gqa", kLlamaLora);
-  CHECK_THROWS_WITH_AS(plan_ppo_step(config, PlanOptions{}, PpoPlan{1, 60, 8, 0, ""}),
+  CHECK_THROWS_WITH_AS(plan_ppo_step(config, PlanOptions{}, PpoPlan{1, 60, 8, 0, 0, "", ""}),
                        doctest::Contains("exceeds the model's max_position_embeddings (64)"), Error);
 }
 
@@ -519,7 +519,7 @@ TEST_CASE("plan: GPT-NeoX-20B int8 + LoRA data parallel on 8 GPUs all-reduces th
 // is Pythia-1B's architecture as an INT8 classifier (configs/pythia-1b).
 TEST_CASE("plan: a PPO step on GPT-NeoX-20B INT8 + LoRA with a 1B reward model fits 24 GiB (CUDA policy)") {
   const TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/gpt-neox-20b-int8-lora.yaml");
-  PpoPlan ppo{4, 256, 64, 8, std::string(FT_SOURCE_DIR) + "/configs/pythia-1b"};
+  PpoPlan ppo{4, 256, 64, 4, 8, std::string(FT_SOURCE_DIR) + "/configs/pythia-1b", ""};
   const StepPlan plan = plan_ppo_step(config, PlanOptions{}, ppo);
   MESSAGE("20B PPO: policy and value step ", plan.peak_bytes + plan.context_bytes, " bytes, peak at ", plan.where,
           "; reward model weights ", plan.reward_model_bytes);
@@ -542,7 +542,7 @@ TEST_CASE("plan: a PPO step on GPT-NeoX-20B INT8 + LoRA with a 1B reward model f
                                                               {"rollout values", 24557135872},
                                                               {"reference", 24557135872},
                                                               {"reward", 23924550656},
-                                                              {"checkpoint", 23522798080}};
+                                                              {"checkpoint", 23522773504}};
   REQUIRE(plan.phases.size() == phases.size());
   for (size_t i = 0; i < phases.size(); ++i) {
     CHECK(plan.phases[i].phase == phases[i].first);
@@ -551,6 +551,16 @@ TEST_CASE("plan: a PPO step on GPT-NeoX-20B INT8 + LoRA with a 1B reward model f
   CHECK(plan.peak_bytes + plan.context_bytes == 24633588224);  // the policy and value step: 22.94 GiB
   CHECK(plan.run_peak_phase() == "rollout");
   CHECK(plan.total_bytes() <= size_t(24) << 30);
+  // The same step from the config's objective: ppo (what `finetune plan` plans): micro_batch_size rows generated
+  // and scored at once, queries of seq_len - ppo.max_new_tokens tokens.
+  const std::string pythia = std::string(FT_SOURCE_DIR) + "/configs/pythia-1b";
+  const TrainConfig ppo_config = load_train_config(
+      std::string(FT_SOURCE_DIR) + "/configs/gpt-neox-20b-int8-lora.yaml",
+      {"objective=ppo", "grad_accum_steps=1", "micro_batch_size=4", "seq_len=320", "ppo.max_new_tokens=64",
+       "ppo.batch_size=8", "ppo.mini_batch_size=4", "rewards.model=" + pythia});
+  const StepPlan from_config = plan_step(ppo_config, PlanOptions{}, ppo_config.micro_batch_size, ppo_config.seq_len);
+  CHECK(from_config.peak_bytes == plan.peak_bytes);
+  CHECK(from_config.total_bytes() == plan.total_bytes());
 
   // Generating 8 rows at once: their key/value cache (44 layers x 8 x 320 x
   // 6144 x 2 x 2 bytes, 2.6 GiB) takes the rollout past the card.

@@ -236,9 +236,11 @@ void replay_run_phases(StepPlan& plan, PeakWatch& watch, const TrainConfig& conf
 }
 
 // An online-RL step's shapes: objective: grpo's from its config, PPO's
-// given (plan_ppo_step). Rollouts of prompt + completion tokens.
+// from PpoPlan. Rollouts of prompt + completion tokens, generated and run
+// through the eval forwards micro_batch rows at a time.
 struct RlReplay {
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t train_rows = 0;                    // the policy's forward and backward
   int64_t reward_rows = 0;                   // sequences the reward model scores in one forward
   std::string reward_model, reward_adapter;  // folders; "" = none
   bool reference = false;                    // a KL to the reference: its forward, adapters disabled
@@ -254,6 +256,7 @@ RlReplay grpo_replay(const TrainConfig& config, int64_t micro_batch, int64_t seq
   RlReplay rl;
   rl.completion_tokens = std::max<int64_t>(1, std::min(config.grpo.max_completion_length, seq_len - 1));
   rl.prompt_tokens = std::max<int64_t>(1, seq_len - rl.completion_tokens);
+  rl.train_rows = micro_batch;
   rl.reward_rows = micro_batch * config.grad_accum_steps;
   rl.reward_model = config.rewards.model;
   rl.reward_adapter = config.rewards.model_adapter;
@@ -294,12 +297,17 @@ HiddenHead value_head(CausalLM& model) {
 // The rollout phases of an online-RL step, after its policy step (what they
 // hold then, the optimizer state included, is what every later step's hold):
 // the rollout's generation, with PPO the policy's values forward, the
-// reference forward, the reward model's scores. ids, targets: the step's
-// rows of prompt + completion.
+// reference forward (rows of prompt + completion, micro_batch at a time),
+// the reward model's scores.
 void replay_rl_phases(StepPlan& plan, PeakWatch& watch, CausalLM& model, CausalLM* reward_model,
-                      const RlReplay& rl, const Tensor& ids, const Tensor& targets) {
+                      const RlReplay& rl, int64_t micro_batch) {
+  HostAllocator host;
+  const int64_t tokens = rl.prompt_tokens + rl.completion_tokens - 1;
+  Tensor ids = Tensor::empty({micro_batch, tokens}, DType::i32, host, MemCategory::activations);
+  std::fill_n(ids.ptr<int32_t>(), ids.numel(), 0);
+  const Tensor& targets = ids;
   watch.start_phase("rollout");
-  replay_generation(model, ids.dim(0), rl.prompt_tokens, rl.completion_tokens);
+  replay_generation(model, micro_batch, rl.prompt_tokens, rl.completion_tokens);
   plan.phases.push_back({"rollout", watch.phase_peak_bytes});
   if (rl.value_head) {
     watch.start_phase("rollout values");
@@ -316,7 +324,6 @@ void replay_rl_phases(StepPlan& plan, PeakWatch& watch, CausalLM& model, CausalL
   if (reward_model) {
     watch.start_phase("reward");
     const int64_t length = rl.prompt_tokens + rl.completion_tokens;
-    HostAllocator host;
     ScoredRows rows{Tensor::empty({rl.reward_rows, length}, DType::i32, host, MemCategory::activations),
                     std::vector<int64_t>(size_t(rl.reward_rows), length - 1)};
     std::fill_n(rows.ids.ptr<int32_t>(), rows.ids.numel(), 0);
@@ -410,7 +417,7 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
   // Pairs (objective: dpo, reward) take two rows each; an online-RL row is
   // a rollout's prompt and completion, inputs and next-token targets.
   const bool pairs = config.objective == Objective::dpo || config.objective == Objective::reward;
-  const int64_t rows = pairs ? 2 * micro_batch : micro_batch;
+  const int64_t rows = pairs ? 2 * micro_batch : rl ? rl->train_rows : micro_batch;
   const int64_t tokens = rl ? rl->prompt_tokens + rl->completion_tokens - 1 : seq_len;
   HostAllocator host;
   Tensor ids = Tensor::empty({rows, tokens}, DType::i32, host, MemCategory::activations);
@@ -474,7 +481,7 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
   if (!model.adapters().empty()) plan.adapter_dtype = model.adapters().front().value.dtype;
   plan.host_optimizer_bytes = host_state.stats().current(MemCategory::optimizer);
   if (rl && stage.end_layer == 0)
-    replay_rl_phases(plan, watch, causal_lm(model, "online RL"), reward_model.get(), *rl, ids, targets);
+    replay_rl_phases(plan, watch, causal_lm(model, "online RL"), reward_model.get(), *rl, micro_batch);
   if (stage.end_layer == 0) replay_run_phases(plan, watch, config, model, *setup.optimizer, ids, targets, rl);
   if (const CausalLM* causal = model.as_causal_lm(); causal && causal->activation_offload_state())
     model_activation_offload(plan, model, *causal->activation_offload_state(), flops, options);
@@ -502,13 +509,27 @@ StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_
     const RlReplay rl = grpo_replay(config, micro_batch, seq_len);
     return replay_step(config, options, micro_batch, seq_len, LayerRange{}, 1, &rl);
   }
+  if (config.objective == Objective::ppo) return plan_ppo_step(config, options, ppo_plan(config, micro_batch, seq_len));
   return replay_step(config, options, micro_batch, seq_len, LayerRange{}, 1);
+}
+
+PpoPlan ppo_plan(const TrainConfig& config, int64_t micro_batch, int64_t seq_len) {
+  PpoPlan ppo;
+  ppo.rows = micro_batch;
+  ppo.response_tokens = std::max<int64_t>(1, std::min(config.ppo_max_new_tokens, seq_len - 1));
+  ppo.prompt_tokens = std::max<int64_t>(1, seq_len - ppo.response_tokens);
+  ppo.mini_batch_rows = config.ppo.mini_batch_size;
+  ppo.reward_rows = config.ppo.batch_size;
+  ppo.reward_model = config.rewards.model;
+  ppo.reward_adapter = config.rewards.model_adapter;
+  return ppo;
 }
 
 StepPlan plan_ppo_step(const TrainConfig& config, const PlanOptions& options, const PpoPlan& ppo) {
   const ModelConfig model_config =
       read_model_config((std::filesystem::path(config.model) / "config.json").string());
-  FT_CHECK(ppo.rows >= 1 && ppo.prompt_tokens >= 1 && ppo.response_tokens >= 1 && ppo.reward_rows >= 0,
+  FT_CHECK(ppo.rows >= 1 && ppo.prompt_tokens >= 1 && ppo.response_tokens >= 1 && ppo.mini_batch_rows >= 0 &&
+               ppo.reward_rows >= 0,
            config.source, ": a PPO plan needs at least one row of one prompt and one response token, got ", ppo.rows,
            " rows of ", ppo.prompt_tokens, " + ", ppo.response_tokens);
   const int64_t length = ppo.prompt_tokens + ppo.response_tokens;
@@ -518,8 +539,10 @@ StepPlan plan_ppo_step(const TrainConfig& config, const PlanOptions& options, co
   RlReplay rl;
   rl.prompt_tokens = ppo.prompt_tokens;
   rl.completion_tokens = ppo.response_tokens;
+  rl.train_rows = ppo.mini_batch_rows > 0 ? ppo.mini_batch_rows : ppo.rows;
   rl.reward_rows = ppo.reward_rows > 0 ? ppo.reward_rows : ppo.rows;
   rl.reward_model = ppo.reward_model;
+  rl.reward_adapter = ppo.reward_adapter;
   rl.reference = true;
   rl.value_head = true;
   return replay_step(config, options, ppo.rows, length, LayerRange{}, 1, &rl);
@@ -955,6 +978,9 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
               : config.objective == Objective::reward ? " (reward: micro_batch counts pairs, scored by the score head)"
               : config.objective == Objective::grpo
                   ? " (GRPO: micro_batch completions; the rollout, reference and reward model as phases)"
+              : config.objective == Objective::ppo
+                  ? " (PPO: micro_batch rollouts generated and scored at once, ppo.mini_batch_size trained; the "
+                    "rollout, its values, the reference and the reward model as phases)"
                   : "");
   // First: a layout the model or the ranks cannot take is the one error.
   const PipelinePlan pipeline = config.parallel.pipeline > 1 ? plan_pipeline(config, options) : PipelinePlan{};

@@ -5,7 +5,8 @@
 // the policy's step over micro_batch pairs; objective: reward the score
 // head's step over micro_batch pairs; objective: grpo the policy's
 // token_logps_backward over micro_batch completions, with the rollout, the
-// reference and the reward model as phases; then the optimizer step) through
+// reference and the reward model as phases; objective: ppo plan_ppo_step's
+// step and phases; then the optimizer step) through
 // the same code, and reports what the allocator held at the step's peak. No
 // weights, tokenizer or data are read.
 #pragma once
@@ -135,24 +136,31 @@ inline int64_t generation_batch(const TrainConfig& config, int64_t wanted) {
 // One training step of micro_batch x seq_len tokens, planned.
 StepPlan plan_step(const TrainConfig& config, const PlanOptions& options, int64_t micro_batch, int64_t seq_len);
 
-// A PPO step as trl's classic PPOTrainer takes it, at given shapes (the
-// config's objective: ppo gives them): rows rollouts generated at once with
-// the KV cache (prompt_tokens, then response_tokens sampled), their
-// log-probabilities and values (an eval forward of the policy with its value
-// head, v_head.summary), the reference's (the same model, adapters
-// disabled), the reward model's scores over reward_rows sequences (0: rows),
-// then a PPO mini-batch of rows: token_logps_backward with the value head
-// trained beside the adapters, and the optimizer step. The reward model, a
-// folder holding config.json ("": rule rewards, no second model), is built
-// with the policy's options (quantization, precision) and a score head, as
-// trainer/rl/rewards.h's RewardModel builds it.
+// A PPO step as trl's classic PPOTrainer takes it (trainer/rl/ppo_step.h),
+// at given shapes: rows rollouts generated at once with the KV cache
+// (prompt_tokens, then response_tokens sampled), their log-probabilities and
+// values (an eval forward of the policy with its value head,
+// v_head.summary) and the reference's (the same model, adapters disabled),
+// rows at a time; the reward model's scores over reward_rows sequences in
+// one forward (0: rows); then a mini-batch of mini_batch_rows (0: rows):
+// token_logps_backward with the value head trained beside the adapters, and
+// the optimizer step. The reward model, a folder holding config.json ("":
+// rule rewards, no second model), is built with the policy's options
+// (quantization, precision), a score head and reward_adapter's LoRA, as
+// RewardModel (trainer/rl/rewards.h) builds it.
 struct PpoPlan {
   int64_t rows = 0;
   int64_t prompt_tokens = 0, response_tokens = 0;
+  int64_t mini_batch_rows = 0;
   int64_t reward_rows = 0;
-  std::string reward_model;
+  std::string reward_model, reward_adapter;
 };
 StepPlan plan_ppo_step(const TrainConfig& config, const PlanOptions& options, const PpoPlan& ppo);
+// objective: ppo's shapes at micro_batch x seq_len (plan_step plans them):
+// micro_batch_size rows generated and scored at once, prompts of seq_len -
+// ppo.max_new_tokens tokens, ppo.mini_batch_size rows trained at once, the
+// ppo.batch_size rollouts rewarded at once, rewards.model.
+PpoPlan ppo_plan(const TrainConfig& config, int64_t micro_batch, int64_t seq_len);
 
 // Data parallel over ranks (`mpirun -np ranks`): every rank holds the whole
 // step plan (its peak is one process's), and once per optimizer step the

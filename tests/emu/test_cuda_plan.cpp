@@ -232,7 +232,7 @@ TEST_CASE("plan: reward, GRPO and PPO steps on the CUDA policy plan to the byte"
 
     const TrainConfig policy = make_config("gpt_neox_parallel", std::string(kInt8Lora) + "[query_key_value]}\n" +
                                            "activation_checkpointing: per_layer\n" + precision);
-    const PpoPlan ppo{3, 12, 6, 0, kFixtures + "/reward/model"};
+    const PpoPlan ppo{3, 12, 6, 2, 5, kFixtures + "/reward/model", ""};
     const StepPlan ppo_plan = plan_ppo_step(policy, cuda_plan_options(), ppo);
     CachedCuda ppo_cuda;
     TrainingSetup ppo_setup = ppo_cuda.setup(policy, OutputHead::value);
