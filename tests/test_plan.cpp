@@ -97,7 +97,8 @@ size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq,
   peft_adapter_tensors(*model, host);
   phase_peaks->push_back(tracker.stats().total_peak_bytes);
   tracker.reset_peaks();
-  model->forward(ids, ids);
+  if (reward) reward_micro_batch(*model, pairs, 0, false, 0.0);  // evaluate_reward's micro-batch
+  else model->forward(ids, ids);
   model->release_logits();
   phase_peaks->push_back(tracker.stats().total_peak_bytes);
   const int64_t rows = generation_batch(
@@ -204,6 +205,16 @@ TEST_CASE("plan: evaluation and generation after the step plan to the byte, and 
       CHECK(plan.phases[i].peak_bytes == measured[i]);
     }
     CHECK(plan.total_bytes() == std::max({plan.peak_bytes, measured[0], measured[1], measured[2]}));
+    // objective: reward evaluates its pairs through the score head, and samples nothing.
+    TrainConfig reward = make_config(kFixtures + "/llama_gqa", "objective: reward\n" + lora);
+    reward.data.eval = "eval.jsonl";
+    const StepPlan reward_plan = plan_step(reward, cpu, batch, seq);
+    REQUIRE(reward_plan.phases.size() == 2);
+    CHECK(reward_plan.phases[1].phase == "evaluation");
+    std::vector<size_t> reward_measured;
+    real_step_peak(reward, batch, seq, &reward_measured);
+    CHECK(reward_plan.phases[0].peak_bytes == reward_measured[0]);
+    CHECK(reward_plan.phases[1].peak_bytes == reward_measured[1]);
     // Without an eval set a run neither evaluates nor samples; it still saves.
     config.data.eval.clear();
     config.task_metric = TaskMetric::none;
