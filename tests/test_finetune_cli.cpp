@@ -134,6 +134,21 @@ pid_t start_finetune(const std::string& dir, const std::vector<std::string>& arg
   return start_program(kBinary, dir, args, output_path);
 }
 
+// Runs `finetune config.yaml` in dir and SIGKILLs it as soon as its first
+// checkpoint (out/train_state.safetensors) exists; returns its wait status.
+int kill_after_first_save(const std::string& dir) {
+  pid_t child = start_finetune(dir, {"config.yaml"}, "/dev/null");
+  while (!fs::exists(dir + "/out/train_state.safetensors")) {
+    int early_status = 0;
+    REQUIRE_MESSAGE(waitpid(child, &early_status, WNOHANG) == 0, "finetune ended before its first save");
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  return status;
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -166,18 +181,8 @@ TEST_CASE("a run killed with SIGKILL after a checkpoint resumes to identical los
   REQUIRE(full.size() == 20);
 
   const std::string dir = make_run_dir("killed");
-  pid_t child = start_finetune(dir, {"config.yaml"}, "/dev/null");
-  // The state file appears when step 10 is saved; kill at once, mid-run.
-  const std::string state = dir + "/out/train_state.safetensors";
-  while (!fs::exists(state)) {
-    int early_status = 0;
-    REQUIRE_MESSAGE(waitpid(child, &early_status, WNOHANG) == 0, "finetune ended before saving step 10");
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  kill(child, SIGKILL);
-  int status = 0;
-  waitpid(child, &status, 0);
-  CHECK(WIFSIGNALED(status));
+  // The state file appears when step 10 is saved; killed at once, mid-run.
+  CHECK(WIFSIGNALED(kill_after_first_save(dir)));
   const auto before_resume = train_losses(dir + "/out/metrics.jsonl");
   CHECK(before_resume.size() < 20);  // the kill landed before the end
 
@@ -1716,15 +1721,7 @@ TEST_CASE("objective: ppo with a reward model raises the held-out reward, its KL
   // Killed after the step-4 checkpoint, resumed: the same adapter, value head
   // and losses (the KL controller's state comes back with the checkpoint).
   const fs::path killed = make_ppo_dir("ppo_killed");
-  pid_t child = start_finetune(killed.string(), {"config.yaml"}, "/dev/null");
-  while (!fs::exists(killed / "out/train_state.safetensors")) {
-    int early_status = 0;
-    REQUIRE_MESSAGE(waitpid(child, &early_status, WNOHANG) == 0, "finetune ended before saving step 4");
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  kill(child, SIGKILL);
-  int status = 0;
-  waitpid(child, &status, 0);
+  CHECK(WIFSIGNALED(kill_after_first_save(killed.string())));
   const CommandResult resumed = run_command("cd " + killed.string() + " && " + kBinary + " config.yaml --resume");
   REQUIRE_MESSAGE(resumed.exit_code == 0, resumed.output);
   CHECK(resumed.output.find("resumed at step 4") != std::string::npos);
