@@ -1,0 +1,83 @@
+// Token log-probabilities and a value head in one forward and one backward,
+// against PyTorch + PEFT in float64 (tests/fixtures/heads,
+// scripts/make_heads_fixture.py): llama_gqa with the llama_lora adapter and
+// trl's value head (v_head.summary) on the final hidden states. With fixed
+// weights g on every target token's log-probability and value -- what an RL
+// loss hands the model once trl's formulas have been differentiated -- our
+// log-probabilities, values and the gradients of every LoRA tensor and of
+// the value head equal the fixture's.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "model/families.h"
+#include "model/llama.h"
+#include "model/output_head.h"
+#include "model/peft_adapter.h"
+#include "model/safetensors.h"
+#include "tests/parity.h"
+
+using namespace ft;
+using ft::parity::relative_error;
+
+namespace {
+
+const std::string kFixtures = FT_FIXTURES_DIR;
+// f32 against float64: the forward's f32 rounding over two layers.
+constexpr double kTolerance = 1e-4;
+
+std::vector<float> floats(const Tensor& t) { return {t.ptr<float>(), t.ptr<float>() + t.numel()}; }
+
+double worst_gap(const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = 0.0, scale = 1e-6;
+  for (size_t i = 0; i < want.size(); ++i) scale = std::max(scale, double(std::abs(want[i])));
+  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, double(std::abs(got[i] - want[i])));
+  return worst / scale;
+}
+
+}  // namespace
+
+TEST_CASE("log-probabilities and a value head through one backward equal PyTorch + PEFT") {
+  Checkpoint reference(kFixtures + "/heads/reference.safetensors");
+  HostAllocator host;
+  CpuBackend backend(host);
+  ModelOptions options;
+  options.lora = read_peft_adapter_config(kFixtures + "/llama_lora/adapter").lora;
+  options.output_head = OutputHead::value;
+  LlamaModel model(read_model_config(kFixtures + "/llama_gqa/config.json"), backend, options);
+  model.load(Checkpoint(kFixtures + "/llama_gqa"));
+  load_peft_adapter(kFixtures + "/llama_lora/adapter", model);
+  const HeadParameters& head = model.output_head();
+  backend.copy(head.weight->value, reference.view("v_head.summary.weight"));
+  backend.copy(head.bias->value, reference.view("v_head.summary.bias"));
+  model.set_trainable([](const std::string& name) { return name.find("lora_") != std::string::npos || name.rfind("v_head.", 0) == 0; });
+
+  const Tensor ids = reference.view("input_ids"), targets = reference.view("targets");
+  const std::vector<float> g_logp = floats(reference.view("g_logp")), g_value = floats(reference.view("g_value"));
+  std::vector<float> values;
+  const TokenLogpsGradient gradient = [&](const std::vector<float>&) { return g_logp; };
+  const HiddenHead value_head = [&](const Tensor& hidden, Tensor* dhidden) {
+    values = head_outputs(backend, head, hidden);
+    head_backward(backend, head, hidden, g_value, *dhidden);
+  };
+  const std::vector<float> logps = model.token_logps_backward(ids, targets, gradient, nullptr, &value_head);
+
+  CHECK(worst_gap(logps, floats(reference.view("logps"))) <= kTolerance);
+  // The fixture's values on target tokens (the others carry no gradient, and torch's are kept too).
+  CHECK(worst_gap(values, floats(reference.view("values"))) <= kTolerance);
+  for (Parameter& adapter : model.adapters()) {
+    CAPTURE(adapter.name);
+    CHECK(relative_error(adapter.grad, reference.view("grad." + adapter.name)) <= kTolerance);
+  }
+  CHECK(relative_error(head.weight->grad, reference.view("grad.v_head.summary.weight")) <= kTolerance);
+  CHECK(relative_error(head.bias->grad, reference.view("grad.v_head.summary.bias")) <= kTolerance);
+
+  // The same forward in eval mode gives the same log-probabilities and values.
+  std::vector<float> eval_values;
+  const HiddenHead read_values = [&](const Tensor& hidden, Tensor*) { eval_values = head_outputs(backend, head, hidden); };
+  CHECK(worst_gap(model.token_logps(ids, targets, nullptr, &read_values), logps) == 0.0);
+  CHECK(eval_values == values);
+}
