@@ -257,7 +257,7 @@ RlReplay grpo_replay(const TrainConfig& config, int64_t micro_batch, int64_t seq
   rl.completion_tokens = std::max<int64_t>(1, std::min(config.grpo.max_completion_length, seq_len - 1));
   rl.prompt_tokens = std::max<int64_t>(1, seq_len - rl.completion_tokens);
   rl.train_rows = micro_batch;
-  rl.reward_rows = micro_batch * config.grad_accum_steps;
+  rl.reward_rows = micro_batch;  // RewardModel scores micro_batch_size rows a forward
   rl.reward_model = config.rewards.model;
   rl.reward_adapter = config.rewards.model_adapter;
   rl.reference = config.grpo.beta != 0;
@@ -519,7 +519,7 @@ PpoPlan ppo_plan(const TrainConfig& config, int64_t micro_batch, int64_t seq_len
   ppo.response_tokens = std::max<int64_t>(1, std::min(config.ppo_max_new_tokens, seq_len - 1));
   ppo.prompt_tokens = std::max<int64_t>(1, seq_len - ppo.response_tokens);
   ppo.mini_batch_rows = config.ppo.mini_batch_size;
-  ppo.reward_rows = config.ppo.batch_size;
+  ppo.reward_rows = micro_batch;  // RewardModel scores micro_batch_size rows a forward
   ppo.reward_model = config.rewards.model;
   ppo.reward_adapter = config.rewards.model_adapter;
   return ppo;

@@ -275,8 +275,9 @@ void make_prompts(Run& run) {
     std::cout << "eval: " << run.eval_prompts.size() << " prompts\n";
   }
   if (!config.rewards.model.empty())
-    run.reward_model = std::make_unique<RewardModel>(config.rewards, *run.backend, model_options(config),
-                                                     config.tokenizer);
+    run.reward_model = std::make_unique<RewardModel>(
+        config.rewards, *run.backend, reward_model_options(model_options(config), config.rewards.model_adapter),
+        config.tokenizer, config.micro_batch_size);
 }
 
 void make_data(Run& run) {

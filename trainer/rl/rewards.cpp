@@ -122,8 +122,9 @@ double mean_of(const std::vector<double>& values) {
 
 }  // namespace
 
-RewardModel::RewardModel(const RewardRules& rules, Backend& backend, ModelOptions options,
-                         const std::string& policy_tokenizer_file) {
+RewardModel::RewardModel(const RewardRules& rules, Backend& backend, const ModelOptions& options,
+                         const std::string& policy_tokenizer_file, int64_t rows_per_forward)
+    : rows_per_forward_(std::max<int64_t>(rows_per_forward, 1)) {
   const std::string config_json = (std::filesystem::path(rules.model) / "config.json").string();
   const ModelConfig config = read_model_config(config_json);
   const std::string own_tokenizer = default_tokenizer_path(rules.model);
@@ -140,9 +141,6 @@ RewardModel::RewardModel(const RewardRules& rules, Backend& backend, ModelOption
   const Tokenizer& tokenizer = tokenizer_ ? *tokenizer_ : *own;
   pad_id_ = padding_id(tokenizer);
   eos_id_ = tokenizer.eos_id();
-  options.output_head = OutputHead::score;
-  options.lora.reset();
-  if (!rules.model_adapter.empty()) options.lora = read_peft_adapter_config(rules.model_adapter).lora;
   model_ = make_causal_lm(config, backend, options);
   model_->load(Checkpoint(rules.model));
   if (!rules.model_adapter.empty()) load_peft_adapter(rules.model_adapter, *model_);
@@ -170,8 +168,15 @@ std::vector<double> RewardModel::scores(const std::vector<Rollout>& completions)
     }
     sequences.push_back(std::move(sequence));
   }
-  HostAllocator host;
-  return sequence_scores(*model_, scored_sequences(sequences, pad_id_, host));
+  std::vector<double> scores;
+  for (size_t first = 0; first < sequences.size(); first += size_t(rows_per_forward_)) {
+    const size_t end = std::min(sequences.size(), first + size_t(rows_per_forward_));
+    HostAllocator host;
+    const std::vector<TokenSequence> part(sequences.begin() + first, sequences.begin() + end);
+    const std::vector<double> part_scores = sequence_scores(*model_, scored_sequences(part, pad_id_, host));
+    scores.insert(scores.end(), part_scores.begin(), part_scores.end());
+  }
+  return scores;
 }
 
 Rewards compute_rewards(const RewardRules& rules, const std::vector<Rollout>& completions,

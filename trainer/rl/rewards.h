@@ -49,13 +49,14 @@ struct Rollout {
   std::string text;                            // decoded completion, eos excluded
 };
 
-// rules.model as a reward model on backend, built with options (the
-// policy's quantisation and precision; its score head and the adapter are
-// added here). policy_tokenizer_file: the file the policy's tokens come from.
+// rules.model as a reward model on backend, built with options
+// (setup.h's reward_model_options: the policy's quantisation and precision,
+// the score head and the adapter). policy_tokenizer_file: the file the
+// policy's tokens come from. scores() runs rows_per_forward rows a forward.
 class RewardModel {
  public:
-  RewardModel(const RewardRules& rules, Backend& backend, ModelOptions options,
-              const std::string& policy_tokenizer_file);
+  RewardModel(const RewardRules& rules, Backend& backend, const ModelOptions& options,
+              const std::string& policy_tokenizer_file, int64_t rows_per_forward);
   ~RewardModel();
   std::vector<double> scores(const std::vector<Rollout>& completions) const;
 
@@ -63,6 +64,7 @@ class RewardModel {
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<Tokenizer> tokenizer_;  // with rules.model_tokenizer: prompts and completions encoded anew
   int32_t pad_id_ = 0, eos_id_ = 0;
+  int64_t rows_per_forward_ = 1;
 };
 
 // Per reward rule (in names() order) the value of each completion, and the
