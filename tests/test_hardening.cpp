@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <limits>
 #include <sstream>
@@ -26,6 +27,7 @@
 #include "trainer/data/data.h"
 #include "trainer/optimizer.h"
 #include "trainer/train_state.h"
+#include "tokenizer/sentencepiece_tokenizer.h"
 
 using namespace ft;
 namespace fs = std::filesystem;
@@ -401,4 +403,169 @@ TEST_CASE("an atomic write that fails names the path and the errno text and leav
   write_file_atomically(path, "new");
   CHECK(read_text(path) == "new");
   CHECK(!fs::exists(path + ".tmp"));
+}
+
+// tokenizer.model: libsentencepiece reads its model file unchecked, so each
+// case below was, before tokenizer/sentencepiece_model_check.cpp, a crash, an
+// out-of-bounds read, a library message naming no file or a silently accepted
+// file (said per case).
+namespace {
+
+const std::string kSentencePieceModel = kFixtures + "/tokenizer/tokenizer.model";
+
+// [begin, end) of a field's payload in a model's bytes.
+struct Span {
+  size_t begin, end;
+};
+
+uint64_t read_varint(const std::string& bytes, size_t& at) {
+  uint64_t value = 0;
+  for (int shift = 0; at < bytes.size(); shift += 7) {
+    const uint8_t byte = uint8_t(bytes[at++]);
+    value |= uint64_t(byte & 0x7F) << shift;
+    if (byte < 0x80) break;
+  }
+  return value;
+}
+
+// The payload of occurrence `index` of the length-delimited field `number` of
+// the message at `message`: the protobuf walk the patches below need (the
+// fixture's ModelProto, NormalizerSpec and pieces use varint, fixed32 and
+// length-delimited fields only).
+Span find_field(const std::string& bytes, Span message, uint32_t number, int index = 0) {
+  for (size_t at = message.begin; at < message.end;) {
+    const uint64_t tag = read_varint(bytes, at);
+    if ((tag & 7) == 0) {
+      read_varint(bytes, at);
+    } else if ((tag & 7) == 5) {
+      at += 4;
+    } else {
+      const size_t size = read_varint(bytes, at);
+      if ((tag >> 3) == number && index-- == 0) return {at, at + size};
+      at += size;
+    }
+  }
+  throw std::logic_error("the fixture has no such field");
+}
+
+void put_u32(std::string& bytes, size_t at, uint32_t value) { std::memcpy(&bytes[at], &value, 4); }
+
+// The fixture model changed by patch, loaded, and a text that reaches the
+// normalizer's character map encoded (a bad map crashed at the encode, not at
+// the load): the error, or "(no error)".
+std::string patched_model_error(const std::function<void(std::string&)>& patch, std::string* path_out = nullptr) {
+  static int count = 0;
+  TempDir dir("sentencepiece_" + std::to_string(count++));
+  std::string bytes = read_text(kSentencePieceModel);
+  patch(bytes);
+  const std::string path = (dir.path / "tokenizer.model").string();
+  write_text(path, bytes);
+  if (path_out) *path_out = path;
+  return error_of([&] { SentencePieceTokenizer(path).encode("\uff28ello  w\u00f6rld \ufb01 \u2460 <s>"); });
+}
+
+std::string model_error_prefix(const std::string& path) { return path + ": cannot load SentencePiece model: "; }
+
+}  // namespace
+
+TEST_CASE("tokenizer.model: a file cut short is refused by name, also where the cut leaves valid protobuf") {
+  std::string path;
+  // Cut inside the character map: the old loader refused it too, but said only that parsing failed.
+  std::string error = patched_model_error([](std::string& bytes) { bytes.resize(bytes.size() / 2); }, &path);
+  CHECK(has(error, model_error_prefix(path) + "ModelProto: truncated: a field of 240021 bytes"));
+  // Cut after the 100th piece: valid protobuf, which the old loader took as a 100-piece tokenizer
+  // without its normalizer.
+  error = patched_model_error([](std::string& bytes) {
+    bytes.resize(find_field(bytes, {0, bytes.size()}, 1, 99).end);
+  }, &path);
+  CHECK(error == model_error_prefix(path) + "trainer_spec: missing (a truncated file?)");
+  error = patched_model_error([](std::string& bytes) { bytes.clear(); }, &path);
+  CHECK(error == model_error_prefix(path) + "pieces: none (an empty or truncated file?)");
+}
+
+TEST_CASE("tokenizer.model: a character map whose trie or string offsets lie outside it is refused by name") {
+  auto charsmap = [](const std::string& bytes) {
+    return find_field(bytes, find_field(bytes, {0, bytes.size()}, 3), 2);
+  };
+  std::string path;
+  // A trie size past the map's end: the old loader's check (size < map) let 3 bytes past the end
+  // in, and the string block's size underflowed; it loaded and encoded without a word.
+  std::string error = patched_model_error([&](std::string& bytes) {
+    const Span map = charsmap(bytes);
+    put_u32(bytes, map.begin, uint32_t(map.end - map.begin - 1));
+  }, &path);
+  CHECK(error == model_error_prefix(path) + "normalizer_spec.precompiled_charsmap: a trie of 240006 bytes but only "
+                                            "240003 bytes follow its size");
+  // The root's children 4 GiB past the trie (offset field at its maximum, scaled by 256): the old
+  // loader's normalizer read there (a segmentation fault).
+  error = patched_model_error([&](std::string& bytes) {
+    put_u32(bytes, charsmap(bytes).begin + 4, (0x3FFFFFu << 10) | (1u << 9));
+  }, &path);
+  CHECK(error == model_error_prefix(path) + "normalizer_spec.precompiled_charsmap: a trie node's children reach unit "
+                                            "1073741823 but the trie has 44800 units");
+  // No NUL in the string block: the old normalizer's strlen ran past the map (silently, here).
+  error = patched_model_error([&](std::string& bytes) {
+    const Span map = charsmap(bytes);
+    uint32_t trie_bytes;
+    std::memcpy(&trie_bytes, &bytes[map.begin], 4);
+    for (size_t at = map.begin + 4 + trie_bytes; at < map.end; at++)
+      if (bytes[at] == '\0') bytes[at] = ' ';
+  }, &path);
+  CHECK(has(error, model_error_prefix(path) + "normalizer_spec.precompiled_charsmap: trie unit "));
+  CHECK(has(error, "of the string block, with no NUL after it"));
+}
+
+TEST_CASE("tokenizer.model: a piece with a bad type, a NaN score or a NUL byte is refused by name") {
+  // pieces[1] is "<s>": 0a 03 '<' 's' '>', 15 and a float score, 18 03 (CONTROL); pieces[10]
+  // is the normal piece "rs": 0a 02 'r' 's', 15 and a score.
+  auto piece = [](const std::string& bytes, int index) { return find_field(bytes, {0, bytes.size()}, 1, index); };
+  std::string path;
+  // protobuf drops an unknown enum value: the old loader made <s> a normal piece (bos_id -1).
+  std::string error = patched_model_error([&](std::string& bytes) { bytes[piece(bytes, 1).end - 1] = 9; }, &path);
+  CHECK(error == model_error_prefix(path) + "pieces[1].type: 9 is not a piece type (1 to 6)");
+  // The old loader took the NaN score.
+  error = patched_model_error([&](std::string& bytes) { put_u32(bytes, piece(bytes, 1).begin + 6, 0x7FC00000u); },
+                              &path);
+  CHECK(error == model_error_prefix(path) + "pieces[1].score: not finite (nan)");
+  // libsentencepiece builds its tries from C strings. The old loader took "\0s" here (a BPE
+  // model keeps its normal pieces in a hash map); a unigram model's trie builder let darts' own
+  // exception out, naming no file (crash-eb308b... below).
+  error = patched_model_error([&](std::string& bytes) { bytes[piece(bytes, 10).begin + 2] = '\0'; }, &path);
+  CHECK(error == model_error_prefix(path) + "pieces[10].piece: contains a NUL byte");
+}
+
+TEST_CASE("tokenizer.model: a special id outside the vocabulary is refused by name") {
+  std::string path;
+  // trainer_spec ends with eos_id = 2 (d0 02 02); 320 takes one more byte (d0 02 c0 02). The old
+  // loader ignored trainer_spec's ids.
+  const std::string error = patched_model_error([](std::string& bytes) {
+    const Span spec = find_field(bytes, {0, bytes.size()}, 2);
+    const size_t eos = bytes.find("\xd0\x02\x02", spec.begin);
+    REQUIRE(eos < spec.end);
+    bytes.replace(eos, 3, "\xd0\x02\xc0\x02");
+    bytes[spec.begin - 1] = char(spec.end - spec.begin + 1);  // the one-byte length before the payload
+  }, &path);
+  CHECK(error == model_error_prefix(path) + "trainer_spec.eos_id: 320 is outside the vocabulary of 320 pieces (-1 "
+                                            "means none)");
+}
+
+TEST_CASE("tokenizer.model: inputs the fuzzer found crashing libsentencepiece are refused by name") {
+  const std::string kept = FT_SOURCE_DIR "/tests/fuzz/regressions/fuzz_sentencepiece/";
+  // With the old loader, replayed under ASan + UBSan (fuzz_replay_sentencepiece): a heap-buffer-overflow
+  // in the normalizer's strlen of a replacement past the string block, a segmentation fault in that
+  // strlen (its cause, a string block without a NUL, lies behind the first check that fails now),
+  // and darts' exception ("failed to insert key: zero-length key") out of the library, from a
+  // unigram piece that is all NULs. Without ASan the first two read out of bounds silently.
+  const std::pair<const char*, const char*> crashes[] = {
+      {"crash-1defb7075ec18b4f4c6f5083addc6eaa128dfe46",
+       "normalizer_spec.precompiled_charsmap: trie unit 133 points at byte 132, past the 16-byte string block"},
+      {"crash-d32bc6f335a17f0e300188b0a2bc24a8b7894c4e", "pieces[0].piece: invalid UTF-8 at byte 1"},
+      {"crash-eb308b4caca7611f39033d8ff456f8cc73052c2b", "pieces[1].piece: appears twice"},
+  };
+  for (const auto& [name, expected] : crashes) {
+    const std::string path = kept + name;
+    CAPTURE(path);
+    CHECK(error_of([&] { SentencePieceTokenizer(path).encode("\uff28ello w\u00f6rld"); }) ==
+          model_error_prefix(path) + expected);
+  }
 }

@@ -59,3 +59,23 @@ TEST_CASE("a missing or corrupt tokenizer file is an error naming it") {
   CHECK_THROWS_WITH_AS(SentencePieceTokenizer(std::string(FT_FIXTURES_DIR) + "/llama_gqa/config.json"),
                        doctest::Contains("cannot load SentencePiece model"), Error);
 }
+
+TEST_CASE("models with their own character map, byte fallback, a denormalizer and a user-defined piece match "
+          "Python sentencepiece") {
+  // tests/fixtures/sentencepiece/, from scripts/make_sentencepiece_fixtures.py: the model check
+  // must accept what the trainer writes beyond nmt_nfkc's map.
+  std::ifstream file(std::string(FT_FIXTURES_DIR) + "/sentencepiece/encode_reference.json");
+  const nlohmann::json models = nlohmann::json::parse(file);
+  REQUIRE(models.size() == 2);
+  for (const auto& [name, cases] : models.items()) {
+    SentencePieceTokenizer tokenizer(std::string(FT_FIXTURES_DIR) + "/sentencepiece/" + name + "/tokenizer.model");
+    for (const auto& reference : cases) {
+      const std::string text = reference["text"];
+      CAPTURE(name);
+      CAPTURE(text);
+      const std::vector<int32_t> ids = tokenizer.encode(text);
+      CHECK(ids == reference["ids"].get<std::vector<int32_t>>());
+      CHECK(tokenizer.decode(ids) == reference["decoded"].get<std::string>());
+    }
+  }
+}

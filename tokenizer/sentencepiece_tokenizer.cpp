@@ -5,12 +5,27 @@
 #include <algorithm>
 
 #include "kernels/error.h"
+#include "kernels/input_file.h"
+#include "tokenizer/sentencepiece_model_check.h"
 
 namespace ft {
 
+// The model's bytes are read once, checked, and the same bytes loaded: the
+// file cannot change between the check and the load.
 SentencePieceTokenizer::SentencePieceTokenizer(const std::string& path, int64_t expected_vocab_size)
     : path_(path), processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
-  auto status = processor_->Load(path);
+  std::ifstream file = open_input_file(path, "a SentencePiece model (tokenizer.model)", std::ios::binary);
+  // protobuf parses at most 2 GiB; the bound also ends a read of an endless file (a device, a FIFO).
+  constexpr size_t kMaxModelBytes = size_t(1) << 31;
+  std::string model;
+  std::vector<char> chunk(1 << 16);
+  while (file.read(chunk.data(), std::streamsize(chunk.size())) || file.gcount() > 0) {
+    model.append(chunk.data(), size_t(file.gcount()));
+    FT_CHECK(model.size() < kMaxModelBytes, path, ": a SentencePiece model (a protobuf message) must be under 2 GiB");
+  }
+  FT_CHECK(!file.bad(), path, ": cannot read SentencePiece model");
+  check_sentencepiece_model(model, path);
+  auto status = processor_->LoadFromSerializedProto(model);
   FT_CHECK(status.ok(), path, ": cannot load SentencePiece model: ", status.ToString());
   FT_CHECK(expected_vocab_size <= 0 || vocab_size() == expected_vocab_size, path, ": tokenizer vocabulary has ",
            vocab_size(), " pieces but the model's vocab_size is ", expected_vocab_size);

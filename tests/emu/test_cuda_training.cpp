@@ -10,21 +10,35 @@
 // differ in their last bits; in bf16 such a difference rounds to the
 // neighbouring bf16 value now and then (2^-8 relative), and an INT8 code can
 // flip where x * 127 / absmax lies near a rounding tie.
-//   - per-step loss, relative: f32 1e-4, bf16 1e-2 (a loss averages ~30
+//   - per-step loss, relative: f32 1e-4, bf16 2e-3 (a loss averages ~30
 //     tokens' log-probabilities, so single roundings mostly cancel);
 //   - the first step's adapter gradients, max |diff| / max |cpu| per tensor:
-//     f32 1e-4, bf16 5e-2 (bf16 runs take the tensor-core attention, which
-//     also rounds the probabilities P and dS to bf16, as FlashAttention-2);
+//     f32 1e-4; bf16 5e-2 for Llama, 1.5e-2 for GPT-NeoX. Why Llama's is
+//     larger, measured: any bf16 rounding moves this Llama fixture's first
+//     lora_B gradients far more than GPT-NeoX's. The CPU's own bf16 step is
+//     1.4e-2 to 4.0e-2 from the CPU's f32 step (GPT-NeoX: 1.0e-2), the
+//     emulated CUDA bf16 step 1.8e-2 to 3.6e-2 (GPT-NeoX: 1.1e-2), and
+//     transformers' bf16 autocast on the same base, LoRA on every linear,
+//     2.7e-2 (tests/fixtures/llama_bf16). The CUDA step rounds where the CPU
+//     step does, and in its tensor-core attention also P and dS (as
+//     FlashAttention-2 does; with the f32 attention kernels the two steps
+//     differ by 7e-3): one more bf16 perturbation, which moves these
+//     gradients as much as the others do, so the two bf16 steps differ by
+//     about the noise each carries (3.2e-2), not by an error of the kernels.
+//     bf16 runs therefore also check the CUDA step against f32 directly: no
+//     farther than twice the CPU bf16 step's error plus one bf16 unit
+//     (measured at most 1.33 times);
 //   - adapters after three AdamW steps (lr 1e-3), per element:
 //     |cuda - cpu| <= atol + rtol * |cpu| with f32 atol 1e-2 lr, rtol 1e-4, and
 //     bf16 atol 0.1 lr, rtol 1e-2. Adam's first update is lr * sign(gradient)
 //     whatever its size, so an element whose gradient lies within rounding
-//     noise of 0 moves the other way: in bf16 up to 5% of the elements may
-//     miss the bound, each still within 2 lr per step.
+//     noise of 0 moves the other way: in bf16 up to 5% (Llama) and 2%
+//     (GPT-NeoX) of the elements may miss the bound, each still within 2 lr
+//     per step.
 // Measured under the emulator: f32 losses equal to 6 digits, gradients within
-// 1e-6, adapters within 2e-8. bf16: Llama losses within 6e-4 relative,
-// gradients within 3.2e-2, 54 of 1,792 adapter elements (3.0%) outside the
-// bound; GPT-NeoX losses within 3e-4, gradients within 7e-3, 16 of 2,048
+// 1e-6, adapters within 2e-8. bf16: Llama losses within 3.2e-4 relative,
+// gradients within 3.2e-2, 47 of 1,792 adapter elements (2.6%) outside the
+// bound; GPT-NeoX losses within 1.5e-4, gradients within 5.4e-3, 17 of 2,048
 // (0.8%). (With the f32 attention kernels Llama's were 8e-5, 7e-3 and 0.8%.)
 #include <doctest/doctest.h>
 
@@ -64,7 +78,10 @@ struct Tolerance {
   double loss_rtol, gradient_rel, adapter_atol, adapter_rtol, adapter_outlier_fraction;
 };
 constexpr Tolerance kF32{1e-4, 1e-4, 1e-2 * kLr, 1e-4, 0.0};
-constexpr Tolerance kBf16{1e-2, 5e-2, 0.1 * kLr, 1e-2, 0.05};
+constexpr Tolerance kBf16Llama{2e-3, 5e-2, 0.1 * kLr, 1e-2, 0.05};
+constexpr Tolerance kBf16NeoX{2e-3, 1.5e-2, 0.1 * kLr, 1e-2, 0.02};
+constexpr double kBf16Unit = 1.0 / 256;  // 2^-8: bf16's unit roundoff (8 significant bits)
+constexpr double kBf16ErrorRatio = 2.0;   // the CUDA bf16 step's error against f32 over the CPU's
 
 // A fixture model with LoRA on `targets` over an INT8 base.
 struct TrainingCase {
@@ -158,24 +175,48 @@ void check_losses(const std::vector<float>& got, const std::vector<float>& want,
   }
 }
 
+// max |got - want| / max |want| (per element it is meaningless near zero);
+// -1 where want is all zero (lora_A's first gradient: B starts at 0).
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  double max_diff = 0.0, max_want = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(double(got[i]) - double(want[i])));
+    max_want = std::max(max_want, std::abs(double(want[i])));
+  }
+  return max_want > 0.0 ? max_diff / max_want : (max_diff > 0.0 ? INFINITY : -1.0);
+}
+
 // Per tensor: max |got - want| / max |want| (per element it is meaningless
 // near zero).
 void check_gradients(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want,
                      double max_relative) {
   REQUIRE(got.size() == want.size());
   double worst = 0.0;
-  for (size_t t = 0; t < got.size(); ++t) {
-    REQUIRE(got[t].size() == want[t].size());
-    double max_diff = 0.0, max_want = 0.0;
-    for (size_t i = 0; i < got[t].size(); ++i) {
-      max_diff = std::max(max_diff, std::abs(double(got[t][i]) - double(want[t][i])));
-      max_want = std::max(max_want, std::abs(double(want[t][i])));
-    }
-    // lora_A's first gradient is exactly 0 (B starts at 0) on both backends.
-    worst = std::max(worst, max_want > 0.0 ? max_diff / max_want : max_diff);
-  }
+  // lora_A's first gradient is exactly 0 (B starts at 0) on both backends.
+  for (size_t t = 0; t < got.size(); ++t) worst = std::max(worst, relative_error(got[t], want[t]));
   MESSAGE("first-step gradients: largest relative error ", worst);
   CHECK(worst <= max_relative);
+}
+
+// bf16: the CUDA step's first gradients against the CPU's f32 ones, per
+// tensor, within kBf16ErrorRatio times the CPU bf16 step's error plus one
+// unit (see the tolerances above).
+void check_bf16_gradients_against_f32(const std::vector<std::vector<float>>& cuda_bf16,
+                                      const std::vector<std::vector<float>>& cpu_bf16,
+                                      const std::vector<std::vector<float>>& cpu_f32) {
+  REQUIRE(cuda_bf16.size() == cpu_f32.size());
+  REQUIRE(cpu_bf16.size() == cpu_f32.size());
+  double worst_ratio = 0.0;
+  for (size_t t = 0; t < cpu_f32.size(); ++t) {
+    const double cuda_error = relative_error(cuda_bf16[t], cpu_f32[t]);
+    const double cpu_error = relative_error(cpu_bf16[t], cpu_f32[t]);
+    if (cpu_error < 0.0) continue;  // lora_A: zero in every run
+    CAPTURE(t);
+    CHECK(cuda_error <= kBf16ErrorRatio * cpu_error + kBf16Unit);
+    worst_ratio = std::max(worst_ratio, cuda_error / cpu_error);
+  }
+  MESSAGE("first-step gradients against f32: CUDA bf16 error at most ", worst_ratio, " times the CPU bf16 step's");
 }
 
 void check_adapters(const std::vector<float>& got, const std::vector<float>& want, const Tolerance& tol) {
@@ -203,7 +244,8 @@ TEST_CASE("cuda: three LoRA training steps over an INT8 base match the CPU, with
     CAPTURE(c.model);
     CAPTURE(c.precision);
     const TrainConfig config = model_config(c);
-    const Tolerance& tol = c.precision == "bf16" ? kBf16 : kF32;
+    const bool bf16 = c.precision == "bf16";
+    const Tolerance& tol = !bf16 ? kF32 : c.model == "llama_gqa" ? kBf16Llama : kBf16NeoX;
 
     HostAllocator host;
     TrackingAllocator host_tracker(host);
@@ -226,6 +268,10 @@ TEST_CASE("cuda: three LoRA training steps over an INT8 base match the CPU, with
     check_losses(got.losses, want.losses, tol.loss_rtol);
     check_gradients(got.first_gradients, want.first_gradients, tol.gradient_rel);
     check_adapters(got.adapters, want.adapters, tol);
+    if (bf16) {
+      const TrainingResult want_f32 = train(model_config({c.model, c.targets, "fp32"}), cpu, nullptr);
+      check_bf16_gradients_against_f32(got.first_gradients, want.first_gradients, want_f32.first_gradients);
+    }
     // After the first step every allocation is served from the cache.
     CHECK(got.device_allocations.back() == got.device_allocations.front());
   }
@@ -472,3 +518,4 @@ TEST_CASE("cuda: run_training with offloaded checkpoints and packed rows equals 
   std::cout.rdbuf(saved);
   CHECK(saved_adapters(resumed.output_dir) == saved_adapters(straight.output_dir));
 }
+

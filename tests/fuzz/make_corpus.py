@@ -109,6 +109,13 @@ def main():
 
     seed("fuzz_tokenizer", "bpe_fixture", (root / "tests/fixtures/bpe_tokenizer/tokenizer.json").read_bytes())
 
+    # Two small models with their own character maps, byte fallback and a denormalizer
+    # (scripts/make_sentencepiece_fixtures.py). Not the 244 KB tests/fixtures/tokenizer model:
+    # inputs that size run about 100 times a second instead of thousands (nmt_nfkc's map takes
+    # the same checks as theirs; tests/test_hardening.cpp patches that model instead).
+    for model in ("bpe_rules", "unigram_bytes"):
+        seed("fuzz_sentencepiece", model, (root / "tests/fixtures/sentencepiece" / model / "tokenizer.model").read_bytes())
+
     for fixture in ("llama_lora", "gpt_neox_lora"):
         adapter = root / "tests/fixtures" / fixture / "adapter"
         config = (adapter / "adapter_config.json").read_bytes()
