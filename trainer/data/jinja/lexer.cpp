@@ -1,8 +1,10 @@
 #include "trainer/data/jinja/lexer.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/error.h"
+#include "tokenizer/unicode.h"
 
 namespace ft::jinja {
 namespace {
@@ -11,24 +13,6 @@ constexpr const char* kSpace = " \t\r\n\f\v";
 
 bool is_name_start(char c) { return std::isalpha((unsigned char)c) || c == '_'; }
 bool is_name_char(char c) { return std::isalnum((unsigned char)c) || c == '_'; }
-
-void append_utf8(std::string& out, uint32_t code) {
-  if (code < 0x80) {
-    out += char(code);
-  } else if (code < 0x800) {
-    out += char(0xC0 | (code >> 6));
-    out += char(0x80 | (code & 0x3F));
-  } else if (code < 0x10000) {
-    out += char(0xE0 | (code >> 12));
-    out += char(0x80 | ((code >> 6) & 0x3F));
-    out += char(0x80 | (code & 0x3F));
-  } else {
-    out += char(0xF0 | (code >> 18));
-    out += char(0x80 | ((code >> 12) & 0x3F));
-    out += char(0x80 | ((code >> 6) & 0x3F));
-    out += char(0x80 | (code & 0x3F));
-  }
-}
 
 class Lexer {
  public:
@@ -192,8 +176,10 @@ class Lexer {
         case '\n': break;
         case 'x': case 'u': case 'U': {
           const size_t digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-          FT_CHECK(i + digits < src_.size(), where_, " line ", line_, ": a \\", e, " escape is cut short");
-          append_utf8(value, uint32_t(std::stoul(src_.substr(i + 1, digits), nullptr, 16)));
+          const std::string hex = i + digits < src_.size() ? src_.substr(i + 1, digits) : "";
+          FT_CHECK(hex.size() == digits && std::all_of(hex.begin(), hex.end(), [](char h) { return std::isxdigit((unsigned char)h); }),
+                   where_, " line ", line_, ": a \\", e, " escape needs ", digits, " hex digits");
+          unicode::append_utf8(value, char32_t(std::stoul(hex, nullptr, 16)));
           i += digits;
           break;
         }

@@ -45,6 +45,10 @@ class Renderer {
       ::ft::fail(tmpl_.where, " line ", node.line, ": the template raised an exception: ", e.what());
     } catch (const TemplateFault& e) {
       ::ft::fail(tmpl_.where, " line ", node.line, ": ", e.what());
+    } catch (const Error&) {
+      throw;  // from a nested statement: it names its own line
+    } catch (const std::exception& e) {  // a missing argument, a value of the wrong JSON type
+      ::ft::fail(tmpl_.where, " line ", node.line, ": a filter, test or call got arguments it cannot take (", e.what(), ")");
     }
   }
 
@@ -350,12 +354,19 @@ class Renderer {
   Rendered result_;
 };
 
+bool has_generation(const std::vector<NodePtr>& nodes) {
+  for (const NodePtr& node : nodes)
+    if (node->kind == NodeKind::generation || has_generation(node->body) || has_generation(node->else_body)) return true;
+  return false;
+}
+
 }  // namespace
 
 std::shared_ptr<const Template> compile(const std::string& source, const std::string& where) {
   auto tmpl = std::make_shared<Template>();
   tmpl->where = where;
   tmpl->nodes = parse(tokenize(source, where), where);
+  tmpl->has_generation = has_generation(tmpl->nodes);
   return tmpl;
 }
 

@@ -19,6 +19,7 @@ namespace ft::jinja {
 struct Template {
   std::string where;  // names the template in errors, each followed by " line N: "
   std::vector<NodePtr> nodes;
+  bool has_generation = false;  // it marks the assistant's text with {% generation %} blocks
 };
 
 // Errors (syntax, unsupported constructs) name `where`, the line and the construct.
