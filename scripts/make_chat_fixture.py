@@ -26,8 +26,10 @@ The mask (1 = the token carries loss):
   as Mistral's templates move the system message to the last user turn, at the content's first
   occurrence after the previous span). It ends where the next message begins, render(M[:k+1]),
   when T starts with that; else after the content (stripped) and the text the template writes
-  after it in render(M[:k+1]), when T has both there; else at the last whitespace before T and
-  render(M[:k+1]) differ. Trailing whitespace is not trained.
+  after it in render(M[:k+1]), when T has both there; for a message without content (a tool
+  call), after the longest end of render(M[:k+1]) that T continues with at the span's start
+  (Qwen3 writes a <think> block in the last assistant turn only); else at the last whitespace
+  before T and render(M[:k+1]) differ. Trailing whitespace is not trained.
   A token carries loss when it holds a character of a span (return_assistant_tokens_mask's
   rule: from the token holding the span's first character to the one holding its last).
 alpaca.json holds Alpaca rows with the prompt Stanford Alpaca's train.py formats for them.
@@ -223,6 +225,14 @@ def common_prefix(a, b):
     return n
 
 
+def longest_tail_at(text, start, rendered):
+    """The length of the longest non-empty end of `rendered` that text continues with at start (0: none)."""
+    for q in range(len(rendered)):
+        if text.startswith(rendered[q:], start):
+            return len(rendered) - q
+    return 0
+
+
 def prefix_spans(tokenizer, messages, text, tools):
     """[start, end) character spans of each assistant turn's trained text (see the module doc)."""
     spans = []
@@ -248,6 +258,8 @@ def prefix_spans(tokenizer, messages, text, tools):
             end = len(through)
         elif after is not None and found >= 0 and text.startswith(after, found + len(content)):
             end = found + len(content) + len(after)
+        elif not content and (tail := longest_tail_at(text, start, through.rstrip())):
+            end = start + tail
         else:
             shared = max(common_prefix(text, through), start)
             cut = max(text.rfind(c, start, shared) for c in " \t\n\r")

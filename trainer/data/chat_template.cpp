@@ -146,6 +146,12 @@ std::pair<size_t, size_t> prefix_span(const ChatTemplate& chat, const Json& mess
     after.erase(after.find_last_not_of(" \t\n\r\v\f") + 1);
     if (text.compare(found + content.size(), after.size(), after) == 0) end = found + content.size() + after.size();
   }
+  if (end == *start && content.empty()) {  // a tool call: the longest end of its rendering found at start
+    std::string rendered = through;
+    rendered.erase(rendered.find_last_not_of(" \t\n\r\v\f") + 1);
+    for (size_t q = 0; q < rendered.size() && end == *start; q++)
+      if (text.compare(*start, rendered.size() - q, rendered, q) == 0) end = *start + rendered.size() - q;
+  }
   if (end == *start) {  // cut at the last whitespace before the texts part
     size_t shared = std::max(common_prefix(text, through), *start);
     size_t cut = shared > *start ? text.find_last_of(" \t\n\r", shared - 1) : std::string::npos;

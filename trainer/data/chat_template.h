@@ -16,9 +16,12 @@
 // add_generation_prompt) (else render(M[:k]); where neither begins T, at the
 // content's first occurrence after the previous span) and ends where the next
 // message begins, render(M[:k+1]), when that begins T; else after the stripped
-// content and the text the template writes after it in render(M[:k+1]); else at
-// the last whitespace before T and render(M[:k+1]) part. Trailing whitespace
-// never trains. scripts/make_chat_fixture.py computes the same with Jinja2.
+// content and the text the template writes after it in render(M[:k+1]); for a
+// message without content (a tool call), after the longest end of
+// render(M[:k+1]) that T continues with at the start (Qwen3 writes a <think>
+// block in the last assistant turn only); else at the last whitespace before T
+// and render(M[:k+1]) part. Trailing whitespace never trains.
+// scripts/make_chat_fixture.py computes the same with Jinja2.
 #pragma once
 #include <ctime>
 #include <memory>
