@@ -195,6 +195,11 @@ TEST_CASE("the Jinja interpreter runs what chat templates use and names the line
   CHECK(error_of([&] { render_text("{{ range() }}", none); })
             .starts_with("t.jinja line 1: a filter, test or call got arguments it cannot take"));
   CHECK(compile_error("{{ '\\u12' }}") == "t.jinja line 1: a \\u escape needs 4 hex digits");
+  // A template that would recurse or allocate without end is an error, not a crash.
+  CHECK(error_of([&] { render_text("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", none); }) ==
+        "t.jinja line 1: macro f calls nest deeper than 64");
+  CHECK(error_of([&] { render_text("{{ range(10000000000) | length }}", none); }) ==
+        "t.jinja line 1: range() of more than 1048576 items");
 }
 
 TEST_CASE("chat rows load, are detected from the first row, and train only assistant turns") {

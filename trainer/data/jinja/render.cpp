@@ -159,6 +159,9 @@ class Renderer {
                                  : node.defaults[k] ? eval(*node.defaults[k])
                                                     : Value::undefined(node.targets[k]);
       }
+      if (macro_depth_ >= kMaxMacroDepth)
+        throw TemplateFault("macro " + node.text + " calls nest deeper than " + std::to_string(kMaxMacroDepth));
+      macro_depth_++;
       std::vector<std::map<std::string, Value>> saved = std::move(frames_);
       frames_ = {saved[0], std::move(scope)};
       std::string buffer;
@@ -168,6 +171,7 @@ class Renderer {
       out_ = saved_out;
       saved[0] = std::move(frames_[0]);
       frames_ = std::move(saved);
+      macro_depth_--;
       return Value(Json(buffer));
     });
   }
@@ -211,6 +215,7 @@ class Renderer {
         const int64_t stop = args.positional.at(n > 1 ? 1 : 0).integer();
         const int64_t step = n > 2 ? args.positional[2].integer() : 1;
         if (step == 0) throw TemplateFault("range() step must not be zero");
+        if ((stop - start) / step > kMaxRange) throw TemplateFault("range() of more than " + std::to_string(kMaxRange) + " items");
         Json out = Json::array();
         for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(i);
         return Value(out);
@@ -347,8 +352,13 @@ class Renderer {
     throw TemplateFault("unsupported operator " + op);
   }
 
+  // Bounds that keep a faulty template an error rather than a crash.
+  static constexpr int kMaxMacroDepth = 64;
+  static constexpr int64_t kMaxRange = 1 << 20;
+
   const Template& tmpl_;
   std::time_t now_;
+  int macro_depth_ = 0;
   std::vector<std::map<std::string, Value>> frames_;  // innermost last; frames_[0] holds the context
   std::string* out_ = nullptr;
   Rendered result_;
