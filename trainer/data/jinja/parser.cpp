@@ -1,5 +1,6 @@
 #include "trainer/data/jinja/parser.h"
 
+#include <algorithm>
 #include <set>
 
 #include "kernels/error.h"
@@ -216,13 +217,13 @@ class Parser {
   ExprPtr parse_expression() { return parse_ternary(true); }
 
   ExprPtr parse_ternary(bool allow_if) {
-    ExprPtr value = parse_or();
+    ExprPtr value = parse_binary(kOr);
     while (allow_if && at_name("if")) {
       const int line = peek().line;
       pos_++;
       auto ternary = make(ExprKind::ternary, line);
       ternary->children.push_back(std::move(value));
-      ternary->children.push_back(parse_or());
+      ternary->children.push_back(parse_binary(kOr));
       if (at_name("else")) {
         pos_++;
         ternary->children.push_back(parse_ternary(true));
@@ -239,22 +240,22 @@ class Parser {
     return node;
   }
 
-  ExprPtr parse_or() {
-    ExprPtr left = parse_and();
-    while (at_name("or")) {
-      const int line = next().line;
-      left = binary("or", std::move(left), parse_and(), line);
+  // Jinja2's binary operators by level, loosest first ("not" and the comparisons
+  // sit between "and" and "+"); each level's operands are the next level's.
+  enum Level { kOr, kAnd, kAdd, kConcat, kMultiply, kPower };
+  ExprPtr parse_binary(int level) {
+    static const std::vector<std::vector<std::string>> ops = {{"or"}, {"and"}, {"+", "-"}, {"~"}, {"*", "/", "//", "%"}, {"**"}};
+    auto operand = [&] { return level == kAnd ? parse_not() : level == kPower ? parse_unary(true) : parse_binary(level + 1); };
+    ExprPtr left = operand();
+    while (true) {
+      const Token& token = peek();
+      const bool is_op = (token.kind == TokenKind::op || token.kind == TokenKind::name) &&
+                         std::find(ops[level].begin(), ops[level].end(), token.text) != ops[level].end() &&
+                         (token.kind == TokenKind::name) == (level <= kAnd);
+      if (!is_op) return left;
+      pos_++;
+      left = binary(token.text, std::move(left), operand(), token.line);
     }
-    return left;
-  }
-
-  ExprPtr parse_and() {
-    ExprPtr left = parse_not();
-    while (at_name("and")) {
-      const int line = next().line;
-      left = binary("and", std::move(left), parse_not(), line);
-    }
-    return left;
   }
 
   ExprPtr parse_not() {
@@ -267,7 +268,7 @@ class Parser {
   }
 
   ExprPtr parse_compare() {
-    ExprPtr left = parse_math1();
+    ExprPtr left = parse_binary(kAdd);
     static const std::set<std::string> ops = {"==", "!=", "<", "<=", ">", ">="};
     while (true) {
       const int line = peek().line;
@@ -285,45 +286,9 @@ class Parser {
       } else {
         break;
       }
-      ExprPtr right = parse_math1();
+      ExprPtr right = parse_binary(kAdd);
       left = binary(op, std::move(left), std::move(right), line);
       left->negated = negated;
-    }
-    return left;
-  }
-
-  ExprPtr parse_math1() {
-    ExprPtr left = parse_concat();
-    while (at_op("+") || at_op("-")) {
-      const Token& op = next();
-      left = binary(op.text, std::move(left), parse_concat(), op.line);
-    }
-    return left;
-  }
-
-  ExprPtr parse_concat() {
-    ExprPtr left = parse_math2();
-    while (at_op("~")) {
-      const int line = next().line;
-      left = binary("~", std::move(left), parse_math2(), line);
-    }
-    return left;
-  }
-
-  ExprPtr parse_math2() {
-    ExprPtr left = parse_pow();
-    while (at_op("*") || at_op("/") || at_op("//") || at_op("%")) {
-      const Token& op = next();
-      left = binary(op.text, std::move(left), parse_pow(), op.line);
-    }
-    return left;
-  }
-
-  ExprPtr parse_pow() {
-    ExprPtr left = parse_unary(true);
-    while (at_op("**")) {
-      const int line = next().line;
-      left = binary("**", std::move(left), parse_unary(true), line);
     }
     return left;
   }
