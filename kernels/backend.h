@@ -91,7 +91,7 @@ namespace ft {
   PREFIX void activation_backward_impl(Tensor& dx, Tensor* dup, const Tensor& dout, const Tensor& x,               \
                                        const Tensor* up, Activation kind) SUFFIX;                                   \
   PREFIX void cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,      \
-                                 float dloss) SUFFIX;                                                               \
+                                 float dloss, const Tensor* row_scales) SUFFIX;                                     \
   PREFIX void quantize_rows_int8_impl(Tensor& q, Tensor& scales, const Tensor& x) SUFFIX;                           \
   PREFIX void int8_linear_forward_impl(Tensor& out, const Tensor& x, const Tensor& weight,                          \
                                        const Tensor& weight_scales, float threshold, const Int8Epilogue& epilogue) \
@@ -410,10 +410,13 @@ class Backend {
   // -100 is ignored. losses f32[N] gets each row's loss (0 for ignored rows).
   // If dlogits is given it is set to (softmax - onehot) * dloss for counted
   // rows and 0 for ignored ones; dlogits may alias logits. For the mean over
-  // counted tokens pass dloss = 1 / counted.
-  void cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets, float dloss) {
-    checks::check_cross_entropy(device(), losses, dlogits, logits, targets);
-    cross_entropy_impl(losses, dlogits, logits, targets, dloss);
+  // counted tokens pass dloss = 1 / counted. With row_scales (f32 [N]) row n's
+  // gradient is scaled by dloss * row_scales[n] (formed in f64): a loss that
+  // weighs each token's log-probability differently (RL's per-token losses).
+  void cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets, float dloss,
+                     const Tensor* row_scales = nullptr) {
+    checks::check_cross_entropy(device(), losses, dlogits, logits, targets, row_scales);
+    cross_entropy_impl(losses, dlogits, logits, targets, dloss, row_scales);
   }
 
   // ---- LLM.int8() --------------------------------------------------------

@@ -428,7 +428,7 @@ inline void check_gelu(Device device, const char* op, const Tensor& out, const c
 }
 
 inline void check_cross_entropy(Device device, const Tensor& losses, const Tensor* dlogits, const Tensor& logits,
-                                const Tensor& targets) {
+                                const Tensor& targets, const Tensor* row_scales) {
   const char* op = "cross_entropy";
   check_float(logits, device, op, "logits");
   check_dtype(targets, DType::i32, device, op, "targets");
@@ -436,6 +436,10 @@ inline void check_cross_entropy(Device device, const Tensor& losses, const Tenso
   check_numel(targets, logits.rows(), op, "targets");
   check_numel(losses, logits.rows(), op, "losses");
   if (dlogits) check_float_like(*dlogits, logits, device, op, "dlogits");
+  if (row_scales) {
+    check_dtype(*row_scales, DType::f32, device, op, "row_scales");
+    check_numel(*row_scales, logits.rows(), op, "row_scales");
+  }
 }
 
 inline void check_quantize_rows_int8(Device device, const Tensor& q, const Tensor& scales, const Tensor& x) {

@@ -61,6 +61,13 @@ LanguageModel::~LanguageModel() = default;
 void LanguageModel::check_built(const std::string& module_names) {
   FT_CHECK((embedding_ || !first_stage()) && ((final_norm_.weight && lm_head_) || !last_stage()), config_.model_type,
            ": the architecture must set its embedding (first stage), final norm and lm_head (last stage)");
+  const int64_t C = config_.hidden_size;
+  if (last_stage() && options_.output_head == OutputHead::score)
+    output_head_.weight = &add_parameter(kScoreWeightName, {1, C}, options_.weight_dtype);
+  if (last_stage() && options_.output_head == OutputHead::value) {
+    output_head_.weight = &add_parameter(kValueWeightName, {1, C}, options_.weight_dtype);
+    output_head_.bias = &add_parameter(kValueBiasName, {1}, options_.weight_dtype);
+  }
   if (streamed_layers() > 0) {
     std::vector<std::vector<Parameter*>> layers(static_cast<size_t>(streamed_layers()));
     for (Parameter& p : parameters_) {
@@ -178,7 +185,17 @@ void LanguageModel::fill_parameter(Parameter& p, const std::function<void(Parame
 // once, for both.
 void LanguageModel::load(const Checkpoint& checkpoint) {
   XXH64_hash_t fingerprint = 0;
+  output_head_loaded_ = output_head_.defined() && checkpoint.contains(output_head_.weight->name);
   for (Parameter& parameter : parameters_) {
+    // A head the checkpoint lacks (a causal LM's checkpoint for a reward
+    // model) is made by init_output_head.
+    const bool head = &parameter == output_head_.weight || &parameter == output_head_.bias;
+    if (head && !output_head_loaded_) continue;
+    // A sequence classifier's checkpoint has no LM head: a reward model never reads it.
+    if (&parameter == lm_head_ && options_.output_head == OutputHead::score && !checkpoint.contains(parameter.name)) {
+      backend_.fill(parameter.value, 0.0f);
+      continue;
+    }
     const SafetensorsEntry& entry = checkpoint.entry(parameter.name);
     fingerprint = XXH3_64bits_withSeed(parameter.name.data(), parameter.name.size(), fingerprint);
     fingerprint = XXH3_64bits_withSeed(entry.data, entry.size_bytes, fingerprint);
@@ -187,6 +204,21 @@ void LanguageModel::load(const Checkpoint& checkpoint) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fingerprint));
   base_fingerprint_ = std::string("xxh3 ") + hex;
+}
+
+// Normal(0, std) values. Counter-based (pair j draws outputs 2j and 2j+1 of
+// its stream), so the values do not depend on the thread count and a 20B
+// base fills in seconds, not minutes.
+static void fill_normal(float* out, int64_t n, uint64_t stream, double std) {
+#pragma omp parallel for schedule(static)
+  for (int64_t pair = 0; pair < (n + 1) / 2; ++pair) {
+    // Box-Muller: two normals from two uniforms in (0, 1].
+    const double u1 = (double(splitmix64(stream, uint64_t(2 * pair)) >> 11) + 1.0) / 9007199254740992.0;
+    const double u2 = double(splitmix64(stream, uint64_t(2 * pair + 1)) >> 11) / 9007199254740992.0;
+    const double radius = std::sqrt(-2.0 * std::log(u1));
+    const double normals[2] = {radius * std::cos(2 * M_PI * u2), radius * std::sin(2 * M_PI * u2)};
+    for (int64_t k = 0; k < 2 && 2 * pair + k < n; ++k) out[2 * pair + k] = float(std * normals[k]);
+  }
 }
 
 void LanguageModel::init_random(uint64_t seed) {
@@ -198,24 +230,22 @@ void LanguageModel::init_random(uint64_t seed) {
     // As transformers: biases (linear and LayerNorm) 0, norm weights 1, the rest normal.
     const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
     const bool is_norm = p.value.ndim() == 1 && !is_bias;
-    float* out = values.ptr<float>();
-    const int64_t n = values.numel();
-    // Counter-based (pair j draws outputs 2j and 2j+1 of its stream), so the
-    // values do not depend on the thread count and a 20B base fills in
-    // seconds, not minutes.
-#pragma omp parallel for schedule(static)
-    for (int64_t pair = 0; pair < (n + 1) / 2; ++pair) {
-      // Box-Muller: two normals from two uniforms in (0, 1].
-      const double u1 = (double(splitmix64(stream, uint64_t(2 * pair)) >> 11) + 1.0) / 9007199254740992.0;
-      const double u2 = double(splitmix64(stream, uint64_t(2 * pair + 1)) >> 11) / 9007199254740992.0;
-      const double radius = std::sqrt(-2.0 * std::log(u1));
-      const double normals[2] = {radius * std::cos(2 * M_PI * u2), radius * std::sin(2 * M_PI * u2)};
-      for (int64_t k = 0; k < 2 && 2 * pair + k < n; ++k)
-        out[2 * pair + k] = is_bias ? 0.0f : is_norm ? 1.0f : float(config_.initializer_range * normals[k]);
-    }
+    if (is_bias || is_norm) std::fill_n(values.ptr<float>(), values.numel(), is_norm ? 1.0f : 0.0f);
+    else fill_normal(values.ptr<float>(), values.numel(), stream, config_.initializer_range);
     // A quantized base is quantised from the f32 values, as load() does a 16-bit checkpoint.
     fill_parameter(p, [&](Parameter& q) { assign_weight(backend_, q, values); });
   }
+}
+
+void LanguageModel::init_output_head(uint64_t seed) {
+  if (!output_head_.defined() || output_head_loaded_) return;
+  HostAllocator host;
+  Parameter& weight = *output_head_.weight;
+  Tensor values = Tensor::empty(weight.shape(), DType::f32, host, MemCategory::workspace);
+  // A stream apart from the adapters' (splitmix64(seed, i) for small i).
+  fill_normal(values.ptr<float>(), values.numel(), splitmix64(seed, 0x68656164ULL), config_.initializer_range);
+  assign_weight(backend_, weight, values);
+  if (output_head_.bias) backend_.fill(output_head_.bias->value, 0.0f);
 }
 
 // A pipeline stage numbers its adapters from its first layer's, as the whole
@@ -538,25 +568,96 @@ Tensor CausalLM::stage_backward(DecoderStep& step, Tensor doutput) {
 }
 
 SequenceLogps CausalLM::sequence_logps(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids) {
-  set_training(false);
-  return run_logps_step(input_ids, targets, position_ids, nullptr);
+  const std::vector<float> tokens = token_logps(input_ids, targets, position_ids);
+  return sum_by_sequence(tokens, targets, position_ids);
 }
 
+// The sequences' gradient spread over their tokens: every token of sequence
+// s gets d(loss)/d(logps[s]) (a sum's derivative in each of its terms).
 SequenceLogps CausalLM::sequence_logps_backward(const Tensor& input_ids, const Tensor& targets,
                                                 const LogpsGradient& gradient, const Tensor* position_ids) {
-  set_training(true);
-  return run_logps_step(input_ids, targets, position_ids, &gradient);
+  SequenceLogps sums;
+  const TokenLogpsGradient by_token = [&](const std::vector<float>& tokens) {
+    sums = sum_by_sequence(tokens, targets, position_ids);
+    const std::vector<double> dlogps = gradient(sums);
+    const size_t S = sums.logps.size();
+    FT_CHECK(dlogps.size() == S, "sequence_logps_backward: the gradient has ", dlogps.size(),
+             " sequences, the batch ", S);
+    std::vector<float> dtokens(tokens.size(), 0.0f);
+    const std::vector<int64_t> starts = sequence_starts(targets, position_ids);
+    for (size_t s = 0; s < S; ++s) {
+      const int64_t end = s + 1 < S ? starts[s + 1] : int64_t(tokens.size());
+      for (int64_t n = starts[s]; n < end; ++n) dtokens[size_t(n)] = float(dlogps[s]);
+    }
+    return dtokens;
+  };
+  token_logps_backward(input_ids, targets, by_token, position_ids);
+  return sums;
 }
 
-SequenceLogps CausalLM::run_logps_step(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids,
-                                       const LogpsGradient* gradient) {
+std::vector<int64_t> CausalLM::sequence_starts(const Tensor& targets, const Tensor* position_ids) {
+  const int64_t B = targets.dim(0), T = targets.dim(1);
+  std::vector<int64_t> starts;
+  for (int64_t n = 0; n < B * T; ++n)
+    if (n % T == 0 || (position_ids && position_ids->ptr<const int32_t>()[n] == 0)) starts.push_back(n);
+  return starts;
+}
+
+SequenceLogps CausalLM::sum_by_sequence(const std::vector<float>& token_logps, const Tensor& targets,
+                                        const Tensor* position_ids) {
+  const std::vector<int64_t> starts = sequence_starts(targets, position_ids);
+  const size_t S = starts.size();
+  const int64_t N = int64_t(token_logps.size()), T = targets.dim(1);
+  SequenceLogps result{std::vector<double>(S, 0.0), std::vector<int64_t>(S, 0), std::vector<int64_t>(S, 0)};
+  for (size_t s = 0; s < S; ++s) {
+    result.rows[s] = starts[s] / T;
+    for (int64_t n = starts[s]; n < (s + 1 < S ? starts[s + 1] : N); ++n) {
+      result.logps[s] += token_logps[size_t(n)];
+      result.counted_tokens[s] += targets.ptr<const int32_t>()[n] != -100;
+    }
+  }
+  return result;
+}
+
+std::vector<float> CausalLM::token_logps(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids,
+                                         const HiddenHead* head) {
+  return run_heads_step(input_ids, targets, position_ids, false, true, nullptr, head);
+}
+
+std::vector<float> CausalLM::token_logps_backward(const Tensor& input_ids, const Tensor& targets,
+                                                  const TokenLogpsGradient& gradient, const Tensor* position_ids,
+                                                  const HiddenHead* head) {
+  return run_heads_step(input_ids, targets, position_ids, true, true, &gradient, head);
+}
+
+void CausalLM::head_step(const Tensor& input_ids, const Tensor* position_ids, bool training, const HiddenHead& head) {
+  HostAllocator host;
+  Tensor no_targets = Tensor::empty(input_ids.shape, DType::i32, host, MemCategory::activations);
+  std::fill_n(no_targets.ptr<int32_t>(), no_targets.numel(), -100);
+  run_heads_step(input_ids, no_targets, position_ids, training, false, nullptr, &head);
+}
+
+// The decoder's forward, then the LM head's token log-probabilities (with
+// lm_head) and the other head, each from the final norm's output; in
+// training the LM head's d(loss)/d(hidden) first (zeros without it), the
+// head's added to it, then the decoder's backward.
+std::vector<float> CausalLM::run_heads_step(const Tensor& input_ids, const Tensor& targets,
+                                            const Tensor* position_ids, bool training, bool lm_head,
+                                            const TokenLogpsGradient* gradient, const HiddenHead* head) {
+  FT_CHECK(first_stage() && last_stage(), config_.model_type, ": log-probabilities and heads need the whole model");
+  set_training(training);
   DecoderStep step;
-  FT_CHECK(first_stage() && last_stage(), config_.model_type, ": sequence log-probabilities need the whole model");
-  forward_decoder(step, input_ids, targets, position_ids, Tensor{}, gradient != nullptr);
-  SequenceLogps logps =
-      lm_head_logps(step.final_norm.out, step.tokens, targets, gradient ? &step.dnorm : nullptr, gradient);
+  forward_decoder(step, input_ids, targets, position_ids, Tensor{}, training);
+  std::vector<float> logps;
+  if (lm_head) logps = lm_head_token_logps(step.final_norm.out, step.tokens, training ? &step.dnorm : nullptr, gradient);
+  const bool head_trains = training && head;
+  if (head_trains && !step.dnorm.defined()) {
+    step.dnorm = backend_.empty(step.final_norm.out.shape, step.final_norm.out.dtype, MemCategory::activations);
+    backend_.fill(step.dnorm, 0.0f);
+  }
+  if (head) (*head)(step.final_norm.out, head_trains ? &step.dnorm : nullptr);
   step.final_norm.out = Tensor{};
-  if (gradient && step.tokens.counted > 0) backward_decoder(step, Tensor{});
+  if (step.dnorm.defined()) backward_decoder(step, Tensor{});
   return logps;
 }
 
@@ -605,9 +706,7 @@ CausalLM::TokenLayout CausalLM::upload_layout(const Tensor* position_ids, int64_
   int32_t* position = host_positions.ptr<int32_t>();
   if (!position_ids) {
     for (int64_t n = 0; n < B * T; ++n) position[n] = int32_t(n % T);
-    TokenLayout layout{upload_tokens(host_positions), Tensor{}, {}};
-    for (int64_t b = 0; b < B; ++b) layout.sequence_starts.push_back(b * T);
-    return layout;
+    return TokenLayout{upload_tokens(host_positions), Tensor{}};
   }
   FT_CHECK(position_ids->dtype == DType::i32 && position_ids->shape == Shape({B, T}) &&
                position_ids->device == Device::cpu,
@@ -623,7 +722,7 @@ CausalLM::TokenLayout CausalLM::upload_layout(const Tensor* position_ids, int64_
     position[n] = p;
     if (p == 0 && n > 0) cu_seqlens.push_back(int32_t(n));
   }
-  TokenLayout layout{upload_tokens(host_positions), Tensor{}, {cu_seqlens.begin(), cu_seqlens.end()}};
+  TokenLayout layout{upload_tokens(host_positions), Tensor{}};
   cu_seqlens.push_back(int32_t(B * T));
   if (int64_t(cu_seqlens.size()) == B + 1) return layout;  // one sequence a row
   Tensor host_cu = Tensor::empty({int64_t(cu_seqlens.size())}, DType::i32, host, MemCategory::activations);
@@ -779,18 +878,19 @@ void LanguageModel::lm_head_backward_chunk(Tensor& logits, const Tensor& hidden_
   if (lm_head.trainable()) be.matmul(lm_head.grad, dlogits, hidden_rows, true, false, logits_scale_, 1.0f);
 }
 
-// The log-probabilities first (each sequence's sum of -cross-entropy over its
-// counted tokens), chunk by chunk without a backward; then, with gradient,
-// the per-sequence weights g[s] = d(loss)/d(logps[s]), and a second pass in
-// which cross_entropy's backward scaled by -g[s] on sequence s's tokens
-// (d logp / d logits = onehot - softmax) gives dlogits for lm_head_backward_chunk. A
-// single chunk keeps its logits between the passes; with several chunks each
-// chunk's logits are made again (one more LM-head product), so no [N, V]
-// tensor exists when loss_chunk_tokens is set.
-SequenceLogps LanguageModel::lm_head_logps(const Tensor& hidden, const StepTokens& tokens, const Tensor& host_targets,
-                                           Tensor* dhidden, const LogpsGradient* gradient) {
+// The log-probabilities first (each token's -cross-entropy), chunk by
+// chunk without a backward; then, with gradient, the per-token weights
+// g[n] = d(loss)/d(logps[n]), and a second pass in which cross_entropy's
+// backward scaled by -g[n] on row n (d logp / d logits = onehot - softmax)
+// gives dlogits for lm_head_backward_chunk. A single chunk keeps its logits
+// between the passes; with several chunks each chunk's logits are made again
+// (one more LM-head product), so no [N, V] tensor exists when
+// loss_chunk_tokens is set. No counted token: no backward (dhidden stays
+// undefined).
+std::vector<float> LanguageModel::lm_head_token_logps(const Tensor& hidden, const StepTokens& tokens,
+                                                      Tensor* dhidden, const TokenLogpsGradient* gradient) {
   Backend& be = backend_;
-  const int64_t N = hidden.rows(), V = config_.vocab_size, T = tokens.seq;
+  const int64_t N = hidden.rows(), V = config_.vocab_size;
   const int64_t chunk = options_.loss_chunk_tokens > 0 ? std::min(options_.loss_chunk_tokens, N) : N;
   auto chunk_logits = [&](int64_t first, int64_t rows) {
     Tensor logits = be.empty({rows, V}, DType::f32, MemCategory::activations);
@@ -809,41 +909,28 @@ SequenceLogps LanguageModel::lm_head_logps(const Tensor& hidden, const StepToken
   HostAllocator host;
   Tensor host_losses = Tensor::empty({N}, DType::f32, host, MemCategory::activations);
   be.copy(host_losses, losses);
-  const std::vector<int64_t>& starts = tokens.layout.sequence_starts;
-  const size_t S = starts.size();
-  // Sequence s holds tokens [starts[s], end_of(s)).
-  auto end_of = [&](size_t s) { return s + 1 < S ? starts[s + 1] : N; };
-  SequenceLogps result{std::vector<double>(S, 0.0), std::vector<int64_t>(S, 0), std::vector<int64_t>(S, 0)};
-  for (size_t s = 0; s < S; ++s) {
-    result.rows[s] = starts[s] / T;
-    for (int64_t n = starts[s]; n < end_of(s); ++n) {
-      result.logps[s] -= host_losses.ptr<float>()[n];
-      result.counted_tokens[s] += host_targets.ptr<int32_t>()[n] != -100;
-    }
-  }
-  if (!gradient || tokens.counted == 0) return result;
+  std::vector<float> logps(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) logps[size_t(n)] = -host_losses.ptr<float>()[n];
+  if (!gradient || tokens.counted == 0) return logps;
 
-  const std::vector<double> dlogps = (*gradient)(result);
-  FT_CHECK(dlogps.size() == S, "lm_head_logps: the gradient has ", dlogps.size(), " sequences, the batch ", S);
+  const std::vector<float> dlogps = (*gradient)(logps);
+  FT_CHECK(int64_t(dlogps.size()) == N, "lm_head_token_logps: the gradient has ", dlogps.size(), " tokens, the batch ",
+           N);
+  Tensor host_scales = Tensor::empty({N}, DType::f32, host, MemCategory::activations);
+  for (int64_t n = 0; n < N; ++n) host_scales.ptr<float>()[n] = -dlogps[size_t(n)];
+  Tensor scales = be.empty({N}, DType::f32, MemCategory::activations);
+  be.copy(scales, host_scales);
   *dhidden = be.empty(hidden.shape, hidden.dtype, MemCategory::activations);
   for (int64_t first = 0; first < N; first += chunk) {
     const int64_t rows = std::min(chunk, N - first);
     Tensor logits = kept_logits.defined() ? kept_logits : chunk_logits(first, rows);
     kept_logits = Tensor{};
-    // Each sequence's part of the chunk, with its own scale.
-    size_t s = size_t(std::upper_bound(starts.begin(), starts.end(), first) - starts.begin()) - 1;
-    for (int64_t start = first; start < first + rows; ++s) {
-      const int64_t end = std::min(end_of(s), first + rows);
-      Tensor part_logits = logits.slice_rows(start - first, end - start);
-      Tensor part_losses = losses.slice_rows(start, end - start);
-      be.cross_entropy(part_losses, &part_logits, part_logits, tokens.targets.slice_rows(start, end - start),
-                       -float(dlogps[s]));
-      start = end;
-    }
+    Tensor chunk_losses = losses.slice_rows(first, rows), chunk_scales = scales.slice_rows(first, rows);
+    be.cross_entropy(chunk_losses, &logits, logits, tokens.targets.slice_rows(first, rows), 1.0f, &chunk_scales);
     Tensor dhidden_rows = dhidden->slice_rows(first, rows);
     lm_head_backward_chunk(logits, hidden.slice_rows(first, rows), dhidden_rows);
   }
-  return result;
+  return logps;
 }
 
 void LanguageModel::set_trainable(const std::function<bool(const std::string&)>& is_trainable) {

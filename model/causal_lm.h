@@ -20,6 +20,7 @@
 #include "model/linear.h"
 #include "model/model_config.h"
 #include "model/model_options.h"
+#include "model/output_head.h"
 #include "model/parameter.h"
 
 namespace ft {
@@ -62,6 +63,15 @@ struct SequenceLogps {
 };
 // d(loss)/d(logps[s]) for every sequence, from their log-probabilities.
 using LogpsGradient = std::function<std::vector<double>(const SequenceLogps&)>;
+// d(loss)/d(token_logps[n]) for every token of the batch ([B*T], batch
+// order), from their log-probabilities.
+using TokenLogpsGradient = std::function<std::vector<float>(const std::vector<float>& token_logps)>;
+// A head other than the LM head over the final norm's output hidden
+// [B*T, C] (activation dtype, on the backend): a reward model's score, PPO's
+// value head. In a training step dhidden is given, holding the LM head's
+// share of d(loss)/d(hidden) (zeros when no LM head runs): the head adds its
+// own. Null in an eval step.
+using HiddenHead = std::function<void(const Tensor& hidden, Tensor* dhidden)>;
 
 class LanguageModel {
  public:
@@ -121,6 +131,16 @@ class LanguageModel {
   Backend& backend() { return backend_; }
   std::deque<Parameter>& parameters() { return parameters_; }  // base weights, HF names
   std::deque<Parameter>& adapters() { return adapters_; }      // e.g. model.layers.0.self_attn.q_proj.lora_A.weight
+  // options.output_head's parameters (last stage), else undefined.
+  const HeadParameters& output_head() const { return output_head_; }
+  // Whether load() found the output head in the checkpoint, or a PEFT
+  // adapter's modules_to_save set it since.
+  bool output_head_loaded() const { return output_head_loaded_; }
+  void set_output_head_loaded() { output_head_loaded_ = true; }
+  // Initialises the output head when load() found it not in the checkpoint
+  // (or there was none): weight normal with std initializer_range, as
+  // transformers initialises a new score, bias 0.
+  void init_output_head(uint64_t seed);
   // As built: options.lora's empty target_modules replaced by the architecture's default.
   const ModelOptions& options() const { return options_; }
   Parameter& parameter(const std::string& name);
@@ -175,7 +195,6 @@ class LanguageModel {
   // (Backend::attention_forward's cu_seqlens; undefined: each row is one).
   struct TokenLayout {
     Tensor positions, cu_seqlens;
-    std::vector<int64_t> sequence_starts;  // host: each sequence's first token (rows' when not packed)
   };
   // One step's tokens on the backend: ids, targets and their layout as i32
   // [B*T], from host i32 [B, T] input_ids, targets and position_ids, and how
@@ -193,10 +212,10 @@ class LanguageModel {
   // over tokens.targets' counted tokens; with dhidden, the backward too (see
   // causal_lm.cpp).
   float lm_head_loss(const Tensor& hidden, const StepTokens& tokens, Tensor* dhidden, float grad_scale);
-  // Per-row log-probabilities through the LM head, loss_chunk_tokens rows
+  // Per-token log-probabilities through the LM head, loss_chunk_tokens rows
   // at a time; with gradient, dhidden [N, C] too (see causal_lm.cpp).
-  SequenceLogps lm_head_logps(const Tensor& hidden, const StepTokens& tokens, const Tensor& host_targets,
-                              Tensor* dhidden, const LogpsGradient* gradient);
+  std::vector<float> lm_head_token_logps(const Tensor& hidden, const StepTokens& tokens, Tensor* dhidden,
+                                         const TokenLogpsGradient* gradient);
   // From a chunk's dlogits (f32, in logits): dhidden_rows = dlogits lm_head,
   // and lm_head.grad += dlogits^T hidden_rows when it trains; logits is freed.
   void lm_head_backward_chunk(Tensor& logits, const Tensor& hidden_rows, Tensor& dhidden_rows);
@@ -218,6 +237,8 @@ class LanguageModel {
   std::vector<LoraLinear*> lora_layers_;
   Tensor last_logits_;
   std::string base_fingerprint_;
+  HeadParameters output_head_;
+  bool output_head_loaded_ = false;
   std::unique_ptr<LayerStream> layer_stream_;
   // Layers below this index are streamed (options.stream_base), else 0.
   int64_t streamed_layers() const;
@@ -225,6 +246,20 @@ class LanguageModel {
   // are in host memory the backend's ops cannot write (a streamed layer),
   // copied back to the host after.
   void fill_parameter(Parameter& p, const std::function<void(Parameter&)>& fill);
+};
+
+// The model's adapters off for a scope (the reference model of DPO, GRPO
+// and PPO: the base under PEFT's disable_adapter()), on again after it,
+// also when it throws.
+class AdaptersDisabled {
+ public:
+  explicit AdaptersDisabled(LanguageModel& model) : model_(model) { model_.set_adapters_enabled(false); }
+  ~AdaptersDisabled() { model_.set_adapters_enabled(true); }
+  AdaptersDisabled(const AdaptersDisabled&) = delete;
+  AdaptersDisabled& operator=(const AdaptersDisabled&) = delete;
+
+ private:
+  LanguageModel& model_;
 };
 
 class CausalLM : public LanguageModel {
@@ -248,6 +283,20 @@ class CausalLM : public LanguageModel {
   // every trainable parameter's grad (a per-row scaled cross-entropy backward).
   SequenceLogps sequence_logps_backward(const Tensor& input_ids, const Tensor& targets,
                                         const LogpsGradient& gradient, const Tensor* position_ids = nullptr);
+  // Each token's log p(targets[n]) ([B*T], batch order, 0 where the target is
+  // -100), as an eval forward; head, when given, reads the same forward's
+  // final hidden states (e.g. PPO's values).
+  std::vector<float> token_logps(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids = nullptr,
+                                 const HiddenHead* head = nullptr);
+  // The same in training mode, then the gradients of the loss whose
+  // derivative in each token's log-probability gradient() returns, plus the
+  // head's, are added to every trainable parameter's grad.
+  std::vector<float> token_logps_backward(const Tensor& input_ids, const Tensor& targets,
+                                          const TokenLogpsGradient& gradient, const Tensor* position_ids = nullptr,
+                                          const HiddenHead* head = nullptr);
+  // A forward read by head alone (no LM head: a reward model's score); with
+  // training, the head's gradient through the model after it.
+  void head_step(const Tensor& input_ids, const Tensor* position_ids, bool training, const HiddenHead& head);
 
   // An empty cache (every row at length 0) for batch rows of up to
   // capacity_tokens positions, allocated on the backend.
@@ -360,8 +409,14 @@ class CausalLM : public LanguageModel {
   // when no token counts).
   float run_step(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids,
                  const float* grad_scale);
-  SequenceLogps run_logps_step(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids,
-                               const LogpsGradient* gradient);
+  std::vector<float> run_heads_step(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids,
+                                    bool training, bool lm_head, const TokenLogpsGradient* gradient,
+                                    const HiddenHead* head);
+  // Where each sequence starts in host i32 [B, T] rows: every row start, and
+  // every restart of position_ids (packed rows).
+  static std::vector<int64_t> sequence_starts(const Tensor& targets, const Tensor* position_ids);
+  static SequenceLogps sum_by_sequence(const std::vector<float>& token_logps, const Tensor& targets,
+                                       const Tensor* position_ids);
   StepTokens upload_step_tokens(const Tensor& input_ids, const Tensor& targets, const Tensor* position_ids);
   // position_ids' layout on the backend (checked: host i32 [B, T], each row
   // 0, 1, ... with a restart at 0 where an example starts), or 0..T-1 per

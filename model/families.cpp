@@ -32,14 +32,30 @@ std::string unsupported(const std::string& model_type, const ModelKind* kind) {
 
 }  // namespace
 
+// llama.cpp's names for a SentencePiece vocabulary and for the Split-regex
+// pre-tokenizers of Llama-3's and Qwen2's tokenizer.json (llama-vocab.cpp).
+const char* const kGgufSentencePieceModel = "llama";
+const GgufPreTokenizer kGgufSplitPreTokenizers[2] = {
+    {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+     "llama-bpe"},
+    {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+     "qwen2"},
+};
+
 const std::vector<ModelFamily>& model_families() {
+  // llama.cpp's architectures (gguf-py's MODEL_ARCH_NAMES); convert_hf_to_gguf.py
+  // converts Mistral as "llama".
+  static const GgufArchitecture gguf_llama = {"llama", GgufLayout::llama, true, true};
+  static const GgufArchitecture gguf_qwen2 = {"qwen2", GgufLayout::llama, false, false};
+  static const GgufArchitecture gguf_gpt_neox = {"gptneox", GgufLayout::gpt_neox, false, false};
   // PEFT's default target_modules (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
   static const std::vector<ModelFamily> families = {
-      {"llama", ModelKind::causal, read_llama_config, build<LlamaModel>, {"q_proj", "v_proj"}, true},
-      {"qwen2", ModelKind::causal, read_qwen2_config, build<LlamaModel>, {"q_proj", "v_proj"}, true},
-      {"mistral", ModelKind::causal, read_mistral_config, build<LlamaModel>, {"q_proj", "v_proj"}, true},
-      {"gpt_neox", ModelKind::causal, read_gpt_neox_config, build<GptNeoxModel>, {"query_key_value"}, true},
-      {"t5", ModelKind::seq2seq, read_t5_config, build<T5Model>, {"q", "v"}, false},
+      {"llama", ModelKind::causal, read_llama_config, build<LlamaModel>, {"q_proj", "v_proj"}, true, &gguf_llama},
+      {"qwen2", ModelKind::causal, read_qwen2_config, build<LlamaModel>, {"q_proj", "v_proj"}, true, &gguf_qwen2},
+      {"mistral", ModelKind::causal, read_mistral_config, build<LlamaModel>, {"q_proj", "v_proj"}, true, &gguf_llama},
+      {"gpt_neox", ModelKind::causal, read_gpt_neox_config, build<GptNeoxModel>, {"query_key_value"}, true,
+       &gguf_gpt_neox},
+      {"t5", ModelKind::seq2seq, read_t5_config, build<T5Model>, {"q", "v"}, false, nullptr},
   };
   return families;
 }

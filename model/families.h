@@ -1,7 +1,8 @@
 // The model families this trainer reads, one table entry per config.json
 // model_type: how its config is read, what builds it, whether it is a
 // decoder-only or an encoder-decoder model, PEFT's default LoRA targets for
-// it, and whether pipeline stages can split it. Nothing outside this table
+// it, whether pipeline stages can split it, and how llama.cpp's GGUF names
+// it. Nothing outside this table
 // tells families apart by name; adding an architecture is one entry here
 // plus its layer (docs/extending.md).
 #pragma once
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "model/causal_lm.h"
+#include "model/gguf_names.h"
 #include "model/model_config.h"
 #include "model/model_options.h"
 
@@ -29,6 +31,7 @@ struct ModelFamily {
   std::unique_ptr<LanguageModel> (*build)(const ModelConfig& config, Backend& backend, const ModelOptions& options);
   std::vector<std::string> default_lora_targets;  // PEFT's target_modules when a config names none
   bool pipeline;                                  // parallel.pipeline can split its decoder layers
+  const GgufArchitecture* gguf;                   // how llama.cpp reads it; null: llama.cpp cannot
 };
 
 const std::vector<ModelFamily>& model_families();

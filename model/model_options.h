@@ -44,6 +44,9 @@ struct LayerRange {
   int64_t first_layer = 0, end_layer = 0;
 };
 
+// A one-output head over the final hidden states (model/output_head.h).
+enum class OutputHead { none, score, value };
+
 struct ModelOptions {
   DType weight_dtype = DType::f32;  // non-quantised weights (embeddings, norms, lm_head, dense linears)
   // Every activation the decoder allocates (residual stream, checkpointed
@@ -79,6 +82,9 @@ struct ModelOptions {
   // Training steps compute lm_head logits and cross-entropy this many tokens
   // at a time ([chunk, vocab] f32 instead of [tokens, vocab]); 0: all at once.
   int64_t loss_chunk_tokens = 0;
+  // A one-output head beside the LM head (model/output_head.h): a reward
+  // model's score, PPO's value head. Held by the last stage.
+  OutputHead output_head = OutputHead::none;
   // Pipeline parallel: the decoder layers this model holds; the embedding
   // only with layer 0, the final norm and lm_head only with the last layer.
   LayerRange layers;

@@ -98,6 +98,30 @@ std::string adapter_name_of(const std::string& key) {
   return "";
 }
 
+// The base model's tensor name for a saved key of a modules_to_save module
+// (base_model.model.score.weight -> score.weight), else "".
+std::string saved_module_tensor(const std::string& key, const std::vector<std::string>& modules) {
+  if (key.rfind(kKeyPrefix, 0) != 0) return "";
+  const std::string name = key.substr(kKeyPrefix.size());
+  for (const std::string& module : modules)
+    for (const char* leaf : {".weight", ".bias"})
+      if (name == module + leaf) return name;
+  return "";
+}
+
+std::vector<std::string> read_modules_to_save(const json& config, const std::string& source) {
+  if (!is_set(config, "modules_to_save")) return {};
+  const json& modules = config["modules_to_save"];
+  FT_CHECK(modules.is_array(), source, ": field \"modules_to_save\" must be a list of module names, got ",
+           modules.dump());
+  std::vector<std::string> names;
+  for (const json& module : modules) {
+    FT_CHECK(module.is_string(), source, ": field \"modules_to_save\" must hold strings, got ", module.dump());
+    names.push_back(module.get<std::string>());
+  }
+  return names;
+}
+
 }  // namespace
 
 PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
@@ -134,11 +158,12 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
   const std::string bias = optional_string(config, "bias", "none", source);
   FT_CHECK(bias == "none", source, ": field \"bias\" is \"", bias, "\" but only \"none\" is supported");
   for (const char* field : {"fan_in_fan_out", "use_dora", "lora_bias", "rank_pattern", "alpha_pattern",
-                            "layers_to_transform", "layer_replication", "modules_to_save", "exclude_modules",
+                            "layers_to_transform", "layer_replication", "exclude_modules",
                             "target_parameters", "trainable_token_indices"})
     require_peft_default(config, field, source);
   adapter.base_model_name_or_path = optional_string(config, "base_model_name_or_path", "", source);
   adapter.task_type = optional_string(config, "task_type", "", source);
+  adapter.modules_to_save = read_modules_to_save(config, source);
   return adapter;
 }
 
@@ -148,6 +173,16 @@ std::vector<std::pair<std::string, Tensor>> peft_adapter_tensors(LanguageModel& 
     Tensor value = Tensor::empty(adapter.value.shape, DType::f32, host, MemCategory::workspace);
     model.backend().copy(value, adapter.value);
     tensors.emplace_back(kKeyPrefix + adapter.name, value);
+  }
+  // A score head is saved as PEFT's modules_to_save; PPO's value head is not
+  // PEFT's (trl saves it beside the adapter).
+  const HeadParameters& head = model.output_head();
+  if (head.bias) return tensors;
+  for (const Parameter* p : {head.weight}) {
+    if (!p || !p->trainable()) continue;
+    Tensor value = Tensor::empty(p->value.shape, DType::f32, host, MemCategory::workspace);
+    model.backend().copy(value, p->value);
+    tensors.emplace_back(kKeyPrefix + p->name, value);
   }
   return tensors;
 }
@@ -186,7 +221,7 @@ void save_peft_adapter(const std::string& folder, const std::vector<std::pair<st
   out["init_lora_weights"] = true;
   out["inference_mode"] = true;
   out["use_dora"] = false;
-  out["modules_to_save"] = nullptr;
+  out["modules_to_save"] = peft.modules_to_save.empty() ? json() : json(peft.modules_to_save);
   out["layers_to_transform"] = nullptr;
   out["layers_pattern"] = nullptr;
   out["rank_pattern"] = json::object();
@@ -195,14 +230,29 @@ void save_peft_adapter(const std::string& folder, const std::vector<std::pair<st
 }
 
 void load_peft_adapter(const std::string& folder, LanguageModel& model) {
-  check_matches_model(read_peft_adapter_config(folder).lora, model.options().lora,
-                      (fs::path(folder) / "adapter_config.json").string());
+  const PeftAdapterConfig config = read_peft_adapter_config(folder);
+  check_matches_model(config.lora, model.options().lora, (fs::path(folder) / "adapter_config.json").string());
   SafetensorsFile file((fs::path(folder) / "adapter_model.safetensors").string());
   verify_checksum(file);  // ours carry one; PEFT's do not
   const std::string& path = file.path();
 
   std::map<std::string, const SafetensorsEntry*> by_adapter;  // our adapter name -> saved tensor
+  std::vector<std::pair<Parameter*, const SafetensorsEntry*>> saved;  // modules_to_save
   for (const SafetensorsEntry& entry : file.entries()) {
+    const std::string module_tensor = saved_module_tensor(entry.name, config.modules_to_save);
+    if (!module_tensor.empty()) {
+      Parameter* target = nullptr;
+      for (Parameter& p : model.parameters())
+        if (p.name == module_tensor) target = &p;
+      FT_CHECK(target, path, ": tensor \"", entry.name, "\" (modules_to_save) has no parameter \"", module_tensor,
+               "\" in the model (a score head is a reward model's: objective: reward)");
+      FT_CHECK(entry.shape == target->value.shape, path, ": tensor \"", entry.name, "\" has shape ",
+               shape_string(entry.shape), " but the model's ", module_tensor, " has ",
+               shape_string(target->value.shape));
+      require_finite(entry);
+      saved.emplace_back(target, &entry);
+      continue;
+    }
     const std::string name = adapter_name_of(entry.name);
     FT_CHECK(!name.empty(), path, ": tensor \"", entry.name, "\" is not a LoRA weight (expected names like \"",
              kKeyPrefix, "model.layers.0.self_attn.q_proj.lora_A.weight\")");
@@ -228,12 +278,28 @@ void load_peft_adapter(const std::string& folder, LanguageModel& model) {
   for (const auto& [name, entry] : by_adapter)
     model.backend().copy(adapters[name]->value,
                          Tensor::view_of(const_cast<void*>(entry->data), entry->shape, entry->dtype));
+  for (const auto& [parameter, entry] : saved)
+    model.backend().copy(parameter->value, Tensor::view_of(const_cast<void*>(entry->data), entry->shape, entry->dtype));
+  if (!saved.empty()) model.set_output_head_loaded();
+}
+
+std::map<std::string, const SafetensorsEntry*> saved_modules(const SafetensorsFile& file,
+                                                              const PeftAdapterConfig& config) {
+  std::map<std::string, const SafetensorsEntry*> tensors;
+  for (const SafetensorsEntry& entry : file.entries()) {
+    const std::string name = saved_module_tensor(entry.name, config.modules_to_save);
+    if (name.empty()) continue;
+    require_finite(entry);
+    tensors[name] = &entry;
+  }
+  return tensors;
 }
 
 std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, const PeftAdapterConfig& config) {
   const std::string& path = file.path();
   std::map<std::string, LoraPair> pairs;
   for (const SafetensorsEntry& entry : file.entries()) {
+    if (!saved_module_tensor(entry.name, config.modules_to_save).empty()) continue;  // saved_modules()'
     const std::string name = adapter_name_of(entry.name);
     FT_CHECK(!name.empty(), path, ": tensor \"", entry.name, "\" is not a LoRA weight (expected names like \"",
              kKeyPrefix, "model.layers.0.self_attn.q_proj.lora_A.weight\")");

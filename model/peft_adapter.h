@@ -23,6 +23,11 @@ struct PeftAdapterConfig {
   LoraOptions lora;
   std::string base_model_name_or_path;
   std::string task_type = "CAUSAL_LM";
+  // Modules trained whole and saved beside the adapters, under
+  // base_model.model.<module>.weight (PEFT's modules_to_save): a reward
+  // model's "score" (task_type SEQ_CLS, for which PEFT adds "classifier"
+  // and "score").
+  std::vector<std::string> modules_to_save;
 };
 
 // Reads folder/adapter_config.json. Requires peft_type "LORA" and
@@ -39,17 +44,20 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder);
 // adapter_config.json, each atomically. config.lora must describe the model's
 // adapters (r, alpha, rslora, targets): a mismatch is an Error.
 void save_peft_adapter(const std::string& folder, LanguageModel& model, const PeftAdapterConfig& config);
-// The model's adapters as f32 host tensors under PEFT's keys, in the model's order.
+// The model's adapters as f32 host tensors under PEFT's keys, in the model's
+// order, then its score head when it trains (modules_to_save; PPO's value
+// head is saved beside the adapter instead, as trl does).
 std::vector<std::pair<std::string, Tensor>> peft_adapter_tensors(LanguageModel& model, Allocator& host);
 // The same folder from such tensors (pipeline parallel: every stage's, in
 // stage order), checked against model_lora as above.
 void save_peft_adapter(const std::string& folder, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::optional<LoraOptions>& model_lora, const PeftAdapterConfig& config);
 
-// Copies every adapter tensor of folder into model.adapters(). The model must
-// have been built with the folder's r, lora_alpha, use_rslora and
-// target_modules; every adapter needs exactly one tensor of its shape, and
-// the file may hold nothing else. Everything is checked before any value is
+// Copies every adapter tensor of folder into model.adapters(), and each
+// modules_to_save tensor into the model's parameter of that name (a reward
+// model's score.weight). The model must have been built with the folder's r,
+// lora_alpha, use_rslora and target_modules; every adapter needs exactly one
+// tensor of its shape, and the file may hold nothing else. Everything is checked before any value is
 // copied, so a refused adapter leaves the model as it was.
 void load_peft_adapter(const std::string& folder, LanguageModel& model);
 
@@ -61,10 +69,15 @@ struct LoraPair {
 
 // The LoRA pairs of an adapter_model.safetensors by module name (the base
 // model's, e.g. model.layers.0.self_attn.q_proj), with no model built: for
-// merging adapters into a checkpoint's weights. Every tensor must be a LoRA
+// merging adapters into a checkpoint's weights. Every tensor but
+// config.modules_to_save's (saved_modules) must be a LoRA
 // weight of floating dtype (checked finite), every module must have both A
 // and B with matching rank, and the rank must be config.lora.r; each failure
 // is an Error naming the file and the tensor.
 std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, const PeftAdapterConfig& config);
+// config.modules_to_save's tensors by the base model's name (score.weight),
+// views into the adapter file.
+std::map<std::string, const SafetensorsEntry*> saved_modules(const SafetensorsFile& file,
+                                                              const PeftAdapterConfig& config);
 
 }  // namespace ft

@@ -1621,3 +1621,49 @@ TEST_CASE("nf4, both offloads and full fine-tuning train through the binary; the
   CHECK(reloaded.exit_code == 0);
   CHECK(reloaded.output.find("generate: ") != std::string::npos);
 }
+
+TEST_CASE("objective: reward: the adapter's scores equal its merged sequence classifier's; no score head is refused") {
+  const fs::path dir = fresh_run_dir("reward", "preference_train.jsonl", 16, 4);
+  // The default model: its context fits the preference rows.
+  const std::string model = std::string(FT_SOURCE_DIR) + "/configs/tiny-base";
+  std::ofstream(dir / "config.yaml") << "model: " << model << "\n"
+                                     << "objective: reward\nquantization: {mode: none}\n"
+                                     << "data: {train: train.jsonl, eval: eval.jsonl}\n"
+                                     << "seq_len: 256\nmicro_batch_size: 4\nlora: {r: 4, lora_alpha: 8}\n"
+                                     << "lr: 1.0e-3\nmax_steps: 3\noutput_dir: out\n";
+  const std::string in_dir = "cd " + dir.string() + " && ";
+  const CommandResult run = run_command(in_dir + kBinary + " config.yaml");
+  REQUIRE_MESSAGE(run.exit_code == 0, run.output);
+  CHECK(run.output.find("eval accuracy (held-out pairs)") != std::string::npos);
+  CHECK(read_file((dir / "out/adapter/adapter_config.json").string()).find("\"SEQ_CLS\"") != std::string::npos);
+
+  std::ofstream(dir / "rows.jsonl") << "{\"prompt\": \"A dialogue.\", \"completion\": \"A summary.\"}\n"
+                                    << "{\"text\": \"Only text, scored whole.\"}\n";
+  const CommandResult adapter =
+      run_command(in_dir + kBinary + " score " + model + " --adapter out/adapter --file rows.jsonl 2>/dev/null");
+  REQUIRE_MESSAGE(adapter.exit_code == 0, adapter.output);
+  REQUIRE(run_command(in_dir + kBinary + " merge " + model + " --adapter out/adapter --out merged")
+              .exit_code == 0);
+  const CommandResult merged =
+      run_command(in_dir + kBinary + " score merged --file rows.jsonl 2>/dev/null");
+  REQUIRE_MESSAGE(merged.exit_code == 0, merged.output);
+  auto scores = [](const std::string& output) {
+    std::vector<double> values;
+    std::istringstream lines(output);
+    for (std::string line; std::getline(lines, line);) values.push_back(nlohmann::json::parse(line)["score"].get<double>());
+    return values;
+  };
+  const std::vector<double> from_adapter = scores(adapter.output), from_merged = scores(merged.output);
+  REQUIRE(from_adapter.size() == 2);
+  REQUIRE(from_merged.size() == 2);
+  for (size_t i = 0; i < 2; ++i) CHECK(std::abs(from_adapter[i] - from_merged[i]) <= 1e-5 * std::max(1.0, std::abs(from_adapter[i])));
+  CHECK(read_file((dir / "merged/config.json").string()).find("LlamaForSequenceClassification") != std::string::npos);
+
+  const CommandResult no_head =
+      run_command(in_dir + kBinary + " score " + model + " --file rows.jsonl");
+  CHECK(no_head.exit_code == 1);
+  CHECK(no_head.output.find("has no score head (score.weight) and no --adapter was given") != std::string::npos);
+  const CommandResult packed = run_command(in_dir + kBinary + " config.yaml --set data.packing=true");
+  CHECK(packed.exit_code == 1);
+  CHECK(packed.output.find("objective: reward scores each row's last token") != std::string::npos);
+}

@@ -843,6 +843,23 @@ TEST_CASE("cross entropy: ignored rows, gradient, dlogits aliasing logits") {
   CHECK(values_of(aliased) == got);
   CHECK(values_of(losses2) == values_of(losses));
 
+  // Per-row scales: row n's gradient is the unscaled one times row_scales[n]
+  // (zero, negative and fractional scales), the losses unchanged.
+  const std::vector<float> scales = {0.5f, 3.0f, -2.0f, 0.0f, 1.0f, -0.25f, 7.0f};
+  Tensor row_scales = make({N}, DType::f32, Vec(scales.begin(), scales.end()));
+  Tensor scaled = make({N, V}, DType::f32), losses3 = make({N}, DType::f32);
+  backend.cross_entropy(losses3, &scaled, tl, tt, dloss, &row_scales);
+  check_close(values_of(scaled),
+              [&] {
+                Vec w = got;
+                for (size_t i = 0; i < w.size(); ++i) w[i] *= scales[i / V];
+                return w;
+              }(),
+              kF32Tol, "scaled dlogits");
+  CHECK(values_of(losses3) == values_of(losses));
+  Tensor short_scales = make({N - 1}, DType::f32);
+  CHECK_THROWS_AS(backend.cross_entropy(losses3, &scaled, tl, tt, dloss, &short_scales), Error);
+
   Tensor bad_targets = make_i32({0, 1, 2, 3, 4, 5, V});
   CHECK_THROWS_AS(backend.cross_entropy(losses, nullptr, tl, bad_targets, dloss), Error);
 }

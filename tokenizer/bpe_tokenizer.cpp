@@ -295,6 +295,20 @@ void BpeTokenizer::read_special_ids(const json& config, const json& tokenizer_co
   if (pad_id_ < 0) pad_id_ = special_named({"<|padding|>", "<pad>", "[PAD]"});
 }
 
+bool BpeTokenizer::is_added(int32_t id) const {
+  return std::any_of(added_.begin(), added_.end(), [id](const AddedToken& token) { return token.id == id; });
+}
+
+std::vector<std::pair<std::string, std::string>> BpeTokenizer::merges() const {
+  std::vector<std::pair<int32_t, uint64_t>> ranked;  // (rank, pair key)
+  for (const auto& [key, merge] : merges_) ranked.emplace_back(merge.first, key);
+  std::sort(ranked.begin(), ranked.end());
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (const auto& [rank, key] : ranked)
+    pairs.emplace_back(token_text(int32_t(key >> 32)), token_text(int32_t(key & 0xffffffffu)));
+  return pairs;
+}
+
 int32_t BpeTokenizer::token_id(const std::string& token) const {
   for (const AddedToken& added : added_)
     if (added.content == token) return added.id;

@@ -68,6 +68,11 @@ class BpeTokenizer final : public Tokenizer {
   int32_t unk_id() const { return unk_id_; }
   // The id of a vocabulary or added token, -1 if there is none.
   int32_t token_id(const std::string& token) const;
+  // Whether id is one of added_tokens, and whether a special one (decode skips those).
+  bool is_added(int32_t id) const;
+  bool is_special(int32_t id) const { return id >= 0 && size_t(id) < special_.size() && special_[size_t(id)]; }
+  // model.merges in rank order, as pairs of token texts (a pair given twice counts once).
+  std::vector<std::pair<std::string, std::string>> merges() const;
 
  private:
   struct AddedToken {

@@ -25,10 +25,13 @@ bool looks_like_json(const std::string& path) {
 
 }  // namespace
 
+bool is_tokenizer_json(const std::string& path) {
+  const std::string extension = std::filesystem::path(path).extension().string();
+  return extension == ".json" || (extension != ".model" && looks_like_json(path));
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int64_t model_vocab_size) {
-  std::string extension = std::filesystem::path(path).extension().string();
-  bool json = extension == ".json" || (extension != ".model" && looks_like_json(path));
-  if (json) return std::make_unique<BpeTokenizer>(path, model_vocab_size);
+  if (is_tokenizer_json(path)) return std::make_unique<BpeTokenizer>(path, model_vocab_size);
   return std::make_unique<SentencePieceTokenizer>(path, model_vocab_size);
 }
 

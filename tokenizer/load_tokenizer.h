@@ -14,6 +14,9 @@ namespace ft {
 // exactly that many pieces; BPE ids must all be below it (GPT-NeoX pads its embedding:
 // 50,277 tokenizer ids, vocab_size 50,432). A mismatch is an Error naming both sizes.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int64_t model_vocab_size);
+// Whether load_tokenizer reads path as a tokenizer.json (BpeTokenizer) rather
+// than a SentencePiece model.
+bool is_tokenizer_json(const std::string& path);
 
 // The tokenizer file of a Hugging Face model folder: tokenizer.model if present, else
 // tokenizer.json, else T5's spiece.model, else the tokenizer.model path (so the error names it).

@@ -65,4 +65,14 @@ std::string SentencePieceTokenizer::token_text(int32_t id) const {
   return id >= 0 && id < processor_->GetPieceSize() ? processor_->IdToPiece(id) : "";
 }
 
+float SentencePieceTokenizer::piece_score(int32_t id) const { return processor_->GetScore(id); }
+
+SentencePieceTokenizer::PieceType SentencePieceTokenizer::piece_type(int32_t id) const {
+  if (processor_->IsUnknown(id)) return PieceType::unknown;
+  if (processor_->IsControl(id)) return PieceType::control;
+  if (processor_->IsUnused(id)) return PieceType::unused;
+  if (processor_->IsByte(id)) return PieceType::byte;
+  return PieceType::normal;
+}
+
 }  // namespace ft

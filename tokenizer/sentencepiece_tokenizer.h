@@ -37,6 +37,14 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string file_name() const override { return "tokenizer.model"; }
   int32_t unk_id() const;
 
+  // SentencePiece's kinds of pieces (ModelProto.SentencePiece.Type) that the
+  // library reports; user-defined pieces count as normal.
+  enum class PieceType { normal, unknown, control, unused, byte };
+  // The model's score of a piece (its log-probability for a unigram model,
+  // minus its merge rank for BPE) and its kind; id must be a piece.
+  float piece_score(int32_t id) const;
+  PieceType piece_type(int32_t id) const;
+
  private:
   void encode_plain(const std::string& text, std::vector<int32_t>& ids) const;
 

@@ -5,11 +5,9 @@
 
 #include "kernels/error.h"
 #include "trainer/evaluate.h"
+#include "trainer/log_sigmoid.h"
 
 namespace ft {
-
-// -log sigmoid(z) = log(1 + exp(-z)), without overflow for either sign.
-static double softplus_of_minus(double z) { return z >= 0 ? std::log1p(std::exp(-z)) : -z + std::log1p(std::exp(z)); }
 
 PairLoss dpo_pair_loss(const DpoConfig& config, const PairLogps& logps) {
   const double chosen = logps.policy_chosen - logps.reference_chosen;
@@ -56,13 +54,6 @@ nlohmann::json DpoFigures::means(const std::string& prefix) const {
 
 namespace {
 
-// Turns the adapters off for the reference forward and on again, also when it throws.
-struct AdaptersOff {
-  LanguageModel& model;
-  explicit AdaptersOff(LanguageModel& m) : model(m) { model.set_adapters_enabled(false); }
-  ~AdaptersOff() { model.set_adapters_enabled(true); }
-};
-
 PairLogps pair_logps(const SequenceLogps& policy, const SequenceLogps& reference, size_t chosen, size_t rejected) {
   return {policy.logps[chosen],           policy.logps[rejected], reference.logps[chosen], reference.logps[rejected],
           policy.counted_tokens[chosen], policy.counted_tokens[rejected]};
@@ -105,7 +96,7 @@ DpoFigures dpo_micro_batch(CausalLM& model, const Batch& batch, const DpoConfig&
   const int64_t P = batch.input_ids.dim(0) / 2;
   SequenceLogps reference;
   {
-    AdaptersOff off(model);
+    AdaptersDisabled off(model);
     reference = model.sequence_logps(batch.input_ids, batch.targets, batch.positions());
   }
   DpoFigures figures;

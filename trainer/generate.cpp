@@ -51,6 +51,7 @@ void advance_rows(Rows& rows, LogitsOf logits_of, int64_t vocab_size, int64_t ma
     const int32_t token = sample_token(logits_of(b), vocab_size, options, rng, rows.tokens[b]);
     if (std::find(stop.ids.begin(), stop.ids.end(), token) != stop.ids.end()) {
       rows.done[b] = true;
+      if (options.keep_stop_id) rows.generated[b].push_back(token);
       continue;
     }
     rows.tokens[b].push_back(token);

@@ -24,6 +24,9 @@ struct SamplingOptions {
   double repetition_penalty = 1.0;  // > 1 discourages tokens already in the row (CTRL, as transformers)
   uint64_t seed = 0;
   bool kv_cache = true;
+  // The stop id that ended a row is returned as its last token (RL: a
+  // completion ends with its eos, as trl's completion_ids do).
+  bool keep_stop_id = false;
 };
 
 class Tokenizer;

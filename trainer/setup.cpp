@@ -24,6 +24,10 @@ ModelOptions model_options(const TrainConfig& config) {
   options.offload_activations = config.offload_activations == OffloadTarget::host;
   options.resident_layers = config.resident_layers;
   options.stream_slots = config.stream_slots;
+  // A reward model scores with transformers' score head (trainer/reward.h).
+  if (config.objective == Objective::reward) options.output_head = OutputHead::score;
+  // PPO's policy carries trl's value head (trainer/rl/ppo_step.h).
+  if (config.objective == Objective::ppo) options.output_head = OutputHead::value;
   return options;
 }
 
@@ -59,9 +63,16 @@ TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model
   setup.model = make_language_model(model_config, backend, options);
   fill_base(*setup.model);
   setup.model->init_adapters(config.seed);
+  setup.model->init_output_head(config.seed);
   const bool train_all = config.trainable == Trainable::all;
-  setup.model->set_trainable(
-      [&](const std::string& name) { return train_all || name.find(".lora_") != std::string::npos; });
+  const HeadParameters& head = setup.model->output_head();
+  // The output head trains beside the adapters, as PEFT's modules_to_save.
+  auto is_head = [&](const std::string& name) {
+    return (head.weight && name == head.weight->name) || (head.bias && name == head.bias->name);
+  };
+  setup.model->set_trainable([&](const std::string& name) {
+    return train_all || name.find(".lora_") != std::string::npos || is_head(name);
+  });
   for (std::deque<Parameter>* list : {&setup.model->parameters(), &setup.model->adapters()})
     for (Parameter& p : *list)
       if (p.trainable()) setup.trainable.push_back(&p);

@@ -34,7 +34,8 @@ const EnumName<ActivationCheckpointing> kCheckpointings[] = {{"none", Activation
 const EnumName<Schedule> kSchedules[] = {
     {"constant", Schedule::constant}, {"linear", Schedule::linear}, {"cosine", Schedule::cosine}};
 const EnumName<TaskMetric> kTaskMetrics[] = {{"none", TaskMetric::none}, {"rouge", TaskMetric::rouge}};
-const EnumName<Objective> kObjectives[] = {{"sft", Objective::sft}, {"dpo", Objective::dpo}};
+const EnumName<Objective> kObjectives[] = {
+    {"sft", Objective::sft}, {"dpo", Objective::dpo}, {"reward", Objective::reward}, {"grpo", Objective::grpo}, {"ppo", Objective::ppo}};
 const EnumName<DpoLoss> kDpoLosses[] = {{"sigmoid", DpoLoss::sigmoid}, {"ipo", DpoLoss::ipo}};
 const EnumName<OffloadTarget> kOffloadTargets[] = {{"device", OffloadTarget::device}, {"host", OffloadTarget::host}};
 
@@ -174,6 +175,111 @@ const Field kFields[] = {
        v.require(c.dpo.beta > 0 && c.dpo.beta <= kMaxScale, "a number in (0, 1e6]");
      }},
     {"dpo.loss", [](TrainConfig& c, const Value& v) { c.dpo.loss = v.choice<DpoLoss>(); }},
+    {"grpo.num_generations",
+     [](TrainConfig& c, const Value& v) { c.grpo.num_generations = v.integer_in(2, kMaxBatch); }},
+    {"grpo.max_completion_length",
+     [](TrainConfig& c, const Value& v) { c.grpo.max_completion_length = v.integer_in(1, kMaxSeqLen); }},
+    {"grpo.beta",
+     [](TrainConfig& c, const Value& v) {
+       c.grpo.beta = v.number();
+       v.require(c.grpo.beta >= 0 && c.grpo.beta <= kMaxScale, "a number in [0, 1e6]");
+     }},
+    {"grpo.epsilon",
+     [](TrainConfig& c, const Value& v) {
+       c.grpo.epsilon = v.number();
+       v.require(c.grpo.epsilon >= 0 && c.grpo.epsilon < 1, "a number in [0, 1)");
+     }},
+    {"grpo.epsilon_high",
+     [](TrainConfig& c, const Value& v) {
+       c.grpo.epsilon_high = v.number();
+       v.require(*c.grpo.epsilon_high >= 0 && *c.grpo.epsilon_high <= kMaxScale, "a number in [0, 1e6]");
+     }},
+    {"grpo.loss_type", [](TrainConfig& c, const Value& v) { c.grpo.loss_type = v.choice<GrpoLossType>(); }},
+    {"grpo.scale_rewards", [](TrainConfig& c, const Value& v) { c.grpo.scale_rewards = v.choice<GrpoScaleRewards>(); }},
+    {"grpo.top_p",
+     [](TrainConfig& c, const Value& v) {
+       c.grpo_top_p = v.number();
+       v.require(c.grpo_top_p > 0 && c.grpo_top_p <= 1, "a number in (0, 1]");
+     }},
+    {"grpo.top_k", [](TrainConfig& c, const Value& v) { c.grpo_top_k = v.integer_in(0, kMaxTokens); }},
+    {"ppo.batch_size", [](TrainConfig& c, const Value& v) { c.ppo.batch_size = v.integer_in(1, kMaxBatch); }},
+    {"ppo.mini_batch_size", [](TrainConfig& c, const Value& v) { c.ppo.mini_batch_size = v.integer_in(1, kMaxBatch); }},
+    {"ppo.gradient_accumulation_steps",
+     [](TrainConfig& c, const Value& v) { c.ppo.gradient_accumulation_steps = v.integer_in(1, kMaxBatch); }},
+    {"ppo.ppo_epochs", [](TrainConfig& c, const Value& v) { c.ppo.ppo_epochs = v.integer_in(1, kMaxEpochs); }},
+    {"ppo.init_kl_coef",
+     [](TrainConfig& c, const Value& v) {
+       c.ppo.init_kl_coef = v.number();
+       v.require(c.ppo.init_kl_coef >= 0 && c.ppo.init_kl_coef <= kMaxScale, "a number in [0, 1e6]");
+     }},
+    {"ppo.adap_kl_ctrl", [](TrainConfig& c, const Value& v) { c.ppo.adap_kl_ctrl = v.boolean(); }},
+    {"ppo.target",
+     [](TrainConfig& c, const Value& v) {
+       c.ppo.target = v.number();
+       v.require(c.ppo.target > 0 && c.ppo.target <= kMaxScale, "a number in (0, 1e6]");
+     }},
+    {"ppo.horizon",
+     [](TrainConfig& c, const Value& v) {
+       c.ppo.horizon = v.number();
+       v.require(c.ppo.horizon > 0 && c.ppo.horizon <= 1e12, "a number in (0, 1e12]");
+     }},
+    {"ppo.kl_penalty", [](TrainConfig& c, const Value& v) { c.ppo.kl_penalty = v.choice<KlPenalty>(); }},
+    {"ppo.gamma",
+     [](TrainConfig& c, const Value& v) {
+       c.ppo.gamma = v.number();
+       v.require(c.ppo.gamma >= 0 && c.ppo.gamma <= 1, "a number in [0, 1]");
+     }},
+    {"ppo.lam",
+     [](TrainConfig& c, const Value& v) {
+       c.ppo.lam = v.number();
+       v.require(c.ppo.lam >= 0 && c.ppo.lam <= 1, "a number in [0, 1]");
+     }},
+    {"ppo.cliprange",
+     [](TrainConfig& c, const Value& v) {
+       c.ppo.cliprange = v.number();
+       v.require(c.ppo.cliprange >= 0 && c.ppo.cliprange <= kMaxScale, "a number in [0, 1e6]");
+     }},
+    {"ppo.cliprange_value",
+     [](TrainConfig& c, const Value& v) {
+       c.ppo.cliprange_value = v.number();
+       v.require(c.ppo.cliprange_value >= 0 && c.ppo.cliprange_value <= kMaxScale, "a number in [0, 1e6]");
+     }},
+    {"ppo.vf_coef",
+     [](TrainConfig& c, const Value& v) {
+       c.ppo.vf_coef = v.number();
+       v.require(c.ppo.vf_coef >= 0 && c.ppo.vf_coef <= kMaxScale, "a number in [0, 1e6]");
+     }},
+    {"ppo.whiten_rewards", [](TrainConfig& c, const Value& v) { c.ppo.whiten_rewards = v.boolean(); }},
+    {"ppo.early_stopping", [](TrainConfig& c, const Value& v) { c.ppo.early_stopping = v.boolean(); }},
+    {"ppo.target_kl",
+     [](TrainConfig& c, const Value& v) {
+       c.ppo.target_kl = v.number();
+       v.require(c.ppo.target_kl > 0 && c.ppo.target_kl <= kMaxScale, "a number in (0, 1e6]");
+     }},
+    {"ppo.ratio_threshold",
+     [](TrainConfig& c, const Value& v) {
+       c.ppo.ratio_threshold = v.number();
+       v.require(c.ppo.ratio_threshold > 0 && c.ppo.ratio_threshold <= kMaxScale, "a number in (0, 1e6]");
+     }},
+    {"ppo.max_new_tokens", [](TrainConfig& c, const Value& v) { c.ppo_max_new_tokens = v.integer_in(1, kMaxSeqLen); }},
+    {"ppo.top_p",
+     [](TrainConfig& c, const Value& v) {
+       c.ppo_top_p = v.number();
+       v.require(c.ppo_top_p > 0 && c.ppo_top_p <= 1, "a number in (0, 1]");
+     }},
+    {"ppo.top_k", [](TrainConfig& c, const Value& v) { c.ppo_top_k = v.integer_in(0, kMaxTokens); }},
+    {"rewards.regex", [](TrainConfig& c, const Value& v) { c.rewards.regex = v.string(); }},
+    {"rewards.regex_weight", [](TrainConfig& c, const Value& v) { c.rewards.regex_weight = v.number(); }},
+    {"rewards.rouge", [](TrainConfig& c, const Value& v) { c.rewards.rouge = v.string(); }},
+    {"rewards.rouge_weight", [](TrainConfig& c, const Value& v) { c.rewards.rouge_weight = v.number(); }},
+    {"rewards.answer", [](TrainConfig& c, const Value& v) { c.rewards.answer = v.string(); }},
+    {"rewards.answer_weight", [](TrainConfig& c, const Value& v) { c.rewards.answer_weight = v.number(); }},
+    {"rewards.length", [](TrainConfig& c, const Value& v) { c.rewards.length = v.integer_in(0, kMaxSeqLen); }},
+    {"rewards.length_weight", [](TrainConfig& c, const Value& v) { c.rewards.length_weight = v.number(); }},
+    {"rewards.model", [](TrainConfig& c, const Value& v) { c.rewards.model = v.path(); }},
+    {"rewards.model_adapter", [](TrainConfig& c, const Value& v) { c.rewards.model_adapter = v.path(); }},
+    {"rewards.model_tokenizer", [](TrainConfig& c, const Value& v) { c.rewards.model_tokenizer = v.path(); }},
+    {"rewards.model_weight", [](TrainConfig& c, const Value& v) { c.rewards.model_weight = v.number(); }},
     {"lora.r", [](TrainConfig& c, const Value& v) { c.lora.r = v.integer_in(1, kMaxLoraRank); }},
     {"lora.lora_alpha",
      [](TrainConfig& c, const Value& v) {
@@ -397,6 +503,48 @@ void apply_override(TrainConfig& c, const std::string& text, const std::string& 
   apply(c, key, value, where, Source{file, where, ""});
 }
 
+// objective: grpo's rules (trl's GRPOConfig checks and what a rollout needs).
+void check_grpo(const TrainConfig& c) {
+  const std::string& f = c.source;
+  FT_CHECK(c.trainable == Trainable::lora || c.grpo.beta == 0, f, ": objective: grpo with grpo.beta > 0 needs "
+           "trainable: lora: its reference model is the base with the adapters disabled");
+  const int64_t completions = checked_mul(c.micro_batch_size, c.grad_accum_steps);
+  FT_CHECK(completions % c.grpo.num_generations == 0, f, ": objective: grpo generates micro_batch_size x "
+           "grad_accum_steps = ", completions, " completions a step, which must be a multiple of "
+           "grpo.num_generations (", c.grpo.num_generations, "): whole groups of one prompt");
+  FT_CHECK(c.grpo.max_completion_length < c.seq_len, f, ": grpo.max_completion_length (",
+           c.grpo.max_completion_length, ") must leave room for the prompt within seq_len (", c.seq_len, ")");
+  FT_CHECK(!c.rewards.names().empty(), f, ": objective: grpo needs a reward: set rewards.regex, rewards.rouge, "
+           "rewards.answer, rewards.length or rewards.model");
+  FT_CHECK(c.data.packing == Packing::none, f, ": objective: grpo generates its rows; data.packing applies to "
+           "objective: sft and dpo");
+  FT_CHECK(c.task_metric == TaskMetric::none, f, ": task_metric: ", enum_name(c.task_metric),
+           " applies to objective: sft; objective: grpo reports the held-out reward");
+  validate(c.grpo);
+}
+
+// objective: ppo's rules (trl's PPOConfig checks and what a rollout needs).
+void check_ppo(const TrainConfig& c) {
+  const std::string& f = c.source;
+  FT_CHECK(c.trainable == Trainable::lora, f, ": objective: ppo needs trainable: lora: its reference model is the "
+           "base with the adapters disabled");
+  FT_CHECK(c.grad_accum_steps == 1, f, ": objective: ppo accumulates over ppo.gradient_accumulation_steps "
+           "mini-batches (trl's name); leave grad_accum_steps at 1");
+  FT_CHECK(c.ppo_max_new_tokens < c.seq_len, f, ": ppo.max_new_tokens (", c.ppo_max_new_tokens,
+           ") must leave room for the query within seq_len (", c.seq_len, ")");
+  FT_CHECK(!c.rewards.names().empty(), f, ": objective: ppo needs a reward: set rewards.model (a reward model, as "
+           "trl's PPO uses) or a rule (rewards.regex, rouge, answer, length)");
+  FT_CHECK(c.data.packing == Packing::none, f, ": objective: ppo generates its rows; data.packing applies to "
+           "objective: sft and dpo");
+  FT_CHECK(c.task_metric == TaskMetric::none, f, ": task_metric: ", enum_name(c.task_metric),
+           " applies to objective: sft; objective: ppo reports the held-out reward");
+  try {
+    validate(c.ppo);
+  } catch (const Error& error) {
+    fail(f, ": ppo: ", error.what());
+  }
+}
+
 // Rules that involve more than one field.
 void check_consistency(const TrainConfig& c) {
   const std::string& f = c.source;
@@ -418,6 +566,15 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(c.objective != Objective::dpo || c.task_metric == TaskMetric::none, f,
            ": task_metric: ", enum_name(c.task_metric), " scores completions (objective: sft); objective: dpo reports "
            "trl's preference figures instead");
+  FT_CHECK(c.objective != Objective::reward || c.data.format == DataFormat::automatic, f,
+           ": objective: reward reads {\"prompt\", \"chosen\", \"rejected\"} rows: data.format applies to "
+           "objective: sft only");
+  FT_CHECK(c.objective != Objective::reward || c.data.packing == Packing::none, f,
+           ": objective: reward scores each row's last token, one sequence a row: set data.packing: false");
+  FT_CHECK(c.objective != Objective::reward || c.task_metric == TaskMetric::none, f, ": task_metric: ",
+           enum_name(c.task_metric), " scores generated text; objective: reward reports trl's accuracy instead");
+  if (c.objective == Objective::grpo) check_grpo(c);
+  if (c.objective == Objective::ppo) check_ppo(c);
   FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode != QuantizedBase::none, f,
            ": quantization.save_base needs quantization.mode: int8 or nf4 (it saves the quantised base)");
   FT_CHECK(c.offload_base == OffloadTarget::device || c.quantization.mode != QuantizedBase::none, f,

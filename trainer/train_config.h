@@ -16,6 +16,9 @@
 #include "trainer/data/template_data.h"
 #include "trainer/enum_names.h"
 #include "trainer/lr_schedule.h"
+#include "trainer/rl/grpo.h"
+#include "trainer/rl/ppo.h"
+#include "trainer/rl/rewards.h"
 
 namespace YAML {
 class Node;
@@ -29,7 +32,7 @@ enum class Precision { fp32, bf16 };
 enum class DeviceChoice { automatic, cpu, cuda };
 enum class TaskMetric { none, rouge };
 enum class OffloadTarget { device, host };
-enum class Objective { sft, dpo };
+enum class Objective { sft, dpo, reward, grpo, ppo };
 enum class DpoLoss { sigmoid, ipo };
 
 // objective: dpo (trainer/dpo.h): trl's beta and loss_type.
@@ -96,6 +99,18 @@ struct TrainConfig {
   InitMode init = InitMode::pretrained;
   Objective objective = Objective::sft;
   DpoConfig dpo;
+  // objective: grpo (trainer/rl/grpo_step.h): trl's GRPOConfig names, and
+  // the rollouts' sampling (temperature 1, as the loss's log-probabilities).
+  GrpoConfig grpo;
+  double grpo_top_p = 1.0;
+  int64_t grpo_top_k = 0;
+  // objective: ppo (trainer/rl/ppo_step.h): trl 0.11's PPOConfig names, and
+  // the responses' sampling (temperature 1).
+  PpoConfig ppo;
+  int64_t ppo_max_new_tokens = 32;
+  double ppo_top_p = 1.0;
+  int64_t ppo_top_k = 0;
+  RewardRules rewards;  // objective: grpo and ppo's rewards (trainer/rl/rewards.h)
   Trainable trainable = Trainable::lora;
   LoraOptions lora;  // used when trainable is lora
   QuantizationConfig quantization;

@@ -106,6 +106,7 @@ void save_train_state(const std::string& path, const std::vector<std::pair<std::
       {"data_epoch", std::to_string(progress.data_position.epoch)},
       {"data_index", std::to_string(progress.data_position.index)},
   };
+  if (!progress.objective_state.empty()) metadata["objective_state"] = progress.objective_state;
   for (const IdentityField& field : identity) metadata[kIdentityPrefix + field.key] = field.value;
   save_safetensors_with_checksum(path, tensors, metadata);
 }
@@ -143,6 +144,8 @@ TrainProgress load_train_state(const std::string& path, AdamW& optimizer, const 
   progress.step = metadata_int(file.metadata(), "step", path);
   progress.data_position.epoch = metadata_int(file.metadata(), "data_epoch", path);
   progress.data_position.index = metadata_int(file.metadata(), "data_index", path);
+  const auto state = file.metadata().find("objective_state");
+  if (state != file.metadata().end()) progress.objective_state = state->second;
   return progress;
 }
 

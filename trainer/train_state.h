@@ -28,6 +28,9 @@ struct TrainProgress {
   int64_t step = 0;  // optimizer steps done
   DataPosition data_position;
   std::vector<std::string> data_changes;  // accepted by allow_data_change, for a warning
+  // The objective's own state between steps, as JSON text ("" = none):
+  // PPO's KL coefficient controller.
+  std::string objective_state;
 };
 
 void save_train_state(const std::string& path, AdamW& optimizer, const TrainProgress& progress,

@@ -29,6 +29,11 @@
 #include "trainer/data/special_tokens.h"
 #include "trainer/device_backend.h"
 #include "trainer/dpo.h"
+#include "trainer/rl/grpo_step.h"
+#include "trainer/rl/ppo_step.h"
+#include "trainer/rl/prompts.h"
+#include "trainer/rl/reward.h"
+#include "trainer/rl/rewards.h"
 #include "trainer/evaluate.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/optimizer.h"
@@ -72,8 +77,13 @@ struct Run {
   std::vector<int64_t> state_owners;        // per trainable parameter: the data-parallel rank updating it
   RunIdentity identity;  // what its checkpoints belong to
   std::unique_ptr<DataLoader> train, eval;
-  std::unique_ptr<PreferenceLoader> train_pairs, eval_pairs;  // objective: dpo, in place of train and eval
+  std::unique_ptr<PreferenceLoader> train_pairs, eval_pairs;  // objective: dpo or reward, in place of train and eval
   Dataset eval_examples;  // with objective: dpo, the eval pairs' prompts and chosen completions
+  // objective: grpo: prompt rows in place of train and eval, and the reward model when rewards.model is set.
+  std::unique_ptr<PromptLoader> train_prompts;
+  std::vector<PromptRow> eval_prompts;
+  std::unique_ptr<RewardModel> reward_model;
+  KlController kl_controller;  // objective: ppo's KL coefficient, saved with the training state
   LrSchedule schedule;
   int64_t total_steps = 0;
   Run(const TrainConfig& c, Collectives& ranks)
@@ -209,23 +219,70 @@ std::unique_ptr<PreferenceLoader> make_pair_loader(Run& run, const std::string& 
                                             padding_id(*run.tokenizer), run.config.seed, run.host);
 }
 
+// objective: grpo: prompts a step, each generated num_generations times;
+// ppo: ppo.batch_size, one response each.
+int64_t prompts_per_step(const TrainConfig& config) {
+  if (config.objective == Objective::ppo) return config.ppo.batch_size;
+  return config.micro_batch_size * config.grad_accum_steps / config.grpo.num_generations;
+}
+
+bool generates_rows(Objective objective) { return objective == Objective::grpo || objective == Objective::ppo; }
+
 int64_t train_batches_per_epoch(const Run& run) {
+  if (run.train_prompts) {  // a step's prompts as grad_accum_steps micro-batches
+    const int64_t per_step = prompts_per_step(run.config);
+    const int64_t rows = int64_t(run.train_prompts->rows().size());
+    return (rows + per_step - 1) / per_step * run.config.grad_accum_steps;
+  }
   return run.train_pairs ? run.train_pairs->batches_per_epoch() : run.train->batches_per_epoch();
 }
 
 DataPosition train_position(const Run& run) {
+  if (run.train_prompts) return run.train_prompts->position();
   return run.train_pairs ? run.train_pairs->position() : run.train->position();
 }
 
 void set_train_position(Run& run, DataPosition position) {
-  if (run.train_pairs) run.train_pairs->set_position(position);
+  if (run.train_prompts) run.train_prompts->set_position(position);
+  else if (run.train_pairs) run.train_pairs->set_position(position);
   else run.train->set_position(position);
+}
+
+// The longest completion a rollout samples (objective: grpo or ppo).
+int64_t max_completion_tokens(const TrainConfig& config) {
+  return config.objective == Objective::ppo ? config.ppo_max_new_tokens : config.grpo.max_completion_length;
+}
+
+// objective: grpo or ppo: the prompt rows, cut to leave room for the completion, and the reward model.
+void make_prompts(Run& run) {
+  const TrainConfig& config = run.config;
+  FT_CHECK(run.collectives.world_size() == 1, config.source, ": objective: ", enum_name(config.objective),
+           " runs in one process (its rollouts are not split across ranks yet); run it without mpirun");
+  const int64_t max_prompt_tokens = config.seq_len - max_completion_tokens(config);
+  run.train_prompts = std::make_unique<PromptLoader>(
+      load_prompt_rows(config.data.train, *run.tokenizer, max_prompt_tokens), config.seed);
+  const int64_t completions = config.objective == Objective::ppo ? 1 : config.grpo.num_generations;
+  std::cout << "train: " << run.train_prompts->rows().size() << " prompts, " << prompts_per_step(config)
+            << " a step, " << completions << " completion" << (completions > 1 ? "s" : "") << " each\n";
+  run.kl_controller = make_kl_controller(config.ppo);
+  if (!config.data.eval.empty()) {
+    run.eval_prompts = load_prompt_rows(config.data.eval, *run.tokenizer, max_prompt_tokens);
+    run.eval_examples.path = config.data.eval;
+    for (const PromptRow& row : run.eval_prompts) run.eval_examples.examples.push_back({row.prompt, ""});
+    std::cout << "eval: " << run.eval_prompts.size() << " prompts\n";
+  }
+  if (!config.rewards.model.empty())
+    run.reward_model = std::make_unique<RewardModel>(config.rewards, *run.backend, model_options(config),
+                                                     config.tokenizer);
 }
 
 void make_data(Run& run) {
   const TrainConfig& config = run.config;
-  const bool dpo = config.objective == Objective::dpo, has_eval = !config.data.eval.empty();
-  if (dpo) {
+  const bool pairs = config.objective == Objective::dpo || config.objective == Objective::reward;
+  const bool has_eval = !config.data.eval.empty();
+  if (generates_rows(config.objective)) {
+    make_prompts(run);
+  } else if (pairs) {
     run.train_pairs = make_pair_loader(run, config.data.train, "train", nullptr);
     if (has_eval) run.eval_pairs = make_pair_loader(run, config.data.eval, "eval", &run.eval_examples);
   } else {
@@ -316,10 +373,13 @@ StepReport train_step(Run& run, int64_t step) {
   return report;
 }
 
-// objective: dpo: one optimizer step over grad_accum_steps micro-batches of
-// pairs, the loss the mean over all their pairs (each pair weighs 1 / pairs),
-// as trl's over one batch. report.figures gets trl's reward and log-prob means.
-StepReport dpo_train_step(Run& run, int64_t step) {
+// objective: dpo or reward: one optimizer step over grad_accum_steps
+// micro-batches of pairs, the loss the mean over all their pairs (each pair
+// weighs 1 / pairs), as trl's over one batch. micro_batch(batch, pair_weight)
+// runs one micro-batch's pairs and returns their figures (DpoFigures or
+// RewardFigures), whose means go to report.figures.
+template <class MicroBatch>
+StepReport pairs_train_step(Run& run, int64_t step, const MicroBatch& micro_batch) {
   std::vector<Batch> batches;
   int64_t pairs = 0;
   for (int64_t i = 0; i < run.config.grad_accum_steps; ++i) {
@@ -329,21 +389,93 @@ StepReport dpo_train_step(Run& run, int64_t step) {
   run.model->zero_grads();
   StepReport report;
   report.step = step + 1;
-  DpoFigures figures;
+  decltype(micro_batch(batches[0], 0.0)) figures;
   for (size_t i = 0; i < batches.size(); ++i) {
     report.tokens += batches[i].input_ids.numel();
     report.loss_tokens += batches[i].counted_tokens;
     if (count_pairs(batches[i]) == 0) continue;
-    const int64_t micro_batch = checked_mul(step, run.config.grad_accum_steps) + int64_t(i);
-    run.model->set_dropout_seed(splitmix64(run.config.seed, uint64_t(micro_batch)));
-    figures.add(dpo_micro_batch(causal_lm(*run.model, "objective: dpo"), batches[i], run.config.dpo, true,
-                                1.0 / double(pairs)));
+    const int64_t index = checked_mul(step, run.config.grad_accum_steps) + int64_t(i);
+    run.model->set_dropout_seed(splitmix64(run.config.seed, uint64_t(index)));
+    figures.add(micro_batch(batches[i], 1.0 / double(pairs)));
   }
   report.figures = figures.means();
   report.loss = report.figures["loss"].get<double>();
   report.figures.erase("loss");
   finish_step(run, step, pairs > 0, report);
   return report;
+}
+
+StepReport dpo_train_step(Run& run, int64_t step) {
+  CausalLM& model = causal_lm(*run.model, "objective: dpo");
+  return pairs_train_step(run, step, [&](const Batch& batch, double pair_weight) {
+    return dpo_micro_batch(model, batch, run.config.dpo, true, pair_weight);
+  });
+}
+
+// objective: grpo or ppo: how completions are sampled: temperature 1 (trl's
+// default, and the distribution the losses' log-probabilities are of).
+RolloutSampler rollout_sampler(Run& run) {
+  const TrainConfig& config = run.config;
+  const bool ppo = config.objective == Objective::ppo;
+  SamplingOptions sampling;
+  sampling.max_new_tokens = max_completion_tokens(config);
+  sampling.temperature = 1.0;
+  sampling.top_p = ppo ? config.ppo_top_p : config.grpo_top_p;
+  sampling.top_k = ppo ? config.ppo_top_k : config.grpo_top_k;
+  return RolloutSampler{causal_lm(*run.model, "online RL"), *run.tokenizer, sampling, stop_condition(run),
+                        config.micro_batch_size, config.seed};
+}
+
+StepReport grpo_train_step(Run& run, int64_t step) {
+  const TrainConfig& config = run.config;
+  const GrpoStep setup{rollout_sampler(run), config.grpo, config.rewards, run.reward_model.get(),
+                       padding_id(*run.tokenizer), config.micro_batch_size, config.grad_accum_steps};
+  run.model->zero_grads();
+  StepReport report;
+  report.step = step + 1;
+  report.figures = grpo_step(setup, run.train_prompts->next(prompts_per_step(config)), step);
+  report.loss = report.figures["loss"].get<double>();
+  report.figures.erase("loss");
+  const double completions = double(run.config.micro_batch_size * run.config.grad_accum_steps);
+  report.loss_tokens = int64_t(report.figures["completions/mean_length"].get<double>() * completions + 0.5);
+  report.tokens = report.loss_tokens;
+  finish_step(run, step, true, report);
+  return report;
+}
+
+// objective: ppo: one PPO step (trainer/rl/ppo_step.h), several optimizer
+// updates at this step's learning rate.
+StepReport ppo_train_step(Run& run, int64_t step) {
+  const TrainConfig& config = run.config;
+  StepReport report;
+  report.step = step + 1;
+  report.lr = run.schedule.lr_at(step);
+  bool finite = true;
+  const std::function<double()> update = [&] {
+    const double grad_norm = run.optimizer->step(report.lr, add_squared_gradients(*run.backend, run.trainable, 0.0));
+    finite = finite && std::isfinite(grad_norm);
+    run.model->zero_grads();
+    return grad_norm;
+  };
+  const PpoStep setup{rollout_sampler(run), config.ppo, config.rewards, run.reward_model.get(),
+                      padding_id(*run.tokenizer), config.micro_batch_size, update};
+  run.model->zero_grads();
+  report.figures = ppo_step(setup, run.kl_controller, run.train_prompts->next(prompts_per_step(config)), step);
+  report.loss = report.figures["ppo/loss/total"].get<double>();
+  report.grad_norm = report.figures["ppo/grad_norm"].get<double>();
+  report.loss_tokens = int64_t(report.figures["tokens/responses_len_mean"].get<double>() * double(config.ppo.batch_size));
+  report.tokens = report.loss_tokens;
+  report.update_skipped = !finite || !std::isfinite(report.loss);
+  report.peak_memory_bytes = run.tracker->stats().total_peak_bytes;
+  return report;
+}
+
+StepReport reward_train_step(Run& run, int64_t step) {
+  CausalLM& model = causal_lm(*run.model, "objective: reward");
+  const int32_t pad_id = padding_id(*run.tokenizer);
+  return pairs_train_step(run, step, [&](const Batch& batch, double pair_weight) {
+    return reward_micro_batch(model, batch, pad_id, true, pair_weight);
+  });
 }
 
 // Host f32 tensors (offloaded optimizer state) are read where they are.
@@ -404,36 +536,75 @@ void save_state(Run& run, const std::string& path, int64_t step) {
   if (!run.in_first_pipeline()) return;
   tensors = gather_on_rank_zero(run.stages(), *run.backend, run.host, std::move(tensors));
   if (run.leader)
-    save_train_state(path, tensors, run.optimizer->steps_taken(), {step, train_position(run), {}}, run.identity);
+    save_train_state(path, tensors, run.optimizer->steps_taken(),
+                     {step, train_position(run), {},
+                      run.config.objective == Objective::ppo ? run.kl_controller.to_json().dump() : ""},
+                     run.identity);
 }
 
 struct EvalFigures {
   EvalLoss loss;
   bool has_rouge = false;
   RougeScores rouge;
-  double preference_accuracy = 0.0;  // objective: dpo: rewards/accuracies
+  double preference_accuracy = 0.0;  // objective: dpo: rewards/accuracies; reward: accuracy
+  double reward = 0.0, kl = 0.0;     // objective: grpo: the held-out prompts' mean reward and KL to the reference
 };
 
-// objective: dpo: trl's figures over the eval pairs, as eval_loss and
-// eval_rewards/... (trl's eval names).
+// objective: dpo or reward: trl's figures over the eval pairs, as eval_loss
+// and eval_<figure> (trl's eval names).
 EvalFigures evaluate_pairs(Run& run, int64_t step, Progress& progress, const char* label) {
   EvalFigures figures;
-  const DpoFigures dpo = evaluate_dpo(causal_lm(*run.model, "objective: dpo"), *run.eval_pairs, run.config.dpo,
-                                      run.config.eval_batches);
-  const nlohmann::json means = dpo.means();
+  CausalLM& model = causal_lm(*run.model, "a preference objective");
+  nlohmann::json means, eval_means;
+  int64_t pairs = 0;
+  if (run.config.objective == Objective::reward) {
+    const RewardFigures reward = evaluate_reward(model, *run.eval_pairs, padding_id(*run.tokenizer),
+                                                 run.config.eval_batches);
+    means = reward.means(), eval_means = reward.means("eval_"), pairs = reward.pairs;
+    figures.preference_accuracy = means["accuracy"].get<double>();
+  } else {
+    const DpoFigures dpo = evaluate_dpo(model, *run.eval_pairs, run.config.dpo, run.config.eval_batches);
+    means = dpo.means(), eval_means = dpo.means("eval_"), pairs = dpo.pairs;
+    figures.preference_accuracy = means["rewards/accuracies"].get<double>();
+  }
   figures.loss.loss = means["loss"].get<double>();
-  figures.preference_accuracy = means["rewards/accuracies"].get<double>();
-  progress.on_eval(step, dpo.means("eval_"));
+  progress.on_eval(step, eval_means);
   std::ostringstream line;
   line.precision(4);
-  line << std::fixed << "eval (" << label << ", step " << step << ", " << dpo.pairs << " pairs):";
+  line << std::fixed << "eval (" << label << ", step " << step << ", " << pairs << " pairs):";
   for (const auto& item : means.items()) line << " " << item.key() << " " << item.value().get<double>();
+  progress.message(line.str());
+  return figures;
+}
+
+// objective: grpo: the held-out prompts' reward and KL to the reference
+// (grpo_step.h's evaluate_rollouts), as eval_reward, eval_kl, ...
+EvalFigures evaluate_prompts(Run& run, int64_t step, Progress& progress, const char* label) {
+  EvalFigures figures;
+  std::vector<const PromptRow*> prompts;
+  const int64_t count = std::min<int64_t>(run.config.metric_examples, int64_t(run.eval_prompts.size()));
+  for (int64_t i = 0; i < count; ++i) prompts.push_back(&run.eval_prompts[size_t(i)]);
+  const nlohmann::json means =
+      evaluate_rollouts(rollout_sampler(run), run.config.rewards, run.reward_model.get(), padding_id(*run.tokenizer),
+                        prompts);
+  figures.reward = means["reward"].get<double>();
+  figures.kl = means["kl"].get<double>();
+  nlohmann::json row;
+  std::ostringstream line;
+  line.precision(4);
+  line << std::fixed << "eval (" << label << ", step " << step << ", " << count << " prompts):";
+  for (const auto& item : means.items()) {
+    row["eval_" + item.key()] = item.value();
+    line << " " << item.key() << " " << item.value().get<double>();
+  }
+  progress.on_eval(step, row);
   progress.message(line.str());
   return figures;
 }
 
 EvalFigures evaluate(Run& run, int64_t step, Progress& progress, const char* label) {
   if (run.eval_pairs) return evaluate_pairs(run, step, progress, label);
+  if (run.train_prompts) return run.eval_prompts.empty() ? EvalFigures{} : evaluate_prompts(run, step, progress, label);
   EvalFigures figures;
   if (!run.eval || !run.in_first_pipeline()) return figures;  // the other pipelines go on to the next step
   figures.loss = run.pipeline_stages == 1
@@ -578,6 +749,20 @@ void save_full_model(Run& run, const std::string& folder) {
   copy_file_atomically(run.config.tokenizer, path_in(folder, run.tokenizer->file_name()));
 }
 
+// PPO's value head under trl's names (v_head.summary.weight and .bias), as
+// trl keeps it beside the PEFT adapter.
+void save_value_head(Run& run, const std::string& path) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  const HeadParameters& head = run.model->output_head();
+  for (const Parameter* p : {head.weight, head.bias}) {
+    Tensor value = Tensor::empty(p->value.shape, DType::f32, run.host, MemCategory::workspace);
+    run.backend->copy(value, p->value);
+    tensors.emplace_back(p->name, value);
+  }
+  save_safetensors(path, tensors);
+  std::cout << "value head: " << path << "\n";
+}
+
 void save_outputs(Run& run) {
   if (!run.in_first_pipeline()) return;
   const TrainConfig& config = run.config;
@@ -594,6 +779,10 @@ void save_outputs(Run& run) {
   adapter.lora = *run.model->options().lora;  // with the architecture's default targets filled in
   adapter.base_model_name_or_path = config.model;
   adapter.task_type = peft_task_type(run.kind);
+  if (config.objective == Objective::reward) {  // as PEFT saves a sequence classifier's adapter
+    adapter.task_type = "SEQ_CLS";
+    adapter.modules_to_save = {"score"};
+  }
   save_peft_adapter(path_in(config.output_dir, "adapter"), adapters, run.model->options().lora, adapter);
   const bool config_file = fs::exists(config.source);
   write_adapter_record(path_in(config.output_dir, "adapter"),
@@ -601,6 +790,12 @@ void save_outputs(Run& run) {
                         run.chat ? std::optional(run.chat->kind) : std::nullopt, config.source,
                         config_file ? file_fingerprint(config.source) : ""});
   std::cout << "adapter (PEFT format): " << path_in(config.output_dir, "adapter") << "\n";
+  if (config.objective == Objective::ppo) save_value_head(run, path_in(config.output_dir, "value_head.safetensors"));
+  if (config.objective == Objective::reward)
+    std::cout << "reward model: `finetune score " << shell_quoted(config.model) << " --adapter "
+              << shell_quoted(path_in(config.output_dir, "adapter"))
+              << " --file ROWS.jsonl` scores rows; `finetune merge` with the same adapter writes a folder "
+                 "AutoModelForSequenceClassification loads\n";
 }
 
 // Drops metric rows past the resumed step: a crash after the last checkpoint
@@ -694,6 +889,11 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     for (const std::string& change : resumed.data_changes)
       std::cout << "warning: resuming with changed data (--allow-data-change): " << change << "\n";
     set_train_position(run, resumed.data_position);
+    if (config.objective == Objective::ppo) {
+      FT_CHECK(!resumed.objective_state.empty(), state_path, ": has no PPO state (the KL controller): it was not "
+               "saved by an objective: ppo run");
+      run.kl_controller = KlController::from_json(nlohmann::json::parse(resumed.objective_state));
+    }
     if (run.leader) truncate_metrics(metrics_path, resumed.step);
     std::cout << "resumed at step " << resumed.step << " from " << state_path << "\n";
   } else if (run.leader) {
@@ -717,8 +917,9 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   std::cout << "training " << run.total_steps << " steps of " << config.micro_batch_size << " x "
             << config.grad_accum_steps;
   if (data_ranks > 1) std::cout << " x " << data_ranks << " ranks (data parallel)";
-  std::cout << (config.objective == Objective::dpo ? " preference pairs (a chosen and a rejected sequence each)"
-                                                   : " sequences")
+  std::cout << (run.train_pairs     ? " preference pairs (a chosen and a rejected sequence each)"
+                : run.train_prompts ? " completions"
+                                    : " sequences")
             << " of up to " << config.seq_len << " tokens";
   if (run.pipeline_stages > 1) std::cout << ", through " << run.pipeline_stages << " pipeline stages";
   std::cout << "\n";
@@ -736,8 +937,11 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   progress.start();
   int64_t bad_in_a_row = 0;
   for (int64_t step = resumed.step; step < run.total_steps; ++step) {
-    const StepReport report =
-        config.objective == Objective::dpo ? dpo_train_step(run, step) : train_step(run, step);
+    const StepReport report = config.objective == Objective::dpo      ? dpo_train_step(run, step)
+                              : config.objective == Objective::reward ? reward_train_step(run, step)
+                              : config.objective == Objective::grpo   ? grpo_train_step(run, step)
+                              : config.objective == Objective::ppo    ? ppo_train_step(run, step)
+                                                                      : train_step(run, step);
     progress.on_step(report);
     bad_in_a_row = report.update_skipped ? on_bad_step(run, report, bad_in_a_row, progress) : 0;
     const bool last = step + 1 == run.total_steps;
@@ -757,8 +961,13 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   save_state(run, state_path, run.total_steps);
   EvalFigures after = evaluate(run, run.total_steps, progress, "after training");
   if (run.eval_pairs && compare_to_before)
-    std::cout << "eval rewards/accuracies (held-out pairs) "
+    std::cout << (config.objective == Objective::reward ? "eval accuracy" : "eval rewards/accuracies")
+              << " (held-out pairs) "
               << describe_change(before.preference_accuracy, after.preference_accuracy) << "\n";
+  if (!run.eval_prompts.empty() && compare_to_before)
+    std::cout << std::fixed << std::setprecision(4) << "eval reward (held-out prompts) " << before.reward << " -> "
+              << after.reward << " (" << std::showpos << after.reward - before.reward << std::noshowpos
+              << "); KL to the reference " << before.kl << " -> " << after.kl << std::defaultfloat << "\n";
   if ((run.eval || run.eval_pairs) && compare_to_before) {
     std::cout << "eval loss " << describe_change(before.loss.loss, after.loss.loss) << "\n";
     if (after.has_rouge)

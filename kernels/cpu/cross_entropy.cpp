@@ -13,7 +13,7 @@ constexpr int32_t kIgnoreIndex = -100;
 // Each row is loaded into f32 scratch before anything is written, so dlogits
 // may alias logits.
 void CpuBackend::cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,
-                                    float dloss) {
+                                    float dloss, const Tensor* row_scales) {
   const char* op = "cross_entropy";
   int64_t rows = logits.rows(), vocab = logits.cols();
   const int32_t* target = targets.ptr<const int32_t>();
@@ -21,6 +21,7 @@ void CpuBackend::cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tenso
     FT_CHECK(target[n] == kIgnoreIndex || (target[n] >= 0 && target[n] < vocab), op, ": target ", target[n],
              " at row ", n, " is neither -100 nor in [0, ", vocab, ")");
   float* loss_out = losses.ptr<float>();
+  const float* scales = row_scales ? row_scales->ptr<const float>() : nullptr;
 #pragma omp parallel
   {
     std::vector<float> row(vocab);
@@ -49,10 +50,11 @@ void CpuBackend::cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tenso
       }
       loss_out[n] = float(double(max_logit) - double(target_logit) + std::log(sum));
       if (!dlogits) continue;
+      const double row_dloss = scales ? double(dloss) * double(scales[n]) : double(dloss);
       // The target's (p - 1) * dloss from the sum of the other terms: p * dloss
       // - dloss in f32 would cancel when p is near 1.
-      float target_grad = float((double(row[target[n]]) - sum) / sum * double(dloss));
-      float scale = float(double(dloss) / sum);
+      float target_grad = float((double(row[target[n]]) - sum) / sum * row_dloss);
+      float scale = float(row_dloss / sum);
       for (int64_t i = 0; i < vocab; ++i) row[i] *= scale;
       row[target[n]] = target_grad;
       cpu::store_row(*dlogits, n * vocab, row.data(), vocab);

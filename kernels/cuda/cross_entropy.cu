@@ -1,6 +1,7 @@
 // Softmax cross-entropy with ignore_index -100, fused with its gradient as in
 // llm.c: one block per row computes max, log-sum-exp and the loss, then
-// overwrites the row with (softmax - onehot) * dloss. Every element is read
+// overwrites the row with (softmax - onehot) * dloss (times the row's scale
+// when row_scales are given). Every element is read
 // and written by the same thread after the last reduction barrier, so dlogits
 // may alias logits.
 //
@@ -19,7 +20,7 @@ constexpr int32_t kIgnoreIndex = -100;
 
 __global__ void __launch_bounds__(kBlock)
     cross_entropy_kernel(float* losses, cuda::View dlogits, bool write_grad, cuda::ConstView logits,
-                         const int32_t* targets, float dloss, int64_t vocab) {
+                         const int32_t* targets, float dloss, const float* row_scales, int64_t vocab) {
   __shared__ float scratch[32];
   __shared__ double sum_scratch[32];
   int64_t n = blockIdx.x, row = n * vocab;
@@ -46,12 +47,13 @@ __global__ void __launch_bounds__(kBlock)
     losses[n] = valid ? float(double(max_logit) - double(cuda::load(logits, row + target)) + log(sum)) : NAN;
   __syncthreads();
   if (!write_grad) return;
-  const float scale = float(double(dloss) / sum);
+  const double row_dloss = row_scales ? double(dloss) * double(row_scales[n]) : double(dloss);
+  const float scale = float(row_dloss / sum);
   for (int64_t i = threadIdx.x; i < vocab; i += kBlock) {
     float e = expf(cuda::load(logits, row + i) - max_logit);
     // The target's (p - 1) * dloss from the sum of the other terms: p * dloss
     // - dloss in f32 would cancel when p is near 1.
-    float grad = i == target ? float((double(e) - sum) / sum * double(dloss)) : e * scale;
+    float grad = i == target ? float((double(e) - sum) / sum * row_dloss) : e * scale;
     cuda::store(dlogits, row + i, valid ? grad : NAN);
   }
 }
@@ -59,14 +61,15 @@ __global__ void __launch_bounds__(kBlock)
 }  // namespace
 
 void CudaBackend::cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,
-                                     float dloss) {
+                                     float dloss, const Tensor* row_scales) {
   const char* op = "cross_entropy";
   int64_t rows = logits.rows(), vocab = logits.cols();
   FT_CHECK(rows < (int64_t(1) << 31), op, ": too many rows (", rows, ")");
   if (rows == 0) return;
   cuda::View grad = dlogits ? cuda::view(*dlogits) : cuda::View{nullptr, DType::f32};
   launch<cross_entropy_kernel>(unsigned(rows), kBlock, 0, stream_, losses.ptr<float>(), grad, dlogits != nullptr,
-                               cuda::const_view(logits), targets.ptr<const int32_t>(), dloss, vocab);
+                               cuda::const_view(logits), targets.ptr<const int32_t>(), dloss,
+                               row_scales ? row_scales->ptr<const float>() : nullptr, vocab);
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -228,7 +228,7 @@ void MetaBackend::activation_backward_impl(Tensor&, Tensor*, const Tensor&, cons
   enter("activation_backward", {});
 }
 
-void MetaBackend::cross_entropy_impl(Tensor&, Tensor*, const Tensor&, const Tensor&, float) {
+void MetaBackend::cross_entropy_impl(Tensor&, Tensor*, const Tensor&, const Tensor&, float, const Tensor*) {
   enter("cross_entropy", {});
 }
 

@@ -278,6 +278,17 @@ TEST_CASE("cuda: cross-entropy with ignored rows, dlogits separate and in place"
     want_all.insert(want_all.end(), want.begin() + N, want.end());
     want_all.insert(want_all.end(), want.begin(), want.begin() + N);
     check_close(got, want_all, {1e-6, dtype == DType::bf16 ? kBf16.rtol : 1e-5});
+
+    // Per-row gradient scales, as the CPU applies them.
+    Tensor scales = host_random({N}, DType::f32, 23, -3.0f, 3.0f);
+    cpu.cross_entropy(want_losses, &want_dlogits, logits, targets, 1.0f / 7.0f, &scales);
+    std::vector<float> scaled = emu_test::same_under_schedules([&] {
+      Tensor losses = device_empty({N}, DType::f32), dlogits = device_empty({N, V}, dtype);
+      Tensor device_scales = to_device(scales);
+      gpu.cross_entropy(losses, &dlogits, to_device(logits), to_device(targets), 1.0f / 7.0f, &device_scales);
+      return values({&losses, &dlogits});
+    });
+    check_close(scaled, values({&want_losses, &want_dlogits}), {1e-6, dtype == DType::bf16 ? kBf16.rtol : 1e-5});
   }
 }
 

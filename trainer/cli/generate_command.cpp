@@ -13,6 +13,7 @@
 #include "model/safetensors.h"
 #include "tokenizer/load_tokenizer.h"
 #include "trainer/adapter_record.h"
+#include "trainer/cli/inference_model.h"
 #include "trainer/cli/options.h"
 #include "trainer/data/data.h"
 #include "trainer/data/special_tokens.h"
@@ -69,47 +70,26 @@ class StreamPrinter {
 };
 
 struct Session {
-  HostAllocator host;
-  DeviceBackend device;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<CausalLM> model;
+  InferenceModel loaded;
+  CausalLM* model = nullptr;
+  Tokenizer* tokenizer = nullptr;
   StopCondition stop;
-  SpecialTokens special;
   std::optional<ChatTemplate> chat;  // --chat
   std::string system;                // --chat --system
 };
 
 void load_session(Session& session, const GenerateCommand& command) {
-  TrainConfig config;
-  config.source = "finetune generate";
-  config.model = command.model;
-  config.tokenizer = command.tokenizer.empty() ? default_tokenizer_path(command.model) : command.tokenizer;
-  const std::optional<AdapterRecord> record =
-      command.adapter.empty() ? std::nullopt : read_adapter_record(command.adapter);
-  config.quantization.mode = command.quantization.value_or(record ? record->quantization : QuantizedBase::none);
-  config.precision = command.precision.value_or(record ? record->precision : Precision::fp32);
-  std::cerr << "base: " << enum_name(config.quantization.mode) << ", precision " << enum_name(config.precision)
-            << (record && !(command.quantization && command.precision)
-                    ? " (as the adapter was trained: " + command.adapter + "/" + kAdapterRecordFile + ")"
-                    : "")
-            << "\n";
-  for (const std::string& stop : command.stop) config.generate.stop.push_back(TokenRef{-1, stop});
-  const std::string config_json = (std::filesystem::path(command.model) / "config.json").string();
-  FT_CHECK(std::filesystem::is_directory(command.model), command.model,
-           ": MODEL must be a Hugging Face checkpoint folder (config.json, safetensors, tokenizer)");
-  const ModelConfig model_config = read_model_config(config_json);
-  session.tokenizer = load_tokenizer(config.tokenizer, model_config.vocab_size);
-  session.special = resolve_special_tokens(config, *session.tokenizer, model_config.vocab_size);
-  ModelOptions options = model_options(config);
-  options.lora.reset();
-  if (!command.adapter.empty()) options.lora = read_peft_adapter_config(command.adapter).lora;
-  session.device = make_device_backend(command.device, config.source, session.host, std::cerr);
-  session.model = make_causal_lm(model_config, *session.device.backend, options);
-  session.model->load(Checkpoint(command.model));
-  if (!command.adapter.empty()) load_peft_adapter(command.adapter, *session.model);
-  session.stop = StopCondition{session.special.stop_ids, session.special.stop_strings, session.tokenizer.get()};
+  load_inference_model(session.loaded,
+                       {command.model, command.adapter, command.tokenizer, command.quantization, command.precision,
+                        command.device, OutputHead::none, "finetune generate"},
+                       command.stop);
+  session.model = session.loaded.model.get();
+  session.tokenizer = session.loaded.tokenizer.get();
+  const SpecialTokens& special = session.loaded.special;
+  session.stop = StopCondition{special.stop_ids, special.stop_strings, session.tokenizer};
   if (command.ignore_eos) session.stop.ids.clear();
-  std::cerr << "special tokens: " << describe(session.special, *session.tokenizer) << "\n";
+  std::cerr << "special tokens: " << describe(special, *session.tokenizer) << "\n";
+  const std::optional<AdapterRecord>& record = session.loaded.record;
   const std::optional<ChatTemplateKind> trained_chat = record ? record->chat_template : std::nullopt;
   if (!command.chat) {
     if (trained_chat)
@@ -120,7 +100,7 @@ void load_session(Session& session, const GenerateCommand& command) {
   const ChatTemplateKind kind = command.chat_template != ChatTemplateKind::automatic ? command.chat_template
                                                                                     : trained_chat.value_or(ChatTemplateKind::automatic);
   session.chat = resolve_chat_template(kind,
-                                       std::filesystem::path(config.tokenizer).parent_path().string(),
+                                       std::filesystem::path(session.loaded.config.tokenizer).parent_path().string(),
                                        "--chat-template");
   session.system = command.system;
   std::cerr << "chat template: " << enum_name(session.chat->kind) << "\n";

@@ -2,6 +2,8 @@
 // finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--ranks N] [--max-seq-len] [--h2d-bandwidth SIZE] [--tflops N] [--set key=value]...
 // finetune generate MODEL ... (trainer/cli/generate_command.h)
 // finetune merge MODEL --adapter DIR --out DIR ... (trainer/cli/merge.h)
+// finetune score MODEL [--adapter DIR] --file ROWS.jsonl ... (trainer/cli/score_command.h)
+// finetune export MODEL [--adapter DIR] --gguf OUT.gguf ... (trainer/cli/export.h)
 // finetune course [CONFIGS_DIR] (trainer/cli/course.h)
 // finetune [SUBCOMMAND] --help prints the usage; finetune --version the
 // version and the backends this build has. CLI11 parses every command line.
@@ -21,8 +23,10 @@
 #include "kernels/error.h"
 #include "trainer/cli/compare.h"
 #include "trainer/cli/course.h"
+#include "trainer/cli/export.h"
 #include "trainer/cli/generate_command.h"
 #include "trainer/cli/merge.h"
+#include "trainer/cli/score_command.h"
 #include "trainer/cli/options.h"
 #include "trainer/device_backend.h"
 #include "trainer/parallel/collectives.h"
@@ -215,6 +219,10 @@ int run(int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
   CLI::App* generate_command = ft::add_generate_command(app, generate);
   ft::MergeCommand merge;
   CLI::App* merge_command = ft::add_merge_command(app, merge);
+  ft::ScoreCommand score;
+  CLI::App* score_command = ft::add_score_command(app, score);
+  ft::GgufExportCommand gguf_export;
+  CLI::App* export_command = ft::add_export_command(app, gguf_export);
   std::string configs_dir = shipped_configs_dir();
   CLI::App* course_command = add_course_command(app, configs_dir);
   // After the subcommands: each would inherit it.
@@ -227,8 +235,13 @@ int run(int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
 
   if (*plan_command) return run_plan(plan);
   if (*generate_command) return ft::run_generate(generate);
+  if (*score_command) return ft::run_score(score);
   if (*merge_command) {
     ft::merge_adapter(merge, std::cout);
+    return 0;
+  }
+  if (*export_command) {
+    ft::export_gguf(gguf_export, std::cout);
     return 0;
   }
   if (*course_command) {

@@ -11,9 +11,8 @@
 #include "kernels/error.h"
 #include "model/atomic_file.h"
 #include "model/json_input.h"
-#include "model/lora_linear.h"
-#include "model/peft_adapter.h"
 #include "model/safetensors.h"
+#include "trainer/adapter_merge.h"
 #include "trainer/cli/options.h"
 #include "trainer/plan.h"
 
@@ -37,8 +36,6 @@ const char* torch_dtype_name(DType dtype) {
   return dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
 }
 
-bool is_float(DType dtype) { return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16; }
-
 void check_output_folder(const MergeCommand& command) {
   std::error_code error;
   FT_CHECK(!fs::exists(command.out) || !fs::equivalent(command.out, command.model, error), command.out,
@@ -49,27 +46,6 @@ void check_output_folder(const MergeCommand& command) {
     const std::string name = entry.path().filename().string();
     FT_CHECK(!(name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos), command.out,
              ": already holds a checkpoint (", name, "); give a new or empty folder");
-  }
-}
-
-// Every adapted module must be a floating [out, in] weight of MODEL that A
-// [r, in] and B [out, r] fit; every tensor of MODEL must be floating (an INT8
-// or NF4 base saved by a run is not the original weights).
-void check_targets(const Checkpoint& base, const std::map<std::string, LoraPair>& pairs,
-                   const std::string& adapter_file) {
-  for (const std::string& name : base.names()) {
-    const SafetensorsEntry& entry = base.entry(name);
-    FT_CHECK(is_float(entry.dtype), entry.file, ": tensor \"", name, "\" is ", dtype_name(entry.dtype),
-             " (a quantised base); merge needs the original F32, BF16 or F16 weights the adapter was trained over");
-  }
-  for (const auto& [module, pair] : pairs) {
-    const std::string weight = module + ".weight";
-    FT_CHECK(base.contains(weight), adapter_file, ": module \"", module, "\" has no weight \"", weight, "\" in ",
-             base.path(), " (is this the adapter's base model?)");
-    const SafetensorsEntry& entry = base.entry(weight);
-    FT_CHECK(entry.shape == Shape({pair.B->shape[0], pair.A->shape[1]}), adapter_file, ": module \"", module,
-             "\": lora_B ", shape_string(pair.B->shape), " x lora_A ", shape_string(pair.A->shape),
-             " does not fit \"", weight, "\" ", shape_string(entry.shape), " of ", entry.file);
   }
 }
 
@@ -86,46 +62,40 @@ std::vector<std::vector<std::string>> plan_shards(const Checkpoint& base, DType 
   return shards;
 }
 
-// The adapter pair of a base tensor: name is <module>.weight for an adapted module.
-const LoraPair* pair_of(const std::map<std::string, LoraPair>& pairs, const std::string& name) {
-  const std::string suffix = ".weight";
-  if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-    return nullptr;
-  auto it = pairs.find(name.substr(0, name.size() - suffix.size()));
-  return it == pairs.end() ? nullptr : &it->second;
-}
-
-Tensor view_of(const SafetensorsEntry& entry) {
-  return Tensor::view_of(const_cast<void*>(entry.data), entry.shape, entry.dtype);
-}
-
-// name in dtype: the base tensor, plus scaling * B A where an adapter targets it (in f32, rounded once).
-Tensor output_tensor(CpuBackend& be, const Checkpoint& base, const std::string& name, const LoraPair* pair,
-                     float scaling, DType dtype) {
-  Tensor out = be.empty(base.entry(name).shape, dtype, MemCategory::weights);
-  if (!pair) {
-    be.copy(out, base.view(name));
-    return out;
+// A SEQ_CLS adapter (a reward model): the config of transformers'
+// *ForSequenceClassification with one label, as AutoModelForSequenceClassification
+// loads it. It reads the score at the last token that is not pad_token_id:
+// a base without one gets eos_token_id, the padding a run used then
+// (trainer/data/data.h's padding_id).
+void make_sequence_classifier(json& config, const std::string& source, std::ostream& log) {
+  FT_CHECK(config.contains("architectures") && config["architectures"].is_array() &&
+               !config["architectures"].empty() && config["architectures"][0].is_string(),
+           source, ": a SEQ_CLS adapter's merge needs \"architectures\" (e.g. [\"LlamaForCausalLM\"])");
+  std::string architecture = config["architectures"][0].get<std::string>();
+  const std::string causal = "ForCausalLM";
+  if (architecture.size() > causal.size() &&
+      architecture.compare(architecture.size() - causal.size(), causal.size(), causal) == 0)
+    architecture = architecture.substr(0, architecture.size() - causal.size()) + "ForSequenceClassification";
+  config["architectures"] = json::array({architecture});
+  config["id2label"] = {{"0", "LABEL_0"}};
+  config["label2id"] = {{"LABEL_0", 0}};
+  if (!config.contains("pad_token_id") || config["pad_token_id"].is_null()) {
+    FT_CHECK(config.contains("eos_token_id") && config["eos_token_id"].is_number_integer(), source,
+             ": a SEQ_CLS adapter's merge needs pad_token_id or eos_token_id (where the score is read)");
+    config["pad_token_id"] = config["eos_token_id"];
+    log << "pad_token_id: " << config["pad_token_id"] << " (eos_token_id; " << source << " has none)\n";
   }
-  Tensor weight = be.empty(out.shape, DType::f32, MemCategory::workspace);
-  Tensor A = be.empty(pair->A->shape, DType::f32, MemCategory::workspace);
-  Tensor B = be.empty(pair->B->shape, DType::f32, MemCategory::workspace);
-  be.copy(weight, base.view(name));
-  be.copy(A, view_of(*pair->A));
-  be.copy(B, view_of(*pair->B));
-  be.matmul(weight, B, A, false, false, scaling, 1.0f);
-  be.copy(out, weight);
-  return out;
 }
 
 // config.json with its dtype fields naming the output dtype.
-void write_config(const MergeCommand& command, DType dtype) {
+void write_config(const MergeCommand& command, DType dtype, bool sequence_classifier, std::ostream& log) {
   const std::string source = (fs::path(command.model) / "config.json").string();
   json config = read_json_object(source, "a Hugging Face config.json");
   bool named = false;
   for (const char* key : {"torch_dtype", "dtype"})
     if (config.contains(key)) config[key] = torch_dtype_name(dtype), named = true;
   if (!named) config["torch_dtype"] = torch_dtype_name(dtype);
+  if (sequence_classifier) make_sequence_classifier(config, source, log);
   write_file_atomically((fs::path(command.out) / "config.json").string(), config.dump(2) + "\n");
 }
 
@@ -162,17 +132,14 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
   FT_CHECK(fs::is_regular_file(fs::path(command.model) / "config.json"), command.model,
            ": MODEL must be a Hugging Face checkpoint folder with a config.json");
   check_output_folder(command);
-  const PeftAdapterConfig adapter = read_peft_adapter_config(command.adapter);
-  SafetensorsFile adapter_file((fs::path(command.adapter) / "adapter_model.safetensors").string());
-  verify_checksum(adapter_file);
-  const std::map<std::string, LoraPair> pairs = read_lora_pairs(adapter_file, adapter);
   const Checkpoint base(command.model);
-  check_targets(base, pairs, adapter_file.path());
-  const DType dtype = command.dtype.value_or(base.entry(pairs.begin()->first + ".weight").dtype);
-  const float scaling = lora_scaling(adapter.lora.lora_alpha, adapter.lora.r, adapter.lora.use_rslora);
+  const AdapterMerge adapter(command.adapter, base);
+  const DType dtype = command.dtype.value_or(base.entry(adapter.pairs().begin()->first + ".weight").dtype);
 
   fs::create_directories(command.out);
-  const std::vector<std::vector<std::string>> shards = plan_shards(base, dtype, command.max_shard_bytes);
+  std::vector<std::vector<std::string>> shards = plan_shards(base, dtype, command.max_shard_bytes);
+  // Added tensors (a score head over a causal LM's checkpoint) after the base's, in the last shard.
+  shards.back().insert(shards.back().end(), adapter.added_names().begin(), adapter.added_names().end());
   json weight_map = json::object();
   size_t total_bytes = 0;
   for (size_t s = 0; s < shards.size(); ++s) {
@@ -180,8 +147,8 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
     CpuBackend be(host);
     std::vector<std::pair<std::string, Tensor>> tensors;
     for (const std::string& name : shards[s]) {
-      tensors.emplace_back(name, output_tensor(be, base, name, pair_of(pairs, name), scaling, dtype));
-      base.release(name);
+      tensors.emplace_back(name, adapter.tensor(be, name, dtype));
+      if (base.contains(name)) base.release(name);
       weight_map[name] = shard_name(s, shards.size());
       total_bytes += tensors.back().second.size_bytes();
     }
@@ -191,11 +158,13 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
     const json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
     write_file_atomically((fs::path(command.out) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   }
-  write_config(command, dtype);
+  write_config(command, dtype, adapter.config().task_type == "SEQ_CLS", log);
   for (const char* file : kCopiedFiles)
     if (fs::exists(fs::path(command.model) / file))
       copy_file_atomically((fs::path(command.model) / file).string(), (fs::path(command.out) / file).string());
-  log << "merged " << pairs.size() << " LoRA modules (scaling " << scaling << ") into " << base.names().size()
+  log << "merged " << adapter.pairs().size() << " LoRA modules (scaling " << adapter.scaling() << ")"
+      << (adapter.saved().empty() ? "" : " and " + std::to_string(adapter.saved().size()) + " modules_to_save tensors")
+      << " into " << base.names().size() + adapter.added_names().size()
       << " " << dtype_name(dtype) << " tensors, " << shards.size() << " shard" << (shards.size() > 1 ? "s" : "")
       << ": " << command.out << "\n";
 }

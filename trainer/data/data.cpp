@@ -479,9 +479,12 @@ DataLoader::DataLoader(std::vector<TokenSequence> rows, int64_t micro_batch_size
 
 int64_t DataLoader::batches_per_epoch() const { return (row_count() + micro_batch_size_ - 1) / micro_batch_size_; }
 
-std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
-  std::vector<int64_t> order = identity_order_;
-  std::mt19937_64 rng(seed_ + uint64_t(epoch));
+std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const { return shuffled_order(row_count(), seed_, epoch); }
+
+std::vector<int64_t> shuffled_order(int64_t count, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(count));
+  std::iota(order.begin(), order.end(), int64_t(0));
+  std::mt19937_64 rng(seed + uint64_t(epoch));
   for (int64_t i = int64_t(order.size()) - 1; i > 0; i--) {
     // Plain modulo: its bias is below rows / 2^64, and unlike
     // std::uniform_int_distribution it gives the same draw on every library.

@@ -212,6 +212,10 @@ struct DataPosition {
   int64_t index = 0;  // micro-batch within the epoch, [0, batches_per_epoch)
 };
 
+// Rows [0, count) in an epoch's order: a Fisher-Yates shuffle driven by
+// std::mt19937_64(seed + epoch), identical on every platform.
+std::vector<int64_t> shuffled_order(int64_t count, uint64_t seed, int64_t epoch);
+
 class DataLoader {
  public:
   // host_allocator must be a CPU allocator that outlives the batches.
@@ -233,8 +237,7 @@ class DataLoader {
   // Rows in file order, no shuffling: for evaluation.
   Batch batch_in_order(int64_t index) const;
 
-  // The row order of an epoch: a Fisher-Yates shuffle driven by
-  // std::mt19937_64(seed + epoch), identical on every platform.
+  // The row order of an epoch: shuffled_order(row_count(), seed, epoch).
   std::vector<int64_t> epoch_order(int64_t epoch) const;
 
  private:

@@ -1,0 +1,148 @@
+// finetune export --gguf against llama.cpp's converter: tests/fixtures/gguf/
+// (scripts/make_gguf_fixtures.py) holds the GGUF files that the `gguf`
+// package's writer, name map and quantisers make of tiny checkpoints under
+// convert_hf_to_gguf.py's rules. Our export of the same checkpoint, read back
+// with our reader, must hold every metadata entry of the reference with the
+// same type and value (ours may add a few, e.g. general.name) and every
+// tensor with the same name, shape, type and bytes (Llama-3's rope_freqs,
+// computed in f32 by torch there, within 1 ulp). Also: bad input is one Error
+// and leaves no file.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "kernels/error.h"
+#include "model/gguf_file.h"
+#include "model/gguf_quant.h"
+#include "trainer/gguf_export.h"
+
+using namespace ft;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kFixtures = FT_FIXTURES_DIR;
+
+std::string fresh_file(const std::string& name) {
+  const fs::path path = fs::temp_directory_path() / (std::string(FT_TEST_NAME) + "_" + name + ".gguf");
+  fs::remove(path);
+  return path.string();
+}
+
+GgufExportCommand command_for(const std::string& model, const std::string& tokenizer, const std::string& adapter,
+                              GgmlType type, const std::string& out) {
+  GgufExportCommand command;
+  command.model = kFixtures + "/" + model;
+  command.tokenizer = kFixtures + "/" + tokenizer;
+  command.adapter = adapter.empty() ? "" : kFixtures + "/" + adapter;
+  command.type = type;
+  command.out = out;
+  return command;
+}
+
+void check_equal_to_reference(const GgufFile& ours, const GgufFile& reference) {
+  CHECK(ours.version() == 3);
+  for (const auto& [key, value] : reference.metadata()) {
+    INFO("metadata ", key);
+    REQUIRE(ours.contains(key));
+    CHECK(ours.value(key) == value);
+  }
+  REQUIRE(ours.tensors().size() == reference.tensors().size());
+  for (const GgufFile::TensorInfo& expected : reference.tensors()) {
+    INFO("tensor ", expected.name);
+    const GgufFile::TensorInfo& got = ours.tensor(expected.name);
+    CHECK(got.shape == expected.shape);
+    REQUIRE(got.type == expected.type);
+    REQUIRE(got.size_bytes == expected.size_bytes);
+    if (expected.name == "rope_freqs.weight") {
+      const std::vector<float> a = from_ggml(got.data, shape_numel(got.shape), got.type);
+      const std::vector<float> b = from_ggml(expected.data, shape_numel(expected.shape), expected.type);
+      for (size_t i = 0; i < a.size(); ++i) CHECK(std::fabs(a[i] - b[i]) <= std::fabs(b[i]) * 1.2e-7f);
+    } else {
+      CHECK(std::memcmp(got.data, expected.data, got.size_bytes) == 0);
+    }
+  }
+}
+
+struct Case {
+  const char* reference;
+  const char* model;
+  const char* tokenizer;
+  const char* adapter;
+  GgmlType type;
+};
+
+}  // namespace
+
+TEST_CASE("export --gguf writes what llama.cpp's converter writes: metadata, tokenizer and tensors") {
+  const Case cases[] = {
+      // Llama-3 layout: q/k permuted, rope_freqs, tied embeddings, byte-level BPE "llama-bpe", Q8_0.
+      {"llama3_tiny_q8_0", "llama3_tiny", "llama3_tiny/tokenizer.json", "", GgmlType::q8_0},
+      // Qwen2: q/k/v biases, rows not permuted, untied output, BPE "qwen2", F16.
+      {"qwen2_tiny_f16", "qwen2_tiny", "qwen2_tiny/tokenizer.json", "", GgmlType::f16},
+      // Llama with GQA, a PEFT adapter merged in, SentencePiece with scores, BF16.
+      {"llama_lora_bf16", "llama_gqa", "tokenizer/tokenizer.model", "llama_lora/adapter", GgmlType::bf16},
+      // GPT-NeoX: LayerNorm, fused qkv regrouped, Q8_0 with F16 for 176-wide rows.
+      {"gpt_neox_q8_0", "gpt_neox_parallel", "tokenizer/tokenizer.model", "", GgmlType::q8_0},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.reference);
+    const std::string out = fresh_file(c.reference);
+    std::ostringstream log;
+    export_gguf(command_for(c.model, c.tokenizer, c.adapter, c.type, out), log);
+    check_equal_to_reference(GgufFile(out), GgufFile(kFixtures + "/gguf/" + c.reference + ".gguf"));
+  }
+}
+
+TEST_CASE("Q8_0 blocks follow ggml's reference quantiser: d = max|x| / 127 as F16, codes round half away from 0") {
+  std::vector<float> values(64, 0.0f);
+  values[0] = -2.54f;  // amax: d = 0.02
+  values[1] = 0.03f;   // 1.5 codes: rounds away from zero to 2
+  values[2] = -0.01f;  // -0.5 codes: -1
+  // The second block is all zeros: d 0, codes 0.
+  const std::vector<uint8_t> bytes = to_ggml(values.data(), 64, GgmlType::q8_0);
+  REQUIRE(bytes.size() == 68);
+  uint16_t d_bits;
+  std::memcpy(&d_bits, bytes.data(), 2);
+  CHECK(d_bits == f32_to_f16(2.54f / 127.0f));
+  CHECK(int8_t(bytes[2]) == -127);
+  CHECK(int8_t(bytes[3]) == int8_t(std::round(0.03f * (1.0f / (2.54f / 127.0f)))));
+  CHECK(int8_t(bytes[4]) == int8_t(std::round(-0.01f * (1.0f / (2.54f / 127.0f)))));
+  for (size_t i = 34; i < 68; ++i) CHECK(bytes[i] == 0);
+}
+
+TEST_CASE("export --gguf refuses what llama.cpp cannot read with one error, leaving no file") {
+  const std::string out = fresh_file("refused");
+  const auto refuses = [&](const GgufExportCommand& command, const std::string& fragment) {
+    std::ostringstream log;
+    CAPTURE(fragment);
+    try {
+      export_gguf(command, log);
+      FAIL("no error");
+    } catch (const Error& error) {
+      CHECK(std::string(error.what()).find(fragment) != std::string::npos);
+    }
+    CHECK(!fs::exists(out));
+    CHECK(!fs::exists(out + ".tmp"));
+  };
+  refuses(command_for("t5_v1_1", "tokenizer/tokenizer.model", "", GgmlType::f16, out),
+          "model_type \"t5\" has no llama.cpp architecture");
+  refuses(command_for("llama_dynamic_rope", "tokenizer/tokenizer.model", "", GgmlType::f16, out),
+          "rope_type \"dynamic\"");
+  refuses(command_for("llama_gqa", "tokenizer/tokenizer.model", "gpt_neox_lora/adapter", GgmlType::f16, out),
+          "is this the adapter's base model?");
+  refuses(command_for("llama_gqa", "tokenizers/mistral/tokenizer.json", "", GgmlType::f16, out),
+          "a SentencePiece-style BPE");
+}
+
+TEST_CASE("our GGUF reader refuses a truncated file naming it") {
+  const std::string path = fresh_file("truncated");
+  const std::string reference = kFixtures + "/gguf/llama3_tiny_q8_0.gguf";
+  fs::copy_file(reference, path);
+  fs::resize_file(path, fs::file_size(reference) - 10);
+  CHECK_THROWS_WITH_AS(GgufFile{path}, doctest::Contains("runs past the end of the file"), Error);
+  fs::remove(path);
+}

@@ -1,0 +1,90 @@
+#include "trainer/adapter_merge.h"
+
+#include <filesystem>
+
+#include "kernels/error.h"
+#include "model/lora_linear.h"
+
+namespace ft {
+namespace {
+
+bool is_float(DType dtype) { return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16; }
+
+void check_targets(const Checkpoint& base, const std::map<std::string, LoraPair>& pairs,
+                   const std::string& adapter_file) {
+  for (const std::string& name : base.names()) {
+    const SafetensorsEntry& entry = base.entry(name);
+    FT_CHECK(is_float(entry.dtype), entry.file, ": tensor \"", name, "\" is ", dtype_name(entry.dtype),
+             " (a quantised base); merge needs the original F32, BF16 or F16 weights the adapter was trained over");
+  }
+  for (const auto& [module, pair] : pairs) {
+    const std::string weight = module + ".weight";
+    FT_CHECK(base.contains(weight), adapter_file, ": module \"", module, "\" has no weight \"", weight, "\" in ",
+             base.path(), " (is this the adapter's base model?)");
+    const SafetensorsEntry& entry = base.entry(weight);
+    FT_CHECK(entry.shape == Shape({pair.B->shape[0], pair.A->shape[1]}), adapter_file, ": module \"", module,
+             "\": lora_B ", shape_string(pair.B->shape), " x lora_A ", shape_string(pair.A->shape),
+             " does not fit \"", weight, "\" ", shape_string(entry.shape), " of ", entry.file);
+  }
+}
+
+// The adapter pair of a base tensor: name is <module>.weight for an adapted module.
+const LoraPair* pair_of(const std::map<std::string, LoraPair>& pairs, const std::string& name) {
+  const std::string suffix = ".weight";
+  if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return nullptr;
+  auto it = pairs.find(name.substr(0, name.size() - suffix.size()));
+  return it == pairs.end() ? nullptr : &it->second;
+}
+
+Tensor view_of(const SafetensorsEntry& entry) {
+  return Tensor::view_of(const_cast<void*>(entry.data), entry.shape, entry.dtype);
+}
+
+}  // namespace
+
+AdapterMerge::AdapterMerge(const std::string& folder, const Checkpoint& base)
+    : base_(base),
+      config_(read_peft_adapter_config(folder)),
+      file_((std::filesystem::path(folder) / "adapter_model.safetensors").string()) {
+  verify_checksum(file_);
+  pairs_ = read_lora_pairs(file_, config_);
+  check_targets(base, pairs_, file_.path());
+  scaling_ = lora_scaling(config_.lora.lora_alpha, config_.lora.r, config_.lora.use_rslora);
+  saved_ = saved_modules(file_, config_);
+  for (const auto& [name, entry] : saved_) {
+    if (!base.contains(name)) {
+      added_.push_back(name);
+      continue;
+    }
+    FT_CHECK(base.entry(name).shape == entry->shape, file_.path(), ": tensor \"", entry->name, "\" ",
+             shape_string(entry->shape), " does not fit \"", name, "\" ", shape_string(base.entry(name).shape),
+             " of ", base.entry(name).file);
+  }
+}
+
+Tensor AdapterMerge::tensor(CpuBackend& be, const std::string& name, DType dtype) const {
+  auto whole = saved_.find(name);
+  if (whole != saved_.end()) {
+    Tensor out = be.empty(whole->second->shape, dtype, MemCategory::weights);
+    be.copy(out, view_of(*whole->second));
+    return out;
+  }
+  Tensor out = be.empty(base_.entry(name).shape, dtype, MemCategory::weights);
+  const LoraPair* pair = pair_of(pairs_, name);
+  if (!pair) {
+    be.copy(out, base_.view(name));
+    return out;
+  }
+  Tensor weight = be.empty(out.shape, DType::f32, MemCategory::workspace);
+  Tensor A = be.empty(pair->A->shape, DType::f32, MemCategory::workspace);
+  Tensor B = be.empty(pair->B->shape, DType::f32, MemCategory::workspace);
+  be.copy(weight, base_.view(name));
+  be.copy(A, view_of(*pair->A));
+  be.copy(B, view_of(*pair->B));
+  be.matmul(weight, B, A, false, false, scaling_, 1.0f);
+  be.copy(out, weight);
+  return out;
+}
+
+}  // namespace ft

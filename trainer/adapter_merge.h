@@ -1,0 +1,46 @@
+// A PEFT LoRA adapter opened for folding into a checkpoint's original
+// weights: W + scaling * B A, summed in f32 and rounded once to the output
+// dtype (PEFT's merge_and_unload()). Shared by `finetune merge` (a Hugging
+// Face folder) and `finetune export --gguf`.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "model/peft_adapter.h"
+#include "model/safetensors.h"
+
+namespace ft {
+
+class AdapterMerge {
+ public:
+  // Reads folder's adapter_config.json and adapter_model.safetensors (its
+  // checksum verified) and checks them against base: every adapted module must
+  // be a floating [out, in] weight of base that A [r, in] and B [out, r] fit,
+  // and every tensor of base must be floating (an INT8 or NF4 base saved by a
+  // run is not the original weights). Each failure is an Error naming the file.
+  AdapterMerge(const std::string& folder, const Checkpoint& base);
+
+  const PeftAdapterConfig& config() const { return config_; }
+  const std::map<std::string, LoraPair>& pairs() const { return pairs_; }
+  float scaling() const { return scaling_; }
+  // modules_to_save's tensors (a reward model's score.weight), saved whole:
+  // each replaces the base's tensor of that name, or adds one (added_names).
+  const std::map<std::string, const SafetensorsEntry*>& saved() const { return saved_; }
+  const std::vector<std::string>& added_names() const { return added_; }
+  // Tensor `name` (the base's or an added one) in dtype: the saved module's,
+  // or the base's with scaling * B A added where the adapter targets it.
+  Tensor tensor(CpuBackend& be, const std::string& name, DType dtype) const;
+
+ private:
+  const Checkpoint& base_;
+  PeftAdapterConfig config_;
+  SafetensorsFile file_;
+  std::map<std::string, LoraPair> pairs_;
+  std::map<std::string, const SafetensorsEntry*> saved_;
+  std::vector<std::string> added_;
+  float scaling_;
+};
+
+}  // namespace ft

@@ -1,0 +1,124 @@
+#include "trainer/rl/rollouts.h"
+
+#include <algorithm>
+
+#include "kernels/dropout_hash.h"
+#include "kernels/error.h"
+
+namespace ft {
+
+bool ended_by_stop(const Rollout& rollout, const StopCondition& stop) {
+  return !rollout.tokens.empty() && std::find(stop.ids.begin(), stop.ids.end(), rollout.tokens.back()) != stop.ids.end();
+}
+
+std::vector<Rollout> generate_completions(const RolloutSampler& s, const std::vector<const PromptRow*>& prompts,
+                                          int64_t repeats, int64_t step) {
+  std::vector<Rollout> rollouts;
+  for (const PromptRow* prompt : prompts)
+    for (int64_t g = 0; g < repeats; ++g) rollouts.push_back({&prompt->row, prompt->prompt, prompt->tokens, {}, ""});
+  const size_t chunk = size_t(std::max<int64_t>(s.rows_per_batch, 1));
+  for (size_t first = 0; first < rollouts.size(); first += chunk) {
+    const size_t end = std::min(rollouts.size(), first + chunk);
+    std::vector<std::vector<int32_t>> inputs;
+    for (size_t i = first; i < end; ++i) inputs.push_back(rollouts[i].prompt_tokens);
+    SamplingOptions sampling = s.sampling;
+    sampling.seed = splitmix64(splitmix64(s.seed, 0x67656e00ULL + uint64_t(step)), uint64_t(first));
+    sampling.keep_stop_id = true;
+    const std::vector<std::vector<int32_t>> generated = generate(s.model, inputs, sampling, s.stop);
+    for (size_t i = first; i < end; ++i) {
+      Rollout& r = rollouts[i];
+      r.tokens = generated[i - first];
+      std::vector<int32_t> text_tokens = r.tokens;
+      if (ended_by_stop(r, s.stop)) text_tokens.pop_back();
+      r.text = s.tokenizer.decode(text_tokens);
+    }
+  }
+  return rollouts;
+}
+
+CompletionBatch completion_batch(const std::vector<Rollout>& rollouts, size_t begin, size_t end, int32_t pad_id,
+                                 Allocator& host) {
+  CompletionBatch batch;
+  batch.rows = int64_t(end - begin);
+  for (size_t i = begin; i < end; ++i) {
+    const Rollout& c = rollouts[i];
+    batch.T = std::max<int64_t>(batch.T, int64_t(c.prompt_tokens.size() + c.tokens.size()) - 1);
+    batch.width = std::max<int64_t>(batch.width, int64_t(c.tokens.size()));
+  }
+  batch.T = std::max<int64_t>(batch.T, 1);
+  batch.ids = Tensor::empty({batch.rows, batch.T}, DType::i32, host, MemCategory::activations);
+  batch.targets = Tensor::empty({batch.rows, batch.T}, DType::i32, host, MemCategory::activations);
+  int32_t* ids = batch.ids.ptr<int32_t>();
+  int32_t* targets = batch.targets.ptr<int32_t>();
+  std::fill_n(ids, batch.rows * batch.T, pad_id);
+  std::fill_n(targets, batch.rows * batch.T, kIgnoreIndex);
+  for (int64_t r = 0; r < batch.rows; ++r) {
+    const Rollout& c = rollouts[begin + size_t(r)];
+    FT_CHECK(!c.prompt_tokens.empty(), "a rollout's prompt has no token (an empty prompt without bos)");
+    std::vector<int32_t> sequence = c.prompt_tokens;
+    sequence.insert(sequence.end(), c.tokens.begin(), c.tokens.end());
+    for (size_t t = 0; t + 1 < sequence.size(); ++t) ids[r * batch.T + int64_t(t)] = sequence[t];
+    batch.first_target.push_back(int64_t(c.prompt_tokens.size()) - 1);
+    for (size_t j = 0; j < c.tokens.size(); ++j)
+      targets[r * batch.T + batch.first_target.back() + int64_t(j)] = c.tokens[j];
+  }
+  return batch;
+}
+
+void gather_completion_tokens(const CompletionBatch& batch, const std::vector<float>& token_values, int64_t width,
+                              int64_t row_offset, std::vector<double>& out) {
+  const int32_t* targets = batch.targets.ptr<int32_t>();
+  for (int64_t r = 0; r < batch.rows; ++r)
+    for (int64_t j = 0; j < batch.width && batch.first_target[size_t(r)] + j < batch.T; ++j) {
+      const int64_t n = r * batch.T + batch.first_target[size_t(r)] + j;
+      if (targets[n] != kIgnoreIndex) out[size_t((row_offset + r) * width + j)] = token_values[size_t(n)];
+    }
+}
+
+std::vector<float> scatter_completion_tokens(const CompletionBatch& batch, const std::vector<double>& values,
+                                             int64_t width, int64_t row_offset, double scale) {
+  std::vector<float> out(size_t(batch.rows * batch.T), 0.0f);
+  const int32_t* targets = batch.targets.ptr<int32_t>();
+  for (int64_t r = 0; r < batch.rows; ++r)
+    for (int64_t j = 0; j < batch.width && batch.first_target[size_t(r)] + j < batch.T; ++j) {
+      const int64_t n = r * batch.T + batch.first_target[size_t(r)] + j;
+      if (targets[n] != kIgnoreIndex) out[size_t(n)] = float(scale * values[size_t((row_offset + r) * width + j)]);
+    }
+  return out;
+}
+
+std::vector<uint8_t> completion_mask(const std::vector<Rollout>& rollouts, size_t begin, int64_t rows,
+                                     int64_t width) {
+  std::vector<uint8_t> mask(size_t(rows * width), 0);
+  for (int64_t r = 0; r < rows; ++r) std::fill_n(mask.begin() + r * width, rollouts[begin + size_t(r)].tokens.size(), uint8_t(1));
+  return mask;
+}
+
+std::vector<float> reference_logps(CausalLM& model, const CompletionBatch& batch) {
+  AdaptersDisabled off(model);
+  return model.token_logps(batch.ids, batch.targets);
+}
+
+nlohmann::json evaluate_rollouts(const RolloutSampler& sampler, const RewardRules& rules,
+                                 const RewardModel* reward_model, int32_t pad_id,
+                                 const std::vector<const PromptRow*>& prompts) {
+  // A step number no training step reaches: the same draws at every evaluation.
+  const std::vector<Rollout> completions = generate_completions(sampler, prompts, 1, -1);
+  const Rewards rewards = compute_rewards(rules, completions, reward_model);
+  double kl_sum = 0.0;
+  HostAllocator host;
+  const size_t chunk = size_t(std::max<int64_t>(sampler.rows_per_batch, 1));
+  for (size_t first = 0; first < completions.size(); first += chunk) {
+    const size_t end = std::min(completions.size(), first + chunk);
+    const CompletionBatch batch = completion_batch(completions, first, end, pad_id, host);
+    std::vector<double> policy(size_t(batch.rows * batch.width)), reference(policy.size());
+    gather_completion_tokens(batch, sampler.model.token_logps(batch.ids, batch.targets), batch.width, 0, policy);
+    gather_completion_tokens(batch, reference_logps(sampler.model, batch), batch.width, 0, reference);
+    for (size_t n = 0; n < policy.size(); ++n) kl_sum += policy[n] - reference[n];
+  }
+  nlohmann::json figures = rewards.metrics();
+  figures["kl"] = kl_sum / double(completions.size());
+  return figures;
+}
+
+}  // namespace ft
