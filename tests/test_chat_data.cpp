@@ -1,9 +1,12 @@
-// Chat and Alpaca rows: rendering with the recognised chat templates, ids and
-// assistant-only loss masks against transformers' apply_chat_template
-// (tests/fixtures/chat/, scripts/make_chat_fixture.py), and the errors.
+// Chat and Alpaca rows: released chat templates run by our Jinja interpreter,
+// their text, ids and assistant-only loss masks against transformers'
+// apply_chat_template (tests/fixtures/chat/, scripts/make_chat_fixture.py),
+// the interpreter's constructs, and the errors.
 #include <doctest/doctest.h>
 
+#include <ctime>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -12,6 +15,7 @@
 #include "tokenizer/bpe_tokenizer.h"
 #include "trainer/data/chat_template.h"
 #include "trainer/data/data.h"
+#include "trainer/data/jinja/render.h"
 
 using namespace ft;
 
@@ -57,39 +61,74 @@ std::string load_error(const std::string& content) {
 
 }  // namespace
 
-TEST_CASE("chat templates render, tokenize and mask as apply_chat_template does") {
-  const std::pair<const char*, ChatTemplateKind> families[] = {{"chatml", ChatTemplateKind::chatml},
-                                                               {"qwen2", ChatTemplateKind::chatml},
-                                                               {"llama2", ChatTemplateKind::llama2},
-                                                               {"llama3", ChatTemplateKind::llama3},
-                                                               {"zephyr", ChatTemplateKind::zephyr}};
-  for (const auto& family_kind : families) {
-    const char* family = family_kind.first;  // not a structured binding: CAPTURE cannot take one (clang, OpenMP)
-    const ChatTemplateKind kind = family_kind.second;
+// The local time at noon of the fixture's "date" (YYYY-MM-DD): strftime_now's day in any time zone.
+std::time_t fixture_now(const std::string& date) {
+  std::tm local{};
+  local.tm_year = std::stoi(date.substr(0, 4)) - 1900;
+  local.tm_mon = std::stoi(date.substr(5, 2)) - 1;
+  local.tm_mday = std::stoi(date.substr(8, 2));
+  local.tm_hour = 12;
+  local.tm_isdst = -1;
+  return std::mktime(&local);
+}
+
+TEST_CASE("released chat templates render, tokenize and mask as apply_chat_template does") {
+  // The real templates of these families run in our Jinja interpreter; data.chat_template: auto takes each.
+  const char* families[] = {"chatml",      "qwen2",      "llama2",       "llama3",  "zephyr",  "llama3_1",
+                            "llama3_2",    "mistral_v1", "mistral_v3",   "mistral_nemo", "qwen2_5", "qwen3",
+                            "gemma2",      "gemma3",     "phi3",         "phi3_5",  "deepseek_r1", "deepseek_v3",
+                            "granite3_1",  "smollm2",    "smollm3"};
+  int rendered = 0, refused = 0, with_tools = 0, prompts = 0;
+  for (const char* family : families) {
     CAPTURE(family);
     const std::string dir = kChatDir + "/" + family;
-    const nlohmann::json fixture = read_json(dir + "/cases.json");
+    std::ifstream file(dir + "/cases.json");
+    REQUIRE(file.good());
+    const nlohmann::ordered_json fixture = nlohmann::ordered_json::parse(file);  // key order matters to tojson
     BpeTokenizer tokenizer(std::string(FT_FIXTURES_DIR) + "/" + fixture["tokenizer"].get<std::string>() +
                            "/tokenizer.json");
     ChatTemplate chat = resolve_chat_template(ChatTemplateKind::automatic, dir);
-    CHECK(chat.kind == kind);
-    for (const nlohmann::json& c : fixture["cases"]) {
-      std::vector<RenderedPiece> pieces = render_chat(chat, messages_of(c["messages"]), "fixture");
+    CHECK(chat.kind == ChatTemplateKind::automatic);
+    chat.now = fixture_now(fixture["date"]);
+    for (const nlohmann::ordered_json& c : fixture["cases"]) {
+      const std::string where = std::string(family) + " case " + std::to_string(rendered + refused);
+      CAPTURE(where);
+      const nlohmann::ordered_json tools = c.contains("tools") ? c["tools"] : nlohmann::ordered_json();
+      const bool add_generation_prompt = c["add_generation_prompt"];
+      if (c.contains("error")) {  // the template refuses the conversation, as Jinja2 did
+        const std::string error = error_of([&] { render_chat(chat, c["messages"], tools, add_generation_prompt, "row"); });
+        CHECK(error.starts_with("row: " + dir + "/tokenizer_config.json: chat_template line "));
+        if (error.find("raised an exception") != std::string::npos)
+          CHECK(error.ends_with("the template raised an exception: " + c["error"].get<std::string>()));
+        refused++;
+        continue;
+      }
+      std::vector<RenderedPiece> pieces = render_chat(chat, c["messages"], tools, add_generation_prompt, "row");
       CHECK(joined(pieces) == c["text"].get<std::string>());
       TokenSequence seq = tokenize_chat(pieces, tokenizer);
       CHECK(seq.tokens == c["ids"].get<std::vector<int32_t>>());
       CHECK(std::vector<int>(seq.loss_mask.begin(), seq.loss_mask.end()) == c["mask"].get<std::vector<int>>());
+      rendered++;
+      with_tools += !tools.is_null();
+      prompts += add_generation_prompt;
     }
   }
+  CHECK(rendered == 108);
+  CHECK(refused == 6);
+  CHECK(with_tools == 9);
+  CHECK(prompts == 21);
 }
 
-TEST_CASE("data.chat_template wins over tokenizer_config.json; an unknown template is one clear error") {
+TEST_CASE("data.chat_template names a built-in template; auto takes the checkpoint's; an unsupported one is one error") {
   CHECK(resolve_chat_template(ChatTemplateKind::zephyr, kChatDir + "/chatml").kind == ChatTemplateKind::zephyr);
-  CHECK(resolve_chat_template(ChatTemplateKind::llama2, kChatDir + "/unknown").kind == ChatTemplateKind::llama2);
+  const ChatTemplate named = resolve_chat_template(ChatTemplateKind::llama2, kChatDir + "/unknown");
+  CHECK(named.source == "data.chat_template");
+  CHECK(render_chat_text(named, {{{"role", "user"}, {"content", "Hi"}}}, nullptr, true, "x") == "<s>[INST] Hi [/INST]");
+  // A construct the interpreter does not run ({% call %} blocks) is refused when the template is resolved.
   const std::string unknown = kChatDir + "/unknown/tokenizer_config.json";
   CHECK(error_of([&] { resolve_chat_template(ChatTemplateKind::automatic, kChatDir + "/unknown"); }) ==
-        unknown + ": its chat_template is none of the templates this trainer renders (chatml, llama2, llama3, zephyr; "
-                  "Jinja is not run); set data.chat_template to one of chatml, llama2, llama3, zephyr");
+        unknown + ": chat_template line 1: unsupported construct '{% call %}' (chat templates here may use if, for, "
+                  "set, macro, generation, break and continue)");
   const std::string none = std::string(FT_FIXTURES_DIR) + "/tokenizer";
   CHECK(error_of([&] { resolve_chat_template(ChatTemplateKind::automatic, none); }) ==
         none + "/tokenizer_config.json: no chat_template to render chat rows with; set data.chat_template to one of "
@@ -98,17 +137,69 @@ TEST_CASE("data.chat_template wins over tokenizer_config.json; an unknown templa
   // named is the caller's.
   const std::filesystem::path dir = std::filesystem::path(FT_BINARY_DIR) / "test_chat_jinja";
   std::filesystem::create_directories(dir);
-  std::ofstream(dir / "chat_template.jinja") << "{% for m in messages %}<start_of_turn>{{ m.content }}{% endfor %}";
-  CHECK(error_of([&] { resolve_chat_template(ChatTemplateKind::automatic, dir.string(), "--chat-template"); }) ==
-        (dir / "chat_template.jinja").string() +
-            ": its chat_template is none of the templates this trainer renders (chatml, llama2, llama3, zephyr; "
-            "Jinja is not run); set --chat-template to one of chatml, llama2, llama3, zephyr");
-  std::ofstream(dir / "chat_template.jinja") << "{{ '<|im_start|>' + m.role }}{{ '<|im_end|>' }}";
+  std::ofstream(dir / "chat_template.jinja") << "{% for m in messages %}<start_of_turn>{{ m.content | frobnicate }}\n{% endfor %}";
+  CHECK(error_of([&] {
+          ChatTemplate chat = resolve_chat_template(ChatTemplateKind::automatic, dir.string(), "--chat-template");
+          render_chat_text(chat, {{{"role", "user"}, {"content", "Hi"}}}, nullptr, false, "prompt 1");
+        }) == "prompt 1: " + (dir / "chat_template.jinja").string() + " line 1: unsupported construct: filter 'frobnicate'");
+  std::ofstream(dir / "chat_template.jinja") << "{%- for m in messages %}\n  {{- '<|' + m.role + '|>' + m.content }}\n{% endfor %}";
   const ChatTemplate from_jinja = resolve_chat_template(ChatTemplateKind::automatic, dir.string());
-  CHECK(from_jinja.kind == ChatTemplateKind::chatml);
   CHECK(from_jinja.source == (dir / "chat_template.jinja").string());
+  CHECK(render_chat_text(from_jinja, {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", "Yo"}}},
+                         nullptr, false, "x") == "<|user|>Hi\n<|assistant|>Yo\n");  // as Jinja2 renders it
   CHECK(resolve_chat_template(ChatTemplateKind::zephyr, dir.string()).source == "data.chat_template");
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the Jinja interpreter runs what chat templates use and names the line of what it cannot") {
+  auto render_text = [](const std::string& source, const nlohmann::ordered_json& context) {
+    return jinja::render(*jinja::compile(source, "t.jinja"), context, 0).text;
+  };
+  const nlohmann::ordered_json none = nlohmann::ordered_json::object();
+  // Expected texts are what Jinja2 3.1 (trim_blocks, lstrip_blocks) renders for each.
+  CHECK(render_text("{% set ns = namespace(n=0) %}{% for x in [3, 4, 5] if x > 3 %}{% set ns.n = ns.n + x %}"
+                    "{{ loop.index0 }}{{ '|' if not loop.last }}{% endfor %}={{ ns.n }}", none) == "0|1=9");
+  CHECK(render_text("{% macro tag(name, close=false) %}<{{ '/' if close }}{{ name }}>{% endmacro %}"
+                    "{{ tag('a') }}{{ tag('a', close=true) }}", none) == "<a></a>");
+  CHECK(render_text("  {% if true %}\n    x\n  {% endif %}\nend\n", none) == "    x\nend");
+  CHECK(render_text("{{ ' a b '.strip().split(' ') | join(',') }} {{ 'Ab'.lower() ~ 'x'.upper() }} "
+                    "{{ [1, 2, 3][1:] | length }} {{ 'abc'[::-1] }} {{ 7 // 2 }} {{ -7 % 3 }} {{ 1 / 4 }}", none) ==
+        "a,b abX 2 cba 3 2 0.25");
+  CHECK(render_text("{{ {'b': [1, 2.5, none, true], 'a': 'é\"'} | tojson }} {{ {'k': 'v'} | tojson(indent=2) }} "
+                    "{{ {'b': 1, 'a': 'x\\'s'} | string }}", none) ==
+        "{\"b\": [1, 2.5, null, true], \"a\": \"é\\\"\"} {\n  \"k\": \"v\"\n} {'b': 1, 'a': \"x's\"}");
+  CHECK(render_text("{{ m | selectattr('role', 'equalto', 'user') | map(attribute='c') | list }} "
+                    "{{ m | rejectattr('role', 'in', ['user']) | list | length }} {% for k, v in m[0] | items %}{{ k }}{% endfor %}",
+                    {{"m", {{{"role", "user"}, {"c", 1}}, {{"role", "bot"}, {"c", 2}}}}}) == "[1] 1 rolec");
+  CHECK(render_text("{{ x is defined }} {{ y.z is defined }} {{ y is mapping }} {{ x | default('d') }} {{ none }}",
+                    {{"y", nlohmann::ordered_json::object()}}) == "False False True d None");
+  CHECK(render_text("{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% endif %}"
+                    "{{ i }}{% endfor %}", none) == "02");
+  CHECK(render_text("{{ strftime_now('%Y') }}", none) == "1970");
+  const std::string generation = "a{% generation %}bc{% endgeneration %}d";
+  CHECK(jinja::render(*jinja::compile(generation, "t"), none, 0).generation ==
+        std::vector<std::pair<size_t, size_t>>{{1, 3}});
+  // Errors name the template, the line and the construct.
+  auto compile_error = [](const std::string& source) { return error_of([&] { jinja::compile(source, "t.jinja"); }); };
+  CHECK(compile_error("a\n{% include 'x' %}") ==
+        "t.jinja line 2: unsupported construct '{% include %}' (chat templates here may use if, for, set, macro, "
+        "generation, break and continue)");
+  CHECK(compile_error("{% if x %}\n\nopen") == "t.jinja line 1: '{% if %}' is never closed with '{% endif %}'");
+  CHECK(compile_error("{{ x }\n") == "t.jinja line 1: a tag is never closed with }}");
+  CHECK(compile_error("{% endfor %}") == "t.jinja line 1: '{% endfor %}' closes nothing");
+  CHECK(error_of([&] { render_text("\n\n{{ raise_exception('No system role') }}", none); }) ==
+        "t.jinja line 3: the template raised an exception: No system role");
+  CHECK(error_of([&] { render_text("{{ 'a' + 1 }}", none); }) ==
+        "t.jinja line 1: unsupported operand types for +: str and int");
+  CHECK(error_of([&] { render_text("{{ x.y }}", none); }) == "t.jinja line 1: 'x' is undefined (looked up .y in it)");
+  CHECK(error_of([&] { render_text("{{ range() }}", none); })
+            .starts_with("t.jinja line 1: a filter, test or call got arguments it cannot take"));
+  CHECK(compile_error("{{ '\\u12' }}") == "t.jinja line 1: a \\u escape needs 4 hex digits");
+  // A template that would recurse or allocate without end is an error, not a crash.
+  CHECK(error_of([&] { render_text("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", none); }) ==
+        "t.jinja line 1: macro f calls nest deeper than 64");
+  CHECK(error_of([&] { render_text("{{ range(10000000000) | length }}", none); }) ==
+        "t.jinja line 1: range() of more than 1048576 items");
 }
 
 TEST_CASE("chat rows load, are detected from the first row, and train only assistant turns") {
@@ -126,15 +217,18 @@ TEST_CASE("chat rows load, are detected from the first row, and train only assis
                          "/tokenizer.json");
   const ChatTemplate chat = resolve_chat_template(ChatTemplateKind::automatic, kChatDir + "/llama3");
   Dataset rows{"mem", DataFormat::chat, {}};
-  for (const nlohmann::json& c : fixture["cases"]) rows.examples.push_back({"", "", messages_of(c["messages"]), 1});
+  std::vector<nlohmann::json> cases;  // the conversations that end with the assistant: training rows
+  for (const nlohmann::json& c : fixture["cases"])
+    if (!c["add_generation_prompt"].get<bool>()) cases.push_back(c);
+  for (const nlohmann::json& c : cases) rows.examples.push_back({"", "", messages_of(c["messages"]), 1});
   TokenizedDataset tokens = tokenize_dataset(rows, tokenizer, 512, /*eos_id=*/4, &chat);
-  REQUIRE(tokens.examples.size() == fixture["cases"].size());
+  REQUIRE(tokens.examples.size() == cases.size());
   int64_t expected_loss = 0, longer_than_61 = 0;
   for (size_t i = 0; i < tokens.examples.size(); i++) {
-    longer_than_61 += fixture["cases"][i]["ids"].size() > 61;
+    longer_than_61 += cases[i]["ids"].size() > 61;
     // The template places every special token: no bos or eos is added around it.
-    CHECK(tokens.examples[i].tokens == fixture["cases"][i]["ids"].get<std::vector<int32_t>>());
-    for (int bit : fixture["cases"][i]["mask"].get<std::vector<int>>()) expected_loss += bit;
+    CHECK(tokens.examples[i].tokens == cases[i]["ids"].get<std::vector<int32_t>>());
+    for (int bit : cases[i]["mask"].get<std::vector<int>>()) expected_loss += bit;
   }
   CHECK(tokens.loss_token_count == expected_loss);
   // Cut to seq_len + 1 tokens like any other row.
@@ -167,8 +261,8 @@ TEST_CASE("chat row errors name the file, the line and what was expected") {
   const ChatTemplate llama2 = resolve_chat_template(ChatTemplateKind::automatic, kChatDir + "/llama2");
   BpeTokenizer tokenizer(std::string(FT_FIXTURES_DIR) + "/tokenizers/llama2/tokenizer.json");
   CHECK(error_of([&] { tokenize_dataset(data, tokenizer, 64, 2, &llama2); }) ==
-        "chat.jsonl:3: messages[0].role is \"assistant\" but the llama2 chat template needs user and assistant turns "
-        "to alternate (after an optional system message), starting with user");
+        "chat.jsonl:3: " + kChatDir + "/llama2/tokenizer_config.json: chat_template line 1: the template raised an "
+        "exception: Conversation roles must alternate user/assistant/user/assistant/...");
   CHECK(error_of([&] { tokenize_dataset(data, tokenizer, 64, 2); }) == "chat.jsonl: chat rows need a chat template");
 }
 

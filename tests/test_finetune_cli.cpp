@@ -884,7 +884,7 @@ TEST_CASE("generate streams text from a trained adapter; the merged checkpoint a
   CHECK(prompts == std::vector<std::string>{"The cat", "A dog"});
 }
 
-TEST_CASE("chat rows fine-tune end to end; without a template the run names tokenizer_config.json") {
+TEST_CASE("chat rows fine-tune end to end, with built-in and checkpoint templates; without one the run names tokenizer_config.json") {
   // Conversations from the pretraining text (seq_len is 64): the user gives a line's opening words, the
   // assistant the next few.
   const std::string dir = make_run_dir("chat");
@@ -921,6 +921,21 @@ TEST_CASE("chat rows fine-tune end to end; without a template the run names toke
     CHECK(losses.rbegin()->second < losses.begin()->second);
     fs::remove_all(dir + "/out_chat");
   }
+  // data.chat_template: auto runs the checkpoint's own template: Llama-3.1's (a dated system header before the
+  // conversation's system message), in a copy of the tiny Llama-3 checkpoint's chat_template.jinja.
+  const std::string llama31 = dir + "/llama3_1_tiny";
+  fs::copy(kFixtures + "/llama3_tiny", llama31);
+  std::ifstream config_json(kFixtures + "/chat/llama3_1/tokenizer_config.json");
+  std::ofstream(llama31 + "/chat_template.jinja") << nlohmann::json::parse(config_json)["chat_template"].get<std::string>();
+  CommandResult llama = run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=8" +
+                                    " --set grad_accum_steps=1 --set lr=1.0e-2 --set output_dir=out_chat --set model=" +
+                                    llama31 + " --set tokenizer= --set data.packing=false --set seq_len=128");
+  INFO(llama.output);
+  REQUIRE(llama.exit_code == 0);
+  CHECK(llama.output.find("chat template: auto (" + llama31 + "/chat_template.jinja)") != std::string::npos);
+  const auto losses = train_losses(dir + "/out_chat/metrics.jsonl");
+  REQUIRE(losses.size() == 8);
+  CHECK(losses.rbegin()->second < losses.begin()->second);
 }
 
 TEST_CASE("objective: dpo refuses rows that are not preference pairs, full fine-tuning and a bad beta or loss") {
@@ -1532,8 +1547,9 @@ TEST_CASE("generate --chat replies in the chat-trained format; without --chat it
       << R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Again"}]})" << "\n";
   const CommandResult bad_roles = run_command(file + "chats.jsonl");
   CHECK(bad_roles.exit_code == 1);
-  CHECK(bad_roles.output.find("chats.jsonl:2: messages[1].role is \"user\" but the llama2 chat template needs user "
-                              "and assistant turns to alternate") != std::string::npos);
+  CHECK(bad_roles.output.find("chats.jsonl:2: the built-in llama2 chat template line 1: the template raised an "
+                              "exception: Conversation roles must alternate user/assistant/user/assistant/...") !=
+        std::string::npos);
   std::ofstream(dir + "/chats.jsonl", std::ios::trunc)
       << R"({"messages": [{"role": "user", "content": "What did Person1 ask"}]})" << "\n";
   const CommandResult answered = run_command(file + "chats.jsonl 2>/dev/null");

@@ -161,10 +161,7 @@ void make_model(Run& run) {
   if (config.objective == Objective::sft && config.data.row_template.empty() &&
       holds_chat_rows(config.data.train, config.data.format)) {
     run.chat = resolve_chat_template(config.data.chat_template, fs::path(config.tokenizer).parent_path().string());
-    std::cout << "chat template: " << enum_name(run.chat->kind) << " (" << run.chat->source << ")";
-    if (!run.chat->default_system.empty())
-      std::cout << "; it adds the system message \"" << run.chat->default_system << "\" to conversations without one";
-    std::cout << "\n";
+    std::cout << "chat template: " << enum_name(run.chat->kind) << " (" << run.chat->source << ")\n";
   }
   TrainingSetup setup = setup_training(config, run.model_config, *run.backend, [&](LanguageModel& model) {
     if (config.init == InitMode::random) model.init_random(config.seed);

@@ -103,10 +103,7 @@ void load_session(Session& session, const GenerateCommand& command) {
                                        std::filesystem::path(session.loaded.config.tokenizer).parent_path().string(),
                                        "--chat-template");
   session.system = command.system;
-  std::cerr << "chat template: " << enum_name(session.chat->kind);
-  if (command.system.empty() && !session.chat->default_system.empty())
-    std::cerr << " (it adds the system message \"" << session.chat->default_system << "\" to a conversation without one)";
-  std::cerr << "\n";
+  std::cerr << "chat template: " << enum_name(session.chat->kind) << "\n";
 }
 
 // What the model is given for a prompt: the text itself, or with --chat the

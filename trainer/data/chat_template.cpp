@@ -2,47 +2,71 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "kernels/error.h"
 #include "kernels/input_file.h"
 #include "model/json_input.h"
+#include "trainer/data/jinja/render.h"
 
 namespace ft {
 namespace {
 
-bool has(const std::string& text, const char* marker) { return text.find(marker) != std::string::npos; }
+using Json = nlohmann::ordered_json;
 
-// Python's str.strip() (Jinja's trim) on the whitespace chat contents carry.
-std::string strip(const std::string& text) {
-  const char* space = " \t\n\r\v\f";
-  size_t begin = text.find_first_not_of(space);
-  if (begin == std::string::npos) return "";
-  return text.substr(begin, text.find_last_not_of(space) - begin + 1);
-}
+// The built-in families' templates, as their checkpoints' tokenizer_config.json hold them.
+// The generic ChatML template.
+constexpr const char* kChatml =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+// meta-llama/Llama-2-7b-chat-hf.
+constexpr const char* kLlama2 =
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
+    "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
+    "{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
+    "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if "
+    "loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + "
+    "'\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if "
+    "message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == "
+    "'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}";
+// meta-llama/Meta-Llama-3-8B-Instruct.
+constexpr const char* kLlama3 =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 "
+    "%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+// HuggingFaceH4/zephyr-7b-beta.
+constexpr const char* kZephyr =
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\\n' + message['content'] + "
+    "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\\n' + message['content'] + eos_token }}\n{% "
+    "elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n{% endif "
+    "%}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}";
 
-// Qwen2-style ChatML templates open a conversation without a system message
-// with a fixed one, written as a string literal in the template.
-std::string chatml_default_system(const std::string& jinja) {
-  const std::string open = "<|im_start|>system\n", close = "<|im_end|>";
-  for (size_t at = jinja.find(open); at != std::string::npos; at = jinja.find(open, at + 1)) {
-    size_t begin = at + open.size();
-    size_t end = jinja.find_first_of("'\"{}<", begin);
-    if (end != std::string::npos && end > begin && jinja.compare(end, close.size(), close) == 0)
-      return jinja.substr(begin, end - begin);
+const char* built_in(ChatTemplateKind kind) {
+  switch (kind) {
+    case ChatTemplateKind::chatml:
+      return kChatml;
+    case ChatTemplateKind::llama2:
+      return kLlama2;
+    case ChatTemplateKind::llama3:
+      return kLlama3;
+    case ChatTemplateKind::zephyr:
+      return kZephyr;
+    case ChatTemplateKind::automatic:
+      break;
   }
   return "";
 }
 
-// tokenizer_config.json's bos_token / eos_token: a string or {"content": ...}.
-std::string token_text(const nlohmann::json& config, const char* key, const std::string& fallback) {
-  if (!config.contains(key)) return fallback;
+// tokenizer_config.json's special tokens: a string or {"content": ...}.
+std::optional<std::string> token_text(const nlohmann::json& config, const char* key) {
+  if (!config.contains(key)) return std::nullopt;
   const nlohmann::json& value = config[key];
   if (value.is_string()) return value.get<std::string>();
   if (value.is_object() && value.contains("content") && value["content"].is_string())
     return value["content"].get<std::string>();
-  return fallback;
+  return std::nullopt;
 }
 
 // The chat_template of a tokenizer_config.json: a string, or a list of
@@ -66,63 +90,102 @@ std::string read_text(const std::filesystem::path& path) {
   return text.str();
 }
 
-}  // namespace
-
-void check_chat_roles(const std::vector<ChatMessage>& messages, const std::string& where) {
-  FT_CHECK(!messages.empty(), where, ": \"messages\" is empty (expected at least one user and one assistant turn)");
-  for (size_t i = 0; i < messages.size(); i++)
-    FT_CHECK(messages[i].role == "system" || messages[i].role == "user" || messages[i].role == "assistant", where,
-             ": messages[", i, "].role is \"", messages[i].role, "\" (expected system, user or assistant)");
-  FT_CHECK(messages.back().role == "assistant", where, ": the last message is the ", messages.back().role,
-           "'s (expected an assistant turn to train on)");
+std::string python_strip(const std::string& text) {
+  const char* space = " \t\n\r\v\f";
+  size_t begin = text.find_first_not_of(space);
+  if (begin == std::string::npos) return "";
+  return text.substr(begin, text.find_last_not_of(space) - begin + 1);
 }
 
-namespace {
+size_t common_prefix(const std::string& a, const std::string& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) n++;
+  return n;
+}
 
-void render_chatml(const ChatTemplate& chat, const std::vector<ChatMessage>& messages, std::vector<RenderedPiece>& out) {
-  if (!chat.default_system.empty() && messages[0].role != "system")
-    out.push_back({"<|im_start|>system\n" + chat.default_system + "<|im_end|>\n", false});
-  for (const ChatMessage& message : messages) {
-    bool assistant = message.role == "assistant";
-    out.push_back({"<|im_start|>" + message.role + "\n", false});
-    out.push_back({message.content + "<|im_end|>", assistant});
-    out.push_back({"\n", false});
+using Spans = std::vector<std::pair<size_t, size_t>>;
+
+std::optional<std::string> try_render(const ChatTemplate& chat, const Json& messages, const Json& tools,
+                                      bool add_generation_prompt) {
+  try {
+    return render_chat_text(chat, messages, tools, add_generation_prompt, "");
+  } catch (const Error&) {  // the template refuses this prefix: nothing to align with
+    return std::nullopt;
   }
 }
 
-// Meta's Llama-2 chat template: the system message opens the first user turn,
-// every user turn starts with bos, and turns must alternate user/assistant.
-void render_llama2(const ChatTemplate& chat, const std::vector<ChatMessage>& messages, std::vector<RenderedPiece>& out,
+Json first(const Json& messages, size_t count) { return Json(messages.begin(), messages.begin() + long(count)); }
+
+// Where assistant message k's trained text lies in `text`, the whole
+// rendering (see the top of chat_template.h); cursor: where the previous span ended.
+std::pair<size_t, size_t> prefix_span(const ChatTemplate& chat, const Json& messages, const Json& tools,
+                                      const std::string& text, size_t k, size_t cursor, const std::string& where) {
+  const Json& message = messages[k];
+  const std::string content =
+      message.contains("content") && message["content"].is_string() ? python_strip(message["content"]) : "";
+  std::optional<size_t> start;
+  for (bool add_generation_prompt : {true, false}) {
+    if (k == 0 || start) break;
+    std::optional<std::string> before = try_render(chat, first(messages, k), tools, add_generation_prompt);
+    if (before && text.starts_with(*before) && before->size() >= cursor) start = before->size();
+  }
+  if (!start) {  // the template moves text around (Mistral puts the system message last): find the content
+    size_t found = content.empty() ? std::string::npos : text.find(content, cursor);
+    FT_CHECK(found != std::string::npos, where, ": messages[", k, "] (assistant): its content is not in the text ",
+             chat.source, " renders, so its tokens cannot be found to train on");
+    start = found;
+  }
+  const std::string through = render_chat_text(chat, first(messages, k + 1), tools, false, where);
+  const size_t in_through = content.empty() ? std::string::npos : through.rfind(content);
+  const size_t found = content.empty() ? std::string::npos : text.find(content, *start);
+  size_t end = *start;
+  if (text.starts_with(through) && through.size() > *start) {
+    end = through.size();
+  } else if (in_through != std::string::npos && found != std::string::npos) {
+    std::string after = through.substr(in_through + content.size());
+    after.erase(after.find_last_not_of(" \t\n\r\v\f") + 1);
+    if (text.compare(found + content.size(), after.size(), after) == 0) end = found + content.size() + after.size();
+  }
+  if (end == *start && content.empty()) {  // a tool call: the longest end of its rendering found at start
+    std::string rendered = through;
+    rendered.erase(rendered.find_last_not_of(" \t\n\r\v\f") + 1);
+    for (size_t q = 0; q < rendered.size() && end == *start; q++)
+      if (text.compare(*start, rendered.size() - q, rendered, q) == 0) end = *start + rendered.size() - q;
+  }
+  if (end == *start) {  // cut at the last whitespace before the texts part
+    size_t shared = std::max(common_prefix(text, through), *start);
+    size_t cut = shared > *start ? text.find_last_of(" \t\n\r", shared - 1) : std::string::npos;
+    end = cut != std::string::npos && cut >= *start ? cut + 1 : *start;
+  }
+  while (end > *start && std::isspace((unsigned char)text[end - 1])) end--;
+  return {*start, end};
+}
+
+Spans prefix_spans(const ChatTemplate& chat, const Json& messages, const Json& tools, const std::string& text,
                    const std::string& where) {
-  size_t first = messages[0].role == "system" ? 1 : 0;
-  for (size_t i = first; i < messages.size(); i++) {
-    const ChatMessage& message = messages[i];
-    const char* expected = (i - first) % 2 == 0 ? "user" : "assistant";
-    FT_CHECK(message.role == expected, where, ": messages[", i, "].role is \"", message.role,
-             "\" but the llama2 chat template needs user and assistant turns to alternate (after an optional system "
-             "message), starting with user");
-    std::string content = message.content;
-    if (i == first && first == 1) content = "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n" + content;
-    if (message.role == "user")
-      out.push_back({chat.bos_token + "[INST] " + strip(content) + " [/INST]", false});
-    else
-      out.push_back({std::string(" ").append(strip(content)).append(" ").append(chat.eos_token), true});
+  Spans spans;
+  size_t cursor = 0;
+  for (size_t k = 0; k < messages.size(); k++) {
+    if (messages[k].value("role", "") != "assistant") continue;
+    auto [start, end] = prefix_span(chat, messages, tools, text, k, cursor, where);
+    if (end > start) spans.push_back({start, end});
+    cursor = std::max(cursor, end);
   }
+  return spans;
 }
 
-void render_llama3(const ChatTemplate& chat, const std::vector<ChatMessage>& messages, std::vector<RenderedPiece>& out) {
-  out.push_back({chat.bos_token, false});
-  for (const ChatMessage& message : messages) {
-    out.push_back({"<|start_header_id|>" + message.role + "<|end_header_id|>\n\n", false});
-    out.push_back({strip(message.content) + "<|eot_id|>", message.role == "assistant"});
-  }
-}
-
-void render_zephyr(const ChatTemplate& chat, const std::vector<ChatMessage>& messages, std::vector<RenderedPiece>& out) {
-  for (const ChatMessage& message : messages) {
-    out.push_back({"<|" + message.role + "|>\n", false});
-    out.push_back({message.content + chat.eos_token, message.role == "assistant"});
-    out.push_back({"\n", false});
+jinja::Rendered render_with_spans(const ChatTemplate& chat, const Json& messages, const Json& tools,
+                                  bool add_generation_prompt, const std::string& where) {
+  Json context = chat.special_tokens;
+  context["messages"] = messages;
+  context["tools"] = tools;
+  context["documents"] = nullptr;
+  context["add_generation_prompt"] = add_generation_prompt;
+  try {
+    return jinja::render(*chat.jinja, context, chat.now);
+  } catch (const Error& e) {
+    if (where.empty()) throw;
+    fail(where, ": ", e.what());
   }
 }
 
@@ -137,15 +200,13 @@ EnumNames<ChatTemplateKind> enum_names(ChatTemplateKind) {
   return names;
 }
 
-ChatTemplateKind recognise_chat_template(const std::string& jinja) {
-  // Reasoning templates (Qwen3) rewrite assistant turns around <think> blocks.
-  if (has(jinja, "<|im_start|>") && has(jinja, "<|im_end|>") && !has(jinja, "<think>")) return ChatTemplateKind::chatml;
-  if (has(jinja, "[INST]") && has(jinja, "<<SYS>>")) return ChatTemplateKind::llama2;
-  // Llama-3.1 and later add a dated system header (and tools) this renderer does not write.
-  if (has(jinja, "<|start_header_id|>") && has(jinja, "<|eot_id|>") && !has(jinja, "Cutting Knowledge Date"))
-    return ChatTemplateKind::llama3;
-  if (has(jinja, "<|user|>") && has(jinja, "<|assistant|>") && has(jinja, "eos_token")) return ChatTemplateKind::zephyr;
-  return ChatTemplateKind::automatic;
+void check_chat_roles(const std::vector<ChatMessage>& messages, const std::string& where) {
+  FT_CHECK(!messages.empty(), where, ": \"messages\" is empty (expected at least one user and one assistant turn)");
+  for (size_t i = 0; i < messages.size(); i++)
+    FT_CHECK(messages[i].role == "system" || messages[i].role == "user" || messages[i].role == "assistant", where,
+             ": messages[", i, "].role is \"", messages[i].role, "\" (expected system, user or assistant)");
+  FT_CHECK(messages.back().role == "assistant", where, ": the last message is the ", messages.back().role,
+           "'s (expected an assistant turn to train on)");
 }
 
 ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::string& tokenizer_dir,
@@ -155,45 +216,60 @@ ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::strin
   nlohmann::json config = nlohmann::json::object();
   if (std::filesystem::exists(config_path))
     config = read_json_object(config_path.string(), "a tokenizer_config.json");
-  std::string jinja = template_string(config), jinja_source = config_path.string();
-  if (jinja.empty() && std::filesystem::exists(jinja_path)) jinja = read_text(jinja_path), jinja_source = jinja_path.string();
+  std::string source = template_string(config), where = config_path.string() + ": chat_template";
+  std::string file = config_path.string();
+  if (source.empty() && std::filesystem::exists(jinja_path))
+    source = read_text(jinja_path), where = file = jinja_path.string();
 
   ChatTemplate chat;
-  chat.kind = configured != ChatTemplateKind::automatic ? configured : recognise_chat_template(jinja);
-  chat.source = configured != ChatTemplateKind::automatic ? setting : jinja_source;
-  const std::string renderable = enum_spellings(enum_names(ChatTemplateKind{}), ", ", ChatTemplateKind::automatic);
-  FT_CHECK(chat.kind != ChatTemplateKind::automatic, jinja_source,
-           jinja.empty() ? ": no chat_template to render chat rows with"
-                         : ": its chat_template is none of the templates this trainer renders (" + renderable +
-                               "; Jinja is not run)",
-           "; set ", setting, " to one of ", renderable);
-  chat.bos_token = token_text(config, "bos_token", chat.kind == ChatTemplateKind::llama3 ? "<|begin_of_text|>" : "<s>");
-  chat.eos_token = token_text(config, "eos_token", "</s>");
-  if (chat.kind == ChatTemplateKind::chatml) chat.default_system = chatml_default_system(jinja);
+  chat.kind = configured;
+  chat.source = configured != ChatTemplateKind::automatic ? setting : file;
+  if (configured != ChatTemplateKind::automatic) {
+    source = built_in(configured);
+    where = std::string("the built-in ") + enum_name(configured) + " chat template";
+  }
+  FT_CHECK(!source.empty(), file, ": no chat_template to render chat rows with; set ", setting, " to one of ",
+           enum_spellings(enum_names(ChatTemplateKind{}), ", ", ChatTemplateKind::automatic));
+  chat.jinja = jinja::compile(source, where);
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"})
+    if (std::optional<std::string> text = token_text(config, key)) chat.special_tokens[key] = *text;
+  if (!chat.special_tokens.contains("bos_token") && configured != ChatTemplateKind::automatic)
+    chat.special_tokens["bos_token"] = configured == ChatTemplateKind::llama3 ? "<|begin_of_text|>" : "<s>";
+  if (!chat.special_tokens.contains("eos_token") && configured != ChatTemplateKind::automatic)
+    chat.special_tokens["eos_token"] = "</s>";
+  chat.bos_token = chat.special_tokens.value("bos_token", "");
+  chat.now = std::time(nullptr);
   return chat;
+}
+
+std::string render_chat_text(const ChatTemplate& chat, const Json& messages, const Json& tools,
+                             bool add_generation_prompt, const std::string& where) {
+  return render_with_spans(chat, messages, tools, add_generation_prompt, where).text;
+}
+
+std::vector<RenderedPiece> render_chat(const ChatTemplate& chat, const Json& messages, const Json& tools,
+                                       bool add_generation_prompt, const std::string& where) {
+  jinja::Rendered rendered = render_with_spans(chat, messages, tools, add_generation_prompt, where);
+  const Spans spans = chat.jinja->has_generation ? rendered.generation
+                                                 : prefix_spans(chat, messages, tools, rendered.text, where);
+  std::vector<RenderedPiece> pieces;
+  size_t at = 0;
+  for (const auto& [start, end] : spans) {
+    if (start < at || end <= start) continue;  // spans come in order; an empty or overlapping one adds nothing
+    if (start > at) pieces.push_back({rendered.text.substr(at, start - at), false});
+    pieces.push_back({rendered.text.substr(start, end - start), true});
+    at = end;
+  }
+  if (at < rendered.text.size()) pieces.push_back({rendered.text.substr(at), false});
+  return pieces;
 }
 
 std::vector<RenderedPiece> render_chat(const ChatTemplate& chat, const std::vector<ChatMessage>& messages,
                                        const std::string& where) {
   check_chat_roles(messages, where);
-  std::vector<RenderedPiece> out;
-  switch (chat.kind) {
-    case ChatTemplateKind::chatml:
-      render_chatml(chat, messages, out);
-      break;
-    case ChatTemplateKind::llama2:
-      render_llama2(chat, messages, out, where);
-      break;
-    case ChatTemplateKind::llama3:
-      render_llama3(chat, messages, out);
-      break;
-    case ChatTemplateKind::zephyr:
-      render_zephyr(chat, messages, out);
-      break;
-    case ChatTemplateKind::automatic:
-      FT_CHECK(false, where, ": no chat template chosen (resolve_chat_template picks one)");
-  }
-  return out;
+  Json list = Json::array();
+  for (const ChatMessage& message : messages) list.push_back({{"role", message.role}, {"content", message.content}});
+  return render_chat(chat, list, nullptr, false, where);
 }
 
 }  // namespace ft

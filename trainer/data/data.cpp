@@ -206,14 +206,19 @@ bool truncate_to(TokenSequence& seq, int64_t seq_len) {
   return true;
 }
 
-// How many tokens of `whole` (the encoding of the full text) start before
-// byte `boundary`, judged from the encoding of the text up to it.
-size_t tokens_before(const std::string& text, size_t boundary, const std::vector<int32_t>& whole,
-                     const Tokenizer& tokenizer) {
+// The tokens of `whole` (the encoding of the full text) that end before byte
+// `boundary`, judged from the encoding of the text up to it (the tokens the
+// two share), and whether one more token straddles the boundary.
+struct TokenSplit {
+  size_t before;
+  bool straddles;
+};
+TokenSplit split_tokens(const std::string& text, size_t boundary, const std::vector<int32_t>& whole,
+                        const Tokenizer& tokenizer) {
   std::vector<int32_t> prefix = tokenizer.encode(text.substr(0, boundary));
   size_t shared = 0;
   while (shared < prefix.size() && shared < whole.size() && prefix[shared] == whole[shared]) shared++;
-  return shared < prefix.size() ? shared + 1 : shared;
+  return {shared, shared < prefix.size()};
 }
 
 }  // namespace
@@ -264,20 +269,15 @@ TokenSequence tokenize_seq2seq_example(const Example& example, const Tokenizer& 
   return seq;
 }
 
-// The reply's content is the last piece that carries loss: everything
-// before it is the prompt, the assistant's header included.
-std::string generation_prompt(const ChatTemplate& chat, std::vector<ChatMessage> conversation,
+std::string generation_prompt(const ChatTemplate& chat, const std::vector<ChatMessage>& conversation,
                               const std::string& where) {
   FT_CHECK(!conversation.empty() && conversation.back().role == "user", where, ": the last message is ",
            conversation.empty() ? "missing" : "the " + conversation.back().role + "'s",
            " (expected a user message to reply to)");
-  conversation.push_back({"assistant", ""});
-  const std::vector<RenderedPiece> pieces = render_chat(chat, conversation, where);
-  size_t last_trained = pieces.size();
-  while (last_trained > 0 && !pieces[last_trained - 1].loss) last_trained--;
-  std::string prompt;
-  for (size_t i = 0; i + 1 < last_trained; i++) prompt += pieces[i].text;
-  if (prompt.starts_with(chat.bos_token)) prompt.erase(0, chat.bos_token.size());
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  for (const ChatMessage& message : conversation) messages.push_back({{"role", message.role}, {"content", message.content}});
+  std::string prompt = render_chat_text(chat, messages, nullptr, /*add_generation_prompt=*/true, where);
+  if (!chat.bos_token.empty() && prompt.starts_with(chat.bos_token)) prompt.erase(0, chat.bos_token.size());
   return prompt;
 }
 
@@ -302,9 +302,14 @@ TokenSequence tokenize_chat(const std::vector<RenderedPiece>& pieces, const Toke
   seq.loss_mask.assign(seq.tokens.size(), 0);
   for (size_t run = 0; run < starts.size(); run++) {
     if (!starts[run].second) continue;
-    size_t begin = tokens_before(text, starts[run].first, seq.tokens, tokenizer);
-    size_t end = run + 1 < starts.size() ? tokens_before(text, starts[run + 1].first, seq.tokens, tokenizer)
-                                         : seq.tokens.size();
+    // return_assistant_tokens_mask's rule: from the token holding the run's first
+    // byte to the one holding its last (a token straddling either edge trains).
+    size_t begin = split_tokens(text, starts[run].first, seq.tokens, tokenizer).before;
+    size_t end = seq.tokens.size();
+    if (run + 1 < starts.size()) {
+      TokenSplit split = split_tokens(text, starts[run + 1].first, seq.tokens, tokenizer);
+      end = split.before + split.straddles;
+    }
     for (size_t i = begin; i < end && i < seq.tokens.size(); i++) seq.loss_mask[i] = 1;
   }
   return seq;

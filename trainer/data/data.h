@@ -128,10 +128,9 @@ TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenize
                                   const ChatTemplate* chat = nullptr, RowLayout layout = RowLayout::causal);
 
 // What a chat model is given to reply to `conversation` (it ends with a
-// user message): the conversation rendered with an assistant turn to come,
-// up to that turn's content -- transformers' add_generation_prompt -- less a
-// leading bos text, which generation puts itself. `where` names it in errors.
-std::string generation_prompt(const ChatTemplate& chat, std::vector<ChatMessage> conversation,
+// user message): the conversation rendered with add_generation_prompt, less
+// a leading bos text, which generation puts itself. `where` names it in errors.
+std::string generation_prompt(const ChatTemplate& chat, const std::vector<ChatMessage>& conversation,
                               const std::string& where);
 
 // Whether a JSONL data file holds chat rows: format chat, or automatic with
@@ -150,10 +149,11 @@ std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::str
 void set_chat_prompts(Dataset& data, const ChatTemplate& chat);
 
 // The rendered text encoded in one piece, as apply_chat_template tokenizes it
-// (special-token strings become their ids), each token flagged with the loss
-// of the piece its first character lies in. Piece boundaries are found by
-// encoding the text up to each one: the tokens it shares with the whole text
-// lie before the boundary, and one more when a token straddles it.
+// (special-token strings become their ids), a token carrying loss when it
+// holds a byte of a loss piece (return_assistant_tokens_mask's rule). Piece
+// boundaries are found by encoding the text up to each one: the tokens it
+// shares with the whole text lie before the boundary, and one more straddles
+// it when the encodings part there.
 TokenSequence tokenize_chat(const std::vector<RenderedPiece>& pieces, const Tokenizer& tokenizer);
 
 // The id written into padding positions: pad, else eos, else 0. Padding never

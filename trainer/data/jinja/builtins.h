@@ -1,0 +1,23 @@
+// Jinja2's filters and tests, Python's str/dict methods, attribute and item
+// lookup, as HF chat templates use them. Each throws a TemplateFault on
+// misuse; an unknown name is a TemplateFault naming it.
+#pragma once
+#include <string>
+
+#include "trainer/data/jinja/value.h"
+
+namespace ft::jinja {
+
+Value apply_filter(const std::string& name, const Value& input, const Args& args);
+bool apply_test(const std::string& name, const Value& input, const Args& args);
+// object.name(args): str, dict and list methods.
+Value call_method(const Value& object, const std::string& name, const Args& args);
+// object.name (attribute, else item) and object[key] (item, else attribute), as Jinja2's getattr/getitem.
+Value get_attribute(const Value& object, const std::string& name);
+Value get_item(const Value& object, const Value& key);
+// object[start:stop:step] on a list or str; absent parts are Undefined.
+Value get_slice(const Value& object, const Value& start, const Value& stop, const Value& step);
+// The items a for loop or a filter walks: list items, dict keys, str characters.
+std::vector<Value> iterate(const Value& value);
+
+}  // namespace ft::jinja
