@@ -164,3 +164,31 @@ TEST_CASE("a row that stops early idles in the cached batch without disturbing t
   }
   CHECK(stopped[1] == std::vector<int32_t>(free_run[1].begin(), free_run[1].begin() + 2));
 }
+
+TEST_CASE("keep_stop_id returns the stop id that ended a row as its last token, cached and uncached") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  auto model = fixture_model(backend, "llama_gqa", false);
+  const std::vector<std::vector<int32_t>> prompts = {{1, 17, 99, 250}, {1, 5}, {1, 300, 12, 8, 77, 6, 40}};
+  SamplingOptions sampled;
+  sampled.max_new_tokens = 12;
+  sampled.temperature = 1.0;
+  sampled.seed = 7;
+  const auto free_run = generate(*model, prompts, sampled, StopCondition{});
+  // Row 1's fourth token stops it (and any other row that samples it).
+  const int32_t stop_id = free_run[1][3];
+  const StopCondition stop{{stop_id}, {}, nullptr};
+  const auto dropped = generate(*model, prompts, sampled, stop);
+  sampled.keep_stop_id = true;
+  const auto kept = generate(*model, prompts, sampled, stop);
+  sampled.kv_cache = false;
+  CHECK(generate(*model, prompts, sampled, stop) == kept);
+  for (size_t row = 0; row < prompts.size(); ++row) {
+    CAPTURE(row);
+    const bool stopped = int64_t(dropped[row].size()) < sampled.max_new_tokens;
+    std::vector<int32_t> want = dropped[row];
+    if (stopped) want.push_back(stop_id);
+    CHECK(kept[row] == want);  // the same draws; only the stop id is added
+  }
+  CHECK(kept[1] == std::vector<int32_t>(free_run[1].begin(), free_run[1].begin() + 4));
+}

@@ -2,7 +2,9 @@
 // hand-made rollouts, against values worked out by hand or from the tested
 // ROUGE (test_rouge's worked example), their weighted sum and trl's figures;
 // the prompt rows (a row without "prompt", left truncation) and the prompt
-// loader's order, epoch after epoch, and its resume position.
+// loader's order, epoch after epoch, and its resume position; and the
+// policy gradient's path, token_logps_backward, against the training step's
+// own cross-entropy backward.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,7 +15,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
+#include "model/causal_lm.h"
+#include "model/families.h"
+#include "model/peft_adapter.h"
+#include "model/safetensors.h"
+#include "tests/host_tensors.h"
 #include "tokenizer/load_tokenizer.h"
 #include "trainer/data/data.h"
 #include "trainer/evaluate.h"
@@ -192,4 +200,63 @@ TEST_CASE("the prompt loader draws each epoch in shuffled_order and resumes from
   PromptLoader other(rows, 99);
   CHECK_THROWS_WITH_AS(other.set_position({0, 8}), "the checkpoint's prompt position 8 is past the 7 prompt rows",
                        Error);
+}
+
+TEST_CASE("token_logps_backward with d/dlogp = -1/N per counted token gives the cross-entropy step's gradients") {
+  // GRPO's (and PPO's) loss reaches the adapters only through the gradient in
+  // each token's log-probability; -mean(logp) is the SFT loss, whose
+  // gradients forward_backward computes by another path.
+  HostAllocator host;
+  CpuBackend backend(host);
+  ModelOptions options;
+  options.lora = read_peft_adapter_config(kFixtures + "/llama_lora/adapter").lora;
+  options.lora->lora_dropout = 0.0;
+  auto model = make_causal_lm(read_model_config(kFixtures + "/llama_gqa/config.json"), backend, options);
+  model->load(Checkpoint(kFixtures + "/llama_gqa"));
+  load_peft_adapter(kFixtures + "/llama_lora/adapter", *model);
+  model->set_trainable([](const std::string& name) { return name.find("lora_") != std::string::npos; });
+  const int64_t B = 2, T = 6;
+  Tensor ids = Tensor::empty({B, T}, DType::i32, host, MemCategory::activations);
+  Tensor targets = Tensor::empty({B, T}, DType::i32, host, MemCategory::activations);
+  const std::vector<int32_t> id_values = {1, 17, 99, 250, 8, 40, 1, 5, 300, 12, 3, 3};
+  const std::vector<int32_t> target_values = {-100, -100, 250, 8, 40, 61, -100, 300, 12, 2, -100, -100};
+  std::copy(id_values.begin(), id_values.end(), ids.ptr<int32_t>());
+  std::copy(target_values.begin(), target_values.end(), targets.ptr<int32_t>());
+  const int64_t counted = 7;
+
+  model->zero_grads();
+  const double loss = model->forward_backward(ids, targets);
+  std::vector<std::vector<float>> want;
+  for (Parameter& adapter : model->adapters()) want.push_back(testing::read(adapter.grad));
+  const std::vector<float> eval_logps = model->token_logps(ids, targets);
+
+  model->zero_grads();
+  const TokenLogpsGradient mean_nll = [&](const std::vector<float>& logps) {
+    std::vector<float> d(logps.size(), 0.0f);
+    for (size_t n = 0; n < d.size(); ++n) d[n] = target_values[n] == -100 ? 0.0f : -1.0f / float(counted);
+    return d;
+  };
+  const std::vector<float> logps = model->token_logps_backward(ids, targets, mean_nll);
+  REQUIRE(logps.size() == size_t(B * T));
+  double sum = 0.0;
+  for (size_t n = 0; n < logps.size(); ++n) {
+    CAPTURE(n);
+    CHECK(logps[n] == doctest::Approx(eval_logps[n]).epsilon(1e-6));
+    if (target_values[n] == -100) CHECK(logps[n] == 0.0f);
+    sum += logps[n];
+  }
+  CHECK(-sum / double(counted) == doctest::Approx(loss).epsilon(1e-5));
+  size_t k = 0;
+  for (Parameter& adapter : model->adapters()) {
+    CAPTURE(adapter.name);
+    const std::vector<float> got = testing::read(adapter.grad);
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      diff += (double(got[i]) - want[k][i]) * (double(got[i]) - want[k][i]);
+      norm += double(want[k][i]) * want[k][i];
+    }
+    CHECK(norm > 0.0);
+    CHECK(std::sqrt(diff / norm) <= 1e-5);
+    ++k;
+  }
 }
