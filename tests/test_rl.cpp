@@ -96,6 +96,9 @@ TEST_CASE("rewards.answer: the last number of the completion against the row's a
         std::vector<double>{1, 0, 1, 1, 0});
   const nlohmann::json fraction = {{"prompt", "p"}, {"answer", "2.5"}};
   CHECK(rule(rules, rollouts(fraction, {"2.50", "2.", "x = 2.5."})) == std::vector<double>{1, 0, 1});
+  // A completion's number too large for a double is no match, not an error.
+  CHECK(rule(rules, rollouts(fraction, {"1" + std::string(400, '0'), "-" + std::string(400, '9')})) ==
+        std::vector<double>{0, 0});
   const nlohmann::json no_number = {{"prompt", "p"}, {"answer", "many"}};
   CHECK_THROWS_WITH_AS(compute_rewards(rules, rollouts(no_number, {"3"}), nullptr),
                        "rewards.answer: field \"answer\" holds no number: \"many\"", Error);
