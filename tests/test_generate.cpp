@@ -144,23 +144,52 @@ TEST_CASE("the key/value cache generates the same tokens as rerunning the batch"
   }
 }
 
+// Three prompts of different lengths, for the stopping cases.
+const std::vector<std::vector<int32_t>> kStopPrompts = {{1, 17, 99, 250}, {1, 5}, {1, 300, 12, 8, 77, 6, 40}};
+
 TEST_CASE("a row that stops early idles in the cached batch without disturbing the others") {
   HostAllocator host;
   CpuBackend backend(host);
   auto model = fixture_model(backend, "llama_gqa", false);
-  const std::vector<std::vector<int32_t>> prompts = {{1, 17, 99, 250}, {1, 5}, {1, 300, 12, 8, 77, 6, 40}};
   SamplingOptions greedy;
   greedy.max_new_tokens = 12;
-  const auto free_run = generate(*model, prompts, greedy, StopCondition{});
+  const auto free_run = generate(*model, kStopPrompts, greedy, StopCondition{});
   // Stop row 1 at its third token: rows 0 and 2 must continue unchanged.
   const StopCondition stop{{free_run[1][2]}, {}, nullptr};
-  const auto stopped = generate(*model, prompts, greedy, stop);
+  const auto stopped = generate(*model, kStopPrompts, greedy, stop);
   greedy.kv_cache = false;
-  CHECK(stopped == generate(*model, prompts, greedy, stop));
+  CHECK(stopped == generate(*model, kStopPrompts, greedy, stop));
   for (size_t row : {size_t(0), size_t(2)}) {
     const auto& want = free_run[row];
     const auto cut = std::find(want.begin(), want.end(), free_run[1][2]);
     CHECK(stopped[row] == std::vector<int32_t>(want.begin(), cut));
   }
   CHECK(stopped[1] == std::vector<int32_t>(free_run[1].begin(), free_run[1].begin() + 2));
+}
+
+TEST_CASE("keep_stop_id returns the stop id that ended a row as its last token, cached and uncached") {
+  SamplingOptions sampled;
+  sampled.temperature = 1.0;
+  sampled.seed = 7;
+  sampled.max_new_tokens = 12;
+  HostAllocator host;
+  CpuBackend backend(host);
+  auto model = fixture_model(backend, "llama_gqa", false);
+  const auto free_run = generate(*model, kStopPrompts, sampled, StopCondition{});
+  // Row 1's fourth token stops it (and any other row that samples it).
+  const int32_t stop_id = free_run[1][3];
+  const StopCondition stop{{stop_id}, {}, nullptr};
+  const auto dropped = generate(*model, kStopPrompts, sampled, stop);
+  sampled.keep_stop_id = true;
+  const auto kept = generate(*model, kStopPrompts, sampled, stop);
+  sampled.kv_cache = false;
+  CHECK(generate(*model, kStopPrompts, sampled, stop) == kept);
+  for (size_t row = 0; row < kStopPrompts.size(); ++row) {
+    CAPTURE(row);
+    const bool stopped = int64_t(dropped[row].size()) < sampled.max_new_tokens;
+    std::vector<int32_t> want = dropped[row];
+    if (stopped) want.push_back(stop_id);
+    CHECK(kept[row] == want);  // the same draws; only the stop id is added
+  }
+  CHECK(kept[1] == std::vector<int32_t>(free_run[1].begin(), free_run[1].begin() + 4));
 }

@@ -370,7 +370,7 @@ TEST_CASE("the key list matches the fields configs/README.md documents") {
   REQUIRE(readme.good());
   std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
   std::vector<std::string> keys = train_config_keys();
-  CHECK(keys.size() == 63);
+  CHECK(keys.size() == 84);
   for (const std::string& key : keys) {
     CAPTURE(key);
     CHECK(text.find("`" + key + "`") != std::string::npos);
@@ -418,4 +418,90 @@ TEST_CASE("offload.activations: host is read and needs per-layer checkpointing, 
         "cpu they are in host memory already");
   CHECK(error_of(minimal + "offload: {activations: disk}\n").find("offload.activations: expected one of device, host") !=
         std::string::npos);
+}
+
+TEST_CASE("objective: grpo: trl's GRPOConfig defaults, every grpo and rewards key, and the rules across fields") {
+  const std::string grpo = std::string(kMinimal) + "objective: grpo\nrewards: {length: 16}\n";
+  const TrainConfig defaults = parse(grpo + "micro_batch_size: 8\nseq_len: 1024\n");
+  CHECK(defaults.objective == Objective::grpo);
+  // trl 1.16.0's GRPOConfig defaults.
+  CHECK(defaults.grpo.num_generations == 8);
+  CHECK(defaults.grpo.max_completion_length == 512);
+  CHECK(defaults.grpo.beta == 0.0);
+  CHECK(defaults.grpo.epsilon == 0.2);
+  CHECK(!defaults.grpo.epsilon_high);
+  CHECK(defaults.grpo.loss_type == GrpoLossType::dapo);
+  CHECK(defaults.grpo.scale_rewards == GrpoScaleRewards::group);
+  CHECK(defaults.grpo_top_p == 1.0);
+  CHECK(defaults.grpo_top_k == 0);
+  CHECK(defaults.rewards.names() == std::vector<std::string>{"length"});
+
+  // micro_batch_size 4 x grad_accum_steps 1 = 4 completions: groups of 2 or 4.
+  const std::string bare = std::string(kMinimal) + "objective: grpo\nseq_len: 96\n";
+  const std::string small = bare + "rewards: {length: 16}\n";
+  const TrainConfig c = parse(bare + "grpo: {num_generations: 4, max_completion_length: 32, beta: 0.04, "
+                                      "epsilon: 0.1, epsilon_high: 0.28, loss_type: dr_grpo, scale_rewards: none, "
+                                      "top_p: 0.9, top_k: 20}\n"
+                                      "rewards: {regex: '^a', regex_weight: 0.5, rouge: completion, rouge_weight: 2, "
+                                      "answer: answer, answer_weight: 3, length: 8, length_weight: 0.25, "
+                                      "model: rm, model_adapter: rm_adapter, model_tokenizer: rm/tokenizer.json, "
+                                      "model_weight: 4}\n");
+  CHECK(c.grpo.num_generations == 4);
+  CHECK(c.grpo.max_completion_length == 32);
+  CHECK(c.grpo.beta == 0.04);
+  CHECK(c.grpo.epsilon == 0.1);
+  CHECK(c.grpo.epsilon_high == 0.28);
+  CHECK(c.grpo.loss_type == GrpoLossType::dr_grpo);
+  CHECK(c.grpo.scale_rewards == GrpoScaleRewards::none);
+  CHECK(c.grpo_top_p == 0.9);
+  CHECK(c.grpo_top_k == 20);
+  CHECK(c.rewards.names() == std::vector<std::string>{"regex", "rouge", "answer", "length", "model"});
+  CHECK(c.rewards.regex == "^a");
+  CHECK(c.rewards.rouge == "completion");
+  CHECK(c.rewards.answer == "answer");
+  CHECK(c.rewards.length == 8);
+  CHECK(c.rewards.model == "configs/rm");  // paths resolve against the config's folder
+  CHECK(c.rewards.model_adapter == "configs/rm_adapter");
+  CHECK(c.rewards.model_tokenizer == "configs/rm/tokenizer.json");
+  CHECK(c.rewards.regex_weight == 0.5);
+  CHECK(c.rewards.rouge_weight == 2.0);
+  CHECK(c.rewards.answer_weight == 3.0);
+  CHECK(c.rewards.length_weight == 0.25);
+  CHECK(c.rewards.model_weight == 4.0);
+
+  const std::vector<std::string> fits = {"grpo.num_generations=4", "grpo.max_completion_length=32"};
+  auto with = [&](const std::string& extra) {
+    std::vector<std::string> overrides = fits;
+    overrides.push_back(extra);
+    return overrides;
+  };
+  CHECK(error_of(small, with("grpo.num_generations=1")) ==
+        "configs/x.yaml (--set grpo.num_generations=1): grpo.num_generations: expected an integer in [2, 65536], "
+        "got \"1\"");
+  CHECK(error_of(small, with("grpo.num_generations=3")) ==
+        "configs/x.yaml: objective: grpo generates micro_batch_size x grad_accum_steps = 4 completions a step, "
+        "which must be a multiple of grpo.num_generations (3): whole groups of one prompt");
+  CHECK(error_of(small, with("grpo.max_completion_length=96")) ==
+        "configs/x.yaml: grpo.max_completion_length (96) must leave room for the prompt within seq_len (96)");
+  CHECK(error_of(bare, fits) ==
+        "configs/x.yaml: objective: grpo needs a reward: set rewards.regex, rewards.rouge, rewards.answer, "
+        "rewards.length or rewards.model");
+  CHECK(error_of(small, with("data.packing=true")) ==
+        "configs/x.yaml: objective: grpo generates its rows; data.packing applies to objective: sft and dpo");
+  CHECK(error_of(small, with("task_metric=rouge")).find("task_metric: rouge applies to objective: sft; "
+                                                        "objective: grpo reports the held-out reward") !=
+        std::string::npos);
+  CHECK(error_of(small + "trainable: all\nquantization: {mode: none}\n", with("grpo.beta=0.1")) ==
+        "configs/x.yaml: objective: grpo with grpo.beta > 0 needs trainable: lora: its reference model is the "
+        "base with the adapters disabled");
+  CHECK(error_of(small, with("grpo.loss_type=sapo")).find("grpo.loss_type: expected one of grpo, bnpo, dr_grpo, "
+                                                          "dapo, cispo, got \"sapo\"") != std::string::npos);
+  CHECK(error_of(small, with("grpo.epsilon=1")).find("grpo.epsilon: expected a number in [0, 1)") !=
+        std::string::npos);
+  CHECK(error_of(small, with("grpo.top_p=0")).find("grpo.top_p: expected a number in (0, 1]") != std::string::npos);
+  CHECK(error_of(small, with("rewards.length=-1")).find("rewards.length: expected an integer in [0, ") !=
+        std::string::npos);
+  CHECK(error_of(small, with("rewards.regex_weight=.nan")).find("rewards.regex_weight: expected a finite number") !=
+        std::string::npos);
+  CHECK(error_of(small, with("rewards.lenght=3")).find("did you mean \"rewards.length\"?") != std::string::npos);
 }

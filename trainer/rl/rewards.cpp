@@ -4,6 +4,7 @@
 #include <pcre2.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 
@@ -79,7 +80,8 @@ std::optional<double> last_number(const std::string& text) {
     std::string digits;
     for (size_t k = i; k < end; ++k)
       if (text[k] != ',') digits += text[k];
-    found = std::stod(digits);
+    // strtod, not stod: a completion's run of 400 digits is +inf here, not an exception that ends the run.
+    found = std::strtod(digits.c_str(), nullptr);
     i = end;
   }
   return found;

@@ -1,0 +1,265 @@
+// Online RL's parts around the loss (trainer/rl/): the reward rules on
+// hand-made rollouts, against values worked out by hand or from the tested
+// ROUGE (test_rouge's worked example), their weighted sum and trl's figures;
+// the prompt rows (a row without "prompt", left truncation) and the prompt
+// loader's order, epoch after epoch, and its resume position; and the
+// policy gradient's path, token_logps_backward, against the training step's
+// own cross-entropy backward.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/error.h"
+#include "model/causal_lm.h"
+#include "model/families.h"
+#include "model/peft_adapter.h"
+#include "model/safetensors.h"
+#include "tests/host_tensors.h"
+#include "tokenizer/load_tokenizer.h"
+#include "trainer/data/data.h"
+#include "trainer/evaluate.h"
+#include "trainer/report/rouge.h"
+#include "trainer/rl/prompts.h"
+#include "trainer/rl/rewards.h"
+
+using namespace ft;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kFixtures = FT_FIXTURES_DIR;
+
+// Rollouts of one prompt row with these texts; completion i has token_counts[i] tokens.
+std::vector<Rollout> rollouts(const nlohmann::json& row, const std::vector<std::string>& texts,
+                              const std::vector<size_t>& token_counts = {}) {
+  std::vector<Rollout> out;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    Rollout r;
+    r.row = &row;
+    r.prompt = "A prompt.";
+    r.prompt_tokens = {1, 7, 9};
+    r.tokens.assign(token_counts.empty() ? 1 : token_counts[i], 5);
+    r.text = texts[i];
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<double> rule(const RewardRules& rules, const std::vector<Rollout>& completions) {
+  const Rewards rewards = compute_rewards(rules, completions, nullptr);
+  REQUIRE(rewards.values.size() == 1);
+  return rewards.values[0];
+}
+
+std::string write_rows(const std::string& name, const std::string& text) {
+  const fs::path path = fs::path(FT_BINARY_DIR) / "test_rl" / name;
+  fs::create_directories(path.parent_path());
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+}  // namespace
+
+TEST_CASE("rewards.regex: 1 where the pattern is found (a search), 0 elsewhere; a bad pattern names its offset") {
+  const nlohmann::json row = {{"prompt", "p"}};
+  RewardRules rules;
+  rules.regex = "^<think>.*</think>\\s*\\d+$";
+  CHECK(rule(rules, rollouts(row, {"<think>so</think> 12", "<think>so</think> twelve", "12", ""})) ==
+        std::vector<double>{1, 0, 0, 0});
+  rules.regex = "cat";  // unanchored: anywhere in the text
+  CHECK(rule(rules, rollouts(row, {"concatenate", "dog", "a cat\n"})) == std::vector<double>{1, 0, 1});
+  // A completion cut inside a UTF-8 character is not valid UTF-8 and matches nothing.
+  rules.regex = "caf";
+  CHECK(rule(rules, rollouts(row, {"caf\xC3", "caf\xC3\xA9"})) == std::vector<double>{0, 1});
+  rules.regex = "(ab";
+  CHECK_THROWS_WITH_AS(compute_rewards(rules, rollouts(row, {"ab"}), nullptr),
+                       "rewards.regex: \"(ab\" is not a valid pattern at offset 3: missing closing parenthesis",
+                       Error);
+}
+
+TEST_CASE("rewards.answer: the last number of the completion against the row's answer, signs and commas read") {
+  RewardRules rules;
+  rules.answer = "answer";
+  const nlohmann::json gsm8k = {{"prompt", "p"}, {"answer", "She pays 3 x 6 = 18.\n#### 1,234"}};
+  CHECK(rule(rules, rollouts(gsm8k, {"so 1234", "The total is 1,234.", "1,234 or 1,235", "12.34", "none"})) ==
+        std::vector<double>{1, 1, 0, 0, 0});
+  const nlohmann::json negative = {{"prompt", "p"}, {"answer", "-3"}};
+  // "5 - 3": a minus before a space is not a sign; "5-3" ends with -3.
+  CHECK(rule(rules, rollouts(negative, {"it is -3", "5 - 3", "5-3", "-3.0", "-3.5"})) ==
+        std::vector<double>{1, 0, 1, 1, 0});
+  const nlohmann::json fraction = {{"prompt", "p"}, {"answer", "2.5"}};
+  CHECK(rule(rules, rollouts(fraction, {"2.50", "2.", "x = 2.5."})) == std::vector<double>{1, 0, 1});
+  // A completion's number too large for a double is no match, not an error.
+  CHECK(rule(rules, rollouts(fraction, {"1" + std::string(400, '0'), "-" + std::string(400, '9')})) ==
+        std::vector<double>{0, 0});
+  const nlohmann::json no_number = {{"prompt", "p"}, {"answer", "many"}};
+  CHECK_THROWS_WITH_AS(compute_rewards(rules, rollouts(no_number, {"3"}), nullptr),
+                       "rewards.answer: field \"answer\" holds no number: \"many\"", Error);
+  const nlohmann::json missing = {{"prompt", "p"}};
+  CHECK_THROWS_WITH_AS(compute_rewards(rules, rollouts(missing, {"3"}), nullptr),
+                       "rewards.answer: the prompt row {\"prompt\":\"p\"} has no string field \"answer\"", Error);
+}
+
+TEST_CASE("rewards.length and rewards.rouge: -|tokens - L| / L, and ROUGE-L F1 against the row's field") {
+  const nlohmann::json row = {{"prompt", "p"}, {"summary", "the cat sat on the mat"}};
+  RewardRules length;
+  length.length = 10;
+  CHECK(rule(length, rollouts(row, {"a", "b", "c", "d"}, {5, 10, 15, 1})) ==
+        std::vector<double>{-0.5, 0.0, -0.5, -0.9});
+  RewardRules rouge;
+  rouge.rouge = "summary";
+  const std::vector<double> values = rule(rouge, rollouts(row, {"the cat is on the mat", "dogs", "the cat sat on the mat"}));
+  // test_rouge's worked example: LCS "the cat on the mat", 5 of 6 tokens each side.
+  CHECK(values[0] == doctest::Approx(5.0 / 6.0).epsilon(1e-12));
+  CHECK(values[0] == rouge_scores("the cat sat on the mat", "the cat is on the mat").rougeL);
+  CHECK(values[1] == 0.0);
+  CHECK(values[2] == 1.0);
+}
+
+TEST_CASE("several rules: each is reported and the reward is their sum with weights; trl's figures") {
+  const nlohmann::json row = {{"prompt", "p"}, {"answer", "7"}};
+  RewardRules rules;
+  rules.regex = "^\\d+$";
+  rules.regex_weight = 2.0;
+  rules.answer = "answer";
+  rules.answer_weight = -1.0;
+  rules.length = 4;
+  rules.length_weight = 0.5;
+  CHECK(rules.names() == std::vector<std::string>{"regex", "answer", "length"});
+  const Rewards rewards = compute_rewards(rules, rollouts(row, {"7", "8", "it is 7"}, {2, 4, 6}), nullptr);
+  REQUIRE(rewards.names == rules.names());
+  CHECK(rewards.values[0] == std::vector<double>{1, 1, 0});
+  CHECK(rewards.values[1] == std::vector<double>{1, 0, 1});
+  CHECK(rewards.values[2] == std::vector<double>{-0.5, 0, -0.5});
+  // 2 regex - answer + 0.5 length.
+  CHECK(rewards.total == std::vector<double>{2 - 1 - 0.25, 2.0, -1 - 0.25});
+  const nlohmann::json figures = rewards.metrics();
+  CHECK(figures["reward"].get<double>() == doctest::Approx((0.75 + 2.0 - 1.25) / 3).epsilon(1e-12));
+  CHECK(figures["rewards/regex/mean"].get<double>() == doctest::Approx(2.0 / 3).epsilon(1e-12));
+  // torch.std (unbiased) of {1, 1, 0}: mean 2/3, squares 1/9 + 1/9 + 4/9 = 2/3, over n - 1 = 2.
+  CHECK(figures["rewards/regex/std"].get<double>() == doctest::Approx(std::sqrt(1.0 / 3)).epsilon(1e-12));
+  CHECK(figures["rewards/length/mean"].get<double>() == doctest::Approx(-1.0 / 3).epsilon(1e-12));
+  CHECK_THROWS_WITH_AS(compute_rewards(RewardRules{}, rollouts(row, {"7"}), nullptr),
+                       "rewards: no reward is configured (rewards.regex, rouge, answer, length or model)", Error);
+}
+
+TEST_CASE("prompt rows: a row without \"prompt\" names its line; long prompts keep their end") {
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(kFixtures + "/tokenizer/tokenizer.model", 320);
+  const std::string good = write_rows("prompts.jsonl",
+                                      "{\"prompt\": \"Hello there, how are you today?\", \"answer\": \"4\"}\n"
+                                      "{\"prompt\": \"Hi\"}\n");
+  const std::vector<int32_t> whole = prompt_tokens(*tokenizer, "Hello there, how are you today?");
+  REQUIRE(whole.size() > 4);
+  const std::vector<PromptRow> rows = load_prompt_rows(good, *tokenizer, 4);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].row["answer"] == "4");
+  CHECK(rows[0].tokens == std::vector<int32_t>(whole.end() - 4, whole.end()));
+  CHECK(rows[1].tokens == prompt_tokens(*tokenizer, "Hi"));
+  const std::string bad = write_rows("no_prompt.jsonl", "{\"prompt\": \"a\"}\n{\"text\": \"b\"}\n");
+  CHECK_THROWS_WITH_AS(load_prompt_rows(bad, *tokenizer, 64),
+                       (bad + ":2: row lacks \"prompt\": expected a \"prompt\" string (objective: grpo and ppo "
+                              "generate from prompts), got keys \"text\"").c_str(),
+                       Error);
+}
+
+TEST_CASE("the prompt loader draws each epoch in shuffled_order and resumes from its position") {
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(kFixtures + "/tokenizer/tokenizer.model", 320);
+  std::string text;
+  for (int i = 0; i < 7; ++i) text += "{\"prompt\": \"p\", \"id\": " + std::to_string(i) + "}\n";
+  const std::vector<PromptRow> rows = load_prompt_rows(write_rows("seven.jsonl", text), *tokenizer, 16);
+  auto ids = [](const std::vector<const PromptRow*>& drawn) {
+    std::vector<int64_t> out;
+    for (const PromptRow* p : drawn) out.push_back(p->row["id"].get<int64_t>());
+    return out;
+  };
+  PromptLoader loader(rows, 99);
+  // 3 steps of 4: the first epoch's order, then the second's.
+  std::vector<int64_t> drawn;
+  for (int step = 0; step < 3; ++step)
+    for (int64_t id : ids(loader.next(4))) drawn.push_back(id);
+  std::vector<int64_t> expected = shuffled_order(7, 99, 0);
+  const std::vector<int64_t> second = shuffled_order(7, 99, 1);
+  expected.insert(expected.end(), second.begin(), second.begin() + 5);
+  CHECK(drawn == expected);
+  CHECK(loader.position().epoch == 1);
+  CHECK(loader.position().index == 5);
+  CHECK(shuffled_order(7, 99, 0) != second);
+
+  // A loader set to any position draws what the first one drew from there on.
+  for (int64_t start : {0, 3, 7, 9}) {
+    CAPTURE(start);
+    PromptLoader first(rows, 99), resumed(rows, 99);
+    first.next(start);
+    resumed.set_position(first.position());
+    CHECK(ids(resumed.next(6)) == ids(first.next(6)));
+  }
+  PromptLoader other(rows, 99);
+  CHECK_THROWS_WITH_AS(other.set_position({0, 8}), "the checkpoint's prompt position 8 is past the 7 prompt rows",
+                       Error);
+}
+
+TEST_CASE("token_logps_backward with d/dlogp = -1/N per counted token gives the cross-entropy step's gradients") {
+  // GRPO's (and PPO's) loss reaches the adapters only through the gradient in
+  // each token's log-probability; -mean(logp) is the SFT loss, whose
+  // gradients forward_backward computes by another path.
+  HostAllocator host;
+  CpuBackend backend(host);
+  ModelOptions options;
+  options.lora = read_peft_adapter_config(kFixtures + "/llama_lora/adapter").lora;
+  options.lora->lora_dropout = 0.0;
+  auto model = make_causal_lm(read_model_config(kFixtures + "/llama_gqa/config.json"), backend, options);
+  model->load(Checkpoint(kFixtures + "/llama_gqa"));
+  load_peft_adapter(kFixtures + "/llama_lora/adapter", *model);
+  model->set_trainable([](const std::string& name) { return name.find("lora_") != std::string::npos; });
+  const int64_t B = 2, T = 6;
+  Tensor ids = Tensor::empty({B, T}, DType::i32, host, MemCategory::activations);
+  Tensor targets = Tensor::empty({B, T}, DType::i32, host, MemCategory::activations);
+  const std::vector<int32_t> id_values = {1, 17, 99, 250, 8, 40, 1, 5, 300, 12, 3, 3};
+  const std::vector<int32_t> target_values = {-100, -100, 250, 8, 40, 61, -100, 300, 12, 2, -100, -100};
+  std::copy(id_values.begin(), id_values.end(), ids.ptr<int32_t>());
+  std::copy(target_values.begin(), target_values.end(), targets.ptr<int32_t>());
+  const int64_t counted = 7;
+
+  model->zero_grads();
+  const double loss = model->forward_backward(ids, targets);
+  std::vector<std::vector<float>> want;
+  for (Parameter& adapter : model->adapters()) want.push_back(testing::read(adapter.grad));
+  const std::vector<float> eval_logps = model->token_logps(ids, targets);
+
+  model->zero_grads();
+  const TokenLogpsGradient mean_nll = [&](const std::vector<float>& logps) {
+    std::vector<float> d(logps.size(), 0.0f);
+    for (size_t n = 0; n < d.size(); ++n) d[n] = target_values[n] == -100 ? 0.0f : -1.0f / float(counted);
+    return d;
+  };
+  const std::vector<float> logps = model->token_logps_backward(ids, targets, mean_nll);
+  REQUIRE(logps.size() == size_t(B * T));
+  double sum = 0.0;
+  for (size_t n = 0; n < logps.size(); ++n) {
+    CAPTURE(n);
+    CHECK(logps[n] == doctest::Approx(eval_logps[n]).epsilon(1e-6));
+    if (target_values[n] == -100) CHECK(logps[n] == 0.0f);
+    sum += logps[n];
+  }
+  CHECK(-sum / double(counted) == doctest::Approx(loss).epsilon(1e-5));
+  size_t k = 0;
+  for (Parameter& adapter : model->adapters()) {
+    CAPTURE(adapter.name);
+    const std::vector<float> got = testing::read(adapter.grad);
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      diff += (double(got[i]) - want[k][i]) * (double(got[i]) - want[k][i]);
+      norm += double(want[k][i]) * want[k][i];
+    }
+    CHECK(norm > 0.0);
+    CHECK(std::sqrt(diff / norm) <= 1e-5);
+    ++k;
+  }
+}
