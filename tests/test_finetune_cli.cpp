@@ -1746,6 +1746,7 @@ TEST_CASE("objective: ppo with a reward model raises the held-out reward, its KL
   CHECK(read_file((killed / "out/value_head.safetensors").string()) ==
         read_file((dir / "out/value_head.safetensors").string()));
   CHECK(train_losses((killed / "out/metrics.jsonl").string()) == train_losses((dir / "out/metrics.jsonl").string()));
+}
 
 TEST_CASE("objective: grpo refuses rows without prompts, a reward model without a score head or with another "
           "tokenizer, and a bad regex") {
