@@ -268,7 +268,12 @@ void make_prompts(Run& run) {
   if (!config.data.eval.empty()) {
     run.eval_prompts = load_prompt_rows(config.data.eval, *run.tokenizer, max_prompt_tokens);
     run.eval_examples.path = config.data.eval;
-    for (const PromptRow& row : run.eval_prompts) run.eval_examples.examples.push_back({row.prompt, ""});
+    // The end-of-run samples show a row's "completion" as their reference when it has one.
+    for (const PromptRow& row : run.eval_prompts)
+      run.eval_examples.examples.push_back(
+          {row.prompt, row.row.contains("completion") && row.row["completion"].is_string()
+                           ? row.row["completion"].get<std::string>()
+                           : ""});
     std::cout << "eval: " << run.eval_prompts.size() << " prompts\n";
   }
   if (!config.rewards.model.empty())
