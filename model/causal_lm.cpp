@@ -577,6 +577,7 @@ SequenceLogps CausalLM::sequence_logps(const Tensor& input_ids, const Tensor& ta
 SequenceLogps CausalLM::sequence_logps_backward(const Tensor& input_ids, const Tensor& targets,
                                                 const LogpsGradient& gradient, const Tensor* position_ids) {
   SequenceLogps sums;
+  const std::vector<int64_t> starts = sequence_starts(targets, position_ids);
   const TokenLogpsGradient by_token = [&](const std::vector<float>& tokens) {
     sums = sum_by_sequence(tokens, targets, position_ids);
     const std::vector<double> dlogps = gradient(sums);
@@ -584,7 +585,6 @@ SequenceLogps CausalLM::sequence_logps_backward(const Tensor& input_ids, const T
     FT_CHECK(dlogps.size() == S, "sequence_logps_backward: the gradient has ", dlogps.size(),
              " sequences, the batch ", S);
     std::vector<float> dtokens(tokens.size(), 0.0f);
-    const std::vector<int64_t> starts = sequence_starts(targets, position_ids);
     for (size_t s = 0; s < S; ++s) {
       const int64_t end = s + 1 < S ? starts[s + 1] : int64_t(tokens.size());
       for (int64_t n = starts[s]; n < end; ++n) dtokens[size_t(n)] = float(dlogps[s]);

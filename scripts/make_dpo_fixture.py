@@ -36,12 +36,13 @@ PAIRS = [  # (prompt length, chosen length, rejected length), completions before
 BETA = {"sigmoid": 0.1, "ipo": 0.1}
 
 
-def make_batch(vocab):
-    gen = torch.Generator().manual_seed(777)
+def make_batch(vocab, pairs=PAIRS, seed=777):
+    """trl's pair layout: the chosen rows, then the rejected rows, right padded; and the completion mask."""
+    gen = torch.Generator().manual_seed(seed)
     rand = lambda n: torch.randint(4, vocab, (n,), generator=gen).tolist()
     rows, masks = [], []
     chosen, rejected = [], []
-    for prompt_len, chosen_len, rejected_len in PAIRS:
+    for prompt_len, chosen_len, rejected_len in pairs:
         prompt = [BOS] + rand(prompt_len)
         for length, out in ((chosen_len, chosen), (rejected_len, rejected)):
             completion = rand(length) + [EOS]

@@ -31,24 +31,15 @@ from peft import LoraConfig, PeftModel
 from safetensors.torch import save_file
 from transformers import LlamaForSequenceClassification
 
+import make_dpo_fixture  # its trl pair layout
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
-BOS, EOS, PAD = 1, 2, 3
+PAD = 3
 PAIRS = [(4, 5, 3), (6, 2, 6), (3, 4, 4), (2, 7, 1)]  # (prompt, chosen, rejected) lengths before eos
 
 
 def make_batch(vocab):
-    gen = torch.Generator().manual_seed(4242)
-    rand = lambda n: torch.randint(4, vocab, (n,), generator=gen).tolist()
-    chosen, rejected = [], []
-    for prompt_len, chosen_len, rejected_len in PAIRS:
-        prompt = [BOS] + rand(prompt_len)
-        for length, out in ((chosen_len, chosen), (rejected_len, rejected)):
-            completion = rand(length) + [EOS]
-            out.append((prompt + completion, [0] * len(prompt) + [1] * len(completion)))
-    rows = chosen + rejected
-    T = max(len(ids) for ids, _ in rows)
-    input_ids = torch.tensor([ids + [PAD] * (T - len(ids)) for ids, _ in rows])
-    mask = torch.tensor([m + [0] * (T - len(m)) for _, m in rows])
+    input_ids, mask = make_dpo_fixture.make_batch(vocab, PAIRS, 4242)
     return input_ids, input_ids.masked_fill(mask == 0, -100)
 
 

@@ -34,6 +34,12 @@ void validate(const GrpoConfig& config) {
            config.max_completion_length);
 }
 
+double mean_of(const std::vector<double>& values) {
+  double sum = 0.0;
+  for (double v : values) sum += v;
+  return values.empty() ? 0.0 : sum / double(values.size());
+}
+
 double unbiased_std(const std::vector<double>& values, size_t begin, size_t end) {
   const double n = double(end - begin);
   double mean = 0, squares = 0;

@@ -63,6 +63,8 @@ void validate(const GrpoConfig& config);
 // torch.std's unbiased (Bessel-corrected) standard deviation of
 // values[begin, end), at least two values.
 double unbiased_std(const std::vector<double>& values, size_t begin, size_t end);
+// The plain mean of values (0 when empty).
+double mean_of(const std::vector<double>& values);
 
 // Per-completion advantages from per-completion rewards laid out group after
 // group (group_size consecutive completions of one prompt): reward minus the

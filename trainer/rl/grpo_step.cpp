@@ -7,15 +7,6 @@
 #include "kernels/error.h"
 
 namespace ft {
-namespace {
-
-double mean_of(const std::vector<double>& values) {
-  double sum = 0.0;
-  for (double v : values) sum += v;
-  return values.empty() ? 0.0 : sum / double(values.size());
-}
-
-}  // namespace
 
 nlohmann::json grpo_step(const GrpoStep& s, const std::vector<const PromptRow*>& prompts, int64_t step) {
   const GrpoConfig& config = s.config;

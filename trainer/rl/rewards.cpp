@@ -116,11 +116,6 @@ double rule_weight(const RewardRules& rules, const std::string& name) {
        : name == "answer" ? rules.answer_weight : name == "length" ? rules.length_weight : rules.model_weight;
 }
 
-double mean_of(const std::vector<double>& values) {
-  double sum = 0.0;
-  for (double v : values) sum += v;
-  return values.empty() ? 0.0 : sum / double(values.size());
-}
 
 }  // namespace
 
