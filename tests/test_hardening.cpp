@@ -321,7 +321,7 @@ TEST_CASE("train state: a flipped byte anywhere in the file is one Error naming 
   SmallTraining training;
   TempDir dir("flip");
   const std::string path = (dir.path / "train_state.safetensors").string();
-  save_train_state(path, *training.optimizer, {7, {0, 3}, {}}, sample_identity());
+  save_train_state(path, *training.optimizer, {7, {0, 3}, {}, ""}, sample_identity());
   const std::string good = read_text(path);
   REQUIRE(load_train_state(path, *training.optimizer, sample_identity()).step == 7);
   int corrupt_named = 0;
@@ -345,7 +345,7 @@ TEST_CASE("train state: a different base model, adapter or data is refused, nami
   SmallTraining training;
   TempDir dir("identity");
   const std::string path = (dir.path / "train_state.safetensors").string();
-  save_train_state(path, *training.optimizer, {7, {0, 3}, {}}, sample_identity());
+  save_train_state(path, *training.optimizer, {7, {0, 3}, {}, ""}, sample_identity());
 
   RunIdentity other_base = sample_identity();
   other_base[0].value = "701 bytes, checksum 03";

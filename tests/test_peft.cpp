@@ -320,7 +320,7 @@ TEST_CASE("no target_modules: PEFT's default targets for the architecture, recor
 
     const std::string folder = std::string(FT_BINARY_DIR) + "/peft_default_targets_" + c.fixture;
     model->init_adapters(1);
-    save_peft_adapter(folder, *model, PeftAdapterConfig{*model->options().lora, "", "CAUSAL_LM"});
+    save_peft_adapter(folder, *model, PeftAdapterConfig{*model->options().lora, "", "CAUSAL_LM", {}});
     CHECK(read_peft_adapter_config(folder).lora.target_modules == c.targets);
   }
 }

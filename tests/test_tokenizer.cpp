@@ -67,7 +67,10 @@ TEST_CASE("models with their own character map, byte fallback, a denormalizer an
   std::ifstream file(std::string(FT_FIXTURES_DIR) + "/sentencepiece/encode_reference.json");
   const nlohmann::json models = nlohmann::json::parse(file);
   REQUIRE(models.size() == 2);
-  for (const auto& [name, cases] : models.items()) {
+  for (const auto& model : models.items()) {
+    // A named copy, not a structured binding: clang's OpenMP mode cannot capture one in CAPTURE's lambda.
+    const std::string name = model.key();
+    const nlohmann::json& cases = model.value();
     SentencePieceTokenizer tokenizer(std::string(FT_FIXTURES_DIR) + "/sentencepiece/" + name + "/tokenizer.model");
     for (const auto& reference : cases) {
       const std::string text = reference["text"];
