@@ -27,6 +27,12 @@ FT_HOST_DEVICE inline float hash_uniform(uint64_t seed, uint64_t index) {
   return float(splitmix64(seed, index) >> 40) * (1.0f / 16777216.0f);
 }
 
+// The seed whose draws start at element `first` of seed's: uniform(
+// seed_at(seed, first), i) == uniform(seed, first + i) (splitmix64 steps its
+// state by a constant), so a block of rows draws its part of the whole
+// tensor's mask with the unchanged kernels.
+FT_HOST_DEVICE inline uint64_t seed_at(uint64_t seed, uint64_t first) { return seed + first * 0x9E3779B97F4A7C15ull; }
+
 // Element `index` survives dropout with probability 1 - p.
 FT_HOST_DEVICE inline bool dropout_keep(uint64_t seed, uint64_t index, float p) {
   return hash_uniform(seed, index) >= p;

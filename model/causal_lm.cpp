@@ -31,6 +31,8 @@ LanguageModel::LanguageModel(const ModelConfig& config, Backend& backend, const 
     : config_(config), backend_(backend), options_(options) {
   FT_CHECK(options.loss_chunk_tokens >= 0, "loss_chunk_tokens must be >= 0 (0: unchunked), got ",
            options.loss_chunk_tokens);
+  FT_CHECK(options.mlp_chunk_tokens >= 0, "mlp_chunk_tokens must be >= 0 (0: unchunked), got ",
+           options.mlp_chunk_tokens);
   LayerRange& layers = options_.layers;
   if (layers.end_layer == 0) layers.end_layer = config.num_hidden_layers;
   FT_CHECK(layers.first_layer >= 0 && layers.first_layer < layers.end_layer &&

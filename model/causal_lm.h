@@ -9,6 +9,7 @@
 // parameters and one decoder layer's forward and backward (llama.h,
 // gpt_neox.h); the encoder-decoder T5 runs its own step (t5.h).
 #pragma once
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -368,6 +369,12 @@ class CausalLM : public LanguageModel {
   }
   // The norm layer `index` applies to its input.
   virtual const NormParameters& input_norm(size_t index) const = 0;
+  // With options_.mlp_chunk_tokens the MLP runs over row blocks of this
+  // many tokens (the last one shorter), and the layer keeps only its input.
+  bool mlp_chunked() const { return options_.mlp_chunk_tokens > 0; }
+  int64_t mlp_chunk_rows(int64_t tokens) const {
+    return mlp_chunked() ? std::min(options_.mlp_chunk_tokens, tokens) : tokens;
+  }
 
   // Rotary causal self-attention, as every architecture here computes it.
   struct AttentionActivations {

@@ -1,5 +1,6 @@
 #include "model/gpt_neox.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace ft {
@@ -111,16 +112,36 @@ void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int6
 
 // out [N, C] = dense_4h_to_h(gelu(dense_h_to_4h(saved.norm2))). Without out
 // it stops at h: backward recomputes the GELU from h and reads nothing else.
+// Chunked, h is not kept either (backward recomputes it by chunks), and the
+// MLP runs mlp_chunk_rows tokens at a time.
 void GptNeoxModel::forward_mlp(Layer& layer, LayerActivations& saved, Tensor* out) {
-  Backend& be = backend_;
-  const DType act = options_.activation_dtype;
-  const int64_t N = saved.norm2.out.rows(), I = config_.intermediate_size;
-  saved.h = be.empty({N, I}, act, MemCategory::activations);
-  layer.dense_h_to_4h->forward(be, saved.h, saved.norm2.out);
-  if (!out) return;
-  Tensor gelu_out = be.empty({N, I}, act, MemCategory::activations);
-  be.gelu_forward(gelu_out, saved.h, gelu_kind_);
-  layer.dense_4h_to_h->forward(be, *out, gelu_out);
+  const int64_t N = saved.norm2.out.rows();
+  if (!mlp_chunked()) {
+    saved.h = mlp_hidden(layer, saved.norm2.out, 0, N);
+    if (out) mlp_output_rows(layer, saved.h, *out, 0);
+    return;
+  }
+  for (int64_t first = 0, rows = mlp_chunk_rows(N); out && first < N; first += rows) {
+    rows = std::min(rows, N - first);
+    Tensor out_rows = out->slice_rows(first, rows);
+    mlp_output_rows(layer, mlp_hidden(layer, saved.norm2.out, first, rows), out_rows, first);
+  }
+}
+
+// h [rows, I] = dense_h_to_4h(rows [first, first + rows) of norm2).
+Tensor GptNeoxModel::mlp_hidden(Layer& layer, const Tensor& norm2, int64_t first, int64_t rows) {
+  Tensor h = backend_.empty({rows, config_.intermediate_size}, options_.activation_dtype, MemCategory::activations);
+  layer.dense_h_to_4h->set_first_row(first);
+  layer.dense_h_to_4h->forward(backend_, h, norm2.slice_rows(first, rows));
+  return h;
+}
+
+// out_rows = dense_4h_to_h(gelu(h)), h the MLP's hidden rows from row `first`.
+void GptNeoxModel::mlp_output_rows(Layer& layer, const Tensor& h, Tensor& out_rows, int64_t first) {
+  Tensor gelu_out = backend_.empty(h.shape, options_.activation_dtype, MemCategory::activations);
+  backend_.gelu_forward(gelu_out, h, gelu_kind_);
+  layer.dense_4h_to_h->set_first_row(first);
+  layer.dense_4h_to_h->forward(backend_, out_rows, gelu_out);
 }
 
 // Parallel residual: out = (x + attn(ln1(x))) + mlp(ln2(x)).
@@ -167,17 +188,31 @@ std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t i
 // dnorm (overwritten; null: not wanted) = d(loss)/d(saved.norm2) from dout =
 // d(loss)/d(mlp output).
 void GptNeoxModel::backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor* dnorm) {
+  const int64_t N = dout.rows();
+  if (!mlp_chunked()) return backward_mlp_rows(layer, saved.h, saved.norm2.out, dout, dnorm, 0);
+  for (int64_t first = 0, rows = mlp_chunk_rows(N); first < N; first += rows) {
+    rows = std::min(rows, N - first);
+    backward_mlp_rows(layer, mlp_hidden(layer, saved.norm2.out, first, rows), saved.norm2.out, dout, dnorm, first);
+  }
+}
+
+// backward_mlp over the rows of h, from row `first` of norm2, dout and dnorm.
+void GptNeoxModel::backward_mlp_rows(Layer& layer, const Tensor& h, const Tensor& norm2, const Tensor& dout,
+                                     Tensor* dnorm, int64_t first) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
-  const int64_t N = dout.rows(), I = config_.intermediate_size;
+  const int64_t rows = h.rows();
   // GELU is recomputed rather than saved: one cheap elementwise pass instead
   // of an [N, I] activation kept per layer.
-  Tensor gelu_out = be.empty({N, I}, act, MemCategory::activations);
-  be.gelu_forward(gelu_out, saved.h, gelu_kind_);
-  Tensor dact = be.empty({N, I}, act, MemCategory::activations);
-  layer.dense_4h_to_h->backward(be, &dact, dout, gelu_out, false);
-  be.gelu_backward(dact, dact, saved.h, gelu_kind_);
-  layer.dense_h_to_4h->backward(be, dnorm, dact, saved.norm2.out, false);
+  Tensor gelu_out = be.empty(h.shape, act, MemCategory::activations);
+  be.gelu_forward(gelu_out, h, gelu_kind_);
+  Tensor dact = be.empty(h.shape, act, MemCategory::activations);
+  layer.dense_4h_to_h->set_first_row(first);
+  layer.dense_4h_to_h->backward(be, &dact, dout.slice_rows(first, rows), gelu_out, false);
+  be.gelu_backward(dact, dact, h, gelu_kind_);
+  Tensor dnorm_rows = dnorm ? dnorm->slice_rows(first, rows) : Tensor{};
+  layer.dense_h_to_4h->set_first_row(first);
+  layer.dense_h_to_4h->backward(be, dnorm ? &dnorm_rows : nullptr, dact, norm2.slice_rows(first, rows), false);
 }
 
 // dnorm (overwritten; null: not wanted) = d(loss)/d(saved.norm1) from dout =

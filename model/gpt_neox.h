@@ -33,11 +33,15 @@ class GptNeoxModel final : public CausalLM {
   void forward_attention(Layer& layer, LayerActivations& saved, int64_t B, int64_t T, Tensor* out,
                          const TokenLayout& layout);
   void forward_mlp(Layer& layer, LayerActivations& saved, Tensor* out);
+  Tensor mlp_hidden(Layer& layer, const Tensor& norm2, int64_t first, int64_t rows);
+  void mlp_output_rows(Layer& layer, const Tensor& h, Tensor& out_rows, int64_t first);
   std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, NormOutput& norm, Tensor* out,
                                                   const TokenLayout& layout) override;
   void backward_attention(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor* dnorm,
                           const TokenLayout& layout);
   void backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor* dnorm);
+  void backward_mlp_rows(Layer& layer, const Tensor& h, const Tensor& norm2, const Tensor& dout, Tensor* dnorm,
+                         int64_t first);
   void backward_layer(size_t index, SavedActivations& saved, Tensor& dresidual, const Tensor& x,
                       const TokenLayout& layout, bool input_grad) override;
   const NormParameters& input_norm(size_t index) const override;

@@ -22,6 +22,11 @@ class Linear {
   // parameters' gradients += their share of dout. dx null: no input gradient
   // is wanted (the first layer's, under a frozen embedding), only those.
   virtual void backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) = 0;
+  // The following calls' x is rows [row, row + x.rows()) of the step's
+  // tokens (a layer run over chunks of tokens): LoRA dropout draws those
+  // rows' share of the whole batch's mask, so chunking leaves it unchanged.
+  // Nothing else depends on the row.
+  virtual void set_first_row(int64_t /*row*/) {}
 };
 
 // A plain 16/32-bit weight, optionally trainable (full fine-tuning,

@@ -1,5 +1,6 @@
 #include "model/llama.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
@@ -85,7 +86,12 @@ struct LlamaModel::LayerActivations final : SavedActivations {
   AttentionActivations attention;
   Tensor residual_mid;  // x + attention block output [N, C]
   NormOutput norm2;     // post_attention_layernorm output and rstd
-  Tensor gate, up, act; // MLP [N, I]
+  Tensor gate, up, act; // MLP [N, I]; not kept when the MLP runs chunked (recomputed)
+};
+
+// The MLP's [rows, I] tensors for a block of tokens.
+struct LlamaModel::MlpRows {
+  Tensor gate, up, act;
 };
 
 // PEFT's default target_modules for llama, qwen2 and mistral alike.
@@ -140,7 +146,6 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
   LayerActivations& saved = *kept;
   const int64_t B = x.dim(0), T = x.dim(1), N = B * T, C = config_.hidden_size;
   const int64_t Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
-  const int64_t I = config_.intermediate_size;
   const DType act = options_.activation_dtype;
   const Tensor x2d = x.reshaped({N, C});
   saved.norm1 = std::move(norm);  // owned by the saved activations from here: freed with them
@@ -163,22 +168,73 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
   layer.o_proj->forward(be, projected, attention.attn.reshaped({N, Hq * D}));
   saved.residual_mid = be.empty({N, C}, act, MemCategory::activations);
   saved.norm2 = add_norm_forward(layer.post_attention_norm, saved.residual_mid, x2d, projected);
-  saved.gate = be.empty({N, I}, act, MemCategory::activations);
-  saved.up = be.empty({N, I}, act, MemCategory::activations);
-  saved.act = be.empty({N, I}, act, MemCategory::activations);
-  layer.gate_proj->forward(be, saved.gate, saved.norm2.out);
-  layer.up_proj->forward(be, saved.up, saved.norm2.out);
-  be.swiglu_forward(saved.act, saved.gate, saved.up);
-  // A recomputation stops here: backward reads down_proj's input (act), and
-  // its output only makes the layer output, which is already kept.
+  // A recomputation stops before down_proj: backward reads its input (act),
+  // and its output only makes the layer output, which is already kept.
+  // Chunked, it stops before the MLP: backward recomputes it by chunks.
+  if (!mlp_chunked()) {
+    MlpRows mlp = mlp_rows(layer, saved.norm2.out, 0, N);
+    saved.gate = mlp.gate;
+    saved.up = mlp.up;
+    saved.act = mlp.act;
+  }
   if (!out) return kept;
-  layer.down_proj->forward(be, projected, saved.act);
+  for (int64_t first = 0, rows = mlp_chunk_rows(N); first < N; first += rows) {
+    rows = std::min(rows, N - first);
+    Tensor projected_rows = projected.slice_rows(first, rows);
+    layer.down_proj->set_first_row(first);
+    if (!mlp_chunked()) {
+      layer.down_proj->forward(be, projected_rows, saved.act);
+      continue;
+    }
+    MlpRows mlp = mlp_rows(layer, saved.norm2.out, first, rows);
+    mlp.gate = mlp.up = Tensor{};  // only act is read from here on
+    layer.down_proj->forward(be, projected_rows, mlp.act);
+  }
   Tensor out2d = out->reshaped({N, C});
   add_next_norm(index, out2d, norm, saved.residual_mid, projected);
   return kept;
 }
 
+// gate, up and act = silu(gate) * up for rows [first, first + rows) of the
+// MLP input norm2.
+LlamaModel::MlpRows LlamaModel::mlp_rows(Layer& layer, const Tensor& norm2, int64_t first, int64_t rows) {
+  Backend& be = backend_;
+  const int64_t I = config_.intermediate_size;
+  const DType act = options_.activation_dtype;
+  const Tensor x = norm2.slice_rows(first, rows);
+  MlpRows mlp{be.empty({rows, I}, act, MemCategory::activations), be.empty({rows, I}, act, MemCategory::activations),
+              be.empty({rows, I}, act, MemCategory::activations)};
+  layer.gate_proj->set_first_row(first);
+  layer.up_proj->set_first_row(first);
+  layer.gate_proj->forward(be, mlp.gate, x);
+  layer.up_proj->forward(be, mlp.up, x);
+  be.swiglu_forward(mlp.act, mlp.gate, mlp.up);
+  return mlp;
+}
+
 // ---- backward ------------------------------------------------------------
+
+// The MLP's backward over the rows of mlp, from row `first`: dnorm's rows =
+// d(loss)/d(norm2) from dres's (d(loss)/d(MLP output)), and the MLP's
+// parameter gradients += those rows' share.
+void LlamaModel::mlp_backward_rows(Layer& layer, const MlpRows& mlp, const Tensor& norm2, Tensor& dres,
+                                   Tensor& dnorm, int64_t first) {
+  Backend& be = backend_;
+  const int64_t rows = mlp.act.rows(), I = config_.intermediate_size;
+  const DType act = options_.activation_dtype;
+  const Tensor x = norm2.slice_rows(first, rows), dout = dres.slice_rows(first, rows);
+  Tensor dx = dnorm.slice_rows(first, rows);
+  Tensor dact = be.empty({rows, I}, act, MemCategory::activations);
+  layer.down_proj->set_first_row(first);
+  layer.down_proj->backward(be, &dact, dout, mlp.act, false);
+  Tensor dgate = be.empty({rows, I}, act, MemCategory::activations);
+  Tensor dup = be.empty({rows, I}, act, MemCategory::activations);
+  be.swiglu_backward(dgate, dup, dact, mlp.gate, mlp.up);
+  layer.gate_proj->set_first_row(first);
+  layer.up_proj->set_first_row(first);
+  layer.gate_proj->backward(be, &dx, dgate, x, false);
+  layer.up_proj->backward(be, &dx, dup, x, true);
+}
 
 void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dresidual, const Tensor& x,
                                 const TokenLayout& layout, bool input_grad) {
@@ -187,20 +243,15 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
   LayerActivations& saved = static_cast<LayerActivations&>(kept);
   const int64_t B = x.dim(0), T = x.dim(1), N = B * T, C = config_.hidden_size;
   const int64_t Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
-  const int64_t I = config_.intermediate_size;
   const DType act = options_.activation_dtype;
   Tensor dres = dresidual.reshaped({N, C});
   Tensor dnorm = be.empty({N, C}, act, MemCategory::activations);
 
   // MLP block: out = residual_mid + down(silu(gate(n2)) * up(n2)).
-  {
-    Tensor dact = be.empty({N, I}, act, MemCategory::activations);
-    layer.down_proj->backward(be, &dact, dres, saved.act, false);
-    Tensor dgate = be.empty({N, I}, act, MemCategory::activations);
-    Tensor dup = be.empty({N, I}, act, MemCategory::activations);
-    be.swiglu_backward(dgate, dup, dact, saved.gate, saved.up);
-    layer.gate_proj->backward(be, &dnorm, dgate, saved.norm2.out, false);
-    layer.up_proj->backward(be, &dnorm, dup, saved.norm2.out, true);
+  if (!mlp_chunked()) mlp_backward_rows(layer, {saved.gate, saved.up, saved.act}, saved.norm2.out, dres, dnorm, 0);
+  for (int64_t first = 0, rows = mlp_chunk_rows(N); mlp_chunked() && first < N; first += rows) {
+    rows = std::min(rows, N - first);
+    mlp_backward_rows(layer, mlp_rows(layer, saved.norm2.out, first, rows), saved.norm2.out, dres, dnorm, first);
   }
   norm_backward_add(dres, layer.post_attention_norm, dnorm, saved.residual_mid, saved.norm2);
 

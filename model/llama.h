@@ -35,6 +35,10 @@ class LlamaModel final : public CausalLM {
   void backward_layer(size_t index, SavedActivations& saved, Tensor& dresidual, const Tensor& x,
                       const TokenLayout& layout, bool input_grad) override;
   const NormParameters& input_norm(size_t index) const override;
+  struct MlpRows;
+  MlpRows mlp_rows(Layer& layer, const Tensor& norm2, int64_t first, int64_t rows);
+  void mlp_backward_rows(Layer& layer, const MlpRows& mlp, const Tensor& norm2, Tensor& dres, Tensor& dnorm,
+                         int64_t first);
 
   std::vector<std::unique_ptr<Layer>> layers_;
 };

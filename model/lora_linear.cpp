@@ -3,7 +3,6 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/dropout_hash.h"
 #include "kernels/error.h"
 
 namespace ft {
@@ -32,7 +31,7 @@ Tensor LoraLinear::compute_copy(Backend& backend, const Parameter& p, DType dtyp
 Tensor LoraLinear::adapter_input(Backend& backend, const Tensor& x) {
   if (!dropout_active()) return x;
   Tensor xd = backend.empty(x.shape, x.dtype, MemCategory::activations);
-  backend.dropout_forward(xd, x, dropout_, dropout_seed_);
+  backend.dropout_forward(xd, x, dropout_, rows_seed(x));
   return xd;
 }
 
@@ -78,7 +77,7 @@ void LoraLinear::backward(Backend& backend, Tensor* dx, const Tensor& dout, cons
   }
   Tensor dxd = backend.empty(x.shape, x.dtype, MemCategory::activations);
   backend.matmul(dxd, g, A, false, false);
-  backend.dropout_backward(dxd, dxd, dropout_, dropout_seed_);
+  backend.dropout_backward(dxd, dxd, dropout_, rows_seed(x));
   backend.add(*dx, *dx, dxd);
 }
 

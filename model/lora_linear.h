@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kernels/dropout_hash.h"
 #include "model/linear.h"
 
 namespace ft {
@@ -24,6 +25,7 @@ class LoraLinear final : public Linear {
   // layer a distinct seed each step, and keep it for the backward (and any
   // recomputed forward) of that step.
   void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
+  void set_first_row(int64_t row) override { first_row_ = row; }
   // Dropout applies only while training (PEFT's nn.Dropout in train mode).
   void set_training(bool training) { training_ = training; }
   // Disabled, the layer is its base alone (PEFT's disable_adapter()): how DPO
@@ -38,6 +40,7 @@ class LoraLinear final : public Linear {
   Tensor adapter_input(Backend& backend, const Tensor& x);
   Tensor adapter_hidden(Backend& backend, const Tensor& x);
   bool dropout_active() const { return training_ && dropout_ > 0.0f; }
+  uint64_t rows_seed(const Tensor& x) const { return seed_at(dropout_seed_, uint64_t(first_row_ * x.cols())); }
 
   std::unique_ptr<Linear> base_;
   Parameter& A_;
@@ -45,6 +48,7 @@ class LoraLinear final : public Linear {
   float scaling_;
   float dropout_;
   uint64_t dropout_seed_ = 0;
+  int64_t first_row_ = 0;
   bool training_ = true;
   bool enabled_ = true;
 };

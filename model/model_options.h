@@ -82,6 +82,11 @@ struct ModelOptions {
   // Training steps compute lm_head logits and cross-entropy this many tokens
   // at a time ([chunk, vocab] f32 instead of [tokens, vocab]); 0: all at once.
   int64_t loss_chunk_tokens = 0;
+  // The decoder layers' MLP (and its backward) runs this many tokens at a
+  // time, so its [tokens, intermediate_size] tensors exist for one chunk
+  // only; the layer then keeps only the MLP's input for the backward, which
+  // recomputes the rest chunk by chunk. 0: all tokens at once.
+  int64_t mlp_chunk_tokens = 0;
   // A one-output head beside the LM head (model/output_head.h): a reward
   // model's score, PPO's value head. Held by the last stage.
   OutputHead output_head = OutputHead::none;

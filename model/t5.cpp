@@ -104,6 +104,8 @@ T5Model::T5Model(const ModelConfig& config, Backend& backend, const ModelOptions
     : LanguageModel(config, backend, options), encoder_(new Stack), decoder_(new Stack) {
   FT_CHECK(options.activation_checkpointing == ActivationCheckpointing::none,
            "t5: activation checkpointing is not supported (every activation of a step is kept)");
+  FT_CHECK(options.mlp_chunk_tokens == 0,
+           "t5: mlp_chunk_tokens is not supported (the decoder-only families' MLP runs chunked)");
   const int64_t C = config.hidden_size;
   embedding_ = &add_parameter("shared.weight", {config.vocab_size, C}, options.weight_dtype);
   add_stack(*encoder_, "encoder.", config.num_hidden_layers, false);

@@ -202,6 +202,36 @@ TEST_CASE("a run killed with SIGKILL after a checkpoint resumes to identical los
   }
 }
 
+// mlp_chunk_tokens 13 (the 16 x 64-token micro-batch's last chunk has 10)
+// under per-layer checkpointing: LoRA on q and v with dropout, so the MLP
+// trains nothing and the losses are the unchunked run's bit for bit; killed
+// after its step-10 save, the chunked run resumes to the same losses.
+// (offload.activations is a GPU run's: tests/emu/test_cuda_training.cpp runs
+// it with the MLP chunked.)
+TEST_CASE("mlp_chunk_tokens: a chunked run trains, equals the unchunked run, and resumes after SIGKILL") {
+  const std::string checkpointed = "activation_checkpointing: per_layer\n";
+  const std::string plain_dir = make_run_dir("mlp_unchunked", checkpointed);
+  REQUIRE(run_command("cd " + plain_dir + " && " + kBinary + " config.yaml").exit_code == 0);
+  const auto plain = train_losses(plain_dir + "/out/metrics.jsonl");
+  REQUIRE(plain.size() == 20);
+
+  const std::string dir = make_run_dir("mlp_chunked", checkpointed + "mlp_chunk_tokens: 13\n");
+  pid_t child = start_finetune(dir, {"config.yaml"}, "/dev/null");
+  const std::string state = dir + "/out/train_state.safetensors";
+  const int status = signal_when(child, [&] { return fs::exists(state); }, SIGKILL, "saving step 10");
+  CHECK(WIFSIGNALED(status));
+  CommandResult resumed = run_command("cd " + dir + " && " + kBinary + " config.yaml --resume");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.output.find("resumed at step 10") != std::string::npos);
+  const auto chunked = train_losses(dir + "/out/metrics.jsonl");
+  REQUIRE(chunked.size() == 20);
+  for (const auto& step_loss : plain) {
+    CAPTURE(step_loss.first);
+    CHECK(chunked.at(step_loss.first) == step_loss.second);
+  }
+}
+
 TEST_CASE("SIGTERM saves a checkpoint at the next step boundary, exits 143, and --resume finishes the run") {
   const std::string full_dir = make_run_dir("unstopped");
   REQUIRE(run_command("cd " + full_dir + " && " + kBinary + " config.yaml").exit_code == 0);

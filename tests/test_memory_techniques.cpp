@@ -41,6 +41,9 @@ struct Step {
   int64_t vocab_size = 0;  // 0: the fixture's weights; else random weights with this vocabulary
   bool int8_base = false;
   int64_t stream_slots = 0;  // > 0: the INT8 base streamed from host memory through this many slots
+  int64_t mlp_chunk_tokens = 0;
+  bool packed = false;  // row 0 holds two examples (position_ids restart at its token 6)
+  std::vector<std::string> lora_targets = {};  // empty: every linear
 };
 
 struct StepResult {
@@ -56,8 +59,12 @@ ModelOptions model_options(const ModelConfig& config, const Step& step) {
   options.quantized_base = step.int8_base ? QuantizedBase::int8 : QuantizedBase::none;
   options.stream_base = step.stream_slots > 0;
   options.stream_slots = step.stream_slots;
+  options.mlp_chunk_tokens = step.mlp_chunk_tokens;
   if (!step.lora) return options;
-  options.lora = LoraOptions{.r = 4, .lora_dropout = 0.1, .target_modules = parity::all_linear_modules(config)};
+  options.lora = LoraOptions{
+      .r = 4,
+      .lora_dropout = 0.1,
+      .target_modules = step.lora_targets.empty() ? parity::all_linear_modules(config) : step.lora_targets};
   return options;
 }
 
@@ -84,7 +91,13 @@ StepResult train_step(const std::string& fixture, const Step& step) {
   StepResult result;
   tracker.reset_peaks();
   const size_t before = tracker.stats().current(MemCategory::activations);
-  result.loss = model->forward_backward(reference.view("input_ids"), targets);
+  const Tensor input_ids = reference.view("input_ids");
+  Tensor positions = Tensor::empty(input_ids.shape, DType::i32, host, MemCategory::activations);
+  for (int64_t i = 0; i < positions.numel(); ++i) {
+    const int64_t t = i % input_ids.dim(1);
+    positions.ptr<int32_t>()[i] = int32_t(i < input_ids.dim(1) && t >= 6 ? t - 6 : t);
+  }
+  result.loss = model->forward_backward(input_ids, targets, 1.0f, step.packed ? &positions : nullptr);
   CHECK(tracker.stats().current(MemCategory::activations) == before);  // nothing of the step outlives it
   result.activation_peak = tracker.stats().peak(MemCategory::activations) - before;
   for (std::deque<Parameter>* list : {&model->parameters(), &model->adapters()})
@@ -149,6 +162,63 @@ TEST_CASE("checkpointing and the chunked loss give the plain path's loss and gra
         const StepResult reseeded = train_step(fixture, {.lora = lora, .dropout_seed = 12});
         CHECK(reseeded.loss != plain.loss);
       }
+    }
+}
+
+// The MLP over chunks of tokens (mlp_chunk_tokens), with and without
+// checkpointing, on packed rows too, the INT8 base's and LoRA dropout's
+// included (its masks are drawn for the chunk's rows of the whole batch):
+// every per-token value is the unchunked one's, so the loss and, where the
+// MLP's weights are frozen, every gradient are bit-identical. A trained MLP
+// weight's gradient is a sum over tokens that the chunks add up in parts
+// (rounded once per chunk), so those agree within f32 rounding only, as the
+// chunked loss's lm_head gradient does.
+TEST_CASE("the chunked MLP gives the unchunked step's loss and gradients") {
+  for (const std::string& fixture : kFixtures)
+    for (bool lora : {true, false})
+      for (bool packed : {false, true})
+        for (ActivationCheckpointing checkpointing :
+             {ActivationCheckpointing::none, ActivationCheckpointing::per_layer}) {
+          CAPTURE(fixture);
+          CAPTURE(lora);
+          CAPTURE(packed);
+          CAPTURE(int(checkpointing));
+          const StepResult plain = train_step(fixture, {.checkpointing = checkpointing, .lora = lora, .packed = packed});
+          for (int64_t chunk : {1, 5, 7, 22, 64}) {  // 2 x 11 tokens: 5 and 7 leave a short last chunk
+            CAPTURE(chunk);
+            const StepResult chunked = train_step(
+                fixture,
+                {.checkpointing = checkpointing, .lora = lora, .mlp_chunk_tokens = chunk, .packed = packed});
+            CHECK(chunked.loss == plain.loss);
+            REQUIRE(chunked.grads.size() == plain.grads.size());
+            for (size_t i = 0; i < plain.grads.size(); ++i) {
+              const std::string& name = plain.grads[i].first;
+              CAPTURE(name);
+              const bool mlp = name.find(".mlp.") != std::string::npos;
+              if (mlp) CHECK(relative_error(chunked.grads[i].second, plain.grads[i].second) <= 1e-6);
+              else CHECK(same_bytes(chunked.grads[i].second, plain.grads[i].second));
+            }
+          }
+        }
+}
+
+// LoRA (dropout 0.1) on the attention only, the long-context recipe, over
+// the INT8 base and a dense one: the MLP trains nothing, so every gradient
+// of the chunked step is the unchunked one's, bit for bit.
+TEST_CASE("with the MLP frozen, the chunked MLP's gradients are the unchunked step's bit for bit") {
+  for (const std::string& fixture : kFixtures)
+    for (bool int8_base : {false, true}) {
+      CAPTURE(fixture);
+      CAPTURE(int8_base);
+      const std::vector<std::string> attention = fixture == "llama_gqa" ? std::vector<std::string>{"q_proj", "v_proj"}
+                                                                        : std::vector<std::string>{"query_key_value"};
+      const auto per_layer = ActivationCheckpointing::per_layer;
+      const StepResult plain = train_step(fixture, {.checkpointing = per_layer, .int8_base = int8_base,
+                                                    .lora_targets = attention});
+      const StepResult chunked = train_step(fixture, {.checkpointing = per_layer, .int8_base = int8_base,
+                                                      .mlp_chunk_tokens = 5, .lora_targets = attention});
+      CHECK(chunked.loss == plain.loss);
+      check_gradients(chunked, plain);
     }
 }
 

@@ -179,6 +179,18 @@ TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to th
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", "objective: reward\n" + kNeoxLora, 2, 16);
 }
 
+// mlp_chunk_tokens: the MLP's tensors for 5 of the 32 tokens at a time (the
+// last chunk 2), checkpointed or not, LoRA on the MLP (dropout) or not.
+TEST_CASE("plan: with the MLP run over chunks of tokens the planned peak equals a real CPU step's, to the byte") {
+  const std::string chunked = "mlp_chunk_tokens: 5\n", checkpointed = "activation_checkpointing: per_layer\n";
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", kLlamaLora + chunked, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", kLlamaLora + chunked + checkpointed, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", kNf4AllLinear + chunked + checkpointed, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", kFullFp32 + chunked, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", kNeoxLora + chunked + checkpointed, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/gpt_neox_sequential", kNf4AllLinear + chunked, 2, 16);
+}
+
 // With an eval set, the plan replays the run's evaluation and generation
 // after the step: each phase's planned peak equals the real one's to the
 // byte, and the run's peak is the largest.

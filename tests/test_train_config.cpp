@@ -224,6 +224,10 @@ TEST_CASE("wrong types name the file, line, field and what was expected") {
   CHECK(error_of(base + "seq_len: 1.5\n") == "configs/x.yaml:3: seq_len: expected an integer in [1, 1048576], got \"1.5\"");
   CHECK(error_of(base + "seq_len: 0x10\n") == "configs/x.yaml:3: seq_len: expected an integer in [1, 1048576], got \"0x10\"");
   CHECK(error_of(base + "epochs:\n") == "configs/x.yaml:3: epochs: expected an integer in [0, 1000000], got nothing");
+  CHECK(error_of(base + "mlp_chunk_tokens: -1\n") ==
+        "configs/x.yaml:3: mlp_chunk_tokens: expected an integer in [0, 1073741824], got \"-1\"");
+  CHECK(error_of(base + "mlp_chunk_tokens: 2.5\n") ==
+        "configs/x.yaml:3: mlp_chunk_tokens: expected an integer in [0, 1073741824], got \"2.5\"");
   CHECK(error_of(base + "lora: {use_rslora: maybe}\n") ==
         "configs/x.yaml:3: lora.use_rslora: expected true or false, got \"maybe\"");
   CHECK(error_of(base + "lora: {target_modules: q_proj}\n") ==
@@ -370,7 +374,7 @@ TEST_CASE("the key list matches the fields configs/README.md documents") {
   REQUIRE(readme.good());
   std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
   std::vector<std::string> keys = train_config_keys();
-  CHECK(keys.size() == 105);
+  CHECK(keys.size() == 106);
   for (const std::string& key : keys) {
     CAPTURE(key);
     CHECK(text.find("`" + key + "`") != std::string::npos);

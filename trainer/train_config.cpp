@@ -339,6 +339,7 @@ const Field kFields[] = {
     {"activation_checkpointing",
      [](TrainConfig& c, const Value& v) { c.activation_checkpointing = v.choice<ActivationCheckpointing>(); }},
     {"loss_chunk_tokens", [](TrainConfig& c, const Value& v) { c.loss_chunk_tokens = v.integer_in(0, kMaxTokens); }},
+    {"mlp_chunk_tokens", [](TrainConfig& c, const Value& v) { c.mlp_chunk_tokens = v.integer_in(0, kMaxTokens); }},
     {"offload.optimizer", [](TrainConfig& c, const Value& v) { c.offload_optimizer = v.choice<OffloadTarget>(); }},
     {"offload.base", [](TrainConfig& c, const Value& v) { c.offload_base = v.choice<OffloadTarget>(); }},
     {"offload.activations",

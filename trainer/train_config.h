@@ -122,6 +122,7 @@ struct TrainConfig {
   // Memory techniques for large models (model/model_options.h).
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::none;
   int64_t loss_chunk_tokens = 0;  // 0: the whole [tokens, vocab] logits at once
+  int64_t mlp_chunk_tokens = 0;   // 0: the decoder MLP over all tokens at once
   // offload.optimizer: host keeps AdamW's m, v and f32 masters in host memory
   // (trainer/optimizer.h) and the adapters in the weight dtype on the device.
   OffloadTarget offload_optimizer = OffloadTarget::device;

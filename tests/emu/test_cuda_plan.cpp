@@ -179,6 +179,15 @@ TEST_CASE("plan: with the checkpoints offloaded the CUDA policy's peak equals a 
                                  std::string(kInt8Lora) + "[query_key_value]}\nactivation_checkpointing: per_layer\n"
                                                           "offload: {activations: host}\n" + precision);
   }
+  // With the MLP run 5 tokens at a time (the last of 48 tokens' chunks has 3),
+  // its LoRA's dropout included.
+  const std::string chunked = "mlp_chunk_tokens: 5\nlora: {r: 8, lora_dropout: 0.05, target_modules: all-linear}\n"
+                              "quantization: {mode: nf4}\nactivation_checkpointing: per_layer\n"
+                              "offload: {activations: host}\n";
+  for (const char* precision : {"precision: fp32\n", "precision: bf16\n"}) {
+    check_plan_matches_cuda_step("llama_gqa", chunked + precision);
+    check_plan_matches_cuda_step("gpt_neox_sequential", chunked + precision);
+  }
   const TrainConfig config = make_config("llama_gqa", base + "precision: bf16\n");
   const StepPlan plan = plan_step(config, PlanOptions{}, 2, 24);
   const ModelConfig model = read_model_config(config.model + "/config.json");
