@@ -202,24 +202,24 @@ TEST_CASE("a run killed with SIGKILL after a checkpoint resumes to identical los
   }
 }
 
-// mlp_chunk_tokens 13 (the 16 x 64-token micro-batch's last chunk has 10)
-// under per-layer checkpointing: LoRA on q and v with dropout, so the MLP
-// trains nothing and the losses are the unchunked run's bit for bit; killed
-// after its step-10 save, the chunked run resumes to the same losses.
+// mlp_chunk_tokens 100 (the 16 x 64-token micro-batch's last chunk has 24)
+// under per-layer checkpointing, over the unquantised base with LoRA on q and v
+// (dropout 0.1): the MLP trains nothing, so the losses are the unchunked
+// run's bit for bit, and a chunked run stopped after 10 steps resumes to the
+// same 20 (a constant rate, so max_steps does not change it). Not over the
+// default INT8 base: LLM.int8() finds its outlier columns over the rows of
+// each call, so a chunk may route other columns through the 16-bit part.
 // (offload.activations is a GPU run's: tests/emu/test_cuda_training.cpp runs
 // it with the MLP chunked.)
-TEST_CASE("mlp_chunk_tokens: a chunked run trains, equals the unchunked run, and resumes after SIGKILL") {
-  const std::string checkpointed = "activation_checkpointing: per_layer\n";
-  const std::string plain_dir = make_run_dir("mlp_unchunked", checkpointed);
+TEST_CASE("mlp_chunk_tokens: a chunked run trains, equals the unchunked run, and resumes") {
+  const std::string base = "activation_checkpointing: per_layer\nquantization: {mode: none}\nschedule: constant\n";
+  const std::string plain_dir = make_run_dir("mlp_unchunked", base);
   REQUIRE(run_command("cd " + plain_dir + " && " + kBinary + " config.yaml").exit_code == 0);
   const auto plain = train_losses(plain_dir + "/out/metrics.jsonl");
   REQUIRE(plain.size() == 20);
 
-  const std::string dir = make_run_dir("mlp_chunked", checkpointed + "mlp_chunk_tokens: 13\n");
-  pid_t child = start_finetune(dir, {"config.yaml"}, "/dev/null");
-  const std::string state = dir + "/out/train_state.safetensors";
-  const int status = signal_when(child, [&] { return fs::exists(state); }, SIGKILL, "saving step 10");
-  CHECK(WIFSIGNALED(status));
+  const std::string dir = make_run_dir("mlp_chunked", base + "mlp_chunk_tokens: 100\n");
+  REQUIRE(run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=10").exit_code == 0);
   CommandResult resumed = run_command("cd " + dir + " && " + kBinary + " config.yaml --resume");
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
