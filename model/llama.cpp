@@ -254,6 +254,10 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
     mlp_backward_rows(layer, mlp_rows(layer, saved.norm2.out, first, rows), saved.norm2.out, dres, dnorm, first);
   }
   norm_backward_add(dres, layer.post_attention_norm, dnorm, saved.residual_mid, saved.norm2);
+  // The attention block's backward, the layer's peak at long contexts,
+  // reads none of the MLP block's activations: freed here, not with the layer.
+  saved.gate = saved.up = saved.act = saved.residual_mid = Tensor{};
+  saved.norm2 = NormOutput{};
 
   // Attention block: residual_mid = x + o(attention(rope(q(n1)), rope(k(n1)), v(n1))).
   {

@@ -909,11 +909,12 @@ TEST_CASE("plan: Llama-3.1-8B NF4 + LoRA's longest context on 24 GiB, with the c
 
 // The same at 131,072 tokens (Llama-3.1-8B's max_position_embeddings) with
 // the MLP run 4096 tokens at a time as well: its [T, 14336] tensors were
-// what stopped the offloaded run at 73,728. Printed for LoRA r16 on q/v
-// (asserted to fit), on every linear, and for Llama-2-7B with an INT8 base,
-// its 4096 positions stretched to 131,072 by linear rope scaling (factor 32,
-// as its long-context fine-tunes extend it).
-TEST_CASE("plan: Llama-3.1-8B NF4 + LoRA r16 q/v at 131,072 tokens fits 24 GiB with the MLP chunked") {
+// what stopped the offloaded run at 73,728 (and the layer's MLP-block
+// activations are freed before the attention backward, the peak here).
+// LoRA r16 on q/v, on every linear, and Llama-2-7B with an INT8 base, its
+// 4096 positions stretched to 131,072 by linear rope scaling (factor 32, as
+// its long-context fine-tunes extend it): each fits, its figure printed.
+TEST_CASE("plan: Llama-3.1-8B NF4 + LoRA r16 at 131,072 tokens fits 24 GiB with the MLP chunked, and Llama-2-7B INT8") {
   const std::string configs = std::string(FT_SOURCE_DIR) + "/configs/";
   std::ostringstream text;
   text << std::ifstream(configs + "llama-2-7b/config.json").rdbuf();
@@ -946,7 +947,7 @@ TEST_CASE("plan: Llama-3.1-8B NF4 + LoRA r16 q/v at 131,072 tokens fits 24 GiB w
     MESSAGE(c.name, ", checkpoints offloaded, MLP in 4096-token chunks, seq_len 131,072: ", plan.total_bytes(),
             " bytes (", double(plan.total_bytes()) / double(size_t(1) << 30), " GiB) of ", options.gpu_mem_bytes,
             "; peak at ", plan.where);
-    if (&c == &cases[0]) CHECK(plan.total_bytes() <= options.gpu_mem_bytes);
+    CHECK(plan.total_bytes() <= options.gpu_mem_bytes);
   }
 }
 
