@@ -299,6 +299,18 @@ TEST_CASE("offload.activations: host is refused on the CPU backend and without p
                        Error);
 }
 
+// A T5's feed-forward blocks do not run in chunks: the option is refused by
+// name rather than ignored.
+TEST_CASE("mlp_chunk_tokens is refused for a T5 model, naming the key") {
+  CpuBackend backend(host);
+  const ModelConfig config = read_model_config(fixture_dir("t5_v1_1") + "/config.json");
+  ModelOptions options;
+  options.mlp_chunk_tokens = 4;
+  CHECK_THROWS_WITH_AS(make_language_model(config, backend, options),
+                       doctest::Contains("t5: mlp_chunk_tokens is not supported"),
+                       Error);
+}
+
 // An evaluation between training steps frees everything it made: the eval
 // forward keeps its [tokens, vocab] f32 logits for last_logits(), which
 // evaluate_loss releases, so the steps after it do not carry them.
