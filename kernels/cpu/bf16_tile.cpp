@@ -12,7 +12,7 @@
 namespace ft::cpu {
 namespace {
 
-constexpr int64_t kBlockRows = 4;  // rows of c summed together, one a element broadcast each
+constexpr int64_t kBlockRows = 4;  // rows of c summed together (native_block names its 4 x 2 sums)
 
 // The rows of a's block at m0: rows past M repeat row m0 (computed, dropped).
 void block_rows(const uint32_t* rows_out[kBlockRows], const uint32_t* a, int64_t lda, int64_t m0, int64_t M) {
@@ -36,17 +36,18 @@ __mmask16 column_mask(int64_t cols) { return cols >= 16 ? __mmask16(0xffff) : co
 FT_AVX512_BF16 void native_block(float* c, int64_t ldc, const uint32_t* const a_rows[kBlockRows], const uint32_t* b,
                                  int64_t ldb, int64_t pairs, int64_t rows, int64_t cols) {
   const __mmask16 masks[2] = {column_mask(cols), column_mask(cols - 16)};
-  __m512 acc[kBlockRows][2];
-  for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
+  // Named sums, not an array: GCC keeps an array that inline assembly
+  // updates on the stack, a load and a store around every vdpbf16ps.
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
   for (int64_t p = 0; p < pairs; ++p) {
     const __m512i b0 = _mm512_maskz_loadu_epi32(masks[0], b + p * ldb);
     const __m512i b1 = _mm512_maskz_loadu_epi32(masks[1], b + p * ldb + 16);
-    for (int64_t r = 0; r < kBlockRows; ++r) {
-      const __m512i x = _mm512_set1_epi32(int(a_rows[r][p]));
-      dot_pairs(acc[r][0], x, b0);
-      dot_pairs(acc[r][1], x, b1);
-    }
+    const __m512i x0 = _mm512_set1_epi32(int(a_rows[0][p])), x1 = _mm512_set1_epi32(int(a_rows[1][p]));
+    const __m512i x2 = _mm512_set1_epi32(int(a_rows[2][p])), x3 = _mm512_set1_epi32(int(a_rows[3][p]));
+    dot_pairs(c00, x0, b0), dot_pairs(c01, x0, b1), dot_pairs(c10, x1, b0), dot_pairs(c11, x1, b1);
+    dot_pairs(c20, x2, b0), dot_pairs(c21, x2, b1), dot_pairs(c30, x3, b0), dot_pairs(c31, x3, b1);
   }
+  const __m512 acc[kBlockRows][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
   for (int64_t r = 0; r < rows; ++r)
     for (int half = 0; half < 2; ++half) {
       float* out = c + r * ldc + 16 * half;
