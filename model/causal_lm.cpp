@@ -822,9 +822,12 @@ Tensor CausalLM::backward_decoder(DecoderStep& step, Tensor dresidual) {
 // The end of every forward: logits = logits_scale_ * hidden [N, C] lm_head^T
 // (the scale folded into each product's alpha) and the mean
 // cross-entropy over counted tokens (returned). Eval (dhidden null): the
-// logits [N, V] are kept for last_logits(). Logits, the loss and dlogits are
-// f32 whatever hidden's dtype (the activation dtype); dlogits is rounded to
-// hidden's dtype for the two gradient products. Training: logits are made
+// logits [N, V] are kept for last_logits(), f32 whatever hidden's dtype (the
+// activation dtype). A training step's logits are in hidden's dtype, as
+// under autocast (bf16 activations: the bf16 product with f32 sums rounded
+// once to bf16), and cross_entropy overwrites them with dlogits in that
+// dtype, the one both gradient products take; the loss is f32 either way
+// (f32 log-sum-exp of the logits read as f32). Training: logits are made
 // options_.loss_chunk_tokens rows at a time, each chunk overwritten by its
 // d(grad_scale * loss)/d(logits) and consumed at once -- dhidden [N, C]
 // (hidden's dtype, allocated here unless no token counts) = dlogits lm_head,
@@ -843,7 +846,7 @@ float LanguageModel::lm_head_loss(const Tensor& hidden, const StepTokens& tokens
   for (int64_t first = 0; first < N; first += chunk) {
     const int64_t rows = std::min(chunk, N - first);
     const Tensor hidden_rows = hidden.slice_rows(first, rows);
-    Tensor logits = be.empty({rows, V}, DType::f32, MemCategory::activations);
+    Tensor logits = be.empty({rows, V}, backward ? hidden.dtype : DType::f32, MemCategory::activations);
     be.matmul(logits, hidden_rows, lm_head.value, false, true, logits_scale_);
     Tensor chunk_losses = losses.slice_rows(first, rows);
     be.cross_entropy(chunk_losses, backward ? &logits : nullptr, logits, tokens.targets.slice_rows(first, rows),
@@ -862,16 +865,17 @@ float LanguageModel::lm_head_loss(const Tensor& hidden, const StepTokens& tokens
   return tokens.counted ? float(loss_sum / double(tokens.counted)) : 0.0f;
 }
 
-// logits hold dlogits (f32, from the f32 loss): the chunk's share of both
-// gradients, then it is freed. With narrower activations dlogits is rounded
-// to their dtype first, as autocast's backward does: an f32 dlogits times a
-// bf16 lm_head would make CudaBackend::matmul widen the whole [V, C] weight
-// to f32 scratch, and the chunk copy is far smaller.
+// logits hold dlogits (from the f32 loss): the chunk's share of both
+// gradients, then it is freed. An f32 dlogits with narrower activations (RL's
+// per-token log-probabilities keep f32 logits) is rounded to their dtype
+// first, as autocast's backward does: an f32 dlogits times a bf16 lm_head
+// would make CudaBackend::matmul widen the whole [V, C] weight to f32
+// scratch, and the chunk copy is far smaller.
 void LanguageModel::lm_head_backward_chunk(Tensor& logits, const Tensor& hidden_rows, Tensor& dhidden_rows) {
   Backend& be = backend_;
   Parameter& lm_head = *lm_head_;
   Tensor dlogits = logits;
-  if (hidden_rows.dtype != DType::f32) {
+  if (logits.dtype != hidden_rows.dtype) {
     dlogits = be.empty(logits.shape, hidden_rows.dtype, MemCategory::activations);
     be.copy(dlogits, logits);
   }

@@ -142,25 +142,24 @@ void bench_peaks() {
   }
 }
 
-// Causal attention forward and backward, f32 [4, 256, 12, 64] (the bench
-// shape): FLOPs of the causal half, 4 T^2 H D / 2 forward and 2.5x that backward.
-void bench_attention(CpuBackend& backend, int repeats) {
+// Causal attention forward and backward, [4, 256, 12, 64] (the bench shape)
+// in f32 and in bf16 (its bf16 tile products: AVX512-BF16 where the CPU has
+// it): FLOPs of the causal half, 4 T^2 H D / 2 forward and 2.5x that backward.
+void bench_attention(CpuBackend& backend, DType dtype, int repeats) {
   std::mt19937 rng(3);
   const int64_t B = 4, T = 256, H = 12, D = 64;
-  Tensor q = random_tensor(backend, {B, T, H, D}, DType::f32, 1.0f, rng), k = random_tensor(backend, {B, T, H, D}, DType::f32, 1.0f, rng);
-  Tensor v = random_tensor(backend, {B, T, H, D}, DType::f32, 1.0f, rng), dout = random_tensor(backend, {B, T, H, D}, DType::f32, 1.0f, rng);
-  Tensor out = backend.empty({B, T, H, D}, DType::f32, MemCategory::activations);
+  auto operand = [&] { return random_tensor(backend, {B, T, H, D}, dtype, 1.0f, rng); };
+  Tensor q = operand(), k = operand(), v = operand(), dout = operand();
+  auto empty = [&] { return backend.empty({B, T, H, D}, dtype, MemCategory::activations); };
+  Tensor out = empty(), dq = empty(), dk = empty(), dv = empty();
   Tensor lse = backend.empty({B, H, T}, DType::f32, MemCategory::activations);
-  Tensor dq = backend.empty({B, T, H, D}, DType::f32, MemCategory::activations);
-  Tensor dk = backend.empty({B, T, H, D}, DType::f32, MemCategory::activations);
-  Tensor dv = backend.empty({B, T, H, D}, DType::f32, MemCategory::activations);
   const float scale = 0.125f;
   double forward = median_seconds([&] { backend.attention_forward(out, lse, q, k, v, scale, 0); }, repeats);
   double backward = median_seconds([&] { backend.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, 0); },
                                    repeats);
   const double flops = 2.0 * B * H * T * (T + 1) * D;  // QK^T and PV over the visible half
-  print_row("attention forward", "ours", "f32", T, T, D, flops / forward / 1e9);
-  print_row("attention backward", "ours", "f32", T, T, D, 2.5 * flops / backward / 1e9);
+  print_row("attention forward", "ours", dtype_name(dtype), T, T, D, flops / forward / 1e9);
+  print_row("attention backward", "ours", dtype_name(dtype), T, T, D, 2.5 * flops / backward / 1e9);
 }
 
 }  // namespace
@@ -184,6 +183,7 @@ int main(int argc, char** argv) {
     bench_matmul(backend, gemm, "lora A", 1024, 8, 768, DType::f32, repeats);
   }
   CpuBackend backend(host);
-  bench_attention(backend, repeats);
+  bench_attention(backend, DType::f32, repeats);
+  bench_attention(backend, DType::bf16, repeats);
   return 0;
 }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/bf16_tile.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/onednn_gemm.h"
 #include "kernels/error.h"
@@ -552,6 +553,45 @@ TEST_CASE("rope backward is the transpose rotation (finite differences)") {
 
 // ---- attention ----------------------------------------------------------
 
+// The attention's bf16 tile GEMM (kernels/cpu/bf16_tile.h), as dispatched
+// (vdpbf16ps on a CPU with AVX512-BF16) and as its portable loop, against
+// float64 sums of the same bf16 values: products of two bf16 are exact in
+// f32, so only the f32 sums of at most 64 O(1) terms round, well within kF32Tol.
+TEST_CASE("bf16 tile GEMM, dispatched and portable, against float64") {
+  std::mt19937 rng(21);
+  struct GemmShape {
+    int64_t M, N, pairs;
+  };
+  for (GemmShape g : {GemmShape{1, 1, 1}, GemmShape{5, 37, 3}, GemmShape{33, 64, 19}, GemmShape{4, 16, 32}})
+    for (bool portable : {false, true}) {
+      CAPTURE(g.M);
+      CAPTURE(g.N);
+      CAPTURE(portable);
+      const int64_t K = 2 * g.pairs, lda = g.pairs + 1, ldb = g.N + 3, ldc = g.N + 2;  // padded rows
+      const Vec a = rounded(random_vec(size_t(g.M * K), rng), DType::bf16);
+      const Vec b = rounded(random_vec(size_t(K * g.N), rng), DType::bf16);
+      const Vec c0 = random_vec(size_t(g.M * ldc), rng);
+      std::vector<uint32_t> a_pairs(size_t(g.M * lda)), b_pairs(size_t(g.pairs * ldb));
+      auto bits = [](double x) { return uint32_t(f32_to_bf16(float(x))); };
+      for (int64_t m = 0; m < g.M; ++m)
+        for (int64_t p = 0; p < g.pairs; ++p)
+          a_pairs[size_t(m * lda + p)] = bits(a[size_t(m * K + 2 * p)]) | bits(a[size_t(m * K + 2 * p + 1)]) << 16;
+      for (int64_t p = 0; p < g.pairs; ++p)
+        for (int64_t n = 0; n < g.N; ++n)
+          b_pairs[size_t(p * ldb + n)] = bits(b[size_t(2 * p * g.N + n)]) | bits(b[size_t((2 * p + 1) * g.N + n)]) << 16;
+      std::vector<float> c(c0.begin(), c0.end());
+      Vec want = c0;
+      for (int64_t m = 0; m < g.M; ++m)
+        for (int64_t n = 0; n < g.N; ++n)
+          for (int64_t k = 0; k < K; ++k) want[size_t(m * ldc + n)] += a[size_t(m * K + k)] * b[size_t(k * g.N + n)];
+      if (portable)
+        cpu::bf16_tile_gemm_portable(c.data(), ldc, a_pairs.data(), lda, b_pairs.data(), ldb, g.M, g.N, g.pairs);
+      else
+        cpu::bf16_tile_gemm(c.data(), ldc, a_pairs.data(), lda, b_pairs.data(), ldb, g.M, g.N, g.pairs);
+      check_close(Vec(c.begin(), c.end()), want, kF32Tol, "bf16 tile GEMM");  // columns past N untouched too
+    }
+}
+
 // T = 70 spans three query tiles and two key tiles of the CPU kernel.
 TEST_CASE("attention forward: GQA and MHA, T not a multiple of 8, sliding windows") {
   std::mt19937 rng(12);
@@ -579,36 +619,48 @@ TEST_CASE("attention forward: GQA and MHA, T not a multiple of 8, sliding window
     }
 }
 
-TEST_CASE("attention backward: finite differences for dq, dk, dv") {
+// bf16 attention gradients: the kernel rounds P and dS to bf16 (2^-9
+// relative each) as operands of dV = P^T dO, dQ = dS K and dK = dS^T Q, and
+// the results once more when stored. Each gradient element is a sum of
+// terms whose absolute values add up to a few times the element's own size
+// here (inputs in [-2, 2], softmax weights summing to 1), so 2^-9 of that sum
+// plus 2^-9 of the result stays under 1.5e-2 relative: worst seen 4.4e-3.
+constexpr double kBf16GradTol = 1.5e-2;
+
+TEST_CASE("attention backward: finite differences for dq, dk, dv, f32 and bf16") {
   std::mt19937 rng(13);
   for (AttnShape s : {AttnShape{2, 13, 6, 2, 8}, AttnShape{1, 11, 3, 3, 5}, AttnShape{2, 13, 6, 2, 8, 3},
-                      AttnShape{1, 70, 2, 1, 3}, AttnShape{1, 70, 2, 1, 3, 5}}) {
-    CAPTURE(s.Hq);
-    CAPTURE(s.Hkv);
-    CAPTURE(s.window);
-    Vec q = random_vec(size_t(s.B) * s.T * s.Hq * s.D, rng, -2.0, 2.0);
-    Vec k = random_vec(size_t(s.B) * s.T * s.Hkv * s.D, rng, -2.0, 2.0);
-    Vec v = random_vec(size_t(s.B) * s.T * s.Hkv * s.D, rng);
-    Vec probe = random_vec(q.size(), rng);
-    Shape q_shape = {s.B, s.T, s.Hq, s.D}, kv_shape = {s.B, s.T, s.Hkv, s.D};
-    Tensor tq = make(q_shape, DType::f32, q), tk = make(kv_shape, DType::f32, k), tv = make(kv_shape, DType::f32, v);
-    Tensor out = make(q_shape, DType::f32), lse = make({s.B, s.Hq, s.T}, DType::f32);
-    double scale = 1.0 / std::sqrt(double(s.D));
-    backend.attention_forward(out, lse, tq, tk, tv, float(scale), s.window);
-    Tensor dout = make(q_shape, DType::f32, probe);
-    Tensor dq = make(q_shape, DType::f32), dk = make(kv_shape, DType::f32), dv = make(kv_shape, DType::f32);
-    backend.fill(dk, NAN);  // overwritten, never accumulated into
-    backend.attention_backward(dq, dk, dv, dout, tq, tk, tv, out, lse, float(scale), s.window);
+                      AttnShape{1, 70, 2, 1, 3}, AttnShape{1, 70, 2, 1, 3, 5}})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      CAPTURE(s.Hq);
+      CAPTURE(s.Hkv);
+      CAPTURE(s.window);
+      CAPTURE(dtype_name(dtype));
+      // What the kernel reads: the values rounded to dtype.
+      Vec q = rounded(random_vec(size_t(s.B) * s.T * s.Hq * s.D, rng, -2.0, 2.0), dtype);
+      Vec k = rounded(random_vec(size_t(s.B) * s.T * s.Hkv * s.D, rng, -2.0, 2.0), dtype);
+      Vec v = rounded(random_vec(size_t(s.B) * s.T * s.Hkv * s.D, rng), dtype);
+      Vec probe = rounded(random_vec(q.size(), rng), dtype);
+      Shape q_shape = {s.B, s.T, s.Hq, s.D}, kv_shape = {s.B, s.T, s.Hkv, s.D};
+      Tensor tq = make(q_shape, dtype, q), tk = make(kv_shape, dtype, k), tv = make(kv_shape, dtype, v);
+      Tensor out = make(q_shape, dtype), lse = make({s.B, s.Hq, s.T}, DType::f32);
+      double scale = 1.0 / std::sqrt(double(s.D));
+      backend.attention_forward(out, lse, tq, tk, tv, float(scale), s.window);
+      Tensor dout = make(q_shape, dtype, probe);
+      Tensor dq = make(q_shape, dtype), dk = make(kv_shape, dtype), dv = make(kv_shape, dtype);
+      backend.fill(dk, NAN);  // overwritten, never accumulated into
+      backend.attention_backward(dq, dk, dv, dout, tq, tk, tv, out, lse, float(scale), s.window);
 
-    auto loss = [&](const Vec& qs, const Vec& ks, const Vec& vs) {
-      Vec o, l;
-      attention_ref(qs, ks, vs, s, scale, o, l);
-      return dot(o, probe);
-    };
-    check_close(values_of(dq), numeric_grad([&](const Vec& x) { return loss(x, k, v); }, q), kGradTol, "dq");
-    check_close(values_of(dk), numeric_grad([&](const Vec& x) { return loss(q, x, v); }, k), kGradTol, "dk");
-    check_close(values_of(dv), numeric_grad([&](const Vec& x) { return loss(q, k, x); }, v), kGradTol, "dv");
-  }
+      auto loss = [&](const Vec& qs, const Vec& ks, const Vec& vs) {
+        Vec o, l;
+        attention_ref(qs, ks, vs, s, scale, o, l);
+        return dot(o, probe);
+      };
+      const double tol = dtype == DType::f32 ? kGradTol : kBf16GradTol;
+      check_close(values_of(dq), numeric_grad([&](const Vec& x) { return loss(x, k, v); }, q), tol, "dq");
+      check_close(values_of(dk), numeric_grad([&](const Vec& x) { return loss(q, x, v); }, k), tol, "dk");
+      check_close(values_of(dv), numeric_grad([&](const Vec& x) { return loss(q, k, x); }, v), tol, "dv");
+    }
 }
 
 // Columns [first, first + D) of each head row of rows [B, T, H, P], as [B, T, H, D] values.

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <vector>
 
+#include "kernels/caching_allocator.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/error.h"
@@ -26,7 +27,11 @@ DeviceBackend make_device_backend(DeviceChoice choice, const std::string& source
     log << "device: cuda (" << automatic << cuda_device_description() << ")\n";
     return device;
   }
-  device.tracker = std::make_unique<TrackingAllocator>(host);
+  // The step's transient tensors reuse cached blocks instead of going back
+  // to malloc each step, so RSS stops growing over a run's first steps; the
+  // tracker above it still counts the bytes asked for, as the planner does.
+  device.device_memory = std::make_unique<CachingAllocator>(host);
+  device.tracker = std::make_unique<TrackingAllocator>(*device.device_memory);
   device.backend = std::make_unique<CpuBackend>(*device.tracker);
   log << "device: cpu";
   if (choice == DeviceChoice::automatic) log << " (auto: no CUDA device: " << no_cuda_why << ")";

@@ -12,7 +12,7 @@
 namespace ft {
 
 struct DeviceBackend {
-  std::unique_ptr<Allocator> device_memory;  // CUDA only: the caching allocator under the tracker
+  std::unique_ptr<Allocator> device_memory;  // the caching allocator under the tracker
   std::unique_ptr<TrackingAllocator> tracker;
   std::unique_ptr<Backend> backend;
 };

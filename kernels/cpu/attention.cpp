@@ -5,11 +5,13 @@
 // row; backward recomputes each probability tile from lse:
 //   P = exp(S - lse), dV += P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)),
 //   dQ = scale * dS K, dK = scale * dS^T Q.
-// Every (batch, head) task first gathers its heads into contiguous f32 [T, D]
-// buffers (and K and V transposed, [D, T]), so each of a tile's products
-// (S = Q K^T, O += P V, dP = dO V^T, dQ += dS K, dK += dS^T Q, dV += P^T dO)
-// is a small row-major GEMM run by one register-blocked loop (tile_gemm).
-// Decoding (attention_cached) runs each query row through the same loop, so
+// Every (batch, head) task first gathers its heads into contiguous buffers
+// (and K and V transposed), so each of a tile's products (S = Q K^T, O += P V,
+// dP = dO V^T, dQ += dS K, dK += dS^T Q, dV += P^T dO) is a small GEMM run by
+// one register-blocked loop: in f32 (tile_gemm) when any operand is f32, or,
+// when all are bf16 (precision: bf16), on bf16 pairs with f32 sums
+// (bf16_tile.h; AVX512-BF16 where the CPU has it), the softmax in f32.
+// Decoding (attention_cached) runs each query row through the same loops, so
 // its rows equal the forward's bit for bit.
 // Key j is visible to query i iff j <= i and, with a sliding window W > 0,
 // i - j < W (transformers' Mistral mask): key tiles wholly outside are skipped.
@@ -21,8 +23,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
+#include "kernels/cpu/bf16_tile.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
 
@@ -69,7 +73,8 @@ VisibleKeys visible_keys(int64_t i, int64_t j0, int64_t keys, int64_t window) {
 }
 
 // Per-thread scratch that only grows.
-float* scratch(std::vector<float>& buffer, int64_t count) {
+template <typename T>
+T* scratch(std::vector<T>& buffer, int64_t count) {
   if (int64_t(buffer.size()) < count) buffer.resize(size_t(count));
   return buffer.data();
 }
@@ -114,7 +119,11 @@ float finish_row(float* out, const RowSoftmax& row, int64_t D) {
 
 // The first key tile of query i's query tile: every row of a tile walks the
 // same key tiles, so a row alone (attention_cached) starts where its tile does.
-int64_t first_key_tile(int64_t i, int64_t window) { return first_visible_key(i - i % kQueryRows, window); }
+// Tiles start at even keys (an earlier invisible key gets probability 0), so
+// the bf16 path's key pairs line up with the tiles.
+int64_t first_key_tile(int64_t i, int64_t window) {
+  return first_visible_key(i - i % kQueryRows, window) & ~int64_t(1);
+}
 
 // Eight floats in one AVX register (GCC's vector extension; the kernels are
 // built for x86-64-v3), loaded and stored unaligned.
@@ -189,11 +198,100 @@ void transpose(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int
     for (int64_t j = 0; j < cols; ++j) dst[j * ld_dst + i] = src[i * ld_src + j];
 }
 
-// One sequence of T tokens of a (batch, query head): out rows and lse from
-// gathered q, v [T, D] and kt = K^T [D, T] (rows ldk apart: the sequence is
-// columns of the row's gathered K^T); o is [T, D] scratch.
-void forward_head(float* o, float* lse, const float* q, const float* kt, int64_t ldk, const float* v, int64_t T,
-                  int64_t D, float scale, int64_t window) {
+// ---- the tile products, in f32 or on bf16 pairs ----------------------------
+// Each operand set gives the tiles' products to the loops below, for one
+// sequence (or, in attention_cached, one row of keys):
+//   scores(s, i0, rows, j0, keys):  s[rows, keys] += Q[i0:] K[j0:]^T (s kKeyCols apart)
+//   add_pv(o, p, rows, j0, keys):   o[rows, D] += P V[j0:]
+//   dp(s, i0, rows, j0, keys):      s += dO[i0:] V[j0:]^T
+//   add_gradients(dq, dk, dv, p, ds, i0, rows, j0, keys): dQ += dS K, dK += dS^T Q, dV += P^T dO
+// (dq at query i0, dk and dv at key j0).
+
+// f32 operands: q, dout, k, v [T, D]; kt, vt [D, .] (rows ldk apart).
+struct F32Operands {
+  const float *q, *kt, *v, *dout, *vt, *k;
+  int64_t ldk, D;
+
+  void scores(float* s, int64_t i0, int64_t rows, int64_t j0, int64_t keys) const {
+    tile_gemm(s, kKeyCols, q + i0 * D, D, kt + j0, ldk, rows, keys, D);
+  }
+  void add_pv(float* o, const float* p, int64_t rows, int64_t j0, int64_t keys) const {
+    tile_gemm(o, D, p, kKeyCols, v + j0 * D, D, rows, D, keys);
+  }
+  void dp(float* s, int64_t i0, int64_t rows, int64_t j0, int64_t keys) const {
+    tile_gemm(s, kKeyCols, dout + i0 * D, D, vt + j0, ldk, rows, keys, D);
+  }
+  void add_gradients(float* dq, float* dk, float* dv, const float* p, const float* ds, int64_t i0, int64_t rows,
+                     int64_t j0, int64_t keys) const {
+    float transposed[kKeyCols * kQueryRows];
+    tile_gemm(dq, D, ds, kKeyCols, k + j0 * D, D, rows, D, keys);
+    transpose(transposed, kQueryRows, ds, kKeyCols, rows, keys);
+    tile_gemm(dk, D, transposed, kQueryRows, q + i0 * D, D, keys, D, rows);
+    transpose(transposed, kQueryRows, p, kKeyCols, rows, keys);
+    tile_gemm(dv, D, transposed, kQueryRows, dout + i0 * D, D, keys, D, rows);
+  }
+};
+
+// bf16 pairs of a head row of D elements: D rounded up to even, halved.
+int64_t head_pairs(int64_t D) { return (D + 1) / 2; }
+
+// dst[r * ld_dst + p] = (x[r, 2p], x[r, 2p + 1]) rounded to bf16, for the
+// rows of a tile x (kKeyCols apart).
+void round_rows(uint32_t* dst, int64_t ld_dst, const float* x, int64_t rows, int64_t pairs) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t p = 0; p < pairs; ++p)
+      dst[r * ld_dst + p] = cpu::bf16_pair(x[r * kKeyCols + 2 * p], x[r * kKeyCols + 2 * p + 1]);
+}
+
+// dst[c * ld_dst + p] = (x[2p, c], x[2p + 1, c]) rounded to bf16: a tile x
+// (kKeyCols apart) transposed with its rows paired; an odd last row pairs with 0.
+void round_columns(uint32_t* dst, int64_t ld_dst, const float* x, int64_t rows, int64_t cols) {
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t p = 0; 2 * p < rows; ++p)
+      dst[c * ld_dst + p] =
+          cpu::bf16_pair(x[2 * p * kKeyCols + c], 2 * p + 1 < rows ? x[(2 * p + 1) * kKeyCols + c] : 0.0f);
+}
+
+// bf16 operands (precision: bf16), products on bf16 pairs with f32 sums
+// (bf16_tile.h: vdpbf16ps where the CPU has it), as FlashAttention runs them
+// on a GPU: scores and dP sum exact products of the bf16 inputs in f32, the
+// online softmax, lse and dS stay f32, and P and dS are rounded to bf16 only
+// as operands of the products after them. Rows paired ([T, pairs]): q, dout;
+// columns paired ([T / 2, D]): v_cols, k_cols, q_cols, dout_cols; kt, vt
+// [pairs, .] (rows ldk apart).
+struct Bf16Operands {
+  const uint32_t *q, *kt, *v_cols, *dout, *vt, *k_cols, *q_cols, *dout_cols;
+  int64_t ldk, D;
+
+  void scores(float* s, int64_t i0, int64_t rows, int64_t j0, int64_t keys) const {
+    const int64_t pairs = head_pairs(D);
+    cpu::bf16_tile_gemm(s, kKeyCols, q + i0 * pairs, pairs, kt + j0, ldk, rows, keys, pairs);
+  }
+  void add_pv(float* o, const float* p, int64_t rows, int64_t j0, int64_t keys) const {
+    uint32_t p_pairs[kQueryRows * kKeyCols / 2];
+    round_rows(p_pairs, kKeyCols / 2, p, rows, (keys + 1) / 2);
+    cpu::bf16_tile_gemm(o, D, p_pairs, kKeyCols / 2, v_cols + j0 / 2 * D, D, rows, D, (keys + 1) / 2);
+  }
+  void dp(float* s, int64_t i0, int64_t rows, int64_t j0, int64_t keys) const {
+    const int64_t pairs = head_pairs(D);
+    cpu::bf16_tile_gemm(s, kKeyCols, dout + i0 * pairs, pairs, vt + j0, ldk, rows, keys, pairs);
+  }
+  void add_gradients(float* dq, float* dk, float* dv, const float* p, const float* ds, int64_t i0, int64_t rows,
+                     int64_t j0, int64_t keys) const {
+    uint32_t pairs[kKeyCols * kQueryRows / 2];
+    round_rows(pairs, kKeyCols / 2, ds, rows, (keys + 1) / 2);
+    cpu::bf16_tile_gemm(dq, D, pairs, kKeyCols / 2, k_cols + j0 / 2 * D, D, rows, D, (keys + 1) / 2);
+    round_columns(pairs, kQueryRows / 2, ds, rows, keys);
+    cpu::bf16_tile_gemm(dk, D, pairs, kQueryRows / 2, q_cols + i0 / 2 * D, D, keys, D, (rows + 1) / 2);
+    round_columns(pairs, kQueryRows / 2, p, rows, keys);
+    cpu::bf16_tile_gemm(dv, D, pairs, kQueryRows / 2, dout_cols + i0 / 2 * D, D, keys, D, (rows + 1) / 2);
+  }
+};
+
+// One sequence of T tokens of a (batch, query head): its out rows o [T, D]
+// and lse from the operands x of the sequence.
+template <typename Operands>
+void forward_tiles(float* o, float* lse, const Operands& x, int64_t T, int64_t D, float scale, int64_t window) {
   float s[kQueryRows * kKeyCols];
   RowSoftmax rows_softmax[kQueryRows];
   for (int64_t i0 = 0; i0 < T; i0 += kQueryRows) {
@@ -203,73 +301,104 @@ void forward_head(float* o, float* lse, const float* q, const float* kt, int64_t
     for (int64_t j0 = first_key_tile(i0, window); j0 < i0 + rows; j0 += kKeyCols) {
       const int64_t keys = std::min(kKeyCols, i0 + rows - j0);
       std::fill(s, s + rows * kKeyCols, 0.0f);
-      tile_gemm(s, kKeyCols, q + i0 * D, D, kt + j0, ldk, rows, keys, D);
+      x.scores(s, i0, rows, j0, keys);
       for (int64_t r = 0; r < rows; ++r)
         softmax_tile_row(s + r * kKeyCols, o + (i0 + r) * D, rows_softmax[r], i0 + r, j0, keys, D, scale, window);
-      tile_gemm(o + i0 * D, D, s, kKeyCols, v + j0 * D, D, rows, D, keys);
+      x.add_pv(o + i0 * D, s, rows, j0, keys);
     }
     for (int64_t r = 0; r < rows; ++r) lse[i0 + r] = finish_row(o + (i0 + r) * D, rows_softmax[r], D);
   }
 }
 
-// The gathered operands of one sequence of a (batch, query head) in the
-// backward: k, v [T, D] and their transposes kt, vt [D, T] with rows ldk apart.
-struct HeadGrads {
-  const float *q, *dout, *k, *kt, *vt, *lse, *do_dot_o;
-  float *dq, *dk, *dv;
-  int64_t ldk;
-};
-
-// g's operands moved to the sequence at token t0 of the row.
-HeadGrads sequence_grads(HeadGrads g, int64_t t0, int64_t D) {
-  g.q += t0 * D, g.dout += t0 * D, g.k += t0 * D, g.kt += t0, g.vt += t0, g.lse += t0, g.do_dot_o += t0;
-  g.dq += t0 * D, g.dk += t0 * D, g.dv += t0 * D;
-  return g;
-}
-
-// One (batch, query head)'s contributions to dq (its own) and to dk, dv (its
-// kv head's, shared with the other query heads of the group: one task owns them).
-void backward_head(const HeadGrads& g, int64_t T, int64_t D, float scale, int64_t window) {
-  float p[kQueryRows * kKeyCols], ds[kQueryRows * kKeyCols], transposed[kKeyCols * kQueryRows];
-  for (int64_t i0 = 0; i0 < T; i0 += kQueryRows) {
-    const int64_t rows = std::min(kQueryRows, T - i0);
-    for (int64_t j0 = first_visible_key(i0, window); j0 < i0 + rows; j0 += kKeyCols) {
-      const int64_t keys = std::min(kKeyCols, i0 + rows - j0);
-      std::fill(p, p + rows * kKeyCols, 0.0f);
-      std::fill(ds, ds + rows * kKeyCols, 0.0f);
-      tile_gemm(p, kKeyCols, g.q + i0 * D, D, g.kt + j0, g.ldk, rows, keys, D);
-      tile_gemm(ds, kKeyCols, g.dout + i0 * D, D, g.vt + j0, g.ldk, rows, keys, D);  // dP
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r;
-        const VisibleKeys seen = visible_keys(i, j0, keys, window);
-        for (int64_t c = 0; c < keys; ++c) {
-          const bool visible = c >= seen.c0 && c < seen.c1;
-          const float pc = visible ? std::exp(scale * p[r * kKeyCols + c] - g.lse[i]) : 0.0f;
-          p[r * kKeyCols + c] = pc;
-          ds[r * kKeyCols + c] = scale * pc * (ds[r * kKeyCols + c] - g.do_dot_o[i]);
-        }
-      }
-      tile_gemm(g.dq + i0 * D, D, ds, kKeyCols, g.k + j0 * D, D, rows, D, keys);
-      transpose(transposed, kQueryRows, ds, kKeyCols, rows, keys);
-      tile_gemm(g.dk + j0 * D, D, transposed, kQueryRows, g.q + i0 * D, D, keys, D, rows);
-      transpose(transposed, kQueryRows, p, kKeyCols, rows, keys);
-      tile_gemm(g.dv + j0 * D, D, transposed, kQueryRows, g.dout + i0 * D, D, keys, D, rows);
+// A backward tile's scores p = Q K^T and dp = dO V^T [rows, keys] (rows
+// kKeyCols apart) of the queries at i0 and keys at j0 become the
+// probabilities P = exp(scale * p - lse) and dS = scale * P * (dP -
+// rowsum(dO * O)), both 0 where a query does not see a key.
+void tile_gradients(float* p, float* ds, const float* lse, const float* do_dot_o, int64_t i0, int64_t rows,
+                    int64_t j0, int64_t keys, float scale, int64_t window) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    const VisibleKeys seen = visible_keys(i, j0, keys, window);
+    for (int64_t c = 0; c < keys; ++c) {
+      const bool visible = c >= seen.c0 && c < seen.c1;
+      const float pc = visible ? std::exp(scale * p[r * kKeyCols + c] - lse[i]) : 0.0f;
+      p[r * kKeyCols + c] = pc;
+      ds[r * kKeyCols + c] = scale * pc * (ds[r * kKeyCols + c] - do_dot_o[i]);
     }
   }
 }
 
-// Attention's scratch per thread: K and V of one kv head (and transposed),
-// the query head's operands and results.
+// One sequence of T tokens of a (batch, query head): its contributions to dq
+// (its own) and to dk, dv (its kv head's, shared with the other query heads
+// of the group: one task owns them), all [T, D] f32.
+template <typename Operands>
+void backward_tiles(float* dq, float* dk, float* dv, const Operands& x, const float* lse, const float* do_dot_o,
+                    int64_t T, int64_t D, float scale, int64_t window) {
+  float p[kQueryRows * kKeyCols], ds[kQueryRows * kKeyCols];
+  for (int64_t i0 = 0; i0 < T; i0 += kQueryRows) {
+    const int64_t rows = std::min(kQueryRows, T - i0);
+    for (int64_t j0 = first_key_tile(i0, window); j0 < i0 + rows; j0 += kKeyCols) {
+      const int64_t keys = std::min(kKeyCols, i0 + rows - j0);
+      std::fill(p, p + rows * kKeyCols, 0.0f);
+      std::fill(ds, ds + rows * kKeyCols, 0.0f);
+      x.scores(p, i0, rows, j0, keys);
+      x.dp(ds, i0, rows, j0, keys);
+      tile_gradients(p, ds, lse, do_dot_o, i0, rows, j0, keys, scale, window);
+      x.add_gradients(dq + i0 * D, dk + j0 * D, dv + j0 * D, p, ds, i0, rows, j0, keys);
+    }
+  }
+}
+
+// do_dot_o[t] = rowsum(dO * O) of the T rows of D columns.
+void row_dots(float* do_dot_o, const float* dout, const float* out, int64_t T, int64_t D) {
+  for (int64_t t = 0; t < T; ++t) {
+    float sum = 0.0f;
+    for (int64_t e = 0; e < D; ++e) sum += dout[t * D + e] * out[t * D + e];
+    do_dot_o[t] = sum;
+  }
+}
+
+// ---- per (batch, head) tasks ----------------------------------------------
+
+// Attention's scratch per thread: one kv head's K and V, the query head's
+// operands and results, in f32 or bf16 pairs.
 struct AttentionScratch {
   std::vector<float> k, v, kt, vt, q, o, dout, dq, dk, dv, do_dot_o;
+  std::vector<uint32_t> k16, v16, kt16, vt16, q16, dout16, k_cols, v_cols, q_cols, dout_cols;
 };
 thread_local AttentionScratch tls;
 
+// dst[rows, pairs] = x[b, :rows, h, :] (bf16) with rows paired; an odd D's
+// last pair has a zero high half.
+void gather_pairs(uint32_t* dst, const HeadsView& x, const AttentionShape& d, int64_t b, int64_t h, int64_t rows) {
+  const int64_t pairs = head_pairs(d.head_dim);
+  const uint16_t* src = x.rows.ptr<const uint16_t>();
+  for (int64_t t = 0; t < rows; ++t) {
+    dst[t * pairs + pairs - 1] = 0;
+    std::memcpy(dst + t * pairs, src + head_offset(x, d.seq, b, t, h), size_t(d.head_dim) * sizeof(uint16_t));
+  }
+}
+
+// x's rows paired down the columns ([ceil(T / 2), D]) in `buffer`.
+const uint32_t* paired_columns(std::vector<uint32_t>& buffer, const uint32_t* x, int64_t T, int64_t D) {
+  uint32_t* out = scratch(buffer, (T + 1) / 2 * D);
+  cpu::pair_columns(out, D, x, head_pairs(D), T, D);
+  return out;
+}
+
+// x (bf16 pairs [T, pairs]) transposed into `buffer` ([pairs, T]).
+const uint32_t* transposed_pairs(std::vector<uint32_t>& buffer, const uint32_t* x, int64_t T, int64_t D) {
+  uint32_t* out = scratch(buffer, T * head_pairs(D));
+  cpu::transpose_pairs(out, T, x, head_pairs(D), T, head_pairs(D));
+  return out;
+}
+
+using Sequences = std::vector<std::pair<int64_t, int64_t>>;
+
 // The sequences of each row as [first, end) token ranges within the row:
 // cu_seqlens' (checked here: the host reads it), or the whole row.
-std::vector<std::vector<std::pair<int64_t, int64_t>>> row_sequences(const char* op, const Tensor* cu_seqlens,
-                                                                    int64_t B, int64_t T) {
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> rows(static_cast<size_t>(B));
+std::vector<Sequences> row_sequences(const char* op, const Tensor* cu_seqlens, int64_t B, int64_t T) {
+  std::vector<Sequences> rows(static_cast<size_t>(B));
   if (!cu_seqlens) {
     for (auto& row : rows) row = {{0, T}};
     return rows;
@@ -284,29 +413,173 @@ std::vector<std::vector<std::pair<int64_t, int64_t>>> row_sequences(const char* 
   return rows;
 }
 
+// Whether every operand is bf16: the bf16 path (mixed dtypes run in f32).
+bool all_bf16(std::initializer_list<DType> dtypes) {
+  return std::all_of(dtypes.begin(), dtypes.end(), [](DType t) { return t == DType::bf16; });
+}
+
+// What one attention call's tasks share.
+struct AttentionCall {
+  const HeadsView &q, &k, &v;
+  AttentionShape d;
+  float scale;
+  int64_t window;
+};
+
+// Forward of (batch b, query head h): o [T, D] and lse_row [T].
+void forward_f32(float* o, float* lse_row, const AttentionCall& c, const Sequences& sequences, int64_t b, int64_t h) {
+  AttentionScratch& s = tls;
+  const int64_t T = c.d.seq, D = c.d.head_dim, hk = h / (c.d.q_heads / c.d.kv_heads);
+  float *q = scratch(s.q, T * D), *k = scratch(s.k, T * D), *v = scratch(s.v, T * D), *kt = scratch(s.kt, T * D);
+  gather_head(q, c.q, c.d, b, h);
+  gather_head(k, c.k, c.d, b, hk);
+  gather_head(v, c.v, c.d, b, hk);
+  transpose(kt, T, k, D, T, D);
+  for (const auto& [t0, t1] : sequences) {
+    const F32Operands x{q + t0 * D, kt + t0, v + t0 * D, nullptr, nullptr, nullptr, T, D};
+    forward_tiles(o + t0 * D, lse_row + t0, x, t1 - t0, D, c.scale, c.window);
+  }
+}
+
+void forward_bf16(float* o, float* lse_row, const AttentionCall& c, const Sequences& sequences, int64_t b,
+                  int64_t h) {
+  AttentionScratch& s = tls;
+  const int64_t T = c.d.seq, D = c.d.head_dim, pairs = head_pairs(D), hk = h / (c.d.q_heads / c.d.kv_heads);
+  uint32_t *q = scratch(s.q16, T * pairs), *k = scratch(s.k16, T * pairs), *v = scratch(s.v16, T * pairs);
+  gather_pairs(q, c.q, c.d, b, h, T);
+  gather_pairs(k, c.k, c.d, b, hk, T);
+  gather_pairs(v, c.v, c.d, b, hk, T);
+  const uint32_t* kt = transposed_pairs(s.kt16, k, T, D);
+  for (const auto& [t0, t1] : sequences) {
+    const uint32_t* v_cols = paired_columns(s.v_cols, v + t0 * pairs, t1 - t0, D);
+    const Bf16Operands x{q + t0 * pairs, kt + t0, v_cols, nullptr, nullptr, nullptr, nullptr, nullptr, T, D};
+    forward_tiles(o + t0 * D, lse_row + t0, x, t1 - t0, D, c.scale, c.window);
+  }
+}
+
+// What a backward task adds to the forward's call.
+struct BackwardCall {
+  const AttentionCall& forward;
+  const HeadsView &dq, &dk, &dv;
+  const Tensor &dout, &out;
+  const float* lse;
+};
+
+// The rows of dO and O of (batch b, query head h) as f32 in s.dout and s.o,
+// and their row dots in s.do_dot_o.
+void gather_row_dots(const BackwardCall& c, int64_t b, int64_t h) {
+  AttentionScratch& s = tls;
+  const AttentionShape& d = c.forward.d;
+  float *dout = scratch(s.dout, d.seq * d.head_dim), *out = scratch(s.o, d.seq * d.head_dim);
+  gather_head(dout, c.dout, d, b, h);
+  gather_head(out, c.out, d, b, h);
+  row_dots(scratch(s.do_dot_o, d.seq), dout, out, d.seq, d.head_dim);
+}
+
+// Backward of (batch b, kv head hk) in f32: dq of its query heads, dk and dv.
+void backward_f32(const BackwardCall& c, const Sequences& sequences, int64_t b, int64_t hk) {
+  AttentionScratch& s = tls;
+  const AttentionShape& d = c.forward.d;
+  const int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
+  float *k = scratch(s.k, T * D), *v = scratch(s.v, T * D), *kt = scratch(s.kt, T * D), *vt = scratch(s.vt, T * D);
+  float *dk = scratch(s.dk, T * D), *dv = scratch(s.dv, T * D), *q = scratch(s.q, T * D), *dq = scratch(s.dq, T * D);
+  gather_head(k, c.forward.k, d, b, hk);
+  gather_head(v, c.forward.v, d, b, hk);
+  transpose(kt, T, k, D, T, D);
+  transpose(vt, T, v, D, T, D);
+  std::fill(dk, dk + T * D, 0.0f);
+  std::fill(dv, dv + T * D, 0.0f);
+  for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+    gather_head(q, c.forward.q, d, b, h);
+    gather_row_dots(c, b, h);
+    std::fill(dq, dq + T * D, 0.0f);
+    const float* lse = c.lse + (b * d.q_heads + h) * T;
+    for (const auto& [t0, t1] : sequences) {
+      const F32Operands x{q + t0 * D, kt + t0, nullptr, s.dout.data() + t0 * D, vt + t0, k + t0 * D, T, D};
+      backward_tiles(dq + t0 * D, dk + t0 * D, dv + t0 * D, x, lse + t0, s.do_dot_o.data() + t0, t1 - t0, D,
+                     c.forward.scale, c.forward.window);
+    }
+    scatter_head(c.dq, dq, d, b, h);
+  }
+  scatter_head(c.dk, dk, d, b, hk);
+  scatter_head(c.dv, dv, d, b, hk);
+}
+
+// backward_f32 on bf16 pairs.
+void backward_bf16(const BackwardCall& c, const Sequences& sequences, int64_t b, int64_t hk) {
+  AttentionScratch& s = tls;
+  const AttentionShape& d = c.forward.d;
+  const int64_t T = d.seq, D = d.head_dim, pairs = head_pairs(D), group = d.q_heads / d.kv_heads;
+  uint32_t *k = scratch(s.k16, T * pairs), *v = scratch(s.v16, T * pairs);
+  uint32_t *q = scratch(s.q16, T * pairs), *dout = scratch(s.dout16, T * pairs);
+  float *dk = scratch(s.dk, T * D), *dv = scratch(s.dv, T * D), *dq = scratch(s.dq, T * D);
+  gather_pairs(k, c.forward.k, d, b, hk, T);
+  gather_pairs(v, c.forward.v, d, b, hk, T);
+  const uint32_t *kt = transposed_pairs(s.kt16, k, T, D), *vt = transposed_pairs(s.vt16, v, T, D);
+  std::fill(dk, dk + T * D, 0.0f);
+  std::fill(dv, dv + T * D, 0.0f);
+  for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+    gather_pairs(q, c.forward.q, d, b, h, T);
+    gather_pairs(dout, c.dout, d, b, h, T);
+    gather_row_dots(c, b, h);
+    std::fill(dq, dq + T * D, 0.0f);
+    const float* lse = c.lse + (b * d.q_heads + h) * T;
+    for (const auto& [t0, t1] : sequences) {
+      const int64_t L = t1 - t0;
+      const Bf16Operands x{q + t0 * pairs, kt + t0, nullptr, dout + t0 * pairs, vt + t0,
+                           paired_columns(s.k_cols, k + t0 * pairs, L, D), paired_columns(s.q_cols, q + t0 * pairs, L, D),
+                           paired_columns(s.dout_cols, dout + t0 * pairs, L, D), T, D};
+      backward_tiles(dq + t0 * D, dk + t0 * D, dv + t0 * D, x, lse + t0, s.do_dot_o.data() + t0, L, D,
+                     c.forward.scale, c.forward.window);
+    }
+    scatter_head(c.dq, dq, d, b, h);
+  }
+  scatter_head(c.dk, dk, d, b, hk);
+  scatter_head(c.dv, dv, d, b, hk);
+}
+
+// attention_cached's rows of one (batch, query head): query row t of q sees
+// the keys of position row_positions[t] through the operands x (keys from 0),
+// one row at a time through forward_tiles' own products and softmax.
+template <typename Operands>
+void cached_rows(float* o, const Operands& x, const int32_t* row_positions, int64_t Tq, int64_t D, float scale,
+                 int64_t window) {
+  float p[kKeyCols];
+  for (int64_t t = 0; t < Tq; ++t) {
+    const int64_t i = row_positions[t];
+    float* row = o + t * D;
+    std::fill(row, row + D, 0.0f);
+    RowSoftmax softmax;
+    for (int64_t j0 = first_key_tile(i, window); j0 <= i; j0 += kKeyCols) {
+      const int64_t tile_keys = std::min(kKeyCols, i + 1 - j0);
+      std::fill(p, p + kKeyCols, 0.0f);
+      x.scores(p, t, 1, j0, tile_keys);
+      softmax_tile_row(p, row, softmax, i, j0, tile_keys, D, scale, window);
+      x.add_pv(row, p, 1, j0, tile_keys);
+    }
+    finish_row(row, softmax, D);
+  }
+}
+
 }  // namespace
 
 void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k,
                                         const HeadsView& v, float scale, int64_t window,
                                         const Tensor* cu_seqlens) {
-  AttentionShape d = checks::attention_shape(q, k);
-  const int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
-  float* lse_out = lse.ptr<float>();
-  const auto sequences = row_sequences("attention_forward", cu_seqlens, d.batch, T);
+  const AttentionCall call{q, k, v, checks::attention_shape(q, k), scale, window};
+  const AttentionShape& d = call.d;
+  const bool bf16 = all_bf16({q.dtype(), k.dtype(), v.dtype()});
+  const auto sequences = row_sequences("attention_forward", cu_seqlens, d.batch, d.seq);
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < d.batch; ++b)
     for (int64_t h = 0; h < d.q_heads; ++h) {
-      AttentionScratch& s = tls;
-      float *qh = scratch(s.q, T * D), *kh = scratch(s.k, T * D), *vh = scratch(s.v, T * D);
-      float *kth = scratch(s.kt, T * D), *oh = scratch(s.o, T * D);
-      gather_head(qh, q, d, b, h);
-      gather_head(kh, k, d, b, h / group);
-      gather_head(vh, v, d, b, h / group);
-      transpose(kth, T, kh, D, T, D);
-      float* lse_row = lse_out + (b * d.q_heads + h) * T;
-      for (const auto& [t0, t1] : sequences[size_t(b)])
-        forward_head(oh + t0 * D, lse_row + t0, qh + t0 * D, kth + t0, T, vh + t0 * D, t1 - t0, D, scale, window);
-      scatter_head(out, oh, d, b, h);
+      float* o = scratch(tls.o, d.seq * d.head_dim);
+      float* lse_row = lse.ptr<float>() + (b * d.q_heads + h) * d.seq;
+      if (bf16)
+        forward_bf16(o, lse_row, call, sequences[size_t(b)], b, h);
+      else
+        forward_f32(o, lse_row, call, sequences[size_t(b)], b, h);
+      scatter_head(out, o, d, b, h);
     }
 }
 
@@ -316,87 +589,60 @@ void CpuBackend::attention_backward_impl(const HeadsView& dq, const HeadsView& d
                                          const Tensor& dout, const HeadsView& q, const HeadsView& k,
                                          const HeadsView& v, const Tensor& out, const Tensor& lse, float scale,
                                          int64_t window, const Tensor* cu_seqlens) {
-  AttentionShape d = checks::attention_shape(q, k);
-  const int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
-  const float* lse_in = lse.ptr<const float>();
-  const auto sequences = row_sequences("attention_backward", cu_seqlens, d.batch, T);
+  const AttentionCall forward{q, k, v, checks::attention_shape(q, k), scale, window};
+  const BackwardCall call{forward, dq, dk, dv, dout, out, lse.ptr<const float>()};
+  const AttentionShape& d = forward.d;
+  const bool bf16 = all_bf16({q.dtype(), k.dtype(), v.dtype(), dout.dtype});
+  const auto sequences = row_sequences("attention_backward", cu_seqlens, d.batch, d.seq);
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < d.batch; ++b)
     for (int64_t hk = 0; hk < d.kv_heads; ++hk) {
-      AttentionScratch& s = tls;
-      HeadGrads g{};
-      float *kh = scratch(s.k, T * D), *vh = scratch(s.v, T * D);
-      float *kth = scratch(s.kt, T * D), *vth = scratch(s.vt, T * D);
-      float *dkh = scratch(s.dk, T * D), *dvh = scratch(s.dv, T * D);
-      float *qh = scratch(s.q, T * D), *doh = scratch(s.dout, T * D), *oh = scratch(s.o, T * D);
-      float *dqh = scratch(s.dq, T * D), *do_dot_o = scratch(s.do_dot_o, T);
-      gather_head(kh, k, d, b, hk);
-      gather_head(vh, v, d, b, hk);
-      transpose(kth, T, kh, D, T, D);
-      transpose(vth, T, vh, D, T, D);
-      std::fill(dkh, dkh + T * D, 0.0f);
-      std::fill(dvh, dvh + T * D, 0.0f);
-      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-        gather_head(qh, q, d, b, h);
-        gather_head(doh, dout, d, b, h);
-        gather_head(oh, out, d, b, h);
-        for (int64_t t = 0; t < T; ++t) {
-          float sum = 0.0f;
-          for (int64_t e = 0; e < D; ++e) sum += doh[t * D + e] * oh[t * D + e];
-          do_dot_o[t] = sum;
-        }
-        std::fill(dqh, dqh + T * D, 0.0f);
-        g = {qh, doh, kh, kth, vth, lse_in + (b * d.q_heads + h) * T, do_dot_o, dqh, dkh, dvh, T};
-        for (const auto& [t0, t1] : sequences[size_t(b)])
-          backward_head(sequence_grads(g, t0, D), t1 - t0, D, scale, window);
-        scatter_head(dq, dqh, d, b, h);
-      }
-      scatter_head(dk, dkh, d, b, hk);
-      scatter_head(dv, dvh, d, b, hk);
+      if (bf16)
+        backward_bf16(call, sequences[size_t(b)], b, hk);
+      else
+        backward_f32(call, sequences[size_t(b)], b, hk);
     }
 }
 
 // One task per (batch, query head): its kv head's cached keys and values up
-// to the row's last query position are gathered once (keys transposed), then
-// each query row meets the key tiles attention_forward gives it, through the
-// same tile_gemm and softmax_tile_row: its row of attention_forward, bit for bit.
+// to the row's last query position are gathered once, then each query row
+// meets the key tiles attention_forward gives it, through the same products
+// and softmax (cached_rows): its row of attention_forward, bit for bit.
 void CpuBackend::attention_cached_impl(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                        const Tensor& positions, float scale, int64_t window) {
   const int64_t B = q.dim(0), Tq = q.dim(1), Hq = q.dim(2), D = q.dim(3), S = k_cache.dim(1);
-  const int64_t group = Hq / k_cache.dim(2);
+  const int64_t group = Hq / k_cache.dim(2), pairs = head_pairs(D);
   const int32_t* position = positions.ptr<const int32_t>();
   for (int64_t n = 0; n < B * Tq; ++n)
     FT_CHECK(position[n] >= 0 && position[n] < S, "attention_cached: position ", position[n], " of query ", n,
              " is outside the cache's ", S, " slots");
   const AttentionShape queries{B, Tq, Hq, k_cache.dim(2), D}, cache{B, S, Hq, k_cache.dim(2), D};
+  const bool bf16 = all_bf16({q.dtype, k_cache.dtype, v_cache.dtype});
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < Hq; ++h) {
       AttentionScratch& s = tls;
       const int32_t* row_positions = position + b * Tq;
       const int64_t keys = *std::max_element(row_positions, row_positions + Tq) + 1;
-      float *kh = scratch(s.k, keys * D), *vh = scratch(s.v, keys * D), *qh = scratch(s.q, Tq * D);
-      float *kth = scratch(s.kt, keys * D), *oh = scratch(s.o, Tq * D);
-      gather_rows(kh, k_cache, cache, b, h / group, keys);
-      gather_rows(vh, v_cache, cache, b, h / group, keys);
-      transpose(kth, keys, kh, D, keys, D);
-      gather_head(qh, q, queries, b, h);
-      float p[kKeyCols];
-      for (int64_t t = 0; t < Tq; ++t) {
-        const int64_t i = row_positions[t];
-        float* o = oh + t * D;
-        std::fill(o, o + D, 0.0f);
-        RowSoftmax row;
-        for (int64_t j0 = first_key_tile(i, window); j0 <= i; j0 += kKeyCols) {
-          const int64_t tile_keys = std::min(kKeyCols, i + 1 - j0);
-          std::fill(p, p + tile_keys, 0.0f);
-          tile_gemm(p, kKeyCols, qh + t * D, D, kth + j0, keys, 1, tile_keys, D);
-          softmax_tile_row(p, o, row, i, j0, tile_keys, D, scale, window);
-          tile_gemm(o, D, p, kKeyCols, vh + j0 * D, D, 1, D, tile_keys);
-        }
-        finish_row(o, row, D);
+      float* o = scratch(s.o, Tq * D);
+      if (bf16) {
+        uint32_t *qh = scratch(s.q16, Tq * pairs), *kh = scratch(s.k16, keys * pairs), *vh = scratch(s.v16, keys * pairs);
+        gather_pairs(qh, q, queries, b, h, Tq);
+        gather_pairs(kh, k_cache, cache, b, h / group, keys);
+        gather_pairs(vh, v_cache, cache, b, h / group, keys);
+        const Bf16Operands x{qh, transposed_pairs(s.kt16, kh, keys, D), paired_columns(s.v_cols, vh, keys, D),
+                             nullptr, nullptr, nullptr, nullptr, nullptr, keys, D};
+        cached_rows(o, x, row_positions, Tq, D, scale, window);
+      } else {
+        float *qh = scratch(s.q, Tq * D), *kh = scratch(s.k, keys * D), *vh = scratch(s.v, keys * D);
+        float* kt = scratch(s.kt, keys * D);
+        gather_rows(qh, q, queries, b, h, Tq);
+        gather_rows(kh, k_cache, cache, b, h / group, keys);
+        gather_rows(vh, v_cache, cache, b, h / group, keys);
+        transpose(kt, keys, kh, D, keys, D);
+        cached_rows(o, F32Operands{qh, kt, vh, nullptr, nullptr, nullptr, keys, D}, row_positions, Tq, D, scale, window);
       }
-      scatter_head(out, oh, queries, b, h);
+      scatter_head(out, o, queries, b, h);
     }
 }
 

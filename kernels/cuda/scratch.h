@@ -3,7 +3,7 @@
 // CudaBackend allocates exactly these tensors and the memory planner
 // (kernels/meta/) charges them, so a plan is the CUDA path's own arithmetic.
 // Also here, for the same reason: cuBLASLt's workspace and the caching
-// allocator's block rounding (kernels/cuda/device_allocator.h). Plain C++
+// allocator's block rounding (kernels/caching_allocator.h). Plain C++
 // without CUDA, like kernels/int8_tiles.h (whose sizes the int8 ops use).
 #pragma once
 #include <algorithm>

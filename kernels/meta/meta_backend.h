@@ -26,7 +26,7 @@ namespace ft {
 
 enum class MemoryPolicy { cpu, cuda };
 
-// CachingAllocator (kernels/cuda/device_allocator.h) on the meta device,
+// CachingAllocator (kernels/caching_allocator.h) on the meta device,
 // with its rounding (kernels/cuda/scratch.h):
 // requests are rounded to its size classes and a freed block is reused by the
 // next request of the same class, so in_use and reserved are what the CUDA
