@@ -5,7 +5,10 @@
 // weights g on every target token's log-probability and value -- what an RL
 // loss hands the model once trl's formulas have been differentiated -- our
 // log-probabilities, values and the gradients of every LoRA tensor and of
-// the value head equal the fixture's.
+// the value head equal the fixture's. The same on a seq2seq policy
+// (tests/fixtures/heads/seq2seq_reference.safetensors): t5_v1_1 with its
+// adapter, the value head on the decoder's last hidden states, the
+// gradients through the decoder and, by cross-attention, the encoder.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -18,6 +21,7 @@
 #include "model/output_head.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
+#include "model/t5.h"
 #include "tests/parity.h"
 
 using namespace ft;
@@ -79,5 +83,51 @@ TEST_CASE("log-probabilities and a value head through one backward equal PyTorch
   std::vector<float> eval_values;
   const HiddenHead read_values = [&](const Tensor& hidden, Tensor*) { eval_values = head_outputs(backend, head, hidden); };
   CHECK(worst_gap(model.token_logps(ids, targets, nullptr, &read_values), logps) == 0.0);
+  CHECK(eval_values == values);
+}
+
+TEST_CASE("a seq2seq policy's decoder log-probabilities and value head through one backward equal PyTorch + PEFT") {
+  Checkpoint reference(kFixtures + "/heads/seq2seq_reference.safetensors");
+  HostAllocator host;
+  CpuBackend backend(host);
+  ModelOptions options;
+  options.lora = read_peft_adapter_config(kFixtures + "/t5_v1_1/adapter").lora;
+  options.output_head = OutputHead::value;
+  T5Model model(read_model_config(kFixtures + "/t5_v1_1/config.json"), backend, options);
+  model.load(Checkpoint(kFixtures + "/t5_v1_1"));
+  load_peft_adapter(kFixtures + "/t5_v1_1/adapter", model);
+  const HeadParameters& head = model.output_head();
+  backend.copy(head.weight->value, reference.view("v_head.summary.weight"));
+  backend.copy(head.bias->value, reference.view("v_head.summary.bias"));
+  model.set_trainable([](const std::string& name) { return name.find("lora_") != std::string::npos || name.rfind("v_head.", 0) == 0; });
+
+  const Tensor encoder_ids = reference.view("encoder_ids"), decoder_ids = reference.view("decoder_ids");
+  const Tensor targets = reference.view("targets"), lengths = reference.view("encoder_lengths");
+  const std::vector<int32_t> encoder_lengths(lengths.ptr<int32_t>(), lengths.ptr<int32_t>() + lengths.numel());
+  const std::vector<float> g_logp = floats(reference.view("g_logp")), g_value = floats(reference.view("g_value"));
+  std::vector<float> values;
+  const TokenLogpsGradient gradient = [&](const std::vector<float>&) { return g_logp; };
+  const HiddenHead value_head = [&](const Tensor& hidden, Tensor* dhidden) {
+    values = head_outputs(backend, head, hidden);
+    head_backward(backend, head, hidden, g_value, *dhidden);
+  };
+  const std::vector<float> logps =
+      model.token_logps_backward(encoder_ids, encoder_lengths, decoder_ids, targets, gradient, &value_head);
+
+  CHECK(worst_gap(logps, floats(reference.view("logps"))) <= kTolerance);
+  CHECK(worst_gap(values, floats(reference.view("values"))) <= kTolerance);
+  int64_t encoder_adapters = 0;
+  for (Parameter& adapter : model.adapters()) {
+    CAPTURE(adapter.name);
+    encoder_adapters += adapter.name.rfind("encoder.", 0) == 0;
+    CHECK(relative_error(adapter.grad, reference.view("grad." + adapter.name)) <= kTolerance);
+  }
+  CHECK(encoder_adapters == 12);  // 3 encoder layers, q and v, A and B
+  CHECK(relative_error(head.weight->grad, reference.view("grad.v_head.summary.weight")) <= kTolerance);
+  CHECK(relative_error(head.bias->grad, reference.view("grad.v_head.summary.bias")) <= kTolerance);
+
+  std::vector<float> eval_values;
+  const HiddenHead read_values = [&](const Tensor& hidden, Tensor*) { eval_values = head_outputs(backend, head, hidden); };
+  CHECK(worst_gap(model.token_logps(encoder_ids, encoder_lengths, decoder_ids, targets, &read_values), logps) == 0.0);
   CHECK(eval_values == values);
 }
