@@ -1714,10 +1714,15 @@ TEST_CASE("objective: ppo with a reward model raises the held-out reward, its KL
   // 30 steps of 16 rollouts, LoRA on every linear: measured on seeds 1234
   // and 7, the held-out reward rises -1.15 -> -0.35 and -1.43 -> -0.15 with
   // a KL of 8.9 and 7.2 nats (the reward model is random: only PPO moves it).
+  // The config's KL target (trl's ppo.target, the adaptive controller's aim)
+  // is the bound: over these 480 samples at horizon 10000 the controller moves
+  // the coefficient by under 1%, so init_kl_coef holds the KL below it.
+  constexpr double kTargetKl = 12.0;
   const fs::path learn = make_ppo_dir("ppo_learn");
   const CommandResult run = run_command("cd " + learn.string() + " && " + kBinary +
                                         " config.yaml --set max_steps=30 --set lr=1.0e-2 --set ppo.batch_size=16"
-                                        " --set ppo.init_kl_coef=0.01 --set save_every=0 --set 'lora.target_modules="
+                                        " --set ppo.init_kl_coef=0.01 --set ppo.target=" + std::to_string(kTargetKl) +
+                                        " --set save_every=0 --set 'lora.target_modules="
                                         "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]'");
   REQUIRE_MESSAGE(run.exit_code == 0, run.output);
   const auto evals = eval_rewards((learn / "out/metrics.jsonl").string());
@@ -1725,7 +1730,8 @@ TEST_CASE("objective: ppo with a reward model raises the held-out reward, its KL
   MESSAGE("held-out reward ", evals[0].first, " -> ", evals[1].first, ", KL ", evals[1].second);
   CHECK(evals[1].first > evals[0].first + 0.5);
   CHECK(evals[0].second == 0.0);  // before training the policy is the reference
-  CHECK(evals[1].second < 15.0);  // nats per completion of up to 12 tokens
+  // The KL the run's config aims the adaptive controller at (ppo.target) bounds it.
+  CHECK(evals[1].second < kTargetKl);
   CHECK(fs::exists(learn / "out/value_head.safetensors"));
 
   const fs::path dir = make_ppo_dir("ppo");
@@ -1827,7 +1833,7 @@ TEST_CASE("objective: ppo on a seq2seq policy refuses rows without prompts, anot
            "/reward/model/tokenizer.model) is not the policy's (" + configs + "/tiny-base/tokenizer.model): set "
            "rewards.model_tokenizer to the reward model's tokenizer file"},
       {"--set ppo.max_new_tokens=64", "ppo.max_new_tokens (64) must leave room for the query within seq_len (64)"},
-      {"--set objective=grpo --set grpo.num_generations=2",
+      {"--set objective=grpo --set grpo.num_generations=2 --set grpo.max_completion_length=8",
        "objective: grpo needs a decoder-only model; " + configs + "/tiny-t5/config.json is a t5 (encoder-decoder) "
        "model"},
   };
@@ -1886,7 +1892,9 @@ TEST_CASE("configs/grpo-tiny.yaml briefly raises the held-out reward, KL bounded
           "bit") {
   // Short: 8 steps, 16 held-out prompts; the rewards and beta as shipped.
   constexpr int64_t kSteps = 8, kSaveEvery = 4;
-  // Measured: -1.586 -> -1.383, KL 0.25 (16 prompts, 2-core EPYC).
+  // Measured: -1.586 -> -1.383, KL 0.25 (16 prompts, 2-core EPYC). trl's
+  // GRPO has no KL target (grpo.beta is the penalty's coefficient, not a
+  // bound), so the bound is this test's own figure: twice the measured KL.
   constexpr double kRise = 0.05, kMaxKl = 0.5;
   const std::string config = std::string(FT_SOURCE_DIR) + "/configs/grpo-tiny.yaml";
   const std::vector<std::string> short_run = {
