@@ -1754,6 +1754,21 @@ TEST_CASE("objective: ppo with a reward model raises the held-out reward, its KL
   CHECK(train_losses((killed / "out/metrics.jsonl").string()) == train_losses((dir / "out/metrics.jsonl").string()));
 }
 
+// config.yaml in dir run with each case's arguments: exit status 1, the
+// expected message, no adapter written.
+struct RefusedRun {
+  std::string arguments, expected;
+};
+void check_refused(const fs::path& dir, const std::vector<RefusedRun>& cases) {
+  for (const RefusedRun& c : cases) {
+    CAPTURE(c.arguments);
+    const CommandResult result = run_command("cd " + dir.string() + " && " + kBinary + " config.yaml " + c.arguments);
+    CHECK(result.exit_code == 1);
+    CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
+    CHECK(!fs::exists(dir / "out/adapter"));
+  }
+}
+
 // The lab's table row "before" or "after": its five figures (reward mean and
 // std, toxicity mean and std, KL), read after the table's header.
 std::vector<double> held_out_row(const std::string& output, size_t table, const std::string& phase) {
@@ -1821,10 +1836,7 @@ TEST_CASE("objective: ppo on a seq2seq policy refuses rows without prompts, anot
                                      << "rewards: {length: 4}\n"
                                      << "data: {train: train.jsonl, eval: eval.jsonl}\n"
                                      << "seq_len: 64\nmicro_batch_size: 2\nmax_steps: 1\noutput_dir: out\n";
-  struct Case {
-    std::string arguments, expected;
-  };
-  const Case cases[] = {
+  const std::vector<RefusedRun> cases = {
       {"--set data.train=text.jsonl",
        "text.jsonl:2: row lacks \"prompt\": expected a \"prompt\" string (objective: grpo and ppo generate from "
        "prompts), got keys \"text\""},
@@ -1837,13 +1849,7 @@ TEST_CASE("objective: ppo on a seq2seq policy refuses rows without prompts, anot
        "objective: grpo needs a decoder-only model; " + configs + "/tiny-t5/config.json is a t5 (encoder-decoder) "
        "model"},
   };
-  for (const Case& c : cases) {
-    CAPTURE(c.arguments);
-    const CommandResult result = run_command("cd " + dir.string() + " && " + kBinary + " config.yaml " + c.arguments);
-    CHECK(result.exit_code == 1);
-    CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
-    CHECK(!fs::exists(dir / "out/adapter"));
-  }
+  check_refused(dir, cases);
   // The same config trains: the seq2seq policy's rollouts, rewards and update run end to end.
   const CommandResult good = run_command("cd " + dir.string() + " && " + kBinary + " config.yaml");
   CHECK_MESSAGE(good.exit_code == 0, good.output);
@@ -1861,10 +1867,7 @@ TEST_CASE("objective: grpo refuses rows without prompts, a reward model without 
                                      << "data: {train: train.jsonl, eval: eval.jsonl}\n"
                                      << "seq_len: 64\nmicro_batch_size: 2\nmax_steps: 1\noutput_dir: out\n";
   const std::string tiny_base = std::string(FT_SOURCE_DIR) + "/configs/tiny-base";
-  struct Case {
-    std::string arguments, expected;
-  };
-  const Case cases[] = {
+  const std::vector<RefusedRun> cases = {
       {"--set data.train=text.jsonl",
        "text.jsonl:2: row lacks \"prompt\": expected a \"prompt\" string (objective: grpo and ppo generate from "
        "prompts), got keys \"text\""},
@@ -1879,13 +1882,7 @@ TEST_CASE("objective: grpo refuses rows without prompts, a reward model without 
       {"--set rewards.regex='(ab'",
        "rewards.regex: \"(ab\" is not a valid pattern at offset 3: missing closing parenthesis"},
   };
-  for (const Case& c : cases) {
-    CAPTURE(c.arguments);
-    const CommandResult result = run_command("cd " + dir.string() + " && " + kBinary + " config.yaml " + c.arguments);
-    CHECK(result.exit_code == 1);
-    CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
-    CHECK(!fs::exists(dir / "out/adapter"));
-  }
+  check_refused(dir, cases);
 }
 
 TEST_CASE("configs/grpo-tiny.yaml briefly raises the held-out reward, KL bounded, and resumes after kill -9 bit for "
