@@ -1711,13 +1711,13 @@ std::vector<std::pair<double, double>> eval_rewards(const std::string& metrics_p
 }
 
 TEST_CASE("objective: ppo with a reward model raises the held-out reward, its KL bounded, and resumes bit for bit") {
-  // 30 steps of 16 rollouts, LoRA on every linear: measured on seeds 1234
-  // and 7, the held-out reward rises -1.15 -> -0.35 and -1.43 -> -0.15 with
-  // a KL of 8.9 and 7.2 nats (the reward model is random: only PPO moves it).
-  // The config's KL target (trl's ppo.target, the adaptive controller's aim)
-  // is the bound: over these 480 samples at horizon 10000 the controller moves
-  // the coefficient by under 1%, so init_kl_coef holds the KL below it.
-  constexpr double kTargetKl = 12.0;
+  // 30 steps of 16 rollouts, LoRA on every linear, ppo.target 9: measured
+  // (seed 1234, 2-core EPYC) the held-out reward rises -1.15 -> 0.07 with a
+  // KL of 7.90 nats (the reward model is random: only PPO moves it). The
+  // config's KL target (trl's ppo.target, the adaptive controller's aim) is
+  // the bound; over these 480 samples at horizon 10000 the controller moves
+  // the coefficient by under 1%, so init_kl_coef mostly holds the KL below it.
+  constexpr double kTargetKl = 9.0;
   const fs::path learn = make_ppo_dir("ppo_learn");
   const CommandResult run = run_command("cd " + learn.string() + " && " + kBinary +
                                         " config.yaml --set max_steps=30 --set lr=1.0e-2 --set ppo.batch_size=16"
