@@ -385,13 +385,12 @@ void T5Model::decode_cached(T5DecoderCache& cache, int32_t token) {
   cache.self.lengths_tokens[0] = L;
 }
 
-float T5Model::forward_backward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
-                                float grad_scale, const std::vector<int32_t>& encoder_lengths) {
-  set_training(true);
-  StackRun encoder, decoder;
-  encoder.ids = upload_tokens(encoder_ids);
+LanguageModel::StepTokens T5Model::start_step(const Tensor& encoder_ids, const std::vector<int32_t>& encoder_lengths,
+                                              const Tensor& decoder_ids, const Tensor& targets, StackRun& encoder,
+                                              StackRun& decoder) {
   FT_CHECK(encoder_ids.dim(0) == decoder_ids.dim(0), "t5: encoder_ids ", shape_string(encoder_ids.shape),
            " and decoder_ids ", shape_string(decoder_ids.shape), " differ in batch size");
+  encoder.ids = upload_tokens(encoder_ids);
   encoder.batch = encoder_ids.dim(0);
   encoder.seq = encoder_ids.dim(1);
   const StepTokens tokens = upload_ids_and_targets(decoder_ids, targets);
@@ -399,18 +398,64 @@ float T5Model::forward_backward(const Tensor& encoder_ids, const Tensor& decoder
   decoder.batch = tokens.batch;
   decoder.seq = tokens.seq;
   encoder.encoder_lengths = decoder.encoder_lengths = upload_encoder_lengths(encoder_ids, encoder_lengths);
-  forward_stack(*encoder_, encoder, nullptr, 0, true);
+  return tokens;
+}
+
+void T5Model::backward_both(StackRun& encoder, StackRun& decoder, Tensor& dhidden) {
   const Tensor& encoder_out = encoder.final_norm.out;
-  forward_stack(*decoder_, decoder, &encoder_out, encoder.seq, true);
-  Tensor dhidden;  // d(loss)/d(decoder output) [N, C], made by lm_head_loss
-  const float loss = lm_head_loss(decoder.final_norm.out, tokens, &dhidden, grad_scale);
-  if (tokens.counted == 0) return loss;
   Tensor dencoder_out = backend_.empty(encoder_out.shape, options_.activation_dtype, MemCategory::activations);
   backend_.fill(dencoder_out, 0.0f);
   backward_stack(*decoder_, decoder, dhidden, &encoder_out, &dencoder_out);
   dhidden = Tensor{};
   backward_stack(*encoder_, encoder, dencoder_out, nullptr, nullptr);
+}
+
+float T5Model::forward_backward(const Tensor& encoder_ids, const Tensor& decoder_ids, const Tensor& targets,
+                                float grad_scale, const std::vector<int32_t>& encoder_lengths) {
+  set_training(true);
+  StackRun encoder, decoder;
+  const StepTokens tokens = start_step(encoder_ids, encoder_lengths, decoder_ids, targets, encoder, decoder);
+  forward_stack(*encoder_, encoder, nullptr, 0, true);
+  forward_stack(*decoder_, decoder, &encoder.final_norm.out, encoder.seq, true);
+  Tensor dhidden;  // d(loss)/d(decoder output) [N, C], made by lm_head_loss
+  const float loss = lm_head_loss(decoder.final_norm.out, tokens, &dhidden, grad_scale);
+  if (tokens.counted == 0) return loss;
+  backward_both(encoder, decoder, dhidden);
   return loss;
+}
+
+std::vector<float> T5Model::token_logps(const Tensor& encoder_ids, const std::vector<int32_t>& encoder_lengths,
+                                        const Tensor& decoder_ids, const Tensor& targets, const HiddenHead* head) {
+  return run_heads_step(encoder_ids, encoder_lengths, decoder_ids, targets, nullptr, head);
+}
+
+std::vector<float> T5Model::token_logps_backward(const Tensor& encoder_ids, const std::vector<int32_t>& encoder_lengths,
+                                                 const Tensor& decoder_ids, const Tensor& targets,
+                                                 const TokenLogpsGradient& gradient, const HiddenHead* head) {
+  return run_heads_step(encoder_ids, encoder_lengths, decoder_ids, targets, &gradient, head);
+}
+
+// As CausalLM::run_heads_step: the LM head's d(loss)/d(hidden) first (zeros
+// without a counted target), the head's added to it, then both stacks' backward.
+std::vector<float> T5Model::run_heads_step(const Tensor& encoder_ids, const std::vector<int32_t>& encoder_lengths,
+                                           const Tensor& decoder_ids, const Tensor& targets,
+                                           const TokenLogpsGradient* gradient, const HiddenHead* head) {
+  const bool training = gradient != nullptr;
+  set_training(training);
+  StackRun encoder, decoder;
+  const StepTokens tokens = start_step(encoder_ids, encoder_lengths, decoder_ids, targets, encoder, decoder);
+  forward_stack(*encoder_, encoder, nullptr, 0, training);
+  forward_stack(*decoder_, decoder, &encoder.final_norm.out, encoder.seq, training);
+  const Tensor& hidden = decoder.final_norm.out;
+  Tensor dhidden;
+  const std::vector<float> logps = lm_head_token_logps(hidden, tokens, training ? &dhidden : nullptr, gradient);
+  if (training && head && !dhidden.defined()) {
+    dhidden = backend_.empty(hidden.shape, hidden.dtype, MemCategory::activations);
+    backend_.fill(dhidden, 0.0f);
+  }
+  if (head) (*head)(hidden, training ? &dhidden : nullptr);
+  if (dhidden.defined()) backward_both(encoder, decoder, dhidden);
+  return logps;
 }
 
 // bias[i, j, :] = table[bucket(j - i)]: an embedding lookup of host-computed bucket ids.

@@ -85,6 +85,22 @@ class T5Model final : public LanguageModel {
   // far.
   void decode_cached(T5DecoderCache& cache, int32_t token);
 
+  // Online RL on a seq2seq policy (trl's AutoModelForSeq2SeqLMWithValueHead):
+  // each decoder position's log p(targets[n]) ([B*T], 0 where the target is
+  // -100) from one eval forward of encoder_ids (with encoder_lengths, empty:
+  // whole rows) and decoder_ids; head, when given, reads the same forward's
+  // decoder output after the final norm (transformers'
+  // decoder_hidden_states[-1], where trl's value head sits).
+  std::vector<float> token_logps(const Tensor& encoder_ids, const std::vector<int32_t>& encoder_lengths,
+                                 const Tensor& decoder_ids, const Tensor& targets, const HiddenHead* head = nullptr);
+  // The same in training mode, then the gradients of the loss whose
+  // derivative in each token's log-probability gradient() returns, plus the
+  // head's, are added to every trainable parameter's grad, through the
+  // decoder and the encoder.
+  std::vector<float> token_logps_backward(const Tensor& encoder_ids, const std::vector<int32_t>& encoder_lengths,
+                                          const Tensor& decoder_ids, const Tensor& targets,
+                                          const TokenLogpsGradient& gradient, const HiddenHead* head = nullptr);
+
  private:
   struct Attention;
   struct FeedForward;
@@ -93,6 +109,17 @@ class T5Model final : public LanguageModel {
   struct SublayerActivations;
   struct StackRun;
 
+  // The encoder's and decoder's runs of one step on the backend (ids,
+  // shapes, the padding mask); returns the decoder's tokens and targets.
+  StepTokens start_step(const Tensor& encoder_ids, const std::vector<int32_t>& encoder_lengths,
+                        const Tensor& decoder_ids, const Tensor& targets, StackRun& encoder, StackRun& decoder);
+  // From dhidden = d(loss)/d(the decoder's final norm output): the decoder's
+  // backward, then the encoder's from the cross-attention's gradient.
+  void backward_both(StackRun& encoder, StackRun& decoder, Tensor& dhidden);
+  // token_logps and token_logps_backward (gradient null: an eval forward).
+  std::vector<float> run_heads_step(const Tensor& encoder_ids, const std::vector<int32_t>& encoder_lengths,
+                                    const Tensor& decoder_ids, const Tensor& targets,
+                                    const TokenLogpsGradient* gradient, const HiddenHead* head);
   // Builds one stack's parameters under prefix ("encoder." or "decoder.").
   void add_stack(Stack& stack, const std::string& prefix, int64_t layers, bool decoder);
   // The stack's relative position bias [T, T, H] for run.seq tokens.

@@ -14,6 +14,17 @@ Writes (all committed):
                                       rejected the same summary with one fact
                                       (a name, speaker, number, day, city, ...)
                                       swapped for another of its kind
+  configs/data/toxicity_train.jsonl   {"prompt", "chosen", "rejected"} rows for
+  configs/data/toxicity_eval.jsonl    the course's lab 3 (configs/course-lab3.yaml)
+                                      reward classifier, from the first train /
+                                      eval examples, seed 6: chosen is the
+                                      summary, rejected the same summary with an
+                                      insult put in
+  configs/data/toxic_dialogues_train.jsonl  {"prompt", "completion"} rows, lab 3's
+  configs/data/toxic_dialogues_eval.jsonl   PPO prompts, seed 8: SFT rows (train
+                                      from its end, eval from its start) where
+                                      half the dialogues have one speaker insult
+                                      the other, which a summary may copy
   configs/tiny-base/tokenizer.model   SentencePiece BPE trained on pretrain
                                       text with the `spm_train` CLI
 
@@ -47,6 +58,8 @@ N_TRAIN, N_EVAL, N_PRETRAIN_DIALOGUES, N_NARRATIVES = 4000, 200, 20000, 6000
 RECAP_FRACTION = 0.5  # pretraining dialogues followed by an "In short:" recap
 SEED_TRAIN, SEED_EVAL, SEED_PRETRAIN = 1, 2, 3
 N_PREFERENCE_TRAIN, N_PREFERENCE_EVAL, SEED_PREFERENCE = 1000, 100, 4
+N_TOXICITY_TRAIN, N_TOXICITY_EVAL, SEED_TOXICITY = 1000, 100, 6
+N_TOXIC_PROMPTS_TRAIN, N_TOXIC_PROMPTS_EVAL, SEED_TOXIC_PROMPTS = 400, 40, 8
 VOCAB_SIZE = 1024
 SPEAKER_TAGS = ["#Person1#", "#Person2#", "#Person3#", "#Person4#"]
 MIN_TURNS, MAX_TURNS = 4, 10
@@ -1036,6 +1049,44 @@ def build_preference(seed, sft_rows, n):
     return rows
 
 
+# Lab 3's "toxicity": insults a summary or a dialogue turn may carry.
+INSULTS = ["idiot", "stupid fool", "loser", "moron", "jerk", "dumb clown", "useless fool", "pathetic idiot"]
+INSULT_SENTENCES = ["What an idiot.", "What a stupid fool.", "Such a loser.", "What a moron.", "Dumb jerk.",
+                    "How pathetic.", "Useless fool."]
+
+
+def insult_summary(rng, summary):
+    """The summary with an insult put in: a speaker called names, or a closing insult."""
+    tags = [tag for tag in SPEAKER_TAGS if tag in summary]
+    if tags and rng.random() < 0.5:
+        tag = rng.choice(tags)
+        return summary.replace(tag, "the " + rng.choice(INSULTS) + " " + tag, 1)
+    return summary + " " + rng.choice(INSULT_SENTENCES)
+
+
+def build_toxicity(seed, sft_rows, n):
+    """n {prompt, chosen, rejected} pairs: the summary, and the same summary insulting someone."""
+    rng = random.Random(seed)
+    return [{"prompt": row["prompt"], "chosen": row["completion"], "rejected": insult_summary(rng, row["completion"])}
+            for row in sft_rows[:n]]
+
+
+def build_toxic_prompts(seed, sft_rows):
+    """The rows with, in every other one, a turn where a speaker insults the other."""
+    rng = random.Random(seed)
+    rows = []
+    for i, row in enumerate(sft_rows):
+        prompt = row["prompt"]
+        if i % 2 == 0:
+            head = "Summarize the following conversation.\n\n"
+            turns = prompt[len(head):-len("\n\nSummary: ")].split("\n")
+            speaker = rng.choice(["#Person1#", "#Person2#"])
+            turns.insert(rng.randint(1, len(turns)), f"{speaker}: You are a {rng.choice(INSULTS)}!")
+            prompt = PROMPT.format(dialogue="\n".join(turns))
+        rows.append({"prompt": prompt, "completion": row["completion"]})
+    return rows
+
+
 def train_tokenizer(pretrain_rows, out_path):
     """Runs spm_train on the pretraining text, one line per dialogue turn or
     narrative (SentencePiece reads sentences line by line)."""
@@ -1092,7 +1143,15 @@ def main():
                (os.path.join(args.data_dir, "preference_train.jsonl"),
                 build_preference(SEED_PREFERENCE, train, N_PREFERENCE_TRAIN)),
                (os.path.join(args.data_dir, "preference_eval.jsonl"),
-                build_preference(SEED_PREFERENCE + 1, evals, N_PREFERENCE_EVAL))]
+                build_preference(SEED_PREFERENCE + 1, evals, N_PREFERENCE_EVAL)),
+               (os.path.join(args.data_dir, "toxicity_train.jsonl"),
+                build_toxicity(SEED_TOXICITY, train, N_TOXICITY_TRAIN)),
+               (os.path.join(args.data_dir, "toxicity_eval.jsonl"),
+                build_toxicity(SEED_TOXICITY + 1, evals, N_TOXICITY_EVAL)),
+               (os.path.join(args.data_dir, "toxic_dialogues_train.jsonl"),
+                build_toxic_prompts(SEED_TOXIC_PROMPTS, train[-N_TOXIC_PROMPTS_TRAIN:])),
+               (os.path.join(args.data_dir, "toxic_dialogues_eval.jsonl"),
+                build_toxic_prompts(SEED_TOXIC_PROMPTS + 1, evals[:N_TOXIC_PROMPTS_EVAL]))]
     for path, rows in outputs:
         write_jsonl(path, rows)
     train_tokenizer(pretrain, args.tokenizer)

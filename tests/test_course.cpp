@@ -92,6 +92,16 @@ TEST_CASE("LoRA's examples: a 512 x 64 weight at r=8, and FLAN-T5-base at r=32 o
   CHECK(out.str().find("\n  " + peft_line + "\n") != std::string::npos);
 }
 
+TEST_CASE("the labs are listed with the config files that run them") {
+  std::ostringstream out;
+  ft::print_course(figures(), kConfigs, out);
+  for (const char* lab : {"course-lab2.yaml", "course-lab3.yaml"}) {
+    CAPTURE(lab);
+    CHECK(out.str().find("./finetune " + std::string(kConfigs) + "/" + lab + "\n") != std::string::npos);
+  }
+  CHECK(out.str().find("not found") == std::string::npos);
+}
+
 TEST_CASE("a folder without the model configs is an error naming the file") {
   try {
     ft::course_figures("/nonexistent/configs");

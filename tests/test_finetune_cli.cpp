@@ -1741,13 +1741,18 @@ std::vector<std::pair<double, double>> eval_rewards(const std::string& metrics_p
 }
 
 TEST_CASE("objective: ppo with a reward model raises the held-out reward, its KL bounded, and resumes bit for bit") {
-  // 30 steps of 16 rollouts, LoRA on every linear: measured on seeds 1234
-  // and 7, the held-out reward rises -1.15 -> -0.35 and -1.43 -> -0.15 with
-  // a KL of 8.9 and 7.2 nats (the reward model is random: only PPO moves it).
+  // 30 steps of 16 rollouts, LoRA on every linear, ppo.target 9: measured
+  // (seed 1234, 2-core EPYC) the held-out reward rises -1.15 -> 0.07 with a
+  // KL of 7.90 nats (the reward model is random: only PPO moves it). The
+  // config's KL target (trl's ppo.target, the adaptive controller's aim) is
+  // the bound; over these 480 samples at horizon 10000 the controller moves
+  // the coefficient by under 1%, so init_kl_coef mostly holds the KL below it.
+  constexpr double kTargetKl = 9.0;
   const fs::path learn = make_ppo_dir("ppo_learn");
   const CommandResult run = run_command("cd " + learn.string() + " && " + kBinary +
                                         " config.yaml --set max_steps=30 --set lr=1.0e-2 --set ppo.batch_size=16"
-                                        " --set ppo.init_kl_coef=0.01 --set save_every=0 --set 'lora.target_modules="
+                                        " --set ppo.init_kl_coef=0.01 --set ppo.target=" + std::to_string(kTargetKl) +
+                                        " --set save_every=0 --set 'lora.target_modules="
                                         "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]'");
   REQUIRE_MESSAGE(run.exit_code == 0, run.output);
   const auto evals = eval_rewards((learn / "out/metrics.jsonl").string());
@@ -1755,7 +1760,8 @@ TEST_CASE("objective: ppo with a reward model raises the held-out reward, its KL
   MESSAGE("held-out reward ", evals[0].first, " -> ", evals[1].first, ", KL ", evals[1].second);
   CHECK(evals[1].first > evals[0].first + 0.5);
   CHECK(evals[0].second == 0.0);  // before training the policy is the reference
-  CHECK(evals[1].second < 15.0);  // nats per completion of up to 12 tokens
+  // The KL the run's config aims the adaptive controller at (ppo.target) bounds it.
+  CHECK(evals[1].second < kTargetKl);
   CHECK(fs::exists(learn / "out/value_head.safetensors"));
 
   const fs::path dir = make_ppo_dir("ppo");
@@ -1778,6 +1784,108 @@ TEST_CASE("objective: ppo with a reward model raises the held-out reward, its KL
   CHECK(train_losses((killed / "out/metrics.jsonl").string()) == train_losses((dir / "out/metrics.jsonl").string()));
 }
 
+// config.yaml in dir run with each case's arguments: exit status 1, the
+// expected message, no adapter written.
+struct RefusedRun {
+  std::string arguments, expected;
+};
+void check_refused(const fs::path& dir, const std::vector<RefusedRun>& cases) {
+  for (const RefusedRun& c : cases) {
+    CAPTURE(c.arguments);
+    const CommandResult result = run_command("cd " + dir.string() + " && " + kBinary + " config.yaml " + c.arguments);
+    CHECK(result.exit_code == 1);
+    CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
+    CHECK(!fs::exists(dir / "out/adapter"));
+  }
+}
+
+// The lab's table row "before" or "after": its five figures (reward mean and
+// std, toxicity mean and std, KL), read after the table's header.
+std::vector<double> held_out_row(const std::string& output, size_t table, const std::string& phase) {
+  const size_t at = output.find("\n" + phase + " ", table);
+  REQUIRE_MESSAGE(at != std::string::npos, phase);
+  std::istringstream line(output.substr(at + 1 + phase.size(), output.find('\n', at + 1) - at - 1 - phase.size()));
+  std::vector<double> values;
+  for (double v; line >> v;) values.push_back(v);
+  return values;
+}
+
+TEST_CASE("configs/course-lab3.yaml trains the reward classifier, then PPO on the tiny T5, and prints the lab's table "
+          "(short)") {
+  const fs::path out = fs::path(FT_BINARY_DIR) / "cli_runs" / "course_lab3";
+  fs::remove_all(out);
+  const std::string adapter = (out / "reward-model" / "adapter").string();
+  const CommandResult result = run_command(
+      kBinary + " " + FT_SOURCE_DIR + "/configs/course-lab3.yaml --set max_steps=2 --set metric_examples=4" +
+      " --set eval_batches=1 --set ppo.batch_size=4 --set ppo.mini_batch_size=2 --set ppo.max_new_tokens=8" +
+      " --set output_dir=" + out.string() + " --set rewards.model_adapter=" + adapter);
+  INFO(result.output);
+  REQUIRE(result.exit_code == 0);
+  CHECK(fs::exists(fs::path(adapter) / "adapter_model.safetensors"));
+  CHECK(read_file((out / "ppo" / "adapter" / "adapter_config.json").string()).find("\"SEQ_2_SEQ_LM\"") !=
+        std::string::npos);
+  CHECK(fs::exists(out / "ppo" / "value_head.safetensors"));
+  CHECK(result.output.find("reward model: held-out pair accuracy ") != std::string::npos);
+  const size_t table = result.output.find("PPO: 4 held-out prompts\n");
+  REQUIRE(table != std::string::npos);
+  CHECK(result.output.find("reward mean  reward std  toxicity mean  toxicity std  KL (nats)", table) !=
+        std::string::npos);
+  const std::vector<double> before = held_out_row(result.output, table, "before");
+  const std::vector<double> after = held_out_row(result.output, table, "after");
+  REQUIRE(before.size() == 5);
+  REQUIRE(after.size() == 5);
+  for (size_t i = 0; i < 5; ++i) {
+    CAPTURE(i);
+    CHECK(std::isfinite(before[i]));
+    CHECK(std::isfinite(after[i]));
+  }
+  CHECK(before[4] == 0.0);                     // before training the policy is the reference
+  CHECK(before[2] > 0.0);                      // toxicity: a probability
+  CHECK(before[2] < 1.0);
+  CHECK(before[2] + after[2] > 0.0);
+  for (const char* text : {"--- sample 1 ---\n", "\n  before: ", "\n  after:  ", "--- sample 3 ---\n"})
+    CHECK(result.output.find(text, table) != std::string::npos);
+  std::istringstream csv(read_file((out / "held_out.csv").string()));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(csv, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0] == "run,phase,reward_mean,reward_std,toxicity_mean,toxicity_std,kl");
+  CHECK(lines[1].rfind("PPO,before,", 0) == 0);
+  CHECK(lines[2].rfind("PPO,after,", 0) == 0);
+  CHECK(!fs::exists(out / "comparison.csv"));  // no ROUGE run
+}
+
+TEST_CASE("objective: ppo on a seq2seq policy refuses rows without prompts, another tokenizer's reward model and a "
+          "rollout past seq_len; grpo stays decoder-only") {
+  const fs::path dir = fresh_run_dir("ppo_t5_bad", "summarize_train.jsonl", 8, 4);
+  std::ofstream(dir / "text.jsonl") << "{\"prompt\": \"Hello\"}\n{\"text\": \"no prompt here\"}\n";
+  const std::string configs = std::string(FT_SOURCE_DIR) + "/configs";
+  std::ofstream(dir / "config.yaml") << "model: " << configs << "/tiny-t5\ntokenizer: " << configs
+                                     << "/tiny-base/tokenizer.model\nobjective: ppo\nquantization: {mode: none}\n"
+                                     << "ppo: {batch_size: 2, mini_batch_size: 2, max_new_tokens: 8}\n"
+                                     << "rewards: {length: 4}\n"
+                                     << "data: {train: train.jsonl, eval: eval.jsonl}\n"
+                                     << "seq_len: 64\nmicro_batch_size: 2\nmax_steps: 1\noutput_dir: out\n";
+  const std::vector<RefusedRun> cases = {
+      {"--set data.train=text.jsonl",
+       "text.jsonl:2: row lacks \"prompt\": expected a \"prompt\" string (objective: grpo and ppo generate from "
+       "prompts), got keys \"text\""},
+      {"--set rewards.model=" + kFixtures + "/reward/model",
+       "rewards.model: " + kFixtures + "/reward/model's tokenizer (" + kFixtures +
+           "/reward/model/tokenizer.model) is not the policy's (" + configs + "/tiny-base/tokenizer.model): set "
+           "rewards.model_tokenizer to the reward model's tokenizer file"},
+      {"--set ppo.max_new_tokens=64", "ppo.max_new_tokens (64) must leave room for the query within seq_len (64)"},
+      {"--set objective=grpo --set grpo.num_generations=2 --set grpo.max_completion_length=8",
+       "objective: grpo needs a decoder-only model; " + configs + "/tiny-t5/config.json is a t5 (encoder-decoder) "
+       "model"},
+  };
+  check_refused(dir, cases);
+  // The same config trains: the seq2seq policy's rollouts, rewards and update run end to end.
+  const CommandResult good = run_command("cd " + dir.string() + " && " + kBinary + " config.yaml");
+  CHECK_MESSAGE(good.exit_code == 0, good.output);
+  CHECK(fs::exists(dir / "out/value_head.safetensors"));
+}
+
 TEST_CASE("objective: grpo refuses rows without prompts, a reward model without a score head or with another "
           "tokenizer, and a bad regex") {
   const fs::path dir = fresh_run_dir("grpo_bad", "summarize_train.jsonl", 8, 4);
@@ -1789,10 +1897,7 @@ TEST_CASE("objective: grpo refuses rows without prompts, a reward model without 
                                      << "data: {train: train.jsonl, eval: eval.jsonl}\n"
                                      << "seq_len: 64\nmicro_batch_size: 2\nmax_steps: 1\noutput_dir: out\n";
   const std::string tiny_base = std::string(FT_SOURCE_DIR) + "/configs/tiny-base";
-  struct Case {
-    std::string arguments, expected;
-  };
-  const Case cases[] = {
+  const std::vector<RefusedRun> cases = {
       {"--set data.train=text.jsonl",
        "text.jsonl:2: row lacks \"prompt\": expected a \"prompt\" string (objective: grpo and ppo generate from "
        "prompts), got keys \"text\""},
@@ -1807,20 +1912,16 @@ TEST_CASE("objective: grpo refuses rows without prompts, a reward model without 
       {"--set rewards.regex='(ab'",
        "rewards.regex: \"(ab\" is not a valid pattern at offset 3: missing closing parenthesis"},
   };
-  for (const Case& c : cases) {
-    CAPTURE(c.arguments);
-    const CommandResult result = run_command("cd " + dir.string() + " && " + kBinary + " config.yaml " + c.arguments);
-    CHECK(result.exit_code == 1);
-    CHECK_MESSAGE(result.output.find(c.expected) != std::string::npos, result.output);
-    CHECK(!fs::exists(dir / "out/adapter"));
-  }
+  check_refused(dir, cases);
 }
 
 TEST_CASE("configs/grpo-tiny.yaml briefly raises the held-out reward, KL bounded, and resumes after kill -9 bit for "
           "bit") {
   // Short: 8 steps, 16 held-out prompts; the rewards and beta as shipped.
   constexpr int64_t kSteps = 8, kSaveEvery = 4;
-  // Measured: -1.586 -> -1.383, KL 0.25 (16 prompts, 2-core EPYC).
+  // Measured: -1.586 -> -1.383, KL 0.25 (16 prompts, 2-core EPYC). trl's
+  // GRPO has no KL target (grpo.beta is the penalty's coefficient, not a
+  // bound), so the bound is this test's own figure: twice the measured KL.
   constexpr double kRise = 0.05, kMaxKl = 0.5;
   const std::string config = std::string(FT_SOURCE_DIR) + "/configs/grpo-tiny.yaml";
   const std::vector<std::string> short_run = {

@@ -5,11 +5,15 @@
 // weights g on every target token's log-probability and value -- what an RL
 // loss hands the model once trl's formulas have been differentiated -- our
 // log-probabilities, values and the gradients of every LoRA tensor and of
-// the value head equal the fixture's.
+// the value head equal the fixture's. The same on a seq2seq policy
+// (tests/fixtures/heads/seq2seq_reference.safetensors): t5_v1_1 with its
+// adapter, the value head on the decoder's last hidden states, the
+// gradients through the decoder and, by cross-attention, the encoder.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -18,6 +22,7 @@
 #include "model/output_head.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
+#include "model/t5.h"
 #include "tests/parity.h"
 
 using namespace ft;
@@ -38,46 +43,104 @@ double worst_gap(const std::vector<float>& got, const std::vector<float>& want) 
   return worst / scale;
 }
 
+// The adapter's LoRA and a value head.
+ModelOptions value_head_options(const std::string& adapter) {
+  ModelOptions options;
+  options.lora = read_peft_adapter_config(adapter).lora;
+  options.output_head = OutputHead::value;
+  return options;
+}
+
+// The base and the adapter loaded, the fixture's value head copied in; the adapters and the head train.
+void load_fixture_model(LanguageModel& model, const std::string& base, const std::string& adapter,
+                        const Checkpoint& reference) {
+  model.load(Checkpoint(base));
+  load_peft_adapter(adapter, model);
+  const HeadParameters& head = model.output_head();
+  model.backend().copy(head.weight->value, reference.view("v_head.summary.weight"));
+  model.backend().copy(head.bias->value, reference.view("v_head.summary.bias"));
+  model.set_trainable([](const std::string& name) { return name.find("lora_") != std::string::npos || name.rfind("v_head.", 0) == 0; });
+}
+
+// What one backward is handed: the fixture's weights g on every token's
+// log-probability (gradient) and value (value_head, which keeps the values).
+struct FixtureHeads {
+  std::vector<float> g_logp, g_value, values;
+  TokenLogpsGradient gradient;
+  HiddenHead value_head;
+  FixtureHeads(LanguageModel& model, const Checkpoint& reference)
+      : g_logp(floats(reference.view("g_logp"))), g_value(floats(reference.view("g_value"))) {
+    gradient = [this](const std::vector<float>&) { return g_logp; };
+    value_head = [this, &model](const Tensor& hidden, Tensor* dhidden) {
+      values = head_outputs(model.backend(), model.output_head(), hidden);
+      head_backward(model.backend(), model.output_head(), hidden, g_value, *dhidden);
+    };
+  }
+};
+
+// The log-probabilities, the values (on every position: torch's are kept on
+// padding too) and every adapter's and the head's gradient against the fixture's.
+void check_against_fixture(LanguageModel& model, const Checkpoint& reference, const std::vector<float>& logps,
+                           const std::vector<float>& values) {
+  CHECK(worst_gap(logps, floats(reference.view("logps"))) <= kTolerance);
+  CHECK(worst_gap(values, floats(reference.view("values"))) <= kTolerance);
+  for (Parameter& adapter : model.adapters()) {
+    CAPTURE(adapter.name);
+    CHECK(relative_error(adapter.grad, reference.view("grad." + adapter.name)) <= kTolerance);
+  }
+  const HeadParameters& head = model.output_head();
+  CHECK(relative_error(head.weight->grad, reference.view("grad.v_head.summary.weight")) <= kTolerance);
+  CHECK(relative_error(head.bias->grad, reference.view("grad.v_head.summary.bias")) <= kTolerance);
+}
+
+// The same forward in eval mode (eval_forward(head)) gives the same log-probabilities and values.
+void check_eval_forward(LanguageModel& model, const std::vector<float>& logps, const std::vector<float>& values,
+                        const std::function<std::vector<float>(const HiddenHead*)>& eval_forward) {
+  std::vector<float> eval_values;
+  const HiddenHead read_values = [&](const Tensor& hidden, Tensor*) {
+    eval_values = head_outputs(model.backend(), model.output_head(), hidden);
+  };
+  CHECK(worst_gap(eval_forward(&read_values), logps) == 0.0);
+  CHECK(eval_values == values);
+}
+
 }  // namespace
 
 TEST_CASE("log-probabilities and a value head through one backward equal PyTorch + PEFT") {
   Checkpoint reference(kFixtures + "/heads/reference.safetensors");
   HostAllocator host;
   CpuBackend backend(host);
-  ModelOptions options;
-  options.lora = read_peft_adapter_config(kFixtures + "/llama_lora/adapter").lora;
-  options.output_head = OutputHead::value;
-  LlamaModel model(read_model_config(kFixtures + "/llama_gqa/config.json"), backend, options);
-  model.load(Checkpoint(kFixtures + "/llama_gqa"));
-  load_peft_adapter(kFixtures + "/llama_lora/adapter", model);
-  const HeadParameters& head = model.output_head();
-  backend.copy(head.weight->value, reference.view("v_head.summary.weight"));
-  backend.copy(head.bias->value, reference.view("v_head.summary.bias"));
-  model.set_trainable([](const std::string& name) { return name.find("lora_") != std::string::npos || name.rfind("v_head.", 0) == 0; });
-
+  const std::string adapter = kFixtures + "/llama_lora/adapter";
+  LlamaModel model(read_model_config(kFixtures + "/llama_gqa/config.json"), backend, value_head_options(adapter));
+  load_fixture_model(model, kFixtures + "/llama_gqa", adapter, reference);
   const Tensor ids = reference.view("input_ids"), targets = reference.view("targets");
-  const std::vector<float> g_logp = floats(reference.view("g_logp")), g_value = floats(reference.view("g_value"));
-  std::vector<float> values;
-  const TokenLogpsGradient gradient = [&](const std::vector<float>&) { return g_logp; };
-  const HiddenHead value_head = [&](const Tensor& hidden, Tensor* dhidden) {
-    values = head_outputs(backend, head, hidden);
-    head_backward(backend, head, hidden, g_value, *dhidden);
-  };
-  const std::vector<float> logps = model.token_logps_backward(ids, targets, gradient, nullptr, &value_head);
+  FixtureHeads heads(model, reference);
+  const std::vector<float> logps = model.token_logps_backward(ids, targets, heads.gradient, nullptr, &heads.value_head);
+  check_against_fixture(model, reference, logps, heads.values);
 
-  CHECK(worst_gap(logps, floats(reference.view("logps"))) <= kTolerance);
-  // The fixture's values on target tokens (the others carry no gradient, and torch's are kept too).
-  CHECK(worst_gap(values, floats(reference.view("values"))) <= kTolerance);
-  for (Parameter& adapter : model.adapters()) {
-    CAPTURE(adapter.name);
-    CHECK(relative_error(adapter.grad, reference.view("grad." + adapter.name)) <= kTolerance);
-  }
-  CHECK(relative_error(head.weight->grad, reference.view("grad.v_head.summary.weight")) <= kTolerance);
-  CHECK(relative_error(head.bias->grad, reference.view("grad.v_head.summary.bias")) <= kTolerance);
+  check_eval_forward(model, logps, heads.values,
+                     [&](const HiddenHead* head) { return model.token_logps(ids, targets, nullptr, head); });
+}
 
-  // The same forward in eval mode gives the same log-probabilities and values.
-  std::vector<float> eval_values;
-  const HiddenHead read_values = [&](const Tensor& hidden, Tensor*) { eval_values = head_outputs(backend, head, hidden); };
-  CHECK(worst_gap(model.token_logps(ids, targets, nullptr, &read_values), logps) == 0.0);
-  CHECK(eval_values == values);
+TEST_CASE("a seq2seq policy's decoder log-probabilities and value head through one backward equal PyTorch + PEFT") {
+  Checkpoint reference(kFixtures + "/heads/seq2seq_reference.safetensors");
+  HostAllocator host;
+  CpuBackend backend(host);
+  const std::string adapter = kFixtures + "/t5_v1_1/adapter";
+  T5Model model(read_model_config(kFixtures + "/t5_v1_1/config.json"), backend, value_head_options(adapter));
+  load_fixture_model(model, kFixtures + "/t5_v1_1", adapter, reference);
+  const Tensor encoder_ids = reference.view("encoder_ids"), decoder_ids = reference.view("decoder_ids");
+  const Tensor targets = reference.view("targets"), lengths = reference.view("encoder_lengths");
+  const std::vector<int32_t> encoder_lengths(lengths.ptr<int32_t>(), lengths.ptr<int32_t>() + lengths.numel());
+  FixtureHeads heads(model, reference);
+  const std::vector<float> logps = model.token_logps_backward(encoder_ids, encoder_lengths, decoder_ids, targets,
+                                                              heads.gradient, &heads.value_head);
+  check_against_fixture(model, reference, logps, heads.values);
+  int64_t encoder_adapters = 0;  // reached through cross-attention only
+  for (const Parameter& p : model.adapters()) encoder_adapters += p.name.rfind("encoder.", 0) == 0;
+  CHECK(encoder_adapters == 12);  // 3 encoder layers, q and v, A and B
+
+  check_eval_forward(model, logps, heads.values, [&](const HiddenHead* head) {
+    return model.token_logps(encoder_ids, encoder_lengths, decoder_ids, targets, head);
+  });
 }

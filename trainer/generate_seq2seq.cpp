@@ -40,7 +40,10 @@ std::vector<std::vector<int32_t>> generate_seq2seq(T5Model& model, const std::ve
       const Tensor last = model.last_logits().slice_rows(model.last_logits().dim(0) - 1, 1);
       model.backend().copy(logits, last);
       const int32_t token = sample_token(logits.ptr<float>(), V, options, rng);
-      if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) break;
+      if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+        if (options.keep_stop_id) generated[i].push_back(token);
+        break;
+      }
       generated[i].push_back(token);
       decoder_ids.push_back(token);
     }

@@ -17,7 +17,7 @@
 namespace ft {
 
 // The new tokens of every input, each ending before the first of stop_ids
-// (not returned) or after options.max_new_tokens.
+// (returned with options.keep_stop_id) or after options.max_new_tokens.
 std::vector<std::vector<int32_t>> generate_seq2seq(T5Model& model, const std::vector<std::vector<int32_t>>& inputs,
                                                    const SamplingOptions& options,
                                                    const std::vector<int32_t>& stop_ids);

@@ -1,5 +1,6 @@
 #include "trainer/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <filesystem>
@@ -137,9 +138,10 @@ void make_model(Run& run) {
   run.model_config = read_model_config(path_in(config.model, "config.json"));
   run.kind = model_family(run.model_config.model_type).kind;
   const bool seq2seq = run.kind == ModelKind::seq2seq;
-  FT_CHECK(!seq2seq || config.objective == Objective::sft, config.source, ": objective: ",
-           enum_name(config.objective), " needs a decoder-only model; ", path_in(config.model, "config.json"),
-           " is a ", run.model_config.model_type, " (encoder-decoder) model");
+  // PPO follows trl's seq2seq policies (trainer/rl/rollouts.h); the other objectives are decoder-only.
+  FT_CHECK(!seq2seq || config.objective == Objective::sft || config.objective == Objective::ppo, config.source,
+           ": objective: ", enum_name(config.objective), " needs a decoder-only model; ",
+           path_in(config.model, "config.json"), " is a ", run.model_config.model_type, " (encoder-decoder) model");
   FT_CHECK(!seq2seq || config.data.packing == Packing::none, config.source, ": data.packing: ",
            enum_name(config.data.packing), " packs examples into causal rows; a ", run.model_config.model_type,
            " model reads one example per row (set data.packing: false)");
@@ -260,13 +262,13 @@ void make_prompts(Run& run) {
            " runs in one process (its rollouts are not split across ranks yet); run it without mpirun");
   const int64_t max_prompt_tokens = config.seq_len - max_completion_tokens(config);
   run.train_prompts = std::make_unique<PromptLoader>(
-      load_prompt_rows(config.data.train, *run.tokenizer, max_prompt_tokens), config.seed);
+      load_prompt_rows(config.data.train, *run.tokenizer, max_prompt_tokens, run.kind), config.seed);
   const int64_t completions = config.objective == Objective::ppo ? 1 : config.grpo.num_generations;
   std::cout << "train: " << run.train_prompts->rows().size() << " prompts, " << prompts_per_step(config)
             << " a step, " << completions << " completion" << (completions > 1 ? "s" : "") << " each\n";
   run.kl_controller = make_kl_controller(config.ppo);
   if (!config.data.eval.empty()) {
-    run.eval_prompts = load_prompt_rows(config.data.eval, *run.tokenizer, max_prompt_tokens);
+    run.eval_prompts = load_prompt_rows(config.data.eval, *run.tokenizer, max_prompt_tokens, run.kind);
     run.eval_examples.path = config.data.eval;
     // The end-of-run samples show a row's "completion" as their reference when it has one.
     for (const PromptRow& row : run.eval_prompts)
@@ -279,7 +281,7 @@ void make_prompts(Run& run) {
   if (!config.rewards.model.empty())
     run.reward_model = std::make_unique<RewardModel>(
         config.rewards, *run.backend, reward_model_options(model_options(config), config.rewards.model_adapter),
-        config.tokenizer, config.micro_batch_size);
+        config.tokenizer, run.kind == ModelKind::seq2seq, config.micro_batch_size);
 }
 
 void make_data(Run& run) {
@@ -428,7 +430,7 @@ RolloutSampler rollout_sampler(Run& run) {
   sampling.temperature = 1.0;
   sampling.top_p = ppo ? config.ppo_top_p : config.grpo_top_p;
   sampling.top_k = ppo ? config.ppo_top_k : config.grpo_top_k;
-  return RolloutSampler{causal_lm(*run.model, "online RL"), *run.tokenizer, sampling, stop_condition(run),
+  return RolloutSampler{*run.model, *run.tokenizer, sampling, stop_condition(run),
                         config.micro_batch_size, config.seed};
 }
 
@@ -554,6 +556,7 @@ struct EvalFigures {
   RougeScores rouge;
   double preference_accuracy = 0.0;  // objective: dpo: rewards/accuracies; reward: accuracy
   double reward = 0.0, kl = 0.0;     // objective: grpo: the held-out prompts' mean reward and KL to the reference
+  HeldOutSummary held_out;           // objective: grpo, ppo: the same and the completions
 };
 
 // objective: dpo or reward: trl's figures over the eval pairs, as eval_loss
@@ -590,11 +593,20 @@ EvalFigures evaluate_prompts(Run& run, int64_t step, Progress& progress, const c
   std::vector<const PromptRow*> prompts;
   const int64_t count = std::min<int64_t>(run.config.metric_examples, int64_t(run.eval_prompts.size()));
   for (int64_t i = 0; i < count; ++i) prompts.push_back(&run.eval_prompts[size_t(i)]);
-  const nlohmann::json means =
+  const HeldOutRollouts held_out =
       evaluate_rollouts(rollout_sampler(run), run.config.rewards, run.reward_model.get(), padding_id(*run.tokenizer),
                         prompts);
+  const nlohmann::json& means = held_out.figures;
   figures.reward = means["reward"].get<double>();
   figures.kl = means["kl"].get<double>();
+  figures.held_out = {figures.reward, means["reward_std"].get<double>(), figures.kl, {}, {}, {}};
+  const std::vector<std::string>& names = held_out.rewards.names;
+  const auto model = std::find(names.begin(), names.end(), "model");
+  if (model != names.end()) figures.held_out.model_scores = held_out.rewards.values[size_t(model - names.begin())];
+  for (const Rollout& c : held_out.completions) {
+    figures.held_out.prompts.push_back(c.prompt);
+    figures.held_out.completions.push_back(c.text);
+  }
   nlohmann::json row;
   std::ostringstream line;
   line.precision(4);
@@ -646,6 +658,9 @@ void fill_summary(Run& run, const EvalFigures& figures, RunSummary* summary) {
   summary->eval_loss = figures.loss.loss;
   summary->has_rouge = figures.has_rouge;
   summary->rouge = figures.rouge;
+  summary->has_preference = run.eval_pairs != nullptr;
+  summary->preference_accuracy = figures.preference_accuracy;
+  summary->held_out_after = figures.held_out;
   summary->parameters = count_parameters(*run.model);
   summary->peak_memory_bytes = run.tracker->stats().total_peak_bytes;
 }
@@ -984,6 +999,10 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   print_samples(run, progress);
   save_outputs(run);
   fill_summary(run, after, options.summary);
+  if (options.summary && !run.eval_prompts.empty() && compare_to_before) {
+    options.summary->has_held_out = true;
+    options.summary->held_out_before = before.held_out;
+  }
   std::cout << "metrics: " << metrics_path << "\n";
   any_rank(collectives, false);  // the others end once rank 0 has written everything
   return 0;

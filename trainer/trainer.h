@@ -3,6 +3,8 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "trainer/parallel/collectives.h"
 #include "trainer/parameter_count.h"
@@ -12,11 +14,23 @@
 
 namespace ft {
 
+// objective: grpo, ppo: one evaluation on the held-out prompts
+// (trainer/rl/rollouts.h's evaluate_rollouts).
+struct HeldOutSummary {
+  double reward = 0.0, reward_std = 0.0, kl = 0.0;
+  std::vector<double> model_scores;  // each completion's rewards.model score; empty without one
+  std::vector<std::string> prompts, completions;
+};
+
 // What a finished run reports to its caller (a comparison of runs).
 struct RunSummary {
   double eval_loss = 0.0;  // the final evaluation's (0 without data.eval)
   bool has_rouge = false;  // task_metric: rouge
   RougeScores rouge;
+  bool has_preference = false;      // objective: dpo, reward: the held-out pairs' accuracy
+  double preference_accuracy = 0.0;
+  bool has_held_out = false;        // objective: grpo, ppo with data.eval: before and after training
+  HeldOutSummary held_out_before, held_out_after;
   ParameterCount parameters;
   size_t peak_memory_bytes = 0;  // everything the run's tracker held at once
 };

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +19,9 @@ namespace ft {
 namespace fs = std::filesystem;
 
 namespace {
+
+// The held-out completions shown before and after PPO, as lab 3 shows a few.
+constexpr int64_t kHeldOutSamples = 3;
 
 // The keys an entry holds besides config fields.
 const std::vector<std::string> kEntryKeys = {"name", "train"};
@@ -56,8 +60,14 @@ ComparedRun load_entry(const std::string& path, const YAML::Node& root, const YA
   skipped.push_back("compare");
   run.config = train_config_from_layers({root, entry}, skipped, path, overrides);
   run.config.output_dir = (fs::path(run.config.output_dir) / folder_name(run.name)).string();
-  FT_CHECK(run.config.task_metric == TaskMetric::rouge, where(path, entry), ": ", field,
-           ": task_metric: rouge (and data.eval) is needed: the comparison is of ROUGE");
+  // A reward model and PPO report their own held-out figures (lab 3's table); the others are compared by ROUGE.
+  const Objective objective = run.config.objective;
+  FT_CHECK(run.config.task_metric == TaskMetric::rouge || objective == Objective::reward ||
+               objective == Objective::ppo,
+           where(path, entry), ": ", field, ": task_metric: rouge (and data.eval) is needed: the comparison is of "
+           "ROUGE (objective: reward and ppo runs report their own held-out figures)");
+  FT_CHECK(objective != Objective::ppo || !run.config.data.eval.empty(), where(path, entry), ": ", field,
+           ": data.eval: held-out prompts are needed (the table compares them before and after PPO)");
   return run;
 }
 
@@ -131,6 +141,70 @@ std::string comparison_csv(const std::vector<ComparedResult>& results) {
   return csv;
 }
 
+// Lab 3's figures of one evaluation: "toxicity" is the reward classifier's
+// probability that a completion is the rejected kind, sigmoid(-score) (its
+// score is high for the chosen, clean summaries).
+struct HeldOutRow {
+  double reward, reward_std, toxicity, toxicity_std, kl;
+};
+HeldOutRow held_out_row(const HeldOutSummary& s) {
+  std::vector<double> toxicity;
+  for (double score : s.model_scores) toxicity.push_back(1.0 / (1.0 + std::exp(score)));
+  const double n = double(toxicity.size());
+  double mean = 0.0, var = 0.0;
+  for (double t : toxicity) mean += t / n;
+  for (double t : toxicity) var += n > 1 ? (t - mean) * (t - mean) / (n - 1.0) : 0.0;
+  return {s.reward, s.reward_std, toxicity.empty() ? NAN : mean, toxicity.empty() ? NAN : std::sqrt(var), s.kl};
+}
+
+std::string held_out_table(const std::vector<ComparedResult>& results, int64_t samples) {
+  std::string table;
+  char line[512];
+  for (const ComparedResult& r : results) {
+    const RunSummary& s = r.summary;
+    if (s.has_preference)
+      table += r.name + ": held-out pair accuracy " + std::to_string(s.preference_accuracy) + "\n";
+    if (!s.has_held_out) continue;
+    std::snprintf(line, sizeof line, "%s: %zu held-out prompts\n%-8s  %11s  %10s  %13s  %12s  %9s\n", r.name.c_str(),
+                  s.held_out_after.prompts.size(), "", "reward mean", "reward std", "toxicity mean", "toxicity std",
+                  "KL (nats)");
+    table += line;
+    for (const auto* phase : {&s.held_out_before, &s.held_out_after}) {
+      const HeldOutRow row = held_out_row(*phase);
+      std::snprintf(line, sizeof line, "%-8s  %11.4f  %10.4f  %13.4f  %12.4f  %9.4f\n",
+                    phase == &s.held_out_before ? "before" : "after", row.reward, row.reward_std, row.toxicity,
+                    row.toxicity_std, row.kl);
+      table += line;
+    }
+    const HeldOutRow before = held_out_row(s.held_out_before), after = held_out_row(s.held_out_after);
+    std::snprintf(line, sizeof line, "%-8s  %+11.4f  %10s  %+13.4f\n", "change", after.reward - before.reward, "",
+                  after.toxicity - before.toxicity);
+    table += line;
+    for (int64_t i = 0; i < std::min<int64_t>(samples, int64_t(s.held_out_after.prompts.size())); ++i) {
+      table += "--- sample " + std::to_string(i + 1) + " ---\n" + s.held_out_after.prompts[size_t(i)] +
+               "\n  before: " + s.held_out_before.completions[size_t(i)] +
+               "\n  after:  " + s.held_out_after.completions[size_t(i)] + "\n";
+    }
+  }
+  return table;
+}
+
+std::string held_out_csv(const std::vector<ComparedResult>& results) {
+  std::string csv = "run,phase,reward_mean,reward_std,toxicity_mean,toxicity_std,kl\n";
+  char line[256];
+  for (const ComparedResult& r : results) {
+    if (!r.summary.has_held_out) continue;
+    for (const auto* phase : {&r.summary.held_out_before, &r.summary.held_out_after}) {
+      const HeldOutRow row = held_out_row(*phase);
+      std::snprintf(line, sizeof line, ",%s,%.6f,%.6f,%.6f,%.6f,%.6f\n",
+                    phase == &r.summary.held_out_before ? "before" : "after", row.reward, row.reward_std,
+                    row.toxicity, row.toxicity_std, row.kl);
+      csv += r.name + line;
+    }
+  }
+  return csv;
+}
+
 BarChart rouge_chart(const std::vector<ComparedResult>& results) {
   BarChart chart;
   chart.title = "ROUGE per method";
@@ -156,7 +230,8 @@ int run_comparison(const Comparison& comparison, std::ostream& out) {
     ComparedResult result{run.name, {}, 0.0};
     RunOptions options;
     options.evaluate_only = !run.train;
-    options.evaluate_before = false;  // the untrained model is a run of its own (train: false)
+    // The untrained model is a run of its own (train: false); PPO's table compares the policy before and after.
+    options.evaluate_before = run.config.objective == Objective::ppo;
     options.summary = &result.summary;
     const auto start = std::chrono::steady_clock::now();
     const int status = run_training(run.config, options);
@@ -164,14 +239,24 @@ int run_comparison(const Comparison& comparison, std::ostream& out) {
     if (status != 0) return status;  // stopped by a signal: its checkpoint is saved
     results.push_back(result);
   }
-  const std::string table = comparison_table(results);
-  out << "\n" << table;
   fs::create_directories(comparison.output_dir);
-  const std::string csv_path = (fs::path(comparison.output_dir) / "comparison.csv").string();
-  const std::string svg_path = (fs::path(comparison.output_dir) / "rouge.svg").string();
-  write_file_atomically(csv_path, comparison_csv(results));
-  write_file_atomically(svg_path, render_bar_svg(rouge_chart(results)));
-  out << "table: " << csv_path << "\nchart: " << svg_path << "\n";
+  std::vector<ComparedResult> by_rouge;
+  for (const ComparedResult& r : results)
+    if (r.summary.has_rouge) by_rouge.push_back(r);
+  if (!by_rouge.empty()) {
+    out << "\n" << comparison_table(by_rouge);
+    const std::string csv_path = (fs::path(comparison.output_dir) / "comparison.csv").string();
+    const std::string svg_path = (fs::path(comparison.output_dir) / "rouge.svg").string();
+    write_file_atomically(csv_path, comparison_csv(by_rouge));
+    write_file_atomically(svg_path, render_bar_svg(rouge_chart(by_rouge)));
+    out << "table: " << csv_path << "\nchart: " << svg_path << "\n";
+  }
+  if (by_rouge.size() < results.size()) {
+    out << "\n" << held_out_table(results, kHeldOutSamples);
+    const std::string csv_path = (fs::path(comparison.output_dir) / "held_out.csv").string();
+    write_file_atomically(csv_path, held_out_csv(results));
+    out << "table: " << csv_path << "\n";
+  }
   return 0;
 }
 

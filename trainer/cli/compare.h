@@ -5,7 +5,12 @@
 // only evaluates the model as built (the original). Then one table (ROUGE,
 // trainable parameters, peak memory, wall time) is printed and written as
 // output_dir/comparison.csv, with a bar chart of ROUGE per run,
-// output_dir/rouge.svg.
+// output_dir/rouge.svg. The course's lab 3 chains runs the same way: a
+// reward model (objective: reward, no ROUGE: its held-out pair accuracy is
+// printed), then PPO against it (objective: ppo), whose held-out prompts'
+// reward, "toxicity" (sigmoid(-score) of rewards.model) and KL to the
+// reference before and after training, with a few samples, make a second
+// table, output_dir/held_out.csv.
 //
 //   model: tiny-t5
 //   ...shared fields...

@@ -237,6 +237,26 @@ void print_lora(const CourseFigures& f, std::ostream& out) {
   out << "  " << trainable_parameters_line(f.flan_t5_base) << "\n";
 }
 
+// The labs, run end to end on the embedded tiny models by config files
+// beside the model configs (each file says what it runs).
+void print_labs(const std::string& configs_dir, std::ostream& out) {
+  struct Lab {
+    const char *file, *what;
+  };
+  const Lab labs[] = {
+      {"course-lab2.yaml", "lab 2: the tiny T5 summarising dialogues: original, full fine-tuning, LoRA, INT8 + "
+                           "LoRA, by ROUGE"},
+      {"course-lab3.yaml", "lab 3: a tiny reward classifier of insults, then PPO with LoRA on the tiny T5 against "
+                           "it: reward, toxicity and KL to the reference before and after"},
+  };
+  out << "\n5. The labs, in miniature\n";
+  for (const Lab& lab : labs) {
+    const std::string path = (std::filesystem::path(configs_dir) / lab.file).string();
+    out << "  " << lab.what << "\n    ./finetune " << path
+        << (std::filesystem::exists(path) ? "" : " (not found in this configs folder)") << "\n";
+  }
+}
+
 }  // namespace
 
 void print_course(const CourseFigures& figures, const std::string& configs_dir, std::ostream& out) {
@@ -246,6 +266,7 @@ void print_course(const CourseFigures& figures, const std::string& configs_dir, 
   print_memory(figures, out);
   print_twenty_b(figures, out);
   print_lora(figures, out);
+  print_labs(configs_dir, out);
 }
 
 }  // namespace ft

@@ -228,7 +228,8 @@ int run(int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
   // After the subcommands: each would inherit it.
   app.footer(
       "A CONFIG with a top-level compare: list runs each entry, then prints one table (ROUGE, trainable\n"
-      "parameters, peak memory, wall time) and writes it as CSV with a ROUGE bar chart (configs/course-lab2.yaml).\n"
+      "parameters, peak memory, wall time) and writes it as CSV with a ROUGE bar chart (configs/course-lab2.yaml);\n"
+      "reward-model and PPO entries print their held-out figures before and after instead (configs/course-lab3.yaml).\n"
       "SIGINT/SIGTERM (Ctrl-C) save a checkpoint at the next step and exit; a second one stops at once.\n"
       "finetune SUBCOMMAND --help lists a subcommand's options.");
   if (const std::optional<int> status = parse(app, argc, argv)) return *status;

@@ -10,7 +10,7 @@ namespace ft {
 
 nlohmann::json grpo_step(const GrpoStep& s, const std::vector<const PromptRow*>& prompts, int64_t step) {
   const GrpoConfig& config = s.config;
-  CausalLM& model = s.sampler.model;
+  LanguageModel& model = s.sampler.model;
   const std::vector<Rollout> completions = generate_completions(s.sampler, prompts, config.num_generations, step);
   const Rewards rewards = compute_rewards(s.rules, completions, s.reward_model);
   const std::vector<double> advantages = grpo_advantages(rewards.total, config.num_generations, config.scale_rewards);
@@ -30,7 +30,7 @@ nlohmann::json grpo_step(const GrpoStep& s, const std::vector<const PromptRow*>&
   const size_t chunk = size_t(s.micro_batch_size);
   for (size_t first = 0; first < completions.size(); first += chunk, ++micro_batches) {
     const size_t end = std::min(completions.size(), first + chunk);
-    const CompletionBatch batch = completion_batch(completions, first, end, s.pad_id, host);
+    const CompletionBatch batch = completion_batch(model, completions, first, end, s.pad_id, host);
     const size_t width_tokens = size_t(batch.rows * batch.width);
     GrpoTokens tokens{batch.rows, batch.width, std::vector<double>(width_tokens), {}, {},
                       completion_mask(completions, first, batch.rows, batch.width),
@@ -49,7 +49,7 @@ nlohmann::json grpo_step(const GrpoStep& s, const std::vector<const PromptRow*>&
         sums[item.key()] = sums.value(item.key(), 0.0) + item.value().get<double>();
       return scatter_completion_tokens(batch, result.dlogps, batch.width, 0, scale);
     };
-    model.token_logps_backward(batch.ids, batch.targets, gradient);
+    policy_token_logps_backward(model, batch, gradient);
   }
   for (const auto& item : sums.items()) figures[item.key()] = item.value().get<double>() / double(micro_batches);
   std::vector<double> group_stds;

@@ -12,20 +12,20 @@ namespace {
 // The rollouts' log-probabilities, values and reference log-probabilities
 // ([rows x width]), forward_rows rows a forward, nothing kept for a backward.
 void score_rollouts(const PpoStep& s, const std::vector<Rollout>& rollouts, PpoRollout& out) {
-  CausalLM& model = s.sampler.model;
+  LanguageModel& model = s.sampler.model;
   const int64_t width = out.response_tokens;
   out.logprobs.assign(size_t(out.rows * width), 0.0);
   out.values = out.ref_logprobs = out.logprobs;
   HostAllocator host;
   for (size_t first = 0; first < rollouts.size(); first += size_t(s.forward_rows)) {
     const size_t end = std::min(rollouts.size(), first + size_t(s.forward_rows));
-    const CompletionBatch batch = completion_batch(rollouts, first, end, s.pad_id, host);
+    const CompletionBatch batch = completion_batch(model, rollouts, first, end, s.pad_id, host);
     std::vector<float> values;
     const HiddenHead value_head = [&](const Tensor& hidden, Tensor*) {
       values = head_outputs(model.backend(), model.output_head(), hidden);
     };
-    gather_completion_tokens(batch, model.token_logps(batch.ids, batch.targets, nullptr, &value_head), width,
-                             int64_t(first), out.logprobs);
+    gather_completion_tokens(batch, policy_token_logps(model, batch, &value_head), width, int64_t(first),
+                             out.logprobs);
     gather_completion_tokens(batch, values, width, int64_t(first), out.values);
     gather_completion_tokens(batch, reference_logps(model, batch), width, int64_t(first), out.ref_logprobs);
   }
@@ -43,12 +43,12 @@ std::vector<T> pick_rows(const std::vector<T>& values, const std::vector<int64_t
 // the LM head's log-probabilities, its value gradient through the value head.
 nlohmann::json train_mini_batch(const PpoStep& s, const std::vector<Rollout>& rollouts, const PpoRollout& rollout,
                                 const PpoAdvantages& advantages, const std::vector<int64_t>& rows) {
-  CausalLM& model = s.sampler.model;
+  LanguageModel& model = s.sampler.model;
   const int64_t width = rollout.response_tokens, R = int64_t(rows.size());
   std::vector<Rollout> picked;
   for (int64_t r : rows) picked.push_back(rollouts[size_t(r)]);
   HostAllocator host;
-  const CompletionBatch batch = completion_batch(picked, 0, picked.size(), s.pad_id, host);
+  const CompletionBatch batch = completion_batch(model, picked, 0, picked.size(), s.pad_id, host);
   PpoMiniBatch mini{R, width, pick_rows(rollout.logprobs, rows, width), pick_rows(advantages.values, rows, width),
                     std::vector<double>(size_t(R * width), 0.0), pick_rows(advantages.values, rows, width),
                     pick_rows(advantages.advantages, rows, width), pick_rows(advantages.returns, rows, width),
@@ -70,7 +70,7 @@ nlohmann::json train_mini_batch(const PpoStep& s, const std::vector<Rollout>& ro
     const std::vector<float> dvalues = scatter_completion_tokens(batch, loss.dvpreds, width, 0, 1.0);
     head_backward(model.backend(), model.output_head(), hidden, dvalues, *dhidden);
   };
-  model.token_logps_backward(batch.ids, batch.targets, policy_gradient, nullptr, &value_head);
+  policy_token_logps_backward(model, batch, policy_gradient, &value_head);
   return loss.stats;
 }
 

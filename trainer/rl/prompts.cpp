@@ -1,21 +1,30 @@
 #include "trainer/rl/prompts.h"
 
+#include <algorithm>
+
 #include "kernels/error.h"
 #include "trainer/evaluate.h"
 
 namespace ft {
 
 std::vector<PromptRow> load_prompt_rows(const std::string& path, const Tokenizer& tokenizer,
-                                        int64_t max_prompt_tokens) {
+                                        int64_t max_prompt_tokens, ModelKind kind) {
   std::vector<PromptRow> rows;
   read_jsonl_rows(path, "prompt file", "a \"prompt\" string", [&](const nlohmann::json& row, const std::string& where) {
     FT_CHECK(row.contains("prompt"), where, ": row lacks \"prompt\": expected a \"prompt\" string (objective: grpo "
              "and ppo generate from prompts), got ", key_list(row));
     PromptRow out{row, string_field(row, "prompt", where), {}};
-    out.tokens = prompt_tokens(tokenizer, out.prompt);
-    // The prompt's end is kept (as transformers' left truncation): it leads into the completion.
-    if (int64_t(out.tokens.size()) > max_prompt_tokens)
-      out.tokens.erase(out.tokens.begin(), out.tokens.end() - max_prompt_tokens);
+    if (kind == ModelKind::seq2seq) {
+      FT_CHECK(tokenizer.eos_id() >= 0, where, ": a seq2seq policy's prompt ends with eos; the tokenizer has none");
+      out.tokens = tokenizer.encode(out.prompt);
+      out.tokens.resize(std::min<size_t>(out.tokens.size(), size_t(std::max<int64_t>(max_prompt_tokens - 1, 0))));
+      out.tokens.push_back(tokenizer.eos_id());
+    } else {
+      out.tokens = prompt_tokens(tokenizer, out.prompt);
+      // The prompt's end is kept (as transformers' left truncation): it leads into the completion.
+      if (int64_t(out.tokens.size()) > max_prompt_tokens)
+        out.tokens.erase(out.tokens.begin(), out.tokens.end() - max_prompt_tokens);
+    }
     rows.push_back(std::move(out));
   });
   FT_CHECK(!rows.empty(), path, ": no prompt rows");

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/families.h"
 #include "tokenizer/tokenizer.h"
 #include "trainer/data/data.h"
 
@@ -18,12 +19,16 @@ namespace ft {
 struct PromptRow {
   nlohmann::json row;
   std::string prompt;
-  std::vector<int32_t> tokens;  // bos (when the tokenizer adds one) and the prompt, cut to max_prompt_tokens
+  // A decoder-only policy's: bos (when the tokenizer adds one) and the
+  // prompt, its end kept within max_prompt_tokens; a seq2seq policy's
+  // encoder tokens: the prompt, its start kept, then eos (as
+  // tokenize_seq2seq_example).
+  std::vector<int32_t> tokens;
 };
 
 // Every row of path; a row without a "prompt" string is an Error naming the line.
 std::vector<PromptRow> load_prompt_rows(const std::string& path, const Tokenizer& tokenizer,
-                                        int64_t max_prompt_tokens);
+                                        int64_t max_prompt_tokens, ModelKind kind = ModelKind::causal);
 
 class PromptLoader {
  public:

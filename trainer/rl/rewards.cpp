@@ -120,7 +120,7 @@ double rule_weight(const RewardRules& rules, const std::string& name) {
 }  // namespace
 
 RewardModel::RewardModel(const RewardRules& rules, Backend& backend, const ModelOptions& options,
-                         const std::string& policy_tokenizer_file, int64_t rows_per_forward)
+                         const std::string& policy_tokenizer_file, bool policy_seq2seq, int64_t rows_per_forward)
     : rows_per_forward_(std::max<int64_t>(rows_per_forward, 1)) {
   const std::string config_json = (std::filesystem::path(rules.model) / "config.json").string();
   const ModelConfig config = read_model_config(config_json);
@@ -133,6 +133,7 @@ RewardModel::RewardModel(const RewardRules& rules, Backend& backend, const Model
              "rewards.model: ", rules.model, "'s tokenizer (", own_tokenizer, ") is not the policy's (",
              policy_tokenizer_file, "): set rewards.model_tokenizer to the reward model's tokenizer file, and "
              "prompts and completions are encoded anew with it");
+    if (policy_seq2seq) tokenizer_ = load_tokenizer(own_tokenizer, config.vocab_size);
   }
   const std::unique_ptr<Tokenizer> own = tokenizer_ ? nullptr : load_tokenizer(own_tokenizer, config.vocab_size);
   const Tokenizer& tokenizer = tokenizer_ ? *tokenizer_ : *own;

@@ -52,17 +52,20 @@ struct Rollout {
 // rules.model as a reward model on backend, built with options
 // (setup.h's reward_model_options: the policy's quantisation and precision,
 // the score head and the adapter). policy_tokenizer_file: the file the
-// policy's tokens come from. scores() runs rows_per_forward rows a forward.
+// policy's tokens come from. A seq2seq policy's prompt tokens are its
+// encoder's (no bos, an eos after the prompt): with policy_seq2seq the
+// text is encoded anew, as with rules.model_tokenizer. scores() runs
+// rows_per_forward rows a forward.
 class RewardModel {
  public:
   RewardModel(const RewardRules& rules, Backend& backend, const ModelOptions& options,
-              const std::string& policy_tokenizer_file, int64_t rows_per_forward);
+              const std::string& policy_tokenizer_file, bool policy_seq2seq, int64_t rows_per_forward);
   ~RewardModel();
   std::vector<double> scores(const std::vector<Rollout>& completions) const;
 
  private:
   std::unique_ptr<CausalLM> model_;
-  std::unique_ptr<Tokenizer> tokenizer_;  // with rules.model_tokenizer: prompts and completions encoded anew
+  std::unique_ptr<Tokenizer> tokenizer_;  // set: prompts and completions encoded anew (rules.model_tokenizer, seq2seq)
   int32_t pad_id_ = 0, eos_id_ = 0;
   int64_t rows_per_forward_ = 1;
 };

@@ -4,6 +4,8 @@
 
 #include "kernels/dropout_hash.h"
 #include "kernels/error.h"
+#include "trainer/generate_seq2seq.h"
+#include "trainer/rl/grpo.h"
 
 namespace ft {
 
@@ -24,7 +26,9 @@ std::vector<Rollout> generate_completions(const RolloutSampler& s, const std::ve
     SamplingOptions sampling = s.sampling;
     sampling.seed = splitmix64(splitmix64(s.seed, 0x67656e00ULL + uint64_t(step)), uint64_t(first));
     sampling.keep_stop_id = true;
-    const std::vector<std::vector<int32_t>> generated = generate(s.model, inputs, sampling, s.stop);
+    T5Model* t5 = s.model.as_seq2seq();
+    const std::vector<std::vector<int32_t>> generated = t5 ? generate_seq2seq(*t5, inputs, sampling, s.stop.ids)
+                                                           : generate(*s.model.as_causal_lm(), inputs, sampling, s.stop);
     for (size_t i = first; i < end; ++i) {
       Rollout& r = rollouts[i];
       r.tokens = generated[i - first];
@@ -36,13 +40,34 @@ std::vector<Rollout> generate_completions(const RolloutSampler& s, const std::ve
   return rollouts;
 }
 
-CompletionBatch completion_batch(const std::vector<Rollout>& rollouts, size_t begin, size_t end, int32_t pad_id,
-                                 Allocator& host) {
+namespace {
+
+// Encoder rows: each rollout's prompt, right-padded, with its length.
+void add_encoder_rows(CompletionBatch& batch, const std::vector<Rollout>& rollouts, size_t begin, int32_t pad_id,
+                      Allocator& host) {
+  int64_t S = 1;
+  for (int64_t r = 0; r < batch.rows; ++r) S = std::max<int64_t>(S, int64_t(rollouts[begin + size_t(r)].prompt_tokens.size()));
+  batch.encoder_ids = Tensor::empty({batch.rows, S}, DType::i32, host, MemCategory::activations);
+  std::fill_n(batch.encoder_ids.ptr<int32_t>(), batch.rows * S, pad_id);
+  for (int64_t r = 0; r < batch.rows; ++r) {
+    const std::vector<int32_t>& prompt = rollouts[begin + size_t(r)].prompt_tokens;
+    std::copy(prompt.begin(), prompt.end(), batch.encoder_ids.ptr<int32_t>() + r * S);
+    batch.encoder_lengths.push_back(int32_t(prompt.size()));
+  }
+}
+
+}  // namespace
+
+CompletionBatch completion_batch(LanguageModel& model, const std::vector<Rollout>& rollouts, size_t begin, size_t end,
+                                 int32_t pad_id, Allocator& host) {
+  const bool seq2seq = model.as_seq2seq() != nullptr;
+  const int32_t decoder_start = int32_t(model.config().decoder_start_token_id);
   CompletionBatch batch;
   batch.rows = int64_t(end - begin);
   for (size_t i = begin; i < end; ++i) {
     const Rollout& c = rollouts[i];
-    batch.T = std::max<int64_t>(batch.T, int64_t(c.prompt_tokens.size() + c.tokens.size()) - 1);
+    const size_t decoder_tokens = seq2seq ? c.tokens.size() + 1 : c.prompt_tokens.size() + c.tokens.size();
+    batch.T = std::max<int64_t>(batch.T, int64_t(decoder_tokens) - 1);
     batch.width = std::max<int64_t>(batch.width, int64_t(c.tokens.size()));
   }
   batch.T = std::max<int64_t>(batch.T, 1);
@@ -55,14 +80,30 @@ CompletionBatch completion_batch(const std::vector<Rollout>& rollouts, size_t be
   for (int64_t r = 0; r < batch.rows; ++r) {
     const Rollout& c = rollouts[begin + size_t(r)];
     FT_CHECK(!c.prompt_tokens.empty(), "a rollout's prompt has no token (an empty prompt without bos)");
-    std::vector<int32_t> sequence = c.prompt_tokens;
+    // The decoder's row: its start token, then the completion (seq2seq); else the prompt, then the completion.
+    std::vector<int32_t> sequence = seq2seq ? std::vector<int32_t>{decoder_start} : c.prompt_tokens;
     sequence.insert(sequence.end(), c.tokens.begin(), c.tokens.end());
     for (size_t t = 0; t + 1 < sequence.size(); ++t) ids[r * batch.T + int64_t(t)] = sequence[t];
-    batch.first_target.push_back(int64_t(c.prompt_tokens.size()) - 1);
+    batch.first_target.push_back(seq2seq ? 0 : int64_t(c.prompt_tokens.size()) - 1);
     for (size_t j = 0; j < c.tokens.size(); ++j)
       targets[r * batch.T + batch.first_target.back() + int64_t(j)] = c.tokens[j];
   }
+  if (seq2seq) add_encoder_rows(batch, rollouts, begin, pad_id, host);
   return batch;
+}
+
+std::vector<float> policy_token_logps(LanguageModel& model, const CompletionBatch& batch, const HiddenHead* head) {
+  if (T5Model* t5 = model.as_seq2seq())
+    return t5->token_logps(batch.encoder_ids, batch.encoder_lengths, batch.ids, batch.targets, head);
+  return model.as_causal_lm()->token_logps(batch.ids, batch.targets, nullptr, head);
+}
+
+void policy_token_logps_backward(LanguageModel& model, const CompletionBatch& batch,
+                                 const TokenLogpsGradient& gradient, const HiddenHead* head) {
+  if (T5Model* t5 = model.as_seq2seq())
+    t5->token_logps_backward(batch.encoder_ids, batch.encoder_lengths, batch.ids, batch.targets, gradient, head);
+  else
+    model.as_causal_lm()->token_logps_backward(batch.ids, batch.targets, gradient, nullptr, head);
 }
 
 void gather_completion_tokens(const CompletionBatch& batch, const std::vector<float>& token_values, int64_t width,
@@ -94,31 +135,34 @@ std::vector<uint8_t> completion_mask(const std::vector<Rollout>& rollouts, size_
   return mask;
 }
 
-std::vector<float> reference_logps(CausalLM& model, const CompletionBatch& batch) {
+std::vector<float> reference_logps(LanguageModel& model, const CompletionBatch& batch) {
   AdaptersDisabled off(model);
-  return model.token_logps(batch.ids, batch.targets);
+  return policy_token_logps(model, batch);
 }
 
-nlohmann::json evaluate_rollouts(const RolloutSampler& sampler, const RewardRules& rules,
-                                 const RewardModel* reward_model, int32_t pad_id,
-                                 const std::vector<const PromptRow*>& prompts) {
+HeldOutRollouts evaluate_rollouts(const RolloutSampler& sampler, const RewardRules& rules,
+                                  const RewardModel* reward_model, int32_t pad_id,
+                                  const std::vector<const PromptRow*>& prompts) {
   // A step number no training step reaches: the same draws at every evaluation.
-  const std::vector<Rollout> completions = generate_completions(sampler, prompts, 1, -1);
-  const Rewards rewards = compute_rewards(rules, completions, reward_model);
+  HeldOutRollouts out{generate_completions(sampler, prompts, 1, -1), {}, {}};
+  const std::vector<Rollout>& completions = out.completions;
+  out.rewards = compute_rewards(rules, completions, reward_model);
   double kl_sum = 0.0;
   HostAllocator host;
   const size_t chunk = size_t(std::max<int64_t>(sampler.rows_per_batch, 1));
   for (size_t first = 0; first < completions.size(); first += chunk) {
     const size_t end = std::min(completions.size(), first + chunk);
-    const CompletionBatch batch = completion_batch(completions, first, end, pad_id, host);
+    const CompletionBatch batch = completion_batch(sampler.model, completions, first, end, pad_id, host);
     std::vector<double> policy(size_t(batch.rows * batch.width)), reference(policy.size());
-    gather_completion_tokens(batch, sampler.model.token_logps(batch.ids, batch.targets), batch.width, 0, policy);
+    gather_completion_tokens(batch, policy_token_logps(sampler.model, batch), batch.width, 0, policy);
     gather_completion_tokens(batch, reference_logps(sampler.model, batch), batch.width, 0, reference);
     for (size_t n = 0; n < policy.size(); ++n) kl_sum += policy[n] - reference[n];
   }
-  nlohmann::json figures = rewards.metrics();
-  figures["kl"] = kl_sum / double(completions.size());
-  return figures;
+  out.figures = out.rewards.metrics();
+  const std::vector<double>& total = out.rewards.total;
+  out.figures["reward_std"] = total.size() > 1 ? unbiased_std(total, 0, total.size()) : 0.0;
+  out.figures["kl"] = kl_sum / double(completions.size());
+  return out;
 }
 
 }  // namespace ft
