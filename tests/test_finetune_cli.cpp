@@ -1684,8 +1684,8 @@ TEST_CASE("full fine-tuning saves a model folder transformers loads, with transf
   CpuBackend backend(host);
   Checkpoint reference(fixture + "/reference.safetensors");
   const Tensor input_ids = reference.view("input_ids"), want = reference.view("logits");
-  // Measured 7e-7 (f32 rounding; one or two threads train to within 6e-8 of
-  // each other): room for another CPU's kernels. The base is 0.59 away.
+  // Measured 7e-7; the sanitizer build, whose rounding differs, 1e-6 (a few
+  // weights with gradients near 0 get other Adam steps). The base is 0.59 away.
   const double tolerance = 1e-5;
   CHECK(parity::relative_error(folder_logits(folder, input_ids, host, backend), want) <= tolerance);
   CHECK(parity::relative_error(folder_logits(kFixtures + "/llama_gqa", input_ids, host, backend), want) >
