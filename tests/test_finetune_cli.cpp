@@ -34,6 +34,7 @@
 #include "model/families.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
+#include "parity.h"
 
 namespace fs = std::filesystem;
 using namespace ft;
@@ -462,14 +463,21 @@ TEST_CASE("an unknown option or a bad value is one error line naming the option,
 
 namespace {
 
+// The JSON header of a safetensors file as any reader sees it, and its size
+// (the data starts 8 + header_bytes into the file).
+nlohmann::json safetensors_header(std::istream& file, uint64_t& header_bytes) {
+  file.read(reinterpret_cast<char*>(&header_bytes), 8);  // little-endian, as x86 and the format
+  std::string header(header_bytes, '\0');
+  file.read(header.data(), std::streamsize(header_bytes));
+  REQUIRE(file.good());
+  return nlohmann::json::parse(header);
+}
+
 // Overwrites every f32 value of one tensor of a safetensors file in place.
 void overwrite_f32_tensor(const std::string& path, const std::string& name, float value) {
   std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
   uint64_t header_bytes = 0;
-  file.read(reinterpret_cast<char*>(&header_bytes), 8);
-  std::string header(header_bytes, '\0');
-  file.read(header.data(), std::streamsize(header_bytes));
-  const auto entry = nlohmann::json::parse(header).at(name);
+  const auto entry = safetensors_header(file, header_bytes).at(name);
   REQUIRE(entry.at("dtype") == "F32");
   const int64_t begin = entry.at("data_offsets")[0], end = entry.at("data_offsets")[1];
   file.seekp(std::streamoff(8 + header_bytes + uint64_t(begin)));
@@ -481,11 +489,8 @@ void overwrite_f32_tensor(const std::string& path, const std::string& name, floa
 bool all_f32_finite(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   uint64_t header_bytes = 0;
-  file.read(reinterpret_cast<char*>(&header_bytes), 8);
-  std::string header(header_bytes, '\0');
-  file.read(header.data(), std::streamsize(header_bytes));
+  const nlohmann::json entries = safetensors_header(file, header_bytes);
   const std::string data((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  const nlohmann::json entries = nlohmann::json::parse(header);
   for (const auto& [name, entry] : entries.items()) {
     if (name == "__metadata__" || entry.at("dtype") != "F32") continue;
     const size_t begin = entry.at("data_offsets")[0], end = entry.at("data_offsets")[1];
@@ -1652,6 +1657,69 @@ TEST_CASE("nf4, both offloads and full fine-tuning train through the binary; the
   INFO(reloaded.output);
   CHECK(reloaded.exit_code == 0);
   CHECK(reloaded.output.find("generate: ") != std::string::npos);
+}
+
+namespace {
+
+// {name: {"dtype", "shape"}} of a .safetensors file's tensors.
+nlohmann::json safetensors_tensors(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  uint64_t header_bytes = 0;
+  const nlohmann::json header = safetensors_header(file, header_bytes);
+  nlohmann::json tensors = nlohmann::json::object();
+  for (const auto& item : header.items())
+    if (item.key() != "__metadata__")
+      tensors[item.key()] = {{"dtype", item.value()["dtype"]}, {"shape", item.value()["shape"]}};
+  return tensors;
+}
+
+// The f32 logits [T, vocab] of the model folder on input_ids [1, T].
+Tensor folder_logits(const std::string& folder, const Tensor& input_ids, HostAllocator& host, CpuBackend& backend) {
+  ModelOptions options;
+  options.weight_dtype = DType::f32;
+  options.quantized_base = QuantizedBase::none;
+  std::unique_ptr<CausalLM> model = make_causal_lm(read_model_config(folder + "/config.json"), backend, options);
+  model->load(Checkpoint(folder));
+  std::vector<int32_t> targets(size_t(input_ids.numel()), -100);
+  model->forward(input_ids, Tensor::view_of(targets.data(), input_ids.shape, DType::i32));
+  Tensor logits = Tensor::empty(model->last_logits().shape, DType::f32, host, MemCategory::workspace);
+  backend.copy(logits, model->last_logits());
+  return logits;
+}
+
+}  // namespace
+
+// Full fine-tuning of a decoder as a user takes it away: the saved model folder
+// holds exactly the tensors transformers writes for this model (names, dtypes,
+// shapes), the base's config.json and the tokenizer, and our logits of it equal
+// transformers' logits of the folder the same run saved
+// (scripts/make_full_finetune_fixture.py loads it with
+// AutoModelForCausalLM.from_pretrained). The base's logits are far outside the
+// tolerance, so a folder of untrained weights fails.
+TEST_CASE("full fine-tuning saves a model folder transformers loads, with transformers' logits") {
+  const std::string fixture = kFixtures + "/full_finetune";
+  const fs::path dir = fs::path(FT_BINARY_DIR) / "cli_runs" / "full_finetune";
+  fs::remove_all(dir);
+  const CommandResult result =
+      run_command(kBinary + " " + fixture + "/config.yaml --set output_dir=" + (dir / "out").string());
+  INFO(result.output);
+  REQUIRE(result.exit_code == 0);
+  const std::string folder = (dir / "out" / "model").string();
+  CHECK(safetensors_tensors(folder + "/model.safetensors") ==
+        nlohmann::json::parse(std::ifstream(fixture + "/tensors.json")));
+  CHECK(read_file(folder + "/config.json") == read_file(kFixtures + "/llama_gqa/config.json"));
+  CHECK(read_file(folder + "/tokenizer.model") == read_file(kFixtures + "/tokenizer/tokenizer.model"));
+
+  HostAllocator host;
+  CpuBackend backend(host);
+  Checkpoint reference(fixture + "/reference.safetensors");
+  const Tensor input_ids = reference.view("input_ids"), want = reference.view("logits");
+  // Measured 7e-7; the sanitizer build, whose rounding differs, 1e-6 (a few
+  // weights with gradients near 0 get other Adam steps). The base is 0.59 away.
+  const double tolerance = 1e-5;
+  CHECK(parity::relative_error(folder_logits(folder, input_ids, host, backend), want) <= tolerance);
+  CHECK(parity::relative_error(folder_logits(kFixtures + "/llama_gqa", input_ids, host, backend), want) >
+        1000 * tolerance);
 }
 
 TEST_CASE("objective: reward: the adapter's scores equal its merged sequence classifier's; no score head is refused") {

@@ -11,6 +11,7 @@
 #pragma once
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -60,7 +61,7 @@ inline Tensor host_random(const Shape& shape, DType dtype, unsigned seed, float 
 
 inline Tensor host_ints(const std::vector<int32_t>& values) {
   Tensor t = cpu.empty({int64_t(values.size())}, DType::i32, MemCategory::activations);
-  std::memcpy(t.data, values.data(), values.size() * sizeof(int32_t));
+  std::copy(values.begin(), values.end(), t.ptr<int32_t>());  // memcpy from an empty vector's null data is UB
   return t;
 }
 
