@@ -1768,27 +1768,28 @@ TEST_CASE("objective: reward: the adapter's scores equal its merged sequence cla
   CHECK(packed.output.find("objective: reward scores each row's last token") != std::string::npos);
 }
 
-// objective: ppo on the llama_gqa fixture with the reward fixture's sequence
-// classifier (tests/fixtures/reward/model: llama_gqa's weights under a score
-// head) as its reward model, on prompts made from the pretraining text.
-fs::path make_ppo_dir(const std::string& name) {
+// objective: ppo on the llama_gqa fixture, on prompts made from the
+// pretraining text (40 to train on, 32 held out). Its rewards: by default the
+// reward fixture's sequence classifier (tests/fixtures/reward/model:
+// llama_gqa's weights under a score head).
+fs::path make_ppo_dir(const std::string& name, const std::string& rewards = "") {
   const fs::path dir = fs::path(FT_BINARY_DIR) / "cli_runs" / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::ifstream source(std::string(FT_SOURCE_DIR) + "/configs/data/pretrain.jsonl");
   std::ofstream train(dir / "train.jsonl"), eval(dir / "eval.jsonl");
   std::string line;
-  for (int i = 0; i < 48 && std::getline(source, line); ++i) {
+  for (int i = 0; i < 72 && std::getline(source, line); ++i) {
     const std::string text = nlohmann::json::parse(line)["text"].get<std::string>();
     (i < 40 ? train : eval) << nlohmann::json{{"prompt", text.substr(0, 40)}}.dump() << "\n";
   }
   const std::string tokenizer = kFixtures + "/tokenizer/tokenizer.model";
+  const std::string reward_model = "{model: " + kFixtures + "/reward/model, model_tokenizer: " + tokenizer + "}";
   std::ofstream(dir / "config.yaml") << "model: " << kFixtures << "/llama_gqa\ntokenizer: " << tokenizer << "\n"
                                      << "objective: ppo\nquantization: {mode: none}\n"
                                      << "ppo: {batch_size: 8, mini_batch_size: 4, ppo_epochs: 2, max_new_tokens: 12,\n"
                                      << "      init_kl_coef: 0.05}\n"
-                                     << "rewards: {model: " << kFixtures << "/reward/model, model_tokenizer: "
-                                     << tokenizer << "}\n"
+                                     << "rewards: " << (rewards.empty() ? reward_model : rewards) << "\n"
                                      << "data: {train: train.jsonl, eval: eval.jsonl}\n"
                                      << "seq_len: 48\nmicro_batch_size: 8\nlora: {r: 8, lora_alpha: 16}\n"
                                      << "lr: 3.0e-3\nmax_steps: 8\nsave_every: 4\nmetric_examples: 8\n"
@@ -1808,29 +1809,42 @@ std::vector<std::pair<double, double>> eval_rewards(const std::string& metrics_p
   return rows;
 }
 
-TEST_CASE("objective: ppo with a reward model raises the held-out reward, its KL bounded, and resumes bit for bit") {
-  // 30 steps of 16 rollouts, LoRA on every linear, ppo.target 9: measured
-  // (seed 1234, 2-core EPYC) the held-out reward rises -1.15 -> 0.07 with a
-  // KL of 7.90 nats (the reward model is random: only PPO moves it). The
-  // config's KL target (trl's ppo.target, the adaptive controller's aim) is
-  // the bound; over these 480 samples at horizon 10000 the controller moves
-  // the coefficient by under 1%, so init_kl_coef mostly holds the KL below it.
+TEST_CASE("objective: ppo raises the held-out reward, its KL below the config's target, and resumes bit for bit") {
+  // The learning claim over six seeds (one seed's path turns on rounding: a
+  // sanitizer build's arithmetic sent the old single-seed run down instead of
+  // up). The reward is the length rule (-|tokens - 4| / 4): sampled 12-token
+  // completions score about -2, and a policy that learns to end early scores
+  // better on prompts it never saw. 30 steps of 16 rollouts, LoRA on every
+  // linear, ppo.horizon 100 so the adaptive controller steers toward
+  // ppo.target 9 within the run. Measured (2-core EPYC, release build), held-out
+  // reward over the 32 held-out prompts, seeds 1, 5, 7, 9, 42, 1234: rises
+  // 1.26, 1.29, 0.56, 1.28, 1.18, -0.05 (mean 0.92), final KL 5.6 to 7.1 nats.
+  // With the reward fixture's random classifier instead, the mean rise is
+  // 0.23 and single seeds go either way: a random score is not learnable
+  // from 40 prompts, so that pairing only checks resume below.
   constexpr double kTargetKl = 9.0;
-  const fs::path learn = make_ppo_dir("ppo_learn");
-  const CommandResult run = run_command("cd " + learn.string() + " && " + kBinary +
-                                        " config.yaml --set max_steps=30 --set lr=1.0e-2 --set ppo.batch_size=16"
-                                        " --set ppo.init_kl_coef=0.01 --set ppo.target=" + std::to_string(kTargetKl) +
-                                        " --set save_every=0 --set 'lora.target_modules="
-                                        "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]'");
-  REQUIRE_MESSAGE(run.exit_code == 0, run.output);
-  const auto evals = eval_rewards((learn / "out/metrics.jsonl").string());
-  REQUIRE(evals.size() == 2);
-  MESSAGE("held-out reward ", evals[0].first, " -> ", evals[1].first, ", KL ", evals[1].second);
-  CHECK(evals[1].first > evals[0].first + 0.5);
-  CHECK(evals[0].second == 0.0);  // before training the policy is the reference
-  // The KL the run's config aims the adaptive controller at (ppo.target) bounds it.
-  CHECK(evals[1].second < kTargetKl);
-  CHECK(fs::exists(learn / "out/value_head.safetensors"));
+  double rise_sum = 0.0;
+  const std::vector<int> seeds = {1, 5, 7, 9, 42, 1234};
+  for (const int seed : seeds) {
+    CAPTURE(seed);
+    const fs::path learn = make_ppo_dir("ppo_learn", "{length: 4}");
+    const CommandResult run = run_command("cd " + learn.string() + " && " + kBinary +
+                                          " config.yaml --set max_steps=30 --set lr=1.0e-2 --set ppo.batch_size=16"
+                                          " --set ppo.init_kl_coef=0.01 --set ppo.horizon=100 --set ppo.target=" +
+                                          std::to_string(kTargetKl) + " --set metric_examples=32 --set seed=" +
+                                          std::to_string(seed) + " --set save_every=0 --set 'lora.target_modules="
+                                          "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]'");
+    REQUIRE_MESSAGE(run.exit_code == 0, run.output);
+    const auto evals = eval_rewards((learn / "out/metrics.jsonl").string());
+    REQUIRE(evals.size() == 2);
+    MESSAGE("seed ", seed, ": held-out reward ", evals[0].first, " -> ", evals[1].first, ", KL ", evals[1].second);
+    rise_sum += evals[1].first - evals[0].first;
+    CHECK(evals[0].second == 0.0);  // before training the policy is the reference
+    // The KL the run's config aims the adaptive controller at (ppo.target) bounds it.
+    CHECK(evals[1].second < kTargetKl);
+    CHECK(fs::exists(learn / "out/value_head.safetensors"));
+  }
+  CHECK(rise_sum / double(seeds.size()) > 0.5);
 
   const fs::path dir = make_ppo_dir("ppo");
   REQUIRE(run_command("cd " + dir.string() + " && " + kBinary + " config.yaml").exit_code == 0);
