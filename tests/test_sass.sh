@@ -10,7 +10,12 @@
 #     slow-path call, as the tile dequantisation does on sm_80);
 #   - the bf16 quantisation has no FP64 arithmetic (DMUL/DFMA/DADD: the f32
 #     input's exact path, 1/64 rate on consumer GPUs) and reads x 16 bytes at
-#     a time (LDG.E.128).
+#     a time (LDG.E.128);
+#   - the vector epilogue reads the int32 product 16 bytes at a time and
+#     writes 4 outputs per store (STG.E.64 in bf16, STG.E.128 in f32), and
+#     the bf16 tile dequantisation reads 16 codes and writes 16 values with
+#     16-byte accesses (nvcc has split such vector accesses into scalar ones
+#     before, silently).
 # The int8 matrix products run in cuBLASLt (its IMMA/IGMMA kernels), not in
 # our objects, so no int8 matrix instruction is expected here.
 # Usage: test_sass.sh CUOBJDUMP NVDISASM OBJECT... (the kernels_cuda objects;
@@ -59,6 +64,13 @@ for arch in $archs; do
   code=$(sass_of "$int8" 'quantize_inliers_kernelILb1' "$arch")
   check "$arch bf16 quantisation: no FP64" lacks '\b(DMUL|DFMA|DADD)\b' "$code"
   check "$arch bf16 quantisation: 16-byte loads" has '\bLDG\.E\.128\b' "$code"
+  code=$(sass_of "$int8" 'forward_epilogue_kernelILb1' "$arch")
+  check "$arch vector epilogue: 16-byte product loads" has '\bLDG\.E\.128\b' "$code"
+  check "$arch vector epilogue: 8-byte bf16 stores" has '\bSTG\.E\.64\b' "$code"
+  check "$arch vector epilogue: 16-byte f32 stores" has '\bSTG\.E\.128\b' "$code"
+  code=$(sass_of "$int8" 'dequantize_tile_kernelILb1' "$arch")
+  check "$arch bf16 tile dequantisation: 16-byte code loads" has '\bLDG\.E\.128\b' "$code"
+  check "$arch bf16 tile dequantisation: 16-byte stores" has '\bSTG\.E\.128\b' "$code"
 done
 echo "checked $(echo $archs): $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

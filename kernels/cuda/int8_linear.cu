@@ -2,13 +2,15 @@
 //
 // Forward, out[N, O] = x[N, K] @ W^T with W = q[O, K] * s_w[O] / 127:
 //   1. outlier columns (any |x[:, k]| >= threshold): flagged per column by a
-//      grid of 32-column x 256-row blocks (a flag set by any block that saw
+//      grid of 256-column x 64-row blocks (a flag set by any block that saw
 //      one), then compacted on the device into `columns` = [count, ascending
-//      indices...], so no kernel waits on the host for the count;
+//      indices..., then a bit mask of the K columns], so no kernel waits on
+//      the host for the count;
 //   2. the outlier columns' weight codes gathered once into a contiguous
 //      [c, O] buffer (up to int8_outlier_gather_columns of them), so the
 //      epilogue reads them coalesced rather than one byte K apart per thread;
-//   3. per row of x (one warp each, 16-byte loads of bf16): absmax with the
+//   3. per row of x (1 to 8 warps each, 16-byte loads of bf16, the outlier
+//      columns read from the bit mask a word per 8 elements): absmax with the
 //      outlier columns zeroed, and the codes;
 //   4. per block of rows (int8_forward_chunk_rows: balanced, whole 128-row
 //      GEMM tiles where the budget allows): the int8 x int8 -> int32 product
@@ -16,16 +18,19 @@
 //   5. an epilogue dequantises the product, adds the outlier columns in f32
 //      (x in place, the gathered codes), the bias and the LoRA update
 //      scaling * h B^T (reading h [N, r] and B [O, r] in place), and rounds
-//      out once; each thread owns one output column for 16 rows, so the
-//      column's scale and B row are read once per 16 outputs.
+//      out once; each thread owns 4 consecutive output columns for 8 rows
+//      (16-byte loads of the product, 8- or 16-byte stores of out where the
+//      widths allow), so a column's scale and B row are read once per 8
+//      outputs.
 // The scratch is exactly what the memory planner models
 // (kernels/meta/meta_backend.cpp): it does not depend on the outlier count.
 //
 // Backward, dx = dout @ W: W is dequantised a few wide blocks of
 // input-feature columns at a time (kInt8DequantTileElementsGpu: one to three
 // per GPT-NeoX-20B weight) into a tile of dout's dtype (bf16 tensor cores on
-// the real path), and one GEMM per block writes its columns of dx in place
-// with f32 accumulation, so dx is rounded once.
+// the real path; 16 codes per thread from one 16-byte load), and one GEMM per
+// block writes its columns of dx in place with f32 accumulation, so dx is
+// rounded once.
 #include "kernels/cuda/int8_linear.h"
 
 #include <algorithm>
@@ -40,57 +45,93 @@ namespace {
 
 constexpr int kBlock = 256;
 constexpr int kScanBlock = 1024;       // the one block that compacts the outlier list
-constexpr int kFlagColumns = 32;       // outlier flagging: a block is 32 columns x 8 row lanes
-constexpr int kFlagRowLanes = kBlock / kFlagColumns;
-constexpr int64_t kFlagRows = 256;     // rows per outlier-flagging block
-constexpr int kEpilogueRows = 16;      // rows of out per epilogue thread
+constexpr int kRun = 8;                // elements of a row of x a lane reads at a time
+constexpr int kWarps = kBlock / 32;
+constexpr int kFlagColumns = 32 * kRun;  // outlier flagging: columns per block, a run per lane
+constexpr int64_t kFlagRows = 64;        // rows per outlier-flagging block, kFlagRows / kWarps per warp
+constexpr int kEpilogueRows = 8;       // rows of out per epilogue thread
+constexpr int kEpilogueColumns = 4;    // consecutive columns of out per epilogue thread
 constexpr int kStagedColumns = 32;     // outlier columns of x / LoRA ranks of h staged at a time
-constexpr int kTileRowsPerBlock = 8;   // weight-tile dequantisation: rows per block
+constexpr int kTileRowsPerBlock = 4;   // weight-tile dequantisation: rows per block
+constexpr int kTileRun = 16;           // weight-tile dequantisation: codes per thread, one 16-byte load
 constexpr float kInv127Sq = 1.0f / (127.0f * 127.0f);
 
 // Element i of a grid-stride loop's first pass.
 __device__ inline int64_t grid_index() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ inline int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
 
+// The outlier flags and the quantisation read x kRun consecutive elements of
+// a row per lane at a time: one 16-byte load where x is bf16 with rows of
+// whole runs and 16-byte aligned (`vector`).
+struct alignas(16) Bf16Run {
+  __nv_bfloat16 v[kRun];
+};
+struct alignas(8) CodeRun {
+  int8_t v[kRun];
+};
+
+// v[j] = x[i + j] in f32, 0 past end.
+__device__ inline void load_run(float (&v)[kRun], cuda::ConstView x, int64_t i, int64_t end, bool vector) {
+  if (vector) {
+    const Bf16Run run = *reinterpret_cast<const Bf16Run*>(static_cast<const __nv_bfloat16*>(x.data) + i);
+    FT_UNROLL
+    for (int j = 0; j < kRun; ++j) v[j] = __bfloat162float(run.v[j]);
+  } else {
+    FT_UNROLL
+    for (int j = 0; j < kRun; ++j) v[j] = i + j < end ? cuda::load(x, i + j) : 0.0f;
+  }
+}
+
 // flags[k] = 1 where any |x[:, k]| >= threshold (threshold > 0); flags must
-// be zero on entry. A block owns 32 columns of kFlagRows rows: a warp reads
-// 32 consecutive elements of a row (coalesced), 8 warps split the rows, and
-// lane 0's warp sets the flags its columns earned. Blocks tile rows as well
-// as columns, so the grid fills the GPU even where K / 32 is a few dozen.
+// be zero on entry. A block owns kFlagColumns columns of kFlagRows rows: each
+// lane reads a run of 8 consecutive columns of a row (16 bytes in bf16; a
+// warp reads 512 contiguous bytes), the 8 warps split the rows, and warp 0
+// sets the flags the block's rows earned. Blocks tile rows as well as
+// columns, so the grid fills the GPU even where K / 256 is a few dozen.
+template <bool Vector>
 __global__ void __launch_bounds__(kBlock)
     flag_outlier_columns_kernel(int32_t* flags, cuda::ConstView x, int64_t N, int64_t K, float threshold) {
-  __shared__ int32_t seen[kFlagRowLanes][kFlagColumns];
-  const int column = threadIdx.x % kFlagColumns, lane = threadIdx.x / kFlagColumns;
-  const int64_t k = int64_t(blockIdx.y) * kFlagColumns + column;
+  __shared__ uint32_t seen[kWarps][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t k = int64_t(blockIdx.y) * kFlagColumns + int64_t(lane) * kRun;
   const int64_t n_first = int64_t(blockIdx.x) * kFlagRows, n_end = N < n_first + kFlagRows ? N : n_first + kFlagRows;
-  int32_t any = 0;
-  if (k < K)
-    for (int64_t n = n_first + lane; n < n_end; n += kFlagRowLanes)
-      any |= fabsf(cuda::load(x, n * K + k)) >= threshold;
-  seen[lane][column] = any;
+  uint32_t any = 0;  // bit j: column k + j
+  for (int64_t n = n_first + warp; k < K && n < n_end; n += kWarps) {
+    float v[kRun];
+    load_run(v, x, n * K + k, n * K + K, Vector);
+    FT_UNROLL
+    for (int j = 0; j < kRun; ++j) any |= uint32_t(fabsf(v[j]) >= threshold) << j;
+  }
+  seen[warp][lane] = any;
   __syncthreads();
-  if (lane != 0 || k >= K) return;
-  for (int r = 1; r < kFlagRowLanes; ++r) any |= seen[r][column];
-  if (any) atomicExch(&flags[k], 1);  // other row blocks may set the same flag
+  if (warp != 0) return;
+  for (int w = 1; w < kWarps; ++w) any |= seen[w][lane];
+  FT_UNROLL
+  for (int j = 0; j < kRun; ++j)  // other row blocks may set the same flag
+    if ((any >> j) & 1u) atomicExch(&flags[k + j], 1);
 }
 
 __global__ void __launch_bounds__(kBlock) zero_kernel(int32_t* values, int64_t n) {
   for (int64_t i = grid_index(); i < n; i += grid_stride()) values[i] = 0;
 }
 
-// columns = [flags[0..K)] in place -> [count, indices of the set flags,
-// ascending]. One block walks the flags 1024 at a time: a ballot numbers the
-// set flags within each warp, the warps' counts offset each other. An index
+// columns = [flags[0..K), mask] in place -> [count, indices of the set flags,
+// ascending, mask], where mask (ceil(K / 32) words after the K + 1 entries)
+// has bit k % 32 of word k / 32 set for each set flag k. One block walks the
+// flags 1024 at a time: a ballot numbers the set flags within each warp (and
+// is the warp's mask word), the warps' counts offset each other. An index
 // lands at or before its own flag, which every thread has read by then.
 __global__ void __launch_bounds__(kScanBlock) compact_outlier_columns_kernel(int32_t* columns, int64_t K) {
   __shared__ int32_t warp_counts[kScanBlock / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  uint32_t* mask = reinterpret_cast<uint32_t*>(columns + 1 + K);
   int32_t base = 0;
   for (int64_t k0 = 0; k0 < K; k0 += kScanBlock) {
     const int64_t k = k0 + threadIdx.x;
     const bool flagged = k < K && columns[1 + k] != 0;
     const unsigned votes = __ballot_sync(0xffffffffu, flagged);
     if (lane == 0) warp_counts[warp] = __popc(votes);
+    if (lane == 0 && k < K) mask[k / 32] = votes;
     __syncthreads();
     int32_t slot = base + __popc(votes & ((1u << lane) - 1u));
     for (int w = 0; w < warp; ++w) slot += warp_counts[w];
@@ -101,16 +142,8 @@ __global__ void __launch_bounds__(kScanBlock) compact_outlier_columns_kernel(int
   if (threadIdx.x == 0) columns[0] = base;
 }
 
-// Walks the ascending outlier list alongside one thread's increasing columns.
-struct OutlierCursor {
-  const int32_t* list;
-  int32_t count, next = 0;
-  __device__ explicit OutlierCursor(const int32_t* columns) : list(columns + 1), count(columns[0]) {}
-  __device__ bool at(int64_t k) {
-    while (next < count && list[next] < k) ++next;
-    return next < count && list[next] == k;
-  }
-};
+// The outlier bits of the 8 columns k..k+7 (k a multiple of 8, so one mask word holds them).
+__device__ inline unsigned outlier_bits(const uint32_t* mask, int64_t k) { return (mask[k / 32] >> (k % 32)) & 0xffu; }
 
 // round-half-even(v * 127 / absmax), the rounding of the exact quotient, as
 // the CPU computes it in double. For bf16 and f16 x (and so a bf16 or f16
@@ -125,73 +158,68 @@ __device__ inline int8_t quantize_code(float v, float absmax, bool narrow_input)
   return int8_t(rint(double(v) * 127.0 / double(absmax)));
 }
 
-// A lane reads kQuantizeRun consecutive elements of its row at a time: one
-// 16-byte load where x is bf16 with rows of whole runs and 16-byte aligned.
-constexpr int kQuantizeRun = 8;
-constexpr int kQuantizeRows = kBlock / 32;  // rows of x per block, one warp each
-struct alignas(16) Bf16Run {
-  __nv_bfloat16 v[kQuantizeRun];
-};
-struct alignas(8) CodeRun {
-  int8_t v[kQuantizeRun];
-};
-
-// v[j] = x[i + j] in f32, 0 past end.
-__device__ inline void load_run(float (&v)[kQuantizeRun], cuda::ConstView x, int64_t i, int64_t end, bool vector) {
-  if (vector) {
-    const Bf16Run run = *reinterpret_cast<const Bf16Run*>(static_cast<const __nv_bfloat16*>(x.data) + i);
-    FT_UNROLL
-    for (int j = 0; j < kQuantizeRun; ++j) v[j] = __bfloat162float(run.v[j]);
-  } else {
-    FT_UNROLL
-    for (int j = 0; j < kQuantizeRun; ++j) v[j] = i + j < end ? cuda::load(x, i + j) : 0.0f;
-  }
-}
-
-// One warp per row of x: the absmax over the row with its outlier columns
-// zeroed (a warp reduction: no block barrier), then the codes
-// (quantize_code; quantize_rows_int8 and the CPU round alike). Outlier
-// columns get code 0. max is exact, so any order of the reduction agrees.
+// warps_per_row warps (1, 2, 4 or 8) per row of x: the absmax over the row
+// with its outlier columns zeroed (warp reductions, then the row's warps
+// through shared memory), then the codes (quantize_code; quantize_rows_int8
+// and the CPU round alike). Outlier columns get code 0. max is exact, so any
+// order of the reduction agrees. Long rows take more warps, so the grid has
+// enough of them at NeoX-20B's 2048 x 18432 (one warp per row gave 2048).
 // Vector: x is bf16 with rows of whole runs, 16-byte aligned (a separate
 // instantiation, so that kernel holds neither the dtype switch nor the f32
 // input's double-precision division).
 template <bool Vector>
-__global__ void __launch_bounds__(kBlock) quantize_inliers_kernel(int8_t* q, float* scales, cuda::ConstView x,
-                                                                  const int32_t* columns, int64_t N, int64_t K) {
-  const int lane = threadIdx.x % 32;
-  const int64_t n = int64_t(blockIdx.x) * kQuantizeRows + threadIdx.x / 32;
-  if (n >= N) return;  // whole warps: the rest synchronise only within their own warp
-  const int64_t row = n * K, end = row + K, step = 32 * kQuantizeRun;
+__global__ void __launch_bounds__(kBlock)
+    quantize_inliers_kernel(int8_t* q, float* scales, cuda::ConstView x, const uint32_t* outlier_mask, int64_t N,
+                            int64_t K, int warps_per_row) {
+  __shared__ float warp_absmax[kWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % warps_per_row;
+  const int64_t n = int64_t(blockIdx.x) * (kWarps / warps_per_row) + warp / warps_per_row;
+  const bool live = n < N;  // no early return: every warp reaches the barrier
+  const int64_t row = n * K, end = row + K, step = int64_t(32) * warps_per_row * kRun;
+  const int64_t first = (int64_t(part) * 32 + lane) * kRun;
   float absmax = 0.0f;
-  OutlierCursor in_absmax(columns);
-  for (int64_t k = int64_t(lane) * kQuantizeRun; k < K; k += step) {
-    float v[kQuantizeRun];
+  for (int64_t k = first; live && k < K; k += step) {
+    float v[kRun];
     load_run(v, x, row + k, end, Vector);
+    const unsigned outliers = outlier_bits(outlier_mask, k);
     FT_UNROLL
-    for (int j = 0; j < kQuantizeRun; ++j)
-      if (k + j < K && !in_absmax.at(k + j)) absmax = fmaxf(absmax, fabsf(v[j]));
+    for (int j = 0; j < kRun; ++j)
+      if (k + j < K && !((outliers >> j) & 1u)) absmax = fmaxf(absmax, fabsf(v[j]));
   }
   absmax = cuda::warp_max(absmax);
-  if (lane == 0) scales[n] = absmax;
+  if (lane == 0) warp_absmax[warp] = absmax;
+  __syncthreads();
+  for (int w = 0; w < warps_per_row; ++w) absmax = fmaxf(absmax, warp_absmax[warp - part + w]);
+  if (!live) return;
+  if (part == 0 && lane == 0) scales[n] = absmax;
   const bool narrow_input = Vector || x.dtype != DType::f32;
-  OutlierCursor in_codes(columns);
-  for (int64_t k = int64_t(lane) * kQuantizeRun; k < K; k += step) {
-    float v[kQuantizeRun];
+  for (int64_t k = first; k < K; k += step) {
+    float v[kRun];
     load_run(v, x, row + k, end, Vector);
+    const unsigned outliers = outlier_bits(outlier_mask, k);
     CodeRun codes;
     FT_UNROLL
-    for (int j = 0; j < kQuantizeRun; ++j) {
-      const bool zero = absmax == 0.0f || k + j >= K || in_codes.at(k + j);
+    for (int j = 0; j < kRun; ++j) {
+      const bool zero = absmax == 0.0f || k + j >= K || ((outliers >> j) & 1u);
       codes.v[j] = zero ? int8_t(0) : quantize_code(v[j], absmax, narrow_input);
     }
     if (Vector) {
       *reinterpret_cast<CodeRun*>(q + row + k) = codes;  // row + k is a multiple of 8: aligned
     } else {
       FT_UNROLL
-      for (int j = 0; j < kQuantizeRun; ++j)
+      for (int j = 0; j < kRun; ++j)
         if (k + j < K) q[row + k + j] = codes.v[j];
     }
   }
+}
+
+// Warps per row of x for quantize_inliers_kernel: about 4 runs of 8 elements
+// per lane, at most a block's 8 warps.
+int quantize_warps_per_row(int64_t K) {
+  const int64_t runs_per_lane = 4;
+  int warps = 1;
+  while (warps < kWarps && int64_t(warps) * 2 * 32 * kRun * runs_per_lane <= K) warps *= 2;
+  return warps;
 }
 
 // gathered[c, o] = q[o, columns[1 + c]] for the first min(count, capacity)
@@ -230,79 +258,168 @@ struct OutlierWeights {
   int64_t capacity;
 };
 
-// staged[i][c] = src[(first + i) * pitch + column c] for the block's rows
+// staged[c][i] = src[(first + i) * pitch + column c] for the block's rows
 // i < count and c < columns (column c is indices[c], or col0 + c without
 // indices), 0 elsewhere, in f32: one load per value for the whole block,
 // where every thread would otherwise load it (a dtype switch and 64-bit
-// index math each). Barriers on both sides: all threads must call it.
-__device__ inline void stage_rows(float (&staged)[kEpilogueRows][kStagedColumns], cuda::ConstView src,
+// index math each). A column's rows are consecutive, so a thread reads them
+// as two 16-byte broadcasts. Barriers on both sides: all threads must call it.
+__device__ inline void stage_rows(float (&staged)[kStagedColumns][kEpilogueRows], cuda::ConstView src,
                                   int64_t first, int count, int64_t pitch, const int32_t* indices, int64_t col0,
                                   int columns) {
   __syncthreads();  // the previous stage's readers are done
   for (int t = threadIdx.x; t < kEpilogueRows * kStagedColumns; t += kBlock) {
     const int i = t / kStagedColumns, c = t % kStagedColumns;
     const int64_t column = indices ? int64_t(indices[c < columns ? c : 0]) : col0 + c;
-    staged[i][c] = i < count && c < columns ? cuda::load(src, (first + i) * pitch + column) : 0.0f;
+    staged[c][i] = i < count && c < columns ? cuda::load(src, (first + i) * pitch + column) : 0.0f;
   }
   __syncthreads();
 }
 
-// A block covers kBlock columns of out and kEpilogueRows rows: each thread
-// one column o for all the rows, so sw[o], the outlier weights and B[o, :]
-// are read once per 16 outputs, and the rows' outlier x values and h values
-// are staged in shared memory (read as broadcasts). Each element's
-// arithmetic is the CPU's, term by term, in the order of kernels/backend.h.
+// A thread's kEpilogueColumns columns of out from o: Vector where O is a
+// multiple of 4 and out's rows are 8- (bf16) or 16-byte (f32) aligned, so one
+// 16-byte load reads the 4 int32 products and one store writes the outputs.
+// CUDA's own vector types (nvcc splits copies of structs of arrays into
+// scalar accesses), and the stores through __stwb (a plain write-back store,
+// as `=` is, but nvcc 13 splits `*(uint2*) p = v` into two 4-byte stores).
+static_assert(kEpilogueColumns == 4, "the epilogue's vector accesses are int4, char4, float4 and 2 x bf16x2");
+
+__device__ inline uint32_t bf16x2_bits(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);  // rounds as __float2bfloat16
+  uint32_t bits;
+  memcpy(&bits, &pair, sizeof(bits));
+  return bits;
+}
+
+template <bool Vector>
+__device__ inline void load_products(float (&p)[kEpilogueColumns], const int32_t* row, int columns) {
+  if (Vector && columns == kEpilogueColumns) {
+    const int4 run = *reinterpret_cast<const int4*>(row);
+    p[0] = float(run.x), p[1] = float(run.y), p[2] = float(run.z), p[3] = float(run.w);
+  } else {
+    FT_UNROLL
+    for (int j = 0; j < kEpilogueColumns; ++j) p[j] = j < columns ? float(row[j]) : 0.0f;
+  }
+}
+
+template <bool Vector>
+__device__ inline void store_outputs(cuda::View out, int64_t i, const float (&v)[kEpilogueColumns], int columns) {
+  if (Vector && columns == kEpilogueColumns && out.dtype == DType::bf16) {
+    __stwb(reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(out.data) + i),
+           make_uint2(bf16x2_bits(v[0], v[1]), bf16x2_bits(v[2], v[3])));
+  } else if (Vector && columns == kEpilogueColumns && out.dtype == DType::f32) {
+    __stwb(reinterpret_cast<float4*>(static_cast<float*>(out.data) + i), make_float4(v[0], v[1], v[2], v[3]));
+  } else {
+    FT_UNROLL
+    for (int j = 0; j < kEpilogueColumns; ++j)
+      if (j < columns) cuda::store(out, i + j, v[j]);
+  }
+}
+
+// The codes of outlier column `index` (its input feature `column`) for the
+// thread's columns: from the gathered [capacity, O] buffer (4 bytes at once
+// where Vector) or, past its capacity, from q in place.
+template <bool Vector>
+__device__ inline void outlier_codes(int8_t (&codes)[kEpilogueColumns], const OutlierWeights& w, int32_t index,
+                                     int32_t column, int64_t o, int columns, int64_t O, int64_t K) {
+  if (Vector && index < w.capacity && columns == kEpilogueColumns) {
+    const char4 quad = *reinterpret_cast<const char4*>(w.gathered + index * O + o);
+    codes[0] = int8_t(quad.x), codes[1] = int8_t(quad.y), codes[2] = int8_t(quad.z), codes[3] = int8_t(quad.w);
+    return;
+  }
+  FT_UNROLL
+  for (int j = 0; j < kEpilogueColumns; ++j)
+    codes[j] = j >= columns ? int8_t(0) : index < w.capacity ? w.gathered[index * O + o + j] : w.wq[(o + j) * K + column];
+}
+
+// A block covers kBlock * kEpilogueColumns columns of out and kEpilogueRows
+// rows: each thread 4 consecutive columns from o for all the rows, so sw, the
+// outlier weights and B's rows are read once per 8 outputs, and the rows'
+// outlier x values and h values are staged in shared memory (read as
+// broadcasts). Each element's arithmetic is the CPU's, term by term, in the
+// order of kernels/backend.h.
+template <bool Vector>
 __global__ void __launch_bounds__(kBlock)
     forward_epilogue_kernel(cuda::View out, const int32_t* product, cuda::ConstView x, OutlierWeights w,
                             const float* sx, const float* sw, const int32_t* columns, EpilogueViews e,
                             int64_t n0, int64_t rows, int64_t O, int64_t K) {
-  __shared__ float staged[kEpilogueRows][kStagedColumns];
-  const int64_t o = int64_t(blockIdx.y) * kBlock + threadIdx.x;
-  const bool active = o < O;  // no early return: every thread takes part in the staging
+  __shared__ float staged[kStagedColumns][kEpilogueRows];
+  const int64_t o = (int64_t(blockIdx.y) * kBlock + threadIdx.x) * kEpilogueColumns;
+  // The thread's columns of out; 0 for none (no early return: every thread
+  // takes part in the staging).
+  const int width = O - o <= 0 ? 0 : O - o < kEpilogueColumns ? int(O - o) : kEpilogueColumns;
   const int64_t first = n0 + int64_t(blockIdx.x) * kEpilogueRows;
   const int count = n0 + rows - first < kEpilogueRows ? int(n0 + rows - first) : kEpilogueRows;
-  const float sw_o = active ? sw[o] : 0.0f;
-  const int32_t* block_product = product + (first - n0) * O + o;
-  float value[kEpilogueRows], lora[kEpilogueRows];
+  float sw_o[kEpilogueColumns];
+  FT_UNROLL
+  for (int j = 0; j < kEpilogueColumns; ++j) sw_o[j] = j < width ? sw[o + j] : 0.0f;
+  float value[kEpilogueRows][kEpilogueColumns], lora[kEpilogueRows][kEpilogueColumns];
   FT_UNROLL
   for (int i = 0; i < kEpilogueRows; ++i) {
-    value[i] = active && i < count ? float(block_product[i * O]) * (sx[first + i] * sw_o * kInv127Sq) : 0.0f;
-    lora[i] = 0.0f;
+    float p[kEpilogueColumns];
+    load_products<Vector>(p, product + (first - n0 + i) * O + o, i < count ? width : 0);
+    const float s = i < count ? sx[first + i] : 0.0f;
+    FT_UNROLL
+    for (int j = 0; j < kEpilogueColumns; ++j) {
+      value[i][j] = p[j] * (s * sw_o[j] * kInv127Sq);
+      lora[i][j] = 0.0f;
+    }
   }
   const int32_t outliers = columns[0];
   for (int32_t c0 = 0; c0 < outliers; c0 += kStagedColumns) {
     const int staged_columns = outliers - c0 < kStagedColumns ? int(outliers - c0) : kStagedColumns;
     stage_rows(staged, x, first, count, K, columns + 1 + c0, 0, staged_columns);
-    if (!active) continue;
+    if (width == 0) continue;
     for (int c = 0; c < staged_columns; ++c) {
-      const int32_t index = c0 + c;
-      const int8_t code = index < w.capacity ? w.gathered[index * O + o] : w.wq[o * K + columns[1 + index]];
-      const float weight = float(code) * sw_o / 127.0f;
+      int8_t codes[kEpilogueColumns];
+      outlier_codes<Vector>(codes, w, c0 + c, columns[1 + c0 + c], o, width, O, K);
+      float weight[kEpilogueColumns];
       FT_UNROLL
-      for (int i = 0; i < kEpilogueRows; ++i) value[i] = fmaf(staged[i][c], weight, value[i]);
+      for (int j = 0; j < kEpilogueColumns; ++j) weight[j] = float(codes[j]) * sw_o[j] / 127.0f;
+      FT_UNROLL
+      for (int i = 0; i < kEpilogueRows; ++i) {
+        const float xv = staged[c][i];
+        FT_UNROLL
+        for (int j = 0; j < kEpilogueColumns; ++j) value[i][j] = fmaf(xv, weight[j], value[i][j]);
+      }
     }
   }
-  if (e.bias.data && active) {
-    const float bias = cuda::load(e.bias, o);
+  if (e.bias.data && width > 0) {
     // __fadd_rn keeps nvcc from contracting the add into an FMA with the
     // dequantisation, which the CPU does not do.
     FT_UNROLL
-    for (int i = 0; i < kEpilogueRows; ++i) value[i] = __fadd_rn(value[i], bias);
+    for (int j = 0; j < kEpilogueColumns; ++j) {
+      const float bias = j < width ? cuda::load(e.bias, o + j) : 0.0f;
+      FT_UNROLL
+      for (int i = 0; i < kEpilogueRows; ++i) value[i][j] = __fadd_rn(value[i][j], bias);
+    }
   }
   for (int64_t j0 = 0; j0 < e.r; j0 += kStagedColumns) {
     const int staged_ranks = e.r - j0 < kStagedColumns ? int(e.r - j0) : kStagedColumns;
     stage_rows(staged, e.lora_h, first, count, e.r, nullptr, j0, staged_ranks);
-    if (!active) continue;
-    for (int j = 0; j < staged_ranks; ++j) {
-      const float b = cuda::load(e.lora_B, o * e.r + j0 + j);
+    if (width == 0) continue;
+    for (int r = 0; r < staged_ranks; ++r) {
+      float b[kEpilogueColumns];
       FT_UNROLL
-      for (int i = 0; i < kEpilogueRows; ++i) lora[i] = fmaf(staged[i][j], b, lora[i]);
+      for (int j = 0; j < kEpilogueColumns; ++j) b[j] = j < width ? cuda::load(e.lora_B, (o + j) * e.r + j0 + r) : 0.0f;
+      FT_UNROLL
+      for (int i = 0; i < kEpilogueRows; ++i) {
+        const float hv = staged[r][i];
+        FT_UNROLL
+        for (int j = 0; j < kEpilogueColumns; ++j) lora[i][j] = fmaf(hv, b[j], lora[i][j]);
+      }
     }
   }
-  if (!active) return;
+  if (width == 0) return;
   FT_UNROLL
-  for (int i = 0; i < kEpilogueRows; ++i)
-    if (i < count) cuda::store(out, (first + i) * O + o, e.r > 0 ? fmaf(e.lora_scaling, lora[i], value[i]) : value[i]);
+  for (int i = 0; i < kEpilogueRows; ++i) {
+    if (i >= count) continue;
+    float result[kEpilogueColumns];
+    FT_UNROLL
+    for (int j = 0; j < kEpilogueColumns; ++j)
+      result[j] = e.r > 0 ? fmaf(e.lora_scaling, lora[i][j], value[i][j]) : value[i][j];
+    store_outputs<Vector>(out, (first + i) * O + o, result, width);
+  }
 }
 
 // tile[o, j] = W[o, k0 + j] dequantised as the CPU's f32 tile, rounded once to
@@ -310,11 +427,17 @@ __global__ void __launch_bounds__(kBlock)
 // kTileRowsPerBlock rows of W at a time, all kb columns: it first tabulates
 // code * sw[o] / 127 for the 256 codes of each row (the division is the
 // costly part: a 256-entry table per row replaces one per element, the same
-// value bit for bit), then its threads walk consecutive columns (coalesced
-// reads of the codes and writes of the tile).
+// value bit for bit), then each thread takes runs of 16 consecutive codes of
+// those rows. Vector: the tile is bf16 and every run starts 16-byte aligned
+// in W and 32-byte aligned in the tile (K, k0 and kb multiples of 16), so a
+// run is one 16-byte load and two 16-byte stores.
+static_assert(kTileRun == 16, "a tile run is one int4 of codes and two uint4 of bf16");
+
+template <bool Vector>
 __global__ void __launch_bounds__(kBlock) dequantize_tile_kernel(cuda::View tile, const int8_t* wq, const float* sw,
                                                                  int64_t O, int64_t K, int64_t k0, int64_t kb) {
   __shared__ float values[kTileRowsPerBlock][256];
+  const int runs_per_row = int((kb + kTileRun - 1) / kTileRun);
   for (int64_t o = int64_t(blockIdx.x) * kTileRowsPerBlock; o < O; o += int64_t(gridDim.x) * kTileRowsPerBlock) {
     const int rows = O - o < kTileRowsPerBlock ? int(O - o) : kTileRowsPerBlock;
     __syncthreads();  // the previous rows' table is no longer read
@@ -323,19 +446,41 @@ __global__ void __launch_bounds__(kBlock) dequantize_tile_kernel(cuda::View tile
       values[r][t % 256] = r < rows ? float(code) * sw[o + r] / 127.0f : 0.0f;
     }
     __syncthreads();
-    for (int r = 0; r < rows; ++r) {
-      const int8_t* codes = wq + (o + r) * K + k0;
-      for (int64_t j = threadIdx.x; j < kb; j += kBlock)
-        cuda::store(tile, (o + r) * kb + j, values[r][int(codes[j]) + 128]);
+    for (int u = threadIdx.x; u < rows * runs_per_row; u += kBlock) {
+      const int r = u / runs_per_row;
+      const int64_t j = int64_t(u % runs_per_row) * kTileRun, at = (o + r) * kb + j;
+      const int8_t* codes = wq + (o + r) * K + k0 + j;
+      if (Vector) {
+        const int4 run = *reinterpret_cast<const int4*>(codes);
+        const uint32_t words[4] = {uint32_t(run.x), uint32_t(run.y), uint32_t(run.z), uint32_t(run.w)};
+        uint32_t pairs[8];  // bf16 pairs, codes 2t and 2t + 1 (little-endian bytes of the words)
+        FT_UNROLL
+        for (int t = 0; t < 8; ++t) {
+          const uint32_t word = words[t / 2] >> (16 * (t % 2));
+          pairs[t] = bf16x2_bits(values[r][int(int8_t(word & 0xffu)) + 128], values[r][int(int8_t(word >> 8)) + 128]);
+        }
+        uint4* dst = reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(tile.data) + at);
+        dst[0] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+        dst[1] = make_uint4(pairs[4], pairs[5], pairs[6], pairs[7]);
+      } else {
+        const int length = kb - j < kTileRun ? int(kb - j) : kTileRun;
+        for (int t = 0; t < length; ++t) cuda::store(tile, at + t, values[r][int(codes[t]) + 128]);
+      }
     }
   }
+}
+
+// Whether x's rows can be read in 16-byte runs of bf16 (load_run's vector path).
+bool vector_runs(const Tensor& x) {
+  return x.dtype == DType::bf16 && x.cols() % kRun == 0 && reinterpret_cast<uintptr_t>(x.data) % sizeof(Bf16Run) == 0;
 }
 
 Tensor scratch(const cuda::Int8Context& context, const cuda::ScratchTensor& t) {
   return Tensor::empty(t.shape, t.dtype, context.allocator, MemCategory::workspace);
 }
 
-// columns = [count, outlier column indices ascending] for x [N, K].
+// columns = [count, outlier column indices ascending, then the bit mask of
+// the outlier columns in ceil(K / 32) words] for x [N, K].
 void find_outlier_columns(Tensor& columns, const Tensor& x, float threshold, cudaStream_t stream) {
   const int64_t N = x.rows(), K = x.cols();
   launch<zero_kernel>(cuda::elementwise_blocks(K + 1, kBlock), kBlock, 0, stream, columns.ptr<int32_t>(), K + 1);
@@ -344,8 +489,12 @@ void find_outlier_columns(Tensor& columns, const Tensor& x, float threshold, cud
     const int64_t column_blocks = (K + kFlagColumns - 1) / kFlagColumns;
     FT_CHECK(column_blocks <= 65535, "int8_linear_forward: too many input features (", K, ")");
     const dim3 grid(unsigned((N + kFlagRows - 1) / kFlagRows), unsigned(column_blocks));
-    launch<flag_outlier_columns_kernel>(grid, kBlock, 0, stream, columns.ptr<int32_t>() + 1, cuda::const_view(x), N,
-                                        K, threshold);
+    if (vector_runs(x))
+      launch<flag_outlier_columns_kernel<true>>(grid, kBlock, 0, stream, columns.ptr<int32_t>() + 1,
+                                                cuda::const_view(x), N, K, threshold);
+    else
+      launch<flag_outlier_columns_kernel<false>>(grid, kBlock, 0, stream, columns.ptr<int32_t>() + 1,
+                                                 cuda::const_view(x), N, K, threshold);
     FT_CUDA_CHECK_LAUNCH();
   }
   launch<compact_outlier_columns_kernel>(1, kScanBlock, 0, stream, columns.ptr<int32_t>(), K);
@@ -424,27 +573,41 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
     FT_CUDA_CHECK_LAUNCH();
     context.passed("gather outlier weights");
   }
-  const unsigned quantize_blocks = unsigned((N + kQuantizeRows - 1) / kQuantizeRows);
-  const bool vector = x.dtype == DType::bf16 && K % kQuantizeRun == 0 &&
-                      reinterpret_cast<uintptr_t>(x.data) % sizeof(Bf16Run) == 0;
-  if (vector)
+  const int warps_per_row = quantize_warps_per_row(K);
+  const int64_t rows_per_block = kWarps / warps_per_row;
+  const unsigned quantize_blocks = unsigned((N + rows_per_block - 1) / rows_per_block);
+  const uint32_t* outlier_mask = reinterpret_cast<const uint32_t*>(columns.ptr<const int32_t>() + 1 + K);
+  if (vector_runs(x))
     launch<quantize_inliers_kernel<true>>(quantize_blocks, kBlock, 0, context.stream, codes.ptr<int8_t>(),
-                                          row_scales.ptr<float>(), const_view(x), columns.ptr<const int32_t>(), N, K);
+                                          row_scales.ptr<float>(), const_view(x), outlier_mask, N, K, warps_per_row);
   else
     launch<quantize_inliers_kernel<false>>(quantize_blocks, kBlock, 0, context.stream, codes.ptr<int8_t>(),
-                                           row_scales.ptr<float>(), const_view(x), columns.ptr<const int32_t>(), N, K);
+                                           row_scales.ptr<float>(), const_view(x), outlier_mask, N, K, warps_per_row);
   FT_CUDA_CHECK_LAUNCH();
   context.passed("quantize");
-  FT_CHECK((O + kBlock - 1) / kBlock <= 65535, op, ": too many output features (", O, ")");
+  const int64_t block_columns = int64_t(kBlock) * kEpilogueColumns;
+  FT_CHECK((O + block_columns - 1) / block_columns <= 65535, op, ": too many output features (", O, ")");
+  // 16-byte product loads and whole-quad stores: O a multiple of 4 (every
+  // thread's columns start 4 apart in each row) and out 4 elements aligned.
+  const bool vector_epilogue =
+      O % kEpilogueColumns == 0 &&
+      reinterpret_cast<uintptr_t>(out.data) % (kEpilogueColumns * dtype_size_bytes(out.dtype)) == 0;
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     const int64_t rows = std::min(chunk, N - n0);
     int8_product(product, codes, weight, n0, rows, context);
     context.passed("int8 GEMM");
-    const dim3 grid(unsigned((rows + kEpilogueRows - 1) / kEpilogueRows), unsigned((O + kBlock - 1) / kBlock));
-    launch<forward_epilogue_kernel>(grid, kBlock, 0, context.stream, view(out),
-                                    product.ptr<const int32_t>(), const_view(x), w,
-                                    row_scales.ptr<const float>(), weight_scales.ptr<const float>(),
-                                    columns.ptr<const int32_t>(), epilogue_views(epilogue), n0, rows, O, K);
+    const dim3 grid(unsigned((rows + kEpilogueRows - 1) / kEpilogueRows),
+                    unsigned((O + block_columns - 1) / block_columns));
+    if (vector_epilogue)
+      launch<forward_epilogue_kernel<true>>(grid, kBlock, 0, context.stream, view(out), product.ptr<const int32_t>(),
+                                            const_view(x), w, row_scales.ptr<const float>(),
+                                            weight_scales.ptr<const float>(), columns.ptr<const int32_t>(),
+                                            epilogue_views(epilogue), n0, rows, O, K);
+    else
+      launch<forward_epilogue_kernel<false>>(grid, kBlock, 0, context.stream, view(out), product.ptr<const int32_t>(),
+                                             const_view(x), w, row_scales.ptr<const float>(),
+                                             weight_scales.ptr<const float>(), columns.ptr<const int32_t>(),
+                                             epilogue_views(epilogue), n0, rows, O, K);
     FT_CUDA_CHECK_LAUNCH();
     context.passed("epilogue");
   }
@@ -460,8 +623,15 @@ void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, 
   for (int64_t k0 = 0; k0 < K; k0 += tile_columns) {
     const int64_t kb = std::min(tile_columns, K - k0);
     const unsigned blocks = unsigned(std::min<int64_t>((O + kTileRowsPerBlock - 1) / kTileRowsPerBlock, 1 << 20));
-    launch<dequantize_tile_kernel>(blocks, kBlock, 0, context.stream, view(w_tile),
-                                   weight.ptr<const int8_t>(), weight_scales.ptr<const float>(), O, K, k0, kb);
+    const bool vector = w_tile.dtype == DType::bf16 && K % kTileRun == 0 && k0 % kTileRun == 0 &&
+                        kb % kTileRun == 0 && reinterpret_cast<uintptr_t>(weight.data) % sizeof(int4) == 0 &&
+                        reinterpret_cast<uintptr_t>(w_tile.data) % sizeof(uint4) == 0;
+    if (vector)
+      launch<dequantize_tile_kernel<true>>(blocks, kBlock, 0, context.stream, view(w_tile),
+                                           weight.ptr<const int8_t>(), weight_scales.ptr<const float>(), O, K, k0, kb);
+    else
+      launch<dequantize_tile_kernel<false>>(blocks, kBlock, 0, context.stream, view(w_tile),
+                                            weight.ptr<const int8_t>(), weight_scales.ptr<const float>(), O, K, k0, kb);
     FT_CUDA_CHECK_LAUNCH();
     context.passed("dequantize tile");
     backward_block(dx, dout, w_tile, k0, kb, accumulate, context);

@@ -132,7 +132,7 @@ inline ScratchTensor sdpa_workspace_scratch(int64_t batch, int64_t q_heads, int6
 // The gathered outlier weights hold gather_columns columns
 // (int8_outlier_gather_columns for the backend), not the batch's outlier count.
 struct Int8ForwardScratch {
-  ScratchTensor outlier_columns;  // i32 [K + 1]: the count, then the columns
+  ScratchTensor outlier_columns;  // i32 [K + 1 + ceil(K / 32)]: the count, the columns, then their bit mask
   ScratchTensor outlier_weights;  // i8 [gather columns, O]: W's outlier columns, gathered
   ScratchTensor codes;            // i8 [N, K]: x's inlier codes
   ScratchTensor row_scales;       // f32 [N]: x's row scales
@@ -140,7 +140,7 @@ struct Int8ForwardScratch {
 };
 inline Int8ForwardScratch int8_forward_scratch(int64_t N, int64_t K, int64_t O, int64_t chunk_rows,
                                                int64_t gather_columns) {
-  return {{{K + 1}, DType::i32},
+  return {{{K + 1 + (K + 31) / 32}, DType::i32},
           {{gather_columns, O}, DType::i8},
           {{N, K}, DType::i8},
           {{N}, DType::f32},
