@@ -1,5 +1,6 @@
 #include "trainer/device_backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
@@ -9,8 +10,28 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/error.h"
+#include "trainer/plan.h"
 
 namespace ft {
+
+size_t device_allocation_limit_bytes(std::ostream& log) {
+  const char* text = std::getenv("FT_DEVICE_MEMORY_LIMIT");
+  if (!text || !*text) return 0;
+  size_t limit_bytes = 0;
+  try {
+    limit_bytes = parse_byte_size(text);
+  } catch (const Error& error) {
+    fail("FT_DEVICE_MEMORY_LIMIT: ", error.what());
+  }
+  const size_t in_use_bytes = cuda_device_bytes_in_use();
+  const size_t reserve_bytes = std::max(in_use_bytes, PlanOptions{}.context_reserve_bytes);
+  FT_CHECK(limit_bytes > reserve_bytes, "FT_DEVICE_MEMORY_LIMIT=", text, " leaves nothing for allocations after the ",
+           reserve_bytes, "-byte context reserve");
+  log << "device memory limit: " << text << " (FT_DEVICE_MEMORY_LIMIT): " << limit_bytes - reserve_bytes
+      << " bytes for allocations, after a " << reserve_bytes << "-byte context reserve (the device uses "
+      << in_use_bytes << " now)\n";
+  return limit_bytes - reserve_bytes;
+}
 
 DeviceBackend make_device_backend(DeviceChoice choice, const std::string& source, Allocator& host, std::ostream& log) {
   std::string no_cuda_why;
@@ -21,7 +42,7 @@ DeviceBackend make_device_backend(DeviceChoice choice, const std::string& source
   const char* automatic = choice == DeviceChoice::automatic ? "auto: " : "";
   DeviceBackend device;
   if (use_cuda) {
-    device.device_memory = make_cuda_caching_allocator();
+    device.device_memory = make_cuda_caching_allocator(device_allocation_limit_bytes(log));
     device.tracker = std::make_unique<TrackingAllocator>(*device.device_memory);
     device.backend = make_cuda_backend(*device.tracker);
     log << "device: cuda (" << automatic << cuda_device_description() << ")\n";

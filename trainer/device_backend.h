@@ -21,6 +21,13 @@ struct DeviceBackend {
 // config in the error for device: cuda without a usable GPU.
 DeviceBackend make_device_backend(DeviceChoice choice, const std::string& source, Allocator& host, std::ostream& log);
 
+// FT_DEVICE_MEMORY_LIMIT=24GiB (any size parse_byte_size reads) runs as a
+// card of that size would: the bytes the CUDA device allocator may hold, the
+// limit less the planner's context reserve (the CUDA context and the
+// libraries' handles, outside cudaMalloc) or less what the device already
+// uses if that is more; 0 when unset. Says so on log. Reads the device.
+size_t device_allocation_limit_bytes(std::ostream& log);
+
 // One GPU per rank: before the CUDA runtime starts, limits this process to
 // the local_rank-th device of CUDA_VISIBLE_DEVICES (or device local_rank when
 // it is unset). A list of one device is kept as it is (a launcher that binds

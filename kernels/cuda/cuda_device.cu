@@ -16,6 +16,7 @@ namespace {
 // backing allocator alive beside it.
 class OwningCachingAllocator final : public Allocator {
  public:
+  explicit OwningCachingAllocator(size_t limit_bytes) : device_(limit_bytes) {}
   Device device() const override { return caching_.device(); }
   void* allocate(size_t bytes, MemCategory category) override { return caching_.allocate(bytes, category); }
   void deallocate(void* ptr, size_t bytes, MemCategory category) override {
@@ -68,7 +69,19 @@ std::string cuda_device_description() {
 #endif
 }
 
-std::unique_ptr<Allocator> make_cuda_caching_allocator() { return std::make_unique<OwningCachingAllocator>(); }
+size_t cuda_device_bytes_in_use() {
+#if defined(__CUDACC__)
+  size_t free_bytes = 0, total_bytes = 0;
+  FT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return total_bytes - free_bytes;
+#else
+  return 0;  // the emulator's device has no context
+#endif
+}
+
+std::unique_ptr<Allocator> make_cuda_caching_allocator(size_t limit_bytes) {
+  return std::make_unique<OwningCachingAllocator>(limit_bytes);
+}
 
 std::unique_ptr<Backend> make_cuda_backend(Allocator& allocator) { return std::make_unique<CudaBackend>(allocator); }
 

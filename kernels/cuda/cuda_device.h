@@ -23,10 +23,14 @@ int cuda_device_count(std::string* why, bool* runtime_failed = nullptr);
 // Device 0 in a few words (name, memory), for the trainer's "device:" line.
 std::string cuda_device_description();
 
+// The bytes device 0 already has in use before this process allocates (its
+// CUDA context, and anything another process holds).
+size_t cuda_device_bytes_in_use();
 // Device memory for training: a CachingAllocator over a DeviceAllocator
-// (kernels/cuda/device_allocator.h), owning both. Wrap it in a
-// TrackingAllocator for per-category accounting.
-std::unique_ptr<Allocator> make_cuda_caching_allocator();
+// (kernels/cuda/device_allocator.h), owning both; limit_bytes > 0 caps what
+// the DeviceAllocator holds. Wrap it in a TrackingAllocator for per-category
+// accounting.
+std::unique_ptr<Allocator> make_cuda_caching_allocator(size_t limit_bytes = 0);
 // CudaBackend with the build's default GEMM (cuBLASLt on a GPU, the tiled
 // kernel under the emulator). allocator must hand out device memory and
 // outlive the backend.

@@ -18,11 +18,19 @@
 
 namespace ft {
 
+// limit_bytes > 0 caps what it holds at once (a smaller card simulated on a
+// larger one, FT_DEVICE_MEMORY_LIMIT): an allocation past it fails as
+// cudaMalloc would on that card, with the limit named. Deallocations must
+// pass the bytes allocated (as CachingAllocator does).
 class DeviceAllocator final : public Allocator {
  public:
+  explicit DeviceAllocator(size_t limit_bytes = 0) : limit_bytes_(limit_bytes) {}
   Device device() const override { return Device::cuda; }
   void* allocate(size_t bytes, MemCategory category) override;
   void deallocate(void* ptr, size_t bytes, MemCategory category) override;
+
+ private:
+  size_t limit_bytes_, held_bytes_ = 0;
 };
 
 class PinnedHostAllocator final : public Allocator {

@@ -17,7 +17,9 @@ int cuda_device_count(std::string* why, bool* runtime_failed) {
 
 std::string cuda_device_description() { return kWhy; }
 
-std::unique_ptr<Allocator> make_cuda_caching_allocator() { fail(kWhy); }
+size_t cuda_device_bytes_in_use() { fail(kWhy); }
+
+std::unique_ptr<Allocator> make_cuda_caching_allocator(size_t) { fail(kWhy); }
 
 std::unique_ptr<Backend> make_cuda_backend(Allocator&) { fail(kWhy); }
 

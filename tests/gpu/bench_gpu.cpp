@@ -41,6 +41,7 @@
 #include "model/families.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
+#include "trainer/device_backend.h"
 #include "trainer/train_config.h"
 #include "trainer/trainer.h"
 
@@ -414,7 +415,8 @@ double flops_per_token(CausalLM& model, int64_t seq_len) {
 
 json measure_training(const std::string& config_path, int steps, const Ceilings& ceilings) {
   TrainConfig config = load_train_config(config_path);
-  DeviceAllocator device;
+  const size_t limit_bytes = device_allocation_limit_bytes(std::cout);
+  DeviceAllocator device(limit_bytes);
   CachingAllocator caching(device);
   TrackingAllocator tracker(caching);
   CudaBackend backend(tracker);
@@ -460,7 +462,8 @@ json measure_training(const std::string& config_path, int steps, const Ceilings&
           {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
           {"flops_per_token", flops_per_token(*model, T)},
           {"peak_memory_bytes", tracker.stats().total_peak_bytes},
-          {"device_reserved_bytes", caching.stats().reserved_bytes}};
+          {"device_reserved_bytes", caching.stats().reserved_bytes},
+          {"device_allocation_limit_bytes", limit_bytes}};
 }
 
 int run(int argc, char** argv) {
