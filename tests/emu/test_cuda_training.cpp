@@ -369,8 +369,13 @@ TEST_CASE("cuda: per-layer checkpoints offloaded to host memory give the residen
 // step's loss is, and the MLP adapters' gradients, sums over tokens added up
 // chunk by chunk, agree within rounding (masks drawn for a chunk's own rows
 // instead fail that; the first loss cannot see them, B starting at 0).
-TEST_CASE("cuda: the MLP run over chunks of tokens gives the unchunked step bit for bit") {
+// Bit for bit needs GEMMs that sum a row alike at any row count: the
+// emulator's tiled kernel does; cuBLASLt picks its kernel (split-K or not)
+// by shape, and on an H200 the fp32 case's gradients differed in their last
+// bits, so on a GPU every value is held within rounding instead.
+TEST_CASE("cuda: the MLP run over chunks of tokens gives the unchunked step (bit for bit on the tiled GEMM)") {
   REQUIRE(cuda_device_present);
+  const bool gemm_kernel_by_shape = cuda::default_gemm_kind() == cuda::GemmKind::cublaslt;
   struct ChunkCase {
     TrainingCase training;
     bool mlp_trains;
@@ -393,8 +398,14 @@ TEST_CASE("cuda: the MLP run over chunks of tokens gives the unchunked step bit 
       chunked.mlp_chunk_tokens = 5;
       const TrainingResult want = train_on_cuda(plain), got = train_on_cuda(chunked);
       CHECK(all_finite(got.losses));
-      CHECK(got.losses[0] == want.losses[0]);
-      if (!c.mlp_trains) {
+      if (gemm_kernel_by_shape) {
+        REQUIRE(got.losses.size() == want.losses.size());
+        for (size_t i = 0; i < want.losses.size(); ++i)
+          CHECK(got.losses[i] == doctest::Approx(want.losses[i]).epsilon(1e-5));
+      } else {
+        CHECK(got.losses[0] == want.losses[0]);
+      }
+      if (!c.mlp_trains && !gemm_kernel_by_shape) {
         CHECK(got.losses == want.losses);
         CHECK(got.first_gradients == want.first_gradients);
         CHECK(got.adapters == want.adapters);
