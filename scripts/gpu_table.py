@@ -5,13 +5,9 @@ prints the INT8 ops per shape (TFLOP/s, and the forward against the bf16 GEMM of
 passes in milliseconds, and the training steps of ours beside the peer. A missing file is said, not guessed.
 
 Usage: gpu_table.py RESULTS_DIR [--docs]
-       gpu_table.py --fastest-epilogue RESULTS_DIR SHAPE...
   --docs: also write the training table into docs/performance.md, in the section of the card it ran
   on (<!-- gpu_training_h200:begin --> ... for an H200; scripts/docs_table.py), with a caption
   naming the card, the day bench_gpu.json was written and the steps.
-  --fastest-epilogue: from bench_int8_<SHAPE>.json (one per epilogue thread shape, FT_INT8_EPILOGUE),
-  a table of each shape's epilogue and forward milliseconds per op, then the shape whose forward ops
-  (with and without bias + LoRA) take the least time in all, alone on the last line.
 """
 import datetime
 import json
@@ -147,30 +143,7 @@ def write_training_docs(ours_path, peers, source, page=docs_table.PERFORMANCE_PA
     print(f"written: {os.path.relpath(page)} ({name})")
 
 
-def fastest_epilogue(out, shapes):
-    """Prints each shape's forward and epilogue times per op; returns the fastest shape."""
-    totals = {}
-    print("| epilogue shape | op | forward ms | epilogue ms |")
-    print("|---|---|---:|---:|")
-    for shape in shapes:
-        report = load_json(os.path.join(out, f"bench_int8_{shape}.json"))
-        rows = [row for row in (report or {}).get("int8", []) if row.get("op", "").startswith("int8_linear_forward")]
-        for row in rows:
-            print(f"| {shape} | {row['op']} | {row['ms']:.3f} | {row.get('passes_ms', {}).get('epilogue', 0):.3f} |")
-        if rows:
-            totals[shape] = sum(row["ms"] for row in rows)
-    if not totals:
-        sys.exit("gpu_table.py: no bench_int8_<shape>.json with forward ops in " + out)
-    best = min(totals, key=totals.get)
-    print("forward ms in all: " + ", ".join(f"{shape} {ms:.3f}" for shape, ms in totals.items()))
-    print(best)
-    return best
-
-
 def main():
-    if sys.argv[1:2] == ["--fastest-epilogue"] and len(sys.argv) > 3:
-        fastest_epilogue(sys.argv[2], sys.argv[3:])
-        return
     args = [arg for arg in sys.argv[1:] if arg != "--docs"]
     if len(args) != 1:
         sys.exit(__doc__)

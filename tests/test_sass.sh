@@ -4,16 +4,14 @@
 #   - our tensor-core attention kernels (attention_tc.cu) issue bf16 matrix
 #     instructions (HMMA.*.BF16, or Hopper's HGMMA);
 #   - the INT8 linear passes (int8_linear.cu) that keep a thread's values in
-#     register arrays (the vector epilogues, the bf16 quantisation) touch no local
+#     register arrays (the epilogue, the bf16 quantisation) touch no local
 #     memory (LDL/STL: an array spilled or indexed at run time; kernels
 #     without such arrays may still save registers around the IEEE division's
 #     slow-path call, as the tile dequantisation does on sm_80);
 #   - the bf16 quantisation has no FP64 arithmetic (DMUL/DFMA/DADD: the f32
 #     input's exact path, 1/64 rate on consumer GPUs) and reads x 16 bytes at
 #     a time (LDG.E.128);
-#   - the vector epilogue of 4 columns a thread reads the int32 product 16
-#     bytes at a time and writes 4 outputs per store (STG.E.64 in bf16, STG.E.128 in f32), and
-#     the bf16 tile dequantisation reads 16 codes and writes 16 values with
+#   - the bf16 tile dequantisation reads 16 codes and writes 16 values with
 #     16-byte accesses (nvcc has split such vector accesses into scalar ones
 #     before, silently).
 # The int8 matrix products run in cuBLASLt (its IMMA/IGMMA kernels), not in
@@ -56,10 +54,7 @@ for arch in $archs; do
     check "$arch $kernel: some code" has . "$code"
     check "$arch $kernel: bf16 tensor-core instructions" has '\b(HMMA\.[0-9A-Z.]*BF16|HGMMA)' "$code"
   done
-  # The vector instantiations (the generic ones, for odd widths, may save
-  # registers around the IEEE division's slow-path call).
-  for kernel in 'forward_epilogue_kernelILb1ELi4' 'forward_epilogue_kernelILb1ELi2' \
-    'forward_epilogue_kernelILb1ELi1' 'quantize_inliers_kernelILb1'; do
+  for kernel in forward_epilogue_kernel 'quantize_inliers_kernelILb1'; do
     code=$(sass_of "$int8" "$kernel" "$arch")
     check "$arch $kernel: some code" has . "$code"
     check "$arch $kernel: no local memory" lacks '\b(LDL|STL)\b' "$code"
@@ -67,10 +62,6 @@ for arch in $archs; do
   code=$(sass_of "$int8" 'quantize_inliers_kernelILb1' "$arch")
   check "$arch bf16 quantisation: no FP64" lacks '\b(DMUL|DFMA|DADD)\b' "$code"
   check "$arch bf16 quantisation: 16-byte loads" has '\bLDG\.E\.128\b' "$code"
-  code=$(sass_of "$int8" 'forward_epilogue_kernelILb1ELi4ELi8E' "$arch")  # 4 columns x 8 rows a thread
-  check "$arch vector epilogue: 16-byte product loads" has '\bLDG\.E\.128\b' "$code"
-  check "$arch vector epilogue: 8-byte bf16 stores" has '\bSTG\.E\.64\b' "$code"
-  check "$arch vector epilogue: 16-byte f32 stores" has '\bSTG\.E\.128\b' "$code"
   code=$(sass_of "$int8" 'dequantize_tile_kernelILb1' "$arch")
   check "$arch bf16 tile dequantisation: 16-byte code loads" has '\bLDG\.E\.128\b' "$code"
   check "$arch bf16 tile dequantisation: 16-byte stores" has '\bSTG\.E\.128\b' "$code"

@@ -18,10 +18,10 @@
 //   5. an epilogue dequantises the product, adds the outlier columns in f32
 //      (x in place, the gathered codes), the bias and the LoRA update
 //      scaling * h B^T (reading h [N, r] and B [O, r] in place), and rounds
-//      out once; each thread owns 4 consecutive output columns for 8 rows
-//      (16-byte loads of the product, 8- or 16-byte stores of out where the
-//      widths allow), so a column's scale and B row are read once per 8
-//      outputs.
+//      out once; each thread owns one output column for 16 rows, so the
+//      column's scale and B row are read once per 16 outputs (wider thread
+//      shapes, 4 or 2 columns x 8 rows with 16-byte accesses, measured no
+//      faster on an H200: docs/gpu-int8.md, run 5).
 // The scratch is exactly what the memory planner models
 // (kernels/meta/meta_backend.cpp): it does not depend on the outlier count.
 //
@@ -34,8 +34,7 @@
 #include "kernels/cuda/int8_linear.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
+#include <cstring>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
@@ -51,6 +50,7 @@ constexpr int kRun = 8;                // elements of a row of x a lane reads at
 constexpr int kWarps = kBlock / 32;
 constexpr int kFlagColumns = 32 * kRun;  // outlier flagging: columns per block, a run per lane
 constexpr int64_t kFlagRows = 64;        // rows per outlier-flagging block, kFlagRows / kWarps per warp
+constexpr int kEpilogueRows = 16;      // rows of out per epilogue thread
 constexpr int kStagedColumns = 32;     // outlier columns of x / LoRA ranks of h staged at a time
 constexpr int kTileRowsPerBlock = 4;   // weight-tile dequantisation: rows per block
 constexpr int kTileRun = 16;           // weight-tile dequantisation: codes per thread, one 16-byte load
@@ -258,286 +258,88 @@ struct OutlierWeights {
   int64_t capacity;
 };
 
-// staged[c][i] = src[(first + i) * pitch + column c] for the block's rows
+// staged[i][c] = src[(first + i) * pitch + column c] for the block's rows
 // i < count and c < columns (column c is indices[c], or col0 + c without
 // indices), 0 elsewhere, in f32: one load per value for the whole block,
 // where every thread would otherwise load it (a dtype switch and 64-bit
-// index math each). A column's rows are consecutive, so a thread reads them
-// as 16-byte broadcasts. Barriers on both sides: all threads must call it.
-template <int Rows>
-__device__ inline void stage_rows(float (&staged)[kStagedColumns][Rows], cuda::ConstView src, int64_t first,
-                                  int count, int64_t pitch, const int32_t* indices, int64_t col0, int columns) {
+// index math each). Barriers on both sides: all threads must call it.
+__device__ inline void stage_rows(float (&staged)[kEpilogueRows][kStagedColumns], cuda::ConstView src,
+                                  int64_t first, int count, int64_t pitch, const int32_t* indices, int64_t col0,
+                                  int columns) {
   __syncthreads();  // the previous stage's readers are done
-  for (int t = threadIdx.x; t < Rows * kStagedColumns; t += kBlock) {
+  for (int t = threadIdx.x; t < kEpilogueRows * kStagedColumns; t += kBlock) {
     const int i = t / kStagedColumns, c = t % kStagedColumns;
     const int64_t column = indices ? int64_t(indices[c < columns ? c : 0]) : col0 + c;
-    staged[c][i] = i < count && c < columns ? cuda::load(src, (first + i) * pitch + column) : 0.0f;
+    staged[i][c] = i < count && c < columns ? cuda::load(src, (first + i) * pitch + column) : 0.0f;
   }
   __syncthreads();
 }
 
-// The epilogue's vector accesses, for a thread's Columns (1, 2 or 4)
-// consecutive columns of out: Vector where O is a multiple of Columns and
-// out's rows are aligned to Columns elements, so one load reads the int32
-// products (int2, int4) and one store writes the outputs. CUDA's own vector
-// types (nvcc splits copies of structs of arrays into scalar accesses), and
-// the wide stores through __stwb (a plain write-back store, as `=` is, but
-// nvcc 13 splits `*(uint2*) p = v` into two 4-byte stores).
-__device__ inline uint32_t bf16x2_bits(float lo, float hi) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);  // rounds as __float2bfloat16
-  uint32_t bits;
-  memcpy(&bits, &pair, sizeof(bits));
-  return bits;
-}
-// Element t (0..7) of 8 packed bf16, exactly in f32.
-__device__ inline float bf16_at(const uint4& packed, int t) {
-  const uint32_t word = t < 2 ? packed.x : t < 4 ? packed.y : t < 6 ? packed.z : packed.w;
-  return __uint_as_float((t % 2 ? word >> 16 : word & 0xffffu) << 16);
-}
-
-template <bool Vector, int Columns>
-__device__ inline void load_products(float (&p)[Columns], const int32_t* row, int columns) {
-  if (Vector && columns == Columns && Columns == 4) {
-    const int4 run = *reinterpret_cast<const int4*>(row);
-    const float all[4] = {float(run.x), float(run.y), float(run.z), float(run.w)};
-    FT_UNROLL
-    for (int j = 0; j < Columns; ++j) p[j] = all[j];
-  } else if (Vector && columns == Columns && Columns == 2) {
-    const int2 run = *reinterpret_cast<const int2*>(row);
-    const float all[2] = {float(run.x), float(run.y)};
-    FT_UNROLL
-    for (int j = 0; j < Columns; ++j) p[j] = all[j];
-  } else {
-    FT_UNROLL
-    for (int j = 0; j < Columns; ++j) p[j] = j < columns ? float(row[j]) : 0.0f;
-  }
-}
-
-template <bool Vector, int Columns>
-__device__ inline void store_outputs(cuda::View out, int64_t i, const float (&v)[Columns], int columns) {
-  const bool whole = Vector && columns == Columns;
-  if constexpr (Columns == 4) {
-    if (whole && out.dtype == DType::bf16) {
-      __stwb(reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(out.data) + i),
-             make_uint2(bf16x2_bits(v[0], v[1]), bf16x2_bits(v[2], v[3])));
-      return;
-    }
-    if (whole && out.dtype == DType::f32) {
-      __stwb(reinterpret_cast<float4*>(static_cast<float*>(out.data) + i), make_float4(v[0], v[1], v[2], v[3]));
-      return;
-    }
-  }
-  if constexpr (Columns == 2) {
-    if (whole && out.dtype == DType::bf16) {
-      *reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(out.data) + i) = bf16x2_bits(v[0], v[1]);
-      return;
-    }
-    if (whole && out.dtype == DType::f32) {
-      __stwb(reinterpret_cast<float2*>(static_cast<float*>(out.data) + i), make_float2(v[0], v[1]));
-      return;
-    }
-  }
-  FT_UNROLL
-  for (int j = 0; j < Columns; ++j)
-    if (j < columns) cuda::store(out, i + j, v[j]);
-}
-
-// The codes of outlier column `index` (its input feature `column`) for the
-// thread's columns: from the gathered [capacity, O] buffer (4 or 2 bytes at
-// once where Vector) or, past its capacity, from q in place.
-template <bool Vector, int Columns>
-__device__ inline void outlier_codes(int8_t (&codes)[Columns], const OutlierWeights& w, int32_t index,
-                                     int32_t column, int64_t o, int columns, int64_t O, int64_t K) {
-  if (Vector && index < w.capacity && columns == Columns && Columns == 4) {
-    const char4 quad = *reinterpret_cast<const char4*>(w.gathered + index * O + o);
-    const int8_t all[4] = {int8_t(quad.x), int8_t(quad.y), int8_t(quad.z), int8_t(quad.w)};
-    FT_UNROLL
-    for (int j = 0; j < Columns; ++j) codes[j] = all[j];
-    return;
-  }
-  if (Vector && index < w.capacity && columns == Columns && Columns == 2) {
-    const char2 pair = *reinterpret_cast<const char2*>(w.gathered + index * O + o);
-    const int8_t all[2] = {int8_t(pair.x), int8_t(pair.y)};
-    FT_UNROLL
-    for (int j = 0; j < Columns; ++j) codes[j] = all[j];
-    return;
-  }
-  FT_UNROLL
-  for (int j = 0; j < Columns; ++j)
-    codes[j] = j >= columns ? int8_t(0) : index < w.capacity ? w.gathered[index * O + o + j] : w.wq[(o + j) * K + column];
-}
-
-// lora[i][j] += h[first + i, j0 + r] * B[o + j, j0 + r] over the staged
-// ranks r, in rank order. Packed (B bf16, r a multiple of 8, 16-byte
-// aligned): a thread reads 8 ranks of each of its columns' B rows with one
-// 16-byte load (its Columns rows of B are contiguous), where one load per
-// rank and column would touch a cache line per lane.
-template <int Columns, int Rows>
-__device__ inline void add_lora_ranks(float (&lora)[Rows][Columns], const float (&staged)[kStagedColumns][Rows],
-                                      int staged_ranks, const EpilogueViews& e, int64_t j0, int64_t o, int width,
-                                      bool packed) {
-  for (int r8 = 0; packed && r8 < staged_ranks; r8 += 8) {
-    uint4 b8[Columns];
-    FT_UNROLL
-    for (int j = 0; j < Columns; ++j)
-      b8[j] = j < width ? *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(e.lora_B.data) +
-                                                          (o + j) * e.r + j0 + r8)
-                        : make_uint4(0, 0, 0, 0);
-    FT_UNROLL
-    for (int t = 0; t < 8; ++t) {
-      float b[Columns];
-      FT_UNROLL
-      for (int j = 0; j < Columns; ++j) b[j] = bf16_at(b8[j], t);
-      FT_UNROLL
-      for (int i = 0; i < Rows; ++i) {
-        const float hv = staged[r8 + t][i];
-        FT_UNROLL
-        for (int j = 0; j < Columns; ++j) lora[i][j] = fmaf(hv, b[j], lora[i][j]);
-      }
-    }
-  }
-  for (int r = 0; !packed && r < staged_ranks; ++r) {
-    float b[Columns];
-    FT_UNROLL
-    for (int j = 0; j < Columns; ++j) b[j] = j < width ? cuda::load(e.lora_B, (o + j) * e.r + j0 + r) : 0.0f;
-    FT_UNROLL
-    for (int i = 0; i < Rows; ++i) {
-      const float hv = staged[r][i];
-      FT_UNROLL
-      for (int j = 0; j < Columns; ++j) lora[i][j] = fmaf(hv, b[j], lora[i][j]);
-    }
-  }
-}
-
-// A block covers kBlock * Columns columns of out and Rows rows: each thread
-// Columns consecutive columns from o for all the rows, so sw, the outlier
-// weights and B's rows are read once per Rows outputs, and the rows' outlier
-// x values and h values are staged in shared memory (read as broadcasts).
-// Each element's arithmetic is the CPU's, term by term, in the order of
-// kernels/backend.h, whatever the shape.
-template <bool Vector, int Columns, int Rows>
+// A block covers kBlock columns of out and kEpilogueRows rows: each thread
+// one column o for all the rows, so sw[o], the outlier weights and B[o, :]
+// are read once per 16 outputs, and the rows' outlier x values and h values
+// are staged in shared memory (read as broadcasts). Each element's
+// arithmetic is the CPU's, term by term, in the order of kernels/backend.h.
 __global__ void __launch_bounds__(kBlock)
     forward_epilogue_kernel(cuda::View out, const int32_t* product, cuda::ConstView x, OutlierWeights w,
                             const float* sx, const float* sw, const int32_t* columns, EpilogueViews e,
-                            bool packed_lora, int64_t n0, int64_t rows, int64_t O, int64_t K) {
-  __shared__ float staged[kStagedColumns][Rows];
-  const int64_t o = (int64_t(blockIdx.y) * kBlock + threadIdx.x) * Columns;
-  // The thread's columns of out; 0 for none (no early return: every thread
-  // takes part in the staging).
-  const int width = O - o <= 0 ? 0 : O - o < Columns ? int(O - o) : Columns;
-  const int64_t first = n0 + int64_t(blockIdx.x) * Rows;
-  const int count = n0 + rows - first < Rows ? int(n0 + rows - first) : Rows;
-  float sw_o[Columns];
+                            int64_t n0, int64_t rows, int64_t O, int64_t K) {
+  __shared__ float staged[kEpilogueRows][kStagedColumns];
+  const int64_t o = int64_t(blockIdx.y) * kBlock + threadIdx.x;
+  const bool active = o < O;  // no early return: every thread takes part in the staging
+  const int64_t first = n0 + int64_t(blockIdx.x) * kEpilogueRows;
+  const int count = n0 + rows - first < kEpilogueRows ? int(n0 + rows - first) : kEpilogueRows;
+  const float sw_o = active ? sw[o] : 0.0f;
+  const int32_t* block_product = product + (first - n0) * O + o;
+  float value[kEpilogueRows], lora[kEpilogueRows];
   FT_UNROLL
-  for (int j = 0; j < Columns; ++j) sw_o[j] = j < width ? sw[o + j] : 0.0f;
-  float value[Rows][Columns], lora[Rows][Columns];
-  FT_UNROLL
-  for (int i = 0; i < Rows; ++i) {
-    float p[Columns];
-    load_products<Vector, Columns>(p, product + (first - n0 + i) * O + o, i < count ? width : 0);
-    const float s = i < count ? sx[first + i] : 0.0f;
-    FT_UNROLL
-    for (int j = 0; j < Columns; ++j) {
-      value[i][j] = p[j] * (s * sw_o[j] * kInv127Sq);
-      lora[i][j] = 0.0f;
-    }
+  for (int i = 0; i < kEpilogueRows; ++i) {
+    value[i] = active && i < count ? float(block_product[i * O]) * (sx[first + i] * sw_o * kInv127Sq) : 0.0f;
+    lora[i] = 0.0f;
   }
   const int32_t outliers = columns[0];
   for (int32_t c0 = 0; c0 < outliers; c0 += kStagedColumns) {
     const int staged_columns = outliers - c0 < kStagedColumns ? int(outliers - c0) : kStagedColumns;
-    stage_rows<Rows>(staged, x, first, count, K, columns + 1 + c0, 0, staged_columns);
-    if (width == 0) continue;
+    stage_rows(staged, x, first, count, K, columns + 1 + c0, 0, staged_columns);
+    if (!active) continue;
     for (int c = 0; c < staged_columns; ++c) {
-      int8_t codes[Columns];
-      outlier_codes<Vector, Columns>(codes, w, c0 + c, columns[1 + c0 + c], o, width, O, K);
-      float weight[Columns];
+      const int32_t index = c0 + c;
+      const int8_t code = index < w.capacity ? w.gathered[index * O + o] : w.wq[o * K + columns[1 + index]];
+      const float weight = float(code) * sw_o / 127.0f;
       FT_UNROLL
-      for (int j = 0; j < Columns; ++j) weight[j] = float(codes[j]) * sw_o[j] / 127.0f;
-      FT_UNROLL
-      for (int i = 0; i < Rows; ++i) {
-        const float xv = staged[c][i];
-        FT_UNROLL
-        for (int j = 0; j < Columns; ++j) value[i][j] = fmaf(xv, weight[j], value[i][j]);
-      }
+      for (int i = 0; i < kEpilogueRows; ++i) value[i] = fmaf(staged[i][c], weight, value[i]);
     }
   }
-  if (e.bias.data && width > 0) {
+  if (e.bias.data && active) {
+    const float bias = cuda::load(e.bias, o);
     // __fadd_rn keeps nvcc from contracting the add into an FMA with the
     // dequantisation, which the CPU does not do.
     FT_UNROLL
-    for (int j = 0; j < Columns; ++j) {
-      const float bias = j < width ? cuda::load(e.bias, o + j) : 0.0f;
-      FT_UNROLL
-      for (int i = 0; i < Rows; ++i) value[i][j] = __fadd_rn(value[i][j], bias);
-    }
+    for (int i = 0; i < kEpilogueRows; ++i) value[i] = __fadd_rn(value[i], bias);
   }
   for (int64_t j0 = 0; j0 < e.r; j0 += kStagedColumns) {
     const int staged_ranks = e.r - j0 < kStagedColumns ? int(e.r - j0) : kStagedColumns;
-    stage_rows<Rows>(staged, e.lora_h, first, count, e.r, nullptr, j0, staged_ranks);
-    if (width > 0) add_lora_ranks<Columns, Rows>(lora, staged, staged_ranks, e, j0, o, width, packed_lora);
+    stage_rows(staged, e.lora_h, first, count, e.r, nullptr, j0, staged_ranks);
+    if (!active) continue;
+    for (int j = 0; j < staged_ranks; ++j) {
+      const float b = cuda::load(e.lora_B, o * e.r + j0 + j);
+      FT_UNROLL
+      for (int i = 0; i < kEpilogueRows; ++i) lora[i] = fmaf(staged[i][j], b, lora[i]);
+    }
   }
-  if (width == 0) return;
+  if (!active) return;
   FT_UNROLL
-  for (int i = 0; i < Rows; ++i) {
-    if (i >= count) continue;
-    float result[Columns];
-    FT_UNROLL
-    for (int j = 0; j < Columns; ++j) result[j] = e.r > 0 ? fmaf(e.lora_scaling, lora[i][j], value[i][j]) : value[i][j];
-    store_outputs<Vector, Columns>(out, (first + i) * O + o, result, width);
-  }
+  for (int i = 0; i < kEpilogueRows; ++i)
+    if (i < count) cuda::store(out, (first + i) * O + o, e.r > 0 ? fmaf(e.lora_scaling, lora[i], value[i]) : value[i]);
 }
 
-// The epilogue's thread shape, Columns x Rows of out per thread.
-struct EpilogueShape {
-  int columns, rows;
-};
-
-// FT_INT8_EPILOGUE=4x8 | 2x8 | 1x16 picks the shape (scripts/gpu_run times
-// each on the GPU); unset, kDefaultEpilogueShape.
-constexpr EpilogueShape kDefaultEpilogueShape{4, 8};
-EpilogueShape epilogue_shape() {
-  const char* text = std::getenv("FT_INT8_EPILOGUE");
-  if (!text || !*text) return kDefaultEpilogueShape;
-  const std::string shape = text;
-  if (shape == "4x8") return {4, 8};
-  if (shape == "2x8") return {2, 8};
-  if (shape == "1x16") return {1, 16};
-  fail("FT_INT8_EPILOGUE: expected 4x8, 2x8 or 1x16 (columns x rows of out per thread), got \"", shape, "\"");
-}
-
-template <int Columns, int Rows, class... Args>
-void launch_epilogue(bool vector, int64_t rows, int64_t O, cudaStream_t stream, Args&&... args) {
-  const int64_t block_columns = int64_t(kBlock) * Columns;
-  FT_CHECK((O + block_columns - 1) / block_columns <= 65535, "int8_linear_forward: too many output features (", O,
-           ")");
-  const dim3 grid(unsigned((rows + Rows - 1) / Rows), unsigned((O + block_columns - 1) / block_columns));
-  if (vector)
-    launch<forward_epilogue_kernel<true, Columns, Rows>>(grid, kBlock, 0, stream, std::forward<Args>(args)...);
-  else
-    launch<forward_epilogue_kernel<false, Columns, Rows>>(grid, kBlock, 0, stream, std::forward<Args>(args)...);
-}
-
-// out rows [n0, n0 + rows) from the product block, in the given shape.
-// Vector: O a multiple of the thread's columns and out aligned to them.
-void forward_epilogue(EpilogueShape shape, Tensor& out, const Tensor& product, const Tensor& x,
-                      const OutlierWeights& w, const Tensor& row_scales, const Tensor& weight_scales,
-                      const Tensor& columns, const Int8Epilogue& epilogue, int64_t n0, int64_t rows, int64_t K,
-                      cudaStream_t stream) {
-  const int64_t O = out.cols();
-  const bool vector = O % shape.columns == 0 && reinterpret_cast<uintptr_t>(out.data) %
-                                                        (size_t(shape.columns) * dtype_size_bytes(out.dtype)) ==
-                                                    0;
-  const EpilogueViews e = epilogue_views(epilogue);
-  const bool packed_lora = e.r > 0 && e.lora_B.dtype == DType::bf16 && e.r % 8 == 0 &&
-                           reinterpret_cast<uintptr_t>(e.lora_B.data) % sizeof(uint4) == 0;
-  auto go = [&](auto launcher) {
-    launcher(vector, rows, O, stream, cuda::view(out), product.ptr<const int32_t>(), cuda::const_view(x), w,
-             row_scales.ptr<const float>(), weight_scales.ptr<const float>(), columns.ptr<const int32_t>(), e,
-             packed_lora, n0, rows, O, K);
-  };
-  if (shape.columns == 4) go([](auto&&... a) { launch_epilogue<4, 8>(a...); });
-  else if (shape.columns == 2) go([](auto&&... a) { launch_epilogue<2, 8>(a...); });
-  else go([](auto&&... a) { launch_epilogue<1, 16>(a...); });
+// Two f32 values as a bf16 pair (lo in the low half, as in memory), each
+// rounded as __float2bfloat16 rounds it.
+__device__ inline uint32_t bf16x2_bits(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  uint32_t bits;
+  memcpy(&bits, &pair, sizeof(bits));
+  return bits;
 }
 
 // tile[o, j] = W[o, k0 + j] dequantised as the CPU's f32 tile, rounded once to
@@ -703,13 +505,16 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
                                            row_scales.ptr<float>(), const_view(x), outlier_mask, N, K, warps_per_row);
   FT_CUDA_CHECK_LAUNCH();
   context.passed("quantize");
-  const EpilogueShape shape = epilogue_shape();
+  FT_CHECK((O + kBlock - 1) / kBlock <= 65535, op, ": too many output features (", O, ")");
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     const int64_t rows = std::min(chunk, N - n0);
     int8_product(product, codes, weight, n0, rows, context);
     context.passed("int8 GEMM");
-    forward_epilogue(shape, out, product, x, w, row_scales, weight_scales, columns, epilogue, n0, rows, K,
-                     context.stream);
+    const dim3 grid(unsigned((rows + kEpilogueRows - 1) / kEpilogueRows), unsigned((O + kBlock - 1) / kBlock));
+    launch<forward_epilogue_kernel>(grid, kBlock, 0, context.stream, view(out),
+                                    product.ptr<const int32_t>(), const_view(x), w,
+                                    row_scales.ptr<const float>(), weight_scales.ptr<const float>(),
+                                    columns.ptr<const int32_t>(), epilogue_views(epilogue), n0, rows, O, K);
     FT_CUDA_CHECK_LAUNCH();
     context.passed("epilogue");
   }

@@ -232,8 +232,6 @@ template <class T>
 void __stcs(T* p, T v) { *p = v; }
 template <class T>
 void __stcg(T* p, T v) { *p = v; }
-template <class T>
-void __stwb(T* p, T v) { *p = v; }
 
 // ---- float intrinsics ------------------------------------------------------------
 inline float __expf(float x) { return std::exp(x); }

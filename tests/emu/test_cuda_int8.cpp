@@ -24,7 +24,6 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -266,47 +265,41 @@ TEST_CASE("cuda: int8_linear_forward with more outlier columns and LoRA ranks th
 
 TEST_CASE("cuda: int8_linear_forward at the kernels' vector widths is bit-identical to the CPU") {
   // bf16 x with rows of 2,112 and 8,256 elements (2 and 8 warps per row in
-  // the quantisation, the last block of rows partial), O = 1,028 (a multiple
-  // of 4: the epilogue's 16-byte product loads and 4-wide stores; a second
-  // block of columns holding one thread's 4), 40 outlier columns on both
+  // the quantisation, the last block of rows partial), O = 1,028 (a partial
+  // block of the epilogue's 256 columns), 40 outlier columns on both
   // sides of the bit mask's word and 8-element run boundaries and at K - 1
   // (two shared-memory stages, some past the gather buffer), a bias and a
-  // LoRA update of rank 40 (two stages, B read 8 ranks at a time), out in
-  // bf16 and f32, in each of the epilogue's thread shapes (FT_INT8_EPILOGUE).
+  // LoRA update of rank 40 (two stages), out in bf16 and f32.
   struct Size {
     int64_t N, K;
   };
   const int64_t O = 1028, r = 40;
   unsigned seed = 400;
-  for (const char* shape : {"4x8", "2x8", "1x16"})
-    for (const Size& s : {Size{19, 2112}, Size{9, 8256}})
-      for (DType out_dtype : {DType::bf16, DType::f32}) {
-        setenv("FT_INT8_EPILOGUE", shape, 1);
-        CAPTURE(shape);
-        CAPTURE(s.K);
-        CAPTURE(dtype_name(out_dtype));
-        Tensor x = make_x(s.N, s.K, DType::bf16, Outliers::none, seed++);
-        const int64_t edges[] = {7, 8, 31, 32, 63, 64, 1000, s.K - 1};
-        for (int64_t c = 0; c < 40; ++c) {
-          const int64_t column = c < 8 ? edges[c] : 97 + 41 * c;
-          store_from_f32(x.data, DType::bf16, (c * 5 % s.N) * s.K + column, c % 2 ? -7.0f - c : 7.0f + c);
-        }
-        Int8Weight w = host_weight(O, s.K, seed++);
-        Tensor bias = host_random({O}, DType::bf16, seed++);
-        Tensor h = host_random({s.N, r}, DType::bf16, seed++, -2.0f, 2.0f);
-        Tensor B = host_random({O, r}, DType::bf16, seed++, -0.3f, 0.3f);
-        Tensor want = cpu.empty({s.N, O}, out_dtype, MemCategory::activations);
-        cpu.int8_linear_forward(want, x, w.q, w.scales, 6.0f, {&bias, &h, &B, 0.5f});
-        for (int64_t chunk : {s.N, int64_t(8)}) {
-          CAPTURE(chunk);
-          Tensor out = device_empty({s.N, O}, out_dtype), dbias = to_device(bias), dh = to_device(h);
-          Tensor dB = to_device(B);
-          cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f,
-                                    {&dbias, &dh, &dB, 0.5f}, chunk, 30, context());
-          CHECK(values(out) == values(want));
-        }
+  for (const Size& s : {Size{19, 2112}, Size{9, 8256}})
+    for (DType out_dtype : {DType::bf16, DType::f32}) {
+      CAPTURE(s.K);
+      CAPTURE(dtype_name(out_dtype));
+      Tensor x = make_x(s.N, s.K, DType::bf16, Outliers::none, seed++);
+      const int64_t edges[] = {7, 8, 31, 32, 63, 64, 1000, s.K - 1};
+      for (int64_t c = 0; c < 40; ++c) {
+        const int64_t column = c < 8 ? edges[c] : 97 + 41 * c;
+        store_from_f32(x.data, DType::bf16, (c * 5 % s.N) * s.K + column, c % 2 ? -7.0f - c : 7.0f + c);
       }
-  unsetenv("FT_INT8_EPILOGUE");
+      Int8Weight w = host_weight(O, s.K, seed++);
+      Tensor bias = host_random({O}, DType::bf16, seed++);
+      Tensor h = host_random({s.N, r}, DType::bf16, seed++, -2.0f, 2.0f);
+      Tensor B = host_random({O, r}, DType::bf16, seed++, -0.3f, 0.3f);
+      Tensor want = cpu.empty({s.N, O}, out_dtype, MemCategory::activations);
+      cpu.int8_linear_forward(want, x, w.q, w.scales, 6.0f, {&bias, &h, &B, 0.5f});
+      for (int64_t chunk : {s.N, int64_t(8)}) {
+        CAPTURE(chunk);
+        Tensor out = device_empty({s.N, O}, out_dtype), dbias = to_device(bias), dh = to_device(h);
+        Tensor dB = to_device(B);
+        cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f,
+                                  {&dbias, &dh, &dB, 0.5f}, chunk, 30, context());
+        CHECK(values(out) == values(want));
+      }
+    }
 }
 
 TEST_CASE("cuda: the forward's int32 product blocks are balanced, within budget, in whole GEMM tiles") {
