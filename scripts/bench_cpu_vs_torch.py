@@ -1,15 +1,16 @@
 """Our CPU trainer against PyTorch on the same machine (scripts/bench_cpu --vs-torch runs it).
 
 Model: Llama, hidden 768, 12 layers, 12 heads, MLP 2048, vocab 32000 (134.4M parameters, lm_head untied),
-frozen; LoRA r 8 (alpha 16, dropout 0.05) on q_proj and v_proj; batch 4 x 256 tokens of random ids; AdamW on
-the adapters; the same thread count everywhere. Every trainer runs in its own process, alternately, ROUNDS
-times; each reports the median step time of its timed steps (after WARMUP steps) and its peak resident
-memory (ru_maxrss). tokens/s = 4 * 256 / step time for all. Then per-op GEMM GFLOP/s of ours
+frozen; LoRA r 8 (alpha 16, dropout 0.05) on q_proj and v_proj; batch 4 x 256 tokens of random ids (or
+BENCH_CPU_SHAPE=BxT, e.g. 1x1024); AdamW on the adapters; the same thread count everywhere. Every trainer runs
+in its own process, alternately, ROUNDS times; each reports the median step time of its timed steps (after
+WARMUP steps) and its peak resident memory (ru_maxrss). tokens/s = B * T / step time for all. Then per-op GEMM GFLOP/s of ours
 (bench_cpu_gemm) against PyTorch's GEMMs at 2048^3 (f32, bf16, int8 via torch._int_mm) measured here.
 
   driver:    bench_cpu_vs_torch.py FINETUNE GEMM_BENCH WORK_DIR OUTPUT.json THREADS ROUNDS WARMUP STEPS [DOCS_PAGE]
-             (DOCS_PAGE: also write the tokens/s and RSS table into that page's section for this CPU,
-             bench_cpu_vs_torch_avx512 or bench_cpu_vs_torch_avx2; scripts/docs_table.py)
+             (DOCS_PAGE: also write the tokens/s and RSS table into that page's section for this CPU and
+             shape, bench_cpu_vs_torch_avx512 or bench_cpu_vs_torch_avx2, with _1x1024 for another shape
+             than 4x256; scripts/docs_table.py)
   one torch: bench_cpu_vs_torch.py --torch {plain|peft} {fp32|bf16} THREADS WARMUP STEPS
 """
 import datetime
@@ -21,7 +22,15 @@ import subprocess
 import sys
 import time
 
-VOCAB, HIDDEN, LAYERS, HEADS, FFN, RANK, ALPHA, DROPOUT, BATCH, SEQ = 32000, 768, 12, 12, 2048, 8, 16, 0.05, 4, 256
+VOCAB, HIDDEN, LAYERS, HEADS, FFN, RANK, ALPHA, DROPOUT = 32000, 768, 12, 12, 2048, 8, 16, 0.05
+DEFAULT_SHAPE = "4x256"
+SHAPE = os.environ.get("BENCH_CPU_SHAPE", DEFAULT_SHAPE)  # batch x sequence length; children inherit it
+try:
+    BATCH, SEQ = (int(n) for n in SHAPE.split("x"))
+except ValueError:
+    sys.exit(f"BENCH_CPU_SHAPE: expected BATCHxSEQ_LEN such as 1x1024, got {SHAPE!r}")
+if not 1 <= SEQ <= 2048 or BATCH < 1:
+    sys.exit(f"BENCH_CPU_SHAPE: {SHAPE!r}: batch >= 1 and a sequence of 1 to 2048 tokens (the model's positions)")
 TOKENS_PER_STEP = BATCH * SEQ
 
 
@@ -266,10 +275,10 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps,
             rss[name] = max(rss[name], peak)
             print(f"round {round_index + 1}/{rounds}: {name}: {TOKENS_PER_STEP / step_s:.0f} tokens/s, "
                   f"peak RSS {peak / 2 ** 20:.0f} MiB", flush=True)
-    report = {"machine": machine(), "threads": threads, "rounds": rounds, "warmup_steps": warmup, "steps": steps,
-              "load_average": os.getloadavg(), "trainers": {}}
-    print(f"\n{report['machine']}, {threads} threads, load average {report['load_average'][0]:.1f} "
-          f"(medians of {rounds} rounds x {steps} steps)")
+    report = {"machine": machine(), "shape": SHAPE, "threads": threads, "rounds": rounds, "warmup_steps": warmup,
+              "steps": steps, "load_average": os.getloadavg(), "trainers": {}}
+    print(f"\n{report['machine']}, batch {BATCH} x {SEQ}, {threads} threads, load average "
+          f"{report['load_average'][0]:.1f} (medians of {rounds} rounds x {steps} steps)")
     for name in times:
         tokens_per_s = TOKENS_PER_STEP / statistics.median(times[name])
         report["trainers"][name] = {"tokens_per_s": tokens_per_s, "peak_rss_bytes": rss[name],
@@ -327,8 +336,9 @@ def docs_markdown(report, versions, one_step_bf16, quick):
     """The tokens/s and peak RSS of every trainer, with a caption naming the machine and the method."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from docs_table import table_row
-    method = (f"medians of {report['rounds']} rounds x {report['steps']} steps after {report['warmup_steps']} "
-              f"warm-up, {report['threads']} threads, load average {report['load_average'][0]:.1f}, "
+    method = (f"batch {BATCH} x {SEQ}, medians of {report['rounds']} rounds x {report['steps']} steps after "
+              f"{report['warmup_steps']} warm-up, {report['threads']} threads, load average "
+              f"{report['load_average'][0]:.1f}, "
               f"{datetime.date.today().isoformat()}")
     if quick:
         method += ", `--quick`"
@@ -350,6 +360,8 @@ def docs_markdown(report, versions, one_step_bf16, quick):
 def write_docs(page, report, versions, one_step_bf16, quick):
     from docs_table import replace_section
     name = "bench_cpu_vs_torch_" + ("avx512" if "avx512f" in cpu_flags() else "avx2")
+    if SHAPE != DEFAULT_SHAPE:
+        name += "_" + SHAPE
     replace_section(page, name, docs_markdown(report, versions, one_step_bf16, quick))
     print(f"written: {page} ({name})")
 
