@@ -4,7 +4,9 @@ Model: Llama, hidden 768, 12 layers, 12 heads, MLP 2048, vocab 32000 (134.4M par
 frozen; LoRA r 8 (alpha 16, dropout 0.05) on q_proj and v_proj; batch 4 x 256 tokens of random ids (or
 BENCH_CPU_SHAPE=BxT, e.g. 1x1024); AdamW on the adapters; the same thread count everywhere. Every trainer runs
 in its own process, alternately, ROUNDS times; each reports the median step time of its timed steps (after
-WARMUP steps) and its peak resident memory (ru_maxrss). tokens/s = B * T / step time for all. Then per-op GEMM GFLOP/s of ours
+WARMUP steps) and its peak resident memory (ru_maxrss). tokens/s = the positions a step computes over its time:
+B * T for PyTorch; for ours each step's own count (its batch is cut after the last loss token; the data is
+concatenated into windows, so that is B * T or close to it). Then per-op GEMM GFLOP/s of ours
 (bench_cpu_gemm) against PyTorch's GEMMs at 2048^3 (f32, bf16, int8 via torch._int_mm) measured here.
 
   driver:    bench_cpu_vs_torch.py FINETUNE GEMM_BENCH WORK_DIR OUTPUT.json THREADS ROUNDS WARMUP STEPS [DOCS_PAGE]
@@ -186,11 +188,12 @@ def write_model(work_dir):
 
 
 def run_ours(finetune, config, model_dir, work_dir, quant, precision, threads, warmup, steps):
+    """The median over the timed steps of positions (tokens, padding included) per second, and the peak RSS."""
     out_dir = os.path.join(work_dir, f"ours_{quant}_{precision}")
     command = [finetune, config, "--set", f"model={model_dir}", "--set", "init=random",
                "--set", f"tokenizer={model_dir}/tokenizer.json", "--set", f"lora.r={RANK}",
                "--set", f"lora.lora_alpha={ALPHA}", "--set", f"lora.lora_dropout={DROPOUT}",
-               "--set", f"micro_batch_size={BATCH}", "--set", f"seq_len={SEQ}", "--set", "data.packing=true",
+               "--set", f"micro_batch_size={BATCH}", "--set", f"seq_len={SEQ}", "--set", "data.packing=concatenate",
                "--set", f"quantization.mode={quant}", "--set", f"precision={precision}", "--set", "device=cpu",
                "--set", f"max_steps={warmup + steps}", "--set", "log_every=1", "--set", "save_every=0",
                "--set", "task_metric=none", "--set", 'data.eval=""', "--set", "generate.num_samples=0",
@@ -198,7 +201,9 @@ def run_ours(finetune, config, model_dir, work_dir, quant, precision, threads, w
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     _, rss = child_rss(command, env, work_dir)
     rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl")) if '"loss"' in line]
-    return statistics.median(row["step_s"] for row in rows[warmup:]), rss
+    # A step computes the positions it holds: a batch is trimmed after its last loss token, so a step can
+    # hold fewer than B x T (concatenated windows rarely do). Its rate is those positions over its time.
+    return statistics.median(row["tokens"] / row["step_s"] for row in rows[warmup:]), rss
 
 
 def torch_gemm_peaks(threads):
@@ -248,7 +253,7 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps,
         trainers += [("torch plain fp32", "plain", None, "fp32"), ("torch plain bf16", "plain", None, "bf16")]
     if have_peft:
         trainers += [("transformers+peft fp32", "peft", None, "fp32"), ("transformers+peft bf16", "peft", None, "bf16")]
-    times = {name: [] for name, *_ in trainers}
+    rates = {name: [] for name, *_ in trainers}  # tokens/s, one per round
     rss = {name: 0 for name, *_ in trainers}
     me = os.path.abspath(__file__)
     torch_env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -261,8 +266,8 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps,
     for round_index in range(rounds):
         for name, kind, quant, precision in trainers:
             if kind == "ours":
-                step_s, peak = run_ours(finetune, config, model_dir, work_dir, quant, precision, threads, warmup,
-                                        steps)
+                rate, peak = run_ours(finetune, config, model_dir, work_dir, quant, precision, threads, warmup,
+                                      steps)
             else:  # cwd work_dir: the repository's kernels/ folder would shadow the `kernels` Python package
                 one_step = precision == "bf16" and not native_bf16
                 if one_step and round_index > 0:
@@ -270,20 +275,20 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps,
                 stdout, peak = child_rss([sys.executable, me, "--torch", kind, precision, str(threads),
                                           str(0 if one_step else warmup), str(1 if one_step else steps)],
                                          torch_env, work_dir)
-                step_s = json.loads(stdout.strip().splitlines()[-1])["step_s"]
-            times[name].append(step_s)
+                rate = TOKENS_PER_STEP / json.loads(stdout.strip().splitlines()[-1])["step_s"]
+            rates[name].append(rate)
             rss[name] = max(rss[name], peak)
-            print(f"round {round_index + 1}/{rounds}: {name}: {TOKENS_PER_STEP / step_s:.0f} tokens/s, "
+            print(f"round {round_index + 1}/{rounds}: {name}: {rate:.0f} tokens/s, "
                   f"peak RSS {peak / 2 ** 20:.0f} MiB", flush=True)
     report = {"machine": machine(), "shape": SHAPE, "threads": threads, "rounds": rounds, "warmup_steps": warmup,
               "steps": steps, "load_average": os.getloadavg(), "trainers": {}}
     print(f"\n{report['machine']}, batch {BATCH} x {SEQ}, {threads} threads, load average "
           f"{report['load_average'][0]:.1f} (medians of {rounds} rounds x {steps} steps)")
-    for name in times:
-        tokens_per_s = TOKENS_PER_STEP / statistics.median(times[name])
+    for name in rates:
+        tokens_per_s = statistics.median(rates[name])
         report["trainers"][name] = {"tokens_per_s": tokens_per_s, "peak_rss_bytes": rss[name],
-                                    "step_times_s": times[name]}
-        runs = "" if len(times[name]) == rounds else f"   ({len(times[name])} run of 1 step)"
+                                    "tokens_per_s_by_round": rates[name]}
+        runs = "" if len(rates[name]) == rounds else f"   ({len(rates[name])} run of 1 step)"
         print(f"  {name:26s} {tokens_per_s:7.1f} tokens/s   peak RSS {rss[name] / 2 ** 20:7.0f} MiB{runs}")
     peer = "transformers+peft" if have_peft else "torch plain"
     for ours, theirs in (("ours int8 fp32", f"{peer} fp32"), ("ours int8 bf16", f"{peer} bf16"),
