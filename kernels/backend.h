@@ -99,8 +99,9 @@ namespace ft {
   PREFIX void int8_linear_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& weight,                       \
                                         const Tensor& weight_scales, bool accumulate) SUFFIX;                       \
   PREFIX void nf4_dequantize_impl(Tensor& tile, const Nf4Weight& weight, int64_t row0, int64_t col0) SUFFIX;       \
-  PREFIX void dropout_forward_impl(Tensor& out, const Tensor& x, float p, uint64_t seed) SUFFIX;                    \
-  PREFIX void dropout_backward_impl(Tensor& dx, const Tensor& dout, float p, uint64_t seed) SUFFIX;                 \
+  PREFIX void dropout_forward_impl(Tensor& out, const Tensor& x, float p, uint64_t seed, int64_t row_stride) SUFFIX; \
+  PREFIX void dropout_backward_impl(Tensor& dx, const Tensor& dout, float p, uint64_t seed, int64_t row_stride)   \
+      SUFFIX;                                                                                                       \
   PREFIX void adamw_update_impl(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& step)     \
       SUFFIX;                                                                                                       \
   PREFIX double sum_squares_impl(const Tensor& x) SUFFIX;                                                           \
@@ -496,15 +497,18 @@ class Backend {
   // ---- dropout -----------------------------------------------------------
   // out = x * keep / (1 - p), keep[i] = hash_uniform(seed, i) >= p with i the
   // flat element index (kernels/dropout_hash.h), so every backend draws the
-  // same mask and backward needs no saved mask. out may alias x.
-  void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed) {
-    checks::check_dropout(device(), "dropout_forward", out, "out", x, "x", p);
-    dropout_forward_impl(out, x, p, seed);
+  // same mask and backward needs no saved mask. out may alias x. With
+  // row_stride, element (n, j) of x [R, C] draws index n * row_stride + j:
+  // x is C columns of a wider tensor's rows (a tensor-parallel shard, with
+  // seed_at moving to its first column), which draws that tensor's mask.
+  void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, int64_t row_stride = 0) {
+    checks::check_dropout(device(), "dropout_forward", out, "out", x, "x", p, row_stride);
+    dropout_forward_impl(out, x, p, seed, row_stride ? row_stride : x.cols());
   }
   // dx = dout * keep / (1 - p) with the same mask; dx may alias dout.
-  void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed) {
-    checks::check_dropout(device(), "dropout_backward", dx, "dx", dout, "dout", p);
-    dropout_backward_impl(dx, dout, p, seed);
+  void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed, int64_t row_stride = 0) {
+    checks::check_dropout(device(), "dropout_backward", dx, "dx", dout, "dout", p, row_stride);
+    dropout_backward_impl(dx, dout, p, seed, row_stride ? row_stride : dout.cols());
   }
 
   // ---- optimizer ---------------------------------------------------------

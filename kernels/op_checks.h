@@ -548,10 +548,12 @@ inline void check_nf4_linear_backward(Device device, const Tensor& dx, const Ten
 
 // Dropout forward and backward: out shaped as x, p in [0, 1] (1 drops all).
 inline void check_dropout(Device device, const char* op, const Tensor& out, const char* out_name, const Tensor& x,
-                          const char* x_name, float p) {
+                          const char* x_name, float p, int64_t row_stride) {
   check_float(out, device, op, out_name);
   check_float_like(x, out, device, op, x_name);
   FT_CHECK(p >= 0.0f && p <= 1.0f, op, ": p must be in [0, 1], got ", p);
+  FT_CHECK(row_stride == 0 || (x.ndim() == 2 && row_stride >= x.cols()), op, ": row_stride ", row_stride,
+           " needs a 2-D ", x_name, " of at most that many columns, got ", shape_string(x.shape));
 }
 
 // AdamW's f32 param, grad, m and v of equal size; steps count from 1.

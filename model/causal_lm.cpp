@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/dropout_hash.h"
 #include "kernels/error.h"
 #include "model/layer_stream.h"
@@ -13,6 +14,7 @@
 #include "model/quant/formats.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
+#include "model/tensor_parallel.h"
 
 namespace ft {
 
@@ -124,25 +126,48 @@ int64_t LanguageModel::streamed_layers() const {
 
 // A decoder linear: dense or in the quantized base's format, wrapped in LoRA
 // when it is a target. A streamed layer's quantized tensors go to pinned
-// host memory.
+// host memory. Under tensor parallelism a column-parallel layer holds its
+// share of the output rows (and of the bias), a row-parallel one its share
+// of the input columns (the bias on rank 0 only: the sum adds it once).
 std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, int64_t out_features,
-                                                   int64_t in_features, bool bias) {
+                                                   int64_t in_features, bool bias, ParallelLinear split) {
+  const int64_t ranks = tensor_ranks(), rank = ranks > 1 ? options_.tensor_parallel->rank() : 0;
+  if (ranks == 1) split = ParallelLinear::replicated;
+  const int dim = split == ParallelLinear::column ? 0 : split == ParallelLinear::row ? 1 : -1;
+  const int64_t full = dim == 0 ? out_features : in_features;
+  FT_CHECK(dim < 0 || full % ranks == 0, module, ": ", dim == 0 ? "out" : "in", "_features ", full,
+           " do not split over parallel.tensor: ", ranks, " ranks");
+  const TensorSlice slice = dim < 0 ? TensorSlice{} : TensorSlice{dim, rank * (full / ranks), full};
+  const Shape whole{out_features, in_features};
+  if (dim == 0) out_features /= ranks;
+  if (dim == 1) in_features /= ranks;
+  const bool has_bias = bias && (dim != 1 || rank == 0);
   std::unique_ptr<Linear> base;
   const int64_t layer = decoder_layer_of(module);
   Allocator& quantized = layer >= 0 && layer < streamed_layers() ? backend_.pinned_host_allocator()
                                                                  : backend_.allocator();
+  Parameter* weight = nullptr;
   if (options_.quantized_base != QuantizedBase::none) {
     const QuantizedFormat& format = quantized_format(options_.quantized_base);
-    Parameter& weight = parameters_.emplace_back();
-    weight.name = module + ".weight";
-    format.allocate(weight, {out_features, in_features}, quantized, options_);
-    Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
-    base = format.make_linear(weight, b, options_);
+    weight = &parameters_.emplace_back();
+    weight->name = module + ".weight";
+    weight->slice = slice;
+    ModelOptions options = options_;
+    if (dim >= 0) {  // a shard's NF4 blocks keep an f32 absmax (QuantizedFormat::cut)
+      options.nf4_double_quant = false;
+      format.check_slice(weight->name, whole, slice, full / ranks);
+    }
+    format.allocate(*weight, {out_features, in_features}, quantized, options);
   } else {
-    Parameter& weight = add_parameter(module + ".weight", {out_features, in_features}, options_.weight_dtype);
-    Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
-    base = std::make_unique<DenseLinear>(weight, b);
+    weight = &add_parameter(module + ".weight", {out_features, in_features}, options_.weight_dtype);
+    weight->slice = slice;
   }
+  Parameter* b = has_bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
+  if (b && dim == 0) b->slice = slice;
+  if (options_.quantized_base != QuantizedBase::none)
+    base = quantized_format(options_.quantized_base).make_linear(*weight, b, options_);
+  else
+    base = std::make_unique<DenseLinear>(*weight, b);
   if (!options_.lora) return base;
   const LoraOptions& lora = *options_.lora;
   bool targeted = false;
@@ -159,11 +184,26 @@ std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, in
   const LoraShapes shapes = lora_shapes(out_features, in_features, lora.r);
   Parameter& A = add_adapter(module + ".lora_A.weight", shapes.a);
   Parameter& B = add_adapter(module + ".lora_B.weight", shapes.b);
+  // Column-parallel: B splits as the output rows, A is whole; row-parallel:
+  // A splits as the input columns, B is whole (model/tensor_parallel.h).
+  if (dim == 0) B.slice = slice;
+  if (dim == 1) A.slice = slice;
+  A.partial_grad = dim == 0;
+  B.partial_grad = dim == 1;
   auto adapted = std::make_unique<LoraLinear>(std::move(base), A, B,
                                               lora_scaling(lora.lora_alpha, lora.r, lora.use_rslora),
                                               float(lora.lora_dropout));
+  if (dim == 1) adapted->set_input_columns(slice.offset, slice.full);
   lora_layers_.push_back(adapted.get());
   return adapted;
+}
+
+int64_t LanguageModel::tensor_ranks() const {
+  return options_.tensor_parallel ? options_.tensor_parallel->ranks() : 1;
+}
+
+void LanguageModel::tensor_sum(Tensor& t) {
+  if (tensor_ranks() > 1) options_.tensor_parallel->sum(backend_, t);
 }
 
 Parameter& LanguageModel::parameter(const std::string& name) {
@@ -171,6 +211,29 @@ Parameter& LanguageModel::parameter(const std::string& name) {
     for (Parameter& p : *list)
       if (p.name == name) return p;
   fail("no parameter named \"", name, "\"");
+}
+
+// A tensor-parallel shard from the whole weight as one process holds it: a
+// host copy filled on the CPU (loaded, or quantised from the whole tensor),
+// then cut to p's slice. One whole weight at a time is in host memory.
+void LanguageModel::fill_shard(Parameter& p, const std::function<void(Backend&, Parameter&)>& fill_whole) {
+  HostAllocator host;
+  CpuBackend cpu(host);
+  Parameter whole;
+  whole.name = p.name;
+  if (p.is_quantized()) {
+    const QuantizedFormat& format = quantized_format(p.quantized.format);
+    format.allocate(whole, whole_shape(p), host, options_);
+    fill_whole(cpu, whole);
+    format.cut(backend_, whole, p);
+    return;
+  }
+  whole.value = Tensor::empty(whole_shape(p), p.value.dtype, host, MemCategory::workspace);
+  fill_whole(cpu, whole);
+  const Tensor part = whole.value.ndim() == 1 ? whole.value.slice_rows(p.slice.offset, p.value.dim(0))
+                                              : host_slice(whole.value, p.slice.dim, p.slice.offset,
+                                                           p.value.dim(p.slice.dim), host);
+  backend_.copy(p.value, part);
 }
 
 void LanguageModel::fill_parameter(Parameter& p, const std::function<void(Parameter&)>& fill) {
@@ -201,7 +264,10 @@ void LanguageModel::load(const Checkpoint& checkpoint) {
     const SafetensorsEntry& entry = checkpoint.entry(parameter.name);
     fingerprint = XXH3_64bits_withSeed(parameter.name.data(), parameter.name.size(), fingerprint);
     fingerprint = XXH3_64bits_withSeed(entry.data, entry.size_bytes, fingerprint);
-    fill_parameter(parameter, [&](Parameter& p) { load_parameter(backend_, checkpoint, p); });
+    if (parameter.slice.whole())
+      fill_parameter(parameter, [&](Parameter& p) { load_parameter(backend_, checkpoint, p); });
+    else
+      fill_shard(parameter, [&](Backend& cpu, Parameter& p) { load_parameter(cpu, checkpoint, p); });
   }
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fingerprint));
@@ -227,7 +293,7 @@ void LanguageModel::init_random(uint64_t seed) {
   HostAllocator host;
   uint64_t index = 0;
   for (Parameter& p : parameters_) {
-    Tensor values = Tensor::empty(p.shape(), DType::f32, host, MemCategory::workspace);
+    Tensor values = Tensor::empty(whole_shape(p), DType::f32, host, MemCategory::workspace);
     const uint64_t stream = splitmix64(seed, index++);
     // As transformers: biases (linear and LayerNorm) 0, norm weights 1, the rest normal.
     const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
@@ -235,7 +301,8 @@ void LanguageModel::init_random(uint64_t seed) {
     if (is_bias || is_norm) std::fill_n(values.ptr<float>(), values.numel(), is_norm ? 1.0f : 0.0f);
     else fill_normal(values.ptr<float>(), values.numel(), stream, config_.initializer_range);
     // A quantized base is quantised from the f32 values, as load() does a 16-bit checkpoint.
-    fill_parameter(p, [&](Parameter& q) { assign_weight(backend_, q, values); });
+    if (p.slice.whole()) fill_parameter(p, [&](Parameter& q) { assign_weight(backend_, q, values); });
+    else fill_shard(p, [&](Backend& cpu, Parameter& q) { assign_weight(cpu, q, values); });
   }
 }
 
@@ -322,7 +389,7 @@ KvCache CausalLM::make_kv_cache(int64_t batch, int64_t capacity_tokens) {
   FT_CHECK(batch > 0 && capacity_tokens > 0, "make_kv_cache: batch and capacity must be > 0, got ", batch, " and ",
            capacity_tokens);
   KvCache cache;
-  const Shape shape{batch, capacity_tokens, config_.num_key_value_heads, config_.head_dim};
+  const Shape shape{batch, capacity_tokens, local_kv_heads(), config_.head_dim};
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     cache.keys.push_back(backend_.empty(shape, options_.activation_dtype, MemCategory::activations));
     cache.values.push_back(backend_.empty(shape, options_.activation_dtype, MemCategory::activations));

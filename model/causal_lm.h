@@ -23,6 +23,7 @@
 #include "model/model_options.h"
 #include "model/output_head.h"
 #include "model/parameter.h"
+#include "model/tensor_parallel.h"
 
 namespace ft {
 
@@ -165,8 +166,15 @@ class LanguageModel {
   // LLM.int8() or NF4, wrapped in LoRA when a target matches it. With bias,
   // module + ".bias" [out_features] is a parameter too (weight_dtype, also
   // over an int8 weight).
+  // split: how tensor parallelism divides it (model/tensor_parallel.h);
+  // out_features and in_features are the whole layer's.
   std::unique_ptr<Linear> make_linear(const std::string& module, int64_t out_features, int64_t in_features,
-                                      bool bias = false);
+                                      bool bias = false, ParallelLinear split = ParallelLinear::replicated);
+  // The ranks of the tensor group (1 without tensor parallelism), and the
+  // sum over them of a row-parallel product or a column-parallel input
+  // gradient (nothing with one rank).
+  int64_t tensor_ranks() const;
+  void tensor_sum(Tensor& t);
   // Call at the end of a constructor: embedding_, final_norm_ and lm_head_
   // must be set, and a LoRA target that matched no module is an Error
   // listing module_names, the architecture's linear modules. Starts the
@@ -247,6 +255,7 @@ class LanguageModel {
   // are in host memory the backend's ops cannot write (a streamed layer),
   // copied back to the host after.
   void fill_parameter(Parameter& p, const std::function<void(Parameter&)>& fill);
+  void fill_shard(Parameter& p, const std::function<void(Backend&, Parameter&)>& fill_whole);
 };
 
 // The model's adapters off for a scope (the reference model of DPO, GRPO
@@ -375,6 +384,11 @@ class CausalLM : public LanguageModel {
   int64_t mlp_chunk_rows(int64_t tokens) const {
     return mlp_chunked() ? std::min(options_.mlp_chunk_tokens, tokens) : tokens;
   }
+
+  // The attention heads (and key/value heads) this rank computes: a share
+  // of them under tensor parallelism, else all.
+  int64_t local_heads() const { return config_.num_attention_heads / tensor_ranks(); }
+  int64_t local_kv_heads() const { return config_.num_key_value_heads / tensor_ranks(); }
 
   // Rotary causal self-attention, as every architecture here computes it.
   struct AttentionActivations {

@@ -59,6 +59,10 @@ GptNeoxModel::GptNeoxModel(const ModelConfig& config, Backend& backend, const Mo
   // on the first stage (and the last, when lm_head is tied to it).
   const LayerRange& stage = layers();
   const bool tied = config.tie_word_embeddings;
+  const int64_t ranks = tensor_ranks();
+  FT_CHECK(config.num_attention_heads % ranks == 0 && I % ranks == 0, "parallel.tensor: ", ranks,
+           " ranks must divide num_attention_heads (", config.num_attention_heads, ") and intermediate_size (", I,
+           ")");
   if (first_stage() || (tied && last_stage()))
     embedding_ = &add_parameter("gpt_neox.embed_in.weight", {V, C}, dtype);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
@@ -70,10 +74,14 @@ GptNeoxModel::GptNeoxModel(const ModelConfig& config, Backend& backend, const Mo
     auto layer = std::make_unique<Layer>();
     layer->input_norm = add_norm(prefix + "input_layernorm", true, eps);
     layer->post_attention_norm = add_norm(prefix + "post_attention_layernorm", true, eps);
-    layer->query_key_value = make_linear(prefix + "attention.query_key_value", 3 * C, C, config.attention_bias);
-    layer->dense = make_linear(prefix + "attention.dense", C, C, config.attention_bias);
-    layer->dense_h_to_4h = make_linear(prefix + "mlp.dense_h_to_4h", I, C, true);
-    layer->dense_4h_to_h = make_linear(prefix + "mlp.dense_4h_to_h", C, I, true);
+    // Tensor parallel: query_key_value's rows are [H, 3, D] (per head q, k,
+    // v), so a share of them is a share of the heads.
+    const ParallelLinear column = ParallelLinear::column, row = ParallelLinear::row;
+    layer->query_key_value =
+        make_linear(prefix + "attention.query_key_value", 3 * C, C, config.attention_bias, column);
+    layer->dense = make_linear(prefix + "attention.dense", C, C, config.attention_bias, row);
+    layer->dense_h_to_4h = make_linear(prefix + "mlp.dense_h_to_4h", I, C, true, column);
+    layer->dense_4h_to_h = make_linear(prefix + "mlp.dense_4h_to_h", C, I, true, row);
     layers_.push_back(std::move(layer));
   }
   if (last_stage()) {
@@ -96,8 +104,8 @@ void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int6
                                      const TokenLayout& layout) {
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
-  const int64_t N = B * T, C = config_.hidden_size, H = config_.num_attention_heads, D = config_.head_dim;
-  Tensor qkv = be.empty({N, 3 * C}, act, MemCategory::activations);
+  const int64_t N = B * T, H = local_heads(), D = config_.head_dim;
+  Tensor qkv = be.empty({N, 3 * H * D}, act, MemCategory::activations);
   layer.query_key_value->forward(be, qkv, saved.norm1.out);
   // HF's fused layout: each token's 3C outputs are [H, 3, D], per head q then
   // k then v. Rope and attention use them in place (the views keep qkv).
@@ -107,7 +115,9 @@ void GptNeoxModel::forward_attention(Layer& layer, LayerActivations& saved, int6
   attention.k = HeadsView(heads, D, D);
   attention.v = HeadsView(heads, 2 * D, D);
   attention_forward(attention, layout);
-  if (out) layer.dense->forward(be, *out, attention.attn.reshaped({N, C}));
+  if (!out) return;
+  layer.dense->forward(be, *out, attention.attn.reshaped({N, H * D}));
+  tensor_sum(*out);
 }
 
 // out [N, C] = dense_4h_to_h(gelu(dense_h_to_4h(saved.norm2))). Without out
@@ -119,18 +129,19 @@ void GptNeoxModel::forward_mlp(Layer& layer, LayerActivations& saved, Tensor* ou
   if (!mlp_chunked()) {
     saved.h = mlp_hidden(layer, saved.norm2.out, 0, N);
     if (out) mlp_output_rows(layer, saved.h, *out, 0);
-    return;
   }
-  for (int64_t first = 0, rows = mlp_chunk_rows(N); out && first < N; first += rows) {
+  for (int64_t first = 0, rows = mlp_chunk_rows(N); mlp_chunked() && out && first < N; first += rows) {
     rows = std::min(rows, N - first);
     Tensor out_rows = out->slice_rows(first, rows);
     mlp_output_rows(layer, mlp_hidden(layer, saved.norm2.out, first, rows), out_rows, first);
   }
+  if (out) tensor_sum(*out);
 }
 
 // h [rows, I] = dense_h_to_4h(rows [first, first + rows) of norm2).
 Tensor GptNeoxModel::mlp_hidden(Layer& layer, const Tensor& norm2, int64_t first, int64_t rows) {
-  Tensor h = backend_.empty({rows, config_.intermediate_size}, options_.activation_dtype, MemCategory::activations);
+  Tensor h = backend_.empty({rows, config_.intermediate_size / tensor_ranks()}, options_.activation_dtype,
+                            MemCategory::activations);
   layer.dense_h_to_4h->set_first_row(first);
   layer.dense_h_to_4h->forward(backend_, h, norm2.slice_rows(first, rows));
   return h;
@@ -189,11 +200,12 @@ std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t i
 // d(loss)/d(mlp output).
 void GptNeoxModel::backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor* dnorm) {
   const int64_t N = dout.rows();
-  if (!mlp_chunked()) return backward_mlp_rows(layer, saved.h, saved.norm2.out, dout, dnorm, 0);
-  for (int64_t first = 0, rows = mlp_chunk_rows(N); first < N; first += rows) {
+  if (!mlp_chunked()) backward_mlp_rows(layer, saved.h, saved.norm2.out, dout, dnorm, 0);
+  for (int64_t first = 0, rows = mlp_chunk_rows(N); mlp_chunked() && first < N; first += rows) {
     rows = std::min(rows, N - first);
     backward_mlp_rows(layer, mlp_hidden(layer, saved.norm2.out, first, rows), saved.norm2.out, dout, dnorm, first);
   }
+  if (dnorm) tensor_sum(*dnorm);  // dense_h_to_4h's input gradient from this rank's features
 }
 
 // backward_mlp over the rows of h, from row `first` of norm2, dout and dnorm.
@@ -222,16 +234,17 @@ void GptNeoxModel::backward_attention(Layer& layer, LayerActivations& saved, con
   Backend& be = backend_;
   const DType act = options_.activation_dtype;
   const AttentionActivations& attention = saved.attention;
-  const int64_t N = attention.q.dim(0) * attention.q.dim(1), C = config_.hidden_size, D = config_.head_dim;
+  const int64_t N = attention.q.dim(0) * attention.q.dim(1), D = config_.head_dim, HD = local_heads() * D;
   Tensor dattn = be.empty(attention.attn.shape, act, MemCategory::activations);
-  Tensor dattn2d = dattn.reshaped({N, C});
-  layer.dense->backward(be, &dattn2d, dout, attention.attn.reshaped({N, C}), false);
+  Tensor dattn2d = dattn.reshaped({N, HD});
+  layer.dense->backward(be, &dattn2d, dout, attention.attn.reshaped({N, HD}), false);
   // Straight into HF's fused [H, 3, D] layout; the three views cover every column.
-  Tensor dqkv = be.empty({N, 3 * C}, act, MemCategory::activations);
+  Tensor dqkv = be.empty({N, 3 * HD}, act, MemCategory::activations);
   const Tensor dheads = dqkv.reshaped(attention.q.rows.shape);
   attention_backward(attention, dattn, layout, {HeadsView(dheads, 0, D), HeadsView(dheads, D, D),
                                                     HeadsView(dheads, 2 * D, D)});
   layer.query_key_value->backward(be, dnorm, dqkv, saved.norm1.out, false);
+  if (dnorm) tensor_sum(*dnorm);
 }
 
 void GptNeoxModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dresidual, const Tensor& x,

@@ -106,6 +106,10 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelO
   // on the first stage (and the last, when lm_head is tied to it).
   const LayerRange& stage = layers();
   const bool tied = config.tie_word_embeddings;
+  const int64_t ranks = tensor_ranks();
+  FT_CHECK(config.num_attention_heads % ranks == 0 && config.num_key_value_heads % ranks == 0 && I % ranks == 0,
+           "parallel.tensor: ", ranks, " ranks must divide num_attention_heads (", config.num_attention_heads,
+           "), num_key_value_heads (", config.num_key_value_heads, ") and intermediate_size (", I, ")");
   if (first_stage() || (tied && last_stage()))
     embedding_ = &add_parameter("model.embed_tokens.weight", {config.vocab_size, C}, dtype);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
@@ -116,14 +120,16 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelO
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
     auto layer = std::make_unique<Layer>();
     layer->input_norm = add_norm(prefix + "input_layernorm", false, eps);
-    layer->q_proj = make_linear(prefix + "self_attn.q_proj", q_features, C, qkv_bias);
-    layer->k_proj = make_linear(prefix + "self_attn.k_proj", kv_features, C, qkv_bias);
-    layer->v_proj = make_linear(prefix + "self_attn.v_proj", kv_features, C, qkv_bias);
-    layer->o_proj = make_linear(prefix + "self_attn.o_proj", C, q_features, o_bias);
+    // Tensor parallel: attention by heads, the MLP by its intermediate features.
+    const ParallelLinear column = ParallelLinear::column, row = ParallelLinear::row;
+    layer->q_proj = make_linear(prefix + "self_attn.q_proj", q_features, C, qkv_bias, column);
+    layer->k_proj = make_linear(prefix + "self_attn.k_proj", kv_features, C, qkv_bias, column);
+    layer->v_proj = make_linear(prefix + "self_attn.v_proj", kv_features, C, qkv_bias, column);
+    layer->o_proj = make_linear(prefix + "self_attn.o_proj", C, q_features, o_bias, row);
     layer->post_attention_norm = add_norm(prefix + "post_attention_layernorm", false, eps);
-    layer->gate_proj = make_linear(prefix + "mlp.gate_proj", I, C, mlp_bias);
-    layer->up_proj = make_linear(prefix + "mlp.up_proj", I, C, mlp_bias);
-    layer->down_proj = make_linear(prefix + "mlp.down_proj", C, I, mlp_bias);
+    layer->gate_proj = make_linear(prefix + "mlp.gate_proj", I, C, mlp_bias, column);
+    layer->up_proj = make_linear(prefix + "mlp.up_proj", I, C, mlp_bias, column);
+    layer->down_proj = make_linear(prefix + "mlp.down_proj", C, I, mlp_bias, row);
     layers_.push_back(std::move(layer));
   }
   if (last_stage()) {
@@ -145,7 +151,7 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
   auto kept = std::make_unique<LayerActivations>();
   LayerActivations& saved = *kept;
   const int64_t B = x.dim(0), T = x.dim(1), N = B * T, C = config_.hidden_size;
-  const int64_t Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
+  const int64_t Hq = local_heads(), Hkv = local_kv_heads(), D = config_.head_dim;
   const DType act = options_.activation_dtype;
   const Tensor x2d = x.reshaped({N, C});
   saved.norm1 = std::move(norm);  // owned by the saved activations from here: freed with them
@@ -166,6 +172,7 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
 
   Tensor projected = be.empty({N, C}, act, MemCategory::activations);
   layer.o_proj->forward(be, projected, attention.attn.reshaped({N, Hq * D}));
+  tensor_sum(projected);
   saved.residual_mid = be.empty({N, C}, act, MemCategory::activations);
   saved.norm2 = add_norm_forward(layer.post_attention_norm, saved.residual_mid, x2d, projected);
   // A recomputation stops before down_proj: backward reads its input (act),
@@ -190,6 +197,7 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
     mlp.gate = mlp.up = Tensor{};  // only act is read from here on
     layer.down_proj->forward(be, projected_rows, mlp.act);
   }
+  tensor_sum(projected);
   Tensor out2d = out->reshaped({N, C});
   add_next_norm(index, out2d, norm, saved.residual_mid, projected);
   return kept;
@@ -199,7 +207,7 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
 // MLP input norm2.
 LlamaModel::MlpRows LlamaModel::mlp_rows(Layer& layer, const Tensor& norm2, int64_t first, int64_t rows) {
   Backend& be = backend_;
-  const int64_t I = config_.intermediate_size;
+  const int64_t I = config_.intermediate_size / tensor_ranks();
   const DType act = options_.activation_dtype;
   const Tensor x = norm2.slice_rows(first, rows);
   MlpRows mlp{be.empty({rows, I}, act, MemCategory::activations), be.empty({rows, I}, act, MemCategory::activations),
@@ -220,7 +228,7 @@ LlamaModel::MlpRows LlamaModel::mlp_rows(Layer& layer, const Tensor& norm2, int6
 void LlamaModel::mlp_backward_rows(Layer& layer, const MlpRows& mlp, const Tensor& norm2, Tensor& dres,
                                    Tensor& dnorm, int64_t first) {
   Backend& be = backend_;
-  const int64_t rows = mlp.act.rows(), I = config_.intermediate_size;
+  const int64_t rows = mlp.act.rows(), I = mlp.act.cols();
   const DType act = options_.activation_dtype;
   const Tensor x = norm2.slice_rows(first, rows), dout = dres.slice_rows(first, rows);
   Tensor dx = dnorm.slice_rows(first, rows);
@@ -242,7 +250,7 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
   Layer& layer = *layers_[index];
   LayerActivations& saved = static_cast<LayerActivations&>(kept);
   const int64_t B = x.dim(0), T = x.dim(1), N = B * T, C = config_.hidden_size;
-  const int64_t Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
+  const int64_t Hq = local_heads(), Hkv = local_kv_heads(), D = config_.head_dim;
   const DType act = options_.activation_dtype;
   Tensor dres = dresidual.reshaped({N, C});
   Tensor dnorm = be.empty({N, C}, act, MemCategory::activations);
@@ -253,6 +261,7 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
     rows = std::min(rows, N - first);
     mlp_backward_rows(layer, mlp_rows(layer, saved.norm2.out, first, rows), saved.norm2.out, dres, dnorm, first);
   }
+  tensor_sum(dnorm);  // gate's and up's input gradients from this rank's features
   norm_backward_add(dres, layer.post_attention_norm, dnorm, saved.residual_mid, saved.norm2);
   // The attention block's backward, the layer's peak at long contexts,
   // reads none of the MLP block's activations: freed here, not with the layer.
@@ -275,6 +284,7 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
     layer.k_proj->backward(be, dinput, dk.reshaped({N, Hkv * D}), saved.norm1.out, true);
     layer.v_proj->backward(be, dinput, dv.reshaped({N, Hkv * D}), saved.norm1.out, true);
     if (!dinput) return;
+    tensor_sum(dnorm);
   }
   norm_backward_add(dres, layer.input_norm, dnorm, x.reshaped({N, C}), saved.norm1);
 }

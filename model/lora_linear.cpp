@@ -31,7 +31,7 @@ Tensor LoraLinear::compute_copy(Backend& backend, const Parameter& p, DType dtyp
 Tensor LoraLinear::adapter_input(Backend& backend, const Tensor& x) {
   if (!dropout_active()) return x;
   Tensor xd = backend.empty(x.shape, x.dtype, MemCategory::activations);
-  backend.dropout_forward(xd, x, dropout_, rows_seed(x));
+  backend.dropout_forward(xd, x, dropout_, rows_seed(x), row_stride());
   return xd;
 }
 
@@ -77,7 +77,7 @@ void LoraLinear::backward(Backend& backend, Tensor* dx, const Tensor& dout, cons
   }
   Tensor dxd = backend.empty(x.shape, x.dtype, MemCategory::activations);
   backend.matmul(dxd, g, A, false, false);
-  backend.dropout_backward(dxd, dxd, dropout_, rows_seed(x));
+  backend.dropout_backward(dxd, dxd, dropout_, rows_seed(x), row_stride());
   backend.add(*dx, *dx, dxd);
 }
 
@@ -92,11 +92,16 @@ float lora_scaling(double lora_alpha, int64_t r, bool use_rslora) {
 // kaiming_uniform_(A, a) with fan_in = in: gain = sqrt(2 / (1 + a^2)),
 // std = gain / sqrt(fan_in), bound = sqrt(3) * std. With a = sqrt(5) the gain
 // is sqrt(1/3), so bound = sqrt(3) * sqrt(1/3) / sqrt(in) = 1 / sqrt(in).
+// A tensor-parallel shard of A's columns draws the whole A's values there.
 void init_lora_parameters(Backend& backend, Parameter& A, Parameter& B, uint64_t seed) {
-  double bound = 1.0 / std::sqrt(double(A.value.cols()));
+  const int64_t rows = A.value.rows(), cols = A.value.cols(), whole_cols = whole_shape(A).at(1);
+  const int64_t first_col = A.slice.dim == 1 ? A.slice.offset : 0;
+  const double bound = 1.0 / std::sqrt(double(whole_cols));
   std::vector<float> values(size_t(A.value.numel()));
-  for (size_t i = 0; i < values.size(); ++i)
-    values[i] = float(bound * (2.0 * double(hash_uniform(seed, i)) - 1.0));  // in [-bound, bound)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)  // in [-bound, bound)
+      values[size_t(r * cols + c)] =
+          float(bound * (2.0 * double(hash_uniform(seed, uint64_t(r * whole_cols + first_col + c))) - 1.0));
   backend.copy(A.value, Tensor::view_of(values.data(), A.value.shape, DType::f32));
   backend.fill(B.value, 0.0f);
 }

@@ -26,6 +26,12 @@ class LoraLinear final : public Linear {
   // recomputed forward) of that step.
   void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
   void set_first_row(int64_t row) override { first_row_ = row; }
+  // x is columns [first, first + x.cols()) of a layer `full` columns wide (a
+  // row-parallel shard): dropout draws those columns' share of the mask.
+  void set_input_columns(int64_t first, int64_t full) {
+    first_column_ = first;
+    full_columns_ = full;
+  }
   // Dropout applies only while training (PEFT's nn.Dropout in train mode).
   void set_training(bool training) { training_ = training; }
   // Disabled, the layer is its base alone (PEFT's disable_adapter()): how DPO
@@ -40,7 +46,11 @@ class LoraLinear final : public Linear {
   Tensor adapter_input(Backend& backend, const Tensor& x);
   Tensor adapter_hidden(Backend& backend, const Tensor& x);
   bool dropout_active() const { return training_ && dropout_ > 0.0f; }
-  uint64_t rows_seed(const Tensor& x) const { return seed_at(dropout_seed_, uint64_t(first_row_ * x.cols())); }
+  // The dropout op's row_stride: 0 (x's own rows) unless x is a column shard.
+  int64_t row_stride() const { return full_columns_; }
+  uint64_t rows_seed(const Tensor& x) const {
+    return seed_at(dropout_seed_, uint64_t(first_row_ * (full_columns_ ? full_columns_ : x.cols()) + first_column_));
+  }
 
   std::unique_ptr<Linear> base_;
   Parameter& A_;
@@ -49,6 +59,7 @@ class LoraLinear final : public Linear {
   float dropout_;
   uint64_t dropout_seed_ = 0;
   int64_t first_row_ = 0;
+  int64_t first_column_ = 0, full_columns_ = 0;  // 0: x is whole rows
   bool training_ = true;
   bool enabled_ = true;
 };

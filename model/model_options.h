@@ -10,6 +10,8 @@
 
 namespace ft {
 
+class TensorParallelGroup;
+
 // The format every decoder linear of the frozen base is quantized in
 // (quantization.mode); none: every weight dense (ModelOptions::weight_dtype).
 enum class QuantizedBase { int8, nf4, none };
@@ -93,6 +95,10 @@ struct ModelOptions {
   // Pipeline parallel: the decoder layers this model holds; the embedding
   // only with layer 0, the final norm and lm_head only with the last layer.
   LayerRange layers;
+  // Tensor parallel (model/tensor_parallel.h): this rank's group, whose
+  // rank picks the share of every decoder layer the model holds; null (or
+  // a group of one) holds them whole.
+  TensorParallelGroup* tensor_parallel = nullptr;
 };
 
 // PEFT's target_modules shorthand for every linear layer but the output head

@@ -20,17 +20,38 @@ struct QuantizedTensors {
   float offset = 0.0f;                         // a scalar constant of the weight (NF4: the nested offset)
 };
 
+// Under tensor parallelism (model/tensor_parallel.h) the part of the whole
+// tensor a rank holds: [offset, offset + its own size) along dim, of full.
+// dim -1: the whole tensor.
+struct TensorSlice {
+  int dim = -1;
+  int64_t offset = 0, full = 0;
+  bool whole() const { return dim < 0; }
+};
+
 struct Parameter {
   std::string name;  // Hugging Face tensor name, e.g. model.layers.0.self_attn.q_proj.weight
   Tensor value;      // a quantized weight's codes
   Tensor grad;
   QuantizedTensors quantized;
+  TensorSlice slice;
+  // Tensor parallel: a replicated parameter whose gradient each rank holds
+  // only its share of (LoRA's A over a column-parallel base, B over a
+  // row-parallel one): summed over the tensor group before it is used.
+  bool partial_grad = false;
 
   bool trainable() const { return grad.data != nullptr || grad.storage != nullptr; }
   bool is_quantized() const { return quantized.format != QuantizedBase::none; }
   // The weight's shape, whatever holds it.
   const Shape& shape() const { return is_quantized() ? quantized.shape : value.shape; }
 };
+
+// The shape of the whole tensor p holds a slice of (p.shape() when whole).
+inline Shape whole_shape(const Parameter& p) {
+  Shape shape = p.shape();
+  if (!p.slice.whole()) shape[size_t(p.slice.dim)] = p.slice.full;
+  return shape;
+}
 
 // The tensors holding p's weight: value, then a quantized weight's constants.
 inline std::vector<Tensor*> weight_tensors(Parameter& p) {

@@ -54,6 +54,14 @@ class QuantizedFormat {
   // as they are and each released once copied; a layout that does not match
   // p's is an Error naming the file and the tensor.
   virtual void load(Backend& backend, const Checkpoint& checkpoint, Parameter& p) const = 0;
+  // Sets part (allocated for its slice's shape: model/tensor_parallel.h) to
+  // its slice of whole, a host weight in this format quantised from the
+  // whole tensor as one process holds it, so every shard dequantises to the
+  // values one process's weight does there. A slice the format cannot cut
+  // is an Error naming the tensor (check_slice says so at build time).
+  virtual void cut(Backend& backend, const Parameter& whole, Parameter& part) const = 0;
+  virtual void check_slice(const std::string& /*name*/, const Shape& /*whole*/, const TensorSlice& /*slice*/,
+                           int64_t /*count*/) const {}
   // Appends the tensors a saved base holds for p, in the layout load()
   // reads, as host tensors (host_tensor). weight_dtype: the model's dense
   // weights'.
@@ -66,5 +74,9 @@ void require_shape(const SafetensorsEntry& entry, const std::string& name, const
 
 // t itself when it is in host memory (saved in place), else a copy in host.
 Tensor host_tensor(Backend& backend, const Tensor& t, Allocator& host);
+
+// count rows (dim 0: a view) or columns (dim 1: a copy from host) of a host
+// [rows, cols] tensor, from offset.
+Tensor host_slice(const Tensor& whole, int dim, int64_t offset, int64_t count, Allocator& host);
 
 }  // namespace ft

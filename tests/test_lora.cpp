@@ -314,6 +314,36 @@ TEST_CASE("dropout keeps a fraction 1 - p, scales by 1 / (1 - p) and redraws the
   CHECK(read(out) == std::vector<float>(n, 0.0f));
 }
 
+TEST_CASE("dropout over some columns of a wider tensor draws that tensor's mask (row_stride)") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t rows = 7, wide = 40, first = 24, cols = 16;  // columns [24, 40) of [7, 40]
+  const float p = 0.4f;
+  std::vector<float> values(size_t(rows * wide));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = float(i % 13) - 6.0f;
+  Tensor x = make(backend, {rows, wide}, values);
+  Tensor whole = backend.empty({rows, wide}, DType::f32, MemCategory::activations);
+  backend.dropout_forward(whole, x, p, 42);
+  std::vector<float> part_values;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = first; c < first + cols; ++c) part_values.push_back(values[size_t(r * wide + c)]);
+  Tensor part = make(backend, {rows, cols}, part_values);
+  Tensor out = backend.empty({rows, cols}, DType::f32, MemCategory::activations);
+  backend.dropout_forward(out, part, p, seed_at(42, first), wide);
+  Tensor back = make(backend, {rows, cols}, part_values);
+  backend.dropout_backward(back, back, p, seed_at(42, first), wide);
+  std::vector<float> want;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = first; c < first + cols; ++c) want.push_back(whole.ptr<float>()[r * wide + c]);
+  CHECK(read(out) == want);
+  CHECK(read(back) == want);
+  // Without the stride the part draws a mask of its own.
+  backend.dropout_forward(out, part, p, seed_at(42, first));
+  CHECK(read(out) != want);
+  CHECK_THROWS_WITH(backend.dropout_forward(out, part, p, 42, cols - 1),
+                    "dropout_forward: row_stride 15 needs a 2-D x of at most that many columns, got [7, 16]");
+}
+
 TEST_CASE("hash_uniform is splitmix64's output stream") {
   // splitmix64 seeded with 0 starts e220a8397b1dcdaf (Vigna's reference code).
   CHECK(splitmix64(0, 0) == 0xe220a8397b1dcdafull);

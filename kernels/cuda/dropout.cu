@@ -15,31 +15,34 @@ constexpr int kBlock = 256;
 // Dropped elements are selected to 0 rather than multiplied, so p = 1 gives
 // zeros instead of 0 * inf = NaN (as the CPU backend and PyTorch).
 __global__ void __launch_bounds__(kBlock)
-    dropout_kernel(cuda::View out, cuda::ConstView x, float p, float scale, uint64_t seed, int64_t n) {
+    dropout_kernel(cuda::View out, cuda::ConstView x, float p, float scale, uint64_t seed, int64_t n, int64_t cols,
+                   int64_t row_stride) {
   for (int64_t i = blockIdx.x * int64_t(kBlock) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kBlock) {
     float value = cuda::load(x, i);
-    cuda::store(out, i, dropout_keep(seed, uint64_t(i), p) ? value * scale : 0.0f);
+    const int64_t index = row_stride == cols ? i : i / cols * row_stride + i % cols;
+    cuda::store(out, i, dropout_keep(seed, uint64_t(index), p) ? value * scale : 0.0f);
   }
 }
 
-void apply_dropout_mask(Tensor& out, const Tensor& x, float p, uint64_t seed, cudaStream_t stream) {
+void apply_dropout_mask(Tensor& out, const Tensor& x, float p, uint64_t seed, int64_t row_stride,
+                        cudaStream_t stream) {
   int64_t n = out.numel();
   if (n == 0) return;
   float scale = 1.0f / (1.0f - p);
   launch<dropout_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream, cuda::view(out),
-                         cuda::const_view(x), p, scale, seed, n);
+                         cuda::const_view(x), p, scale, seed, n, x.cols(), row_stride);
   FT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void CudaBackend::dropout_forward_impl(Tensor& out, const Tensor& x, float p, uint64_t seed) {
-  apply_dropout_mask(out, x, p, seed, stream_);
+void CudaBackend::dropout_forward_impl(Tensor& out, const Tensor& x, float p, uint64_t seed, int64_t row_stride) {
+  apply_dropout_mask(out, x, p, seed, row_stride, stream_);
 }
 
 // The derivative of x * keep / (1 - p) is the same mask and scale.
-void CudaBackend::dropout_backward_impl(Tensor& dx, const Tensor& dout, float p, uint64_t seed) {
-  apply_dropout_mask(dx, dout, p, seed, stream_);
+void CudaBackend::dropout_backward_impl(Tensor& dx, const Tensor& dout, float p, uint64_t seed, int64_t row_stride) {
+  apply_dropout_mask(dx, dout, p, seed, row_stride, stream_);
 }
 
 }  // namespace ft

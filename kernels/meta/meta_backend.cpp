@@ -271,9 +271,9 @@ void MetaBackend::nf4_dequantize_impl(Tensor&, const Nf4Weight& weight, int64_t,
   enter("nf4_dequantize", {weight.codes});
 }
 
-void MetaBackend::dropout_forward_impl(Tensor&, const Tensor&, float, uint64_t) { enter("dropout_forward", {}); }
+void MetaBackend::dropout_forward_impl(Tensor&, const Tensor&, float, uint64_t, int64_t) { enter("dropout_forward", {}); }
 
-void MetaBackend::dropout_backward_impl(Tensor&, const Tensor&, float, uint64_t) {
+void MetaBackend::dropout_backward_impl(Tensor&, const Tensor&, float, uint64_t, int64_t) {
   enter("dropout_backward", {});
 }
 

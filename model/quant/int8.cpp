@@ -1,5 +1,6 @@
 #include "model/quant/int8.h"
 
+#include "kernels/allocator.h"
 #include "kernels/error.h"
 
 namespace ft {
@@ -47,6 +48,16 @@ class Int8Format final : public QuantizedFormat {
     backend.copy(scales, checkpoint.view(scb));
     checkpoint.release(scb);
     checkpoint.release(p.name);
+  }
+
+  // The codes' slice; the row scales of a column slice are the whole rows'.
+  void cut(Backend& backend, const Parameter& whole, Parameter& part) const override {
+    HostAllocator host;
+    const TensorSlice& slice = part.slice;
+    const int64_t count = part.value.dim(slice.dim);
+    backend.copy(part.value, host_slice(whole.value, slice.dim, slice.offset, count, host));
+    const Tensor& scales = int8_scales(whole);
+    backend.copy(part.quantized.constants.at(0), slice.dim == 0 ? scales.slice_rows(slice.offset, count) : scales);
   }
 
   void save(Backend& backend, const Parameter& p, DType, Allocator& host, NamedTensors& tensors) const override {

@@ -101,6 +101,53 @@ class Nf4Format final : public QuantizedFormat {
     load_exact(backend, checkpoint, p.name + ".nested_quant_map", constants[2]);
   }
 
+  // A shard holds its blocks' absmax in f32 (allocated without double
+  // quantisation): the whole weight's, recovered from its double
+  // quantisation as the kernels do, since the nested blocks and offset span
+  // the whole tensor.
+  void cut(Backend& backend, const Parameter& whole, Parameter& part) const override {
+    FT_CHECK(!double_quantised(part), "nf4 cut: \"", part.name, "\" must be allocated without double quantisation");
+    const TensorSlice& slice = part.slice;
+    const int64_t K = whole.quantized.shape.at(1), blocks = nf4_blocks(whole.quantized.shape.at(0) * K);
+    check_slice(part.name, whole.quantized.shape, slice, part.quantized.shape.at(slice.dim));
+    std::vector<float> absmax(static_cast<size_t>(blocks));
+    const Tensor& codes = whole.quantized.constants.at(0);
+    if (double_quantised(whole))
+      nf4_dequantize_absmax(absmax.data(), codes.ptr<uint8_t>(), blocks, whole.quantized.constants[1].ptr<float>(),
+                            whole.quantized.constants[2].ptr<float>(), whole.quantized.offset);
+    else
+      std::copy_n(codes.ptr<float>(), blocks, absmax.data());
+    // The part's elements in order: runs of whole blocks of the whole's flat layout.
+    const int64_t rows = part.quantized.shape.at(0), cols = part.quantized.shape.at(1);
+    const bool by_rows = slice.dim == 0;
+    const int64_t runs = by_rows ? 1 : rows, run_elements = by_rows ? rows * cols : cols;
+    std::vector<uint8_t> packed;
+    std::vector<float> part_absmax;
+    for (int64_t run = 0; run < runs; ++run) {
+      const int64_t first = by_rows ? slice.offset * K : run * K + slice.offset;
+      const uint8_t* bytes = whole.value.ptr<uint8_t>() + first / 2;
+      packed.insert(packed.end(), bytes, bytes + run_elements / 2);
+      part_absmax.insert(part_absmax.end(), absmax.begin() + first / kNf4BlockSize,
+                         absmax.begin() + (first + run_elements) / kNf4BlockSize);
+    }
+    backend.copy(part.value, Tensor::view_of(packed.data(), part.value.shape, DType::u8));
+    backend.copy(part.quantized.constants[0],
+                 Tensor::view_of(part_absmax.data(), {int64_t(part_absmax.size())}, DType::f32));
+  }
+
+  // Whole 64-element blocks only: a row slice starting and ending on a
+  // block, a column slice of whole blocks of rows that are whole blocks.
+  void check_slice(const std::string& name, const Shape& whole, const TensorSlice& slice,
+                   int64_t count) const override {
+    const int64_t K = whole.at(1);
+    const bool aligned = slice.dim == 0 ? (slice.offset * K) % kNf4BlockSize == 0 && (count * K) % kNf4BlockSize == 0
+                                        : K % kNf4BlockSize == 0 && slice.offset % kNf4BlockSize == 0 &&
+                                              count % kNf4BlockSize == 0;
+    FT_CHECK(aligned, name, ": its tensor-parallel share (", slice.dim == 0 ? "rows" : "columns", " [", slice.offset,
+             ", ", slice.offset + count, ") of ", shape_string(whole), ") does not cut whole 64-element NF4 blocks; ",
+             "use fewer parallel.tensor ranks or quantization.mode int8");
+  }
+
   // weight_dtype: the quant state's dtype.
   void save(Backend& backend, const Parameter& p, DType weight_dtype, Allocator& host,
             NamedTensors& tensors) const override {

@@ -9,6 +9,7 @@
 
 #include <cstring>
 
+#include "kernels/dropout_hash.h"
 #include "model/rope.h"
 #include "tests/emu/cuda_test_util.h"
 #include "tests/wide_cross_entropy.h"
@@ -330,6 +331,14 @@ TEST_CASE("cuda: dropout forward and backward, in place, p = 0 and p = 1") {
       CHECK(got == values({&want, &want_back}));  // the same products and roundings: exact
     }
   }
+  // A shard of a wider tensor's columns (row_stride): the same mask as the CPU's.
+  Tensor x = host_random({11, 19}, DType::bf16, 29), want = host_copy(x), want_back = host_copy(x);
+  cpu.dropout_forward(want, x, 0.3f, seed_at(1234, 5), 50);
+  cpu.dropout_backward(want_back, want_back, 0.3f, seed_at(99, 5), 50);
+  Tensor out = device_empty({11, 19}, DType::bf16), back = to_device(x);
+  gpu.dropout_forward(out, to_device(x), 0.3f, seed_at(1234, 5), 50);
+  gpu.dropout_backward(back, back, 0.3f, seed_at(99, 5), 50);
+  CHECK(values({&out, &back}) == values({&want, &want_back}));
 }
 
 TEST_CASE("cuda: AdamW over several steps") {

@@ -1,0 +1,222 @@
+// Tensor parallelism in the model (model/tensor_parallel.h), without MPI: T
+// shards of a model, each in a thread of its own with a group that sums
+// through shared memory, take one training step; their loss, their
+// assembled LoRA gradients (slices concatenated, partial gradients summed)
+// and the layer outputs equal one process's within f32 rounding. Llama with
+// grouped-query attention and GPT-NeoX (parallel residual), over dense and
+// NF4 bases, LoRA on every linear with dropout.
+#include <doctest/doctest.h>
+
+#include <barrier>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "model/causal_lm.h"
+#include "model/families.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+#include "model/tensor_parallel.h"
+#include "tests/host_tensors.h"
+
+using namespace ft;
+
+namespace {
+
+// The ranks are threads; a sum copies every rank's tensor out, waits for all,
+// then each rank adds them up in rank order (the same bits on every rank).
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int64_t ranks) : ranks_(ranks), slots_(size_t(ranks)), arrive_(ranks) {}
+  class Member final : public TensorParallelGroup {
+   public:
+    Member(ThreadGroup& group, int64_t rank) : group_(group), rank_(rank) {}
+    int64_t rank() const override { return rank_; }
+    int64_t ranks() const override { return group_.ranks_; }
+
+   private:
+    void sum_f32(Backend&, Tensor& t) override {
+      group_.slots_[size_t(rank_)] = testing::read(t);
+      group_.arrive_.arrive_and_wait();
+      std::vector<float> total = group_.slots_[0];
+      for (int64_t r = 1; r < group_.ranks_; ++r)
+        for (size_t i = 0; i < total.size(); ++i) total[i] += group_.slots_[size_t(r)][i];
+      group_.arrive_.arrive_and_wait();  // every rank has read every slot
+      for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = total[size_t(i)];
+    }
+    ThreadGroup& group_;
+    int64_t rank_;
+  };
+
+ private:
+  int64_t ranks_;
+  std::vector<std::vector<float>> slots_;
+  std::barrier<> arrive_;
+};
+
+// A deterministic value of element i of a whole adapter tensor: B nonzero
+// too, so that every gradient is.
+float adapter_value(const std::string& name, int64_t i) {
+  const uint64_t h = std::hash<std::string>{}(name);
+  return 0.05f * float(std::sin(double(i) * 0.37 + double(h % 1000)));
+}
+
+// Sets each adapter to its whole tensor's values at its slice.
+void set_adapters(LanguageModel& model) {
+  for (Parameter& p : model.adapters()) {
+    const Shape whole = whole_shape(p);
+    std::vector<float> values;
+    for (int64_t r = 0; r < p.value.dim(0); ++r)
+      for (int64_t c = 0; c < p.value.dim(1); ++c) {
+        const int64_t row = p.slice.dim == 0 ? p.slice.offset + r : r, col = p.slice.dim == 1 ? p.slice.offset + c : c;
+        values.push_back(adapter_value(p.name, row * whole[1] + col));
+      }
+    model.backend().copy(p.value, testing::make(model.backend(), p.value.shape, values));
+  }
+}
+
+struct AdapterShard {
+  std::string name;
+  Shape shape;
+  TensorSlice slice;
+  bool partial_grad;
+};
+
+struct StepResult {
+  float loss = 0.0f;
+  std::map<std::string, std::vector<float>> grads;  // whole gradients, by name
+};
+
+// One forward_backward of every rank's model; the ranks' gradients assembled.
+struct Case {
+  std::string fixture;  // a folder with config.json (and model.safetensors unless random)
+  QuantizedBase base = QuantizedBase::none;
+  bool random = false;
+};
+
+ModelOptions case_options(const Case& c) {
+  ModelOptions options;
+  options.quantized_base = c.base;
+  LoraOptions lora;
+  lora.r = 4;
+  lora.lora_alpha = 8.0;
+  lora.lora_dropout = 0.1;
+  lora.target_modules = {kAllLinear};
+  options.lora = lora;
+  return options;
+}
+
+std::pair<Tensor, Tensor> batch(Backend& backend, int64_t vocab) {
+  const int64_t B = 2, T = 12;
+  std::vector<float> ids, targets;
+  for (int64_t i = 0; i < B * T; ++i) {
+    ids.push_back(float((i * 7 + 3) % vocab));
+    targets.push_back(i % T == T - 1 ? -100.0f : float((i * 7 + 10) % vocab));
+  }
+  return {testing::make(backend, {B, T}, ids, DType::i32), testing::make(backend, {B, T}, targets, DType::i32)};
+}
+
+StepResult run_ranks(const Case& c, int64_t ranks) {
+  const ModelConfig config = read_model_config(c.fixture + "/config.json");
+  ThreadGroup group(ranks);
+  std::vector<StepResult> results(static_cast<size_t>(ranks));
+  std::vector<std::vector<AdapterShard>> adapters(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int64_t rank = 0; rank < ranks; ++rank)
+    threads.emplace_back([&, rank] {
+      ThreadGroup::Member member(group, rank);
+      HostAllocator host;
+      CpuBackend backend(host);
+      ModelOptions options = case_options(c);
+      options.tensor_parallel = &member;
+      std::unique_ptr<LanguageModel> model = make_language_model(config, backend, options);
+      if (c.random) model->init_random(7);
+      else model->load(Checkpoint(c.fixture));
+      set_adapters(*model);
+      model->set_trainable([](const std::string& name) { return name.find(".lora_") != std::string::npos; });
+      model->set_dropout_seed(11);
+      auto [ids, targets] = batch(backend, config.vocab_size);
+      StepResult& result = results[size_t(rank)];
+      result.loss = model->forward_backward(ids, targets);
+      for (Parameter& p : model->adapters()) {
+        result.grads[p.name] = testing::read(p.grad);
+        adapters[size_t(rank)].push_back({p.name, p.grad.shape, p.slice, p.partial_grad});
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  StepResult whole;
+  whole.loss = results[0].loss;
+  for (int64_t rank = 1; rank < ranks; ++rank) CHECK(results[size_t(rank)].loss == whole.loss);  // replicated
+  // Assemble: slices side by side in their whole tensor, partial gradients summed.
+  for (size_t i = 0; i < adapters[0].size(); ++i) {
+    const AdapterShard& first = adapters[0][i];
+    Shape shape = first.shape;
+    if (!first.slice.whole()) shape[size_t(first.slice.dim)] = first.slice.full;
+    std::vector<float> grad(size_t(shape[0] * shape[1]), 0.0f);
+    for (int64_t rank = 0; rank < ranks; ++rank) {
+      const AdapterShard& p = adapters[size_t(rank)][i];
+      const std::vector<float>& g = results[size_t(rank)].grads[p.name];
+      for (int64_t r = 0; r < p.shape[0]; ++r)
+        for (int64_t col = 0; col < p.shape[1]; ++col) {
+          const int64_t row = p.slice.dim == 0 ? p.slice.offset + r : r;
+          const int64_t column = p.slice.dim == 1 ? p.slice.offset + col : col;
+          const float value = g[size_t(r * p.shape[1] + col)];
+          float& slot = grad[size_t(row * shape[1] + column)];
+          slot = p.partial_grad ? slot + value : value;
+        }
+    }
+    whole.grads[first.name] = grad;
+  }
+  return whole;
+}
+
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double largest = 0.0, difference = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    largest = std::max(largest, std::fabs(double(a[i])));
+    difference = std::max(difference, std::fabs(double(a[i]) - double(b[i])));
+  }
+  return largest > 0.0 ? difference / largest : difference;
+}
+
+void check_case(const Case& c, int64_t ranks, double tolerance) {
+  const StepResult one = run_ranks(c, 1), split = run_ranks(c, ranks);
+  CHECK(one.loss == doctest::Approx(split.loss).epsilon(tolerance));
+  REQUIRE(one.grads.size() == split.grads.size());
+  double worst = 0.0;
+  for (const auto& [name, grad] : one.grads) {
+    CAPTURE(name);
+    REQUIRE(split.grads.count(name));
+    REQUIRE(split.grads.at(name).size() == grad.size());
+    const double difference = relative_difference(grad, split.grads.at(name));
+    CHECK(difference <= tolerance);
+    worst = std::max(worst, difference);
+  }
+  MESSAGE("loss ", one.loss, " vs ", split.loss, "; worst gradient difference ", worst);
+}
+
+std::string fixture(const char* name) { return std::string(FT_FIXTURES_DIR) + "/" + name; }
+
+}  // namespace
+
+TEST_CASE("tensor parallel llama (GQA) on 2 ranks equals one process, dense base") {
+  check_case({fixture("llama_gqa")}, 2, 1e-5);
+}
+
+TEST_CASE("tensor parallel llama (GQA) on 4 ranks, dense and nf4 bases") {
+  const std::string config = fixture("tensor_parallel");
+  for (QuantizedBase base : {QuantizedBase::none, QuantizedBase::nf4}) {
+    CAPTURE(int(base));
+    check_case({config, base, true}, 4, 1e-5);
+  }
+}
+
+TEST_CASE("tensor parallel GPT-NeoX on 2 and 4 ranks") {
+  check_case({fixture("gpt_neox_parallel")}, 2, 1e-5);
+  check_case({fixture("gpt_neox_parallel")}, 4, 1e-5);
+}
