@@ -189,11 +189,12 @@ void check_case(const Case& c, int64_t ranks, double tolerance) {
   CHECK(one.loss == doctest::Approx(split.loss).epsilon(tolerance));
   REQUIRE(one.grads.size() == split.grads.size());
   double worst = 0.0;
-  for (const auto& [name, grad] : one.grads) {
+  for (const auto& entry : one.grads) {
+    const std::string& name = entry.first;
     CAPTURE(name);
     REQUIRE(split.grads.count(name));
-    REQUIRE(split.grads.at(name).size() == grad.size());
-    const double difference = relative_difference(grad, split.grads.at(name));
+    REQUIRE(split.grads.at(name).size() == entry.second.size());
+    const double difference = relative_difference(entry.second, split.grads.at(name));
     CHECK(difference <= tolerance);
     worst = std::max(worst, difference);
   }
@@ -205,7 +206,7 @@ std::string fixture(const char* name) { return std::string(FT_FIXTURES_DIR) + "/
 }  // namespace
 
 TEST_CASE("tensor parallel llama (GQA) on 2 ranks equals one process, dense base") {
-  check_case({fixture("llama_gqa")}, 2, 1e-5);
+  check_case({fixture("llama_gqa"), QuantizedBase::none, false}, 2, 1e-5);
 }
 
 TEST_CASE("tensor parallel llama (GQA) on 4 ranks, dense and nf4 bases") {
@@ -217,6 +218,6 @@ TEST_CASE("tensor parallel llama (GQA) on 4 ranks, dense and nf4 bases") {
 }
 
 TEST_CASE("tensor parallel GPT-NeoX on 2 and 4 ranks") {
-  check_case({fixture("gpt_neox_parallel")}, 2, 1e-5);
-  check_case({fixture("gpt_neox_parallel")}, 4, 1e-5);
+  check_case({fixture("gpt_neox_parallel"), QuantizedBase::none, false}, 2, 1e-5);
+  check_case({fixture("gpt_neox_parallel"), QuantizedBase::none, false}, 4, 1e-5);
 }
