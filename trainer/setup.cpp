@@ -59,7 +59,7 @@ std::unique_ptr<AdamW> make_optimizer(Backend& backend, const std::vector<Parame
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
                              const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state,
                              const LayerRange& stage, const OptimizerShard& shard,
-                             std::optional<OutputHead> output_head) {
+                             std::optional<OutputHead> output_head, TensorParallelGroup* tensor) {
   FT_CHECK(config.offload_base == OffloadTarget::device ||
                model_family(model_config.model_type).kind == ModelKind::causal,
            config.source, ": offload.base: host streams a decoder-only model's layers; a ", model_config.model_type,
@@ -70,6 +70,7 @@ TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model
   TrainingSetup setup;
   ModelOptions options = model_options(config);
   options.layers = stage;
+  options.tensor_parallel = tensor;
   if (output_head) options.output_head = *output_head;
   setup.model = make_language_model(model_config, backend, options);
   fill_base(*setup.model);

@@ -52,10 +52,13 @@ struct OptimizerShard {
 // with a shard, AdamW holds state for the shard's parameters only. With
 // output_head, the model gets that head instead of the config's (the
 // planner's PPO replay: the policy's value head, trained with the adapters).
+// With tensor (parallel.tensor > 1) the model holds that rank's share of
+// every layer (model/tensor_parallel.h).
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
                              const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state = nullptr,
                              const LayerRange& stage = {}, const OptimizerShard& shard = {},
-                             std::optional<OutputHead> output_head = std::nullopt);
+                             std::optional<OutputHead> output_head = std::nullopt,
+                             TensorParallelGroup* tensor = nullptr);
 
 // model as the decoder-only CausalLM that `what` (e.g. "objective: dpo")
 // needs; a T5Model is an Error saying so.

@@ -349,6 +349,7 @@ const Field kFields[] = {
     {"offload.stream_slots", [](TrainConfig& c, const Value& v) { c.stream_slots = v.integer_in(1, kMaxLayers); }},
     {"parallel.data", [](TrainConfig& c, const Value& v) { c.parallel.data = v.integer_in(0, kMaxRanks); }},
     {"parallel.pipeline", [](TrainConfig& c, const Value& v) { c.parallel.pipeline = v.integer_in(1, kMaxRanks); }},
+    {"parallel.tensor", [](TrainConfig& c, const Value& v) { c.parallel.tensor = v.integer_in(1, kMaxRanks); }},
     {"parallel.timeout_s", [](TrainConfig& c, const Value& v) { c.parallel.timeout_s = v.integer_in(0, kMaxTimeoutS); }},
     {"parallel.shard_optimizer", [](TrainConfig& c, const Value& v) { c.parallel.shard_optimizer = v.boolean(); }},
     {"warmup_steps", [](TrainConfig& c, const Value& v) { c.warmup_steps = v.integer_in(0, kMaxSteps); }},

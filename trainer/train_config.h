@@ -86,6 +86,7 @@ struct GenerateConfig {
 struct ParallelConfig {
   int64_t data = 0;      // data-parallel ranks; 0 = the world size
   int64_t pipeline = 1;  // pipeline stages, each a share of the decoder layers (trainer/parallel/pipeline.h)
+  int64_t tensor = 1;    // tensor-parallel ranks, each 1/tensor of every layer (trainer/parallel/tensor_parallel.h)
   int64_t timeout_s = 1800;  // a rank waiting longer than this for the others ends the job; 0 = never
   // ZeRO-1: each data-parallel rank keeps AdamW's state (moments, f32
   // masters) for its share of the trainable parameters only (trainer.h).

@@ -3,6 +3,7 @@
 #include <charconv>
 
 #include "kernels/error.h"
+#include "model/quantized_format.h"
 
 namespace ft {
 namespace {
@@ -123,8 +124,11 @@ TrainProgress load_train_state(const std::string& path, AdamW& optimizer, const 
   FT_CHECK(by_name.size() == 3 * job_trainable_tensors, path, ": holds ", by_name.size() / 3,
            " trainable tensors but this run trains ", job_trainable_tensors,
            " (was the config changed since the checkpoint?)");
+  HostAllocator host;  // a tensor-parallel shard's columns, copied out of the file's whole tensor
   for (size_t i = 0; i < optimizer.parameters().size(); ++i) {
-    const std::string& name = optimizer.parameters()[i]->name;
+    const Parameter& p = *optimizer.parameters()[i];
+    const std::string& name = p.name;
+    const Shape whole = whole_shape(p);  // the file holds whole tensors, a shard takes its slice
     const std::pair<std::string, Tensor*> parts[] = {{"param." + name, &optimizer.master(i)},
                                                      {"adam_m." + name, &optimizer.first_moment(i)},
                                                      {"adam_v." + name, &optimizer.second_moment(i)}};
@@ -132,11 +136,15 @@ TrainProgress load_train_state(const std::string& path, AdamW& optimizer, const 
       auto found = by_name.find(key);
       FT_CHECK(found != by_name.end(), path, ": missing tensor \"", key, "\"");
       const SafetensorsEntry& entry = *found->second;
-      FT_CHECK(entry.shape == destination->shape && entry.dtype == DType::f32, path, ": tensor \"", key,
-               "\" is ", dtype_name(entry.dtype), " ", shape_string(entry.shape), ", expected f32 ",
-               shape_string(destination->shape));
+      FT_CHECK(entry.shape == whole && entry.dtype == DType::f32, path, ": tensor \"", key, "\" is ",
+               dtype_name(entry.dtype), " ", shape_string(entry.shape), ", expected f32 ", shape_string(whole));
       require_finite(entry);
-      optimizer.copy_state(*destination, Tensor::view_of(const_cast<void*>(entry.data), entry.shape, entry.dtype));
+      Tensor stored = Tensor::view_of(const_cast<void*>(entry.data), entry.shape, entry.dtype);
+      if (!p.slice.whole())
+        stored = stored.ndim() == 1 ? stored.slice_rows(p.slice.offset, destination->dim(0))
+                                    : host_slice(stored, p.slice.dim, p.slice.offset,
+                                                 destination->dim(p.slice.dim), host);
+      optimizer.copy_state(*destination, stored);
     }
   }
   optimizer.sync_compute_copies();

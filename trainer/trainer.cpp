@@ -41,6 +41,7 @@
 #include "trainer/parallel/collectives.h"
 #include "trainer/parallel/data_parallel.h"
 #include "trainer/parallel/pipeline.h"
+#include "trainer/parallel/tensor_parallel.h"
 #include "trainer/parameter_count.h"
 #include "trainer/plan.h"
 #include "trainer/report/progress.h"
@@ -61,8 +62,10 @@ struct Run {
   // (with parallel.pipeline 1: this rank alone, and every rank).
   RankGroups groups;
   int64_t pipeline_stages = 1;
+  int64_t tensor_ranks = 1;  // parallel.tensor
   bool sharded = false;  // parallel.shard_optimizer over several data-parallel ranks (ZeRO-1)
   HostAllocator host;
+  CollectivesTensorGroup tensor_group{*groups.tensor, host};  // the model's (tensor_parallel.h)
   TrackingAllocator host_state{host};  // AdamW's state with offload.optimizer: host
   std::unique_ptr<Allocator> device_memory;  // CUDA only: the caching allocator under the tracker
   std::unique_ptr<TrackingAllocator> tracker;
@@ -88,11 +91,13 @@ struct Run {
   LrSchedule schedule;
   int64_t total_steps = 0;
   Run(const TrainConfig& c, Collectives& ranks)
-      : config(c), collectives(ranks), leader(ranks.rank() == 0), groups(split_ranks(ranks, c.parallel.pipeline)),
-        pipeline_stages(c.parallel.pipeline),
+      : config(c), collectives(ranks), leader(ranks.rank() == 0),
+        groups(split_ranks(ranks, c.parallel.pipeline, c.parallel.tensor)), pipeline_stages(c.parallel.pipeline),
+        tensor_ranks(c.parallel.tensor),
         sharded(c.parallel.shard_optimizer && groups.replicas->world_size() > 1) {}
   Collectives& stages() { return *groups.stages; }
   Collectives& replicas() { return *groups.replicas; }
+  Collectives& tensor() { return *groups.tensor; }
   // Rank 0 of each stage's data-parallel ranks: the pipeline that evaluates and saves.
   bool in_first_pipeline() { return groups.replicas->rank() == 0; }
 };
@@ -149,6 +154,7 @@ void make_model(Run& run) {
            " is larger than the model's max_position_embeddings ", run.model_config.max_position_embeddings, " (",
            path_in(config.model, "config.json"), ")");
   check_pipeline_run(config, run.model_config.model_type);
+  check_tensor_parallel_run(config, run.model_config.model_type);
   LayerRange stage;
   if (run.pipeline_stages > 1) {
     const StageLayout layout = pipeline_stage_layout(config, run.collectives.world_size(), run.stages().rank(),
@@ -170,7 +176,8 @@ void make_model(Run& run) {
     else model.load(Checkpoint(config.model));
     if (!config.quantization.save_base.empty() && run.leader) save_base(run, model);
   }, &run.host_state, stage, run.sharded ? OptimizerShard{run.replicas().rank(), run.replicas().world_size()}
-                                         : OptimizerShard{});
+                                         : OptimizerShard{},
+     std::nullopt, run.tensor_ranks > 1 ? &run.tensor_group : nullptr);
   run.model = std::move(setup.model);
   run.optimizer = std::move(setup.optimizer);
   run.trainable = std::move(setup.trainable);
@@ -330,9 +337,10 @@ void finish_step(Run& run, int64_t step, bool trained_anything, StepReport& repo
   const bool loss_finite = std::isfinite(report.loss);
   double grad_norm = std::nan("");
   if (trained_anything && loss_finite) {
-    const double squared = run.pipeline_stages == 1
-                               ? add_squared_gradients(*run.backend, run.trainable, 0.0)
-                               : pipeline_squared_grad_norm(*run.backend, run.trainable, run.stages(), run.host);
+    const double squared =
+        run.pipeline_stages > 1 ? pipeline_squared_grad_norm(*run.backend, run.trainable, run.stages(), run.host)
+        : run.tensor_ranks > 1  ? tensor_squared_grad_norm(run.tensor(), *run.backend, run.trainable)
+                                : add_squared_gradients(*run.backend, run.trainable, 0.0);
     grad_norm = run.optimizer->step(report.lr, squared);
     if (std::isfinite(grad_norm)) share_updated_parameters(run);
   }
@@ -374,6 +382,7 @@ StepReport train_step(Run& run, int64_t step) {
                   double(micro.batch->counted_tokens);
     }
   }
+  sum_partial_gradients(run.tensor(), *run.backend, run.host, run.trainable);
   loss_sum = sum_over_ranks(run.replicas(), *run.backend, run.host, run.trainable, loss_sum);
   loss_sum = run.stages().sum(loss_sum);  // the last stage's, on every stage
   report.loss = counted ? loss_sum / double(counted) : 0.0;
@@ -533,15 +542,25 @@ void check_finite_before_save(Run& run, const std::string& path) {
   }
 }
 
+// The slices of train_state_tensors' tensors over every trainable parameter
+// (a sharded state gathered): each parameter's master and two moments.
+std::vector<TensorSlice> state_slices(const Run& run) {
+  std::vector<TensorSlice> slices;
+  for (const Parameter* p : run.trainable) slices.insert(slices.end(), 3, p->slice);
+  return slices;
+}
+
 // Every pipeline holds the same state (a sharded one across its
-// data-parallel ranks: they gather it first); the first pipeline's stages
-// gather theirs on rank 0, which writes one file, as one process would.
+// data-parallel ranks: they gather it first); the first pipeline's tensor
+// ranks join their shards into whole tensors, and its stages gather theirs
+// on rank 0, which writes one file, as one process would.
 void save_state(Run& run, const std::string& path, int64_t step) {
   if (!run.sharded && !run.in_first_pipeline()) return;
   check_finite_before_save(run, path);
   NamedTensors tensors = train_state_tensors(*run.optimizer, run.host);
   if (run.sharded) tensors = gather_on_rank_zero(run.replicas(), *run.backend, run.host, std::move(tensors));
   if (!run.in_first_pipeline()) return;
+  tensors = gather_tensor_shards(run.tensor(), *run.backend, run.host, std::move(tensors), state_slices(run));
   tensors = gather_on_rank_zero(run.stages(), *run.backend, run.host, std::move(tensors));
   if (run.leader)
     save_train_state(path, tensors, run.optimizer->steps_taken(),
@@ -714,9 +733,10 @@ std::string write_sample_prompts(const Run& run, const std::vector<std::string>&
 void print_samples(Run& run, Progress& progress) {
   const int64_t count = std::min<int64_t>(run.config.generate.num_samples, int64_t(run.eval_examples.examples.size()));
   if (count <= 0 || !run.leader) return;
-  if (run.pipeline_stages > 1) {
-    progress.message("samples: none (generate.num_samples: " + std::to_string(count) + "): under parallel.pipeline "
-                     "no rank holds the whole model to generate with; generate from the saved adapter with "
+  if (run.pipeline_stages > 1 || run.tensor_ranks > 1) {
+    progress.message("samples: none (generate.num_samples: " + std::to_string(count) + "): under parallel." +
+                     (run.pipeline_stages > 1 ? "pipeline" : "tensor") +
+                     " no rank holds the whole model to generate with; generate from the saved adapter with "
                      "`finetune generate`");
     return;
   }
@@ -788,8 +808,11 @@ void save_outputs(Run& run) {
   if (!run.in_first_pipeline()) return;
   const TrainConfig& config = run.config;
   check_finite_before_save(run, path_in(config.output_dir, config.trainable == Trainable::all ? "model" : "adapter"));
-  const NamedTensors adapters = gather_on_rank_zero(run.stages(), *run.backend, run.host,
-                                                    peft_adapter_tensors(*run.model, run.host));
+  std::vector<TensorSlice> slices;
+  for (const Parameter& adapter : run.model->adapters()) slices.push_back(adapter.slice);
+  NamedTensors adapters = gather_tensor_shards(run.tensor(), *run.backend, run.host,
+                                               peft_adapter_tensors(*run.model, run.host), slices);
+  adapters = gather_on_rank_zero(run.stages(), *run.backend, run.host, std::move(adapters));
   if (!run.leader) return;
   if (config.trainable == Trainable::all) {
     save_full_model(run, path_in(config.output_dir, "model"));
@@ -892,6 +915,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   make_model(run);
   run.identity.push_back(data_parallel_identity(data_ranks));
   if (run.pipeline_stages > 1) run.identity.push_back(pipeline_identity(run.pipeline_stages));
+  if (run.tensor_ranks > 1) run.identity.push_back(tensor_identity(run.tensor_ranks));
   make_data(run);
   const std::string state_path = path_in(config.output_dir, "train_state.safetensors");
   const std::string metrics_path = path_in(config.output_dir, "metrics.jsonl");
@@ -943,6 +967,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
                                     : " sequences")
             << " of up to " << config.seq_len << " tokens";
   if (run.pipeline_stages > 1) std::cout << ", through " << run.pipeline_stages << " pipeline stages";
+  if (run.tensor_ranks > 1) std::cout << ", each layer split over " << run.tensor_ranks << " tensor-parallel ranks";
   std::cout << "\n";
 
   // Rank 0 alone writes metrics.jsonl and loss.svg.

@@ -11,12 +11,15 @@ namespace ft {
 ParallelLayout parallel_layout(const TrainConfig& config, int64_t world_ranks, const std::string& launched_as) {
   ParallelLayout layout;
   layout.pipeline = config.parallel.pipeline;
-  FT_CHECK(config.parallel.data > 0 || world_ranks % layout.pipeline == 0, config.source, ": parallel.pipeline ",
-           layout.pipeline, " must divide the job's ", world_ranks, " ranks (", launched_as,
-           "): each data-parallel copy of the model runs on parallel.pipeline ranks");
-  layout.data = config.parallel.data == 0 ? world_ranks / layout.pipeline : config.parallel.data;
-  FT_CHECK(layout.data * layout.pipeline == world_ranks, config.source, ": parallel.data ", layout.data,
-           " x parallel.pipeline ", layout.pipeline, " must equal the job's ", world_ranks, " ranks (", launched_as,
+  layout.tensor = config.parallel.tensor;
+  const int64_t copy = layout.pipeline * layout.tensor;  // the ranks holding one copy of the model
+  FT_CHECK(config.parallel.data > 0 || world_ranks % copy == 0, config.source, ": parallel.pipeline ",
+           layout.pipeline, " x parallel.tensor ", layout.tensor, " must divide the job's ", world_ranks, " ranks (",
+           launched_as, "): each data-parallel copy of the model runs on that many ranks");
+  layout.data = config.parallel.data == 0 ? world_ranks / copy : config.parallel.data;
+  FT_CHECK(layout.data * copy == world_ranks, config.source, ": parallel.data ", layout.data,
+           " x parallel.pipeline ", layout.pipeline, " x parallel.tensor ", layout.tensor,
+           " must equal the job's ", world_ranks, " ranks (", launched_as,
            "); leave parallel.data out to use every rank");
   return layout;
 }

@@ -21,17 +21,18 @@
 
 namespace ft {
 
-// How world_ranks ranks share the work: parallel.data x parallel.pipeline,
-// parallel.data 0 taking what the pipeline leaves (world_ranks / pipeline).
-// Refuses a layout that does not cover the world exactly; launched_as says
-// where world_ranks came from in the message (e.g. "mpirun -np 4").
+// How world_ranks ranks share the work: parallel.data x parallel.pipeline x
+// parallel.tensor, parallel.data 0 taking what the others leave (world_ranks
+// / (pipeline x tensor)). Refuses a layout that does not cover the world
+// exactly; launched_as says where world_ranks came from in the message
+// (e.g. "mpirun -np 4").
 struct ParallelLayout {
-  int64_t data = 1, pipeline = 1;
+  int64_t data = 1, pipeline = 1, tensor = 1;
 };
 ParallelLayout parallel_layout(const TrainConfig& config, int64_t world_ranks, const std::string& launched_as);
 
 // The data-parallel rank count of a run (parallel_layout over the job's
-// ranks): the copies of the model, each parallel.pipeline ranks.
+// ranks): the copies of the model, each parallel.pipeline x parallel.tensor ranks.
 int64_t data_parallel_ranks(const TrainConfig& config, const Collectives& collectives);
 
 // Refuses a job whose ranks train on different kinds of device (one rank's

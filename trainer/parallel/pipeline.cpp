@@ -9,11 +9,12 @@
 
 namespace ft {
 
-RankGroups split_ranks(Collectives& world, int64_t pipeline) {
-  const int rank = world.rank(), stages = int(pipeline);
+RankGroups split_ranks(Collectives& world, int64_t pipeline, int64_t tensor) {
+  const int rank = world.rank(), stages = int(pipeline), shares = int(tensor), copy = stages * shares;
   RankGroups groups;
-  groups.stages = world.split(rank / stages, rank % stages);
-  groups.replicas = world.split(rank % stages, rank / stages);
+  groups.stages = world.split(rank / copy * shares + rank % shares, rank / shares % stages);
+  groups.replicas = world.split(rank % copy, rank / copy);
+  groups.tensor = world.split(rank / shares, rank % shares);
   return groups;
 }
 

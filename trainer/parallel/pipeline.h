@@ -32,12 +32,15 @@
 
 namespace ft {
 
+// With parallel.tensor T, rank r is tensor rank r % T of its stage, the
+// stage (r / T) % P of pipeline r / (T x P) (trainer/parallel/tensor_parallel.h).
 struct RankGroups {
   std::unique_ptr<Collectives> stages;    // this rank's pipeline: rank() is its stage
-  std::unique_ptr<Collectives> replicas;  // the ranks holding this stage: rank() is the data-parallel rank
+  std::unique_ptr<Collectives> replicas;  // the ranks holding this stage's share: rank() is the data-parallel rank
+  std::unique_ptr<Collectives> tensor;    // the ranks sharing this stage's layers: rank() is the tensor rank
 };
-// Every rank of world calls it together (world_size a multiple of pipeline).
-RankGroups split_ranks(Collectives& world, int64_t pipeline);
+// Every rank of world calls it together (world_size a multiple of pipeline x tensor).
+RankGroups split_ranks(Collectives& world, int64_t pipeline, int64_t tensor = 1);
 
 // Refuses what a pipeline does not run (before anything is loaded, on every
 // rank alike), each error naming the config field: a model or training mode
