@@ -49,16 +49,19 @@ enum class ParallelLinear {
 };
 
 // A group that never communicates, for the planner: rank `rank` of `ranks`,
-// its sums allocate what a real one does and add nothing.
+// its sums allocate what a real one does, add nothing and count the bytes a
+// real one would sum.
 class PlannedTensorGroup final : public TensorParallelGroup {
  public:
   PlannedTensorGroup(int64_t rank, int64_t ranks) : rank_(rank), ranks_(ranks) {}
   int64_t rank() const override { return rank_; }
   int64_t ranks() const override { return ranks_; }
+  size_t summed_bytes() const { return summed_bytes_; }
 
  private:
-  void sum_f32(Backend&, Tensor&) override {}
+  void sum_f32(Backend&, Tensor& t) override { summed_bytes_ += t.size_bytes(); }
   int64_t rank_, ranks_;
+  size_t summed_bytes_ = 0;
 };
 
 }  // namespace ft

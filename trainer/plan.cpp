@@ -23,6 +23,7 @@
 #include "trainer/evaluate.h"
 #include "trainer/parallel/data_parallel.h"
 #include "trainer/parallel/pipeline.h"
+#include "trainer/parallel/tensor_parallel.h"
 #include "trainer/report/progress.h"
 #include "trainer/rl/reward.h"
 #include "trainer/setup.h"
@@ -404,9 +405,11 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
   if (config.parallel.shard_optimizer)
     shard.ranks = parallel_layout(config, options.ranks, "--ranks " + std::to_string(options.ranks)).data;
   const std::optional<OutputHead> head = rl && rl->value_head ? std::optional(OutputHead::value) : std::nullopt;
+  // parallel.tensor: rank 0's share of every layer (it also holds the row-parallel biases).
+  PlannedTensorGroup tensor(0, config.parallel.tensor);
   TrainingSetup setup = setup_training(config, model_config, backend,
                                        [&](LanguageModel&) { watch.phase = "gradients and optimizer state"; },
-                                       &host_state, stage, shard, head);
+                                       &host_state, stage, shard, head, config.parallel.tensor > 1 ? &tensor : nullptr);
   LanguageModel& model = *setup.model;
   std::unique_ptr<CausalLM> reward_model;
   if (rl && !rl->reward_model.empty()) {
@@ -438,6 +441,7 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
     replay_stage(causal_lm(model, "parallel.pipeline"), backend, ids, targets, position_ids.defined() ? &position_ids : nullptr,
                  in_flight);
   else micro_batch_step();
+  const size_t tensor_sum_bytes = tensor.summed_bytes();
   watch.phase = "optimizer step";
   setup.optimizer->step(config.lr);
   // A streamed base: the next micro-batch's copies, with the ring as the
@@ -452,6 +456,9 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
   StepPlan plan;
   plan.micro_batch = micro_batch;
   plan.seq_len = seq_len;
+  plan.tensor_sum_bytes = tensor_sum_bytes;
+  for (const Parameter* p : setup.trainable)
+    if (p->partial_grad) plan.tensor_gradient_bytes += p->grad.size_bytes();
   split_weights(plan, model);
   const LayerFlops flops = layer_flops(model, config, micro_batch, seq_len);
   plan.layer_flops = flops.forward + flops.backward;
@@ -662,6 +669,28 @@ void print_pipeline(const PipelinePlan& plan, const PlanOptions& options) {
                 (long long)s, format_bytes(all_reduce.gradient_bytes).c_str(), (long long)plan.data,
                 format_bytes(all_reduce.ring_sent_per_rank_bytes).c_str(), all_reduce.ring_sent_per_rank_bytes);
   }
+}
+
+// parallel.tensor: what the tensor group sums (measured by the replay's
+// PlannedTensorGroup) and, across data-parallel copies, the gradients.
+void print_tensor_parallel(const TrainConfig& config, const StepPlan& plan, const ParallelLayout& layout) {
+  const int64_t T = layout.tensor;
+  const size_t step_bytes = size_t(checked_mul(int64_t(plan.tensor_sum_bytes), config.grad_accum_steps)) +
+                            plan.tensor_gradient_bytes;
+  const size_t ring_bytes = size_t(checked_mul(int64_t(step_bytes), 2 * (T - 1)) / T);
+  std::printf("tensor parallel: every layer split over %lld ranks x %lld data parallel (%lld ranks): each rank's "
+              "peak as above (rank 0's); per micro-batch %s of activations and their gradients summed over the "
+              "%lld ranks (f32), per optimizer step %s with the partial LoRA gradients, a ring sends %s per rank "
+              "(%zu bytes)\n",
+              (long long)T, (long long)layout.data, (long long)(T * layout.data),
+              format_bytes(plan.tensor_sum_bytes).c_str(), (long long)T, format_bytes(step_bytes).c_str(),
+              format_bytes(ring_bytes).c_str(), ring_bytes);
+  if (layout.data == 1) return;
+  const AllReducePlan all_reduce = plan_all_reduce(plan, layout.data);
+  std::printf("  per optimizer step %s of each rank's gradients all-reduced over %lld data-parallel ranks, a ring "
+              "sends %s per rank (%zu bytes)\n",
+              format_bytes(all_reduce.gradient_bytes).c_str(), (long long)layout.data,
+              format_bytes(all_reduce.ring_sent_per_rank_bytes).c_str(), all_reduce.ring_sent_per_rank_bytes);
 }
 
 }  // namespace
@@ -952,10 +981,12 @@ std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& opt
       read_model_config((std::filesystem::path(config.model) / "config.json").string());
   std::vector<PlanMode> modes;
   const bool lora = config.trainable == Trainable::lora;
+  // Tensor-parallel ranks each hold their share of every layer: nothing to stream.
+  const bool streams = config.parallel.tensor == 1;
   for (OffloadTarget base : {OffloadTarget::device, OffloadTarget::host})
     for (QuantizedBase quantization : kQuantizedBases) {
       if ((!lora && quantization != QuantizedBase::none) ||
-          (base == OffloadTarget::host && quantization == QuantizedBase::none))
+          (base == OffloadTarget::host && (quantization == QuantizedBase::none || !streams)))
         continue;
       for (OffloadTarget optimizer : {OffloadTarget::device, OffloadTarget::host})
         modes.push_back(PlanMode{quantization, optimizer, base, 0});
@@ -984,6 +1015,10 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
                   : "");
   // First: a layout the model or the ranks cannot take is the one error.
   const PipelinePlan pipeline = config.parallel.pipeline > 1 ? plan_pipeline(config, options) : PipelinePlan{};
+  const ParallelLayout layout = config.parallel.tensor > 1 ? parallel_layout(config, options.ranks, "--ranks " +
+                                                                             std::to_string(options.ranks))
+                                                            : ParallelLayout{};
+  check_tensor_parallel_model(config, read_model_config(config.model + "/config.json").model_type);
   const StepPlan plan = plan_step(config, options, config.micro_batch_size, config.seq_len);
   print_breakdown(plan, options);
   const size_t budget = options.gpu_mem_bytes;
@@ -1000,6 +1035,8 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
 
   if (config.parallel.pipeline > 1) {
     print_pipeline(pipeline, options);
+  } else if (layout.tensor > 1) {
+    print_tensor_parallel(config, plan, layout);
   } else if (options.ranks > 1) {
     const AllReducePlan all_reduce = plan_all_reduce(plan, options.ranks);
     std::printf("data parallel on %lld ranks: each rank's peak as above%s; per optimizer step %s of gradients "

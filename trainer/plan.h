@@ -101,6 +101,10 @@ struct StepPlan {
   // recomputation included) through one decoder layer, and through the LM
   // head (logits and d(hidden): the head is frozen).
   double layer_flops = 0.0, lm_head_flops = 0.0;
+  // parallel.tensor: the plan is rank 0's; the f32 bytes its tensor group
+  // sums in one micro-batch's forward and backward (activations and their
+  // gradients), and once per optimizer step (the partial LoRA gradients).
+  size_t tensor_sum_bytes = 0, tensor_gradient_bytes = 0;
 
   // The run's phases besides the step, each with its own peak (what the
   // device holds then included): "checkpoint" (the training state and the

@@ -8,9 +8,17 @@
 
 namespace ft {
 
-void check_tensor_parallel_run(const TrainConfig& config, const std::string& model_type) {
+namespace {
+
+std::string tensor_field(const TrainConfig& config) {
+  return config.source + ": parallel.tensor: " + std::to_string(config.parallel.tensor) + ": ";
+}
+
+}  // namespace
+
+void check_tensor_parallel_model(const TrainConfig& config, const std::string& model_type) {
   if (config.parallel.tensor == 1) return;
-  const std::string where = config.source + ": parallel.tensor: " + std::to_string(config.parallel.tensor) + ": ";
+  const std::string where = tensor_field(config);
   FT_CHECK(model_family(model_type).pipeline, where, "tensor parallelism splits a decoder-only model's layers; "
            "model_type ", model_type, " is an encoder-decoder model (run it data parallel)");
   FT_CHECK(config.parallel.pipeline == 1, where, "tensor parallelism runs beside data parallelism; set "
@@ -19,6 +27,12 @@ void check_tensor_parallel_run(const TrainConfig& config, const std::string& mod
   FT_CHECK(config.trainable == Trainable::lora, where, "tensor parallelism trains LoRA adapters (trainable: lora)");
   FT_CHECK(config.offload_base == OffloadTarget::device, where, "the ranks split every layer over their devices; "
            "leave offload.base at device");
+}
+
+void check_tensor_parallel_run(const TrainConfig& config, const std::string& model_type) {
+  check_tensor_parallel_model(config, model_type);
+  if (config.parallel.tensor == 1) return;
+  const std::string where = tensor_field(config);
   FT_CHECK(config.task_metric == TaskMetric::none, where, "task_metric: rouge generates with the whole model, "
            "which no rank holds; set task_metric: none and score the saved adapter with `finetune generate`");
   FT_CHECK(config.quantization.save_base.empty(), where, "quantization.save_base writes the whole quantized "

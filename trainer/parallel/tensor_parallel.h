@@ -37,7 +37,10 @@ class CollectivesTensorGroup final : public TensorParallelGroup {
 };
 
 // Refuses what tensor parallelism does not run (on every rank alike, before
-// anything loads), each error naming the field.
+// anything loads), each error naming the field: a model or training mode it
+// cannot split (what the planner refuses too), and for a run also what needs
+// the whole model in one process.
+void check_tensor_parallel_model(const TrainConfig& config, const std::string& model_type);
 void check_tensor_parallel_run(const TrainConfig& config, const std::string& model_type);
 
 // Sums each partial gradient (Parameter::partial_grad) over the tensor group.
