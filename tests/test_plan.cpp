@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
@@ -23,6 +24,7 @@
 #include "model/peft_adapter.h"
 #include "trainer/plan.h"
 #include "tests/rl_step_peaks.h"
+#include "tests/thread_group.h"
 #include "trainer/rl/reward.h"
 #include "trainer/train_state.h"
 #include "trainer/trainer.h"
@@ -678,6 +680,132 @@ TEST_CASE("plan: Llama-2-70B INT8 + LoRA as a 4-stage pipeline fits every stage 
   CHECK(run.output.find(" 21367922688   yes") != std::string::npos);
   CHECK(run.output.find("stage 3: per optimizer step") != std::string::npos);
   CHECK(run.output.find("all-reduced over 2 data-parallel ranks") != std::string::npos);
+}
+
+// One tensor-parallel rank's training step on a real CPU backend, all ranks
+// in threads of this process (tests/thread_group.h), as replay_step replays
+// rank 0's: the step's micro-batch, then AdamW. Returns rank 0's tracked peak.
+size_t real_tensor_rank_peak(const TrainConfig& config) {
+  const ModelConfig model_config = read_model_config(config.model + "/config.json");
+  const int64_t ranks = config.parallel.tensor;
+  testing::ThreadGroup group(ranks);
+  std::vector<size_t> peaks(static_cast<size_t>(ranks));
+  std::vector<float> losses(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int64_t rank = 0; rank < ranks; ++rank)
+    threads.emplace_back([&, rank] {  // no doctest assertion in a thread: their results are checked after
+      testing::ThreadGroup::Member member(group, rank);
+      HostAllocator host;
+      TrackingAllocator tracker(host), host_state(host);
+      CpuBackend backend(tracker);
+      TrainingSetup setup = setup_training(
+          config, model_config, backend, [&](LanguageModel& model) { fill_weights(model, backend); }, &host_state,
+          {}, {}, std::nullopt, &member);
+      const int64_t batch = config.micro_batch_size, seq = config.seq_len;
+      Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
+      for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
+      setup.model->zero_grads();
+      setup.model->set_dropout_seed(config.seed);
+      losses[size_t(rank)] = setup.model->forward_backward(ids, ids, 1.0f);
+      setup.optimizer->step(config.lr);
+      peaks[size_t(rank)] = tracker.stats().total_peak_bytes;
+    });
+  for (std::thread& t : threads) t.join();
+  for (float loss : losses) CHECK(std::isfinite(loss));
+  return peaks[0];
+}
+
+TEST_CASE("plan: a tensor-parallel rank's replayed peak equals a real CPU rank's, to the byte") {
+  const std::string llama = write_model("llama_tensor_parallel", R"({"model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "vocab_size": 256, "max_position_embeddings": 64})");
+  const std::string neox = write_model("neox_tensor_parallel", R"({"model_type": "gpt_neox", "hidden_size": 64,
+    "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+    "max_position_embeddings": 64, "hidden_act": "gelu_fast"})");
+  const std::string shape = "micro_batch_size: 2\nseq_len: 16\n";
+  const std::string all_linear = "lora: {r: 4, lora_alpha: 8, lora_dropout: 0.1, target_modules: all-linear}\n";
+  // bf16: the sums go through f32 copies of the activations, allocated with them.
+  const std::pair<std::string, Precision> cases[] = {
+      {kLlamaLora + "parallel: {tensor: 2}\n", Precision::fp32},
+      {all_linear + "parallel: {tensor: 2}\n", Precision::bf16},
+      {all_linear + "activation_checkpointing: per_layer\nparallel: {tensor: 4}\n", Precision::fp32}};
+  for (const auto& [extra, precision] : cases) {
+    CAPTURE(extra);
+    TrainConfig config = make_config(llama, shape + extra);
+    config.precision = precision;
+    PlanOptions cpu;
+    cpu.policy = MemoryPolicy::cpu;
+    cpu.ranks = config.parallel.tensor;
+    CHECK(plan_step(config, cpu, 2, 16).peak_bytes == real_tensor_rank_peak(config));
+  }
+  const TrainConfig config = make_config(neox, shape + kNeoxLora + "parallel: {tensor: 2}\n");
+  PlanOptions cpu;
+  cpu.policy = MemoryPolicy::cpu;
+  cpu.ranks = 2;
+  CHECK(plan_step(config, cpu, 2, 16).peak_bytes == real_tensor_rank_peak(config));
+}
+
+// docs/parallel.md's tensor-parallel figures: Llama-2-70B INT8 + LoRA with
+// every layer split over four 24 GiB cards, NeoX-20B over two 12 GiB ones.
+// The embedding and lm_head stay whole on every rank (docs/parallel.md says why).
+TEST_CASE("plan: Llama-2-70B INT8 + LoRA with parallel.tensor 4 fits each rank in 24 GiB (CUDA policy)") {
+  const TrainConfig config =
+      load_train_config(std::string(FT_SOURCE_DIR) + "/configs/llama-2-70b-int8-lora-4x24gb-tensor.yaml");
+  PlanOptions options;
+  options.ranks = 4;
+  const StepPlan plan = plan_step(config, options, 1, 2048);
+  MESSAGE("70B, tensor 4: rank 0's peak ", plan.total_bytes(), " bytes, at ", plan.where);
+  const size_t C = 8192, q = C * C, kv = size_t(1024) * C, mlp = C * 28672, N = 2048;
+  // A quarter of every decoder linear: 69 GB of int8 codes over four cards.
+  CHECK(plan.quantized_weight_bytes == 80 * (2 * q + 2 * kv + 3 * mlp) / 4);
+  // r = 16: q_proj's A whole [16, 8192] and B a quarter [2048, 16]; v_proj's A whole, B [256, 16]; f32.
+  CHECK(plan.at_peak.current(MemCategory::adapters) == 80 * 16 * (C + 2048 + C + 256) * 4);
+  CHECK(plan.total_bytes() == 22560997376);
+  CHECK(plan.total_bytes() <= size_t(24) << 30);
+  // Per layer and micro-batch, [2048, 8192] f32 sums: o_proj's and
+  // down_proj's outputs, o_proj's again in the recomputation, and the two
+  // input gradients (all but layer 0's attention one: nothing reads it).
+  CHECK(plan.tensor_sum_bytes == (5 * 80 - 1) * N * C * 4);
+  // The partial gradients: the A of q_proj and v_proj.
+  CHECK(plan.tensor_gradient_bytes == 80 * 2 * 16 * C * 4);
+
+  const PlanRun run = run_plan(std::string(FT_SOURCE_DIR) +
+                               "/configs/llama-2-70b-int8-lora-4x24gb-tensor.yaml --gpu-mem 24GiB --ranks 8");
+  CHECK(run.exit_status == 0);
+  CHECK(run.output.find("tensor parallel: every layer split over 4 ranks x 2 data parallel (8 ranks)") !=
+        std::string::npos);
+  CHECK(run.output.find("all-reduced over 2 data-parallel ranks") != std::string::npos);
+  CHECK(run.output.find("fits in 24.0 GiB: yes") != std::string::npos);
+  const PlanRun odd = run_plan(std::string(FT_SOURCE_DIR) +
+                               "/configs/llama-2-70b-int8-lora-4x24gb-tensor.yaml --ranks 6");
+  CHECK(odd.exit_status == 1);
+  CHECK(odd.output.find("parallel.pipeline 1 x parallel.tensor 4 must divide the job's 6 ranks (--ranks 6)") !=
+        std::string::npos);
+  const PlanRun heads = run_plan(std::string(FT_SOURCE_DIR) +
+                                 "/configs/llama-2-70b-int8-lora-4x24gb-tensor.yaml --ranks 3 --set parallel.tensor=3");
+  CHECK(heads.exit_status == 1);
+  CHECK(heads.output.find("parallel.tensor: 3 ranks must divide num_attention_heads (64), num_key_value_heads (8)") !=
+        std::string::npos);
+}
+
+TEST_CASE("plan: NeoX-20B INT8 + LoRA with parallel.tensor 2 fits each rank in 12 GiB (CUDA policy)") {
+  TrainConfig config = load_train_config(std::string(FT_SOURCE_DIR) + "/configs/gpt-neox-20b-int8-lora.yaml");
+  config.parallel.tensor = 2;
+  PlanOptions options;
+  options.ranks = 2;
+  const size_t C = 6144;
+  // Half of every layer's 12 C^2 int8 codes (query_key_value 3 C^2, dense C^2, the MLP 8 C^2).
+  const StepPlan plan = plan_step(config, options, 1, 512);
+  CHECK(plan.quantized_weight_bytes == 44 * 12 * C * C / 2);
+  MESSAGE("NeoX-20B, tensor 2, seq_len 512: rank 0's peak ", plan.total_bytes(), " bytes");
+  CHECK(plan.total_bytes() <= size_t(12) << 30);
+  // seq_len 1024 does not fit: the whole embedding and embed_out (1.2 GiB
+  // in bf16) and the context reserve leave too little for its activations.
+  CHECK(plan_step(config, options, 1, 1024).total_bytes() > size_t(12) << 30);
+  // One process needs twice the codes: no 12 GiB card holds it.
+  config.parallel.tensor = 1;
+  options.ranks = 1;
+  CHECK(plan_step(config, options, 1, 512).total_bytes() > size_t(20) << 30);
 }
 
 TEST_CASE("plan: a pipeline layout the model or the ranks cannot take is one clear error") {

@@ -7,7 +7,6 @@
 // NF4 bases, LoRA on every linear with dropout.
 #include <doctest/doctest.h>
 
-#include <barrier>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -23,41 +22,12 @@
 #include "model/safetensors.h"
 #include "model/tensor_parallel.h"
 #include "tests/host_tensors.h"
+#include "tests/thread_group.h"
 
 using namespace ft;
+using ft::testing::ThreadGroup;
 
 namespace {
-
-// The ranks are threads; a sum copies every rank's tensor out, waits for all,
-// then each rank adds them up in rank order (the same bits on every rank).
-class ThreadGroup {
- public:
-  explicit ThreadGroup(int64_t ranks) : ranks_(ranks), slots_(size_t(ranks)), arrive_(ranks) {}
-  class Member final : public TensorParallelGroup {
-   public:
-    Member(ThreadGroup& group, int64_t rank) : group_(group), rank_(rank) {}
-    int64_t rank() const override { return rank_; }
-    int64_t ranks() const override { return group_.ranks_; }
-
-   private:
-    void sum_f32(Backend&, Tensor& t) override {
-      group_.slots_[size_t(rank_)] = testing::read(t);
-      group_.arrive_.arrive_and_wait();
-      std::vector<float> total = group_.slots_[0];
-      for (int64_t r = 1; r < group_.ranks_; ++r)
-        for (size_t i = 0; i < total.size(); ++i) total[i] += group_.slots_[size_t(r)][i];
-      group_.arrive_.arrive_and_wait();  // every rank has read every slot
-      for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = total[size_t(i)];
-    }
-    ThreadGroup& group_;
-    int64_t rank_;
-  };
-
- private:
-  int64_t ranks_;
-  std::vector<std::vector<float>> slots_;
-  std::barrier<> arrive_;
-};
 
 // A deterministic value of element i of a whole adapter tensor: B nonzero
 // too, so that every gradient is.
