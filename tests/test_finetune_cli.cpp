@@ -1504,6 +1504,30 @@ TEST_CASE("tensor parallel: mpirun -np 4 with tensor 4, and data 2 x tensor 2, t
   job("one_nf4", 0, 4, {"--set", "quantization.mode=nf4"});
   job("tensor4_nf4", 4, 4, {"--set", "quantization.mode=nf4", "--set", "parallel.tensor=4"});
   check_equals_one_process(dir, "one_nf4", "tensor4_nf4");
+
+  // Beside pipeline stages: 2 stages of 1 layer, each split over 2 ranks.
+  // Stages load their layers from a checkpoint: the fixture's random weights saved as one.
+  const std::string pretrained = dir + "/pretrained";
+  fs::create_directories(pretrained);
+  fs::copy_file(std::string(FT_FIXTURES_DIR) + "/tensor_parallel/config.json", pretrained + "/config.json");
+  {
+    HostAllocator host;
+    CpuBackend backend(host);
+    std::unique_ptr<LanguageModel> model =
+        make_language_model(read_model_config(pretrained + "/config.json"), backend, ModelOptions{});
+    model->init_random(5);
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (Parameter& p : model->parameters()) tensors.emplace_back(p.name, p.value);
+    save_safetensors(pretrained + "/model.safetensors", tensors);
+  }
+  const std::vector<std::string> from_checkpoint = {"--set", "model=" + pretrained, "--set", "init=pretrained"};
+  std::vector<std::string> staged = from_checkpoint;
+  staged.insert(staged.end(), {"--set", "parallel.tensor=2", "--set", "parallel.pipeline=2"});
+  job("one_pretrained", 0, 4, from_checkpoint);
+  const Ran pipeline = job("pipeline2_tensor2", 4, 4, staged);
+  CHECK(pipeline.output.find("through 2 pipeline stages, each layer split over 2 tensor-parallel ranks") !=
+        std::string::npos);
+  check_equals_one_process(dir, "one_pretrained", "pipeline2_tensor2");
 }
 
 TEST_CASE("tensor parallel: kill -9 of one rank ends the job; --resume on 2 ranks ends with the uninterrupted "

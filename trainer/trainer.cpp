@@ -338,7 +338,8 @@ void finish_step(Run& run, int64_t step, bool trained_anything, StepReport& repo
   double grad_norm = std::nan("");
   if (trained_anything && loss_finite) {
     const double squared =
-        run.pipeline_stages > 1 ? pipeline_squared_grad_norm(*run.backend, run.trainable, run.stages(), run.host)
+        run.pipeline_stages > 1 ? pipeline_squared_grad_norm(*run.backend, run.trainable, run.stages(), run.host,
+                                                             run.tensor())
         : run.tensor_ranks > 1  ? tensor_squared_grad_norm(run.tensor(), *run.backend, run.trainable)
                                 : add_squared_gradients(*run.backend, run.trainable, 0.0);
     grad_norm = run.optimizer->step(report.lr, squared);

@@ -6,6 +6,7 @@
 
 #include "kernels/error.h"
 #include "model/families.h"
+#include "trainer/parallel/tensor_parallel.h"
 
 namespace ft {
 
@@ -142,10 +143,11 @@ double pipeline_forward_backward(CausalLM& model, Collectives& stages, Allocator
 // Stage s continues the sum of stages 0..s-1; the last one's total reaches
 // every stage as a sum to which the others add exact zeros.
 double pipeline_squared_grad_norm(Backend& backend, const std::vector<Parameter*>& trainable, Collectives& stages,
-                                  Allocator& host) {
+                                  Allocator& host, Collectives& tensor) {
   const int stage = stages.rank(), last = stages.world_size() - 1;
   const double before = stage == 0 ? 0.0 : receive_double(stages, backend, host, stage - 1);
-  const double through = add_squared_gradients(backend, trainable, before);
+  const double through = tensor.world_size() == 1 ? add_squared_gradients(backend, trainable, before)
+                                                  : before + tensor_squared_grad_norm(tensor, backend, trainable);
   if (stage < last) send_double(stages, backend, host, through, stage + 1);
   return stages.sum(stage == last ? through : 0.0);
 }

@@ -62,9 +62,10 @@ double pipeline_forward_backward(CausalLM& model, Collectives& stages, Allocator
                                  const std::vector<PipelineMicroBatch>& micro_batches);
 
 // The squared global gradient norm, every stage's trainable parameters
-// summed in the one-process order, known to every stage.
+// summed in the one-process order, known to every stage; each stage's share
+// over its tensor group's shards (tensor_parallel.h) when it has several.
 double pipeline_squared_grad_norm(Backend& backend, const std::vector<Parameter*>& trainable, Collectives& stages,
-                                  Allocator& host);
+                                  Allocator& host, Collectives& tensor);
 
 // The eval loss through the pipeline, every stage taking part; the result
 // on every stage.

@@ -21,8 +21,6 @@ void check_tensor_parallel_model(const TrainConfig& config, const std::string& m
   const std::string where = tensor_field(config);
   FT_CHECK(model_family(model_type).pipeline, where, "tensor parallelism splits a decoder-only model's layers; "
            "model_type ", model_type, " is an encoder-decoder model (run it data parallel)");
-  FT_CHECK(config.parallel.pipeline == 1, where, "tensor parallelism runs beside data parallelism; set "
-           "parallel.pipeline: 1");
   FT_CHECK(config.objective == Objective::sft, where, "tensor parallelism covers objective: sft");
   FT_CHECK(config.trainable == Trainable::lora, where, "tensor parallelism trains LoRA adapters (trainable: lora)");
   FT_CHECK(config.offload_base == OffloadTarget::device, where, "the ranks split every layer over their devices; "

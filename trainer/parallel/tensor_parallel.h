@@ -7,8 +7,8 @@
 // a shard's slice of a whole tensor on --resume.
 //
 // Rank r is tensor rank r % T of the T neighbouring ranks that share one
-// layer (one node's GPUs: the sums run every layer), inside data-parallel
-// replica r / T (parallel.pipeline stays 1 under tensor parallelism).
+// layer (one node's GPUs: the sums run every layer), of pipeline stage
+// (r / T) % P, of data-parallel replica r / (T x P) (pipeline.h's split_ranks).
 #pragma once
 #include <cstdint>
 #include <memory>
