@@ -21,6 +21,7 @@ class SingleProcess final : public Collectives {
   int world_size() const override { return 1; }
   int local_rank() const override { return 0; }
   void sum_in_place(Backend&, Allocator&, const std::vector<Tensor*>&) override {}
+  void max_in_place(Backend&, Allocator&, const std::vector<Tensor*>&) override {}
   double sum(double value) override { return value; }
   std::unique_ptr<Collectives> split(int, int) override { return std::make_unique<SingleProcess>(); }
   void exchange(Backend&, Allocator&, const std::vector<Transfer>& sends,

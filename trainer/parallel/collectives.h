@@ -27,6 +27,9 @@ class Collectives {
   // Replaces each f32 tensor (on backend's device) by its sum over all ranks;
   // every rank gets the same values. host is for staging device tensors.
   virtual void sum_in_place(Backend& backend, Allocator& host, const std::vector<Tensor*>& tensors) = 0;
+  // The same with the element-wise maximum (exact: every rank, any order,
+  // the same values): a tensor-parallel INT8 layer's whole-row scales.
+  virtual void max_in_place(Backend& backend, Allocator& host, const std::vector<Tensor*>& tensors) = 0;
   virtual double sum(double value) = 0;
   // The ranks that pass the same group, ranked by rank_in_group, as a world
   // of their own (MPI_Comm_split): one pipeline's stages, or the ranks that

@@ -62,25 +62,11 @@ class MpiCollectives final : public Collectives {
   }
 
   void sum_in_place(Backend& backend, Allocator& host, const std::vector<Tensor*>& tensors) override {
-    std::vector<Tensor*> device;
-    std::vector<MPI_Request> requests;
-    std::vector<std::pair<Tensor*, Tensor>> staged;  // device tensor, its host copy
-    for (Tensor* tensor : tensors) {
-      FT_CHECK(tensor->dtype == DType::f32, "all-reduce: ", dtype_name(tensor->dtype), " tensor, expected f32 gradients");
-      if (tensor->device == Device::cpu) {
-        start_sum(tensor->ptr<float>(), tensor->numel(), requests);
-      } else if (use_nccl()) {
-        device.push_back(tensor);
-      } else {
-        Tensor copy = Tensor::empty(tensor->shape, DType::f32, host, MemCategory::workspace);
-        backend.copy(copy, *tensor);
-        start_sum(copy.ptr<float>(), copy.numel(), requests);
-        staged.emplace_back(tensor, copy);
-      }
-    }
-    if (!device.empty()) nccl_->sum_in_place(device, timeout_s_, who_am_i_);
-    wait(requests, "the gradient all-reduce");
-    for (auto& [tensor, copy] : staged) backend.copy(*tensor, copy);
+    reduce_in_place(backend, host, tensors, false);
+  }
+
+  void max_in_place(Backend& backend, Allocator& host, const std::vector<Tensor*>& tensors) override {
+    reduce_in_place(backend, host, tensors, true);
   }
 
   std::unique_ptr<Collectives> split(int group, int rank_in_group) override {
@@ -165,12 +151,36 @@ class MpiCollectives final : public Collectives {
     return nccl_ != nullptr;
   }
 
+  // Host tensors over MPI, device tensors over NCCL where the build has it
+  // (else through host copies and MPI); max: the element-wise maximum.
+  void reduce_in_place(Backend& backend, Allocator& host, const std::vector<Tensor*>& tensors, bool max) {
+    std::vector<Tensor*> device;
+    std::vector<MPI_Request> requests;
+    std::vector<std::pair<Tensor*, Tensor>> staged;  // device tensor, its host copy
+    for (Tensor* tensor : tensors) {
+      FT_CHECK(tensor->dtype == DType::f32, "all-reduce: ", dtype_name(tensor->dtype), " tensor, expected f32");
+      if (tensor->device == Device::cpu) {
+        start_reduce(tensor->ptr<float>(), tensor->numel(), max, requests);
+      } else if (use_nccl()) {
+        device.push_back(tensor);
+      } else {
+        Tensor copy = Tensor::empty(tensor->shape, DType::f32, host, MemCategory::workspace);
+        backend.copy(copy, *tensor);
+        start_reduce(copy.ptr<float>(), copy.numel(), max, requests);
+        staged.emplace_back(tensor, copy);
+      }
+    }
+    if (!device.empty()) nccl_->reduce_in_place(device, max, timeout_s_, who_am_i_);
+    wait(requests, max ? "an all-reduce (max)" : "an all-reduce (sum)");
+    for (auto& [tensor, copy] : staged) backend.copy(*tensor, copy);
+  }
+
   // MPI counts are ints: a tensor past INT_MAX elements goes in several pieces.
-  void start_sum(float* values, int64_t count, std::vector<MPI_Request>& requests) {
+  void start_reduce(float* values, int64_t count, bool max, std::vector<MPI_Request>& requests) {
     for (int64_t first = 0; first < count; first += INT_MAX) {
       requests.emplace_back();
-      MPI_Iallreduce(MPI_IN_PLACE, values + first, int(std::min<int64_t>(INT_MAX, count - first)), MPI_FLOAT, MPI_SUM,
-                     comm_, &requests.back());
+      MPI_Iallreduce(MPI_IN_PLACE, values + first, int(std::min<int64_t>(INT_MAX, count - first)), MPI_FLOAT,
+                     max ? MPI_MAX : MPI_SUM, comm_, &requests.back());
     }
   }
 

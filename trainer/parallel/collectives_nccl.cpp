@@ -29,15 +29,17 @@ class NcclCollectives final : public DeviceCollectives {
     if (comm_) ncclCommDestroy(comm_);
   }
 
-  void sum_in_place(const std::vector<Tensor*>& tensors, int64_t timeout_s, const std::string& who_am_i) override {
+  void reduce_in_place(const std::vector<Tensor*>& tensors, bool max, int64_t timeout_s,
+                       const std::string& who_am_i) override {
     check_nccl(ncclGroupStart(), "ncclGroupStart");
     for (Tensor* tensor : tensors) {
       float* values = tensor->ptr<float>();
-      check_nccl(ncclAllReduce(values, values, size_t(tensor->numel()), ncclFloat32, ncclSum, comm_, cudaStreamLegacy),
+      check_nccl(ncclAllReduce(values, values, size_t(tensor->numel()), ncclFloat32, max ? ncclMax : ncclSum, comm_,
+                               cudaStreamLegacy),
                  "ncclAllReduce");
     }
     check_nccl(ncclGroupEnd(), "ncclGroupEnd");
-    wait(timeout_s, who_am_i, "the gradient all-reduce");
+    wait(timeout_s, who_am_i, max ? "an all-reduce (max)" : "an all-reduce (sum)");
   }
 
   void exchange(const std::vector<Collectives::Transfer>& sends, const std::vector<Collectives::Transfer>& receives,

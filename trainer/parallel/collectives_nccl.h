@@ -16,9 +16,11 @@ namespace ft {
 class DeviceCollectives {
  public:
   virtual ~DeviceCollectives() = default;
-  // Replaces each f32 device tensor by its sum over all ranks. A sum not done
-  // after timeout_s (0: never) is an Error naming who_am_i.
-  virtual void sum_in_place(const std::vector<Tensor*>& tensors, int64_t timeout_s, const std::string& who_am_i) = 0;
+  // Replaces each f32 device tensor by its sum (max: its element-wise
+  // maximum) over all ranks. One not done after timeout_s (0: never) is an
+  // Error naming who_am_i.
+  virtual void reduce_in_place(const std::vector<Tensor*>& tensors, bool max, int64_t timeout_s,
+                               const std::string& who_am_i) = 0;
   // Collectives::exchange for device tensors: every send and receive in one
   // NCCL group, waited for with the same timeout.
   virtual void exchange(const std::vector<Collectives::Transfer>& sends,
