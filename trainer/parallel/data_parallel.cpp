@@ -13,14 +13,15 @@ ParallelLayout parallel_layout(const TrainConfig& config, int64_t world_ranks, c
   layout.pipeline = config.parallel.pipeline;
   layout.tensor = config.parallel.tensor;
   const int64_t copy = layout.pipeline * layout.tensor;  // the ranks holding one copy of the model
+  const std::string tensor = layout.tensor > 1 ? " x parallel.tensor " + std::to_string(layout.tensor) : "";
   FT_CHECK(config.parallel.data > 0 || world_ranks % copy == 0, config.source, ": parallel.pipeline ",
-           layout.pipeline, " x parallel.tensor ", layout.tensor, " must divide the job's ", world_ranks, " ranks (",
-           launched_as, "): each data-parallel copy of the model runs on that many ranks");
+           layout.pipeline, tensor, " must divide the job's ", world_ranks, " ranks (", launched_as,
+           "): each data-parallel copy of the model runs on parallel.pipeline",
+           layout.tensor > 1 ? " x parallel.tensor" : "", " ranks");
   layout.data = config.parallel.data == 0 ? world_ranks / copy : config.parallel.data;
   FT_CHECK(layout.data * copy == world_ranks, config.source, ": parallel.data ", layout.data,
-           " x parallel.pipeline ", layout.pipeline, " x parallel.tensor ", layout.tensor,
-           " must equal the job's ", world_ranks, " ranks (", launched_as,
-           "); leave parallel.data out to use every rank");
+           " x parallel.pipeline ", layout.pipeline, tensor, " must equal the job's ", world_ranks, " ranks (",
+           launched_as, "); leave parallel.data out to use every rank");
   return layout;
 }
 
