@@ -7,6 +7,7 @@
 // NF4 bases, LoRA on every linear with dropout.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <functional>
@@ -28,8 +29,9 @@ using namespace ft;
 
 namespace {
 
-// The ranks are threads; a sum copies every rank's tensor out, waits for all,
-// then each rank adds them up in rank order (the same bits on every rank).
+// The ranks are threads; a sum (max) copies every rank's tensor out, waits
+// for all, then each rank adds them up (takes their maximum) in rank order
+// (the same bits on every rank).
 class ThreadGroup {
  public:
   explicit ThreadGroup(int64_t ranks) : ranks_(ranks), slots_(size_t(ranks)), arrive_(ranks) {}
@@ -41,11 +43,17 @@ class ThreadGroup {
 
    private:
     void sum_f32(Backend&, Tensor& t) override {
+      reduce(t, [](float a, float b) { return a + b; });
+    }
+    void max_f32(Backend&, Tensor& t) override {
+      reduce(t, [](float a, float b) { return std::max(a, b); });
+    }
+    void reduce(Tensor& t, float (*combine)(float, float)) {
       group_.slots_[size_t(rank_)] = testing::read(t);
       group_.arrive_.arrive_and_wait();
       std::vector<float> total = group_.slots_[0];
       for (int64_t r = 1; r < group_.ranks_; ++r)
-        for (size_t i = 0; i < total.size(); ++i) total[i] += group_.slots_[size_t(r)][i];
+        for (size_t i = 0; i < total.size(); ++i) total[i] = combine(total[i], group_.slots_[size_t(r)][i]);
       group_.arrive_.arrive_and_wait();  // every rank has read every slot
       for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = total[size_t(i)];
     }
@@ -220,4 +228,13 @@ TEST_CASE("tensor parallel llama (GQA) on 4 ranks, dense and nf4 bases") {
 TEST_CASE("tensor parallel GPT-NeoX on 2 and 4 ranks") {
   check_case({fixture("gpt_neox_parallel"), QuantizedBase::none, false}, 2, 1e-5);
   check_case({fixture("gpt_neox_parallel"), QuantizedBase::none, false}, 4, 1e-5);
+}
+
+// INT8: a row-parallel shard quantises its columns of x with the whole row's
+// scales (model/quant/int8.h), so its codes are one process's; what remains
+// is the order of the f32 additions (each rank's dequantised int32 product,
+// summed over the ranks, where one process dequantises one int32 sum).
+TEST_CASE("tensor parallel INT8 base: Llama (GQA) on 4 ranks, GPT-NeoX on 2") {
+  check_case({fixture("tensor_parallel"), QuantizedBase::int8, true}, 4, 1e-5);
+  check_case({fixture("gpt_neox_parallel"), QuantizedBase::int8, false}, 2, 1e-5);
 }

@@ -131,6 +131,10 @@ inline ScratchTensor sdpa_workspace_scratch(int64_t batch, int64_t q_heads, int6
 // data-dependent buffers, so the plan does not depend on a batch's outliers.
 // The gathered outlier weights hold gather_columns columns
 // (int8_outlier_gather_columns for the backend), not the batch's outlier count.
+// The outlier columns of x [N, K] as the int8 ops find them (the count, the
+// columns, then their bit mask): int8_linear_forward's and int8_row_absmax's.
+inline ScratchTensor int8_outlier_columns_scratch(int64_t K) { return {{K + 1 + (K + 31) / 32}, DType::i32}; }
+
 struct Int8ForwardScratch {
   ScratchTensor outlier_columns;  // i32 [K + 1 + ceil(K / 32)]: the count, the columns, then their bit mask
   ScratchTensor outlier_weights;  // i8 [gather columns, O]: W's outlier columns, gathered
@@ -140,7 +144,7 @@ struct Int8ForwardScratch {
 };
 inline Int8ForwardScratch int8_forward_scratch(int64_t N, int64_t K, int64_t O, int64_t chunk_rows,
                                                int64_t gather_columns) {
-  return {{{K + 1 + (K + 31) / 32}, DType::i32},
+  return {int8_outlier_columns_scratch(K),
           {{gather_columns, O}, DType::i8},
           {{N, K}, DType::i8},
           {{N}, DType::f32},
