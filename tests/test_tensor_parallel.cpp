@@ -105,11 +105,13 @@ struct Case {
   std::string fixture;  // a folder with config.json (and model.safetensors unless random)
   QuantizedBase base = QuantizedBase::none;
   bool random = false;
+  float int8_threshold = 6.0f;
 };
 
 ModelOptions case_options(const Case& c) {
   ModelOptions options;
   options.quantized_base = c.base;
+  options.int8_threshold = c.int8_threshold;
   LoraOptions lora;
   lora.r = 4;
   lora.lora_alpha = 8.0;
@@ -235,6 +237,10 @@ TEST_CASE("tensor parallel GPT-NeoX on 2 and 4 ranks") {
 // is the order of the f32 additions (each rank's dequantised int32 product,
 // summed over the ranks, where one process dequantises one int32 sum).
 TEST_CASE("tensor parallel INT8 base: Llama (GQA) on 4 ranks, GPT-NeoX on 2") {
-  check_case({fixture("tensor_parallel"), QuantizedBase::int8, true}, 4, 1e-5);
-  check_case({fixture("gpt_neox_parallel"), QuantizedBase::int8, false}, 2, 1e-5);
+  check_case({fixture("tensor_parallel"), QuantizedBase::int8, true, 6.0f}, 4, 1e-5);
+  check_case({fixture("gpt_neox_parallel"), QuantizedBase::int8, false, 6.0f}, 2, 1e-5);
+  // At 6 no activation of these small models is an outlier; at 1.5 some
+  // input columns of every row-parallel shard are (counted once: 4 to 7 of
+  // a dense shard's 32, 23 to 41 of a dense_4h_to_h shard's 88).
+  check_case({fixture("gpt_neox_parallel"), QuantizedBase::int8, false, 1.5f}, 2, 1e-5);
 }
