@@ -3,8 +3,8 @@
 // through shared memory, take one training step; their loss, their
 // assembled LoRA gradients (slices concatenated, partial gradients summed)
 // and the layer outputs equal one process's within f32 rounding. Llama with
-// grouped-query attention and GPT-NeoX (parallel residual), over dense and
-// NF4 bases, LoRA on every linear with dropout.
+// grouped-query attention and GPT-NeoX (parallel residual), over dense, NF4
+// and INT8 bases, LoRA on every linear with dropout.
 #include <doctest/doctest.h>
 
 #include <algorithm>

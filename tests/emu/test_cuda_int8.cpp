@@ -5,12 +5,13 @@
 // give one block at any size the emulator can run).
 //
 // Tolerances:
-//   - the integer GEMM: exact;
+//   - the integer GEMM and int8_row_absmax: exact;
 //   - forward, f32 out: the same arithmetic in the same order as the CPU
 //     (codes, int32 sums, the dequantisation, FMAs over the outlier columns
 //     ascending), 1e-6 relative (measured: 0, bit-identical);
-//   - forward with the epilogue (bias, LoRA update): the same, the order of
-//     kernels/backend.h on both sides (measured: 0, bit-identical);
+//   - forward with the epilogue (bias, LoRA update, given row scales): the
+//     same, the order of kernels/backend.h on both sides (measured: 0,
+//     bit-identical);
 //   - forward, bf16 out: 2^-7 relative (one bf16 ulp: both sides round the
 //     same f32 value, so in practice identical);
 //   - backward: |got - want| <= rtol |want| + arel * sum_o |dout w| (plus |dx|
