@@ -125,16 +125,16 @@ inline ScratchTensor sdpa_workspace_scratch(int64_t batch, int64_t q_heads, int6
 
 // ---- LLM.int8() --------------------------------------------------------------
 
+// The outlier columns of x [N, K] as the int8 ops find them (the count, the
+// columns, then their bit mask): int8_linear_forward's and int8_row_absmax's.
+inline ScratchTensor int8_outlier_columns_scratch(int64_t K) { return {{K + 1 + (K + 31) / 32}, DType::i32}; }
+
 // int8_linear_forward on x [N, K] and weight [O, K], holding the int32 product
 // of chunk_rows rows at a time (int8_forward_chunk_rows for the backend). The
 // outlier product reads x and W in place and the epilogue its operands: no
 // data-dependent buffers, so the plan does not depend on a batch's outliers.
 // The gathered outlier weights hold gather_columns columns
 // (int8_outlier_gather_columns for the backend), not the batch's outlier count.
-// The outlier columns of x [N, K] as the int8 ops find them (the count, the
-// columns, then their bit mask): int8_linear_forward's and int8_row_absmax's.
-inline ScratchTensor int8_outlier_columns_scratch(int64_t K) { return {{K + 1 + (K + 31) / 32}, DType::i32}; }
-
 struct Int8ForwardScratch {
   ScratchTensor outlier_columns;  // i32 [K + 1 + ceil(K / 32)]: the count, the columns, then their bit mask
   ScratchTensor outlier_weights;  // i8 [gather columns, O]: W's outlier columns, gathered
