@@ -93,6 +93,7 @@ namespace ft {
   PREFIX void cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,      \
                                  float dloss, const Tensor* row_scales) SUFFIX;                                     \
   PREFIX void quantize_rows_int8_impl(Tensor& q, Tensor& scales, const Tensor& x) SUFFIX;                           \
+  PREFIX void int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float threshold) SUFFIX;                        \
   PREFIX void int8_linear_forward_impl(Tensor& out, const Tensor& x, const Tensor& weight,                          \
                                        const Tensor& weight_scales, float threshold, const Int8Epilogue& epilogue) \
       SUFFIX;                                                                                                       \
@@ -455,10 +456,23 @@ class Backend {
   // multiply outlier columns by the dequantised weight columns, not the
   // original 16-bit ones. Measured on a Llama-2-7B q_proj-sized layer:
   // tests/fixtures/int8_vs_bnb/README.md.
+  // With epilogue.row_absmax the op takes s_x[n] from it instead (it must be
+  // at least x's own: int8_row_absmax of x, or the maximum of that over the
+  // shards of a row-parallel layer); codes are round(x * 127 / s_x[n]) as
+  // above, 0 where s_x[n] is 0.
   void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
                            float threshold, const Int8Epilogue& epilogue = {}) {
     checks::check_int8_linear_forward(device(), out, x, weight, weight_scales, threshold, epilogue);
     int8_linear_forward_impl(out, x, weight, weight_scales, threshold, epilogue);
+  }
+  // absmax [N] (f32) = the s_x[n] int8_linear_forward computes from x [N, K]
+  // itself: the absmax of x[n, :] over the columns that are not outliers
+  // under threshold. Max is exact, so for x split by columns the maximum
+  // over the parts' values is the whole row's, bit for bit (a row-parallel
+  // layer's ranks agree on s_x through it: model/tensor_parallel.h).
+  void int8_row_absmax(Tensor& absmax, const Tensor& x, float threshold) {
+    checks::check_int8_row_absmax(device(), absmax, x, threshold);
+    int8_row_absmax_impl(absmax, x, threshold);
   }
   // dx [N, K] = dout [N, O] @ dequant(weight) (dx += ... when accumulate).
   // The weight is dequantised tile by tile, never as a full copy, each value

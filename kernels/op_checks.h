@@ -304,9 +304,14 @@ inline void check_matmul(Device device, const Tensor& out, const Tensor& a, cons
 }
 
 // Backend::int8_linear_forward's epilogue over out [N, O]: bias [O] (any
-// shape with O elements), lora_h [N, r] and lora_B [O, r], h and B together.
+// shape with O elements), lora_h [N, r] and lora_B [O, r], h and B together,
+// row_absmax f32 [N] (any shape with N elements).
 inline void check_int8_epilogue(Device device, const Int8Epilogue& e, int64_t N, int64_t O) {
   const char* op = "int8_linear_forward";
+  if (e.row_absmax) {
+    check_dtype(*e.row_absmax, DType::f32, device, op, "row_absmax");
+    check_numel(*e.row_absmax, N, op, "row_absmax");
+  }
   if (e.bias) {
     check_float(*e.bias, device, op, "bias");
     check_numel(*e.bias, O, op, "bias");
@@ -474,6 +479,16 @@ inline void check_int8_linear_forward(Device device, const Tensor& out, const Te
   FT_CHECK(out.rows() == N && out.cols() == O, op, ": out has shape ", shape_string(out.shape), ", expected [", N,
            ", ", O, "]");
   check_int8_epilogue(device, epilogue, N, O);
+}
+
+// absmax f32 [N] (any shape with N elements) for x [N, K].
+inline void check_int8_row_absmax(Device device, const Tensor& absmax, const Tensor& x, float threshold) {
+  const char* op = "int8_row_absmax";
+  check_dtype(absmax, DType::f32, device, op, "absmax");
+  check_float(x, device, op, "x");
+  FT_CHECK(threshold >= 0.0f, op, ": threshold must be >= 0 (0 disables outliers), got ", threshold);
+  check_numel(absmax, x.rows(), op, "absmax");
+  FT_CHECK(!overlaps(absmax, x), op, ": absmax must not alias x");
 }
 
 // dx [N, K] from dout [N, O] and weight [O, K].

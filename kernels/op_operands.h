@@ -46,12 +46,16 @@ struct AdamWTensors {
 // absent): a linear layer's bias [O] and LoRA's update scaling * h B^T with
 // h [N, r] = dropout(x) A^T and B [O, r] (f32 or bf16 each; both h and B or
 // neither), so out is written once instead of re-read by add_bias and a
-// matmul with beta = 1.
+// matmul with beta = 1. row_absmax (f32 [N]), where given, replaces the row
+// scales s_x the op would take from x itself: a row-parallel shard of x
+// passes its whole row's (Backend::int8_row_absmax of each shard, the
+// maximum over the ranks), so every rank quantises as one process would.
 struct Int8Epilogue {
   const Tensor* bias = nullptr;
   const Tensor* lora_h = nullptr;
   const Tensor* lora_B = nullptr;
   float lora_scaling = 0.0f;
+  const Tensor* row_absmax = nullptr;
 };
 
 // A frozen NF4 weight [out_features, in_features] as bitsandbytes stores it

@@ -1,5 +1,7 @@
 #include "model/tensor_parallel.h"
 
+#include "kernels/error.h"
+
 namespace ft {
 
 void TensorParallelGroup::sum(Backend& backend, Tensor& t) {
@@ -9,6 +11,11 @@ void TensorParallelGroup::sum(Backend& backend, Tensor& t) {
   backend.copy(wide, t);
   sum_f32(backend, wide);
   backend.copy(t, wide);
+}
+
+void TensorParallelGroup::max(Backend& backend, Tensor& t) {
+  FT_CHECK(t.dtype == DType::f32, "TensorParallelGroup::max: t must be f32, got ", dtype_name(t.dtype));
+  if (ranks() > 1) max_f32(backend, t);
 }
 
 }  // namespace ft

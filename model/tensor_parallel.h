@@ -16,8 +16,12 @@
 // replicated factor's gradient is then each rank's share of a sum
 // (Parameter::partial_grad): the trainer sums it over the group.
 //
+// An INT8 base quantises x per row with the row's absmax: a row-parallel
+// shard takes the maximum over the group of its ranks' absmax first, so
+// every rank uses the whole row's scale (model/quant/int8.h).
+//
 // The trainer implements the group over its collectives; the planner over
-// nothing (every sum a no-op of the same memory).
+// nothing (every sum and max a no-op of the same memory).
 #pragma once
 #include <cstdint>
 
@@ -35,10 +39,17 @@ class TensorParallelGroup {
   // rounded once (Megatron-LM sums in the activation dtype, rounding at
   // every step of the reduction).
   void sum(Backend& backend, Tensor& t);
+  // t (f32, on the backend) becomes its element-wise maximum over the
+  // group's ranks, the same values on every rank: a row-parallel INT8
+  // layer's whole-row activation scales (model/quant/int8.h). Max is exact,
+  // so the order of the reduction does not matter.
+  void max(Backend& backend, Tensor& t);
 
  protected:
   // The sum of an f32 tensor on the backend's device, in place.
   virtual void sum_f32(Backend& backend, Tensor& t) = 0;
+  // The element-wise maximum of an f32 tensor on the backend's device, in place.
+  virtual void max_f32(Backend& backend, Tensor& t) = 0;
 };
 
 // How a linear layer's weight [out, in] is split over a tensor group.
@@ -60,6 +71,8 @@ class PlannedTensorGroup final : public TensorParallelGroup {
 
  private:
   void sum_f32(Backend&, Tensor& t) override { summed_bytes_ += t.size_bytes(); }
+  // An INT8 row-parallel layer's row scales: [tokens] floats, not counted.
+  void max_f32(Backend&, Tensor&) override {}
   int64_t rank_, ranks_;
   size_t summed_bytes_ = 0;
 };

@@ -3,6 +3,7 @@
 // the 3 x 4 register tile or of the 8/16-lane vectors).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -21,13 +22,18 @@ using ft::testing::read;
 
 namespace {
 
-// The float64 quantiser: scale = max|x|, code = round-half-even(x * 127 / scale).
-double quantize_ref(const float* x, int64_t K, std::vector<int>& codes) {
-  double s = 0.0;
-  for (int64_t k = 0; k < K; ++k) s = std::max(s, std::fabs(double(x[k])));
+// code = round-half-even(x * 127 / s) in float64, 0 where s = 0.
+void codes_ref(const float* x, int64_t K, double s, std::vector<int>& codes) {
   codes.assign(size_t(K), 0);
   if (s > 0.0)
     for (int64_t k = 0; k < K; ++k) codes[size_t(k)] = int(std::nearbyint(double(x[k]) * 127.0 / s));
+}
+
+// The float64 quantiser: scale = max|x|, codes as codes_ref.
+double quantize_ref(const float* x, int64_t K, std::vector<int>& codes) {
+  double s = 0.0;
+  for (int64_t k = 0; k < K; ++k) s = std::max(s, std::fabs(double(x[k])));
+  codes_ref(x, K, s, codes);
   return s;
 }
 
@@ -51,14 +57,16 @@ QuantWeight quantize_weight(CpuBackend& backend, const std::vector<float>& w, in
 
 // The LLM.int8() decomposition in float64: outlier columns against the
 // dequantised weight, the rest as an exact integer product dequantised with
-// s_x * s_w / 127^2. magnitude = sum of |terms|, the scale of f32 rounding error.
+// s_x * s_w / 127^2 (s_x: given_sx where not empty, else each row's absmax
+// over its non-outlier columns). magnitude = sum of |terms|, the scale of f32
+// rounding error.
 struct ForwardRef {
   std::vector<double> out, magnitude;
   std::vector<int64_t> outlier_columns;
 };
 
 ForwardRef int8_forward_ref(const std::vector<float>& x, const QuantWeight& w, int64_t N, int64_t K, int64_t O,
-                            float threshold) {
+                            float threshold, const std::vector<float>& given_sx = {}) {
   ForwardRef ref;
   for (int64_t k = 0; k < K; ++k) {
     bool outlier = false;
@@ -71,7 +79,8 @@ ForwardRef int8_forward_ref(const std::vector<float>& x, const QuantWeight& w, i
     std::vector<float> row(x.begin() + n * K, x.begin() + (n + 1) * K);
     for (int64_t c : ref.outlier_columns) row[size_t(c)] = 0.0f;
     std::vector<int> codes;
-    double sx = quantize_ref(row.data(), K, codes);
+    double sx = given_sx.empty() ? quantize_ref(row.data(), K, codes) : double(given_sx[size_t(n)]);
+    if (!given_sx.empty()) codes_ref(row.data(), K, sx, codes);
     for (int64_t o = 0; o < O; ++o) {
       int64_t acc = 0;
       for (int64_t k = 0; k < K; ++k) acc += int64_t(codes[size_t(k)]) * w.codes[size_t(o * K + k)];
@@ -274,6 +283,118 @@ TEST_CASE("int8_linear_forward: oneDNN and the reference kernels agree bit for b
   }
 }
 
+// A row-parallel layer's shard of x: columns [k0, k0 + count) of x [N, K].
+std::vector<float> column_shard(const std::vector<float>& x, int64_t N, int64_t K, int64_t k0, int64_t count) {
+  std::vector<float> shard;
+  for (int64_t n = 0; n < N; ++n)
+    shard.insert(shard.end(), x.begin() + n * K + k0, x.begin() + n * K + k0 + count);
+  return shard;
+}
+
+// The same shard of a quantised weight [O, K]: its codes, the whole rows' scales.
+QuantWeight weight_shard(CpuBackend& backend, const QuantWeight& w, int64_t O, int64_t K, int64_t k0, int64_t count) {
+  QuantWeight shard;
+  for (int64_t o = 0; o < O; ++o)
+    shard.codes.insert(shard.codes.end(), w.codes.begin() + o * K + k0, w.codes.begin() + o * K + k0 + count);
+  shard.s = w.s;
+  shard.q = backend.empty({O, count}, DType::i8, MemCategory::weights);
+  std::memcpy(shard.q.data, shard.codes.data(), shard.codes.size());
+  shard.scales = make(backend, {O}, w.s);
+  return shard;
+}
+
+// x [13, 75] with outliers at threshold 6 in both edge columns (0 and 74)
+// and column 40, sharded as a row-parallel layer's 3 ranks see it.
+constexpr int64_t kShardRows = 13, kShardK = 75, kShards = 3;
+std::vector<float> sharded_x() {
+  std::vector<float> x = gaussian(kShardRows * kShardK, 1.0f, 40);
+  x[size_t(0)] = 8.0f;
+  x[size_t(12 * kShardK + 74)] = -6.0f;
+  x[size_t(5 * kShardK + 40)] = 9.5f;
+  x[size_t(7 * kShardK + 20)] = 4.5f;  // no outlier: row 7's absmax, in shard 0 only
+  return x;
+}
+
+TEST_CASE("int8_row_absmax is the absmax over the non-outlier columns, and the shards' maximum is the whole row's") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t N = kShardRows, K = kShardK, Ks = K / kShards;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (float threshold : {0.0f, 6.0f}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(threshold);
+      const std::vector<float> x = read(make(backend, {N, K}, sharded_x(), dtype));  // as stored
+      Tensor whole = backend.empty({N}, DType::f32, MemCategory::activations);
+      backend.int8_row_absmax(whole, make(backend, {N, K}, x, dtype), threshold);
+      const ForwardRef outliers = int8_forward_ref(x, {}, N, K, 0, threshold);  // O = 0: the outlier columns only
+      std::vector<double> want(size_t(N), 0.0);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          const bool outlier = std::count(outliers.outlier_columns.begin(), outliers.outlier_columns.end(), k) > 0;
+          if (!outlier) want[size_t(n)] = std::max(want[size_t(n)], std::fabs(double(x[size_t(n * K + k)])));
+        }
+      std::vector<float> shard_max(size_t(N), 0.0f);
+      for (int64_t r = 0; r < kShards; ++r) {
+        Tensor part = backend.empty({N}, DType::f32, MemCategory::activations);
+        backend.int8_row_absmax(part, make(backend, {N, Ks}, column_shard(x, N, K, r * Ks, Ks), dtype), threshold);
+        for (int64_t n = 0; n < N; ++n) shard_max[size_t(n)] = std::max(shard_max[size_t(n)], part.ptr<float>()[n]);
+      }
+      for (int64_t n = 0; n < N; ++n) {
+        CAPTURE(n);
+        CHECK(double(whole.ptr<float>()[n]) == want[size_t(n)]);
+        CHECK(shard_max[size_t(n)] == whole.ptr<float>()[n]);
+      }
+      CHECK(double(whole.ptr<float>()[0]) == (threshold > 0.0f ? want[0] : 8.0));
+      CHECK(outliers.outlier_columns.size() == (threshold > 0.0f ? 3u : 0u));
+    }
+}
+
+// Each rank of a row-parallel layer multiplies its columns of x with the
+// whole rows' scales: each shard's output is the float64 decomposition of
+// its columns with those scales (1e-5 of the sum of |terms|, as above), and
+// the shards' outputs add up to the whole layer's decomposition, which they
+// partition exactly in real arithmetic (the integer products split by
+// columns, s_x and s_w shared, the outlier terms split by columns). Their
+// own row scales instead miss it: the check can fail.
+TEST_CASE("int8_linear_forward with the whole rows' scales: row-parallel shards add up to one process's product") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t N = kShardRows, K = kShardK, O = 27, Ks = K / kShards;
+  const std::vector<float> x = sharded_x();
+  QuantWeight qw = quantize_weight(backend, gaussian(O * K, 0.05f, 41), O, K);
+  const ForwardRef whole = int8_forward_ref(x, qw, N, K, O, 6.0f);
+  REQUIRE(whole.outlier_columns.size() == 3);
+  Tensor row_absmax = backend.empty({N}, DType::f32, MemCategory::activations);
+  backend.int8_row_absmax(row_absmax, make(backend, {N, K}, x), 6.0f);
+  const std::vector<float> given = read(row_absmax);
+  std::vector<double> sum(size_t(N * O), 0.0), own_sum(size_t(N * O), 0.0);
+  for (int64_t r = 0; r < kShards; ++r) {
+    CAPTURE(r);
+    const std::vector<float> xs = column_shard(x, N, K, r * Ks, Ks);
+    const QuantWeight ws = weight_shard(backend, qw, O, K, r * Ks, Ks);
+    const Tensor xt = make(backend, {N, Ks}, xs);
+    Int8Epilogue epilogue;
+    epilogue.row_absmax = &row_absmax;
+    const std::vector<float> got = run_forward(backend, xt, ws, 6.0f, DType::f32, epilogue);
+    const ForwardRef ref = int8_forward_ref(xs, ws, N, Ks, O, 6.0f, given);
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) bad += !(std::fabs(got[i] - ref.out[i]) <= 1e-5 * ref.magnitude[i]);
+    CHECK(bad == 0);
+    const std::vector<float> own = run_forward(backend, xt, ws, 6.0f);
+    for (size_t i = 0; i < got.size(); ++i) {
+      sum[i] += got[i];
+      own_sum[i] += own[i];
+    }
+  }
+  size_t bad = 0, own_bad = 0;
+  for (size_t i = 0; i < sum.size(); ++i) {
+    bad += !(std::fabs(sum[i] - whole.out[i]) <= 1e-5 * whole.magnitude[i]);
+    own_bad += !(std::fabs(own_sum[i] - whole.out[i]) <= 1e-5 * whole.magnitude[i]);
+  }
+  CHECK(bad == 0);
+  CHECK(own_bad > 0);
+}
+
 TEST_CASE("int8_linear_forward checks the epilogue's shapes") {
   HostAllocator host;
   CpuBackend backend(host);
@@ -288,6 +409,15 @@ TEST_CASE("int8_linear_forward checks the epilogue's shapes") {
   CHECK_THROWS_WITH_AS(forward({nullptr, &h, &B_wide, 1.0f}), doctest::Contains("lora_h has shape"), Error);
   CHECK_THROWS_WITH_AS(forward({nullptr, &h, &h, 1.0f}), doctest::Contains("lora_B has shape"), Error);
   CHECK_NOTHROW(forward({nullptr, &h, &B, 1.0f}));
+  Tensor absmax3 = make(backend, {3}, gaussian(3, 1.0f, 31));
+  Tensor absmax_i8 = backend.empty({2}, DType::i8, MemCategory::activations);
+  Int8Epilogue given;
+  given.row_absmax = &absmax3;
+  CHECK_THROWS_WITH_AS(forward(given), doctest::Contains("row_absmax has shape"), Error);
+  given.row_absmax = &absmax_i8;
+  CHECK_THROWS_WITH_AS(forward(given), doctest::Contains("row_absmax must be f32"), Error);
+  CHECK_THROWS_WITH_AS(backend.int8_row_absmax(absmax3, x, 6.0f),
+                       doctest::Contains("int8_row_absmax: absmax has shape"), Error);
 }
 
 // Quantisation noise: each of x and W is rounded to a step of absmax/127,

@@ -3,11 +3,12 @@
 // through shared memory, take one training step; their loss, their
 // assembled LoRA gradients (slices concatenated, partial gradients summed)
 // and the layer outputs equal one process's within f32 rounding. Llama with
-// grouped-query attention and GPT-NeoX (parallel residual), over dense and
-// NF4 bases, LoRA on every linear with dropout.
+// grouped-query attention and GPT-NeoX (parallel residual), over dense, NF4
+// and INT8 bases, LoRA on every linear with dropout.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -67,11 +68,15 @@ struct Case {
   std::string fixture;  // a folder with config.json (and model.safetensors unless random)
   QuantizedBase base = QuantizedBase::none;
   bool random = false;
+  float int8_threshold = 6.0f;
+  int64_t tokens = 12;             // per row of the batch's 2
+  bool perturb_embedding = false;  // every embedding value moved by one ulp (up)
 };
 
 ModelOptions case_options(const Case& c) {
   ModelOptions options;
   options.quantized_base = c.base;
+  options.int8_threshold = c.int8_threshold;
   LoraOptions lora;
   lora.r = 4;
   lora.lora_alpha = 8.0;
@@ -81,8 +86,8 @@ ModelOptions case_options(const Case& c) {
   return options;
 }
 
-std::pair<Tensor, Tensor> batch(Backend& backend, int64_t vocab) {
-  const int64_t B = 2, T = 12;
+std::pair<Tensor, Tensor> batch(Backend& backend, int64_t vocab, int64_t tokens) {
+  const int64_t B = 2, T = tokens;
   std::vector<float> ids, targets;
   for (int64_t i = 0; i < B * T; ++i) {
     ids.push_back(float((i * 7 + 3) % vocab));
@@ -107,10 +112,14 @@ StepResult run_ranks(const Case& c, int64_t ranks) {
       std::unique_ptr<LanguageModel> model = make_language_model(config, backend, options);
       if (c.random) model->init_random(7);
       else model->load(Checkpoint(c.fixture));
+      if (c.perturb_embedding) {
+        Tensor& table = model->parameter("model.embed_tokens.weight").value;
+        for (int64_t i = 0; i < table.numel(); ++i) table.ptr<float>()[i] = std::nextafter(table.ptr<float>()[i], 1.0f);
+      }
       set_adapters(*model);
       model->set_trainable([](const std::string& name) { return name.find(".lora_") != std::string::npos; });
       model->set_dropout_seed(11);
-      auto [ids, targets] = batch(backend, config.vocab_size);
+      auto [ids, targets] = batch(backend, config.vocab_size, c.tokens);
       StepResult& result = results[size_t(rank)];
       result.loss = model->forward_backward(ids, targets);
       for (Parameter& p : model->adapters()) {
@@ -154,7 +163,8 @@ double relative_difference(const std::vector<float>& a, const std::vector<float>
   return largest > 0.0 ? difference / largest : difference;
 }
 
-void check_case(const Case& c, int64_t ranks, double tolerance) {
+// Returns the worst relative gradient difference.
+double check_case(const Case& c, int64_t ranks, double tolerance) {
   const StepResult one = run_ranks(c, 1), split = run_ranks(c, ranks);
   CHECK(one.loss == doctest::Approx(split.loss).epsilon(tolerance));
   REQUIRE(one.grads.size() == split.grads.size());
@@ -169,6 +179,14 @@ void check_case(const Case& c, int64_t ranks, double tolerance) {
     worst = std::max(worst, difference);
   }
   MESSAGE("loss ", one.loss, " vs ", split.loss, "; worst gradient difference ", worst);
+  return worst;
+}
+
+// The worst relative difference between two runs' gradients.
+double gradient_difference(const StepResult& a, const StepResult& b) {
+  double worst = 0.0;
+  for (const auto& entry : a.grads) worst = std::max(worst, relative_difference(entry.second, b.grads.at(entry.first)));
+  return worst;
 }
 
 std::string fixture(const char* name) { return std::string(FT_FIXTURES_DIR) + "/" + name; }
@@ -176,18 +194,56 @@ std::string fixture(const char* name) { return std::string(FT_FIXTURES_DIR) + "/
 }  // namespace
 
 TEST_CASE("tensor parallel llama (GQA) on 2 ranks equals one process, dense base") {
-  check_case({fixture("llama_gqa"), QuantizedBase::none, false}, 2, 1e-5);
+  check_case({fixture("llama_gqa"), QuantizedBase::none, false, 6.0f, 12, false}, 2, 1e-5);
 }
 
 TEST_CASE("tensor parallel llama (GQA) on 4 ranks, dense and nf4 bases") {
   const std::string config = fixture("tensor_parallel");
   for (QuantizedBase base : {QuantizedBase::none, QuantizedBase::nf4}) {
     CAPTURE(int(base));
-    check_case({config, base, true}, 4, 1e-5);
+    check_case({config, base, true, 6.0f, 12, false}, 4, 1e-5);
   }
 }
 
 TEST_CASE("tensor parallel GPT-NeoX on 2 and 4 ranks") {
-  check_case({fixture("gpt_neox_parallel"), QuantizedBase::none, false}, 2, 1e-5);
-  check_case({fixture("gpt_neox_parallel"), QuantizedBase::none, false}, 4, 1e-5);
+  check_case({fixture("gpt_neox_parallel"), QuantizedBase::none, false, 6.0f, 12, false}, 2, 1e-5);
+  check_case({fixture("gpt_neox_parallel"), QuantizedBase::none, false, 6.0f, 12, false}, 4, 1e-5);
+}
+
+// INT8: a row-parallel shard quantises its columns of x with the whole row's
+// scales (model/quant/int8.h), so its codes are one process's; what remains
+// is the order of the f32 additions (each rank's dequantised int32 product,
+// summed over the ranks, where one process dequantises one int32 sum).
+TEST_CASE("tensor parallel INT8 base: Llama (GQA) on 4 ranks, GPT-NeoX on 2") {
+  check_case({fixture("tensor_parallel"), QuantizedBase::int8, true, 6.0f, 12, false}, 4, 1e-5);
+  check_case({fixture("gpt_neox_parallel"), QuantizedBase::int8, false, 6.0f, 12, false}, 2, 1e-5);
+  // At 6 no activation of these small models is an outlier; at 1.5 some
+  // input columns of every row-parallel shard are (counted once: 4 to 7 of
+  // a dense shard's 32, 23 to 41 of a dense_4h_to_h shard's 88).
+  check_case({fixture("gpt_neox_parallel"), QuantizedBase::int8, false, 1.5f, 12, false}, 2, 1e-5);
+}
+
+
+// Over more tokens an INT8 base cannot stay within f32 rounding of one
+// process, tensor parallel or not: LLM.int8() rounds every activation to a
+// code, so an f32 rounding difference that moves a value across a rounding
+// boundary (sums in another order do) moves it by a whole code (1/127 of its
+// row's absmax). One process whose embedding moved by one ulp shows it; the
+// tensor-parallel run must stay within a small multiple of that, where a
+// real error (each shard's own row scales) lands an order of magnitude out.
+TEST_CASE("tensor parallel INT8 over 300 tokens differs from one process as little as one ulp of its input does") {
+  const std::string tiny = std::string(FT_SOURCE_DIR) + "/configs/tiny-base";
+  const Case int8{tiny, QuantizedBase::int8, false, 6.0f, 150, false};
+  const StepResult one = run_ranks(int8, 1), split = run_ranks(int8, 2);
+  Case moved = int8;
+  moved.perturb_embedding = true;
+  const double rounding = gradient_difference(one, run_ranks(moved, 1));
+  const double tensor = gradient_difference(one, split);
+  MESSAGE("INT8, 300 tokens: one ulp of the embedding moves the gradients by ", rounding, ", tensor parallel by ",
+          tensor);
+  CHECK(rounding > 1e-4);  // the int8 codes do amplify it (a dense base: 1e-6)
+  CHECK(tensor <= 3.0 * rounding);
+  CHECK(one.loss == doctest::Approx(split.loss).epsilon(1e-4));
+  // The dense base over the same tokens: f32 rounding, nothing amplifies it.
+  check_case({tiny, QuantizedBase::none, false, 6.0f, 150, false}, 2, 1e-5);
 }

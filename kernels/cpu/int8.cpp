@@ -29,22 +29,27 @@ constexpr int64_t kWRowsPerTask = 32;      // weight rows per GEMM task, packed 
 constexpr int64_t kMR = 3, kNR = 4;        // register tile: 3 x-rows by 4 weight rows = 12 vector accumulators
 constexpr float kInv127Sq = 1.0f / (127.0f * 127.0f);
 
-// q = round-half-even(x * 127 / absmax) for one row; returns absmax. The code
-// is computed in double: x * 127 is exact there and the division is correctly
+// max |x| over one row.
+float row_absmax(const float* x, int64_t count) {
+  float absmax = 0.0f;
+  for (int64_t k = 0; k < count; ++k) absmax = std::max(absmax, std::fabs(x[k]));
+  return absmax;
+}
+
+// q = round-half-even(x * 127 / absmax) for one row, absmax >= every |x|
+// (the row's own, or a row-parallel layer's whole row's). The code is
+// computed in double: x * 127 is exact there and the division is correctly
 // rounded, so the result is the rounding of the exact quotient, which is what
 // a float64 reference computes (f32 arithmetic could land on the other side of
 // a .5 boundary).
 template <class Code>
-float quantize_row(Code* q, const float* x, int64_t count) {
-  float absmax = 0.0f;
-  for (int64_t k = 0; k < count; ++k) absmax = std::max(absmax, std::fabs(x[k]));
+void quantize_row(Code* q, const float* x, int64_t count, float absmax) {
   if (absmax == 0.0f) {
     std::fill_n(q, count, Code(0));
-    return 0.0f;
+    return;
   }
   double s = absmax;
   for (int64_t k = 0; k < count; ++k) q[k] = Code(std::nearbyint(double(x[k]) * 127.0 / s));
-  return absmax;
 }
 
 // Input-feature columns where any |x[:, k]| >= threshold, ascending. Found
@@ -193,7 +198,24 @@ void CpuBackend::quantize_rows_int8_impl(Tensor& q, Tensor& scales, const Tensor
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < R; ++r) {
       cpu::load_row(row.data(), x, r * K, K);
-      scales.ptr<float>()[r] = quantize_row(q.ptr<int8_t>() + r * K, row.data(), K);
+      const float absmax = row_absmax(row.data(), K);
+      scales.ptr<float>()[r] = absmax;
+      quantize_row(q.ptr<int8_t>() + r * K, row.data(), K, absmax);
+    }
+  }
+}
+
+void CpuBackend::int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float threshold) {
+  const int64_t N = x.rows(), K = x.cols();
+  const std::vector<int64_t> columns = find_outlier_columns(x, threshold);
+#pragma omp parallel
+  {
+    std::vector<float> row(K);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      cpu::load_row(row.data(), x, n * K, K);
+      for (int64_t c : columns) row[c] = 0.0f;  // as the forward zeroes them
+      absmax.ptr<float>()[n] = row_absmax(row.data(), K);
     }
   }
 }
@@ -214,6 +236,7 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
   else
     p.xq.assign(size_t((p.N + kMR - 1) * p.K), 0);
   p.sx.resize(size_t(p.N));
+  const float* given_sx = epilogue.row_absmax ? epilogue.row_absmax->ptr<const float>() : nullptr;
   p.x_out.resize(size_t(p.N * p.C));
   p.w_out.resize(size_t(p.C * p.O));
 #pragma omp parallel
@@ -226,8 +249,11 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
         p.x_out[n * p.C + c] = row[columns[c]];
         row[columns[c]] = 0.0f;  // zeroed before the absmax, so outliers do not inflate the row scale
       }
-      p.sx[n] = onednn_product ? quantize_row(p.xq8.data() + n * p.K, row.data(), p.K)
-                               : quantize_row(p.xq.data() + n * p.K, row.data(), p.K);
+      p.sx[n] = given_sx ? given_sx[n] : row_absmax(row.data(), p.K);
+      if (onednn_product)
+        quantize_row(p.xq8.data() + n * p.K, row.data(), p.K, p.sx[n]);
+      else
+        quantize_row(p.xq.data() + n * p.K, row.data(), p.K, p.sx[n]);
     }
   }
   for (int64_t c = 0; c < p.C; ++c)

@@ -166,11 +166,13 @@ __device__ inline int8_t quantize_code(float v, float absmax, bool narrow_input)
 // enough of them at NeoX-20B's 2048 x 18432 (one warp per row gave 2048).
 // Vector: x is bf16 with rows of whole runs, 16-byte aligned (a separate
 // instantiation, so that kernel holds neither the dtype switch nor the f32
-// input's double-precision division).
+// input's double-precision division). given_scales (a row-parallel shard's
+// whole-row absmax, Int8Epilogue::row_absmax), where not null, replaces the
+// computed absmax; q null computes the scales only (int8_row_absmax).
 template <bool Vector>
 __global__ void __launch_bounds__(kBlock)
-    quantize_inliers_kernel(int8_t* q, float* scales, cuda::ConstView x, const uint32_t* outlier_mask, int64_t N,
-                            int64_t K, int warps_per_row) {
+    quantize_inliers_kernel(int8_t* q, float* scales, cuda::ConstView x, const uint32_t* outlier_mask,
+                            const float* given_scales, int64_t N, int64_t K, int warps_per_row) {
   __shared__ float warp_absmax[kWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % warps_per_row;
   const int64_t n = int64_t(blockIdx.x) * (kWarps / warps_per_row) + warp / warps_per_row;
@@ -178,7 +180,7 @@ __global__ void __launch_bounds__(kBlock)
   const int64_t row = n * K, end = row + K, step = int64_t(32) * warps_per_row * kRun;
   const int64_t first = (int64_t(part) * 32 + lane) * kRun;
   float absmax = 0.0f;
-  for (int64_t k = first; live && k < K; k += step) {
+  for (int64_t k = first; live && !given_scales && k < K; k += step) {
     float v[kRun];
     load_run(v, x, row + k, end, Vector);
     const unsigned outliers = outlier_bits(outlier_mask, k);
@@ -191,7 +193,9 @@ __global__ void __launch_bounds__(kBlock)
   __syncthreads();
   for (int w = 0; w < warps_per_row; ++w) absmax = fmaxf(absmax, warp_absmax[warp - part + w]);
   if (!live) return;
+  if (given_scales) absmax = given_scales[n];
   if (part == 0 && lane == 0) scales[n] = absmax;
+  if (!q) return;
   const bool narrow_input = Vector || x.dtype != DType::f32;
   for (int64_t k = first; k < K; k += step) {
     float v[kRun];
@@ -395,6 +399,22 @@ bool vector_runs(const Tensor& x) {
   return x.dtype == DType::bf16 && x.cols() % kRun == 0 && reinterpret_cast<uintptr_t>(x.data) % sizeof(Bf16Run) == 0;
 }
 
+// quantize_inliers_kernel over x [N, K] with the outlier columns' bit mask.
+void quantize_inliers(int8_t* q, float* scales, const Tensor& x, const uint32_t* outlier_mask,
+                      const float* given_scales, cudaStream_t stream) {
+  const int64_t N = x.rows(), K = x.cols();
+  const int warps_per_row = quantize_warps_per_row(K);
+  const int64_t rows_per_block = kWarps / warps_per_row;
+  const unsigned blocks = unsigned((N + rows_per_block - 1) / rows_per_block);
+  if (vector_runs(x))
+    launch<quantize_inliers_kernel<true>>(blocks, kBlock, 0, stream, q, scales, cuda::const_view(x), outlier_mask,
+                                          given_scales, N, K, warps_per_row);
+  else
+    launch<quantize_inliers_kernel<false>>(blocks, kBlock, 0, stream, q, scales, cuda::const_view(x), outlier_mask,
+                                           given_scales, N, K, warps_per_row);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
 Tensor scratch(const cuda::Int8Context& context, const cuda::ScratchTensor& t) {
   return Tensor::empty(t.shape, t.dtype, context.allocator, MemCategory::workspace);
 }
@@ -493,17 +513,9 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
     FT_CUDA_CHECK_LAUNCH();
     context.passed("gather outlier weights");
   }
-  const int warps_per_row = quantize_warps_per_row(K);
-  const int64_t rows_per_block = kWarps / warps_per_row;
-  const unsigned quantize_blocks = unsigned((N + rows_per_block - 1) / rows_per_block);
   const uint32_t* outlier_mask = reinterpret_cast<const uint32_t*>(columns.ptr<const int32_t>() + 1 + K);
-  if (vector_runs(x))
-    launch<quantize_inliers_kernel<true>>(quantize_blocks, kBlock, 0, context.stream, codes.ptr<int8_t>(),
-                                          row_scales.ptr<float>(), const_view(x), outlier_mask, N, K, warps_per_row);
-  else
-    launch<quantize_inliers_kernel<false>>(quantize_blocks, kBlock, 0, context.stream, codes.ptr<int8_t>(),
-                                           row_scales.ptr<float>(), const_view(x), outlier_mask, N, K, warps_per_row);
-  FT_CUDA_CHECK_LAUNCH();
+  const float* given_scales = epilogue.row_absmax ? epilogue.row_absmax->ptr<const float>() : nullptr;
+  quantize_inliers(codes.ptr<int8_t>(), row_scales.ptr<float>(), x, outlier_mask, given_scales, context.stream);
   context.passed("quantize");
   FT_CHECK((O + kBlock - 1) / kBlock <= 65535, op, ": too many output features (", O, ")");
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
@@ -518,6 +530,17 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
     FT_CUDA_CHECK_LAUNCH();
     context.passed("epilogue");
   }
+}
+
+// The forward's outlier and absmax passes, writing no codes.
+void int8_row_absmax(Tensor& absmax, const Tensor& x, float threshold, const Int8Context& context) {
+  Tensor columns = scratch(context, int8_outlier_columns_scratch(x.cols()));
+  if (x.rows() == 0) return;
+  find_outlier_columns(columns, x, threshold, context.stream);
+  context.passed("outlier columns");
+  const uint32_t* outlier_mask = reinterpret_cast<const uint32_t*>(columns.ptr<const int32_t>() + 1 + x.cols());
+  quantize_inliers(nullptr, absmax.ptr<float>(), x, outlier_mask, nullptr, context.stream);
+  context.passed("row absmax");
 }
 
 void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, const Tensor& weight_scales,
@@ -553,6 +576,10 @@ void CudaBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const T
   cuda::int8_linear_forward(out, x, weight, weight_scales, threshold, epilogue,
                             int8_forward_chunk_rows(x.rows(), weight.dim(0)),
                             int8_outlier_gather_columns(x.cols(), weight.dim(0)), {*gemm_, allocator_, stream_});
+}
+
+void CudaBackend::int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float threshold) {
+  cuda::int8_row_absmax(absmax, x, threshold, {*gemm_, allocator_, stream_});
 }
 
 void CudaBackend::int8_linear_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& weight,

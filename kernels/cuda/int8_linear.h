@@ -35,6 +35,9 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
                          float threshold, const Int8Epilogue& epilogue, int64_t chunk_rows, int64_t gather_columns,
                          const Int8Context& context);
 
+// Backend::int8_row_absmax.
+void int8_row_absmax(Tensor& absmax, const Tensor& x, float threshold, const Int8Context& context);
+
 // Backend::int8_linear_backward dequantising tile_columns input features of
 // the weight at a time.
 void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, const Tensor& weight_scales,

@@ -125,6 +125,10 @@ inline ScratchTensor sdpa_workspace_scratch(int64_t batch, int64_t q_heads, int6
 
 // ---- LLM.int8() --------------------------------------------------------------
 
+// The outlier columns of x [N, K] as the int8 ops find them (the count, the
+// columns, then their bit mask): int8_linear_forward's and int8_row_absmax's.
+inline ScratchTensor int8_outlier_columns_scratch(int64_t K) { return {{K + 1 + (K + 31) / 32}, DType::i32}; }
+
 // int8_linear_forward on x [N, K] and weight [O, K], holding the int32 product
 // of chunk_rows rows at a time (int8_forward_chunk_rows for the backend). The
 // outlier product reads x and W in place and the epilogue its operands: no
@@ -140,7 +144,7 @@ struct Int8ForwardScratch {
 };
 inline Int8ForwardScratch int8_forward_scratch(int64_t N, int64_t K, int64_t O, int64_t chunk_rows,
                                                int64_t gather_columns) {
-  return {{{K + 1 + (K + 31) / 32}, DType::i32},
+  return {int8_outlier_columns_scratch(K),
           {{gather_columns, O}, DType::i8},
           {{N, K}, DType::i8},
           {{N}, DType::f32},

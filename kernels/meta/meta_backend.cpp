@@ -234,6 +234,11 @@ void MetaBackend::cross_entropy_impl(Tensor&, Tensor*, const Tensor&, const Tens
 
 void MetaBackend::quantize_rows_int8_impl(Tensor&, Tensor&, const Tensor&) { enter("quantize_rows_int8", {}); }
 
+void MetaBackend::int8_row_absmax_impl(Tensor&, const Tensor& x, float) {
+  enter("int8_row_absmax", {});
+  Tensor columns = cuda_scratch(cuda::int8_outlier_columns_scratch(x.cols()));
+}
+
 void MetaBackend::int8_linear_forward_impl(Tensor&, const Tensor& x, const Tensor& weight, const Tensor&, float,
                                            const Int8Epilogue&) {
   enter("int8_linear_forward", {&weight});

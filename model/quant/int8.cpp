@@ -25,7 +25,9 @@ class Int8Format final : public QuantizedFormat {
 
   std::unique_ptr<Linear> make_linear(Parameter& weight, Parameter* bias,
                                       const ModelOptions& options) const override {
-    return std::make_unique<Int8Linear>(weight, options.int8_threshold, bias);
+    TensorParallelGroup* group = options.tensor_parallel;
+    const bool row_parallel = weight.slice.dim == 1 && group && group->ranks() > 1;
+    return std::make_unique<Int8Linear>(weight, options.int8_threshold, bias, row_parallel ? group : nullptr);
   }
 
   void quantize(Backend& backend, Parameter& p, const Tensor& full_precision) const override {
@@ -73,8 +75,8 @@ const QuantizedFormat& int8_format() {
   return format;
 }
 
-Int8Linear::Int8Linear(Parameter& weight, float threshold, Parameter* bias)
-    : weight_(weight), threshold_(threshold), bias_(bias) {
+Int8Linear::Int8Linear(Parameter& weight, float threshold, Parameter* bias, TensorParallelGroup* row_group)
+    : weight_(weight), threshold_(threshold), bias_(bias), row_group_(row_group) {
   FT_CHECK(weight.quantized.format == QuantizedBase::int8 && weight.value.ndim() == 2, "Int8Linear: \"",
            weight.name, "\" is not a quantised weight (call quantize_parameter first)");
   FT_CHECK(!weight.trainable(), "Int8Linear: \"", weight.name, "\" is int8 and cannot be trainable");
@@ -87,9 +89,18 @@ void Int8Linear::forward_with_lora(Backend& backend, Tensor& out, const Tensor& 
   forward_fused(backend, out, x, {nullptr, &h, &B, scaling});
 }
 
-// The op with the bias (if any) added to the given epilogue.
+// The op with the bias (if any) added to the given epilogue, and for a
+// row-parallel shard the whole rows' scales: each rank's absmax over its
+// columns, their maximum over the group.
 void Int8Linear::forward_fused(Backend& backend, Tensor& out, const Tensor& x, Int8Epilogue epilogue) {
   if (bias_) epilogue.bias = &bias_->value;
+  Tensor row_absmax;
+  if (row_group_) {
+    row_absmax = backend.empty({x.rows()}, DType::f32, MemCategory::workspace);
+    backend.int8_row_absmax(row_absmax, x, threshold_);
+    row_group_->max(backend, row_absmax);
+    epilogue.row_absmax = &row_absmax;
+  }
   backend.int8_linear_forward(out, x, weight_.value, int8_scales(weight_), threshold_, epilogue);
 }
 

@@ -9,9 +9,14 @@
 // trains). An optional bias stays in 16/32 bits, as bitsandbytes keeps it;
 // it and a LoRA update are added in the op's epilogue
 // (Backend::int8_linear_forward), so out is written once.
+//
+// A row-parallel shard (model/tensor_parallel.h) sees only its columns of x,
+// whose absmax is not the whole row's: it quantises x with the maximum over
+// the group of the shards' int8_row_absmax, the row scales one process uses.
 #pragma once
 #include "model/linear.h"
 #include "model/quantized_format.h"
+#include "model/tensor_parallel.h"
 
 namespace ft {
 
@@ -26,8 +31,10 @@ inline const Tensor& int8_scales(const Parameter& p) { return p.quantized.consta
 class Int8Linear final : public Linear {
  public:
   // threshold: bitsandbytes' llm_int8_threshold (transformers' default 6.0; 0
-  // disables the outlier path). bias: null for none.
-  Int8Linear(Parameter& weight, float threshold, Parameter* bias = nullptr);
+  // disables the outlier path). bias: null for none. row_group: the tensor
+  // group of a row-parallel weight (its slice.dim == 1) over more than one
+  // rank, else null.
+  Int8Linear(Parameter& weight, float threshold, Parameter* bias = nullptr, TensorParallelGroup* row_group = nullptr);
   void forward(Backend& backend, Tensor& out, const Tensor& x) override;
   void forward_with_lora(Backend& backend, Tensor& out, const Tensor& x, const Tensor& h, const Tensor& B,
                          float scaling) override;
@@ -39,6 +46,7 @@ class Int8Linear final : public Linear {
   Parameter& weight_;
   float threshold_;
   Parameter* bias_;
+  TensorParallelGroup* row_group_;
 };
 
 // Sets p's codes and row scales from a full-precision [out, in] weight

@@ -75,6 +75,21 @@ const BadCall kBadCalls[] = {
        be.int8_linear_backward(dx, dout, w, scales, false);
      },
      "int8_linear_backward: dx has shape [2, 5], expected [2, 4]"},
+    {"int8_row_absmax with one scale per column",
+     [](Backend& be) {
+       Tensor absmax = make(be, {4}), x = make(be, {2, 4});
+       be.int8_row_absmax(absmax, x, 6.0f);
+     },
+     "int8_row_absmax: absmax has shape [4] (4 elements), expected 2 elements"},
+    {"int8_linear_forward with bf16 row_absmax",
+     [](Backend& be) {
+       Tensor out = make(be, {2, 3}), x = make(be, {2, 4}), w = make(be, {3, 4}, DType::i8), scales = make(be, {3});
+       Tensor row_absmax = make(be, {2}, DType::bf16);
+       Int8Epilogue epilogue;
+       epilogue.row_absmax = &row_absmax;
+       be.int8_linear_forward(out, x, w, scales, 6.0f, epilogue);
+     },
+     "int8_linear_forward: row_absmax must be f32, got bf16"},
     {"cross_entropy with bf16 losses",
      [](Backend& be) {
        Tensor logits = make(be, {2, 5}), targets = make(be, {2}, DType::i32), losses = make(be, {2}, DType::bf16);

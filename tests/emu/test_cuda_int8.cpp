@@ -5,12 +5,13 @@
 // give one block at any size the emulator can run).
 //
 // Tolerances:
-//   - the integer GEMM: exact;
+//   - the integer GEMM and int8_row_absmax: exact;
 //   - forward, f32 out: the same arithmetic in the same order as the CPU
 //     (codes, int32 sums, the dequantisation, FMAs over the outlier columns
 //     ascending), 1e-6 relative (measured: 0, bit-identical);
-//   - forward with the epilogue (bias, LoRA update): the same, the order of
-//     kernels/backend.h on both sides (measured: 0, bit-identical);
+//   - forward with the epilogue (bias, LoRA update, given row scales): the
+//     same, the order of kernels/backend.h on both sides (measured: 0,
+//     bit-identical);
 //   - forward, bf16 out: 2^-7 relative (one bf16 ulp: both sides round the
 //     same f32 value, so in practice identical);
 //   - backward: |got - want| <= rtol |want| + arel * sum_o |dout w| (plus |dx|
@@ -302,6 +303,79 @@ TEST_CASE("cuda: int8_linear_forward at the kernels' vector widths is bit-identi
     }
 }
 
+TEST_CASE("cuda: int8_row_absmax is the CPU's, bit for bit") {
+  // Rows not a multiple of a quantisation block's rows, K = 7 and 301 (the
+  // scalar path, a partial run of 8) and 2,112 (bf16 16-byte runs, 2 warps
+  // per row), outliers at both edges of the row and of the bit mask (columns
+  // 0 and K - 1) and at K / 2.
+  struct Size {
+    int64_t N, K;
+  };
+  unsigned seed = 600;
+  for (const Size& s : {Size{1, 7}, Size{37, 301}, Size{19, 2112}})
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (float threshold : {0.0f, 6.0f}) {
+        CAPTURE(s.N);
+        CAPTURE(s.K);
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(threshold);
+        Tensor x = host_random({s.N, s.K}, dtype, seed++, -2.0f, 2.0f);
+        store_from_f32(x.data, dtype, 0, 7.0f);
+        store_from_f32(x.data, dtype, (s.N - 1) * s.K + s.K - 1, -9.0f);
+        store_from_f32(x.data, dtype, (s.N / 2) * s.K + s.K / 2, 6.0f);
+        Tensor want = cpu.empty({s.N}, DType::f32, MemCategory::activations);
+        cpu.int8_row_absmax(want, x, threshold);
+        std::vector<float> got = emu_test::same_under_schedules([&] {
+          Tensor absmax = device_empty({s.N}, DType::f32);
+          gpu.int8_row_absmax(absmax, to_device(x), threshold);
+          return values(absmax);
+        });
+        CHECK(got == values(want));
+        CHECK((threshold > 0.0f ? values(want)[0] < 6.0f : values(want)[0] >= 7.0f));  // the outlier left out or not
+      }
+}
+
+TEST_CASE("cuda: int8_linear_forward with given row scales is the CPU's, bit for bit") {
+  // Scales above x's own (a row-parallel shard's whole-row absmax: x in
+  // [-2, 2] plus a 5.9 that is no outlier, the scales in [6, 12]), with the
+  // planted outlier columns, a bias, at the scalar and the bf16 vector
+  // widths, over one and several row chunks.
+  struct Size {
+    int64_t N, K, O;
+  };
+  unsigned seed = 700;
+  for (const Size& s : {Size{37, 301, 67}, Size{19, 2112, 130}})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      CAPTURE(s.K);
+      CAPTURE(dtype_name(dtype));
+      Tensor x = make_x(s.N, s.K, dtype, Outliers::planted, seed++);
+      Int8Weight w = host_weight(s.O, s.K, seed++);
+      Tensor bias = host_random({s.O}, dtype, seed++);
+      Tensor given = host_random({s.N}, DType::f32, seed++, 6.0f, 12.0f);
+      Int8Epilogue epilogue;
+      epilogue.bias = &bias;
+      epilogue.row_absmax = &given;
+      Tensor want = cpu.empty({s.N, s.O}, DType::f32, MemCategory::activations);
+      cpu.int8_linear_forward(want, x, w.q, w.scales, 6.0f, epilogue);
+      Tensor own = cpu.empty({s.N, s.O}, DType::f32, MemCategory::activations);
+      cpu.int8_linear_forward(own, x, w.q, w.scales, 6.0f, {&bias});
+      CHECK(values(own) != values(want));  // the given scales are used
+      for (int64_t chunk : {s.N, int64_t(8)}) {
+        CAPTURE(chunk);
+        std::vector<float> got = emu_test::same_under_schedules([&] {
+          Tensor out = device_empty({s.N, s.O}, DType::f32), dbias = to_device(bias), dgiven = to_device(given);
+          Int8Epilogue device_epilogue;
+          device_epilogue.bias = &dbias;
+          device_epilogue.row_absmax = &dgiven;
+          cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f, device_epilogue,
+                                    chunk, 2, context());
+          return values(out);
+        });
+        CHECK(got == values(want));
+      }
+    }
+}
+
 TEST_CASE("cuda: the forward's int32 product blocks are balanced, within budget, in whole GEMM tiles") {
   // GPT-NeoX-20B's query_key_value and dense_h_to_4h products at 2048 tokens:
   // two blocks of 1024 rows each.
@@ -529,4 +603,12 @@ TEST_CASE("cuda: int8 linear argument checks") {
                        doctest::Contains("lora_h has shape"), Error);
   CHECK_THROWS_WITH_AS(gpu.int8_linear_forward(out, x, q, scales, 6.0f, {&host_bias}),
                        doctest::Contains("bias must be a CUDA tensor"), Error);
+  Tensor absmax = device_empty({2}, DType::f32), wrong_rows = device_empty({3}, DType::f32);
+  Int8Epilogue given;
+  given.row_absmax = &wrong_rows;
+  CHECK_THROWS_WITH_AS(gpu.int8_linear_forward(out, x, q, scales, 6.0f, given),
+                       doctest::Contains("row_absmax has shape"), Error);
+  CHECK_THROWS_WITH_AS(gpu.int8_row_absmax(wrong_rows, x, 6.0f), doctest::Contains("absmax has shape"), Error);
+  CHECK_THROWS_WITH_AS(gpu.int8_row_absmax(absmax, x, -1.0f), doctest::Contains("threshold"), Error);
+  CHECK_NOTHROW(gpu.int8_row_absmax(absmax, x, 6.0f));
 }

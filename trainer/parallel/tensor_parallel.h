@@ -32,6 +32,7 @@ class CollectivesTensorGroup final : public TensorParallelGroup {
 
  private:
   void sum_f32(Backend& backend, Tensor& t) override { group_.sum_in_place(backend, host_, {&t}); }
+  void max_f32(Backend& backend, Tensor& t) override { group_.max_in_place(backend, host_, {&t}); }
   Collectives& group_;
   Allocator& host_;
 };
