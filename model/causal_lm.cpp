@@ -128,7 +128,9 @@ int64_t LanguageModel::streamed_layers() const {
 // when it is a target. A streamed layer's quantized tensors go to pinned
 // host memory. Under tensor parallelism a column-parallel layer holds its
 // share of the output rows (and of the bias), a row-parallel one its share
-// of the input columns (the bias on rank 0 only: the sum adds it once).
+// of the input columns; its bias is whole on every rank (so every rank
+// holds the same parameters, as init_random numbers them) but added on rank
+// 0 only: the sum adds it once.
 std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, int64_t out_features,
                                                    int64_t in_features, bool bias, ParallelLinear split) {
   const int64_t ranks = tensor_ranks(), rank = ranks > 1 ? options_.tensor_parallel->rank() : 0;
@@ -141,7 +143,6 @@ std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, in
   const Shape whole{out_features, in_features};
   if (dim == 0) out_features /= ranks;
   if (dim == 1) in_features /= ranks;
-  const bool has_bias = bias && (dim != 1 || rank == 0);
   std::unique_ptr<Linear> base;
   const int64_t layer = decoder_layer_of(module);
   Allocator& quantized = layer >= 0 && layer < streamed_layers() ? backend_.pinned_host_allocator()
@@ -162,12 +163,13 @@ std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, in
     weight = &add_parameter(module + ".weight", {out_features, in_features}, options_.weight_dtype);
     weight->slice = slice;
   }
-  Parameter* b = has_bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
+  Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
   if (b && dim == 0) b->slice = slice;
+  Parameter* added = dim == 1 && rank != 0 ? nullptr : b;
   if (options_.quantized_base != QuantizedBase::none)
-    base = quantized_format(options_.quantized_base).make_linear(*weight, b, options_);
+    base = quantized_format(options_.quantized_base).make_linear(*weight, added, options_);
   else
-    base = std::make_unique<DenseLinear>(*weight, b);
+    base = std::make_unique<DenseLinear>(*weight, added);
   if (!options_.lora) return base;
   const LoraOptions& lora = *options_.lora;
   bool targeted = false;

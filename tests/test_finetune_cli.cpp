@@ -1492,7 +1492,8 @@ TEST_CASE("tensor parallel: mpirun -np 2 with parallel.tensor 2 trains as one pr
   CHECK(heads.output.find("parallel.tensor: 4 ranks must divide num_attention_heads (6)") != std::string::npos);
 }
 
-TEST_CASE("tensor parallel: mpirun -np 4 with tensor 4, and data 2 x tensor 2, train as one process" *
+TEST_CASE("tensor parallel: mpirun -np 4 with tensor 4, data 2 x tensor 2 and pipeline 2 x tensor 2 train as one "
+          "process" *
           doctest::skip()) {
   skip_without_mpirun();
   setenv("OMP_NUM_THREADS", "1", 1);
@@ -1521,6 +1522,14 @@ TEST_CASE("tensor parallel: mpirun -np 4 with tensor 4, and data 2 x tensor 2, t
   job("one_nf4", 0, 4, {"--set", "quantization.mode=nf4"});
   job("tensor4_nf4", 4, 4, {"--set", "quantization.mode=nf4", "--set", "parallel.tensor=4"});
   check_equals_one_process(dir, "one_nf4", "tensor4_nf4");
+
+  // GPT-NeoX: query_key_value's per-head rows and the parallel residual.
+  const std::vector<std::string> neox = {"--set", "model=" + std::string(FT_FIXTURES_DIR) + "/tensor_parallel_neox"};
+  std::vector<std::string> neox4 = neox;
+  neox4.insert(neox4.end(), {"--set", "parallel.tensor=4"});
+  job("one_neox", 0, 4, neox);
+  job("tensor4_neox", 4, 4, neox4);
+  check_equals_one_process(dir, "one_neox", "tensor4_neox");
 
   // Beside pipeline stages: 2 stages of 1 layer, each split over 2 ranks.
   // Stages load their layers from a checkpoint: the fixture's random weights saved as one.

@@ -9,8 +9,8 @@ ParameterCount count_parameters(LanguageModel& model) {
   ParameterCount count;
   for (std::deque<Parameter>* list : {&model.parameters(), &model.adapters()})
     for (const Parameter& p : *list) {
-      // A tensor-parallel shard counts as its whole tensor: rank 0, which
-      // prints it, holds a shard of every tensor (and every row-parallel bias).
+      // A tensor-parallel shard counts as its whole tensor: every rank
+      // holds a shard (or a copy) of every tensor.
       const int64_t elements = shape_numel(whole_shape(p));
       count.all += elements;
       if (p.trainable()) count.trainable += elements;
