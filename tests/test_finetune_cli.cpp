@@ -1050,6 +1050,18 @@ void skip_without_mpirun() {
   }
 }
 
+// An mpirun test's folder, made empty (cli_runs/<name>), after skipping
+// where the test cannot run; one OpenMP thread, also for the one-process run
+// it is compared with: the same summation order within each op.
+std::string mpirun_test_dir(const std::string& name) {
+  skip_without_mpirun();
+  setenv("OMP_NUM_THREADS", "1", 1);
+  const std::string dir = (fs::path(FT_BINARY_DIR) / "cli_runs" / name).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
 // As root Open MPI wants --allow-run-as-root; --oversubscribe lets the ranks
 // share fewer cores than ranks. Nothing else was needed in this container.
 std::vector<std::string> with_mpirun(int ranks, const std::vector<std::string>& finetune_args) {
@@ -1167,11 +1179,7 @@ std::vector<pid_t> ranks_of(pid_t job) {
 
 TEST_CASE("data parallel: mpirun -np 2 trains as one process with twice the gradient accumulation" *
           doctest::skip()) {
-  skip_without_mpirun();
-  setenv("OMP_NUM_THREADS", "1", 1);  // the single process too: the same summation order within each op
-  const std::string dir = (fs::path(FT_BINARY_DIR) / "cli_runs" / "data_parallel").string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const std::string dir = mpirun_test_dir("data_parallel");
 
   std::vector<std::string> too_many = short_default_run(dir + "/bad", 2, 4);
   too_many.insert(too_many.end(), {"--set", "parallel.data=4"});
@@ -1314,11 +1322,7 @@ TEST_CASE("data parallel: kill -9 of one rank ends the job; --resume on 2 ranks 
 // stage computes its layers as one process does, so everything is equal to
 // the bit.
 TEST_CASE("pipeline: mpirun -np 2 with parallel.pipeline 2 trains as one process, bit for bit" * doctest::skip()) {
-  skip_without_mpirun();
-  setenv("OMP_NUM_THREADS", "1", 1);
-  const std::string dir = (fs::path(FT_BINARY_DIR) / "cli_runs" / "pipeline").string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const std::string dir = mpirun_test_dir("pipeline");
   const std::vector<std::string> two_stages = {"--set", "parallel.pipeline=2"};
 
   // The default config's ROUGE generates with the whole model, which no rank holds.
@@ -1439,11 +1443,7 @@ void check_equals_one_process(const std::string& dir, const std::string& one, co
 }  // namespace
 
 TEST_CASE("tensor parallel: mpirun -np 2 with parallel.tensor 2 trains as one process" * doctest::skip()) {
-  skip_without_mpirun();
-  setenv("OMP_NUM_THREADS", "1", 1);
-  const std::string dir = (fs::path(FT_BINARY_DIR) / "cli_runs" / "tensor_parallel").string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const std::string dir = mpirun_test_dir("tensor_parallel");
   auto job = [&](const std::string& name, int ranks, std::vector<std::string> extra) {
     std::vector<std::string> args = short_default_run(dir + "/" + name, 4, 4);
     args.insert(args.end(), kTensorLora.begin(), kTensorLora.end());
@@ -1495,11 +1495,7 @@ TEST_CASE("tensor parallel: mpirun -np 2 with parallel.tensor 2 trains as one pr
 TEST_CASE("tensor parallel: mpirun -np 4 with tensor 4, data 2 x tensor 2 and pipeline 2 x tensor 2 train as one "
           "process" *
           doctest::skip()) {
-  skip_without_mpirun();
-  setenv("OMP_NUM_THREADS", "1", 1);
-  const std::string dir = (fs::path(FT_BINARY_DIR) / "cli_runs" / "tensor_parallel_4").string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const std::string dir = mpirun_test_dir("tensor_parallel_4");
   // A model with 8 heads, 4 key/value heads and NF4 blocks whole in every
   // shard (tests/fixtures/tensor_parallel, random weights).
   auto job = [&](const std::string& name, int ranks, int64_t grad_accum_steps, std::vector<std::string> extra) {

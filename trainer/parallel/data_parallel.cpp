@@ -25,6 +25,10 @@ ParallelLayout parallel_layout(const TrainConfig& config, int64_t world_ranks, c
   return layout;
 }
 
+std::string parallel_field(const TrainConfig& config, const char* key, int64_t value) {
+  return config.source + ": parallel." + key + ": " + std::to_string(value) + ": ";
+}
+
 int64_t data_parallel_ranks(const TrainConfig& config, const Collectives& collectives) {
   const int64_t world = collectives.world_size();
   FT_CHECK(world == 1 || config.objective == Objective::sft, config.source,

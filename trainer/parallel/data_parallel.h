@@ -31,6 +31,9 @@ struct ParallelLayout {
 };
 ParallelLayout parallel_layout(const TrainConfig& config, int64_t world_ranks, const std::string& launched_as);
 
+// "<config>: parallel.<key>: <value>: ", how a refusal of a layout starts.
+std::string parallel_field(const TrainConfig& config, const char* key, int64_t value);
+
 // The data-parallel rank count of a run (parallel_layout over the job's
 // ranks): the copies of the model, each parallel.pipeline x parallel.tensor ranks.
 int64_t data_parallel_ranks(const TrainConfig& config, const Collectives& collectives);

@@ -6,6 +6,7 @@
 
 #include "kernels/error.h"
 #include "model/families.h"
+#include "trainer/parallel/data_parallel.h"
 #include "trainer/parallel/tensor_parallel.h"
 
 namespace ft {
@@ -19,17 +20,9 @@ RankGroups split_ranks(Collectives& world, int64_t pipeline, int64_t tensor) {
   return groups;
 }
 
-namespace {
-
-std::string pipeline_field(const TrainConfig& config) {
-  return config.source + ": parallel.pipeline: " + std::to_string(config.parallel.pipeline) + ": ";
-}
-
-}  // namespace
-
 void check_pipeline_model(const TrainConfig& config, const std::string& model_type) {
   if (config.parallel.pipeline == 1) return;
-  const std::string where = pipeline_field(config);
+  const std::string where = parallel_field(config, "pipeline", config.parallel.pipeline);
   FT_CHECK(model_family(model_type).pipeline, where, "pipeline stages split a decoder-only model's layers; model_type ",
            model_type, " is an encoder-decoder model (run it data parallel)");
   FT_CHECK(config.objective == Objective::sft, where, "the pipeline covers objective: sft");
@@ -42,7 +35,7 @@ void check_pipeline_model(const TrainConfig& config, const std::string& model_ty
 void check_pipeline_run(const TrainConfig& config, const std::string& model_type) {
   check_pipeline_model(config, model_type);
   if (config.parallel.pipeline == 1) return;
-  const std::string where = pipeline_field(config);
+  const std::string where = parallel_field(config, "pipeline", config.parallel.pipeline);
   FT_CHECK(config.init == InitMode::pretrained, where, "each stage loads its layers from the checkpoint; init: "
            "random numbers the whole model's tensors, which a stage does not hold (use init: pretrained)");
   FT_CHECK(config.task_metric == TaskMetric::none, where, "task_metric: rouge generates with the whole model, "

@@ -5,20 +5,13 @@
 #include "kernels/error.h"
 #include "model/families.h"
 #include "trainer/optimizer.h"
+#include "trainer/parallel/data_parallel.h"
 
 namespace ft {
 
-namespace {
-
-std::string tensor_field(const TrainConfig& config) {
-  return config.source + ": parallel.tensor: " + std::to_string(config.parallel.tensor) + ": ";
-}
-
-}  // namespace
-
 void check_tensor_parallel_model(const TrainConfig& config, const std::string& model_type) {
   if (config.parallel.tensor == 1) return;
-  const std::string where = tensor_field(config);
+  const std::string where = parallel_field(config, "tensor", config.parallel.tensor);
   FT_CHECK(model_family(model_type).pipeline, where, "tensor parallelism splits a decoder-only model's layers; "
            "model_type ", model_type, " is an encoder-decoder model (run it data parallel)");
   FT_CHECK(config.objective == Objective::sft, where, "tensor parallelism covers objective: sft");
@@ -30,7 +23,7 @@ void check_tensor_parallel_model(const TrainConfig& config, const std::string& m
 void check_tensor_parallel_run(const TrainConfig& config, const std::string& model_type) {
   check_tensor_parallel_model(config, model_type);
   if (config.parallel.tensor == 1) return;
-  const std::string where = tensor_field(config);
+  const std::string where = parallel_field(config, "tensor", config.parallel.tensor);
   FT_CHECK(config.task_metric == TaskMetric::none, where, "task_metric: rouge generates with the whole model, "
            "which no rank holds; set task_metric: none and score the saved adapter with `finetune generate`");
   FT_CHECK(config.quantization.save_base.empty(), where, "quantization.save_base writes the whole quantized "
