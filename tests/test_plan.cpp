@@ -729,10 +729,11 @@ TEST_CASE("plan: a tensor-parallel rank's replayed peak equals a real CPU rank's
       {kLlamaLora + "parallel: {tensor: 2}\n", Precision::fp32},
       {all_linear + "parallel: {tensor: 2}\n", Precision::bf16},
       {all_linear + "activation_checkpointing: per_layer\nparallel: {tensor: 4}\n", Precision::fp32}};
-  for (const auto& [extra, precision] : cases) {
+  for (const auto& entry : cases) {
+    const std::string& extra = entry.first;
     CAPTURE(extra);
     TrainConfig config = make_config(llama, shape + extra);
-    config.precision = precision;
+    config.precision = entry.second;
     PlanOptions cpu;
     cpu.policy = MemoryPolicy::cpu;
     cpu.ranks = config.parallel.tensor;
