@@ -809,10 +809,11 @@ void save_outputs(Run& run) {
   if (!run.in_first_pipeline()) return;
   const TrainConfig& config = run.config;
   check_finite_before_save(run, path_in(config.output_dir, config.trainable == Trainable::all ? "model" : "adapter"));
-  std::vector<TensorSlice> slices;
-  for (const Parameter& adapter : run.model->adapters()) slices.push_back(adapter.slice);
-  NamedTensors adapters = gather_tensor_shards(run.tensor(), *run.backend, run.host,
-                                               peft_adapter_tensors(*run.model, run.host), slices);
+  NamedTensors adapters = peft_adapter_tensors(*run.model, run.host);
+  // The adapters' slices; the tensors after them (a score head) are whole.
+  std::vector<TensorSlice> slices(adapters.size());
+  for (size_t i = 0; i < run.model->adapters().size(); ++i) slices[i] = run.model->adapters()[i].slice;
+  adapters = gather_tensor_shards(run.tensor(), *run.backend, run.host, std::move(adapters), slices);
   adapters = gather_on_rank_zero(run.stages(), *run.backend, run.host, std::move(adapters));
   if (!run.leader) return;
   if (config.trainable == Trainable::all) {
