@@ -132,16 +132,20 @@ int64_t LanguageModel::streamed_layers() const {
 // holds the same parameters, as init_random numbers them) but added on rank
 // 0 only: the sum adds it once.
 std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, int64_t out_features,
-                                                   int64_t in_features, bool bias, ParallelLinear split) {
+                                                   int64_t in_features, bool bias, ParallelLinear split,
+                                                   int64_t shares) {
   const int64_t ranks = tensor_ranks(), rank = ranks > 1 ? options_.tensor_parallel->rank() : 0;
   if (ranks == 1) split = ParallelLinear::replicated;
   const int dim = split == ParallelLinear::column ? 0 : split == ParallelLinear::row ? 1 : -1;
   const int64_t full = dim == 0 ? out_features : in_features;
-  FT_CHECK(dim < 0 || full % ranks == 0, module, ": ", dim == 0 ? "out" : "in", "_features ", full,
-           " do not split over parallel.tensor: ", ranks, " ranks");
-  const TensorSlice slice = dim < 0 ? TensorSlice{} : TensorSlice{dim, rank * (full / ranks), full};
+  if (shares == 0 || dim != 0) shares = ranks;
+  FT_CHECK(dim < 0 || (full % shares == 0 && ranks % shares == 0), module, ": ", dim == 0 ? "out" : "in",
+           "_features ", full, " do not split over parallel.tensor: ", ranks, " ranks");
+  const int64_t replicas = ranks / shares;  // neighbouring ranks holding the same part
+  const TensorSlice slice =
+      dim < 0 ? TensorSlice{} : TensorSlice{dim, rank / replicas * (full / shares), full, replicas};
   const Shape whole{out_features, in_features};
-  if (dim == 0) out_features /= ranks;
+  if (dim == 0) out_features /= shares;
   if (dim == 1) in_features /= ranks;
   std::unique_ptr<Linear> base;
   const int64_t layer = decoder_layer_of(module);
@@ -156,7 +160,7 @@ std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, in
     ModelOptions options = options_;
     if (dim >= 0) {  // a shard's NF4 blocks keep an f32 absmax (QuantizedFormat::cut)
       options.nf4_double_quant = false;
-      format.check_slice(weight->name, whole, slice, full / ranks);
+      format.check_slice(weight->name, whole, slice, full / shares);
     }
     format.allocate(*weight, {out_features, in_features}, quantized, options);
   } else {

@@ -167,9 +167,13 @@ class LanguageModel {
   // module + ".bias" [out_features] is a parameter too (weight_dtype, also
   // over an int8 weight).
   // split: how tensor parallelism divides it (model/tensor_parallel.h);
-  // out_features and in_features are the whole layer's.
+  // out_features and in_features are the whole layer's. shares (column
+  // splits): the parts the outputs split into, when fewer than the ranks
+  // (GQA's key/value heads): each part is held by ranks / shares
+  // neighbouring ranks. 0: one part a rank.
   std::unique_ptr<Linear> make_linear(const std::string& module, int64_t out_features, int64_t in_features,
-                                      bool bias = false, ParallelLinear split = ParallelLinear::replicated);
+                                      bool bias = false, ParallelLinear split = ParallelLinear::replicated,
+                                      int64_t shares = 0);
   // The ranks of the tensor group (1 without tensor parallelism), and the
   // sum over them of a row-parallel product or a column-parallel input
   // gradient (nothing with one rank).
@@ -388,7 +392,8 @@ class CausalLM : public LanguageModel {
   // The attention heads (and key/value heads) this rank computes: a share
   // of them under tensor parallelism, else all.
   int64_t local_heads() const { return config_.num_attention_heads / tensor_ranks(); }
-  int64_t local_kv_heads() const { return config_.num_key_value_heads / tensor_ranks(); }
+  // With more ranks than key/value heads each rank holds the one its query heads read.
+  int64_t local_kv_heads() const { return std::max<int64_t>(1, config_.num_key_value_heads / tensor_ranks()); }
 
   // Rotary causal self-attention, as every architecture here computes it.
   struct AttentionActivations {

@@ -107,9 +107,14 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelO
   const LayerRange& stage = layers();
   const bool tied = config.tie_word_embeddings;
   const int64_t ranks = tensor_ranks();
-  FT_CHECK(config.num_attention_heads % ranks == 0 && config.num_key_value_heads % ranks == 0 && I % ranks == 0,
+  // More ranks than key/value heads: each head on ranks / heads neighbouring
+  // ranks, whose query heads all read it.
+  const int64_t kv_shares = std::min(config.num_key_value_heads, ranks);
+  FT_CHECK(config.num_attention_heads % ranks == 0 && I % ranks == 0 &&
+               (config.num_key_value_heads % ranks == 0 || ranks % config.num_key_value_heads == 0),
            "parallel.tensor: ", ranks, " ranks must divide num_attention_heads (", config.num_attention_heads,
-           "), num_key_value_heads (", config.num_key_value_heads, ") and intermediate_size (", I, ")");
+           ") and intermediate_size (", I, "), and divide or be a multiple of num_key_value_heads (",
+           config.num_key_value_heads, ")");
   if (first_stage() || (tied && last_stage()))
     embedding_ = &add_parameter("model.embed_tokens.weight", {config.vocab_size, C}, dtype);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
@@ -123,8 +128,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelO
     // Tensor parallel: attention by heads, the MLP by its intermediate features.
     const ParallelLinear column = ParallelLinear::column, row = ParallelLinear::row;
     layer->q_proj = make_linear(prefix + "self_attn.q_proj", q_features, C, qkv_bias, column);
-    layer->k_proj = make_linear(prefix + "self_attn.k_proj", kv_features, C, qkv_bias, column);
-    layer->v_proj = make_linear(prefix + "self_attn.v_proj", kv_features, C, qkv_bias, column);
+    layer->k_proj = make_linear(prefix + "self_attn.k_proj", kv_features, C, qkv_bias, column, kv_shares);
+    layer->v_proj = make_linear(prefix + "self_attn.v_proj", kv_features, C, qkv_bias, column, kv_shares);
     layer->o_proj = make_linear(prefix + "self_attn.o_proj", C, q_features, o_bias, row);
     layer->post_attention_norm = add_norm(prefix + "post_attention_layernorm", false, eps);
     layer->gate_proj = make_linear(prefix + "mlp.gate_proj", I, C, mlp_bias, column);

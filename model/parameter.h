@@ -22,10 +22,13 @@ struct QuantizedTensors {
 
 // Under tensor parallelism (model/tensor_parallel.h) the part of the whole
 // tensor a rank holds: [offset, offset + its own size) along dim, of full.
-// dim -1: the whole tensor.
+// dim -1: the whole tensor. replicas: how many neighbouring ranks of the
+// group hold this same slice (key/value heads fewer than the ranks), each
+// with its share of the slice's gradient.
 struct TensorSlice {
   int dim = -1;
   int64_t offset = 0, full = 0;
+  int64_t replicas = 1;
   bool whole() const { return dim < 0; }
 };
 

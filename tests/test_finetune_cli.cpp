@@ -1519,6 +1519,14 @@ TEST_CASE("tensor parallel: mpirun -np 4 with tensor 4, data 2 x tensor 2 and pi
   job("tensor4_nf4", 4, 4, {"--set", "quantization.mode=nf4", "--set", "parallel.tensor=4"});
   check_equals_one_process(dir, "one_nf4", "tensor4_nf4");
 
+  // Two key/value heads over 4 ranks: each on 2 of them.
+  const std::vector<std::string> gqa = {"--set", "model=" + std::string(FT_FIXTURES_DIR) + "/tensor_parallel_gqa"};
+  std::vector<std::string> gqa4 = gqa;
+  gqa4.insert(gqa4.end(), {"--set", "parallel.tensor=4"});
+  job("one_gqa", 0, 4, gqa);
+  job("tensor4_gqa", 4, 4, gqa4);
+  check_equals_one_process(dir, "one_gqa", "tensor4_gqa");
+
   // GPT-NeoX: query_key_value's per-head rows and the parallel residual.
   const std::vector<std::string> neox = {"--set", "model=" + std::string(FT_FIXTURES_DIR) + "/tensor_parallel_neox"};
   std::vector<std::string> neox4 = neox;

@@ -146,7 +146,9 @@ StepResult run_ranks(const Case& c, int64_t ranks) {
           const int64_t column = p.slice.dim == 1 ? p.slice.offset + col : col;
           const float value = g[size_t(r * p.shape[1] + col)];
           float& slot = grad[size_t(row * shape[1] + column)];
-          slot = p.partial_grad ? slot + value : value;
+          // A partial gradient is a share of the whole group's sum, a
+          // replicated slice's a share of its holders'.
+          slot = p.partial_grad || p.slice.replicas > 1 ? slot + value : value;
         }
     }
     whole.grads[first.name] = grad;
@@ -203,6 +205,14 @@ TEST_CASE("tensor parallel llama (GQA) on 4 ranks, dense and nf4 bases") {
     CAPTURE(int(base));
     check_case({config, base, true, 6.0f, 12, false}, 4, 1e-5);
   }
+}
+
+// More ranks than key/value heads: each head on 2 (llama_gqa: 2 heads, 4
+// ranks) or 4 neighbouring ranks (8 ranks), whose B factors' gradients are
+// summed among them.
+TEST_CASE("tensor parallel llama with each key/value head on several ranks") {
+  check_case({fixture("llama_gqa"), QuantizedBase::none, false, 6.0f, 12, false}, 4, 1e-5);
+  check_case({fixture("tensor_parallel_gqa"), QuantizedBase::int8, true, 6.0f, 12, false}, 8, 1e-5);
 }
 
 TEST_CASE("tensor parallel GPT-NeoX on 2 and 4 ranks") {

@@ -30,6 +30,26 @@ void check_tensor_parallel_run(const TrainConfig& config, const std::string& mod
            "base, which no rank holds; save it from a one-process run");
 }
 
+namespace {
+
+// A slice held by `replicas` neighbouring ranks (GQA's key/value heads on
+// more ranks than heads): each rank's gradient is its share of the slice's,
+// summed among those ranks. Through one sum over the whole group of a
+// buffer holding every part in its place (zeros elsewhere): such slices are
+// LoRA's small B factors, so the extra bytes cost less than groups of their own.
+void sum_replicated_slice(Collectives& tensor, Backend& backend, Allocator& host, Parameter& p) {
+  const int64_t replicas = p.slice.replicas, parts = tensor.world_size() / replicas, n = p.grad.numel();
+  Tensor parts_grad = backend.empty({parts, n}, DType::f32, MemCategory::workspace);
+  backend.fill(parts_grad, 0.0f);
+  Tensor mine = parts_grad.slice_rows(tensor.rank() / replicas, 1);
+  Tensor flat = p.grad.reshaped({1, n});
+  backend.copy(mine, flat);
+  tensor.sum_in_place(backend, host, {&parts_grad});
+  backend.copy(flat, mine);
+}
+
+}  // namespace
+
 void sum_partial_gradients(Collectives& tensor, Backend& backend, Allocator& host,
                            const std::vector<Parameter*>& trainable) {
   if (tensor.world_size() == 1) return;
@@ -37,11 +57,16 @@ void sum_partial_gradients(Collectives& tensor, Backend& backend, Allocator& hos
   for (Parameter* p : trainable)
     if (p->partial_grad) partial.push_back(&p->grad);
   tensor.sum_in_place(backend, host, partial);
+  for (Parameter* p : trainable)
+    if (p->slice.replicas > 1) sum_replicated_slice(tensor, backend, host, *p);
 }
 
 double tensor_squared_grad_norm(Collectives& tensor, Backend& backend, const std::vector<Parameter*>& trainable) {
   std::vector<Parameter*> sliced, whole;
-  for (Parameter* p : trainable) (p->slice.whole() ? whole : sliced).push_back(p);
+  for (Parameter* p : trainable) {
+    if (p->slice.whole()) whole.push_back(p);
+    else if (tensor.rank() % p->slice.replicas == 0) sliced.push_back(p);  // a replicated slice once
+  }
   const double shards = sliced.empty() ? 0.0 : add_squared_gradients(backend, sliced, 0.0);
   const double replicated = whole.empty() ? 0.0 : add_squared_gradients(backend, whole, 0.0);
   return tensor.sum(shards) + replicated;
@@ -85,8 +110,9 @@ NamedTensors gather_tensor_shards(Collectives& tensor, Backend& backend, Allocat
       whole.push_back(all[i]);
       continue;
     }
-    std::vector<Tensor> pieces;
-    for (int r = 0; r < tensor.world_size(); ++r) pieces.push_back(all[size_t(r) * count + i].second);
+    std::vector<Tensor> pieces;  // one from each slice's first holder
+    for (int r = 0; r < tensor.world_size(); r += int(slices[i].replicas))
+      pieces.push_back(all[size_t(r) * count + i].second);
     whole.emplace_back(all[i].first, concatenate(pieces, slices[i].dim, host));
   }
   return whole;

@@ -44,7 +44,8 @@ class CollectivesTensorGroup final : public TensorParallelGroup {
 void check_tensor_parallel_model(const TrainConfig& config, const std::string& model_type);
 void check_tensor_parallel_run(const TrainConfig& config, const std::string& model_type);
 
-// Sums each partial gradient (Parameter::partial_grad) over the tensor group.
+// Sums each partial gradient (Parameter::partial_grad) over the tensor group,
+// and each replicated slice's (TensorSlice::replicas) over its holders.
 void sum_partial_gradients(Collectives& tensor, Backend& backend, Allocator& host,
                            const std::vector<Parameter*>& trainable);
 
