@@ -777,6 +777,18 @@ TEST_CASE("plan: Llama-2-70B INT8 + LoRA with parallel.tensor 4 fits each rank i
         std::string::npos);
   CHECK(run.output.find("all-reduced over 2 data-parallel ranks") != std::string::npos);
   CHECK(run.output.find("fits in 24.0 GiB: yes") != std::string::npos);
+  // Beside a pipeline: 4 stages, each over 2 tensor ranks, on 8 cards of 12 GiB.
+  const PlanRun staged = run_plan(std::string(FT_SOURCE_DIR) +
+                                  "/configs/llama-2-70b-int8-lora-4x24gb-pipeline.yaml --gpu-mem 12GiB --ranks 8 "
+                                  "--set parallel.tensor=2");
+  CHECK(staged.exit_status == 0);
+  CHECK(staged.output.find("pipeline parallel: 4 stages x 2 tensor parallel x 1 data parallel (8 ranks)") !=
+        std::string::npos);
+  CHECK(staged.output.find("  1     18-38 ") != std::string::npos);
+  // Stage 1's 21 layers, 5 sums of [2048, 8192] f32 each: 7,046,430,720 bytes.
+  CHECK(staged.output.find("stage 1: per micro-batch 6.6 GiB of activations and their gradients summed over its 2 "
+                           "tensor ranks") != std::string::npos);
+  CHECK(staged.output.find("   NO") == std::string::npos);  // every stage fits 12 GiB
   const PlanRun odd = run_plan(std::string(FT_SOURCE_DIR) +
                                "/configs/llama-2-70b-int8-lora-4x24gb-tensor.yaml --ranks 6");
   CHECK(odd.exit_status == 1);

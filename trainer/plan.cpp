@@ -646,11 +646,13 @@ std::string stage_layers_text(const LayerRange& layers, bool first, bool last) {
 
 void print_pipeline(const PipelinePlan& plan, const PlanOptions& options) {
   const int64_t stages = int64_t(plan.stages.size());
-  std::printf("pipeline parallel: %lld stages x %lld data parallel (%lld ranks), 1F1B over %lld micro-batches per "
+  const std::string tensor = plan.tensor > 1 ? " x " + std::to_string(plan.tensor) + " tensor parallel" : "";
+  std::printf("pipeline parallel: %lld stages%s x %lld data parallel (%lld ranks), 1F1B over %lld micro-batches per "
               "optimizer step: each stage idles (P - 1) / (m + P - 1) = %lld / %lld = %.1f%% of the step "
               "(the bubble)\n",
-              (long long)stages, (long long)plan.data, (long long)options.ranks, (long long)plan.micro_batches,
-              (long long)(stages - 1), (long long)(plan.micro_batches + stages - 1), 100.0 * plan.bubble_fraction);
+              (long long)stages, tensor.c_str(), (long long)plan.data, (long long)options.ranks,
+              (long long)plan.micro_batches, (long long)(stages - 1), (long long)(plan.micro_batches + stages - 1),
+              100.0 * plan.bubble_fraction);
   std::printf("  %-5s %-36s %9s %15s %12s %14s %5s\n", "stage", "decoder layers", "in flight", "TFLOP/micro-batch",
               "peak", "peak bytes", "fits");
   for (int64_t s = 0; s < stages; ++s) {
@@ -660,6 +662,13 @@ void print_pipeline(const PipelinePlan& plan, const PlanOptions& options) {
                 stage_layers_text(stage.layers, s == 0, s == stages - 1).c_str(), (long long)stage.in_flight,
                 stage.flops / 1e12, format_bytes(peak_bytes).c_str(), peak_bytes,
                 peak_bytes <= options.gpu_mem_bytes ? "yes" : "NO");
+  }
+  for (int64_t s = 0; plan.tensor > 1 && s < stages; ++s) {
+    const StagePlan& stage = plan.stages[size_t(s)];  // its replay ran in_flight micro-batches
+    std::printf("  stage %lld: per micro-batch %s of activations and their gradients summed over its %lld tensor "
+                "ranks (f32)\n",
+                (long long)s, format_bytes(stage.step.tensor_sum_bytes / size_t(stage.in_flight)).c_str(),
+                (long long)plan.tensor);
   }
   if (plan.data == 1) return;
   for (int64_t s = 0; s < stages; ++s) {
@@ -774,7 +783,9 @@ PipelinePlan plan_pipeline(const TrainConfig& config, const PlanOptions& options
   FT_CHECK(stages <= total, config.source, ": parallel.pipeline: ", stages,
            " stages need at least one decoder layer each; the model has ", total);
   PipelinePlan plan;
-  plan.data = parallel_layout(config, options.ranks, "--ranks " + std::to_string(options.ranks)).data;
+  const ParallelLayout layout = parallel_layout(config, options.ranks, "--ranks " + std::to_string(options.ranks));
+  plan.data = layout.data;
+  plan.tensor = layout.tensor;
   plan.micro_batches = config.grad_accum_steps;
   plan.bubble_fraction = double(stages - 1) / double(plan.micro_batches + stages - 1);
   auto replay = [&](const LayerRange& layers, int64_t s) {

@@ -199,6 +199,7 @@ struct StagePlan {
 };
 struct PipelinePlan {
   int64_t data = 1;           // data-parallel copies of the pipeline
+  int64_t tensor = 1;         // parallel.tensor: the ranks each stage's layers are split over
   int64_t micro_batches = 0;  // per optimizer step through each pipeline: m
   std::vector<StagePlan> stages;
   double bubble_fraction = 0.0;  // (P - 1) / (m + P - 1)
