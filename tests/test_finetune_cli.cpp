@@ -1489,7 +1489,8 @@ TEST_CASE("tensor parallel: mpirun -np 2 with parallel.tensor 2 trains as one pr
   if (test_device() != "cpu") return;  // 4 ranks: more than the _2gpu entry's GPUs
   const Ran heads = job("heads", 4, {"--set", "parallel.tensor=4"});  // the tiny model has 6 heads
   CHECK(heads.exit_code != 0);
-  CHECK(heads.output.find("parallel.tensor: 4 ranks must divide num_attention_heads (6)") != std::string::npos);
+  CHECK(heads.output.find("default.yaml: parallel.tensor: 4: the ranks must divide num_attention_heads (6)") !=
+        std::string::npos);
 }
 
 TEST_CASE("tensor parallel: mpirun -np 4 with tensor 4, data 2 x tensor 2 and pipeline 2 x tensor 2 train as one "

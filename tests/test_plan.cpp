@@ -797,8 +797,9 @@ TEST_CASE("plan: Llama-2-70B INT8 + LoRA with parallel.tensor 4 fits each rank i
   const PlanRun heads = run_plan(std::string(FT_SOURCE_DIR) +
                                  "/configs/llama-2-70b-int8-lora-4x24gb-tensor.yaml --ranks 3 --set parallel.tensor=3");
   CHECK(heads.exit_status == 1);
-  CHECK(heads.output.find("parallel.tensor: 3 ranks must divide num_attention_heads (64) and intermediate_size "
-                          "(28672), and divide or be a multiple of num_key_value_heads (8)") != std::string::npos);
+  CHECK(heads.output.find("tensor.yaml: parallel.tensor: 3: the ranks must divide num_attention_heads (64) and "
+                          "intermediate_size (28672), and divide or be a multiple of num_key_value_heads (8)") !=
+        std::string::npos);
 }
 
 TEST_CASE("plan: NeoX-20B INT8 + LoRA with parallel.tensor 2 fits each rank in 12 GiB (CUDA policy)") {

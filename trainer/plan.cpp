@@ -1029,7 +1029,7 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
   const ParallelLayout layout = config.parallel.tensor > 1 ? parallel_layout(config, options.ranks, "--ranks " +
                                                                              std::to_string(options.ranks))
                                                             : ParallelLayout{};
-  check_tensor_parallel_model(config, read_model_config(config.model + "/config.json").model_type);
+  check_tensor_parallel_model(config, read_model_config(config.model + "/config.json"));
   const StepPlan plan = plan_step(config, options, config.micro_batch_size, config.seq_len);
   print_breakdown(plan, options);
   const size_t budget = options.gpu_mem_bytes;

@@ -154,7 +154,7 @@ void make_model(Run& run) {
            " is larger than the model's max_position_embeddings ", run.model_config.max_position_embeddings, " (",
            path_in(config.model, "config.json"), ")");
   check_pipeline_run(config, run.model_config.model_type);
-  check_tensor_parallel_run(config, run.model_config.model_type);
+  check_tensor_parallel_run(config, run.model_config);
   LayerRange stage;
   if (run.pipeline_stages > 1) {
     const StageLayout layout = pipeline_stage_layout(config, run.collectives.world_size(), run.stages().rank(),

@@ -9,19 +9,26 @@
 
 namespace ft {
 
-void check_tensor_parallel_model(const TrainConfig& config, const std::string& model_type) {
-  if (config.parallel.tensor == 1) return;
-  const std::string where = parallel_field(config, "tensor", config.parallel.tensor);
-  FT_CHECK(model_family(model_type).pipeline, where, "tensor parallelism splits a decoder-only model's layers; "
-           "model_type ", model_type, " is an encoder-decoder model (run it data parallel)");
+void check_tensor_parallel_model(const TrainConfig& config, const ModelConfig& model) {
+  const int64_t ranks = config.parallel.tensor;
+  if (ranks == 1) return;
+  const std::string where = parallel_field(config, "tensor", ranks);
+  FT_CHECK(model_family(model.model_type).pipeline, where, "tensor parallelism splits a decoder-only model's "
+           "layers; model_type ", model.model_type, " is an encoder-decoder model (run it data parallel)");
+  // As the layers check it (model/llama.cpp, gpt_neox.cpp), here with the config's name.
+  const int64_t heads = model.num_attention_heads, kv_heads = model.num_key_value_heads;
+  FT_CHECK(heads % ranks == 0 && model.intermediate_size % ranks == 0 &&
+               (kv_heads % ranks == 0 || ranks % kv_heads == 0),
+           where, "the ranks must divide num_attention_heads (", heads, ") and intermediate_size (",
+           model.intermediate_size, "), and divide or be a multiple of num_key_value_heads (", kv_heads, ")");
   FT_CHECK(config.objective == Objective::sft, where, "tensor parallelism covers objective: sft");
   FT_CHECK(config.trainable == Trainable::lora, where, "tensor parallelism trains LoRA adapters (trainable: lora)");
   FT_CHECK(config.offload_base == OffloadTarget::device, where, "the ranks split every layer over their devices; "
            "leave offload.base at device");
 }
 
-void check_tensor_parallel_run(const TrainConfig& config, const std::string& model_type) {
-  check_tensor_parallel_model(config, model_type);
+void check_tensor_parallel_run(const TrainConfig& config, const ModelConfig& model) {
+  check_tensor_parallel_model(config, model);
   if (config.parallel.tensor == 1) return;
   const std::string where = parallel_field(config, "tensor", config.parallel.tensor);
   FT_CHECK(config.task_metric == TaskMetric::none, where, "task_metric: rouge generates with the whole model, "

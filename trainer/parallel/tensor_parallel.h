@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "model/model_config.h"
 #include "model/parameter.h"
 #include "model/tensor_parallel.h"
 #include "trainer/parallel/collectives.h"
@@ -41,8 +42,8 @@ class CollectivesTensorGroup final : public TensorParallelGroup {
 // anything loads), each error naming the field: a model or training mode it
 // cannot split (what the planner refuses too), and for a run also what needs
 // the whole model in one process.
-void check_tensor_parallel_model(const TrainConfig& config, const std::string& model_type);
-void check_tensor_parallel_run(const TrainConfig& config, const std::string& model_type);
+void check_tensor_parallel_model(const TrainConfig& config, const ModelConfig& model);
+void check_tensor_parallel_run(const TrainConfig& config, const ModelConfig& model);
 
 // Sums each partial gradient (Parameter::partial_grad) over the tensor group,
 // and each replicated slice's (TensorSlice::replicas) over its holders.
