@@ -236,10 +236,7 @@ void LanguageModel::fill_shard(Parameter& p, const std::function<void(Backend&, 
   }
   whole.value = Tensor::empty(whole_shape(p), p.value.dtype, host, MemCategory::workspace);
   fill_whole(cpu, whole);
-  const Tensor part = whole.value.ndim() == 1 ? whole.value.slice_rows(p.slice.offset, p.value.dim(0))
-                                              : host_slice(whole.value, p.slice.dim, p.slice.offset,
-                                                           p.value.dim(p.slice.dim), host);
-  backend_.copy(p.value, part);
+  backend_.copy(p.value, host_slice(whole.value, p.slice.dim, p.slice.offset, p.value.dim(p.slice.dim), host));
 }
 
 void LanguageModel::fill_parameter(Parameter& p, const std::function<void(Parameter&)>& fill) {

@@ -60,9 +60,7 @@ GptNeoxModel::GptNeoxModel(const ModelConfig& config, Backend& backend, const Mo
   const LayerRange& stage = layers();
   const bool tied = config.tie_word_embeddings;
   const int64_t ranks = tensor_ranks();
-  FT_CHECK(config.num_attention_heads % ranks == 0 && I % ranks == 0, "parallel.tensor: ", ranks,
-           " ranks must divide num_attention_heads (", config.num_attention_heads, ") and intermediate_size (", I,
-           ")");
+  check_tensor_split(config, ranks, "parallel.tensor: " + std::to_string(ranks) + ": ");
   if (first_stage() || (tied && last_stage()))
     embedding_ = &add_parameter("gpt_neox.embed_in.weight", {V, C}, dtype);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {

@@ -107,14 +107,10 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelO
   const LayerRange& stage = layers();
   const bool tied = config.tie_word_embeddings;
   const int64_t ranks = tensor_ranks();
+  check_tensor_split(config, ranks, "parallel.tensor: " + std::to_string(ranks) + ": ");
   // More ranks than key/value heads: each head on ranks / heads neighbouring
   // ranks, whose query heads all read it.
   const int64_t kv_shares = std::min(config.num_key_value_heads, ranks);
-  FT_CHECK(config.num_attention_heads % ranks == 0 && I % ranks == 0 &&
-               (config.num_key_value_heads % ranks == 0 || ranks % config.num_key_value_heads == 0),
-           "parallel.tensor: ", ranks, " ranks must divide num_attention_heads (", config.num_attention_heads,
-           ") and intermediate_size (", I, "), and divide or be a multiple of num_key_value_heads (",
-           config.num_key_value_heads, ")");
   if (first_stage() || (tied && last_stage()))
     embedding_ = &add_parameter("model.embed_tokens.weight", {config.vocab_size, C}, dtype);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {

@@ -20,8 +20,8 @@ Tensor host_tensor(Backend& backend, const Tensor& t, Allocator& host) {
 }
 
 Tensor host_slice(const Tensor& whole, int dim, int64_t offset, int64_t count, Allocator& host) {
-  FT_CHECK(whole.device == Device::cpu && whole.ndim() == 2 && (dim == 0 || dim == 1) && offset >= 0 &&
-               offset + count <= whole.dim(dim),
+  FT_CHECK(whole.device == Device::cpu && (whole.ndim() == 2 || (whole.ndim() == 1 && dim == 0)) &&
+               (dim == 0 || dim == 1) && offset >= 0 && offset + count <= whole.dim(dim),
            "host_slice: [", offset, ", ", offset + count, ") of dim ", dim, " of a host ", shape_string(whole.shape));
   if (dim == 0) return whole.slice_rows(offset, count);
   const int64_t rows = whole.dim(0), element_bytes = int64_t(dtype_size_bytes(whole.dtype));

@@ -76,7 +76,7 @@ void require_shape(const SafetensorsEntry& entry, const std::string& name, const
 Tensor host_tensor(Backend& backend, const Tensor& t, Allocator& host);
 
 // count rows (dim 0: a view) or columns (dim 1: a copy from host) of a host
-// [rows, cols] tensor, from offset.
+// [rows, cols] tensor, from offset; of a 1-D one, count elements (a view).
 Tensor host_slice(const Tensor& whole, int dim, int64_t offset, int64_t count, Allocator& host);
 
 }  // namespace ft

@@ -24,8 +24,10 @@
 // nothing (every sum and max a no-op of the same memory).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "kernels/backend.h"
+#include "model/model_config.h"
 
 namespace ft {
 
@@ -51,6 +53,13 @@ class TensorParallelGroup {
   // The element-wise maximum of an f32 tensor on the backend's device, in place.
   virtual void max_f32(Backend& backend, Tensor& t) = 0;
 };
+
+// Refuses a split of config's layers over `ranks` that they cannot take:
+// the ranks must divide the attention heads and intermediate_size, and
+// divide or be a multiple of the key/value heads (more ranks than key/value
+// heads: each head on ranks / heads neighbouring ranks). where starts the
+// message (the config field, or the file and the field).
+void check_tensor_split(const ModelConfig& config, int64_t ranks, const std::string& where);
 
 // How a linear layer's weight [out, in] is split over a tensor group.
 enum class ParallelLinear {

@@ -1516,25 +1516,19 @@ TEST_CASE("tensor parallel: mpirun -np 4 with tensor 4, data 2 x tensor 2 and pi
   const Ran both = job("data2_tensor2", 4, 2, {"--set", "parallel.tensor=2"});
   CHECK(both.output.find("x 2 ranks (data parallel)") != std::string::npos);
   check_equals_one_process(dir, "one", "data2_tensor2");
-  job("one_nf4", 0, 4, {"--set", "quantization.mode=nf4"});
-  job("tensor4_nf4", 4, 4, {"--set", "quantization.mode=nf4", "--set", "parallel.tensor=4"});
-  check_equals_one_process(dir, "one_nf4", "tensor4_nf4");
-
+  // One process and tensor 4, both with `extra`.
+  auto check_tensor4 = [&](const std::string& name, const std::vector<std::string>& extra) {
+    std::vector<std::string> split = extra;
+    split.insert(split.end(), {"--set", "parallel.tensor=4"});
+    job("one_" + name, 0, 4, extra);
+    job("tensor4_" + name, 4, 4, split);
+    check_equals_one_process(dir, "one_" + name, "tensor4_" + name);
+  };
+  check_tensor4("nf4", {"--set", "quantization.mode=nf4"});
   // Two key/value heads over 4 ranks: each on 2 of them.
-  const std::vector<std::string> gqa = {"--set", "model=" + std::string(FT_FIXTURES_DIR) + "/tensor_parallel_gqa"};
-  std::vector<std::string> gqa4 = gqa;
-  gqa4.insert(gqa4.end(), {"--set", "parallel.tensor=4"});
-  job("one_gqa", 0, 4, gqa);
-  job("tensor4_gqa", 4, 4, gqa4);
-  check_equals_one_process(dir, "one_gqa", "tensor4_gqa");
-
+  check_tensor4("gqa", {"--set", "model=" + std::string(FT_FIXTURES_DIR) + "/tensor_parallel_gqa"});
   // GPT-NeoX: query_key_value's per-head rows and the parallel residual.
-  const std::vector<std::string> neox = {"--set", "model=" + std::string(FT_FIXTURES_DIR) + "/tensor_parallel_neox"};
-  std::vector<std::string> neox4 = neox;
-  neox4.insert(neox4.end(), {"--set", "parallel.tensor=4"});
-  job("one_neox", 0, 4, neox);
-  job("tensor4_neox", 4, 4, neox4);
-  check_equals_one_process(dir, "one_neox", "tensor4_neox");
+  check_tensor4("neox", {"--set", "model=" + std::string(FT_FIXTURES_DIR) + "/tensor_parallel_neox"});
 
   // Beside pipeline stages: 2 stages of 1 layer, each split over 2 ranks.
   // Stages load their layers from a checkpoint: the fixture's random weights saved as one.

@@ -66,6 +66,13 @@ void fill_weights(LanguageModel& model, Backend& backend) {
   }
 }
 
+// Host i32 [rows, seq] token ids spread over the vocabulary.
+Tensor token_ids(int64_t rows, int64_t seq, int64_t vocab, Allocator& host) {
+  Tensor ids = Tensor::empty({rows, seq}, DType::i32, host, MemCategory::activations);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % vocab);
+  return ids;
+}
+
 // The tracked peak of one real CPU training step, built as plan_step builds it
 // (objective: dpo: batch pairs, the reference forward and the policy's step;
 // objective: reward: batch pairs through the score head).
@@ -83,8 +90,7 @@ size_t real_step_peak(const TrainConfig& config, int64_t batch, int64_t seq,
   TrainingSetup setup = setup_training(
       config, model_config, backend, [&](LanguageModel& model) { fill_weights(model, backend); }, &host_state);
   CausalLM* model = &causal_lm(*setup.model, "real_step_peak");
-  Tensor ids = Tensor::empty({dpo || reward ? 2 * batch : batch, seq}, DType::i32, host, MemCategory::activations);
-  for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
+  Tensor ids = token_ids(dpo || reward ? 2 * batch : batch, seq, model_config.vocab_size, host);
   model->zero_grads();
   model->set_dropout_seed(config.seed);
   const Batch pairs{ids, ids, ids.numel()};
@@ -325,8 +331,7 @@ size_t real_stage_peak(const TrainConfig& config, const StagePlan& stage) {
       stage.layers);
   CausalLM& model = causal_lm(*setup.model, "real_stage_peak");
   const int64_t batch = config.micro_batch_size, seq = config.seq_len, C = model_config.hidden_size;
-  Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
-  for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
+  Tensor ids = token_ids(batch, seq, model_config.vocab_size, host);
   Tensor values = Tensor::empty({batch, seq, C}, DType::f32, host, MemCategory::activations);
   for (int64_t i = 0; i < values.numel(); ++i) values.ptr<float>()[i] = 0.01f * float(i % 13);
   auto received = [&] {
@@ -397,8 +402,7 @@ void check_stages_match_whole_model(const std::string& model_dir, const std::str
     return setup;
   };
   TrainingSetup first = stage({0, middle}), last = stage({middle, model_config.num_hidden_layers});
-  Tensor ids = Tensor::empty({2, 16}, DType::i32, host, MemCategory::activations);
-  for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
+  Tensor ids = token_ids(2, 16, model_config.vocab_size, host);
   whole.model->zero_grads();
   for (TrainingSetup* setup : {&whole, &first, &last}) setup->model->set_dropout_seed(config.seed);
   const float whole_loss = causal_lm(*whole.model, "whole").forward_backward(ids, ids, 1.0f);
@@ -425,13 +429,22 @@ void check_stages_match_whole_model(const std::string& model_dir, const std::str
   CHECK(compared == whole.model->adapters().size());
 }
 
-TEST_CASE("plan: a pipeline stage's replayed peak equals a real CPU stage's share of 1F1B, to the byte") {
-  const std::string llama = write_model("llama_4_layers", R"({"model_type": "llama", "hidden_size": 64,
+// Small Llama (GQA: 4 heads, 2 key/value heads) and GPT-NeoX models for the
+// pipeline and tensor-parallel plans.
+std::string llama_4_layers() {
+  return write_model("llama_4_layers", R"({"model_type": "llama", "hidden_size": 64,
     "intermediate_size": 160, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
     "vocab_size": 256, "max_position_embeddings": 64})");
-  const std::string neox = write_model("neox_5_layers", R"({"model_type": "gpt_neox", "hidden_size": 64,
+}
+
+std::string neox_5_layers() {
+  return write_model("neox_5_layers", R"({"model_type": "gpt_neox", "hidden_size": 64,
     "intermediate_size": 256, "num_hidden_layers": 5, "num_attention_heads": 4, "vocab_size": 256,
     "max_position_embeddings": 64, "hidden_act": "gelu_fast"})");
+}
+
+TEST_CASE("plan: a pipeline stage's replayed peak equals a real CPU stage's share of 1F1B, to the byte") {
+  const std::string llama = llama_4_layers(), neox = neox_5_layers();
   check_pipeline_matches_real_stages(llama, kLlamaLora + "parallel: {pipeline: 2}\n", 2);
   const std::string checkpointed = "activation_checkpointing: per_layer\n";
   check_pipeline_matches_real_stages(llama, kLlamaLora + checkpointed + "parallel: {pipeline: 4}\n", 8);
@@ -702,8 +715,7 @@ size_t real_tensor_rank_peak(const TrainConfig& config) {
           config, model_config, backend, [&](LanguageModel& model) { fill_weights(model, backend); }, &host_state,
           {}, {}, std::nullopt, &member);
       const int64_t batch = config.micro_batch_size, seq = config.seq_len;
-      Tensor ids = Tensor::empty({batch, seq}, DType::i32, host, MemCategory::activations);
-      for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + 3) % model_config.vocab_size);
+      Tensor ids = token_ids(batch, seq, model_config.vocab_size, host);
       setup.model->zero_grads();
       setup.model->set_dropout_seed(config.seed);
       losses[size_t(rank)] = setup.model->forward_backward(ids, ids, 1.0f);
@@ -716,12 +728,8 @@ size_t real_tensor_rank_peak(const TrainConfig& config) {
 }
 
 TEST_CASE("plan: a tensor-parallel rank's replayed peak equals a real CPU rank's, to the byte") {
-  const std::string llama = write_model("llama_tensor_parallel", R"({"model_type": "llama", "hidden_size": 64,
-    "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
-    "vocab_size": 256, "max_position_embeddings": 64})");
-  const std::string neox = write_model("neox_tensor_parallel", R"({"model_type": "gpt_neox", "hidden_size": 64,
-    "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
-    "max_position_embeddings": 64, "hidden_act": "gelu_fast"})");
+  // At tensor 4 each of the Llama's 2 key/value heads is on 2 ranks.
+  const std::string llama = llama_4_layers(), neox = neox_5_layers();
   const std::string shape = "micro_batch_size: 2\nseq_len: 16\n";
   const std::string all_linear = "lora: {r: 4, lora_alpha: 8, lora_dropout: 0.1, target_modules: all-linear}\n";
   // bf16: the sums go through f32 copies of the activations, allocated with them.

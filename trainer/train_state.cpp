@@ -141,9 +141,7 @@ TrainProgress load_train_state(const std::string& path, AdamW& optimizer, const 
       require_finite(entry);
       Tensor stored = Tensor::view_of(const_cast<void*>(entry.data), entry.shape, entry.dtype);
       if (!p.slice.whole())
-        stored = stored.ndim() == 1 ? stored.slice_rows(p.slice.offset, destination->dim(0))
-                                    : host_slice(stored, p.slice.dim, p.slice.offset,
-                                                 destination->dim(p.slice.dim), host);
+        stored = host_slice(stored, p.slice.dim, p.slice.offset, destination->dim(p.slice.dim), host);
       optimizer.copy_state(*destination, stored);
     }
   }

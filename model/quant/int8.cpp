@@ -59,7 +59,8 @@ class Int8Format final : public QuantizedFormat {
     const int64_t count = part.value.dim(slice.dim);
     backend.copy(part.value, host_slice(whole.value, slice.dim, slice.offset, count, host));
     const Tensor& scales = int8_scales(whole);
-    backend.copy(part.quantized.constants.at(0), slice.dim == 0 ? scales.slice_rows(slice.offset, count) : scales);
+    backend.copy(part.quantized.constants.at(0), slice.dim == 0 ? host_slice(scales, 0, slice.offset, count, host)
+                                                                : scales);
   }
 
   void save(Backend& backend, const Parameter& p, DType, Allocator& host, NamedTensors& tensors) const override {

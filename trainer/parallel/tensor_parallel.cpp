@@ -15,12 +15,7 @@ void check_tensor_parallel_model(const TrainConfig& config, const ModelConfig& m
   const std::string where = parallel_field(config, "tensor", ranks);
   FT_CHECK(model_family(model.model_type).pipeline, where, "tensor parallelism splits a decoder-only model's "
            "layers; model_type ", model.model_type, " is an encoder-decoder model (run it data parallel)");
-  // As the layers check it (model/llama.cpp, gpt_neox.cpp), here with the config's name.
-  const int64_t heads = model.num_attention_heads, kv_heads = model.num_key_value_heads;
-  FT_CHECK(heads % ranks == 0 && model.intermediate_size % ranks == 0 &&
-               (kv_heads % ranks == 0 || ranks % kv_heads == 0),
-           where, "the ranks must divide num_attention_heads (", heads, ") and intermediate_size (",
-           model.intermediate_size, "), and divide or be a multiple of num_key_value_heads (", kv_heads, ")");
+  check_tensor_split(model, ranks, where);  // as the layers do, here naming the config file
   FT_CHECK(config.objective == Objective::sft, where, "tensor parallelism covers objective: sft");
   FT_CHECK(config.trainable == Trainable::lora, where, "tensor parallelism trains LoRA adapters (trainable: lora)");
   FT_CHECK(config.offload_base == OffloadTarget::device, where, "the ranks split every layer over their devices; "
