@@ -2180,24 +2180,50 @@ TEST_CASE("objective: grpo refuses rows without prompts, a reward model without 
   check_refused(dir, cases);
 }
 
-TEST_CASE("configs/grpo-tiny.yaml briefly raises the held-out reward, KL bounded, and resumes after kill -9 bit for "
-          "bit") {
-  // Short: 8 steps, 16 held-out prompts; the rewards and beta as shipped.
-  constexpr int64_t kSteps = 8, kSaveEvery = 4;
-  // Measured: -1.586 -> -1.383, KL 0.25 (16 prompts, 2-core EPYC). Eight
-  // steps of 2 prompts are one seed's path, not a general claim: seeds 1, 7
-  // and 42 measured +0.17, -0.11 and -0.02 (KL 0.76, 0.25, 2.1); the PPO test
-  // above makes its claim over six seeds. trl's
-  // GRPO has no KL target (grpo.beta is the penalty's coefficient, not a
-  // bound), so the bound is this test's own figure: twice the measured KL.
-  constexpr double kRise = 0.05, kMaxKl = 0.5;
+TEST_CASE("configs/grpo-tiny.yaml as shipped raises the held-out reward over six seeds, KL bounded, and resumes "
+          "after kill -9 bit for bit") {
+  // The learning claim over six seeds, the config as shipped (30 steps of 2
+  // prompts x 4 completions, ROUGE-L + length rewards, beta 0.04): one seed's
+  // path turns on rounding (PPO's test above says how a sanitizer build sent
+  // one down). Measured (2-core EPYC, release build), held-out reward over the
+  // 32 held-out prompts, seeds 1, 5, 7, 9, 42, 1234: rises 0.97, 0.45, 0.15,
+  // 0.47, 0.14, 0.93 (mean 0.52), final KL 0.98 to 3.99 nats. trl's GRPO has
+  // no KL target (grpo.beta is the penalty's coefficient, not a bound), so
+  // the bound is this test's own figure: twice the largest measured KL.
+  constexpr double kMeanRise = 0.25, kMaxKl = 8.0;
   const std::string config = std::string(FT_SOURCE_DIR) + "/configs/grpo-tiny.yaml";
+  const fs::path runs = fs::path(FT_BINARY_DIR) / "cli_runs";
+  fs::create_directories(runs);
+  const std::vector<int> seeds = {1, 5, 7, 9, 42, 1234};
+  double rise_sum = 0.0;
+  int rising = 0;
+  for (const int seed : seeds) {
+    CAPTURE(seed);
+    const fs::path learn = runs / "grpo_learn";
+    fs::remove_all(learn);
+    const CommandResult run = run_command(kBinary + " " + config + " --set seed=" + std::to_string(seed) +
+                                          " --set generate.num_samples=0 --set output_dir=" + learn.string());
+    REQUIRE_MESSAGE(run.exit_code == 0, run.output);
+    CHECK(run.output.find("eval reward (held-out prompts) ") != std::string::npos);
+    const auto evals = eval_rewards((learn / "metrics.jsonl").string());
+    REQUIRE(evals.size() == 2);
+    MESSAGE("seed ", seed, ": held-out reward ", evals[0].first, " -> ", evals[1].first, ", KL ", evals[1].second);
+    rise_sum += evals[1].first - evals[0].first;
+    rising += evals[1].first > evals[0].first ? 1 : 0;
+    CHECK(evals[0].second == 0.0);  // before training the policy is the reference
+    CHECK(evals[1].second > 0.0);
+    CHECK(evals[1].second <= kMaxKl);
+  }
+  CHECK(rise_sum / double(seeds.size()) > kMeanRise);
+  CHECK(rising >= int(seeds.size()) - 1);
+
+  // Resume: a short run (8 steps, a checkpoint every 4) against the same run
+  // killed after its first checkpoint. The killed run evaluates nothing: its
+  // adapter must still be the full run's (evaluation draws from seeds of its own).
+  constexpr int64_t kSteps = 8, kSaveEvery = 4;
   const std::vector<std::string> short_run = {
       config, "--set", "max_steps=" + std::to_string(kSteps), "--set", "save_every=" + std::to_string(kSaveEvery),
       "--set", "metric_examples=16", "--set", "eval_every=0", "--set", "generate.num_samples=0"};
-  const fs::path runs = fs::path(FT_BINARY_DIR) / "cli_runs";
-  // The killed run evaluates nothing: its adapter must still be the full run's
-  // (evaluation draws from seeds of its own).
   auto run_args = [&](const std::string& name) {
     std::vector<std::string> args = short_run;
     args.insert(args.end(), {"--set", "output_dir=" + (runs / name).string()});
@@ -2205,25 +2231,10 @@ TEST_CASE("configs/grpo-tiny.yaml briefly raises the held-out reward, KL bounded
     return args;
   };
   for (const char* name : {"grpo_full", "grpo_killed"}) fs::remove_all(runs / name);
-  fs::create_directories(runs);
   std::string command = kBinary;
   for (const std::string& arg : run_args("grpo_full")) command += " " + arg;
   const CommandResult full = run_command(command);
   REQUIRE_MESSAGE(full.exit_code == 0, full.output);
-  CHECK(full.output.find("eval reward (held-out prompts) ") != std::string::npos);
-  std::map<int64_t, double> reward, kl;
-  std::ifstream in(runs / "grpo_full" / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json row = nlohmann::json::parse(line);
-    if (row.contains("eval_reward")) reward[row["step"]] = row["eval_reward"], kl[row["step"]] = row["eval_kl"];
-  }
-  const int64_t last = kSteps;
-  REQUIRE(reward.size() == 2);
-  MESSAGE("held-out reward ", reward[0], " -> ", reward[last], ", KL to the reference ", kl[last]);
-  CHECK(kl[0] == 0.0);  // before training the policy is the reference
-  CHECK(reward[last] >= reward[0] + kRise);
-  CHECK(kl[last] > 0.0);
-  CHECK(kl[last] <= kMaxKl);
 
   // The same run killed after its first checkpoint, then resumed.
   const fs::path killed = runs / "grpo_killed";
@@ -2241,7 +2252,7 @@ TEST_CASE("configs/grpo-tiny.yaml briefly raises the held-out reward, KL bounded
     CAPTURE(key);
     const auto want = step_metric((runs / "grpo_full" / "metrics.jsonl").string(), key);
     const auto got = step_metric((killed / "metrics.jsonl").string(), key);
-    CHECK(want.size() == size_t(last));
+    CHECK(want.size() == size_t(kSteps));
     CHECK(got == want);  // bit for bit
   }
   CHECK(read_file((killed / "adapter/adapter_model.safetensors").string()) ==
