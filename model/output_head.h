@@ -23,12 +23,23 @@ struct HeadParameters {
   bool defined() const { return weight != nullptr; }
 };
 
-// The head's output for every row of hidden [N, C] (on the backend): host f32 [N].
-std::vector<float> head_outputs(Backend& backend, const HeadParameters& head, const Tensor& hidden);
+// Dropout on the head's input, as trl's ValueHead applies nn.Dropout
+// (summary_dropout_prob) to the hidden states in training: p > 0 reads
+// dropout(hidden) with the dropout op's mask drawn from seed; a backward
+// takes the forward's p and seed.
+struct HeadDropout {
+  float p = 0.0f;
+  uint64_t seed = 0;
+};
 
-// From d(loss)/d(output) per row (host, [N]): dhidden [N, C] += dout weight,
-// and when they train weight.grad += dout^T hidden, bias.grad += sum(dout).
+// The head's output for every row of hidden [N, C] (on the backend): host f32 [N].
+std::vector<float> head_outputs(Backend& backend, const HeadParameters& head, const Tensor& hidden,
+                                const HeadDropout& dropout = {});
+
+// From d(loss)/d(output) per row (host, [N]), with x = dropout(hidden):
+// dhidden [N, C] += dropout_backward(dout weight), and when they train
+// weight.grad += dout^T x, bias.grad += sum(dout).
 void head_backward(Backend& backend, const HeadParameters& head, const Tensor& hidden, const std::vector<float>& dout,
-                   Tensor& dhidden);
+                   Tensor& dhidden, const HeadDropout& dropout = {});
 
 }  // namespace ft

@@ -160,9 +160,12 @@ inline std::vector<std::pair<std::string, size_t>> ppo_step_peaks(const TrainCon
       targets.ptr<int32_t>()[r * (length - 1) + t] = t + 1 >= P ? sequence[size_t(t + 1)] : -100;
     }
   }
+  // Training (dhidden) reads dropout(hidden), ppo.summary_dropout_prob, as ppo_step's mini-batches do.
   const HiddenHead value_head = [&](const Tensor& hidden, Tensor* dhidden) {
-    const std::vector<float> values = head_outputs(backend, model.output_head(), hidden);
-    if (dhidden) head_backward(backend, model.output_head(), hidden, std::vector<float>(values.size(), 0.01f), *dhidden);
+    const HeadDropout dropout{dhidden ? float(config.ppo.summary_dropout_prob) : 0.0f, 7};
+    const std::vector<float> values = head_outputs(backend, model.output_head(), hidden, dropout);
+    if (dhidden)
+      head_backward(backend, model.output_head(), hidden, std::vector<float>(values.size(), 0.01f), *dhidden, dropout);
   };
   phase("rollout values", [&] { model.token_logps(ids, targets, nullptr, &value_head); });
   phase("reference", [&] {

@@ -1997,11 +1997,13 @@ TEST_CASE("objective: ppo raises the held-out reward, its KL below the config's 
   // sanitizer build's arithmetic sent the old single-seed run down instead of
   // up). The reward is the length rule (-|tokens - 4| / 4): sampled 12-token
   // completions score about -2, and a policy that learns to end early scores
-  // better on prompts it never saw. 30 steps of 16 rollouts, LoRA on every
-  // linear, ppo.horizon 100 so the adaptive controller steers toward
-  // ppo.target 9 within the run. Measured (2-core EPYC, release build), held-out
-  // reward over the 32 held-out prompts, seeds 1, 5, 7, 9, 42, 1234: rises
-  // 1.26, 1.29, 0.56, 1.28, 1.18, -0.05 (mean 0.92), final KL 5.6 to 7.1 nats.
+  // better on prompts it never saw. 50 steps of 16 rollouts, LoRA on every
+  // linear, the value head's dropout at trl's 0.1, ppo.horizon 100 so the
+  // adaptive controller steers toward ppo.target 9 within the run. Measured
+  // (2-core EPYC, release build), held-out reward over the 32 held-out
+  // prompts, seeds 1, 5, 7, 9, 42, 1234: rises 1.54, 1.41, 1.30, 1.38, 1.16,
+  // 1.41 (mean 1.37), final KL 5.4 to 6.7 nats. (30 steps: mean 0.58, one
+  // seed flat; without the value head's dropout 0.92.)
   // With the reward fixture's random classifier instead, the mean rise is
   // 0.23 and single seeds go either way: a random score is not learnable
   // from 40 prompts, so that pairing only checks resume below.
@@ -2012,7 +2014,7 @@ TEST_CASE("objective: ppo raises the held-out reward, its KL below the config's 
     CAPTURE(seed);
     const fs::path learn = make_ppo_dir("ppo_learn", "{length: 4}");
     const CommandResult run = run_command("cd " + learn.string() + " && " + kBinary +
-                                          " config.yaml --set max_steps=30 --set lr=1.0e-2 --set ppo.batch_size=16"
+                                          " config.yaml --set max_steps=50 --set lr=1.0e-2 --set ppo.batch_size=16"
                                           " --set ppo.init_kl_coef=0.01 --set ppo.horizon=100 --set ppo.target=" +
                                           std::to_string(kTargetKl) + " --set metric_examples=32 --set seed=" +
                                           std::to_string(seed) + " --set save_every=0 --set 'lora.target_modules="
@@ -2027,7 +2029,7 @@ TEST_CASE("objective: ppo raises the held-out reward, its KL below the config's 
     CHECK(evals[1].second < kTargetKl);
     CHECK(fs::exists(learn / "out/value_head.safetensors"));
   }
-  CHECK(rise_sum / double(seeds.size()) > 0.5);
+  CHECK(rise_sum / double(seeds.size()) > 0.7);
 
   const fs::path dir = make_ppo_dir("ppo");
   REQUIRE(run_command("cd " + dir.string() + " && " + kBinary + " config.yaml").exit_code == 0);

@@ -8,7 +8,9 @@
 // the value head equal the fixture's. The same on a seq2seq policy
 // (tests/fixtures/heads/seq2seq_reference.safetensors): t5_v1_1 with its
 // adapter, the value head on the decoder's last hidden states, the
-// gradients through the decoder and, by cross-attention, the encoder.
+// gradients through the decoder and, by cross-attention, the encoder. The
+// value head's dropout (trl's summary_dropout_prob) against the head computed
+// directly over the dropout op's kept, rescaled hidden states.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -143,4 +145,64 @@ TEST_CASE("a seq2seq policy's decoder log-probabilities and value head through o
   check_eval_forward(model, logps, heads.values, [&](const HiddenHead* head) {
     return model.token_logps(encoder_ids, encoder_lengths, decoder_ids, targets, head);
   });
+}
+
+TEST_CASE("the value head's dropout (trl's summary_dropout_prob): the head over the kept hidden states, rescaled") {
+  Checkpoint reference(kFixtures + "/heads/reference.safetensors");
+  HostAllocator host;
+  CpuBackend backend(host);
+  const std::string adapter = kFixtures + "/llama_lora/adapter";
+  LlamaModel model(read_model_config(kFixtures + "/llama_gqa/config.json"), backend, value_head_options(adapter));
+  load_fixture_model(model, kFixtures + "/llama_gqa", adapter, reference);
+  model.zero_grads();
+  const HeadParameters& head = model.output_head();
+  const int64_t N = 7, C = model.config().hidden_size;
+  Tensor hidden = Tensor::empty({N, C}, DType::f32, host, MemCategory::activations);
+  for (int64_t i = 0; i < N * C; ++i) hidden.ptr<float>()[i] = float(std::sin(0.37 * double(i)));
+  const HeadDropout dropout{0.25f, 1234};
+  // The dropout op's mask over ones: 0 where dropped, 1 / (1 - p) where kept.
+  Tensor ones = Tensor::empty({N, C}, DType::f32, host, MemCategory::activations);
+  Tensor kept = Tensor::empty({N, C}, DType::f32, host, MemCategory::activations);
+  std::fill_n(ones.ptr<float>(), N * C, 1.0f);
+  backend.dropout_forward(kept, ones, dropout.p, dropout.seed);
+  const std::vector<float> values = head_outputs(backend, head, hidden, dropout);
+  std::vector<float> dout(size_t(N), 0.0f);
+  for (int64_t n = 0; n < N; ++n) dout[size_t(n)] = float(n) - 2.5f;
+  Tensor dhidden = Tensor::empty({N, C}, DType::f32, host, MemCategory::activations);
+  std::fill_n(dhidden.ptr<float>(), N * C, 0.5f);  // accumulated into
+  head_backward(backend, head, hidden, dout, dhidden, dropout);
+
+  const float* w = head.weight->value.ptr<float>();
+  const float* m = kept.ptr<float>();
+  const float* x = hidden.ptr<float>();
+  std::vector<float> want_values(size_t(N), 0.0f), want_dhidden(size_t(N * C)), want_dw(size_t(C), 0.0f);
+  int64_t dropped = 0;
+  double want_dbias = 0.0;
+  for (int64_t n = 0; n < N; ++n) {
+    double sum = double(head.bias->value.ptr<float>()[0]);
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t i = n * C + c;
+      dropped += m[i] == 0.0f ? 1 : 0;
+      sum += double(x[i]) * double(m[i]) * double(w[c]);
+      want_dhidden[size_t(i)] = float(0.5 + double(dout[size_t(n)]) * double(w[c]) * double(m[i]));
+      want_dw[size_t(c)] += float(double(dout[size_t(n)]) * double(x[i]) * double(m[i]));
+    }
+    want_values[size_t(n)] = float(sum);
+    want_dbias += dout[size_t(n)];
+  }
+  MESSAGE(dropped, " of ", N * C, " hidden values dropped at p ", dropout.p);
+  CHECK(dropped > N * C / 8);
+  CHECK(dropped < N * C / 2);
+  CHECK(worst_gap(values, want_values) <= 1e-6);
+  CHECK(worst_gap(floats(dhidden), want_dhidden) <= 1e-6);
+  CHECK(worst_gap(floats(head.weight->grad), want_dw) <= 1e-6);
+  CHECK(std::abs(head.bias->grad.ptr<float>()[0] - want_dbias) <= 1e-6 * std::abs(want_dbias));
+  // Without dropout the head reads hidden itself.
+  std::vector<float> undropped(size_t(N), 0.0f);
+  for (int64_t n = 0; n < N; ++n) {
+    double sum = double(head.bias->value.ptr<float>()[0]);
+    for (int64_t c = 0; c < C; ++c) sum += double(x[n * C + c]) * double(w[c]);
+    undropped[size_t(n)] = float(sum);
+  }
+  CHECK(worst_gap(head_outputs(backend, head, hidden), undropped) <= 1e-6);
 }

@@ -286,12 +286,14 @@ size_t device_weight_bytes(LanguageModel& model) {
 }
 
 // The value head as a PPO step reads it: every token's value to the host,
-// and in training its gradient into dhidden (zeros here: memory does not
-// depend on them).
-HiddenHead value_head(CausalLM& model) {
-  return [&model](const Tensor& hidden, Tensor* dhidden) {
-    const std::vector<float> values = head_outputs(model.backend(), model.output_head(), hidden);
-    if (dhidden) head_backward(model.backend(), model.output_head(), hidden, std::vector<float>(values.size()), *dhidden);
+// and in training (with ppo.summary_dropout_prob's dropout) its gradient
+// into dhidden (zeros here: memory does not depend on them).
+HiddenHead value_head(CausalLM& model, double dropout_p) {
+  return [&model, dropout_p](const Tensor& hidden, Tensor* dhidden) {
+    const HeadDropout dropout{float(dropout_p), 0};
+    const std::vector<float> values = head_outputs(model.backend(), model.output_head(), hidden, dropout);
+    if (dhidden)
+      head_backward(model.backend(), model.output_head(), hidden, std::vector<float>(values.size()), *dhidden, dropout);
   };
 }
 
@@ -312,7 +314,7 @@ void replay_rl_phases(StepPlan& plan, PeakWatch& watch, CausalLM& model, CausalL
   plan.phases.push_back({"rollout", watch.phase_peak_bytes});
   if (rl.value_head) {
     watch.start_phase("rollout values");
-    const HiddenHead values = value_head(model);
+    const HiddenHead values = value_head(model, 0.0);  // eval mode: no dropout
     model.token_logps(ids, targets, nullptr, &values);
     plan.phases.push_back({"rollout values", watch.phase_peak_bytes});
   }
@@ -369,7 +371,7 @@ void replay_micro_batch(const TrainConfig& config, LanguageModel& model, const B
   if (rl) {
     CausalLM& policy = causal_lm(model, "online RL");
     const TokenLogpsGradient zeros = [](const std::vector<float>& logps) { return std::vector<float>(logps.size()); };
-    const HiddenHead values = value_head(policy);
+    const HiddenHead values = value_head(policy, config.ppo.summary_dropout_prob);
     policy.token_logps_backward(batch.input_ids, batch.targets, zeros, nullptr, rl->value_head ? &values : nullptr);
   } else if (config.objective == Objective::dpo) {
     dpo_micro_batch(causal_lm(model, "objective: dpo"), batch, config.dpo, true, 1.0 / double(micro_batch));

@@ -250,6 +250,11 @@ const Field kFields[] = {
        v.require(c.ppo.vf_coef >= 0 && c.ppo.vf_coef <= kMaxScale, "a number in [0, 1e6]");
      }},
     {"ppo.whiten_rewards", [](TrainConfig& c, const Value& v) { c.ppo.whiten_rewards = v.boolean(); }},
+    {"ppo.summary_dropout_prob",
+     [](TrainConfig& c, const Value& v) {
+       c.ppo.summary_dropout_prob = v.number();
+       v.require(c.ppo.summary_dropout_prob >= 0 && c.ppo.summary_dropout_prob < 1, "a number in [0, 1)");
+     }},
     {"ppo.early_stopping", [](TrainConfig& c, const Value& v) { c.ppo.early_stopping = v.boolean(); }},
     {"ppo.target_kl",
      [](TrainConfig& c, const Value& v) {

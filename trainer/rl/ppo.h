@@ -46,6 +46,12 @@ struct PpoConfig {
   double ratio_threshold = 10.0;  // a mini-batch whose mean ratio exceeds it contributes no loss
   std::optional<double> score_clip;  // clip scores to [-score_clip, score_clip]
   bool whiten_rewards = false;
+  // trl's ValueHead's summary_dropout_prob (a from_pretrained kwarg of
+  // AutoModelFor*WithValueHead, 0.1 unless the model config sets it):
+  // dropout on the hidden states the value head reads in the PPO epochs'
+  // training forwards; the rollout's values are read without it (trl's
+  // batched_forward_pass runs in eval mode).
+  double summary_dropout_prob = 0.1;
 };
 
 // Refuses what trl refuses (batch_size not a multiple of mini_batch_size *

@@ -9,6 +9,8 @@
 namespace ft {
 namespace {
 
+constexpr uint64_t kValueHeadStream = 0x76686561ULL;  // "vhea"
+
 // The rollouts' log-probabilities, values and reference log-probabilities
 // ([rows x width]), forward_rows rows a forward, nothing kept for a backward.
 void score_rollouts(const PpoStep& s, const std::vector<Rollout>& rollouts, PpoRollout& out) {
@@ -40,9 +42,11 @@ std::vector<T> pick_rows(const std::vector<T>& values, const std::vector<int64_t
 }
 
 // One mini-batch's forward and backward: ppo_loss's policy gradient through
-// the LM head's log-probabilities, its value gradient through the value head.
+// the LM head's log-probabilities, its value gradient through the value head
+// (reading dropout(hidden) with ppo.summary_dropout_prob, mask from dropout_seed).
 nlohmann::json train_mini_batch(const PpoStep& s, const std::vector<Rollout>& rollouts, const PpoRollout& rollout,
-                                const PpoAdvantages& advantages, const std::vector<int64_t>& rows) {
+                                const PpoAdvantages& advantages, const std::vector<int64_t>& rows,
+                                uint64_t dropout_seed) {
   LanguageModel& model = s.sampler.model;
   const int64_t width = rollout.response_tokens, R = int64_t(rows.size());
   std::vector<Rollout> picked;
@@ -54,6 +58,7 @@ nlohmann::json train_mini_batch(const PpoStep& s, const std::vector<Rollout>& ro
                     pick_rows(advantages.advantages, rows, width), pick_rows(advantages.returns, rows, width),
                     pick_rows(rollout.mask, rows, width), {}};
   PpoLoss loss;
+  const HeadDropout dropout{float(s.config.summary_dropout_prob), dropout_seed};
   // The LM head's gradient comes first, before the value head has run: the
   // policy part of ppo_loss needs no values (vpreds stand at the rollout's
   // values for now); the value head then computes the whole loss again with
@@ -64,11 +69,12 @@ nlohmann::json train_mini_batch(const PpoStep& s, const std::vector<Rollout>& ro
   };
   const HiddenHead value_head = [&](const Tensor& hidden, Tensor* dhidden) {
     std::vector<double> vpreds(size_t(R * width), 0.0);
-    gather_completion_tokens(batch, head_outputs(model.backend(), model.output_head(), hidden), width, 0, vpreds);
+    gather_completion_tokens(batch, head_outputs(model.backend(), model.output_head(), hidden, dropout), width, 0,
+                             vpreds);
     mini.vpreds = vpreds;
     loss = ppo_loss(s.config, mini);
     const std::vector<float> dvalues = scatter_completion_tokens(batch, loss.dvpreds, width, 0, 1.0);
-    head_backward(model.backend(), model.output_head(), hidden, dvalues, *dhidden);
+    head_backward(model.backend(), model.output_head(), hidden, dvalues, *dhidden, dropout);
   };
   policy_token_logps_backward(model, batch, policy_gradient, &value_head);
   return loss.stats;
@@ -104,8 +110,11 @@ nlohmann::json ppo_step(const PpoStep& s, KlController& kl, const std::vector<co
     for (int64_t first = 0; first < rollout.rows && !early_stop; first += backward_rows) {
       for (int64_t m = first; m < first + backward_rows && !early_stop; m += config.mini_batch_size) {
         const std::vector<int64_t> rows(order.begin() + m, order.begin() + m + config.mini_batch_size);
-        s.sampler.model.set_dropout_seed(splitmix64(s.sampler.seed, (uint64_t(step) << 20) + uint64_t(mini_batch++)));
-        mini_batch_stats.push_back(train_mini_batch(s, rollouts, rollout, advantages, rows));
+        const uint64_t dropout_seed = splitmix64(s.sampler.seed, (uint64_t(step) << 20) + uint64_t(mini_batch++));
+        s.sampler.model.set_dropout_seed(dropout_seed);
+        // The value head's mask: a stream of its own beside the LoRA layers'.
+        mini_batch_stats.push_back(
+            train_mini_batch(s, rollouts, rollout, advantages, rows, splitmix64(dropout_seed, kValueHeadStream)));
         early_stop = ppo_early_stop(config, mini_batch_stats.back()["policy/policykl"].get<double>());
       }
       grad_norm = s.update();
