@@ -68,9 +68,10 @@ class NoTextTokenizer final : public Tokenizer {
 };
 
 // The peaks of a GRPO step's rollout alone (generate_completions, as
-// grpo_step generates) and of the whole step (grpo_step: rollouts, rewards,
-// per micro-batch the reference and the policy's backward; then AdamW's
-// step), over setup's model (config's objective: grpo, a rule reward).
+// grpo_generate generates) and of the whole step (grpo_generate: rollouts,
+// rewards, per micro-batch the policy's log-probabilities with
+// grpo.num_iterations > 1 and the reference's; grpo_step: per micro-batch
+// the policy's backward; then AdamW's step), over setup's model (config's objective: grpo, a rule reward).
 // Prompts of seq_len - max_completion_length tokens and no stop token:
 // every completion is max_completion_length long, the most a run's are.
 struct GrpoPeaks {
@@ -96,7 +97,8 @@ inline GrpoPeaks grpo_step_peaks(const TrainConfig& config, TrainingSetup& setup
   peaks.rollout = meter.peak();
   meter.reset();
   model.zero_grads();
-  const nlohmann::json figures = grpo_step(step, prompts, 0);
+  const GrpoGeneration generation = grpo_generate(step, prompts, 0);
+  const nlohmann::json figures = grpo_step(step, generation, 0);
   CHECK(figures["completions/mean_length"].get<double>() == double(config.grpo.max_completion_length));
   setup.optimizer->step(config.lr);
   peaks.step = meter.peak();

@@ -2153,6 +2153,73 @@ TEST_CASE("objective: ppo on a seq2seq policy refuses rows without prompts, anot
   CHECK(fs::exists(dir / "out/value_head.safetensors"));
 }
 
+TEST_CASE("grpo.num_iterations: 2 trains each generation batch twice, clipped against the policy at generation, and "
+          "resumes between the iterations bit for bit") {
+  // 6 steps at lr 1e-2, 3 generation batches; a checkpoint after step 3
+  // falls between the second batch's iterations, so it carries that batch.
+  const std::string config = std::string(FT_SOURCE_DIR) + "/configs/grpo-tiny.yaml";
+  const fs::path runs = fs::path(FT_BINARY_DIR) / "cli_runs";
+  fs::create_directories(runs);
+  auto run_args = [&](const std::string& name) {
+    return std::vector<std::string>{config, "--set", "grpo.num_iterations=2", "--set", "max_steps=6", "--set",
+                                    "save_every=3", "--set", "lr=1.0e-2", "--set", "data.eval=", "--set",
+                                    "generate.num_samples=0", "--set", "output_dir=" + (runs / name).string()};
+  };
+  auto command_of = [&](const std::string& name) {
+    std::string command = kBinary;
+    for (const std::string& arg : run_args(name)) command += " " + arg;
+    return command;
+  };
+  for (const char* name : {"grpo_mu_full", "grpo_mu_killed"}) fs::remove_all(runs / name);
+  const CommandResult full = run_command(command_of("grpo_mu_full"));
+  REQUIRE_MESSAGE(full.exit_code == 0, full.output);
+  const std::string metrics = (runs / "grpo_mu_full" / "metrics.jsonl").string();
+  auto reward = step_metric(metrics, "reward"), loss = step_metric(metrics, "loss");
+  auto clipped = step_metric(metrics, "clip_ratio/region_mean");
+  REQUIRE(reward.size() == 6);
+  REQUIRE(clipped.size() == 6);
+  for (int64_t step = 1; step <= 5; step += 2) {  // steps 1 and 2 train on one batch, 3 and 4 on the next, ...
+    CAPTURE(step);
+    CHECK(reward[step + 1] == reward[step]);  // the same completions
+    CHECK(loss[step + 1] != loss[step]);      // after an update
+    CHECK(clipped[step] == 0.0);              // at generation the ratio is 1
+  }
+  // Measured 0.118, 0.147, 0.270: the second iteration's ratios moved past 1 +- epsilon.
+  CHECK(clipped[2] + clipped[4] + clipped[6] > 0.0);
+  CHECK(reward[3] != reward[1]);  // a new generation batch every second step
+
+  const fs::path killed = runs / "grpo_mu_killed";
+  const int status = signal_when(start_finetune(runs.string(), run_args("grpo_mu_killed"), "/dev/null"),
+                                 [&] { return fs::exists(killed / "train_state.safetensors"); }, SIGKILL,
+                                 "its step-3 checkpoint");
+  CHECK(WIFSIGNALED(status));
+  const CommandResult resumed = run_command(command_of("grpo_mu_killed") + " --resume");
+  REQUIRE_MESSAGE(resumed.exit_code == 0, resumed.output);
+  CHECK(resumed.output.find("resumed at step 3") != std::string::npos);
+  for (const char* key : {"loss", "reward", "clip_ratio/region_mean"}) {
+    CAPTURE(key);
+    CHECK(step_metric((killed / "metrics.jsonl").string(), key) == step_metric(metrics, key));  // bit for bit
+  }
+  CHECK(read_file((killed / "adapter/adapter_model.safetensors").string()) ==
+        read_file((runs / "grpo_mu_full" / "adapter/adapter_model.safetensors").string()));
+
+  // A state saved with num_iterations 1 at step 3 holds no generation batch for step 4's second iteration.
+  const fs::path other = runs / "grpo_mu_other";
+  fs::remove_all(other);
+  const std::string one = kBinary + " " + config + " --set max_steps=3 --set save_every=3 --set data.eval= --set "
+                          "generate.num_samples=0 --set output_dir=" + other.string();
+  REQUIRE(run_command(one).exit_code == 0);
+  const std::string state = (other / "train_state.safetensors").string();
+  const std::string before = read_file(state);
+  const CommandResult refused = run_command(one + " --set max_steps=6 --set grpo.num_iterations=2 --resume");
+  CHECK(refused.exit_code == 1);
+  CHECK_MESSAGE(refused.output.find(state + ": step 3 falls between the grpo.num_iterations (2) steps of one "
+                                    "generation batch, and the state has no saved generation batch") !=
+                    std::string::npos,
+                refused.output);
+  CHECK(read_file(state) == before);
+}
+
 TEST_CASE("objective: grpo refuses rows without prompts, a reward model without a score head or with another "
           "tokenizer, and a bad regex") {
   const fs::path dir = fresh_run_dir("grpo_bad", "summarize_train.jsonl", 8, 4);

@@ -255,12 +255,14 @@ struct TrackedCpu {
   }
 };
 
-// GRPO's step, planned as its phases (the rollout, the reference forward,
-// the policy's backward), equals grpo_step's measured peak on the CPU.
+// GRPO's step, planned as its phases (the rollout, with num_iterations > 1
+// the policy's log-probabilities at generation, the reference forward, the
+// policy's backward), equals grpo_step's measured peak on the CPU.
 TEST_CASE("plan: a GRPO step (rollout, reference, policy backward) plans to the byte") {
   const std::string grpo = "objective: grpo\nrewards: {length: 8}\nmicro_batch_size: 4\nseq_len: 24\n";
   for (const std::string& extra :
        {grpo + "grpo: {num_generations: 2, max_completion_length: 8, beta: 0.04}\n" + kLlamaLora,
+        grpo + "grpo: {num_generations: 2, max_completion_length: 8, beta: 0.04, num_iterations: 2}\n" + kLlamaLora,
         grpo + "grpo: {num_generations: 4, max_completion_length: 8}\ngrad_accum_steps: 2\n" + kLlamaLora,
         grpo + "grpo: {num_generations: 2, max_completion_length: 8, beta: 0.04}\nactivation_checkpointing: "
                "per_layer\n" + kNeoxLora}) {
@@ -273,7 +275,9 @@ TEST_CASE("plan: a GRPO step (rollout, reference, policy backward) plans to the 
     TrackedCpu cpu_step;
     TrainingSetup setup = cpu_step.setup(config);
     check_grpo_plan(plan, grpo_step_peaks(config, setup, cpu_step.meter));
-    CHECK(plan.phases[1].phase == (config.grpo.beta > 0 ? "reference" : "checkpoint"));
+    CHECK(plan.phases[1].phase == (config.grpo.num_iterations > 1 ? "rollout log-probabilities"
+                                   : config.grpo.beta > 0             ? "reference"
+                                                                      : "checkpoint"));
   }
   // With a reward model (the fixture classifier's config, INT8 as the policy): its weights are a line of the
   // plan and its forward over the step's 4 completions a phase, in every mode of the table (a streamed base

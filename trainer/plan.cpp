@@ -246,6 +246,7 @@ struct RlReplay {
   std::string reward_model, reward_adapter;  // folders; "" = none
   bool reference = false;                    // a KL to the reference: its forward, adapters disabled
   bool value_head = false;                   // PPO: the policy's value head, read and trained
+  bool rollout_logps = false;                // GRPO with num_iterations > 1: the policy's log-probabilities at generation
 };
 
 // GRPO's step at micro_batch x seq_len: prompts cut to leave
@@ -262,6 +263,7 @@ RlReplay grpo_replay(const TrainConfig& config, int64_t micro_batch, int64_t seq
   rl.reward_model = config.rewards.model;
   rl.reward_adapter = config.rewards.model_adapter;
   rl.reference = config.grpo.beta != 0;
+  rl.rollout_logps = config.grpo.num_iterations > 1;
   return rl;
 }
 
@@ -299,7 +301,8 @@ HiddenHead value_head(CausalLM& model, double dropout_p) {
 
 // The rollout phases of an online-RL step, after its policy step (what they
 // hold then, the optimizer state included, is what every later step's hold):
-// the rollout's generation, with PPO the policy's values forward, the
+// the rollout's generation, with PPO the policy's values forward (GRPO with
+// grpo.num_iterations > 1: its log-probabilities), the
 // reference forward (rows of prompt + completion, micro_batch at a time),
 // the reward model's scores.
 void replay_rl_phases(StepPlan& plan, PeakWatch& watch, CausalLM& model, CausalLM* reward_model,
@@ -312,11 +315,12 @@ void replay_rl_phases(StepPlan& plan, PeakWatch& watch, CausalLM& model, CausalL
   watch.start_phase("rollout");
   replay_generation(model, micro_batch, rl.prompt_tokens, rl.completion_tokens);
   plan.phases.push_back({"rollout", watch.phase_peak_bytes});
-  if (rl.value_head) {
-    watch.start_phase("rollout values");
+  if (rl.value_head || rl.rollout_logps) {
+    const char* name = rl.value_head ? "rollout values" : "rollout log-probabilities";
+    watch.start_phase(name);
     const HiddenHead values = value_head(model, 0.0);  // eval mode: no dropout
-    model.token_logps(ids, targets, nullptr, &values);
-    plan.phases.push_back({"rollout values", watch.phase_peak_bytes});
+    model.token_logps(ids, targets, nullptr, rl.value_head ? &values : nullptr);
+    plan.phases.push_back({name, watch.phase_peak_bytes});
   }
   if (rl.reference) {
     watch.start_phase("reference");

@@ -177,6 +177,7 @@ const Field kFields[] = {
     {"dpo.loss", [](TrainConfig& c, const Value& v) { c.dpo.loss = v.choice<DpoLoss>(); }},
     {"grpo.num_generations",
      [](TrainConfig& c, const Value& v) { c.grpo.num_generations = v.integer_in(2, kMaxBatch); }},
+    {"grpo.num_iterations", [](TrainConfig& c, const Value& v) { c.grpo.num_iterations = v.integer_in(1, 1024); }},
     {"grpo.max_completion_length",
      [](TrainConfig& c, const Value& v) { c.grpo.max_completion_length = v.integer_in(1, kMaxSeqLen); }},
     {"grpo.beta",

@@ -88,6 +88,9 @@ struct Run {
   std::vector<PromptRow> eval_prompts;
   std::unique_ptr<RewardModel> reward_model;
   KlController kl_controller;  // objective: ppo's KL coefficient, saved with the training state
+  // objective: grpo: the generation batch the coming steps train on (grpo.num_iterations of them), saved with
+  // the training state when a checkpoint falls between its iterations.
+  GrpoGeneration grpo_generation;
   LrSchedule schedule;
   int64_t total_steps = 0;
   Run(const TrainConfig& c, Collectives& ranks)
@@ -238,10 +241,11 @@ int64_t prompts_per_step(const TrainConfig& config) {
 bool generates_rows(Objective objective) { return objective == Objective::grpo || objective == Objective::ppo; }
 
 int64_t train_batches_per_epoch(const Run& run) {
-  if (run.train_prompts) {  // a step's prompts as grad_accum_steps micro-batches
+  if (run.train_prompts) {  // a step's prompts as grad_accum_steps micro-batches, grpo.num_iterations times
     const int64_t per_step = prompts_per_step(run.config);
     const int64_t rows = int64_t(run.train_prompts->rows().size());
-    return (rows + per_step - 1) / per_step * run.config.grad_accum_steps;
+    const int64_t iterations = run.config.objective == Objective::grpo ? run.config.grpo.num_iterations : 1;
+    return (rows + per_step - 1) / per_step * run.config.grad_accum_steps * iterations;
   }
   return run.train_pairs ? run.train_pairs->batches_per_epoch() : run.train->batches_per_epoch();
 }
@@ -451,7 +455,12 @@ StepReport grpo_train_step(Run& run, int64_t step) {
   run.model->zero_grads();
   StepReport report;
   report.step = step + 1;
-  report.figures = grpo_step(setup, run.train_prompts->next(prompts_per_step(config)), step);
+  // trl's mu: a generation batch serves grpo.num_iterations steps.
+  if (step % config.grpo.num_iterations == 0)
+    run.grpo_generation = grpo_generate(setup, run.train_prompts->next(prompts_per_step(config)), step);
+  FT_CHECK(run.grpo_generation.step == step - step % config.grpo.num_iterations, "grpo: step ", step,
+           " has no generation batch (generated at step ", run.grpo_generation.step, ")");
+  report.figures = grpo_step(setup, run.grpo_generation, step);
   report.loss = report.figures["loss"].get<double>();
   report.figures.erase("loss");
   const double completions = double(run.config.micro_batch_size * run.config.grad_accum_steps);
@@ -551,6 +560,16 @@ std::vector<TensorSlice> state_slices(const Run& run) {
   return slices;
 }
 
+// What the objective carries between steps, as JSON text for the training
+// state (TrainProgress::objective_state): PPO's KL controller; GRPO's
+// generation batch when the step after `steps_done` still trains on it.
+std::string objective_state(const Run& run, int64_t steps_done) {
+  if (run.config.objective == Objective::ppo) return run.kl_controller.to_json().dump();
+  if (run.config.objective == Objective::grpo && steps_done % run.config.grpo.num_iterations != 0)
+    return to_json(run.grpo_generation, run.train_prompts->rows()).dump();
+  return "";
+}
+
 // Every pipeline holds the same state (a sharded one across its
 // data-parallel ranks: they gather it first); the first pipeline's tensor
 // ranks join their shards into whole tensors, and its stages gather theirs
@@ -564,9 +583,7 @@ void save_state(Run& run, const std::string& path, int64_t step) {
   tensors = gather_tensor_shards(run.tensor(), *run.backend, run.host, std::move(tensors), state_slices(run));
   tensors = gather_on_rank_zero(run.stages(), *run.backend, run.host, std::move(tensors));
   if (run.leader)
-    save_train_state(path, tensors, run.optimizer->steps_taken(),
-                     {step, train_position(run), {},
-                      run.config.objective == Objective::ppo ? run.kl_controller.to_json().dump() : ""},
+    save_train_state(path, tensors, run.optimizer->steps_taken(), {step, train_position(run), {}, objective_state(run, step)},
                      run.identity);
 }
 
@@ -940,6 +957,17 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
       FT_CHECK(!resumed.objective_state.empty(), state_path, ": has no PPO state (the KL controller): it was not "
                "saved by an objective: ppo run");
       run.kl_controller = KlController::from_json(nlohmann::json::parse(resumed.objective_state));
+    }
+    if (config.objective == Objective::grpo && resumed.step % config.grpo.num_iterations != 0) {
+      FT_CHECK(!resumed.objective_state.empty(), state_path, ": step ", resumed.step, " falls between the ",
+               "grpo.num_iterations (", config.grpo.num_iterations, ") steps of one generation batch, and the state ",
+               "has no saved generation batch: it was saved with another grpo.num_iterations");
+      run.grpo_generation = grpo_generation_from_json(nlohmann::json::parse(resumed.objective_state),
+                                                      run.train_prompts->rows(), *run.tokenizer,
+                                                      stop_condition(run), state_path);
+      FT_CHECK(run.grpo_generation.step == resumed.step - resumed.step % config.grpo.num_iterations, state_path,
+               ": its generation batch is from step ", run.grpo_generation.step, ", not the one step ", resumed.step,
+               " trains on with grpo.num_iterations ", config.grpo.num_iterations);
     }
     if (run.leader) truncate_metrics(metrics_path, resumed.step);
     std::cout << "resumed at step " << resumed.step << " from " << state_path << "\n";

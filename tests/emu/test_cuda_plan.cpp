@@ -233,7 +233,7 @@ TEST_CASE("plan: reward, GRPO and PPO steps on the CUDA policy plan to the byte"
 
     const TrainConfig grpo = make_config("llama_gqa", "objective: grpo\nrewards: {length: 8}\nmicro_batch_size: 4\n"
                                          "seq_len: 24\ngrpo: {num_generations: 2, max_completion_length: 8, beta: "
-                                         "0.04}\n" + llama + precision);
+                                         "0.04, num_iterations: 2}\n" + llama + precision);
     const StepPlan grpo_plan = plan_step(grpo, cuda_plan_options(), grpo.micro_batch_size, grpo.seq_len);
     CachedCuda grpo_cuda;
     TrainingSetup grpo_setup = grpo_cuda.setup(grpo);

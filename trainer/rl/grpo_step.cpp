@@ -2,18 +2,55 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "kernels/dropout_hash.h"
 #include "kernels/error.h"
 
 namespace ft {
+namespace {
 
-nlohmann::json grpo_step(const GrpoStep& s, const std::vector<const PromptRow*>& prompts, int64_t step) {
+// The generation's completions [first, first + micro_batch_size) as training rows.
+CompletionBatch micro_batch_rows(const GrpoStep& s, const std::vector<Rollout>& completions, size_t first,
+                                 HostAllocator& host) {
+  const size_t end = std::min(completions.size(), first + size_t(s.micro_batch_size));
+  return completion_batch(s.sampler.model, completions, first, end, s.pad_id, host);
+}
+
+std::vector<double> completion_logps(const CompletionBatch& batch, const std::vector<float>& token_logps) {
+  std::vector<double> out(size_t(batch.rows * batch.width), 0.0);
+  gather_completion_tokens(batch, token_logps, batch.width, 0, out);
+  return out;
+}
+
+}  // namespace
+
+GrpoGeneration grpo_generate(const GrpoStep& s, const std::vector<const PromptRow*>& prompts, int64_t step) {
   const GrpoConfig& config = s.config;
   LanguageModel& model = s.sampler.model;
-  const std::vector<Rollout> completions = generate_completions(s.sampler, prompts, config.num_generations, step);
-  const Rewards rewards = compute_rewards(s.rules, completions, s.reward_model);
-  const std::vector<double> advantages = grpo_advantages(rewards.total, config.num_generations, config.scale_rewards);
+  GrpoGeneration out;
+  out.step = step;
+  out.completions = generate_completions(s.sampler, prompts, config.num_generations, step);
+  const Rewards rewards = compute_rewards(s.rules, out.completions, s.reward_model);
+  out.advantages = grpo_advantages(rewards.total, config.num_generations, config.scale_rewards);
+  out.reward_figures = rewards.metrics();
+  std::vector<double> group_stds;
+  for (size_t g = 0; g + size_t(config.num_generations) <= rewards.total.size(); g += size_t(config.num_generations))
+    group_stds.push_back(unbiased_std(rewards.total, g, g + size_t(config.num_generations)));
+  out.reward_figures["reward_std"] = mean_of(group_stds);
+  HostAllocator host;
+  for (size_t first = 0; first < out.completions.size(); first += size_t(s.micro_batch_size)) {
+    const CompletionBatch batch = micro_batch_rows(s, out.completions, first, host);
+    if (config.num_iterations > 1) out.old_logps.push_back(completion_logps(batch, policy_token_logps(model, batch)));
+    if (config.beta != 0) out.ref_logps.push_back(completion_logps(batch, reference_logps(model, batch)));
+  }
+  return out;
+}
+
+nlohmann::json grpo_step(const GrpoStep& s, const GrpoGeneration& generation, int64_t step) {
+  const GrpoConfig& config = s.config;
+  LanguageModel& model = s.sampler.model;
+  const std::vector<Rollout>& completions = generation.completions;
   double active_tokens = 0.0, clipped = 0.0;
   for (const Rollout& c : completions) {
     active_tokens += double(c.tokens.size());
@@ -23,23 +60,20 @@ nlohmann::json grpo_step(const GrpoStep& s, const std::vector<const PromptRow*>&
   // dapo and cispo are normalised by the whole generation batch's tokens.
   const bool by_items = config.loss_type == GrpoLossType::dapo || config.loss_type == GrpoLossType::cispo;
   const double scale = by_items ? 1.0 : 1.0 / double(s.grad_accum_steps);
-  nlohmann::json figures = rewards.metrics(), sums = nlohmann::json::object();
+  nlohmann::json figures = generation.reward_figures, sums = nlohmann::json::object();
   double loss = 0.0;
-  int64_t micro_batches = 0;
+  size_t micro_batches = 0;
   HostAllocator host;
-  const size_t chunk = size_t(s.micro_batch_size);
-  for (size_t first = 0; first < completions.size(); first += chunk, ++micro_batches) {
-    const size_t end = std::min(completions.size(), first + chunk);
-    const CompletionBatch batch = completion_batch(model, completions, first, end, s.pad_id, host);
+  for (size_t first = 0; first < completions.size(); first += size_t(s.micro_batch_size), ++micro_batches) {
+    const CompletionBatch batch = micro_batch_rows(s, completions, first, host);
     const size_t width_tokens = size_t(batch.rows * batch.width);
     GrpoTokens tokens{batch.rows, batch.width, std::vector<double>(width_tokens), {}, {},
                       completion_mask(completions, first, batch.rows, batch.width),
-                      std::vector<double>(advantages.begin() + first, advantages.begin() + end),
+                      std::vector<double>(generation.advantages.begin() + int64_t(first),
+                                          generation.advantages.begin() + int64_t(first) + batch.rows),
                       by_items ? active_tokens : 0.0};
-    if (config.beta != 0) {
-      tokens.ref_logps.assign(width_tokens, 0.0);
-      gather_completion_tokens(batch, reference_logps(model, batch), batch.width, 0, tokens.ref_logps);
-    }
+    if (!generation.old_logps.empty()) tokens.old_logps = generation.old_logps[micro_batches];
+    if (config.beta != 0) tokens.ref_logps = generation.ref_logps[micro_batches];
     model.set_dropout_seed(splitmix64(s.sampler.seed, uint64_t(step) * uint64_t(s.grad_accum_steps) + micro_batches));
     const TokenLogpsGradient gradient = [&](const std::vector<float>& token_logps) {
       gather_completion_tokens(batch, token_logps, batch.width, 0, tokens.logps);
@@ -52,14 +86,58 @@ nlohmann::json grpo_step(const GrpoStep& s, const std::vector<const PromptRow*>&
     policy_token_logps_backward(model, batch, gradient);
   }
   for (const auto& item : sums.items()) figures[item.key()] = item.value().get<double>() / double(micro_batches);
-  std::vector<double> group_stds;
-  for (size_t g = 0; g + size_t(config.num_generations) <= rewards.total.size(); g += size_t(config.num_generations))
-    group_stds.push_back(unbiased_std(rewards.total, g, g + size_t(config.num_generations)));
   figures["loss"] = loss;
-  figures["reward_std"] = mean_of(group_stds);
   figures["completions/mean_length"] = active_tokens / double(completions.size());
   figures["completions/clipped_ratio"] = clipped / double(completions.size());
   return figures;
+}
+
+nlohmann::json to_json(const GrpoGeneration& generation, const std::vector<PromptRow>& rows) {
+  std::map<const nlohmann::json*, size_t> index;
+  for (size_t i = 0; i < rows.size(); ++i) index[&rows[i].row] = i;
+  nlohmann::json prompts = nlohmann::json::array(), tokens = nlohmann::json::array();
+  for (const Rollout& c : generation.completions) {
+    const auto found = index.find(c.row);
+    FT_CHECK(found != index.end(), "grpo: a completion's prompt is not among the train prompts");
+    prompts.push_back(found->second);
+    tokens.push_back(c.tokens);
+  }
+  return {{"step", generation.step},          {"prompts", prompts},
+          {"tokens", tokens},                 {"reward_figures", generation.reward_figures},
+          {"advantages", generation.advantages}, {"old_logps", generation.old_logps},
+          {"ref_logps", generation.ref_logps}};
+}
+
+GrpoGeneration grpo_generation_from_json(const nlohmann::json& state, const std::vector<PromptRow>& rows,
+                                         const Tokenizer& tokenizer, const StopCondition& stop,
+                                         const std::string& where) {
+  GrpoGeneration out;
+  try {
+    out.step = state.at("step").get<int64_t>();
+    const auto prompts = state.at("prompts").get<std::vector<size_t>>();
+    const auto tokens = state.at("tokens").get<std::vector<std::vector<int32_t>>>();
+    FT_CHECK(prompts.size() == tokens.size(), where, ": ", prompts.size(), " prompts for ", tokens.size(),
+             " completions");
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      FT_CHECK(prompts[i] < rows.size(), where, ": prompt index ", prompts[i], " past the ", rows.size(),
+               " train prompts");
+      const PromptRow& row = rows[prompts[i]];
+      Rollout rollout{&row.row, row.prompt, row.tokens, tokens[i], ""};
+      std::vector<int32_t> text_tokens = rollout.tokens;
+      if (ended_by_stop(rollout, stop)) text_tokens.pop_back();
+      rollout.text = tokenizer.decode(text_tokens);
+      out.completions.push_back(std::move(rollout));
+    }
+    out.reward_figures = state.at("reward_figures");
+    out.advantages = state.at("advantages").get<std::vector<double>>();
+    out.old_logps = state.at("old_logps").get<std::vector<std::vector<double>>>();
+    out.ref_logps = state.at("ref_logps").get<std::vector<std::vector<double>>>();
+  } catch (const nlohmann::json::exception& e) {
+    fail(where, ": the saved GRPO generation batch is malformed: ", e.what());
+  }
+  FT_CHECK(out.advantages.size() == out.completions.size(), where, ": ", out.advantages.size(),
+           " advantages for ", out.completions.size(), " completions");
+  return out;
 }
 
 }  // namespace ft
