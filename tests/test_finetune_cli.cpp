@@ -2077,15 +2077,19 @@ std::vector<double> held_out_row(const std::string& output, size_t table, const 
   return values;
 }
 
-TEST_CASE("configs/course-lab3.yaml trains the reward classifier, then PPO on the tiny T5, and prints the lab's table "
-          "(short)") {
+TEST_CASE("configs/course-lab3.yaml as shipped trains the reward classifier, then PPO on the tiny T5 raises its "
+          "held-out reward, the KL below ppo.target, and prints the lab's table") {
+  // PPO against the trained reward model, as the lab runs it (about 35 s on
+  // 2 cores). Measured (2-core EPYC, release build): held-out reward
+  // 2.2871 -> 2.5880, KL 3.06 (seed 1234, as shipped); the PPO run alone
+  // against the same classifier with seeds 1, 7, 42: +0.36, +0.53, +0.18,
+  // KL 2.9 to 3.2.
+  constexpr double kTargetKl = 6.0;  // the config's ppo.target
   const fs::path out = fs::path(FT_BINARY_DIR) / "cli_runs" / "course_lab3";
   fs::remove_all(out);
   const std::string adapter = (out / "reward-model" / "adapter").string();
-  const CommandResult result = run_command(
-      kBinary + " " + FT_SOURCE_DIR + "/configs/course-lab3.yaml --set max_steps=2 --set metric_examples=4" +
-      " --set eval_batches=1 --set ppo.batch_size=4 --set ppo.mini_batch_size=2 --set ppo.max_new_tokens=8" +
-      " --set output_dir=" + out.string() + " --set rewards.model_adapter=" + adapter);
+  const CommandResult result = run_command(kBinary + " " + FT_SOURCE_DIR + "/configs/course-lab3.yaml --set output_dir=" +
+                                           out.string() + " --set rewards.model_adapter=" + adapter);
   INFO(result.output);
   REQUIRE(result.exit_code == 0);
   CHECK(fs::exists(fs::path(adapter) / "adapter_model.safetensors"));
@@ -2093,7 +2097,7 @@ TEST_CASE("configs/course-lab3.yaml trains the reward classifier, then PPO on th
         std::string::npos);
   CHECK(fs::exists(out / "ppo" / "value_head.safetensors"));
   CHECK(result.output.find("reward model: held-out pair accuracy ") != std::string::npos);
-  const size_t table = result.output.find("PPO: 4 held-out prompts\n");
+  const size_t table = result.output.find("PPO: 40 held-out prompts\n");
   REQUIRE(table != std::string::npos);
   CHECK(result.output.find("reward mean  reward std  toxicity mean  toxicity std  KL (nats)", table) !=
         std::string::npos);
@@ -2110,6 +2114,9 @@ TEST_CASE("configs/course-lab3.yaml trains the reward classifier, then PPO on th
   CHECK(before[2] > 0.0);                      // toxicity: a probability
   CHECK(before[2] < 1.0);
   CHECK(before[2] + after[2] > 0.0);
+  CHECK(after[0] > before[0]);                 // the reward model's mean score rises
+  CHECK(after[4] > 0.0);
+  CHECK(after[4] < kTargetKl);
   for (const char* text : {"--- sample 1 ---\n", "\n  before: ", "\n  after:  ", "--- sample 3 ---\n"})
     CHECK(result.output.find(text, table) != std::string::npos);
   std::istringstream csv(read_file((out / "held_out.csv").string()));
