@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/bf16_tile.h"
+#include "kernels/cpu/vec_exp.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/onednn_gemm.h"
 #include "kernels/error.h"
@@ -590,6 +591,42 @@ TEST_CASE("bf16 tile GEMM, dispatched and portable, against float64") {
         cpu::bf16_tile_gemm(c.data(), ldc, a_pairs.data(), lda, b_pairs.data(), ldb, g.M, g.N, g.pairs);
       check_close(Vec(c.begin(), c.end()), want, kF32Tol, "bf16 tile GEMM");  // columns past N untouched too
     }
+}
+
+// The CPU kernels' vector exp (kernels/cpu/vec_exp.h) against exp in
+// float64: within 2 ulp over the range it computes, 0 below it (a softmax's
+// -inf), +inf above, NaN kept; an element's value the same in a vector lane
+// and in the scalar tail (a row's softmax must not depend on its alignment).
+TEST_CASE("cpu vector exp: within 2 ulp of exp in float64, its limits, the same in every lane") {
+  std::vector<float> x;
+  for (double v = -87.3; v <= 88.7; v += 0.0037) x.push_back(float(v));
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 0.34657359f, -0.34657359f, 1.0f, -1.0f, -87.33f, 88.72f})
+    x.push_back(v);
+  std::vector<float> y = x;
+  cpu::exp_inplace(y.data(), int64_t(y.size()));
+  double worst_ulp = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = std::exp(double(x[i]));
+    const double ulp = double(std::nextafter(float(want), INFINITY)) - double(float(want));
+    worst_ulp = std::max(worst_ulp, std::abs(double(y[i]) - want) / ulp);
+  }
+  MESSAGE("cpu vector exp: worst ", worst_ulp, " ulp over ", x.size(), " values in [-87.3, 88.7]");
+  CHECK(worst_ulp <= 2.0);
+  std::vector<float> limits = {-87.4f, -100.0f, -INFINITY, 88.8f, INFINITY, NAN, -1.0f, 2.0f, 0.5f};
+  cpu::exp_inplace(limits.data(), int64_t(limits.size()));
+  CHECK(limits[0] == 0.0f);
+  CHECK(limits[1] == 0.0f);
+  CHECK(limits[2] == 0.0f);
+  CHECK(limits[3] == INFINITY);
+  CHECK(limits[4] == INFINITY);
+  CHECK(std::isnan(limits[5]));
+  for (size_t offset = 1; offset < 9; ++offset) {  // the same values starting at every lane
+    CAPTURE(offset);
+    std::vector<float> shifted(x.begin() + int64_t(offset), x.begin() + int64_t(offset) + 37);
+    cpu::exp_inplace(shifted.data(), int64_t(shifted.size()));
+    CHECK(std::equal(shifted.begin(), shifted.end(), y.begin() + int64_t(offset)));
+    CHECK(cpu::exp1(x[offset]) == y[offset]);
+  }
 }
 
 // T = 70 spans three query tiles and two key tiles of the CPU kernel.

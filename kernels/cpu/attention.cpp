@@ -29,6 +29,7 @@
 #include "kernels/cpu/bf16_tile.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/vec_exp.h"
 
 namespace ft {
 namespace {
@@ -79,6 +80,44 @@ T* scratch(std::vector<T>& buffer, int64_t count) {
   return buffer.data();
 }
 
+// Eight floats in one AVX register (GCC's vector extension; the kernels are
+// built for x86-64-v3), loaded and stored unaligned.
+typedef float Vec8 __attribute__((vector_size(32)));
+Vec8 load8(const float* p) {
+  Vec8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// The maximum of x[0, n): eight lanes, then across them (a maximum is the
+// same in any order).
+float row_max(const float* x, int64_t n) {
+  float m = -INFINITY;
+  int64_t i = 0;
+  if (n >= 8) {
+    Vec8 lanes = load8(x);
+    for (i = 8; i + 8 <= n; i += 8) {
+      const Vec8 v = load8(x + i);
+      lanes = lanes > v ? lanes : v;
+    }
+    for (int l = 0; l < 8; ++l) m = std::max(m, lanes[l]);
+  }
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// The sum of x[0, n): eight running sums, then theirs and the tail's in
+// order; a fixed order, so a row sums alike wherever it is computed.
+float row_sum(const float* x, int64_t n) {
+  Vec8 lanes = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) lanes += load8(x + i);
+  float sum = 0.0f;
+  for (int l = 0; l < 8; ++l) sum += lanes[l];
+  for (; i < n; ++i) sum += x[i];
+  return sum;
+}
+
 // One query row's online softmax: its running max and sum of exp(score - max).
 struct RowSoftmax {
   float max = -INFINITY, sum = 0.0f;
@@ -95,18 +134,17 @@ void softmax_tile_row(float* p, float* o, RowSoftmax& row, int64_t i, int64_t j0
     std::fill(p, p + keys, 0.0f);
     return;
   }
-  float tile_max = -INFINITY;
-  for (int64_t c = c0; c < c1; ++c) tile_max = std::max(tile_max, scale * p[c]);
+  // scale > 0 and rounding is monotone, so scale * max(p) is max(scale * p).
+  const float tile_max = scale * row_max(p + c0, c1 - c0);
   const float new_max = std::max(row.max, tile_max);
   const float rescale = std::exp(row.max - new_max);  // 0 on the first visible tile
   if (rescale != 1.0f)
     for (int64_t e = 0; e < D; ++e) o[e] *= rescale;
-  float sum = 0.0f;
-  for (int64_t c = 0; c < keys; ++c) {
-    p[c] = c >= c0 && c < c1 ? std::exp(scale * p[c] - new_max) : 0.0f;
-    sum += p[c];
-  }
-  row.sum = row.sum * rescale + sum;
+  std::fill(p, p + c0, 0.0f);
+  std::fill(p + c1, p + keys, 0.0f);
+  for (int64_t c = c0; c < c1; ++c) p[c] = scale * p[c] - new_max;
+  cpu::exp_inplace(p + c0, c1 - c0);
+  row.sum = row.sum * rescale + row_sum(p + c0, c1 - c0);
   row.max = new_max;
 }
 
@@ -123,15 +161,6 @@ float finish_row(float* out, const RowSoftmax& row, int64_t D) {
 // the bf16 path's key pairs line up with the tiles.
 int64_t first_key_tile(int64_t i, int64_t window) {
   return first_visible_key(i - i % kQueryRows, window) & ~int64_t(1);
-}
-
-// Eight floats in one AVX register (GCC's vector extension; the kernels are
-// built for x86-64-v3), loaded and stored unaligned.
-typedef float Vec8 __attribute__((vector_size(32)));
-Vec8 load8(const float* p) {
-  Vec8 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
 }
 
 constexpr int64_t kBlockRows = 4, kBlockCols = 16;
@@ -319,12 +348,14 @@ void tile_gradients(float* p, float* ds, const float* lse, const float* do_dot_o
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
     const VisibleKeys seen = visible_keys(i, j0, keys, window);
-    for (int64_t c = 0; c < keys; ++c) {
-      const bool visible = c >= seen.c0 && c < seen.c1;
-      const float pc = visible ? std::exp(scale * p[r * kKeyCols + c] - lse[i]) : 0.0f;
-      p[r * kKeyCols + c] = pc;
-      ds[r * kKeyCols + c] = scale * pc * (ds[r * kKeyCols + c] - do_dot_o[i]);
-    }
+    float* p_row = p + r * kKeyCols;
+    float* ds_row = ds + r * kKeyCols;
+    const int64_t c0 = std::min(seen.c0, keys), c1 = std::max(seen.c1, c0);  // [c0, c1): the visible keys
+    std::fill(p_row, p_row + c0, 0.0f);
+    std::fill(p_row + c1, p_row + keys, 0.0f);
+    for (int64_t c = c0; c < c1; ++c) p_row[c] = scale * p_row[c] - lse[i];
+    cpu::exp_inplace(p_row + c0, c1 - c0);
+    for (int64_t c = 0; c < keys; ++c) ds_row[c] = scale * p_row[c] * (ds_row[c] - do_dot_o[i]);
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/vec_exp.h"
 
 namespace ft {
 
@@ -43,11 +44,10 @@ void CpuBackend::cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tenso
       // low bits against the growing total and the loss comes out low. In
       // index order, never reassociated, so a row's loss does not depend on
       // its buffer's alignment (chunked and whole-batch losses agree bit for bit).
+      for (int64_t i = 0; i < vocab; ++i) row[i] -= max_logit;
+      cpu::exp_inplace(row.data(), vocab);
       double sum = 0.0;
-      for (int64_t i = 0; i < vocab; ++i) {
-        row[i] = std::exp(row[i] - max_logit);
-        sum += row[i];
-      }
+      for (int64_t i = 0; i < vocab; ++i) sum += row[i];
       loss_out[n] = float(double(max_logit) - double(target_logit) + std::log(sum));
       if (!dlogits) continue;
       const double row_dloss = scales ? double(dloss) * double(scales[n]) : double(dloss);

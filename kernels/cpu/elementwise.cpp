@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/vec_exp.h"
 
 namespace ft {
 
@@ -18,14 +19,20 @@ void CpuBackend::add_impl(Tensor& out, const Tensor& a, const Tensor& b) {
   });
 }
 
-static float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+// s[i] = sigmoid(g[i]) = 1 / (1 + exp(-g[i])), the exponentials on the vector units.
+static void sigmoid_row(float* s, const float* g, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) s[i] = -g[i];
+  cpu::exp_inplace(s, count);
+  for (int64_t i = 0; i < count; ++i) s[i] = 1.0f / (1.0f + s[i]);
+}
 
 void CpuBackend::swiglu_forward_impl(Tensor& out, const Tensor& gate, const Tensor& up) {
   cpu::for_each_chunk(out.numel(), [&](int64_t start, int64_t count) {
-    float g[cpu::kChunk], u[cpu::kChunk];
+    float g[cpu::kChunk], u[cpu::kChunk], s[cpu::kChunk];
     cpu::load_row(g, gate, start, count);
     cpu::load_row(u, up, start, count);
-    for (int64_t i = 0; i < count; ++i) g[i] = g[i] * sigmoid(g[i]) * u[i];
+    sigmoid_row(s, g, count);
+    for (int64_t i = 0; i < count; ++i) g[i] = g[i] * s[i] * u[i];
     cpu::store_row(out, start, g, count);
   });
 }
@@ -34,12 +41,13 @@ void CpuBackend::swiglu_forward_impl(Tensor& out, const Tensor& gate, const Tens
 void CpuBackend::swiglu_backward_impl(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
                                       const Tensor& up) {
   cpu::for_each_chunk(dout.numel(), [&](int64_t start, int64_t count) {
-    float g[cpu::kChunk], u[cpu::kChunk], d[cpu::kChunk];
+    float g[cpu::kChunk], u[cpu::kChunk], d[cpu::kChunk], sg[cpu::kChunk];
     cpu::load_row(g, gate, start, count);
     cpu::load_row(u, up, start, count);
     cpu::load_row(d, dout, start, count);
+    sigmoid_row(sg, g, count);
     for (int64_t i = 0; i < count; ++i) {
-      float s = sigmoid(g[i]);
+      const float s = sg[i];
       float silu = g[i] * s;
       g[i] = d[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
       u[i] = d[i] * silu;
