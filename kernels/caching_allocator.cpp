@@ -14,15 +14,31 @@ CachingAllocator::~CachingAllocator() {
   }
 }
 
+void* CachingAllocator::take_cached(size_t size) {
+  auto it = free_blocks_.find(size);
+  if (it != free_blocks_.end() && !it->second.empty()) {
+    void* block = it->second.back();
+    it->second.pop_back();
+    return block;
+  }
+  if (!reuse_larger_) return nullptr;
+  for (it = free_blocks_.upper_bound(size); it != free_blocks_.end() && it->first <= 2 * size; ++it) {
+    if (it->second.empty()) continue;
+    void* block = it->second.back();
+    it->second.pop_back();
+    larger_blocks_[block] = it->first;
+    return block;
+  }
+  return nullptr;
+}
+
 void* CachingAllocator::allocate(size_t bytes, MemCategory category) {
   if (bytes == 0) return nullptr;
   size_t size = cuda::caching_block_bytes(bytes, category);
   std::lock_guard lock(mutex_);
-  void* block = nullptr;
-  auto it = cuda::caching_caches(category) ? free_blocks_.find(size) : free_blocks_.end();
-  if (it != free_blocks_.end() && !it->second.empty()) {
-    block = it->second.back();
-    it->second.pop_back();
+  void* block = cuda::caching_caches(category) ? take_cached(size) : nullptr;
+  if (block) {
+    if (const auto larger = larger_blocks_.find(block); larger != larger_blocks_.end()) size = larger->second;
   } else {
     try {
       block = backing_.allocate(size, category);
@@ -43,6 +59,10 @@ void CachingAllocator::deallocate(void* ptr, size_t bytes, MemCategory category)
   if (!ptr) return;
   size_t size = cuda::caching_block_bytes(bytes, category);
   std::lock_guard lock(mutex_);
+  if (const auto larger = larger_blocks_.find(ptr); larger != larger_blocks_.end()) {
+    size = larger->second;
+    larger_blocks_.erase(larger);
+  }
   stats_.current_bytes -= size;
   if (cuda::caching_caches(category)) {
     free_blocks_[size].push_back(ptr);

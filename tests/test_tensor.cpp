@@ -65,6 +65,32 @@ TEST_CASE("the CPU device backend reuses a step's transient tensors: a repeated 
   CHECK(device.tracker->stats().total_peak_bytes == 4000 + 600000 + (size_t(12) << 20));
 }
 
+// A step of another length (a batch trimmed after its last loss token)
+// takes the cached blocks of a longer one rather than blocks of its own: an
+// 837-token step after 1,024-token ones had cost a 1 x 1,024 run 318 MiB of RSS.
+TEST_CASE("the CPU device backend serves a shorter step from a longer step's cached blocks, up to twice the size") {
+  CountingHost host;
+  std::ostringstream log;
+  DeviceBackend device = make_device_backend(DeviceChoice::cpu, "test.yaml", host, log);
+  Backend& be = *device.backend;
+  auto step = [&](int64_t tokens) {
+    Tensor hidden = be.empty({tokens, 768}, DType::f32, MemCategory::activations);
+    Tensor mlp = be.empty({tokens, 2048}, DType::f32, MemCategory::activations);
+  };
+  step(1024);
+  CHECK(host.allocations == 2);
+  step(837);  // 2.45 and 6.5 MiB into the 3 and 8 MiB blocks
+  step(1024);
+  CHECK(host.allocations == 2);
+  step(1000);
+  CHECK(host.allocations == 2);
+  step(300);  // 0.9 MiB: the 3 MiB block is more than twice it, so it gets its own
+  CHECK(host.allocations == 3);
+  Tensor hold = be.empty({1024, 2048}, DType::f32, MemCategory::activations);
+  step(837);  // the 8 MiB block is held: mlp takes a block of its class
+  CHECK(host.allocations == 4);
+}
+
 TEST_CASE("meta tensors have shapes and byte counts but no data") {
   MetaAllocator meta;
   TrackingAllocator tracker(meta);

@@ -49,9 +49,10 @@ DeviceBackend make_device_backend(DeviceChoice choice, const std::string& source
     return device;
   }
   // The step's transient tensors reuse cached blocks instead of going back
-  // to malloc each step, so RSS stops growing over a run's first steps; the
-  // tracker above it still counts the bytes asked for, as the planner does.
-  device.device_memory = std::make_unique<CachingAllocator>(host);
+  // to malloc each step, so RSS stops growing over a run's first steps, and
+  // a shorter step reuses a longer one's (reuse_larger); the tracker above
+  // it still counts the bytes asked for, as the planner does.
+  device.device_memory = std::make_unique<CachingAllocator>(host, true);
   device.tracker = std::make_unique<TrackingAllocator>(*device.device_memory);
   device.backend = std::make_unique<CpuBackend>(*device.tracker);
   log << "device: cpu";
