@@ -106,15 +106,25 @@ void check_eval_forward(LanguageModel& model, const std::vector<float>& logps, c
   CHECK(eval_values == values);
 }
 
+// llama_gqa with the llama_lora adapter and the fixture's value head, on a CPU backend.
+struct LlamaHeadsFixture {
+  Checkpoint reference{kFixtures + "/heads/reference.safetensors"};
+  HostAllocator host;
+  CpuBackend backend{host};
+  LlamaModel model;
+  LlamaHeadsFixture()
+      : model(read_model_config(kFixtures + "/llama_gqa/config.json"), backend,
+              value_head_options(kFixtures + "/llama_lora/adapter")) {
+    load_fixture_model(model, kFixtures + "/llama_gqa", kFixtures + "/llama_lora/adapter", reference);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("log-probabilities and a value head through one backward equal PyTorch + PEFT") {
-  Checkpoint reference(kFixtures + "/heads/reference.safetensors");
-  HostAllocator host;
-  CpuBackend backend(host);
-  const std::string adapter = kFixtures + "/llama_lora/adapter";
-  LlamaModel model(read_model_config(kFixtures + "/llama_gqa/config.json"), backend, value_head_options(adapter));
-  load_fixture_model(model, kFixtures + "/llama_gqa", adapter, reference);
+  LlamaHeadsFixture fixture;
+  const Checkpoint& reference = fixture.reference;
+  LlamaModel& model = fixture.model;
   const Tensor ids = reference.view("input_ids"), targets = reference.view("targets");
   FixtureHeads heads(model, reference);
   const std::vector<float> logps = model.token_logps_backward(ids, targets, heads.gradient, nullptr, &heads.value_head);
@@ -148,12 +158,10 @@ TEST_CASE("a seq2seq policy's decoder log-probabilities and value head through o
 }
 
 TEST_CASE("the value head's dropout (trl's summary_dropout_prob): the head over the kept hidden states, rescaled") {
-  Checkpoint reference(kFixtures + "/heads/reference.safetensors");
-  HostAllocator host;
-  CpuBackend backend(host);
-  const std::string adapter = kFixtures + "/llama_lora/adapter";
-  LlamaModel model(read_model_config(kFixtures + "/llama_gqa/config.json"), backend, value_head_options(adapter));
-  load_fixture_model(model, kFixtures + "/llama_gqa", adapter, reference);
+  LlamaHeadsFixture fixture;
+  HostAllocator& host = fixture.host;
+  CpuBackend& backend = fixture.backend;
+  LlamaModel& model = fixture.model;
   model.zero_grads();
   const HeadParameters& head = model.output_head();
   const int64_t N = 7, C = model.config().hidden_size;
