@@ -14,7 +14,7 @@ CachingAllocator::~CachingAllocator() {
   }
 }
 
-void* CachingAllocator::take_cached(size_t size) {
+void* CachingAllocator::take_cached(size_t& size) {
   auto it = free_blocks_.find(size);
   if (it != free_blocks_.end() && !it->second.empty()) {
     void* block = it->second.back();
@@ -27,6 +27,7 @@ void* CachingAllocator::take_cached(size_t size) {
     void* block = it->second.back();
     it->second.pop_back();
     larger_blocks_[block] = it->first;
+    size = it->first;
     return block;
   }
   return nullptr;
@@ -37,9 +38,7 @@ void* CachingAllocator::allocate(size_t bytes, MemCategory category) {
   size_t size = cuda::caching_block_bytes(bytes, category);
   std::lock_guard lock(mutex_);
   void* block = cuda::caching_caches(category) ? take_cached(size) : nullptr;
-  if (block) {
-    if (const auto larger = larger_blocks_.find(block); larger != larger_blocks_.end()) size = larger->second;
-  } else {
+  if (!block) {
     try {
       block = backing_.allocate(size, category);
     } catch (const Error&) {

@@ -60,8 +60,9 @@ class CachingAllocator final : public Allocator {
   void release_cached_locked();
 
   // A cached block of class `size` for a request of that class, or with
-  // reuse_larger_ of a larger one (recorded in larger_blocks_); null if none.
-  void* take_cached(size_t size);
+  // reuse_larger_ of a larger one (recorded in larger_blocks_, and size set
+  // to its class); null if none.
+  void* take_cached(size_t& size);
 
   Allocator& backing_;
   bool reuse_larger_;

@@ -963,8 +963,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
                "grpo.num_iterations (", config.grpo.num_iterations, ") steps of one generation batch, and the state ",
                "has no saved generation batch: it was saved with another grpo.num_iterations");
       run.grpo_generation = grpo_generation_from_json(nlohmann::json::parse(resumed.objective_state),
-                                                      run.train_prompts->rows(), *run.tokenizer,
-                                                      stop_condition(run), state_path);
+                                                      run.train_prompts->rows(), state_path);
       FT_CHECK(run.grpo_generation.step == resumed.step - resumed.step % config.grpo.num_iterations, state_path,
                ": its generation batch is from step ", run.grpo_generation.step, ", not the one step ", resumed.step,
                " trains on with grpo.num_iterations ", config.grpo.num_iterations);

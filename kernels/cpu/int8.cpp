@@ -172,6 +172,8 @@ void forward_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, 
 
 // The epilogue's operands converted to f32 (checked by the caller).
 void load_epilogue(Int8Operands& p, const Int8Epilogue& e) {
+  p.bias.clear();  // p is reused from the previous call: every field is set here
+  p.r = 0;
   if (e.bias) {
     p.bias.resize(size_t(p.O));
     cpu::load_row(p.bias.data(), *e.bias, 0, p.O);
@@ -228,8 +230,6 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
   // buffers' page faults and zeroing took 7% of a 1 x 1,024 bf16 step.
   thread_local Int8Operands reused;
   Int8Operands& p = reused;
-  p.bias.clear();
-  p.r = 0;
   p.N = x.rows(), p.K = x.cols(), p.O = weight.dim(0);
   load_epilogue(p, epilogue);
   std::vector<int64_t> columns = find_outlier_columns(x, threshold);

@@ -109,7 +109,6 @@ nlohmann::json to_json(const GrpoGeneration& generation, const std::vector<Promp
 }
 
 GrpoGeneration grpo_generation_from_json(const nlohmann::json& state, const std::vector<PromptRow>& rows,
-                                         const Tokenizer& tokenizer, const StopCondition& stop,
                                          const std::string& where) {
   GrpoGeneration out;
   try {
@@ -122,11 +121,7 @@ GrpoGeneration grpo_generation_from_json(const nlohmann::json& state, const std:
       FT_CHECK(prompts[i] < rows.size(), where, ": prompt index ", prompts[i], " past the ", rows.size(),
                " train prompts");
       const PromptRow& row = rows[prompts[i]];
-      Rollout rollout{&row.row, row.prompt, row.tokens, tokens[i], ""};
-      std::vector<int32_t> text_tokens = rollout.tokens;
-      if (ended_by_stop(rollout, stop)) text_tokens.pop_back();
-      rollout.text = tokenizer.decode(text_tokens);
-      out.completions.push_back(std::move(rollout));
+      out.completions.push_back({&row.row, row.prompt, row.tokens, tokens[i], ""});
     }
     out.reward_figures = state.at("reward_figures");
     out.advantages = state.at("advantages").get<std::vector<double>>();

@@ -64,11 +64,11 @@ nlohmann::json grpo_step(const GrpoStep& s, const GrpoGeneration& generation, in
 // its iterations resumes on the same completions): each completion's prompt
 // as an index into rows, its tokens, and the figures, advantages and
 // log-probabilities (doubles round-trip exactly). from_json rebuilds it
-// over the same rows (the completions' text decoded anew with tokenizer);
-// an index out of range is an Error naming `where`.
+// over the same rows, without the completions' text (the rewards read it,
+// and theirs are saved; the loss reads tokens); an index out of range is an
+// Error naming `where`.
 nlohmann::json to_json(const GrpoGeneration& generation, const std::vector<PromptRow>& rows);
 GrpoGeneration grpo_generation_from_json(const nlohmann::json& state, const std::vector<PromptRow>& rows,
-                                         const Tokenizer& tokenizer, const StopCondition& stop,
                                          const std::string& where);
 
 }  // namespace ft
