@@ -93,7 +93,9 @@ namespace ft {
   PREFIX void cross_entropy_impl(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets,      \
                                  float dloss, const Tensor* row_scales) SUFFIX;                                     \
   PREFIX void quantize_rows_int8_impl(Tensor& q, Tensor& scales, const Tensor& x) SUFFIX;                           \
-  PREFIX void int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float threshold) SUFFIX;                        \
+  PREFIX void int8_outlier_columns_impl(Tensor& flags, const Tensor& x, float threshold) SUFFIX;                     \
+  PREFIX void int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float threshold, const Tensor* outlier_flags)   \
+      SUFFIX;                                                                                                       \
   PREFIX void int8_linear_forward_impl(Tensor& out, const Tensor& x, const Tensor& weight,                          \
                                        const Tensor& weight_scales, float threshold, const Int8Epilogue& epilogue) \
       SUFFIX;                                                                                                       \
@@ -433,7 +435,8 @@ class Backend {
   // out[N, O] = LLM.int8() product of x [N, K] with a frozen weight stored as
   // i8 [O, K] + f32 row scales [O] (W ~ q * scale / 127). Input-feature
   // columns k where any |x[:, k]| >= threshold (threshold > 0; 0 disables)
-  // are outliers, found anew on every call: they are multiplied in f32
+  // are outliers, found anew on every call (or taken from
+  // epilogue.outlier_flags): they are multiplied in f32
   // against the dequantised weight columns. The other columns are quantised
   // per row of x (outlier columns zeroed before the absmax), multiplied
   // int8 x int8 -> int32 and dequantised with s_x[n] * s_w[o] / 127^2.
@@ -460,19 +463,32 @@ class Backend {
   // at least x's own: int8_row_absmax of x, or the maximum of that over the
   // shards of a row-parallel layer); codes are round(x * 127 / s_x[n]) as
   // above, 0 where s_x[n] is 0.
+  // With epilogue.outlier_flags the outlier columns are the flags' set
+  // entries instead of x's own: int8_outlier_columns over every row of a
+  // batch that x is rows of, so a layer run over chunks of tokens routes the
+  // same columns through the 16-bit part as one call over the whole batch.
   void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
                            float threshold, const Int8Epilogue& epilogue = {}) {
     checks::check_int8_linear_forward(device(), out, x, weight, weight_scales, threshold, epilogue);
     int8_linear_forward_impl(out, x, weight, weight_scales, threshold, epilogue);
   }
+  // flags i32 [K]: flags[k] = 1 where any |x[:, k]| >= threshold (threshold
+  // > 0), the others left as they are; so a caller that zeroes flags and
+  // calls this once per block of rows has the outlier columns of all the
+  // rows, as int8_linear_forward over all of them would find them.
+  void int8_outlier_columns(Tensor& flags, const Tensor& x, float threshold) {
+    checks::check_int8_outlier_columns(device(), flags, x, threshold);
+    int8_outlier_columns_impl(flags, x, threshold);
+  }
   // absmax [N] (f32) = the s_x[n] int8_linear_forward computes from x [N, K]
-  // itself: the absmax of x[n, :] over the columns that are not outliers
+  // itself (with outlier_flags, the flags' columns are the outliers, as the
+  // epilogue's): the absmax of x[n, :] over the columns that are not outliers
   // under threshold. Max is exact, so for x split by columns the maximum
   // over the parts' values is the whole row's, bit for bit (a row-parallel
   // layer's ranks agree on s_x through it: model/tensor_parallel.h).
-  void int8_row_absmax(Tensor& absmax, const Tensor& x, float threshold) {
-    checks::check_int8_row_absmax(device(), absmax, x, threshold);
-    int8_row_absmax_impl(absmax, x, threshold);
+  void int8_row_absmax(Tensor& absmax, const Tensor& x, float threshold, const Tensor* outlier_flags = nullptr) {
+    checks::check_int8_row_absmax(device(), absmax, x, threshold, outlier_flags);
+    int8_row_absmax_impl(absmax, x, threshold, outlier_flags);
   }
   // dx [N, K] = dout [N, O] @ dequant(weight) (dx += ... when accumulate).
   // The weight is dequantised tile by tile, never as a full copy, each value

@@ -303,11 +303,19 @@ inline void check_matmul(Device device, const Tensor& out, const Tensor& a, cons
   FT_CHECK(!overlaps(out, a) && !overlaps(out, b), "matmul: out must not alias a or b");
 }
 
+// Backend::int8_outlier_columns's flags over K input features: i32 [K]
+// (any shape with K elements).
+inline void check_outlier_flags(Device device, const char* op, const Tensor& flags, int64_t K) {
+  check_dtype(flags, DType::i32, device, op, "outlier_flags");
+  check_numel(flags, K, op, "outlier_flags");
+}
+
 // Backend::int8_linear_forward's epilogue over out [N, O]: bias [O] (any
 // shape with O elements), lora_h [N, r] and lora_B [O, r], h and B together,
-// row_absmax f32 [N] (any shape with N elements).
-inline void check_int8_epilogue(Device device, const Int8Epilogue& e, int64_t N, int64_t O) {
+// row_absmax f32 [N] (any shape with N elements), outlier_flags i32 [K].
+inline void check_int8_epilogue(Device device, const Int8Epilogue& e, int64_t N, int64_t K, int64_t O) {
   const char* op = "int8_linear_forward";
+  if (e.outlier_flags) check_outlier_flags(device, op, *e.outlier_flags, K);
   if (e.row_absmax) {
     check_dtype(*e.row_absmax, DType::f32, device, op, "row_absmax");
     check_numel(*e.row_absmax, N, op, "row_absmax");
@@ -478,17 +486,28 @@ inline void check_int8_linear_forward(Device device, const Tensor& out, const Te
            shape_string(weight.shape));
   FT_CHECK(out.rows() == N && out.cols() == O, op, ": out has shape ", shape_string(out.shape), ", expected [", N,
            ", ", O, "]");
-  check_int8_epilogue(device, epilogue, N, O);
+  check_int8_epilogue(device, epilogue, N, x.cols(), O);
 }
 
 // absmax f32 [N] (any shape with N elements) for x [N, K].
-inline void check_int8_row_absmax(Device device, const Tensor& absmax, const Tensor& x, float threshold) {
+inline void check_int8_row_absmax(Device device, const Tensor& absmax, const Tensor& x, float threshold,
+                                  const Tensor* outlier_flags) {
   const char* op = "int8_row_absmax";
   check_dtype(absmax, DType::f32, device, op, "absmax");
   check_float(x, device, op, "x");
   FT_CHECK(threshold >= 0.0f, op, ": threshold must be >= 0 (0 disables outliers), got ", threshold);
   check_numel(absmax, x.rows(), op, "absmax");
   FT_CHECK(!overlaps(absmax, x), op, ": absmax must not alias x");
+  if (outlier_flags) check_outlier_flags(device, op, *outlier_flags, x.cols());
+}
+
+// flags i32 [K] for x [N, K].
+inline void check_int8_outlier_columns(Device device, const Tensor& flags, const Tensor& x, float threshold) {
+  const char* op = "int8_outlier_columns";
+  check_float(x, device, op, "x");
+  FT_CHECK(threshold >= 0.0f, op, ": threshold must be >= 0 (0 disables outliers), got ", threshold);
+  check_outlier_flags(device, op, flags, x.cols());
+  FT_CHECK(!overlaps(flags, x), op, ": flags must not alias x");
 }
 
 // dx [N, K] from dout [N, O] and weight [O, K].

@@ -56,6 +56,7 @@ struct Int8Epilogue {
   const Tensor* lora_B = nullptr;
   float lora_scaling = 0.0f;
   const Tensor* row_absmax = nullptr;
+  const Tensor* outlier_flags = nullptr;  // i32 [K]: Backend::int8_outlier_columns's
 };
 
 // A frozen NF4 weight [out_features, in_features] as bitsandbytes stores it

@@ -128,12 +128,34 @@ void GptNeoxModel::forward_mlp(Layer& layer, LayerActivations& saved, Tensor* ou
     saved.h = mlp_hidden(layer, saved.norm2.out, 0, N);
     if (out) mlp_output_rows(layer, saved.h, *out, 0);
   }
+  if (mlp_chunked() && out) scan_mlp_inputs(layer, saved.norm2.out, true);
   for (int64_t first = 0, rows = mlp_chunk_rows(N); mlp_chunked() && out && first < N; first += rows) {
     rows = std::min(rows, N - first);
     Tensor out_rows = out->slice_rows(first, rows);
     mlp_output_rows(layer, mlp_hidden(layer, saved.norm2.out, first, rows), out_rows, first);
   }
+  end_mlp_scans(layer);
   if (out) tensor_sum(*out);
+}
+
+// Chunked, the MLP's bases see the whole batch before the chunks
+// (Linear::scan_rows): dense_h_to_4h reads norm2, whole already.
+// dense_4h_to_h's input exists a chunk at a time, so where it scans
+// (LLM.int8() with outliers) the forward computes the chunks' GELU output
+// once more first: the price of chunks over such a base.
+void GptNeoxModel::scan_mlp_inputs(Layer& layer, const Tensor& norm2, bool with_output_layer) {
+  layer.dense_h_to_4h->scan_rows(backend_, norm2);
+  const int64_t N = norm2.rows();
+  for (int64_t first = 0, rows = mlp_chunk_rows(N);
+       with_output_layer && layer.dense_4h_to_h->scans_rows() && first < N; first += rows) {
+    rows = std::min(rows, N - first);
+    layer.dense_4h_to_h->scan_rows(backend_, mlp_activation(mlp_hidden(layer, norm2, first, rows)));
+  }
+}
+
+void GptNeoxModel::end_mlp_scans(Layer& layer) {
+  layer.dense_h_to_4h->end_scan();
+  layer.dense_4h_to_h->end_scan();
 }
 
 // h [rows, I] = dense_h_to_4h(rows [first, first + rows) of norm2).
@@ -147,10 +169,15 @@ Tensor GptNeoxModel::mlp_hidden(Layer& layer, const Tensor& norm2, int64_t first
 
 // out_rows = dense_4h_to_h(gelu(h)), h the MLP's hidden rows from row `first`.
 void GptNeoxModel::mlp_output_rows(Layer& layer, const Tensor& h, Tensor& out_rows, int64_t first) {
+  layer.dense_4h_to_h->set_first_row(first);
+  layer.dense_4h_to_h->forward(backend_, out_rows, mlp_activation(h));
+}
+
+// gelu(h), the MLP's second layer's input.
+Tensor GptNeoxModel::mlp_activation(const Tensor& h) {
   Tensor gelu_out = backend_.empty(h.shape, options_.activation_dtype, MemCategory::activations);
   backend_.gelu_forward(gelu_out, h, gelu_kind_);
-  layer.dense_4h_to_h->set_first_row(first);
-  layer.dense_4h_to_h->forward(backend_, out_rows, gelu_out);
+  return gelu_out;
 }
 
 // Parallel residual: out = (x + attn(ln1(x))) + mlp(ln2(x)).
@@ -199,10 +226,12 @@ std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t i
 void GptNeoxModel::backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor* dnorm) {
   const int64_t N = dout.rows();
   if (!mlp_chunked()) backward_mlp_rows(layer, saved.h, saved.norm2.out, dout, dnorm, 0);
+  if (mlp_chunked()) scan_mlp_inputs(layer, saved.norm2.out, false);  // dense_4h_to_h's backward reads no outliers
   for (int64_t first = 0, rows = mlp_chunk_rows(N); mlp_chunked() && first < N; first += rows) {
     rows = std::min(rows, N - first);
     backward_mlp_rows(layer, mlp_hidden(layer, saved.norm2.out, first, rows), saved.norm2.out, dout, dnorm, first);
   }
+  end_mlp_scans(layer);
   if (dnorm) tensor_sum(*dnorm);  // dense_h_to_4h's input gradient from this rank's features
 }
 
@@ -214,8 +243,7 @@ void GptNeoxModel::backward_mlp_rows(Layer& layer, const Tensor& h, const Tensor
   const int64_t rows = h.rows();
   // GELU is recomputed rather than saved: one cheap elementwise pass instead
   // of an [N, I] activation kept per layer.
-  Tensor gelu_out = be.empty(h.shape, act, MemCategory::activations);
-  be.gelu_forward(gelu_out, h, gelu_kind_);
+  const Tensor gelu_out = mlp_activation(h);
   Tensor dact = be.empty(h.shape, act, MemCategory::activations);
   layer.dense_4h_to_h->set_first_row(first);
   layer.dense_4h_to_h->backward(be, &dact, dout.slice_rows(first, rows), gelu_out, false);

@@ -34,7 +34,10 @@ class GptNeoxModel final : public CausalLM {
                          const TokenLayout& layout);
   void forward_mlp(Layer& layer, LayerActivations& saved, Tensor* out);
   Tensor mlp_hidden(Layer& layer, const Tensor& norm2, int64_t first, int64_t rows);
+  Tensor mlp_activation(const Tensor& h);
   void mlp_output_rows(Layer& layer, const Tensor& h, Tensor& out_rows, int64_t first);
+  void scan_mlp_inputs(Layer& layer, const Tensor& norm2, bool with_output_layer);
+  static void end_mlp_scans(Layer& layer);
   std::unique_ptr<SavedActivations> forward_layer(size_t index, const Tensor& x, NormOutput& norm, Tensor* out,
                                                   const TokenLayout& layout) override;
   void backward_attention(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor* dnorm,

@@ -27,6 +27,15 @@ class Linear {
   // rows' share of the whole batch's mask, so chunking leaves it unchanged.
   // Nothing else depends on the row.
   virtual void set_first_row(int64_t /*row*/) {}
+  // A layer run over chunks of tokens shows a base that scans_rows() every
+  // row of the step's batch (scan_rows, in any blocks) before the chunks'
+  // forwards, and calls end_scan after them. LLM.int8() picks its outlier
+  // columns over the rows of each call, as bitsandbytes does over its batch;
+  // scanned, the chunks use the whole batch's columns, so their outputs are
+  // the unchunked call's bit for bit.
+  virtual bool scans_rows() const { return false; }
+  virtual void scan_rows(Backend& /*backend*/, const Tensor& /*x_rows*/) {}
+  virtual void end_scan() {}
 };
 
 // A plain 16/32-bit weight, optionally trainable (full fine-tuning,

@@ -186,6 +186,7 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
     saved.act = mlp.act;
   }
   if (!out) return kept;
+  if (mlp_chunked()) scan_mlp_inputs(layer, saved.norm2.out, true);
   for (int64_t first = 0, rows = mlp_chunk_rows(N); first < N; first += rows) {
     rows = std::min(rows, N - first);
     Tensor projected_rows = projected.slice_rows(first, rows);
@@ -198,6 +199,7 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
     mlp.gate = mlp.up = Tensor{};  // only act is read from here on
     layer.down_proj->forward(be, projected_rows, mlp.act);
   }
+  end_mlp_scans(layer);
   tensor_sum(projected);
   Tensor out2d = out->reshaped({N, C});
   add_next_norm(index, out2d, norm, saved.residual_mid, projected);
@@ -219,6 +221,30 @@ LlamaModel::MlpRows LlamaModel::mlp_rows(Layer& layer, const Tensor& norm2, int6
   layer.up_proj->forward(be, mlp.up, x);
   be.swiglu_forward(mlp.act, mlp.gate, mlp.up);
   return mlp;
+}
+
+// Chunked, the MLP's bases see the whole batch before the chunks
+// (Linear::scan_rows): gate and up read norm2, whole already. down_proj's
+// input exists a chunk at a time, so where down_proj scans (LLM.int8() with
+// outliers) the forward computes the chunks' act once more first: two of
+// the MLP's three products again, the price of chunks over such a base.
+void LlamaModel::scan_mlp_inputs(Layer& layer, const Tensor& norm2, bool with_down_proj) {
+  layer.gate_proj->scan_rows(backend_, norm2);
+  layer.up_proj->scan_rows(backend_, norm2);
+  const int64_t N = norm2.rows();
+  for (int64_t first = 0, rows = mlp_chunk_rows(N); with_down_proj && layer.down_proj->scans_rows() && first < N;
+       first += rows) {
+    rows = std::min(rows, N - first);
+    MlpRows mlp = mlp_rows(layer, norm2, first, rows);
+    mlp.gate = mlp.up = Tensor{};
+    layer.down_proj->scan_rows(backend_, mlp.act);
+  }
+}
+
+void LlamaModel::end_mlp_scans(Layer& layer) {
+  layer.gate_proj->end_scan();
+  layer.up_proj->end_scan();
+  layer.down_proj->end_scan();
 }
 
 // ---- backward ------------------------------------------------------------
@@ -258,10 +284,12 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
 
   // MLP block: out = residual_mid + down(silu(gate(n2)) * up(n2)).
   if (!mlp_chunked()) mlp_backward_rows(layer, {saved.gate, saved.up, saved.act}, saved.norm2.out, dres, dnorm, 0);
+  if (mlp_chunked()) scan_mlp_inputs(layer, saved.norm2.out, false);  // down_proj's backward reads no outliers
   for (int64_t first = 0, rows = mlp_chunk_rows(N); mlp_chunked() && first < N; first += rows) {
     rows = std::min(rows, N - first);
     mlp_backward_rows(layer, mlp_rows(layer, saved.norm2.out, first, rows), saved.norm2.out, dres, dnorm, first);
   }
+  end_mlp_scans(layer);
   tensor_sum(dnorm);  // gate's and up's input gradients from this rank's features
   norm_backward_add(dres, layer.post_attention_norm, dnorm, saved.residual_mid, saved.norm2);
   // The attention block's backward, the layer's peak at long contexts,

@@ -37,6 +37,8 @@ class LlamaModel final : public CausalLM {
   const NormParameters& input_norm(size_t index) const override;
   struct MlpRows;
   MlpRows mlp_rows(Layer& layer, const Tensor& norm2, int64_t first, int64_t rows);
+  void scan_mlp_inputs(Layer& layer, const Tensor& norm2, bool with_down_proj);
+  static void end_mlp_scans(Layer& layer);
   void mlp_backward_rows(Layer& layer, const MlpRows& mlp, const Tensor& norm2, Tensor& dres, Tensor& dnorm,
                          int64_t first);
 

@@ -26,6 +26,9 @@ class LoraLinear final : public Linear {
   // recomputed forward) of that step.
   void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
   void set_first_row(int64_t row) override { first_row_ = row; }
+  bool scans_rows() const override { return base_->scans_rows(); }
+  void scan_rows(Backend& backend, const Tensor& x_rows) override { base_->scan_rows(backend, x_rows); }
+  void end_scan() override { base_->end_scan(); }
   // x is columns [first, first + x.cols()) of a layer `full` columns wide (a
   // row-parallel shard): dropout draws those columns' share of the mask.
   void set_input_columns(int64_t first, int64_t full) {

@@ -395,6 +395,51 @@ TEST_CASE("int8_linear_forward with the whole rows' scales: row-parallel shards 
   CHECK(own_bad > 0);
 }
 
+// A layer run over blocks of rows (the MLP in chunks of tokens) flags the
+// outlier columns over every block first: int8_outlier_columns ORs each
+// block's into the flags, which are then the whole batch's (the float64
+// reference's columns), and each block's forward and row scales with them
+// are the whole call's rows bit for bit. Without them the blocks that hold
+// no outlier of their own quantise those columns: the check can fail.
+TEST_CASE("int8_linear_forward over blocks of rows with the whole batch's outlier flags is the whole call's") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t N = kShardRows, K = kShardK, O = 27, block_rows = 4;
+  const QuantWeight qw = quantize_weight(backend, gaussian(O * K, 0.05f, 42), O, K);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    const Tensor x = make(backend, {N, K}, sharded_x(), dtype);
+    const std::vector<float> whole = run_forward(backend, x, qw, 6.0f, DType::f32);
+    Tensor whole_absmax = backend.empty({N}, DType::f32, MemCategory::activations);
+    backend.int8_row_absmax(whole_absmax, x, 6.0f);
+    Tensor flags = make(backend, {K}, std::vector<float>(size_t(K), 0.0f), DType::i32);
+    for (int64_t first = 0; first < N; first += block_rows)
+      backend.int8_outlier_columns(flags, x.slice_rows(first, std::min(block_rows, N - first)), 6.0f);
+    std::vector<int64_t> flagged;
+    for (int64_t k = 0; k < K; ++k)
+      if (flags.ptr<int32_t>()[k] != 0) flagged.push_back(k);
+    CHECK(flagged == int8_forward_ref(read(x), {}, N, K, 0, 6.0f).outlier_columns);
+    Int8Epilogue epilogue;
+    epilogue.outlier_flags = &flags;
+    size_t differs = 0, differs_alone = 0;
+    for (int64_t first = 0; first < N; first += block_rows) {
+      const int64_t rows = std::min(block_rows, N - first);
+      const Tensor block = x.slice_rows(first, rows);
+      const std::vector<float> got = run_forward(backend, block, qw, 6.0f, DType::f32, epilogue);
+      const std::vector<float> alone = run_forward(backend, block, qw, 6.0f, DType::f32);
+      Tensor absmax = backend.empty({rows}, DType::f32, MemCategory::activations);
+      backend.int8_row_absmax(absmax, block, 6.0f, &flags);
+      for (int64_t i = 0; i < rows * O; ++i) {
+        differs += got[size_t(i)] != whole[size_t(first * O + i)];
+        differs_alone += alone[size_t(i)] != whole[size_t(first * O + i)];
+      }
+      for (int64_t n = 0; n < rows; ++n) differs += absmax.ptr<float>()[n] != whole_absmax.ptr<float>()[first + n];
+    }
+    CHECK(differs == 0);
+    CHECK(differs_alone > 0);
+  }
+}
+
 TEST_CASE("int8_linear_forward checks the epilogue's shapes") {
   HostAllocator host;
   CpuBackend backend(host);

@@ -52,26 +52,36 @@ void quantize_row(Code* q, const float* x, int64_t count, float absmax) {
   for (int64_t k = 0; k < count; ++k) q[k] = Code(std::nearbyint(double(x[k]) * 127.0 / s));
 }
 
-// Input-feature columns where any |x[:, k]| >= threshold, ascending. Found
-// anew on every call, as bitsandbytes does: they depend on the batch.
-std::vector<int64_t> find_outlier_columns(const Tensor& x, float threshold) {
-  int64_t N = x.rows(), K = x.cols();
-  std::vector<uint8_t> is_outlier(size_t(K), 0);
-  if (threshold > 0.0f) {
-    uint8_t* flags = is_outlier.data();
+// flags[k] |= 1 where any |x[:, k]| >= threshold (threshold > 0).
+void flag_outlier_columns(int32_t* flags, const Tensor& x, float threshold) {
+  const int64_t N = x.rows(), K = x.cols();
+  if (threshold <= 0.0f) return;
 #pragma omp parallel
-    {
-      std::vector<float> row(K);
+  {
+    std::vector<float> row(K);
 #pragma omp for schedule(static) reduction(| : flags[:K])
-      for (int64_t n = 0; n < N; ++n) {
-        cpu::load_row(row.data(), x, n * K, K);
-        for (int64_t k = 0; k < K; ++k) flags[k] |= uint8_t(std::fabs(row[k]) >= threshold);
-      }
+    for (int64_t n = 0; n < N; ++n) {
+      cpu::load_row(row.data(), x, n * K, K);
+      for (int64_t k = 0; k < K; ++k) flags[k] |= int32_t(std::fabs(row[k]) >= threshold);
     }
+  }
+}
+
+// The outlier input-feature columns, ascending: the given flags' (a whole
+// batch's, x being some of its rows), else x's own, found anew on every
+// call as bitsandbytes does: they depend on the batch.
+std::vector<int64_t> outlier_columns(const Tensor& x, float threshold, const Tensor* given_flags) {
+  const int64_t K = x.cols();
+  std::vector<int32_t> own;
+  const int32_t* flags = given_flags ? given_flags->ptr<const int32_t>() : nullptr;
+  if (!flags) {
+    own.assign(size_t(K), 0);
+    flag_outlier_columns(own.data(), x, threshold);
+    flags = own.data();
   }
   std::vector<int64_t> columns;
   for (int64_t k = 0; k < K; ++k)
-    if (is_outlier[k]) columns.push_back(k);
+    if (flags[k]) columns.push_back(k);
   return columns;
 }
 
@@ -207,9 +217,13 @@ void CpuBackend::quantize_rows_int8_impl(Tensor& q, Tensor& scales, const Tensor
   }
 }
 
-void CpuBackend::int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float threshold) {
+void CpuBackend::int8_outlier_columns_impl(Tensor& flags, const Tensor& x, float threshold) {
+  flag_outlier_columns(flags.ptr<int32_t>(), x, threshold);
+}
+
+void CpuBackend::int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float threshold, const Tensor* outlier_flags) {
   const int64_t N = x.rows(), K = x.cols();
-  const std::vector<int64_t> columns = find_outlier_columns(x, threshold);
+  const std::vector<int64_t> columns = outlier_columns(x, threshold, outlier_flags);
 #pragma omp parallel
   {
     std::vector<float> row(K);
@@ -232,7 +246,7 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
   Int8Operands& p = reused;
   p.N = x.rows(), p.K = x.cols(), p.O = weight.dim(0);
   load_epilogue(p, epilogue);
-  std::vector<int64_t> columns = find_outlier_columns(x, threshold);
+  std::vector<int64_t> columns = outlier_columns(x, threshold, epilogue.outlier_flags);
   p.C = int64_t(columns.size());
   p.wq = weight.ptr<const int8_t>();
   p.sw = weight_scales.ptr<const float>();

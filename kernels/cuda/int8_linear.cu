@@ -419,23 +419,33 @@ Tensor scratch(const cuda::Int8Context& context, const cuda::ScratchTensor& t) {
   return Tensor::empty(t.shape, t.dtype, context.allocator, MemCategory::workspace);
 }
 
-// columns = [count, outlier column indices ascending, then the bit mask of
-// the outlier columns in ceil(K / 32) words] for x [N, K].
-void find_outlier_columns(Tensor& columns, const Tensor& x, float threshold, cudaStream_t stream) {
+// flags[k] = 1 where any |x[:, k]| >= threshold, the others left as they are.
+void flag_outlier_columns(int32_t* flags, const Tensor& x, float threshold, cudaStream_t stream) {
   const int64_t N = x.rows(), K = x.cols();
-  launch<zero_kernel>(cuda::elementwise_blocks(K + 1, kBlock), kBlock, 0, stream, columns.ptr<int32_t>(), K + 1);
+  if (K == 0 || N == 0 || threshold <= 0.0f) return;
+  const int64_t column_blocks = (K + kFlagColumns - 1) / kFlagColumns;
+  FT_CHECK(column_blocks <= 65535, "int8 outlier columns: too many input features (", K, ")");
+  const dim3 grid(unsigned((N + kFlagRows - 1) / kFlagRows), unsigned(column_blocks));
+  if (vector_runs(x))
+    launch<flag_outlier_columns_kernel<true>>(grid, kBlock, 0, stream, flags, cuda::const_view(x), N, K, threshold);
+  else
+    launch<flag_outlier_columns_kernel<false>>(grid, kBlock, 0, stream, flags, cuda::const_view(x), N, K, threshold);
   FT_CUDA_CHECK_LAUNCH();
-  if (K > 0 && N > 0 && threshold > 0.0f) {
-    const int64_t column_blocks = (K + kFlagColumns - 1) / kFlagColumns;
-    FT_CHECK(column_blocks <= 65535, "int8_linear_forward: too many input features (", K, ")");
-    const dim3 grid(unsigned((N + kFlagRows - 1) / kFlagRows), unsigned(column_blocks));
-    if (vector_runs(x))
-      launch<flag_outlier_columns_kernel<true>>(grid, kBlock, 0, stream, columns.ptr<int32_t>() + 1,
-                                                cuda::const_view(x), N, K, threshold);
-    else
-      launch<flag_outlier_columns_kernel<false>>(grid, kBlock, 0, stream, columns.ptr<int32_t>() + 1,
-                                                 cuda::const_view(x), N, K, threshold);
+}
+
+// columns = [count, outlier column indices ascending, then the bit mask of
+// the outlier columns in ceil(K / 32) words] for x [N, K]: the given flags'
+// columns (int8_outlier_columns over a batch x is rows of), else x's own.
+void find_outlier_columns(Tensor& columns, const Tensor& x, float threshold, const Tensor* given_flags,
+                          cudaStream_t stream) {
+  const int64_t K = x.cols();
+  if (given_flags) {
+    FT_CUDA_CHECK(cudaMemcpyAsync(columns.ptr<int32_t>() + 1, given_flags->data, size_t(K) * sizeof(int32_t),
+                                  cudaMemcpyDeviceToDevice, stream));
+  } else {
+    launch<zero_kernel>(cuda::elementwise_blocks(K + 1, kBlock), kBlock, 0, stream, columns.ptr<int32_t>(), K + 1);
     FT_CUDA_CHECK_LAUNCH();
+    flag_outlier_columns(columns.ptr<int32_t>() + 1, x, threshold, stream);
   }
   launch<compact_outlier_columns_kernel>(1, kScanBlock, 0, stream, columns.ptr<int32_t>(), K);
   FT_CUDA_CHECK_LAUNCH();
@@ -503,7 +513,7 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
   Tensor product = scratch(context, sizes.product);
   if (N == 0 || O == 0) return;
 
-  find_outlier_columns(columns, x, threshold, context.stream);
+  find_outlier_columns(columns, x, threshold, epilogue.outlier_flags, context.stream);
   context.passed("outlier columns");
   const OutlierWeights w{outlier_weights.ptr<const int8_t>(), weight.ptr<const int8_t>(), outlier_weights.dim(0)};
   if (w.capacity > 0) {
@@ -533,10 +543,11 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
 }
 
 // The forward's outlier and absmax passes, writing no codes.
-void int8_row_absmax(Tensor& absmax, const Tensor& x, float threshold, const Int8Context& context) {
+void int8_row_absmax(Tensor& absmax, const Tensor& x, float threshold, const Tensor* outlier_flags,
+                     const Int8Context& context) {
   Tensor columns = scratch(context, int8_outlier_columns_scratch(x.cols()));
   if (x.rows() == 0) return;
-  find_outlier_columns(columns, x, threshold, context.stream);
+  find_outlier_columns(columns, x, threshold, outlier_flags, context.stream);
   context.passed("outlier columns");
   const uint32_t* outlier_mask = reinterpret_cast<const uint32_t*>(columns.ptr<const int32_t>() + 1 + x.cols());
   quantize_inliers(nullptr, absmax.ptr<float>(), x, outlier_mask, nullptr, context.stream);
@@ -578,8 +589,13 @@ void CudaBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const T
                             int8_outlier_gather_columns(x.cols(), weight.dim(0)), {*gemm_, allocator_, stream_});
 }
 
-void CudaBackend::int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float threshold) {
-  cuda::int8_row_absmax(absmax, x, threshold, {*gemm_, allocator_, stream_});
+void CudaBackend::int8_outlier_columns_impl(Tensor& flags, const Tensor& x, float threshold) {
+  flag_outlier_columns(flags.ptr<int32_t>(), x, threshold, stream_);
+}
+
+void CudaBackend::int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float threshold,
+                                       const Tensor* outlier_flags) {
+  cuda::int8_row_absmax(absmax, x, threshold, outlier_flags, {*gemm_, allocator_, stream_});
 }
 
 void CudaBackend::int8_linear_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& weight,

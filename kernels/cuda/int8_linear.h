@@ -36,7 +36,8 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
                          const Int8Context& context);
 
 // Backend::int8_row_absmax.
-void int8_row_absmax(Tensor& absmax, const Tensor& x, float threshold, const Int8Context& context);
+void int8_row_absmax(Tensor& absmax, const Tensor& x, float threshold, const Tensor* outlier_flags,
+                     const Int8Context& context);
 
 // Backend::int8_linear_backward dequantising tile_columns input features of
 // the weight at a time.

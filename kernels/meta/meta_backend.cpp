@@ -234,7 +234,9 @@ void MetaBackend::cross_entropy_impl(Tensor&, Tensor*, const Tensor&, const Tens
 
 void MetaBackend::quantize_rows_int8_impl(Tensor&, Tensor&, const Tensor&) { enter("quantize_rows_int8", {}); }
 
-void MetaBackend::int8_row_absmax_impl(Tensor&, const Tensor& x, float) {
+void MetaBackend::int8_outlier_columns_impl(Tensor&, const Tensor&, float) { enter("int8_outlier_columns", {}); }
+
+void MetaBackend::int8_row_absmax_impl(Tensor&, const Tensor& x, float, const Tensor*) {
   enter("int8_row_absmax", {});
   Tensor columns = cuda_scratch(cuda::int8_outlier_columns_scratch(x.cols()));
 }

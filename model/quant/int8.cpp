@@ -95,14 +95,24 @@ void Int8Linear::forward_with_lora(Backend& backend, Tensor& out, const Tensor& 
 // columns, their maximum over the group.
 void Int8Linear::forward_fused(Backend& backend, Tensor& out, const Tensor& x, Int8Epilogue epilogue) {
   if (bias_) epilogue.bias = &bias_->value;
+  if (outlier_flags_.defined()) epilogue.outlier_flags = &outlier_flags_;
   Tensor row_absmax;
   if (row_group_) {
     row_absmax = backend.empty({x.rows()}, DType::f32, MemCategory::workspace);
-    backend.int8_row_absmax(row_absmax, x, threshold_);
+    backend.int8_row_absmax(row_absmax, x, threshold_, epilogue.outlier_flags);
     row_group_->max(backend, row_absmax);
     epilogue.row_absmax = &row_absmax;
   }
   backend.int8_linear_forward(out, x, weight_.value, int8_scales(weight_), threshold_, epilogue);
+}
+
+void Int8Linear::scan_rows(Backend& backend, const Tensor& x_rows) {
+  if (!scans_rows()) return;
+  if (!outlier_flags_.defined()) {
+    outlier_flags_ = backend.empty({x_rows.cols()}, DType::i32, MemCategory::workspace);
+    backend.fill(outlier_flags_, 0.0f);
+  }
+  backend.int8_outlier_columns(outlier_flags_, x_rows, threshold_);
 }
 
 void Int8Linear::backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor&, bool accumulate_dx) {

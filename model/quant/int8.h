@@ -39,6 +39,11 @@ class Int8Linear final : public Linear {
   void forward_with_lora(Backend& backend, Tensor& out, const Tensor& x, const Tensor& h, const Tensor& B,
                          float scaling) override;
   void backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
+  // Outlier columns over the scanned rows (Backend::int8_outlier_columns),
+  // used by every forward until end_scan.
+  bool scans_rows() const override { return threshold_ > 0.0f; }
+  void scan_rows(Backend& backend, const Tensor& x_rows) override;
+  void end_scan() override { outlier_flags_ = Tensor{}; }
 
  private:
   void forward_fused(Backend& backend, Tensor& out, const Tensor& x, Int8Epilogue epilogue);
@@ -47,6 +52,7 @@ class Int8Linear final : public Linear {
   float threshold_;
   Parameter* bias_;
   TensorParallelGroup* row_group_;
+  Tensor outlier_flags_;  // i32 [in] while scanned, else undefined
 };
 
 // Sets p's codes and row scales from a full-precision [out, in] weight

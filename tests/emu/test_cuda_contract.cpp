@@ -20,6 +20,14 @@ Tensor make(Backend& be, const Shape& shape, DType dtype = DType::f32) {
   return be.empty(shape, dtype, MemCategory::activations);
 }
 
+// int8_linear_forward of x [2, 4] by a [3, 4] weight with one epilogue operand.
+void int8_forward_with(Backend& be, const Tensor* Int8Epilogue::*operand, const Tensor& value) {
+  Tensor out = make(be, {2, 3}), x = make(be, {2, 4}), w = make(be, {3, 4}, DType::i8), scales = make(be, {3});
+  Int8Epilogue epilogue;
+  epilogue.*operand = &value;
+  be.int8_linear_forward(out, x, w, scales, 6.0f, epilogue);
+}
+
 struct BadCall {
   const char* what;
   std::function<void(Backend&)> call;
@@ -81,14 +89,17 @@ const BadCall kBadCalls[] = {
        be.int8_row_absmax(absmax, x, 6.0f);
      },
      "int8_row_absmax: absmax has shape [4] (4 elements), expected 2 elements"},
-    {"int8_linear_forward with bf16 row_absmax",
+    {"int8_outlier_columns with f32 flags",
      [](Backend& be) {
-       Tensor out = make(be, {2, 3}), x = make(be, {2, 4}), w = make(be, {3, 4}, DType::i8), scales = make(be, {3});
-       Tensor row_absmax = make(be, {2}, DType::bf16);
-       Int8Epilogue epilogue;
-       epilogue.row_absmax = &row_absmax;
-       be.int8_linear_forward(out, x, w, scales, 6.0f, epilogue);
+       Tensor flags = make(be, {4}), x = make(be, {2, 4});
+       be.int8_outlier_columns(flags, x, 6.0f);
      },
+     "int8_outlier_columns: outlier_flags must be i32, got f32"},
+    {"int8_linear_forward with one outlier flag per row",
+     [](Backend& be) { int8_forward_with(be, &Int8Epilogue::outlier_flags, make(be, {2}, DType::i32)); },
+     "int8_linear_forward: outlier_flags has shape [2] (2 elements), expected 4 elements"},
+    {"int8_linear_forward with bf16 row_absmax",
+     [](Backend& be) { int8_forward_with(be, &Int8Epilogue::row_absmax, make(be, {2}, DType::bf16)); },
      "int8_linear_forward: row_absmax must be f32, got bf16"},
     {"cross_entropy with bf16 losses",
      [](Backend& be) {

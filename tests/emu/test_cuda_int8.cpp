@@ -335,45 +335,116 @@ TEST_CASE("cuda: int8_row_absmax is the CPU's, bit for bit") {
       }
 }
 
+namespace {
+
+// x [N, K] with the planted outliers and a weight [O, K], at the scalar
+// width (K = 301) and the bf16 vector one (2,112), in f32 and bf16.
+struct PlantedCase {
+  int64_t N, K, O;
+  DType dtype;
+  Tensor x;
+  Int8Weight w;
+};
+std::vector<PlantedCase> planted_cases(unsigned& seed) {
+  constexpr int64_t kSizes[][3] = {{37, 301, 67}, {19, 2112, 130}};  // N, K, O
+  std::vector<PlantedCase> cases;
+  for (const auto& s : kSizes)
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      Tensor x = make_x(s[0], s[1], dtype, Outliers::planted, seed++);
+      cases.push_back({s[0], s[1], s[2], dtype, x, host_weight(s[2], s[1], seed++)});
+    }
+  return cases;
+}
+
+}  // namespace
+
 TEST_CASE("cuda: int8_linear_forward with given row scales is the CPU's, bit for bit") {
   // Scales above x's own (a row-parallel shard's whole-row absmax: x in
   // [-2, 2] plus a 5.9 that is no outlier, the scales in [6, 12]), with the
-  // planted outlier columns, a bias, at the scalar and the bf16 vector
-  // widths, over one and several row chunks.
-  struct Size {
-    int64_t N, K, O;
-  };
+  // planted outlier columns, a bias, over one and several row chunks.
   unsigned seed = 700;
-  for (const Size& s : {Size{37, 301, 67}, Size{19, 2112, 130}})
-    for (DType dtype : {DType::f32, DType::bf16}) {
-      CAPTURE(s.K);
-      CAPTURE(dtype_name(dtype));
-      Tensor x = make_x(s.N, s.K, dtype, Outliers::planted, seed++);
-      Int8Weight w = host_weight(s.O, s.K, seed++);
-      Tensor bias = host_random({s.O}, dtype, seed++);
-      Tensor given = host_random({s.N}, DType::f32, seed++, 6.0f, 12.0f);
-      Int8Epilogue epilogue;
-      epilogue.bias = &bias;
-      epilogue.row_absmax = &given;
-      Tensor want = cpu.empty({s.N, s.O}, DType::f32, MemCategory::activations);
-      cpu.int8_linear_forward(want, x, w.q, w.scales, 6.0f, epilogue);
-      Tensor own = cpu.empty({s.N, s.O}, DType::f32, MemCategory::activations);
-      cpu.int8_linear_forward(own, x, w.q, w.scales, 6.0f, {&bias});
-      CHECK(values(own) != values(want));  // the given scales are used
-      for (int64_t chunk : {s.N, int64_t(8)}) {
-        CAPTURE(chunk);
-        std::vector<float> got = emu_test::same_under_schedules([&] {
-          Tensor out = device_empty({s.N, s.O}, DType::f32), dbias = to_device(bias), dgiven = to_device(given);
-          Int8Epilogue device_epilogue;
-          device_epilogue.bias = &dbias;
-          device_epilogue.row_absmax = &dgiven;
-          cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f, device_epilogue,
-                                    chunk, 2, context());
-          return values(out);
-        });
-        CHECK(got == values(want));
-      }
+  for (const PlantedCase& s : planted_cases(seed)) {
+    CAPTURE(s.K);
+    CAPTURE(dtype_name(s.dtype));
+    const Tensor& x = s.x;
+    const Int8Weight& w = s.w;
+    Tensor bias = host_random({s.O}, s.dtype, seed++);
+    Tensor given = host_random({s.N}, DType::f32, seed++, 6.0f, 12.0f);
+    Int8Epilogue epilogue;
+    epilogue.bias = &bias;
+    epilogue.row_absmax = &given;
+    Tensor want = cpu.empty({s.N, s.O}, DType::f32, MemCategory::activations);
+    cpu.int8_linear_forward(want, x, w.q, w.scales, 6.0f, epilogue);
+    Tensor own = cpu.empty({s.N, s.O}, DType::f32, MemCategory::activations);
+    cpu.int8_linear_forward(own, x, w.q, w.scales, 6.0f, {&bias});
+    CHECK(values(own) != values(want));  // the given scales are used
+    for (int64_t chunk : {s.N, int64_t(8)}) {
+      CAPTURE(chunk);
+      std::vector<float> got = emu_test::same_under_schedules([&] {
+        Tensor out = device_empty({s.N, s.O}, DType::f32), dbias = to_device(bias), dgiven = to_device(given);
+        Int8Epilogue device_epilogue;
+        device_epilogue.bias = &dbias;
+        device_epilogue.row_absmax = &dgiven;
+        cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f, device_epilogue,
+                                  chunk, 2, context());
+        return values(out);
+      });
+      CHECK(got == values(want));
     }
+  }
+}
+
+TEST_CASE("cuda: int8_outlier_columns over row blocks, and the blocks' forward and row scales with them, are the CPU's") {
+  // A batch in blocks of 8 rows (the MLP in chunks of tokens): the planted
+  // outliers sit in the first two blocks only, so the later blocks' own
+  // columns would differ; one flag is set before the scan (the op leaves it).
+  unsigned seed = 750;
+  for (const PlantedCase& s : planted_cases(seed)) {
+    CAPTURE(s.K);
+    CAPTURE(dtype_name(s.dtype));
+    const int64_t block_rows = 8;
+    const Tensor& x = s.x;
+    const Int8Weight& w = s.w;
+    std::vector<int32_t> initial(size_t(s.K), 0);
+    initial[2] = 1;
+    Tensor want_flags = host_ints(initial);
+    for (int64_t first = 0; first < s.N; first += block_rows)
+      cpu.int8_outlier_columns(want_flags, x.slice_rows(first, std::min(block_rows, s.N - first)), 6.0f);
+    const std::vector<int32_t> flagged = int32_values(want_flags);
+    CHECK(std::count(flagged.begin(), flagged.end(), 1) == 4);  // column 2 and the three planted outliers
+    Int8Epilogue epilogue;
+    epilogue.outlier_flags = &want_flags;
+    Tensor want = cpu.empty({s.N, s.O}, DType::f32, MemCategory::activations);
+    Tensor want_absmax = cpu.empty({s.N}, DType::f32, MemCategory::activations);
+    for (int64_t first = 0; first < s.N; first += block_rows) {
+      const int64_t rows = std::min(block_rows, s.N - first);
+      Tensor out = want.slice_rows(first, rows), absmax = want_absmax.slice_rows(first, rows);
+      cpu.int8_linear_forward(out, x.slice_rows(first, rows), w.q, w.scales, 6.0f, epilogue);
+      cpu.int8_row_absmax(absmax, x.slice_rows(first, rows), 6.0f, &want_flags);
+    }
+    std::vector<float> got = emu_test::same_under_schedules([&] {
+      Tensor dx = to_device(x), flags = to_device(host_ints(initial));
+      Tensor out = device_empty({s.N, s.O}, DType::f32), absmax = device_empty({s.N}, DType::f32);
+      for (int64_t first = 0; first < s.N; first += block_rows)
+        gpu.int8_outlier_columns(flags, dx.slice_rows(first, std::min(block_rows, s.N - first)), 6.0f);
+      CHECK(int32_values(flags) == int32_values(want_flags));
+      Int8Epilogue device_epilogue;
+      device_epilogue.outlier_flags = &flags;
+      for (int64_t first = 0; first < s.N; first += block_rows) {
+        const int64_t rows = std::min(block_rows, s.N - first);
+        Tensor out_rows = out.slice_rows(first, rows), absmax_rows = absmax.slice_rows(first, rows);
+        gpu.int8_linear_forward(out_rows, dx.slice_rows(first, rows), to_device(w.q), to_device(w.scales), 6.0f,
+                                device_epilogue);
+        gpu.int8_row_absmax(absmax_rows, dx.slice_rows(first, rows), 6.0f, &flags);
+      }
+      std::vector<float> result = values(out), scales = values(absmax);
+      result.insert(result.end(), scales.begin(), scales.end());
+      return result;
+    });
+    std::vector<float> expected = values(want), expected_scales = values(want_absmax);
+    expected.insert(expected.end(), expected_scales.begin(), expected_scales.end());
+    CHECK(got == expected);
+  }
 }
 
 TEST_CASE("cuda: the forward's int32 product blocks are balanced, within budget, in whole GEMM tiles") {
