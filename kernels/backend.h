@@ -34,6 +34,7 @@ namespace ft {
   PREFIX void record_event_impl(StreamEvent& event, Stream stream) SUFFIX;                                          \
   PREFIX void wait_event_impl(Stream stream, const StreamEvent& event) SUFFIX;                                      \
   PREFIX void fill_impl(Tensor& dst, float value) SUFFIX;                                                           \
+  PREFIX void accumulate_outer_products_impl(Tensor& grad, const Tensor& a, const Tensor& b, float alpha) SUFFIX;  \
   PREFIX void copy_columns_impl(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,             \
                                 int64_t width) SUFFIX;                                                              \
   PREFIX void matmul_impl(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,        \
@@ -174,6 +175,18 @@ class Backend {
               float beta = 0.0f) {
     checks::check_matmul(device(), out, a, b, transpose_a, transpose_b);
     matmul_impl(out, a, b, transpose_a, transpose_b, alpha, beta);
+  }
+  // grad [M, P] (f32) += alpha * a [N, M]^T @ b [N, P], the rows' terms added
+  // in row order: each element v = fma(alpha * a[n, i], b[n, j], v) for n =
+  // 0 .. N-1 ascending, from grad's own value, in f32 (alpha * a[n, i]
+  // rounded once), on every backend. So a sum over tokens added block of
+  // rows after block of rows is bit for bit the sum over all of them at once:
+  // a LoRA adapter's gradient is the same whether its layer runs over the
+  // whole batch or over chunks of tokens (mlp_chunk_tokens). A GEMM's sum
+  // over K is blocked by shape instead, so it cannot promise that.
+  void accumulate_outer_products(Tensor& grad, const Tensor& a, const Tensor& b, float alpha) {
+    checks::check_accumulate_outer_products(device(), grad, a, b);
+    accumulate_outer_products_impl(grad, a, b, alpha);
   }
 
   // out = a + b, elementwise; out may alias a or b.

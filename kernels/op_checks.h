@@ -303,6 +303,20 @@ inline void check_matmul(Device device, const Tensor& out, const Tensor& a, cons
   FT_CHECK(!overlaps(out, a) && !overlaps(out, b), "matmul: out must not alias a or b");
 }
 
+// Backend::accumulate_outer_products: grad f32 [M, P] += a [N, M]^T b [N, P]
+// (each viewed as [rows, cols], as matmul's operands), grad aliasing neither
+// input.
+inline void check_accumulate_outer_products(Device device, const Tensor& grad, const Tensor& a, const Tensor& b) {
+  const char* op = "accumulate_outer_products";
+  check_dtype(grad, DType::f32, device, op, "grad");
+  check_float(a, device, op, "a");
+  check_float(b, device, op, "b");
+  FT_CHECK(a.rows() == b.rows() && grad.rows() == a.cols() && grad.cols() == b.cols(),
+           op, ": grad ", shape_string(grad.shape), " += a ", shape_string(a.shape), "^T @ b ", shape_string(b.shape),
+           ": expected a [N, ", grad.rows(), "] and b [N, ", grad.cols(), "] with the same N");
+  FT_CHECK(!overlaps(grad, a) && !overlaps(grad, b), op, ": grad must not alias a or b");
+}
+
 // Backend::int8_outlier_columns's flags over K input features: i32 [K]
 // (any shape with K elements).
 inline void check_outlier_flags(Device device, const char* op, const Tensor& flags, int64_t K) {

@@ -65,11 +65,11 @@ void LoraLinear::backward(Backend& backend, Tensor* dx, const Tensor& dout, cons
   if (B_.trainable()) {
     Tensor h = backend.empty({N, r}, x.dtype, MemCategory::activations);
     backend.matmul(h, xd, A, false, true);
-    backend.matmul(B_.grad, dout, h, true, false, scaling_, 1.0f);
+    backend.accumulate_outer_products(B_.grad, dout, h, scaling_);
   }
   Tensor g = backend.empty({N, r}, x.dtype, MemCategory::activations);
   backend.matmul(g, dout, B, false, false, scaling_);
-  if (A_.trainable()) backend.matmul(A_.grad, g, xd, true, false, 1.0f, 1.0f);
+  if (A_.trainable()) backend.accumulate_outer_products(A_.grad, g, xd, 1.0f);
   if (!dx) return;
   if (!dropout_active()) {
     backend.matmul(*dx, g, A, false, false, 1.0f, 1.0f);

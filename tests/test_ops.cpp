@@ -325,6 +325,49 @@ TEST_CASE("matmul: bf16 and mixed inputs, bf16 output") {
   check_close(values_of(out_bf16), want, kBf16Tol, "bf16 @ bf16 -> bf16 with beta");
 }
 
+// grad += alpha a^T b over tile and row-block boundaries (128 columns, 64
+// rows, 1024 sums per tile): a LoRA A-like shape (17 x 150) and a B-like one
+// (300 x 8), bf16 and f32 operands. Against the float64 product (kF32Tol),
+// and bit for bit against the contract's own order computed here one element
+// at a time; the rows split into blocks and added block after block give
+// the same bits as all rows at once (what a GEMM with beta = 1 cannot
+// promise: it sums each block on its own first).
+TEST_CASE("accumulate_outer_products: row order, so blocks of rows add up to all rows bit for bit") {
+  std::mt19937 rng(5);
+  struct Size {
+    int N, M, P;
+  };
+  for (const Size& s : {Size{203, 17, 150}, Size{203, 300, 8}})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      CAPTURE(s.M);
+      CAPTURE(dtype_name(dtype));
+      const float alpha = 0.375f;
+      Vec a = rounded(random_vec(size_t(s.N) * s.M, rng), dtype), b = random_vec(size_t(s.N) * s.P, rng);
+      const Vec old = random_vec(size_t(s.M) * s.P, rng);
+      Tensor ta = make({s.N, s.M}, dtype, a), tb = make({s.N, s.P}, DType::f32, b);
+      Tensor whole = make({s.M, s.P}, DType::f32, old);
+      backend.accumulate_outer_products(whole, ta, tb, alpha);
+      Vec want = matmul_ref(a, rounded(b, DType::f32), s.M, s.P, s.N, true, false), in_order(want.size());
+      for (size_t e = 0; e < want.size(); ++e) {
+        const size_t i = e / size_t(s.P), j = e % size_t(s.P);
+        float v = float(old[e]);
+        for (size_t n = 0; n < size_t(s.N); ++n)
+          v = std::fma(alpha * float(a[n * size_t(s.M) + i]), float(b[n * size_t(s.P) + j]), v);
+        in_order[e] = v;
+        want[e] = old[e] + alpha * want[e];
+      }
+      check_close(values_of(whole), want, kF32Tol, "accumulate_outer_products");
+      CHECK(values_of(whole) == in_order);
+      Tensor blocks = make({s.M, s.P}, DType::f32, old);
+      const int bounds[] = {0, 5, 70, s.N};
+      for (int k = 0; k < 3; ++k) {
+        const int first = bounds[k], rows = bounds[k + 1] - bounds[k];
+        backend.accumulate_outer_products(blocks, ta.slice_rows(first, rows), tb.slice_rows(first, rows), alpha);
+      }
+      CHECK(values_of(blocks) == values_of(whole));
+    }
+}
+
 // ---- matmul on each CPU GEMM implementation ------------------------------
 // The cases above run the default (oneDNN where the build has it); these run
 // the reference kernels and oneDNN by name, at a training step's shapes

@@ -91,6 +91,10 @@ void MetaBackend::matmul_impl(Tensor&, const Tensor& a, const Tensor& b, bool, b
   if (const auto widened = cuda::matmul_scratch(a, b)) Tensor wide = cuda_scratch(*widened);
 }
 
+void MetaBackend::accumulate_outer_products_impl(Tensor&, const Tensor& a, const Tensor& b, float) {
+  enter("accumulate_outer_products", {&a, &b});
+}
+
 void MetaBackend::add_impl(Tensor&, const Tensor& a, const Tensor& b) { enter("add", {&a, &b}); }
 
 void MetaBackend::add_bias_impl(Tensor&, const Tensor& bias) { enter("add_bias", {&bias}); }

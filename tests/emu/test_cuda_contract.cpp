@@ -89,6 +89,18 @@ const BadCall kBadCalls[] = {
        be.int8_row_absmax(absmax, x, 6.0f);
      },
      "int8_row_absmax: absmax has shape [4] (4 elements), expected 2 elements"},
+    {"accumulate_outer_products with a bf16 grad",
+     [](Backend& be) {
+       Tensor grad = make(be, {3, 4}, DType::bf16), a = make(be, {2, 3}), b = make(be, {2, 4});
+       be.accumulate_outer_products(grad, a, b, 1.0f);
+     },
+     "accumulate_outer_products: grad must be f32, got bf16"},
+    {"accumulate_outer_products with fewer rows of b than of a",
+     [](Backend& be) {
+       Tensor grad = make(be, {3, 4}), a = make(be, {2, 3}), b = make(be, {1, 4});
+       be.accumulate_outer_products(grad, a, b, 1.0f);
+     },
+     "accumulate_outer_products: grad [3, 4] += a [2, 3]^T @ b [1, 4]: expected a [N, 3] and b [N, 4] with the same N"},
     {"int8_outlier_columns with f32 flags",
      [](Backend& be) {
        Tensor flags = make(be, {4}), x = make(be, {2, 4});
