@@ -1,10 +1,12 @@
 // The op interface. Model code calls only these functions, so a second backend
 // (kernels/cuda/) slots in beside kernels/cpu/ without touching the model.
-// Each public op checks its arguments' contract (kernels/op_checks.h) and then
-// calls its backend's implementation, the protected virtual <op>_impl, so
+// Each public op checks its arguments' contract (kernels/op_checks.h), opens
+// an OpTimer (kernels/op_profile.h: per-op time when a profile is attached)
+// and calls its backend's implementation, the protected virtual <op>_impl, so
 // every backend (CPU, CUDA, the planner's meta) rejects the same calls the
-// same way. Adding an op: its public method here, its line in
-// FT_BACKEND_OP_IMPLS, its check in op_checks.h, one implementation per backend.
+// same way. Adding an op: its public method here (check, timer, <op>_impl),
+// its line in FT_BACKEND_OP_IMPLS, its check in op_checks.h, one
+// implementation per backend.
 //
 // Conventions, the same for every backend:
 // - Outputs are preallocated by the caller; ops never allocate tensors that
@@ -21,6 +23,7 @@
 
 #include "kernels/op_checks.h"
 #include "kernels/op_operands.h"
+#include "kernels/op_profile.h"
 #include "kernels/tensor.h"
 
 namespace ft {
@@ -127,15 +130,22 @@ class Backend {
     return Tensor::empty(shape, dtype, allocator(), category);
   }
 
+  // Times every op from now on into profile (kernels/op_profile.h); null
+  // stops. The caller keeps profile alive while it is attached. The event
+  // calls below are not timed: bookkeeping, no work on the CPU.
+  void set_op_profile(OpProfile* profile) { profile_ = profile; }
+
   // ---- data movement ---------------------------------------------------
   // dst = src converted to dst.dtype (element counts must match). Either side
   // may be a host tensor; this is how weights reach the device.
   void copy(Tensor& dst, const Tensor& src) {
     checks::check_copy(device(), dst, src);
+    const OpTimer timer(profile_, __func__);
     copy_impl(dst, src);
   }
   void fill(Tensor& dst, float value) {
     checks::check_fill(device(), dst);
+    const OpTimer timer(profile_, __func__);
     fill_impl(dst, value);
   }
   // dst[r, dst_offset + j] = src[r, src_offset + j] for j < width, dst and src
@@ -143,6 +153,7 @@ class Backend {
   // fused [N, 3C] projection, or its gradient back in). No aliasing.
   void copy_columns(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset, int64_t width) {
     checks::check_copy_columns(device(), dst, dst_offset, src, src_offset, width);
+    const OpTimer timer(profile_, __func__);
     copy_columns_impl(dst, dst_offset, src, src_offset, width);
   }
 
@@ -161,6 +172,7 @@ class Backend {
   // (copy_async is a memcpy, events are no-ops).
   void copy_async(Tensor& dst, const Tensor& src) {
     checks::check_copy_async(device(), dst, src);
+    const OpTimer timer(profile_, __func__);
     copy_async_impl(dst, src);
   }
   StreamEvent make_event() { return make_event_impl(); }
@@ -174,6 +186,7 @@ class Backend {
   void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, float alpha = 1.0f,
               float beta = 0.0f) {
     checks::check_matmul(device(), out, a, b, transpose_a, transpose_b);
+    const OpTimer timer(profile_, __func__);
     matmul_impl(out, a, b, transpose_a, transpose_b, alpha, beta);
   }
   // grad [M, P] (f32) += alpha * a [N, M]^T @ b [N, P], the rows' terms added
@@ -186,22 +199,26 @@ class Backend {
   // over K is blocked by shape instead, so it cannot promise that.
   void accumulate_outer_products(Tensor& grad, const Tensor& a, const Tensor& b, float alpha) {
     checks::check_accumulate_outer_products(device(), grad, a, b);
+    const OpTimer timer(profile_, __func__);
     accumulate_outer_products_impl(grad, a, b, alpha);
   }
 
   // out = a + b, elementwise; out may alias a or b.
   void add(Tensor& out, const Tensor& a, const Tensor& b) {
     checks::check_add(device(), out, a, b);
+    const OpTimer timer(profile_, __func__);
     add_impl(out, a, b);
   }
   // out[n, :] += bias (bias [C], out [N, C]): a linear layer's bias.
   void add_bias(Tensor& out, const Tensor& bias) {
     checks::check_bias(device(), "add_bias", bias, "bias", out, "out");
+    const OpTimer timer(profile_, __func__);
     add_bias_impl(out, bias);
   }
   // dbias[c] += sum over n of dout[n, c] (accumulated, as every parameter gradient).
   void bias_backward(Tensor& dbias, const Tensor& dout) {
     checks::check_bias(device(), "bias_backward", dbias, "dbias", dout, "dout");
+    const OpTimer timer(profile_, __func__);
     bias_backward_impl(dbias, dout);
   }
 
@@ -209,11 +226,13 @@ class Backend {
   // out[N,C] = table[ids[n], :]; ids i32[N].
   void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
     checks::check_embedding(device(), "embedding_forward", out, "out", ids, table, "table");
+    const OpTimer timer(profile_, __func__);
     embedding_forward_impl(out, ids, table);
   }
   // dtable[ids[n], :] += dout[n, :].
   void embedding_backward(Tensor& dtable, const Tensor& ids, const Tensor& dout) {
     checks::check_embedding(device(), "embedding_backward", dout, "dout", ids, dtable, "dtable");
+    const OpTimer timer(profile_, __func__);
     embedding_backward_impl(dtable, ids, dout);
   }
 
@@ -222,6 +241,7 @@ class Backend {
   // for backward). As HF LlamaRMSNorm: normalise in f32, then scale.
   void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
     checks::check_rmsnorm_forward(device(), "rmsnorm_forward", out, rstd, x, weight);
+    const OpTimer timer(profile_, __func__);
     rmsnorm_forward_impl(out, rstd, x, weight, eps);
   }
   // dx overwritten; dweight accumulated unless null.
@@ -229,6 +249,7 @@ class Backend {
                         const Tensor& rstd) {
     checks::check_norm_backward_op(device(), "rmsnorm_backward", dx, dweight, nullptr, dout, nullptr, x, weight,
                                    nullptr, rstd);
+    const OpTimer timer(profile_, __func__);
     rmsnorm_backward_impl(dx, dweight, dout, x, weight, rstd);
   }
   // As torch.nn.LayerNorm: out = (x - mean) * rstd * weight + bias with
@@ -237,6 +258,7 @@ class Backend {
   void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
                          const Tensor& bias, float eps) {
     checks::check_layernorm_forward(device(), "layernorm_forward", out, mean, rstd, x, weight, bias);
+    const OpTimer timer(profile_, __func__);
     layernorm_forward_impl(out, mean, rstd, x, weight, bias, eps);
   }
   // dx overwritten; dweight and dbias accumulated unless null.
@@ -244,6 +266,7 @@ class Backend {
                           const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
     checks::check_norm_backward_op(device(), "layernorm_backward", dx, dweight, dbias, dout, nullptr, x, weight,
                                    &mean, rstd);
+    const OpTimer timer(profile_, __func__);
     layernorm_backward_impl(dx, dweight, dbias, dout, x, weight, mean, rstd);
   }
   // Fused with a decoder layer's residual add, one pass over [N, C] each.
@@ -256,12 +279,14 @@ class Backend {
                            const Tensor& weight, float eps) {
     checks::check_rmsnorm_forward(device(), "add_rmsnorm_forward", out, rstd, a, weight);
     checks::check_residual_sum(device(), "add_rmsnorm_forward", sum, a, b);
+    const OpTimer timer(profile_, __func__);
     add_rmsnorm_forward_impl(sum, out, rstd, a, b, weight, eps);
   }
   void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
                              const Tensor& weight, const Tensor& bias, float eps) {
     checks::check_layernorm_forward(device(), "add_layernorm_forward", out, mean, rstd, a, weight, bias);
     checks::check_residual_sum(device(), "add_layernorm_forward", sum, a, b);
+    const OpTimer timer(profile_, __func__);
     add_layernorm_forward_impl(sum, out, mean, rstd, a, b, weight, bias, eps);
   }
   // Backward: dx = the norm's input gradient ROUNDED TO dx's DTYPE, plus
@@ -274,6 +299,7 @@ class Backend {
                             const Tensor& x, const Tensor& weight, const Tensor& rstd) {
     checks::check_norm_backward_op(device(), "rmsnorm_backward_add", dx, dweight, nullptr, dout, &dresidual, x,
                                    weight, nullptr, rstd);
+    const OpTimer timer(profile_, __func__);
     rmsnorm_backward_add_impl(dx, dweight, dout, dresidual, x, weight, rstd);
   }
   void layernorm_backward_add(Tensor& dx, Tensor* dweight, Tensor* dbias, const Tensor& dout,
@@ -281,6 +307,7 @@ class Backend {
                               const Tensor& rstd) {
     checks::check_norm_backward_op(device(), "layernorm_backward_add", dx, dweight, dbias, dout, &dresidual, x,
                                    weight, &mean, rstd);
+    const OpTimer timer(profile_, __func__);
     layernorm_backward_add_impl(dx, dweight, dbias, dout, dresidual, x, weight, mean, rstd);
   }
 
@@ -294,11 +321,13 @@ class Backend {
   // (model/rope.h), so every backend rotates by the same angles.
   void rope_forward(const HeadsView& x, const Tensor& positions, std::span<const float> inv_freq) {
     checks::check_rope(device(), "rope_forward", x, positions, inv_freq);
+    const OpTimer timer(profile_, __func__);
     rope_forward_impl(x, positions, inv_freq);
   }
   // The transposed (inverse) rotation, applied in place to the gradient.
   void rope_backward(const HeadsView& dx, const Tensor& positions, std::span<const float> inv_freq) {
     checks::check_rope(device(), "rope_backward", dx, positions, inv_freq);
+    const OpTimer timer(profile_, __func__);
     rope_backward_impl(dx, positions, inv_freq);
   }
 
@@ -306,21 +335,25 @@ class Backend {
   // out = silu(gate) * up.
   void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) {
     checks::check_swiglu(device(), "swiglu_forward", {{&out, "out"}, {&gate, "gate"}, {&up, "up"}}, out);
+    const OpTimer timer(profile_, __func__);
     swiglu_forward_impl(out, gate, up);
   }
   void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate, const Tensor& up) {
     checks::check_swiglu(device(), "swiglu_backward",
                          {{&dgate, "dgate"}, {&dup, "dup"}, {&dout, "dout"}, {&gate, "gate"}, {&up, "up"}}, dout);
+    const OpTimer timer(profile_, __func__);
     swiglu_backward_impl(dgate, dup, dout, gate, up);
   }
   // out = gelu(x) in the given form (see GeluKind); out may alias x.
   void gelu_forward(Tensor& out, const Tensor& x, GeluKind kind) {
     checks::check_gelu(device(), "gelu_forward", out, "out", nullptr, x);
+    const OpTimer timer(profile_, __func__);
     gelu_forward_impl(out, x, kind);
   }
   // dx = dout * gelu'(x); dx may alias dout.
   void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, GeluKind kind) {
     checks::check_gelu(device(), "gelu_backward", dx, "dx", &dout, x);
+    const OpTimer timer(profile_, __func__);
     gelu_backward_impl(dx, dout, x, kind);
   }
 
@@ -346,6 +379,7 @@ class Backend {
   void attention_forward(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k, const HeadsView& v,
                          float scale, int64_t sliding_window, const Tensor* cu_seqlens = nullptr) {
     checks::check_attention(device(), "attention_forward", q, k, v, out, lse, sliding_window, cu_seqlens);
+    const OpTimer timer(profile_, __func__);
     attention_forward_impl(out, lse, q, k, v, scale, sliding_window, cu_seqlens);
   }
   // dq, dk, dv overwritten (every column of their views), none overlapping
@@ -356,6 +390,7 @@ class Backend {
                           const Tensor* cu_seqlens = nullptr) {
     checks::check_attention(device(), "attention_backward", q, k, v, out, lse, sliding_window, cu_seqlens);
     checks::check_attention_gradients(device(), "attention_backward", dq, dk, dv, dout, q, k, v, out);
+    const OpTimer timer(profile_, __func__);
     attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, scale, sliding_window, cu_seqlens);
   }
 
@@ -371,6 +406,7 @@ class Backend {
   void attention_cached(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         const Tensor& positions, float scale, int64_t sliding_window) {
     checks::check_attention_cached(device(), out, q, k_cache, v_cache, positions, sliding_window);
+    const OpTimer timer(profile_, __func__);
     attention_cached_impl(out, q, k_cache, v_cache, positions, scale, sliding_window);
   }
 
@@ -390,6 +426,7 @@ class Backend {
                                 const Tensor* bias, const Tensor* key_lengths, bool causal) {
     checks::check_biased_attention(device(), "biased_attention_forward", q, k, v, out, lse, bias, key_lengths,
                                    causal);
+    const OpTimer timer(profile_, __func__);
     biased_attention_forward_impl(out, lse, q, k, v, bias, key_lengths, causal);
   }
   // dq, dk, dv overwritten. dbias (null: not wanted) f32 [Tq, Tk, H] +=
@@ -403,6 +440,7 @@ class Backend {
                                    causal);
     checks::check_biased_attention_gradients(device(), "biased_attention_backward", dq, dk, dv, dbias, dout, q, k,
                                              lse);
+    const OpTimer timer(profile_, __func__);
     biased_attention_backward_impl(dq, dk, dv, dbias, dout, q, k, v, out, lse, bias, key_lengths, causal);
   }
 
@@ -412,6 +450,7 @@ class Backend {
   // out may alias x.
   void activation_forward(Tensor& out, const Tensor& x, const Tensor* up, Activation kind) {
     checks::check_activation(device(), "activation_forward", out, "out", x, up, nullptr, nullptr);
+    const OpTimer timer(profile_, __func__);
     activation_forward_impl(out, x, up, kind);
   }
   // dx = dout * act'(x) (times up when given) and, with up, dup = dout *
@@ -419,6 +458,7 @@ class Backend {
   void activation_backward(Tensor& dx, Tensor* dup, const Tensor& dout, const Tensor& x, const Tensor* up,
                            Activation kind) {
     checks::check_activation(device(), "activation_backward", dx, "dx", x, up, &dout, dup);
+    const OpTimer timer(profile_, __func__);
     activation_backward_impl(dx, dup, dout, x, up, kind);
   }
 
@@ -433,6 +473,7 @@ class Backend {
   void cross_entropy(Tensor& losses, Tensor* dlogits, const Tensor& logits, const Tensor& targets, float dloss,
                      const Tensor* row_scales = nullptr) {
     checks::check_cross_entropy(device(), losses, dlogits, logits, targets, row_scales);
+    const OpTimer timer(profile_, __func__);
     cross_entropy_impl(losses, dlogits, logits, targets, dloss, row_scales);
   }
 
@@ -443,6 +484,7 @@ class Backend {
   // rounding the exact quotient. An all-zero row gets scale 0 and zero codes.
   void quantize_rows_int8(Tensor& q, Tensor& scales, const Tensor& x) {
     checks::check_quantize_rows_int8(device(), q, scales, x);
+    const OpTimer timer(profile_, __func__);
     quantize_rows_int8_impl(q, scales, x);
   }
   // out[N, O] = LLM.int8() product of x [N, K] with a frozen weight stored as
@@ -483,6 +525,7 @@ class Backend {
   void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
                            float threshold, const Int8Epilogue& epilogue = {}) {
     checks::check_int8_linear_forward(device(), out, x, weight, weight_scales, threshold, epilogue);
+    const OpTimer timer(profile_, __func__);
     int8_linear_forward_impl(out, x, weight, weight_scales, threshold, epilogue);
   }
   // flags i32 [K]: flags[k] = 1 where any |x[:, k]| >= threshold (threshold
@@ -491,6 +534,7 @@ class Backend {
   // rows, as int8_linear_forward over all of them would find them.
   void int8_outlier_columns(Tensor& flags, const Tensor& x, float threshold) {
     checks::check_int8_outlier_columns(device(), flags, x, threshold);
+    const OpTimer timer(profile_, __func__);
     int8_outlier_columns_impl(flags, x, threshold);
   }
   // absmax [N] (f32) = the s_x[n] int8_linear_forward computes from x [N, K]
@@ -501,6 +545,7 @@ class Backend {
   // layer's ranks agree on s_x through it: model/tensor_parallel.h).
   void int8_row_absmax(Tensor& absmax, const Tensor& x, float threshold, const Tensor* outlier_flags = nullptr) {
     checks::check_int8_row_absmax(device(), absmax, x, threshold, outlier_flags);
+    const OpTimer timer(profile_, __func__);
     int8_row_absmax_impl(absmax, x, threshold, outlier_flags);
   }
   // dx [N, K] = dout [N, O] @ dequant(weight) (dx += ... when accumulate).
@@ -512,6 +557,7 @@ class Backend {
   void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, const Tensor& weight_scales,
                             bool accumulate) {
     checks::check_int8_linear_backward(device(), dx, dout, weight, weight_scales);
+    const OpTimer timer(profile_, __func__);
     int8_linear_backward_impl(dx, dout, weight, weight_scales, accumulate);
   }
 
@@ -523,6 +569,7 @@ class Backend {
   // rounded once to the tile's dtype.
   void nf4_dequantize(Tensor& tile, const Nf4Weight& weight, int64_t row0, int64_t col0) {
     checks::check_nf4_dequantize(device(), tile, weight, row0, col0);
+    const OpTimer timer(profile_, __func__);
     nf4_dequantize_impl(tile, weight, row0, col0);
   }
   // out [N, O] = x [N, K] @ dequant(W)^T (overwritten), the weight
@@ -546,11 +593,13 @@ class Backend {
   // seed_at moving to its first column), which draws that tensor's mask.
   void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, int64_t row_stride = 0) {
     checks::check_dropout(device(), "dropout_forward", out, "out", x, "x", p, row_stride);
+    const OpTimer timer(profile_, __func__);
     dropout_forward_impl(out, x, p, seed, row_stride ? row_stride : x.cols());
   }
   // dx = dout * keep / (1 - p) with the same mask; dx may alias dout.
   void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed, int64_t row_stride = 0) {
     checks::check_dropout(device(), "dropout_backward", dx, "dx", dout, "dout", p, row_stride);
+    const OpTimer timer(profile_, __func__);
     dropout_backward_impl(dx, dout, p, seed, row_stride ? row_stride : dout.cols());
   }
 
@@ -561,6 +610,7 @@ class Backend {
   //   denom = sqrt(v) / sqrt(1 - b2^t) + eps; param -= (lr / (1 - b1^t)) * m / denom.
   void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& step) {
     checks::check_adamw(device(), "adamw_update", param, grad, m, v, step);
+    const OpTimer timer(profile_, __func__);
     adamw_update_impl(param, grad, m, v, step);
   }
   // Sum of squares of all elements (f32/bf16) accumulated in double and
@@ -568,12 +618,14 @@ class Backend {
   // thread or block count.
   double sum_squares(const Tensor& x) {
     checks::check_float(x, device(), "sum_squares", "x");
+    const OpTimer timer(profile_, __func__);
     return sum_squares_impl(x);
   }
   // adamw_update on each tensor with tensor.step_for(step), bit-identical to
   // those calls one by one; the CUDA backend updates them all in one launch.
   void adamw_update_many(std::span<const AdamWTensors> tensors, const AdamWStep& step) {
     checks::check_adamw_many(device(), tensors, step);
+    const OpTimer timer(profile_, __func__);
     adamw_update_many_impl(tensors, step);
   }
   // The sum of sum_squares(x) over the tensors, added in order in double
@@ -581,11 +633,22 @@ class Backend {
   // one device->host copy.
   double sum_squares_many(std::span<const Tensor* const> tensors) {
     checks::check_sum_squares_many(device(), tensors);
+    const OpTimer timer(profile_, __func__);
     return sum_squares_many_impl(tensors);
   }
 
  protected:
   FT_BACKEND_OP_IMPLS(virtual, = 0)
+
+  // For a profiled run: the kernel and ISA the running op chose at run time
+  // (OpProfile::note_path's parts); one branch when no profile is attached.
+  template <typename... Parts>
+  void note_path(const Parts&... parts) {
+    if (profile_) profile_->note_path({std::string_view(parts)...});
+  }
+
+ private:
+  OpProfile* profile_ = nullptr;
 };
 
 }  // namespace ft

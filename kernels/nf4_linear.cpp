@@ -17,6 +17,7 @@ Tensor scratch(Backend& backend, const cuda::ScratchTensor& t) {
 
 void Backend::nf4_linear_forward(Tensor& out, const Tensor& x, const Nf4Weight& weight) {
   checks::check_nf4_linear_forward(device(), out, x, weight);
+  const OpTimer timer(profile_, __func__);  // its matmuls and dequantisations count as this op
   const int64_t N = x.rows(), K = weight.in_features, O = weight.out_features;
   if (N == 0 || O == 0) return;
   const cuda::Nf4Scratch sizes = cuda::nf4_forward_scratch(N, K, O, x.dtype, out.dtype);
@@ -40,6 +41,7 @@ void Backend::nf4_linear_forward(Tensor& out, const Tensor& x, const Nf4Weight& 
 
 void Backend::nf4_linear_backward(Tensor& dx, const Tensor& dout, const Nf4Weight& weight, bool accumulate) {
   checks::check_nf4_linear_backward(device(), dx, dout, weight);
+  const OpTimer timer(profile_, __func__);  // its matmuls and dequantisations count as this op
   const int64_t N = dout.rows(), K = weight.in_features, O = weight.out_features;
   if (N == 0 || K == 0) return;
   const cuda::Nf4Scratch sizes = cuda::nf4_backward_scratch(N, K, O, dout.dtype, dx.dtype);

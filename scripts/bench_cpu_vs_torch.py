@@ -6,15 +6,20 @@ BENCH_CPU_SHAPE=BxT, e.g. 1x1024); AdamW on the adapters; the same thread count 
 in its own process, alternately, ROUNDS times; each reports the median step time of its timed steps (after
 WARMUP steps) and its peak resident memory (ru_maxrss). tokens/s = the positions a step computes over its time:
 B * T for PyTorch; for ours each step's own count (its batch is cut after the last loss token; the data is
-concatenated into windows, so that is B * T or close to it). Then per-op GEMM GFLOP/s of ours
-(bench_cpu_gemm) against PyTorch's GEMMs at 2048^3 (f32, bf16, int8 via torch._int_mm) measured here.
+concatenated into windows, so that is B * T or close to it). Ours run with FT_PROFILE_OPS=1 (its cost, about
+0.1 us an op call, is not measurable in a step): each op's share of the step and the kernel and ISA it ran on,
+from the last round's op_profile.json. PyTorch's paths: its ATen dispatch ISA and which library (and oneDNN
+kernel) runs its GEMM of each dtype. Then per-op GEMM GFLOP/s of ours (bench_cpu_gemm) against PyTorch's GEMMs at
+2048^3 (f32, bf16, int8 via torch._int_mm) measured here.
 
   driver:    bench_cpu_vs_torch.py FINETUNE GEMM_BENCH WORK_DIR OUTPUT.json THREADS ROUNDS WARMUP STEPS [DOCS_PAGE]
              (DOCS_PAGE: also write the tokens/s and RSS table into that page's section for this CPU and
              shape, bench_cpu_vs_torch_avx512 or bench_cpu_vs_torch_avx2, with _1x1024 for another shape
              than 4x256; scripts/docs_table.py)
   one torch: bench_cpu_vs_torch.py --torch {plain|peft} {fp32|bf16} THREADS WARMUP STEPS
+  its paths: bench_cpu_vs_torch.py --torch-isa THREADS
 """
+import ctypes
 import datetime
 import json
 import os
@@ -22,6 +27,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 VOCAB, HIDDEN, LAYERS, HEADS, FFN, RANK, ALPHA, DROPOUT = 32000, 768, 12, 12, 2048, 8, 16, 0.05
@@ -141,6 +147,59 @@ def run_torch(kind, precision, threads, warmup, steps):
     print(json.dumps({"step_s": statistics.median(times)}))
 
 
+def onednn_verbose_lines(torch, run):
+    """The lines oneDNN's verbose mode prints (on the C library's stdout) while run() runs."""
+    with tempfile.TemporaryFile() as log:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(log.fileno(), 1)
+        try:
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                run()
+        finally:
+            ctypes.CDLL(None).fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+        log.seek(0)
+        return [line for line in log.read().decode().splitlines() if line.startswith("onednn_verbose")]
+
+
+def run_torch_isa(threads):
+    """PyTorch's CPU paths as JSON: the ISA its ATen kernels dispatch to, the CPU features it detects, and which
+    library runs a GEMM of each dtype, read from oneDNN's verbose lines for one small product of each (none: not
+    oneDNN, so MKL's where PyTorch links MKL)."""
+    import torch
+    torch.set_num_threads(threads)
+    a, b = torch.randn(64, 256), torch.randn(256, 256)
+    a8, b8 = (torch.randint(-127, 128, shape, dtype=torch.int8) for shape in ((64, 256), (256, 256)))
+    products = {"f32": lambda: a @ b, "bf16": lambda: a.bfloat16() @ b.bfloat16(),
+                "int8": lambda: torch._int_mm(a8, b8)}
+    gemm, onednn_isa = {}, ""
+    for dtype, product in products.items():
+        gemm[dtype] = "not oneDNN (MKL build)" if torch.backends.mkl.is_available() else "not oneDNN"
+        for line in onednn_verbose_lines(torch, product):
+            fields = line.split(",")
+            for field in fields:
+                if field.startswith("isa:"):  # the info line: the ISA oneDNN dispatches to
+                    onednn_isa = field[len("isa:"):]
+            if "exec" in fields:  # ...,exec,cpu,<primitive>,<implementation (may be empty)>,...
+                at = fields.index("exec")
+                gemm[dtype] = f"oneDNN {fields[at + 2]} {fields[at + 3] or f'(on {onednn_isa})'}"
+    features = {name: getattr(torch.cpu, f"_is_{name}_supported", lambda: None)()
+                for name in ("avx512_bf16", "vnni", "amx_tile")}
+    print(json.dumps({"version": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                      "mkldnn": torch.backends.mkldnn.is_available(), "features": features, "gemm": gemm}))
+
+
+def torch_isa_line(isa):
+    """One line naming PyTorch's paths (run_torch_isa's JSON)."""
+    features = ", ".join(f"{name} {'yes' if present else 'no'}" for name, present in isa["features"].items()
+                         if present is not None)
+    gemms = ", ".join(f"{dtype} {path}" for dtype, path in isa["gemm"].items())
+    return (f"PyTorch {isa['version']}: ATen kernels {isa['cpu_capability']} (get_cpu_capability); GEMMs: {gemms} "
+            f"(int8: torch._int_mm); CPU features it sees: {features}")
+
+
 # ---- the driver ----------------------------------------------------------------------------------
 
 def child_rss(command, env, cwd):
@@ -188,7 +247,8 @@ def write_model(work_dir):
 
 
 def run_ours(finetune, config, model_dir, work_dir, quant, precision, threads, warmup, steps):
-    """The median over the timed steps of positions (tokens, padding included) per second, and the peak RSS."""
+    """The median over the timed steps of positions (tokens, padding included) per second, the peak RSS, and the
+    op profile of the steps after the first (op_profile.json: op_profile_report.h)."""
     out_dir = os.path.join(work_dir, f"ours_{quant}_{precision}")
     command = [finetune, config, "--set", f"model={model_dir}", "--set", "init=random",
                "--set", f"tokenizer={model_dir}/tokenizer.json", "--set", f"lora.r={RANK}",
@@ -198,12 +258,13 @@ def run_ours(finetune, config, model_dir, work_dir, quant, precision, threads, w
                "--set", f"max_steps={warmup + steps}", "--set", "log_every=1", "--set", "save_every=0",
                "--set", "task_metric=none", "--set", 'data.eval=""', "--set", "generate.num_samples=0",
                "--set", f"output_dir={out_dir}"]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), FT_PROFILE_OPS="1")
     _, rss = child_rss(command, env, work_dir)
     rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl")) if '"loss"' in line]
     # A step computes the positions it holds: a batch is trimmed after its last loss token, so a step can
     # hold fewer than B x T (concatenated windows rarely do). Its rate is those positions over its time.
-    return statistics.median(row["tokens"] / row["step_s"] for row in rows[warmup:]), rss
+    profile = json.load(open(os.path.join(out_dir, "op_profile.json")))
+    return statistics.median(row["tokens"] / row["step_s"] for row in rows[warmup:]), rss, profile
 
 
 def torch_gemm_peaks(threads):
@@ -255,6 +316,7 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps,
         trainers += [("transformers+peft fp32", "peft", None, "fp32"), ("transformers+peft bf16", "peft", None, "bf16")]
     rates = {name: [] for name, *_ in trainers}  # tokens/s, one per round
     rss = {name: 0 for name, *_ in trainers}
+    profiles = {}  # ours: the last round's op profile
     me = os.path.abspath(__file__)
     torch_env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     # Without AVX512-BF16 or AMX, PyTorch's bf16 step takes minutes here (ours
@@ -266,8 +328,8 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps,
     for round_index in range(rounds):
         for name, kind, quant, precision in trainers:
             if kind == "ours":
-                rate, peak = run_ours(finetune, config, model_dir, work_dir, quant, precision, threads, warmup,
-                                      steps)
+                rate, peak, profiles[name] = run_ours(finetune, config, model_dir, work_dir, quant, precision,
+                                                      threads, warmup, steps)
             else:  # cwd work_dir: the repository's kernels/ folder would shadow the `kernels` Python package
                 one_step = precision == "bf16" and not native_bf16
                 if one_step and round_index > 0:
@@ -288,6 +350,8 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps,
         tokens_per_s = statistics.median(rates[name])
         report["trainers"][name] = {"tokens_per_s": tokens_per_s, "peak_rss_bytes": rss[name],
                                     "tokens_per_s_by_round": rates[name]}
+        if name in profiles:
+            report["trainers"][name]["op_profile"] = profiles[name]
         runs = "" if len(rates[name]) == rounds else f"   ({len(rates[name])} run of 1 step)"
         print(f"  {name:26s} {tokens_per_s:7.1f} tokens/s   peak RSS {rss[name] / 2 ** 20:7.0f} MiB{runs}")
     peer = "transformers+peft" if have_peft else "torch plain"
@@ -297,6 +361,17 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps,
             ratio = report["trainers"][ours]["tokens_per_s"] / report["trainers"][theirs]["tokens_per_s"]
             report.setdefault("ratios", {})[f"{ours} / {theirs}"] = ratio
             print(f"  {ours} / {theirs}: {ratio:.2f}x")
+    print("\nWhere ours' step goes (FT_PROFILE_OPS=1, the last round's steps after the first): each op's share "
+          "of the step, the kernel and ISA it ran on")
+    for name, profile in profiles.items():
+        print(f"  {name}: {1000 * profile['step_seconds'] / profile['steps']:.0f} ms a step, "
+              f"{100 * profile['ops_share']:.1f}% of it in ops")
+        for op, path, share in top_ops(profile):
+            print(f"    {100 * share:5.1f}%  {op:24s} {path}")
+    if have_torch:
+        stdout, _ = child_rss([sys.executable, me, "--torch-isa", str(threads)], torch_env, work_dir)
+        report["torch_isa"] = json.loads(stdout.strip().splitlines()[-1])
+        print(torch_isa_line(report["torch_isa"]))
     peaks = torch_gemm_peaks(threads) if have_torch else {}
     report["torch_gemm_gflops_2048"] = peaks
     if peaks:
@@ -322,6 +397,18 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps,
     print(f"written: {output}")
     if docs:
         write_docs(docs, report, versions, one_step_bf16=not native_bf16, quick=quick)
+
+
+OPS_SHOWN = 6  # per trainer, on stdout and in the docs; the rest summed in one row
+
+
+def top_ops(profile):
+    """(op, path, share of the step) of the profile's largest rows, then one row summing the rest."""
+    rows = [(row["op"], row["path"], row["share"]) for row in profile["ops"]]
+    rest = rows[OPS_SHOWN:]
+    if rest:
+        rows = rows[:OPS_SHOWN] + [(f"({len(rest)} more)", "", sum(share for _, _, share in rest))]
+    return rows
 
 
 # The docs table's names for the trainers, in its order.
@@ -359,7 +446,23 @@ def docs_markdown(report, versions, one_step_bf16, quick):
             tokens_per_s = row["tokens_per_s"]
             lines.append(table_row([label, f"{tokens_per_s:,.0f}" if tokens_per_s >= 10 else f"{tokens_per_s:.1f}",
                                     f"{row['peak_rss_bytes'] / 2 ** 20:,.0f} MiB"]))
-    return "\n".join(lines)
+    return "\n".join(lines + op_share_markdown(report))
+
+
+def op_share_markdown(report):
+    """Ours' INT8 runs' largest ops (share of the step, kernel and ISA) and PyTorch's paths, below the table."""
+    profiled = [name for name in ("ours int8 fp32", "ours int8 bf16") if "op_profile" in report["trainers"].get(name, {})]
+    if not profiled:
+        return []
+    from docs_table import table_row
+    lines = ["", "Where ours' step went (`FT_PROFILE_OPS=1`, the last round's steps after the first), and the kernel "
+             "and ISA each op ran on:", "", "| ours | op | share of the step | kernel, ISA |", "|---|---|---:|---|"]
+    for name in profiled:
+        for op, path, share in top_ops(report["trainers"][name]["op_profile"]):
+            lines.append(table_row([DOCS_LABELS[name][len("ours, "):], op, f"{100 * share:.1f}%", path]))
+    if "torch_isa" in report:
+        lines += ["", torch_isa_line(report["torch_isa"]) + "."]
+    return lines
 
 
 def write_docs(page, report, versions, one_step_bf16, quick):
@@ -397,6 +500,8 @@ def machine():
 if __name__ == "__main__":
     if sys.argv[1] == "--torch":
         run_torch(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+    elif sys.argv[1] == "--torch-isa":
+        run_torch_isa(int(sys.argv[2]))
     else:
         a = sys.argv[1:]
         main(os.path.abspath(a[0]), os.path.abspath(a[1]), os.path.abspath(a[2]), os.path.abspath(a[3]), int(a[4]),

@@ -44,6 +44,7 @@
 #include "trainer/parallel/tensor_parallel.h"
 #include "trainer/parameter_count.h"
 #include "trainer/plan.h"
+#include "trainer/report/op_profile_report.h"
 #include "trainer/report/progress.h"
 #include "trainer/run_identity.h"
 #include "trainer/train_state.h"
@@ -931,6 +932,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   fs::create_directories(config.output_dir);
   make_backend(run);
   check_same_device(collectives, *run.backend);
+  StepOpProfile op_profile(*run.backend, std::cout);  // FT_PROFILE_OPS, read before the model loads
   make_model(run);
   run.identity.push_back(data_parallel_identity(data_ranks));
   if (run.pipeline_stages > 1) run.identity.push_back(pipeline_identity(run.pipeline_stages));
@@ -1012,11 +1014,13 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   progress.start();
   int64_t bad_in_a_row = 0;
   for (int64_t step = resumed.step; step < run.total_steps; ++step) {
+    op_profile.begin_step();
     const StepReport report = config.objective == Objective::dpo      ? dpo_train_step(run, step)
                               : config.objective == Objective::reward ? reward_train_step(run, step)
                               : config.objective == Objective::grpo   ? grpo_train_step(run, step)
                               : config.objective == Objective::ppo    ? ppo_train_step(run, step)
                                                                       : train_step(run, step);
+    op_profile.end_step();
     progress.on_step(report);
     bad_in_a_row = report.update_skipped ? on_bad_step(run, report, bad_in_a_row, progress) : 0;
     const bool last = step + 1 == run.total_steps;
@@ -1033,6 +1037,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     }
   }
   progress.finish();
+  if (run.leader) op_profile.report(config.output_dir, std::cout);
   save_state(run, state_path, run.total_steps);
   EvalFigures after = evaluate(run, run.total_steps, progress, "after training");
   if (run.eval_pairs && compare_to_before)

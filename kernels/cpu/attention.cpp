@@ -592,6 +592,10 @@ void cached_rows(float* o, const Operands& x, const int32_t* row_positions, int6
   }
 }
 
+// The ISA the tiles run on, for the op profile: vdpbf16ps for bf16 where the
+// CPU has it, else the build's (f32 tiles and the portable bf16 loop).
+const char* tiles_isa(bool bf16) { return bf16 && cpu::bf16_dot_native() ? "AVX512-BF16" : build_isa(); }
+
 }  // namespace
 
 void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const HeadsView& q, const HeadsView& k,
@@ -612,6 +616,7 @@ void CpuBackend::attention_forward_impl(Tensor& out, Tensor& lse, const HeadsVie
         forward_f32(o, lse_row, call, sequences[size_t(b)], b, h);
       scatter_head(out, o, d, b, h);
     }
+  note_path(bf16 ? "bf16 tiles " : "f32 tiles ", tiles_isa(bf16));
 }
 
 // One task per (batch, kv head): it owns dk and dv for that kv head and loops
@@ -633,6 +638,7 @@ void CpuBackend::attention_backward_impl(const HeadsView& dq, const HeadsView& d
       else
         backward_f32(call, sequences[size_t(b)], b, hk);
     }
+  note_path(bf16 ? "bf16 tiles " : "f32 tiles ", tiles_isa(bf16));
 }
 
 // One task per (batch, query head): its kv head's cached keys and values up
@@ -675,6 +681,7 @@ void CpuBackend::attention_cached_impl(Tensor& out, const Tensor& q, const Tenso
       }
       scatter_head(out, o, queries, b, h);
     }
+  note_path(bf16 ? "bf16 tiles " : "f32 tiles ", tiles_isa(bf16));
 }
 
 }  // namespace ft

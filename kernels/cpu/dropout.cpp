@@ -20,6 +20,11 @@ __attribute__((target_clones("default", "arch=x86-64-v4"))) static void mask_run
   for (int64_t i = 0; i < count; ++i) buf[i] = dropout_keep(seed, first + uint64_t(i), p) ? buf[i] * scale : 0.0f;
 }
 
+// The mask_run clone the resolver picks on this CPU, for the op profile.
+static const char* mask_run_isa() {
+  return __builtin_cpu_supports("x86-64-v4") ? "AVX-512 (x86-64-v4 clone)" : build_isa();
+}
+
 // out = x * keep / (1 - p). Dropped elements are selected to 0 rather than
 // multiplied, so p = 1 gives zeros (as PyTorch) instead of 0 * inf = NaN.
 // Element i of x (cols per row) draws mask index (i / cols) * row_stride + i % cols.
@@ -40,11 +45,13 @@ static void apply_dropout_mask(Tensor& out, const Tensor& x, float p, uint64_t s
 
 void CpuBackend::dropout_forward_impl(Tensor& out, const Tensor& x, float p, uint64_t seed, int64_t row_stride) {
   apply_dropout_mask(out, x, p, seed, row_stride);
+  note_path(mask_run_isa());
 }
 
 // The derivative of x * keep / (1 - p) is the same mask and scale.
 void CpuBackend::dropout_backward_impl(Tensor& dx, const Tensor& dout, float p, uint64_t seed, int64_t row_stride) {
   apply_dropout_mask(dx, dout, p, seed, row_stride);
+  note_path(mask_run_isa());
 }
 
 }  // namespace ft

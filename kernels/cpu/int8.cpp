@@ -300,6 +300,10 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
         forward_block(out, p, n0, std::min(kXRowsPerTask, r0 + rows - n0), o0, std::min(kWRowsPerTask, p.O - o0));
       }
   }
+  if (onednn_product)
+    note_path("oneDNN s8 ", onednn_->last_kernel());
+  else
+    note_path("int16 tiles (pmaddwd) ", build_isa());
 }
 
 // dx is computed one block of input-feature columns at a time (tiles from

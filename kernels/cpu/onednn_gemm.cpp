@@ -9,6 +9,7 @@
 #include <dnnl.hpp>
 #include <map>
 #include <optional>
+#include <string>
 #include <tuple>
 
 namespace ft {
@@ -61,25 +62,57 @@ bool native_bf16_isa() {
   return (unsigned(dnnl::get_effective_cpu_isa()) & bf16) == bf16;
 }
 
+// The name oneDNN's verbose mode gives the ISA it dispatches to.
+const char* isa_name(dnnl::cpu_isa isa) {
+  switch (isa) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    default: return "other isa";
+  }
+}
+
+// The kernel oneDNN implements a primitive with: its implementation info
+// ("brg:avx512_core_bf16"), with the dispatched ISA added where the info
+// names none ("gemm:jit").
+std::string kernel_name(const dnnl::primitive_desc& desc) {
+  std::string info = desc.impl_info_str();
+  const bool names_isa = info.find("avx") != std::string::npos || info.find("amx") != std::string::npos ||
+                         info.find("sse") != std::string::npos;
+  return names_isa ? info : info + " " + isa_name(dnnl::get_effective_cpu_isa());
+}
+
+// A cached primitive and its kernel_name.
+struct Matmul {
+  dnnl::matmul primitive;
+  std::string kernel;
+};
+
 }  // namespace
 
 struct OnednnGemm::Impl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  std::map<MatmulKey, std::optional<dnnl::matmul>> matmuls;  // nullopt: oneDNN has no kernel for it
+  std::map<MatmulKey, std::optional<Matmul>> matmuls;  // nullopt: oneDNN has no kernel for it
   bool int8_exact = exact_int8_isa();
   bool bf16_native = native_bf16_isa();
+  const char* last_kernel = "";
 
   // The cached primitive for out = alpha * op(a) @ op(b) + beta * out, null
   // where oneDNN implements none.
-  dnnl::matmul* primitive(const MatmulKey& key, const memory::desc& a, const memory::desc& b, const memory::desc& out,
+  const Matmul* primitive(const MatmulKey& key, const memory::desc& a, const memory::desc& b, const memory::desc& out,
                           float alpha, float beta) {
     auto found = matmuls.find(key);
     if (found == matmuls.end()) found = matmuls.emplace(key, create(a, b, out, alpha, beta)).first;
     return found->second ? &*found->second : nullptr;
   }
 
-  std::optional<dnnl::matmul> create(const memory::desc& a, const memory::desc& b, const memory::desc& out,
+  std::optional<Matmul> create(const memory::desc& a, const memory::desc& b, const memory::desc& out,
                                      float alpha, float beta) {
     dnnl::primitive_attr attr;
     if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
@@ -89,20 +122,22 @@ struct OnednnGemm::Impl {
       attr.set_post_ops(post);
     }
     try {
-      return dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, out), attr, engine));
+      const dnnl::matmul::primitive_desc desc(dnnl::matmul::desc(a, b, out), attr, engine);
+      return Matmul{dnnl::matmul(desc), kernel_name(desc)};
     } catch (const dnnl::error& e) {
       if (e.status == dnnl_unimplemented) return std::nullopt;
       throw;
     }
   }
 
-  void execute(const dnnl::matmul& p, const memory::desc& a_desc, const void* a, const memory::desc& b_desc, const void* b,
+  void execute(const Matmul& p, const memory::desc& a_desc, const void* a, const memory::desc& b_desc, const void* b,
                const memory::desc& out_desc, void* out) {
     memory a_mem(a_desc, engine, const_cast<void*>(a));
     memory b_mem(b_desc, engine, const_cast<void*>(b));
     memory out_mem(out_desc, engine, out);
-    p.execute(stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, out_mem}});
+    p.primitive.execute(stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, out_mem}});
     stream.wait();
+    last_kernel = p.kernel.c_str();
   }
 };
 
@@ -124,7 +159,7 @@ bool OnednnGemm::matmul(Tensor& out, const Tensor& a, const Tensor& b, bool tran
   memory::desc out_desc = operand_desc(M, N, out.dtype, false);
   MatmulKey key{M, N, K, transpose_a, transpose_b, int(a.dtype), int(b.dtype), int(out.dtype), bits_of(alpha),
                 bits_of(beta)};
-  const dnnl::matmul* p = impl_->primitive(key, a_desc, b_desc, out_desc, alpha, beta);
+  const Matmul* p = impl_->primitive(key, a_desc, b_desc, out_desc, alpha, beta);
   if (!p) return false;
   impl_->execute(*p, a_desc, a.data, b_desc, b.data, out_desc, out.data);
   return true;
@@ -134,13 +169,15 @@ bool OnednnGemm::int8_exact() const { return impl_->int8_exact; }
 
 bool OnednnGemm::bf16_native() const { return impl_->bf16_native; }
 
+const char* OnednnGemm::last_kernel() const { return impl_->last_kernel; }
+
 void OnednnGemm::int8_product(int32_t* product, const int8_t* xq, const int8_t* wq, int64_t N, int64_t K, int64_t O) {
   FT_CHECK(impl_->int8_exact && N > 0 && K > 0 && O > 0, "int8_product: needs VNNI and a non-empty product");
   memory::desc x_desc = operand_desc(N, K, DType::i8, false);
   memory::desc w_desc = operand_desc(K, O, DType::i8, true);  // wq [O, K] read as [K, O]
   memory::desc out_desc = operand_desc(N, O, DType::i32, false);
   MatmulKey key{N, O, K, false, true, int(DType::i8), int(DType::i8), int(DType::i32), bits_of(1.0f), bits_of(0.0f)};
-  const dnnl::matmul* p = impl_->primitive(key, x_desc, w_desc, out_desc, 1.0f, 0.0f);
+  const Matmul* p = impl_->primitive(key, x_desc, w_desc, out_desc, 1.0f, 0.0f);
   FT_CHECK(p, "int8_product: oneDNN has no s8 x s8 -> s32 matmul on this CPU");
   impl_->execute(*p, x_desc, xq, w_desc, wq, out_desc, product);
 }
@@ -163,6 +200,8 @@ bool OnednnGemm::matmul(Tensor&, const Tensor&, const Tensor&, bool, bool, float
 bool OnednnGemm::int8_exact() const { return false; }
 
 bool OnednnGemm::bf16_native() const { return false; }
+
+const char* OnednnGemm::last_kernel() const { return ""; }
 
 void OnednnGemm::int8_product(int32_t*, const int8_t*, const int8_t*, int64_t, int64_t, int64_t) {}
 

@@ -46,6 +46,9 @@ class OnednnGemm {
   // product[N, O] = xq[N, K] @ wq[O, K]^T in int32, exactly (row-major,
   // codes in [-127, 127]; N, K, O > 0). Only where int8_exact().
   void int8_product(int32_t* product, const int8_t* xq, const int8_t* wq, int64_t N, int64_t K, int64_t O);
+  // The kernel oneDNN ran the last matmul or int8_product with, as it names
+  // it ("brg:avx512_core_vnni"): for the op profile (kernels/op_profile.h).
+  const char* last_kernel() const;
 
  private:
   struct Impl;
