@@ -142,10 +142,12 @@ void GptNeoxModel::forward_mlp(Layer& layer, LayerActivations& saved, Tensor* ou
 // (Linear::scan_rows): dense_h_to_4h reads norm2, whole already.
 // dense_4h_to_h's input exists a chunk at a time, so where it scans
 // (LLM.int8() with outliers) the forward computes the chunks' GELU output
-// once more first: the price of chunks over such a base.
+// once more first: the price of chunks over such a base. One chunk holding
+// every row is the whole call already: nothing to scan.
 void GptNeoxModel::scan_mlp_inputs(Layer& layer, const Tensor& norm2, bool with_output_layer) {
-  layer.dense_h_to_4h->scan_rows(backend_, norm2);
   const int64_t N = norm2.rows();
+  if (mlp_chunk_rows(N) >= N) return;
+  layer.dense_h_to_4h->scan_rows(backend_, norm2);
   for (int64_t first = 0, rows = mlp_chunk_rows(N);
        with_output_layer && layer.dense_4h_to_h->scans_rows() && first < N; first += rows) {
     rows = std::min(rows, N - first);

@@ -228,10 +228,13 @@ LlamaModel::MlpRows LlamaModel::mlp_rows(Layer& layer, const Tensor& norm2, int6
 // input exists a chunk at a time, so where down_proj scans (LLM.int8() with
 // outliers) the forward computes the chunks' act once more first: two of
 // the MLP's three products again, the price of chunks over such a base.
+// One chunk holding every row (a short batch, a decoding step) is the whole
+// call already: nothing to scan.
 void LlamaModel::scan_mlp_inputs(Layer& layer, const Tensor& norm2, bool with_down_proj) {
+  const int64_t N = norm2.rows();
+  if (mlp_chunk_rows(N) >= N) return;
   layer.gate_proj->scan_rows(backend_, norm2);
   layer.up_proj->scan_rows(backend_, norm2);
-  const int64_t N = norm2.rows();
   for (int64_t first = 0, rows = mlp_chunk_rows(N); with_down_proj && layer.down_proj->scans_rows() && first < N;
        first += rows) {
     rows = std::min(rows, N - first);

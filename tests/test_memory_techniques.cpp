@@ -225,11 +225,15 @@ TEST_CASE("with the MLP frozen, the chunked MLP's gradients are the unchunked st
                                                        : std::vector<std::string>{"query_key_value"};
         const Step plain_step{.checkpointing = checkpointing, .int8_base = int8_base, .int8_threshold = int8_threshold,
                               .lora_targets = attention};
-        Step chunked_step = plain_step;
-        chunked_step.mlp_chunk_tokens = 5;
-        const StepResult plain = train_step(fixture, plain_step), chunked = train_step(fixture, chunked_step);
-        CHECK(chunked.loss == plain.loss);
-        check_gradients(chunked, plain);
+        const StepResult plain = train_step(fixture, plain_step);
+        for (int64_t chunk : {5, 64}) {  // 64: one chunk holds all 22 tokens, so nothing is scanned
+          CAPTURE(chunk);
+          Step chunked_step = plain_step;
+          chunked_step.mlp_chunk_tokens = chunk;
+          const StepResult chunked = train_step(fixture, chunked_step);
+          CHECK(chunked.loss == plain.loss);
+          check_gradients(chunked, plain);
+        }
       }
 }
 
