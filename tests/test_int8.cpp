@@ -184,6 +184,74 @@ TEST_CASE("quantize_rows_int8 matches the float64 quantiser exactly") {
   CHECK(row5[6] == 2);
 }
 
+// Ties x * 127 / s = k + 1/2 exactly at scales s = 127 * t * 2^e (t odd),
+// where the reciprocal 1 / s is inexact, and the floats next to each tie:
+// the codes are the exact quotient's round-half-even, as float64 division
+// gives, through the vector loops and their tails (K = 263), in f32 and bf16
+// inputs and in the forward's quantisation of x (its codes seen through a
+// one-hot weight).
+TEST_CASE("quantize_rows_int8 rounds ties and near-ties as the exact quotient, at any scale") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t K = 263;
+  const int odd[] = {1, 3, 5, 7, 9, 11, 13, 25, 63, 127, 255, 1023};
+  const int exponents[] = {-20, -7, -1, 0, 3, 11};
+  std::mt19937 rng(11);
+  std::vector<float> x;
+  int64_t R = 0;
+  for (int t : odd)
+    for (int e : exponents) {
+      const float s = std::ldexp(127.0f * float(t), e);
+      std::vector<float> row(static_cast<size_t>(K));
+      row[0] = (R % 2) ? -s : s;
+      for (int64_t k = 1; k < K; ++k) {
+        const int half_steps = int(rng() % 254) - 127;  // tie at (half_steps + 1/2), within +-127
+        const float tie = std::ldexp(float(t) * float(2 * half_steps + 1), e - 1);
+        const int kind = int(k % 3);
+        row[size_t(k)] = kind == 0 ? tie : std::nextafter(tie, kind == 1 ? 2.0f * s : -2.0f * s);
+        if (std::fabs(row[size_t(k)]) > s) row[size_t(k)] = tie;
+      }
+      x.insert(x.end(), row.begin(), row.end());
+      ++R;
+    }
+  Tensor xt = make(backend, {R, K}, x);
+  Tensor q = backend.empty({R, K}, DType::i8, MemCategory::activations);
+  Tensor scales = backend.empty({R}, DType::f32, MemCategory::activations);
+  backend.quantize_rows_int8(q, scales, xt);
+  int64_t ties = 0, mismatches = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<int> codes;
+    const double s = quantize_ref(x.data() + r * K, K, codes);
+    CHECK(double(scales.ptr<float>()[r]) == s);
+    for (int64_t k = 0; k < K; ++k) {
+      const double quotient = double(x[size_t(r * K + k)]) * 127.0 / s;
+      ties += quotient - std::floor(quotient) == 0.5;
+      mismatches += int(q.ptr<int8_t>()[r * K + k]) != codes[size_t(k)];
+    }
+  }
+  CHECK(ties > 5000);
+  CHECK(mismatches == 0);
+  // The forward's codes for x, read back through a weight that is 127 at
+  // (o, o) and 0 elsewhere with scale 127: out[n, o] = code(x[n, o]) * s_x[n] / 127.
+  const int64_t O = 64;
+  Tensor w = backend.empty({O, K}, DType::i8, MemCategory::weights);
+  Tensor w_scales = backend.empty({O}, DType::f32, MemCategory::weights);
+  std::fill_n(w.ptr<int8_t>(), O * K, int8_t(0));
+  for (int64_t o = 0; o < O; ++o) w.ptr<int8_t>()[o * K + o] = 127, w_scales.ptr<float>()[o] = 127.0f;
+  Tensor out = backend.empty({R, O}, DType::f32, MemCategory::activations);
+  backend.int8_linear_forward(out, xt, w, w_scales, 0.0f);
+  mismatches = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<int> codes;
+    const double s = quantize_ref(x.data() + r * K, K, codes);
+    for (int64_t o = 0; o < O; ++o) {
+      const float expected = float(127 * codes[size_t(o)]) * (float(s) * 127.0f * (1.0f / (127.0f * 127.0f)));
+      mismatches += out.ptr<float>()[r * O + o] != expected;
+    }
+  }
+  CHECK(mismatches == 0);
+}
+
 // f32 vs the float64 decomposition: the integer product is exact in both, so
 // only f32 rounding of the dequantisation (a few ulps) and of the outlier sum
 // (one ulp per term) differ: |got - ref| <= 1e-5 * sum of |terms|.

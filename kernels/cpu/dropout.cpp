@@ -14,20 +14,8 @@ namespace ft {
 // kernels' baseline): a clone for x86-64-v4 picked at run time is 7x the
 // baseline's speed where the CPU has it (0.22 against 1.58 ns an element on
 // an AVX-512 EPYC), with the same integer arithmetic, so the same mask.
-__attribute__((target_clones("default", "arch=x86-64-v4"))) static void mask_run(float* buf, int64_t count,
-                                                                                 uint64_t first, uint64_t seed,
-                                                                                 float p, float scale) {
+FT_AVX512_CLONES static void mask_run(float* buf, int64_t count, uint64_t first, uint64_t seed, float p, float scale) {
   for (int64_t i = 0; i < count; ++i) buf[i] = dropout_keep(seed, first + uint64_t(i), p) ? buf[i] * scale : 0.0f;
-}
-
-// The mask_run clone the resolver picks on this CPU, for the op profile:
-// x86-64-v4's features, one by one (clang 16 takes no level names here).
-// Found once: the op names it on every call.
-static const char* mask_run_isa() {
-  static const bool v4 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
-                         __builtin_cpu_supports("avx512vl");
-  return v4 ? "AVX-512 (x86-64-v4 clone)" : build_isa();
 }
 
 // out = x * keep / (1 - p). Dropped elements are selected to 0 rather than
@@ -50,13 +38,13 @@ static void apply_dropout_mask(Tensor& out, const Tensor& x, float p, uint64_t s
 
 void CpuBackend::dropout_forward_impl(Tensor& out, const Tensor& x, float p, uint64_t seed, int64_t row_stride) {
   apply_dropout_mask(out, x, p, seed, row_stride);
-  note_path(mask_run_isa());
+  note_path(cpu::avx512_clone_isa());
 }
 
 // The derivative of x * keep / (1 - p) is the same mask and scale.
 void CpuBackend::dropout_backward_impl(Tensor& dx, const Tensor& dout, float p, uint64_t seed, int64_t row_stride) {
   apply_dropout_mask(dx, dout, p, seed, row_stride);
-  note_path(mask_run_isa());
+  note_path(cpu::avx512_clone_isa());
 }
 
 }  // namespace ft

@@ -24,32 +24,64 @@
 namespace ft {
 namespace {
 
-constexpr int64_t kXRowsPerTask = 128;     // rows of x per GEMM task
-constexpr int64_t kWRowsPerTask = 32;      // weight rows per GEMM task, packed as int16 (64 KiB at K = 1024)
+constexpr int64_t kXRowsPerTask = 128;     // rows of x per dot-tile task
+constexpr int64_t kWRowsPerTask = 32;      // weight rows per dot-tile task, packed as int16 (64 KiB at K = 1024)
 constexpr int64_t kMR = 3, kNR = 4;        // register tile: 3 x-rows by 4 weight rows = 12 vector accumulators
+// The oneDNN path's epilogue tasks: rows x output columns of its int32
+// product, each row's run 2 KiB, its f32 scratch in L1.
+constexpr int64_t kEpilogueRows = 16, kEpilogueColumns = 512;
 constexpr float kInv127Sq = 1.0f / (127.0f * 127.0f);
 
-// max |x| over one row.
-float row_absmax(const float* x, int64_t count) {
+// max |x| over one row (0 for none); NaN entries are skipped, as std::max
+// skips them. Sixteen running maxima, one per vector lane: a reduction into
+// one variable does not vectorise without -ffast-math.
+inline float row_absmax(const float* x, int64_t count) {
+  float lanes[16] = {};
+  int64_t k = 0;
+  for (; k + 16 <= count; k += 16)
+    for (int i = 0; i < 16; ++i) {
+      const float a = std::fabs(x[k + i]);
+      lanes[i] = a > lanes[i] ? a : lanes[i];
+    }
   float absmax = 0.0f;
-  for (int64_t k = 0; k < count; ++k) absmax = std::max(absmax, std::fabs(x[k]));
+  for (; k < count; ++k) {
+    const float a = std::fabs(x[k]);
+    absmax = a > absmax ? a : absmax;
+  }
+  for (float lane : lanes) absmax = lane > absmax ? lane : absmax;
   return absmax;
 }
 
 // q = round-half-even(x * 127 / absmax) for one row, absmax >= every |x|
-// (the row's own, or a row-parallel layer's whole row's). The code is
-// computed in double: x * 127 is exact there and the division is correctly
-// rounded, so the result is the rounding of the exact quotient, which is what
-// a float64 reference computes (f32 arithmetic could land on the other side of
-// a .5 boundary).
-template <class Code>
-void quantize_row(Code* q, const float* x, int64_t count, float absmax) {
+// (the row's own, or a row-parallel layer's whole row's): the rounding of
+// the exact quotient, which is what a float64 reference computes, without a
+// division per element. y = x * 127 and c * absmax are exact in double, and
+// so is their difference, the remainder (at most 32 significant bits each;
+// where c != 0 their exponents are at most 9 apart). A quotient that is not
+// a tie lies at least 2^-34 from every half-way point, and the
+// product with the reciprocal errs by under 2^-45, so c is its rounding; at
+// a tie c may be either neighbour, the remainder is exactly +-absmax / 2,
+// and one more round-half-even of c +- 0.5 picks the even one.
+inline void quantize_row(int8_t* q, const float* x, int64_t count, float absmax) {
   if (absmax == 0.0f) {
-    std::fill_n(q, count, Code(0));
+    std::fill_n(q, count, int8_t(0));
     return;
   }
-  double s = absmax;
-  for (int64_t k = 0; k < count; ++k) q[k] = Code(std::nearbyint(double(x[k]) * 127.0 / s));
+  const double s = absmax, half_s = 0.5 * s, inverse = 1.0 / s;
+  for (int64_t k = 0; k < count; ++k) {
+    const double y = double(x[k]) * 127.0;
+    const double c = std::nearbyint(y * inverse);
+    const double remainder = y - c * s;
+    const double tie = std::fabs(remainder) == half_s ? std::copysign(0.5, remainder) : 0.0;
+    q[k] = int8_t(std::nearbyint(c + tie));
+  }
+}
+
+// flags[k] |= 1 where |x[n, k]| >= threshold, for one row n (row: scratch).
+FT_AVX512_CLONES void flag_row(int32_t* flags, const Tensor& x, int64_t n, float threshold, float* row) {
+  const int64_t K = x.cols();
+  cpu::load_row(row, x, n * K, K);
+  for (int64_t k = 0; k < K; ++k) flags[k] |= int32_t(std::fabs(row[k]) >= threshold);
 }
 
 // flags[k] |= 1 where any |x[:, k]| >= threshold (threshold > 0).
@@ -60,10 +92,7 @@ void flag_outlier_columns(int32_t* flags, const Tensor& x, float threshold) {
   {
     std::vector<float> row(K);
 #pragma omp for schedule(static) reduction(| : flags[:K])
-    for (int64_t n = 0; n < N; ++n) {
-      cpu::load_row(row.data(), x, n * K, K);
-      for (int64_t k = 0; k < K; ++k) flags[k] |= int32_t(std::fabs(row[k]) >= threshold);
-    }
+    for (int64_t n = 0; n < N; ++n) flag_row(flags, x, n, threshold, row.data());
   }
 }
 
@@ -99,13 +128,14 @@ void dot_tile(const int16_t* a, const int16_t* b, int64_t K, int32_t acc[kMR][kN
 // The operands of one forward call, prepared once.
 struct Int8Operands {
   int64_t N, K, O, C;           // C = number of outlier columns
-  std::vector<int16_t> xq;      // [N + kMR - 1, K] codes of x with outlier columns zeroed; the padding
-                                // rows let the last register tile read past row N (results dropped)
-  // The oneDNN path instead: the same codes as int8, and their int32 product
-  // with the weight for rows [product_row0, product_row0 + product.size() / O).
-  std::vector<int8_t> xq8;      // [N, K]
+  std::vector<int8_t> xq8;      // [N, K] codes of x with outlier columns zeroed
+  // The oneDNN path: their int32 product with the weight for rows
+  // [product_row0, product_row0 + product.size() / O). Otherwise dot_tile on
+  // the codes widened to int16, with padding rows that let the last
+  // register tile read past row N (results dropped).
   std::vector<int32_t> product;
   int64_t product_row0 = 0;
+  std::vector<int16_t> xq;      // [N + kMR - 1, K]
   std::vector<float> sx;        // [N] their row scales
   std::vector<float> x_out;     // [N, C] x's outlier columns
   std::vector<float> w_out;     // [C, O] dequantised weight columns, transposed so the update runs along O
@@ -119,35 +149,62 @@ struct Int8Operands {
   float lora_scaling = 0.0f;
 };
 
-// row[c] for outputs o0 + c, c < ob, of row n of x: + bias, then
-// + scaling * sum_j h[n, j] B[o, j], in kernels/backend.h's order.
-void apply_epilogue(float* row, const Int8Operands& op, int64_t n, int64_t o0, int64_t ob) {
-  if (!op.bias.empty())
-    for (int64_t c = 0; c < ob; ++c) row[c] += op.bias[o0 + c];
-  if (op.r == 0) return;
-  float sum[kWRowsPerTask] = {};
-  for (int64_t j = 0; j < op.r; ++j) {
-    const float hv = op.lora_h[n * op.r + j];
-    const float* b = op.lora_Bt.data() + j * op.O + o0;
-    for (int64_t c = 0; c < ob; ++c) sum[c] = std::fma(hv, b[c], sum[c]);
+// Row n of x made ready for the product (row: scratch): its outlier entries
+// copied to x_out and zeroed before the absmax, so outliers do not inflate
+// the row scale; its scale, given or its own absmax; its codes.
+FT_AVX512_CLONES void quantize_input_row(Int8Operands& p, const Tensor& x, int64_t n, const int64_t* columns,
+                                         const float* given_sx, float* row) {
+  cpu::load_row(row, x, n * p.K, p.K);
+  for (int64_t c = 0; c < p.C; ++c) {
+    p.x_out[n * p.C + c] = row[columns[c]];
+    row[columns[c]] = 0.0f;
   }
-  for (int64_t c = 0; c < ob; ++c) row[c] = std::fma(op.lora_scaling, sum[c], row[c]);
+  p.sx[n] = given_sx ? given_sx[n] : row_absmax(row, p.K);
+  quantize_row(p.xq8.data() + n * p.K, row, p.K, p.sx[n]);
 }
 
-using Tile = float[kXRowsPerTask][kWRowsPerTask];
-
-// tile = the int32 products of the codes for rows [n0, n0 + nb) x weight rows
-// [o0, o0 + ob), dequantised with s_x[n] * s_w[o] / 127^2: summed here by
-// dot_tile, or read from the oneDNN product when there is one.
-void dequantised_product(Tile& tile, const Int8Operands& op, int64_t n0, int64_t nb, int64_t o0, int64_t ob) {
-  if (!op.product.empty()) {
-    for (int64_t i = 0; i < nb; ++i)
-      for (int64_t j = 0; j < ob; ++j)
-        tile[i][j] = float(op.product[(n0 + i - op.product_row0) * op.O + o0 + j]) *
-                     (op.sx[n0 + i] * op.sw[o0 + j] * kInv127Sq);
-    return;
+// out[n, o0 : o0 + ob) from v, the row's dequantised int8 product (computed
+// here from oneDNN's int32 product row when one is given), plus the outlier
+// columns in f32 (explicit FMAs: the CUDA epilogue computes the same), plus
+// the epilogue, in kernels/backend.h's order; one loop per term, so no
+// product is contracted into the next term's sum. Stored in out's dtype.
+FT_AVX512_CLONES void finish_row(Tensor& out, const Int8Operands& op, int64_t n, int64_t o0, int64_t ob, float* v,
+                                 const int32_t* product) {
+  if (product) {
+    const float sx = op.sx[n];
+    for (int64_t j = 0; j < ob; ++j) v[j] = float(product[j]) * (sx * op.sw[o0 + j] * kInv127Sq);
   }
-  int64_t K = op.K;
+  for (int64_t c = 0; c < op.C; ++c) {
+    const float xv = op.x_out[n * op.C + c];
+    const float* w = op.w_out.data() + c * op.O + o0;
+    for (int64_t j = 0; j < ob; ++j) v[j] = std::fma(xv, w[j], v[j]);
+  }
+  if (!op.bias.empty())
+    for (int64_t j = 0; j < ob; ++j) v[j] += op.bias[o0 + j];
+  if (op.r > 0) {
+    float sum[kEpilogueColumns] = {};
+    for (int64_t i = 0; i < op.r; ++i) {
+      const float hv = op.lora_h[n * op.r + i];
+      const float* b = op.lora_Bt.data() + i * op.O + o0;
+      for (int64_t j = 0; j < ob; ++j) sum[j] = std::fma(hv, b[j], sum[j]);
+    }
+    for (int64_t j = 0; j < ob; ++j) v[j] = std::fma(op.lora_scaling, sum[j], v[j]);
+  }
+  cpu::store_row(out, n * op.O + o0, v, ob);
+}
+
+// out rows [n0, n0 + nb) x columns [o0, o0 + ob) from oneDNN's int32 product.
+void finish_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, int64_t o0, int64_t ob) {
+  float v[kEpilogueColumns];
+  for (int64_t n = n0; n < n0 + nb; ++n)
+    finish_row(out, op, n, o0, ob, v, op.product.data() + (n - op.product_row0) * op.O + o0);
+}
+
+// The same block summed by dot_tile on int16 codes, dequantised with
+// s_x[n] * s_w[o] / 127^2, then finished.
+void dot_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, int64_t o0, int64_t ob) {
+  const int64_t K = op.K;
+  float tile[kXRowsPerTask][kWRowsPerTask];
   // Weight rows widened to int16, padded with zero rows to a multiple of kNR.
   std::vector<int16_t> wp(size_t(kWRowsPerTask * K), 0);
   for (int64_t j = 0; j < ob; ++j)
@@ -161,23 +218,7 @@ void dequantised_product(Tile& tile, const Int8Operands& op, int64_t n0, int64_t
           tile[i + r][j + c] = float(acc[r][c]) * (op.sx[n0 + i + r] * op.sw[o0 + j + c] * kInv127Sq);
     }
   }
-}
-
-// out rows [n0, n0 + nb) x columns [o0, o0 + ob): the dequantised int8
-// product, plus the outlier columns in f32 (explicit FMAs: the CUDA epilogue
-// computes the same), plus the epilogue.
-void forward_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, int64_t o0, int64_t ob) {
-  Tile tile;
-  dequantised_product(tile, op, n0, nb, o0, ob);
-  for (int64_t i = 0; i < nb; ++i) {
-    for (int64_t c = 0; c < op.C; ++c) {
-      float xv = op.x_out[(n0 + i) * op.C + c];
-      const float* w = op.w_out.data() + c * op.O + o0;
-      for (int64_t j = 0; j < ob; ++j) tile[i][j] = std::fma(xv, w[j], tile[i][j]);
-    }
-    apply_epilogue(tile[i], op, n0 + i, o0, ob);
-    cpu::store_row(out, (n0 + i) * op.O + o0, tile[i], ob);
-  }
+  for (int64_t i = 0; i < nb; ++i) finish_row(out, op, n0 + i, o0, ob, tile[i], nullptr);
 }
 
 // The epilogue's operands converted to f32 (checked by the caller).
@@ -200,25 +241,48 @@ void load_epilogue(Int8Operands& p, const Int8Epilogue& e) {
     for (int64_t j = 0; j < p.r; ++j) p.lora_Bt[j * p.O + o] = B[o * p.r + j];
 }
 
+// One row of quantize_rows_int8 (row: scratch).
+FT_AVX512_CLONES void quantize_weight_row(Tensor& q, Tensor& scales, const Tensor& x, int64_t r, float* row) {
+  const int64_t K = x.cols();
+  cpu::load_row(row, x, r * K, K);
+  const float absmax = row_absmax(row, K);
+  scales.ptr<float>()[r] = absmax;
+  quantize_row(q.ptr<int8_t>() + r * K, row, K, absmax);
+}
+
+// One row of int8_row_absmax: x's row with the outlier columns zeroed, as
+// the forward zeroes them.
+FT_AVX512_CLONES float masked_row_absmax(const Tensor& x, int64_t n, const std::vector<int64_t>& columns, float* row) {
+  const int64_t K = x.cols();
+  cpu::load_row(row, x, n * K, K);
+  for (int64_t c : columns) row[c] = 0.0f;
+  return row_absmax(row, K);
+}
+
+// Row o of the backward's weight tile: codes [k0, k0 + kb) of weight row o
+// dequantised, code * scale / 127 in f32, stored in the tile's dtype.
+FT_AVX512_CLONES void dequantise_row(Tensor& tile, int64_t o, const int8_t* codes, float scale, int64_t kb,
+                                     float* row) {
+  for (int64_t k = 0; k < kb; ++k) row[k] = float(codes[k]) * scale / 127.0f;
+  cpu::store_row(tile, o * kb, row, kb);
+}
+
 }  // namespace
 
 void CpuBackend::quantize_rows_int8_impl(Tensor& q, Tensor& scales, const Tensor& x) {
-  int64_t R = x.rows(), K = x.cols();
+  const int64_t R = x.rows(), K = x.cols();
 #pragma omp parallel
   {
     std::vector<float> row(K);
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < R; ++r) {
-      cpu::load_row(row.data(), x, r * K, K);
-      const float absmax = row_absmax(row.data(), K);
-      scales.ptr<float>()[r] = absmax;
-      quantize_row(q.ptr<int8_t>() + r * K, row.data(), K, absmax);
-    }
+    for (int64_t r = 0; r < R; ++r) quantize_weight_row(q, scales, x, r, row.data());
   }
+  note_path(cpu::avx512_clone_isa());
 }
 
 void CpuBackend::int8_outlier_columns_impl(Tensor& flags, const Tensor& x, float threshold) {
   flag_outlier_columns(flags.ptr<int32_t>(), x, threshold);
+  note_path(cpu::avx512_clone_isa());
 }
 
 void CpuBackend::int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float threshold, const Tensor* outlier_flags) {
@@ -228,12 +292,9 @@ void CpuBackend::int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float thr
   {
     std::vector<float> row(K);
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      cpu::load_row(row.data(), x, n * K, K);
-      for (int64_t c : columns) row[c] = 0.0f;  // as the forward zeroes them
-      absmax.ptr<float>()[n] = row_absmax(row.data(), K);
-    }
+    for (int64_t n = 0; n < N; ++n) absmax.ptr<float>()[n] = masked_row_absmax(x, n, columns, row.data());
   }
+  note_path(cpu::avx512_clone_isa());
 }
 
 void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Tensor& weight,
@@ -252,13 +313,7 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
   p.sw = weight_scales.ptr<const float>();
   // oneDNN's exact s8 x s8 -> s32 product where this CPU has one, else dot_tile on int16 codes.
   const bool onednn_product = onednn_ && onednn_->int8_exact() && p.N > 0 && p.K > 0 && p.O > 0;
-  if (onednn_product) {
-    p.xq8.resize(size_t(p.N * p.K));
-  } else {
-    p.xq.resize(size_t((p.N + kMR - 1) * p.K));
-    std::fill(p.xq.begin() + p.N * p.K, p.xq.end(), int16_t(0));  // the padding rows; the others are all written
-  }
-  p.product.clear();
+  p.xq8.resize(size_t(p.N * p.K));
   p.sx.resize(size_t(p.N));
   const float* given_sx = epilogue.row_absmax ? epilogue.row_absmax->ptr<const float>() : nullptr;
   p.x_out.resize(size_t(p.N * p.C));
@@ -267,43 +322,42 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
   {
     std::vector<float> row(p.K);
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < p.N; ++n) {
-      cpu::load_row(row.data(), x, n * p.K, p.K);
-      for (int64_t c = 0; c < p.C; ++c) {
-        p.x_out[n * p.C + c] = row[columns[c]];
-        row[columns[c]] = 0.0f;  // zeroed before the absmax, so outliers do not inflate the row scale
-      }
-      p.sx[n] = given_sx ? given_sx[n] : row_absmax(row.data(), p.K);
-      if (onednn_product)
-        quantize_row(p.xq8.data() + n * p.K, row.data(), p.K, p.sx[n]);
-      else
-        quantize_row(p.xq.data() + n * p.K, row.data(), p.K, p.sx[n]);
-    }
+    for (int64_t n = 0; n < p.N; ++n) quantize_input_row(p, x, n, columns.data(), given_sx, row.data());
   }
   for (int64_t c = 0; c < p.C; ++c)
     for (int64_t o = 0; o < p.O; ++o) p.w_out[c * p.O + o] = float(p.wq[o * p.K + columns[c]]) * p.sw[o] / 127.0f;
-  // oneDNN's int32 product is held for a block of rows at a time.
-  const int64_t chunk_rows =
-      onednn_product ? balanced_chunk_rows(p.N, kInt8CpuProductChunkElements / std::max<int64_t>(1, p.O)) : p.N;
-  for (int64_t r0 = 0; r0 < p.N; r0 += chunk_rows) {
-    const int64_t rows = std::min(chunk_rows, p.N - r0);
-    if (onednn_product) {
-      p.product.resize(size_t(rows * p.O));
-      p.product_row0 = r0;
-      onednn_->int8_product(p.product.data(), p.xq8.data() + r0 * p.K, p.wq, rows, p.K, p.O);
-    }
-    int64_t n_blocks = (rows + kXRowsPerTask - 1) / kXRowsPerTask, o_blocks = (p.O + kWRowsPerTask - 1) / kWRowsPerTask;
+  if (!onednn_product) {
+    p.xq.resize(size_t((p.N + kMR - 1) * p.K));
+    std::copy(p.xq8.begin(), p.xq8.end(), p.xq.begin());
+    std::fill(p.xq.begin() + p.N * p.K, p.xq.end(), int16_t(0));  // the padding rows
+    const int64_t n_blocks = (p.N + kXRowsPerTask - 1) / kXRowsPerTask;
+    const int64_t o_blocks = (p.O + kWRowsPerTask - 1) / kWRowsPerTask;
 #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int64_t ib = 0; ib < n_blocks; ++ib)
       for (int64_t jb = 0; jb < o_blocks; ++jb) {
-        int64_t n0 = r0 + ib * kXRowsPerTask, o0 = jb * kWRowsPerTask;
-        forward_block(out, p, n0, std::min(kXRowsPerTask, r0 + rows - n0), o0, std::min(kWRowsPerTask, p.O - o0));
+        const int64_t n0 = ib * kXRowsPerTask, o0 = jb * kWRowsPerTask;
+        dot_block(out, p, n0, std::min(kXRowsPerTask, p.N - n0), o0, std::min(kWRowsPerTask, p.O - o0));
+      }
+    note_path("int16 tiles (pmaddwd) ", build_isa(), ", epilogue ", cpu::avx512_clone_isa());
+    return;
+  }
+  // oneDNN's int32 product is held for a block of rows at a time.
+  const int64_t chunk_rows = balanced_chunk_rows(p.N, kInt8CpuProductChunkElements / std::max<int64_t>(1, p.O));
+  for (int64_t r0 = 0; r0 < p.N; r0 += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, p.N - r0);
+    p.product.resize(size_t(rows * p.O));
+    p.product_row0 = r0;
+    onednn_->int8_product(p.product.data(), p.xq8.data() + r0 * p.K, p.wq, rows, p.K, p.O);
+    const int64_t n_blocks = (rows + kEpilogueRows - 1) / kEpilogueRows;
+    const int64_t o_blocks = (p.O + kEpilogueColumns - 1) / kEpilogueColumns;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t ib = 0; ib < n_blocks; ++ib)
+      for (int64_t jb = 0; jb < o_blocks; ++jb) {
+        const int64_t n0 = r0 + ib * kEpilogueRows, o0 = jb * kEpilogueColumns;
+        finish_block(out, p, n0, std::min(kEpilogueRows, r0 + rows - n0), o0, std::min(kEpilogueColumns, p.O - o0));
       }
   }
-  if (onednn_product)
-    note_path("oneDNN s8 ", onednn_->last_kernel());
-  else
-    note_path("int16 tiles (pmaddwd) ", build_isa());
+  note_path("oneDNN s8 ", onednn_->last_kernel(), ", epilogue ", cpu::avx512_clone_isa());
 }
 
 // dx is computed one block of input-feature columns at a time (tiles from
@@ -313,7 +367,8 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
 // them, and is widened exactly to f32 elsewhere), and the block summed in an
 // f32 [N, kb] buffer, so the scratch stays a few MiB however large the layer
 // (no full copy of W or of dx), and each element of dx is one f32 sum
-// rounded once.
+// rounded once. Where one tile holds every column, the GEMM writes dx itself
+// (f32 sums, each rounded once into dx's dtype).
 void CpuBackend::int8_linear_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& weight,
                                            const Tensor& weight_scales, bool accumulate) {
   int64_t N = dout.rows(), O = dout.cols(), K = weight.dim(1);
@@ -321,23 +376,25 @@ void CpuBackend::int8_linear_backward_impl(Tensor& dx, const Tensor& dout, const
   int64_t columns = int8_backward_tile_columns(O, K);
   const DType tile_dtype = int8_backward_cpu_tile_dtype(dout.dtype);
   Tensor w_tile = empty({O, columns}, tile_dtype, MemCategory::workspace);
-  Tensor dx_block = empty({N, columns}, DType::f32, MemCategory::workspace);
+  const bool whole = columns == K;
+  Tensor dx_block = whole ? Tensor{} : empty({N, columns}, DType::f32, MemCategory::workspace);
   const int8_t* wq = weight.ptr<const int8_t>();
   const float* sw = weight_scales.ptr<const float>();
   Tensor dx2 = dx.reshaped({N, K});
   for (int64_t k0 = 0; k0 < K; k0 += columns) {
     int64_t kb = std::min(columns, K - k0);
     Tensor w = Tensor::view_of(w_tile.data, {O, kb}, tile_dtype);
-    Tensor block = Tensor::view_of(dx_block.data, {N, kb}, DType::f32);
 #pragma omp parallel
     {
       std::vector<float> row(static_cast<size_t>(kb));
 #pragma omp for schedule(static)
-      for (int64_t o = 0; o < O; ++o) {
-        for (int64_t k = 0; k < kb; ++k) row[size_t(k)] = float(wq[o * K + k0 + k]) * sw[o] / 127.0f;
-        cpu::store_row(w, o * kb, row.data(), kb);
-      }
+      for (int64_t o = 0; o < O; ++o) dequantise_row(w, o, wq + o * K + k0, sw[o], kb, row.data());
     }
+    if (whole) {
+      matmul(dx2, dout, w, false, false, 1.0f, accumulate ? 1.0f : 0.0f);
+      break;
+    }
+    Tensor block = Tensor::view_of(dx_block.data, {N, kb}, DType::f32);
     if (accumulate) copy_columns(block, 0, dx2, k0, kb);
     matmul(block, dout, w, false, false, 1.0f, accumulate ? 1.0f : 0.0f);
     copy_columns(dx2, k0, block, 0, kb);

@@ -274,7 +274,8 @@ void MetaBackend::int8_linear_backward_impl(Tensor&, const Tensor& dout, const T
   }
   const int64_t columns = int8_backward_tile_columns(O, K);
   Tensor w_tile = empty({O, columns}, int8_backward_cpu_tile_dtype(dout.dtype), MemCategory::workspace);
-  Tensor dx_block = empty({N, columns}, DType::f32, MemCategory::workspace);
+  // Where one tile holds every column the GEMM writes dx itself; else dx an f32 block at a time.
+  Tensor dx_block = columns < K ? empty({N, columns}, DType::f32, MemCategory::workspace) : Tensor{};
 }
 
 // Scratch-free: the tiles it fills are nf4_linear_*'s, allocated by them.
