@@ -7,9 +7,11 @@
 // 2^n into the exponent bits; within 2 ulp of exp in float64 (tests/test_ops.cpp
 // measures it over the whole range it computes). Below -87.33 (where 2^n would need a subnormal) the
 // result is 0, as a softmax of -inf wants; above 88.72 it is +inf; a NaN
-// stays NaN. Eight lanes with AVX2 + FMA (the kernels' x86-64-v3 baseline),
-// a scalar expf elsewhere; compiled in vec_exp.cpp with the kernels' -march,
-// so every caller (tests included) gets the same arithmetic.
+// stays NaN. Sixteen lanes with AVX-512 where the CPU has it (chosen at run
+// time), eight with AVX2 + FMA (the kernels' x86-64-v3 baseline), the same
+// operations on every lane; a scalar expf on builds without AVX2. Compiled
+// in vec_exp.cpp with the kernels' -march, so every caller (tests included)
+// gets the same arithmetic.
 #pragma once
 #include <cstdint>
 
