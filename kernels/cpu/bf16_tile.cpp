@@ -12,11 +12,13 @@
 namespace ft::cpu {
 namespace {
 
-constexpr int64_t kBlockRows = 4;  // rows of c summed together (native_block names its 4 x 2 sums)
+constexpr int64_t kNativeRows = 8;  // rows of c summed together by native_block (its 8 x 2 named sums)
+constexpr int64_t kBlockRows = 4;   // and by portable_block
 
-// The rows of a's block at m0: rows past M repeat row m0 (computed, dropped).
-void block_rows(const uint32_t* rows_out[kBlockRows], const uint32_t* a, int64_t lda, int64_t m0, int64_t M) {
-  for (int64_t r = 0; r < kBlockRows; ++r) rows_out[r] = a + (m0 + (m0 + r < M ? r : 0)) * lda;
+// The Rows rows of a's block at m0: rows past M repeat row m0 (computed, dropped).
+template <int64_t Rows>
+void block_rows(const uint32_t* rows_out[Rows], const uint32_t* a, int64_t lda, int64_t m0, int64_t M) {
+  for (int64_t r = 0; r < Rows; ++r) rows_out[r] = a + (m0 + (m0 + r < M ? r : 0)) * lda;
 }
 
 #define FT_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
@@ -30,15 +32,19 @@ FT_AVX512_BF16 inline void dot_pairs(__m512& acc, __m512i a, __m512i b) {
 // The lanes of a 16-wide half holding one of `cols` columns.
 __mmask16 column_mask(int64_t cols) { return cols >= 16 ? __mmask16(0xffff) : cols <= 0 ? 0 : __mmask16((1u << cols) - 1); }
 
-// c[rows, cols] += a rows x b [., 32] over `pairs` pairs, rows <= 4, cols <=
-// 32: the 4 x 32 sums stay in eight registers; masked loads read only the
+// c[rows, cols] += a rows x b [., 32] over `pairs` pairs, rows <= 8, cols <=
+// 32: the 8 x 32 sums stay in sixteen registers, enough independent chains
+// to hide vdpbf16ps's latency (scripts/bench_cpu_gemm's bf16 attention at
+// 4 x 256, 2026-11-28, AVX512-BF16 EPYC: 4 rows 184-189 GFLOP/s forward and
+// 195-201 backward, 8 rows 201-210 and 205-216); masked loads read only the
 // `cols` columns of b.
-FT_AVX512_BF16 void native_block(float* c, int64_t ldc, const uint32_t* const a_rows[kBlockRows], const uint32_t* b,
+FT_AVX512_BF16 void native_block(float* c, int64_t ldc, const uint32_t* const a_rows[kNativeRows], const uint32_t* b,
                                  int64_t ldb, int64_t pairs, int64_t rows, int64_t cols) {
   const __mmask16 masks[2] = {column_mask(cols), column_mask(cols - 16)};
   // Named sums, not an array: GCC keeps an array that inline assembly
   // updates on the stack, a load and a store around every vdpbf16ps.
   __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+  __m512 c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
   for (int64_t p = 0; p < pairs; ++p) {
     const __m512i b0 = _mm512_maskz_loadu_epi32(masks[0], b + p * ldb);
     const __m512i b1 = _mm512_maskz_loadu_epi32(masks[1], b + p * ldb + 16);
@@ -46,8 +52,13 @@ FT_AVX512_BF16 void native_block(float* c, int64_t ldc, const uint32_t* const a_
     const __m512i x2 = _mm512_set1_epi32(int(a_rows[2][p])), x3 = _mm512_set1_epi32(int(a_rows[3][p]));
     dot_pairs(c00, x0, b0), dot_pairs(c01, x0, b1), dot_pairs(c10, x1, b0), dot_pairs(c11, x1, b1);
     dot_pairs(c20, x2, b0), dot_pairs(c21, x2, b1), dot_pairs(c30, x3, b0), dot_pairs(c31, x3, b1);
+    const __m512i x4 = _mm512_set1_epi32(int(a_rows[4][p])), x5 = _mm512_set1_epi32(int(a_rows[5][p]));
+    const __m512i x6 = _mm512_set1_epi32(int(a_rows[6][p])), x7 = _mm512_set1_epi32(int(a_rows[7][p]));
+    dot_pairs(c40, x4, b0), dot_pairs(c41, x4, b1), dot_pairs(c50, x5, b0), dot_pairs(c51, x5, b1);
+    dot_pairs(c60, x6, b0), dot_pairs(c61, x6, b1), dot_pairs(c70, x7, b0), dot_pairs(c71, x7, b1);
   }
-  const __m512 acc[kBlockRows][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
+  const __m512 acc[kNativeRows][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31},
+                                      {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
   for (int64_t r = 0; r < rows; ++r)
     for (int half = 0; half < 2; ++half) {
       float* out = c + r * ldc + 16 * half;
@@ -58,10 +69,10 @@ FT_AVX512_BF16 void native_block(float* c, int64_t ldc, const uint32_t* const a_
 FT_AVX512_BF16 void native_tile(float* c, int64_t ldc, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
                                 int64_t M, int64_t N, int64_t pairs) {
   for (int64_t n0 = 0; n0 < N; n0 += 32)
-    for (int64_t m0 = 0; m0 < M; m0 += kBlockRows) {
-      const uint32_t* a_rows[kBlockRows];
-      block_rows(a_rows, a, lda, m0, M);
-      native_block(c + m0 * ldc + n0, ldc, a_rows, b + n0, ldb, pairs, std::min(kBlockRows, M - m0),
+    for (int64_t m0 = 0; m0 < M; m0 += kNativeRows) {
+      const uint32_t* a_rows[kNativeRows];
+      block_rows<kNativeRows>(a_rows, a, lda, m0, M);
+      native_block(c + m0 * ldc + n0, ldc, a_rows, b + n0, ldb, pairs, std::min(kNativeRows, M - m0),
                    std::min<int64_t>(32, N - n0));
     }
 }
@@ -122,7 +133,7 @@ void bf16_tile_gemm_portable(float* c, int64_t ldc, const uint32_t* a, int64_t l
     }
     for (int64_t m0 = 0; m0 < M; m0 += kBlockRows) {
       const uint32_t* a_rows[kBlockRows];
-      block_rows(a_rows, a, lda, m0, M);
+      block_rows<kBlockRows>(a_rows, a, lda, m0, M);
       portable_block(c + m0 * ldc + n0, ldc, a_rows, b_block, ld_block, pairs, std::min(kBlockRows, M - m0), cols);
     }
   }
