@@ -273,12 +273,21 @@ void round_rows(uint32_t* dst, int64_t ld_dst, const float* x, int64_t rows, int
 }
 
 // dst[c * ld_dst + p] = (x[2p, c], x[2p + 1, c]) rounded to bf16: a tile x
-// (kKeyCols apart) transposed with its rows paired; an odd last row pairs with 0.
+// (kKeyCols apart) transposed with its rows paired; an odd last row pairs
+// with 0. The pairs are rounded along x's rows (contiguous, so the rounding
+// vectorises) into an L1 buffer, then moved into place.
 void round_columns(uint32_t* dst, int64_t ld_dst, const float* x, int64_t rows, int64_t cols) {
+  uint32_t paired[kQueryRows / 2][kKeyCols];
+  const int64_t row_pairs = (rows + 1) / 2;
+  for (int64_t p = 0; p < row_pairs; ++p) {
+    const float* even = x + 2 * p * kKeyCols;
+    if (2 * p + 1 < rows)
+      for (int64_t c = 0; c < cols; ++c) paired[p][c] = cpu::bf16_pair(even[c], even[kKeyCols + c]);
+    else
+      for (int64_t c = 0; c < cols; ++c) paired[p][c] = cpu::bf16_pair(even[c], 0.0f);
+  }
   for (int64_t c = 0; c < cols; ++c)
-    for (int64_t p = 0; 2 * p < rows; ++p)
-      dst[c * ld_dst + p] =
-          cpu::bf16_pair(x[2 * p * kKeyCols + c], 2 * p + 1 < rows ? x[(2 * p + 1) * kKeyCols + c] : 0.0f);
+    for (int64_t p = 0; p < row_pairs; ++p) dst[c * ld_dst + p] = paired[p][c];
 }
 
 // bf16 operands (precision: bf16), products on bf16 pairs with f32 sums

@@ -151,9 +151,15 @@ void pair_columns(uint32_t* dst, int64_t ld_dst, const uint32_t* src, int64_t ld
   }
 }
 
+// In blocks of 16 rows: each block writes whole 64-byte runs of dst, and
+// its 16 source rows stay in L1 while their pairs go by.
 void transpose_pairs(uint32_t* dst, int64_t ld_dst, const uint32_t* src, int64_t ld_src, int64_t rows, int64_t pairs) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t p = 0; p < pairs; ++p) dst[p * ld_dst + r] = src[r * ld_src + p];
+  constexpr int64_t kRowBlock = 16;
+  for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int64_t r1 = std::min(rows, r0 + kRowBlock);
+    for (int64_t p = 0; p < pairs; ++p)
+      for (int64_t r = r0; r < r1; ++r) dst[p * ld_dst + r] = src[r * ld_src + p];
+  }
 }
 
 }  // namespace ft::cpu
