@@ -166,10 +166,13 @@ FT_AVX512_CLONES void quantize_input_row(Int8Operands& p, const Tensor& x, int64
 // out[n, o0 : o0 + ob) from v, the row's dequantised int8 product (computed
 // here from oneDNN's int32 product row when one is given), plus the outlier
 // columns in f32 (explicit FMAs: the CUDA epilogue computes the same), plus
-// the epilogue, in kernels/backend.h's order; one loop per term, so no
-// product is contracted into the next term's sum. Stored in out's dtype.
-FT_AVX512_CLONES void finish_row(Tensor& out, const Int8Operands& op, int64_t n, int64_t o0, int64_t ob, float* v,
-                                 const int32_t* product) {
+// the epilogue (bias: op.bias's values, or null), in kernels/backend.h's
+// order; one loop per term, so no product is contracted into the next
+// term's sum. Stored in out's dtype. (The clones touch no std::vector
+// member that builds an iterator: clang 16 emits calls to such inline
+// members from a clone without emitting their bodies.)
+FT_AVX512_CLONES void finish_row(Tensor& out, const Int8Operands& op, const float* bias, int64_t n, int64_t o0,
+                                 int64_t ob, float* v, const int32_t* product) {
   if (product) {
     const float sx = op.sx[n];
     for (int64_t j = 0; j < ob; ++j) v[j] = float(product[j]) * (sx * op.sw[o0 + j] * kInv127Sq);
@@ -179,8 +182,8 @@ FT_AVX512_CLONES void finish_row(Tensor& out, const Int8Operands& op, int64_t n,
     const float* w = op.w_out.data() + c * op.O + o0;
     for (int64_t j = 0; j < ob; ++j) v[j] = std::fma(xv, w[j], v[j]);
   }
-  if (!op.bias.empty())
-    for (int64_t j = 0; j < ob; ++j) v[j] += op.bias[o0 + j];
+  if (bias)
+    for (int64_t j = 0; j < ob; ++j) v[j] += bias[o0 + j];
   if (op.r > 0) {
     float sum[kEpilogueColumns] = {};
     for (int64_t i = 0; i < op.r; ++i) {
@@ -196,8 +199,9 @@ FT_AVX512_CLONES void finish_row(Tensor& out, const Int8Operands& op, int64_t n,
 // out rows [n0, n0 + nb) x columns [o0, o0 + ob) from oneDNN's int32 product.
 void finish_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, int64_t o0, int64_t ob) {
   float v[kEpilogueColumns];
+  const float* bias = op.bias.empty() ? nullptr : op.bias.data();
   for (int64_t n = n0; n < n0 + nb; ++n)
-    finish_row(out, op, n, o0, ob, v, op.product.data() + (n - op.product_row0) * op.O + o0);
+    finish_row(out, op, bias, n, o0, ob, v, op.product.data() + (n - op.product_row0) * op.O + o0);
 }
 
 // The same block summed by dot_tile on int16 codes, dequantised with
@@ -218,7 +222,8 @@ void dot_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, int6
           tile[i + r][j + c] = float(acc[r][c]) * (op.sx[n0 + i + r] * op.sw[o0 + j + c] * kInv127Sq);
     }
   }
-  for (int64_t i = 0; i < nb; ++i) finish_row(out, op, n0 + i, o0, ob, tile[i], nullptr);
+  const float* bias = op.bias.empty() ? nullptr : op.bias.data();
+  for (int64_t i = 0; i < nb; ++i) finish_row(out, op, bias, n0 + i, o0, ob, tile[i], nullptr);
 }
 
 // The epilogue's operands converted to f32 (checked by the caller).
@@ -252,10 +257,10 @@ FT_AVX512_CLONES void quantize_weight_row(Tensor& q, Tensor& scales, const Tenso
 
 // One row of int8_row_absmax: x's row with the outlier columns zeroed, as
 // the forward zeroes them.
-FT_AVX512_CLONES float masked_row_absmax(const Tensor& x, int64_t n, const std::vector<int64_t>& columns, float* row) {
+FT_AVX512_CLONES float masked_row_absmax(const Tensor& x, int64_t n, const int64_t* columns, int64_t C, float* row) {
   const int64_t K = x.cols();
   cpu::load_row(row, x, n * K, K);
-  for (int64_t c : columns) row[c] = 0.0f;
+  for (int64_t c = 0; c < C; ++c) row[columns[c]] = 0.0f;
   return row_absmax(row, K);
 }
 
@@ -292,7 +297,8 @@ void CpuBackend::int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float thr
   {
     std::vector<float> row(K);
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) absmax.ptr<float>()[n] = masked_row_absmax(x, n, columns, row.data());
+    for (int64_t n = 0; n < N; ++n)
+      absmax.ptr<float>()[n] = masked_row_absmax(x, n, columns.data(), int64_t(columns.size()), row.data());
   }
   note_path(cpu::avx512_clone_isa());
 }
