@@ -15,7 +15,10 @@
 // also compiled for x86-64-v4 (AVX-512), and the loader's resolver picks that
 // clone where the CPU has it. The inline helpers it calls (load_row,
 // store_row) are compiled into each clone. Both clones do the same IEEE
-// operations in the same order, so they give the same bits.
+// operations in the same order, so they give the same bits. A clone takes
+// raw pointers, not std::vector members that build iterators (empty(),
+// begin(), range-for): clang 16 emits calls to those from a clone without
+// emitting their bodies, and the link fails.
 #define FT_AVX512_CLONES __attribute__((target_clones("default", "arch=x86-64-v4")))
 
 namespace ft::cpu {

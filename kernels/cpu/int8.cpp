@@ -168,9 +168,7 @@ FT_AVX512_CLONES void quantize_input_row(Int8Operands& p, const Tensor& x, int64
 // columns in f32 (explicit FMAs: the CUDA epilogue computes the same), plus
 // the epilogue (bias: op.bias's values, or null), in kernels/backend.h's
 // order; one loop per term, so no product is contracted into the next
-// term's sum. Stored in out's dtype. (The clones touch no std::vector
-// member that builds an iterator: clang 16 emits calls to such inline
-// members from a clone without emitting their bodies.)
+// term's sum. Stored in out's dtype.
 FT_AVX512_CLONES void finish_row(Tensor& out, const Int8Operands& op, const float* bias, int64_t n, int64_t o0,
                                  int64_t ob, float* v, const int32_t* product) {
   if (product) {
