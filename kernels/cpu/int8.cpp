@@ -142,7 +142,8 @@ struct Int8Operands {
   const int8_t* wq;             // [O, K]
   const float* sw;              // [O]
   // The epilogue's operands in f32 (kernels/backend.h's Int8Epilogue).
-  std::vector<float> bias;      // [O], empty: none
+  std::vector<float> bias_values;  // [O] when there is a bias
+  const float* bias = nullptr;     // bias_values' data, null: no bias (the clones read raw pointers: cpu_util.h)
   int64_t r = 0;                // LoRA rank, 0: no LoRA update
   std::vector<float> lora_h;    // [N, r]
   std::vector<float> lora_Bt;   // [r, O]: B transposed so the sum over j runs along O
@@ -166,11 +167,11 @@ FT_AVX512_CLONES void quantize_input_row(Int8Operands& p, const Tensor& x, int64
 // out[n, o0 : o0 + ob) from v, the row's dequantised int8 product (computed
 // here from oneDNN's int32 product row when one is given), plus the outlier
 // columns in f32 (explicit FMAs: the CUDA epilogue computes the same), plus
-// the epilogue (bias: op.bias's values, or null), in kernels/backend.h's
+// the epilogue, in kernels/backend.h's
 // order; one loop per term, so no product is contracted into the next
 // term's sum. Stored in out's dtype.
-FT_AVX512_CLONES void finish_row(Tensor& out, const Int8Operands& op, const float* bias, int64_t n, int64_t o0,
-                                 int64_t ob, float* v, const int32_t* product) {
+FT_AVX512_CLONES void finish_row(Tensor& out, const Int8Operands& op, int64_t n, int64_t o0, int64_t ob, float* v,
+                                 const int32_t* product) {
   if (product) {
     const float sx = op.sx[n];
     for (int64_t j = 0; j < ob; ++j) v[j] = float(product[j]) * (sx * op.sw[o0 + j] * kInv127Sq);
@@ -180,8 +181,8 @@ FT_AVX512_CLONES void finish_row(Tensor& out, const Int8Operands& op, const floa
     const float* w = op.w_out.data() + c * op.O + o0;
     for (int64_t j = 0; j < ob; ++j) v[j] = std::fma(xv, w[j], v[j]);
   }
-  if (bias)
-    for (int64_t j = 0; j < ob; ++j) v[j] += bias[o0 + j];
+  if (op.bias)
+    for (int64_t j = 0; j < ob; ++j) v[j] += op.bias[o0 + j];
   if (op.r > 0) {
     float sum[kEpilogueColumns] = {};
     for (int64_t i = 0; i < op.r; ++i) {
@@ -197,9 +198,8 @@ FT_AVX512_CLONES void finish_row(Tensor& out, const Int8Operands& op, const floa
 // out rows [n0, n0 + nb) x columns [o0, o0 + ob) from oneDNN's int32 product.
 void finish_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, int64_t o0, int64_t ob) {
   float v[kEpilogueColumns];
-  const float* bias = op.bias.empty() ? nullptr : op.bias.data();
   for (int64_t n = n0; n < n0 + nb; ++n)
-    finish_row(out, op, bias, n, o0, ob, v, op.product.data() + (n - op.product_row0) * op.O + o0);
+    finish_row(out, op, n, o0, ob, v, op.product.data() + (n - op.product_row0) * op.O + o0);
 }
 
 // The same block summed by dot_tile on int16 codes, dequantised with
@@ -220,17 +220,17 @@ void dot_block(Tensor& out, const Int8Operands& op, int64_t n0, int64_t nb, int6
           tile[i + r][j + c] = float(acc[r][c]) * (op.sx[n0 + i + r] * op.sw[o0 + j + c] * kInv127Sq);
     }
   }
-  const float* bias = op.bias.empty() ? nullptr : op.bias.data();
-  for (int64_t i = 0; i < nb; ++i) finish_row(out, op, bias, n0 + i, o0, ob, tile[i], nullptr);
+  for (int64_t i = 0; i < nb; ++i) finish_row(out, op, n0 + i, o0, ob, tile[i], nullptr);
 }
 
 // The epilogue's operands converted to f32 (checked by the caller).
 void load_epilogue(Int8Operands& p, const Int8Epilogue& e) {
-  p.bias.clear();  // p is reused from the previous call: every field is set here
+  p.bias = nullptr;  // p is reused from the previous call: every field is set here
   p.r = 0;
   if (e.bias) {
-    p.bias.resize(size_t(p.O));
-    cpu::load_row(p.bias.data(), *e.bias, 0, p.O);
+    p.bias_values.resize(size_t(p.O));
+    cpu::load_row(p.bias_values.data(), *e.bias, 0, p.O);
+    p.bias = p.bias_values.data();
   }
   if (!e.lora_h) return;
   p.r = e.lora_B->cols();

@@ -20,8 +20,8 @@ constexpr int64_t kRowBlock = 64;
 
 // sums [rows, cols] += the terms of rows [0, count) of a_block [count, rows]
 // and b_block [count, cols], in row order.
-FT_AVX512_CLONES void add_row_terms(float* sums, const float* a_block, const float* b_block, int64_t count, int64_t rows,
-                   int64_t cols, float alpha) {
+FT_AVX512_CLONES void add_row_terms(float* sums, const float* a_block, const float* b_block, int64_t count,
+                                    int64_t rows, int64_t cols, float alpha) {
   for (int64_t n = 0; n < count; ++n)
     for (int64_t i = 0; i < rows; ++i) {
       const float ai = alpha * a_block[n * rows + i];
