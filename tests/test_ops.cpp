@@ -16,6 +16,7 @@
 #include "kernels/cpu/bf16_tile.h"
 #include "kernels/cpu/vec_exp.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/onednn_gemm.h"
 #include "kernels/error.h"
 #include "model/rope.h"
@@ -671,6 +672,90 @@ TEST_CASE("cpu vector exp: within 2 ulp of exp in float64, its limits, the same 
     cpu::exp_inplace(shifted.data(), int64_t(shifted.size()));
     CHECK(std::equal(shifted.begin(), shifted.end(), y.begin() + int64_t(offset)));
     CHECK(cpu::exp1(x[offset]) == y[offset]);
+  }
+}
+
+// Every op with an AVX-512 version (kernels/cpu/isa.h) gives the baseline
+// version's bits, so a run's numbers do not depend on the machine's vector
+// width: 301 columns are whole 16- and 8-lane vectors and a tail; f32 and
+// bf16; the INT8 linear with an outlier column, bias and LoRA.
+TEST_CASE("AVX-512 and baseline versions of the CPU kernels give the same bits" *
+          doctest::skip(!cpu::avx512_enabled())) {
+  const int64_t N = 37, K = 301, O = 67, r = 5;
+  std::mt19937 rng(40);
+  Vec xs = random_vec(size_t(N * K), rng, -3.0, 3.0), ys = random_vec(size_t(N * K), rng, -3.0, 3.0);
+  xs[size_t(5 * K + 17)] = 7.5;  // an outlier column at threshold 6
+  const Vec w = random_vec(size_t(O * K), rng, -0.1, 0.1), dout_values = random_vec(size_t(N * O), rng);
+  const Vec h_values = random_vec(size_t(N * r), rng), B_values = random_vec(size_t(O * r), rng, -0.1, 0.1);
+  const Vec bias_values = random_vec(size_t(O), rng), outer_b = random_vec(size_t(N * O), rng);
+  auto outputs = [&](bool baseline) {
+    cpu::set_baseline_versions_only(baseline);
+    std::vector<Vec> all;
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      Tensor x = make({N, K}, dtype, xs), y = make({N, K}, dtype, ys), out = make({N, K}, dtype);
+      Tensor dx = make({N, K}, dtype), dy = make({N, K}, dtype);
+      backend.add(out, x, y);
+      all.push_back(values_of(out));
+      backend.swiglu_forward(out, x, y);
+      all.push_back(values_of(out));
+      backend.swiglu_backward(dx, dy, out, x, y);
+      all.push_back(values_of(dx));
+      all.push_back(values_of(dy));
+      backend.dropout_forward(out, x, 0.1f, 99);
+      all.push_back(values_of(out));
+      backend.dropout_backward(dx, y, 0.1f, 99);
+      all.push_back(values_of(dx));
+      Tensor sums = make({K, O}, DType::f32, Vec(size_t(K * O), 0.5));
+      backend.accumulate_outer_products(sums, x, make({N, O}, DType::f32, outer_b), 0.375f);
+      all.push_back(values_of(sums));
+      Tensor q = make({O, K}, DType::i8), scales = make({O}, DType::f32), absmax = make({N}, DType::f32);
+      backend.quantize_rows_int8(q, scales, make({O, K}, dtype, w));
+      all.push_back(values_of(q));
+      all.push_back(values_of(scales));
+      backend.int8_row_absmax(absmax, x, 6.0f);
+      all.push_back(values_of(absmax));
+      Tensor bias = make({O}, dtype, bias_values), h = make({N, r}, dtype, h_values), B = make({O, r}, dtype, B_values);
+      Tensor linear = make({N, O}, dtype);
+      backend.int8_linear_forward(linear, x, q, scales, 6.0f, Int8Epilogue{&bias, &h, &B, 3.2f});
+      all.push_back(values_of(linear));
+      backend.int8_linear_backward(dx, make({N, O}, dtype, dout_values), q, scales, true);
+      all.push_back(values_of(dx));
+    }
+    std::vector<float> e(xs.begin(), xs.end());
+    cpu::exp_inplace(e.data(), int64_t(e.size()));
+    all.push_back(Vec(e.begin(), e.end()));
+    cpu::set_baseline_versions_only(false);
+    return all;
+  };
+  const std::vector<Vec> avx512 = outputs(false), baseline = outputs(true);
+  REQUIRE(avx512.size() == baseline.size());
+  for (size_t i = 0; i < avx512.size(); ++i) {
+    CAPTURE(i);
+    CHECK(avx512[i] == baseline[i]);
+  }
+}
+
+// tests/CMakeLists.txt runs this file again under ONEDNN_MAX_CPU_ISA=AVX2
+// and =AVX512_CORE: the versions picked must follow the cap (with oneDNN in
+// the build, which reads it) and the CPU.
+TEST_CASE("ONEDNN_MAX_CPU_ISA caps the CPU kernels' versions as it caps oneDNN's") {
+  const bool v4 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+                  __builtin_cpu_supports("avx512vl");
+  const bool bf16 = v4 && __builtin_cpu_supports("avx512bf16");
+  const char* env = std::getenv("ONEDNN_MAX_CPU_ISA");
+  const std::string cap = env && onednn_built() ? env : "";
+  CAPTURE(cap);
+  if (cap == "AVX2") {
+    CHECK_FALSE(cpu::avx512_enabled());
+    CHECK_FALSE(cpu::avx512_bf16_enabled());
+  } else if (cap == "AVX512_CORE") {
+    CHECK(cpu::avx512_enabled() == v4);
+    CHECK_FALSE(cpu::avx512_bf16_enabled());
+  } else {
+    REQUIRE(cap.empty());  // a cap this test does not know
+    CHECK(cpu::avx512_enabled() == v4);
+    CHECK(cpu::avx512_bf16_enabled() == bf16);
   }
 }
 

@@ -29,6 +29,7 @@
 #include "kernels/cpu/bf16_tile.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/vec_exp.h"
 
 namespace ft {
@@ -603,7 +604,7 @@ void cached_rows(float* o, const Operands& x, const int32_t* row_positions, int6
 
 // The ISA the tiles run on, for the op profile: vdpbf16ps for bf16 where the
 // CPU has it, else the build's (f32 tiles and the portable bf16 loop).
-const char* tiles_isa(bool bf16) { return bf16 && cpu::bf16_dot_native() ? "AVX512-BF16" : build_isa(); }
+const char* tiles_isa(bool bf16) { return bf16 && cpu::avx512_bf16_enabled() ? "AVX512-BF16" : build_isa(); }
 
 }  // namespace
 

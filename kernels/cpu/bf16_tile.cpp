@@ -1,6 +1,6 @@
 // bf16 tile GEMMs (see bf16_tile.h). The kernels are built for x86-64-v3;
 // the AVX512-BF16 block is compiled for its ISA alone (a target attribute)
-// and runs only where the CPU reports it, so one binary serves every CPU.
+// and runs only where the CPU reports it (kernels/cpu/isa.h), so one binary serves every CPU.
 #include "kernels/cpu/bf16_tile.h"
 
 #include <immintrin.h>
@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstring>
 #include <vector>
+
+#include "kernels/cpu/isa.h"
 
 namespace ft::cpu {
 namespace {
@@ -106,14 +108,9 @@ void portable_block(float* c, int64_t ldc, const uint32_t* const a_rows[kBlockRo
 
 }  // namespace
 
-bool bf16_dot_native() {
-  static const bool native = __builtin_cpu_supports("avx512bf16");
-  return native;
-}
-
 void bf16_tile_gemm(float* c, int64_t ldc, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t M,
                     int64_t N, int64_t pairs) {
-  if (bf16_dot_native()) return native_tile(c, ldc, a, lda, b, ldb, M, N, pairs);
+  if (avx512_bf16_enabled()) return native_tile(c, ldc, a, lda, b, ldb, M, N, pairs);
   bf16_tile_gemm_portable(c, ldc, a, lda, b, ldb, M, N, pairs);
 }
 

@@ -14,8 +14,6 @@
 
 namespace ft::cpu {
 
-// Whether bf16_tile_gemm runs on vdpbf16ps on this CPU.
-bool bf16_dot_native();
 
 // c[M, N] += A[M, 2 * pairs] @ B[2 * pairs, N], c row-major f32 (ldc), a and
 // b paired as above (lda, ldb in pairs). Every row of c is summed over k in

@@ -10,28 +10,7 @@
 #include "kernels/op_profile.h"
 #include "kernels/tensor.h"
 
-// Run-time dispatch for an op's hot loops: the kernels are built for
-// FT_MARCH (x86-64-v3: AVX2 + FMA); a function marked FT_AVX512_CLONES is
-// also compiled for x86-64-v4 (AVX-512), and the loader's resolver picks that
-// clone where the CPU has it. The inline helpers it calls (load_row,
-// store_row) are compiled into each clone. Both clones do the same IEEE
-// operations in the same order, so they give the same bits. A clone takes
-// raw pointers, not std::vector members that build iterators (empty(),
-// begin(), range-for): clang 16 emits calls to those from a clone without
-// emitting their bodies, and the link fails.
-#define FT_AVX512_CLONES __attribute__((target_clones("default", "arch=x86-64-v4")))
-
 namespace ft::cpu {
-
-// The clone FT_AVX512_CLONES functions run on this CPU, for the op profile:
-// x86-64-v4's features one by one (clang 16 takes no level names here),
-// found once.
-inline const char* avx512_clone_isa() {
-  static const bool v4 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
-                         __builtin_cpu_supports("avx512vl");
-  return v4 ? "AVX-512 (x86-64-v4 clone)" : build_isa();
-}
 
 // dst[0, count) = elements [offset, offset + count) of t as f32.
 inline void load_row(float* dst, const Tensor& t, int64_t offset, int64_t count) {

@@ -5,16 +5,18 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/dropout_hash.h"
 
 namespace ft {
 
 // buf[i] = keep(first + i) ? buf[i] * scale : 0 for i < count. The hash's
 // 64-bit multiplies vectorise with AVX-512's vpmullq and not with AVX2 (the
-// kernels' baseline): a clone for x86-64-v4 picked at run time is 7x the
+// kernels' baseline): the x86-64-v4 version (kernels/cpu/isa.h) is 7x the
 // baseline's speed where the CPU has it (0.22 against 1.58 ns an element on
 // an AVX-512 EPYC), with the same integer arithmetic, so the same mask.
-FT_AVX512_CLONES static void mask_run(float* buf, int64_t count, uint64_t first, uint64_t seed, float p, float scale) {
+FT_AVX512_VERSIONS(void, mask_run, (float* buf, int64_t count, uint64_t first, uint64_t seed, float p, float scale),
+                   (buf, count, first, seed, p, scale)) {
   for (int64_t i = 0; i < count; ++i) buf[i] = dropout_keep(seed, first + uint64_t(i), p) ? buf[i] * scale : 0.0f;
 }
 
@@ -38,13 +40,13 @@ static void apply_dropout_mask(Tensor& out, const Tensor& x, float p, uint64_t s
 
 void CpuBackend::dropout_forward_impl(Tensor& out, const Tensor& x, float p, uint64_t seed, int64_t row_stride) {
   apply_dropout_mask(out, x, p, seed, row_stride);
-  note_path(cpu::avx512_clone_isa());
+  note_path(cpu::avx512_versions_isa());
 }
 
 // The derivative of x * keep / (1 - p) is the same mask and scale.
 void CpuBackend::dropout_backward_impl(Tensor& dx, const Tensor& dout, float p, uint64_t seed, int64_t row_stride) {
   apply_dropout_mask(dx, dout, p, seed, row_stride);
-  note_path(cpu::avx512_clone_isa());
+  note_path(cpu::avx512_versions_isa());
 }
 
 }  // namespace ft

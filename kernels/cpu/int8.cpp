@@ -18,6 +18,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/onednn_gemm.h"
 #include "kernels/int8_tiles.h"
 
@@ -78,7 +79,8 @@ inline void quantize_row(int8_t* q, const float* x, int64_t count, float absmax)
 }
 
 // flags[k] |= 1 where |x[n, k]| >= threshold, for one row n (row: scratch).
-FT_AVX512_CLONES void flag_row(int32_t* flags, const Tensor& x, int64_t n, float threshold, float* row) {
+FT_AVX512_VERSIONS(void, flag_row, (int32_t* flags, const Tensor& x, int64_t n, float threshold, float* row),
+                   (flags, x, n, threshold, row)) {
   const int64_t K = x.cols();
   cpu::load_row(row, x, n * K, K);
   for (int64_t k = 0; k < K; ++k) flags[k] |= int32_t(std::fabs(row[k]) >= threshold);
@@ -143,7 +145,7 @@ struct Int8Operands {
   const float* sw;              // [O]
   // The epilogue's operands in f32 (kernels/backend.h's Int8Epilogue).
   std::vector<float> bias_values;  // [O] when there is a bias
-  const float* bias = nullptr;     // bias_values' data, null: no bias (the clones read raw pointers: cpu_util.h)
+  const float* bias = nullptr;     // bias_values' data, null: no bias
   int64_t r = 0;                // LoRA rank, 0: no LoRA update
   std::vector<float> lora_h;    // [N, r]
   std::vector<float> lora_Bt;   // [r, O]: B transposed so the sum over j runs along O
@@ -153,8 +155,10 @@ struct Int8Operands {
 // Row n of x made ready for the product (row: scratch): its outlier entries
 // copied to x_out and zeroed before the absmax, so outliers do not inflate
 // the row scale; its scale, given or its own absmax; its codes.
-FT_AVX512_CLONES void quantize_input_row(Int8Operands& p, const Tensor& x, int64_t n, const int64_t* columns,
-                                         const float* given_sx, float* row) {
+FT_AVX512_VERSIONS(void, quantize_input_row,
+                   (Int8Operands& p, const Tensor& x, int64_t n, const int64_t* columns, const float* given_sx,
+                    float* row),
+                   (p, x, n, columns, given_sx, row)) {
   cpu::load_row(row, x, n * p.K, p.K);
   for (int64_t c = 0; c < p.C; ++c) {
     p.x_out[n * p.C + c] = row[columns[c]];
@@ -170,8 +174,10 @@ FT_AVX512_CLONES void quantize_input_row(Int8Operands& p, const Tensor& x, int64
 // the epilogue, in kernels/backend.h's
 // order; one loop per term, so no product is contracted into the next
 // term's sum. Stored in out's dtype.
-FT_AVX512_CLONES void finish_row(Tensor& out, const Int8Operands& op, int64_t n, int64_t o0, int64_t ob, float* v,
-                                 const int32_t* product) {
+FT_AVX512_VERSIONS(void, finish_row,
+                   (Tensor& out, const Int8Operands& op, int64_t n, int64_t o0, int64_t ob, float* v,
+                    const int32_t* product),
+                   (out, op, n, o0, ob, v, product)) {
   if (product) {
     const float sx = op.sx[n];
     for (int64_t j = 0; j < ob; ++j) v[j] = float(product[j]) * (sx * op.sw[o0 + j] * kInv127Sq);
@@ -245,7 +251,8 @@ void load_epilogue(Int8Operands& p, const Int8Epilogue& e) {
 }
 
 // One row of quantize_rows_int8 (row: scratch).
-FT_AVX512_CLONES void quantize_weight_row(Tensor& q, Tensor& scales, const Tensor& x, int64_t r, float* row) {
+FT_AVX512_VERSIONS(void, quantize_weight_row, (Tensor& q, Tensor& scales, const Tensor& x, int64_t r, float* row),
+                   (q, scales, x, r, row)) {
   const int64_t K = x.cols();
   cpu::load_row(row, x, r * K, K);
   const float absmax = row_absmax(row, K);
@@ -255,7 +262,9 @@ FT_AVX512_CLONES void quantize_weight_row(Tensor& q, Tensor& scales, const Tenso
 
 // One row of int8_row_absmax: x's row with the outlier columns zeroed, as
 // the forward zeroes them.
-FT_AVX512_CLONES float masked_row_absmax(const Tensor& x, int64_t n, const int64_t* columns, int64_t C, float* row) {
+FT_AVX512_VERSIONS(float, masked_row_absmax,
+                   (const Tensor& x, int64_t n, const int64_t* columns, int64_t C, float* row),
+                   (x, n, columns, C, row)) {
   const int64_t K = x.cols();
   cpu::load_row(row, x, n * K, K);
   for (int64_t c = 0; c < C; ++c) row[columns[c]] = 0.0f;
@@ -264,8 +273,9 @@ FT_AVX512_CLONES float masked_row_absmax(const Tensor& x, int64_t n, const int64
 
 // Row o of the backward's weight tile: codes [k0, k0 + kb) of weight row o
 // dequantised, code * scale / 127 in f32, stored in the tile's dtype.
-FT_AVX512_CLONES void dequantise_row(Tensor& tile, int64_t o, const int8_t* codes, float scale, int64_t kb,
-                                     float* row) {
+FT_AVX512_VERSIONS(void, dequantise_row,
+                   (Tensor& tile, int64_t o, const int8_t* codes, float scale, int64_t kb, float* row),
+                   (tile, o, codes, scale, kb, row)) {
   for (int64_t k = 0; k < kb; ++k) row[k] = float(codes[k]) * scale / 127.0f;
   cpu::store_row(tile, o * kb, row, kb);
 }
@@ -280,12 +290,12 @@ void CpuBackend::quantize_rows_int8_impl(Tensor& q, Tensor& scales, const Tensor
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < R; ++r) quantize_weight_row(q, scales, x, r, row.data());
   }
-  note_path(cpu::avx512_clone_isa());
+  note_path(cpu::avx512_versions_isa());
 }
 
 void CpuBackend::int8_outlier_columns_impl(Tensor& flags, const Tensor& x, float threshold) {
   flag_outlier_columns(flags.ptr<int32_t>(), x, threshold);
-  note_path(cpu::avx512_clone_isa());
+  note_path(cpu::avx512_versions_isa());
 }
 
 void CpuBackend::int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float threshold, const Tensor* outlier_flags) {
@@ -298,7 +308,7 @@ void CpuBackend::int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float thr
     for (int64_t n = 0; n < N; ++n)
       absmax.ptr<float>()[n] = masked_row_absmax(x, n, columns.data(), int64_t(columns.size()), row.data());
   }
-  note_path(cpu::avx512_clone_isa());
+  note_path(cpu::avx512_versions_isa());
 }
 
 void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Tensor& weight,
@@ -342,7 +352,7 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
         const int64_t n0 = ib * kXRowsPerTask, o0 = jb * kWRowsPerTask;
         dot_block(out, p, n0, std::min(kXRowsPerTask, p.N - n0), o0, std::min(kWRowsPerTask, p.O - o0));
       }
-    note_path("int16 tiles (pmaddwd) ", build_isa(), ", epilogue ", cpu::avx512_clone_isa());
+    note_path("int16 tiles (pmaddwd) ", build_isa(), ", epilogue ", cpu::avx512_versions_isa());
     return;
   }
   // oneDNN's int32 product is held for a block of rows at a time.
@@ -361,7 +371,7 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
         finish_block(out, p, n0, std::min(kEpilogueRows, r0 + rows - n0), o0, std::min(kEpilogueColumns, p.O - o0));
       }
   }
-  note_path("oneDNN s8 ", onednn_->last_kernel(), ", epilogue ", cpu::avx512_clone_isa());
+  note_path("oneDNN s8 ", onednn_->last_kernel(), ", epilogue ", cpu::avx512_versions_isa());
 }
 
 // dx is computed one block of input-feature columns at a time (tiles from

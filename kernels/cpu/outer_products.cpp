@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/isa.h"
 
 namespace ft {
 namespace {
@@ -20,8 +21,10 @@ constexpr int64_t kRowBlock = 64;
 
 // sums [rows, cols] += the terms of rows [0, count) of a_block [count, rows]
 // and b_block [count, cols], in row order.
-FT_AVX512_CLONES void add_row_terms(float* sums, const float* a_block, const float* b_block, int64_t count,
-                                    int64_t rows, int64_t cols, float alpha) {
+FT_AVX512_VERSIONS(void, add_row_terms,
+                   (float* sums, const float* a_block, const float* b_block, int64_t count, int64_t rows, int64_t cols,
+                    float alpha),
+                   (sums, a_block, b_block, count, rows, cols, alpha)) {
   for (int64_t n = 0; n < count; ++n)
     for (int64_t i = 0; i < rows; ++i) {
       const float ai = alpha * a_block[n * rows + i];
@@ -59,7 +62,7 @@ void CpuBackend::accumulate_outer_products_impl(Tensor& grad, const Tensor& a, c
         for (int64_t i = 0; i < rows; ++i) cpu::store_row(grad, (i0 + i) * P + j0, sums.data() + i * cols, cols);
       }
   }
-  note_path(cpu::avx512_clone_isa());
+  note_path(cpu::avx512_versions_isa());
 }
 
 }  // namespace ft

@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "kernels/cpu/isa.h"
+
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -39,7 +41,7 @@ __m256 exp8(__m256 x) {
 }
 
 // exp8's arithmetic sixteen lanes at a time, for CPUs with AVX-512 (picked
-// at run time): the same operations on each lane, so the same values.
+// at run time: kernels/cpu/isa.h): the same operations on each lane, so the same values.
 #define FT_AVX512_EXP __attribute__((target("avx512f,avx512dq")))
 
 FT_AVX512_EXP __m512 exp16(__m512 x) {
@@ -78,11 +80,6 @@ FT_AVX512_EXP int64_t exp_inplace16(float* x, int64_t n) {
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, exp16(_mm512_loadu_ps(x + i)));
   return i;
 }
-
-bool avx512_exp() {
-  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-  return avx512;
-}
 #endif
 
 }  // namespace
@@ -98,7 +95,7 @@ float exp1(float x) {
 void exp_inplace(float* x, int64_t n) {
   int64_t i = 0;
 #ifdef __AVX2__
-  if (avx512_exp()) i = exp_inplace16(x, n);
+  if (avx512_enabled()) i = exp_inplace16(x, n);
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp8(_mm256_loadu_ps(x + i)));
 #endif
   for (; i < n; ++i) x[i] = exp1(x[i]);
