@@ -14,8 +14,9 @@ kernel) runs its GEMM of each dtype. Then per-op GEMM GFLOP/s of ours (bench_cpu
 
   driver:    bench_cpu_vs_torch.py FINETUNE GEMM_BENCH WORK_DIR OUTPUT.json THREADS ROUNDS WARMUP STEPS [DOCS_PAGE]
              (DOCS_PAGE: also write the tokens/s and RSS table into that page's section for this CPU and
-             shape, bench_cpu_vs_torch_avx512 or bench_cpu_vs_torch_avx2, with _1x1024 for another shape
-             than 4x256; scripts/docs_table.py)
+             shape, bench_cpu_vs_torch_avx512 or bench_cpu_vs_torch_avx2, then _as_avx2 under
+             BENCH_CPU_AS_AVX2=1 (scripts/bench_cpu --avx2 sets it with the libraries' caps), then _1x1024
+             for another shape than 4x256; scripts/docs_table.py)
   one torch: bench_cpu_vs_torch.py --torch {plain|peft} {fp32|bf16} THREADS WARMUP STEPS
   its paths: bench_cpu_vs_torch.py --torch-isa THREADS
 """
@@ -32,6 +33,7 @@ import time
 
 VOCAB, HIDDEN, LAYERS, HEADS, FFN, RANK, ALPHA, DROPOUT = 32000, 768, 12, 12, 2048, 8, 16, 0.05
 DEFAULT_SHAPE = "4x256"
+AS_AVX2 = os.environ.get("BENCH_CPU_AS_AVX2") == "1"  # scripts/bench_cpu --avx2: the caps are in the environment
 SHAPE = os.environ.get("BENCH_CPU_SHAPE", DEFAULT_SHAPE)  # batch x sequence length; children inherit it
 try:
     BATCH, SEQ = (int(n) for n in SHAPE.split("x"))
@@ -322,7 +324,7 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps,
     # Without AVX512-BF16 or AMX, PyTorch's bf16 step takes minutes here (ours
     # widens bf16 to f32 for its GEMMs): its bf16 peers run one step, no
     # warm-up, in the first round only.
-    native_bf16 = any(flag in machine() for flag in ("avx512_bf16", "amx_bf16"))
+    native_bf16 = any(flag in machine() for flag in ("avx512_bf16", "amx_bf16")) and not AS_AVX2
     if not native_bf16 and any(kind != "ours" and precision == "bf16" for _, kind, _, precision in trainers):
         print("No native bf16 on this CPU: the PyTorch bf16 peers run one step without warm-up, once")
     for round_index in range(rounds):
@@ -467,7 +469,7 @@ def op_share_markdown(report):
 
 def write_docs(page, report, versions, one_step_bf16, quick):
     from docs_table import replace_section
-    name = "bench_cpu_vs_torch_" + ("avx512" if "avx512f" in cpu_flags() else "avx2")
+    name = "bench_cpu_vs_torch_" + ("avx512" if "avx512f" in cpu_flags() else "avx2") + ("_as_avx2" if AS_AVX2 else "")
     if SHAPE != DEFAULT_SHAPE:
         name += "_" + SHAPE
     replace_section(page, name, docs_markdown(report, versions, one_step_bf16, quick))
@@ -494,7 +496,10 @@ def machine():
             model = line.split(":", 1)[1].strip()
             break
     flags = cpu_flags()
-    return f"{model}, {os.cpu_count()} logical CPUs, flags: {' '.join(flags) or 'none of ' + ' '.join(FLAGS_THAT_MATTER)}"
+    caps = (", every library capped to its AVX2 code (ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2, "
+            "MKL_ENABLE_INSTRUCTIONS=AVX2: `--avx2`)") if AS_AVX2 else ""
+    return (f"{model}, {os.cpu_count()} logical CPUs, flags: {' '.join(flags) or 'none of ' + ' '.join(FLAGS_THAT_MATTER)}"
+            + caps)
 
 
 if __name__ == "__main__":
