@@ -316,6 +316,9 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps,
         trainers += [("torch plain fp32", "plain", None, "fp32"), ("torch plain bf16", "plain", None, "bf16")]
     if have_peft:
         trainers += [("transformers+peft fp32", "peft", None, "fp32"), ("transformers+peft bf16", "peft", None, "bf16")]
+    if AS_AVX2:  # PyTorch's bf16 GEMM on its AVX2 code: ~1 GFLOP/s on a 2-core EPYC, ~7 minutes a step
+        trainers = [t for t in trainers if t[1] == "ours" or t[3] != "bf16"]
+        print("--avx2: the PyTorch bf16 peers are left out (minutes a step without native bf16)")
     rates = {name: [] for name, *_ in trainers}  # tokens/s, one per round
     rss = {name: 0 for name, *_ in trainers}
     profiles = {}  # ours: the last round's op profile

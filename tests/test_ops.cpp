@@ -678,7 +678,9 @@ TEST_CASE("cpu vector exp: within 2 ulp of exp in float64, its limits, the same 
 // Every op with an AVX-512 version (kernels/cpu/isa.h) gives the baseline
 // version's bits, so a run's numbers do not depend on the machine's vector
 // width: 301 columns are whole 16- and 8-lane vectors and a tail; f32 and
-// bf16; the INT8 linear with an outlier column, bias and LoRA.
+// bf16; the INT8 linear with an outlier column, bias and LoRA; attention
+// over 137 tokens (partial query and key tiles) of 40-wide heads (partial
+// column blocks).
 TEST_CASE("AVX-512 and baseline versions of the CPU kernels give the same bits" *
           doctest::skip(!cpu::avx512_enabled())) {
   const int64_t N = 37, K = 301, O = 67, r = 5;
@@ -688,6 +690,9 @@ TEST_CASE("AVX-512 and baseline versions of the CPU kernels give the same bits" 
   const Vec w = random_vec(size_t(O * K), rng, -0.1, 0.1), dout_values = random_vec(size_t(N * O), rng);
   const Vec h_values = random_vec(size_t(N * r), rng), B_values = random_vec(size_t(O * r), rng, -0.1, 0.1);
   const Vec bias_values = random_vec(size_t(O), rng), outer_b = random_vec(size_t(N * O), rng);
+  const int64_t T = 137, Hq = 4, Hkv = 2, D = 40;
+  const Vec aq = random_vec(size_t(T * Hq * D), rng, -2.0, 2.0), ado = random_vec(size_t(T * Hq * D), rng);
+  const Vec ak = random_vec(size_t(T * Hkv * D), rng, -2.0, 2.0), av = random_vec(size_t(T * Hkv * D), rng);
   auto outputs = [&](bool baseline) {
     cpu::set_baseline_versions_only(baseline);
     std::vector<Vec> all;
@@ -720,6 +725,16 @@ TEST_CASE("AVX-512 and baseline versions of the CPU kernels give the same bits" 
       all.push_back(values_of(linear));
       backend.int8_linear_backward(dx, make({N, O}, dtype, dout_values), q, scales, true);
       all.push_back(values_of(dx));
+      Tensor tq = make({1, T, Hq, D}, dtype, aq), tk = make({1, T, Hkv, D}, dtype, ak);
+      Tensor tv = make({1, T, Hkv, D}, dtype, av), attn = make({1, T, Hq, D}, dtype), lse = make({1, Hq, T}, DType::f32);
+      backend.attention_forward(attn, lse, tq, tk, tv, 0.158f, 0);
+      all.push_back(values_of(attn));
+      all.push_back(values_of(lse));
+      Tensor dq = make({1, T, Hq, D}, dtype), dk = make({1, T, Hkv, D}, dtype), dv = make({1, T, Hkv, D}, dtype);
+      backend.attention_backward(dq, dk, dv, make({1, T, Hq, D}, dtype, ado), tq, tk, tv, attn, lse, 0.158f, 0);
+      all.push_back(values_of(dq));
+      all.push_back(values_of(dk));
+      all.push_back(values_of(dv));
     }
     std::vector<float> e(xs.begin(), xs.end());
     cpu::exp_inplace(e.data(), int64_t(e.size()));

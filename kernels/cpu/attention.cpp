@@ -164,62 +164,94 @@ int64_t first_key_tile(int64_t i, int64_t window) {
   return first_visible_key(i - i % kQueryRows, window) & ~int64_t(1);
 }
 
-constexpr int64_t kBlockRows = 4, kBlockCols = 16;
+// Sixteen floats in one AVX-512 register (the x86-64-v4 version's),
+// loaded through a reference: a by-value return would be an ABI that
+// differs by ISA.
+typedef float Vec16 __attribute__((vector_size(64)));
+template <typename Vec>
+[[gnu::always_inline]] inline void load_vec(Vec& v, const float* p) {
+  std::memcpy(&v, p, sizeof(v));
+}
 
-// c[rows, cols] += a[rows, K] @ b[K, 16], rows <= 4, cols <= 16: the 4 x 16
-// sums stay in eight AVX registers while k runs. a_rows[r] is row r of a
-// (rows past `rows` repeat one of them: computed and dropped) and all 16
-// columns of b are readable, so every element of every block, kept or not,
-// is summed over k in order by the same instructions: a row's results do not
-// depend on which rows or columns share its block.
-void block_gemm(float* c, int64_t ldc, const float* const a_rows[kBlockRows], const float* b, int64_t ldb,
-                int64_t K, int64_t rows, int64_t cols) {
-  Vec8 acc[kBlockRows][2] = {};
+// c[rows, cols] += a[rows, K] @ b[K, Cols], rows <= Rows, cols <= Cols: the
+// Rows x Cols sums stay in registers of Vec while k runs (x86-64-v3: 4 x 16
+// in eight AVX registers; x86-64-v4: 8 x 32 in sixteen AVX-512 ones). a_rows[r]
+// is row r of a (rows past `rows` repeat one of them: computed and dropped)
+// and all Cols columns of b are readable, so every element of every block,
+// kept or not, is the same fused multiply-adds over k in order, then one
+// addition to c: a row's results depend neither on which rows or columns
+// share its block nor on the block's shape, so both versions give the same
+// bits.
+template <typename Vec, int Rows, int Cols>
+[[gnu::always_inline]] inline void block_gemm(float* c, int64_t ldc, const float* const a_rows[Rows], const float* b,
+                                              int64_t ldb, int64_t K, int64_t rows, int64_t cols) {
+  constexpr int kLanes = sizeof(Vec) / sizeof(float), kVecs = Cols / kLanes;
+  Vec acc[Rows][kVecs] = {};
   for (int64_t k = 0; k < K; ++k) {
-    const Vec8 b0 = load8(b + k * ldb), b1 = load8(b + k * ldb + 8);
-    for (int64_t r = 0; r < kBlockRows; ++r) {
+    Vec bk[kVecs];
+    for (int h = 0; h < kVecs; ++h) load_vec(bk[h], b + k * ldb + kLanes * h);
+    for (int r = 0; r < Rows; ++r) {
       const float x = a_rows[r][k];
-      acc[r][0] += x * b0;
-      acc[r][1] += x * b1;
+      for (int h = 0; h < kVecs; ++h) acc[r][h] += x * bk[h];
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
-    if (cols == kBlockCols) {  // the same additions, eight at a time
-      for (int half = 0; half < 2; ++half) {
-        const Vec8 sum = load8(c + r * ldc + 8 * half) + acc[r][half];
-        std::memcpy(c + r * ldc + 8 * half, &sum, sizeof(sum));
+    if (cols == Cols) {  // the same additions, a vector at a time
+      for (int h = 0; h < kVecs; ++h) {
+        Vec sum;
+        load_vec(sum, c + r * ldc + kLanes * h);
+        sum += acc[r][h];
+        std::memcpy(c + r * ldc + kLanes * h, &sum, sizeof(sum));
       }
       continue;
     }
-    float sums[kBlockCols];
+    float sums[Cols];
     std::memcpy(sums, acc[r], sizeof(sums));
     for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] += sums[j];
   }
 }
 
 // c[M, N] += a[M, K] @ b[K, N], all row-major f32 with leading dimensions
-// lda, ldb, ldc, in blocks of 4 x 16 (block_gemm). b's last columns, when
-// fewer than 16, are copied into a zero-padded strip first.
-void tile_gemm(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t M,
-               int64_t N, int64_t K) {
+// lda, ldb, ldc, in blocks of Rows x Cols (block_gemm). b's last columns,
+// when fewer than Cols, are copied into a zero-padded strip first.
+template <typename Vec, int Rows, int Cols>
+[[gnu::always_inline]] inline void tile_gemm_blocks(float* c, int64_t ldc, const float* a, int64_t lda, const float* b,
+                                                    int64_t ldb, int64_t M, int64_t N, int64_t K) {
   thread_local std::vector<float> strip;  // only grows
-  for (int64_t n0 = 0; n0 < N; n0 += kBlockCols) {
-    const int64_t cols = std::min(kBlockCols, N - n0);
+  for (int64_t n0 = 0; n0 < N; n0 += Cols) {
+    const int64_t cols = std::min<int64_t>(Cols, N - n0);
     const float* b_block = b + n0;
     int64_t ld_block = ldb;
-    if (cols < kBlockCols) {
-      if (int64_t(strip.size()) < K * kBlockCols) strip.resize(size_t(K * kBlockCols));
+    if (cols < Cols) {
+      if (int64_t(strip.size()) < K * Cols) strip.resize(size_t(K * Cols));
       for (int64_t k = 0; k < K; ++k)
-        for (int64_t j = 0; j < kBlockCols; ++j) strip[k * kBlockCols + j] = j < cols ? b[k * ldb + n0 + j] : 0.0f;
-      b_block = strip.data(), ld_block = kBlockCols;
+        for (int64_t j = 0; j < Cols; ++j) strip[k * Cols + j] = j < cols ? b[k * ldb + n0 + j] : 0.0f;
+      b_block = strip.data(), ld_block = Cols;
     }
-    for (int64_t m0 = 0; m0 < M; m0 += kBlockRows) {
-      const int64_t rows = std::min(kBlockRows, M - m0);
-      const float* a_rows[kBlockRows];
-      for (int64_t r = 0; r < kBlockRows; ++r) a_rows[r] = a + (m0 + (r < rows ? r : 0)) * lda;
-      block_gemm(c + m0 * ldc + n0, ldc, a_rows, b_block, ld_block, K, rows, cols);
+    for (int64_t m0 = 0; m0 < M; m0 += Rows) {
+      const int64_t rows = std::min<int64_t>(Rows, M - m0);
+      const float* a_rows[Rows];
+      for (int64_t r = 0; r < Rows; ++r) a_rows[r] = a + (m0 + (r < rows ? r : 0)) * lda;
+      block_gemm<Vec, Rows, Cols>(c + m0 * ldc + n0, ldc, a_rows, b_block, ld_block, K, rows, cols);
     }
   }
+}
+
+// tile_gemm's two versions (kernels/cpu/isa.h): the blocks' shape follows
+// the registers there are.
+[[gnu::target("arch=x86-64-v4")]] void tile_gemm_avx512(float* c, int64_t ldc, const float* a, int64_t lda,
+                                                        const float* b, int64_t ldb, int64_t M, int64_t N, int64_t K) {
+  tile_gemm_blocks<Vec16, 8, 32>(c, ldc, a, lda, b, ldb, M, N, K);
+}
+void tile_gemm_built(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t M,
+                     int64_t N, int64_t K) {
+  tile_gemm_blocks<Vec8, 4, 16>(c, ldc, a, lda, b, ldb, M, N, K);
+}
+
+void tile_gemm(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t M,
+               int64_t N, int64_t K) {
+  if (cpu::avx512_enabled()) return tile_gemm_avx512(c, ldc, a, lda, b, ldb, M, N, K);
+  tile_gemm_built(c, ldc, a, lda, b, ldb, M, N, K);
 }
 
 // dst[cols, rows] = src[rows, cols]^T (leading dimensions ld_dst, ld_src).
@@ -603,8 +635,12 @@ void cached_rows(float* o, const Operands& x, const int32_t* row_positions, int6
 }
 
 // The ISA the tiles run on, for the op profile: vdpbf16ps for bf16 where the
-// CPU has it, else the build's (f32 tiles and the portable bf16 loop).
-const char* tiles_isa(bool bf16) { return bf16 && cpu::avx512_bf16_enabled() ? "AVX512-BF16" : build_isa(); }
+// CPU has it, else the build's (the portable bf16 loop); f32 tiles in their
+// AVX-512 version where enabled.
+const char* tiles_isa(bool bf16) {
+  if (bf16) return cpu::avx512_bf16_enabled() ? "AVX512-BF16" : build_isa();
+  return cpu::avx512_versions_isa();
+}
 
 }  // namespace
 
