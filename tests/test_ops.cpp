@@ -693,6 +693,7 @@ TEST_CASE("AVX-512 and baseline versions of the CPU kernels give the same bits" 
   const int64_t T = 137, Hq = 4, Hkv = 2, D = 40;
   const Vec aq = random_vec(size_t(T * Hq * D), rng, -2.0, 2.0), ado = random_vec(size_t(T * Hq * D), rng);
   const Vec ak = random_vec(size_t(T * Hkv * D), rng, -2.0, 2.0), av = random_vec(size_t(T * Hkv * D), rng);
+  CpuBackend reference_gemm(host, CpuGemm::reference);
   auto outputs = [&](bool baseline) {
     cpu::set_baseline_versions_only(baseline);
     std::vector<Vec> all;
@@ -723,6 +724,8 @@ TEST_CASE("AVX-512 and baseline versions of the CPU kernels give the same bits" 
       Tensor linear = make({N, O}, dtype);
       backend.int8_linear_forward(linear, x, q, scales, 6.0f, Int8Epilogue{&bias, &h, &B, 3.2f});
       all.push_back(values_of(linear));
+      reference_gemm.int8_linear_forward(linear, x, q, scales, 6.0f, Int8Epilogue{&bias, &h, &B, 3.2f});
+      all.push_back(values_of(linear));  // the int16 dot tiles
       backend.int8_linear_backward(dx, make({N, O}, dtype, dout_values), q, scales, true);
       all.push_back(values_of(dx));
       Tensor tq = make({1, T, Hq, D}, dtype, aq), tk = make({1, T, Hkv, D}, dtype, ak);

@@ -118,8 +118,10 @@ std::vector<int64_t> outlier_columns(const Tensor& x, float threshold, const Ten
 
 // acc[i][j] = dot(a_i, b_j) over K int16 codes; rows of a and of b are K
 // apart. Plain loops: GCC keeps the 12 sums in vector registers and
-// vectorises them with pmaddwd.
-void dot_tile(const int16_t* a, const int16_t* b, int64_t K, int32_t acc[kMR][kNR]) {
+// vectorises them with pmaddwd (AVX-512: twice as wide; integer sums, exact
+// in any grouping, so both versions give the same sums).
+FT_AVX512_VERSIONS(void, dot_tile, (const int16_t* a, const int16_t* b, int64_t K, int32_t (*acc)[kNR]),
+                   (a, b, K, acc)) {
   int32_t sum[kMR][kNR] = {};
   for (int64_t k = 0; k < K; ++k)
     for (int64_t i = 0; i < kMR; ++i)
@@ -352,7 +354,7 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
         const int64_t n0 = ib * kXRowsPerTask, o0 = jb * kWRowsPerTask;
         dot_block(out, p, n0, std::min(kXRowsPerTask, p.N - n0), o0, std::min(kWRowsPerTask, p.O - o0));
       }
-    note_path("int16 tiles (pmaddwd) ", build_isa(), ", epilogue ", cpu::avx512_versions_isa());
+    note_path("int16 tiles (pmaddwd) and epilogue ", cpu::avx512_versions_isa());
     return;
   }
   // oneDNN's int32 product is held for a block of rows at a time.
