@@ -1401,10 +1401,11 @@ const std::vector<std::string> kTensorLora = {"--set", "lora.target_modules=all-
 // about lr g / (|g| + eps), so where a gradient is near 0 (|g| ~ eps = 1e-8,
 // f32 rounding noise of the larger gradients) the two runs' roundings move
 // it differently, up to a fraction of lr (measured on 2 ranks: 41 elements
-// of 217,088 beyond 1e-6, the largest 2.95e-5, lr 1e-4 to 4e-4). So: at
-// most 1 in 1,000 elements beyond 1e-6, none beyond 1e-4 (a tenth of what 4
-// steps of lr move a weight at most; a misplaced shard moves lora_A's ~0.07
-// values, a wrong gradient most elements).
+// of 217,088 beyond 1e-6, the largest 2.95e-5 with oneDNN's AVX-512 GEMMs,
+// 1.2e-4 with the reference GEMMs an AVX2 machine runs; lr 1e-4 to 4e-4).
+// So: at most 1 in 1,000 elements beyond 1e-6, none beyond 2e-4 (an eighth
+// of what 4 steps of lr move a weight at most; a misplaced shard moves
+// lora_A's ~0.07 values, a wrong gradient most elements).
 void check_equals_one_process(const std::string& dir, const std::string& one, const std::string& job) {
   for (const std::string key : {"loss", "grad_norm", "eval_loss"}) {
     CAPTURE(key);
@@ -1432,7 +1433,7 @@ void check_equals_one_process(const std::string& dir, const std::string& one, co
     elements += int64_t(entry.second.size());
   }
   CHECK(largest_lora_b > 1e-4f);
-  CHECK(worst <= 1e-4f);
+  CHECK(worst <= 2e-4f);
   CHECK(beyond * 1000 <= elements);
   MESSAGE(job, " vs ", one, ": adapter weights within ", worst, ", ", beyond, " of ", elements,
           " elements beyond 1e-6");

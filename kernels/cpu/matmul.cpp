@@ -171,12 +171,13 @@ void CpuBackend::matmul_impl(Tensor& out, const Tensor& a, const Tensor& b, bool
                              float alpha, float beta) {
   const int64_t M = out.rows(), N = out.cols(), K = transpose_a ? a.rows() : a.cols();
   if (M == 0 || N == 0) return;
-  if (onednn_ && matmul_widened(*onednn_, out, a, b, transpose_a, transpose_b, alpha, beta)) {
-    note_path("oneDNN f32 on widened bf16 ", onednn_->last_kernel());
+  OnednnGemm* onednn = onednn_ && onednn_->rows_independent() ? onednn_.get() : nullptr;
+  if (onednn && matmul_widened(*onednn, out, a, b, transpose_a, transpose_b, alpha, beta)) {
+    note_path("oneDNN f32 on widened bf16 ", onednn->last_kernel());
     return;
   }
-  if (onednn_ && onednn_->matmul(out, a, b, transpose_a, transpose_b, alpha, beta)) {
-    note_path("oneDNN ", dtype_name(a.dtype), " ", onednn_->last_kernel());
+  if (onednn && onednn->matmul(out, a, b, transpose_a, transpose_b, alpha, beta)) {
+    note_path("oneDNN ", dtype_name(a.dtype), " ", onednn->last_kernel());
     return;
   }
   note_path("reference f32 tiles ", build_isa());

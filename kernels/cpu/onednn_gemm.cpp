@@ -56,6 +56,13 @@ bool exact_int8_isa() {
   return (unsigned(dnnl::get_effective_cpu_isa()) & vnni) == vnni;
 }
 
+// avx512_core or above, where oneDNN's f32 and bf16 matmuls are brgemm
+// kernels (OnednnGemm::rows_independent); the same bit-set reading.
+bool brgemm_isa() {
+  const auto core = unsigned(dnnl::cpu_isa::avx512_core);
+  return (unsigned(dnnl::get_effective_cpu_isa()) & core) == core;
+}
+
 // avx512_core_bf16 (vdpbf16ps) or AMX, the same bit-set reading.
 bool native_bf16_isa() {
   const auto bf16 = unsigned(dnnl::cpu_isa::avx512_core_bf16);
@@ -100,6 +107,7 @@ struct OnednnGemm::Impl {
   dnnl::stream stream{engine};
   std::map<MatmulKey, std::optional<Matmul>> matmuls;  // nullopt: oneDNN has no kernel for it
   bool int8_exact = exact_int8_isa();
+  bool rows_independent = brgemm_isa();
   bool bf16_native = native_bf16_isa();
   const char* last_kernel = "";
 
@@ -167,6 +175,8 @@ bool OnednnGemm::matmul(Tensor& out, const Tensor& a, const Tensor& b, bool tran
 
 bool OnednnGemm::int8_exact() const { return impl_->int8_exact; }
 
+bool OnednnGemm::rows_independent() const { return impl_->rows_independent; }
+
 bool OnednnGemm::bf16_native() const { return impl_->bf16_native; }
 
 const char* OnednnGemm::last_kernel() const { return impl_->last_kernel; }
@@ -198,6 +208,8 @@ OnednnGemm::~OnednnGemm() = default;
 bool OnednnGemm::matmul(Tensor&, const Tensor&, const Tensor&, bool, bool, float, float) { return false; }
 
 bool OnednnGemm::int8_exact() const { return false; }
+
+bool OnednnGemm::rows_independent() const { return false; }
 
 bool OnednnGemm::bf16_native() const { return false; }
 

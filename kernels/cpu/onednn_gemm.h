@@ -36,6 +36,15 @@ class OnednnGemm {
   // --vs-torch's per-op table), so CpuBackend widens bf16 operands to f32.
   bool bf16_native() const;
 
+  // Whether matmul gives each output row the same bits whatever the number
+  // of rows in the call: oneDNN's brgemm kernels (avx512_core and above) sum
+  // a row's products in one fixed order; on AVX2 its gemm:jit kernels do
+  // not (measured: 1- to 128-row slices of a 256-row product differ from it
+  // in 1 to all 256 rows). The chunked MLP, pipeline micro-batches and
+  // data-parallel shards equal one whole call only where this holds, so
+  // CpuBackend runs its reference kernels (row-independent) elsewhere.
+  bool rows_independent() const;
+
   // Whether int8_product is available: where oneDNN dispatches to AVX-512
   // VNNI or AMX.
   // Elsewhere oneDNN's int8 kernels sum pairs of u8 x s8 products in
