@@ -46,27 +46,17 @@ memory::desc operand_desc(int64_t rows, int64_t cols, DType dtype, bool transpos
   return memory::desc({rows, cols}, onednn_type(dtype), strides);
 }
 
-// Whether oneDNN's s8 x s8 -> s32 product is exact here: with AVX-512 VNNI
-// (vpdpbusd) or AMX (tdpbssd) it accumulates in int32; older ISAs pair
-// products in saturating int16 (vpmaddubsw). The ISA is the one oneDNN
-// dispatches to (the CPU's, capped by ONEDNN_MAX_CPU_ISA); its values are
-// bit sets, each including the ISAs below it.
-bool exact_int8_isa() {
-  const auto vnni = unsigned(dnnl::cpu_isa::avx512_core_vnni);
-  return (unsigned(dnnl::get_effective_cpu_isa()) & vnni) == vnni;
-}
-
-// avx512_core or above, where oneDNN's f32 and bf16 matmuls are brgemm
-// kernels (OnednnGemm::rows_independent); the same bit-set reading.
-bool brgemm_isa() {
-  const auto core = unsigned(dnnl::cpu_isa::avx512_core);
-  return (unsigned(dnnl::get_effective_cpu_isa()) & core) == core;
-}
-
-// avx512_core_bf16 (vdpbf16ps) or AMX, the same bit-set reading.
-bool native_bf16_isa() {
-  const auto bf16 = unsigned(dnnl::cpu_isa::avx512_core_bf16);
-  return (unsigned(dnnl::get_effective_cpu_isa()) & bf16) == bf16;
+// Whether the ISA oneDNN dispatches to (the CPU's, capped by
+// ONEDNN_MAX_CPU_ISA) is isa or above: its values are bit sets, each
+// including the ISAs below it. Asked for:
+//   avx512_core_vnni: its s8 x s8 -> s32 product is exact (vpdpbusd, or AMX's
+//     tdpbssd, accumulate in int32; older ISAs pair products in saturating
+//     int16, vpmaddubsw);
+//   avx512_core: its f32 and bf16 matmuls are brgemm kernels
+//     (OnednnGemm::rows_independent);
+//   avx512_core_bf16: native bf16 dot products (vdpbf16ps, or AMX).
+bool dispatches_to(dnnl::cpu_isa isa) {
+  return (unsigned(dnnl::get_effective_cpu_isa()) & unsigned(isa)) == unsigned(isa);
 }
 
 // The name oneDNN's verbose mode gives the ISA it dispatches to.
@@ -106,9 +96,9 @@ struct OnednnGemm::Impl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<MatmulKey, std::optional<Matmul>> matmuls;  // nullopt: oneDNN has no kernel for it
-  bool int8_exact = exact_int8_isa();
-  bool rows_independent = brgemm_isa();
-  bool bf16_native = native_bf16_isa();
+  bool int8_exact = dispatches_to(dnnl::cpu_isa::avx512_core_vnni);
+  bool rows_independent = dispatches_to(dnnl::cpu_isa::avx512_core);
+  bool bf16_native = dispatches_to(dnnl::cpu_isa::avx512_core_bf16);
   const char* last_kernel = "";
 
   // The cached primitive for out = alpha * op(a) @ op(b) + beta * out, null
