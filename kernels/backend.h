@@ -98,6 +98,8 @@ namespace ft {
                                  float dloss, const Tensor* row_scales) SUFFIX;                                     \
   PREFIX void quantize_rows_int8_impl(Tensor& q, Tensor& scales, const Tensor& x) SUFFIX;                           \
   PREFIX void int8_outlier_columns_impl(Tensor& flags, const Tensor& x, float threshold) SUFFIX;                     \
+  PREFIX void int8_quantize_input_impl(Int8Input& input, const Tensor& x, float threshold,                          \
+                                       const Tensor* outlier_flags) SUFFIX;                                         \
   PREFIX void int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float threshold, const Tensor* outlier_flags)   \
       SUFFIX;                                                                                                       \
   PREFIX void int8_linear_forward_impl(Tensor& out, const Tensor& x, const Tensor& weight,                          \
@@ -522,11 +524,27 @@ class Backend {
   // entries instead of x's own: int8_outlier_columns over every row of a
   // batch that x is rows of, so a layer run over chunks of tokens routes the
   // same columns through the 16-bit part as one call over the whole batch.
+  // With epilogue.input (int8_quantize_input of this x, made with this
+  // threshold) the op takes x's codes, row scales and outlier columns from
+  // it and reads x only at the outlier columns.
   void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
                            float threshold, const Int8Epilogue& epilogue = {}) {
     checks::check_int8_linear_forward(device(), out, x, weight, weight_scales, threshold, epilogue);
     const OpTimer timer(profile_, __func__);
     int8_linear_forward_impl(out, x, weight, weight_scales, threshold, epilogue);
+  }
+  // input = x's LLM.int8() input side as int8_linear_forward would make it
+  // (the Int8Input's tensors allocated by the caller, its threshold set
+  // here): the outlier columns, x's own or the given flags' set entries as
+  // the epilogue's outlier_flags, the row scales and the codes. A forward
+  // given it (Int8Epilogue::input) is the forward without it, bit for bit;
+  // linears that read the same x share one, so x is quantised once a layer.
+  void int8_quantize_input(Int8Input& input, const Tensor& x, float threshold,
+                           const Tensor* outlier_flags = nullptr) {
+    checks::check_int8_quantize_input(device(), input, x, threshold, outlier_flags);
+    const OpTimer timer(profile_, __func__);
+    input.threshold = threshold;
+    int8_quantize_input_impl(input, x, threshold, outlier_flags);
   }
   // flags i32 [K]: flags[k] = 1 where any |x[:, k]| >= threshold (threshold
   // > 0), the others left as they are; so a caller that zeroes flags and

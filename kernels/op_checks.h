@@ -324,6 +324,18 @@ inline void check_outlier_flags(Device device, const char* op, const Tensor& fla
   check_numel(flags, K, op, "outlier_flags");
 }
 
+// An Int8Input for x [N, K]: codes i8 [N, K], row_absmax f32 [N] and
+// outlier_columns i32 [int8_outlier_list_elements(K)] (any shapes with those
+// element counts).
+inline void check_int8_input(Device device, const char* op, const Int8Input& input, int64_t N, int64_t K) {
+  check_dtype(input.codes, DType::i8, device, op, "input.codes");
+  check_numel(input.codes, N * K, op, "input.codes");
+  check_dtype(input.row_absmax, DType::f32, device, op, "input.row_absmax");
+  check_numel(input.row_absmax, N, op, "input.row_absmax");
+  check_dtype(input.outlier_columns, DType::i32, device, op, "input.outlier_columns");
+  check_numel(input.outlier_columns, int8_outlier_list_elements(K), op, "input.outlier_columns");
+}
+
 // Backend::int8_linear_forward's epilogue over out [N, O]: bias [O] (any
 // shape with O elements), lora_h [N, r] and lora_B [O, r], h and B together,
 // row_absmax f32 [N] (any shape with N elements), outlier_flags i32 [K].
@@ -333,6 +345,11 @@ inline void check_int8_epilogue(Device device, const Int8Epilogue& e, int64_t N,
   if (e.row_absmax) {
     check_dtype(*e.row_absmax, DType::f32, device, op, "row_absmax");
     check_numel(*e.row_absmax, N, op, "row_absmax");
+  }
+  if (e.input) {
+    FT_CHECK(!e.row_absmax && !e.outlier_flags, op,
+             ": a quantised input excludes row_absmax and outlier_flags (they went into it)");
+    check_int8_input(device, op, *e.input, N, K);
   }
   if (e.bias) {
     check_float(*e.bias, device, op, "bias");
@@ -501,6 +518,23 @@ inline void check_int8_linear_forward(Device device, const Tensor& out, const Te
   FT_CHECK(out.rows() == N && out.cols() == O, op, ": out has shape ", shape_string(out.shape), ", expected [", N,
            ", ", O, "]");
   check_int8_epilogue(device, epilogue, N, x.cols(), O);
+  if (epilogue.input)
+    FT_CHECK(epilogue.input->threshold == threshold, op, ": the quantised input was made with threshold ",
+             epilogue.input->threshold, ", the call's is ", threshold);
+}
+
+// input's tensors for x [N, K], none aliasing x or another; outlier_flags i32 [K].
+inline void check_int8_quantize_input(Device device, const Int8Input& input, const Tensor& x, float threshold,
+                                      const Tensor* outlier_flags) {
+  const char* op = "int8_quantize_input";
+  check_float(x, device, op, "x");
+  FT_CHECK(threshold >= 0.0f, op, ": threshold must be >= 0 (0 disables outliers), got ", threshold);
+  check_int8_input(device, op, input, x.rows(), x.cols());
+  const Tensor* parts[] = {&input.codes, &input.row_absmax, &input.outlier_columns, &x};
+  for (int i = 0; i < 4; ++i)
+    for (int j = i + 1; j < 4; ++j)
+      FT_CHECK(!overlaps(*parts[i], *parts[j]), op, ": input's tensors must not alias each other or x");
+  if (outlier_flags) check_outlier_flags(device, op, *outlier_flags, x.cols());
 }
 
 // absmax f32 [N] (any shape with N elements) for x [N, K].

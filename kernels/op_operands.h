@@ -42,6 +42,22 @@ struct AdamWTensors {
   }
 };
 
+// x's LLM.int8() input side, made once by Backend::int8_quantize_input for
+// every linear that reads the same x (q/k/v, gate/up) instead of once per
+// linear by int8_linear_forward (Int8Epilogue::input):
+//   codes i8 [N, K]: round-half-even(x[n, k] * 127 / row_absmax[n]), 0 in
+//     the outlier columns and in rows whose absmax is 0;
+//   row_absmax f32 [N]: max |x[n, k]| over the columns that are not outliers;
+//   outlier_columns i32 [int8_outlier_list_elements(K)]: the count, then the
+//     outlier columns ascending, entries up to K + 1 unspecified, then a bit
+//     mask of them in ceil(K / 32) words (bit k % 32 of word k / 32);
+//   threshold: the one they were found with (int8_linear_forward's own).
+struct Int8Input {
+  Tensor codes, row_absmax, outlier_columns;
+  float threshold = 0.0f;
+};
+inline int64_t int8_outlier_list_elements(int64_t K) { return K + 1 + (K + 31) / 32; }
+
 // The optional operands int8_linear_forward folds into its output pass (null:
 // absent): a linear layer's bias [O] and LoRA's update scaling * h B^T with
 // h [N, r] = dropout(x) A^T and B [O, r] (f32 or bf16 each; both h and B or
@@ -57,6 +73,10 @@ struct Int8Epilogue {
   float lora_scaling = 0.0f;
   const Tensor* row_absmax = nullptr;
   const Tensor* outlier_flags = nullptr;  // i32 [K]: Backend::int8_outlier_columns's
+  // x quantised already (Backend::int8_quantize_input of this x): the op
+  // reads its codes, row scales and outlier columns instead of making them.
+  // Excludes row_absmax and outlier_flags, which went into it.
+  const Int8Input* input = nullptr;
 };
 
 // A frozen NF4 weight [out_features, in_features] as bitsandbytes stores it

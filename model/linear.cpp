@@ -8,6 +8,16 @@ void Linear::forward_with_lora(Backend& backend, Tensor& out, const Tensor& x, c
   backend.matmul(out, h, B, false, true, scaling, 1.0f);
 }
 
+InputShare::InputShare(const Tensor& x, std::initializer_list<Linear*> linears) : shared_(x) {
+  for (Linear* linear : linears)
+    if (linear) linears_.push_back(linear);  // null: an absent linear (T5's wi_1 without a gate)
+  for (Linear* linear : linears_) linear->share_input(&shared_);
+}
+
+InputShare::~InputShare() {
+  for (Linear* linear : linears_) linear->share_input(nullptr);
+}
+
 void DenseLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
   backend.matmul(out, x, weight_.value, false, true);
   add_linear_bias(backend, out, bias_);

@@ -2,10 +2,35 @@
 // the optional bias b [out_features] as in PyTorch. Every variant (dense, quantized, with LoRA adapters) has the same
 // two calls, so architectures are written once.
 #pragma once
+#include <any>
+#include <initializer_list>
+#include <vector>
+
 #include "kernels/backend.h"
 #include "model/parameter.h"
 
 namespace ft {
+
+// What a base computes from its input alone (LLM.int8(): x's outlier
+// columns, row scales and codes), computed once for the linears that read
+// the same x one after another (q/k/v, gate/up) while an InputShare holds
+// them: the first base to need it makes it, the others read the same.
+class SharedInput {
+ public:
+  explicit SharedInput(const Tensor& x) : x_(x) {}
+  // Whether x is the shared input (the same data and shape).
+  bool holds(const Tensor& x) const { return x.data == x_.data && x.shape == x_.shape && x.dtype == x_.dtype; }
+  // The value make() returns, made on the first call.
+  template <class T, class Make>
+  const T& get(Make make) {
+    if (!value_.has_value()) value_ = make();
+    return std::any_cast<const T&>(value_);
+  }
+
+ private:
+  Tensor x_;
+  std::any value_;
+};
 
 class Linear {
  public:
@@ -36,6 +61,23 @@ class Linear {
   virtual bool scans_rows() const { return false; }
   virtual void scan_rows(Backend& /*backend*/, const Tensor& /*x_rows*/) {}
   virtual void end_scan() {}
+  // Until share_input(nullptr), forwards of shared->x's tensor use shared
+  // (set by InputShare); a base with nothing to share ignores it.
+  virtual void share_input(SharedInput* /*shared*/) {}
+};
+
+// For its lifetime, the given linears' forwards of x share one SharedInput:
+// construct it around the calls that read the same x (null entries: none).
+class InputShare {
+ public:
+  InputShare(const Tensor& x, std::initializer_list<Linear*> linears);
+  ~InputShare();
+  InputShare(const InputShare&) = delete;
+  InputShare& operator=(const InputShare&) = delete;
+
+ private:
+  SharedInput shared_;
+  std::vector<Linear*> linears_;
 };
 
 // A plain 16/32-bit weight, optionally trainable (full fine-tuning,

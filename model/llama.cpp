@@ -166,9 +166,12 @@ std::unique_ptr<CausalLM::SavedActivations> LlamaModel::forward_layer(size_t ind
   attention.k = k;
   attention.v = v;
   Tensor q2d = q.reshaped({N, Hq * D}), k2d = k.reshaped({N, Hkv * D}), v2d = v.reshaped({N, Hkv * D});
-  layer.q_proj->forward(be, q2d, saved.norm1.out);
-  layer.k_proj->forward(be, k2d, saved.norm1.out);
-  layer.v_proj->forward(be, v2d, saved.norm1.out);
+  {
+    const InputShare share(saved.norm1.out, {layer.q_proj.get(), layer.k_proj.get(), layer.v_proj.get()});
+    layer.q_proj->forward(be, q2d, saved.norm1.out);
+    layer.k_proj->forward(be, k2d, saved.norm1.out);
+    layer.v_proj->forward(be, v2d, saved.norm1.out);
+  }
   attention_forward(attention, layout);
 
   Tensor projected = be.empty({N, C}, act, MemCategory::activations);
@@ -217,8 +220,11 @@ LlamaModel::MlpRows LlamaModel::mlp_rows(Layer& layer, const Tensor& norm2, int6
               be.empty({rows, I}, act, MemCategory::activations)};
   layer.gate_proj->set_first_row(first);
   layer.up_proj->set_first_row(first);
-  layer.gate_proj->forward(be, mlp.gate, x);
-  layer.up_proj->forward(be, mlp.up, x);
+  {
+    const InputShare share(x, {layer.gate_proj.get(), layer.up_proj.get()});
+    layer.gate_proj->forward(be, mlp.gate, x);
+    layer.up_proj->forward(be, mlp.up, x);
+  }
   be.swiglu_forward(mlp.act, mlp.gate, mlp.up);
   return mlp;
 }

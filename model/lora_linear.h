@@ -29,6 +29,7 @@ class LoraLinear final : public Linear {
   bool scans_rows() const override { return base_->scans_rows(); }
   void scan_rows(Backend& backend, const Tensor& x_rows) override { base_->scan_rows(backend, x_rows); }
   void end_scan() override { base_->end_scan(); }
+  void share_input(SharedInput* shared) override { base_->share_input(shared); }
   // x is columns [first, first + x.cols()) of a layer `full` columns wide (a
   // row-parallel shard): dropout draws those columns' share of the mask.
   void set_input_columns(int64_t first, int64_t full) {

@@ -328,6 +328,7 @@ T5DecoderCache T5Model::make_decoder_cache(int64_t capacity_tokens) {
     cache.cross_keys.push_back(be.empty({1, S, H, D}, act, MemCategory::activations));
     cache.cross_values.push_back(be.empty({1, S, H, D}, act, MemCategory::activations));
     Tensor k = cache.cross_keys.back().reshaped({S, H * D}), v = cache.cross_values.back().reshaped({S, H * D});
+    const InputShare share(encoded_, {block.cross_attention.k.get(), block.cross_attention.v.get()});
     block.cross_attention.k->forward(be, k, encoded_);
     block.cross_attention.v->forward(be, v, encoded_);
   }
@@ -370,8 +371,11 @@ void T5Model::decode_cached(T5DecoderCache& cache, int32_t token) {
     const Tensor keys = cache.self.keys[i].reshaped({cache.self.capacity_tokens(), H * D});
     const Tensor values = cache.self.values[i].reshaped({cache.self.capacity_tokens(), H * D});
     Tensor k_row = keys.slice_rows(position, 1), v_row = values.slice_rows(position, 1);
-    block.self_attention.k->forward(be, k_row, norm.out);
-    block.self_attention.v->forward(be, v_row, norm.out);
+    {
+      const InputShare share(norm.out, {block.self_attention.k.get(), block.self_attention.v.get()});
+      block.self_attention.k->forward(be, k_row, norm.out);
+      block.self_attention.v->forward(be, v_row, norm.out);
+    }
     add_to_x(cached_attention(block.self_attention, norm.out, keys.slice_rows(0, L).reshaped({1, L, H, D}),
                               values.slice_rows(0, L).reshaped({1, L, H, D}), &bias));
     norm = norm_forward(block.cross_attention.norm, x);
@@ -571,9 +575,14 @@ Tensor T5Model::attention_forward(const Attention& attention, SublayerActivation
   saved.k = be.empty({batch, kv_seq, H, D}, act, MemCategory::activations);
   saved.v = be.empty({batch, kv_seq, H, D}, act, MemCategory::activations);
   Tensor q2d = saved.q.reshaped({N, H * D}), k2d = saved.k.reshaped({M, H * D}), v2d = saved.v.reshaped({M, H * D});
-  attention.q->forward(be, q2d, saved.norm.out);
-  attention.k->forward(be, k2d, kv_input);
-  attention.v->forward(be, v2d, kv_input);
+  {
+    // Self-attention's q, k and v read one input; cross-attention's k and v the encoder's.
+    const bool self = kv_input.data == saved.norm.out.data;
+    const InputShare share(kv_input, {attention.k.get(), attention.v.get(), self ? attention.q.get() : nullptr});
+    attention.q->forward(be, q2d, saved.norm.out);
+    attention.k->forward(be, k2d, kv_input);
+    attention.v->forward(be, v2d, kv_input);
+  }
   saved.attn = be.empty({batch, seq, H, D}, act, MemCategory::activations);
   saved.lse = be.empty({batch, H, seq}, DType::f32, MemCategory::activations);
   be.biased_attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, bias, key_lengths, causal);
@@ -626,10 +635,13 @@ Tensor T5Model::feed_forward_forward(const FeedForward& ff, SublayerActivations&
   const int64_t N = saved.norm.out.rows(), F = config_.intermediate_size, C = config_.hidden_size;
   const DType act = options_.activation_dtype;
   saved.gate = be.empty({N, F}, act, MemCategory::activations);
-  ff.wi_0->forward(be, saved.gate, saved.norm.out);
-  if (ff.wi_1) {
-    saved.up = be.empty({N, F}, act, MemCategory::activations);
-    ff.wi_1->forward(be, saved.up, saved.norm.out);
+  {
+    const InputShare share(saved.norm.out, {ff.wi_0.get(), ff.wi_1.get()});
+    ff.wi_0->forward(be, saved.gate, saved.norm.out);
+    if (ff.wi_1) {
+      saved.up = be.empty({N, F}, act, MemCategory::activations);
+      ff.wi_1->forward(be, saved.up, saved.norm.out);
+    }
   }
   saved.act = be.empty({N, F}, act, MemCategory::activations);
   const Activation kind = config_.gated_ffn ? Activation::gelu_tanh : Activation::relu;

@@ -508,7 +508,86 @@ TEST_CASE("int8_linear_forward over blocks of rows with the whole batch's outlie
   }
 }
 
-TEST_CASE("int8_linear_forward checks the epilogue's shapes") {
+// Backend::int8_quantize_input of x [N, K] into fresh tensors.
+Int8Input quantize_input(CpuBackend& backend, const Tensor& x, float threshold, const Tensor* flags = nullptr) {
+  const int64_t N = x.rows(), K = x.cols();
+  Int8Input input{backend.empty({N, K}, DType::i8, MemCategory::activations),
+                  backend.empty({N}, DType::f32, MemCategory::activations),
+                  backend.empty({int8_outlier_list_elements(K)}, DType::i32, MemCategory::activations)};
+  backend.int8_quantize_input(input, x, threshold, flags);
+  return input;
+}
+
+// The quantised input is what the float64 reference makes of x: the outlier
+// columns (count, ascending list, bit mask), each row's absmax over the
+// others, the codes round(x * 127 / s) with those columns 0. A forward
+// given it is the forward without it bit for bit, for several weights (the
+// linears that share it) and over blocks of rows with the batch's flags.
+// Given another x's, the forward differs: the op reads what it is given.
+TEST_CASE("int8_quantize_input is the forward's own quantisation, and a forward given it is the forward without it") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t N = kShardRows, K = kShardK, O = 27, r = 3;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (float threshold : {0.0f, 6.0f}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(threshold);
+      const Tensor x = make(backend, {N, K}, sharded_x(), dtype);
+      const std::vector<float> xs = read(x);
+      const Int8Input input = quantize_input(backend, x, threshold);
+      CHECK(input.threshold == threshold);
+      const ForwardRef outliers = int8_forward_ref(xs, {}, N, K, 0, threshold);
+      const int32_t* list = input.outlier_columns.ptr<const int32_t>();
+      REQUIRE(size_t(list[0]) == outliers.outlier_columns.size());
+      for (size_t c = 0; c < outliers.outlier_columns.size(); ++c) CHECK(list[1 + c] == outliers.outlier_columns[c]);
+      const uint32_t* mask = reinterpret_cast<const uint32_t*>(list + 1 + K);
+      for (int64_t k = 0; k < K; ++k) {
+        const bool outlier = std::count(outliers.outlier_columns.begin(), outliers.outlier_columns.end(), k) > 0;
+        CHECK(bool((mask[k / 32] >> (k % 32)) & 1u) == outlier);
+      }
+      size_t bad = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        std::vector<float> row(xs.begin() + n * K, xs.begin() + (n + 1) * K);
+        for (int64_t c : outliers.outlier_columns) row[size_t(c)] = 0.0f;
+        std::vector<int> codes;
+        bad += quantize_ref(row.data(), K, codes) != double(input.row_absmax.ptr<float>()[n]);
+        for (int64_t k = 0; k < K; ++k) bad += codes[size_t(k)] != input.codes.ptr<int8_t>()[n * K + k];
+      }
+      CHECK(bad == 0);
+      for (uint64_t seed : {50, 51, 52}) {
+        const QuantWeight qw = quantize_weight(backend, gaussian(O * K, 0.05f, seed), O, K);
+        Tensor bias = make(backend, {O}, gaussian(O, 0.5f, seed + 10), dtype);
+        Tensor h = make(backend, {N, r}, gaussian(N * r, 1.0f, seed + 20), dtype);
+        Tensor B = make(backend, {O, r}, gaussian(O * r, 0.1f, seed + 30), dtype);
+        Int8Epilogue epilogue{&bias, &h, &B, 2.0f};
+        const std::vector<float> want = run_forward(backend, x, qw, threshold, dtype, epilogue);
+        epilogue.input = &input;
+        CHECK(run_forward(backend, x, qw, threshold, dtype, epilogue) == want);
+      }
+    }
+  const QuantWeight qw = quantize_weight(backend, gaussian(O * K, 0.05f, 53), O, K);
+  const Tensor x = make(backend, {N, K}, sharded_x()), other = make(backend, {N, K}, gaussian(N * K, 1.0f, 54));
+  const Int8Input others = quantize_input(backend, other, 6.0f);
+  Int8Epilogue given;
+  given.input = &others;
+  CHECK(run_forward(backend, x, qw, 6.0f, DType::f32, given) != run_forward(backend, x, qw, 6.0f));
+
+  // Blocks of rows with the whole batch's flags, as the chunked MLP runs them.
+  Tensor flags = make(backend, {K}, std::vector<float>(size_t(K), 0.0f), DType::i32);
+  backend.int8_outlier_columns(flags, x, 6.0f);
+  const std::vector<float> whole = run_forward(backend, x, qw, 6.0f);
+  size_t differs = 0;
+  for (int64_t first = 0; first < N; first += 4) {
+    const Tensor block = x.slice_rows(first, std::min<int64_t>(4, N - first));
+    const Int8Input input = quantize_input(backend, block, 6.0f, &flags);
+    given.input = &input;
+    const std::vector<float> got = run_forward(backend, block, qw, 6.0f, DType::f32, given);
+    for (size_t i = 0; i < got.size(); ++i) differs += got[i] != whole[size_t(first * O) + i];
+  }
+  CHECK(differs == 0);
+}
+
+TEST_CASE("int8_linear_forward checks the epilogue's shapes, and int8_quantize_input its operands") {
   HostAllocator host;
   CpuBackend backend(host);
   QuantWeight qw = quantize_weight(backend, gaussian(3 * 8, 0.05f, 25), 3, 8);
@@ -531,6 +610,29 @@ TEST_CASE("int8_linear_forward checks the epilogue's shapes") {
   CHECK_THROWS_WITH_AS(forward(given), doctest::Contains("row_absmax must be f32"), Error);
   CHECK_THROWS_WITH_AS(backend.int8_row_absmax(absmax3, x, 6.0f),
                        doctest::Contains("int8_row_absmax: absmax has shape"), Error);
+  // A quantised input (int8_quantize_input) and the forward given it.
+  Int8Input input = quantize_input(backend, x, 6.0f);
+  given = {};
+  given.input = &input;
+  CHECK_NOTHROW(backend.int8_linear_forward(out, x, qw.q, qw.scales, 6.0f, given));
+  CHECK_THROWS_WITH_AS(backend.int8_linear_forward(out, x, qw.q, qw.scales, 5.0f, given),
+                       doctest::Contains("the quantised input was made with threshold 6, the call's is 5"), Error);
+  const Tensor flags = make(backend, {8}, std::vector<float>(8, 0.0f), DType::i32);
+  given.outlier_flags = &flags;
+  CHECK_THROWS_WITH_AS(backend.int8_linear_forward(out, x, qw.q, qw.scales, 6.0f, given),
+                       doctest::Contains("a quantised input excludes row_absmax and outlier_flags"), Error);
+  Int8Input short_list = input;
+  short_list.outlier_columns = backend.empty({9}, DType::i32, MemCategory::activations);
+  CHECK_THROWS_WITH_AS(backend.int8_quantize_input(short_list, x, 6.0f),
+                       doctest::Contains("int8_quantize_input: input.outlier_columns has shape [9]"), Error);
+  Int8Input f32_codes = input;
+  f32_codes.codes = backend.empty({2, 8}, DType::f32, MemCategory::activations);
+  CHECK_THROWS_WITH_AS(backend.int8_quantize_input(f32_codes, x, 6.0f),
+                       doctest::Contains("input.codes must be i8"), Error);
+  Int8Input aliased = input;
+  aliased.row_absmax = Tensor::view_of(x.data, {2}, DType::f32);
+  CHECK_THROWS_WITH_AS(backend.int8_quantize_input(aliased, x, 6.0f),
+                       doctest::Contains("input's tensors must not alias each other or x"), Error);
 }
 
 // Quantisation noise: each of x and W is rounded to a step of absmax/127,

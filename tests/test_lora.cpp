@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/dropout_hash.h"
+#include "kernels/op_profile.h"
 #include "model/lora_linear.h"
 #include "model/quant/int8.h"
 #include "tests/host_tensors.h"
@@ -177,6 +178,62 @@ TEST_CASE("LoraLinear forward and backward match float64 over a dense and an int
         CHECK(read(lora_A.grad) == dA_with_dx);
         CHECK(read(lora_B.grad) == dB_with_dx);
       }
+}
+
+// q/k/v-like linears reading one x: under an InputShare the INT8 bases
+// quantise x once between them (one int8_quantize_input, counted by the op
+// profile) and give the outputs they give alone, bit for bit; a dense base
+// ignores the share; a forward of another x under the share quantises its
+// own; after the share no forward quantises through it.
+TEST_CASE("linears under an InputShare quantise their x once and give their unshared outputs bit for bit") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t N = 9, in = 37, r = 4;
+  std::vector<float> x = gaussian(N * in, 1.0f, 20);
+  x[size_t(3 * in + 5)] = 7.0f;  // an outlier column
+  const Tensor xt = make(backend, {N, in}, x), other = make(backend, {N, in}, gaussian(N * in, 1.0f, 21));
+  std::vector<Parameter> weights;
+  for (int64_t out : {23, 11, 11}) {
+    weights.push_back(named("proj.weight"));
+    const std::vector<float> w = gaussian(out * in, 0.1f, unsigned(30 + weights.size()));
+    quantize_parameter(backend, weights.back(), make(backend, {out, in}, w));
+  }
+  Parameter dense_w = named("dense.weight");
+  dense_w.value = make(backend, {11, in}, gaussian(11 * in, 0.1f, 22));
+  Parameter lora_A = named("lora_A.weight"), lora_B = named("lora_B.weight");
+  make_trainable(backend, lora_A, {r, in}, gaussian(r * in, 0.15f, 23), std::vector<float>(size_t(r * in), 0.0f));
+  make_trainable(backend, lora_B, {23, r}, gaussian(23 * r, 0.2f, 24), std::vector<float>(size_t(23 * r), 0.0f));
+  LoraLinear q(std::make_unique<Int8Linear>(weights[0], 6.0f), lora_A, lora_B, 2.0f, 0.3f);
+  Int8Linear k(weights[1], 6.0f), v(weights[2], 6.0f);
+  DenseLinear dense(dense_w);
+  std::vector<Linear*> linears = {&q, &k, &v, &dense};
+  auto outputs = [&](const Tensor& input) {
+    std::vector<std::vector<float>> all;
+    for (Linear* linear : linears) {
+      Tensor y = backend.empty({N, linear == &q ? 23 : 11}, DType::f32, MemCategory::activations);
+      linear->forward(backend, y, input);
+      all.push_back(read(y));
+    }
+    return all;
+  };
+  auto quantisations = [&](const OpProfile& profile) {
+    int64_t calls = 0;
+    for (const OpProfile::Row& row : profile.rows()) calls += row.op == "int8_quantize_input" ? row.calls : 0;
+    return calls;
+  };
+  const auto alone = outputs(xt), other_alone = outputs(other);
+  OpProfile profile;
+  backend.set_op_profile(&profile);
+  {
+    const InputShare share(xt, {&q, &k, &v, &dense});
+    CHECK(outputs(xt) == alone);
+    CHECK(quantisations(profile) == 1);
+    CHECK(outputs(other) == other_alone);  // not the shared x: each quantises its own
+    CHECK(quantisations(profile) == 1);
+  }
+  CHECK(outputs(xt) == alone);
+  CHECK(quantisations(profile) == 1);
+  backend.set_op_profile(nullptr);
 }
 
 // L = sum(y * dout) is linear in A and in B, so central differences are exact

@@ -101,7 +101,7 @@ void flag_outlier_columns(int32_t* flags, const Tensor& x, float threshold) {
 // The outlier input-feature columns, ascending: the given flags' (a whole
 // batch's, x being some of its rows), else x's own, found anew on every
 // call as bitsandbytes does: they depend on the batch.
-std::vector<int64_t> outlier_columns(const Tensor& x, float threshold, const Tensor* given_flags) {
+std::vector<int32_t> outlier_columns(const Tensor& x, float threshold, const Tensor* given_flags) {
   const int64_t K = x.cols();
   std::vector<int32_t> own;
   const int32_t* flags = given_flags ? given_flags->ptr<const int32_t>() : nullptr;
@@ -110,10 +110,36 @@ std::vector<int64_t> outlier_columns(const Tensor& x, float threshold, const Ten
     flag_outlier_columns(own.data(), x, threshold);
     flags = own.data();
   }
-  std::vector<int64_t> columns;
+  std::vector<int32_t> columns;
   for (int64_t k = 0; k < K; ++k)
-    if (flags[k]) columns.push_back(k);
+    if (flags[k]) columns.push_back(int32_t(k));
   return columns;
+}
+
+// Row n's scale and (codes not null) codes, from x's row with its outlier
+// columns zeroed, so outliers do not inflate the row scale (row: scratch).
+// The scale is given_sx[n] where given, else the row's own absmax.
+FT_AVX512_VERSIONS(void, quantize_input_row,
+                   (int8_t* codes, float* sx, const Tensor& x, int64_t n, const int32_t* columns, int64_t C,
+                    const float* given_sx, float* row),
+                   (codes, sx, x, n, columns, C, given_sx, row)) {
+  const int64_t K = x.cols();
+  cpu::load_row(row, x, n * K, K);
+  for (int64_t c = 0; c < C; ++c) row[columns[c]] = 0.0f;
+  sx[n] = given_sx ? given_sx[n] : row_absmax(row, K);
+  if (codes) quantize_row(codes + n * K, row, K, sx[n]);
+}
+
+// quantize_input_row over every row of x, in parallel.
+void quantize_input_rows(int8_t* codes, float* sx, const Tensor& x, const std::vector<int32_t>& columns,
+                         const float* given_sx) {
+  const int64_t N = x.rows(), K = x.cols(), C = int64_t(columns.size());
+#pragma omp parallel
+  {
+    std::vector<float> row(K);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) quantize_input_row(codes, sx, x, n, columns.data(), C, given_sx, row.data());
+  }
 }
 
 // acc[i][j] = dot(a_i, b_j) over K int16 codes; rows of a and of b are K
@@ -132,7 +158,13 @@ FT_AVX512_VERSIONS(void, dot_tile, (const int16_t* a, const int16_t* b, int64_t 
 // The operands of one forward call, prepared once.
 struct Int8Operands {
   int64_t N, K, O, C;           // C = number of outlier columns
-  std::vector<int8_t> xq8;      // [N, K] codes of x with outlier columns zeroed
+  // x's input side: its own (the vectors) or a given Int8Input's.
+  std::vector<int32_t> own_columns;
+  std::vector<int8_t> own_codes;
+  std::vector<float> own_sx;
+  const int32_t* columns;       // [C] outlier columns, ascending
+  const int8_t* xq8;            // [N, K] codes of x with outlier columns zeroed
+  const float* sx;              // [N] their row scales
   // The oneDNN path: their int32 product with the weight for rows
   // [product_row0, product_row0 + product.size() / O). Otherwise dot_tile on
   // the codes widened to int16, with padding rows that let the last
@@ -140,7 +172,6 @@ struct Int8Operands {
   std::vector<int32_t> product;
   int64_t product_row0 = 0;
   std::vector<int16_t> xq;      // [N + kMR - 1, K]
-  std::vector<float> sx;        // [N] their row scales
   std::vector<float> x_out;     // [N, C] x's outlier columns
   std::vector<float> w_out;     // [C, O] dequantised weight columns, transposed so the update runs along O
   const int8_t* wq;             // [O, K]
@@ -154,20 +185,39 @@ struct Int8Operands {
   float lora_scaling = 0.0f;
 };
 
-// Row n of x made ready for the product (row: scratch): its outlier entries
-// copied to x_out and zeroed before the absmax, so outliers do not inflate
-// the row scale; its scale, given or its own absmax; its codes.
-FT_AVX512_VERSIONS(void, quantize_input_row,
-                   (Int8Operands& p, const Tensor& x, int64_t n, const int64_t* columns, const float* given_sx,
-                    float* row),
-                   (p, x, n, columns, given_sx, row)) {
-  cpu::load_row(row, x, n * p.K, p.K);
-  for (int64_t c = 0; c < p.C; ++c) {
-    p.x_out[n * p.C + c] = row[columns[c]];
-    row[columns[c]] = 0.0f;
+// x's input side for the call: the given Int8Input's, else made here as
+// int8_quantize_input makes it (with the epilogue's given row scales or
+// outlier flags, if any), into buffers reused from call to call.
+void load_input(Int8Operands& p, const Tensor& x, float threshold, const Int8Epilogue& e) {
+  if (e.input) {
+    const int32_t* list = e.input->outlier_columns.ptr<const int32_t>();
+    p.C = list[0];
+    p.columns = list + 1;
+    p.xq8 = e.input->codes.ptr<const int8_t>();
+    p.sx = e.input->row_absmax.ptr<const float>();
+    return;
   }
-  p.sx[n] = given_sx ? given_sx[n] : row_absmax(row, p.K);
-  quantize_row(p.xq8.data() + n * p.K, row, p.K, p.sx[n]);
+  p.own_columns = outlier_columns(x, threshold, e.outlier_flags);
+  p.own_codes.resize(size_t(p.N * p.K));
+  p.own_sx.resize(size_t(p.N));
+  quantize_input_rows(p.own_codes.data(), p.own_sx.data(), x, p.own_columns,
+                      e.row_absmax ? e.row_absmax->ptr<const float>() : nullptr);
+  p.C = int64_t(p.own_columns.size());
+  p.columns = p.own_columns.data();
+  p.xq8 = p.own_codes.data();
+  p.sx = p.own_sx.data();
+}
+
+// The outlier part's operands: x's outlier columns [N, C] and the weight's
+// dequantised [C, O].
+void load_outliers(Int8Operands& p, const Tensor& x) {
+  p.x_out.resize(size_t(p.N * p.C));
+  p.w_out.resize(size_t(p.C * p.O));
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < p.N; ++n)
+    for (int64_t c = 0; c < p.C; ++c) cpu::load_row(&p.x_out[n * p.C + c], x, n * p.K + p.columns[c], 1);
+  for (int64_t c = 0; c < p.C; ++c)
+    for (int64_t o = 0; o < p.O; ++o) p.w_out[c * p.O + o] = float(p.wq[o * p.K + p.columns[c]]) * p.sw[o] / 127.0f;
 }
 
 // out[n, o0 : o0 + ob) from v, the row's dequantised int8 product (computed
@@ -262,17 +312,6 @@ FT_AVX512_VERSIONS(void, quantize_weight_row, (Tensor& q, Tensor& scales, const 
   quantize_row(q.ptr<int8_t>() + r * K, row, K, absmax);
 }
 
-// One row of int8_row_absmax: x's row with the outlier columns zeroed, as
-// the forward zeroes them.
-FT_AVX512_VERSIONS(float, masked_row_absmax,
-                   (const Tensor& x, int64_t n, const int64_t* columns, int64_t C, float* row),
-                   (x, n, columns, C, row)) {
-  const int64_t K = x.cols();
-  cpu::load_row(row, x, n * K, K);
-  for (int64_t c = 0; c < C; ++c) row[columns[c]] = 0.0f;
-  return row_absmax(row, K);
-}
-
 // Row o of the backward's weight tile: codes [k0, k0 + kb) of weight row o
 // dequantised, code * scale / 127 in f32, stored in the tile's dtype.
 FT_AVX512_VERSIONS(void, dequantise_row,
@@ -300,16 +339,22 @@ void CpuBackend::int8_outlier_columns_impl(Tensor& flags, const Tensor& x, float
   note_path(cpu::avx512_versions_isa());
 }
 
+void CpuBackend::int8_quantize_input_impl(Int8Input& input, const Tensor& x, float threshold,
+                                          const Tensor* outlier_flags) {
+  const int64_t K = x.cols();
+  const std::vector<int32_t> columns = outlier_columns(x, threshold, outlier_flags);
+  int32_t* list = input.outlier_columns.ptr<int32_t>();
+  std::fill_n(list, int8_outlier_list_elements(K), 0);
+  list[0] = int32_t(columns.size());
+  std::copy(columns.begin(), columns.end(), list + 1);
+  uint32_t* mask = reinterpret_cast<uint32_t*>(list + 1 + K);
+  for (int32_t k : columns) mask[k / 32] |= 1u << (k % 32);
+  quantize_input_rows(input.codes.ptr<int8_t>(), input.row_absmax.ptr<float>(), x, columns, nullptr);
+  note_path(cpu::avx512_versions_isa());
+}
+
 void CpuBackend::int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float threshold, const Tensor* outlier_flags) {
-  const int64_t N = x.rows(), K = x.cols();
-  const std::vector<int64_t> columns = outlier_columns(x, threshold, outlier_flags);
-#pragma omp parallel
-  {
-    std::vector<float> row(K);
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n)
-      absmax.ptr<float>()[n] = masked_row_absmax(x, n, columns.data(), int64_t(columns.size()), row.data());
-  }
+  quantize_input_rows(nullptr, absmax.ptr<float>(), x, outlier_columns(x, threshold, outlier_flags), nullptr);
   note_path(cpu::avx512_versions_isa());
 }
 
@@ -323,28 +368,15 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
   Int8Operands& p = reused;
   p.N = x.rows(), p.K = x.cols(), p.O = weight.dim(0);
   load_epilogue(p, epilogue);
-  std::vector<int64_t> columns = outlier_columns(x, threshold, epilogue.outlier_flags);
-  p.C = int64_t(columns.size());
   p.wq = weight.ptr<const int8_t>();
   p.sw = weight_scales.ptr<const float>();
+  load_input(p, x, threshold, epilogue);
+  load_outliers(p, x);
   // oneDNN's exact s8 x s8 -> s32 product where this CPU has one, else dot_tile on int16 codes.
   const bool onednn_product = onednn_ && onednn_->int8_exact() && p.N > 0 && p.K > 0 && p.O > 0;
-  p.xq8.resize(size_t(p.N * p.K));
-  p.sx.resize(size_t(p.N));
-  const float* given_sx = epilogue.row_absmax ? epilogue.row_absmax->ptr<const float>() : nullptr;
-  p.x_out.resize(size_t(p.N * p.C));
-  p.w_out.resize(size_t(p.C * p.O));
-#pragma omp parallel
-  {
-    std::vector<float> row(p.K);
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < p.N; ++n) quantize_input_row(p, x, n, columns.data(), given_sx, row.data());
-  }
-  for (int64_t c = 0; c < p.C; ++c)
-    for (int64_t o = 0; o < p.O; ++o) p.w_out[c * p.O + o] = float(p.wq[o * p.K + columns[c]]) * p.sw[o] / 127.0f;
   if (!onednn_product) {
     p.xq.resize(size_t((p.N + kMR - 1) * p.K));
-    std::copy(p.xq8.begin(), p.xq8.end(), p.xq.begin());
+    std::copy(p.xq8, p.xq8 + p.N * p.K, p.xq.begin());
     std::fill(p.xq.begin() + p.N * p.K, p.xq.end(), int16_t(0));  // the padding rows
     const int64_t n_blocks = (p.N + kXRowsPerTask - 1) / kXRowsPerTask;
     const int64_t o_blocks = (p.O + kWRowsPerTask - 1) / kWRowsPerTask;
@@ -363,7 +395,7 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
     const int64_t rows = std::min(chunk_rows, p.N - r0);
     p.product.resize(size_t(rows * p.O));
     p.product_row0 = r0;
-    onednn_->int8_product(p.product.data(), p.xq8.data() + r0 * p.K, p.wq, rows, p.K, p.O);
+    onednn_->int8_product(p.product.data(), p.xq8 + r0 * p.K, p.wq, rows, p.K, p.O);
     const int64_t n_blocks = (rows + kEpilogueRows - 1) / kEpilogueRows;
     const int64_t o_blocks = (p.O + kEpilogueColumns - 1) / kEpilogueColumns;
 #pragma omp parallel for collapse(2) schedule(static)

@@ -12,6 +12,8 @@
 //   3. per row of x (1 to 8 warps each, 16-byte loads of bf16, the outlier
 //      columns read from the bit mask a word per 8 elements): absmax with the
 //      outlier columns zeroed, and the codes;
+//      (1 and 3 are int8_quantize_input: given its result, Int8Epilogue::input,
+//      the forward skips them, so q/k/v and gate/up quantise x once a layer)
 //   4. per block of rows (int8_forward_chunk_rows: balanced, whole 128-row
 //      GEMM tiles where the budget allows): the int8 x int8 -> int32 product
 //      of the codes with q through cuda::Gemm (cuBLASLt's IMMA path on a GPU);
@@ -505,16 +507,18 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
   // already balanced): the planner charges exactly [chunk_rows, O].
   const int64_t chunk = std::min(chunk_rows, std::max<int64_t>(1, N));
   FT_CHECK(gather_columns >= 0, op, ": gather_columns must be >= 0, got ", gather_columns);
-  const Int8ForwardScratch sizes = int8_forward_scratch(N, K, O, chunk, std::min(gather_columns, K));
-  Tensor columns = scratch(context, sizes.outlier_columns);
+  const Int8Input* given = epilogue.input;
+  const Int8ForwardScratch sizes = int8_forward_scratch(N, K, O, chunk, std::min(gather_columns, K), !given);
+  Int8Input own{scratch(context, sizes.codes), scratch(context, sizes.row_scales),
+                scratch(context, sizes.outlier_columns), threshold};
   Tensor outlier_weights = scratch(context, sizes.outlier_weights);
-  Tensor codes = scratch(context, sizes.codes);
-  Tensor row_scales = scratch(context, sizes.row_scales);
   Tensor product = scratch(context, sizes.product);
   if (N == 0 || O == 0) return;
-
-  find_outlier_columns(columns, x, threshold, epilogue.outlier_flags, context.stream);
-  context.passed("outlier columns");
+  if (!given) {
+    int8_quantize_input(own, x, threshold, epilogue.outlier_flags, epilogue.row_absmax, context);
+    given = &own;
+  }
+  const Tensor &columns = given->outlier_columns, &codes = given->codes, &row_scales = given->row_absmax;
   const OutlierWeights w{outlier_weights.ptr<const int8_t>(), weight.ptr<const int8_t>(), outlier_weights.dim(0)};
   if (w.capacity > 0) {
     launch<gather_outlier_weights_kernel>(elementwise_blocks(w.capacity * O, kBlock), kBlock, 0, context.stream,
@@ -523,10 +527,6 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
     FT_CUDA_CHECK_LAUNCH();
     context.passed("gather outlier weights");
   }
-  const uint32_t* outlier_mask = reinterpret_cast<const uint32_t*>(columns.ptr<const int32_t>() + 1 + K);
-  const float* given_scales = epilogue.row_absmax ? epilogue.row_absmax->ptr<const float>() : nullptr;
-  quantize_inliers(codes.ptr<int8_t>(), row_scales.ptr<float>(), x, outlier_mask, given_scales, context.stream);
-  context.passed("quantize");
   FT_CHECK((O + kBlock - 1) / kBlock <= 65535, op, ": too many output features (", O, ")");
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     const int64_t rows = std::min(chunk, N - n0);
@@ -540,6 +540,19 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
     FT_CUDA_CHECK_LAUNCH();
     context.passed("epilogue");
   }
+}
+
+void int8_quantize_input(Int8Input& input, const Tensor& x, float threshold, const Tensor* outlier_flags,
+                         const Tensor* given_scales, const Int8Context& context) {
+  input.threshold = threshold;
+  if (x.rows() == 0) return;
+  find_outlier_columns(input.outlier_columns, x, threshold, outlier_flags, context.stream);
+  context.passed("outlier columns");
+  const int32_t* list = input.outlier_columns.ptr<const int32_t>();
+  quantize_inliers(input.codes.ptr<int8_t>(), input.row_absmax.ptr<float>(), x,
+                   reinterpret_cast<const uint32_t*>(list + 1 + x.cols()),
+                   given_scales ? given_scales->ptr<const float>() : nullptr, context.stream);
+  context.passed("quantize");
 }
 
 // The forward's outlier and absmax passes, writing no codes.
@@ -587,6 +600,11 @@ void CudaBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const T
   cuda::int8_linear_forward(out, x, weight, weight_scales, threshold, epilogue,
                             int8_forward_chunk_rows(x.rows(), weight.dim(0)),
                             int8_outlier_gather_columns(x.cols(), weight.dim(0)), {*gemm_, allocator_, stream_});
+}
+
+void CudaBackend::int8_quantize_input_impl(Int8Input& input, const Tensor& x, float threshold,
+                                           const Tensor* outlier_flags) {
+  cuda::int8_quantize_input(input, x, threshold, outlier_flags, nullptr, {*gemm_, allocator_, stream_});
 }
 
 void CudaBackend::int8_outlier_columns_impl(Tensor& flags, const Tensor& x, float threshold) {

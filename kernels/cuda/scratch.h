@@ -15,6 +15,7 @@
 #include "kernels/allocator.h"
 #include "kernels/int8_tiles.h"
 #include "kernels/nf4.h"
+#include "kernels/op_operands.h"
 #include "kernels/tensor.h"
 
 namespace ft::cuda {
@@ -127,7 +128,7 @@ inline ScratchTensor sdpa_workspace_scratch(int64_t batch, int64_t q_heads, int6
 
 // The outlier columns of x [N, K] as the int8 ops find them (the count, the
 // columns, then their bit mask): int8_linear_forward's and int8_row_absmax's.
-inline ScratchTensor int8_outlier_columns_scratch(int64_t K) { return {{K + 1 + (K + 31) / 32}, DType::i32}; }
+inline ScratchTensor int8_outlier_columns_scratch(int64_t K) { return {{int8_outlier_list_elements(K)}, DType::i32}; }
 
 // int8_linear_forward on x [N, K] and weight [O, K], holding the int32 product
 // of chunk_rows rows at a time (int8_forward_chunk_rows for the backend). The
@@ -135,6 +136,8 @@ inline ScratchTensor int8_outlier_columns_scratch(int64_t K) { return {{K + 1 + 
 // data-dependent buffers, so the plan does not depend on a batch's outliers.
 // The gathered outlier weights hold gather_columns columns
 // (int8_outlier_gather_columns for the backend), not the batch's outlier count.
+// Given x quantised (Int8Epilogue::input, !quantizes_input), the op holds no
+// outlier columns, codes or row scales of its own (empty tensors).
 struct Int8ForwardScratch {
   ScratchTensor outlier_columns;  // i32 [K + 1 + ceil(K / 32)]: the count, the columns, then their bit mask
   ScratchTensor outlier_weights;  // i8 [gather columns, O]: W's outlier columns, gathered
@@ -143,11 +146,12 @@ struct Int8ForwardScratch {
   ScratchTensor product;          // i32 [chunk_rows, O]: one block of the product
 };
 inline Int8ForwardScratch int8_forward_scratch(int64_t N, int64_t K, int64_t O, int64_t chunk_rows,
-                                               int64_t gather_columns) {
-  return {int8_outlier_columns_scratch(K),
+                                               int64_t gather_columns, bool quantizes_input) {
+  const int64_t rows = quantizes_input ? N : 0;
+  return {quantizes_input ? int8_outlier_columns_scratch(K) : ScratchTensor{{0}, DType::i32},
           {{gather_columns, O}, DType::i8},
-          {{N, K}, DType::i8},
-          {{N}, DType::f32},
+          {{rows, K}, DType::i8},
+          {{rows}, DType::f32},
           {{chunk_rows, O}, DType::i32}};
 }
 

@@ -240,18 +240,23 @@ void MetaBackend::quantize_rows_int8_impl(Tensor&, Tensor&, const Tensor&) { ent
 
 void MetaBackend::int8_outlier_columns_impl(Tensor&, const Tensor&, float) { enter("int8_outlier_columns", {}); }
 
+// Both backends write into the caller's Int8Input: no scratch.
+void MetaBackend::int8_quantize_input_impl(Int8Input&, const Tensor&, float, const Tensor*) {
+  enter("int8_quantize_input", {});
+}
+
 void MetaBackend::int8_row_absmax_impl(Tensor&, const Tensor& x, float, const Tensor*) {
   enter("int8_row_absmax", {});
   Tensor columns = cuda_scratch(cuda::int8_outlier_columns_scratch(x.cols()));
 }
 
 void MetaBackend::int8_linear_forward_impl(Tensor&, const Tensor& x, const Tensor& weight, const Tensor&, float,
-                                           const Int8Epilogue&) {
+                                           const Int8Epilogue& epilogue) {
   enter("int8_linear_forward", {&weight});
   // CpuBackend's scratch is host vectors, outside the allocator.
   const int64_t N = x.rows(), K = weight.dim(1), O = weight.dim(0);
   const cuda::Int8ForwardScratch sizes = cuda::int8_forward_scratch(N, K, O, int8_forward_chunk_rows(N, O),
-                                                                   int8_outlier_gather_columns(K, O));
+                                                                   int8_outlier_gather_columns(K, O), !epilogue.input);
   Tensor columns = cuda_scratch(sizes.outlier_columns);
   Tensor outlier_weights = cuda_scratch(sizes.outlier_weights);
   Tensor codes = cuda_scratch(sizes.codes);

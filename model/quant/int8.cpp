@@ -90,11 +90,36 @@ void Int8Linear::forward_with_lora(Backend& backend, Tensor& out, const Tensor& 
   forward_fused(backend, out, x, {nullptr, &h, &B, scaling});
 }
 
-// The op with the bias (if any) added to the given epilogue, and for a
-// row-parallel shard the whole rows' scales: each rank's absmax over its
-// columns, their maximum over the group.
+void Int8Linear::share_input(SharedInput* shared) {
+  FT_CHECK(!shared || !row_group_, "Int8Linear: \"", weight_.name,
+           "\" is row-parallel: its x is a column shard, not an input to share");
+  shared_ = shared;
+}
+
+// The shared input's quantisation at this layer's threshold (and scanned
+// outlier columns), made by the first of the sharing linears to run.
+const Int8Input& Int8Linear::shared_input(Backend& backend, const Tensor& x) {
+  return shared_->get<Int8Input>([&] {
+    const int64_t N = x.rows(), K = x.cols();
+    Int8Input input{backend.empty({N, K}, DType::i8, MemCategory::workspace),
+                    backend.empty({N}, DType::f32, MemCategory::workspace),
+                    backend.empty({int8_outlier_list_elements(K)}, DType::i32, MemCategory::workspace)};
+    backend.int8_quantize_input(input, x, threshold_, outlier_flags_.defined() ? &outlier_flags_ : nullptr);
+    return input;
+  });
+}
+
+// The op with the bias (if any) added to the given epilogue: x's quantisation
+// shared with the other linears reading it, or made by the op, for a
+// row-parallel shard with the whole rows' scales (each rank's absmax over
+// its columns, their maximum over the group).
 void Int8Linear::forward_fused(Backend& backend, Tensor& out, const Tensor& x, Int8Epilogue epilogue) {
   if (bias_) epilogue.bias = &bias_->value;
+  if (shared_ && shared_->holds(x)) {
+    epilogue.input = &shared_input(backend, x);
+    backend.int8_linear_forward(out, x, weight_.value, int8_scales(weight_), threshold_, epilogue);
+    return;
+  }
   if (outlier_flags_.defined()) epilogue.outlier_flags = &outlier_flags_;
   Tensor row_absmax;
   if (row_group_) {

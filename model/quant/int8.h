@@ -10,6 +10,10 @@
 // it and a LoRA update are added in the op's epilogue
 // (Backend::int8_linear_forward), so out is written once.
 //
+// Linears that read the same x (q/k/v, gate/up, under an InputShare) take
+// its outlier columns, row scales and codes from one int8_quantize_input:
+// x is quantised once per layer input, the outputs unchanged bit for bit.
+//
 // A row-parallel shard (model/tensor_parallel.h) sees only its columns of x,
 // whose absmax is not the whole row's: it quantises x with the maximum over
 // the group of the shards' int8_row_absmax, the row scales one process uses.
@@ -44,15 +48,19 @@ class Int8Linear final : public Linear {
   bool scans_rows() const override { return threshold_ > 0.0f; }
   void scan_rows(Backend& backend, const Tensor& x_rows) override;
   void end_scan() override { outlier_flags_ = Tensor{}; }
+  // x quantised once for the linears sharing it (Backend::int8_quantize_input).
+  void share_input(SharedInput* shared) override;
 
  private:
   void forward_fused(Backend& backend, Tensor& out, const Tensor& x, Int8Epilogue epilogue);
+  const Int8Input& shared_input(Backend& backend, const Tensor& x);
 
   Parameter& weight_;
   float threshold_;
   Parameter* bias_;
   TensorParallelGroup* row_group_;
   Tensor outlier_flags_;  // i32 [in] while scanned, else undefined
+  SharedInput* shared_ = nullptr;
 };
 
 // Sets p's codes and row scales from a full-precision [out, in] weight

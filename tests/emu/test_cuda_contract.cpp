@@ -89,6 +89,22 @@ const BadCall kBadCalls[] = {
        be.int8_row_absmax(absmax, x, 6.0f);
      },
      "int8_row_absmax: absmax has shape [4] (4 elements), expected 2 elements"},
+    {"int8_quantize_input with an outlier list one word short",
+     [](Backend& be) {
+       Tensor x = make(be, {2, 40});
+       Int8Input input{make(be, {2, 40}, DType::i8), make(be, {2}), make(be, {42}, DType::i32)};
+       be.int8_quantize_input(input, x, 6.0f);
+     },
+     "int8_quantize_input: input.outlier_columns has shape [42] (42 elements), expected 43 elements"},
+    {"int8_linear_forward given an input quantised at another threshold",
+     [](Backend& be) {
+       Tensor out = make(be, {2, 3}), x = make(be, {2, 4}), w = make(be, {3, 4}, DType::i8), scales = make(be, {3});
+       Int8Input input{make(be, {2, 4}, DType::i8), make(be, {2}), make(be, {6}, DType::i32), 5.0f};
+       Int8Epilogue epilogue;
+       epilogue.input = &input;
+       be.int8_linear_forward(out, x, w, scales, 6.0f, epilogue);
+     },
+     "int8_linear_forward: the quantised input was made with threshold 5, the call's is 6"},
     {"accumulate_outer_products with a bf16 grad",
      [](Backend& be) {
        Tensor grad = make(be, {3, 4}, DType::bf16), a = make(be, {2, 3}), b = make(be, {2, 4});

@@ -394,6 +394,77 @@ TEST_CASE("cuda: int8_linear_forward with given row scales is the CPU's, bit for
   }
 }
 
+namespace {
+
+// An Int8Input for x [N, K] on the given backend's device.
+Int8Input empty_input(Backend& backend, int64_t N, int64_t K) {
+  return {backend.empty({N, K}, DType::i8, MemCategory::activations),
+          backend.empty({N}, DType::f32, MemCategory::activations),
+          backend.empty({int8_outlier_list_elements(K)}, DType::i32, MemCategory::activations)};
+}
+
+}  // namespace
+
+TEST_CASE("cuda: int8_quantize_input is the CPU's, and the forward given it is the CPU's forward, bit for bit") {
+  // The planted outlier columns at the scalar and bf16 vector widths, with
+  // and without the batch's flags (a flag set in no row of this x); the
+  // codes, the row scales, the count, the list and the bit mask (entries
+  // between the list and the mask are unspecified); then two weights'
+  // forwards given the one quantised input, with a bias and LoRA, over one
+  // and several row chunks, against the CPU's forward without it.
+  unsigned seed = 800;
+  for (const PlantedCase& s : planted_cases(seed))
+    for (bool with_flags : {false, true}) {
+      CAPTURE(s.K);
+      CAPTURE(dtype_name(s.dtype));
+      CAPTURE(with_flags);
+      Tensor flags = host_ints(std::vector<int32_t>(size_t(s.K), 0));
+      cpu.int8_outlier_columns(flags, s.x, 6.0f);
+      flags.ptr<int32_t>()[s.K / 3] = 1;
+      Int8Input want = empty_input(cpu, s.N, s.K);
+      cpu.int8_quantize_input(want, s.x, 6.0f, with_flags ? &flags : nullptr);
+      Int8Input got = empty_input(gpu, s.N, s.K);
+      const Tensor dx = to_device(s.x), dflags = to_device(flags);
+      gpu.int8_quantize_input(got, dx, 6.0f, with_flags ? &dflags : nullptr);
+      CHECK(got.threshold == 6.0f);
+      CHECK(values(got.row_absmax) == values(want.row_absmax));
+      Tensor codes = host_copy(got.codes);
+      CHECK(std::memcmp(codes.data, want.codes.data, size_t(s.N * s.K)) == 0);
+      const std::vector<int32_t> list = int32_values(got.outlier_columns);
+      const int32_t* want_list = want.outlier_columns.ptr<const int32_t>();
+      REQUIRE(list[0] == want_list[0]);
+      CHECK(list[0] == (with_flags ? 4 : 3));
+      CHECK(std::equal(list.begin(), list.begin() + 1 + list[0], want_list));
+      CHECK(std::equal(list.begin() + 1 + s.K, list.end(), want_list + 1 + s.K));  // the bit mask
+      for (unsigned w_seed : {seed++, seed++}) {
+        const Int8Weight w = host_weight(s.O, s.K, w_seed);
+        Tensor bias = host_random({s.O}, s.dtype, seed++);
+        Tensor h = host_random({s.N, 5}, s.dtype, seed++), B = host_random({s.O, 5}, s.dtype, seed++, -0.3f, 0.3f);
+        Int8Epilogue epilogue{&bias, &h, &B, 0.5f};
+        epilogue.outlier_flags = with_flags ? &flags : nullptr;
+        Tensor out_want = cpu.empty({s.N, s.O}, DType::f32, MemCategory::activations);
+        cpu.int8_linear_forward(out_want, s.x, w.q, w.scales, 6.0f, epilogue);
+        for (int64_t chunk : {s.N, int64_t(8)}) {
+          CAPTURE(chunk);
+          Tensor out = device_empty({s.N, s.O}, DType::f32), dbias = to_device(bias), dh = to_device(h);
+          Tensor dB = to_device(B);
+          Int8Epilogue given{&dbias, &dh, &dB, 0.5f};
+          given.input = &got;
+          cuda::int8_linear_forward(out, dx, to_device(w.q), to_device(w.scales), 6.0f, given, chunk, 2, context());
+          CHECK(values(out) == values(out_want));
+        }
+        // The op reads the given codes: with them zeroed only the outlier part is left.
+        Int8Input zeroed = got;
+        zeroed.codes = to_device(host_codes({s.N, s.K}, 0, 0, 0));
+        Tensor out = device_empty({s.N, s.O}, DType::f32);
+        Int8Epilogue given;
+        given.input = &zeroed;
+        gpu.int8_linear_forward(out, dx, to_device(w.q), to_device(w.scales), 6.0f, given);
+        CHECK(values(out) != values(out_want));
+      }
+    }
+}
+
 TEST_CASE("cuda: int8_outlier_columns over row blocks, and the blocks' forward and row scales with them, are the CPU's") {
   // A batch in blocks of 8 rows (the MLP in chunks of tokens): the planted
   // outliers sit in the first two blocks only, so the later blocks' own
