@@ -459,10 +459,30 @@ const uint32_t* paired_columns(std::vector<uint32_t>& buffer, const uint32_t* x,
   return out;
 }
 
-// x (bf16 pairs [T, pairs]) transposed into `buffer` ([pairs, T]).
+// The leading dimension of a transposed head (K^T, V^T: [D, T] in f32 or
+// [pairs, T] of bf16 pairs, 4-byte elements either way): T rounded up to 16
+// elements (a 64-byte line), made an odd number of lines. A tile product
+// walks 64 (or 32) of its rows at one column; rows a multiple of 4 KiB
+// apart (T = 1,024) all fall in one L1 set and thrash its 8 ways, which
+// halved the f32 tiles' speed at T = 1,024 (AVX2, EPYC); an odd number of
+// lines apart they spread over every set.
+int64_t transposed_ld(int64_t T) {
+  const int64_t lines = (T + 15) / 16;
+  return 16 * (lines % 2 ? lines : lines + 1);
+}
+
+// x (bf16 pairs [T, pairs]) transposed into `buffer` ([pairs, T], rows
+// transposed_ld(T) apart).
 const uint32_t* transposed_pairs(std::vector<uint32_t>& buffer, const uint32_t* x, int64_t T, int64_t D) {
-  uint32_t* out = scratch(buffer, T * head_pairs(D));
-  cpu::transpose_pairs(out, T, x, head_pairs(D), T, head_pairs(D));
+  uint32_t* out = scratch(buffer, transposed_ld(T) * head_pairs(D));
+  cpu::transpose_pairs(out, transposed_ld(T), x, head_pairs(D), T, head_pairs(D));
+  return out;
+}
+
+// x (f32 [T, D]) transposed into `buffer` ([D, T], rows transposed_ld(T) apart).
+float* transposed_rows(std::vector<float>& buffer, const float* x, int64_t T, int64_t D) {
+  float* out = scratch(buffer, transposed_ld(T) * D);
+  transpose(out, transposed_ld(T), x, D, T, D);
   return out;
 }
 
@@ -503,13 +523,13 @@ struct AttentionCall {
 void forward_f32(float* o, float* lse_row, const AttentionCall& c, const Sequences& sequences, int64_t b, int64_t h) {
   AttentionScratch& s = tls;
   const int64_t T = c.d.seq, D = c.d.head_dim, hk = h / (c.d.q_heads / c.d.kv_heads);
-  float *q = scratch(s.q, T * D), *k = scratch(s.k, T * D), *v = scratch(s.v, T * D), *kt = scratch(s.kt, T * D);
+  float *q = scratch(s.q, T * D), *k = scratch(s.k, T * D), *v = scratch(s.v, T * D);
   gather_head(q, c.q, c.d, b, h);
   gather_head(k, c.k, c.d, b, hk);
   gather_head(v, c.v, c.d, b, hk);
-  transpose(kt, T, k, D, T, D);
+  const float* kt = transposed_rows(s.kt, k, T, D);
   for (const auto& [t0, t1] : sequences) {
-    const F32Operands x{q + t0 * D, kt + t0, v + t0 * D, nullptr, nullptr, nullptr, T, D};
+    const F32Operands x{q + t0 * D, kt + t0, v + t0 * D, nullptr, nullptr, nullptr, transposed_ld(T), D};
     forward_tiles(o + t0 * D, lse_row + t0, x, t1 - t0, D, c.scale, c.window);
   }
 }
@@ -525,7 +545,8 @@ void forward_bf16(float* o, float* lse_row, const AttentionCall& c, const Sequen
   const uint32_t* kt = transposed_pairs(s.kt16, k, T, D);
   for (const auto& [t0, t1] : sequences) {
     const uint32_t* v_cols = paired_columns(s.v_cols, v + t0 * pairs, t1 - t0, D);
-    const Bf16Operands x{q + t0 * pairs, kt + t0, v_cols, nullptr, nullptr, nullptr, nullptr, nullptr, T, D};
+    const Bf16Operands x{q + t0 * pairs, kt + t0, v_cols, nullptr, nullptr, nullptr, nullptr, nullptr,
+                         transposed_ld(T), D};
     forward_tiles(o + t0 * D, lse_row + t0, x, t1 - t0, D, c.scale, c.window);
   }
 }
@@ -554,12 +575,11 @@ void backward_f32(const BackwardCall& c, const Sequences& sequences, int64_t b, 
   AttentionScratch& s = tls;
   const AttentionShape& d = c.forward.d;
   const int64_t T = d.seq, D = d.head_dim, group = d.q_heads / d.kv_heads;
-  float *k = scratch(s.k, T * D), *v = scratch(s.v, T * D), *kt = scratch(s.kt, T * D), *vt = scratch(s.vt, T * D);
+  float *k = scratch(s.k, T * D), *v = scratch(s.v, T * D);
   float *dk = scratch(s.dk, T * D), *dv = scratch(s.dv, T * D), *q = scratch(s.q, T * D), *dq = scratch(s.dq, T * D);
   gather_head(k, c.forward.k, d, b, hk);
   gather_head(v, c.forward.v, d, b, hk);
-  transpose(kt, T, k, D, T, D);
-  transpose(vt, T, v, D, T, D);
+  const float *kt = transposed_rows(s.kt, k, T, D), *vt = transposed_rows(s.vt, v, T, D);
   std::fill(dk, dk + T * D, 0.0f);
   std::fill(dv, dv + T * D, 0.0f);
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
@@ -568,7 +588,8 @@ void backward_f32(const BackwardCall& c, const Sequences& sequences, int64_t b, 
     std::fill(dq, dq + T * D, 0.0f);
     const float* lse = c.lse + (b * d.q_heads + h) * T;
     for (const auto& [t0, t1] : sequences) {
-      const F32Operands x{q + t0 * D, kt + t0, nullptr, s.dout.data() + t0 * D, vt + t0, k + t0 * D, T, D};
+      const F32Operands x{q + t0 * D, kt + t0, nullptr, s.dout.data() + t0 * D, vt + t0, k + t0 * D,
+                          transposed_ld(T), D};
       backward_tiles(dq + t0 * D, dk + t0 * D, dv + t0 * D, x, lse + t0, s.do_dot_o.data() + t0, t1 - t0, D,
                      c.forward.scale, c.forward.window);
     }
@@ -601,7 +622,7 @@ void backward_bf16(const BackwardCall& c, const Sequences& sequences, int64_t b,
       const int64_t L = t1 - t0;
       const Bf16Operands x{q + t0 * pairs, kt + t0, nullptr, dout + t0 * pairs, vt + t0,
                            paired_columns(s.k_cols, k + t0 * pairs, L, D), paired_columns(s.q_cols, q + t0 * pairs, L, D),
-                           paired_columns(s.dout_cols, dout + t0 * pairs, L, D), T, D};
+                           paired_columns(s.dout_cols, dout + t0 * pairs, L, D), transposed_ld(T), D};
       backward_tiles(dq + t0 * D, dk + t0 * D, dv + t0 * D, x, lse + t0, s.do_dot_o.data() + t0, L, D,
                      c.forward.scale, c.forward.window);
     }
@@ -714,16 +735,16 @@ void CpuBackend::attention_cached_impl(Tensor& out, const Tensor& q, const Tenso
         gather_pairs(kh, k_cache, cache, b, h / group, keys);
         gather_pairs(vh, v_cache, cache, b, h / group, keys);
         const Bf16Operands x{qh, transposed_pairs(s.kt16, kh, keys, D), paired_columns(s.v_cols, vh, keys, D),
-                             nullptr, nullptr, nullptr, nullptr, nullptr, keys, D};
+                             nullptr, nullptr, nullptr, nullptr, nullptr, transposed_ld(keys), D};
         cached_rows(o, x, row_positions, Tq, D, scale, window);
       } else {
         float *qh = scratch(s.q, Tq * D), *kh = scratch(s.k, keys * D), *vh = scratch(s.v, keys * D);
-        float* kt = scratch(s.kt, keys * D);
         gather_rows(qh, q, queries, b, h, Tq);
         gather_rows(kh, k_cache, cache, b, h / group, keys);
         gather_rows(vh, v_cache, cache, b, h / group, keys);
-        transpose(kt, keys, kh, D, keys, D);
-        cached_rows(o, F32Operands{qh, kt, vh, nullptr, nullptr, nullptr, keys, D}, row_positions, Tq, D, scale, window);
+        const float* kt = transposed_rows(s.kt, kh, keys, D);
+        cached_rows(o, F32Operands{qh, kt, vh, nullptr, nullptr, nullptr, transposed_ld(keys), D}, row_positions, Tq, D,
+                    scale, window);
       }
       scatter_head(out, o, queries, b, h);
     }
