@@ -213,7 +213,7 @@ void load_input(Int8Operands& p, const Tensor& x, float threshold, const Int8Epi
 void load_outliers(Int8Operands& p, const Tensor& x) {
   p.x_out.resize(size_t(p.N * p.C));
   p.w_out.resize(size_t(p.C * p.O));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.C > 0)
   for (int64_t n = 0; n < p.N; ++n)
     for (int64_t c = 0; c < p.C; ++c) cpu::load_row(&p.x_out[n * p.C + c], x, n * p.K + p.columns[c], 1);
   for (int64_t c = 0; c < p.C; ++c)

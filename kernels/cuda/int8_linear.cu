@@ -544,7 +544,6 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
 
 void int8_quantize_input(Int8Input& input, const Tensor& x, float threshold, const Tensor* outlier_flags,
                          const Tensor* given_scales, const Int8Context& context) {
-  input.threshold = threshold;
   if (x.rows() == 0) return;
   find_outlier_columns(input.outlier_columns, x, threshold, outlier_flags, context.stream);
   context.passed("outlier columns");

@@ -35,8 +35,9 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
                          float threshold, const Int8Epilogue& epilogue, int64_t chunk_rows, int64_t gather_columns,
                          const Int8Context& context);
 
-// Backend::int8_quantize_input; given_scales (f32 [N], may be null) replace
-// the row scales' absmax, as Int8Epilogue::row_absmax does in the forward.
+// Backend::int8_quantize_input (input.threshold is the caller's to set);
+// given_scales (f32 [N], may be null) replace the row scales' absmax, as
+// Int8Epilogue::row_absmax does in the forward.
 void int8_quantize_input(Int8Input& input, const Tensor& x, float threshold, const Tensor* outlier_flags,
                          const Tensor* given_scales, const Int8Context& context);
 

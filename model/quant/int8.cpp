@@ -115,14 +115,13 @@ const Int8Input& Int8Linear::shared_input(Backend& backend, const Tensor& x) {
 // its columns, their maximum over the group).
 void Int8Linear::forward_fused(Backend& backend, Tensor& out, const Tensor& x, Int8Epilogue epilogue) {
   if (bias_) epilogue.bias = &bias_->value;
+  Tensor row_absmax;
   if (shared_ && shared_->holds(x)) {
     epilogue.input = &shared_input(backend, x);
-    backend.int8_linear_forward(out, x, weight_.value, int8_scales(weight_), threshold_, epilogue);
-    return;
+  } else if (outlier_flags_.defined()) {
+    epilogue.outlier_flags = &outlier_flags_;
   }
-  if (outlier_flags_.defined()) epilogue.outlier_flags = &outlier_flags_;
-  Tensor row_absmax;
-  if (row_group_) {
+  if (row_group_) {  // never shared (share_input)
     row_absmax = backend.empty({x.rows()}, DType::f32, MemCategory::workspace);
     backend.int8_row_absmax(row_absmax, x, threshold_, epilogue.outlier_flags);
     row_group_->max(backend, row_absmax);
