@@ -2089,8 +2089,10 @@ TEST_CASE("configs/course-lab3.yaml as shipped trains the reward classifier, the
   const fs::path out = fs::path(FT_BINARY_DIR) / "cli_runs" / "course_lab3";
   fs::remove_all(out);
   const std::string adapter = (out / "reward-model" / "adapter").string();
-  const CommandResult result = run_command(kBinary + " " + FT_SOURCE_DIR + "/configs/course-lab3.yaml --set output_dir=" +
-                                           out.string() + " --set rewards.model_adapter=" + adapter);
+  // The PPO run's rewards.model_adapter, ${output_dir}/reward-model/adapter,
+  // follows --set output_dir (no stale adapter from a run elsewhere).
+  const CommandResult result =
+      run_command(kBinary + " " + FT_SOURCE_DIR + "/configs/course-lab3.yaml --set output_dir=" + out.string());
   INFO(result.output);
   REQUIRE(result.exit_code == 0);
   CHECK(fs::exists(fs::path(adapter) / "adapter_model.safetensors"));

@@ -188,6 +188,30 @@ TEST_CASE("--set overrides: dotted keys, YAML flow values, whole sections, cwd-r
   CHECK(bare.output_dir == "runs/out");
 }
 
+TEST_CASE("${output_dir} at a path's start is under output_dir as finally set, --set included") {
+  const std::string yaml = "model: models/tiny\ndata: {train: data/train.jsonl, eval: '${output_dir}/eval.jsonl'}\n"
+                           "output_dir: ../runs/lab\nrewards: {model_adapter: '${output_dir}/rm/adapter'}\n";
+  TrainConfig c = parse(yaml);
+  CHECK(c.output_dir == "runs/lab");  // configs/../runs/lab
+  CHECK(c.rewards.model_adapter == "runs/lab/rm/adapter");
+  CHECK(c.data.eval == "runs/lab/eval.jsonl");
+  CHECK(c.data.train == "configs/data/train.jsonl");
+  // A later --set output_dir moves them; in --set itself the variable works the same.
+  TrainConfig moved = parse(yaml, {"output_dir=/tmp/elsewhere", "rewards.model=${output_dir}"});
+  CHECK(moved.rewards.model_adapter == "/tmp/elsewhere/rm/adapter");
+  CHECK(moved.rewards.model == "/tmp/elsewhere");
+  CHECK(moved.data.eval == "/tmp/elsewhere/eval.jsonl");
+  // Anything else written as a variable is refused, naming the field.
+  CHECK(error_of(std::string(kMinimal) + "rewards: {model: '${HOME}/rm'}\n") ==
+        "configs/x.yaml:3: rewards.model: expected a path; the only variable is ${output_dir}, at its start, got "
+        "\"${HOME}/rm\"");
+  CHECK(error_of(std::string(kMinimal) + "rewards: {model: '${output_dir}rm'}\n").find(
+            "rewards.model: expected a path; the only variable is ${output_dir}") != std::string::npos);
+  CHECK(error_of(kMinimal, {"output_dir=${output_dir}/x"}) ==
+        "configs/x.yaml (--set output_dir=${output_dir}/x): output_dir: expected a directory path without "
+        "${output_dir} (it is output_dir itself), got \"${output_dir}/x\"");
+}
+
 TEST_CASE("load_train_config reads a file and resolves paths next to it") {
   std::filesystem::path dir = std::filesystem::path(FT_BINARY_DIR) / "test_train_config_tmp";
   std::filesystem::create_directories(dir);

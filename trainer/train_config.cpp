@@ -10,6 +10,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "kernels/checked_mul.h"
 #include "kernels/error.h"
@@ -48,6 +49,8 @@ std::string describe(const YAML::Node& node) {
   if (node.IsMap()) return "a map";
   return "\"" + node.Scalar() + "\"";
 }
+
+constexpr std::string_view kOutputDirVariable = "${output_dir}";
 
 struct Value {
   const YAML::Node& node;
@@ -94,8 +97,19 @@ struct Value {
     if (node.IsNull()) return "";
     return scalar("a string");
   }
+  // A path that starts with ${output_dir} is kept as written here and
+  // expanded once every layer and --set is applied (expand_output_dir), so
+  // it follows a --set output_dir: a comparison's later run names an earlier
+  // run's output this way.
   std::string path() const {
     std::string text = string();
+    if (text.starts_with("${")) {
+      require(text.starts_with(kOutputDirVariable) &&
+                  (text.size() == kOutputDirVariable.size() || text[kOutputDirVariable.size()] == '/'),
+              "a path; the only variable is ${output_dir}, at its start");
+      require(key != "output_dir", "a directory path without ${output_dir} (it is output_dir itself)");
+      return text;
+    }
     if (text.empty() || base_dir.empty() || std::filesystem::path(text).is_absolute()) return text;
     return (std::filesystem::path(base_dir) / text).lexically_normal().string();
   }
@@ -614,6 +628,16 @@ void check_consistency(const TrainConfig& c) {
            " needs data.eval (prompt/completion pairs to score)");
 }
 
+// The path fields' ${output_dir} (Value::path) replaced by the final output_dir.
+void expand_output_dir(TrainConfig& c) {
+  for (std::string* path : {&c.model, &c.tokenizer, &c.data.train, &c.data.eval, &c.rewards.model,
+                            &c.rewards.model_adapter, &c.rewards.model_tokenizer, &c.quantization.save_base}) {
+    if (!path->starts_with(kOutputDirVariable)) continue;
+    const std::filesystem::path rest = path->substr(std::min(path->size(), kOutputDirVariable.size() + 1));
+    *path = (rest.empty() ? std::filesystem::path(c.output_dir) : c.output_dir / rest).lexically_normal().string();
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> train_config_keys() {
@@ -635,6 +659,7 @@ TrainConfig train_config_from_layers(const std::vector<YAML::Node>& layers, cons
   c.output_dir = Value{YAML::Node("runs/out"), "output_dir", source, config_dir}.path();
   for (const YAML::Node& layer : layers) apply_map(c, "", layer, source, Source{source, "", config_dir}, skipped);
   for (const std::string& text : overrides) apply_override(c, text, source);
+  expand_output_dir(c);
   if (c.tokenizer.empty() && !c.model.empty())
     c.tokenizer = default_tokenizer_path(c.model);
   check_consistency(c);

@@ -5,7 +5,8 @@
 // Relative paths (model, tokenizer, data.train, data.eval, output_dir) written
 // in the file are resolved against the directory of the config file, so a
 // config works from any working directory. Paths given with --set are shell
-// arguments and stay relative to the current working directory.
+// arguments and stay relative to the current working directory. A path field
+// that starts with ${output_dir} is under output_dir as finally set.
 #pragma once
 #include <cstdint>
 #include <string>
