@@ -203,7 +203,7 @@ TEST_CASE("an offloaded optimizer's state saves and resumes exactly, offloaded o
     optimizers[0]->step(1e-2);
   }
   const std::string path = std::string(FT_BINARY_DIR) + "/offloaded_train_state.safetensors";
-  save_train_state(path, *optimizers[0], {2, {0, 0}, {}}, {});
+  save_train_state(path, *optimizers[0], {2, {0, 0}, {}, ""}, {});
   for (int k = 1; k < 3; ++k) {
     CAPTURE(k);
     CHECK(load_train_state(path, *optimizers[k], {}).step == 2);

@@ -97,8 +97,8 @@ void load_session(Session& session, const GenerateCommand& command) {
                 << "): add --chat to give it prompts as it saw them\n";
     return;
   }
-  const ChatTemplateKind kind = command.chat_template != ChatTemplateKind::automatic ? command.chat_template
-                                                                                    : trained_chat.value_or(ChatTemplateKind::automatic);
+  ChatTemplateKind kind = command.chat_template;
+  if (kind == ChatTemplateKind::automatic && record && record->chat_template) kind = *record->chat_template;
   session.chat = resolve_chat_template(kind,
                                        std::filesystem::path(session.loaded.config.tokenizer).parent_path().string(),
                                        "--chat-template");
