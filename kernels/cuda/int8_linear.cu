@@ -148,21 +148,33 @@ __global__ void __launch_bounds__(kScanBlock) compact_outlier_columns_kernel(int
 __device__ inline unsigned outlier_bits(const uint32_t* mask, int64_t k) { return (mask[k / 32] >> (k % 32)) & 0xffu; }
 
 // round-half-even(v * 127 / absmax), the rounding of the exact quotient, as
-// the CPU computes it in double. For bf16 and f16 x (and so a bf16 or f16
-// absmax) f32 gives the same code without FP64 (1/64 rate on consumer GPUs):
-// v * 127 is exact in f32 (at most 11 + 7 significant bits), and a quotient
+// the CPU computes it in double (absmax > 0, |v| <= absmax).
+// exact_code divides: for bf16 and f16 x (and so a bf16 or f16 absmax) f32
+// gives the same code without FP64 (1/64 rate on consumer GPUs): v * 127 is
+// exact in f32 (at most 11 + 7 significant bits), and a quotient
 // A 2^a / (S 2^s) of such numbers that is not a tie lies at least 2^-18 of
-// itself (or 2^-12 absolutely) from the nearest tie, while a correctly rounded
-// f32 quotient (|q| <= 127) is within 2^-24 of itself: both round alike, and
-// an exact tie is representable.
-__device__ inline int8_t quantize_code(float v, float absmax, bool narrow_input) {
+// itself (or 2^-12 absolutely) from the nearest tie, while a correctly
+// rounded f32 quotient (|q| <= 127) is within 2^-24 of itself: both round
+// alike, and an exact tie is representable.
+__device__ inline int8_t exact_code(float v, float absmax, bool narrow_input) {
   if (narrow_input) return int8_t(rintf(__fdiv_rn(__fmul_rn(v, 127.0f), absmax)));
   return int8_t(rint(double(v) * 127.0 / double(absmax)));
 }
 
+// The codes without a division per element (ncu put the IEEE division at
+// most of what the quantisation issued on an H200: docs/gpu-int8.md, run 4):
+// p = v * inv with inv = f32(127 / absmax) is the quotient Q times
+// (1 + e1)(1 + e2), |e| <= 2^-24, so |p - Q| <= 2^-23 |Q| < 2^-16
+// (|Q| <= 127). Where p is more than 2^-16 from every half-integer, Q rounds
+// as p does; a run of codes with any other element (exact ties such as
+// v = absmax / 2, whose p may fall either side, or anything near one; an inv
+// that overflowed to inf gives NaN and lands here too) takes exact_code for
+// the run.
+constexpr float kNearTie = 0.5f - 1.0f / 65536.0f;
+
 // warps_per_row warps (1, 2, 4 or 8) per row of x: the absmax over the row
 // with its outlier columns zeroed (warp reductions, then the row's warps
-// through shared memory), then the codes (quantize_code; quantize_rows_int8
+// through shared memory), then the codes (exact_code's; quantize_rows_int8
 // and the CPU round alike). Outlier columns get code 0. max is exact, so any
 // order of the reduction agrees. Long rows take more warps, so the grid has
 // enough of them at NeoX-20B's 2048 x 18432 (one warp per row gave 2048).
@@ -199,15 +211,27 @@ __global__ void __launch_bounds__(kBlock)
   if (part == 0 && lane == 0) scales[n] = absmax;
   if (!q) return;
   const bool narrow_input = Vector || x.dtype != DType::f32;
+  const float inv = absmax > 0.0f ? __fdiv_rn(127.0f, absmax) : 0.0f;
   for (int64_t k = first; k < K; k += step) {
     float v[kRun];
     load_run(v, x, row + k, end, Vector);
     const unsigned outliers = outlier_bits(outlier_mask, k);
     CodeRun codes;
+    unsigned zero_bits = 0;  // bit j: code j is 0 (an outlier column, past the row's end, or an all-zero row)
+    bool near_tie = false;
     FT_UNROLL
     for (int j = 0; j < kRun; ++j) {
       const bool zero = absmax == 0.0f || k + j >= K || ((outliers >> j) & 1u);
-      codes.v[j] = zero ? int8_t(0) : quantize_code(v[j], absmax, narrow_input);
+      const float p = __fmul_rn(v[j], inv), code = rintf(p);
+      const bool near = !(fabsf(__fadd_rn(p, -code)) < kNearTie);
+      near_tie |= !zero && near;
+      codes.v[j] = zero || near ? int8_t(0) : int8_t(code);
+      zero_bits |= unsigned(zero) << j;
+    }
+    if (near_tie) {
+      FT_UNROLL
+      for (int j = 0; j < kRun; ++j)
+        if (!((zero_bits >> j) & 1u)) codes.v[j] = exact_code(v[j], absmax, narrow_input);
     }
     if (Vector) {
       *reinterpret_cast<CodeRun*>(q + row + k) = codes;  // row + k is a multiple of 8: aligned

@@ -465,6 +465,84 @@ TEST_CASE("cuda: int8_quantize_input is the CPU's, and the forward given it is t
     }
 }
 
+namespace {
+
+// value's neighbour one unit in the last place of dtype away from zero (up)
+// or towards it; value is exact in dtype and normal.
+float dtype_neighbour(float value, DType dtype, bool up) {
+  const int shift = dtype == DType::bf16 ? 16 : 0;
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  bits = up ? bits + (1u << shift) : bits - (1u << shift);
+  std::memcpy(&value, &bits, sizeof bits);
+  return value;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: int8_quantize_input rounds exact ties and near-ties as the exact quotient, without dividing") {
+  // The codes come from v * f32(127 / absmax), taking the division only
+  // within 2^-16 of a half-integer. Rows whose entries sit on and next to
+  // the ties: v = +-absmax / 2 is the tie 63.5 for any absmax (round-half-
+  // even: 64), and its neighbours in x's dtype; rows with absmax = 127 * 2^k
+  // have ties at every half-integer multiple of 2^k; bf16 rows with a
+  // subnormal absmax make 127 / absmax overflow. At the bf16 vector width
+  // (K = 24) and the scalar one (K = 20, and f32), against the CPU's
+  // double-precision quotients.
+  for (DType dtype : {DType::bf16, DType::f32})
+    for (int64_t K : {int64_t(24), int64_t(20)}) {
+      if (dtype != DType::bf16 && K == 24) continue;
+      CAPTURE(std::string(dtype_name(dtype)));
+      CAPTURE(K);
+      const int64_t N = 40;
+      std::mt19937 rng(unsigned(K) * 7 + unsigned(dtype));
+      std::uniform_real_distribution<float> exponent(-6.0f, 6.0f), unit(-1.0f, 1.0f);
+      std::vector<float> row_values(size_t(N * K));
+      int64_t inexact_tie_rows = 0;  // rows where v * f32(127 / absmax) misses the tie 63.5
+      for (int64_t n = 0; n < N; ++n) {
+        Tensor one = cpu.empty({1}, dtype, MemCategory::activations);
+        auto in_dtype = [&](float v) {
+          store_from_f32(one.data, dtype, 0, v);
+          return load_as_f32(one.data, dtype, 0);
+        };
+        float absmax = in_dtype(std::exp2(exponent(rng)));
+        if (n % 8 == 1) absmax = 127.0f * std::exp2(float(int(exponent(rng))));
+        if (n == 2 && dtype == DType::bf16) absmax = in_dtype(1e-39f);  // subnormal: 127 / absmax overflows
+        float* row = &row_values[size_t(n * K)];
+        const float half = absmax / 2;
+        const bool normal_half = std::fpclassify(half) == FP_NORMAL;
+        const float fixed[] = {absmax, -absmax, half, -half,
+                               normal_half ? dtype_neighbour(half, dtype, true) : half,
+                               normal_half ? dtype_neighbour(half, dtype, false) : -half,
+                               normal_half ? -dtype_neighbour(half, dtype, false) : half};
+        for (int64_t k = 0; k < K; ++k) {
+          float v = k < 7 ? fixed[k] : in_dtype(absmax * unit(rng));
+          if (n % 8 == 1 && k >= 7 && k % 2) v = absmax * (float(int(126 * unit(rng))) + 0.5f) / 127.0f;  // a tie
+          row[k] = v;
+        }
+        inexact_tie_rows += half * (127.0f / absmax) != 63.5f;
+      }
+      CHECK(inexact_tie_rows > 0);  // the window is exercised, not only exact products
+      Tensor x = cpu.empty({N, K}, dtype, MemCategory::activations);
+      for (int64_t i = 0; i < N * K; ++i) store_from_f32(x.data, dtype, i, row_values[size_t(i)]);
+      Int8Input want = empty_input(cpu, N, K);
+      cpu.int8_quantize_input(want, x, 0.0f, nullptr);
+      Int8Input got = empty_input(gpu, N, K);
+      gpu.int8_quantize_input(got, to_device(x), 0.0f, nullptr);
+      CHECK(values(got.row_absmax) == values(want.row_absmax));
+      Tensor codes = host_copy(got.codes);
+      const int8_t *c = codes.ptr<const int8_t>(), *w = want.codes.ptr<const int8_t>();
+      int64_t differing = 0;
+      for (int64_t i = 0; i < N * K; ++i) differing += c[i] != w[i];
+      CHECK(differing == 0);
+      for (int64_t n = 0; n < N; ++n) {
+        if (dtype == DType::bf16 && n == 2) continue;  // its half is subnormal: 63.5 is no longer exact
+        CHECK(int(c[n * K + 2]) == 64);  // 63.5 rounds to even
+        CHECK(int(c[n * K + 3]) == -64);
+      }
+    }
+}
+
 TEST_CASE("cuda: int8_outlier_columns over row blocks, and the blocks' forward and row scales with them, are the CPU's") {
   // A batch in blocks of 8 rows (the MLP in chunks of tokens): the planted
   // outliers sit in the first two blocks only, so the later blocks' own
