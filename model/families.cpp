@@ -109,7 +109,7 @@ std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& config, Backend& bac
   const ModelKind causal = ModelKind::causal;
   const ModelFamily* family = find_model_family(config.model_type);
   FT_CHECK(!family || family->kind == causal, "model_type \"", config.model_type,
-           "\" is an encoder-decoder model: training and generation here run decoder-only models only (",
+           "\" is an encoder-decoder model; this needs a decoder-only one (",
            supported_model_types(&causal), ")");
   FT_CHECK(family, unsupported(config.model_type, &causal));
   std::unique_ptr<LanguageModel> model = make_language_model(config, backend, options);

@@ -916,6 +916,51 @@ TEST_CASE("generate streams text from a trained adapter; the merged checkpoint a
   CHECK(prompts == std::vector<std::string>{"The cat", "A dog"});
 }
 
+TEST_CASE("generate on a T5 (FLAN-T5's kind) prints transformers' greedy text, with and without a PEFT adapter") {
+  // tests/fixtures/t5_generate (scripts/make_t5_generate_fixture.py): the embedded tiny T5, a SEQ_2_SEQ_LM
+  // adapter, and T5ForConditionalGeneration.generate()'s greedy text for three dialogue prompts.
+  const nlohmann::json reference = nlohmann::json::parse(read_file(kFixtures + "/t5_generate/reference.json"));
+  const std::string dir = (fs::path(FT_BINARY_DIR) / "cli_runs" / "generate_t5").string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream prompts(dir + "/prompts.jsonl");
+  for (const auto& prompt : reference["prompts"]) prompts << nlohmann::json{{"prompt", prompt}}.dump() << "\n";
+  prompts.close();
+  const std::string adapter = " --adapter " + kFixtures + "/t5_generate/adapter";
+  const std::string generate = kBinary + " generate " + FT_SOURCE_DIR + "/configs/tiny-t5 --tokenizer " +
+                               FT_SOURCE_DIR + "/configs/tiny-base/tokenizer.model --device cpu --max-new-tokens " +
+                               std::to_string(int(reference["max_new_tokens"])) + " ";
+  const std::string penalty = " --repetition-penalty " + std::to_string(double(reference["repetition_penalty"]));
+  for (const auto& [run, options] : std::vector<std::pair<std::string, std::string>>{
+           {"base", ""}, {"adapter", adapter}, {"adapter_repetition_penalty", adapter + penalty}}) {
+    CAPTURE(run);
+    const CommandResult file = run_command(generate + "--file " + dir + "/prompts.jsonl" + options + " 2>/dev/null");
+    REQUIRE(file.exit_code == 0);
+    std::istringstream lines(file.output);
+    std::vector<std::string> completions;
+    for (std::string line; std::getline(lines, line);) completions.push_back(nlohmann::json::parse(line)["completion"]);
+    REQUIRE(completions.size() == 3);
+    for (size_t i = 0; i < 3; ++i) CHECK(completions[i] == reference[run][i]["text"].get<std::string>());
+  }
+  // --prompt streams the same text, the cached and uncached decoders alike; --interactive too.
+  const std::string prompt = reference["prompts"][1];
+  const std::string want = reference["adapter"][1]["text"].get<std::string>() + "\n";
+  std::ofstream(dir + "/prompt.txt") << prompt;
+  const std::string quoted = " --prompt \"$(cat " + dir + "/prompt.txt)\"";
+  CHECK(run_command(generate + adapter + quoted + " 2>/dev/null").output == want);
+  CHECK(run_command(generate + adapter + quoted + " --no-kv-cache 2>/dev/null").output == want);
+  // --chat has no template to render for a T5: one error naming it.
+  const CommandResult chat = run_command(generate + adapter + " --prompt hi --chat");
+  CHECK(chat.exit_code == 1);
+  CHECK(chat.output.find("generate: --chat: " + std::string(FT_SOURCE_DIR) +
+                         "/configs/tiny-t5 is an encoder-decoder model (T5), which has no chat template") !=
+        std::string::npos);
+  // A stop text ends the row where it starts, as for a decoder-only model.
+  const std::string cut = want.substr(0, want.find("#Person1#")) + "\n";
+  REQUIRE(cut.size() < want.size());
+  CHECK(run_command(generate + adapter + quoted + " --stop '#Person1#' 2>/dev/null").output == cut);
+}
+
 TEST_CASE("chat rows fine-tune end to end, with built-in and checkpoint templates; without one the run names tokenizer_config.json") {
   // Conversations from the pretraining text (seq_len is 64): the user gives a line's opening words, the
   // assistant the next few.

@@ -404,10 +404,10 @@ TEST_CASE("t5 greedy generation equals transformers' generate(); encode/decode s
     const std::vector<std::vector<int32_t>> inputs = input_rows(input_ids);
     SamplingOptions greedy;
     greedy.max_new_tokens = steps;
-    const std::vector<std::vector<int32_t>> got = generate_seq2seq(model, inputs, greedy, {1});
+    const std::vector<std::vector<int32_t>> got = generate_seq2seq(model, inputs, greedy, {{1}, {}, nullptr});
     SamplingOptions uncached = greedy;
     uncached.kv_cache = false;
-    const std::vector<std::vector<int32_t>> got_uncached = generate_seq2seq(model, inputs, uncached, {1});
+    const std::vector<std::vector<int32_t>> got_uncached = generate_seq2seq(model, inputs, uncached, {{1}, {}, nullptr});
     for (size_t b = 0; b < inputs.size(); ++b) {
       const int32_t* row = want.ptr<int32_t>() + int64_t(b) * steps;
       std::vector<int32_t> want_row(row, row + steps);
@@ -416,7 +416,7 @@ TEST_CASE("t5 greedy generation equals transformers' generate(); encode/decode s
       CHECK(got_uncached[b] == want_row);
     }
     // A stop id ends a row before it: the first greedy token of row 0 as the stop.
-    CHECK(generate_seq2seq(model, {inputs[0]}, greedy, {got[0][0]})[0].empty());
+    CHECK(generate_seq2seq(model, {inputs[0]}, greedy, {{got[0][0]}, {}, nullptr})[0].empty());
 
     const Tensor labels = reference.view("labels"), decoder_ids = reference.view("decoder_input_ids");
     const float loss = model.forward(input_ids, decoder_ids, labels);

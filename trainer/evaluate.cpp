@@ -72,6 +72,12 @@ std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string
   return tokens;
 }
 
+std::vector<int32_t> seq2seq_prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt) {
+  std::vector<int32_t> tokens = tokenizer.encode(prompt);
+  tokens.push_back(tokenizer.eos_id());  // as tokenize_seq2seq_example
+  return tokens;
+}
+
 std::vector<std::string> complete_prompts(LanguageModel& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts, const SamplingOptions& sampling,
                                           const StopCondition& stop, int64_t batch_size) {
@@ -81,14 +87,12 @@ std::vector<std::string> complete_prompts(LanguageModel& model, const Tokenizer&
   std::vector<std::string> completions;
   for (size_t first = 0; first < prompts.size(); first += size_t(batch_size)) {
     std::vector<std::vector<int32_t>> batch;
-    for (size_t i = first; i < std::min(prompts.size(), first + size_t(batch_size)); ++i) {
-      batch.push_back(t5 ? tokenizer.encode(prompts[i]) : prompt_tokens(tokenizer, prompts[i]));
-      if (t5) batch.back().push_back(tokenizer.eos_id());  // as tokenize_seq2seq_example
-    }
+    for (size_t i = first; i < std::min(prompts.size(), first + size_t(batch_size)); ++i)
+      batch.push_back(t5 ? seq2seq_prompt_tokens(tokenizer, prompts[i]) : prompt_tokens(tokenizer, prompts[i]));
     SamplingOptions options = sampling;
     options.seed = sampling.seed + first;
     const std::vector<std::vector<int32_t>> generated_rows =
-        t5 ? generate_seq2seq(*t5, batch, options, stop.ids)
+        t5 ? generate_seq2seq(*t5, batch, options, decoding_stop)
            : generate(*model.as_causal_lm(), batch, options, decoding_stop);
     for (const auto& generated : generated_rows) {
       std::string text = tokenizer.decode(generated);

@@ -40,11 +40,13 @@ EvalLoss eval_loss_of(double loss_sum, int64_t tokens);
 
 // The ids a prompt is given to the model as: [bos] + encode(prompt), as in training.
 std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt);
+// A T5's encoder input for a prompt: encode(prompt) + [eos], as in training.
+std::vector<int32_t> seq2seq_prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt);
 
 // Continues each prompt and decodes the new tokens, cut before the first stop
 // string, batch_size prompts at a time. stop.tokenizer is set to `tokenizer`.
-// T5 reads each prompt as its encoder input (encode(prompt) + eos, one at a
-// time, generate_seq2seq) and stops at stop.ids.
+// T5 reads each prompt as its encoder input (seq2seq_prompt_tokens, one at a
+// time, generate_seq2seq).
 std::vector<std::string> complete_prompts(LanguageModel& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts, const SamplingOptions& sampling,
                                           const StopCondition& stop, int64_t batch_size);

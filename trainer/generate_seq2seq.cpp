@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/error.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ft {
 namespace {
@@ -17,8 +18,9 @@ Tensor row_tensor(const std::vector<int32_t>& ids, HostAllocator& host) {
 }  // namespace
 
 std::vector<std::vector<int32_t>> generate_seq2seq(T5Model& model, const std::vector<std::vector<int32_t>>& inputs,
-                                                   const SamplingOptions& options,
-                                                   const std::vector<int32_t>& stop_ids) {
+                                                   const SamplingOptions& options, const StopCondition& stop,
+                                                   const TokenCallback& on_token) {
+  FT_CHECK(stop.strings.empty() || stop.tokenizer, "generate_seq2seq: stop strings need a tokenizer");
   const int64_t V = model.config().vocab_size;
   SamplerRng rng{options.seed};
   HostAllocator host;
@@ -39,13 +41,17 @@ std::vector<std::vector<int32_t>> generate_seq2seq(T5Model& model, const std::ve
       }
       const Tensor last = model.last_logits().slice_rows(model.last_logits().dim(0) - 1, 1);
       model.backend().copy(logits, last);
-      const int32_t token = sample_token(logits.ptr<float>(), V, options, rng);
-      if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+      const int32_t token = sample_token(logits.ptr<float>(), V, options, rng, decoder_ids);
+      if (std::find(stop.ids.begin(), stop.ids.end(), token) != stop.ids.end()) {
         if (options.keep_stop_id) generated[i].push_back(token);
         break;
       }
       generated[i].push_back(token);
       decoder_ids.push_back(token);
+      if (on_token) on_token(i, token);
+      if (!stop.strings.empty() &&
+          find_stop_string(stop.tokenizer->decode(generated[i]), stop.strings) != std::string::npos)
+        break;
     }
   }
   return generated;

@@ -6,7 +6,9 @@
 // one token per step against its key/value cache (T5Model::decode_cached:
 // self-attention keys and values cached per layer, cross-attention's
 // computed once from the encoder output); without, it reruns over its tokens
-// so far. Inputs run one at a time (the decoder cache holds one row).
+// so far. Inputs run one at a time (the decoder cache holds one row). The
+// repetition penalty applies to the decoder's tokens (decoder_start_token_id
+// and what was generated), as transformers' does for an encoder-decoder model.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -16,10 +18,12 @@
 
 namespace ft {
 
-// The new tokens of every input, each ending before the first of stop_ids
-// (returned with options.keep_stop_id) or after options.max_new_tokens.
+// The new tokens of every input, each ending before the first of stop.ids
+// (returned with options.keep_stop_id), once its text holds one of
+// stop.strings, or after options.max_new_tokens; on_token streams them, as
+// generate()'s does.
 std::vector<std::vector<int32_t>> generate_seq2seq(T5Model& model, const std::vector<std::vector<int32_t>>& inputs,
-                                                   const SamplingOptions& options,
-                                                   const std::vector<int32_t>& stop_ids);
+                                                   const SamplingOptions& options, const StopCondition& stop,
+                                                   const TokenCallback& on_token = {});
 
 }  // namespace ft

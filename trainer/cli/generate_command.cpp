@@ -19,6 +19,7 @@
 #include "trainer/data/special_tokens.h"
 #include "trainer/device_backend.h"
 #include "trainer/evaluate.h"
+#include "trainer/generate_seq2seq.h"
 #include "trainer/trainer.h"
 
 namespace ft {
@@ -71,7 +72,7 @@ class StreamPrinter {
 
 struct Session {
   InferenceModel loaded;
-  CausalLM* model = nullptr;
+  LanguageModel* model = nullptr;  // a CausalLM, or a T5Model: its encoder reads the prompt
   Tokenizer* tokenizer = nullptr;
   StopCondition stop;
   std::optional<ChatTemplate> chat;  // --chat
@@ -81,7 +82,7 @@ struct Session {
 void load_session(Session& session, const GenerateCommand& command) {
   load_inference_model(session.loaded,
                        {command.model, command.adapter, command.tokenizer, command.quantization, command.precision,
-                        command.device, OutputHead::none, "finetune generate"},
+                        command.device, OutputHead::none, "finetune generate", true},
                        command.stop);
   session.model = session.loaded.model.get();
   session.tokenizer = session.loaded.tokenizer.get();
@@ -89,6 +90,8 @@ void load_session(Session& session, const GenerateCommand& command) {
   session.stop = StopCondition{special.stop_ids, special.stop_strings, session.tokenizer};
   if (command.ignore_eos) session.stop.ids.clear();
   std::cerr << "special tokens: " << describe(special, *session.tokenizer) << "\n";
+  FT_CHECK(!command.chat || !session.model->as_seq2seq(), "generate: --chat: ", command.model,
+           " is an encoder-decoder model (T5), which has no chat template: give its input text as the prompt");
   const std::optional<AdapterRecord>& record = session.loaded.record;
   const std::optional<ChatTemplateKind> trained_chat = record ? record->chat_template : std::nullopt;
   if (!command.chat) {
@@ -123,12 +126,16 @@ struct Completion {
 // (a stop token first: a chat model given a bare prompt often does) says so.
 Completion stream_completion(Session& session, const std::string& prompt, const SamplingOptions& sampling) {
   StreamPrinter printer(*session.tokenizer, session.stop.strings);
-  const auto generated = generate(*session.model, {prompt_tokens(*session.tokenizer, prompt)}, sampling, session.stop,
-                                  [&](size_t, int32_t token) { printer.on_token(token); });
+  const TokenCallback on_token = [&](size_t, int32_t token) { printer.on_token(token); };
+  T5Model* t5 = session.model->as_seq2seq();
+  const auto generated =
+      t5 ? generate_seq2seq(*t5, {seq2seq_prompt_tokens(*session.tokenizer, prompt)}, sampling, session.stop, on_token)
+         : generate(*session.model->as_causal_lm(), {prompt_tokens(*session.tokenizer, prompt)}, sampling,
+                    session.stop, on_token);
   printer.finish();
   if (generated[0].empty())
     std::cerr << "generate: the first token generated was a stop token: no new text"
-              << (session.chat ? "" : " (a model trained on chat data replies to its chat template: try --chat)")
+              << (session.chat || t5 ? "" : " (a model trained on chat data replies to its chat template: try --chat)")
               << "\n";
   return {int64_t(generated[0].size()), printer.text()};
 }
@@ -169,8 +176,9 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCommand& c) {
       "Give exactly one of --prompt (streams one completion), --file (one JSON line {\"prompt\", \"completion\"}\n"
       "per row, generated in batches) and --interactive (a prompt a line from stdin). With --chat a prompt is a\n"
       "user message rendered with the checkpoint's chat template, --file rows may be {\"messages\": [...]} ending\n"
-      "with a user message, and --interactive keeps one conversation. Status lines go to stderr, so stdout is the\n"
-      "text alone.");
+      "with a user message, and --interactive keeps one conversation. A T5 checkpoint (FLAN-T5) reads each prompt as\n"
+      "its encoder's input, as in training, and generates the decoder's text. Status lines go to stderr, so stdout\n"
+      "is the text alone.");
   generate->add_option("MODEL", c.model, "a Hugging Face checkpoint folder")->required();
   generate->add_option("--adapter", c.adapter, "a PEFT LoRA adapter folder")->type_name("DIR");
   generate->add_option("--tokenizer", c.tokenizer, "tokenizer.model or tokenizer.json (default: MODEL's)")

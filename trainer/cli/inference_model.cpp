@@ -39,7 +39,8 @@ void load_inference_model(InferenceModel& out, const InferenceRequest& request,
   options.output_head = request.output_head;
   if (!request.adapter.empty()) options.lora = read_peft_adapter_config(request.adapter).lora;
   out.device = make_device_backend(request.device, config.source, out.host, std::cerr);
-  out.model = make_causal_lm(model_config, *out.device.backend, options);
+  out.model = request.encoder_decoder ? make_language_model(model_config, *out.device.backend, options)
+                                      : make_causal_lm(model_config, *out.device.backend, options);
   out.model->load(Checkpoint(request.model));
   if (!request.adapter.empty()) load_peft_adapter(request.adapter, *out.model);
 }

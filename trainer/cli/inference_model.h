@@ -23,13 +23,14 @@ struct InferenceRequest {
   DeviceChoice device = DeviceChoice::automatic;
   OutputHead output_head = OutputHead::none;  // score: a reward model
   std::string source;                         // the subcommand, for messages ("finetune score")
+  bool encoder_decoder = false;               // a T5 checkpoint too (generate); else decoder-only ones only
 };
 
 struct InferenceModel {
   HostAllocator host;  // before the device backend and the model, which use it
   DeviceBackend device;
   std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<CausalLM> model;
+  std::unique_ptr<LanguageModel> model;  // a CausalLM, or with request.encoder_decoder a T5Model
   SpecialTokens special;
   std::optional<AdapterRecord> record;  // the adapter's, when it has one
   TrainConfig config;                   // what the model was built from (quantization, precision, stop texts)

@@ -64,13 +64,14 @@ int run_score(const ScoreCommand& command) {
   InferenceModel loaded;
   load_inference_model(loaded, {command.model, command.adapter, command.tokenizer, command.quantization,
                                 command.precision, command.device, OutputHead::score, "finetune score"});
-  FT_CHECK(loaded.model->output_head_loaded(), command.model, ": has no score head (score.weight)",
+  CausalLM& model = *loaded.model->as_causal_lm();  // load_inference_model builds no other kind here
+  FT_CHECK(model.output_head_loaded(), command.model, ": has no score head (score.weight)",
            command.adapter.empty() ? " and no --adapter was given"
                                    : " and the adapter saves none (modules_to_save: objective: reward saves one)",
            ": not a reward model");
   const int32_t pad_id = padding_id(*loaded.tokenizer);
   const int32_t eos_id = loaded.special.example_eos_id;
-  const int64_t max_tokens = loaded.model->config().max_position_embeddings;
+  const int64_t max_tokens = model.config().max_position_embeddings;
   int64_t truncated = 0;
   for (size_t first = 0; first < input.rows.size(); first += size_t(command.batch_size)) {
     const size_t end = std::min(input.rows.size(), first + size_t(command.batch_size));
@@ -81,7 +82,7 @@ int run_score(const ScoreCommand& command) {
       truncated += cut;
     }
     HostAllocator host;
-    const std::vector<double> scores = sequence_scores(*loaded.model, scored_sequences(sequences, pad_id, host));
+    const std::vector<double> scores = sequence_scores(model, scored_sequences(sequences, pad_id, host));
     for (size_t i = first; i < end; ++i) {
       nlohmann::json row = input.rows[i];
       row["score"] = scores[i - first];

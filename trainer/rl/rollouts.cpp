@@ -27,7 +27,7 @@ std::vector<Rollout> generate_completions(const RolloutSampler& s, const std::ve
     sampling.seed = splitmix64(splitmix64(s.seed, 0x67656e00ULL + uint64_t(step)), uint64_t(first));
     sampling.keep_stop_id = true;
     T5Model* t5 = s.model.as_seq2seq();
-    const std::vector<std::vector<int32_t>> generated = t5 ? generate_seq2seq(*t5, inputs, sampling, s.stop.ids)
+    const std::vector<std::vector<int32_t>> generated = t5 ? generate_seq2seq(*t5, inputs, sampling, s.stop)
                                                            : generate(*s.model.as_causal_lm(), inputs, sampling, s.stop);
     for (size_t i = first; i < end; ++i) {
       Rollout& r = rollouts[i];
