@@ -916,7 +916,8 @@ TEST_CASE("generate streams text from a trained adapter; the merged checkpoint a
   CHECK(prompts == std::vector<std::string>{"The cat", "A dog"});
 }
 
-TEST_CASE("generate on a T5 (FLAN-T5's kind) prints transformers' greedy text, with and without a PEFT adapter") {
+TEST_CASE("generate on a T5 (FLAN-T5's kind) prints transformers' greedy text, with and without a PEFT adapter; "
+          "merged, the same") {
   // tests/fixtures/t5_generate (scripts/make_t5_generate_fixture.py): the embedded tiny T5, a SEQ_2_SEQ_LM
   // adapter, and T5ForConditionalGeneration.generate()'s greedy text for three dialogue prompts.
   const nlohmann::json reference = nlohmann::json::parse(read_file(kFixtures + "/t5_generate/reference.json"));
@@ -949,6 +950,12 @@ TEST_CASE("generate on a T5 (FLAN-T5's kind) prints transformers' greedy text, w
   const std::string quoted = " --prompt \"$(cat " + dir + "/prompt.txt)\"";
   CHECK(run_command(generate + adapter + quoted + " 2>/dev/null").output == want);
   CHECK(run_command(generate + adapter + quoted + " --no-kv-cache 2>/dev/null").output == want);
+  // merge folds the adapter into the T5's weights: the merged folder says the same without it.
+  REQUIRE(run_command(kBinary + " merge " + FT_SOURCE_DIR + "/configs/tiny-t5" + adapter + " --out " + dir + "/merged")
+              .exit_code == 0);
+  const std::string merged = kBinary + " generate " + dir + "/merged --tokenizer " + FT_SOURCE_DIR +
+                             "/configs/tiny-base/tokenizer.model --device cpu --max-new-tokens 16";
+  CHECK(run_command(merged + quoted + " 2>/dev/null").output == want);
   // --chat has no template to render for a T5: one error naming it.
   const CommandResult chat = run_command(generate + adapter + " --prompt hi --chat");
   CHECK(chat.exit_code == 1);
