@@ -266,6 +266,63 @@ TEST_CASE("chat row errors name the file, the line and what was expected") {
   CHECK(error_of([&] { tokenize_dataset(data, tokenizer, 64, 2); }) == "chat.jsonl: chat rows need a chat template");
 }
 
+TEST_CASE("chat rows with tools, tool calls and tool results train as apply_chat_template(messages, tools=...) masks them") {
+  // The fixtures' tool conversations (a call, its result, the answer) as JSONL data rows, through load_jsonl and
+  // tokenize_dataset: the text, ids and assistant mask transformers gives (scripts/make_chat_fixture.py), for every
+  // family whose template takes tools. The row's key order is kept: templates write schemas with tojson.
+  int64_t rows = 0;
+  for (const std::filesystem::directory_entry& entry : std::filesystem::directory_iterator(kChatDir)) {
+    if (!std::filesystem::exists(entry.path() / "cases.json")) continue;
+    std::ifstream file(entry.path() / "cases.json");
+    const nlohmann::ordered_json fixture = nlohmann::ordered_json::parse(file);
+    const std::string family = entry.path().filename().string();
+    CAPTURE(family);
+    for (const nlohmann::ordered_json& c : fixture["cases"]) {
+      if (!c.contains("tools") || c["add_generation_prompt"].get<bool>() || c.contains("error")) continue;
+      nlohmann::ordered_json row = {{"messages", c["messages"]}, {"tools", c["tools"]}};
+      Dataset data = load_string(row.dump() + "\n");
+      CHECK(data.format == DataFormat::chat);
+      REQUIRE(data.examples.size() == 1);
+      BpeTokenizer tokenizer(std::string(FT_FIXTURES_DIR) + "/" + fixture["tokenizer"].get<std::string>() +
+                             "/tokenizer.json");
+      ChatTemplate chat = resolve_chat_template(ChatTemplateKind::automatic, entry.path().string());
+      chat.now = fixture_now(fixture["date"]);
+      const TokenizedDataset tokens = tokenize_dataset(data, tokenizer, 4096, /*eos_id=*/0, &chat);
+      REQUIRE(tokens.examples.size() == 1);
+      CHECK(tokens.examples[0].tokens == c["ids"].get<std::vector<int32_t>>());
+      const std::vector<uint8_t>& mask = tokens.examples[0].loss_mask;
+      CHECK(std::vector<int>(mask.begin(), mask.end()) == c["mask"].get<std::vector<int>>());
+      // The sample prompt: the conversation up to the tool's result, with the tools, ready for the reply.
+      set_chat_prompts(data, chat);
+      const std::string answer = c["messages"].back()["content"];
+      CHECK(data.examples[0].completion == answer);
+      CHECK(data.examples[0].prompt.find("celsius") != std::string::npos);  // the result (some templates quote it)
+      CHECK(data.examples[0].prompt.find(answer) == std::string::npos);
+      rows++;
+    }
+  }
+  CHECK(rows == 9);
+  // Tool rows are checked as rows: each error names the line and the message.
+  const std::string call = "{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": {}}}]}";
+  const std::string result = "{\"role\": \"tool\", \"content\": \"1\"}", answer = "{\"role\": \"assistant\", \"content\": \"a\"}";
+  CHECK(load_string("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, " + call + ", " + result + ", " + answer +
+                    "]}").examples[0].messages.size() == 4);
+  CHECK(load_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\", \"tool_calls\": []}, " + answer + "]}") ==
+        "chat.jsonl:1: messages[0].tool_calls: only an assistant message calls tools");
+  CHECK(load_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"tool_calls\": "
+                   "[{\"function\": {\"name\": \"f\"}}]}, " + answer + "]}") ==
+        "chat.jsonl:1: messages[1].tool_calls[0].function.arguments must be an object (or its JSON text)");
+  CHECK(load_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, " + call + ", {\"role\": \"tool\"}, " +
+                   answer + "]}") ==
+        "chat.jsonl:1: messages[2] lacks \"content\" (only an assistant message with tool_calls may leave it out)");
+  CHECK(load_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, " + call + "], \"tools\": {}}") ==
+        "chat.jsonl:1: \"tools\" must be a list of tool schemas (objects), got {}");
+  CHECK(load_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, " + call + ", " + result + "]}") ==
+        "chat.jsonl:1: the last message is the tool's (expected an assistant turn to train on)");
+  CHECK(load_error("{\"messages\": [{\"role\": \"robot\", \"content\": \"q\"}, " + call + "]}") ==
+        "chat.jsonl:1: messages[0].role is \"robot\" (expected system, user, assistant or tool)");
+}
+
 TEST_CASE("Alpaca rows get Stanford Alpaca's prompt and train on the output") {
   const nlohmann::json fixture = read_json(kChatDir + "/alpaca.json");
   std::string jsonl;

@@ -69,6 +69,71 @@ std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::str
 
 namespace {
 
+// Whether a chat row uses tools: a "tools" list, tool calls or tool results.
+bool uses_tools(const nlohmann::json& row) {
+  if (row.contains("tools")) return true;
+  const nlohmann::json& list = row["messages"];
+  return list.is_array() && std::any_of(list.begin(), list.end(), [](const nlohmann::json& m) {
+           return m.is_object() && (m.contains("tool_calls") || m.value("role", nlohmann::json()) == "tool");
+         });
+}
+
+// An assistant message's "tool_calls": {"function": {"name", "arguments"}} objects, as transformers reads them.
+void check_tool_calls(const nlohmann::ordered_json& calls, const std::string& item) {
+  FT_CHECK(calls.is_array() && !calls.empty(), item, ".tool_calls must be a non-empty list, got ", calls.dump());
+  for (size_t j = 0; j < calls.size(); j++) {
+    const std::string call = item + ".tool_calls[" + std::to_string(j) + "]";
+    const nlohmann::ordered_json& function = calls[j].is_object() ? calls[j].value("function", nlohmann::ordered_json())
+                                                                  : nlohmann::ordered_json();
+    FT_CHECK(function.is_object(), call, " must be an object with a \"function\" object, got ", calls[j].dump());
+    FT_CHECK(function.contains("name") && function["name"].is_string(), call, ".function.name must be a string");
+    FT_CHECK(function.contains("arguments") && (function["arguments"].is_object() || function["arguments"].is_string()),
+             call, ".function.arguments must be an object (or its JSON text)");
+  }
+}
+
+// A chat row with tools: system, user, assistant and tool messages, each
+// with "content" text (an assistant message with tool_calls may have none),
+// ending with an assistant turn to train on; "tools" a list of objects.
+void check_tool_conversation(const nlohmann::ordered_json& row, const std::string& where) {
+  const nlohmann::ordered_json& list = row["messages"];
+  FT_CHECK(list.is_array() && !list.empty(), where, ": \"messages\" must be a non-empty list, got ", list.dump());
+  for (size_t i = 0; i < list.size(); i++) {
+    const std::string item = where + ": messages[" + std::to_string(i) + "]";
+    const nlohmann::ordered_json& m = list[i];
+    FT_CHECK(m.is_object() && m.contains("role") && m["role"].is_string(), item,
+             " must be an object with a \"role\" string, got ", m.dump());
+    const std::string role = m["role"];
+    FT_CHECK(role == "system" || role == "user" || role == "assistant" || role == "tool", item, ".role is \"", role,
+             "\" (expected system, user, assistant or tool)");
+    const bool calls = m.contains("tool_calls");
+    FT_CHECK(!calls || role == "assistant", item, ".tool_calls: only an assistant message calls tools");
+    if (calls) check_tool_calls(m["tool_calls"], item);
+    if (m.contains("content") && !m["content"].is_null())
+      FT_CHECK(m["content"].is_string(), item, ".content must be a string, got ", m["content"].type_name());
+    else FT_CHECK(calls, item, " lacks \"content\" (only an assistant message with tool_calls may leave it out)");
+  }
+  FT_CHECK(list.back()["role"] == "assistant", where, ": the last message is the ",
+           list.back()["role"].get<std::string>(), "'s (expected an assistant turn to train on)");
+  if (!row.contains("tools")) return;
+  const nlohmann::ordered_json& tools = row["tools"];
+  FT_CHECK(tools.is_array() && std::all_of(tools.begin(), tools.end(), [](const auto& t) { return t.is_object(); }),
+           where, ": \"tools\" must be a list of tool schemas (objects), got ", tools.dump());
+}
+
+// A chat row with tools (uses_tools), from its line parsed again with its key order kept.
+Example read_tool_example(const std::string& line, const std::string& where) {
+  const nlohmann::ordered_json row = nlohmann::ordered_json::parse(line);  // parse_json has read it already
+  check_tool_conversation(row, where);
+  Example example;
+  for (const nlohmann::ordered_json& m : row["messages"]) {
+    const bool text = m.contains("content") && m["content"].is_string();
+    example.messages.push_back({m["role"].get<std::string>(), text ? m["content"].get<std::string>() : ""});
+  }
+  example.conversation = {{"messages", row["messages"]}, {"tools", row.value("tools", nlohmann::ordered_json())}};
+  return example;
+}
+
 Example read_example(const nlohmann::json& row, DataFormat kind, const std::string& where) {
   switch (kind) {
     case DataFormat::text:
@@ -163,7 +228,8 @@ Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat form
              first_line ? "line " + std::to_string(first_line) + " is a " + enum_name(data.format) +
                               " row and all rows must agree"
                         : std::string("data.format is ") + enum_name(data.format));
-    data.examples.push_back(read_example(row, kind, where));
+    data.examples.push_back(kind == DataFormat::chat && uses_tools(row) ? read_tool_example(line, where)
+                                                                        : read_example(row, kind, where));
     data.examples.back().line = line_number;
   }
   FT_CHECK(!data.examples.empty(), path, ": the dataset is empty (no JSON rows)");
@@ -269,6 +335,18 @@ TokenSequence tokenize_seq2seq_example(const Example& example, const Tokenizer& 
   return seq;
 }
 
+namespace {
+
+// messages rendered with add_generation_prompt, less a leading bos text.
+std::string reply_prompt(const ChatTemplate& chat, const nlohmann::ordered_json& messages,
+                         const nlohmann::ordered_json& tools, const std::string& where) {
+  std::string prompt = render_chat_text(chat, messages, tools, /*add_generation_prompt=*/true, where);
+  if (!chat.bos_token.empty() && prompt.starts_with(chat.bos_token)) prompt.erase(0, chat.bos_token.size());
+  return prompt;
+}
+
+}  // namespace
+
 std::string generation_prompt(const ChatTemplate& chat, const std::vector<ChatMessage>& conversation,
                               const std::string& where) {
   FT_CHECK(!conversation.empty() && conversation.back().role == "user", where, ": the last message is ",
@@ -276,16 +354,20 @@ std::string generation_prompt(const ChatTemplate& chat, const std::vector<ChatMe
            " (expected a user message to reply to)");
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   for (const ChatMessage& message : conversation) messages.push_back({{"role", message.role}, {"content", message.content}});
-  std::string prompt = render_chat_text(chat, messages, nullptr, /*add_generation_prompt=*/true, where);
-  if (!chat.bos_token.empty() && prompt.starts_with(chat.bos_token)) prompt.erase(0, chat.bos_token.size());
-  return prompt;
+  return reply_prompt(chat, messages, nullptr, where);
 }
 
 void set_chat_prompts(Dataset& data, const ChatTemplate& chat) {
   for (Example& example : data.examples) {
     const std::string where = data.path + ":" + std::to_string(example.line);
-    const std::vector<ChatMessage> before_reply(example.messages.begin(), example.messages.end() - 1);
-    example.prompt = generation_prompt(chat, before_reply, where);
+    if (example.conversation.is_null()) {
+      const std::vector<ChatMessage> before_reply(example.messages.begin(), example.messages.end() - 1);
+      example.prompt = generation_prompt(chat, before_reply, where);
+    } else {  // the turn before the reply may be a tool's result
+      nlohmann::ordered_json before_reply = example.conversation["messages"];
+      before_reply.erase(before_reply.end() - 1);
+      example.prompt = reply_prompt(chat, before_reply, example.conversation["tools"], where);
+    }
     example.completion = example.messages.back().content;
   }
 }
@@ -332,7 +414,10 @@ TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenize
     bool truncated = false;
     TokenSequence seq;
     if (data.format == DataFormat::chat) {
-      seq = tokenize_chat(render_chat(*chat, example.messages, data.path + ":" + std::to_string(example.line)),
+      const std::string where = data.path + ":" + std::to_string(example.line);
+      const nlohmann::ordered_json& tools_row = example.conversation;
+      seq = tokenize_chat(tools_row.is_null() ? render_chat(*chat, example.messages, where)
+                                              : render_chat(*chat, tools_row["messages"], tools_row["tools"], false, where),
                           tokenizer);
       truncated = truncate_to(seq, seq_len);
     } else if (layout == RowLayout::seq2seq) {

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <istream>
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,11 +33,17 @@ EnumNames<DataFormat> enum_names(DataFormat);  // data.format's spellings (train
 // Alpaca rows ({"instruction", "input", "output"}) become Stanford Alpaca's
 // prompt and the output as completion. Chat rows ({"messages": [...]}) keep
 // their messages (prompt and completion empty): the chat template renders them.
+// A chat row with tools (a row-level "tools" list of function schemas, an
+// assistant message with "tool_calls", "tool" messages with the results)
+// also keeps the row's messages and tools as written, in `conversation`
+// (their key order too: a template writes them with tojson), and the
+// template renders those, as apply_chat_template(messages, tools=tools).
 struct Example {
   std::string prompt;
   std::string completion;
   std::vector<ChatMessage> messages = {};
   int64_t line = 0;  // in the file, for errors found after loading
+  nlohmann::ordered_json conversation = nullptr;  // a row with tools: {"messages", "tools"}; else null
 };
 
 struct Dataset {
@@ -144,8 +150,9 @@ bool holds_chat_rows(const std::string& path, DataFormat format);
 std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::string& where);
 
 // For samples and task_metric: each chat example's prompt becomes the
-// generation_prompt of its conversation before its last assistant turn, and
-// its completion that turn's content.
+// generation_prompt of its conversation before its last assistant turn (with
+// its tools; the turn before may be a tool's result), and its completion
+// that turn's content.
 void set_chat_prompts(Dataset& data, const ChatTemplate& chat);
 
 // The rendered text encoded in one piece, as apply_chat_template tokenizes it
