@@ -270,7 +270,7 @@ TEST_CASE("chat rows with tools, tool calls and tool results train as apply_chat
   // The fixtures' tool conversations (a call, its result, the answer) as JSONL data rows, through load_jsonl and
   // tokenize_dataset: the text, ids and assistant mask transformers gives (scripts/make_chat_fixture.py), for every
   // family whose template takes tools. The row's key order is kept: templates write schemas with tojson.
-  int64_t rows = 0;
+  int64_t rows = 0, prefixes = 0;
   for (const std::filesystem::directory_entry& entry : std::filesystem::directory_iterator(kChatDir)) {
     if (!std::filesystem::exists(entry.path() / "cases.json")) continue;
     std::ifstream file(entry.path() / "cases.json");
@@ -298,10 +298,21 @@ TEST_CASE("chat rows with tools, tool calls and tool results train as apply_chat
       CHECK(data.examples[0].completion == answer);
       CHECK(data.examples[0].prompt.find("celsius") != std::string::npos);  // the result (some templates quote it)
       CHECK(data.examples[0].prompt.find(answer) == std::string::npos);
+      // The same conversation without its answer, as generate --chat --file reads it: what transformers renders
+      // before the answer (less the leading bos, which generation adds).
+      nlohmann::ordered_json question = row;
+      question["messages"].erase(question["messages"].end() - 1);
+      const nlohmann::ordered_json asked = tool_conversation(question.dump(), "q.jsonl:1", true);
+      const std::string prompt = reply_prompt(chat, asked["messages"], asked["tools"], "q.jsonl:1");
+      const std::string text = c["text"].get<std::string>();
+      // (reply_prompt drops a leading bos text; Granite's bos_token is one its template never writes.)
+      const std::string rendered = text.starts_with(chat.bos_token + prompt) ? chat.bos_token + prompt : prompt;
+      prefixes += text.starts_with(rendered) && text.find(answer, rendered.size()) != std::string::npos;
       rows++;
     }
   }
   CHECK(rows == 9);
+  CHECK(prefixes == 9);
   // Tool rows are checked as rows: each error names the line and the message.
   const std::string call = "{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": {}}}]}";
   const std::string result = "{\"role\": \"tool\", \"content\": \"1\"}", answer = "{\"role\": \"assistant\", \"content\": \"a\"}";

@@ -1751,6 +1751,52 @@ TEST_CASE("finetune course runs from any directory: it finds the configs it ship
   CHECK(result.output.find(std::string(FT_SOURCE_DIR) + "/configs") != std::string::npos);
 }
 
+TEST_CASE("generate --chat gives the template tools: a --file row's own, or --tools; a tool's result is replied to") {
+  // The tiny Qwen2 checkpoint with Qwen2.5's released template (which writes the tool schemas into the system
+  // turn), asked the fixtures' weather question after the tool's result came back.
+  const fs::path dir = fs::path(FT_BINARY_DIR) / "cli_runs" / "generate_tools";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy(kFixtures + "/qwen2_tiny", dir / "model", fs::copy_options::recursive);
+  const nlohmann::ordered_json qwen25 =
+      nlohmann::ordered_json::parse(read_file(kFixtures + "/chat/qwen2_5/tokenizer_config.json"));
+  nlohmann::ordered_json config = nlohmann::ordered_json::parse(read_file((dir / "model/tokenizer_config.json").string()));
+  config["chat_template"] = qwen25["chat_template"];
+  std::ofstream(dir / "model/tokenizer_config.json") << config.dump();
+  const nlohmann::ordered_json c =
+      nlohmann::ordered_json::parse(read_file(kFixtures + "/chat/qwen2_5/cases.json"))["cases"][5];
+  nlohmann::ordered_json messages = c["messages"];
+  messages.erase(messages.end() - 1);  // up to the tool's result
+  std::ofstream(dir / "with_tools.jsonl") << nlohmann::ordered_json{{"messages", messages}, {"tools", c["tools"]}}.dump()
+                                          << "\n";
+  std::ofstream(dir / "plain.jsonl") << nlohmann::ordered_json{{"messages", messages}}.dump() << "\n";
+  std::ofstream(dir / "tools.json") << c["tools"].dump();
+  const std::string generate = kBinary + " generate " + (dir / "model").string() +
+                               " --device cpu --max-new-tokens 8 --chat --file " + dir.string();
+  const auto completion = [&](const std::string& args) {
+    const CommandResult result = run_command(generate + args + " 2>/dev/null");
+    INFO(result.output);
+    REQUIRE(result.exit_code == 0);
+    return nlohmann::json::parse(result.output);
+  };
+  const nlohmann::json own = completion("/with_tools.jsonl");
+  CHECK(own["tools"] == nlohmann::json(c["tools"]));  // the row echoed, its tools with it
+  CHECK(completion("/plain.jsonl --tools " + (dir / "tools.json").string())["completion"] == own["completion"]);
+  CHECK(completion("/plain.jsonl")["completion"] != own["completion"]);  // without tools the model sees another prompt
+  // One error each: --tools without --chat, a tools file that is not a list, a row with nothing to reply to.
+  std::ofstream(dir / "bad_tools.json") << "{\"name\": \"f\"}";
+  const CommandResult not_list = run_command(generate + "/plain.jsonl --tools " + (dir / "bad_tools.json").string());
+  CHECK(not_list.exit_code == 1);
+  CHECK(not_list.output.find((dir / "bad_tools.json").string() +
+                             ": expected a JSON list of tool schemas (objects), got object") != std::string::npos);
+  std::ofstream(dir / "answered.jsonl") << nlohmann::ordered_json{{"messages", c["messages"]}, {"tools", c["tools"]}}.dump()
+                                        << "\n";
+  const CommandResult answered = run_command(generate + "/answered.jsonl");
+  CHECK(answered.exit_code == 1);
+  CHECK(answered.output.find("answered.jsonl:1: the last message is the assistant's (expected a user message or a "
+                             "tool's result to reply to)") != std::string::npos);
+}
+
 // A user's chat path: conversations whose assistant always replies
 // "Sure, here it is." train an adapter (Llama-2's template over the fixture
 // tokenizer); the adapter folder records how (finetune_run.json), so
@@ -1796,7 +1842,7 @@ TEST_CASE("generate --chat replies in the chat-trained format; without --chat it
   const CommandResult bare = run_command(generate);
   CHECK(bare.exit_code == 0);
   CHECK(bare.output.find("the adapter was trained on chat rows (template llama2): add --chat") != std::string::npos);
-  CHECK(run_command(generate + " --system 'Be brief.'").output.find("--system and --chat-template apply to --chat") !=
+  CHECK(run_command(generate + " --system 'Be brief.'").output.find("--system, --chat-template and --tools apply to --chat") !=
         std::string::npos);
 
   // --file in chat mode: {"messages"} rows answered as a conversation; a row that does not end with a user

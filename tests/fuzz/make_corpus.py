@@ -106,6 +106,12 @@ def main():
         lines = data.read_text().splitlines(keepends=True)
         seed("fuzz_jsonl", data.stem, "".join(line[:400] + ("\n" if len(line) > 400 else "") for line in lines[:3]))
     seed("fuzz_jsonl", "mixed_rows", '{"prompt": "a", "completion": "b"}\n\n{"text": "x"}\n{"prompt": 1}\n')
+    call = '{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}'
+    seed("fuzz_jsonl", "tool_rows",
+         '{"tools": [{"type": "function", "function": {"name": "f"}}], "messages": [{"role": "user", "content": "q"}, '
+         + call + ', {"role": "tool", "name": "f", "content": "2"}, {"role": "assistant", "content": "a"}]}\n'
+         '{"messages": [{"role": "user", "content": "q"}, ' + call + ']}\n'
+         '{"messages": [{"role": "tool"}, {"role": "assistant", "tool_calls": [{"function": 1}]}], "tools": 3}\n')
 
     seed("fuzz_tokenizer", "bpe_fixture", (root / "tests/fixtures/bpe_tokenizer/tokenizer.json").read_bytes())
 

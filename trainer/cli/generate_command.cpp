@@ -1,6 +1,7 @@
 #include "trainer/cli/generate_command.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -8,6 +9,7 @@
 #include <optional>
 
 #include "kernels/error.h"
+#include "kernels/input_file.h"
 #include "model/families.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
@@ -77,7 +79,22 @@ struct Session {
   StopCondition stop;
   std::optional<ChatTemplate> chat;  // --chat
   std::string system;                // --chat --system
+  nlohmann::ordered_json tools;      // --chat --tools: the schemas as written (null: none)
 };
+
+// --tools: a JSON list of tool schemas (objects), key order kept as the template prints them.
+nlohmann::ordered_json read_tools(const std::string& path) {
+  std::ifstream file = open_input_file(path, "tools file (a JSON list of tool schemas)");
+  nlohmann::ordered_json tools;
+  try {
+    tools = nlohmann::ordered_json::parse(file);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, ": invalid JSON: ", e.what());
+  }
+  FT_CHECK(tools.is_array() && std::all_of(tools.begin(), tools.end(), [](const auto& t) { return t.is_object(); }),
+           path, ": expected a JSON list of tool schemas (objects), got ", tools.type_name());
+  return tools;
+}
 
 void load_session(Session& session, const GenerateCommand& command) {
   load_inference_model(session.loaded,
@@ -106,6 +123,7 @@ void load_session(Session& session, const GenerateCommand& command) {
                                        std::filesystem::path(session.loaded.config.tokenizer).parent_path().string(),
                                        "--chat-template");
   session.system = command.system;
+  if (!command.tools_file.empty()) session.tools = read_tools(command.tools_file);
   std::cerr << "chat template: " << enum_name(session.chat->kind) << "\n";
 }
 
@@ -114,7 +132,18 @@ void load_session(Session& session, const GenerateCommand& command) {
 std::string model_prompt(const Session& session, std::vector<ChatMessage> conversation, const std::string& where) {
   if (!session.chat) return conversation.back().content;
   if (!session.system.empty()) conversation.insert(conversation.begin(), {"system", session.system});
-  return generation_prompt(*session.chat, conversation, where);
+  return generation_prompt(*session.chat, conversation, where, session.tools);
+}
+
+// A --file row with tools, tool calls or tool results: its conversation as
+// written (key order kept), the system message first, its own tools (else
+// --tools), ready for the reply.
+std::string tool_row_prompt(const Session& session, const std::string& line, const std::string& where) {
+  nlohmann::ordered_json conversation = tool_conversation(line, where, true);
+  nlohmann::ordered_json& messages = conversation["messages"];
+  if (!session.system.empty()) messages.insert(messages.begin(), {{"role", "system"}, {"content", session.system}});
+  return reply_prompt(*session.chat, messages, conversation["tools"].is_null() ? session.tools : conversation["tools"],
+                      where);
 }
 
 struct Completion {
@@ -153,17 +182,23 @@ PromptRows load_prompt_rows(const Session& session, const std::string& path) {
     return loaded;
   }
   PromptRows loaded;
-  read_jsonl_rows(path, "prompts file", "a \"prompt\" string or a \"messages\" list ending with a user message",
-                  [&](const nlohmann::json& row, const std::string& where) {
-                    FT_CHECK(row.contains("prompt") || row.contains("messages"), where,
-                             ": expected a \"prompt\" string or a \"messages\" list, got ", key_list(row));
-                    const std::vector<ChatMessage> conversation =
-                        row.contains("messages") ? chat_messages(row, where)
-                                                 : std::vector<ChatMessage>{{"user", string_field(row, "prompt", where)}};
-                    loaded.prompts.push_back(model_prompt(session, conversation, where));
-                    loaded.rows.push_back(row.contains("messages") ? nlohmann::json{{"messages", row["messages"]}}
-                                                                   : nlohmann::json{{"prompt", row["prompt"]}});
-                  });
+  read_jsonl_lines(path, "prompts file", "a \"prompt\" string or a \"messages\" list ending with a user message",
+                   [&](const std::string& line, const nlohmann::json& row, const std::string& where) {
+                     FT_CHECK(row.contains("prompt") || row.contains("messages"), where,
+                              ": expected a \"prompt\" string or a \"messages\" list, got ", key_list(row));
+                     const bool tools = row.contains("messages") && uses_tools(row);
+                     const std::vector<ChatMessage> conversation =
+                         tools ? std::vector<ChatMessage>{}
+                         : row.contains("messages")
+                             ? chat_messages(row, where)
+                             : std::vector<ChatMessage>{{"user", string_field(row, "prompt", where)}};
+                     loaded.prompts.push_back(tools ? tool_row_prompt(session, line, where)
+                                                    : model_prompt(session, conversation, where));
+                     nlohmann::json out = row.contains("messages") ? nlohmann::json{{"messages", row["messages"]}}
+                                                                   : nlohmann::json{{"prompt", row["prompt"]}};
+                     if (row.contains("tools")) out["tools"] = row["tools"];
+                     loaded.rows.push_back(out);
+                   });
   return loaded;
 }
 
@@ -215,14 +250,19 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCommand& c) {
   add_choice_option(*generate, "--chat-template", c.chat_template, enum_names(ChatTemplateKind{}),
                     "with --chat: the template (default: the adapter's, as trained; else the checkpoint's\n"
                     "tokenizer_config.json)");
+  generate->add_option("--tools", c.tools_file,
+                       "with --chat: a JSON file, a list of tool schemas the template is given (apply_chat_template's\n"
+                       "tools); a --file row's own \"tools\" win")
+      ->type_name("FILE");
   return generate;
 }
 
 int run_generate(const GenerateCommand& command) {
   const int sources = int(!command.prompt.empty()) + int(!command.prompts_file.empty()) + int(command.interactive);
   FT_CHECK(sources == 1, "generate: give exactly one of --prompt, --file and --interactive");
-  FT_CHECK(command.chat || (command.system.empty() && command.chat_template == ChatTemplateKind::automatic),
-           "generate: --system and --chat-template apply to --chat");
+  FT_CHECK(command.chat || (command.system.empty() && command.chat_template == ChatTemplateKind::automatic &&
+                            command.tools_file.empty()),
+           "generate: --system, --chat-template and --tools apply to --chat");
   Session session;
   load_session(session, command);
   const auto start = std::chrono::steady_clock::now();

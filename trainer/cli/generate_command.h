@@ -40,6 +40,7 @@ struct GenerateCommand {
   bool chat = false;       // prompts are user messages, rendered with the chat template
   std::string system;      // --chat: the system message every conversation starts with ("" = none)
   ChatTemplateKind chat_template = ChatTemplateKind::automatic;  // auto: the checkpoint's
+  std::string tools_file;  // --chat: a JSON list of tool schemas the template is given ("" = none)
 };
 
 // Adds the `generate` subcommand to app: parsing app fills command.

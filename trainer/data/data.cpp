@@ -67,9 +67,6 @@ std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::str
   return messages;
 }
 
-namespace {
-
-// Whether a chat row uses tools: a "tools" list, tool calls or tool results.
 bool uses_tools(const nlohmann::json& row) {
   if (row.contains("tools")) return true;
   const nlohmann::json& list = row["messages"];
@@ -77,6 +74,8 @@ bool uses_tools(const nlohmann::json& row) {
            return m.is_object() && (m.contains("tool_calls") || m.value("role", nlohmann::json()) == "tool");
          });
 }
+
+namespace {
 
 // An assistant message's "tool_calls": {"function": {"name", "arguments"}} objects, as transformers reads them.
 void check_tool_calls(const nlohmann::ordered_json& calls, const std::string& item) {
@@ -94,8 +93,9 @@ void check_tool_calls(const nlohmann::ordered_json& calls, const std::string& it
 
 // A chat row with tools: system, user, assistant and tool messages, each
 // with "content" text (an assistant message with tool_calls may have none),
-// ending with an assistant turn to train on; "tools" a list of objects.
-void check_tool_conversation(const nlohmann::ordered_json& row, const std::string& where) {
+// ending with an assistant turn to train on (to_reply: with a user message or
+// a tool's result to reply to); "tools" a list of objects.
+void check_tool_conversation(const nlohmann::ordered_json& row, const std::string& where, bool to_reply) {
   const nlohmann::ordered_json& list = row["messages"];
   FT_CHECK(list.is_array() && !list.empty(), where, ": \"messages\" must be a non-empty list, got ", list.dump());
   for (size_t i = 0; i < list.size(); i++) {
@@ -113,24 +113,35 @@ void check_tool_conversation(const nlohmann::ordered_json& row, const std::strin
       FT_CHECK(m["content"].is_string(), item, ".content must be a string, got ", m["content"].type_name());
     else FT_CHECK(calls, item, " lacks \"content\" (only an assistant message with tool_calls may leave it out)");
   }
-  FT_CHECK(list.back()["role"] == "assistant", where, ": the last message is the ",
-           list.back()["role"].get<std::string>(), "'s (expected an assistant turn to train on)");
+  const std::string last = list.back()["role"];
+  if (to_reply)
+    FT_CHECK(last == "user" || last == "tool", where, ": the last message is the ", last,
+             "'s (expected a user message or a tool's result to reply to)");
+  else FT_CHECK(last == "assistant", where, ": the last message is the ", last, "'s (expected an assistant turn to train on)");
   if (!row.contains("tools")) return;
   const nlohmann::ordered_json& tools = row["tools"];
   FT_CHECK(tools.is_array() && std::all_of(tools.begin(), tools.end(), [](const auto& t) { return t.is_object(); }),
            where, ": \"tools\" must be a list of tool schemas (objects), got ", tools.dump());
 }
 
+}  // namespace
+
+nlohmann::ordered_json tool_conversation(const std::string& line, const std::string& where, bool to_reply) {
+  const nlohmann::ordered_json row = nlohmann::ordered_json::parse(line);  // parse_json has read it already
+  check_tool_conversation(row, where, to_reply);
+  return {{"messages", row["messages"]}, {"tools", row.value("tools", nlohmann::ordered_json())}};
+}
+
+namespace {
+
 // A chat row with tools (uses_tools), from its line parsed again with its key order kept.
 Example read_tool_example(const std::string& line, const std::string& where) {
-  const nlohmann::ordered_json row = nlohmann::ordered_json::parse(line);  // parse_json has read it already
-  check_tool_conversation(row, where);
   Example example;
-  for (const nlohmann::ordered_json& m : row["messages"]) {
+  example.conversation = tool_conversation(line, where, false);
+  for (const nlohmann::ordered_json& m : example.conversation["messages"]) {
     const bool text = m.contains("content") && m["content"].is_string();
     example.messages.push_back({m["role"].get<std::string>(), text ? m["content"].get<std::string>() : ""});
   }
-  example.conversation = {{"messages", row["messages"]}, {"tools", row.value("tools", nlohmann::ordered_json())}};
   return example;
 }
 
@@ -238,6 +249,13 @@ Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat form
 
 void read_jsonl_rows(const std::string& path, const char* file_kind, const std::string& expected,
                      const std::function<void(const nlohmann::json& row, const std::string& where)>& on_row) {
+  read_jsonl_lines(path, file_kind, expected,
+                   [&](const std::string&, const nlohmann::json& row, const std::string& where) { on_row(row, where); });
+}
+
+void read_jsonl_lines(const std::string& path, const char* file_kind, const std::string& expected,
+                      const std::function<void(const std::string& line, const nlohmann::json& row,
+                                               const std::string& where)>& on_row) {
   std::ifstream input = open_input_file(path, file_kind);
   std::string line;
   int64_t rows = 0;
@@ -246,7 +264,7 @@ void read_jsonl_rows(const std::string& path, const char* file_kind, const std::
     const std::string where = path + ":" + std::to_string(line_number);
     nlohmann::json row = parse_json(line, where);
     FT_CHECK(row.is_object(), where, ": expected a JSON object with ", expected, ", got ", row.type_name());
-    on_row(row, where);
+    on_row(line, row, where);
     rows++;
   }
   FT_CHECK(rows > 0, path, ": no rows (expected JSON rows with ", expected, ")");
@@ -335,9 +353,6 @@ TokenSequence tokenize_seq2seq_example(const Example& example, const Tokenizer& 
   return seq;
 }
 
-namespace {
-
-// messages rendered with add_generation_prompt, less a leading bos text.
 std::string reply_prompt(const ChatTemplate& chat, const nlohmann::ordered_json& messages,
                          const nlohmann::ordered_json& tools, const std::string& where) {
   std::string prompt = render_chat_text(chat, messages, tools, /*add_generation_prompt=*/true, where);
@@ -345,16 +360,14 @@ std::string reply_prompt(const ChatTemplate& chat, const nlohmann::ordered_json&
   return prompt;
 }
 
-}  // namespace
-
 std::string generation_prompt(const ChatTemplate& chat, const std::vector<ChatMessage>& conversation,
-                              const std::string& where) {
+                              const std::string& where, const nlohmann::ordered_json& tools) {
   FT_CHECK(!conversation.empty() && conversation.back().role == "user", where, ": the last message is ",
            conversation.empty() ? "missing" : "the " + conversation.back().role + "'s",
            " (expected a user message to reply to)");
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   for (const ChatMessage& message : conversation) messages.push_back({{"role", message.role}, {"content", message.content}});
-  return reply_prompt(chat, messages, nullptr, where);
+  return reply_prompt(chat, messages, tools, where);
 }
 
 void set_chat_prompts(Dataset& data, const ChatTemplate& chat) {

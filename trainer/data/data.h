@@ -77,6 +77,10 @@ std::vector<std::string> load_prompts(const std::string& path);
 // saying `expected`. string_field: row[key], which must be a string.
 void read_jsonl_rows(const std::string& path, const char* file_kind, const std::string& expected,
                      const std::function<void(const nlohmann::json& row, const std::string& where)>& on_row);
+// read_jsonl_rows, also giving each row's line as read.
+void read_jsonl_lines(const std::string& path, const char* file_kind, const std::string& expected,
+                      const std::function<void(const std::string& line, const nlohmann::json& row,
+                                               const std::string& where)>& on_row);
 std::string string_field(const nlohmann::json& row, const char* key, const std::string& where);
 // "keys \"a\", \"b\"" (or "no keys"): what a row holds, for messages.
 std::string key_list(const nlohmann::json& row);
@@ -133,11 +137,22 @@ enum class RowLayout { causal, seq2seq };
 TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
                                   const ChatTemplate* chat = nullptr, RowLayout layout = RowLayout::causal);
 
-// What a chat model is given to reply to `conversation` (it ends with a
-// user message): the conversation rendered with add_generation_prompt, less
-// a leading bos text, which generation puts itself. `where` names it in errors.
+// What a chat model is given to reply to `messages`: them rendered with
+// add_generation_prompt (and the tools, null for none), less a leading bos
+// text, which generation puts itself. `where` names it in errors.
+std::string reply_prompt(const ChatTemplate& chat, const nlohmann::ordered_json& messages,
+                         const nlohmann::ordered_json& tools, const std::string& where);
+// reply_prompt of `conversation`, which must end with a user message.
 std::string generation_prompt(const ChatTemplate& chat, const std::vector<ChatMessage>& conversation,
-                              const std::string& where);
+                              const std::string& where, const nlohmann::ordered_json& tools = nullptr);
+
+// Whether a chat row uses tools: a "tools" list, tool calls or tool results.
+bool uses_tools(const nlohmann::json& row);
+// Such a row's {"messages", "tools"} (tools null when it has none), parsed
+// again from its line with the key order kept and checked: its last message
+// the assistant's (a training row) or, to_reply, a user's or a tool's result
+// (a prompt). Errors name `where` and the message.
+nlohmann::ordered_json tool_conversation(const std::string& line, const std::string& where, bool to_reply);
 
 // Whether a JSONL data file holds chat rows: format chat, or automatic with
 // a first row that has "messages" (read alone, so a run can check its chat
