@@ -193,3 +193,27 @@ TEST_CASE("keep_stop_id returns the stop id that ended a row as its last token, 
   }
   CHECK(kept[1] == std::vector<int32_t>(free_run[1].begin(), free_run[1].begin() + 4));
 }
+
+TEST_CASE("a prompt longer than the model's positions continues its last tokens; the rest of its batch is untouched") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  auto model = fixture_model(backend, "llama_gqa", false);
+  const int32_t V = int32_t(model->config().vocab_size);
+  const int64_t limit = prompt_token_limit(*model);
+  CHECK(limit == model->config().max_position_embeddings - 1);
+  std::vector<int32_t> long_prompt;
+  for (int64_t i = 0; i < limit + 9; ++i) long_prompt.push_back(int32_t((5 * i + 2) % V));
+  const std::vector<int32_t> tail(long_prompt.end() - limit, long_prompt.end());
+  const std::vector<int32_t> short_prompt = {1, 17, 42};
+  for (bool kv_cache : {true, false}) {
+    CAPTURE(kv_cache);
+    SamplingOptions greedy;
+    greedy.max_new_tokens = 4;
+    greedy.kv_cache = kv_cache;
+    const auto together = generate(*model, {long_prompt, short_prompt}, greedy, StopCondition{});
+    CHECK(together[0].size() == 1);  // one position left after the kept tokens
+    CHECK(together[0] == generate(*model, {tail}, greedy, StopCondition{})[0]);
+    CHECK(together[1].size() == 4);
+    CHECK(together[1] == generate(*model, {short_prompt}, greedy, StopCondition{})[0]);
+  }
+}

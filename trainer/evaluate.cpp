@@ -80,15 +80,17 @@ std::vector<int32_t> seq2seq_prompt_tokens(const Tokenizer& tokenizer, const std
 
 std::vector<std::string> complete_prompts(LanguageModel& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts, const SamplingOptions& sampling,
-                                          const StopCondition& stop, int64_t batch_size) {
+                                          const StopCondition& stop, int64_t batch_size, int64_t* cut_prompts) {
   StopCondition decoding_stop = stop;
   decoding_stop.tokenizer = &tokenizer;
   T5Model* t5 = model.as_seq2seq();  // an encoder-decoder model generates from the encoder's tokens
   std::vector<std::string> completions;
   for (size_t first = 0; first < prompts.size(); first += size_t(batch_size)) {
     std::vector<std::vector<int32_t>> batch;
-    for (size_t i = first; i < std::min(prompts.size(), first + size_t(batch_size)); ++i)
+    for (size_t i = first; i < std::min(prompts.size(), first + size_t(batch_size)); ++i) {
       batch.push_back(t5 ? seq2seq_prompt_tokens(tokenizer, prompts[i]) : prompt_tokens(tokenizer, prompts[i]));
+      if (cut_prompts && !t5) *cut_prompts += int64_t(batch.back().size()) > prompt_token_limit(*model.as_causal_lm());
+    }
     SamplingOptions options = sampling;
     options.seed = sampling.seed + first;
     const std::vector<std::vector<int32_t>> generated_rows =
@@ -113,7 +115,7 @@ TaskMetricResult evaluate_rouge(LanguageModel& model, const Tokenizer& tokenizer
   SamplingOptions greedy;
   greedy.max_new_tokens = max_new_tokens;
   TaskMetricResult result;
-  result.predictions = complete_prompts(model, tokenizer, prompts, greedy, stop, batch_size);
+  result.predictions = complete_prompts(model, tokenizer, prompts, greedy, stop, batch_size, &result.cut_prompts);
   result.rouge = rouge_corpus(references, result.predictions);
   return result;
 }

@@ -47,13 +47,17 @@ std::vector<int32_t> seq2seq_prompt_tokens(const Tokenizer& tokenizer, const std
 // string, batch_size prompts at a time. stop.tokenizer is set to `tokenizer`.
 // T5 reads each prompt as its encoder input (seq2seq_prompt_tokens, one at a
 // time, generate_seq2seq).
+// cut_prompts, where given, counts the prompts generate() cut to the model's
+// positions (prompt_token_limit).
 std::vector<std::string> complete_prompts(LanguageModel& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts, const SamplingOptions& sampling,
-                                          const StopCondition& stop, int64_t batch_size);
+                                          const StopCondition& stop, int64_t batch_size,
+                                          int64_t* cut_prompts = nullptr);
 
 struct TaskMetricResult {
   RougeScores rouge;
   std::vector<std::string> predictions;
+  int64_t cut_prompts = 0;  // prompts longer than the model's positions, cut from the left
 };
 
 // ROUGE of greedy completions of the first `count` examples' prompts against

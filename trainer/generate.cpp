@@ -155,12 +155,19 @@ int32_t sample_token(const float* logits, int64_t vocab_size, const SamplingOpti
   return order[kept - 1];
 }
 
+int64_t prompt_token_limit(const CausalLM& model) {
+  return std::max<int64_t>(model.config().max_position_embeddings - 1, 1);
+}
+
 std::vector<std::vector<int32_t>> generate(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
                                            const SamplingOptions& options, const StopCondition& stop,
                                            const TokenCallback& on_token) {
   for (const auto& prompt : prompts) FT_CHECK(!prompt.empty(), "generate: empty prompt");
   FT_CHECK(stop.strings.empty() || stop.tokenizer, "generate: stop strings need a tokenizer");
   Rows rows{prompts, std::vector<std::vector<int32_t>>(prompts.size()), std::vector<bool>(prompts.size(), false)};
+  const size_t limit = size_t(prompt_token_limit(model));
+  for (std::vector<int32_t>& row : rows.tokens)
+    if (row.size() > limit) row.erase(row.begin(), row.end() - std::ptrdiff_t(limit));
   if (prompts.empty()) return {};
   if (options.kv_cache) generate_cached(model, rows, options, stop, on_token);
   else generate_uncached(model, rows, options, stop, on_token);

@@ -44,8 +44,14 @@ struct StopCondition {
 // Called with (row, token) for each token as it is generated: streaming.
 using TokenCallback = std::function<void(size_t, int32_t)>;
 
+// The most prompt tokens generate() keeps: max_position_embeddings - 1, room
+// for one new token.
+int64_t prompt_token_limit(const CausalLM& model);
+
 // Continues every prompt until `stop` or max_new_tokens (or the model's
-// position limit); returns only the new tokens.
+// position limit); returns only the new tokens. A prompt longer than
+// prompt_token_limit keeps its last that many tokens (the text the reply
+// continues), so it neither fails nor holds back the other rows.
 std::vector<std::vector<int32_t>> generate(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
                                            const SamplingOptions& options, const StopCondition& stop,
                                            const TokenCallback& on_token = {});

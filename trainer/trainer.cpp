@@ -684,7 +684,11 @@ EvalFigures evaluate(Run& run, int64_t step, Progress& progress, const char* lab
     row["rougeL"] = metric.rouge.rougeL;
     line << " | rouge1 " << metric.rouge.rouge1 << " rouge2 " << metric.rouge.rouge2 << " rougeL "
          << metric.rouge.rougeL << " (" << std::min<int64_t>(run.config.metric_examples, int64_t(run.eval_examples.examples.size()))
-         << " examples)";
+         << " examples";
+    if (metric.cut_prompts > 0)
+      line << "; " << metric.cut_prompts << " prompts longer than the model's "
+           << run.model->as_causal_lm()->config().max_position_embeddings << " positions lost their first tokens";
+    line << ")";
   }
   progress.on_eval(step, row);
   progress.message(line.str());

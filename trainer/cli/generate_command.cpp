@@ -157,10 +157,15 @@ Completion stream_completion(Session& session, const std::string& prompt, const 
   StreamPrinter printer(*session.tokenizer, session.stop.strings);
   const TokenCallback on_token = [&](size_t, int32_t token) { printer.on_token(token); };
   T5Model* t5 = session.model->as_seq2seq();
+  const std::vector<int32_t> tokens = prompt_tokens(*session.tokenizer, prompt);
+  if (!t5 && int64_t(tokens.size()) > prompt_token_limit(*session.model->as_causal_lm()))
+    std::cerr << "generate: the prompt is " << tokens.size() << " tokens; the model takes "
+              << session.model->as_causal_lm()->config().max_position_embeddings
+              << " positions, so it continues the last " << prompt_token_limit(*session.model->as_causal_lm())
+              << " and its first tokens were cut\n";
   const auto generated =
       t5 ? generate_seq2seq(*t5, {seq2seq_prompt_tokens(*session.tokenizer, prompt)}, sampling, session.stop, on_token)
-         : generate(*session.model->as_causal_lm(), {prompt_tokens(*session.tokenizer, prompt)}, sampling,
-                    session.stop, on_token);
+         : generate(*session.model->as_causal_lm(), {tokens}, sampling, session.stop, on_token);
   printer.finish();
   if (generated[0].empty())
     std::cerr << "generate: the first token generated was a stop token: no new text"
@@ -286,8 +291,14 @@ int run_generate(const GenerateCommand& command) {
     done = std::to_string(new_tokens) + " new tokens";
   } else {
     const PromptRows loaded = load_prompt_rows(session, command.prompts_file);
-    const std::vector<std::string> completions = complete_prompts(
-        *session.model, *session.tokenizer, loaded.prompts, command.sampling, session.stop, command.batch_size);
+    int64_t cut = 0;
+    const std::vector<std::string> completions = complete_prompts(*session.model, *session.tokenizer, loaded.prompts,
+                                                                  command.sampling, session.stop, command.batch_size, &cut);
+    if (cut > 0)
+      std::cerr << "generate: " << cut << " of " << loaded.prompts.size() << " prompts are longer than the model's "
+                << session.model->as_causal_lm()->config().max_position_embeddings
+                << " positions: each continues its last " << prompt_token_limit(*session.model->as_causal_lm())
+                << " tokens\n";
     for (size_t i = 0; i < loaded.prompts.size(); ++i) {
       nlohmann::json out = loaded.rows[i];
       out["completion"] = completions[i];
