@@ -153,6 +153,16 @@ TEST_CASE("truncation keeps the first seq_len + 1 tokens; prompt-only windows ar
                        "long.jsonl: no example has a completion token within seq_len = 3 (all 1 prompts fill the "
                        "window)",
                        Error);
+  // Concatenated, nothing is cut: the windows cut the joined stream, so every token trains.
+  TokenizedDataset whole = tokenize_dataset(data, tokenizer, 4, tokenizer.eos_id(), nullptr, RowLayout::causal,
+                                            Packing::concatenate);
+  CHECK(whole.truncated_count == 0);
+  CHECK(whole.dropped_count == 0);
+  REQUIRE(whole.examples.size() == 3);
+  const TokenizedDataset long_window = tokenize_dataset(data, tokenizer, 64, tokenizer.eos_id());
+  CHECK(long_window.truncated_count == 0);
+  for (size_t i = 0; i < 3; ++i) CHECK(whole.examples[i].tokens == long_window.examples[i].tokens);
+  CHECK(whole.examples[2].tokens.size() > 5);
 }
 
 TEST_CASE("unpacked batches: one example a row, right-padded, targets shifted by one") {

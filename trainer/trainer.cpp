@@ -205,7 +205,8 @@ std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const
   }
   TokenizedDataset tokens = tokenize_dataset(data, *run.tokenizer, run.config.seq_len,
                                              run.special_tokens.example_eos_id, &chat,
-                                             run.kind == ModelKind::seq2seq ? RowLayout::seq2seq : RowLayout::causal);
+                                             run.kind == ModelKind::seq2seq ? RowLayout::seq2seq : RowLayout::causal,
+                                             run.config.data.packing);
   std::cout << what << ": " << data.examples.size() << " examples, " << tokens.loss_token_count
             << " loss tokens, " << tokens.truncated_count << " truncated to seq_len " << run.config.seq_len << "\n";
   if (keep) *keep = std::move(data);

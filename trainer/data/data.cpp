@@ -417,8 +417,12 @@ int64_t loss_token_count(const TokenSequence& sequence) {
 }
 
 TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
-                                  const ChatTemplate* chat, RowLayout layout) {
+                                  const ChatTemplate* chat, RowLayout layout, Packing packing) {
   FT_CHECK(seq_len > 0, "tokenize_dataset: seq_len must be > 0, got ", seq_len);
+  FT_CHECK(packing != Packing::concatenate || layout == RowLayout::causal, data.path,
+           ": packing: concatenate joins decoder-only rows");
+  // Concatenated examples stay whole (a longer cut than any row a JSONL line holds).
+  const int64_t cut_tokens = packing == Packing::concatenate ? int64_t(INT32_MAX) : seq_len;
   FT_CHECK(data.format != DataFormat::chat || chat, data.path, ": chat rows need a chat template");
   FT_CHECK(data.format != DataFormat::chat || layout == RowLayout::causal, data.path,
            ": chat rows train decoder-only models; an encoder-decoder model needs prompt/completion rows");
@@ -432,11 +436,11 @@ TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenize
       seq = tokenize_chat(tools_row.is_null() ? render_chat(*chat, example.messages, where)
                                               : render_chat(*chat, tools_row["messages"], tools_row["tools"], false, where),
                           tokenizer);
-      truncated = truncate_to(seq, seq_len);
+      truncated = truncate_to(seq, cut_tokens);
     } else if (layout == RowLayout::seq2seq) {
       seq = tokenize_seq2seq_example(example, tokenizer, seq_len, eos_id, truncated);
     } else {
-      seq = tokenize_example(example, tokenizer, seq_len, eos_id, truncated);
+      seq = tokenize_example(example, tokenizer, cut_tokens, eos_id, truncated);
     }
     out.truncated_count += truncated;
     int64_t loss_tokens = loss_token_count(seq);

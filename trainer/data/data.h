@@ -132,10 +132,13 @@ int64_t loss_token_count(const TokenSequence& sequence);
 // Examples whose prompt fills the whole window teach nothing and are dropped
 // (and counted); an error if that leaves none.
 // With layout seq2seq each row is tokenize_seq2seq_example's (above)
-// instead: the encoder's tokens, then the labels.
+// instead: the encoder's tokens, then the labels. With packing concatenate
+// (below) no example is cut: the windows cut the joined stream.
 enum class RowLayout { causal, seq2seq };
+enum class Packing;
 TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
-                                  const ChatTemplate* chat = nullptr, RowLayout layout = RowLayout::causal);
+                                  const ChatTemplate* chat = nullptr, RowLayout layout = RowLayout::causal,
+                                  Packing packing = Packing{});  // Packing::none
 
 // What a chat model is given to reply to `messages`: them rendered with
 // add_generation_prompt (and the tools, null for none), less a leading bos
