@@ -259,7 +259,7 @@ def run_ours(finetune, config, model_dir, work_dir, quant, precision, threads, w
                "--set", f"quantization.mode={quant}", "--set", f"precision={precision}", "--set", "device=cpu",
                "--set", f"max_steps={warmup + steps}", "--set", "log_every=1", "--set", "save_every=0",
                "--set", "task_metric=none", "--set", 'data.eval=""', "--set", "generate.num_samples=0",
-               "--set", f"output_dir={out_dir}"]
+               "--set", f"output_dir={out_dir}", "--overwrite"]  # each round starts afresh in the same folder
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), FT_PROFILE_OPS="1")
     _, rss = child_rss(command, env, work_dir)
     rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl")) if '"loss"' in line]

@@ -878,6 +878,26 @@ TEST_CASE("Llama-3-style and Qwen2-style checkpoints with their tokenizer.json p
   }
 }
 
+TEST_CASE("a second run into an output_dir holding a checkpoint is refused unless --resume or --overwrite") {
+  const std::string dir = make_run_dir("rerun");
+  const std::string train = "cd " + dir + " && " + kBinary + " config.yaml --set max_steps=2 --set save_every=0";
+  REQUIRE(run_command(train).exit_code == 0);
+  const std::string state = read_file(dir + "/out/train_state.safetensors");
+  const std::string metrics = read_file(dir + "/out/metrics.jsonl");
+  const CommandResult again = run_command(train + " --set max_steps=1");
+  CHECK(again.exit_code == 1);
+  CHECK(again.output.find("error: out/train_state.safetensors: output_dir holds an earlier run's checkpoint (its "
+                          "adapter and metrics beside it): continue that run with --resume, start afresh over it "
+                          "with --overwrite, or set another output_dir") != std::string::npos);
+  CHECK(read_file(dir + "/out/train_state.safetensors") == state);  // nothing of it was touched
+  CHECK(read_file(dir + "/out/metrics.jsonl") == metrics);
+  CHECK(run_command(train + " --resume --overwrite").output.find("--resume continues a run; --overwrite starts one "
+                                                                 "afresh: give one") != std::string::npos);
+  const CommandResult fresh = run_command(train + " --set max_steps=1 --overwrite");
+  CHECK(fresh.exit_code == 0);
+  CHECK(read_file(dir + "/out/metrics.jsonl") != metrics);
+}
+
 TEST_CASE("generate streams text from a trained adapter; the merged checkpoint and the uncached path say the same") {
   const std::string dir = make_run_dir("generate");
   REQUIRE(run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=2 --set save_every=0").exit_code ==

@@ -945,6 +945,10 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   make_data(run);
   const std::string state_path = path_in(config.output_dir, "train_state.safetensors");
   const std::string metrics_path = path_in(config.output_dir, "metrics.jsonl");
+  // Before anything of this run is written (after the config's own errors).
+  FT_CHECK(options.resume || options.overwrite || !fs::exists(state_path), state_path,
+           ": output_dir holds an earlier run's checkpoint (its adapter and metrics beside it): continue that run "
+           "with --resume, start afresh over it with --overwrite, or set another output_dir");
   TrainProgress resumed;
   if (options.resume) {
     FT_CHECK(fs::exists(state_path), state_path, ": no training state to resume from");

@@ -40,6 +40,10 @@ struct RunOptions {
   // With resume: accept a checkpoint whose data files differ from this run's
   // (never one whose base model, adapter config or tokenizer differ).
   bool allow_data_change = false;
+  // Without resume: start afresh in an output_dir that holds an earlier run's
+  // checkpoint, replacing its files (otherwise refused: that run's work would
+  // be lost without a word).
+  bool overwrite = false;
   // The job's ranks (collectives.h); null: a single process. Rank 0 prints,
   // evaluates and writes every file; the others train their share.
   Collectives* collectives = nullptr;

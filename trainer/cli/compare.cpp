@@ -230,6 +230,7 @@ int run_comparison(const Comparison& comparison, std::ostream& out) {
     ComparedResult result{run.name, {}, 0.0};
     RunOptions options;
     options.evaluate_only = !run.train;
+    options.overwrite = true;  // a comparison starts its runs afresh
     // The untrained model is a run of its own (train: false); PPO's table compares the policy before and after.
     options.evaluate_before = run.config.objective == Objective::ppo;
     options.summary = &result.summary;

@@ -1,4 +1,4 @@
-// finetune CONFIG.yaml [--set key=value]... [--resume [--allow-data-change]]
+// finetune CONFIG.yaml [--set key=value]... [--resume [--allow-data-change] | --overwrite]
 // finetune plan CONFIG.yaml|MODEL/config.json [--gpu-mem SIZE] [--device cuda|cpu] [--context-reserve SIZE] [--ranks N] [--max-seq-len] [--h2d-bandwidth SIZE] [--tflops N] [--set key=value]...
 // finetune generate MODEL ... (trainer/cli/generate_command.h)
 // finetune merge MODEL --adapter DIR --out DIR ... (trainer/cli/merge.h)
@@ -68,6 +68,8 @@ void add_train_options(CLI::App& app, TrainCommand& c) {
                "continue from output_dir/train_state.safetensors; refused when the base model,\n"
                "adapter config, tokenizer or data files differ from the checkpoint's");
   app.add_flag("--allow-data-change", c.options.allow_data_change, "with --resume: accept changed data files");
+  app.add_flag("--overwrite", c.options.overwrite,
+               "start afresh in an output_dir that holds an earlier run's checkpoint, replacing its files");
 }
 
 struct PlanCommand {
@@ -164,6 +166,7 @@ CLI::App* add_course_command(CLI::App& app, std::string& configs_dir) {
 int run_training(TrainCommand& c, int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
   FT_CHECK(!c.config_path.empty(), "no config file given (finetune --help shows the usage)");
   FT_CHECK(c.options.resume || !c.options.allow_data_change, "--allow-data-change applies to --resume only");
+  FT_CHECK(!c.options.resume || !c.options.overwrite, "--resume continues a run; --overwrite starts one afresh: give one");
   if (ft::is_comparison_file(c.config_path)) {  // a top-level compare: list (trainer/cli/compare.h)
     FT_CHECK(!c.options.resume, c.config_path, ": --resume continues one run; a comparison starts its runs afresh");
     return ft::run_comparison(ft::load_comparison(c.config_path, c.overrides), std::cout);
