@@ -266,7 +266,8 @@ TEST_CASE("SIGTERM saves a checkpoint at the next step boundary, exits 143, and 
   }
 }
 
-TEST_CASE("--resume past max_steps refuses and leaves the run as it was; at max_steps it rewrites the same adapter") {
+TEST_CASE("--resume past max_steps refuses and leaves the run as it was; at max_steps it rewrites the same adapter; "
+          "a fresh run over it needs --overwrite") {
   const std::string dir = make_run_dir("finished");
   const std::string finetune = "cd " + dir + " && " + kBinary + " config.yaml";
   REQUIRE(run_command(finetune).exit_code == 0);
@@ -289,6 +290,19 @@ TEST_CASE("--resume past max_steps refuses and leaves the run as it was; at max_
   CHECK(complete.output.find("resumed at step 20") != std::string::npos);
   CHECK(read_file(dir + "/out/train_state.safetensors") == state);
   CHECK(read_file(dir + "/out/adapter/adapter_model.safetensors") == adapter);
+
+  // A fresh run into the same folder would replace it all: refused, nothing touched, unless --overwrite.
+  CommandResult again = run_command(finetune + " --set max_steps=1");
+  CHECK(again.exit_code == 1);
+  CHECK(again.output.find("error: out/train_state.safetensors: output_dir holds an earlier run's checkpoint (its "
+                          "adapter and metrics beside it): continue that run with --resume, start afresh over it "
+                          "with --overwrite, or set another output_dir") != std::string::npos);
+  CHECK(read_file(dir + "/out/train_state.safetensors") == state);
+  CHECK(read_file(dir + "/out/adapter/adapter_model.safetensors") == adapter);
+  CHECK(run_command(finetune + " --resume --overwrite").output.find("--resume continues a run; --overwrite starts "
+                                                                    "one afresh: give one") != std::string::npos);
+  CHECK(run_command(finetune + " --set max_steps=1 --overwrite").exit_code == 0);
+  CHECK(read_file(dir + "/out/adapter/adapter_model.safetensors") != adapter);
 }
 
 TEST_CASE("device: auto says which backend it picked and why; device: cuda without a GPU is an error") {
@@ -876,26 +890,6 @@ TEST_CASE("Llama-3-style and Qwen2-style checkpoints with their tokenizer.json p
     write_adapter_logits(model_dir, adapter);
     CHECK(fs::exists(dir + "/out/adapter_logits.safetensors"));
   }
-}
-
-TEST_CASE("a second run into an output_dir holding a checkpoint is refused unless --resume or --overwrite") {
-  const std::string dir = make_run_dir("rerun");
-  const std::string train = "cd " + dir + " && " + kBinary + " config.yaml --set max_steps=2 --set save_every=0";
-  REQUIRE(run_command(train).exit_code == 0);
-  const std::string state = read_file(dir + "/out/train_state.safetensors");
-  const std::string metrics = read_file(dir + "/out/metrics.jsonl");
-  const CommandResult again = run_command(train + " --set max_steps=1");
-  CHECK(again.exit_code == 1);
-  CHECK(again.output.find("error: out/train_state.safetensors: output_dir holds an earlier run's checkpoint (its "
-                          "adapter and metrics beside it): continue that run with --resume, start afresh over it "
-                          "with --overwrite, or set another output_dir") != std::string::npos);
-  CHECK(read_file(dir + "/out/train_state.safetensors") == state);  // nothing of it was touched
-  CHECK(read_file(dir + "/out/metrics.jsonl") == metrics);
-  CHECK(run_command(train + " --resume --overwrite").output.find("--resume continues a run; --overwrite starts one "
-                                                                 "afresh: give one") != std::string::npos);
-  const CommandResult fresh = run_command(train + " --set max_steps=1 --overwrite");
-  CHECK(fresh.exit_code == 0);
-  CHECK(read_file(dir + "/out/metrics.jsonl") != metrics);
 }
 
 TEST_CASE("generate streams text from a trained adapter; the merged checkpoint and the uncached path say the same") {
