@@ -347,6 +347,8 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"config.yaml --set data.train=empty.jsonl", "empty.jsonl"},
       {"config.yaml --set data.train=broken.jsonl", "broken.jsonl:2"},
       {"config.yaml --resume --set output_dir=nothing_here", "no training state to resume from"},
+      {"config.yaml --set task_metric=rouge", "eval.jsonl: task_metric: rouge scores the completion generated for each "
+                                              "row's prompt, and these are text rows (no prompt)"},
       {"missing.yaml", "missing.yaml"},
       {"bad_lr.yaml", "bad_lr.yaml:3: lr: expected a finite number, got \".inf\""},
       {"config.yaml --set data.add_eos=320", "data.add_eos: token id 320 is outside the vocabulary [0, 320)"},
@@ -2032,6 +2034,9 @@ TEST_CASE("objective: reward: the adapter's scores equal its merged sequence cla
   REQUIRE_MESSAGE(run.exit_code == 0, run.output);
   CHECK(run.output.find("eval accuracy (held-out pairs)") != std::string::npos);
   CHECK(read_file((dir / "out/adapter/adapter_config.json").string()).find("\"SEQ_CLS\"") != std::string::npos);
+  // No samples: a reward model's language-model head is not what it trained (nor would generate load its adapter).
+  CHECK(run.output.find("--- sample 1 ---") == std::string::npos);
+  CHECK(run.output.find("the samples again") == std::string::npos);
 
   std::ofstream(dir / "rows.jsonl") << "{\"prompt\": \"A dialogue.\", \"completion\": \"A summary.\"}\n"
                                     << "{\"text\": \"Only text, scored whole.\"}\n";

@@ -4,6 +4,7 @@
 // are errors naming the file, line and field.
 #include <doctest/doctest.h>
 
+#include <fstream>
 #include <sstream>
 
 #include "kernels/error.h"
@@ -42,6 +43,13 @@ TEST_CASE("DialogSum as JSONL with the same template") {
   REQUIRE(data.examples.size() == 1);
   CHECK(data.examples[0].prompt == "Summarize the following conversation.\n\n#Person1#: Hi.\n#Person2#: Hello.\n\nSummary: ");
   CHECK(data.examples[0].completion == "They greet.");
+  // Numbers and booleans fill a field as their JSON text, as the same cell of a CSV file would.
+  const std::string path = std::string(FT_BINARY_DIR) + "/template_numbers.jsonl";
+  std::ofstream(path) << "{\"id\": 5, \"score\": 0.5, \"ok\": true, \"dialogue\": \"hi\", \"summary\": 7}\n";
+  const Dataset numbers = load_templated(path, {"{id}. {dialogue} ({score}, {ok})", "{summary}"});
+  REQUIRE(numbers.examples.size() == 1);
+  CHECK(numbers.examples[0].prompt == "5. hi (0.5, true)");
+  CHECK(numbers.examples[0].completion == "7");
 }
 
 TEST_CASE("CSV records: blank lines skipped, a missing final newline, empty fields") {

@@ -193,6 +193,10 @@ void make_model(Run& run) {
 std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const char* what, Dataset* keep) {
   const RowTemplate& row_template = run.config.data.row_template;
   Dataset data = row_template.empty() ? load_jsonl(path, run.config.data.format) : load_templated(path, row_template);
+  FT_CHECK(!keep || run.config.task_metric != TaskMetric::rouge || run.kind == ModelKind::seq2seq ||
+               data.format != DataFormat::text,
+           path, ": task_metric: rouge scores the completion generated for each row's prompt, and these are text rows "
+           "(no prompt): give data.eval prompt/completion, chat or Alpaca rows, or set task_metric: none");
   if (run.kind == ModelKind::seq2seq && data.format == DataFormat::text)  // the encoder reads the text's beginning
     for (Example& example : data.examples)
       std::tie(example.prompt, example.completion) = split_text_row(example.completion, run.config.data.text_split);
@@ -756,7 +760,8 @@ std::string write_sample_prompts(const Run& run, const std::vector<std::string>&
 
 void print_samples(Run& run, Progress& progress) {
   const int64_t count = std::min<int64_t>(run.config.generate.num_samples, int64_t(run.eval_examples.examples.size()));
-  if (count <= 0 || !run.leader) return;
+  // A reward model scores text; its language-model head generates nothing it was trained for.
+  if (count <= 0 || !run.leader || run.config.objective == Objective::reward) return;
   if (run.pipeline_stages > 1 || run.tensor_ranks > 1) {
     progress.message("samples: none (generate.num_samples: " + std::to_string(count) + "): under parallel." +
                      (run.pipeline_stages > 1 ? "pipeline" : "tensor") +

@@ -106,7 +106,9 @@ Dataset load_templated(const std::string& path, const RowTemplate& row_template)
                     [&](const nlohmann::json& object, const std::string& where) {
                       NamedRow row{std::stoll(where.substr(where.rfind(':') + 1)), {}};
                       for (const auto& [key, value] : object.items())
+                        // Numbers and booleans as their JSON text ("id": 5 -> "5"), as a CSV cell reads.
                         if (value.is_string()) row.fields[key] = value.get<std::string>();
+                        else if (value.is_number() || value.is_boolean()) row.fields[key] = value.dump();
                       rows.push_back(std::move(row));
                     });
   }
