@@ -157,15 +157,15 @@ Completion stream_completion(Session& session, const std::string& prompt, const 
   StreamPrinter printer(*session.tokenizer, session.stop.strings);
   const TokenCallback on_token = [&](size_t, int32_t token) { printer.on_token(token); };
   T5Model* t5 = session.model->as_seq2seq();
-  const std::vector<int32_t> tokens = prompt_tokens(*session.tokenizer, prompt);
-  if (!t5 && int64_t(tokens.size()) > prompt_token_limit(*session.model->as_causal_lm()))
+  CausalLM* causal = session.model->as_causal_lm();
+  const std::vector<int32_t> tokens = t5 ? seq2seq_prompt_tokens(*session.tokenizer, prompt)
+                                         : prompt_tokens(*session.tokenizer, prompt);
+  if (causal && int64_t(tokens.size()) > prompt_token_limit(*causal))
     std::cerr << "generate: the prompt is " << tokens.size() << " tokens; the model takes "
-              << session.model->as_causal_lm()->config().max_position_embeddings
-              << " positions, so it continues the last " << prompt_token_limit(*session.model->as_causal_lm())
-              << " and its first tokens were cut\n";
-  const auto generated =
-      t5 ? generate_seq2seq(*t5, {seq2seq_prompt_tokens(*session.tokenizer, prompt)}, sampling, session.stop, on_token)
-         : generate(*session.model->as_causal_lm(), {tokens}, sampling, session.stop, on_token);
+              << causal->config().max_position_embeddings << " positions, so it continues the last "
+              << prompt_token_limit(*causal) << " and its first tokens were cut\n";
+  const auto generated = t5 ? generate_seq2seq(*t5, {tokens}, sampling, session.stop, on_token)
+                            : generate(*causal, {tokens}, sampling, session.stop, on_token);
   printer.finish();
   if (generated[0].empty())
     std::cerr << "generate: the first token generated was a stop token: no new text"
@@ -191,14 +191,12 @@ PromptRows load_prompt_rows(const Session& session, const std::string& path) {
                    [&](const std::string& line, const nlohmann::json& row, const std::string& where) {
                      FT_CHECK(row.contains("prompt") || row.contains("messages"), where,
                               ": expected a \"prompt\" string or a \"messages\" list, got ", key_list(row));
-                     const bool tools = row.contains("messages") && uses_tools(row);
-                     const std::vector<ChatMessage> conversation =
-                         tools ? std::vector<ChatMessage>{}
-                         : row.contains("messages")
-                             ? chat_messages(row, where)
-                             : std::vector<ChatMessage>{{"user", string_field(row, "prompt", where)}};
-                     loaded.prompts.push_back(tools ? tool_row_prompt(session, line, where)
-                                                    : model_prompt(session, conversation, where));
+                     if (row.contains("messages") && uses_tools(row))
+                       loaded.prompts.push_back(tool_row_prompt(session, line, where));
+                     else if (row.contains("messages"))
+                       loaded.prompts.push_back(model_prompt(session, chat_messages(row, where), where));
+                     else
+                       loaded.prompts.push_back(model_prompt(session, {{"user", string_field(row, "prompt", where)}}, where));
                      nlohmann::json out = row.contains("messages") ? nlohmann::json{{"messages", row["messages"]}}
                                                                    : nlohmann::json{{"prompt", row["prompt"]}};
                      if (row.contains("tools")) out["tools"] = row["tools"];
