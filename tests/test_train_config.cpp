@@ -385,7 +385,15 @@ TEST_CASE("rules across fields, required fields, and malformed input") {
         "configs/x.yaml: trainable: all needs quantization.mode: none (INT8 and NF4 base weights are frozen)");
   CHECK(error_of(base + "task_metric: rouge\n") ==
         "configs/x.yaml: task_metric: rouge needs data.eval (prompt/completion pairs to score)");
-  CHECK(error_of(base + "lr: 1\nlr: 2\n") == "configs/x.yaml:4: duplicate key \"lr\"");
+  CHECK(error_of(base + "lr: 1\nlr: 2\n") == "configs/x.yaml:4: duplicate key \"lr\" (set earlier in the same file)");
+  // A dotted key and its section name one field twice, in either order.
+  CHECK(error_of(base + "lora.r: 8\nlora: {r: 4}\n") ==
+        "configs/x.yaml:4: duplicate key \"lora.r\" (set earlier in the same file)");
+  CHECK(error_of(base + "lora:\n  r: 4\nlora.r: 8\n") ==
+        "configs/x.yaml:5: duplicate key \"lora.r\" (set earlier in the same file)");
+  CHECK(error_of(kMinimal, {"lora={r: 4, r: 8}"}) ==
+        "configs/x.yaml (--set lora={r: 4, r: 8}): duplicate key \"lora.r\" (set earlier in the same --set)");
+  CHECK(parse_train_config(base + "lora.r: 8\nlora: {lora_alpha: 4}\n", "configs/x.yaml").lora.r == 8);
   CHECK(error_of(base + "lr: [1\n").find("configs/x.yaml:") == 0);
   CHECK(error_of(base + "lr: [1\n").find("invalid YAML") != std::string::npos);
   CHECK(error_of("- a\n- b\n") == "configs/x.yaml: the config: expected a map of keys, got a list");

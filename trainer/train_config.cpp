@@ -477,6 +477,9 @@ struct Source {
   std::string file;      // for messages
   std::string where;     // "" = use file:line of each key; else e.g. "x.yaml (--set lr=1)"
   std::string base_dir;  // for relative paths
+  // Every dotted key this source has set, so `lora.r: 8` beside `lora: {r: 4}`
+  // in one file is a duplicate as `r` twice in one section is.
+  std::set<std::string>* seen_keys;
 };
 
 void apply(TrainConfig& c, const std::string& key, const YAML::Node& node, const std::string& where,
@@ -487,14 +490,14 @@ void apply_map(TrainConfig& c, const std::string& prefix, const YAML::Node& map,
                const Source& source, const std::vector<std::string>& skipped = {}) {
   FT_CHECK(map.IsMap() || map.IsNull(), where, ": ", prefix.empty() ? "the config" : prefix,
            ": expected a map of keys, got ", describe(map));
-  std::set<std::string> seen;
   for (const auto& entry : map) {
     std::string key_where =
         source.where.empty() ? source.file + ":" + std::to_string(entry.first.Mark().line + 1) : source.where;
     FT_CHECK(entry.first.IsScalar(), key_where, ": keys must be plain names");
     if (std::find(skipped.begin(), skipped.end(), entry.first.Scalar()) != skipped.end()) continue;
     std::string key = (prefix.empty() ? "" : prefix + ".") + entry.first.Scalar();
-    FT_CHECK(seen.insert(key).second, key_where, ": duplicate key \"", key, "\"");
+    FT_CHECK(source.seen_keys->insert(key).second, key_where, ": duplicate key \"", key,
+             "\" (set earlier in the same ", source.where.empty() ? "file" : "--set", ")");
     apply(c, key, entry.second, key_where, source);
   }
 }
@@ -522,7 +525,8 @@ void apply_override(TrainConfig& c, const std::string& text, const std::string& 
   std::string key = text.substr(0, equals);
   YAML::Node value = parse_yaml(text.substr(equals + 1), where);
   // Paths on the command line are relative to the working directory.
-  apply(c, key, value, where, Source{file, where, ""});
+  std::set<std::string> seen_keys;
+  apply(c, key, value, where, Source{file, where, "", &seen_keys});
 }
 
 // objective: grpo's rules (trl's GRPOConfig checks and what a rollout needs).
@@ -657,7 +661,10 @@ TrainConfig train_config_from_layers(const std::vector<YAML::Node>& layers, cons
   TrainConfig c;
   c.source = source;
   c.output_dir = Value{YAML::Node("runs/out"), "output_dir", source, config_dir}.path();
-  for (const YAML::Node& layer : layers) apply_map(c, "", layer, source, Source{source, "", config_dir}, skipped);
+  for (const YAML::Node& layer : layers) {
+    std::set<std::string> seen_keys;
+    apply_map(c, "", layer, source, Source{source, "", config_dir, &seen_keys}, skipped);
+  }
   for (const std::string& text : overrides) apply_override(c, text, source);
   expand_output_dir(c);
   if (c.tokenizer.empty() && !c.model.empty())
