@@ -200,7 +200,10 @@ TEST_CASE("unsupported or malformed tokenizer.json: errors name the file, the fi
   refused([](json& c) { c["model"]["end_of_word_suffix"] = "</w>"; }, "model.end_of_word_suffix is \"</w>\"");
   refused([](json& c) { c["added_tokens"][0]["lstrip"] = true; }, "added_tokens[0].lstrip is true; only false");
   refused([](json& c) { c["model"].erase("merges"); }, "model.merges is missing");
-  refused([](json& c) { c.erase("model"); }, "model is missing");
+  refused([](json& c) { c.erase("model"); }, "not a Hugging Face tokenizer.json (no \"model\" section): give the");
+  // A model's config.json given as the tokenizer: said so.
+  refused([](json& c) { c = {{"model_type", "llama"}, {"vocab_size", 32000}}; },
+          "(no \"model\" section; it looks like a model's config.json): give the checkpoint's tokenizer.json");
   refused([](json& c) { c["model"]["merges"][3] = "a b c"; },
           "model.merges[3] is \"a b c\"; expected \"left right\" (one space) or [\"left\", \"right\"]");
   refused([](json& c) { c["model"]["merges"][0] = json::array({"zzz", "q"}); },

@@ -78,6 +78,10 @@ BpeTokenizer::BpeTokenizer(const json& config, const std::string& source, int64_
                            const json& tokenizer_config, const std::string& config_source)
     : source_(source) {
   FT_CHECK(config.is_object(), source_, ": expected a Hugging Face tokenizer.json (a JSON object)");
+  // A config.json or tokenizer_config.json given by mistake: name the file's kind, not a missing field.
+  FT_CHECK(config.contains("model"), source_, ": not a Hugging Face tokenizer.json (no \"model\" section",
+           config.contains("model_type") ? "; it looks like a model's config.json" : "",
+           "): give the checkpoint's tokenizer.json or tokenizer.model");
   normalizer_ = std::make_unique<Normalizer>(member(config, "normalizer"), source_, "normalizer");
   const json& pre_tokenizer = member(config, "pre_tokenizer");
   pre_tokenizer_ = std::make_unique<PreTokenizer>(pre_tokenizer, source_, "pre_tokenizer");
