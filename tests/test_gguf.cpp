@@ -136,6 +136,9 @@ TEST_CASE("export --gguf refuses what llama.cpp cannot read with one error, leav
           "is this the adapter's base model?");
   refuses(command_for("llama_gqa", "tokenizers/mistral/tokenizer.json", "", GgmlType::f16, out),
           "a SentencePiece-style BPE");
+  // A base saved quantised by a run (quantization.save_base) is not the weights llama.cpp wants.
+  refuses(command_for("nf4/llama_nf4", "tokenizer/tokenizer.model", "", GgmlType::f16, out),
+          "(a quantised base, as quantization.save_base writes); export needs the original F32, BF16 or F16 weights");
 }
 
 TEST_CASE("our GGUF reader refuses a truncated file naming it") {

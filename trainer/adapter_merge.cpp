@@ -12,11 +12,7 @@ bool is_float(DType dtype) { return dtype == DType::f32 || dtype == DType::bf16 
 
 void check_targets(const Checkpoint& base, const std::map<std::string, LoraPair>& pairs,
                    const std::string& adapter_file) {
-  for (const std::string& name : base.names()) {
-    const SafetensorsEntry& entry = base.entry(name);
-    FT_CHECK(is_float(entry.dtype), entry.file, ": tensor \"", name, "\" is ", dtype_name(entry.dtype),
-             " (a quantised base); merge needs the original F32, BF16 or F16 weights the adapter was trained over");
-  }
+  check_float_base(base, "merge needs the original F32, BF16 or F16 weights the adapter was trained over");
   for (const auto& [module, pair] : pairs) {
     const std::string weight = module + ".weight";
     FT_CHECK(base.contains(weight), adapter_file, ": module \"", module, "\" has no weight \"", weight, "\" in ",
@@ -42,6 +38,14 @@ Tensor view_of(const SafetensorsEntry& entry) {
 }
 
 }  // namespace
+
+void check_float_base(const Checkpoint& base, const std::string& needs) {
+  for (const std::string& name : base.names()) {
+    const SafetensorsEntry& entry = base.entry(name);
+    FT_CHECK(is_float(entry.dtype), entry.file, ": tensor \"", name, "\" is ", dtype_name(entry.dtype),
+             " (a quantised base, as quantization.save_base writes); ", needs);
+  }
+}
 
 AdapterMerge::AdapterMerge(const std::string& folder, const Checkpoint& base)
     : base_(base),

@@ -13,6 +13,11 @@
 
 namespace ft {
 
+// Refuses a base with any tensor that is not F32, BF16 or F16 (an INT8 or NF4
+// base saved by a run), naming the tensor and its file, then `needs` (what the
+// command wanted instead).
+void check_float_base(const Checkpoint& base, const std::string& needs);
+
 class AdapterMerge {
  public:
   // Reads folder's adapter_config.json and adapter_model.safetensors (its

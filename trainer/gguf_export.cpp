@@ -185,6 +185,7 @@ void export_gguf(const GgufExportCommand& command, std::ostream& log) {
   add_gguf_vocab(tokenizer, config.vocab_size, metadata);
 
   const Checkpoint base(command.model);
+  check_float_base(base, "export needs the original F32, BF16 or F16 weights the base was quantised from");
   std::unique_ptr<AdapterMerge> adapter;
   if (!command.adapter.empty()) adapter = std::make_unique<AdapterMerge>(command.adapter, base);
   FT_CHECK(!adapter || adapter->saved().empty(), command.adapter, ": the adapter saves whole modules (",
