@@ -160,6 +160,7 @@ Completion stream_completion(Session& session, const std::string& prompt, const 
   CausalLM* causal = session.model->as_causal_lm();
   const std::vector<int32_t> tokens = t5 ? seq2seq_prompt_tokens(*session.tokenizer, prompt)
                                          : prompt_tokens(*session.tokenizer, prompt);
+  FT_CHECK(!tokens.empty(), "generate: the prompt is empty and the tokenizer adds no BOS token: nothing to continue");
   if (causal && int64_t(tokens.size()) > prompt_token_limit(*causal))
     std::cerr << "generate: the prompt is " << tokens.size() << " tokens; the model takes "
               << causal->config().max_position_embeddings << " positions, so it continues the last "
@@ -167,11 +168,20 @@ Completion stream_completion(Session& session, const std::string& prompt, const 
   const auto generated = t5 ? generate_seq2seq(*t5, {tokens}, sampling, session.stop, on_token)
                             : generate(*causal, {tokens}, sampling, session.stop, on_token);
   printer.finish();
+  const int64_t new_tokens = int64_t(generated[0].size());
+  if (causal) {
+    const int64_t positions = causal->config().max_position_embeddings;
+    const int64_t prompt_length = std::min<int64_t>(int64_t(tokens.size()), prompt_token_limit(*causal));
+    if (new_tokens < sampling.max_new_tokens && prompt_length + new_tokens >= positions)
+      std::cerr << "generate: stopped after " << new_tokens << " of " << sampling.max_new_tokens
+                << " new tokens: with the prompt's " << prompt_length << " they fill the model's " << positions
+                << " positions (max_position_embeddings)\n";
+  }
   if (generated[0].empty())
     std::cerr << "generate: the first token generated was a stop token: no new text"
               << (session.chat || t5 ? "" : " (a model trained on chat data replies to its chat template: try --chat)")
               << "\n";
-  return {int64_t(generated[0].size()), printer.text()};
+  return {new_tokens, printer.text()};
 }
 
 // --file: each row's prompt text for the model, and the row's own fields
@@ -261,7 +271,7 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCommand& c) {
 }
 
 int run_generate(const GenerateCommand& command) {
-  const int sources = int(!command.prompt.empty()) + int(!command.prompts_file.empty()) + int(command.interactive);
+  const int sources = int(command.prompt.has_value()) + int(!command.prompts_file.empty()) + int(command.interactive);
   FT_CHECK(sources == 1, "generate: give exactly one of --prompt, --file and --interactive");
   FT_CHECK(command.chat || (command.system.empty() && command.chat_template == ChatTemplateKind::automatic &&
                             command.tools_file.empty()),
@@ -270,8 +280,8 @@ int run_generate(const GenerateCommand& command) {
   load_session(session, command);
   const auto start = std::chrono::steady_clock::now();
   std::string done;  // what was generated, for the closing line
-  if (!command.prompt.empty()) {
-    const std::string prompt = model_prompt(session, {{"user", command.prompt}}, "--prompt");
+  if (command.prompt) {
+    const std::string prompt = model_prompt(session, {{"user", *command.prompt}}, "--prompt");
     done = std::to_string(stream_completion(session, prompt, command.sampling).new_tokens) + " new tokens";
   } else if (command.interactive) {
     int64_t new_tokens = 0;

@@ -27,7 +27,8 @@ namespace ft {
 struct GenerateCommand {
   std::string model, adapter;  // folders; adapter "" = the base alone
   std::string tokenizer;       // "" = MODEL's own tokenizer file
-  std::string prompt, prompts_file;
+  std::optional<std::string> prompt;  // given even when empty: a BOS-only prompt generates unconditionally
+  std::string prompts_file;
   bool interactive = false;
   SamplingOptions sampling = {.max_new_tokens = 128};
   std::vector<std::string> stop;  // texts or special tokens, besides the checkpoint's EOS
