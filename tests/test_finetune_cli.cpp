@@ -289,6 +289,7 @@ TEST_CASE("--resume past max_steps refuses and leaves the run as it was; at max_
   CHECK(complete.exit_code == 0);
   CHECK(complete.output.find("resumed at step 20") != std::string::npos);
   CHECK(read_file(dir + "/out/train_state.safetensors") == state);
+  CHECK(read_file(dir + "/out/metrics.jsonl") == metrics);  // the final eval again, not twice
   CHECK(read_file(dir + "/out/adapter/adapter_model.safetensors") == adapter);
 
   // A fresh run into the same folder would replace it all: refused, nothing touched, unless --overwrite.
@@ -359,6 +360,9 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"generate no_such_model --prompt hi", "no_such_model: MODEL must be a Hugging Face checkpoint folder"},
       {"generate " + model + tokenizer, "give exactly one of --prompt, --file and --interactive"},
       {"generate " + model + tokenizer + " --prompt hi --file rows.jsonl", "give exactly one of --prompt"},
+      {"generate " + model + tokenizer + " --prompt '' --file rows.jsonl", "give exactly one of --prompt"},
+      {"generate " + kFixtures + "/qwen2_tiny --prompt ''",
+       "generate: the prompt is empty and the tokenizer adds no BOS token: nothing to continue"},
       {"generate " + model + tokenizer + " --prompt hi --temperature warm",
        "--temperature: expected a number in [0, 100], got \"warm\""},
       {"generate " + model + tokenizer + " --prompt hi --top-k -1", "--top-k: expected an integer in [0, "},
@@ -912,6 +916,13 @@ TEST_CASE("generate streams text from a trained adapter; the merged checkpoint a
         cached.output);
   CommandResult timing = run_command(generate + "--adapter " + dir + "/out/adapter" + prompt + " 2>&1 >/dev/null");
   CHECK(timing.output.find("generate: 12 new tokens in ") != std::string::npos);
+  // An empty prompt is the BOS token alone (transformers' generate without input_ids): it still generates.
+  CHECK(run_command(generate + "--prompt '' --max-new-tokens 3 --ignore-eos 2>&1 >/dev/null").output.find(
+            "generate: 3 new tokens in ") != std::string::npos);
+  // More new tokens than the 64 positions hold: the stop is said, with the counts.
+  CHECK(run_command(generate + "--prompt '' --max-new-tokens 100 --ignore-eos 2>&1 >/dev/null").output.find(
+            "generate: stopped after 63 of 100 new tokens: with the prompt's 1 they fill the model's 64 positions") !=
+        std::string::npos);
 
   REQUIRE(run_command(kBinary + " merge " + model + " --adapter " + dir + "/out/adapter --out " + dir + "/merged")
               .exit_code == 0);

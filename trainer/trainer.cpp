@@ -872,15 +872,25 @@ void save_outputs(Run& run) {
                  "AutoModelForSequenceClassification loads\n";
 }
 
+bool is_eval_row(const nlohmann::json& row) {
+  for (const auto& item : row.items())
+    if (item.key().starts_with("eval_")) return true;
+  return false;
+}
+
 // Drops metric rows past the resumed step: a crash after the last checkpoint
-// leaves rows for steps that will now be trained again. Atomic, so a crash
-// here loses no row either.
-void truncate_metrics(const std::string& path, int64_t resumed_step) {
+// leaves rows for steps that will now be trained again. A run resumed at its
+// last step evaluates again, so that step's eval rows go too (else --resume
+// of a finished run, or of one killed during its final eval, repeats them).
+// Atomic, so a crash here loses no row either.
+void truncate_metrics(const std::string& path, int64_t resumed_step, bool final_eval_again) {
   std::ifstream in(path);
   std::string line, kept;
   while (std::getline(in, line)) {
     nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
-    if (row.is_object() && row.value("step", int64_t(0)) <= resumed_step) kept += line + "\n";
+    if (!row.is_object()) continue;
+    const int64_t step = row.value("step", int64_t(0));
+    if (step < resumed_step || (step == resumed_step && !(final_eval_again && is_eval_row(row)))) kept += line + "\n";
   }
   in.close();
   write_file_atomically(path, kept);
@@ -984,7 +994,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
                ": its generation batch is from step ", run.grpo_generation.step, ", not the one step ", resumed.step,
                " trains on with grpo.num_iterations ", config.grpo.num_iterations);
     }
-    if (run.leader) truncate_metrics(metrics_path, resumed.step);
+    if (run.leader) truncate_metrics(metrics_path, resumed.step, resumed.step == run.total_steps);
     std::cout << "resumed at step " << resumed.step << " from " << state_path << "\n";
   } else if (run.leader) {
     std::ofstream(metrics_path, std::ios::trunc);
