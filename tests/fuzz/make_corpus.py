@@ -106,6 +106,17 @@ def main():
         lines = data.read_text().splitlines(keepends=True)
         seed("fuzz_jsonl", data.stem, "".join(line[:400] + ("\n" if len(line) > 400 else "") for line in lines[:3]))
     seed("fuzz_jsonl", "mixed_rows", '{"prompt": "a", "completion": "b"}\n\n{"text": "x"}\n{"prompt": 1}\n')
+    seed("fuzz_jsonl", "alpaca_rows",
+         '{"instruction": "Name a colour.", "output": "Blue"}\n'
+         '{"instruction": "Translate.", "input": "Hi", "output": "Salut"}\n'
+         '{"instruction": "x", "input": 3, "output": "y"}\n')
+    seed("fuzz_jsonl", "chat_rows",
+         '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, '
+         '{"role": "assistant", "content": "Hello"}]}\n'
+         '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, '
+         '{"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}\n'
+         '{"messages": []}\n'
+         '{"messages": [{"role": "tool", "content": 1}]}\n')
     call = '{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}'
     seed("fuzz_jsonl", "tool_rows",
          '{"tools": [{"type": "function", "function": {"name": "f"}}], "messages": [{"role": "user", "content": "q"}, '
