@@ -327,7 +327,7 @@ TEST_CASE("chat rows with tools, tool calls and tool results train as apply_chat
                    answer + "]}") ==
         "chat.jsonl:1: messages[2] lacks \"content\" (only an assistant message with tool_calls may leave it out)");
   CHECK(load_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, " + call + "], \"tools\": {}}") ==
-        "chat.jsonl:1: \"tools\" must be a list of tool schemas (objects), got {}");
+        "chat.jsonl:1: \"tools\": expected a JSON list of tool schemas (objects), got {}");
   CHECK(load_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, " + call + ", " + result + "]}") ==
         "chat.jsonl:1: the last message is the tool's (expected an assistant turn to train on)");
   CHECK(load_error("{\"messages\": [{\"role\": \"robot\", \"content\": \"q\"}, " + call + "]}") ==

@@ -1815,7 +1815,7 @@ TEST_CASE("generate --chat gives the template tools: a --file row's own, or --to
   const CommandResult not_list = run_command(generate + "/plain.jsonl --tools " + (dir / "bad_tools.json").string());
   CHECK(not_list.exit_code == 1);
   CHECK(not_list.output.find((dir / "bad_tools.json").string() +
-                             ": expected a JSON list of tool schemas (objects), got object") != std::string::npos);
+                             ": expected a JSON list of tool schemas (objects), got {\"name\":\"f\"}") != std::string::npos);
   std::ofstream(dir / "answered.jsonl") << nlohmann::ordered_json{{"messages", c["messages"]}, {"tools", c["tools"]}}.dump()
                                         << "\n";
   const CommandResult answered = run_command(generate + "/answered.jsonl");

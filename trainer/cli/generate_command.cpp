@@ -91,8 +91,7 @@ nlohmann::ordered_json read_tools(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     fail(path, ": invalid JSON: ", e.what());
   }
-  FT_CHECK(tools.is_array() && std::all_of(tools.begin(), tools.end(), [](const auto& t) { return t.is_object(); }),
-           path, ": expected a JSON list of tool schemas (objects), got ", tools.type_name());
+  check_tool_schemas(tools, path);
   return tools;
 }
 

@@ -119,12 +119,15 @@ void check_tool_conversation(const nlohmann::ordered_json& row, const std::strin
              "'s (expected a user message or a tool's result to reply to)");
   else FT_CHECK(last == "assistant", where, ": the last message is the ", last, "'s (expected an assistant turn to train on)");
   if (!row.contains("tools")) return;
-  const nlohmann::ordered_json& tools = row["tools"];
-  FT_CHECK(tools.is_array() && std::all_of(tools.begin(), tools.end(), [](const auto& t) { return t.is_object(); }),
-           where, ": \"tools\" must be a list of tool schemas (objects), got ", tools.dump());
+  check_tool_schemas(row["tools"], where + ": \"tools\"");
 }
 
 }  // namespace
+
+void check_tool_schemas(const nlohmann::ordered_json& tools, const std::string& what) {
+  FT_CHECK(tools.is_array() && std::all_of(tools.begin(), tools.end(), [](const auto& t) { return t.is_object(); }),
+           what, ": expected a JSON list of tool schemas (objects), got ", tools.dump().substr(0, 80));
+}
 
 nlohmann::ordered_json tool_conversation(const std::string& line, const std::string& where, bool to_reply) {
   const nlohmann::ordered_json row = nlohmann::ordered_json::parse(line);  // parse_json has read it already

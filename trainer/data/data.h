@@ -149,6 +149,9 @@ std::string reply_prompt(const ChatTemplate& chat, const nlohmann::ordered_json&
 std::string generation_prompt(const ChatTemplate& chat, const std::vector<ChatMessage>& conversation,
                               const std::string& where, const nlohmann::ordered_json& tools = nullptr);
 
+// Refuses tools that are not a JSON list of objects (apply_chat_template's
+// tools), naming `what` (a row's "tools", or a --tools file).
+void check_tool_schemas(const nlohmann::ordered_json& tools, const std::string& what);
 // Whether a chat row uses tools: a "tools" list, tool calls or tool results.
 bool uses_tools(const nlohmann::json& row);
 // Such a row's {"messages", "tools"} (tools null when it has none), parsed
