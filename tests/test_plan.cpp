@@ -1146,3 +1146,38 @@ TEST_CASE("plan: follows the config's device unless --device overrides it") {
   const PlanRun automatic = run_plan(config);
   CHECK(automatic.output.find("on cuda, micro_batch") != std::string::npos);
 }
+
+TEST_CASE("plan: every shipped kind of config plans: reward, FLAN-T5 LoRA and the course's comparison files") {
+  const std::string configs = std::string(FT_SOURCE_DIR) + "/configs/";
+  // objective: reward scores a row's inputs and its last target: its longest seq_len is one position short.
+  const PlanRun reward = run_plan(configs + "reward-tiny.yaml");
+  CHECK(reward.exit_status == 0);
+  CHECK(reward.output.find("best mode: ") != std::string::npos);
+  const PlanRun too_long = run_plan(configs + "reward-tiny.yaml --set seq_len=512");
+  CHECK(too_long.exit_status == 1);
+  CHECK(too_long.output.find("reward-tiny.yaml: seq_len 512 is larger than the model's max_position_embeddings 512 "
+                             "less the scored last token") != std::string::npos);
+  // A T5 keeps its base on the device: no streamed modes in its table.
+  const PlanRun t5 = run_plan(configs + "flan-t5-base-dialogsum-lora.yaml");
+  CHECK(t5.exit_status == 0);
+  CHECK(t5.output.find("best mode: ") != std::string::npos);
+  CHECK(t5.output.find("streamed") == std::string::npos);
+  // A comparison plans each run.
+  const PlanRun lab2 = run_plan(configs + "course-lab2.yaml");
+  CHECK(lab2.exit_status == 0);
+  for (const char* name : {"original model", "full fine-tuning", "LoRA"})
+    CHECK(lab2.output.find(std::string("== compare run \"") + name + "\"") != std::string::npos);
+  // Lab 3's PPO trains a T5 policy, which the planner does not replay: said after the reward model's plan.
+  const PlanRun lab3 = run_plan(configs + "course-lab3.yaml");
+  CHECK(lab3.exit_status == 1);
+  CHECK(lab3.output.find("best mode: ") < lab3.output.find("objective: ppo on a t5 (encoder-decoder) policy is not "
+                                                            "planned"));
+  // The same comparison over a decoder-only policy: PPO's reward adapter, written by the run above, is not there yet.
+  const std::string unwritten = std::string(FT_BINARY_DIR) + "/plan_lab3_unwritten";
+  const PlanRun decoder = run_plan(configs + "course-lab3.yaml --set model=" + configs +
+                                   "tiny-base --set lora.target_modules=[q_proj,v_proj] --set output_dir=" + unwritten);
+  CHECK(decoder.exit_status == 0);
+  CHECK(decoder.output.find("note: rewards.model_adapter " + unwritten + "/reward-model/adapter is written by a run "
+                            "above: the reward model is planned without its LoRA") != std::string::npos);
+  CHECK(decoder.output.find("PPO: micro_batch rollouts") != std::string::npos);
+}

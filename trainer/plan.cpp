@@ -998,8 +998,10 @@ std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& opt
       read_model_config((std::filesystem::path(config.model) / "config.json").string());
   std::vector<PlanMode> modes;
   const bool lora = config.trainable == Trainable::lora;
-  // Tensor-parallel ranks each hold their share of every layer: nothing to stream.
-  const bool streams = config.parallel.tensor == 1;
+  // Tensor-parallel ranks each hold their share of every layer, and a T5 keeps
+  // its base on the device (setup_training): nothing to stream.
+  const bool streams =
+      config.parallel.tensor == 1 && model_family(model_config.model_type).kind != ModelKind::seq2seq;
   for (OffloadTarget base : {OffloadTarget::device, OffloadTarget::host})
     for (QuantizedBase quantization : kQuantizedBases) {
       if ((!lora && quantization != QuantizedBase::none) ||
@@ -1010,7 +1012,7 @@ std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& opt
     }
   std::vector<ModeFit> fits;
   for (const PlanMode& mode : modes)
-    fits.push_back(fit_mode(config, options, mode, model_config.max_position_embeddings));
+    fits.push_back(fit_mode(config, options, mode, longest_seq_len(config, model_config)));
   return fits;
 }
 
@@ -1018,6 +1020,10 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
   const bool cuda = options.policy == MemoryPolicy::cuda;
   const ModelConfig model_config =
       read_model_config((std::filesystem::path(config.model) / "config.json").string());
+  check_seq_len(config, model_config);  // as a run refuses it
+  FT_CHECK(config.objective != Objective::ppo || model_family(model_config.model_type).kind == ModelKind::causal,
+           config.source, ": objective: ppo on a ", model_config.model_type, " (encoder-decoder) policy is not "
+           "planned: the planner replays decoder-only rollouts (the run itself trains)");
   std::printf("memory plan: %s, %s %lld layers, on %s, micro_batch %lld x seq_len %lld%s\n", config.source.c_str(),
               model_config.model_type.c_str(), (long long)model_config.num_hidden_layers, cuda ? "cuda" : "cpu",
               (long long)config.micro_batch_size, (long long)config.seq_len,

@@ -1,6 +1,7 @@
 #include "trainer/setup.h"
 
 #include <deque>
+#include <filesystem>
 #include <string>
 
 #include "kernels/error.h"
@@ -8,6 +9,17 @@
 #include "model/peft_adapter.h"
 
 namespace ft {
+
+int64_t longest_seq_len(const TrainConfig& config, const ModelConfig& model_config) {
+  return model_config.max_position_embeddings - (config.objective == Objective::reward ? 1 : 0);
+}
+
+void check_seq_len(const TrainConfig& config, const ModelConfig& model_config) {
+  FT_CHECK(config.seq_len <= longest_seq_len(config, model_config), config.source, ": seq_len ", config.seq_len,
+           " is larger than the model's max_position_embeddings ", model_config.max_position_embeddings,
+           config.objective == Objective::reward ? " less the scored last token" : "", " (",
+           (std::filesystem::path(config.model) / "config.json").string(), ")");
+}
 
 ModelOptions model_options(const TrainConfig& config) {
   ModelOptions options;

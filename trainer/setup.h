@@ -25,6 +25,13 @@ ModelOptions model_options(const TrainConfig& config);
 // rewards.model_adapter) or none.
 ModelOptions reward_model_options(ModelOptions policy, const std::string& adapter);
 
+// The largest seq_len the model's positions hold: max_position_embeddings,
+// one less for objective: reward, whose scored sequence is a row's seq_len
+// inputs and its last target (trainer/rl/reward.h's scored_rows).
+int64_t longest_seq_len(const TrainConfig& config, const ModelConfig& model_config);
+// Refuses a seq_len above that, naming the config and the model's config.json.
+void check_seq_len(const TrainConfig& config, const ModelConfig& model_config);
+
 // What a run trains: the model and the optimizer over its trainable set.
 struct TrainingSetup {
   std::unique_ptr<LanguageModel> model;  // a CausalLM, or T5Model for model_type t5

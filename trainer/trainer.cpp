@@ -154,9 +154,7 @@ void make_model(Run& run) {
   FT_CHECK(!seq2seq || config.data.packing == Packing::none, config.source, ": data.packing: ",
            enum_name(config.data.packing), " packs examples into causal rows; a ", run.model_config.model_type,
            " model reads one example per row (set data.packing: false)");
-  FT_CHECK(config.seq_len <= run.model_config.max_position_embeddings, config.source, ": seq_len ", config.seq_len,
-           " is larger than the model's max_position_embeddings ", run.model_config.max_position_embeddings, " (",
-           path_in(config.model, "config.json"), ")");
+  check_seq_len(config, run.model_config);
   check_pipeline_run(config, run.model_config.model_type);
   check_tensor_parallel_run(config, run.model_config);
   LayerRange stage;

@@ -48,6 +48,8 @@ ComparedRun load_entry(const std::string& path, const YAML::Node& root, const YA
   const YAML::Node name = entry["name"];
   FT_CHECK(name && name.IsScalar() && !name.Scalar().empty() && !folder_name(name.Scalar()).empty(),
            where(path, entry), ": ", field, ".name: expected a name with a letter or digit (the run's folder)");
+  FT_CHECK(!entry["compare"], where(path, entry), ": ", field,
+           ".compare: a run cannot hold a comparison of its own (compare: is the file's top-level list)");
   FT_CHECK(!entry["output_dir"], where(path, entry), ": ", field,
            ".output_dir: runs write to the file's output_dir/<name>; set output_dir at the top level");
   ComparedRun run;
@@ -57,7 +59,7 @@ ComparedRun load_entry(const std::string& path, const YAML::Node& root, const YA
              ".train: expected true or false");
   }
   std::vector<std::string> skipped = kEntryKeys;
-  skipped.push_back("compare");
+  skipped.push_back("compare");  // the root layer's list
   run.config = train_config_from_layers({root, entry}, skipped, path, overrides);
   run.config.output_dir = (fs::path(run.config.output_dir) / folder_name(run.name)).string();
   // A reward model and PPO report their own held-out figures (lab 3's table); the others are compared by ROUGE.

@@ -14,6 +14,7 @@
 // (trainer/parallel/data_parallel.h); an error on any rank is printed with the rank
 // named and ends the whole job (MPI_Abort).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -130,14 +131,37 @@ CLI::App* add_plan_command(CLI::App& app, PlanCommand& c) {
   return plan;
 }
 
-int run_plan(const PlanCommand& c) {
-  const bool model_config = c.config_path.ends_with(".json") || std::filesystem::is_directory(c.config_path);
-  const ft::TrainConfig config = model_config ? ft::plan_config_for_model(c.config_path, c.overrides)
-                                              : ft::load_train_config(c.config_path, c.overrides);
+void plan_one(const PlanCommand& c, const ft::TrainConfig& config) {
   ft::PlanOptions options = c.options;
   if (!c.device->count())  // a run with device: cpu trains on the CPU: plan that
     options.policy = config.device == ft::DeviceChoice::cpu ? ft::MemoryPolicy::cpu : ft::MemoryPolicy::cuda;
   ft::print_plan(config, options);
+}
+
+// A comparison file (compare:) plans each of its runs in turn.
+int run_plan(const PlanCommand& c) {
+  const bool model_config = c.config_path.ends_with(".json") || std::filesystem::is_directory(c.config_path);
+  if (model_config) {
+    plan_one(c, ft::plan_config_for_model(c.config_path, c.overrides));
+  } else if (ft::is_comparison_file(c.config_path)) {
+    std::vector<std::string> earlier_adapters;  // what the runs above write
+    for (ft::ComparedRun run : ft::load_comparison(c.config_path, c.overrides).runs) {
+      std::cout << "== compare run \"" << run.name << "\"\n" << std::flush;
+      std::string& reward_adapter = run.config.rewards.model_adapter;
+      const auto written = std::find(earlier_adapters.begin(), earlier_adapters.end(), reward_adapter);
+      if (!reward_adapter.empty() && written != earlier_adapters.end() &&
+          !std::filesystem::exists(std::filesystem::path(reward_adapter) / "adapter_config.json")) {
+        // The earlier run writes it: its size is not known until then (LoRA weights: a few MiB).
+        std::cout << "note: rewards.model_adapter " << reward_adapter
+                  << " is written by a run above: the reward model is planned without its LoRA\n";
+        reward_adapter.clear();
+      }
+      earlier_adapters.push_back((std::filesystem::path(run.config.output_dir) / "adapter").lexically_normal().string());
+      plan_one(c, run.config);
+    }
+  } else {
+    plan_one(c, ft::load_train_config(c.config_path, c.overrides));
+  }
   return 0;
 }
 
