@@ -1761,6 +1761,8 @@ TEST_CASE("a comparison file's bad entries exit 1 naming the file, line and fiel
       {"compare:\n  - {name: a, output_dir: x}\n", "compare[0].output_dir: runs write to the file's output_dir"},
       {"compare:\n  - {name: LoRA}\n  - {name: lora}\n", "compare[1].name: \"lora\" names the same folder"},
       {"compare:\n  - {name: a, task_metric: none}\n", "compare[0]: task_metric: rouge (and data.eval) is needed"},
+      {"compare:\n  - {name: a, compare: [{name: b, lr: fast}]}\n",
+       "bad.yaml:6: compare[0].compare: a run cannot hold a comparison of its own"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.compare);
