@@ -190,12 +190,14 @@ TEST_CASE("--set overrides: dotted keys, YAML flow values, whole sections, cwd-r
 
 TEST_CASE("${output_dir} at a path's start is under output_dir as finally set, --set included") {
   const std::string yaml = "model: models/tiny\ndata: {train: data/train.jsonl, eval: '${output_dir}/eval.jsonl'}\n"
-                           "output_dir: ../runs/lab\nrewards: {model_adapter: '${output_dir}/rm/adapter'}\n";
+                           "output_dir: ../runs/lab\nobjective: ppo\n"
+                           "rewards: {model: rm, model_adapter: '${output_dir}/rm/adapter'}\n";
   TrainConfig c = parse(yaml);
   CHECK(c.output_dir == "runs/lab");  // configs/../runs/lab
   CHECK(c.rewards.model_adapter == "runs/lab/rm/adapter");
   CHECK(c.data.eval == "runs/lab/eval.jsonl");
   CHECK(c.data.train == "configs/data/train.jsonl");
+  CHECK(c.rewards.model == "configs/rm");
   // A later --set output_dir moves them; in --set itself the variable works the same.
   TrainConfig moved = parse(yaml, {"output_dir=/tmp/elsewhere", "rewards.model=${output_dir}"});
   CHECK(moved.rewards.model_adapter == "/tmp/elsewhere/rm/adapter");
@@ -376,6 +378,16 @@ TEST_CASE("checked_mul refuses products that leave int64_t and negative factors"
 
 TEST_CASE("rules across fields, required fields, and malformed input") {
   std::string base = std::string(kMinimal);
+  // A reward model's adapter or tokenizer without the model, and rewards in a run that generates nothing.
+  CHECK(error_of(base + "objective: grpo\nrewards: {length: 12, model_adapter: rm/adapter}\n") ==
+        "configs/x.yaml: rewards.model_adapter belongs to a reward model: set rewards.model (its checkpoint folder) "
+        "too");
+  CHECK(error_of(base + "objective: ppo\nrewards: {length: 12, model_tokenizer: tok.model}\n") ==
+        "configs/x.yaml: rewards.model_tokenizer belongs to a reward model: set rewards.model (its checkpoint "
+        "folder) too");
+  CHECK(error_of(base + "rewards: {rouge: completion}\n") ==
+        "configs/x.yaml: rewards.rouge scores generated completions: rewards apply to objective: grpo and ppo, and "
+        "this run's objective is sft");
   CHECK(error_of(base + "max_steps: 0\nepochs: 0\n") ==
         "configs/x.yaml: max_steps and epochs are both 0; set one of them > 0");
   CHECK(error_of("data: {train: t.jsonl}\n") == "configs/x.yaml: model: required (a Hugging Face checkpoint folder)");

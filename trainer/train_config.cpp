@@ -599,6 +599,12 @@ void check_consistency(const TrainConfig& c) {
            ": objective: reward scores each row's last token, one sequence a row: set data.packing: false");
   FT_CHECK(c.objective != Objective::reward || c.task_metric == TaskMetric::none, f, ": task_metric: ",
            enum_name(c.task_metric), " scores generated text; objective: reward reports trl's accuracy instead");
+  FT_CHECK(!c.rewards.model.empty() || (c.rewards.model_adapter.empty() && c.rewards.model_tokenizer.empty()), f,
+           ": rewards.", c.rewards.model_adapter.empty() ? "model_tokenizer" : "model_adapter",
+           " belongs to a reward model: set rewards.model (its checkpoint folder) too");
+  FT_CHECK(c.rewards.names().empty() || c.objective == Objective::grpo || c.objective == Objective::ppo, f,
+           ": rewards.", c.rewards.names().front(), " scores generated completions: rewards apply to objective: "
+           "grpo and ppo, and this run's objective is ", enum_name(c.objective));
   if (c.objective == Objective::grpo) check_grpo(c);
   if (c.objective == Objective::ppo) check_ppo(c);
   FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode != QuantizedBase::none, f,
