@@ -167,6 +167,25 @@ TEST_CASE("prompt rows: a row without \"prompt\" names its line; long prompts ke
                        (bad + ":2: row lacks \"prompt\": expected a \"prompt\" string (objective: grpo and ppo "
                               "generate from prompts), got keys \"text\"").c_str(),
                        Error);
+  // The rule rewards' fields are checked as the rows load, each failure naming the row's line.
+  RewardRules rules;
+  rules.answer = "answer";
+  CHECK_THROWS_WITH_AS(load_prompt_rows(good, *tokenizer, 4, ModelKind::causal, &rules),
+                       (good + ":2: rewards.answer reads the field \"answer\", which this row lacks (expected a "
+                               "string; the row has keys \"prompt\")").c_str(),
+                       Error);
+  const std::string words = write_rows("words.jsonl", "{\"prompt\": \"p\", \"answer\": \"x = 4\"}\n"
+                                                      "{\"prompt\": \"p\", \"answer\": \"four\"}\n");
+  CHECK_THROWS_WITH_AS(load_prompt_rows(words, *tokenizer, 4, ModelKind::causal, &rules),
+                       (words + ":2: rewards.answer: the field \"answer\" holds no number: \"four\"").c_str(), Error);
+  RewardRules rouge;
+  rouge.rouge = "answer";
+  CHECK(load_prompt_rows(words, *tokenizer, 4, ModelKind::causal, &rouge).size() == 2);
+  const std::string number = write_rows("number.jsonl", "{\"prompt\": \"p\", \"answer\": 4}\n");
+  CHECK_THROWS_WITH_AS(load_prompt_rows(number, *tokenizer, 4, ModelKind::causal, &rouge),
+                       (number + ":1: rewards.rouge reads the field \"answer\", which this row holds as a number "
+                                 "(expected a string; the row has keys \"answer\", \"prompt\")").c_str(),
+                       Error);
 }
 
 TEST_CASE("the prompt loader draws each epoch in shuffled_order and resumes from its position") {

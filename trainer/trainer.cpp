@@ -277,13 +277,13 @@ void make_prompts(Run& run) {
            " runs in one process (its rollouts are not split across ranks yet); run it without mpirun");
   const int64_t max_prompt_tokens = config.seq_len - max_completion_tokens(config);
   run.train_prompts = std::make_unique<PromptLoader>(
-      load_prompt_rows(config.data.train, *run.tokenizer, max_prompt_tokens, run.kind), config.seed);
+      load_prompt_rows(config.data.train, *run.tokenizer, max_prompt_tokens, run.kind, &config.rewards), config.seed);
   const int64_t completions = config.objective == Objective::ppo ? 1 : config.grpo.num_generations;
   std::cout << "train: " << run.train_prompts->rows().size() << " prompts, " << prompts_per_step(config)
             << " a step, " << completions << " completion" << (completions > 1 ? "s" : "") << " each\n";
   run.kl_controller = make_kl_controller(config.ppo);
   if (!config.data.eval.empty()) {
-    run.eval_prompts = load_prompt_rows(config.data.eval, *run.tokenizer, max_prompt_tokens, run.kind);
+    run.eval_prompts = load_prompt_rows(config.data.eval, *run.tokenizer, max_prompt_tokens, run.kind, &config.rewards);
     run.eval_examples.path = config.data.eval;
     // The end-of-run samples show a row's "completion" as their reference when it has one.
     for (const PromptRow& row : run.eval_prompts)

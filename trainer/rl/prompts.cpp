@@ -4,16 +4,18 @@
 
 #include "kernels/error.h"
 #include "trainer/evaluate.h"
+#include "trainer/rl/rewards.h"
 
 namespace ft {
 
 std::vector<PromptRow> load_prompt_rows(const std::string& path, const Tokenizer& tokenizer,
-                                        int64_t max_prompt_tokens, ModelKind kind) {
+                                        int64_t max_prompt_tokens, ModelKind kind, const RewardRules* rewards) {
   std::vector<PromptRow> rows;
   read_jsonl_rows(path, "prompt file", "a \"prompt\" string", [&](const nlohmann::json& row, const std::string& where) {
     FT_CHECK(row.contains("prompt"), where, ": row lacks \"prompt\": expected a \"prompt\" string (objective: grpo "
              "and ppo generate from prompts), got ", key_list(row));
     PromptRow out{row, string_field(row, "prompt", where), {}};
+    if (rewards) check_reward_fields(*rewards, row, where);
     if (kind == ModelKind::seq2seq) {
       FT_CHECK(tokenizer.eos_id() >= 0, where, ": a seq2seq policy's prompt ends with eos; the tokenizer has none");
       out.tokens = tokenizer.encode(out.prompt);

@@ -16,6 +16,8 @@
 
 namespace ft {
 
+struct RewardRules;
+
 struct PromptRow {
   nlohmann::json row;
   std::string prompt;
@@ -26,9 +28,11 @@ struct PromptRow {
   std::vector<int32_t> tokens;
 };
 
-// Every row of path; a row without a "prompt" string is an Error naming the line.
+// Every row of path; a row without a "prompt" string, or one the rule
+// rewards cannot score (check_reward_fields), is an Error naming the line.
 std::vector<PromptRow> load_prompt_rows(const std::string& path, const Tokenizer& tokenizer,
-                                        int64_t max_prompt_tokens, ModelKind kind = ModelKind::causal);
+                                        int64_t max_prompt_tokens, ModelKind kind = ModelKind::causal,
+                                        const RewardRules* rewards = nullptr);
 
 class PromptLoader {
  public:

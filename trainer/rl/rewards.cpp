@@ -12,6 +12,7 @@
 #include "model/checksum.h"
 #include "model/families.h"
 #include "model/peft_adapter.h"
+#include "trainer/data/data.h"
 #include "model/safetensors.h"
 #include "tokenizer/load_tokenizer.h"
 #include "trainer/data/data.h"
@@ -58,9 +59,12 @@ std::vector<double> regex_rewards(const std::string& pattern, const std::vector<
   return values;
 }
 
+// At most 80 bytes of text, marked where cut.
+std::string excerpt(const std::string& text) { return text.size() <= 80 ? text : text.substr(0, 77) + "..."; }
+
 std::string row_text(const Rollout& c, const std::string& field, const char* key) {
   FT_CHECK(c.row && c.row->contains(field) && (*c.row)[field].is_string(), "rewards.", key, ": the prompt row ",
-           c.row ? c.row->dump().substr(0, 80) : "", " has no string field \"", field, "\"");
+           c.row ? excerpt(c.row->dump()) : "", " has no string field \"", field, "\"");
   return (*c.row)[field].get<std::string>();
 }
 
@@ -100,7 +104,7 @@ std::vector<double> rule_values(const RewardRules& rules, const std::string& nam
     if (name == "answer") {
       const std::string want = row_text(c, rules.answer, "answer");
       const std::optional<double> expected = last_number(want), got = last_number(c.text);
-      FT_CHECK(expected, "rewards.answer: field \"", rules.answer, "\" holds no number: \"", want, "\"");
+      FT_CHECK(expected, "rewards.answer: field \"", rules.answer, "\" holds no number: \"", excerpt(want), "\"");
       values.push_back(got && std::abs(*got - *expected) <= 1e-9 * std::max(1.0, std::abs(*expected)) ? 1.0 : 0.0);
     }
     if (name == "length") {
@@ -118,6 +122,18 @@ double rule_weight(const RewardRules& rules, const std::string& name) {
 
 
 }  // namespace
+
+void check_reward_fields(const RewardRules& rules, const nlohmann::json& row, const std::string& where) {
+  for (const auto& [key, field] : {std::pair{"rouge", &rules.rouge}, std::pair{"answer", &rules.answer}}) {
+    if (field->empty()) continue;
+    FT_CHECK(row.contains(*field) && row[*field].is_string(), where, ": rewards.", key, " reads the field \"", *field,
+             "\", which this row ", row.contains(*field) ? "holds as a " + std::string(row[*field].type_name()) :
+             "lacks", " (expected a string; the row has ", key_list(row), ")");
+  }
+  if (!rules.answer.empty())
+    FT_CHECK(last_number(row[rules.answer].get<std::string>()), where, ": rewards.answer: the field \"",
+             rules.answer, "\" holds no number: \"", excerpt(row[rules.answer].get<std::string>()), "\"");
+}
 
 RewardModel::RewardModel(const RewardRules& rules, Backend& backend, const ModelOptions& options,
                          const std::string& policy_tokenizer_file, bool policy_seq2seq, int64_t rows_per_forward)

@@ -41,6 +41,11 @@ struct RewardRules {
   std::vector<std::string> names() const;
 };
 
+// Refuses a prompt row that rules.rouge or rules.answer cannot score (its
+// field missing or not a string; for answer, no number in it), at where
+// (file:line), when the data loads rather than when the row is drawn.
+void check_reward_fields(const RewardRules& rules, const nlohmann::json& row, const std::string& where);
+
 // One completion (a rollout) to reward: its prompt row (the data file's JSON row), its text and tokens.
 struct Rollout {
   const nlohmann::json* row = nullptr;
