@@ -313,6 +313,21 @@ TEST_CASE("chat rows with tools, tool calls and tool results train as apply_chat
   }
   CHECK(rows == 9);
   CHECK(prefixes == 9);
+  // A template that never mentions tools (every built-in one) would drop them: refused, naming it.
+  for (ChatTemplateKind kind : {ChatTemplateKind::chatml, ChatTemplateKind::llama3}) {
+    ChatTemplate built_in = resolve_chat_template(kind, std::string(FT_FIXTURES_DIR) + "/tokenizer");
+    Dataset data = load_string("{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], "
+                               "\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", "
+                               "\"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": {}}}]}]}\n");
+    CHECK_THROWS_WITH_AS(tokenize_dataset(data, BpeTokenizer(std::string(FT_FIXTURES_DIR) + "/bpe_tokenizer/tokenizer.json"),
+                                          4096, 0, &built_in),
+                         ("chat.jsonl:1: the conversation has tools, tool calls or tool results, and the built-in " +
+                          std::string(enum_name(kind)) + " chat template never mentions tools (it would drop them); use a "
+                          "template that renders them, such as a tool-calling checkpoint's own (its "
+                          "tokenizer_config.json)")
+                             .c_str(),
+                         Error);
+  }
   // Tool rows are checked as rows: each error names the line and the message.
   const std::string call = "{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": {}}}]}";
   const std::string result = "{\"role\": \"tool\", \"content\": \"1\"}", answer = "{\"role\": \"assistant\", \"content\": \"a\"}";

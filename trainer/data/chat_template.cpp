@@ -174,8 +174,19 @@ Spans prefix_spans(const ChatTemplate& chat, const Json& messages, const Json& t
   return spans;
 }
 
+bool mentions_tools(const Json& messages, const Json& tools) {
+  if (!tools.is_null()) return true;
+  for (const Json& message : messages)
+    if (message.contains("tool_calls") || message.value("role", "") == "tool") return true;
+  return false;
+}
+
 jinja::Rendered render_with_spans(const ChatTemplate& chat, const Json& messages, const Json& tools,
                                   bool add_generation_prompt, const std::string& where) {
+  FT_CHECK(chat.renders_tools || !mentions_tools(messages, tools), where.empty() ? chat.name : where,
+           ": the conversation has tools, tool calls or tool results, and ", chat.name,
+           " never mentions tools (it would drop them); use a template that renders them, such as a tool-calling "
+           "checkpoint's own (its tokenizer_config.json)");
   Json context = chat.special_tokens;
   context["messages"] = messages;
   context["tools"] = tools;
@@ -231,6 +242,8 @@ ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::strin
   FT_CHECK(!source.empty(), file, ": no chat_template to render chat rows with; set ", setting, " to one of ",
            enum_spellings(enum_names(ChatTemplateKind{}), ", ", ChatTemplateKind::automatic));
   chat.jinja = jinja::compile(source, where);
+  chat.name = where;
+  chat.renders_tools = source.find("tool") != std::string::npos;
   for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"})
     if (std::optional<std::string> text = token_text(config, key)) chat.special_tokens[key] = *text;
   if (!chat.special_tokens.contains("bos_token") && configured != ChatTemplateKind::automatic)

@@ -52,6 +52,10 @@ struct ChatTemplate {
   // The special-token strings the template sees (bos_token, eos_token, ...), as transformers passes them.
   nlohmann::ordered_json special_tokens = nlohmann::ordered_json::object();
   std::string source;  // where the choice came from: the option that named it, or the template's file
+  std::string name;    // for messages: "the built-in chatml chat template", or the file and field
+  // Whether the template's text mentions tools at all ("tool"): one that does
+  // not would drop a row's tools and tool calls silently, so such rows are refused.
+  bool renders_tools = false;
   std::shared_ptr<const jinja::Template> jinja;
   std::time_t now = 0;  // the time strftime_now formats: when the template was resolved (tests set it)
 };
