@@ -71,4 +71,11 @@ void copy_file_atomically(const std::string& from, const std::string& to) {
   write_file_atomically(to, bytes.str());
 }
 
+void create_folder(const std::string& folder, const std::string& field) {
+  std::error_code error;
+  std::filesystem::create_directories(folder, error);
+  FT_CHECK(!error, field, ": cannot create the folder ", folder, " (", error.message(),
+           error == std::errc::not_a_directory ? ": a file is in the way" : "", ")");
+}
+
 }  // namespace ft

@@ -17,5 +17,9 @@ void write_file_atomically(const std::string& path, const std::vector<std::pair<
 void write_file_atomically(const std::string& path, const std::string& text);
 // Reads from (errors name it) and writes its bytes to to, as above.
 void copy_file_atomically(const std::string& from, const std::string& to);
+// Creates folder and its parents (nothing if it exists); a failure (a file in
+// the way, no permission) is an Error naming `field` (what set the path), the
+// folder and the errno text.
+void create_folder(const std::string& folder, const std::string& field);
 
 }  // namespace ft

@@ -196,9 +196,7 @@ void save_peft_adapter(const std::string& folder, const std::vector<std::pair<st
                        const std::optional<LoraOptions>& model_lora, const PeftAdapterConfig& peft) {
   const LoraOptions& config = peft.lora;
   check_matches_model(config, model_lora, "save_peft_adapter(" + folder + ")");
-  std::error_code error;
-  fs::create_directories(folder, error);
-  FT_CHECK(!error, folder, ": cannot create folder (", error.message(), ")");
+  create_folder(folder, "the adapter");
   // PEFT reads only "format"; the checksum is verified by load_peft_adapter.
   save_safetensors_with_checksum((fs::path(folder) / "adapter_model.safetensors").string(), tensors,
                                  {{"format", "pt"}});

@@ -383,6 +383,12 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"dir.yaml", "dir.yaml: is a directory, expected config file"},
       {"config.yaml --set model=dir_model", "dir_model/config.json: is a directory, expected model config"},
       {"generate " + model + " --tokenizer tokdir --prompt hi", "tokdir: is a directory, expected tokenizer file"},
+      // A file where an output folder goes: named with the field, not the library's exception text.
+      {"config.yaml --set output_dir=afile", "config.yaml: output_dir: cannot create the folder afile (Not a "
+                                             "directory: a file is in the way)"},
+      {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out afile/m",
+       "merge --out: cannot create the folder afile/m (Not a directory: a file is in the way)"},
+      {"export " + model + tokenizer + " --gguf ''", "export: --gguf is empty; give the .gguf file to write"},
       {"plan config.yaml --gpu-mem inf", "--gpu-mem: \"inf\" is not a size below 1 EiB"},
       {"plan config.yaml --gpu-mem 1e30GiB", "\"1e30GiB\" is not a size below 1 EiB"},
       {"plan config.yaml --context-reserve 2EiB", "--context-reserve: \"2EiB\" is not a size"},
@@ -396,6 +402,7 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
   fs::create_directories(dir + "/dir_model/config.json");
   fs::create_directories(dir + "/tokdir");
   std::ofstream(dir + "/empty.jsonl") << "\n";
+  std::ofstream(dir + "/afile") << "not a folder\n";
   std::ofstream(dir + "/broken.jsonl") << "{\"text\": \"fine\"}\n{\"text\": oops}\n";
   std::ofstream(dir + "/rows.jsonl") << "{\"prompt\": \"fine\"}\n{\"text\": \"no prompt\"}\n";
   for (const Case& c : cases) {

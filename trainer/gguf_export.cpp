@@ -173,6 +173,7 @@ void export_gguf(const GgufExportCommand& command, std::ostream& log) {
   const std::string config_path = (fs::path(command.model) / "config.json").string();
   FT_CHECK(fs::is_regular_file(config_path), command.model,
            ": MODEL must be a Hugging Face checkpoint folder with a config.json");
+  FT_CHECK(!command.out.empty(), "export: --gguf is empty; give the .gguf file to write");
   FT_CHECK(!fs::is_directory(command.out), command.out, ": --gguf names a folder; give the .gguf file to write");
   const ModelConfig config = read_model_config(config_path);
   const ModelFamily& family = model_family(config.model_type, config_path);

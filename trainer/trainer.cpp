@@ -123,7 +123,7 @@ void make_backend(Run& run) {
 // scales directly instead of quantising the 16-bit checkpoint again.
 void save_base(const Run& run, LanguageModel& model) {
   const std::string& folder = run.config.quantization.save_base;
-  fs::create_directories(folder);
+  create_folder(folder, run.config.source + ": quantization.save_base");
   save_quantized_base(model, path_in(folder, "model.safetensors"));
   copy_file_atomically(path_in(run.config.model, "config.json"), path_in(folder, "config.json"));
   copy_file_atomically(run.config.tokenizer, path_in(folder, run.tokenizer->file_name()));
@@ -805,7 +805,7 @@ void print_samples(Run& run, Progress& progress) {
 // The full model in HF layout (config.json, model.safetensors, the tokenizer file),
 // after training every parameter: loadable as `model:` by a later run.
 void save_full_model(Run& run, const std::string& folder) {
-  fs::create_directories(folder);
+  create_folder(folder, run.config.source + ": output_dir");
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (Parameter& p : run.model->parameters()) {
     Tensor host_copy = Tensor::empty(p.value.shape, p.value.dtype, run.host, MemCategory::workspace);
@@ -947,7 +947,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   QuietUnlessLeader quiet(collectives.rank() == 0);
   StopOnSignals stop_on_signals;
   Run run(config, collectives);
-  fs::create_directories(config.output_dir);
+  create_folder(config.output_dir, config.source + ": output_dir");
   make_backend(run);
   check_same_device(collectives, *run.backend);
   StepOpProfile op_profile(*run.backend, std::cout);  // FT_PROFILE_OPS, read before the model loads

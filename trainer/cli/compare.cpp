@@ -242,7 +242,7 @@ int run_comparison(const Comparison& comparison, std::ostream& out) {
     if (status != 0) return status;  // stopped by a signal: its checkpoint is saved
     results.push_back(result);
   }
-  fs::create_directories(comparison.output_dir);
+  create_folder(comparison.output_dir, "output_dir");
   std::vector<ComparedResult> by_rouge;
   for (const ComparedResult& r : results)
     if (r.summary.has_rouge) by_rouge.push_back(r);

@@ -136,7 +136,7 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
   const AdapterMerge adapter(command.adapter, base);
   const DType dtype = command.dtype.value_or(base.entry(adapter.pairs().begin()->first + ".weight").dtype);
 
-  fs::create_directories(command.out);
+  create_folder(command.out, "merge --out");
   std::vector<std::vector<std::string>> shards = plan_shards(base, dtype, command.max_shard_bytes);
   // Added tensors (a score head over a causal LM's checkpoint) after the base's, in the last shard.
   shards.back().insert(shards.back().end(), adapter.added_names().begin(), adapter.added_names().end());
