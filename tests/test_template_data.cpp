@@ -60,6 +60,11 @@ TEST_CASE("CSV records: blank lines skipped, a missing final newline, empty fiel
   CHECK(rows[1].line == 4);
   CHECK(rows[1].fields.at("a") == "x\ny");
   CHECK(rows[1].fields.at("b") == "2");
+  // Excel's "CSV UTF-8": a byte order mark before the header, CRLF line ends.
+  const std::vector<NamedRow> excel = csv("\xEF\xBB\xBF" "dialogue,summary\r\nhi,caf\xC3\xA9\r\n");
+  REQUIRE(excel.size() == 1);
+  CHECK(excel[0].fields.at("dialogue") == "hi");
+  CHECK(excel[0].fields.at("summary") == "caf\xC3\xA9");
 }
 
 TEST_CASE("bad CSV and templates are errors naming the file, line and field") {
@@ -69,6 +74,11 @@ TEST_CASE("bad CSV and templates are errors naming the file, line and field") {
   CHECK_THROWS_WITH_AS(csv("a,a\n1,2\n"), "t.csv:1: column \"a\" twice", Error);
   CHECK_THROWS_WITH_AS(csv("a,b\n\"1\"x,2\n"), "t.csv:2: text after a quoted field's closing quote", Error);
   CHECK_THROWS_WITH_AS(csv(""), "t.csv: empty CSV file (expected a header line of column names)", Error);
+  // Latin-1 (Excel's plain "CSV" on Windows) is refused as a JSONL row with those bytes is.
+  CHECK_THROWS_WITH_AS(csv("a,b\nx,caf\xE9\n"),
+                       "t.csv:2: column \"b\" (a CSV file is read as UTF-8: save it as \"CSV UTF-8\"): invalid UTF-8 "
+                       "at byte 3",
+                       Error);
   const NamedRow row{7, {{"dialogue", "hi"}, {"summary", "s"}}};
   CHECK(fill_template("{{{dialogue}}}", row, "f:7", "p") == "{hi}");
   CHECK_THROWS_WITH_AS(fill_template("{topic}", row, "f.csv:7", "data.template.prompt"),

@@ -5,6 +5,7 @@
 
 #include "kernels/error.h"
 #include "kernels/input_file.h"
+#include "tokenizer/unicode.h"
 
 namespace ft {
 namespace {
@@ -45,9 +46,19 @@ bool read_record(std::istream& input, const std::string& path, int64_t& line, st
   return true;
 }
 
+// Skips a UTF-8 byte order mark (Excel's "CSV UTF-8" starts with one).
+void skip_bom(std::istream& input) {
+  char bom[3] = {};
+  input.read(bom, 3);
+  if (input.gcount() == 3 && std::string(bom, 3) == "\xEF\xBB\xBF") return;
+  input.clear();
+  input.seekg(0);
+}
+
 }  // namespace
 
 std::vector<NamedRow> read_csv(std::istream& input, const std::string& path) {
+  skip_bom(input);
   int64_t line = 1;
   std::vector<std::string> header, fields;
   FT_CHECK(read_record(input, path, line, header), path, ": empty CSV file (expected a header line of column names)");
@@ -61,7 +72,12 @@ std::vector<NamedRow> read_csv(std::istream& input, const std::string& path) {
     FT_CHECK(fields.size() == header.size(), path, ":", start, ": ", fields.size(), " fields, but the header has ",
              header.size(), " columns");
     NamedRow row{start, {}};
-    for (size_t i = 0; i < header.size(); ++i) row.fields[header[i]] = fields[i];
+    for (size_t i = 0; i < header.size(); ++i) {
+      // As JSONL rows are: strict UTF-8 (a Latin-1 export would train on bytes the tokenizer never meant).
+      unicode::decode_utf8(fields[i], path + ":" + std::to_string(start) + ": column \"" + header[i] +
+                                          "\" (a CSV file is read as UTF-8: save it as \"CSV UTF-8\")");
+      row.fields[header[i]] = fields[i];
+    }
     rows.push_back(std::move(row));
   }
   return rows;
