@@ -12,7 +12,10 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
 #include "model/gguf_file.h"
@@ -139,6 +142,25 @@ TEST_CASE("export --gguf refuses what llama.cpp cannot read with one error, leav
   // A base saved quantised by a run (quantization.save_base) is not the weights llama.cpp wants.
   refuses(command_for("nf4/llama_nf4", "tokenizer/tokenizer.model", "", GgmlType::f16, out),
           "(a quantised base, as quantization.save_base writes); export needs the original F32, BF16 or F16 weights");
+  // A config.json that does not describe the weights (llama_gqa's 2 layers of 88-wide MLPs): a GGUF whose
+  // block_count or feed_forward_length contradicts its tensors loads nowhere.
+  const auto mismatched = [&](const std::string& name, const char* key, int64_t delta) {
+    const fs::path folder = fs::path(FT_BINARY_DIR) / "gguf_config_mismatch" / name;
+    fs::create_directories(folder);
+    nlohmann::json config = nlohmann::json::parse(std::ifstream(kFixtures + "/llama_gqa/config.json"));
+    config[key] = config[key].get<int64_t>() + delta;
+    std::ofstream(folder / "config.json") << config.dump();
+    fs::copy_file(kFixtures + "/llama_gqa/model.safetensors", folder / "model.safetensors",
+                  fs::copy_options::overwrite_existing);
+    GgufExportCommand command = command_for("llama_gqa", "tokenizer/tokenizer.model", "", GgmlType::f16, out);
+    command.model = folder.string();
+    return command;
+  };
+  refuses(mismatched("more_layers", "num_hidden_layers", 1),
+          "more_layers: missing tensor \"model.layers.2.input_layernorm.weight\", which");
+  refuses(mismatched("fewer_layers", "num_hidden_layers", -1),
+          "model.safetensors: tensor \"model.layers.1.input_layernorm.weight\" is not in the model");
+  refuses(mismatched("wider_mlp", "intermediate_size", 8), "has shape [88, 64] but config.json implies [96, 64]");
 }
 
 TEST_CASE("our GGUF reader refuses a truncated file naming it") {

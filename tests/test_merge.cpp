@@ -129,6 +129,18 @@ TEST_CASE("merge refuses bad input with one error naming the file, before writin
             .find("module \"gpt_neox.layers.0.attention.query_key_value\" has no weight") != std::string::npos);
   // A saved NF4 base is not the original weights.
   CHECK(error_of(command_for("nf4/llama_nf4", "llama_lora", out)).find("a quantised base") != std::string::npos);
+  // A config.json that says 3 layers over 2 layers' weights: a merged folder transformers cannot load.
+  const fs::path three = fs::path(FT_BINARY_DIR) / "merge_config_mismatch";
+  fs::create_directories(three);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(kFixtures + "/llama_gqa/config.json"));
+  config["num_hidden_layers"] = 3;
+  std::ofstream(three / "config.json") << config.dump();
+  fs::copy_file(kFixtures + "/llama_gqa/model.safetensors", three / "model.safetensors",
+                fs::copy_options::overwrite_existing);
+  MergeCommand deeper = command_for("llama_gqa", "llama_lora", out);
+  deeper.model = three.string();
+  CHECK(error_of(deeper).find("missing tensor \"model.layers.2.input_layernorm.weight\", which " +
+                              (three / "config.json").string() + " implies") != std::string::npos);
   // --out may not be MODEL itself.
   CHECK(error_of(command_for("llama_gqa", "llama_lora", kFixtures + "/llama_gqa")).find("--out is MODEL itself") !=
         std::string::npos);

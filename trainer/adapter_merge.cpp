@@ -3,7 +3,11 @@
 #include <filesystem>
 
 #include "kernels/error.h"
+#include "kernels/allocator.h"
+#include "kernels/meta/meta_backend.h"
+#include "model/families.h"
 #include "model/lora_linear.h"
+#include "model/quantized_format.h"
 
 namespace ft {
 namespace {
@@ -38,6 +42,20 @@ Tensor view_of(const SafetensorsEntry& entry) {
 }
 
 }  // namespace
+
+std::set<std::string> check_base_matches_config(const Checkpoint& base, const std::string& config_path) {
+  MetaAllocator no_bytes;
+  MetaBackend meta(no_bytes, MemoryPolicy::cpu);
+  const std::unique_ptr<LanguageModel> model = make_language_model(read_model_config(config_path), meta, ModelOptions{});
+  std::set<std::string> names;
+  for (const Parameter& p : model->parameters()) {
+    FT_CHECK(base.contains(p.name), base.path(), ": missing tensor \"", p.name, "\", which ", config_path,
+             " implies (does it describe these weights?)");
+    require_shape(base.entry(p.name), p.name, whole_shape(p));
+    names.insert(p.name);
+  }
+  return names;
+}
 
 void check_float_base(const Checkpoint& base, const std::string& needs) {
   for (const std::string& name : base.names()) {

@@ -4,6 +4,7 @@
 // Face folder) and `finetune export --gguf`.
 #pragma once
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,13 @@ namespace ft {
 // base saved by a run), naming the tensor and its file, then `needs` (what the
 // command wanted instead).
 void check_float_base(const Checkpoint& base, const std::string& needs);
+
+// Refuses a base whose weights are not the model its config.json describes
+// (config_path): a tensor the model has that the checkpoint lacks, or one of
+// another shape, named as training would name it (a merged folder or a GGUF
+// that says one model and holds another loads nowhere). Returns the model's
+// tensor names, for a check of extra tensors.
+std::set<std::string> check_base_matches_config(const Checkpoint& base, const std::string& config_path);
 
 class AdapterMerge {
  public:

@@ -187,6 +187,7 @@ void export_gguf(const GgufExportCommand& command, std::ostream& log) {
 
   const Checkpoint base(command.model);
   check_float_base(base, "export needs the original F32, BF16 or F16 weights the base was quantised from");
+  const std::set<std::string> model_tensors = check_base_matches_config(base, config_path);
   std::unique_ptr<AdapterMerge> adapter;
   if (!command.adapter.empty()) adapter = std::make_unique<AdapterMerge>(command.adapter, base);
   FT_CHECK(!adapter || adapter->saved().empty(), command.adapter, ": the adapter saves whole modules (",
@@ -202,6 +203,10 @@ void export_gguf(const GgufExportCommand& command, std::ostream& log) {
     const std::string gguf_name = gguf_tensor_name(arch.layout, hf_name);
     FT_CHECK(!gguf_name.empty(), base.entry(hf_name).file, ": tensor \"", hf_name,
              "\" has no name in llama.cpp's \"", arch.name, "\" architecture");
+    // A layer's tensor beyond the model's (more layers than num_hidden_layers) would not match block_count.
+    FT_CHECK(model_tensors.contains(hf_name) || !gguf_name.starts_with("blk."), base.entry(hf_name).file,
+             ": tensor \"", hf_name, "\" is not in the model ", config_path, " describes (",
+             config.num_hidden_layers, " layers)");
     const Shape shape = base.entry(hf_name).shape;
     std::vector<float> values = tensor_values(base, adapter.get(), hf_name);
     const bool q = ends_with(gguf_name, "attn_q.weight") || ends_with(gguf_name, "attn_q.bias");

@@ -134,6 +134,7 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
   check_output_folder(command);
   const Checkpoint base(command.model);
   const AdapterMerge adapter(command.adapter, base);
+  check_base_matches_config(base, (fs::path(command.model) / "config.json").string());
   const DType dtype = command.dtype.value_or(base.entry(adapter.pairs().begin()->first + ".weight").dtype);
 
   create_folder(command.out, "merge --out");
