@@ -100,6 +100,9 @@ TEST_CASE("load_jsonl errors name the file and the line") {
         "\"question\"");
   CHECK(load_error("lacks.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"c\"}\n") ==
         "lacks.jsonl:2: row lacks \"completion\"");
+  CHECK(load_error("pairs.jsonl", "{\"prompt\": \"a\", \"chosen\": \"b\", \"rejected\": \"c\"}\n") ==
+        "pairs.jsonl:1: a preference pair (\"chosen\", \"rejected\"), and objective: sft trains on a \"completion\": "
+        "set objective: dpo (or reward) to train on pairs");
   CHECK(load_error("number.jsonl", "{\"prompt\": \"a\", \"completion\": 4}\n") ==
         "number.jsonl:1: \"completion\" must be a string, got number");
   CHECK(load_error("null.jsonl", "{\"text\": null}\n") == "null.jsonl:1: \"text\" must be a string, got null");

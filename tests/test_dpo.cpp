@@ -116,16 +116,18 @@ TEST_CASE("preference rows must be {prompt, chosen, rejected} strings") {
   const std::string good = R"({"prompt": "a", "chosen": "b", "rejected": "c"})";
   CHECK(preference_error("ok.jsonl", good + "\n\n" + good + "\n") == "");
   CHECK(preference_error("sft.jsonl", good + "\n" + R"({"prompt": "a", "completion": "b"})" + "\n") ==
-        "sft.jsonl:2: row lacks \"chosen\": expected \"prompt\", \"chosen\" and \"rejected\" strings (objective: dpo), "
+        "sft.jsonl:2: row lacks \"chosen\": expected \"prompt\", \"chosen\" and \"rejected\" strings (preference "
+        "pairs: objective: dpo and reward read them), "
         "got keys \"completion\", \"prompt\"");
   CHECK(preference_error("number.jsonl", R"({"prompt": "a", "chosen": "b", "rejected": 3})") ==
         "number.jsonl:1: \"rejected\" must be a string, got number");
   CHECK(preference_error("list.jsonl", "[1]") ==
-        "list.jsonl:1: expected a JSON object with \"prompt\", \"chosen\" and \"rejected\" strings (objective: dpo), "
+        "list.jsonl:1: expected a JSON object with \"prompt\", \"chosen\" and \"rejected\" strings (preference "
+        "pairs: objective: dpo and reward read them), "
         "got array");
   CHECK(preference_error("empty.jsonl", "\n") ==
-        "empty.jsonl: no rows (expected JSON rows with \"prompt\", \"chosen\" and \"rejected\" strings (objective: "
-        "dpo))");
+        "empty.jsonl: no rows (expected JSON rows with \"prompt\", \"chosen\" and \"rejected\" strings (preference "
+        "pairs: objective: dpo and reward read them))");
   std::filesystem::remove_all(std::filesystem::path(FT_BINARY_DIR) / "test_dpo_tmp");
 }
 

@@ -163,6 +163,9 @@ Example read_example(const nlohmann::json& row, DataFormat kind, const std::stri
       return {alpaca_prompt(string_field(row, "instruction", where), input), string_field(row, "output", where)};
     }
     default:
+      FT_CHECK(row.contains("completion") || !row.contains("chosen"), where, ": a preference pair (\"chosen\", "
+               "\"rejected\"), and objective: sft trains on a \"completion\": set objective: dpo (or reward) to "
+               "train on pairs");
       return {string_field(row, "prompt", where), string_field(row, "completion", where)};
   }
 }

@@ -8,7 +8,8 @@
 namespace ft {
 
 std::vector<PreferencePair> load_preference_jsonl(const std::string& path) {
-  const std::string expected = "\"prompt\", \"chosen\" and \"rejected\" strings (objective: dpo)";
+  const std::string expected =
+      "\"prompt\", \"chosen\" and \"rejected\" strings (preference pairs: objective: dpo and reward read them)";
   std::vector<PreferencePair> pairs;
   read_jsonl_rows(path, "data file", expected, [&](const nlohmann::json& row, const std::string& where) {
     for (const char* field : {"prompt", "chosen", "rejected"})
