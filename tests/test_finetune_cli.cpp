@@ -2079,6 +2079,11 @@ TEST_CASE("objective: reward: the adapter's scores equal its merged sequence cla
   REQUIRE(from_merged.size() == 2);
   for (size_t i = 0; i < 2; ++i) CHECK(std::abs(from_adapter[i] - from_merged[i]) <= 1e-5 * std::max(1.0, std::abs(from_adapter[i])));
   CHECK(read_file((dir / "merged/config.json").string()).find("LlamaForSequenceClassification") != std::string::npos);
+  // A sequence classifier is no GGUF language model: said, nothing written.
+  const CommandResult gguf = run_command(in_dir + kBinary + " export merged --gguf merged.gguf");
+  CHECK(gguf.exit_code == 1);
+  CHECK(gguf.output.find("merged: holds \"score.weight\", a sequence classifier's score head") != std::string::npos);
+  CHECK(!fs::exists(dir / "merged.gguf"));
 
   const CommandResult no_head =
       run_command(in_dir + kBinary + " score " + model + " --file rows.jsonl");

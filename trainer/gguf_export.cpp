@@ -187,6 +187,8 @@ void export_gguf(const GgufExportCommand& command, std::ostream& log) {
 
   const Checkpoint base(command.model);
   check_float_base(base, "export needs the original F32, BF16 or F16 weights the base was quantised from");
+  FT_CHECK(!base.contains("score.weight"), command.model, ": holds \"score.weight\", a sequence classifier's score "
+           "head (a reward model merged by finetune merge); export --gguf writes language models");
   const std::set<std::string> model_tensors = check_base_matches_config(base, config_path);
   std::unique_ptr<AdapterMerge> adapter;
   if (!command.adapter.empty()) adapter = std::make_unique<AdapterMerge>(command.adapter, base);
