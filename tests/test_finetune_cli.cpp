@@ -1070,7 +1070,7 @@ TEST_CASE("objective: dpo refuses rows that are not preference pairs, full fine-
       {dpo + "--set data.packing=concatenate", "data.packing: concatenate applies to objective: sft only"},
       {dpo + "--set data.format=text", "data.format applies to objective: sft only"},
       {dpo + "--set dpo.beta=0", "dpo.beta: expected a number in (0, 1e6], got \"0\""},
-      {dpo + "--set dpo.loss=hinge", "dpo.loss: expected one of sigmoid, ipo, got \"hinge\""},
+      {dpo + "--set dpo.loss_type=hinge", "dpo.loss_type: expected one of sigmoid, ipo, got \"hinge\""},
       {dpo + "--set objective=rlhf", "objective: expected one of sft, dpo, reward, grpo, ppo, got \"rlhf\""},
       {dpo + "--set task_metric=rouge", "task_metric: rouge scores completions (objective: sft)"},
   };

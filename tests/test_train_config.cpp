@@ -242,6 +242,14 @@ TEST_CASE("unknown keys suggest the nearest valid key, at every level and in --s
         std::string::npos);
   CHECK(error_of(kMinimal, {"generate={top_k: 5}"}) ==
         "configs/x.yaml (--set generate={top_k: 5}): unknown key \"generate.top_k\"; did you mean \"generate.top_p\"?");
+  // A name inside another of its section (PEFT's and trl's longer names), or the start of one.
+  CHECK(error_of(kMinimal, {"lora.alpha=8"}).ends_with("unknown key \"lora.alpha\"; did you mean \"lora.lora_alpha\"?"));
+  CHECK(error_of(kMinimal, {"dpo.loss=ipo"}).ends_with("unknown key \"dpo.loss\"; did you mean \"dpo.loss_type\"?"));
+  CHECK(error_of(kMinimal, {"data.templat={}"}).ends_with("did you mean \"data.template\"?"));
+  CHECK(error_of(kMinimal, {"lr_rate=1"}).ends_with("unknown key \"lr_rate\"; did you mean \"lr\"?"));
+  // Nothing near it in a known section: the section's keys.
+  CHECK(error_of(kMinimal, {"dpo.label_smoothing=0.1"}).ends_with(
+      "unknown key \"dpo.label_smoothing\"; dpo takes beta, loss_type"));
 }
 
 TEST_CASE("wrong types name the file, line, field and what was expected") {

@@ -188,7 +188,7 @@ const Field kFields[] = {
        c.dpo.beta = v.number();
        v.require(c.dpo.beta > 0 && c.dpo.beta <= kMaxScale, "a number in (0, 1e6]");
      }},
-    {"dpo.loss", [](TrainConfig& c, const Value& v) { c.dpo.loss = v.choice<DpoLoss>(); }},
+    {"dpo.loss_type", [](TrainConfig& c, const Value& v) { c.dpo.loss = v.choice<DpoLoss>(); }},
     {"grpo.num_generations",
      [](TrainConfig& c, const Value& v) { c.grpo.num_generations = v.integer_in(2, kMaxBatch); }},
     {"grpo.num_iterations", [](TrainConfig& c, const Value& v) { c.grpo.num_iterations = v.integer_in(1, 1024); }},
@@ -455,19 +455,51 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return previous[b.size()];
 }
 
+// How far candidate is from key, closest first: a key of the same section
+// whose name holds the other's (lora.alpha in lora.lora_alpha, templat in
+// template, lr in lr_rate, r in rank), by the length it adds; then by edit
+// distance.
+std::pair<size_t, size_t> key_distance(const std::string& key, const std::string& candidate) {
+  const std::string name = key.substr(key.rfind('.') + 1), other = candidate.substr(candidate.rfind('.') + 1);
+  const bool same_section =
+      key.substr(0, key.size() - name.size()) == candidate.substr(0, candidate.size() - other.size());
+  const std::string& shorter = name.size() < other.size() ? name : other;
+  const std::string& longer = name.size() < other.size() ? other : name;
+  const size_t at = longer.find(shorter);
+  if (same_section && at != std::string::npos && (shorter.size() >= 3 || at == 0))
+    return {0, longer.size() - shorter.size()};
+  return {edit_distance(key, candidate), 0};
+}
+
+// A key its section does not have lists the section's keys unless one is
+// close; elsewhere the closest key or section is suggested.
 [[noreturn]] void fail_unknown_key(const std::string& where, const std::string& key) {
-  std::string best;
-  size_t best_distance = SIZE_MAX;
-  std::vector<std::string> candidates = train_config_keys();
-  for (const Field& field : kFields) {  // sections too: "quantisation" -> "quantization"
-    std::string key_text = field.key;
-    if (key_text.find('.') != std::string::npos) candidates.push_back(key_text.substr(0, key_text.find('.')));
+  const size_t dot = key.rfind('.');
+  const std::string section = dot == std::string::npos ? "" : key.substr(0, dot);
+  std::vector<std::string> candidates;
+  for (const Field& field : kFields) {
+    const std::string name = field.key;
+    if (!section.empty() && is_section(section)) {
+      // Its keys and its subsections (data.template), each once.
+      const std::string own = name.substr(0, name.find('.', section.size() + 1));
+      if (name.starts_with(section + ".") && std::find(candidates.begin(), candidates.end(), own) == candidates.end())
+        candidates.push_back(own);
+    } else {
+      candidates.push_back(name);
+      if (name.find('.') != std::string::npos) candidates.push_back(name.substr(0, name.find('.')));  // sections too
+    }
   }
+  std::string best;
+  std::pair<size_t, size_t> best_distance{SIZE_MAX, 0};
   for (const std::string& candidate : candidates) {
-    size_t distance = edit_distance(key, candidate);
+    const std::pair<size_t, size_t> distance = key_distance(key, candidate);
     if (distance < best_distance) best = candidate, best_distance = distance;
   }
-  fail(where, ": unknown key \"", key, "\"; did you mean \"", best, "\"?");
+  if (section.empty() || !is_section(section) || best_distance.first <= std::max<size_t>(2, key.size() / 4))
+    fail(where, ": unknown key \"", key, "\"; did you mean \"", best, "\"?");
+  std::string names;
+  for (const std::string& candidate : candidates) names += (names.empty() ? "" : ", ") + candidate.substr(dot + 1);
+  fail(where, ": unknown key \"", key, "\"; ", section, " takes ", names);
 }
 
 // ---------------------------------------------------------------------------
