@@ -2163,6 +2163,9 @@ TEST_CASE("objective: ppo raises the held-out reward, its KL below the config's 
                                           std::to_string(seed) + " --set save_every=0 --set 'lora.target_modules="
                                           "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]'");
     REQUIRE_MESSAGE(run.exit_code == 0, run.output);
+    // A step is ppo.batch_size rollouts, not micro_batch_size x grad_accum_steps.
+    CHECK(run.output.find("training 50 PPO steps of 16 rollouts (ppo.batch_size), each trained 2 times in "
+                          "mini-batches of 4, of up to ") != std::string::npos);
     const auto evals = eval_rewards((learn / "out/metrics.jsonl").string());
     REQUIRE(evals.size() == 2);
     MESSAGE("seed ", seed, ": held-out reward ", evals[0].first, " -> ", evals[1].first, ", KL ", evals[1].second);

@@ -1012,13 +1012,19 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
               << format_bytes(stream->host_bytes()) << ") through " << stream->slot_count()
               << " device slots";
   std::cout << "\n";
-  std::cout << "training " << run.total_steps << " steps of " << config.micro_batch_size << " x "
-            << config.grad_accum_steps;
-  if (data_ranks > 1) std::cout << " x " << data_ranks << " ranks (data parallel)";
-  std::cout << (run.train_pairs     ? " preference pairs (a chosen and a rejected sequence each)"
-                : run.train_prompts ? " completions"
-                                    : " sequences")
-            << " of up to " << config.seq_len << " tokens";
+  if (config.objective == Objective::ppo) {  // a step is ppo.batch_size rollouts, not micro_batch_size
+    std::cout << "training " << run.total_steps << " PPO steps of " << config.ppo.batch_size
+              << " rollouts (ppo.batch_size), each trained " << config.ppo.ppo_epochs << " times in mini-batches of "
+              << config.ppo.mini_batch_size << ", of up to " << config.seq_len << " tokens";
+  } else {
+    std::cout << "training " << run.total_steps << " steps of " << config.micro_batch_size << " x "
+              << config.grad_accum_steps;
+    if (data_ranks > 1) std::cout << " x " << data_ranks << " ranks (data parallel)";
+    std::cout << (run.train_pairs     ? " preference pairs (a chosen and a rejected sequence each)"
+                  : run.train_prompts ? " completions"
+                                      : " sequences")
+              << " of up to " << config.seq_len << " tokens";
+  }
   if (run.pipeline_stages > 1) std::cout << ", through " << run.pipeline_stages << " pipeline stages";
   if (run.tensor_ranks > 1) std::cout << ", each layer split over " << run.tensor_ranks << " tensor-parallel ranks";
   std::cout << "\n";
