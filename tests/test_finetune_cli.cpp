@@ -375,7 +375,7 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"generate " + model + " --prompt hi", "tokenizer.model"},
       {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter", "merge: --out is required"},
       {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out m --dtype f8",
-       "--dtype: expected one of bf16, fp16, f32, got \"f8\""},
+       "--dtype: expected one of bf16, fp16, f16, f32, fp32, got \"f8\""},
       {"merge " + model + " --adapter " + kFixtures + "/gpt_neox_lora/adapter --out m", "has no weight"},
       {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out m --max-shard-size lots",
        "--max-shard-size: \"lots\" is not a size"},

@@ -9,7 +9,8 @@ namespace {
 
 // --outtype's spellings: convert_hf_to_gguf.py's.
 const EnumName<GgmlType> kOutTypes[] = {
-    {"f32", GgmlType::f32}, {"f16", GgmlType::f16}, {"bf16", GgmlType::bf16}, {"q8_0", GgmlType::q8_0}};
+    {"f32", GgmlType::f32}, {"fp32", GgmlType::f32}, {"f16", GgmlType::f16}, {"fp16", GgmlType::f16},
+    {"bf16", GgmlType::bf16}, {"q8_0", GgmlType::q8_0}};
 
 }  // namespace
 

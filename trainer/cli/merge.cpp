@@ -23,7 +23,9 @@ using nlohmann::json;
 namespace {
 
 // --dtype's spellings: fp16 as torch says it, not dtype_name()'s f16.
-const EnumName<DType> kOutputDtypes[] = {{"bf16", DType::bf16}, {"fp16", DType::f16}, {"f32", DType::f32}};
+// Both spellings of each (the config's precision says fp32, export's --outtype f16).
+const EnumName<DType> kOutputDtypes[] = {
+    {"bf16", DType::bf16}, {"fp16", DType::f16}, {"f16", DType::f16}, {"f32", DType::f32}, {"fp32", DType::f32}};
 
 // The files of a model folder besides config.json and the weights that
 // transformers reads: tokenizers, their settings, generation defaults.
