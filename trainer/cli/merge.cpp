@@ -47,7 +47,7 @@ void check_output_folder(const MergeCommand& command) {
   for (const fs::directory_entry& entry : fs::directory_iterator(command.out)) {
     const std::string name = entry.path().filename().string();
     FT_CHECK(!(name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos), command.out,
-             ": already holds a checkpoint (", name, "); give a new or empty folder");
+             ": already holds a checkpoint (", name, "); give a folder without one");
   }
 }
 
@@ -114,8 +114,9 @@ CLI::App* add_merge_command(CLI::App& app, MergeCommand& c) {
   CLI::App* merge =
       app.add_subcommand("merge", "Folds a PEFT LoRA adapter into MODEL's original weights: a Hugging Face folder");
   merge->footer(
-      "W + scaling * B A in f32, rounded once to --dtype (PEFT's merge_and_unload), written to --out (a new or\n"
-      "empty folder) in safetensors shards of at most --max-shard-size, with config.json and the tokenizer files.");
+      "W + scaling * B A in f32, rounded once to --dtype (PEFT's merge_and_unload), written to --out (a folder\n"
+      "without a checkpoint in it; other files stay) in safetensors shards of at most --max-shard-size, with\n"
+      "config.json and the tokenizer files.");
   merge->add_option("MODEL", c.model, "the Hugging Face checkpoint the adapter was trained over")->required();
   merge->add_option("--adapter", c.adapter, "a PEFT LoRA adapter folder")->type_name("DIR")->required();
   merge->add_option("--out", c.out, "the merged checkpoint's folder")->type_name("DIR")->required();
