@@ -91,9 +91,22 @@ TEST_CASE("load_jsonl reads prompt/completion and text rows, skipping blank line
 }
 
 TEST_CASE("load_jsonl errors name the file and the line") {
-  CHECK(load_error("bad_json.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"\n")
-            .starts_with("bad_json.jsonl:2: not valid JSON ("));
-  CHECK(load_error("array.jsonl", "\n[1, 2]\n") == "array.jsonl:2: expected a JSON object, got array");
+  // The parser's reason at the row's column (not its "line 1"), bytes beyond ASCII escaped.
+  CHECK(load_error("bad_json.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"\n") ==
+        "bad_json.jsonl:2: not valid JSON at column 13: syntax error while parsing object - unexpected end of input; "
+        "expected '}'");
+  CHECK(load_error("latin1.jsonl", "{\"text\": \"caf\xE9\"}\n") ==
+        "latin1.jsonl:1: not valid JSON at column 15: syntax error while parsing value - invalid string: ill-formed "
+        "UTF-8 byte; last read: '\"caf\\xE9\"'");
+  // What is not JSONL is named: a list, a pretty-printed object, a UTF-16 file.
+  const std::string one_a_line = ": write each row as one line (Python: for row in rows: print(json.dumps(row)))";
+  CHECK(load_error("array.jsonl", "\n[1, 2]\n") ==
+        "array.jsonl:2: a JSONL file holds one JSON object a line, and this line starts a JSON list" + one_a_line);
+  CHECK(load_error("pretty.jsonl", "{\n  \"text\": \"a\"\n}\n") ==
+        "pretty.jsonl:1: a JSONL file holds one JSON object a line, and this line opens an object over several lines "
+        "(pretty-printed JSON)" + one_a_line);
+  CHECK(load_error("utf16.jsonl", std::string("\xFF\xFE{\0\"\0", 6)) ==
+        "utf16.jsonl:1: the file is UTF-16 (it starts with UTF-16's byte order mark); save it as UTF-8");
   CHECK(load_error("fields.jsonl", "{\"question\": \"a\", \"answer\": \"b\"}\n") ==
         "fields.jsonl:1: expected \"prompt\" and \"completion\" strings, a \"text\" string, a \"messages\" list or "
         "\"instruction\" and \"output\" strings, got keys \"answer\", "

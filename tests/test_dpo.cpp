@@ -121,10 +121,10 @@ TEST_CASE("preference rows must be {prompt, chosen, rejected} strings") {
         "got keys \"completion\", \"prompt\"");
   CHECK(preference_error("number.jsonl", R"({"prompt": "a", "chosen": "b", "rejected": 3})") ==
         "number.jsonl:1: \"rejected\" must be a string, got number");
-  CHECK(preference_error("list.jsonl", "[1]") ==
+  CHECK(preference_error("list.jsonl", "7") ==
         "list.jsonl:1: expected a JSON object with \"prompt\", \"chosen\" and \"rejected\" strings (preference "
         "pairs: objective: dpo and reward read them), "
-        "got array");
+        "got number");
   CHECK(preference_error("empty.jsonl", "\n") ==
         "empty.jsonl: no rows (expected JSON rows with \"prompt\", \"chosen\" and \"rejected\" strings (preference "
         "pairs: objective: dpo and reward read them))");

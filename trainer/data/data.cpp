@@ -185,6 +185,20 @@ bool read_line(std::istream& input, std::string& line, const std::string& path, 
   return true;
 }
 
+// Refuses what is not JSONL before the parser does, saying what it is: a
+// UTF-16 file, a JSON list, a pretty-printed object.
+void check_jsonl_line(const std::string& line, const std::string& where, int64_t line_number) {
+  FT_CHECK(line_number > 1 || !(line.starts_with("\xFF\xFE") || line.starts_with("\xFE\xFF")), where,
+           ": the file is UTF-16 (it starts with UTF-16's byte order mark); save it as UTF-8");
+  const size_t first = line.find_first_not_of(" \t\r");
+  const size_t last = line.find_last_not_of(" \t\r");
+  const bool list = first != std::string::npos && line[first] == '[';
+  const bool opening = first != std::string::npos && first == last && line[first] == '{';
+  FT_CHECK(!list && !opening, where, ": a JSONL file holds one JSON object a line, and this line ",
+           list ? "starts a JSON list" : "opens an object over several lines (pretty-printed JSON)",
+           ": write each row as one line (Python: for row in rows: print(json.dumps(row)))");
+}
+
 }  // namespace
 
 std::string key_list(const nlohmann::json& row) {
@@ -237,6 +251,7 @@ Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat form
   for (int64_t line_number = 1; read_line(input, line, path, line_number); line_number++) {
     if (is_blank(line)) continue;
     std::string where = path + ":" + std::to_string(line_number);
+    check_jsonl_line(line, where, line_number);
     nlohmann::json row = parse_json(line, where);
     FT_CHECK(row.is_object(), where, ": expected a JSON object, got ", row.type_name());
     DataFormat kind = row_format(row, where);
@@ -268,6 +283,7 @@ void read_jsonl_lines(const std::string& path, const char* file_kind, const std:
   for (int64_t line_number = 1; read_line(input, line, path, line_number); line_number++) {
     if (is_blank(line)) continue;
     const std::string where = path + ":" + std::to_string(line_number);
+    check_jsonl_line(line, where, line_number);
     nlohmann::json row = parse_json(line, where);
     FT_CHECK(row.is_object(), where, ": expected a JSON object with ", expected, ", got ", row.type_name());
     on_row(line, row, where);
