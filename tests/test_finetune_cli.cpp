@@ -346,6 +346,8 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"config.yaml --set seq_len=65", "seq_len 65 is larger than the model's max_position_embeddings 64"},
       {"config.yaml --set lora.target_modules=[q_proj,qkv]", "\"qkv\" matches no module"},
       {"config.yaml --set data.train=empty.jsonl", "empty.jsonl"},
+      {"config.yaml --set data.eval=evl.jsonl", "config.yaml: data.eval: evl.jsonl: no such file"},
+      {"config.yaml --set tokenizer=tok.model", "config.yaml: tokenizer: tok.model: no such file"},
       {"config.yaml --set data.train=broken.jsonl", "broken.jsonl:2"},
       {"config.yaml --resume --set output_dir=nothing_here", "no training state to resume from"},
       {"config.yaml --set task_metric=rouge", "eval.jsonl: task_metric: rouge scores the completion generated for each "

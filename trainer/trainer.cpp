@@ -937,9 +937,20 @@ struct QuietUnlessLeader {
   }
 };
 
+// The files the config names, each checked before anything loads: a typo
+// is named with its field (the loaders name only the path).
+void check_input_files(const TrainConfig& config) {
+  for (const auto& [field, path] : {std::pair{"data.train", &config.data.train}, std::pair{"data.eval", &config.data.eval},
+                                    std::pair{"tokenizer", &config.tokenizer}}) {
+    std::error_code error;
+    FT_CHECK(path->empty() || fs::exists(*path, error), config.source, ": ", field, ": ", *path, ": no such file");
+  }
+}
+
 }  // namespace
 
 int run_training(const TrainConfig& config, const RunOptions& options) {
+  check_input_files(config);
   std::unique_ptr<Collectives> single = options.collectives ? nullptr : single_process_collectives();
   Collectives& collectives = options.collectives ? *options.collectives : *single;
   const int64_t data_ranks = data_parallel_ranks(config, collectives);
