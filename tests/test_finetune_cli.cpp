@@ -348,6 +348,8 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"config.yaml --set data.train=empty.jsonl", "empty.jsonl"},
       {"config.yaml --set data.eval=evl.jsonl", "config.yaml: data.eval: evl.jsonl: no such file"},
       {"config.yaml --set tokenizer=tok.model", "config.yaml: tokenizer: tok.model: no such file"},
+      {"config.yaml --set model=bad_eos_model --set tokenizer=", "config.yaml: tokenizer: bad_eos_model/tokenizer.model: "
+       "no such file (the model folder has no tokenizer.model, tokenizer.json or spiece.model: set tokenizer)"},
       {"config.yaml --set data.train=broken.jsonl", "broken.jsonl:2"},
       {"config.yaml --resume --set output_dir=nothing_here", "no training state to resume from"},
       {"config.yaml --set task_metric=rouge", "eval.jsonl: task_metric: rouge scores the completion generated for each "

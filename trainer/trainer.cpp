@@ -940,10 +940,15 @@ struct QuietUnlessLeader {
 // The files the config names, each checked before anything loads: a typo
 // is named with its field (the loaders name only the path).
 void check_input_files(const TrainConfig& config) {
+  std::error_code error;
+  const std::string model_config = path_in(config.model, "config.json");
+  FT_CHECK(fs::exists(model_config, error), config.source, ": model: ", model_config,
+           ": no such file (expected a Hugging Face checkpoint folder)");
   for (const auto& [field, path] : {std::pair{"data.train", &config.data.train}, std::pair{"data.eval", &config.data.eval},
                                     std::pair{"tokenizer", &config.tokenizer}}) {
-    std::error_code error;
-    FT_CHECK(path->empty() || fs::exists(*path, error), config.source, ": ", field, ": ", *path, ": no such file");
+    const bool own = path == &config.tokenizer && *path == default_tokenizer_path(config.model);
+    FT_CHECK(path->empty() || fs::exists(*path, error), config.source, ": ", field, ": ", *path, ": no such file",
+             own ? " (the model folder has no tokenizer.model, tokenizer.json or spiece.model: set tokenizer)" : "");
   }
 }
 
