@@ -173,13 +173,22 @@ void make_model(Run& run) {
     run.chat = resolve_chat_template(config.data.chat_template, fs::path(config.tokenizer).parent_path().string());
     std::cout << "chat template: " << enum_name(run.chat->kind) << " (" << run.chat->source << ")\n";
   }
-  TrainingSetup setup = setup_training(config, run.model_config, *run.backend, [&](LanguageModel& model) {
+  const auto fill = [&](LanguageModel& model) {
     if (config.init == InitMode::random) model.init_random(config.seed);
     else model.load(Checkpoint(config.model));
     if (!config.quantization.save_base.empty() && run.leader) save_base(run, model);
-  }, &run.host_state, stage, run.sharded ? OptimizerShard{run.replicas().rank(), run.replicas().world_size()}
-                                         : OptimizerShard{},
-     std::nullopt, run.tensor_ranks > 1 ? &run.tensor_group : nullptr);
+  };
+  TrainingSetup setup;
+  try {
+    setup = setup_training(config, run.model_config, *run.backend, fill, &run.host_state, stage,
+                           run.sharded ? OptimizerShard{run.replicas().rank(), run.replicas().world_size()}
+                                       : OptimizerShard{},
+                           std::nullopt, run.tensor_ranks > 1 ? &run.tensor_group : nullptr);
+  } catch (const Error& error) {
+    // The model names the LoRA field it cannot take (lora.target_modules), not the config that set it.
+    if (std::string_view(error.what()).starts_with("lora.")) fail(config.source, ": ", error.what());
+    throw;
+  }
   run.model = std::move(setup.model);
   run.optimizer = std::move(setup.optimizer);
   run.trainable = std::move(setup.trainable);
