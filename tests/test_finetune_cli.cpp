@@ -365,6 +365,8 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"generate " + model + tokenizer, "give exactly one of --prompt, --file and --interactive"},
       {"generate " + model + tokenizer + " --prompt hi --file rows.jsonl", "give exactly one of --prompt"},
       {"generate " + model + tokenizer + " --prompt '' --file rows.jsonl", "give exactly one of --prompt"},
+      {"generate " + model + tokenizer + " --prompt hi --stop ''",
+       "generate: --stop is empty; give the text (or special token) that ends a row"},
       {"generate " + kFixtures + "/qwen2_tiny --prompt ''",
        "generate: the prompt is empty and the tokenizer adds no BOS token: nothing to continue"},
       {"generate " + model + tokenizer + " --prompt hi --temperature warm",

@@ -272,6 +272,8 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCommand& c) {
 int run_generate(const GenerateCommand& command) {
   const int sources = int(command.prompt.has_value()) + int(!command.prompts_file.empty()) + int(command.interactive);
   FT_CHECK(sources == 1, "generate: give exactly one of --prompt, --file and --interactive");
+  for (const std::string& stop : command.stop)
+    FT_CHECK(!stop.empty(), "generate: --stop is empty; give the text (or special token) that ends a row");
   FT_CHECK(command.chat || (command.system.empty() && command.chat_template == ChatTemplateKind::automatic &&
                             command.tools_file.empty()),
            "generate: --system, --chat-template and --tools apply to --chat");
