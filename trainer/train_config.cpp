@@ -476,10 +476,11 @@ std::pair<size_t, size_t> key_distance(const std::string& key, const std::string
 [[noreturn]] void fail_unknown_key(const std::string& where, const std::string& key) {
   const size_t dot = key.rfind('.');
   const std::string section = dot == std::string::npos ? "" : key.substr(0, dot);
+  const bool in_section = !section.empty() && is_section(section);
   std::vector<std::string> candidates;
   for (const Field& field : kFields) {
     const std::string name = field.key;
-    if (!section.empty() && is_section(section)) {
+    if (in_section) {
       // Its keys and its subsections (data.template), each once.
       const std::string own = name.substr(0, name.find('.', section.size() + 1));
       if (name.starts_with(section + ".") && std::find(candidates.begin(), candidates.end(), own) == candidates.end())
@@ -495,7 +496,7 @@ std::pair<size_t, size_t> key_distance(const std::string& key, const std::string
     const std::pair<size_t, size_t> distance = key_distance(key, candidate);
     if (distance < best_distance) best = candidate, best_distance = distance;
   }
-  if (section.empty() || !is_section(section) || best_distance.first <= std::max<size_t>(2, key.size() / 4))
+  if (!in_section || best_distance.first <= std::max<size_t>(2, key.size() / 4))
     fail(where, ": unknown key \"", key, "\"; did you mean \"", best, "\"?");
   std::string names;
   for (const std::string& candidate : candidates) names += (names.empty() ? "" : ", ") + candidate.substr(dot + 1);
