@@ -661,6 +661,17 @@ TEST_CASE("--resume refuses a checkpoint of another base model or adapter config
                                   "/base): now xxh3 ") != std::string::npos);
   std::ofstream(dir + "/base/model.safetensors", std::ios::binary | std::ios::trunc) << weights;
 
+  // How the base is held changes its values: NF4 is not the 16-bit base, nor NF4 without double quantisation.
+  const std::string nf4 = finetune + " --set quantization.mode=nf4 --set output_dir=nf4";
+  REQUIRE(run_command(nf4).exit_code == 0);
+  for (const char* held : {"none", "nf4 --set quantization.double_quant=false"}) {
+    CAPTURE(held);
+    CommandResult other_held = run_command(finetune + " --set output_dir=nf4 --resume --set quantization.mode=" + held);
+    INFO(other_held.output);
+    CHECK(other_held.exit_code == 1);
+    CHECK(other_held.output.find(", nf4, double_quant true\n") != std::string::npos);
+  }
+
   CommandResult other_rank = run_command(finetune + " --resume --set lora.r=8");
   INFO(other_rank.output);
   CHECK(other_rank.exit_code == 1);
@@ -1444,6 +1455,21 @@ TEST_CASE("pipeline: mpirun -np 2 with parallel.pipeline 2 trains as one process
     else CHECK(max_relative_difference(alone, step_metric(dir + "/two/metrics.jsonl", key)) <= 1e-6);
   }
   CHECK(read_file(dir + "/two/adapter/adapter_config.json") == read_file(dir + "/one/adapter/adapter_config.json"));
+
+  // Each stage hashes only the weights it loads: the checkpoint records every
+  // stage's, so a base with other values (one bit of the file's last weight,
+  // stage 1's final norm) is refused on --resume.
+  fs::copy(std::string(FT_SOURCE_DIR) + "/configs/tiny-base", dir + "/base");
+  std::string weights = read_file(dir + "/base/model.safetensors");
+  weights[weights.size() - 4] = char(weights[weights.size() - 4] ^ 1);
+  std::ofstream(dir + "/base/model.safetensors", std::ios::binary | std::ios::trunc) << weights;
+  std::vector<std::string> other_base = two_args;
+  other_base.insert(other_base.end(), {"--set", "model=" + dir + "/base", "--set", "max_steps=6", "--resume"});
+  const Ran other = run_ranks(2, other_base, dir, "other_base.txt");
+  CHECK(other.exit_code != 0);
+  CHECK(other.output.find("  the base model's weights (xxHash of every tensor's bytes, " + dir +
+                          "/base): now stage 0 xxh3 ") != std::string::npos);
+  CHECK(other.output.find("; the checkpoint's: stage 0 xxh3 ") != std::string::npos);
   if (test_device() != "cpu") {
     // On GPUs the gradient norm's reduction splits differently with the
     // stages (sum_squares_many's blocks), which clipping may pass on to the

@@ -10,6 +10,16 @@
 namespace ft {
 namespace {
 
+// How the frozen base is held: its values differ with each of these.
+std::string held_as(const QuantizationConfig& quantization) {
+  switch (quantization.mode) {
+    case QuantizedBase::int8: return "int8, threshold " + nlohmann::json(quantization.threshold).dump();
+    case QuantizedBase::nf4: return std::string("nf4, double_quant ") + (quantization.double_quant ? "true" : "false");
+    case QuantizedBase::none: return "not quantized";
+  }
+  return "";
+}
+
 // The frozen tensors' names, dtypes and shapes: what the safetensors headers
 // say, not the data, so a large base costs nothing to identify.
 std::string base_tensors(const TrainConfig& config) {
@@ -23,10 +33,7 @@ std::string base_tensors(const TrainConfig& config) {
     checksum.add_text(dtype_name(entry.dtype));
     checksum.add_text(shape_string(entry.shape));
   }
-  std::string held = config.quantization.mode == QuantizedBase::int8
-                         ? "int8, threshold " + nlohmann::json(config.quantization.threshold).dump()
-                         : "not quantized";
-  return std::to_string(names.size()) + " tensors, checksum " + checksum.hex() + ", " + held;
+  return std::to_string(names.size()) + " tensors, checksum " + checksum.hex() + ", " + held_as(config.quantization);
 }
 
 std::string adapter_config(const TrainConfig& config, const LanguageModel& model) {
@@ -44,7 +51,7 @@ std::string adapter_config(const TrainConfig& config, const LanguageModel& model
 
 }  // namespace
 
-RunIdentity run_identity(const TrainConfig& config, const LanguageModel& model) {
+RunIdentity run_identity(const TrainConfig& config, const LanguageModel& model, const std::string& base_weights) {
   const std::string config_json = (std::filesystem::path(config.model) / "config.json").string();
   RunIdentity identity = {
       {"base_model.config", "the base model's config.json (" + config_json + ")", file_fingerprint(config_json)},
@@ -56,12 +63,11 @@ RunIdentity run_identity(const TrainConfig& config, const LanguageModel& model) 
       {"data.train", "the train data (" + config.data.train + ")", file_fingerprint(config.data.train), true},
   };
   // The weights' bytes, hashed as they loaded: same names and shapes but other
-  // values is another base. A pipeline stage loads only its layers, so only a
-  // whole model has the fingerprint every rank would agree on.
-  if (!model.base_fingerprint().empty() && model.first_stage() && model.last_stage())
-    identity.push_back({"base_model.weights", "the base model's weights (xxHash of every tensor's bytes, " +
-                                                  config.model + ")",
-                        model.base_fingerprint()});
+  // values is another base.
+  if (!base_weights.empty())
+    identity.push_back(
+        {"base_model.weights", "the base model's weights (xxHash of every tensor's bytes, " + config.model + ")",
+         base_weights});
   if (!config.data.eval.empty())
     identity.push_back(
         {"data.eval", "the eval data (" + config.data.eval + ")", file_fingerprint(config.data.eval), true});

@@ -12,7 +12,9 @@
 namespace ft {
 
 // model: the run's model, built from config and loaded (its LoRA options have the
-// architecture's default targets filled in).
-RunIdentity run_identity(const TrainConfig& config, const LanguageModel& model);
+// architecture's default targets filled in). base_weights: the loaded weights'
+// fingerprint, the whole model's (model.base_fingerprint(), or every pipeline
+// stage's: staged_base_fingerprint); "" for a random init.
+RunIdentity run_identity(const TrainConfig& config, const LanguageModel& model, const std::string& base_weights);
 
 }  // namespace ft

@@ -193,7 +193,9 @@ void make_model(Run& run) {
   run.optimizer = std::move(setup.optimizer);
   run.trainable = std::move(setup.trainable);
   run.state_owners = std::move(setup.state_owners);
-  run.identity = run_identity(config, *run.model);
+  std::string base_weights = run.model->base_fingerprint();
+  if (run.pipeline_stages > 1) base_weights = staged_base_fingerprint(run.stages(), base_weights);
+  run.identity = run_identity(config, *run.model, base_weights);
   std::cout << trainable_parameters_line(count_job_parameters(run)) << "\n";
 }
 

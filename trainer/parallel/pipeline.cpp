@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <deque>
+#include <string_view>
 
 #include "kernels/error.h"
 #include "model/families.h"
@@ -18,6 +20,24 @@ RankGroups split_ranks(Collectives& world, int64_t pipeline, int64_t tensor) {
   groups.replicas = world.split(rank % copy, rank / copy);
   groups.tensor = world.split(rank / shares, rank % shares);
   return groups;
+}
+
+std::string staged_base_fingerprint(Collectives& stages, const std::string& stage_fingerprint) {
+  constexpr std::string_view kPrefix = "xxh3 ";
+  FT_CHECK(stage_fingerprint.starts_with(kPrefix) && stage_fingerprint.size() == kPrefix.size() + 16,
+           "a stage's base fingerprint \"", stage_fingerprint, "\" is not xxh3 and 16 hex digits");
+  const uint64_t mine = std::stoull(stage_fingerprint.substr(kPrefix.size()), nullptr, 16);
+  std::string all;
+  for (int stage = 0; stage < stages.world_size(); ++stage) {
+    // In 32-bit halves: a sum of doubles carries each exactly (the other stages add 0).
+    const bool own = stage == stages.rank();
+    const auto high = uint64_t(stages.sum(own ? double(mine >> 32) : 0.0));
+    const auto low = uint64_t(stages.sum(own ? double(mine & 0xffffffffu) : 0.0));
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(high << 32 | low));
+    all += (stage ? ", stage " : "stage ") + std::to_string(stage) + " xxh3 " + hex;
+  }
+  return all;
 }
 
 void check_pipeline_model(const TrainConfig& config, const std::string& model_type) {

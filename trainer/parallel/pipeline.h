@@ -42,6 +42,12 @@ struct RankGroups {
 // Every rank of world calls it together (world_size a multiple of pipeline x tensor).
 RankGroups split_ranks(Collectives& world, int64_t pipeline, int64_t tensor = 1);
 
+// The base weights' fingerprint of a pipeline whose stages each loaded (and
+// hashed) only their layers: every stage's LanguageModel::base_fingerprint,
+// in stage order ("stage 0 xxh3 ..., stage 1 xxh3 ..."), the same string on
+// every stage. Every stage of stages calls it together.
+std::string staged_base_fingerprint(Collectives& stages, const std::string& stage_fingerprint);
+
 // Refuses what a pipeline does not run (before anything is loaded, on every
 // rank alike), each error naming the config field: a model or training mode
 // stages cannot split (what the planner refuses too), and for a run also
