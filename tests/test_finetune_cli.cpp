@@ -678,6 +678,18 @@ TEST_CASE("--resume refuses a checkpoint of another base model or adapter config
   CHECK(other_rank.output.find("  the adapter config: now {\"lora_alpha\":8.0,\"lora_dropout\":0.1,\"r\":8,") !=
         std::string::npos);
 
+  // The saved position counts micro-batches of one order: another seed or
+  // micro-batch size would skip rows or repeat them.
+  CommandResult other_order = run_command(finetune + " --resume --set micro_batch_size=3 --set seed=7");
+  INFO(other_order.output);
+  CHECK(other_order.exit_code == 1);
+  CHECK(other_order.output.find("  the data order (seed, micro_batch_size, data.packing: the saved position counts its "
+                                "micro-batches): now seed 7, micro_batch_size 3, packing padding_free, seq_len 64; the "
+                                "checkpoint's: seed 1234, micro_batch_size 16,") !=
+        std::string::npos);
+  CHECK(other_order.output.find("--resume --allow-data-change resumes with the changed data anyway") !=
+        std::string::npos);
+
   std::ofstream(dir + "/train.jsonl", std::ios::app) << "{\"text\": \"one more example\"}\n";
   CommandResult new_data = run_command(finetune + " --resume");
   INFO(new_data.output);

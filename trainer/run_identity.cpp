@@ -49,6 +49,17 @@ std::string adapter_config(const TrainConfig& config, const LanguageModel& model
   return described.dump();
 }
 
+// What the saved data position (epoch, micro-batch or prompts drawn) stands
+// for: another seed shuffles other rows there; another micro-batch size or
+// packing (and seq_len, which packing fills) puts other rows in a micro-batch.
+std::string data_order(const TrainConfig& config) {
+  std::string order = "seed " + std::to_string(config.seed);
+  if (config.objective == Objective::grpo || config.objective == Objective::ppo) return order;  // counts prompts
+  order += ", micro_batch_size " + std::to_string(config.micro_batch_size);
+  if (config.data.packing == Packing::none) return order;
+  return order + ", packing " + enum_name(config.data.packing) + ", seq_len " + std::to_string(config.seq_len);
+}
+
 }  // namespace
 
 RunIdentity run_identity(const TrainConfig& config, const LanguageModel& model, const std::string& base_weights) {
@@ -68,6 +79,7 @@ RunIdentity run_identity(const TrainConfig& config, const LanguageModel& model, 
     identity.push_back(
         {"base_model.weights", "the base model's weights (xxHash of every tensor's bytes, " + config.model + ")",
          base_weights});
+  identity.push_back({"data.order", "the data order (seed, micro_batch_size, data.packing: the saved position counts its micro-batches)", data_order(config), true});
   if (!config.data.eval.empty())
     identity.push_back(
         {"data.eval", "the eval data (" + config.data.eval + ")", file_fingerprint(config.data.eval), true});

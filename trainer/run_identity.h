@@ -3,7 +3,7 @@
 // names, dtypes and shapes of its tensors, how it is held, and the weights'
 // bytes as hashed while they loaded: LanguageModel::base_fingerprint), the
 // adapter config, the tokenizer file and the data files (size and checksum
-// of each).
+// of each) and the order they are drawn in.
 #pragma once
 #include "model/causal_lm.h"
 #include "trainer/train_config.h"
