@@ -1304,6 +1304,19 @@ TEST_CASE("data parallel: mpirun -np 2 trains as one process with twice the grad
   CHECK(refused.output.find("parallel.data 4 x parallel.pipeline 1 must equal the job's 2 ranks") !=
         std::string::npos);
 
+  // An MPMD launch with another --set on rank 1 is refused before any work
+  // (its ranks would train different step counts and hang in a sum).
+  std::vector<std::string> mpmd = with_mpirun(1, short_default_run(dir + "/bad", 2, 4));
+  const std::vector<std::string> other = with_mpirun(1, short_default_run(dir + "/bad", 2, 6));
+  mpmd.push_back(":");
+  mpmd.insert(mpmd.end(), other.begin() + 2, other.end());  // its own -np, -x and command
+  const int mpmd_code = exit_code_of(start_program(kMpirun, dir, mpmd, dir + "/mpmd.txt"));
+  const std::string mpmd_output = read_file(dir + "/mpmd.txt");
+  INFO(mpmd_output);
+  CHECK(mpmd_code != 0);
+  CHECK(mpmd_output.find("1 of the job's 2 ranks run another command than rank 0") != std::string::npos);
+  CHECK(mpmd_output.find("--set max_steps=6 --set output_dir=") != std::string::npos);
+
   // One epoch of the first 32 training examples: 16 micro-batches, 4 steps of
   // 4 micro-batches (one process x 4, or 2 ranks x 2). Over the f32 base: over
   // INT8 the activations are rounded to int8 codes, which now and then turns an

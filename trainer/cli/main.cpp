@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/error.h"
+#include "model/checksum.h"
 #include "trainer/cli/compare.h"
 #include "trainer/cli/course.h"
 #include "trainer/cli/export.h"
@@ -31,6 +32,7 @@
 #include "trainer/cli/options.h"
 #include "trainer/device_backend.h"
 #include "trainer/parallel/collectives.h"
+#include "trainer/parallel/data_parallel.h"
 #include "trainer/plan.h"
 #include "trainer/train_config.h"
 #include "trainer/trainer.h"
@@ -186,6 +188,17 @@ CLI::App* add_course_command(CLI::App& app, std::string& configs_dir) {
   return course;
 }
 
+// What every rank of a job must agree on: the config file by its contents
+// (each node may hold its own copy), the overrides and the flags.
+std::string command_text(const TrainCommand& c) {
+  std::string text = c.config_path + " (" + ft::file_fingerprint(c.config_path) + ")";
+  for (const std::string& set : c.overrides) text += " --set " + set;
+  if (c.options.resume) text += " --resume";
+  if (c.options.allow_data_change) text += " --allow-data-change";
+  if (c.options.overwrite) text += " --overwrite";
+  return text;
+}
+
 // world: set for training, so that an error names the rank and ends the job.
 int run_training(TrainCommand& c, int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
   FT_CHECK(!c.config_path.empty(), "no config file given (finetune --help shows the usage)");
@@ -201,7 +214,10 @@ int run_training(TrainCommand& c, int argc, char** argv, std::unique_ptr<ft::Col
   world = ft::join_world(&argc, &argv);
   if (launcher_local_rank < 0 && world->world_size() > 1) ft::bind_local_device(world->local_rank());
   c.options.collectives = world.get();
-  return ft::run_training(ft::load_train_config(c.config_path, c.overrides), c.options);
+  const ft::TrainConfig config = ft::load_train_config(c.config_path, c.overrides);
+  world->set_timeout_s(config.parallel.timeout_s);
+  ft::check_same_command(*world, command_text(c));
+  return ft::run_training(config, c.options);
 }
 
 // Parses argv into app; returns the exit status for --help and --version

@@ -4,6 +4,7 @@
 
 #include "kernels/checked_mul.h"
 #include "kernels/error.h"
+#include "model/checksum.h"
 #include "trainer/evaluate.h"
 
 namespace ft {
@@ -34,6 +35,22 @@ int64_t data_parallel_ranks(const TrainConfig& config, const Collectives& collec
   FT_CHECK(world == 1 || config.objective == Objective::sft, config.source,
            ": objective: dpo runs in one process; data parallelism (mpirun -np ", world, ") covers objective: sft");
   return parallel_layout(config, world, "mpirun -np " + std::to_string(world)).data;
+}
+
+void check_same_command(Collectives& collectives, const std::string& command) {
+  if (collectives.world_size() == 1) return;
+  Checksum checksum;
+  checksum.add_text(command);
+  const uint64_t mine = checksum.value();
+  // Rank 0's checksum in 32-bit halves (a sum of doubles carries each exactly; the others add 0).
+  const bool zero = collectives.rank() == 0;
+  const auto high = uint64_t(collectives.sum(zero ? double(mine >> 32) : 0.0));
+  const auto low = uint64_t(collectives.sum(zero ? double(mine & 0xffffffffu) : 0.0));
+  const bool same = (high << 32 | low) == mine;
+  const auto differing = int64_t(collectives.sum(same ? 0.0 : 1.0));
+  FT_CHECK(differing == 0, differing, " of the job's ", collectives.world_size(), " ranks run another command than ",
+           "rank 0 (config file contents, --set overrides, flags): this rank runs ",
+           same && collectives.rank() > 0 ? "rank 0's: " : "", command, "; every rank must run the same finetune command");
 }
 
 void check_same_device(Collectives& collectives, Backend& backend) {

@@ -38,6 +38,13 @@ std::string parallel_field(const TrainConfig& config, const char* key, int64_t v
 // ranks): the copies of the model, each parallel.pipeline x parallel.tensor ranks.
 int64_t data_parallel_ranks(const TrainConfig& config, const Collectives& collectives);
 
+// Every rank runs the same command: command is this rank's (its config
+// file's contents, --set overrides and flags, as text), compared with rank
+// 0's. An MPMD launch with other --set per rank trained stages with another
+// lr, or hung until parallel.timeout_s when the step counts differed. Every
+// rank calls it together; each differing rank's error names its command.
+void check_same_command(Collectives& collectives, const std::string& command);
+
 // Refuses a job whose ranks train on different kinds of device (one rank's
 // GPU unusable, say), whose gradients could not be summed.
 void check_same_device(Collectives& collectives, Backend& backend);
