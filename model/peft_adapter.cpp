@@ -12,6 +12,7 @@
 
 #include "kernels/error.h"
 #include "model/atomic_file.h"
+#include "model/checksum.h"
 #include "model/json_input.h"
 #include "model/safetensors.h"
 
@@ -123,6 +124,19 @@ std::vector<std::string> read_modules_to_save(const json& config, const std::str
 }
 
 }  // namespace
+
+std::string other_base_warning(const PeftAdapterConfig& adapter, const std::string& adapter_folder,
+                               const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  const std::string& own = adapter.base_model_name_or_path;
+  const fs::path own_config = fs::path(own) / "config.json", model_config = fs::path(model_dir) / "config.json";
+  std::error_code error;
+  if (own.empty() || !fs::is_regular_file(own_config, error) || !fs::is_regular_file(model_config, error) ||
+      fs::equivalent(own, model_dir, error) || file_fingerprint(own_config) == file_fingerprint(model_config))
+    return "";
+  return adapter_folder + ": trained on " + own + " (its base_model_name_or_path), whose config.json differs from " +
+         model_config.string() + ": the adapter may not belong to this base";
+}
 
 PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
   const std::string source = (fs::path(folder) / "adapter_config.json").string();

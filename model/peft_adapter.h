@@ -39,6 +39,14 @@ struct PeftAdapterConfig {
 // many). Errors name the file and the field.
 PeftAdapterConfig read_peft_adapter_config(const std::string& folder);
 
+// "" unless the adapter's base_model_name_or_path is a local model folder
+// other than model_dir whose config.json differs from model_dir's: then a
+// warning naming both (an adapter applied to another base than its own,
+// which PEFT loads silently when the shapes fit). A hub id or a path that
+// does not resolve from here says nothing.
+std::string other_base_warning(const PeftAdapterConfig& adapter, const std::string& adapter_folder,
+                               const std::string& model_dir);
+
 // Creates folder (and parents) and writes adapter_model.safetensors (f32,
 // with a "checksum" in its metadata that PEFT ignores) and
 // adapter_config.json, each atomically. config.lora must describe the model's

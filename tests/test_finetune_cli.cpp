@@ -378,7 +378,10 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"generate " + model + tokenizer + " --file rows.jsonl", "rows.jsonl:2: expected a \"prompt\" string, got keys \"text\""},
       {"generate " + model + tokenizer + " --file none.jsonl", "none.jsonl: cannot open prompts file"},
       {"generate " + model + tokenizer + " --prompt hi --adapter " + model, "adapter_config.json"},
-      {"generate " + model + " --prompt hi", "tokenizer.model"},
+      {"generate " + model + " --prompt hi", model + ": the model folder has no tokenizer.model, tokenizer.json or "
+                                             "spiece.model: give --tokenizer"},
+      {"export " + model + " --gguf m.gguf", model + ": the model folder has no tokenizer.model, tokenizer.json or "
+                                             "spiece.model: give --tokenizer"},
       {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter", "merge: --out is required"},
       {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out m --dtype f8",
        "--dtype: expected one of bf16, fp16, f16, f32, fp32, got \"f8\""},
@@ -703,6 +706,36 @@ TEST_CASE("--resume refuses a checkpoint of another base model or adapter config
         std::string::npos);
   CHECK(run_command(finetune + " --allow-data-change").output.find("--allow-data-change applies to --resume only") !=
         std::string::npos);
+}
+
+TEST_CASE("an adapter on another local base than the one it names is warned about by generate and merge") {
+  const std::string dir = make_run_dir("other_base");
+  // The same shapes with another rope_theta: the adapter loads, and PEFT would say nothing.
+  fs::copy(kFixtures + "/llama_gqa", dir + "/other");
+  nlohmann::json other = nlohmann::json::parse(std::ifstream(dir + "/other/config.json"));
+  other["rope_theta"] = 500000.0;
+  std::ofstream(dir + "/other/config.json", std::ios::trunc) << other.dump(2);
+  fs::copy(kFixtures + "/llama_lora/adapter", dir + "/adapter");
+  nlohmann::json adapter = nlohmann::json::parse(std::ifstream(dir + "/adapter/adapter_config.json"));
+  for (const std::string& base : {dir + "/other", kFixtures + "/llama_gqa"}) {
+    CAPTURE(base);
+    adapter["base_model_name_or_path"] = base;
+    std::ofstream(dir + "/adapter/adapter_config.json", std::ios::trunc) << adapter.dump(2);
+    const std::string warning = "warning: adapter: trained on " + dir + "/other (its base_model_name_or_path), "
+                                "whose config.json differs from " + kFixtures + "/llama_gqa/config.json";
+    const bool warned = base != kFixtures + "/llama_gqa";
+    const CommandResult generated = run_command("cd " + dir + " && " + kBinary + " generate " + kFixtures +
+                                                "/llama_gqa --adapter adapter --tokenizer " + kFixtures +
+                                                "/tokenizer/tokenizer.model --prompt hi --max-new-tokens 2");
+    INFO(generated.output);
+    CHECK(generated.exit_code == 0);
+    CHECK((generated.output.find(warning) != std::string::npos) == warned);
+    const CommandResult merged = run_command("cd " + dir + " && " + kBinary + " merge " + kFixtures +
+                                             "/llama_gqa --adapter adapter --out merged_" + (warned ? "other" : "own"));
+    INFO(merged.output);
+    CHECK(merged.exit_code == 0);
+    CHECK((merged.output.find(warning) != std::string::npos) == warned);
+  }
 }
 
 namespace {
@@ -1930,6 +1963,10 @@ TEST_CASE("generate --chat replies in the chat-trained format; without --chat it
   INFO(chat.output);
   CHECK(chat.exit_code == 0);
   CHECK(chat.output.find("base: int8, precision fp32 (as the adapter was trained") != std::string::npos);
+  // --quantization overrides the record's base; the line says which of the two the record set.
+  const CommandResult dense = run_command(generate + " --chat --quantization none");
+  CHECK(dense.exit_code == 0);
+  CHECK(dense.output.find("base: none, precision fp32 (precision as the adapter was trained") != std::string::npos);
   CHECK(chat.output.find("chat template: llama2") != std::string::npos);
   CHECK(chat.output.find("Sure, here it is.") != std::string::npos);
   const CommandResult bare = run_command(generate);

@@ -51,4 +51,13 @@ std::string default_tokenizer_path(const std::string& model_dir) {
   return sentencepiece.string();
 }
 
+std::string command_tokenizer_path(const std::string& given, const std::string& model_dir) {
+  if (!given.empty()) return given;
+  const std::string own = default_tokenizer_path(model_dir);
+  std::error_code error;
+  FT_CHECK(std::filesystem::exists(own, error), model_dir,
+           ": the model folder has no tokenizer.model, tokenizer.json or spiece.model: give --tokenizer");
+  return own;
+}
+
 }  // namespace ft

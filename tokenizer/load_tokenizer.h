@@ -22,4 +22,8 @@ bool is_tokenizer_json(const std::string& path);
 // tokenizer.json, else T5's spiece.model, else the tokenizer.model path (so the error names it).
 std::string default_tokenizer_path(const std::string& model_dir);
 
+// A command's tokenizer: given when set (its --tokenizer), else the model
+// folder's own; a folder without one is an Error naming the folder and the option.
+std::string command_tokenizer_path(const std::string& given, const std::string& model_dir);
+
 }  // namespace ft

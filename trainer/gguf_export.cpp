@@ -182,7 +182,7 @@ void export_gguf(const GgufExportCommand& command, std::ostream& log) {
 
   const std::string name = fs::path(command.model).lexically_normal().filename().string();
   GgufMetadata metadata = hyper_parameters(config, arch, command.type, name.empty() ? "model" : name);
-  const std::string tokenizer = command.tokenizer.empty() ? default_tokenizer_path(command.model) : command.tokenizer;
+  const std::string tokenizer = command_tokenizer_path(command.tokenizer, command.model);
   add_gguf_vocab(tokenizer, config.vocab_size, metadata);
 
   const Checkpoint base(command.model);
@@ -192,6 +192,8 @@ void export_gguf(const GgufExportCommand& command, std::ostream& log) {
   const std::set<std::string> model_tensors = check_base_matches_config(base, config_path);
   std::unique_ptr<AdapterMerge> adapter;
   if (!command.adapter.empty()) adapter = std::make_unique<AdapterMerge>(command.adapter, base);
+  const std::string other_base = adapter ? other_base_warning(adapter->config(), command.adapter, command.model) : "";
+  if (!other_base.empty()) log << "warning: " << other_base << "\n";
   FT_CHECK(!adapter || adapter->saved().empty(), command.adapter, ": the adapter saves whole modules (",
            "modules_to_save: a reward model's score head), which a GGUF language model has no place for");
 

@@ -17,27 +17,37 @@ void load_inference_model(InferenceModel& out, const InferenceRequest& request,
   TrainConfig& config = out.config;
   config.source = request.source;
   config.model = request.model;
-  config.tokenizer = request.tokenizer.empty() ? default_tokenizer_path(request.model) : request.tokenizer;
   out.record = request.adapter.empty() ? std::nullopt : read_adapter_record(request.adapter);
   const std::optional<AdapterRecord>& record = out.record;
   config.quantization.mode = request.quantization.value_or(record ? record->quantization : QuantizedBase::none);
   config.precision = request.precision.value_or(record ? record->precision : Precision::fp32);
+  // Which of the two the record set (the other given on the command line).
+  const char* recorded = !record || (request.quantization && request.precision) ? nullptr
+                         : request.quantization                                   ? "precision "
+                         : request.precision                                      ? "base "
+                                                                                  : "";
   std::cerr << "base: " << enum_name(config.quantization.mode) << ", precision " << enum_name(config.precision)
-            << (record && !(request.quantization && request.precision)
-                    ? " (as the adapter was trained: " + request.adapter + "/" + kAdapterRecordFile + ")"
-                    : "")
+            << (recorded ? std::string(" (") + recorded + "as the adapter was trained: " + request.adapter + "/" +
+                               kAdapterRecordFile + ")"
+                         : "")
             << "\n";
   for (const std::string& stop : stop_texts) config.generate.stop.push_back(TokenRef{-1, stop});
   const std::string config_json = (std::filesystem::path(request.model) / "config.json").string();
   FT_CHECK(std::filesystem::is_directory(request.model), request.model,
            ": MODEL must be a Hugging Face checkpoint folder (config.json, safetensors, tokenizer)");
   const ModelConfig model_config = read_model_config(config_json);
+  config.tokenizer = command_tokenizer_path(request.tokenizer, request.model);
   out.tokenizer = load_tokenizer(config.tokenizer, model_config.vocab_size);
   out.special = resolve_special_tokens(config, *out.tokenizer, model_config.vocab_size);
   ModelOptions options = model_options(config);
   options.lora.reset();
   options.output_head = request.output_head;
-  if (!request.adapter.empty()) options.lora = read_peft_adapter_config(request.adapter).lora;
+  if (!request.adapter.empty()) {
+    const PeftAdapterConfig adapter = read_peft_adapter_config(request.adapter);
+    options.lora = adapter.lora;
+    const std::string other_base = other_base_warning(adapter, request.adapter, request.model);
+    if (!other_base.empty()) std::cerr << "warning: " << other_base << "\n";
+  }
   out.device = make_device_backend(request.device, config.source, out.host, std::cerr);
   out.model = request.encoder_decoder ? make_language_model(model_config, *out.device.backend, options)
                                       : make_causal_lm(model_config, *out.device.backend, options);

@@ -137,6 +137,8 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
   check_output_folder(command);
   const Checkpoint base(command.model);
   const AdapterMerge adapter(command.adapter, base);
+  const std::string other_base = other_base_warning(adapter.config(), command.adapter, command.model);
+  if (!other_base.empty()) log << "warning: " << other_base << "\n";
   check_base_matches_config(base, (fs::path(command.model) / "config.json").string());
   const DType dtype = command.dtype.value_or(base.entry(adapter.pairs().begin()->first + ".weight").dtype);
 
