@@ -396,6 +396,13 @@ TEST_CASE("rules across fields, required fields, and malformed input") {
   CHECK(error_of(base + "rewards: {rouge: completion}\n") ==
         "configs/x.yaml: rewards.rouge scores generated completions: rewards apply to objective: grpo and ppo, and "
         "this run's objective is sft");
+  // An objective's own section under another objective: named where it was set (it was ignored).
+  CHECK(error_of(base + "dpo: {beta: 0.5}\n") ==
+        "configs/x.yaml:3: dpo.beta applies to objective: dpo, and this run's objective is sft");
+  CHECK(error_of(base + "objective: grpo\nrewards: {length: 12}\n", {"ppo.batch_size=4"}) ==
+        "configs/x.yaml (--set ppo.batch_size=4): ppo.batch_size applies to objective: ppo, and this run's "
+        "objective is grpo");
+  CHECK(error_of(base + "objective: dpo\ndpo: {beta: 0.5}\n").empty());
   CHECK(error_of(base + "max_steps: 0\nepochs: 0\n") ==
         "configs/x.yaml: max_steps and epochs are both 0; set one of them > 0");
   CHECK(error_of("data: {train: t.jsonl}\n") == "configs/x.yaml: model: required (a Hugging Face checkpoint folder)");

@@ -541,6 +541,8 @@ void apply(TrainConfig& c, const std::string& key, const YAML::Node& node, const
   const Field* field = find_field(key);
   if (!field) fail_unknown_key(where, key);
   field->set(c, Value{node, key, where, source.base_dir});
+  for (const char* section : {"dpo.", "grpo.", "ppo."})
+    if (key.starts_with(section)) c.objective_keys.emplace_back(key, where);
 }
 
 YAML::Node parse_yaml(const std::string& text, const std::string& where) {
@@ -638,6 +640,11 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(c.rewards.names().empty() || c.objective == Objective::grpo || c.objective == Objective::ppo, f,
            ": rewards.", c.rewards.names().front(), " scores generated completions: rewards apply to objective: "
            "grpo and ppo, and this run's objective is ", enum_name(c.objective));
+  for (const auto& [key, where] : c.objective_keys) {
+    const std::string section = key.substr(0, key.find('.'));
+    FT_CHECK(section == enum_name(c.objective), where, ": ", key, " applies to objective: ", section,
+             ", and this run's objective is ", enum_name(c.objective));
+  }
   if (c.objective == Objective::grpo) check_grpo(c);
   if (c.objective == Objective::ppo) check_ppo(c);
   FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode != QuantizedBase::none, f,

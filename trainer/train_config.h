@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/model_options.h"
@@ -113,6 +114,9 @@ struct TrainConfig {
   double ppo_top_p = 1.0;
   int64_t ppo_top_k = 0;
   RewardRules rewards;  // objective: grpo and ppo's rewards (trainer/rl/rewards.h)
+  // Every dpo., grpo. and ppo. key the config set, with where (file:line or
+  // --set): each section applies to its own objective only.
+  std::vector<std::pair<std::string, std::string>> objective_keys;
   Trainable trainable = Trainable::lora;
   LoraOptions lora;  // used when trainable is lora
   QuantizationConfig quantization;
