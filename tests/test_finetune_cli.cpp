@@ -266,6 +266,30 @@ TEST_CASE("SIGTERM saves a checkpoint at the next step boundary, exits 143, and 
   }
 }
 
+TEST_CASE("a second SIGINT stops at once, saying what it loses") {
+  // Steps of 256 micro-batches (about a second each here): the second signal lands mid-step.
+  const std::string dir = make_run_dir("stopped_twice");
+  pid_t child = start_finetune(dir, {"config.yaml", "--set", "grad_accum_steps=256"}, dir + "/stdout.txt");
+  const auto said = [&](const std::string& text) { return read_file(dir + "/stdout.txt").find(text) != std::string::npos; };
+  const auto step_logged = [&] { return !train_losses(dir + "/out/metrics.jsonl").empty(); };
+  const std::string first = "SIGINT: stopping after this step, with a checkpoint (a second signal stops at once)";
+  bool sent = false;  // the first SIGINT, once a step is logged
+  const int status = signal_when(
+      child,
+      [&] {
+        if (!sent && step_logged()) sent = kill(child, SIGINT) == 0;
+        return sent && said(first);
+      },
+      SIGINT, "the first SIGINT's message");
+  const std::string output = read_file(dir + "/stdout.txt");
+  INFO(output);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGINT);
+  CHECK(output.find("SIGINT: a second stop signal: stopped at once; the steps since the last checkpoint are lost") !=
+        std::string::npos);
+  CHECK_FALSE(fs::exists(dir + "/out/train_state.safetensors"));  // the first save is due at step 10
+}
+
 TEST_CASE("--resume past max_steps refuses and leaves the run as it was; at max_steps it rewrites the same adapter; "
           "a fresh run over it needs --overwrite") {
   const std::string dir = make_run_dir("finished");

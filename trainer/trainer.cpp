@@ -11,7 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <string_view>
 #include <tuple>
+
+#include <unistd.h>
 
 #include "kernels/checked_mul.h"
 #include "kernels/dropout_hash.h"
@@ -914,10 +917,23 @@ std::string describe_change(double before, double after) {
 }
 
 // SIGINT or SIGTERM during training: the run saves a checkpoint at the next
-// step boundary and ends. SA_RESETHAND: a second signal acts as it normally would.
+// step boundary and ends. A second one ends it at once (the signal's own
+// action), saying first what that loses. Only write(2) here: async-signal-safe.
 volatile std::sig_atomic_t stop_signal = 0;
 
-void on_stop_signal(int signal) { stop_signal = signal; }
+void say_from_handler(std::string_view text) { (void)!::write(STDERR_FILENO, text.data(), text.size()); }
+
+void on_stop_signal(int signal) {
+  say_from_handler(signal == SIGINT ? "\nSIGINT: " : "\nSIGTERM: ");
+  if (stop_signal == 0) {
+    stop_signal = signal;
+    say_from_handler("stopping after this step, with a checkpoint (a second signal stops at once)\n");
+    return;
+  }
+  say_from_handler("a second stop signal: stopped at once; the steps since the last checkpoint are lost\n");
+  ::signal(signal, SIG_DFL);
+  ::raise(signal);
+}
 
 struct StopOnSignals {
   struct sigaction previous_int {}, previous_term {};
@@ -925,7 +941,7 @@ struct StopOnSignals {
     stop_signal = 0;
     struct sigaction action {};
     action.sa_handler = on_stop_signal;
-    action.sa_flags = SA_RESTART | SA_RESETHAND;
+    action.sa_flags = SA_RESTART;
     sigemptyset(&action.sa_mask);
     sigaction(SIGINT, &action, &previous_int);
     sigaction(SIGTERM, &action, &previous_term);
