@@ -2207,6 +2207,12 @@ TEST_CASE("objective: reward: the adapter's scores equal its merged sequence cla
       run_command(in_dir + kBinary + " score " + model + " --file rows.jsonl");
   CHECK(no_head.exit_code == 1);
   CHECK(no_head.output.find("has no score head (score.weight) and no --adapter was given") != std::string::npos);
+  // A row holding both forms: which one to score is said to be unclear, with the line.
+  std::ofstream(dir / "both.jsonl") << "{\"text\": \"fine\"}\n{\"prompt\": \"A dialogue.\", \"text\": \"Or this.\"}\n";
+  const CommandResult both = run_command(in_dir + kBinary + " score merged --file both.jsonl");
+  CHECK(both.exit_code == 1);
+  CHECK(both.output.find("both.jsonl:2: row has \"text\" and \"prompt\": which to score is unclear") !=
+        std::string::npos);
   const CommandResult packed = run_command(in_dir + kBinary + " config.yaml --set data.packing=true");
   CHECK(packed.exit_code == 1);
   CHECK(packed.output.find("objective: reward scores each row's last token") != std::string::npos);

@@ -47,6 +47,9 @@ ScoreRows read_score_rows(const std::string& path) {
   ScoreRows out;
   read_jsonl_rows(path, "rows file", expected, [&](const nlohmann::json& row, const std::string& where) {
     const bool pair = row.contains("prompt") && row.contains("completion");
+    FT_CHECK(!row.contains("text") || !(row.contains("prompt") || row.contains("completion")), where,
+             ": row has \"text\" and \"", row.contains("prompt") ? "prompt" : "completion",
+             "\": which to score is unclear: expected ", expected);
     FT_CHECK(pair || row.contains("text"), where, ": row lacks \"prompt\" and \"completion\" or \"text\": expected ",
              expected, ", got ", key_list(row));
     out.examples.push_back(pair ? Example{string_field(row, "prompt", where), string_field(row, "completion", where)}
