@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
+
+#include <unistd.h>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
@@ -79,11 +82,15 @@ TEST_CASE("a checkpoint missing a tensor the config needs is refused, naming the
   std::vector<std::pair<std::string, Tensor>> kept;
   for (const std::string& name : full.names())
     if (name != "model.layers.1.mlp.up_proj.weight") kept.emplace_back(name, full.view(name));
-  const std::string path = std::string(FT_BINARY_DIR) + "/llama_missing_tensor.safetensors";
+  // Per process: ctest runs this binary three times at once (test_llama and its _avx2 and _avx512_core
+  // entries), and a shared path let one run's save replace the file another was reading.
+  const std::string path =
+      std::string(FT_BINARY_DIR) + "/llama_missing_tensor." + std::to_string(getpid()) + ".safetensors";
   save_safetensors(path, kept);
   HostAllocator host;
   CpuBackend backend(host);
   LlamaModel model(read_model_config(dir + "/config.json"), backend);
   CHECK_THROWS_WITH_AS(model.load(Checkpoint(path)),
                        doctest::Contains("missing tensor \"model.layers.1.mlp.up_proj.weight\""), Error);
+  std::remove(path.c_str());
 }
