@@ -2421,11 +2421,19 @@ TEST_CASE("objective: ppo on a seq2seq policy refuses rows without prompts, anot
            "/reward/model/tokenizer.model) is not the policy's (" + configs + "/tiny-base/tokenizer.model): set "
            "rewards.model_tokenizer to the reward model's tokenizer file"},
       {"--set ppo.max_new_tokens=64", "ppo.max_new_tokens (64) must leave room for the query within seq_len (64)"},
-      {"--set objective=grpo --set grpo.num_generations=2 --set grpo.max_completion_length=8",
-       "objective: grpo needs a decoder-only model; " + configs + "/tiny-t5/config.json is a t5 (encoder-decoder) "
-       "model"},
+      // The ppo section belongs to objective: ppo.
+      {"--set objective=grpo", "config.yaml:5: ppo.batch_size applies to objective: ppo, and this run's objective "
+                               "is grpo"},
   };
   check_refused(dir, cases);
+  std::ofstream(dir / "grpo.yaml") << "model: " << configs << "/tiny-t5\ntokenizer: " << configs
+                                   << "/tiny-base/tokenizer.model\nobjective: grpo\nquantization: {mode: none}\n"
+                                   << "grpo: {num_generations: 2, max_completion_length: 8}\nrewards: {length: 4}\n"
+                                   << "data: {train: train.jsonl}\nseq_len: 64\nmicro_batch_size: 2\nmax_steps: 1\n";
+  const CommandResult grpo = run_command("cd " + dir.string() + " && " + kBinary + " grpo.yaml");
+  CHECK(grpo.exit_code == 1);
+  CHECK(grpo.output.find("objective: grpo needs a decoder-only model; " + configs + "/tiny-t5/config.json is a t5 "
+                         "(encoder-decoder) model") != std::string::npos);
   // The same config trains: the seq2seq policy's rollouts, rewards and update run end to end.
   const CommandResult good = run_command("cd " + dir.string() + " && " + kBinary + " config.yaml");
   CHECK_MESSAGE(good.exit_code == 0, good.output);
