@@ -111,6 +111,10 @@ TEST_CASE("load_jsonl errors name the file and the line") {
         "fields.jsonl:1: expected \"prompt\" and \"completion\" strings, a \"text\" string, a \"messages\" list or "
         "\"instruction\" and \"output\" strings, got keys \"answer\", "
         "\"question\"");
+  CHECK(load_error("sharegpt.jsonl", "{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}]}\n") ==
+        "sharegpt.jsonl:1: expected \"prompt\" and \"completion\" strings, a \"text\" string, a \"messages\" list or "
+        "\"instruction\" and \"output\" strings, got keys \"conversations\" (ShareGPT rows: write \"conversations\" "
+        "as \"messages\" of {\"role\", \"content\"}, from human -> user, gpt -> assistant, value -> content)");
   CHECK(load_error("lacks.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"c\"}\n") ==
         "lacks.jsonl:2: row lacks \"completion\"");
   CHECK(load_error("pairs.jsonl", "{\"prompt\": \"a\", \"chosen\": \"b\", \"rejected\": \"c\"}\n") ==

@@ -32,7 +32,10 @@ DataFormat row_format(const nlohmann::json& row, const std::string& where) {
   FT_CHECK(pair || text || chat || alpaca, where,
            ": expected \"prompt\" and \"completion\" strings, a \"text\" string, a \"messages\" list or "
            "\"instruction\" and \"output\" strings, got ",
-           key_list(row));
+           key_list(row),
+           row.contains("conversations") ? " (ShareGPT rows: write \"conversations\" as \"messages\" of {\"role\", "
+                                           "\"content\"}, from human -> user, gpt -> assistant, value -> content)"
+                                         : "");
   if (chat) return DataFormat::chat;
   if (alpaca) return DataFormat::alpaca;
   return pair ? DataFormat::prompt_completion : DataFormat::text;
