@@ -188,10 +188,10 @@ CLI::App* add_course_command(CLI::App& app, std::string& configs_dir) {
   return course;
 }
 
-// What every rank of a job must agree on: the config file by its contents
-// (each node may hold its own copy), the overrides and the flags.
+// What every rank of a job must agree on: the config file by its contents,
+// not its path (each node may hold its own copy), the overrides and the flags.
 std::string command_text(const TrainCommand& c) {
-  std::string text = c.config_path + " (" + ft::file_fingerprint(c.config_path) + ")";
+  std::string text = "a config file of " + ft::file_fingerprint(c.config_path);
   for (const std::string& set : c.overrides) text += " --set " + set;
   if (c.options.resume) text += " --resume";
   if (c.options.allow_data_change) text += " --allow-data-change";
