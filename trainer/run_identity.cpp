@@ -79,7 +79,10 @@ RunIdentity run_identity(const TrainConfig& config, const LanguageModel& model, 
     identity.push_back(
         {"base_model.weights", "the base model's weights (xxHash of every tensor's bytes, " + config.model + ")",
          base_weights});
-  identity.push_back({"data.order", "the data order (seed, micro_batch_size, data.packing: the saved position counts its micro-batches)", data_order(config), true});
+  identity.push_back({"data.order",
+                      "the data order (seed, micro_batch_size, data.packing: the saved position counts its "
+                      "micro-batches)",
+                      data_order(config), true});
   if (!config.data.eval.empty())
     identity.push_back(
         {"data.eval", "the eval data (" + config.data.eval + ")", file_fingerprint(config.data.eval), true});

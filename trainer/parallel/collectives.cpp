@@ -85,6 +85,13 @@ double receive_double(Collectives& group, Backend& backend, Allocator& host, int
   return value;
 }
 
+uint64_t broadcast_u64(Collectives& group, uint64_t value, int root) {
+  const bool own = group.rank() == root;
+  const auto high = uint64_t(group.sum(own ? double(value >> 32) : 0.0));
+  const auto low = uint64_t(group.sum(own ? double(value & 0xffffffffu) : 0.0));
+  return high << 32 | low;
+}
+
 namespace {
 
 // What a rank's tensors are, sent ahead of their bytes: one line per

@@ -81,6 +81,10 @@ std::string rank_label(const Collectives& collectives);
 void send_double(Collectives& group, Backend& backend, Allocator& host, double value, int to);
 double receive_double(Collectives& group, Backend& backend, Allocator& host, int from);
 
+// root's value on every rank of group, as two sums of its 32-bit halves (a
+// double carries each exactly; the other ranks add 0). Every rank calls it.
+uint64_t broadcast_u64(Collectives& group, uint64_t value, int root);
+
 // Every rank's named f32 host tensors on rank 0, in rank order (the others
 // get theirs back): one adapter or training state written from the shares
 // of pipeline stages or of a sharded optimizer state.

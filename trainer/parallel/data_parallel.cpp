@@ -42,11 +42,7 @@ void check_same_command(Collectives& collectives, const std::string& command) {
   Checksum checksum;
   checksum.add_text(command);
   const uint64_t mine = checksum.value();
-  // Rank 0's checksum in 32-bit halves (a sum of doubles carries each exactly; the others add 0).
-  const bool zero = collectives.rank() == 0;
-  const auto high = uint64_t(collectives.sum(zero ? double(mine >> 32) : 0.0));
-  const auto low = uint64_t(collectives.sum(zero ? double(mine & 0xffffffffu) : 0.0));
-  const bool same = (high << 32 | low) == mine;
+  const bool same = broadcast_u64(collectives, mine, 0) == mine;
   const auto differing = int64_t(collectives.sum(same ? 0.0 : 1.0));
   FT_CHECK(differing == 0, differing, " of the job's ", collectives.world_size(), " ranks run another command than ",
            "rank 0 (config file contents, --set overrides, flags): this rank runs ",

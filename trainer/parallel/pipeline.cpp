@@ -29,12 +29,8 @@ std::string staged_base_fingerprint(Collectives& stages, const std::string& stag
   const uint64_t mine = std::stoull(stage_fingerprint.substr(kPrefix.size()), nullptr, 16);
   std::string all;
   for (int stage = 0; stage < stages.world_size(); ++stage) {
-    // In 32-bit halves: a sum of doubles carries each exactly (the other stages add 0).
-    const bool own = stage == stages.rank();
-    const auto high = uint64_t(stages.sum(own ? double(mine >> 32) : 0.0));
-    const auto low = uint64_t(stages.sum(own ? double(mine & 0xffffffffu) : 0.0));
     char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(high << 32 | low));
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(broadcast_u64(stages, mine, stage)));
     all += (stage ? ", stage " : "stage ") + std::to_string(stage) + " xxh3 " + hex;
   }
   return all;
