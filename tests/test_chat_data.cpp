@@ -14,6 +14,7 @@
 #include "kernels/error.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "trainer/data/chat_template.h"
+#include "trainer/evaluate.h"
 #include "trainer/data/data.h"
 #include "trainer/data/jinja/render.h"
 
@@ -108,6 +109,10 @@ TEST_CASE("released chat templates render, tokenize and mask as apply_chat_templ
       TokenSequence seq = tokenize_chat(pieces, tokenizer);
       CHECK(seq.tokens == c["ids"].get<std::vector<int32_t>>());
       CHECK(std::vector<int>(seq.loss_mask.begin(), seq.loss_mask.end()) == c["mask"].get<std::vector<int>>());
+      // What generation is given for the conversation: the same ids, no special token added or dropped
+      // (the tokenizer's bos is not added where the template writes none, nor dropped where it writes one).
+      if (add_generation_prompt)
+        CHECK(prompt_tokens(tokenizer, reply_prompt(chat, c["messages"], tools, "row"), PromptForm::chat) == seq.tokens);
       rendered++;
       with_tools += !tools.is_null();
       prompts += add_generation_prompt;
@@ -371,7 +376,7 @@ TEST_CASE("chat examples get the conversation before the last assistant turn as 
   set_chat_prompts(data, resolve_chat_template(ChatTemplateKind::automatic, kChatDir + "/llama2"));
   const std::string text = c["text"].get<std::string>();
   const std::string last = c["messages"].back()["content"].get<std::string>();
-  // apply_chat_template's text less its leading "<s>" (generation adds bos) and the last " answer </s>".
-  CHECK(data.examples[0].prompt == text.substr(3, text.rfind(" " + last + " </s>") - 3));
+  // apply_chat_template's text less the last " answer </s>" (its leading "<s>" kept: the template writes it).
+  CHECK(data.examples[0].prompt == text.substr(0, text.rfind(" " + last + " </s>")));
   CHECK(data.examples[0].completion == last);
 }

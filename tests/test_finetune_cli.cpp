@@ -1947,6 +1947,35 @@ TEST_CASE("generate --chat gives the template tools: a --file row's own, or --to
                              "tool's result to reply to)") != std::string::npos);
 }
 
+namespace {
+
+// The end-of-run samples come with the `finetune generate` command that
+// gives them again from what the run saved (the same prompts, batching,
+// base and stops): its greedy completions are the printed ones.
+void check_samples_again(const std::string& dir, const std::string& run_output, size_t samples) {
+  std::vector<std::string> greedy;
+  std::istringstream lines(run_output);
+  std::string line, command;
+  const std::string again = "the samples again, from what this run saves: finetune ";
+  while (std::getline(lines, line)) {
+    if (line.starts_with("  greedy:    ")) greedy.push_back(line.substr(13));
+    if (line.starts_with(again)) command = line.substr(again.size());
+  }
+  REQUIRE(greedy.size() == samples);
+  REQUIRE(!command.empty());
+  command = command.substr(0, command.find(" (sampled:"));
+  CHECK(fs::exists(dir + "/out/sample_prompts.jsonl"));
+  const CommandResult generated = run_command("cd " + dir + " && " + kBinary + " " + command + " 2>/dev/null");
+  REQUIRE(generated.exit_code == 0);
+  std::istringstream rows(generated.output);
+  for (const std::string& want : greedy) {
+    REQUIRE(std::getline(rows, line));
+    CHECK(nlohmann::json::parse(line)["completion"].get<std::string>() == want);
+  }
+}
+
+}  // namespace
+
 // A user's chat path: conversations whose assistant always replies
 // "Sure, here it is." train an adapter (Llama-2's template over the fixture
 // tokenizer); the adapter folder records how (finetune_run.json), so
@@ -1976,6 +2005,7 @@ TEST_CASE("generate --chat replies in the chat-trained format; without --chat it
   // The sample's prompt as the model sees it, its bos included; at temperature 0 no separate sampled line.
   CHECK(trained.output.find("--- sample 1 ---\n<s>[INST] ") != std::string::npos);
   CHECK(trained.output.find("sampled (temperature") == std::string::npos);
+  check_samples_again(dir, trained.output, 1);  // the rows' conversations, through generate --chat
   const nlohmann::json record = nlohmann::json::parse(std::ifstream(dir + "/out/adapter/finetune_run.json"));
   CHECK(record["chat_template"] == "llama2");
   CHECK(record["base_quantization"] == "int8");
@@ -2025,9 +2055,6 @@ TEST_CASE("generate --chat replies in the chat-trained format; without --chat it
   CHECK(nlohmann::json::parse(answered.output)["completion"] == "Sure, here it is.");
 }
 
-// The end-of-run samples come with the `finetune generate` command that
-// gives them again from what the run saved (the same prompts, batching,
-// base and stops): its greedy completions are the printed ones.
 TEST_CASE("the end-of-run samples are reproduced by the generate command the run prints") {
   const std::string dir = make_run_dir("samples_again");
   const CommandResult trained =
@@ -2035,25 +2062,7 @@ TEST_CASE("the end-of-run samples are reproduced by the generate command the run
                   "--set generate.max_new_tokens=6 --set task_metric=none");
   INFO(trained.output);
   REQUIRE(trained.exit_code == 0);
-  std::vector<std::string> greedy;
-  std::istringstream lines(trained.output);
-  std::string line, command;
-  const std::string again = "the samples again, from what this run saves: finetune ";
-  while (std::getline(lines, line)) {
-    if (line.starts_with("  greedy:    ")) greedy.push_back(line.substr(13));
-    if (line.starts_with(again)) command = line.substr(again.size());
-  }
-  REQUIRE(greedy.size() == 3);
-  REQUIRE(!command.empty());
-  command = command.substr(0, command.find(" (sampled:"));
-  CHECK(fs::exists(dir + "/out/sample_prompts.jsonl"));
-  const CommandResult generated = run_command("cd " + dir + " && " + kBinary + " " + command + " 2>/dev/null");
-  REQUIRE(generated.exit_code == 0);
-  std::istringstream rows(generated.output);
-  for (const std::string& want : greedy) {
-    REQUIRE(std::getline(rows, line));
-    CHECK(nlohmann::json::parse(line)["completion"].get<std::string>() == want);
-  }
+  check_samples_again(dir, trained.output, 3);
 }
 
 // The memory options end to end through the binary, each on the CPU: an NF4

@@ -222,9 +222,11 @@ TEST_CASE("generation stops at any of the stop ids, and at a stop string") {
   CHECK(find_stop_string(tokenizer.decode(stopped), by_text.strings) == std::string::npos);
 
   // Completions are cut before the stop string.
-  const std::string free_text = complete_prompts(*model, tokenizer, {"Hello"}, greedy, StopCondition{}, 1)[0];
+  const std::string free_text =
+      complete_prompts(*model, tokenizer, {"Hello"}, greedy, StopCondition{}, 1, PromptForm::text)[0];
   REQUIRE(free_text.size() >= 4);
   const std::string stop_text = free_text.substr(2, 2);
-  CHECK(complete_prompts(*model, tokenizer, {"Hello"}, greedy, StopCondition{{}, {stop_text}, nullptr}, 1)[0] ==
+  CHECK(complete_prompts(*model, tokenizer, {"Hello"}, greedy, StopCondition{{}, {stop_text}, nullptr}, 1,
+                         PromptForm::text)[0] ==
         free_text.substr(0, free_text.find(stop_text)));
 }

@@ -64,12 +64,16 @@ EvalLoss evaluate_loss(LanguageModel& model, const DataLoader& eval, int64_t max
   return eval_loss_of(loss_sum, tokens);
 }
 
-std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt) {
+std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt, PromptForm form) {
   std::vector<int32_t> tokens;
-  if (tokenizer.bos_id() >= 0) tokens.push_back(tokenizer.bos_id());
+  if (form == PromptForm::text && tokenizer.bos_id() >= 0) tokens.push_back(tokenizer.bos_id());
   std::vector<int32_t> encoded = tokenizer.encode(prompt);
   tokens.insert(tokens.end(), encoded.begin(), encoded.end());
   return tokens;
+}
+
+PromptForm prompt_form(const Dataset& data) {
+  return data.format == DataFormat::chat ? PromptForm::chat : PromptForm::text;
 }
 
 std::vector<int32_t> seq2seq_prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt) {
@@ -80,7 +84,8 @@ std::vector<int32_t> seq2seq_prompt_tokens(const Tokenizer& tokenizer, const std
 
 std::vector<std::string> complete_prompts(LanguageModel& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts, const SamplingOptions& sampling,
-                                          const StopCondition& stop, int64_t batch_size, int64_t* cut_prompts) {
+                                          const StopCondition& stop, int64_t batch_size, PromptForm form,
+                                          int64_t* cut_prompts) {
   StopCondition decoding_stop = stop;
   decoding_stop.tokenizer = &tokenizer;
   T5Model* t5 = model.as_seq2seq();  // an encoder-decoder model generates from the encoder's tokens
@@ -88,7 +93,7 @@ std::vector<std::string> complete_prompts(LanguageModel& model, const Tokenizer&
   for (size_t first = 0; first < prompts.size(); first += size_t(batch_size)) {
     std::vector<std::vector<int32_t>> batch;
     for (size_t i = first; i < std::min(prompts.size(), first + size_t(batch_size)); ++i) {
-      batch.push_back(t5 ? seq2seq_prompt_tokens(tokenizer, prompts[i]) : prompt_tokens(tokenizer, prompts[i]));
+      batch.push_back(t5 ? seq2seq_prompt_tokens(tokenizer, prompts[i]) : prompt_tokens(tokenizer, prompts[i], form));
       if (cut_prompts && !t5) *cut_prompts += int64_t(batch.back().size()) > prompt_token_limit(*model.as_causal_lm());
     }
     SamplingOptions options = sampling;
@@ -104,18 +109,19 @@ std::vector<std::string> complete_prompts(LanguageModel& model, const Tokenizer&
   return completions;
 }
 
-TaskMetricResult evaluate_rouge(LanguageModel& model, const Tokenizer& tokenizer,
-                                const std::vector<Example>& examples, int64_t count, int64_t max_new_tokens,
-                                const StopCondition& stop, int64_t batch_size) {
+TaskMetricResult evaluate_rouge(LanguageModel& model, const Tokenizer& tokenizer, const Dataset& data,
+                                int64_t count, int64_t max_new_tokens, const StopCondition& stop,
+                                int64_t batch_size) {
   std::vector<std::string> prompts, references;
-  for (int64_t i = 0; i < std::min<int64_t>(count, int64_t(examples.size())); ++i) {
-    prompts.push_back(examples[size_t(i)].prompt);
-    references.push_back(examples[size_t(i)].completion);
+  for (int64_t i = 0; i < std::min<int64_t>(count, int64_t(data.examples.size())); ++i) {
+    prompts.push_back(data.examples[size_t(i)].prompt);
+    references.push_back(data.examples[size_t(i)].completion);
   }
   SamplingOptions greedy;
   greedy.max_new_tokens = max_new_tokens;
   TaskMetricResult result;
-  result.predictions = complete_prompts(model, tokenizer, prompts, greedy, stop, batch_size, &result.cut_prompts);
+  result.predictions = complete_prompts(model, tokenizer, prompts, greedy, stop, batch_size, prompt_form(data),
+                                        &result.cut_prompts);
   result.rouge = rouge_corpus(references, result.predictions);
   return result;
 }

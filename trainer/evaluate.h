@@ -38,20 +38,27 @@ std::vector<Batch> eval_batches(const DataLoader& eval, int64_t max_batches, All
 // The result from the sum over batches of mean loss x counted tokens.
 EvalLoss eval_loss_of(double loss_sum, int64_t tokens);
 
-// The ids a prompt is given to the model as: [bos] + encode(prompt), as in training.
-std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt);
+// How a prompt's text becomes ids, as training tokenizes its rows: a text
+// prompt as [bos] + encode(prompt) (tokenize_example); a rendered chat prompt
+// (reply_prompt) as encode(prompt) alone, its special tokens those the template
+// wrote, as apply_chat_template tokenizes (no special tokens added).
+enum class PromptForm { text, chat };
+std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt,
+                                   PromptForm form = PromptForm::text);
+// The form of a loaded dataset's prompts: chat rows' are rendered (set_chat_prompts).
+PromptForm prompt_form(const Dataset& data);
 // A T5's encoder input for a prompt: encode(prompt) + [eos], as in training.
 std::vector<int32_t> seq2seq_prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt);
 
 // Continues each prompt and decodes the new tokens, cut before the first stop
 // string, batch_size prompts at a time. stop.tokenizer is set to `tokenizer`.
-// T5 reads each prompt as its encoder input (seq2seq_prompt_tokens, one at a
-// time, generate_seq2seq).
+// A decoder-only model is given prompt_tokens(form); T5 reads each prompt as
+// its encoder input (seq2seq_prompt_tokens, one at a time, generate_seq2seq).
 // cut_prompts, where given, counts the prompts generate() cut to the model's
 // positions (prompt_token_limit).
 std::vector<std::string> complete_prompts(LanguageModel& model, const Tokenizer& tokenizer,
                                           const std::vector<std::string>& prompts, const SamplingOptions& sampling,
-                                          const StopCondition& stop, int64_t batch_size,
+                                          const StopCondition& stop, int64_t batch_size, PromptForm form,
                                           int64_t* cut_prompts = nullptr);
 
 struct TaskMetricResult {
@@ -61,9 +68,9 @@ struct TaskMetricResult {
 };
 
 // ROUGE of greedy completions of the first `count` examples' prompts against
-// their completions.
-TaskMetricResult evaluate_rouge(LanguageModel& model, const Tokenizer& tokenizer,
-                                const std::vector<Example>& examples, int64_t count, int64_t max_new_tokens,
-                                const StopCondition& stop, int64_t batch_size);
+// their completions (chat rows' prompts in PromptForm::chat).
+TaskMetricResult evaluate_rouge(LanguageModel& model, const Tokenizer& tokenizer, const Dataset& data,
+                                int64_t count, int64_t max_new_tokens, const StopCondition& stop,
+                                int64_t batch_size);
 
 }  // namespace ft

@@ -691,7 +691,7 @@ EvalFigures evaluate(Run& run, int64_t step, Progress& progress, const char* lab
   line << std::fixed << "eval (" << label << ", step " << step << "): loss " << figures.loss.loss << " perplexity "
        << figures.loss.perplexity;
   if (run.config.task_metric == TaskMetric::rouge) {
-    TaskMetricResult metric = evaluate_rouge(*run.model, *run.tokenizer, run.eval_examples.examples,
+    TaskMetricResult metric = evaluate_rouge(*run.model, *run.tokenizer, run.eval_examples,
                                              run.config.metric_examples, run.config.generate.max_new_tokens,
                                              stop_condition(run), generation_batch(run.config, 16));
     figures.has_rouge = true;
@@ -743,12 +743,32 @@ std::string shell_quoted(const std::string& text) {
 // `finetune generate` command that gives the same completions from the saved
 // adapter (or model): the same prompts in one batch (batching changes
 // LLM.int8()'s outlier columns), base, precision, stops and sampling.
+// A chat row's conversation up to its reply, as `generate --chat --file` reads it.
+nlohmann::ordered_json reply_row(const Example& example) {
+  if (!example.conversation.is_null()) {
+    nlohmann::ordered_json row = example.conversation;
+    row["messages"].erase(row["messages"].end() - 1);
+    return row;
+  }
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  for (size_t m = 0; m + 1 < example.messages.size(); ++m)
+    messages.push_back({{"role", example.messages[m].role}, {"content", example.messages[m].content}});
+  return {{"messages", messages}};
+}
+
+// The samples' rows (chat rows as their conversations, which generate
+// renders as training did) and the command that generates them again.
 std::string write_sample_prompts(const Run& run, const std::vector<std::string>& prompts,
                                  const std::vector<std::string>& references, const SamplingOptions& sampled) {
   const TrainConfig& config = run.config;
+  const bool chat = prompt_form(run.eval_examples) == PromptForm::chat;
   std::string rows;
-  for (size_t i = 0; i < prompts.size(); ++i)
-    rows += nlohmann::json{{"prompt", prompts[i]}, {"reference", references[i]}}.dump() + "\n";
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    nlohmann::ordered_json row = chat ? reply_row(run.eval_examples.examples[i])
+                                      : nlohmann::ordered_json{{"prompt", prompts[i]}};
+    row["reference"] = references[i];
+    rows += row.dump() + "\n";
+  }
   const std::string path = path_in(config.output_dir, "sample_prompts.jsonl");
   write_file_atomically(path, rows);
   const bool full = config.trainable == Trainable::all;
@@ -759,6 +779,9 @@ std::string write_sample_prompts(const Run& run, const std::vector<std::string>&
              enum_name(config.precision) + " --max-new-tokens " + std::to_string(config.generate.max_new_tokens);
   for (const TokenRef& stop : config.generate.stop)
     command += " --stop " + shell_quoted(stop.text.empty() ? run.tokenizer->token_text(int32_t(stop.id)) : stop.text);
+  if (chat) command += " --chat";
+  if (chat && config.data.chat_template != ChatTemplateKind::automatic)
+    command += " --chat-template " + std::string(enum_name(config.data.chat_template));
   command += " --file " + shell_quoted(path) + " --batch-size " +
              std::to_string(generation_batch(config, int64_t(prompts.size())));
   if (sampled.temperature > 0) {
@@ -793,19 +816,17 @@ void print_samples(Run& run, Progress& progress) {
   sampled.top_p = run.config.generate.top_p;
   sampled.seed = run.config.seed;
   const int64_t batch = generation_batch(run.config, count);
-  std::vector<std::string> greedy_out = complete_prompts(*run.model, *run.tokenizer, prompts, greedy, stop_condition(run), batch);
+  const PromptForm form = prompt_form(run.eval_examples);
+  std::vector<std::string> greedy_out =
+      complete_prompts(*run.model, *run.tokenizer, prompts, greedy, stop_condition(run), batch, form);
   // At temperature 0 the sampled text is the greedy one.
   const bool sampling = sampled.temperature > 0;
   std::vector<std::string> sampled_out =
-      sampling ? complete_prompts(*run.model, *run.tokenizer, prompts, sampled, stop_condition(run), batch)
+      sampling ? complete_prompts(*run.model, *run.tokenizer, prompts, sampled, stop_condition(run), batch, form)
                : std::vector<std::string>();
-  // A chat prompt as the model sees it: its leading bos text (a template's
-  // opening marker, for some) was left to generation's bos id.
-  const int32_t bos = run.tokenizer->bos_id();
-  const std::string bos_text = run.chat && bos >= 0 ? run.tokenizer->token_text(bos) : "";
   for (int64_t i = 0; i < count; ++i) {
     std::ostringstream text;
-    text << "--- sample " << i + 1 << " ---\n" << bos_text << prompts[size_t(i)]
+    text << "--- sample " << i + 1 << " ---\n" << prompts[size_t(i)]
          << "\n  reference: " << references[size_t(i)] << "\n  greedy:    " << greedy_out[size_t(i)];
     if (sampling)
       text << "\n  sampled (temperature " << sampled.temperature << ", top_p " << sampled.top_p

@@ -127,12 +127,15 @@ void load_session(Session& session, const GenerateCommand& command) {
 }
 
 // What the model is given for a prompt: the text itself, or with --chat the
-// generation prompt of the conversation (the system message first, if any).
+// generation prompt of the conversation (the system message first, if any),
+// tokenized as apply_chat_template does (session_form).
 std::string model_prompt(const Session& session, std::vector<ChatMessage> conversation, const std::string& where) {
   if (!session.chat) return conversation.back().content;
   if (!session.system.empty()) conversation.insert(conversation.begin(), {"system", session.system});
   return generation_prompt(*session.chat, conversation, where, session.tools);
 }
+
+PromptForm session_form(const Session& session) { return session.chat ? PromptForm::chat : PromptForm::text; }
 
 // A --file row with tools, tool calls or tool results: its conversation as
 // written (key order kept), the system message first, its own tools (else
@@ -158,7 +161,7 @@ Completion stream_completion(Session& session, const std::string& prompt, const 
   T5Model* t5 = session.model->as_seq2seq();
   CausalLM* causal = session.model->as_causal_lm();
   const std::vector<int32_t> tokens = t5 ? seq2seq_prompt_tokens(*session.tokenizer, prompt)
-                                         : prompt_tokens(*session.tokenizer, prompt);
+                                         : prompt_tokens(*session.tokenizer, prompt, session_form(session));
   FT_CHECK(!tokens.empty(), "generate: the prompt is empty and the tokenizer adds no BOS token: nothing to continue");
   if (causal && int64_t(tokens.size()) > prompt_token_limit(*causal))
     std::cerr << "generate: the prompt is " << tokens.size() << " tokens; the model takes "
@@ -302,7 +305,8 @@ int run_generate(const GenerateCommand& command) {
     const PromptRows loaded = load_prompt_rows(session, command.prompts_file);
     int64_t cut = 0;
     const std::vector<std::string> completions = complete_prompts(*session.model, *session.tokenizer, loaded.prompts,
-                                                                  command.sampling, session.stop, command.batch_size, &cut);
+                                                                  command.sampling, session.stop, command.batch_size,
+                                                                  session_form(session), &cut);
     if (cut > 0)
       std::cerr << "generate: " << cut << " of " << loaded.prompts.size() << " prompts are longer than the model's "
                 << session.model->as_causal_lm()->config().max_position_embeddings

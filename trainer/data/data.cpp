@@ -380,9 +380,7 @@ TokenSequence tokenize_seq2seq_example(const Example& example, const Tokenizer& 
 
 std::string reply_prompt(const ChatTemplate& chat, const nlohmann::ordered_json& messages,
                          const nlohmann::ordered_json& tools, const std::string& where) {
-  std::string prompt = render_chat_text(chat, messages, tools, /*add_generation_prompt=*/true, where);
-  if (!chat.bos_token.empty() && prompt.starts_with(chat.bos_token)) prompt.erase(0, chat.bos_token.size());
-  return prompt;
+  return render_chat_text(chat, messages, tools, /*add_generation_prompt=*/true, where);
 }
 
 std::string generation_prompt(const ChatTemplate& chat, const std::vector<ChatMessage>& conversation,

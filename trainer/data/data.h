@@ -141,8 +141,9 @@ TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenize
                                   Packing packing = Packing{});  // Packing::none
 
 // What a chat model is given to reply to `messages`: them rendered with
-// add_generation_prompt (and the tools, null for none), less a leading bos
-// text, which generation puts itself. `where` names it in errors.
+// add_generation_prompt (and the tools, null for none), exactly as
+// apply_chat_template writes it (its bos text too, where the template writes
+// one): PromptForm::chat tokenizes it. `where` names it in errors.
 std::string reply_prompt(const ChatTemplate& chat, const nlohmann::ordered_json& messages,
                          const nlohmann::ordered_json& tools, const std::string& where);
 // reply_prompt of `conversation`, which must end with a user message.
