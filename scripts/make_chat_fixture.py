@@ -9,7 +9,7 @@ The five first families' templates are written from the strings below; the other
 from their committed tokenizer_config.json, copied from the public sources SOURCES names (the
 Hub itself cannot be reached from here). cases.json holds, for 4+ conversations a family
 (with and without a system message, multi-turn, tool calls where the template takes tools,
-add_generation_prompt), what apply_chat_template gives: the text, or the error the template
+content as a list of text parts where it reads them, add_generation_prompt), what apply_chat_template gives: the text, or the error the template
 raises; the ids tokenizer.json gives for the text (tokenized as apply_chat_template does, no
 special tokens added; checked against tokenize=True where the family's bos/eos are in the
 stand-in's vocabulary, as AutoTokenizer adds them otherwise) and the assistant mask. The tokenizer is
@@ -192,6 +192,22 @@ CONVERSATIONS = [
       {"role": "assistant", "content": "7"},
       {"role": "user", "content": "Another one?"}], True, None),
 ]
+# Content as a list of parts (transformers' multimodal layout): Gemma 3's template takes a
+# system message only so, and reads text parts from any message.
+def parts(text):
+    return [{"type": "text", "text": text}]
+
+
+PARTS_CONVERSATIONS = [
+    ([{"role": "system", "content": parts("Be brief.")},
+      {"role": "user", "content": parts("Hello")},
+      {"role": "assistant", "content": parts("Hi!")}], False, None),
+    ([{"role": "system", "content": parts("Answer in French.")},
+      {"role": "user", "content": "Hello"},
+      {"role": "assistant", "content": "Bonjour !"},
+      {"role": "user", "content": parts("Thanks")}], True, None),
+]
+PARTS_FAMILIES = {"gemma3"}
 TOOL_CONVERSATIONS = {"tools": (tool_conversation({"city": "Paris"}), False, TOOLS),
                       "tools_str": (tool_conversation("{\"city\": \"Paris\"}"), False, TOOLS)}
 
@@ -233,6 +249,14 @@ def longest_tail_at(text, start, rendered):
     return 0
 
 
+def message_text(message):
+    """The content's text: the string, or its text parts joined."""
+    content = message.get("content") or ""
+    if isinstance(content, list):
+        return "".join(part["text"] for part in content if part.get("type") == "text")
+    return content
+
+
 def prefix_spans(tokenizer, messages, text, tools):
     """[start, end) character spans of each assistant turn's trained text (see the module doc)."""
     spans = []
@@ -240,7 +264,7 @@ def prefix_spans(tokenizer, messages, text, tools):
     for k, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        content = (message.get("content") or "").strip()
+        content = message_text(message).strip()
         start = None
         for before in ([try_render(tokenizer, messages[:k], True, tools), try_render(tokenizer, messages[:k], False, tools)]
                        if k else []):
@@ -327,7 +351,8 @@ def main():
             vocab = raw_tokenizer.get_vocab()
             specials_in_vocab = all(token in vocab for token in tokenizer.special_tokens_map.values()
                                     if isinstance(token, str))
-            conversations = CONVERSATIONS + ([TOOL_CONVERSATIONS[tool_kind]] if tool_kind else [])
+            conversations = CONVERSATIONS + ([TOOL_CONVERSATIONS[tool_kind]] if tool_kind else []) + \
+                (PARTS_CONVERSATIONS if name in PARTS_FAMILIES else [])
             cases = [case(tokenizer, raw_tokenizer, specials_in_vocab, template, *c) for c in conversations]
         with open(os.path.join(folder, "cases.json"), "w") as f:
             json.dump({"model": model, "template_source": source, "tokenizer": "tokenizers/" + tokenizer_name,

@@ -118,10 +118,10 @@ TEST_CASE("released chat templates render, tokenize and mask as apply_chat_templ
       prompts += add_generation_prompt;
     }
   }
-  CHECK(rendered == 108);
+  CHECK(rendered == 110);
   CHECK(refused == 6);
   CHECK(with_tools == 9);
-  CHECK(prompts == 21);
+  CHECK(prompts == 22);
 }
 
 TEST_CASE("data.chat_template names a built-in template; auto takes the checkpoint's; an unsupported one is one error") {
@@ -271,6 +271,48 @@ TEST_CASE("chat row errors name the file, the line and what was expected") {
   CHECK(error_of([&] { tokenize_dataset(data, tokenizer, 64, 2); }) == "chat.jsonl: chat rows need a chat template");
 }
 
+TEST_CASE("chat rows with content as a list of text parts train and prompt as apply_chat_template renders them") {
+  // Gemma 3's template takes a system message only as parts ({"type": "text", "text": ...}); the fixture's
+  // parts conversations (scripts/make_chat_fixture.py) as JSONL rows, through load_jsonl and tokenize_dataset.
+  const std::string dir = kChatDir + "/gemma3";
+  const nlohmann::ordered_json fixture = nlohmann::ordered_json::parse(std::ifstream(dir + "/cases.json"));
+  BpeTokenizer tokenizer(std::string(FT_FIXTURES_DIR) + "/" + fixture["tokenizer"].get<std::string>() + "/tokenizer.json");
+  ChatTemplate chat = resolve_chat_template(ChatTemplateKind::automatic, dir);
+  chat.now = fixture_now(fixture["date"]);
+  int trained = 0, asked = 0;
+  for (const nlohmann::ordered_json& c : fixture["cases"]) {
+    if (!c["messages"][0]["content"].is_array()) continue;
+    const nlohmann::ordered_json row = {{"messages", c["messages"]}};
+    if (c["add_generation_prompt"].get<bool>()) {  // a prompt, as generate --chat --file reads it
+      const nlohmann::ordered_json conversation = written_conversation(row.dump(), "q.jsonl:1", true);
+      const std::string prompt = reply_prompt(chat, conversation["messages"], nullptr, "q.jsonl:1");
+      CHECK(prompt == c["text"].get<std::string>());
+      CHECK(prompt_tokens(tokenizer, prompt, PromptForm::chat) == c["ids"].get<std::vector<int32_t>>());
+      asked++;
+      continue;
+    }
+    Dataset data = load_string(row.dump() + "\n");
+    REQUIRE(data.examples.size() == 1);
+    CHECK(data.examples[0].messages.back().content == message_text(c["messages"].back()));
+    const TokenizedDataset tokens = tokenize_dataset(data, tokenizer, 4096, /*eos_id=*/0, &chat);
+    REQUIRE(tokens.examples.size() == 1);
+    CHECK(tokens.examples[0].tokens == c["ids"].get<std::vector<int32_t>>());
+    const std::vector<uint8_t>& mask = tokens.examples[0].loss_mask;
+    CHECK(std::vector<int>(mask.begin(), mask.end()) == c["mask"].get<std::vector<int>>());
+    trained++;
+  }
+  CHECK(trained == 1);
+  CHECK(asked == 1);
+  // Only text parts are read: an image part, or a part that is not a typed object, is one error naming it.
+  CHECK(load_error(R"({"messages": [{"role": "user", "content": [{"type": "image", "url": "a.png"}]},)"
+                   R"( {"role": "assistant", "content": "A cat."}]})" "\n") ==
+        "chat.jsonl:1: messages[0].content[0] is a part of type \"image\": only text parts are read (this trainer trains "
+        "language models on text)");
+  CHECK(load_error(R"({"messages": [{"role": "user", "content": ["Hi"]}, {"role": "assistant", "content": "Hello"}]})"
+                   "\n") ==
+        "chat.jsonl:1: messages[0].content[0] must be a {\"type\": \"text\", \"text\": ...} object, got \"Hi\"");
+}
+
 TEST_CASE("chat rows with tools, tool calls and tool results train as apply_chat_template(messages, tools=...) masks them") {
   // The fixtures' tool conversations (a call, its result, the answer) as JSONL data rows, through load_jsonl and
   // tokenize_dataset: the text, ids and assistant mask transformers gives (scripts/make_chat_fixture.py), for every
@@ -304,15 +346,13 @@ TEST_CASE("chat rows with tools, tool calls and tool results train as apply_chat
       CHECK(data.examples[0].prompt.find("celsius") != std::string::npos);  // the result (some templates quote it)
       CHECK(data.examples[0].prompt.find(answer) == std::string::npos);
       // The same conversation without its answer, as generate --chat --file reads it: what transformers renders
-      // before the answer (less the leading bos, which generation adds).
+      // before the answer.
       nlohmann::ordered_json question = row;
       question["messages"].erase(question["messages"].end() - 1);
-      const nlohmann::ordered_json asked = tool_conversation(question.dump(), "q.jsonl:1", true);
+      const nlohmann::ordered_json asked = written_conversation(question.dump(), "q.jsonl:1", true);
       const std::string prompt = reply_prompt(chat, asked["messages"], asked["tools"], "q.jsonl:1");
       const std::string text = c["text"].get<std::string>();
-      // (reply_prompt drops a leading bos text; Granite's bos_token is one its template never writes.)
-      const std::string rendered = text.starts_with(chat.bos_token + prompt) ? chat.bos_token + prompt : prompt;
-      prefixes += text.starts_with(rendered) && text.find(answer, rendered.size()) != std::string::npos;
+      prefixes += text.starts_with(prompt) && text.find(answer, prompt.size()) != std::string::npos;
       rows++;
     }
   }

@@ -137,11 +137,11 @@ std::string model_prompt(const Session& session, std::vector<ChatMessage> conver
 
 PromptForm session_form(const Session& session) { return session.chat ? PromptForm::chat : PromptForm::text; }
 
-// A --file row with tools, tool calls or tool results: its conversation as
+// A --file row kept as written (tools, tool calls or results, content parts): its conversation as
 // written (key order kept), the system message first, its own tools (else
 // --tools), ready for the reply.
-std::string tool_row_prompt(const Session& session, const std::string& line, const std::string& where) {
-  nlohmann::ordered_json conversation = tool_conversation(line, where, true);
+std::string written_row_prompt(const Session& session, const std::string& line, const std::string& where) {
+  nlohmann::ordered_json conversation = written_conversation(line, where, true);
   nlohmann::ordered_json& messages = conversation["messages"];
   if (!session.system.empty()) messages.insert(messages.begin(), {{"role", "system"}, {"content", session.system}});
   return reply_prompt(*session.chat, messages, conversation["tools"].is_null() ? session.tools : conversation["tools"],
@@ -203,8 +203,8 @@ PromptRows load_prompt_rows(const Session& session, const std::string& path) {
                    [&](const std::string& line, const nlohmann::json& row, const std::string& where) {
                      FT_CHECK(row.contains("prompt") || row.contains("messages"), where,
                               ": expected a \"prompt\" string or a \"messages\" list, got ", key_list(row));
-                     if (row.contains("messages") && uses_tools(row))
-                       loaded.prompts.push_back(tool_row_prompt(session, line, where));
+                     if (row.contains("messages") && kept_as_written(row))
+                       loaded.prompts.push_back(written_row_prompt(session, line, where));
                      else if (row.contains("messages"))
                        loaded.prompts.push_back(model_prompt(session, chat_messages(row, where), where));
                      else

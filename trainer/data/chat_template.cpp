@@ -121,8 +121,7 @@ Json first(const Json& messages, size_t count) { return Json(messages.begin(), m
 std::pair<size_t, size_t> prefix_span(const ChatTemplate& chat, const Json& messages, const Json& tools,
                                       const std::string& text, size_t k, size_t cursor, const std::string& where) {
   const Json& message = messages[k];
-  const std::string content =
-      message.contains("content") && message["content"].is_string() ? python_strip(message["content"]) : "";
+  const std::string content = python_strip(message_text(message));
   std::optional<size_t> start;
   for (bool add_generation_prompt : {true, false}) {
     if (k == 0 || start) break;
@@ -209,6 +208,17 @@ EnumNames<ChatTemplateKind> enum_names(ChatTemplateKind) {
                                                      {"llama3", ChatTemplateKind::llama3},
                                                      {"zephyr", ChatTemplateKind::zephyr}};
   return names;
+}
+
+std::string message_text(const Json& message) {
+  const Json content = message.value("content", Json());
+  if (content.is_string()) return content;
+  std::string text;
+  if (content.is_array())
+    for (const Json& part : content)
+      if (part.is_object() && part.value("type", Json()) == "text" && part.value("text", Json()).is_string())
+        text += part["text"].get<std::string>();
+  return text;
 }
 
 void check_chat_roles(const std::vector<ChatMessage>& messages, const std::string& where) {

@@ -80,6 +80,10 @@ ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::strin
 // learn from). Errors name `where` (file:line) and the message index.
 void check_chat_roles(const std::vector<ChatMessage>& messages, const std::string& where);
 
+// A message's content as text: the string, or its text parts joined (content
+// as a list of {"type": "text", "text"} parts); "" for none.
+std::string message_text(const nlohmann::ordered_json& message);
+
 // apply_chat_template(messages, tools=tools, add_generation_prompt=...)'s text.
 // messages: [{"role", "content", ...}]; tools: null or a list of tool schemas.
 // Errors (the template raising, e.g. roles it cannot take) name `where` first.

@@ -70,11 +70,12 @@ std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::str
   return messages;
 }
 
-bool uses_tools(const nlohmann::json& row) {
+bool kept_as_written(const nlohmann::json& row) {
   if (row.contains("tools")) return true;
   const nlohmann::json& list = row["messages"];
   return list.is_array() && std::any_of(list.begin(), list.end(), [](const nlohmann::json& m) {
-           return m.is_object() && (m.contains("tool_calls") || m.value("role", nlohmann::json()) == "tool");
+           return m.is_object() && (m.contains("tool_calls") || m.value("role", nlohmann::json()) == "tool" ||
+                                    (m.contains("content") && m["content"].is_array()));
          });
 }
 
@@ -94,11 +95,27 @@ void check_tool_calls(const nlohmann::ordered_json& calls, const std::string& it
   }
 }
 
-// A chat row with tools: system, user, assistant and tool messages, each
-// with "content" text (an assistant message with tool_calls may have none),
-// ending with an assistant turn to train on (to_reply: with a user message or
-// a tool's result to reply to); "tools" a list of objects.
-void check_tool_conversation(const nlohmann::ordered_json& row, const std::string& where, bool to_reply) {
+// A message's content given as a list of parts (transformers' multimodal
+// layout, which Gemma 3's template needs for a system message): text parts
+// only, {"type": "text", "text": ...}.
+void check_content_parts(const nlohmann::ordered_json& parts, const std::string& item) {
+  for (size_t j = 0; j < parts.size(); j++) {
+    const std::string part = item + ".content[" + std::to_string(j) + "]";
+    const nlohmann::ordered_json& p = parts[j];
+    FT_CHECK(p.is_object() && p.contains("type") && p["type"].is_string(), part,
+             " must be a {\"type\": \"text\", \"text\": ...} object, got ", p.dump().substr(0, 80));
+    FT_CHECK(p["type"] == "text", part, " is a part of type \"", p["type"].get<std::string>(),
+             "\": only text parts are read (this trainer trains language models on text)");
+    FT_CHECK(p.contains("text") && p["text"].is_string(), part, ".text must be a string");
+  }
+}
+
+// A chat row kept as written: system, user, assistant and tool messages, each
+// with "content" text or a list of text parts (an assistant message with
+// tool_calls may have none), ending with an assistant turn to train on
+// (to_reply: with a user message or a tool's result to reply to); "tools" a
+// list of objects.
+void check_written_conversation(const nlohmann::ordered_json& row, const std::string& where, bool to_reply) {
   const nlohmann::ordered_json& list = row["messages"];
   FT_CHECK(list.is_array() && !list.empty(), where, ": \"messages\" must be a non-empty list, got ", list.dump());
   for (size_t i = 0; i < list.size(); i++) {
@@ -112,8 +129,10 @@ void check_tool_conversation(const nlohmann::ordered_json& row, const std::strin
     const bool calls = m.contains("tool_calls");
     FT_CHECK(!calls || role == "assistant", item, ".tool_calls: only an assistant message calls tools");
     if (calls) check_tool_calls(m["tool_calls"], item);
-    if (m.contains("content") && !m["content"].is_null())
-      FT_CHECK(m["content"].is_string(), item, ".content must be a string, got ", m["content"].type_name());
+    if (m.contains("content") && m["content"].is_array()) check_content_parts(m["content"], item);
+    else if (m.contains("content") && !m["content"].is_null())
+      FT_CHECK(m["content"].is_string(), item, ".content must be a string or a list of text parts, got ",
+               m["content"].type_name());
     else FT_CHECK(calls, item, " lacks \"content\" (only an assistant message with tool_calls may leave it out)");
   }
   const std::string last = list.back()["role"];
@@ -132,22 +151,20 @@ void check_tool_schemas(const nlohmann::ordered_json& tools, const std::string& 
            what, ": expected a JSON list of tool schemas (objects), got ", tools.dump().substr(0, 80));
 }
 
-nlohmann::ordered_json tool_conversation(const std::string& line, const std::string& where, bool to_reply) {
+nlohmann::ordered_json written_conversation(const std::string& line, const std::string& where, bool to_reply) {
   const nlohmann::ordered_json row = nlohmann::ordered_json::parse(line);  // parse_json has read it already
-  check_tool_conversation(row, where, to_reply);
+  check_written_conversation(row, where, to_reply);
   return {{"messages", row["messages"]}, {"tools", row.value("tools", nlohmann::ordered_json())}};
 }
 
 namespace {
 
-// A chat row with tools (uses_tools), from its line parsed again with its key order kept.
-Example read_tool_example(const std::string& line, const std::string& where) {
+// A chat row kept as written (kept_as_written), from its line parsed again with its key order kept.
+Example read_written_example(const std::string& line, const std::string& where) {
   Example example;
-  example.conversation = tool_conversation(line, where, false);
-  for (const nlohmann::ordered_json& m : example.conversation["messages"]) {
-    const bool text = m.contains("content") && m["content"].is_string();
-    example.messages.push_back({m["role"].get<std::string>(), text ? m["content"].get<std::string>() : ""});
-  }
+  example.conversation = written_conversation(line, where, false);
+  for (const nlohmann::ordered_json& m : example.conversation["messages"])
+    example.messages.push_back({m["role"].get<std::string>(), message_text(m)});
   return example;
 }
 
@@ -263,8 +280,8 @@ Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat form
              first_line ? "line " + std::to_string(first_line) + " is a " + enum_name(data.format) +
                               " row and all rows must agree"
                         : std::string("data.format is ") + enum_name(data.format));
-    data.examples.push_back(kind == DataFormat::chat && uses_tools(row) ? read_tool_example(line, where)
-                                                                        : read_example(row, kind, where));
+    data.examples.push_back(kind == DataFormat::chat && kept_as_written(row) ? read_written_example(line, where)
+                                                                             : read_example(row, kind, where));
     data.examples.back().line = line_number;
   }
   FT_CHECK(!data.examples.empty(), path, ": the dataset is empty (no JSON rows)");

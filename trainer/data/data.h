@@ -34,16 +34,18 @@ EnumNames<DataFormat> enum_names(DataFormat);  // data.format's spellings (train
 // prompt and the output as completion. Chat rows ({"messages": [...]}) keep
 // their messages (prompt and completion empty): the chat template renders them.
 // A chat row with tools (a row-level "tools" list of function schemas, an
-// assistant message with "tool_calls", "tool" messages with the results)
+// assistant message with "tool_calls", "tool" messages with the results) or
+// with content as a list of text parts ({"type": "text", "text": ...})
 // also keeps the row's messages and tools as written, in `conversation`
 // (their key order too: a template writes them with tojson), and the
-// template renders those, as apply_chat_template(messages, tools=tools).
+// template renders those, as apply_chat_template(messages, tools=tools);
+// `messages` then holds each one's text (message_text).
 struct Example {
   std::string prompt;
   std::string completion;
   std::vector<ChatMessage> messages = {};
   int64_t line = 0;  // in the file, for errors found after loading
-  nlohmann::ordered_json conversation = nullptr;  // a row with tools: {"messages", "tools"}; else null
+  nlohmann::ordered_json conversation = nullptr;  // a row kept as written: {"messages", "tools"}; else null
 };
 
 struct Dataset {
@@ -153,13 +155,15 @@ std::string generation_prompt(const ChatTemplate& chat, const std::vector<ChatMe
 // Refuses tools that are not a JSON list of objects (apply_chat_template's
 // tools), naming `what` (a row's "tools", or a --tools file).
 void check_tool_schemas(const nlohmann::ordered_json& tools, const std::string& what);
-// Whether a chat row uses tools: a "tools" list, tool calls or tool results.
-bool uses_tools(const nlohmann::json& row);
+// Whether a chat row is kept as written (Example::conversation), beyond
+// {"role", "content"} strings: a "tools" list, tool calls, tool results, or
+// a message's content as a list of text parts.
+bool kept_as_written(const nlohmann::json& row);
 // Such a row's {"messages", "tools"} (tools null when it has none), parsed
 // again from its line with the key order kept and checked: its last message
 // the assistant's (a training row) or, to_reply, a user's or a tool's result
 // (a prompt). Errors name `where` and the message.
-nlohmann::ordered_json tool_conversation(const std::string& line, const std::string& where, bool to_reply);
+nlohmann::ordered_json written_conversation(const std::string& line, const std::string& where, bool to_reply);
 
 // Whether a JSONL data file holds chat rows: format chat, or automatic with
 // a first row that has "messages" (read alone, so a run can check its chat
