@@ -1,6 +1,7 @@
 #include "trainer/data/chat_template.h"
 
 #include <filesystem>
+#include <iostream>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -252,6 +253,8 @@ ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::strin
   FT_CHECK(!source.empty(), file, ": no chat_template to render chat rows with; set ", setting, " to one of ",
            enum_spellings(enum_names(ChatTemplateKind{}), ", ", ChatTemplateKind::automatic));
   chat.jinja = jinja::compile(source, where);
+  for (const std::string& fault : chat.jinja->deferred_faults)
+    std::cerr << "warning: " << where << " " << fault << ": a row whose rendering reaches it is refused\n";
   chat.name = where;
   chat.renders_tools = source.find("tool") != std::string::npos;
   for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"})

@@ -46,6 +46,8 @@ enum class NodeKind {
   set,         // {% set targets[0][.attribute] = expr %}, or the body rendered when expr is null
   macro,       // {% macro text(targets = defaults) %} body
   generation,  // {% generation %} body: the assistant's tokens, for return_assistant_tokens_mask
+  with,        // {% with targets = defaults %} body: the names bound in a scope of their own
+  filter,      // {% filter f(args) | g %} body: expr, filters over the name "" (the body's text)
   break_,
   continue_,
 };
@@ -61,7 +63,7 @@ struct Node {
   ExprPtr filter;
   std::vector<std::string> targets;
   std::string attribute;
-  std::vector<ExprPtr> defaults;  // macro: one per target, null where none
+  std::vector<ExprPtr> defaults;  // macro: one per target, null where none; with: one per target
   std::vector<NodePtr> body, else_body;
 };
 

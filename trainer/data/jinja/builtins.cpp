@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
+#include <set>
 
 namespace ft::jinja {
 namespace {
@@ -200,7 +202,112 @@ Value number_filter(const Value& input, bool floating) {
   return floating ? Value(Json(0.0)) : Value(Json(int64_t(0)));
 }
 
+// Python's str.center(width): the extra space on the right when odd, unless width is odd too.
+std::string center(const std::string& text, int64_t width) {
+  const int64_t margin = width - int64_t(code_points(text).size());
+  if (margin <= 0) return text;
+  const int64_t left = margin / 2 + (margin & width & 1);
+  return std::string(size_t(left), ' ') + text + std::string(size_t(margin - left), ' ');
+}
+
+// One %-conversion of Python's printf-style formatting: flags, width and
+// precision as written, type one of s r a d i u f F e E g G x X o c.
+struct Conversion {
+  std::string flags;
+  int64_t width = -1, precision = -1;
+  char type = 's';
+};
+
+std::string pad_text(std::string text, const Conversion& c) {
+  if (c.precision >= 0) {
+    std::vector<std::string> chars = code_points(text);
+    if (int64_t(chars.size()) > c.precision) {
+      text.clear();
+      for (int64_t i = 0; i < c.precision; i++) text += chars[size_t(i)];
+    }
+  }
+  const int64_t fill = c.width - int64_t(code_points(text).size());
+  if (fill <= 0) return text;
+  const std::string spaces(size_t(fill), ' ');
+  return c.flags.find('-') != std::string::npos ? text + spaces : spaces + text;
+}
+
+std::string convert(const Conversion& c, const Value& v) {
+  if (c.type == 's' || c.type == 'r' || c.type == 'a')
+    return pad_text(c.type == 's' ? to_str(v) : python_repr(v.data), c);
+  const bool numeric = v.is_number() || (v.kind == Value::Kind::data && v.data.is_boolean());
+  if (c.type == 'c') {
+    if (v.is_string() && code_points(v.str()).size() == 1) return pad_text(v.str(), c);
+    throw TemplateFault("%c requires an int or a single character, got " + type_name(v));
+  }
+  if (!numeric)
+    throw TemplateFault(std::string("%") + c.type + " format: a real number is required, not " + type_name(v));
+  std::string spec = "%" + c.flags;
+  if (c.width >= 0) spec += std::to_string(c.width);
+  if (c.precision >= 0) spec += "." + std::to_string(c.precision);
+  char buffer[512];
+  if (std::string("diuxXo").find(c.type) != std::string::npos) {
+    const char type = c.type == 'i' || c.type == 'u' ? 'd' : c.type;
+    std::snprintf(buffer, sizeof buffer, (spec + "ll" + type).c_str(), (long long)(v.number()));
+  } else {
+    std::snprintf(buffer, sizeof buffer, (spec + c.type).c_str(), v.number());
+  }
+  return buffer;
+}
+
 }  // namespace
+
+Value percent_format(const Value& format, const Value& args) {
+  const std::string& text = format.str();
+  std::vector<Value> values;
+  if (args.is_list()) values = iterate(args);  // a tuple (Jinja's tuples are lists here)
+  else if (!args.is_dict()) values.push_back(args);
+  size_t next_value = 0;
+  std::string out;
+  for (size_t i = 0; i < text.size(); i++) {
+    if (text[i] != '%') {
+      out += text[i];
+      continue;
+    }
+    if (++i >= text.size()) throw TemplateFault("incomplete format");
+    Conversion c;
+    const Value* value = nullptr;
+    Value keyed;
+    if (text[i] == '(') {
+      const size_t close = text.find(')', i);
+      if (close == std::string::npos) throw TemplateFault("incomplete format key");
+      if (!args.is_dict()) throw TemplateFault("format requires a mapping");
+      keyed = get_item(args, Value(Json(text.substr(i + 1, close - i - 1))));
+      if (!keyed.is_defined()) throw TemplateFault("format key '" + text.substr(i + 1, close - i - 1) + "' missing");
+      value = &keyed;
+      i = close + 1;
+    }
+    while (i < text.size() && std::string("-+ #0").find(text[i]) != std::string::npos) c.flags += text[i++];
+    auto number = [&] {
+      if (i < text.size() && text[i] == '*') throw TemplateFault("unsupported construct: '*' width in a % format");
+      int64_t n = -1;
+      while (i < text.size() && std::isdigit((unsigned char)text[i])) n = std::max<int64_t>(n, 0) * 10 + (text[i++] - '0');
+      return n;
+    };
+    c.width = number();
+    if (i < text.size() && text[i] == '.') i++, c.precision = std::max<int64_t>(number(), 0);
+    if (i >= text.size()) throw TemplateFault("incomplete format");
+    c.type = text[i];
+    if (c.type == '%') {
+      out += '%';
+      continue;
+    }
+    if (std::string("sradiufFeEgGxXoc").find(c.type) == std::string::npos)
+      throw TemplateFault(std::string("unsupported format character '") + c.type + "'");
+    if (!value) {
+      if (next_value >= values.size()) throw TemplateFault("not enough arguments for format string");
+      value = &values[next_value++];
+    }
+    out += convert(c, *value);
+  }
+  if (next_value < values.size()) throw TemplateFault("not all arguments converted during string formatting");
+  return Value(Json(out));
+}
 
 std::vector<Value> iterate(const Value& value) {
   std::vector<Value> items;
@@ -289,6 +396,7 @@ Value call_method(const Value& object, const std::string& name, const Args& args
     if (name == "upper") return Value(Json(change_case(text, [](int c) { return std::toupper(c); })));
     if (name == "lower") return Value(Json(change_case(text, [](int c) { return std::tolower(c); })));
     if (name == "title") return Value(Json(title(text)));
+    if (name == "center") return Value(Json(center(text, a0->integer())));
     if (name == "capitalize") return Value(Json(capitalize(text)));
     if (name == "find") {
       size_t at = text.find(a0->str());
@@ -326,6 +434,37 @@ Value call_method(const Value& object, const std::string& name, const Args& args
   throw TemplateFault("unsupported construct: method ." + name + "() of a " + type_name(object));
 }
 
+namespace {
+
+// Jinja2 3.1's built-in filters and tests, those run here first.
+const std::set<std::string> kFilters = {
+    "abs",     "capitalize", "center", "count",   "d",      "default",    "dictsort", "first",
+    "float",   "format", "indent",    "int",    "items",   "join",   "last",       "length",   "list",
+    "lower",   "map",   "max",        "min",    "reject",  "rejectattr", "replace", "reverse", "round",
+    "safe",    "select", "selectattr", "sort",  "string",  "sum",    "title",      "tojson",   "trim",
+    "unique",  "upper"};
+const std::set<std::string> kOtherJinjaFilters = {
+    "attr",  "batch", "e",     "escape",   "filesizeformat", "forceescape", "groupby", "pprint", "random",
+    "slice", "striptags", "truncate", "urlencode",  "urlize",      "wordcount", "wordwrap", "xmlattr"};
+const std::set<std::string> kTests = {
+    "boolean", "callable", "defined", "divisibleby", "eq",     "equalto",  "even",     "false",  "float",
+    "ge",      "greaterthan", "gt",   "in",          "integer", "iterable", "le",      "lessthan", "lower",
+    "lt",      "mapping",  "ne",      "none",        "number", "odd",      "sameas",   "sequence", "string",
+    "true",    "undefined", "upper",  "==",          "!=",     "<",        "<=",       ">",      ">="};
+const std::set<std::string> kOtherJinjaTests = {"escaped", "filter", "test"};
+
+std::string unknown_name(const char* kind, const std::string& name, const std::set<std::string>& known,
+                         const std::set<std::string>& others) {
+  if (known.count(name)) return "";
+  if (others.count(name)) return std::string("unsupported construct: ") + kind + " '" + name + "'";
+  return std::string("no ") + kind + " named '" + name + "' (Jinja2 has none either)";
+}
+
+}  // namespace
+
+std::string unknown_filter(const std::string& name) { return unknown_name("filter", name, kFilters, kOtherJinjaFilters); }
+std::string unknown_test(const std::string& name) { return unknown_name("test", name, kTests, kOtherJinjaTests); }
+
 bool apply_test(const std::string& name, const Value& v, const Args& args) {
   const bool data = v.kind == Value::Kind::data;
   if (name == "defined") return v.is_defined();
@@ -351,6 +490,10 @@ bool apply_test(const std::string& name, const Value& v, const Args& args) {
     throw TemplateFault("test '" + name + "' needs an argument");
   if (name == "equalto" || name == "eq" || name == "==" || name == "sameas") return equal(v, args.positional[0]);
   if (name == "ne" || name == "!=") return !equal(v, args.positional[0]);
+  if (name == "lt" || name == "<" || name == "lessthan") return less(v, args.positional.at(0));
+  if (name == "gt" || name == ">" || name == "greaterthan") return less(args.positional.at(0), v);
+  if (name == "le" || name == "<=") return !less(args.positional.at(0), v);
+  if (name == "ge" || name == ">=") return !less(v, args.positional.at(0));
   if (name == "in") {
     const Value& container = args.positional[0];
     if (container.is_string()) return container.str().find(v.str()) != std::string::npos;
@@ -358,7 +501,7 @@ bool apply_test(const std::string& name, const Value& v, const Args& args) {
       if (equal(item, v)) return true;
     return false;
   }
-  throw TemplateFault("unsupported construct: test '" + name + "'");
+  throw TemplateFault(unknown_test(name));
 }
 
 Value apply_filter(const std::string& name, const Value& input, const Args& args) {
@@ -423,10 +566,7 @@ Value apply_filter(const std::string& name, const Value& input, const Args& args
   }
   if (name == "sort") return sort_filter(input, args);
   if (name == "string") return Value(Json(to_str(input)));
-  if (name == "safe" || name == "e" || name == "escape") {
-    if (name != "safe") throw TemplateFault("unsupported construct: filter 'escape'");
-    return input;
-  }
+  if (name == "safe") return input;
   if (name == "int" || name == "float") return number_filter(input, name == "float");
   if (name == "abs") return input.data.is_number_float() ? Value(Json(std::fabs(input.number()))) : Value(Json(std::abs(input.integer())));
   if (name == "round") {
@@ -436,6 +576,19 @@ Value apply_filter(const std::string& name, const Value& input, const Args& args
   }
   if (name == "replace") return call_method(input, "replace", args);
   if (name == "indent") return indent_filter(input, args);
+  if (name == "center") return Value(Json(center(to_str(input), a0 ? a0->integer() : 80)));
+  if (name == "format") {  // Jinja2's do_format: value % (kwargs or args)
+    if (!args.positional.empty() && !args.keywords.empty())
+      throw TemplateFault("format takes positional or keyword arguments, not both");
+    if (args.keywords.empty()) {
+      Json tuple = Json::array();
+      for (const Value& value : args.positional) tuple.push_back(value.data);
+      return percent_format(Value(Json(to_str(input))), Value(tuple));
+    }
+    Json mapping = Json::object();
+    for (const auto& [key, value] : args.keywords) mapping[key] = value.data;
+    return percent_format(Value(Json(to_str(input))), Value(mapping));
+  }
   if (name == "sum") {
     Value total(Json(int64_t(0)));
     for (const Value& item : iterate(input))
@@ -457,7 +610,7 @@ Value apply_filter(const std::string& name, const Value& input, const Args& args
     for (const Value& item : items) out.push_back(item.data);
     return Value(out);
   }
-  throw TemplateFault("unsupported construct: filter '" + name + "'");
+  throw TemplateFault(unknown_filter(name));
 }
 
 }  // namespace ft::jinja

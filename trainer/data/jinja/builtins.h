@@ -9,6 +9,11 @@
 namespace ft::jinja {
 
 Value apply_filter(const std::string& name, const Value& input, const Args& args);
+// Why a filter or test name cannot run, "" when it can: one Jinja2 has that
+// is not run here, or one Jinja2 has not either (which Jinja2 refuses when it
+// compiles the template). compile() checks every name with these.
+std::string unknown_filter(const std::string& name);
+std::string unknown_test(const std::string& name);
 bool apply_test(const std::string& name, const Value& input, const Args& args);
 // object.name(args): str, dict and list methods.
 Value call_method(const Value& object, const std::string& name, const Args& args);
@@ -17,6 +22,9 @@ Value get_attribute(const Value& object, const std::string& name);
 Value get_item(const Value& object, const Value& key);
 // object[start:stop:step] on a list or str; absent parts are Undefined.
 Value get_slice(const Value& object, const Value& start, const Value& stop, const Value& step);
+// Python's `format % args`: args a tuple (a list here), a mapping for
+// %(key)s, else the one value; flags, width and precision as printf's.
+Value percent_format(const Value& format, const Value& args);
 // The items a for loop or a filter walks: list items, dict keys, str characters.
 std::vector<Value> iterate(const Value& value);
 

@@ -146,6 +146,15 @@ class Lexer {
       end++;
       while (end < src_.size() && std::isdigit((unsigned char)src_[end])) end++;
     }
+    // An exponent (1e3, 2.5e-4) makes a float, as in Python.
+    size_t digits = end + 1;
+    if (digits < src_.size() && (src_[digits] == '+' || src_[digits] == '-')) digits++;
+    if (end < src_.size() && (src_[end] == 'e' || src_[end] == 'E') && digits < src_.size() &&
+        std::isdigit((unsigned char)src_[digits])) {
+      floating = true;
+      end = digits;
+      while (end < src_.size() && (std::isdigit((unsigned char)src_[end]) || src_[end] == '_')) end++;
+    }
     std::string text = src_.substr(pos_, end - pos_);
     std::erase(text, '_');
     tokens_.push_back({floating ? TokenKind::floating : TokenKind::integer, text, line_});

@@ -180,6 +180,29 @@ class Parser {
       close_with("endgeneration", line, "generation");
       return node;
     }
+    if (keyword == "with") {
+      pos_++;
+      node->kind = NodeKind::with;
+      while (peek().kind != TokenKind::block_end) {
+        node->targets.push_back(expect_name());
+        expect_op("=");
+        node->defaults.push_back(parse_expression());
+        if (peek().kind != TokenKind::block_end) expect_op(",");
+      }
+      expect_block_end();
+      node->body = parse_body({"endwith"});
+      close_with("endwith", line, "with");
+      return node;
+    }
+    if (keyword == "filter") {
+      pos_++;
+      node->kind = NodeKind::filter;
+      node->expr = parse_filters(parse_filter(make(ExprKind::name, line)));
+      expect_block_end();
+      node->body = parse_body({"endfilter"});
+      close_with("endfilter", line, "filter");
+      return node;
+    }
     if (keyword == "break" || keyword == "continue") {
       pos_++;
       node->kind = keyword == "break" ? NodeKind::break_ : NodeKind::continue_;
@@ -187,7 +210,7 @@ class Parser {
       return node;
     }
     fail_here("unsupported construct '{% " + (keyword.empty() ? peek().text : keyword) +
-              " %}' (chat templates here may use if, for, set, macro, generation, break and continue)");
+              " %}' (chat templates here may use if, for, set, macro, with, filter, generation, break and continue)");
   }
 
   // After "{% if": condition, body, then elif/else chains.
@@ -451,20 +474,22 @@ class Parser {
     return node;
   }
 
+  // "name" or "name(args)" applied to node, the part after a '|'.
+  ExprPtr parse_filter(ExprPtr node) {
+    const int line = peek().line;
+    std::string name = expect_name();
+    if (at_op("(")) return parse_call(std::move(node), ExprKind::filter, name);
+    auto filter = make(ExprKind::filter, line, name);
+    filter->children.push_back(std::move(node));
+    return filter;
+  }
+
   // value | filter(args) | ... and value is [not] test [arg]
   ExprPtr parse_filters(ExprPtr node) {
     while (true) {
       if (at_op("|")) {
         pos_++;
-        const int line = peek().line;
-        std::string name = expect_name();
-        if (at_op("(")) {
-          node = parse_call(std::move(node), ExprKind::filter, name);
-        } else {
-          auto filter = make(ExprKind::filter, line, name);
-          filter->children.push_back(std::move(node));
-          node = std::move(filter);
-        }
+        node = parse_filter(std::move(node));
       } else if (at_name("is")) {
         const int line = next().line;
         bool negated = false;

@@ -77,6 +77,25 @@ class Renderer {
         if (top) result_.generation.push_back({begin, out_->size()});
         return flow;
       }
+      case NodeKind::with: {
+        std::map<std::string, Value> scope;  // every value from the enclosing scope, as Jinja2 binds them
+        for (size_t k = 0; k < node.targets.size(); k++) scope[node.targets[k]] = eval(*node.defaults[k]);
+        frames_.push_back(std::move(scope));
+        Flow flow = exec(node.body);
+        frames_.pop_back();
+        return flow;
+      }
+      case NodeKind::filter: {
+        std::string buffer;
+        std::string* saved = out_;
+        out_ = &buffer;
+        Flow flow = exec(node.body);
+        out_ = saved;
+        frames_.push_back({{"", Value(Json(buffer))}});
+        *out_ += to_str(eval(*node.expr));
+        frames_.pop_back();
+        return flow;
+      }
       case NodeKind::break_:
         return Flow::break_;
       case NodeKind::continue_:
@@ -281,6 +300,7 @@ class Renderer {
     const Expr& callee = *e.children[0];
     if (callee.kind == ExprKind::attribute) {
       Value object = eval(*callee.children[0]);
+      if (callee.text == "cycle" && object.is_dict() && object.data.contains("index0")) return cycle(object, e);
       if (object.kind != Value::Kind::ns) return call_method(object, callee.text, eval_args(e, 1));
     }
     Value function = eval(callee);
@@ -288,6 +308,13 @@ class Renderer {
       throw TemplateFault((callee.kind == ExprKind::name ? "'" + callee.text + "'" : std::string("the callee")) +
                           " is not a function (it is " + type_name(function) + ")");
     return (*function.call)(eval_args(e, 1));
+  }
+
+  // loop.cycle(a, b, ...): the argument at the loop's index, round and round.
+  Value cycle(const Value& loop, const Expr& e) {
+    const Args args = eval_args(e, 1);
+    if (args.positional.empty()) throw TemplateFault("no items for cycling given");
+    return args.positional[size_t(loop.data["index0"].get<int64_t>()) % args.positional.size()];
   }
 
   Value eval_unary(const Expr& e) {
@@ -316,6 +343,7 @@ class Renderer {
 
   static Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     if (op == "+" && a.is_string() && b.is_string()) return Value(Json(a.str() + b.str()));
+    if (op == "%" && a.is_string()) return percent_format(a, b);
     if (op == "+" && a.is_list() && b.is_list()) {
       Json out = a.data;
       for (const Json& item : b.data) out.push_back(item);
@@ -364,6 +392,36 @@ class Renderer {
   Rendered result_;
 };
 
+// Every filter and test name the template uses can run (unknown_filter,
+// unknown_test). As Jinja2's compiler: one that cannot is an error when the
+// template compiles, unless it sits in an if (its condition and branches) or
+// an if expression, which Jinja2 leaves to the rendering that reaches it
+// (soft: collected in `deferred`).
+void check_names(const Expr& e, bool soft, const std::string& where, std::vector<std::string>& deferred) {
+  const std::string fault = e.kind == ExprKind::filter ? unknown_filter(e.text)
+                            : e.kind == ExprKind::test ? unknown_test(e.text)
+                                                       : "";
+  if (!fault.empty() && !soft) ::ft::fail(where, " line ", e.line, ": ", fault);
+  if (!fault.empty()) deferred.push_back("line " + std::to_string(e.line) + ": " + fault);
+  soft = soft || e.kind == ExprKind::ternary;
+  for (const ExprPtr& child : e.children)
+    if (child) check_names(*child, soft, where, deferred);
+  for (const auto& keyword : e.keywords) check_names(*keyword.second, soft, where, deferred);
+}
+
+void check_names(const std::vector<NodePtr>& nodes, bool soft, const std::string& where,
+                 std::vector<std::string>& deferred) {
+  for (const NodePtr& node : nodes) {
+    const bool inner = soft || node->kind == NodeKind::if_;
+    for (const Expr* e : {node->expr.get(), node->filter.get()})
+      if (e) check_names(*e, inner, where, deferred);
+    for (const ExprPtr& e : node->defaults)
+      if (e) check_names(*e, inner, where, deferred);
+    check_names(node->body, inner, where, deferred);
+    check_names(node->else_body, inner, where, deferred);
+  }
+}
+
 bool has_generation(const std::vector<NodePtr>& nodes) {
   for (const NodePtr& node : nodes)
     if (node->kind == NodeKind::generation || has_generation(node->body) || has_generation(node->else_body)) return true;
@@ -376,6 +434,7 @@ std::shared_ptr<const Template> compile(const std::string& source, const std::st
   auto tmpl = std::make_shared<Template>();
   tmpl->where = where;
   tmpl->nodes = parse(tokenize(source, where), where);
+  check_names(tmpl->nodes, false, where, tmpl->deferred_faults);
   tmpl->has_generation = has_generation(tmpl->nodes);
   return tmpl;
 }

@@ -20,9 +20,13 @@ struct Template {
   std::string where;  // names the template in errors, each followed by " line N: "
   std::vector<NodePtr> nodes;
   bool has_generation = false;  // it marks the assistant's text with {% generation %} blocks
+  // Filters and tests that cannot run, used inside an if or an if expression:
+  // as Jinja2 does, only a rendering that reaches one fails ("line N: ...").
+  std::vector<std::string> deferred_faults;
 };
 
-// Errors (syntax, unsupported constructs) name `where`, the line and the construct.
+// Errors (syntax, unsupported constructs, a filter or test that cannot run
+// outside an if) name `where`, the line and the construct.
 std::shared_ptr<const Template> compile(const std::string& source, const std::string& where);
 
 struct Rendered {
