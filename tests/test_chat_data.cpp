@@ -232,6 +232,9 @@ TEST_CASE("the Jinja interpreter runs what chat templates use and names the line
   CHECK(compile_error("\n{{ x | wordwrap(4) }}") == "t.jinja line 2: unsupported construct: filter 'wordwrap'");
   CHECK(compile_error("{{ x is frob }}") == "t.jinja line 1: no test named 'frob' (Jinja2 has none either)");
   CHECK(compile_error("{{ x if y else z | frob }}").empty());  // an if expression: left to the rendering, as Jinja2
+  // Nesting past any real template's is refused rather than exhausting the stack.
+  CHECK(compile_error("{{ " + std::string(200, '(') + "1" + std::string(200, ')') + " }}") ==
+        "t.jinja line 1: statements or expressions nest deeper than 64");
   // A template that would recurse or allocate without end is an error, not a crash.
   CHECK(error_of([&] { render_text("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", none); }) ==
         "t.jinja line 1: macro f calls nest deeper than 64");

@@ -124,6 +124,12 @@ def main():
          '{"messages": [{"role": "user", "content": "q"}, ' + call + ']}\n'
          '{"messages": [{"role": "tool"}, {"role": "assistant", "tool_calls": [{"function": 1}]}], "tools": 3}\n')
 
+    for config in sorted((root / "tests/fixtures/chat").glob("*/tokenizer_config.json")):
+        seed("fuzz_chat_template", config.parent.name, json.loads(config.read_text())["chat_template"])
+    seed("fuzz_chat_template", "formatting",
+         "{% with n = messages | length %}{{ '%-4s|%05.1f|%(k)s' % ('a', n) }}{% endwith %}"
+         "{% filter upper %}{{ 'x' | center(5) }}{{ 1e3 }}{% endfilter %}"
+         "{% for m in messages %}{{ loop.cycle('A', 'B') }}{{ m.content | format() }}{% endfor %}")
     seed("fuzz_tokenizer", "bpe_fixture", (root / "tests/fixtures/bpe_tokenizer/tokenizer.json").read_bytes())
 
     # Two small models with their own character maps, byte fallback and a denormalizer

@@ -140,11 +140,21 @@ Value tojson(const Value& input, const Args& args) {
                                 sort_keys && truthy(*sort_keys))));
 }
 
+}  // namespace
+
+int64_t bounded_length(int64_t length, const char* what) {
+  constexpr int64_t kMaxLength = int64_t(1) << 24;
+  if (length > kMaxLength) throw TemplateFault(std::string(what) + " of " + std::to_string(length) + " is over 16 MiB");
+  return std::max<int64_t>(length, 0);
+}
+
+namespace {
+
 Value indent_filter(const Value& input, const Args& args) {
   const Value* width = args.get(0, "width");
   const Value* first = args.get(1, "first");
   const Value* blank = args.get(2, "blank");
-  const std::string pad = width && width->is_string() ? width->str() : std::string(width ? width->integer() : 4, ' ');
+  const std::string pad = width && width->is_string() ? width->str() : std::string(size_t(bounded_length(width ? width->integer() : 4, "an indent")), ' ');
   const std::string& text = input.str();
   std::string out;
   size_t at = 0;
@@ -204,6 +214,7 @@ Value number_filter(const Value& input, bool floating) {
 
 // Python's str.center(width): the extra space on the right when odd, unless width is odd too.
 std::string center(const std::string& text, int64_t width) {
+  bounded_length(width, "a center width");
   const int64_t margin = width - int64_t(code_points(text).size());
   if (margin <= 0) return text;
   const int64_t left = margin / 2 + (margin & width & 1);
@@ -245,14 +256,19 @@ std::string convert(const Conversion& c, const Value& v) {
   std::string spec = "%" + c.flags;
   if (c.width >= 0) spec += std::to_string(c.width);
   if (c.precision >= 0) spec += "." + std::to_string(c.precision);
-  char buffer[512];
-  if (std::string("diuxXo").find(c.type) != std::string::npos) {
-    const char type = c.type == 'i' || c.type == 'u' ? 'd' : c.type;
-    std::snprintf(buffer, sizeof buffer, (spec + "ll" + type).c_str(), (long long)(v.number()));
-  } else {
-    std::snprintf(buffer, sizeof buffer, (spec + c.type).c_str(), v.number());
-  }
-  return buffer;
+  const bool integer = std::string("diuxXo").find(c.type) != std::string::npos;
+  spec += integer ? std::string("ll") + (c.type == 'i' || c.type == 'u' ? 'd' : c.type) : std::string(1, c.type);
+  const double real = v.number();
+  if (integer && !v.data.is_number_integer() && !(std::fabs(real) < 9.2e18))
+    throw TemplateFault(std::string("%") + c.type + " format: " + python_repr(v.data) + " is out of range here");
+  const long long whole = v.data.is_number_integer() ? (long long)(v.integer()) : (long long)(real);
+  auto print = [&](char* buffer, size_t size) {
+    return integer ? std::snprintf(buffer, size, spec.c_str(), whole)
+                   : std::snprintf(buffer, size, spec.c_str(), real);
+  };
+  std::string out(size_t(bounded_length(print(nullptr, 0), "a formatted number")), '\0');
+  print(out.data(), out.size() + 1);
+  return out;
 }
 
 }  // namespace
@@ -286,7 +302,8 @@ Value percent_format(const Value& format, const Value& args) {
     auto number = [&] {
       if (i < text.size() && text[i] == '*') throw TemplateFault("unsupported construct: '*' width in a % format");
       int64_t n = -1;
-      while (i < text.size() && std::isdigit((unsigned char)text[i])) n = std::max<int64_t>(n, 0) * 10 + (text[i++] - '0');
+      while (i < text.size() && std::isdigit((unsigned char)text[i]))
+        n = bounded_length(std::max<int64_t>(n, 0) * 10 + (text[i++] - '0'), "a % format width or precision");
       return n;
     };
     c.width = number();
@@ -381,36 +398,40 @@ Value get_slice(const Value& object, const Value& start_value, const Value& stop
 Value call_method(const Value& object, const std::string& name, const Args& args) {
   const Value* a0 = args.get(0, "");
   const Value* a1 = args.get(1, "");
+  auto need = [&](const Value* arg) -> const Value& {
+    if (!arg) throw TemplateFault("method ." + name + "() of a " + type_name(object) + " is missing an argument");
+    return *arg;
+  };
   if (object.is_string()) {
     const std::string& text = object.str();
     if (name == "strip") return Value(Json(strip_chars(text, a0, true, true)));
     if (name == "lstrip") return Value(Json(strip_chars(text, a0, true, false)));
     if (name == "rstrip") return Value(Json(strip_chars(text, a0, false, true)));
-    if (name == "startswith" || name == "endswith") return Value(Json(matches_prefix(object, *a0, name == "endswith")));
+    if (name == "startswith" || name == "endswith") return Value(Json(matches_prefix(object, need(a0), name == "endswith")));
     if (name == "split") {
       const Value* sep = args.get(0, "sep");
       const Value* max_split = args.get(1, "maxsplit");
       return Value(split(text, sep, max_split ? max_split->integer() : -1));
     }
-    if (name == "replace") return Value(Json(replace_all(text, a0->str(), a1->str(), args.get(2, "count") ? args.get(2, "count")->integer() : -1)));
+    if (name == "replace") return Value(Json(replace_all(text, need(a0).str(), need(a1).str(), args.get(2, "count") ? args.get(2, "count")->integer() : -1)));
     if (name == "upper") return Value(Json(change_case(text, [](int c) { return std::toupper(c); })));
     if (name == "lower") return Value(Json(change_case(text, [](int c) { return std::tolower(c); })));
     if (name == "title") return Value(Json(title(text)));
-    if (name == "center") return Value(Json(center(text, a0->integer())));
+    if (name == "center") return Value(Json(center(text, need(a0).integer())));
     if (name == "capitalize") return Value(Json(capitalize(text)));
     if (name == "find") {
-      size_t at = text.find(a0->str());
+      size_t at = text.find(need(a0).str());
       return Value(Json(at == std::string::npos ? int64_t(-1) : int64_t(code_points(text.substr(0, at)).size())));
     }
     if (name == "count") {
       int64_t n = 0;
-      for (size_t at = text.find(a0->str()); at != std::string::npos && !a0->str().empty(); at = text.find(a0->str(), at + a0->str().size())) n++;
+      for (size_t at = text.find(need(a0).str()); at != std::string::npos && !need(a0).str().empty(); at = text.find(need(a0).str(), at + need(a0).str().size())) n++;
       return Value(Json(n));
     }
     if (name == "join") {
       std::string out;
       bool first = true;
-      for (const Value& item : iterate(*a0)) {
+      for (const Value& item : iterate(need(a0))) {
         if (!first) out += text;
         first = false;
         out += item.str();
@@ -427,7 +448,7 @@ Value call_method(const Value& object, const std::string& name, const Args& args
       return Value(out);
     }
     if (name == "get") {
-      Value found = get_item(object, *a0);
+      Value found = get_item(object, need(a0));
       return found.is_defined() ? found : a1 ? *a1 : Value(Json(nullptr));
     }
   }

@@ -22,6 +22,9 @@ Value get_attribute(const Value& object, const std::string& name);
 Value get_item(const Value& object, const Value& key);
 // object[start:stop:step] on a list or str; absent parts are Undefined.
 Value get_slice(const Value& object, const Value& start, const Value& stop, const Value& step);
+// A length a template asks for (a width, a repetition), refused past 16 MiB
+// so that a faulty template is an error rather than memory exhausted.
+int64_t bounded_length(int64_t length, const char* what);
 // Python's `format % args`: args a tuple (a list here), a mapping for
 // %(key)s, else the one value; flags, width and precision as printf's.
 Value percent_format(const Value& format, const Value& args);

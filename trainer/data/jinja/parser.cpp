@@ -1,6 +1,8 @@
 #include "trainer/data/jinja/parser.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <set>
 
 #include "kernels/error.h"
@@ -27,6 +29,17 @@ class Parser {
   }
 
  private:
+  // Statements and expressions nest at most kMaxNesting deep (real templates:
+  // a handful), so that the recursion of parsing and rendering stays bounded.
+  static constexpr int kMaxNesting = 64;
+  struct Nesting {
+    Parser& parser;
+    explicit Nesting(Parser& p) : parser(p) {
+      if (++parser.depth_ > kMaxNesting) parser.fail_here("statements or expressions nest deeper than 64");
+    }
+    ~Nesting() { parser.depth_--; }
+  };
+
   const Token& peek(size_t ahead = 0) const { return tokens_[std::min(pos_ + ahead, tokens_.size() - 1)]; }
   const Token& next() { return tokens_[std::min(pos_++, tokens_.size() - 1)]; }
   bool at_op(const char* op) const { return peek().kind == TokenKind::op && peek().text == op; }
@@ -95,6 +108,7 @@ class Parser {
   }
 
   NodePtr parse_statement() {
+    const Nesting nesting(*this);
     pos_++;  // block_begin
     const int line = peek().line;
     const std::string keyword = peek().kind == TokenKind::name ? peek().text : "";
@@ -282,6 +296,7 @@ class Parser {
   }
 
   ExprPtr parse_not() {
+    const Nesting nesting(*this);
     if (at_name("not")) {
       auto node = make(ExprKind::unary, next().line, "not");
       node->children.push_back(parse_not());
@@ -317,6 +332,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    const Nesting nesting(*this);
     ExprPtr node;
     if (at_op("-") || at_op("+")) {
       const Token& op = next();
@@ -329,6 +345,7 @@ class Parser {
   }
 
   ExprPtr parse_primary() {
+    const Nesting nesting(*this);
     const Token& token = next();
     switch (token.kind) {
       case TokenKind::name: {
@@ -345,9 +362,9 @@ class Parser {
         return literal(text, token.line);
       }
       case TokenKind::integer:
-        return literal(std::stoll(token.text), token.line);
+        return literal(integer_literal(token), token.line);
       case TokenKind::floating:
-        return literal(std::stod(token.text), token.line);
+        return literal(std::strtod(token.text.c_str(), nullptr), token.line);  // past the range: inf, as Python
       case TokenKind::op:
         if (token.text == "(") {
           if (at_op(")")) {
@@ -397,6 +414,14 @@ class Parser {
     fail_here("unexpected '" + token.text + "' in an expression");
   }
 
+  // Python's ints have no bound; here one past 64 bits is refused.
+  int64_t integer_literal(const Token& token) const {
+    errno = 0;
+    const long long value = std::strtoll(token.text.c_str(), nullptr, 10);
+    if (errno == ERANGE) ::ft::fail(where_, " line ", token.line, ": the integer ", token.text, " is past 64 bits");
+    return value;
+  }
+
   ExprPtr literal(Json value, int line) {
     auto node = make(ExprKind::literal, line);
     node->value = std::move(value);
@@ -412,7 +437,7 @@ class Parser {
         if (peek().kind == TokenKind::integer) {  // x.0 is x[0]
           attribute->kind = ExprKind::subscript;
           attribute->children.push_back(std::move(node));
-          attribute->children.push_back(literal(std::stoll(next().text), line));
+          attribute->children.push_back(literal(integer_literal(next()), line));
         } else {
           attribute->text = expect_name();
           attribute->children.push_back(std::move(node));
@@ -522,6 +547,7 @@ class Parser {
   const std::vector<Token>& tokens_;
   const std::string& where_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -350,6 +350,7 @@ class Renderer {
       return Value(out);
     }
     if (op == "*" && a.is_string() && b.is_number()) {
+      bounded_length(int64_t(a.str().size()) * std::min<int64_t>(b.integer(), int64_t(1) << 30), "a repeated string");
       std::string out;
       for (int64_t i = 0; i < b.integer(); i++) out += a.str();
       return Value(Json(out));
