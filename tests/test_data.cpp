@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
+#include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
 #include "trainer/data/data.h"
+#include "trainer/data/preference_data.h"
 
 using namespace ft;
 
@@ -154,6 +157,49 @@ TEST_CASE("tokenisation: bos + prompt + completion + eos, loss on completion and
   CHECK(tokens.truncated_count == 0);
   CHECK(tokens.dropped_count == 0);
   CHECK(tokens.loss_token_count == 5 + 4);
+}
+
+// trl's trainers tokenize the prompt and the prompt + completion whole and
+// start the completion where the two differ (scripts/make_trl_tokenization_fixture.py
+// reads their prepared datasets back): a prompt's trailing space merges into
+// the completion, a completion already ending with the eos text gets no
+// second eos, and a pair's two sides share the shorter prompt.
+TEST_CASE("rows and preference pairs tokenize as trl's SFTTrainer and DPOTrainer tokenize them") {
+  std::ifstream file(std::string(FT_FIXTURES_DIR) + "/trl_tokenization.json");
+  REQUIRE(file.good());
+  const nlohmann::json fixture = nlohmann::json::parse(file);
+  int sft = 0, dpo = 0;
+  for (const nlohmann::json& c : fixture["cases"]) {
+    const nlohmann::json& row = c["row"];
+    CAPTURE(row.dump());
+    BpeTokenizer tokenizer(std::string(FT_FIXTURES_DIR) + "/" + c["checkpoint"].get<std::string>() + "/tokenizer.json");
+    bool cut = false;
+    if (c["trainer"] == "SFTTrainer") {
+      const Example example = row.contains("text") ? Example{"", row["text"]} : Example{row["prompt"], row["completion"]};
+      const TokenSequence seq = tokenize_example(example, tokenizer, 4096, tokenizer.eos_id(), cut);
+      CHECK(seq.tokens == c["input_ids"].get<std::vector<int32_t>>());
+      // The first token's label never counts (nothing precedes it): trl marks a text row's first token, we do not.
+      const std::vector<int> mask = c["loss_mask"];
+      CHECK(std::vector<int>(seq.loss_mask.begin() + 1, seq.loss_mask.end()) == std::vector<int>(mask.begin() + 1, mask.end()));
+      sft++;
+      continue;
+    }
+    const TokenizedPairs pairs = tokenize_pairs({{row["prompt"], row["chosen"], row["rejected"]}}, "pairs.jsonl",
+                                                tokenizer, 4096, tokenizer.eos_id());
+    REQUIRE(pairs.chosen.size() == 1);
+    const std::vector<int32_t> prompt = c["prompt_ids"];
+    for (const auto& [seq, side] : {std::pair{pairs.chosen[0], "chosen_ids"}, std::pair{pairs.rejected[0], "rejected_ids"}}) {
+      std::vector<int32_t> want = prompt, completion = c[side];
+      want.insert(want.end(), completion.begin(), completion.end());
+      CHECK(seq.tokens == want);
+      std::vector<uint8_t> mask(want.size(), 0);
+      std::fill(mask.begin() + long(prompt.size()), mask.end(), uint8_t(1));
+      CHECK(seq.loss_mask == mask);
+    }
+    dpo++;
+  }
+  CHECK(sft == 12);
+  CHECK(dpo == 4);
 }
 
 TEST_CASE("truncation keeps the first seq_len + 1 tokens; prompt-only windows are dropped") {

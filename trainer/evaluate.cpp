@@ -65,11 +65,7 @@ EvalLoss evaluate_loss(LanguageModel& model, const DataLoader& eval, int64_t max
 }
 
 std::vector<int32_t> prompt_tokens(const Tokenizer& tokenizer, const std::string& prompt, PromptForm form) {
-  std::vector<int32_t> tokens;
-  if (form == PromptForm::text && tokenizer.bos_id() >= 0) tokens.push_back(tokenizer.bos_id());
-  std::vector<int32_t> encoded = tokenizer.encode(prompt);
-  tokens.insert(tokens.end(), encoded.begin(), encoded.end());
-  return tokens;
+  return form == PromptForm::text ? text_tokens(tokenizer, prompt) : tokenizer.encode(prompt);
 }
 
 PromptForm prompt_form(const Dataset& data) {

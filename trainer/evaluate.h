@@ -39,7 +39,7 @@ std::vector<Batch> eval_batches(const DataLoader& eval, int64_t max_batches, All
 EvalLoss eval_loss_of(double loss_sum, int64_t tokens);
 
 // How a prompt's text becomes ids, as training tokenizes its rows: a text
-// prompt as [bos] + encode(prompt) (tokenize_example); a rendered chat prompt
+// prompt as text_tokens, [bos] + encode(prompt) (tokenize_example); a rendered chat prompt
 // (reply_prompt) as encode(prompt) alone, its special tokens those the template
 // wrote, as apply_chat_template tokenizes (no special tokens added).
 enum class PromptForm { text, chat };

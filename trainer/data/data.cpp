@@ -342,26 +342,43 @@ struct TokenSplit {
 TokenSplit split_tokens(const std::string& text, size_t boundary, const std::vector<int32_t>& whole,
                         const Tokenizer& tokenizer) {
   std::vector<int32_t> prefix = tokenizer.encode(text.substr(0, boundary));
-  size_t shared = 0;
-  while (shared < prefix.size() && shared < whole.size() && prefix[shared] == whole[shared]) shared++;
+  const size_t shared = common_prefix_length(prefix, whole);
   return {shared, shared < prefix.size()};
 }
 
 }  // namespace
 
-TokenSequence tokenize_example(const Example& example, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
-                               bool& truncated) {
+size_t common_prefix_length(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t shared = 0;
+  while (shared < a.size() && shared < b.size() && a[shared] == b[shared]) shared++;
+  return shared;
+}
+
+std::vector<int32_t> text_tokens(const Tokenizer& tokenizer, const std::string& text) {
+  std::vector<int32_t> tokens;
+  if (tokenizer.bos_id() >= 0) tokens.push_back(tokenizer.bos_id());
+  std::vector<int32_t> encoded = tokenizer.encode(text);
+  tokens.insert(tokens.end(), encoded.begin(), encoded.end());
+  return tokens;
+}
+
+TokenSequence completion_sequence(std::vector<int32_t> whole, size_t prompt_tokens, int32_t eos_id, int64_t seq_len,
+                                  bool& truncated) {
   TokenSequence seq;
-  auto append = [&](int32_t id, bool loss) {
-    seq.tokens.push_back(id);
-    seq.loss_mask.push_back(loss ? 1 : 0);
-  };
-  if (tokenizer.bos_id() >= 0) append(tokenizer.bos_id(), false);
-  for (int32_t id : tokenizer.encode(example.prompt)) append(id, false);
-  for (int32_t id : tokenizer.encode(example.completion)) append(id, true);
-  if (eos_id >= 0) append(eos_id, true);
+  const bool ends_with_eos = whole.size() > prompt_tokens && whole.back() == eos_id;
+  if (eos_id >= 0 && !ends_with_eos) whole.push_back(eos_id);
+  seq.loss_mask.resize(whole.size());
+  for (size_t i = prompt_tokens; i < whole.size(); i++) seq.loss_mask[i] = 1;
+  seq.tokens = std::move(whole);
   truncated = truncate_to(seq, seq_len);
   return seq;
+}
+
+TokenSequence tokenize_example(const Example& example, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
+                               bool& truncated) {
+  std::vector<int32_t> whole = text_tokens(tokenizer, example.prompt + example.completion);
+  const size_t prompt_tokens = common_prefix_length(text_tokens(tokenizer, example.prompt), whole);
+  return completion_sequence(std::move(whole), prompt_tokens, eos_id, seq_len, truncated);
 }
 
 std::pair<std::string, std::string> split_text_row(const std::string& text, const std::string& marker) {

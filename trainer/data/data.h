@@ -105,8 +105,22 @@ struct TokenizedDataset {
   int64_t loss_token_count = 0;
 };
 
-// One example as tokenize_dataset makes it (below), cut to seq_len + 1
-// tokens (truncated says whether it was); it may carry no loss token.
+// How trl tokenizes a prompt/completion row (SFTTrainer, and DPOTrainer and
+// RewardTrainer for each side of a pair): the prompt and the prompt +
+// completion are each tokenized whole, text_tokens ([bos] + encode(text), as
+// tokenizer(text) adds bos), and the completion starts where the two first
+// differ (common_prefix_length): a space that ends the prompt merges into the
+// completion's first token as it does in the joined text. eos_id follows
+// unless -1 or the completion's tokens already end with it (trl appends the
+// eos text only to a completion that does not end with it).
+std::vector<int32_t> text_tokens(const Tokenizer& tokenizer, const std::string& text);
+size_t common_prefix_length(const std::vector<int32_t>& a, const std::vector<int32_t>& b);
+// `whole` with loss from token prompt_tokens on, then eos_id as above; cut to
+// seq_len + 1 tokens (truncated says whether it was).
+TokenSequence completion_sequence(std::vector<int32_t> whole, size_t prompt_tokens, int32_t eos_id, int64_t seq_len,
+                                  bool& truncated);
+// One example as tokenize_dataset makes it (below): completion_sequence of
+// the joined text, cut to seq_len + 1 tokens; it may carry no loss token.
 TokenSequence tokenize_example(const Example& example, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
                                bool& truncated);
 // A seq2seq (T5) row: encode(prompt) + [eos] for the encoder, then encode(completion) + [eos] as
@@ -127,9 +141,9 @@ std::pair<std::string, std::string> split_text_row(const std::string& text, cons
 // The tokens that carry loss (loss_mask[0] never does: nothing precedes it).
 int64_t loss_token_count(const TokenSequence& sequence);
 
-// [bos] + encode(prompt) + encode(completion) + [eos_id] (bos where the
-// tokenizer defines one, eos_id unless -1: trainer/data/special_tokens.h picks it),
-// cut to seq_len + 1 tokens. Chat rows are tokenize_chat(render_chat(...)) with
+// tokenize_example's: [bos] + encode(prompt + completion) + [eos_id], loss
+// from the completion on (bos where the tokenizer defines one, eos_id unless
+// -1: trainer/data/special_tokens.h picks it), cut to seq_len + 1 tokens. Chat rows are tokenize_chat(render_chat(...)) with
 // `chat`, which they require; the template places bos and end markers itself.
 // Examples whose prompt fills the whole window teach nothing and are dropped
 // (and counted); an error if that leaves none.

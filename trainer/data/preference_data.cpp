@@ -26,8 +26,15 @@ TokenizedPairs tokenize_pairs(const std::vector<PreferencePair>& pairs, const st
   TokenizedPairs out;
   for (const PreferencePair& pair : pairs) {
     bool chosen_cut = false, rejected_cut = false;
-    TokenSequence chosen = tokenize_example({pair.prompt, pair.chosen}, tokenizer, seq_len, eos_id, chosen_cut);
-    TokenSequence rejected = tokenize_example({pair.prompt, pair.rejected}, tokenizer, seq_len, eos_id, rejected_cut);
+    // trl's DPOTrainer: both completions start where the shorter of the two shared prefixes ends.
+    const std::vector<int32_t> prompt = text_tokens(tokenizer, pair.prompt);
+    std::vector<int32_t> whole_chosen = text_tokens(tokenizer, pair.prompt + pair.chosen);
+    std::vector<int32_t> whole_rejected = text_tokens(tokenizer, pair.prompt + pair.rejected);
+    const size_t prompt_tokens =
+        std::min(common_prefix_length(prompt, whole_chosen), common_prefix_length(prompt, whole_rejected));
+    TokenSequence chosen = completion_sequence(std::move(whole_chosen), prompt_tokens, eos_id, seq_len, chosen_cut);
+    TokenSequence rejected =
+        completion_sequence(std::move(whole_rejected), prompt_tokens, eos_id, seq_len, rejected_cut);
     out.truncated_count += chosen_cut + rejected_cut;
     if (loss_token_count(chosen) == 0 || loss_token_count(rejected) == 0) {
       out.dropped_count++;

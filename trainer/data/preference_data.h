@@ -29,7 +29,8 @@ struct TokenizedPairs {
   int64_t dropped_count = 0;    // pairs where a completion kept no loss token
 };
 
-// tokenize_example on (prompt, chosen) and (prompt, rejected); a pair is
+// Each side as tokenize_example makes it, both completions starting where
+// the shorter of the two prompt prefixes ends (trl's DPOTrainer); a pair is
 // dropped when either side has no loss token left, an error if none is left.
 TokenizedPairs tokenize_pairs(const std::vector<PreferencePair>& pairs, const std::string& path,
                               const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id);
