@@ -11,7 +11,9 @@ input_ids and labels (-100 where no loss), DPO's prompt_ids, chosen_ids and
 rejected_ids. The rows are chosen where a split tokenization would differ:
 a prompt ending in a space (it merges into the completion's first token in
 the joined text), completions already ending with the eos text (trl adds
-none then), a pair whose two sides split the prompt differently.
+none then), a pair whose two sides split the prompt differently; conversational rows and
+pairs (trl's lists of messages, a pair's prompt left implicit too) rendered
+with tests/fixtures/chat/<family>'s real template (chat_template).
 tests/test_data.cpp checks tokenize_example and tokenize_pairs against these.
 """
 import json
@@ -44,6 +46,21 @@ def pair_rows(eos):
             {"prompt": "Q: 2+2?\nA: ", "chosen": "4" + eos, "rejected": "five"}]
 
 
+def conversational_rows():
+    return [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}],
+             "completion": [{"role": "assistant", "content": "Hello!"}]},
+            {"prompt": [{"role": "user", "content": "2+2?"}], "completion": [{"role": "assistant", "content": " 4"}]}]
+
+
+def conversational_pairs(implicit_prompt):
+    question = [{"role": "user", "content": "Who met whom?"}]
+    if implicit_prompt:  # trl extracts it: the messages both sides share
+        return [{"chosen": question + [{"role": "assistant", "content": "Alice."}],
+                 "rejected": question + [{"role": "assistant", "content": "Nobody."}]}]
+    return [{"prompt": question, "chosen": [{"role": "assistant", "content": "Alice met Bob."}],
+             "rejected": [{"role": "assistant", "content": "Bob met Alice."}]}]
+
+
 def prepared(trainer_class, config_class, model, tokenizer, rows, folder):
     config = config_class(output_dir=folder, report_to="none", bf16=False, use_cpu=True)
     trainer = trainer_class(model=model, args=config, train_dataset=Dataset.from_list(rows),
@@ -54,21 +71,24 @@ def prepared(trainer_class, config_class, model, tokenizer, rows, folder):
 def main():
     warnings.filterwarnings("ignore")
     cases = []
-    for name in ["qwen2_tiny", "llama3_tiny"]:
+    for name, family in [("qwen2_tiny", "qwen2"), ("llama3_tiny", "llama3")]:
         folder = os.path.join(ROOT, "tests", "fixtures", name)
         tokenizer = AutoTokenizer.from_pretrained(folder)
+        with open(os.path.join(ROOT, "tests", "fixtures", "chat", family, "tokenizer_config.json")) as f:
+            tokenizer.chat_template = json.load(f)["chat_template"]
         model = AutoModelForCausalLM.from_pretrained(folder)
         eos = tokenizer.eos_token
         with tempfile.TemporaryDirectory() as scratch:
-            for rows in [prompt_completion_rows(eos), text_rows(eos)]:
+            for rows in [prompt_completion_rows(eos), text_rows(eos), conversational_rows()]:
                 for row, out in zip(rows, prepared(SFTTrainer, SFTConfig, model, tokenizer, rows, scratch)):
-                    cases.append({"checkpoint": name, "trainer": "SFTTrainer", "row": row,
+                    cases.append({"checkpoint": name, "chat_template": family, "trainer": "SFTTrainer", "row": row,
                                   "input_ids": out["input_ids"],
                                   "loss_mask": [int(label != -100) for label in out["labels"]]})
-            rows = pair_rows(eos)
-            for row, out in zip(rows, prepared(DPOTrainer, DPOConfig, model, tokenizer, rows, scratch)):
-                cases.append({"checkpoint": name, "trainer": "DPOTrainer", "row": row, "prompt_ids": out["prompt_ids"],
-                              "chosen_ids": out["chosen_ids"], "rejected_ids": out["rejected_ids"]})
+            for rows in [pair_rows(eos), conversational_pairs(False), conversational_pairs(True)]:
+                for row, out in zip(rows, prepared(DPOTrainer, DPOConfig, model, tokenizer, rows, scratch)):
+                    cases.append({"checkpoint": name, "chat_template": family, "trainer": "DPOTrainer", "row": row,
+                                  "prompt_ids": out["prompt_ids"], "chosen_ids": out["chosen_ids"],
+                                  "rejected_ids": out["rejected_ids"]})
         print(name, "eos", eos, tokenizer.eos_token_id, "bos", tokenizer.bos_token_id)
     with open(OUT, "w") as f:
         json.dump({"trl": trl.__version__, "cases": cases}, f, ensure_ascii=False)

@@ -10,6 +10,7 @@
 #include "kernels/error.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
+#include "trainer/data/chat_template.h"
 #include "trainer/data/data.h"
 #include "trainer/data/preference_data.h"
 
@@ -163,20 +164,27 @@ TEST_CASE("tokenisation: bos + prompt + completion + eos, loss on completion and
 // start the completion where the two differ (scripts/make_trl_tokenization_fixture.py
 // reads their prepared datasets back): a prompt's trailing space merges into
 // the completion, a completion already ending with the eos text gets no
-// second eos, and a pair's two sides share the shorter prompt.
-TEST_CASE("rows and preference pairs tokenize as trl's SFTTrainer and DPOTrainer tokenize them") {
+// second eos, a pair's two sides share the shorter prompt, and
+// conversational rows and pairs (lists of messages) are rendered with the
+// chat template and train on everything after the prompt.
+TEST_CASE("rows and preference pairs load and tokenize as trl's SFTTrainer and DPOTrainer prepare them") {
   std::ifstream file(std::string(FT_FIXTURES_DIR) + "/trl_tokenization.json");
   REQUIRE(file.good());
   const nlohmann::json fixture = nlohmann::json::parse(file);
-  int sft = 0, dpo = 0;
+  int sft = 0, dpo = 0, conversational = 0;
   for (const nlohmann::json& c : fixture["cases"]) {
     const nlohmann::json& row = c["row"];
     CAPTURE(row.dump());
+    const std::string path = write_file("trl_row.jsonl", row.dump() + "\n");
     BpeTokenizer tokenizer(std::string(FT_FIXTURES_DIR) + "/" + c["checkpoint"].get<std::string>() + "/tokenizer.json");
-    bool cut = false;
+    const ChatTemplate chat = resolve_chat_template(
+        ChatTemplateKind::automatic, std::string(FT_FIXTURES_DIR) + "/chat/" + c["chat_template"].get<std::string>());
+    conversational += row.contains("chosen") ? row["chosen"].is_array() : row.contains("prompt") && row["prompt"].is_array();
     if (c["trainer"] == "SFTTrainer") {
-      const Example example = row.contains("text") ? Example{"", row["text"]} : Example{row["prompt"], row["completion"]};
-      const TokenSequence seq = tokenize_example(example, tokenizer, 4096, tokenizer.eos_id(), cut);
+      const Dataset data = load_jsonl(path, DataFormat::automatic);
+      const TokenizedDataset tokens = tokenize_dataset(data, tokenizer, 4096, tokenizer.eos_id(), &chat);
+      REQUIRE(tokens.examples.size() == 1);
+      const TokenSequence& seq = tokens.examples[0];
       CHECK(seq.tokens == c["input_ids"].get<std::vector<int32_t>>());
       // The first token's label never counts (nothing precedes it): trl marks a text row's first token, we do not.
       const std::vector<int> mask = c["loss_mask"];
@@ -184,8 +192,8 @@ TEST_CASE("rows and preference pairs tokenize as trl's SFTTrainer and DPOTrainer
       sft++;
       continue;
     }
-    const TokenizedPairs pairs = tokenize_pairs({{row["prompt"], row["chosen"], row["rejected"]}}, "pairs.jsonl",
-                                                tokenizer, 4096, tokenizer.eos_id());
+    const TokenizedPairs pairs =
+        tokenize_pairs(load_preference_jsonl(path), path, tokenizer, 4096, tokenizer.eos_id(), &chat);
     REQUIRE(pairs.chosen.size() == 1);
     const std::vector<int32_t> prompt = c["prompt_ids"];
     for (const auto& [seq, side] : {std::pair{pairs.chosen[0], "chosen_ids"}, std::pair{pairs.rejected[0], "rejected_ids"}}) {
@@ -198,8 +206,9 @@ TEST_CASE("rows and preference pairs tokenize as trl's SFTTrainer and DPOTrainer
     }
     dpo++;
   }
-  CHECK(sft == 12);
-  CHECK(dpo == 4);
+  CHECK(sft == 16);
+  CHECK(dpo == 8);
+  CHECK(conversational == 8);
 }
 
 TEST_CASE("truncation keeps the first seq_len + 1 tokens; prompt-only windows are dropped") {

@@ -112,22 +112,28 @@ TEST_CASE("DPO with the LM head in chunks that cut across rows gives the same lo
   check_against_trl(7, DpoLoss::ipo, "ipo");
 }
 
-TEST_CASE("preference rows must be {prompt, chosen, rejected} strings") {
+TEST_CASE("preference rows must be {prompt, chosen, rejected} strings or lists of messages") {
   const std::string good = R"({"prompt": "a", "chosen": "b", "rejected": "c"})";
   CHECK(preference_error("ok.jsonl", good + "\n\n" + good + "\n") == "");
   CHECK(preference_error("sft.jsonl", good + "\n" + R"({"prompt": "a", "completion": "b"})" + "\n") ==
-        "sft.jsonl:2: row lacks \"chosen\": expected \"prompt\", \"chosen\" and \"rejected\" strings (preference "
-        "pairs: objective: dpo and reward read them), "
+        "sft.jsonl:2: row lacks \"chosen\": expected \"prompt\", \"chosen\" and \"rejected\" strings or lists of "
+        "messages (preference pairs: objective: dpo and reward read them), "
         "got keys \"completion\", \"prompt\"");
   CHECK(preference_error("number.jsonl", R"({"prompt": "a", "chosen": "b", "rejected": 3})") ==
         "number.jsonl:1: \"rejected\" must be a string, got number");
   CHECK(preference_error("list.jsonl", "7") ==
-        "list.jsonl:1: expected a JSON object with \"prompt\", \"chosen\" and \"rejected\" strings (preference "
-        "pairs: objective: dpo and reward read them), "
+        "list.jsonl:1: expected a JSON object with \"prompt\", \"chosen\" and \"rejected\" strings or lists of "
+        "messages (preference pairs: objective: dpo and reward read them), "
         "got number");
   CHECK(preference_error("empty.jsonl", "\n") ==
-        "empty.jsonl: no rows (expected JSON rows with \"prompt\", \"chosen\" and \"rejected\" strings (preference "
-        "pairs: objective: dpo and reward read them))");
+        "empty.jsonl: no rows (expected JSON rows with \"prompt\", \"chosen\" and \"rejected\" strings or lists of "
+        "messages (preference pairs: objective: dpo and reward read them))");
+  // A conversational pair (trl's): both sides lists of messages, each conversation a training row.
+  CHECK(preference_error("mixed.jsonl", R"({"prompt": [{"role": "user", "content": "a"}], "chosen": "b", "rejected": "c"})") ==
+        "mixed.jsonl:1: \"chosen\" must be a non-empty list of messages in a conversational pair (trl's), got \"b\"");
+  CHECK(preference_error("roles.jsonl", R"({"prompt": [{"role": "user", "content": "a"}], )"
+                                        R"("chosen": [{"role": "user", "content": "b"}], "rejected": [{"role": "assistant", "content": "c"}]})") ==
+        "roles.jsonl:1 (chosen): the last message is the user's (expected an assistant turn to train on)");
   std::filesystem::remove_all(std::filesystem::path(FT_BINARY_DIR) / "test_dpo_tmp");
 }
 

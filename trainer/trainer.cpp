@@ -171,8 +171,9 @@ void make_model(Run& run) {
   run.special_tokens = resolve_special_tokens(config, *run.tokenizer, run.model_config.vocab_size);
   std::cout << "special tokens: " << describe(run.special_tokens, *run.tokenizer) << "\n";
   // Chat rows need a template: found (or refused) before the weights load.
-  if (config.objective == Objective::sft && config.data.row_template.empty() &&
-      holds_chat_rows(config.data.train, config.data.format)) {
+  const bool pairs = config.objective == Objective::dpo || config.objective == Objective::reward;
+  if ((config.objective == Objective::sft || pairs) && config.data.row_template.empty() &&
+      holds_chat_rows(config.data.train, pairs ? DataFormat::automatic : config.data.format)) {
     run.chat = resolve_chat_template(config.data.chat_template, fs::path(config.tokenizer).parent_path().string());
     std::cout << "chat template: " << enum_name(run.chat->kind) << " (" << run.chat->source << ")\n";
   }
@@ -235,14 +236,20 @@ std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const
 std::unique_ptr<PreferenceLoader> make_pair_loader(Run& run, const std::string& path, const char* what,
                                                    Dataset* keep) {
   const std::vector<PreferencePair> pairs = load_preference_jsonl(path);
+  const bool conversational = std::any_of(pairs.begin(), pairs.end(), [](const PreferencePair& pair) {
+    return !pair.conversation.is_null();
+  });
+  FT_CHECK(!conversational || run.chat, path, ": conversational pairs, but the first row of data.train (",
+           run.config.data.train, ") is not: give both files in one form");
   TokenizedPairs tokens = tokenize_pairs(pairs, path, *run.tokenizer, run.config.seq_len,
-                                         run.special_tokens.example_eos_id);
+                                         run.special_tokens.example_eos_id, run.chat ? &*run.chat : nullptr);
   std::cout << what << ": " << tokens.chosen.size() << " preference pairs, " << tokens.truncated_count
             << " completions truncated to seq_len " << run.config.seq_len << ", " << tokens.dropped_count
             << " pairs dropped (a completion with no token left)\n";
   if (keep) {
     keep->path = path;
-    for (const PreferencePair& pair : pairs) keep->examples.push_back({pair.prompt, pair.chosen});
+    for (const PreferencePair& pair : pairs) keep->examples.push_back(chosen_example(pair));
+    if (conversational) keep->format = DataFormat::chat, set_chat_prompts(*keep, *run.chat);
   }
   if (run.config.data.packing == Packing::padding_free) tokens = packed_pairs(tokens, run.config.seq_len);
   return std::make_unique<PreferenceLoader>(tokens, run.config.micro_batch_size, run.config.seq_len,
@@ -747,7 +754,9 @@ std::string shell_quoted(const std::string& text) {
 nlohmann::ordered_json reply_row(const Example& example) {
   if (!example.conversation.is_null()) {
     nlohmann::ordered_json row = example.conversation;
-    row["messages"].erase(row["messages"].end() - 1);
+    row["messages"] = messages_before_reply(example.conversation);
+    row.erase("prompt_messages");
+    if (row.value("tools", nlohmann::ordered_json()).is_null()) row.erase("tools");
     return row;
   }
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();

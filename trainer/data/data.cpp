@@ -36,7 +36,7 @@ DataFormat row_format(const nlohmann::json& row, const std::string& where) {
            row.contains("conversations") ? " (ShareGPT rows: write \"conversations\" as \"messages\" of {\"role\", "
                                            "\"content\"}, from human -> user, gpt -> assistant, value -> content)"
                                          : "");
-  if (chat) return DataFormat::chat;
+  if (chat || (row.contains("prompt") && row["prompt"].is_array())) return DataFormat::chat;  // trl's conversational
   if (alpaca) return DataFormat::alpaca;
   return pair ? DataFormat::prompt_completion : DataFormat::text;
 }
@@ -44,13 +44,14 @@ DataFormat row_format(const nlohmann::json& row, const std::string& where) {
 }  // namespace
 
 bool holds_chat_rows(const std::string& path, DataFormat format) {
-  if (format != DataFormat::automatic) return format == DataFormat::chat;
+  if (format != DataFormat::automatic && format != DataFormat::prompt_completion) return format == DataFormat::chat;
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line) && is_blank(line)) {
   }
   const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
-  return row.is_object() && row.contains("messages");
+  auto listed = [&](const char* key) { return row.contains(key) && row[key].is_array(); };
+  return row.is_object() && (row.contains("messages") || listed("prompt") || listed("chosen"));
 }
 
 std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::string& where) {
@@ -168,6 +169,26 @@ Example read_written_example(const std::string& line, const std::string& where) 
   return example;
 }
 
+// trl's conversational prompt/completion row: {"prompt": [messages], "completion": [messages]}
+// (and "tools"), kept as written with the prompt's message count.
+Example read_prompt_completion_conversation(const std::string& line, const std::string& where) {
+  const nlohmann::ordered_json row = nlohmann::ordered_json::parse(line);
+  FT_CHECK(row.contains("completion") && row["completion"].is_array() && !row["completion"].empty(), where,
+           ": a conversational row's \"prompt\" is a list of messages, so \"completion\" must be a non-empty list of "
+           "them too (trl's conversational prompt/completion), got ", row.value("completion", nlohmann::ordered_json()).dump().substr(0, 60));
+  FT_CHECK(!row["prompt"].empty(), where, ": \"prompt\" is an empty list (expected the messages before the completion)");
+  nlohmann::ordered_json messages = row["prompt"];
+  for (const nlohmann::ordered_json& m : row["completion"]) messages.push_back(m);
+  nlohmann::ordered_json conversation = {{"messages", messages}};
+  if (row.contains("tools")) conversation["tools"] = row["tools"];
+  Example example = read_written_example(conversation.dump(), where);
+  const std::string last = example.messages[row["prompt"].size() - 1].role;
+  FT_CHECK(last == "user" || last == "tool", where, ": the prompt's last message is the ", last,
+           "'s (expected a user message or a tool's result, which the completion answers)");
+  example.conversation["prompt_messages"] = row["prompt"].size();
+  return example;
+}
+
 Example read_example(const nlohmann::json& row, DataFormat kind, const std::string& where) {
   switch (kind) {
     case DataFormat::text:
@@ -280,8 +301,9 @@ Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat form
              first_line ? "line " + std::to_string(first_line) + " is a " + enum_name(data.format) +
                               " row and all rows must agree"
                         : std::string("data.format is ") + enum_name(data.format));
-    data.examples.push_back(kind == DataFormat::chat && kept_as_written(row) ? read_written_example(line, where)
-                                                                             : read_example(row, kind, where));
+    if (kind == DataFormat::chat && row.contains("prompt")) data.examples.push_back(read_prompt_completion_conversation(line, where));
+    else if (kind == DataFormat::chat && kept_as_written(row)) data.examples.push_back(read_written_example(line, where));
+    else data.examples.push_back(read_example(row, kind, where));
     data.examples.back().line = line_number;
   }
   FT_CHECK(!data.examples.empty(), path, ": the dataset is empty (no JSON rows)");
@@ -427,6 +449,12 @@ std::string generation_prompt(const ChatTemplate& chat, const std::vector<ChatMe
   return reply_prompt(chat, messages, tools, where);
 }
 
+nlohmann::ordered_json messages_before_reply(const nlohmann::ordered_json& conversation) {
+  const nlohmann::ordered_json& messages = conversation["messages"];
+  const size_t kept = conversation.value("prompt_messages", messages.size() - 1);
+  return nlohmann::ordered_json(messages.begin(), messages.begin() + long(kept));
+}
+
 void set_chat_prompts(Dataset& data, const ChatTemplate& chat) {
   for (Example& example : data.examples) {
     const std::string where = data.path + ":" + std::to_string(example.line);
@@ -434,9 +462,8 @@ void set_chat_prompts(Dataset& data, const ChatTemplate& chat) {
       const std::vector<ChatMessage> before_reply(example.messages.begin(), example.messages.end() - 1);
       example.prompt = generation_prompt(chat, before_reply, where);
     } else {  // the turn before the reply may be a tool's result
-      nlohmann::ordered_json before_reply = example.conversation["messages"];
-      before_reply.erase(before_reply.end() - 1);
-      example.prompt = reply_prompt(chat, before_reply, example.conversation["tools"], where);
+      example.prompt = reply_prompt(chat, messages_before_reply(example.conversation),
+                                    example.conversation.value("tools", nlohmann::ordered_json()), where);
     }
     example.completion = example.messages.back().content;
   }
@@ -467,6 +494,16 @@ TokenSequence tokenize_chat(const std::vector<RenderedPiece>& pieces, const Toke
   return seq;
 }
 
+TokenSequence tokenize_chat_completion(const ChatTemplate& chat, const nlohmann::ordered_json& conversation,
+                                       const Tokenizer& tokenizer, int64_t seq_len, const std::string& where,
+                                       bool& truncated) {
+  const nlohmann::ordered_json tools = conversation.value("tools", nlohmann::ordered_json());
+  const std::vector<int32_t> prompt = tokenizer.encode(reply_prompt(chat, messages_before_reply(conversation), tools, where));
+  std::vector<int32_t> whole = tokenizer.encode(render_chat_text(chat, conversation["messages"], tools, false, where));
+  const size_t prompt_tokens = common_prefix_length(prompt, whole);
+  return completion_sequence(std::move(whole), prompt_tokens, /*eos_id=*/-1, seq_len, truncated);
+}
+
 // loss_mask[0] never counts: the first token has nothing before it.
 int64_t loss_token_count(const TokenSequence& sequence) {
   if (sequence.loss_mask.empty()) return 0;
@@ -489,11 +526,15 @@ TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenize
     TokenSequence seq;
     if (data.format == DataFormat::chat) {
       const std::string where = data.path + ":" + std::to_string(example.line);
-      const nlohmann::ordered_json& tools_row = example.conversation;
-      seq = tokenize_chat(tools_row.is_null() ? render_chat(*chat, example.messages, where)
-                                              : render_chat(*chat, tools_row["messages"], tools_row["tools"], false, where),
-                          tokenizer);
-      truncated = truncate_to(seq, cut_tokens);
+      const nlohmann::ordered_json& written = example.conversation;
+      if (written.contains("prompt_messages")) {
+        seq = tokenize_chat_completion(*chat, written, tokenizer, cut_tokens, where, truncated);
+      } else {
+        seq = tokenize_chat(written.is_null() ? render_chat(*chat, example.messages, where)
+                                              : render_chat(*chat, written["messages"], written["tools"], false, where),
+                            tokenizer);
+        truncated = truncate_to(seq, cut_tokens);
+      }
     } else if (layout == RowLayout::seq2seq) {
       seq = tokenize_seq2seq_example(example, tokenizer, seq_len, eos_id, truncated);
     } else {

@@ -189,6 +189,19 @@ bool holds_chat_rows(const std::string& path, DataFormat format);
 // here: check_chat_roles for training, generation_prompt for a reply).
 std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::string& where);
 
+// A chat row's messages up to its reply: a conversational prompt/completion
+// row's prompt messages, else all but the last.
+nlohmann::ordered_json messages_before_reply(const nlohmann::ordered_json& conversation);
+// trl's conversational prompt/completion row (Example::conversation with
+// "prompt_messages"): the prompt rendered with add_generation_prompt and the
+// whole conversation, each tokenized as apply_chat_template does, the
+// completion from where they first differ to the end (end markers and the
+// text after them included, no eos added: the template writes its own), as
+// trl's SFTTrainer; cut to seq_len + 1 tokens.
+TokenSequence tokenize_chat_completion(const ChatTemplate& chat, const nlohmann::ordered_json& conversation,
+                                       const Tokenizer& tokenizer, int64_t seq_len, const std::string& where,
+                                       bool& truncated);
+
 // For samples and task_metric: each chat example's prompt becomes the
 // generation_prompt of its conversation before its last assistant turn (with
 // its tools; the turn before may be a tool's result), and its completion

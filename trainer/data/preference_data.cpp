@@ -4,14 +4,67 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
+#include "tokenizer/tokenizer.h"
+#include "trainer/data/chat_template.h"
 
 namespace ft {
 
+namespace {
+
+// trl's conversational pair, its prompt extracted where left out (extract_prompt:
+// the messages before the first where chosen and rejected differ).
+PreferencePair conversational_pair(const std::string& line, const std::string& where) {
+  nlohmann::ordered_json row = nlohmann::ordered_json::parse(line);
+  for (const char* side : {"chosen", "rejected"})
+    FT_CHECK(row.contains(side) && row[side].is_array() && !row[side].empty(), where, ": \"", side,
+             "\" must be a non-empty list of messages in a conversational pair (trl's), got ",
+             row.value(side, nlohmann::ordered_json()).dump().substr(0, 60));
+  if (!row.contains("prompt")) {
+    const nlohmann::ordered_json chosen = row["chosen"], rejected = row["rejected"];  // copies: row grows below
+    size_t shared = 0;
+    while (shared + 1 < std::min(chosen.size(), rejected.size()) && chosen[shared] == rejected[shared]) shared++;
+    row["prompt"] = nlohmann::ordered_json(chosen.begin(), chosen.begin() + long(shared));
+    row["chosen"] = nlohmann::ordered_json(chosen.begin() + long(shared), chosen.end());
+    row["rejected"] = nlohmann::ordered_json(rejected.begin() + long(shared), rejected.end());
+  }
+  FT_CHECK(row["prompt"].is_array() && !row["prompt"].empty(), where,
+           ": \"prompt\" must be a non-empty list of messages in a conversational pair, got ",
+           row["prompt"].dump().substr(0, 60));
+  PreferencePair pair{"", "", "", {{"prompt", row["prompt"]}, {"chosen", row["chosen"]}, {"rejected", row["rejected"]},
+                                   {"tools", row.value("tools", nlohmann::ordered_json())}}};
+  for (const char* side : {"chosen", "rejected"}) {  // each conversation checked as a training row
+    nlohmann::ordered_json messages = row["prompt"];
+    for (const nlohmann::ordered_json& m : row[side]) messages.push_back(m);
+    nlohmann::ordered_json conversation = {{"messages", messages}};
+    if (row.contains("tools")) conversation["tools"] = row["tools"];
+    written_conversation(conversation.dump(), where + " (" + side + ")", false);
+  }
+  pair.chosen = message_text(row["chosen"].back());
+  pair.rejected = message_text(row["rejected"].back());
+  return pair;
+}
+
+// The conversation of the prompt then one side, as a chat example keeps it.
+nlohmann::ordered_json side_conversation(const nlohmann::ordered_json& conversation, const char* side) {
+  nlohmann::ordered_json messages = conversation["prompt"];
+  for (const nlohmann::ordered_json& m : conversation[side]) messages.push_back(m);
+  return {{"messages", messages}, {"tools", conversation["tools"]}, {"prompt_messages", conversation["prompt"].size()}};
+}
+
+}  // namespace
+
 std::vector<PreferencePair> load_preference_jsonl(const std::string& path) {
   const std::string expected =
-      "\"prompt\", \"chosen\" and \"rejected\" strings (preference pairs: objective: dpo and reward read them)";
+      "\"prompt\", \"chosen\" and \"rejected\" strings or lists of messages (preference pairs: objective: dpo and "
+      "reward read them)";
   std::vector<PreferencePair> pairs;
-  read_jsonl_rows(path, "data file", expected, [&](const nlohmann::json& row, const std::string& where) {
+  read_jsonl_lines(path, "data file", expected,
+                   [&](const std::string& line, const nlohmann::json& row, const std::string& where) {
+    auto listed = [&](const char* key) { return row.contains(key) && row[key].is_array(); };
+    if (listed("prompt") || listed("chosen") || listed("rejected")) {
+      pairs.push_back(conversational_pair(line, where));
+      return;
+    }
     for (const char* field : {"prompt", "chosen", "rejected"})
       FT_CHECK(row.contains(field), where, ": row lacks \"", field, "\": expected ", expected, ", got ",
                key_list(row));
@@ -21,20 +74,42 @@ std::vector<PreferencePair> load_preference_jsonl(const std::string& path) {
   return pairs;
 }
 
+Example chosen_example(const PreferencePair& pair) {
+  if (pair.conversation.is_null()) return {pair.prompt, pair.chosen};
+  Example example;
+  example.conversation = side_conversation(pair.conversation, "chosen");
+  for (const nlohmann::ordered_json& m : example.conversation["messages"])
+    example.messages.push_back({m["role"].get<std::string>(), message_text(m)});
+  return example;
+}
+
 TokenizedPairs tokenize_pairs(const std::vector<PreferencePair>& pairs, const std::string& path,
-                              const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id) {
+                              const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id, const ChatTemplate* chat) {
   TokenizedPairs out;
   for (const PreferencePair& pair : pairs) {
     bool chosen_cut = false, rejected_cut = false;
     // trl's DPOTrainer: both completions start where the shorter of the two shared prefixes ends.
-    const std::vector<int32_t> prompt = text_tokens(tokenizer, pair.prompt);
-    std::vector<int32_t> whole_chosen = text_tokens(tokenizer, pair.prompt + pair.chosen);
-    std::vector<int32_t> whole_rejected = text_tokens(tokenizer, pair.prompt + pair.rejected);
+    std::vector<int32_t> prompt, whole_chosen, whole_rejected;
+    if (pair.conversation.is_null()) {
+      prompt = text_tokens(tokenizer, pair.prompt);
+      whole_chosen = text_tokens(tokenizer, pair.prompt + pair.chosen);
+      whole_rejected = text_tokens(tokenizer, pair.prompt + pair.rejected);
+    } else {  // the template writes the end markers: no eos is added
+      FT_CHECK(chat, path, ": conversational pairs need a chat template");
+      const nlohmann::ordered_json& c = pair.conversation;
+      prompt = tokenizer.encode(reply_prompt(*chat, c["prompt"], c["tools"], path));
+      auto side = [&](const char* name) {
+        return tokenizer.encode(render_chat_text(*chat, side_conversation(c, name)["messages"], c["tools"], false, path));
+      };
+      whole_chosen = side("chosen");
+      whole_rejected = side("rejected");
+    }
+    const int32_t pair_eos_id = pair.conversation.is_null() ? eos_id : -1;
     const size_t prompt_tokens =
         std::min(common_prefix_length(prompt, whole_chosen), common_prefix_length(prompt, whole_rejected));
-    TokenSequence chosen = completion_sequence(std::move(whole_chosen), prompt_tokens, eos_id, seq_len, chosen_cut);
+    TokenSequence chosen = completion_sequence(std::move(whole_chosen), prompt_tokens, pair_eos_id, seq_len, chosen_cut);
     TokenSequence rejected =
-        completion_sequence(std::move(whole_rejected), prompt_tokens, eos_id, seq_len, rejected_cut);
+        completion_sequence(std::move(whole_rejected), prompt_tokens, pair_eos_id, seq_len, rejected_cut);
     out.truncated_count += chosen_cut + rejected_cut;
     if (loss_token_count(chosen) == 0 || loss_token_count(rejected) == 0) {
       out.dropped_count++;

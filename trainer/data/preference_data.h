@@ -17,11 +17,21 @@ namespace ft {
 
 struct PreferencePair {
   std::string prompt, chosen, rejected;
+  // trl's conversational pair, kept as written: {"prompt", "chosen",
+  // "rejected"} lists of messages and "tools" (null when none); null for a
+  // pair of strings.
+  nlohmann::ordered_json conversation = nullptr;
 };
 
-// Every row must hold "prompt", "chosen" and "rejected" strings (extra fields
-// are ignored); errors name the file, the line and the field.
+// Every row must hold "prompt", "chosen" and "rejected" strings, or, as trl's
+// conversational pairs, lists of messages (the prompt may be left out: then
+// it is the messages chosen and rejected share, as trl's extract_prompt);
+// extra fields are ignored; errors name the file, the line and the field.
 std::vector<PreferencePair> load_preference_jsonl(const std::string& path);
+
+// The pair's prompt and chosen completion as one example (a chat example of
+// its conversation for a conversational pair), for samples.
+Example chosen_example(const PreferencePair& pair);
 
 struct TokenizedPairs {
   std::vector<TokenSequence> chosen, rejected;  // pair i: chosen[i], rejected[i]
@@ -29,11 +39,14 @@ struct TokenizedPairs {
   int64_t dropped_count = 0;    // pairs where a completion kept no loss token
 };
 
-// Each side as tokenize_example makes it, both completions starting where
-// the shorter of the two prompt prefixes ends (trl's DPOTrainer); a pair is
-// dropped when either side has no loss token left, an error if none is left.
+// Each side as tokenize_example makes it (a conversational pair's as
+// tokenize_chat_completion, which `chat` renders), both completions starting
+// where the shorter of the two prompt prefixes ends (trl's DPOTrainer); a
+// pair is dropped when either side has no loss token left, an error if none
+// is left.
 TokenizedPairs tokenize_pairs(const std::vector<PreferencePair>& pairs, const std::string& path,
-                              const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id);
+                              const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
+                              const ChatTemplate* chat = nullptr);
 
 // Padding-free packing of pairs: the pairs grouped by best-fit decreasing on
 // their longer side's inputs, group i's chosen completions joined into
