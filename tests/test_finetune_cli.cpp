@@ -1150,7 +1150,7 @@ TEST_CASE("objective: dpo refuses rows that are not preference pairs, full fine-
   };
   const Case cases[] = {
       {dpo, "train.jsonl:1: row lacks \"prompt\": expected \"prompt\", \"chosen\" and \"rejected\" strings "
-            "(preference pairs: objective: dpo and reward read them), got keys \"text\""},
+            "or lists of messages (preference pairs: objective: dpo and reward read them), got keys \"text\""},
       {dpo + "--set trainable=all --set quantization.mode=none",
        "objective: dpo needs trainable: lora: its reference model is the base with the adapters disabled"},
       {dpo + "--set data.packing=concatenate", "data.packing: concatenate applies to objective: sft only"},
