@@ -241,10 +241,20 @@ void save_peft_adapter(const std::string& folder, const std::vector<std::pair<st
   write_file_atomically((fs::path(folder) / "adapter_config.json").string(), out.dump(2));
 }
 
+std::string adapter_weights(const std::string& folder) {
+  const std::string path = (fs::path(folder) / "adapter_model.safetensors").string();
+  std::error_code error;
+  FT_CHECK(fs::exists(path, error) || !fs::exists(fs::path(folder) / "adapter_model.bin", error), folder,
+           ": holds adapter_model.bin (a PyTorch pickle) but no adapter_model.safetensors; only safetensors files "
+           "are read (convert it with PEFT: PeftModel.from_pretrained(base, folder).save_pretrained(folder, "
+           "safe_serialization=True))");
+  return path;
+}
+
 void load_peft_adapter(const std::string& folder, LanguageModel& model) {
   const PeftAdapterConfig config = read_peft_adapter_config(folder);
   check_matches_model(config.lora, model.options().lora, (fs::path(folder) / "adapter_config.json").string());
-  SafetensorsFile file((fs::path(folder) / "adapter_model.safetensors").string());
+  SafetensorsFile file(adapter_weights(folder));
   verify_checksum(file);  // ours carry one; PEFT's do not
   const std::string& path = file.path();
 

@@ -410,6 +410,11 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out m --dtype f8",
        "--dtype: expected one of bf16, fp16, f16, f32, fp32, got \"f8\""},
       {"merge " + model + " --adapter " + kFixtures + "/gpt_neox_lora/adapter --out m", "has no weight"},
+      // PEFT's older pickle format: named, with how to convert it, by both commands that read adapters.
+      {"merge " + model + " --adapter bin_adapter --out m",
+       "bin_adapter: holds adapter_model.bin (a PyTorch pickle) but no adapter_model.safetensors; only safetensors "
+       "files are read"},
+      {"generate " + model + tokenizer + " --prompt hi --adapter bin_adapter", "bin_adapter: holds adapter_model.bin"},
       {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out m --max-shard-size lots",
        "--max-shard-size: \"lots\" is not a size"},
       // A folder where a file belongs: named, not read as an empty file.
@@ -434,6 +439,10 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
   fs::create_directories(dir + "/dir.yaml");
   fs::create_directories(dir + "/dir_model/config.json");
   fs::create_directories(dir + "/tokdir");
+  fs::create_directories(dir + "/bin_adapter");
+  fs::copy_file(kFixtures + "/llama_lora/adapter/adapter_config.json", dir + "/bin_adapter/adapter_config.json",
+                fs::copy_options::overwrite_existing);
+  std::ofstream(dir + "/bin_adapter/adapter_model.bin") << "PK";
   std::ofstream(dir + "/empty.jsonl") << "\n";
   std::ofstream(dir + "/afile") << "not a folder\n";
   std::ofstream(dir + "/broken.jsonl") << "{\"text\": \"fine\"}\n{\"text\": oops}\n";

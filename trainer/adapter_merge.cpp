@@ -1,6 +1,5 @@
 #include "trainer/adapter_merge.h"
 
-#include <filesystem>
 
 #include "kernels/error.h"
 #include "kernels/allocator.h"
@@ -68,7 +67,7 @@ void check_float_base(const Checkpoint& base, const std::string& needs) {
 AdapterMerge::AdapterMerge(const std::string& folder, const Checkpoint& base)
     : base_(base),
       config_(read_peft_adapter_config(folder)),
-      file_((std::filesystem::path(folder) / "adapter_model.safetensors").string()) {
+      file_(adapter_weights(folder)) {
   verify_checksum(file_);
   pairs_ = read_lora_pairs(file_, config_);
   check_targets(base, pairs_, file_.path());
