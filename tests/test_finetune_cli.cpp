@@ -173,6 +173,18 @@ TEST_CASE("finetune prints PEFT's trainable-parameter line and writes adapter an
   // The fixture's config.json and SentencePiece tokenizer agree on </s>.
   CHECK(result.output.find("special tokens: examples end with 2 \"</s>\"; generation stops at [2 \"</s>\"]") !=
         std::string::npos);
+  // A row whose prompt alone fills seq_len trains nothing: counted as dropped, beside the truncated ones.
+  std::string long_prompt;
+  for (int i = 0; i < 100; ++i) long_prompt += "hello ";
+  std::ofstream(dir + "/long.jsonl") << "{\"prompt\": \"" << long_prompt << "\", \"completion\": \"world\"}\n"
+                                     << "{\"prompt\": \"hi\", \"completion\": \"there\"}\n";
+  const CommandResult dropped = run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=1 " +
+                                            "--set data.train=long.jsonl --set data.eval=long.jsonl " +
+                                            "--set generate.num_samples=0 --set output_dir=out_long");
+  INFO(dropped.output);
+  REQUIRE(dropped.exit_code == 0);
+  CHECK(dropped.output.find("1 truncated to seq_len 64, 1 dropped (no completion token "
+                            "within seq_len)") != std::string::npos);
 }
 
 TEST_CASE("a run killed with SIGKILL after a checkpoint resumes to identical losses") {

@@ -224,7 +224,8 @@ std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const
                                              run.kind == ModelKind::seq2seq ? RowLayout::seq2seq : RowLayout::causal,
                                              run.config.data.packing);
   std::cout << what << ": " << data.examples.size() << " examples, " << tokens.loss_token_count
-            << " loss tokens, " << tokens.truncated_count << " truncated to seq_len " << run.config.seq_len << "\n";
+            << " loss tokens, " << tokens.truncated_count << " truncated to seq_len " << run.config.seq_len << ", "
+            << tokens.dropped_count << " dropped (no completion token within seq_len)\n";
   if (keep) *keep = std::move(data);
   return std::make_unique<DataLoader>(make_rows(tokens, run.config.seq_len, run.config.data.packing),
                                       run.config.micro_batch_size, run.config.seq_len, padding_id(*run.tokenizer),
