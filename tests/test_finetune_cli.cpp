@@ -2094,7 +2094,8 @@ TEST_CASE("nf4, both offloads and full fine-tuning train through the binary; the
       {"optimizer_host", " --set offload.optimizer=host", "adapter/adapter_model.safetensors"},
       {"base_host", " --set quantization.mode=nf4 --set offload.base=host --set activation_checkpointing=per_layer",
        "adapter/adapter_model.safetensors"},
-      {"full", " --set trainable=all --set quantization.mode=none", "model/model.safetensors"},
+      // bf16 weights from the f32 fixture: the saved config.json must say so.
+      {"full", " --set trainable=all --set quantization.mode=none --set precision=bf16", "model/model.safetensors"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
@@ -2109,6 +2110,10 @@ TEST_CASE("nf4, both offloads and full fine-tuning train through the binary; the
     CHECK(losses.rbegin()->second < losses.begin()->second);
     CHECK(fs::exists(dir + "/" + out + "/" + c.output));
   }
+  // config.json names the dtype the weights were saved in, which transformers loads them in.
+  const nlohmann::json saved_config = nlohmann::json::parse(std::ifstream(dir + "/out_full/model/config.json"));
+  CHECK(saved_config["dtype"] == "bfloat16");
+  CHECK(Checkpoint(dir + "/out_full/model").entry("model.embed_tokens.weight").dtype == DType::bf16);
   const CommandResult reloaded =
       run_command(kBinary + " generate " + dir + "/out_full/model --device cpu --prompt 'The cat' --max-new-tokens 4");
   INFO(reloaded.output);

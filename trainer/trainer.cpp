@@ -828,7 +828,11 @@ void save_full_model(Run& run, const std::string& folder) {
     tensors.emplace_back(p.name, host_copy);
   }
   save_safetensors(path_in(folder, "model.safetensors"), tensors);
-  copy_file_atomically(path_in(run.config.model, "config.json"), path_in(folder, "config.json"));
+  // Every parameter is held in weight_dtype: a bf16 base trained in fp32 saves f32 weights, which
+  // transformers would load as bf16 under the base's config.
+  const nlohmann::json config =
+      config_saved_as(path_in(run.config.model, "config.json"), run.model->options().weight_dtype);
+  write_file_atomically(path_in(folder, "config.json"), config.dump(2) + "\n");
   copy_file_atomically(run.config.tokenizer, path_in(folder, run.tokenizer->file_name()));
 }
 

@@ -10,7 +10,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
 #include "model/atomic_file.h"
-#include "model/json_input.h"
+#include "model/model_config.h"
 #include "model/safetensors.h"
 #include "trainer/adapter_merge.h"
 #include "trainer/cli/options.h"
@@ -32,11 +32,6 @@ const EnumName<DType> kOutputDtypes[] = {
 const char* const kCopiedFiles[] = {"tokenizer.json",     "tokenizer.model", "tokenizer_config.json",
                                     "special_tokens_map.json", "added_tokens.json", "vocab.json",
                                     "merges.txt",         "chat_template.jinja", "generation_config.json"};
-
-// config.json's spelling of a dtype (torch's).
-const char* torch_dtype_name(DType dtype) {
-  return dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
-}
 
 void check_output_folder(const MergeCommand& command) {
   std::error_code error;
@@ -92,11 +87,7 @@ void make_sequence_classifier(json& config, const std::string& source, std::ostr
 // config.json with its dtype fields naming the output dtype.
 void write_config(const MergeCommand& command, DType dtype, bool sequence_classifier, std::ostream& log) {
   const std::string source = (fs::path(command.model) / "config.json").string();
-  json config = read_json_object(source, "a Hugging Face config.json");
-  bool named = false;
-  for (const char* key : {"torch_dtype", "dtype"})
-    if (config.contains(key)) config[key] = torch_dtype_name(dtype), named = true;
-  if (!named) config["torch_dtype"] = torch_dtype_name(dtype);
+  json config = config_saved_as(source, dtype);
   if (sequence_classifier) make_sequence_classifier(config, source, log);
   write_file_atomically((fs::path(command.out) / "config.json").string(), config.dump(2) + "\n");
 }
