@@ -156,3 +156,57 @@ TEST_CASE("merge refuses bad input with one error naming the file, before writin
   CHECK(error_of(command_for("llama_gqa", "llama_lora", taken)).find("already holds a checkpoint") !=
         std::string::npos);
 }
+
+namespace {
+
+// A PEFT adapter folder over a 64-wide Llama fixture: LoRA (r 2) on every q_proj, its modules_to_save, and
+// `extra` tensors under the keys PEFT saves them with.
+std::string write_adapter(const std::string& name, const std::vector<std::string>& modules_to_save,
+                          const std::vector<std::pair<std::string, Shape>>& extra) {
+  const std::string folder = fresh_dir(name);
+  fs::create_directories(folder);
+  const nlohmann::json config = {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"r", 2}, {"lora_alpha", 4},
+                                 {"target_modules", {"q_proj"}}, {"modules_to_save", modules_to_save}};
+  std::ofstream(folder + "/adapter_config.json") << config.dump();
+  std::vector<std::pair<std::string, Shape>> shapes = extra;
+  for (int layer = 0; layer < 2; ++layer) {
+    const std::string module = "base_model.model.model.layers." + std::to_string(layer) + ".self_attn.q_proj.";
+    shapes.push_back({module + "lora_A.weight", {2, 64}});
+    shapes.push_back({module + "lora_B.weight", {64, 2}});
+  }
+  HostAllocator host;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (size_t t = 0; t < shapes.size(); ++t) {
+    Tensor value = Tensor::empty(shapes[t].second, DType::f32, host, MemCategory::weights);
+    for (int64_t i = 0; i < value.numel(); ++i) value.ptr<float>()[i] = 0.05f * std::sin(float(7 * i + 3 * t + 1));
+    tensors.emplace_back(shapes[t].first, value);
+  }
+  save_safetensors(folder + "/adapter_model.safetensors", tensors);
+  return folder;
+}
+
+}  // namespace
+
+TEST_CASE("merge unties a tied base's lm_head that modules_to_save replaces; a tied config beside it is refused") {
+  const std::string adapter = write_adapter("tied_head", {"lm_head"}, {{"base_model.model.lm_head.weight", {320, 64}}});
+  const std::string out = fresh_dir("tied_config");
+  MergeCommand command = command_for("llama_tied", "llama_lora", out);
+  command.adapter = adapter;
+  std::ostringstream log;
+  merge_adapter(command, log);
+  // The merged head is its own tensor: transformers 5 unties such a config only with a warning.
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(out + "/config.json"));
+  CHECK(config["tie_word_embeddings"] == false);
+  CHECK(Checkpoint(out).contains("lm_head.weight"));
+  config["tie_word_embeddings"] = true;
+  std::ofstream(out + "/config.json") << config.dump();
+  HostAllocator host;
+  CpuBackend backend(host);
+  auto model = make_causal_lm(read_model_config(out + "/config.json"), backend, ModelOptions{});
+  CHECK_THROWS_WITH_AS(model->load(Checkpoint(out)),
+                       (out + "/model.safetensors: tensor \"lm_head.weight\" differs from \"model.embed_tokens.weight\", "
+                              "but config.json ties them (tie_word_embeddings: true); transformers then unties them and "
+                              "uses both, which this model cannot: set \"tie_word_embeddings\": false in config.json")
+                           .c_str(),
+                       Error);
+}

@@ -1,5 +1,6 @@
 #include "trainer/adapter_merge.h"
 
+#include <algorithm>
 
 #include "kernels/error.h"
 #include "kernels/allocator.h"
@@ -40,20 +41,36 @@ Tensor view_of(const SafetensorsEntry& entry) {
   return Tensor::view_of(const_cast<void*>(entry.data), entry.shape, entry.dtype);
 }
 
-}  // namespace
-
-std::set<std::string> check_base_matches_config(const Checkpoint& base, const std::string& config_path) {
+// read(model) of config_path's model, built on the meta device (no bytes).
+template <typename Read>
+auto read_meta_model(const std::string& config_path, Read read) {
   MetaAllocator no_bytes;
   MetaBackend meta(no_bytes, MemoryPolicy::cpu);
   const std::unique_ptr<LanguageModel> model = make_language_model(read_model_config(config_path), meta, ModelOptions{});
-  std::set<std::string> names;
-  for (const Parameter& p : model->parameters()) {
-    FT_CHECK(base.contains(p.name), base.path(), ": missing tensor \"", p.name, "\", which ", config_path,
-             " implies (does it describe these weights?)");
-    require_shape(base.entry(p.name), p.name, whole_shape(p));
-    names.insert(p.name);
-  }
-  return names;
+  return read(*model);
+}
+
+}  // namespace
+
+std::set<std::string> check_base_matches_config(const Checkpoint& base, const std::string& config_path) {
+  return read_meta_model(config_path, [&](LanguageModel& model) {
+    std::set<std::string> names;
+    for (const Parameter& p : model.parameters()) {
+      FT_CHECK(base.contains(p.name), base.path(), ": missing tensor \"", p.name, "\", which ", config_path,
+               " implies (does it describe these weights?)");
+      require_shape(base.entry(p.name), p.name, whole_shape(p));
+      names.insert(p.name);
+    }
+    return names;
+  });
+}
+
+bool adds_untied_head(const AdapterMerge& adapter, const std::string& config_path) {
+  return read_meta_model(config_path, [&](LanguageModel& model) {
+    const std::vector<std::string>& added = adapter.added_names();
+    return model.config().tie_word_embeddings &&
+           std::find(added.begin(), added.end(), model.untied_head_name()) != added.end();
+  });
 }
 
 void check_float_base(const Checkpoint& base, const std::string& needs) {

@@ -84,10 +84,11 @@ void make_sequence_classifier(json& config, const std::string& source, std::ostr
   }
 }
 
-// config.json with its dtype fields naming the output dtype.
-void write_config(const MergeCommand& command, DType dtype, bool sequence_classifier, std::ostream& log) {
+// config.json with its dtype fields naming the output dtype, untied where the adapter saves its own lm_head.
+void write_config(const MergeCommand& command, DType dtype, bool sequence_classifier, bool untie, std::ostream& log) {
   const std::string source = (fs::path(command.model) / "config.json").string();
   json config = config_saved_as(source, dtype);
+  if (untie) config["tie_word_embeddings"] = false;
   if (sequence_classifier) make_sequence_classifier(config, source, log);
   write_file_atomically((fs::path(command.out) / "config.json").string(), config.dump(2) + "\n");
 }
@@ -155,7 +156,8 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
     const json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
     write_file_atomically((fs::path(command.out) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   }
-  write_config(command, dtype, adapter.config().task_type == "SEQ_CLS", log);
+  write_config(command, dtype, adapter.config().task_type == "SEQ_CLS",
+               adds_untied_head(adapter, (fs::path(command.model) / "config.json").string()), log);
   for (const char* file : kCopiedFiles)
     if (fs::exists(fs::path(command.model) / file))
       copy_file_atomically((fs::path(command.model) / file).string(), (fs::path(command.out) / file).string());
