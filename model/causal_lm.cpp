@@ -266,6 +266,15 @@ void LanguageModel::check_tied_head(const Checkpoint& checkpoint) const {
            "which this model cannot: set \"tie_word_embeddings\": false in config.json");
 }
 
+Parameter& LanguageModel::untie_head() {
+  FT_CHECK(lm_head_ && lm_head_ == embedding_ && !untied_head_name_.empty(), config_.model_type,
+           ": untie_head needs a last stage whose lm_head is tied to the embedding");
+  Parameter& head = add_parameter(untied_head_name_, embedding_->value.shape, embedding_->value.dtype);
+  backend_.copy(head.value, embedding_->value);
+  lm_head_ = &head;
+  return head;
+}
+
 // Each tensor is hashed just before it loads: its pages are read from disk
 // once, for both.
 void LanguageModel::load(const Checkpoint& checkpoint) {

@@ -130,6 +130,10 @@ class LanguageModel {
   // steps must not leave [tokens, vocab] f32 held through the steps after it.
   void release_logits() { last_logits_ = Tensor{}; }
   const ModelConfig& config() const { return config_; }
+  // A tied model's lm_head as a parameter of its own named untied_head_name(),
+  // holding the embedding's values: PEFT's modules_to_save=["lm_head"] over a
+  // tied base replaces them (finetune merge writes that head untied).
+  Parameter& untie_head();
   // lm_head's checkpoint name when it is not tied to the embedding ("lm_head.weight"; GPT-NeoX's
   // "embed_out.weight"), "" for a family that always ties it.
   const std::string& untied_head_name() const { return untied_head_name_; }

@@ -427,6 +427,10 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
        "bin_adapter: holds adapter_model.bin (a PyTorch pickle) but no adapter_model.safetensors; only safetensors "
        "files are read"},
       {"generate " + model + tokenizer + " --prompt hi --adapter bin_adapter", "bin_adapter: holds adapter_model.bin"},
+      // LoRA on an embedding: named in the adapter's file before its target_modules build the model.
+      {"generate " + model + tokenizer + " --prompt hi --adapter embedding_adapter",
+       "embedding_adapter/adapter_model.safetensors: tensor \"base_model.model.model.embed_tokens.lora_embedding_A\" is "
+       "LoRA on an embedding, which is not supported"},
       {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out m --max-shard-size lots",
        "--max-shard-size: \"lots\" is not a size"},
       // A folder where a file belongs: named, not read as an empty file.
@@ -455,6 +459,16 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
   fs::copy_file(kFixtures + "/llama_lora/adapter/adapter_config.json", dir + "/bin_adapter/adapter_config.json",
                 fs::copy_options::overwrite_existing);
   std::ofstream(dir + "/bin_adapter/adapter_model.bin") << "PK";
+  fs::create_directories(dir + "/embedding_adapter");
+  std::ofstream(dir + "/embedding_adapter/adapter_config.json")
+      << R"({"peft_type": "LORA", "r": 2, "target_modules": ["q_proj", "embed_tokens"]})";
+  {
+    HostAllocator host;
+    Tensor embedding_a = Tensor::empty({2, 320}, DType::f32, host, MemCategory::weights);
+    std::fill_n(embedding_a.ptr<float>(), embedding_a.numel(), 0.0f);
+    save_safetensors(dir + "/embedding_adapter/adapter_model.safetensors",
+                     {{"base_model.model.model.embed_tokens.lora_embedding_A", embedding_a}});
+  }
   std::ofstream(dir + "/empty.jsonl") << "\n";
   std::ofstream(dir + "/afile") << "not a folder\n";
   std::ofstream(dir + "/broken.jsonl") << "{\"text\": \"fine\"}\n{\"text\": oops}\n";
