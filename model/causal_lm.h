@@ -137,6 +137,8 @@ class LanguageModel {
   // lm_head's checkpoint name when it is not tied to the embedding ("lm_head.weight"; GPT-NeoX's
   // "embed_out.weight"), "" for a family that always ties it.
   const std::string& untied_head_name() const { return untied_head_name_; }
+  // The last stage's lm_head weight (the embedding's Parameter when tied), else null.
+  const Parameter* lm_head() const { return lm_head_; }
   Backend& backend() { return backend_; }
   std::deque<Parameter>& parameters() { return parameters_; }  // base weights, HF names
   std::deque<Parameter>& adapters() { return adapters_; }      // e.g. model.layers.0.self_attn.q_proj.lora_A.weight

@@ -281,6 +281,9 @@ void load_peft_adapter(const std::string& folder, LanguageModel& model) {
       const bool tied_head = !target && model.config().tie_word_embeddings && module_tensor == model.untied_head_name();
       FT_CHECK(target || tied_head, path, ": tensor \"", entry.name, "\" (modules_to_save): the model has no \"",
                module_tensor, "\", so it is not supported (a score head is a reward model's: objective: reward)");
+      FT_CHECK(!target || target != model.lm_head() || !model.config().tie_word_embeddings, path, ": tensor \"",
+               entry.name, "\" (modules_to_save) replaces an embedding that config.json ties to lm_head, which is not "
+               "supported (PEFT keeps the tied lm_head on the original embedding)");
       const Shape shape = target ? target->value.shape : Shape{model.config().vocab_size, model.config().hidden_size};
       FT_CHECK(entry.shape == shape, path, ": tensor \"", entry.name, "\" has shape ", shape_string(entry.shape),
                " but the model's ", module_tensor, " has ", shape_string(shape));

@@ -257,3 +257,20 @@ TEST_CASE("LoRA on an embedding is refused by merge and by a load, with one erro
   CHECK(error_of(command).find(expected) != std::string::npos);
   CHECK_THROWS_WITH_AS(merged_logits(kFixtures + "/llama_gqa", embedding), doctest::Contains(expected.c_str()), Error);
 }
+
+TEST_CASE("modules_to_save embed_tokens over a tied base is refused by merge and by a load, naming the tensor") {
+  // PEFT wraps embed_tokens alone: its tied lm_head keeps the original embedding, which one tied tensor cannot.
+  const std::string adapter =
+      write_adapter("tied_embedding", {"embed_tokens"}, {{"base_model.model.model.embed_tokens.weight", {320, 64}}});
+  const std::string expected = adapter + "/adapter_model.safetensors: tensor "
+                               "\"base_model.model.model.embed_tokens.weight\" (modules_to_save) replaces an embedding "
+                               "that ";
+  const std::string out = fresh_dir("tied_embedding_out");
+  MergeCommand command = command_for("llama_tied", "llama_lora", out);
+  command.adapter = adapter;
+  const std::string error = error_of(command);
+  CHECK(error.find(expected) != std::string::npos);
+  CHECK(error.find("ties to lm_head, which is not supported") != std::string::npos);
+  CHECK(!fs::exists(out));
+  CHECK_THROWS_WITH_AS(merged_logits(kFixtures + "/llama_tied", adapter), doctest::Contains(expected.c_str()), Error);
+}

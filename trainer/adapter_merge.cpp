@@ -67,9 +67,13 @@ std::set<std::string> check_base_matches_config(const Checkpoint& base, const st
 
 bool adds_untied_head(const AdapterMerge& adapter, const std::string& config_path) {
   return read_meta_model(config_path, [&](LanguageModel& model) {
+    if (!model.config().tie_word_embeddings) return false;
+    const auto embedding = adapter.saved().find(model.lm_head()->name);
+    FT_CHECK(embedding == adapter.saved().end(), embedding->second->file, ": tensor \"", embedding->second->name,
+             "\" (modules_to_save) replaces an embedding that ", config_path,
+             " ties to lm_head, which is not supported (PEFT keeps the tied lm_head on the original embedding)");
     const std::vector<std::string>& added = adapter.added_names();
-    return model.config().tie_word_embeddings &&
-           std::find(added.begin(), added.end(), model.untied_head_name()) != added.end();
+    return std::find(added.begin(), added.end(), model.untied_head_name()) != added.end();
   });
 }
 

@@ -61,7 +61,8 @@ class AdapterMerge {
 // over a tied base): the merged head is then a tensor of its own, and the
 // merged config.json says tie_word_embeddings false (transformers infers
 // that from the differing tensors only with a warning; the loader here
-// refuses a tied config beside a differing head).
+// refuses a tied config beside a differing head). An adapter that replaces
+// a tied base's embedding is an Error naming its tensor.
 bool adds_untied_head(const AdapterMerge& adapter, const std::string& config_path);
 
 }  // namespace ft

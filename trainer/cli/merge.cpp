@@ -132,6 +132,7 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
   const std::string other_base = other_base_warning(adapter.config(), command.adapter, command.model);
   if (!other_base.empty()) log << "warning: " << other_base << "\n";
   check_base_matches_config(base, (fs::path(command.model) / "config.json").string());
+  const bool untie = adds_untied_head(adapter, (fs::path(command.model) / "config.json").string());
   const DType dtype = command.dtype.value_or(base.entry(adapter.pairs().begin()->first + ".weight").dtype);
 
   create_folder(command.out, "merge --out");
@@ -156,8 +157,7 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
     const json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
     write_file_atomically((fs::path(command.out) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   }
-  write_config(command, dtype, adapter.config().task_type == "SEQ_CLS",
-               adds_untied_head(adapter, (fs::path(command.model) / "config.json").string()), log);
+  write_config(command, dtype, adapter.config().task_type == "SEQ_CLS", untie, log);
   for (const char* file : kCopiedFiles)
     if (fs::exists(fs::path(command.model) / file))
       copy_file_atomically((fs::path(command.model) / file).string(), (fs::path(command.out) / file).string());
