@@ -26,4 +26,8 @@ const char* dtype_name(DType dtype) {
   return "?";
 }
 
+const char* torch_dtype_name(DType dtype) {
+  return dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
+}
+
 }  // namespace ft

@@ -12,6 +12,9 @@ enum class DType : uint8_t { f32, bf16, f16, i8, i32, u8 };
 
 size_t dtype_size_bytes(DType dtype);
 const char* dtype_name(DType dtype);
+// torch's spelling of a floating dtype ("bfloat16", "float16", "float32"), as
+// config.json's dtype fields and bitsandbytes' quant_state write it.
+const char* torch_dtype_name(DType dtype);
 
 inline float bf16_to_f32(uint16_t bits) {
   uint32_t wide = uint32_t(bits) << 16;

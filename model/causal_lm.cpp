@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/dropout_hash.h"
@@ -249,9 +250,35 @@ void LanguageModel::fill_parameter(Parameter& p, const std::function<void(Parame
   p.quantized.offset = staged.quantized.offset;
 }
 
+// transformers 5 unties a tied config's lm_head when the checkpoint holds one
+// with other values than the embedding, and uses both; a tied model here
+// cannot, and reading the embedding in its place would be silently another
+// model.
+void LanguageModel::check_tied_head(const Checkpoint& checkpoint) const {
+  if (!lm_head_ || lm_head_ != embedding_ || untied_head_name_.empty() || !checkpoint.contains(untied_head_name_))
+    return;
+  const SafetensorsEntry& head = checkpoint.entry(untied_head_name_);
+  const SafetensorsEntry& embedding = checkpoint.entry(embedding_->name);
+  const bool same = head.dtype == embedding.dtype && head.shape == embedding.shape &&
+                    std::memcmp(head.data, embedding.data, head.size_bytes) == 0;
+  FT_CHECK(same, head.file, ": tensor \"", untied_head_name_, "\" differs from \"", embedding_->name,
+           "\", but config.json ties them (tie_word_embeddings: true); transformers then unties them and uses both, "
+           "which this model cannot: set \"tie_word_embeddings\": false in config.json");
+}
+
+Parameter& LanguageModel::untie_head() {
+  FT_CHECK(lm_head_ && lm_head_ == embedding_ && !untied_head_name_.empty(), config_.model_type,
+           ": untie_head needs a last stage whose lm_head is tied to the embedding");
+  Parameter& head = add_parameter(untied_head_name_, embedding_->value.shape, embedding_->value.dtype);
+  backend_.copy(head.value, embedding_->value);
+  lm_head_ = &head;
+  return head;
+}
+
 // Each tensor is hashed just before it loads: its pages are read from disk
 // once, for both.
 void LanguageModel::load(const Checkpoint& checkpoint) {
+  check_tied_head(checkpoint);
   XXH64_hash_t fingerprint = 0;
   output_head_loaded_ = output_head_.defined() && checkpoint.contains(output_head_.weight->name);
   for (Parameter& parameter : parameters_) {

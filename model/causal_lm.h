@@ -130,6 +130,15 @@ class LanguageModel {
   // steps must not leave [tokens, vocab] f32 held through the steps after it.
   void release_logits() { last_logits_ = Tensor{}; }
   const ModelConfig& config() const { return config_; }
+  // A tied model's lm_head as a parameter of its own named untied_head_name(),
+  // holding the embedding's values: PEFT's modules_to_save=["lm_head"] over a
+  // tied base replaces them (finetune merge writes that head untied).
+  Parameter& untie_head();
+  // lm_head's checkpoint name when it is not tied to the embedding ("lm_head.weight"; GPT-NeoX's
+  // "embed_out.weight"), "" for a family that always ties it.
+  const std::string& untied_head_name() const { return untied_head_name_; }
+  // The last stage's lm_head weight (the embedding's Parameter when tied), else null.
+  const Parameter* lm_head() const { return lm_head_; }
   Backend& backend() { return backend_; }
   std::deque<Parameter>& parameters() { return parameters_; }  // base weights, HF names
   std::deque<Parameter>& adapters() { return adapters_; }      // e.g. model.layers.0.self_attn.q_proj.lora_A.weight
@@ -234,6 +243,8 @@ class LanguageModel {
   void lm_head_backward_chunk(Tensor& logits, const Tensor& hidden_rows, Tensor& dhidden_rows);
   // Dropout in the adapters is on while training only.
   void set_training(bool training);
+  // A tied model's checkpoint holding an untied head of other values than the embedding is an Error.
+  void check_tied_head(const Checkpoint& checkpoint) const;
 
   ModelConfig config_;
   Backend& backend_;
@@ -242,6 +253,7 @@ class LanguageModel {
   Parameter* embedding_ = nullptr;
   NormParameters final_norm_;
   Parameter* lm_head_ = nullptr;
+  std::string untied_head_name_;  // set by the architecture's constructor (untied_head_name())
   float logits_scale_ = 1.0f;  // T5 with tied embeddings: d_model^-0.5
 
  private:

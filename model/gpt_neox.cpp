@@ -84,7 +84,8 @@ GptNeoxModel::GptNeoxModel(const ModelConfig& config, Backend& backend, const Mo
   }
   if (last_stage()) {
     final_norm_ = add_norm("gpt_neox.final_layer_norm", true, eps);
-    lm_head_ = tied ? embedding_ : &add_parameter("embed_out.weight", {V, C}, dtype);
+    untied_head_name_ = "embed_out.weight";
+    lm_head_ = tied ? embedding_ : &add_parameter(untied_head_name_, {V, C}, dtype);
   }
   check_built("query_key_value, dense, dense_h_to_4h, dense_4h_to_h");
 }

@@ -135,7 +135,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelO
   }
   if (last_stage()) {
     final_norm_ = add_norm("model.norm", false, eps);
-    lm_head_ = tied ? embedding_ : &add_parameter("lm_head.weight", {config.vocab_size, C}, dtype);
+    untied_head_name_ = "lm_head.weight";
+    lm_head_ = tied ? embedding_ : &add_parameter(untied_head_name_, {config.vocab_size, C}, dtype);
   }
   check_built("q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
 }

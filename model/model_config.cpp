@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "kernels/error.h"
+#include "model/json_input.h"
 
 namespace ft {
 
@@ -139,6 +140,15 @@ void check_decoder_fields(const ModelConfig& result, const std::string& source) 
            ": rms_norm_eps and rope_theta must be positive, got ", result.rms_norm_eps, " and ", result.rope_theta);
   FT_CHECK(result.rope_scaling.type != "dynamic" || result.rotary_dim() > 2, source,
            ": rope_type \"dynamic\" needs more than 2 rotary features per head, got ", result.rotary_dim());
+}
+
+json config_saved_as(const std::string& path, DType dtype) {
+  json config = read_json_object(path, "a Hugging Face config.json");
+  bool named = false;
+  for (const char* key : {"torch_dtype", "dtype"})
+    if (config.contains(key)) config[key] = torch_dtype_name(dtype), named = true;
+  if (!named) config["torch_dtype"] = torch_dtype_name(dtype);
+  return config;
 }
 
 }  // namespace ft

@@ -6,7 +6,14 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
+#include "kernels/dtype.h"
+
 namespace ft {
+
+// The config.json at path as a copy saved beside weights of `dtype` holds
+// it: its dtype fields ("torch_dtype", "dtype"; "torch_dtype" where it has
+// neither) name that dtype, which transformers loads the weights in.
+nlohmann::json config_saved_as(const std::string& path, DType dtype);
 
 // Upper bound of every integer field of config.json (sizes, counts, lengths),
 // checked before anything multiplies them: 2^24 is far above any released

@@ -100,13 +100,19 @@ std::string adapter_name_of(const std::string& key) {
 }
 
 // The base model's tensor name for a saved key of a modules_to_save module
-// (base_model.model.score.weight -> score.weight), else "".
+// (base_model.model.score.weight -> score.weight), else "". A module is
+// named by its last parts as PEFT matches it ("embed_tokens" saves
+// model.embed_tokens).
 std::string saved_module_tensor(const std::string& key, const std::vector<std::string>& modules) {
   if (key.rfind(kKeyPrefix, 0) != 0) return "";
   const std::string name = key.substr(kKeyPrefix.size());
-  for (const std::string& module : modules)
-    for (const char* leaf : {".weight", ".bias"})
-      if (name == module + leaf) return name;
+  for (const char* leaf : {".weight", ".bias"}) {
+    const size_t leaf_size = std::strlen(leaf);
+    if (name.size() <= leaf_size || name.compare(name.size() - leaf_size, leaf_size, leaf) != 0) continue;
+    const std::string module_name = name.substr(0, name.size() - leaf_size);
+    for (const std::string& module : modules)
+      if (module_matches_target(module_name, module)) return name;
+  }
   return "";
 }
 
@@ -241,26 +247,46 @@ void save_peft_adapter(const std::string& folder, const std::vector<std::pair<st
   write_file_atomically((fs::path(folder) / "adapter_config.json").string(), out.dump(2));
 }
 
+std::string adapter_weights(const std::string& folder) {
+  const std::string path = (fs::path(folder) / "adapter_model.safetensors").string();
+  std::error_code error;
+  FT_CHECK(fs::exists(path, error) || !fs::exists(fs::path(folder) / "adapter_model.bin", error), folder,
+           ": holds adapter_model.bin (a PyTorch pickle) but no adapter_model.safetensors; only safetensors files "
+           "are read (convert it with PEFT: PeftModel.from_pretrained(base, folder).save_pretrained(folder, "
+           "safe_serialization=True))");
+  const SafetensorsFile file(path);
+  for (const SafetensorsEntry& entry : file.entries())
+    FT_CHECK(entry.name.find(".lora_embedding_") == std::string::npos, path, ": tensor \"", entry.name,
+             "\" is LoRA on an embedding, which is not supported (LoRA applies to linear modules here; "
+             "modules_to_save trains an embedding whole)");
+  return path;
+}
+
 void load_peft_adapter(const std::string& folder, LanguageModel& model) {
   const PeftAdapterConfig config = read_peft_adapter_config(folder);
   check_matches_model(config.lora, model.options().lora, (fs::path(folder) / "adapter_config.json").string());
-  SafetensorsFile file((fs::path(folder) / "adapter_model.safetensors").string());
+  SafetensorsFile file(adapter_weights(folder));
   verify_checksum(file);  // ours carry one; PEFT's do not
   const std::string& path = file.path();
 
   std::map<std::string, const SafetensorsEntry*> by_adapter;  // our adapter name -> saved tensor
-  std::vector<std::pair<Parameter*, const SafetensorsEntry*>> saved;  // modules_to_save
+  // modules_to_save; a null parameter is the lm_head of a tied model, untied for it (as merge writes it).
+  std::vector<std::pair<Parameter*, const SafetensorsEntry*>> saved;
   for (const SafetensorsEntry& entry : file.entries()) {
     const std::string module_tensor = saved_module_tensor(entry.name, config.modules_to_save);
     if (!module_tensor.empty()) {
       Parameter* target = nullptr;
       for (Parameter& p : model.parameters())
         if (p.name == module_tensor) target = &p;
-      FT_CHECK(target, path, ": tensor \"", entry.name, "\" (modules_to_save) has no parameter \"", module_tensor,
-               "\" in the model (a score head is a reward model's: objective: reward)");
-      FT_CHECK(entry.shape == target->value.shape, path, ": tensor \"", entry.name, "\" has shape ",
-               shape_string(entry.shape), " but the model's ", module_tensor, " has ",
-               shape_string(target->value.shape));
+      const bool tied_head = !target && model.config().tie_word_embeddings && module_tensor == model.untied_head_name();
+      FT_CHECK(target || tied_head, path, ": tensor \"", entry.name, "\" (modules_to_save): the model has no \"",
+               module_tensor, "\", so it is not supported (a score head is a reward model's: objective: reward)");
+      FT_CHECK(!target || target != model.lm_head() || !model.config().tie_word_embeddings, path, ": tensor \"",
+               entry.name, "\" (modules_to_save) replaces an embedding that config.json ties to lm_head, which is not "
+               "supported (PEFT keeps the tied lm_head on the original embedding)");
+      const Shape shape = target ? target->value.shape : Shape{model.config().vocab_size, model.config().hidden_size};
+      FT_CHECK(entry.shape == shape, path, ": tensor \"", entry.name, "\" has shape ", shape_string(entry.shape),
+               " but the model's ", module_tensor, " has ", shape_string(shape));
       require_finite(entry);
       saved.emplace_back(target, &entry);
       continue;
@@ -291,7 +317,8 @@ void load_peft_adapter(const std::string& folder, LanguageModel& model) {
     model.backend().copy(adapters[name]->value,
                          Tensor::view_of(const_cast<void*>(entry->data), entry->shape, entry->dtype));
   for (const auto& [parameter, entry] : saved)
-    model.backend().copy(parameter->value, Tensor::view_of(const_cast<void*>(entry->data), entry->shape, entry->dtype));
+    model.backend().copy(parameter ? parameter->value : model.untie_head().value,
+                         Tensor::view_of(const_cast<void*>(entry->data), entry->shape, entry->dtype));
   if (!saved.empty()) model.set_output_head_loaded();
 }
 

@@ -47,6 +47,13 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder);
 std::string other_base_warning(const PeftAdapterConfig& adapter, const std::string& adapter_folder,
                                const std::string& model_dir);
 
+// folder/adapter_model.safetensors, checked to hold what is read here: a
+// folder with only PEFT's older adapter_model.bin (a PyTorch pickle) is an
+// Error saying so and how to convert it, and so is LoRA on an embedding
+// (PEFT's lora_embedding_A/B: LoRA applies to linear modules here). generate
+// and merge both read an adapter through it, so they refuse the same ones.
+std::string adapter_weights(const std::string& folder);
+
 // Creates folder (and parents) and writes adapter_model.safetensors (f32,
 // with a "checksum" in its metadata that PEFT ignores) and
 // adapter_config.json, each atomically. config.lora must describe the model's

@@ -266,6 +266,10 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
   } else if (fs::exists(single_path, error)) {
     files_.push_back(std::make_unique<SafetensorsFile>(single_path));
   } else {
+    for (const char* pickle : {"pytorch_model.bin", "pytorch_model.bin.index.json"})
+      FT_CHECK(!fs::exists(fs::path(path) / pickle, error), path, ": folder holds ", pickle,
+               " (PyTorch pickle weights) but no model.safetensors; only safetensors files are read (load it with transformers and "
+               "save_pretrained(folder, safe_serialization=True))");
     fail(path, ": folder holds neither model.safetensors nor model.safetensors.index.json (expected a Hugging Face "
          "checkpoint folder)");
   }

@@ -173,6 +173,18 @@ TEST_CASE("finetune prints PEFT's trainable-parameter line and writes adapter an
   // The fixture's config.json and SentencePiece tokenizer agree on </s>.
   CHECK(result.output.find("special tokens: examples end with 2 \"</s>\"; generation stops at [2 \"</s>\"]") !=
         std::string::npos);
+  // A row whose prompt alone fills seq_len trains nothing: counted as dropped, beside the truncated ones.
+  std::string long_prompt;
+  for (int i = 0; i < 100; ++i) long_prompt += "hello ";
+  std::ofstream(dir + "/long.jsonl") << "{\"prompt\": \"" << long_prompt << "\", \"completion\": \"world\"}\n"
+                                     << "{\"prompt\": \"hi\", \"completion\": \"there\"}\n";
+  const CommandResult dropped = run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=1 " +
+                                            "--set data.train=long.jsonl --set data.eval=long.jsonl " +
+                                            "--set generate.num_samples=0 --set output_dir=out_long");
+  INFO(dropped.output);
+  REQUIRE(dropped.exit_code == 0);
+  CHECK(dropped.output.find("1 truncated to seq_len 64, 1 dropped (no completion token "
+                            "within seq_len)") != std::string::npos);
 }
 
 TEST_CASE("a run killed with SIGKILL after a checkpoint resumes to identical losses") {
@@ -410,6 +422,15 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out m --dtype f8",
        "--dtype: expected one of bf16, fp16, f16, f32, fp32, got \"f8\""},
       {"merge " + model + " --adapter " + kFixtures + "/gpt_neox_lora/adapter --out m", "has no weight"},
+      // PEFT's older pickle format: named, with how to convert it, by both commands that read adapters.
+      {"merge " + model + " --adapter bin_adapter --out m",
+       "bin_adapter: holds adapter_model.bin (a PyTorch pickle) but no adapter_model.safetensors; only safetensors "
+       "files are read"},
+      {"generate " + model + tokenizer + " --prompt hi --adapter bin_adapter", "bin_adapter: holds adapter_model.bin"},
+      // LoRA on an embedding: named in the adapter's file before its target_modules build the model.
+      {"generate " + model + tokenizer + " --prompt hi --adapter embedding_adapter",
+       "embedding_adapter/adapter_model.safetensors: tensor \"base_model.model.model.embed_tokens.lora_embedding_A\" is "
+       "LoRA on an embedding, which is not supported"},
       {"merge " + model + " --adapter " + kFixtures + "/llama_lora/adapter --out m --max-shard-size lots",
        "--max-shard-size: \"lots\" is not a size"},
       // A folder where a file belongs: named, not read as an empty file.
@@ -434,6 +455,20 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
   fs::create_directories(dir + "/dir.yaml");
   fs::create_directories(dir + "/dir_model/config.json");
   fs::create_directories(dir + "/tokdir");
+  fs::create_directories(dir + "/bin_adapter");
+  fs::copy_file(kFixtures + "/llama_lora/adapter/adapter_config.json", dir + "/bin_adapter/adapter_config.json",
+                fs::copy_options::overwrite_existing);
+  std::ofstream(dir + "/bin_adapter/adapter_model.bin") << "PK";
+  fs::create_directories(dir + "/embedding_adapter");
+  std::ofstream(dir + "/embedding_adapter/adapter_config.json")
+      << R"({"peft_type": "LORA", "r": 2, "target_modules": ["q_proj", "embed_tokens"]})";
+  {
+    HostAllocator host;
+    Tensor embedding_a = Tensor::empty({2, 320}, DType::f32, host, MemCategory::weights);
+    std::fill_n(embedding_a.ptr<float>(), embedding_a.numel(), 0.0f);
+    save_safetensors(dir + "/embedding_adapter/adapter_model.safetensors",
+                     {{"base_model.model.model.embed_tokens.lora_embedding_A", embedding_a}});
+  }
   std::ofstream(dir + "/empty.jsonl") << "\n";
   std::ofstream(dir + "/afile") << "not a folder\n";
   std::ofstream(dir + "/broken.jsonl") << "{\"text\": \"fine\"}\n{\"text\": oops}\n";
@@ -2082,7 +2117,8 @@ TEST_CASE("nf4, both offloads and full fine-tuning train through the binary; the
       {"optimizer_host", " --set offload.optimizer=host", "adapter/adapter_model.safetensors"},
       {"base_host", " --set quantization.mode=nf4 --set offload.base=host --set activation_checkpointing=per_layer",
        "adapter/adapter_model.safetensors"},
-      {"full", " --set trainable=all --set quantization.mode=none", "model/model.safetensors"},
+      // bf16 weights from the f32 fixture: the saved config.json must say so.
+      {"full", " --set trainable=all --set quantization.mode=none --set precision=bf16", "model/model.safetensors"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
@@ -2097,6 +2133,10 @@ TEST_CASE("nf4, both offloads and full fine-tuning train through the binary; the
     CHECK(losses.rbegin()->second < losses.begin()->second);
     CHECK(fs::exists(dir + "/" + out + "/" + c.output));
   }
+  // config.json names the dtype the weights were saved in, which transformers loads them in.
+  const nlohmann::json saved_config = nlohmann::json::parse(std::ifstream(dir + "/out_full/model/config.json"));
+  CHECK(saved_config["dtype"] == "bfloat16");
+  CHECK(Checkpoint(dir + "/out_full/model").entry("model.embed_tokens.weight").dtype == DType::bf16);
   const CommandResult reloaded =
       run_command(kBinary + " generate " + dir + "/out_full/model --device cpu --prompt 'The cat' --max-new-tokens 4");
   INFO(reloaded.output);

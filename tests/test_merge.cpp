@@ -21,6 +21,7 @@
 #include "kernels/error.h"
 #include "model/causal_lm.h"
 #include "model/families.h"
+#include "model/peft_adapter.h"
 #include "model/safetensors.h"
 #include "trainer/cli/merge.h"
 
@@ -45,12 +46,16 @@ MergeCommand command_for(const std::string& base, const std::string& adapter, co
   return command;
 }
 
-// The merged folder's logits on the fixture's input ids, [T, vocab].
-std::vector<float> merged_logits(const std::string& folder) {
+// The merged folder's logits on the fixture's input ids, [T, vocab]; with an
+// adapter folder, those of folder with it loaded as generate loads it.
+std::vector<float> merged_logits(const std::string& folder, const std::string& adapter = "") {
   HostAllocator host;
   CpuBackend backend(host);
-  auto model = make_causal_lm(read_model_config(folder + "/config.json"), backend, ModelOptions{});
+  ModelOptions options;
+  if (!adapter.empty()) options.lora = read_peft_adapter_config(adapter).lora;
+  auto model = make_causal_lm(read_model_config(folder + "/config.json"), backend, options);
   model->load(Checkpoint(folder));
+  if (!adapter.empty()) load_peft_adapter(adapter, *model);
   const Checkpoint reference(kFixtures + "/merge/reference.safetensors");
   const Tensor ids = reference.view("input_ids");
   const int64_t T = ids.numel();
@@ -155,4 +160,117 @@ TEST_CASE("merge refuses bad input with one error naming the file, before writin
   merge_adapter(command_for("llama_gqa", "llama_lora", taken), log);
   CHECK(error_of(command_for("llama_gqa", "llama_lora", taken)).find("already holds a checkpoint") !=
         std::string::npos);
+}
+
+namespace {
+
+// A PEFT adapter folder over a 64-wide Llama fixture: LoRA (r 2) on every q_proj, its modules_to_save, and
+// `extra` tensors under the keys PEFT saves them with.
+std::string write_adapter(const std::string& name, const std::vector<std::string>& modules_to_save,
+                          const std::vector<std::pair<std::string, Shape>>& extra) {
+  const std::string folder = fresh_dir(name);
+  fs::create_directories(folder);
+  const nlohmann::json config = {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"r", 2}, {"lora_alpha", 4},
+                                 {"target_modules", {"q_proj"}}, {"modules_to_save", modules_to_save}};
+  std::ofstream(folder + "/adapter_config.json") << config.dump();
+  std::vector<std::pair<std::string, Shape>> shapes = extra;
+  for (int layer = 0; layer < 2; ++layer) {
+    const std::string module = "base_model.model.model.layers." + std::to_string(layer) + ".self_attn.q_proj.";
+    shapes.push_back({module + "lora_A.weight", {2, 64}});
+    shapes.push_back({module + "lora_B.weight", {64, 2}});
+  }
+  HostAllocator host;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (size_t t = 0; t < shapes.size(); ++t) {
+    Tensor value = Tensor::empty(shapes[t].second, DType::f32, host, MemCategory::weights);
+    for (int64_t i = 0; i < value.numel(); ++i) value.ptr<float>()[i] = 0.05f * std::sin(float(7 * i + 3 * t + 1));
+    tensors.emplace_back(shapes[t].first, value);
+  }
+  save_safetensors(folder + "/adapter_model.safetensors", tensors);
+  return folder;
+}
+
+}  // namespace
+
+TEST_CASE("modules_to_save lm_head over a tied base and embed_tokens: merge and a loaded adapter agree") {
+  struct Case {
+    const char* base;
+    std::vector<std::string> modules_to_save;
+    std::string tensor;
+  };
+  const Case cases[] = {{"llama_tied", {"lm_head"}, "base_model.model.lm_head.weight"},
+                        {"llama_gqa", {"embed_tokens"}, "base_model.model.model.embed_tokens.weight"}};
+  for (const Case& c : cases) {
+    CAPTURE(c.base);
+    const std::string adapter =
+        write_adapter(std::string("saves_") + c.base, c.modules_to_save, {{c.tensor, {320, 64}}});
+    const std::string out = fresh_dir(std::string("merged_") + c.base);
+    MergeCommand command = command_for(c.base, "llama_lora", out);
+    command.adapter = adapter;
+    std::ostringstream log;
+    merge_adapter(command, log);
+    // Untied (llama_gqa never was tied): the head merged from lm_head is a tensor of its own.
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(out + "/config.json"));
+    CHECK(config["tie_word_embeddings"] == false);
+    const std::vector<float> merged = merged_logits(out), loaded = merged_logits(kFixtures + "/" + c.base, adapter);
+    REQUIRE(merged.size() == loaded.size());
+    double worst = 0.0;
+    for (size_t i = 0; i < merged.size(); ++i) worst = std::max(worst, double(std::abs(merged[i] - loaded[i])));
+    CHECK(worst < 1e-4);
+  }
+}
+
+TEST_CASE("merge unties a tied base's lm_head that modules_to_save replaces; a tied config beside it is refused") {
+  const std::string adapter = write_adapter("tied_head", {"lm_head"}, {{"base_model.model.lm_head.weight", {320, 64}}});
+  const std::string out = fresh_dir("tied_config");
+  MergeCommand command = command_for("llama_tied", "llama_lora", out);
+  command.adapter = adapter;
+  std::ostringstream log;
+  merge_adapter(command, log);
+  // The merged head is its own tensor: transformers 5 unties such a config only with a warning.
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(out + "/config.json"));
+  CHECK(config["tie_word_embeddings"] == false);
+  CHECK(Checkpoint(out).contains("lm_head.weight"));
+  config["tie_word_embeddings"] = true;
+  std::ofstream(out + "/config.json") << config.dump();
+  HostAllocator host;
+  CpuBackend backend(host);
+  auto model = make_causal_lm(read_model_config(out + "/config.json"), backend, ModelOptions{});
+  CHECK_THROWS_WITH_AS(model->load(Checkpoint(out)),
+                       (out + "/model.safetensors: tensor \"lm_head.weight\" differs from \"model.embed_tokens.weight\", "
+                              "but config.json ties them (tie_word_embeddings: true); transformers then unties them and "
+                              "uses both, which this model cannot: set \"tie_word_embeddings\": false in config.json")
+                           .c_str(),
+                       Error);
+}
+
+TEST_CASE("LoRA on an embedding is refused by merge and by a load, with one error naming the tensor") {
+  const std::string embedding =
+      write_adapter("lora_embedding", {},
+                    {{"base_model.model.model.embed_tokens.lora_embedding_A", {2, 320}},
+                     {"base_model.model.model.embed_tokens.lora_embedding_B", {64, 2}}});
+  const std::string expected = embedding + "/adapter_model.safetensors: tensor "
+                               "\"base_model.model.model.embed_tokens.lora_embedding_A\" is LoRA on an embedding, which is "
+                               "not supported";
+  MergeCommand command = command_for("llama_gqa", "llama_lora", fresh_dir("lora_embedding_out"));
+  command.adapter = embedding;
+  CHECK(error_of(command).find(expected) != std::string::npos);
+  CHECK_THROWS_WITH_AS(merged_logits(kFixtures + "/llama_gqa", embedding), doctest::Contains(expected.c_str()), Error);
+}
+
+TEST_CASE("modules_to_save embed_tokens over a tied base is refused by merge and by a load, naming the tensor") {
+  // PEFT wraps embed_tokens alone: its tied lm_head keeps the original embedding, which one tied tensor cannot.
+  const std::string adapter =
+      write_adapter("tied_embedding", {"embed_tokens"}, {{"base_model.model.model.embed_tokens.weight", {320, 64}}});
+  const std::string expected = adapter + "/adapter_model.safetensors: tensor "
+                               "\"base_model.model.model.embed_tokens.weight\" (modules_to_save) replaces an embedding "
+                               "that ";
+  const std::string out = fresh_dir("tied_embedding_out");
+  MergeCommand command = command_for("llama_tied", "llama_lora", out);
+  command.adapter = adapter;
+  const std::string error = error_of(command);
+  CHECK(error.find(expected) != std::string::npos);
+  CHECK(error.find("ties to lm_head, which is not supported") != std::string::npos);
+  CHECK(!fs::exists(out));
+  CHECK_THROWS_WITH_AS(merged_logits(kFixtures + "/llama_tied", adapter), doctest::Contains(expected.c_str()), Error);
 }

@@ -137,6 +137,16 @@ TEST_CASE("a folder holding model.safetensors is a checkpoint") {
   CHECK(same_bytes(weight, checkpoint.view("weight").data, 64));
 }
 
+TEST_CASE("a folder of PyTorch pickle weights only is refused naming the file and how to convert it") {
+  TempDir dir;
+  write_file(dir.file("pytorch_model.bin"), "PK");
+  CHECK_THROWS_WITH_AS(Checkpoint(dir.path),
+                       (dir.path + ": folder holds pytorch_model.bin (PyTorch pickle weights) but no model.safetensors; "
+                                   "only safetensors files are read (load it with transformers and "
+                                   "save_pretrained(folder, safe_serialization=True))").c_str(),
+                       Error);
+}
+
 TEST_CASE("sharded checkpoint through model.safetensors.index.json") {
   TempDir dir;
   HostAllocator host;

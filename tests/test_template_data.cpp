@@ -50,6 +50,16 @@ TEST_CASE("DialogSum as JSONL with the same template") {
   REQUIRE(numbers.examples.size() == 1);
   CHECK(numbers.examples[0].prompt == "5. hi (0.5, true)");
   CHECK(numbers.examples[0].completion == "7");
+  // An object, list or null is named for what it is, not as a field the row lacks.
+  std::ofstream(path) << "{\"q\": \"hi\", \"meta\": {\"src\": \"x\"}, \"tags\": [\"a\"], \"none\": null}\n";
+  CHECK_THROWS_WITH_AS(load_templated(path, {"{q} {meta}", "{q}"}),
+                       (path + ":1: data.template.prompt names the field \"meta\", which is an object (expected a "
+                               "string, number or boolean)").c_str(),
+                       Error);
+  CHECK_THROWS_WITH_AS(load_templated(path, {"{q}", "{tags}"}),
+                       doctest::Contains("data.template.completion names the field \"tags\", which is a list"), Error);
+  CHECK_THROWS_WITH_AS(load_templated(path, {"{none}", "{q}"}),
+                       doctest::Contains("names the field \"none\", which is null"), Error);
 }
 
 TEST_CASE("CSV records: blank lines skipped, a missing final newline, empty fields") {

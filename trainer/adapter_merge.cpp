@@ -1,6 +1,6 @@
 #include "trainer/adapter_merge.h"
 
-#include <filesystem>
+#include <algorithm>
 
 #include "kernels/error.h"
 #include "kernels/allocator.h"
@@ -41,20 +41,40 @@ Tensor view_of(const SafetensorsEntry& entry) {
   return Tensor::view_of(const_cast<void*>(entry.data), entry.shape, entry.dtype);
 }
 
-}  // namespace
-
-std::set<std::string> check_base_matches_config(const Checkpoint& base, const std::string& config_path) {
+// read(model) of config_path's model, built on the meta device (no bytes).
+template <typename Read>
+auto read_meta_model(const std::string& config_path, Read read) {
   MetaAllocator no_bytes;
   MetaBackend meta(no_bytes, MemoryPolicy::cpu);
   const std::unique_ptr<LanguageModel> model = make_language_model(read_model_config(config_path), meta, ModelOptions{});
-  std::set<std::string> names;
-  for (const Parameter& p : model->parameters()) {
-    FT_CHECK(base.contains(p.name), base.path(), ": missing tensor \"", p.name, "\", which ", config_path,
-             " implies (does it describe these weights?)");
-    require_shape(base.entry(p.name), p.name, whole_shape(p));
-    names.insert(p.name);
-  }
-  return names;
+  return read(*model);
+}
+
+}  // namespace
+
+std::set<std::string> check_base_matches_config(const Checkpoint& base, const std::string& config_path) {
+  return read_meta_model(config_path, [&](LanguageModel& model) {
+    std::set<std::string> names;
+    for (const Parameter& p : model.parameters()) {
+      FT_CHECK(base.contains(p.name), base.path(), ": missing tensor \"", p.name, "\", which ", config_path,
+               " implies (does it describe these weights?)");
+      require_shape(base.entry(p.name), p.name, whole_shape(p));
+      names.insert(p.name);
+    }
+    return names;
+  });
+}
+
+bool adds_untied_head(const AdapterMerge& adapter, const std::string& config_path) {
+  return read_meta_model(config_path, [&](LanguageModel& model) {
+    if (!model.config().tie_word_embeddings) return false;
+    const auto embedding = adapter.saved().find(model.lm_head()->name);
+    FT_CHECK(embedding == adapter.saved().end(), embedding->second->file, ": tensor \"", embedding->second->name,
+             "\" (modules_to_save) replaces an embedding that ", config_path,
+             " ties to lm_head, which is not supported (PEFT keeps the tied lm_head on the original embedding)");
+    const std::vector<std::string>& added = adapter.added_names();
+    return std::find(added.begin(), added.end(), model.untied_head_name()) != added.end();
+  });
 }
 
 void check_float_base(const Checkpoint& base, const std::string& needs) {
@@ -68,7 +88,7 @@ void check_float_base(const Checkpoint& base, const std::string& needs) {
 AdapterMerge::AdapterMerge(const std::string& folder, const Checkpoint& base)
     : base_(base),
       config_(read_peft_adapter_config(folder)),
-      file_((std::filesystem::path(folder) / "adapter_model.safetensors").string()) {
+      file_(adapter_weights(folder)) {
   verify_checksum(file_);
   pairs_ = read_lora_pairs(file_, config_);
   check_targets(base, pairs_, file_.path());

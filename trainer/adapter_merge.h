@@ -56,4 +56,13 @@ class AdapterMerge {
   float scaling_;
 };
 
+// Whether config_path ties lm_head to the embedding and adapter's
+// modules_to_save adds the untied head (PEFT's modules_to_save=["lm_head"]
+// over a tied base): the merged head is then a tensor of its own, and the
+// merged config.json says tie_word_embeddings false (transformers infers
+// that from the differing tensors only with a warning; the loader here
+// refuses a tied config beside a differing head). An adapter that replaces
+// a tied base's embedding is an Error naming its tensor.
+bool adds_untied_head(const AdapterMerge& adapter, const std::string& config_path);
+
 }  // namespace ft

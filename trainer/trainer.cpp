@@ -225,7 +225,8 @@ std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const
                                              run.kind == ModelKind::seq2seq ? RowLayout::seq2seq : RowLayout::causal,
                                              run.config.data.packing);
   std::cout << what << ": " << data.examples.size() << " examples, " << tokens.loss_token_count
-            << " loss tokens, " << tokens.truncated_count << " truncated to seq_len " << run.config.seq_len << "\n";
+            << " loss tokens, " << tokens.truncated_count << " truncated to seq_len " << run.config.seq_len << ", "
+            << tokens.dropped_count << " dropped (no completion token within seq_len)\n";
   if (keep) *keep = std::move(data);
   return std::make_unique<DataLoader>(make_rows(tokens, run.config.seq_len, run.config.data.packing),
                                       run.config.micro_batch_size, run.config.seq_len, padding_id(*run.tokenizer),
@@ -857,7 +858,11 @@ void save_full_model(Run& run, const std::string& folder) {
     tensors.emplace_back(p.name, host_copy);
   }
   save_safetensors(path_in(folder, "model.safetensors"), tensors);
-  copy_file_atomically(path_in(run.config.model, "config.json"), path_in(folder, "config.json"));
+  // Every parameter is held in weight_dtype: a bf16 base trained in fp32 saves f32 weights, which
+  // transformers would load as bf16 under the base's config.
+  const nlohmann::json config =
+      config_saved_as(path_in(run.config.model, "config.json"), run.model->options().weight_dtype);
+  write_file_atomically(path_in(folder, "config.json"), config.dump(2) + "\n");
   copy_file_atomically(run.config.tokenizer, path_in(folder, run.tokenizer->file_name()));
 }
 

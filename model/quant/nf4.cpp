@@ -16,10 +16,6 @@ namespace {
 // Its constants are the absmax codes, the nested absmax and the nested map.
 bool double_quantised(const Parameter& p) { return p.quantized.constants.size() == 3; }
 
-const char* torch_dtype_name(DType dtype) {
-  return dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
-}
-
 // The quant_state JSON of a saved NF4 weight, checked against p.
 float read_quant_state(const Checkpoint& checkpoint, const Parameter& p, bool double_quant) {
   const std::string name = p.name + ".quant_state.bitsandbytes__nf4";

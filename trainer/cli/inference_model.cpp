@@ -44,6 +44,7 @@ void load_inference_model(InferenceModel& out, const InferenceRequest& request,
   options.output_head = request.output_head;
   if (!request.adapter.empty()) {
     const PeftAdapterConfig adapter = read_peft_adapter_config(request.adapter);
+    adapter_weights(request.adapter);  // an adapter this cannot read is named before its target_modules build the model
     options.lora = adapter.lora;
     const std::string other_base = other_base_warning(adapter, request.adapter, request.model);
     if (!other_base.empty()) std::cerr << "warning: " << other_base << "\n";

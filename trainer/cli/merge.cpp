@@ -10,7 +10,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
 #include "model/atomic_file.h"
-#include "model/json_input.h"
+#include "model/model_config.h"
 #include "model/safetensors.h"
 #include "trainer/adapter_merge.h"
 #include "trainer/cli/options.h"
@@ -32,11 +32,6 @@ const EnumName<DType> kOutputDtypes[] = {
 const char* const kCopiedFiles[] = {"tokenizer.json",     "tokenizer.model", "tokenizer_config.json",
                                     "special_tokens_map.json", "added_tokens.json", "vocab.json",
                                     "merges.txt",         "chat_template.jinja", "generation_config.json"};
-
-// config.json's spelling of a dtype (torch's).
-const char* torch_dtype_name(DType dtype) {
-  return dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
-}
 
 void check_output_folder(const MergeCommand& command) {
   std::error_code error;
@@ -89,14 +84,11 @@ void make_sequence_classifier(json& config, const std::string& source, std::ostr
   }
 }
 
-// config.json with its dtype fields naming the output dtype.
-void write_config(const MergeCommand& command, DType dtype, bool sequence_classifier, std::ostream& log) {
+// config.json with its dtype fields naming the output dtype, untied where the adapter saves its own lm_head.
+void write_config(const MergeCommand& command, DType dtype, bool sequence_classifier, bool untie, std::ostream& log) {
   const std::string source = (fs::path(command.model) / "config.json").string();
-  json config = read_json_object(source, "a Hugging Face config.json");
-  bool named = false;
-  for (const char* key : {"torch_dtype", "dtype"})
-    if (config.contains(key)) config[key] = torch_dtype_name(dtype), named = true;
-  if (!named) config["torch_dtype"] = torch_dtype_name(dtype);
+  json config = config_saved_as(source, dtype);
+  if (untie) config["tie_word_embeddings"] = false;
   if (sequence_classifier) make_sequence_classifier(config, source, log);
   write_file_atomically((fs::path(command.out) / "config.json").string(), config.dump(2) + "\n");
 }
@@ -140,6 +132,7 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
   const std::string other_base = other_base_warning(adapter.config(), command.adapter, command.model);
   if (!other_base.empty()) log << "warning: " << other_base << "\n";
   check_base_matches_config(base, (fs::path(command.model) / "config.json").string());
+  const bool untie = adds_untied_head(adapter, (fs::path(command.model) / "config.json").string());
   const DType dtype = command.dtype.value_or(base.entry(adapter.pairs().begin()->first + ".weight").dtype);
 
   create_folder(command.out, "merge --out");
@@ -164,7 +157,7 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
     const json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
     write_file_atomically((fs::path(command.out) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   }
-  write_config(command, dtype, adapter.config().task_type == "SEQ_CLS", log);
+  write_config(command, dtype, adapter.config().task_type == "SEQ_CLS", untie, log);
   for (const char* file : kCopiedFiles)
     if (fs::exists(fs::path(command.model) / file))
       copy_file_atomically((fs::path(command.model) / file).string(), (fs::path(command.out) / file).string());

@@ -100,6 +100,9 @@ std::string fill_template(const std::string& pattern, const NamedRow& row, const
     const size_t close = pattern.find('}', i);
     FT_CHECK(close != std::string::npos, what, ": a '{' without its '}' (write {{ for a brace)");
     const std::string name = pattern.substr(i + 1, close - i - 1);
+    const auto unusable = row.unusable.find(name);
+    FT_CHECK(unusable == row.unusable.end(), where, ": ", what, " names the field \"", name, "\", which is ",
+             unusable->second, " (expected a string, number or boolean)");
     const auto field = row.fields.find(name);
     if (field == row.fields.end()) {
       std::string names;
@@ -125,6 +128,7 @@ Dataset load_templated(const std::string& path, const RowTemplate& row_template)
                         // Numbers and booleans as their JSON text ("id": 5 -> "5"), as a CSV cell reads.
                         if (value.is_string()) row.fields[key] = value.get<std::string>();
                         else if (value.is_number() || value.is_boolean()) row.fields[key] = value.dump();
+                        else row.unusable[key] = value.is_object() ? "an object" : value.is_array() ? "a list" : "null";
                       rows.push_back(std::move(row));
                     });
   }

@@ -24,6 +24,9 @@ struct RowTemplate {
 struct NamedRow {
   int64_t line = 0;
   std::map<std::string, std::string> fields;
+  // A JSONL field whose value cannot fill a template ("an object", "a list",
+  // "null"), so naming it is refused for what it is rather than as missing.
+  std::map<std::string, std::string> unusable;
 };
 
 // Every record of a CSV file after its header; errors name path and line
@@ -32,13 +35,14 @@ struct NamedRow {
 std::vector<NamedRow> read_csv(std::istream& input, const std::string& path);
 
 // pattern with each "{name}" replaced by fields[name]; "{{" and "}}" are
-// literal braces. A name the row lacks, or an unclosed brace, is an Error
+// literal braces. A name the row lacks or holds as an unusable value, or an
+// unclosed brace, is an Error
 // naming `where` and the template (what).
 std::string fill_template(const std::string& pattern, const NamedRow& row, const std::string& where,
                           const char* what);
 
 // path's rows (.csv: CSV with a header; otherwise JSONL objects whose fields
-// the template names must be strings) as prompt/completion examples.
+// the template names must be strings, numbers or booleans) as prompt/completion examples.
 Dataset load_templated(const std::string& path, const RowTemplate& row_template);
 
 }  // namespace ft
