@@ -97,6 +97,11 @@ void LanguageModel::check_built(const std::string& module_names) {
     return;
   }
   for (const std::string& target : options_.lora->target_modules) {
+    // PEFT can put LoRA on the output head or an embedding; this trainer adapts the decoder's linear modules only.
+    static const char* const kHeadsAndEmbeddings[] = {"lm_head", "embed_out", "embed_tokens", "embed_in", "shared"};
+    for (const char* name : kHeadsAndEmbeddings)
+      FT_CHECK(target != name, "lora.target_modules: \"", target, "\" is the output head or an embedding: LoRA on it "
+               "is not supported here (PEFT's modules_to_save trains it whole; the linear modules are ", module_names, ")");
     bool matched = false;
     for (const Parameter& adapter : adapters_)
       matched |= module_matches_target(adapter.name.substr(0, adapter.name.find(".lora_")), target);

@@ -381,6 +381,8 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"config.yaml --set model=no_such_folder", "no_such_folder/config.json"},
       {"config.yaml --set seq_len=65", "seq_len 65 is larger than the model's max_position_embeddings 64"},
       {"config.yaml --set lora.target_modules=[q_proj,qkv]", "config.yaml: lora.target_modules: \"qkv\" matches no module"},
+      {"config.yaml --set lora.target_modules=[q_proj,lm_head]",
+       "config.yaml: lora.target_modules: \"lm_head\" is the output head or an embedding: LoRA on it is not supported"},
       {"config.yaml --set data.train=empty.jsonl", "empty.jsonl"},
       {"config.yaml --set data.eval=evl.jsonl", "config.yaml: data.eval: evl.jsonl: no such file"},
       {"config.yaml --set tokenizer=tok.model", "config.yaml: tokenizer: tok.model: no such file"},
