@@ -2253,6 +2253,12 @@ TEST_CASE("objective: reward: the adapter's scores equal its merged sequence cla
   CHECK(gguf.exit_code == 1);
   CHECK(gguf.output.find("merged: holds \"score.weight\", a sequence classifier's score head") != std::string::npos);
   CHECK(!fs::exists(dir / "merged.gguf"));
+  // Nor a model to generate with (its language-model head is not written: transformers' classifier has none).
+  const CommandResult generated = run_command(in_dir + kBinary + " generate merged --prompt hi --max-new-tokens 2");
+  CHECK(generated.exit_code == 1);
+  CHECK(generated.output.find("merged: holds \"score.weight\", a sequence classifier's score head (a reward model "
+                              "merged by finetune merge): it has no language-model head to generate with") !=
+        std::string::npos);
 
   const CommandResult no_head =
       run_command(in_dir + kBinary + " score " + model + " --file rows.jsonl");
@@ -2267,6 +2273,31 @@ TEST_CASE("objective: reward: the adapter's scores equal its merged sequence cla
   const CommandResult packed = run_command(in_dir + kBinary + " config.yaml --set data.packing=true");
   CHECK(packed.exit_code == 1);
   CHECK(packed.output.find("objective: reward scores each row's last token") != std::string::npos);
+
+  // Over a base with its own lm_head (llama_gqa, untied), the merged classifier holds the score head and not the
+  // language-model head, as transformers' *ForSequenceClassification, and scores as the adapter does.
+  std::ofstream(dir / "short.jsonl") << "{\"prompt\": \"a b\", \"chosen\": \" c d\", \"rejected\": \" e\"}\n"
+                                     << "{\"prompt\": \"f\", \"chosen\": \" g\", \"rejected\": \" h i\"}\n";
+  const std::string untied = kFixtures + "/llama_gqa";
+  const std::string tokenizer = " --tokenizer " + kFixtures + "/tokenizer/tokenizer.model";
+  REQUIRE(run_command(in_dir + kBinary + " config.yaml --set model=" + untied + " --set tokenizer=" + kFixtures +
+                      "/tokenizer/tokenizer.model --set data.train=short.jsonl --set data.eval=short.jsonl" +
+                      " --set seq_len=32 --set micro_batch_size=2 --set max_steps=1 --set output_dir=untied")
+              .exit_code == 0);
+  REQUIRE(run_command(in_dir + kBinary + " merge " + untied + " --adapter untied/adapter --out untied_merged").exit_code ==
+          0);
+  const Checkpoint merged_untied((dir / "untied_merged").string());
+  CHECK(merged_untied.contains("score.weight"));
+  CHECK(!merged_untied.contains("lm_head.weight"));
+  const CommandResult untied_adapter =
+      run_command(in_dir + kBinary + " score " + untied + " --adapter untied/adapter" + tokenizer + " --file rows.jsonl 2>/dev/null");
+  const CommandResult untied_merged =
+      run_command(in_dir + kBinary + " score untied_merged" + tokenizer + " --file rows.jsonl 2>/dev/null");
+  REQUIRE_MESSAGE(untied_merged.exit_code == 0, untied_merged.output);
+  const std::vector<double> a = scores(untied_adapter.output), m = scores(untied_merged.output);
+  REQUIRE(a.size() == 2);
+  REQUIRE(m.size() == 2);
+  for (size_t i = 0; i < 2; ++i) CHECK(std::abs(a[i] - m[i]) <= 1e-5 * std::max(1.0, std::abs(a[i])));
 }
 
 // objective: ppo on the llama_gqa fixture, on prompts made from the

@@ -36,6 +36,10 @@ void load_inference_model(InferenceModel& out, const InferenceRequest& request,
   FT_CHECK(std::filesystem::is_directory(request.model), request.model,
            ": MODEL must be a Hugging Face checkpoint folder (config.json, safetensors, tokenizer)");
   const ModelConfig model_config = read_model_config(config_json);
+  const Checkpoint checkpoint(request.model);
+  FT_CHECK(request.output_head != OutputHead::none || !checkpoint.contains("score.weight"), request.model,
+           ": holds \"score.weight\", a sequence classifier's score head (a reward model merged by finetune merge): "
+           "it has no language-model head to generate with; score rows with `finetune score`");
   config.tokenizer = command_tokenizer_path(request.tokenizer, request.model);
   out.tokenizer = load_tokenizer(config.tokenizer, model_config.vocab_size);
   out.special = resolve_special_tokens(config, *out.tokenizer, model_config.vocab_size);
@@ -52,7 +56,7 @@ void load_inference_model(InferenceModel& out, const InferenceRequest& request,
   out.device = make_device_backend(request.device, config.source, out.host, std::cerr);
   out.model = request.encoder_decoder ? make_language_model(model_config, *out.device.backend, options)
                                       : make_causal_lm(model_config, *out.device.backend, options);
-  out.model->load(Checkpoint(request.model));
+  out.model->load(checkpoint);
   if (!request.adapter.empty()) load_peft_adapter(request.adapter, *out.model);
 }
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -47,10 +48,15 @@ void check_output_folder(const MergeCommand& command) {
 }
 
 // Tensor names in shards of at most max_bytes in dtype (a larger tensor alone), in checkpoint order.
-std::vector<std::vector<std::string>> plan_shards(const Checkpoint& base, DType dtype, size_t max_bytes) {
+std::vector<std::vector<std::string>> plan_shards(const Checkpoint& base, DType dtype, size_t max_bytes,
+                                                 bool sequence_classifier) {
+  // transformers' *ForSequenceClassification has a score head instead of the
+  // language-model head (Llama's lm_head, GPT-NeoX's embed_out): not written.
+  static const std::set<std::string> kLanguageModelHeads = {"lm_head.weight", "embed_out.weight"};
   std::vector<std::vector<std::string>> shards(1);
   size_t shard_bytes = 0;
   for (const std::string& name : base.names()) {
+    if (sequence_classifier && kLanguageModelHeads.count(name)) continue;
     const size_t bytes = size_t(shape_numel(base.entry(name).shape)) * dtype_size_bytes(dtype);
     if (shard_bytes > 0 && shard_bytes + bytes > max_bytes) shards.emplace_back(), shard_bytes = 0;
     shards.back().push_back(name);
@@ -136,7 +142,8 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
   const DType dtype = command.dtype.value_or(base.entry(adapter.pairs().begin()->first + ".weight").dtype);
 
   create_folder(command.out, "merge --out");
-  std::vector<std::vector<std::string>> shards = plan_shards(base, dtype, command.max_shard_bytes);
+  const bool sequence_classifier = adapter.config().task_type == "SEQ_CLS";
+  std::vector<std::vector<std::string>> shards = plan_shards(base, dtype, command.max_shard_bytes, sequence_classifier);
   // Added tensors (a score head over a causal LM's checkpoint) after the base's, in the last shard.
   shards.back().insert(shards.back().end(), adapter.added_names().begin(), adapter.added_names().end());
   json weight_map = json::object();
@@ -157,13 +164,13 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
     const json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
     write_file_atomically((fs::path(command.out) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   }
-  write_config(command, dtype, adapter.config().task_type == "SEQ_CLS", untie, log);
+  write_config(command, dtype, sequence_classifier, untie, log);
   for (const char* file : kCopiedFiles)
     if (fs::exists(fs::path(command.model) / file))
       copy_file_atomically((fs::path(command.model) / file).string(), (fs::path(command.out) / file).string());
   log << "merged " << adapter.pairs().size() << " LoRA modules (scaling " << adapter.scaling() << ")"
       << (adapter.saved().empty() ? "" : " and " + std::to_string(adapter.saved().size()) + " modules_to_save tensors")
-      << " into " << base.names().size() + adapter.added_names().size()
+      << " into " << weight_map.size()
       << " " << dtype_name(dtype) << " tensors, " << shards.size() << " shard" << (shards.size() > 1 ? "s" : "")
       << ": " << command.out << "\n";
 }
