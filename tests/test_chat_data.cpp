@@ -319,7 +319,7 @@ TEST_CASE("chat rows with content as a list of text parts train and prompt as ap
     if (!c["messages"][0]["content"].is_array()) continue;
     const nlohmann::ordered_json row = {{"messages", c["messages"]}};
     if (c["add_generation_prompt"].get<bool>()) {  // a prompt, as generate --chat --file reads it
-      const nlohmann::ordered_json conversation = written_conversation(row.dump(), "q.jsonl:1", true);
+      const nlohmann::ordered_json conversation = written_conversation(row, "q.jsonl:1", true);
       const std::string prompt = reply_prompt(chat, conversation["messages"], nullptr, "q.jsonl:1");
       CHECK(prompt == c["text"].get<std::string>());
       CHECK(prompt_tokens(tokenizer, prompt, PromptForm::chat) == c["ids"].get<std::vector<int32_t>>());
@@ -384,7 +384,7 @@ TEST_CASE("chat rows with tools, tool calls and tool results train as apply_chat
       // before the answer.
       nlohmann::ordered_json question = row;
       question["messages"].erase(question["messages"].end() - 1);
-      const nlohmann::ordered_json asked = written_conversation(question.dump(), "q.jsonl:1", true);
+      const nlohmann::ordered_json asked = written_conversation(question, "q.jsonl:1", true);
       const std::string prompt = reply_prompt(chat, asked["messages"], asked["tools"], "q.jsonl:1");
       const std::string text = c["text"].get<std::string>();
       prefixes += text.starts_with(prompt) && text.find(answer, prompt.size()) != std::string::npos;

@@ -141,7 +141,7 @@ PromptForm session_form(const Session& session) { return session.chat ? PromptFo
 // written (key order kept), the system message first, its own tools (else
 // --tools), ready for the reply.
 std::string written_row_prompt(const Session& session, const std::string& line, const std::string& where) {
-  nlohmann::ordered_json conversation = written_conversation(line, where, true);
+  nlohmann::ordered_json conversation = written_conversation(nlohmann::ordered_json::parse(line), where, true);
   nlohmann::ordered_json& messages = conversation["messages"];
   if (!session.system.empty()) messages.insert(messages.begin(), {{"role", "system"}, {"content", session.system}});
   return reply_prompt(*session.chat, messages, conversation["tools"].is_null() ? session.tools : conversation["tools"],

@@ -263,7 +263,6 @@ ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::strin
     chat.special_tokens["bos_token"] = configured == ChatTemplateKind::llama3 ? "<|begin_of_text|>" : "<s>";
   if (!chat.special_tokens.contains("eos_token") && configured != ChatTemplateKind::automatic)
     chat.special_tokens["eos_token"] = "</s>";
-  chat.bos_token = chat.special_tokens.value("bos_token", "");
   chat.now = std::time(nullptr);
   return chat;
 }

@@ -48,7 +48,6 @@ struct ChatMessage {
 
 struct ChatTemplate {
   ChatTemplateKind kind = ChatTemplateKind::automatic;  // automatic: the checkpoint's own template
-  std::string bos_token;  // tokenizer_config.json's, else the built-in family's
   // The special-token strings the template sees (bos_token, eos_token, ...), as transformers passes them.
   nlohmann::ordered_json special_tokens = nlohmann::ordered_json::object();
   std::string source;  // where the choice came from: the option that named it, or the template's file

@@ -152,18 +152,27 @@ void check_tool_schemas(const nlohmann::ordered_json& tools, const std::string& 
            what, ": expected a JSON list of tool schemas (objects), got ", tools.dump().substr(0, 80));
 }
 
-nlohmann::ordered_json written_conversation(const std::string& line, const std::string& where, bool to_reply) {
-  const nlohmann::ordered_json row = nlohmann::ordered_json::parse(line);  // parse_json has read it already
+nlohmann::ordered_json written_conversation(const nlohmann::ordered_json& row, const std::string& where,
+                                            bool to_reply) {
   check_written_conversation(row, where, to_reply);
   return {{"messages", row["messages"]}, {"tools", row.value("tools", nlohmann::ordered_json())}};
 }
 
+nlohmann::ordered_json prompt_and_reply(const nlohmann::ordered_json& prompt, const nlohmann::ordered_json& reply,
+                                        const nlohmann::ordered_json& tools) {
+  nlohmann::ordered_json messages = prompt;
+  for (const nlohmann::ordered_json& m : reply) messages.push_back(m);
+  nlohmann::ordered_json conversation = {{"messages", messages}, {"prompt_messages", prompt.size()}};
+  if (!tools.is_null()) conversation["tools"] = tools;
+  return conversation;
+}
+
 namespace {
 
-// A chat row kept as written (kept_as_written), from its line parsed again with its key order kept.
-Example read_written_example(const std::string& line, const std::string& where) {
+// A chat row kept as written (kept_as_written; parsed with its key order kept).
+Example read_written_example(const nlohmann::ordered_json& row, const std::string& where) {
   Example example;
-  example.conversation = written_conversation(line, where, false);
+  example.conversation = written_conversation(row, where, false);
   for (const nlohmann::ordered_json& m : example.conversation["messages"])
     example.messages.push_back({m["role"].get<std::string>(), message_text(m)});
   return example;
@@ -177,11 +186,8 @@ Example read_prompt_completion_conversation(const std::string& line, const std::
            ": a conversational row's \"prompt\" is a list of messages, so \"completion\" must be a non-empty list of "
            "them too (trl's conversational prompt/completion), got ", row.value("completion", nlohmann::ordered_json()).dump().substr(0, 60));
   FT_CHECK(!row["prompt"].empty(), where, ": \"prompt\" is an empty list (expected the messages before the completion)");
-  nlohmann::ordered_json messages = row["prompt"];
-  for (const nlohmann::ordered_json& m : row["completion"]) messages.push_back(m);
-  nlohmann::ordered_json conversation = {{"messages", messages}};
-  if (row.contains("tools")) conversation["tools"] = row["tools"];
-  Example example = read_written_example(conversation.dump(), where);
+  Example example = read_written_example(
+      prompt_and_reply(row["prompt"], row["completion"], row.value("tools", nlohmann::ordered_json())), where);
   const std::string last = example.messages[row["prompt"].size() - 1].role;
   FT_CHECK(last == "user" || last == "tool", where, ": the prompt's last message is the ", last,
            "'s (expected a user message or a tool's result, which the completion answers)");
@@ -302,7 +308,7 @@ Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat form
                               " row and all rows must agree"
                         : std::string("data.format is ") + enum_name(data.format));
     if (kind == DataFormat::chat && row.contains("prompt")) data.examples.push_back(read_prompt_completion_conversation(line, where));
-    else if (kind == DataFormat::chat && kept_as_written(row)) data.examples.push_back(read_written_example(line, where));
+    else if (kind == DataFormat::chat && kept_as_written(row)) data.examples.push_back(read_written_example(nlohmann::ordered_json::parse(line), where));
     else data.examples.push_back(read_example(row, kind, where));
     data.examples.back().line = line_number;
   }

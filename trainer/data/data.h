@@ -173,11 +173,19 @@ void check_tool_schemas(const nlohmann::ordered_json& tools, const std::string& 
 // {"role", "content"} strings: a "tools" list, tool calls, tool results, or
 // a message's content as a list of text parts.
 bool kept_as_written(const nlohmann::json& row);
-// Such a row's {"messages", "tools"} (tools null when it has none), parsed
-// again from its line with the key order kept and checked: its last message
-// the assistant's (a training row) or, to_reply, a user's or a tool's result
-// (a prompt). Errors name `where` and the message.
-nlohmann::ordered_json written_conversation(const std::string& line, const std::string& where, bool to_reply);
+// Such a row's {"messages", "tools"} (tools null when it has none), `row`
+// parsed from its line with the key order kept (templates write schemas with
+// tojson), checked: its last message the assistant's (a training row) or,
+// to_reply, a user's or a tool's result (a prompt). Errors name `where` and
+// the message.
+nlohmann::ordered_json written_conversation(const nlohmann::ordered_json& row, const std::string& where,
+                                            bool to_reply);
+// The conversation of `prompt`'s messages then `reply`'s, as a chat example
+// keeps trl's conversational prompt/completion row (and each side of a
+// conversational pair): {"messages", "prompt_messages" (the prompt's count),
+// "tools" where not null}.
+nlohmann::ordered_json prompt_and_reply(const nlohmann::ordered_json& prompt, const nlohmann::ordered_json& reply,
+                                        const nlohmann::ordered_json& tools);
 
 // Whether a JSONL data file holds chat rows: format chat, or automatic with
 // a first row that has "messages" (read alone, so a run can check its chat

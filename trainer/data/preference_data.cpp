@@ -11,6 +11,11 @@ namespace ft {
 
 namespace {
 
+// The conversation of the prompt then one side, as a chat example keeps it.
+nlohmann::ordered_json side_conversation(const nlohmann::ordered_json& conversation, const char* side) {
+  return prompt_and_reply(conversation["prompt"], conversation[side], conversation["tools"]);
+}
+
 // trl's conversational pair, its prompt extracted where left out (extract_prompt:
 // the messages before the first where chosen and rejected differ).
 PreferencePair conversational_pair(const std::string& line, const std::string& where) {
@@ -32,23 +37,11 @@ PreferencePair conversational_pair(const std::string& line, const std::string& w
            row["prompt"].dump().substr(0, 60));
   PreferencePair pair{"", "", "", {{"prompt", row["prompt"]}, {"chosen", row["chosen"]}, {"rejected", row["rejected"]},
                                    {"tools", row.value("tools", nlohmann::ordered_json())}}};
-  for (const char* side : {"chosen", "rejected"}) {  // each conversation checked as a training row
-    nlohmann::ordered_json messages = row["prompt"];
-    for (const nlohmann::ordered_json& m : row[side]) messages.push_back(m);
-    nlohmann::ordered_json conversation = {{"messages", messages}};
-    if (row.contains("tools")) conversation["tools"] = row["tools"];
-    written_conversation(conversation.dump(), where + " (" + side + ")", false);
-  }
+  for (const char* side : {"chosen", "rejected"})  // each conversation checked as a training row
+    written_conversation(side_conversation(pair.conversation, side), where + " (" + side + ")", false);
   pair.chosen = message_text(row["chosen"].back());
   pair.rejected = message_text(row["rejected"].back());
   return pair;
-}
-
-// The conversation of the prompt then one side, as a chat example keeps it.
-nlohmann::ordered_json side_conversation(const nlohmann::ordered_json& conversation, const char* side) {
-  nlohmann::ordered_json messages = conversation["prompt"];
-  for (const nlohmann::ordered_json& m : conversation[side]) messages.push_back(m);
-  return {{"messages", messages}, {"tools", conversation["tools"]}, {"prompt_messages", conversation["prompt"].size()}};
 }
 
 }  // namespace
