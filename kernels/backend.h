@@ -504,6 +504,13 @@ class Backend {
   //   v = fma(x[n, k], q[o, k] * s_w[o] / 127, v) over outlier columns k ascending;
   //   v = v + bias[o];
   //   s = 0; s = fma(h[n, j], B[o, j], s) for j = 0 .. r-1; v = fma(lora_scaling, s, v).
+  // Except on the CUDA backend where it runs fused on a library int8 GEMM
+  // (CUTLASS on an sm_90 GPU; bf16 x, out and h: kernels/cuda/int8_linear.cu),
+  // which rounds more often for speed: out = bf16(bf16(int8 part + bias) +
+  // the outlier and LoRA terms summed in f32), each dequantised outlier
+  // weight and lora_scaling * B[o, j] rounded to bf16 first, and outlier
+  // columns past kInt8FusedOutlierColumns added with one more rounding;
+  // within 4 bf16 units (2^-6) of |out| plus the terms' magnitudes.
   // The rule is the paper's: whole outlier columns leave the int8 product, so
   // s_x[n] is the absmax of x[n, :] over the non-outlier columns only.
   // bitsandbytes 0.50 (CPU: backends/default/ops.py int8_vectorwise_quant; CUDA:

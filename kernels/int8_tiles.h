@@ -84,4 +84,10 @@ inline int64_t int8_outlier_gather_columns(int64_t in_features, int64_t out_feat
   return std::min(most, std::max<int64_t>(0, in_features));
 }
 
+// The fused GPU forward (a library int8 GEMM writes the dequantised product)
+// adds up to this many outlier columns to it with LoRA's update as one small
+// bf16 GEMM whose inner size is fixed on the host (the count is known only
+// on the device): columns past it, rarely any, are added in place.
+constexpr int64_t kInt8FusedOutlierColumns = 64;
+
 }  // namespace ft

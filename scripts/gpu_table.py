@@ -55,6 +55,8 @@ def int8_rows(report):
         kind = ("bf16_fwd" if op.startswith("bf16 GEMM (cuBLASLt) x W^T") else
                 "bf16_dx" if op.startswith("bf16 GEMM (cuBLASLt) dout W") else
                 "int8_gemm" if op.startswith("int8 GEMM") else
+                "fused_lora" if "fused" in op and "LoRA" in op else
+                "fused" if "fused" in op else
                 "fwd_lora" if "LoRA" in op else
                 "fwd" if op.startswith("int8_linear_forward") else
                 "bwd" if op.startswith("int8_linear_backward") else None)
@@ -75,18 +77,20 @@ def print_int8(new, base):
     print(f"INT8 linear, TFLOP/s (2 N K O over the median time), {new.get('device', '?')}")
     print()
     print("| N x K -> O | bf16 GEMM | int8 GEMM i32 | INT8 fwd | fwd / bf16 | baseline fwd | fwd + bias + LoRA |"
-          " INT8 bwd | bf16 dx GEMM | bwd / bf16 |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          " fused fwd (CUTLASS) | fused / bf16 | fused + bias + LoRA | INT8 bwd | bf16 dx GEMM | bwd / bf16 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     base_rows = int8_rows(base)
     for shape, r in int8_rows(new).items():
         b = base_rows.get(shape, {})
         print(f"| {shape} | {tflops(r.get('bf16_fwd'))} | {tflops(r.get('int8_gemm'))} | {tflops(r.get('fwd'))} | "
               f"{ratio(r.get('fwd'), r.get('bf16_fwd'))} | {tflops(b.get('fwd'))} | {tflops(r.get('fwd_lora'))} | "
+              f"{tflops(r.get('fused'))} | {ratio(r.get('fused'), r.get('bf16_fwd'))} | "
+              f"{tflops(r.get('fused_lora'))} | "
               f"{tflops(r.get('bwd'))} | {tflops(r.get('bf16_dx'))} | {ratio(r.get('bwd'), r.get('bf16_dx'))} |")
     print()
     for label, rows in (("this build", int8_rows(new)), ("baseline", base_rows)):
         for shape, r in rows.items():
-            for kind in ("fwd", "fwd_lora", "bwd"):
+            for kind in ("fwd", "fwd_lora", "fused", "fused_lora", "bwd"):
                 row = r.get(kind)
                 if row and "passes_ms" in row:
                     passes = ", ".join(f"{name} {ms:.3f}" for name, ms in row["passes_ms"].items())

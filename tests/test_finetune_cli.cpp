@@ -516,7 +516,7 @@ TEST_CASE("--version prints the version and which backends this build has, and e
   const CommandResult result = run_command(kBinary + " --version");
   CHECK(result.exit_code == 0);
   CHECK_MESSAGE(result.output.starts_with("finetune "), result.output);
-  for (const char* backend : {"\nCUDA: ", "\ncuDNN SDPA: ", "\noneDNN: ", "\nMPI: ", "\nNCCL: "})
+  for (const char* backend : {"\nCUDA: ", "\ncuDNN SDPA: ", "\nCUTLASS int8 GEMM (sm_90): ", "\noneDNN: ", "\nMPI: ", "\nNCCL: "})
     CHECK_MESSAGE(result.output.find(backend) != std::string::npos, backend);
   // The MPI line says what the build found: the data-parallel tests run mpirun where it did.
   CHECK(result.output.find(std::string(FT_MPIRUN).empty() ? "MPI: OFF" : "MPI: ON") != std::string::npos);

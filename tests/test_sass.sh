@@ -15,9 +15,12 @@
 #     16-byte accesses (nvcc has split such vector accesses into scalar ones
 #     before, silently).
 # The int8 matrix products run in cuBLASLt (its IMMA/IGMMA kernels), not in
-# our objects, so no int8 matrix instruction is expected here.
-# Usage: test_sass.sh CUOBJDUMP NVDISASM OBJECT... (the kernels_cuda objects;
-# an argument may hold several, separated by ';', as CMake passes a list)
+# our objects, except CUTLASS's Hopper int8 GEMM (kernels/cutlass/, where the
+# build has CUTLASS's headers): its object must hold sm_90a code alone, with
+# Hopper's int8 warpgroup matrix instructions (IGMMA) and no 16-bit ones.
+# Usage: test_sass.sh CUOBJDUMP NVDISASM OBJECT... (the kernels_cuda objects,
+# then kernels_cutlass's if built; an argument may hold several, separated by
+# ';', as CMake passes a list)
 set -uo pipefail
 cuobjdump=$1 nvdisasm=$2
 shift 2
@@ -66,5 +69,13 @@ for arch in $archs; do
   check "$arch bf16 tile dequantisation: 16-byte code loads" has '\bLDG\.E\.128\b' "$code"
   check "$arch bf16 tile dequantisation: 16-byte stores" has '\bSTG\.E\.128\b' "$code"
 done
+name=int8_scaled_gemm_sm90.cu.o; cutlass=$(object "$@")
+if [ -n "$cutlass" ]; then
+  check "CUTLASS int8 GEMM: sm_90a code only" test "$("$cuobjdump" -lelf "$cutlass" | grep -oE 'sm_[0-9]+a?' | sort -u)" = sm_90a
+  code=$(sass_of "$cutlass" GemmUniversal sm_90a)
+  check "sm_90a CUTLASS int8 GEMM: int8 warpgroup matrix instructions" has '\bIGMMA\.' "$code"
+  check "sm_90a CUTLASS int8 GEMM: no 16-bit matrix instructions" lacks '\b(HGMMA|HMMA)\b' "$code"
+  archs="$archs sm_90a"
+fi
 echo "checked $(echo $archs): $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

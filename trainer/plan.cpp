@@ -401,7 +401,8 @@ StepPlan replay_step(const TrainConfig& config, const PlanOptions& options, int6
   const bool cuda = options.policy == MemoryPolicy::cuda;
   TrackingAllocator tracker(cuda ? static_cast<Allocator&>(caching) : meta);
   PeakWatch watch(tracker, cuda ? &caching : nullptr);
-  MetaBackend backend(watch, options.policy, options.gemm_workspace_bytes, options.library_attention);
+  MetaBackend backend(watch, options.policy, options.gemm_workspace_bytes, options.library_attention,
+                      options.library_int8_gemm);
   watch.backend = &backend;
 
   // As a run builds it, minus reading weights: the meta device has no values.

@@ -31,6 +31,10 @@ struct PlanOptions {
   // cuda policy: bf16 attention on cuDNN SDPA with its workspace budget;
   // false plans our attention kernels alone (the emulator, builds without cuDNN).
   bool library_attention = true;
+  // cuda policy: the INT8 forward fused on CUTLASS's int8 GEMM, which only an
+  // sm_90 GPU (H100, H200) runs; false plans the unfused forward of every
+  // other card (the 24 GB ones among them), whose scratch is the larger.
+  bool library_int8_gemm = false;
   // The job's ranks, parallel.data x parallel.pipeline: print_plan adds the
   // data-parallel all-reduce traffic, and the pipeline stages' plans.
   int64_t ranks = 1;

@@ -32,14 +32,14 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-void convert(Tensor& dst, const Tensor& src, cudaStream_t stream) {
+}  // namespace
+
+void cuda::convert(Tensor& dst, const Tensor& src, cudaStream_t stream) {
   int64_t n = src.numel();
   launch<convert_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream, cuda::view(dst),
                          cuda::const_view(src), n);
   FT_CUDA_CHECK_LAUNCH();
 }
-
-}  // namespace
 
 void CudaBackend::copy_impl(Tensor& dst, const Tensor& src) {
   if (src.numel() == 0) return;
@@ -53,14 +53,14 @@ void CudaBackend::copy_impl(Tensor& dst, const Tensor& src) {
   if (src.device == Device::cpu) {
     Tensor staged = scratch(*staging);
     FT_CUDA_CHECK(cudaMemcpyAsync(staged.data, src.data, src.size_bytes(), cudaMemcpyHostToDevice, stream_));
-    convert(dst, staged, stream_);
+    cuda::convert(dst, staged, stream_);
   } else if (dst.device == Device::cpu) {
     Tensor converted = scratch(*staging);
-    convert(converted, src, stream_);
+    cuda::convert(converted, src, stream_);
     FT_CUDA_CHECK(cudaMemcpyAsync(dst.data, converted.data, dst.size_bytes(), cudaMemcpyDeviceToHost, stream_));
     FT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   } else {
-    convert(dst, src, stream_);
+    cuda::convert(dst, src, stream_);
   }
 }
 

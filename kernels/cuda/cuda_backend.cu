@@ -12,10 +12,11 @@ static Allocator& device_allocator(Allocator& allocator) {
   return allocator;
 }
 
-CudaBackend::CudaBackend(Allocator& allocator, cuda::GemmKind gemm, bool library_attention)
+CudaBackend::CudaBackend(Allocator& allocator, cuda::GemmKind gemm, bool library_attention, bool library_int8_gemm)
     : allocator_(device_allocator(allocator)),
       gemm_(cuda::make_gemm(gemm, allocator_)),
-      attention_(library_attention ? cuda::make_library_attention(allocator_) : nullptr) {
+      attention_(library_attention ? cuda::make_library_attention(allocator_) : nullptr),
+      int8_gemm_(library_int8_gemm ? cuda::make_library_int8_gemm(allocator_) : nullptr) {
   FT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
 }
 

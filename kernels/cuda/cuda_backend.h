@@ -27,6 +27,7 @@
 #include "kernels/cuda/attention_engine.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/int8_gemm_engine.h"
 #include "kernels/cuda/scratch.h"
 
 namespace ft {
@@ -37,9 +38,11 @@ class CudaBackend final : public Backend {
   // library_attention: try cuDNN SDPA (cuda::make_library_attention) before
   // our attention kernels where the build has it (plain causal attention over
   // whole rows: a sliding window or packed sequences run on ours); false runs
-  // ours alone.
+  // ours alone. library_int8_gemm: run the INT8 forward fused on CUTLASS's
+  // int8 GEMM (cuda::make_library_int8_gemm) where the build and the GPU have
+  // it; false: the int32 product and our epilogue alone.
   explicit CudaBackend(Allocator& allocator, cuda::GemmKind gemm = cuda::default_gemm_kind(),
-                       bool library_attention = true);
+                       bool library_attention = true, bool library_int8_gemm = true);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -72,6 +75,7 @@ class CudaBackend final : public Backend {
   PinnedHostAllocator pinned_;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::AttentionEngine> attention_;  // null: our attention kernels only
+  std::unique_ptr<cuda::Int8GemmEngine> int8_gemm_;   // null: the INT8 forward unfused
   CUstream_st* stream_ = nullptr;  // cudaStream_t: the legacy default stream
   // copy_async's: non-blocking, so the legacy stream does not serialise with it.
   CUstream_st* copy_stream_ = nullptr;

@@ -159,4 +159,8 @@ inline unsigned elementwise_blocks(int64_t n, int block) {
   return unsigned(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
 }
 
+// dst = src element by element in dst's dtype, both on the device, same
+// numel (copy_fill.cu).
+void convert(Tensor& dst, const Tensor& src, cudaStream_t stream);
+
 }  // namespace ft::cuda

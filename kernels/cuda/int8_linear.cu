@@ -24,6 +24,16 @@
 //      column's scale and B row are read once per 16 outputs (wider thread
 //      shapes, 4 or 2 columns x 8 rows with 16-byte accesses, measured no
 //      faster on an H200: docs/gpu-int8.md, run 5).
+// Fused, where the backend has a library int8 GEMM (int8_gemm_engine.h:
+// CUTLASS on an sm_90 GPU) and x, out and h are bf16, 4 and 5 are instead:
+//   4'. the int8 GEMM writes out = bf16(product * s_x s_w / 127^2 + bias)
+//      from its epilogue (no int32 product in memory, no epilogue pass);
+//   5'. the first kInt8FusedOutlierColumns outlier columns and the LoRA
+//      update as one small bf16 GEMM accumulated into out (beta = 1):
+//      [x's outlier columns | h] @ [their dequantised weights | scaling B]^T,
+//      its inner size fixed on the host (zero columns past the device's
+//      count); outlier columns past it, rarely any, added in place after.
+//   (2 is part of 5'; kernels/backend.h gives the rounding this changes.)
 // The scratch is exactly what the memory planner models
 // (kernels/meta/meta_backend.cpp): it does not depend on the outlier count.
 //
@@ -41,6 +51,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/int8_gemm_engine.h"
 #include "kernels/int8_tiles.h"
 
 namespace ft {
@@ -363,6 +374,65 @@ __global__ void __launch_bounds__(kBlock)
     if (i < count) cuda::store(out, (first + i) * O + o, e.r > 0 ? fmaf(e.lora_scaling, lora[i], value[i]) : value[i]);
 }
 
+// The fused forward's small GEMM operands, row i of [rows, width] bf16: the
+// first `columns` entries for outlier columns c (zero where c >= count),
+// then the r LoRA entries, then zero padding. side_x rows are x's rows
+// (x[n, column c], h[n, j]); side_w rows are W's (q[o, column c] * s_w[o] /
+// 127 as the exact path's weight, scaling * B[o, j]), each rounded once to bf16.
+struct SideOperand {
+  const int32_t* columns;  // the outlier list: count, then the columns
+  int64_t outlier_columns, r, width;
+};
+
+__global__ void __launch_bounds__(kBlock) side_x_kernel(__nv_bfloat16* side, cuda::ConstView x, cuda::ConstView h,
+                                                         SideOperand s, int64_t rows, int64_t K) {
+  const int64_t count = s.columns[0];
+  for (int64_t i = grid_index(); i < rows * s.width; i += grid_stride()) {
+    const int64_t n = i / s.width, c = i % s.width;
+    float v = 0.0f;
+    if (c < s.outlier_columns) {
+      if (c < count) v = cuda::load(x, n * K + s.columns[1 + c]);
+    } else if (c < s.outlier_columns + s.r) {
+      v = cuda::load(h, n * s.r + c - s.outlier_columns);
+    }
+    side[i] = __float2bfloat16(v);
+  }
+}
+
+__global__ void __launch_bounds__(kBlock)
+    side_w_kernel(__nv_bfloat16* side, const int8_t* wq, const float* sw, cuda::ConstView lora_B, float lora_scaling,
+                  SideOperand s, int64_t O, int64_t K) {
+  const int64_t count = s.columns[0];
+  for (int64_t i = grid_index(); i < O * s.width; i += grid_stride()) {
+    const int64_t o = i / s.width, c = i % s.width;
+    float v = 0.0f;
+    if (c < s.outlier_columns) {
+      if (c < count) v = float(wq[o * K + s.columns[1 + c]]) * sw[o] / 127.0f;
+    } else if (c < s.outlier_columns + s.r) {
+      v = lora_scaling * cuda::load(lora_B, o * s.r + c - s.outlier_columns);
+    }
+    side[i] = __float2bfloat16(v);
+  }
+}
+
+// out[n, o] += the outlier columns from `first` on (none unless the count
+// passes it), in f32 per element, rounded once more.
+__global__ void __launch_bounds__(kBlock)
+    outlier_overflow_kernel(__nv_bfloat16* out, cuda::ConstView x, const int8_t* wq, const float* sw,
+                            const int32_t* columns, int64_t first, int64_t N, int64_t O, int64_t K) {
+  const int64_t count = columns[0];
+  if (count <= first) return;
+  for (int64_t i = grid_index(); i < N * O; i += grid_stride()) {
+    const int64_t n = i / O, o = i % O;
+    float v = __bfloat162float(out[i]);
+    for (int64_t c = first; c < count; ++c) {
+      const int64_t k = columns[1 + c];
+      v = fmaf(cuda::load(x, n * K + k), float(wq[o * K + k]) * sw[o] / 127.0f, v);
+    }
+    out[i] = __float2bfloat16(v);
+  }
+}
+
 // Two f32 values as a bf16 pair (lo in the low half, as in memory), each
 // rounded as __float2bfloat16 rounds it.
 __device__ inline uint32_t bf16x2_bits(float lo, float hi) {
@@ -516,17 +586,95 @@ void backward_block(Tensor& dx, const Tensor& dout, const Tensor& tile, int64_t 
   context.gemm.gemm(args, context.stream);
 }
 
+// out += side_x [N, width] @ side_w [O, width]^T in f32, rounded once (beta =
+// 1): the column-major [O, N] = side_w^T-as-stored @ side_x, int8_product's form.
+void side_product(Tensor& out, const Tensor& side_x, const Tensor& side_w, const cuda::Int8Context& context) {
+  const int64_t width = side_x.cols();
+  cuda::GemmArgs args{};
+  args.m = side_w.rows();
+  args.n = side_x.rows();
+  args.k = width;
+  args.batch = 1;
+  args.alpha = 1.0f;
+  args.beta = 1.0f;
+  args.a = {side_w.data, DType::bf16, true, width, 0};
+  args.b = {side_x.data, DType::bf16, false, width, 0};
+  args.c = {out.data, DType::bf16, args.m, 0};
+  context.gemm.gemm(args, context.stream);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The forward through the library int8 GEMM (4' and 5' at the top).
+void fused_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
+                   float threshold, const Int8Epilogue& epilogue, int64_t outlier_columns,
+                   const cuda::Int8Context& context) {
+  const int64_t N = x.rows(), K = x.cols(), O = weight.dim(0);
+  const int64_t r = epilogue.lora_h ? epilogue.lora_B->cols() : 0;
+  const int64_t columns = threshold > 0.0f ? std::min(outlier_columns, K) : 0;
+  const bool widens_bias = epilogue.bias && epilogue.bias->dtype != DType::f32;
+  const Int8Input* given = epilogue.input;
+  const cuda::Int8FusedScratch sizes = cuda::int8_fused_scratch(N, K, O, columns, r, widens_bias, !given);
+  Int8Input own{scratch(context, sizes.codes), scratch(context, sizes.row_scales),
+                scratch(context, sizes.outlier_columns), threshold};
+  Tensor bias = scratch(context, sizes.bias);
+  Tensor side_x = scratch(context, sizes.side_x), side_w = scratch(context, sizes.side_w);
+  if (!given) {
+    cuda::int8_quantize_input(own, x, threshold, epilogue.outlier_flags, epilogue.row_absmax, context);
+    given = &own;
+  }
+  if (widens_bias) cuda::convert(bias, *epilogue.bias, context.stream);
+  context.int8_gemm->scaled_product(out, given->codes, weight, given->row_absmax, weight_scales,
+                                    widens_bias ? &bias : epilogue.bias, context.stream);
+  context.passed("int8 GEMM");
+  const int32_t* list = given->outlier_columns.ptr<const int32_t>();
+  if (side_x.cols() > 0) {
+    const SideOperand side{list, columns, r, side_x.cols()};
+    const cuda::ConstView none{nullptr, DType::bf16};
+    launch<side_x_kernel>(cuda::elementwise_blocks(N * side.width, kBlock), kBlock, 0, context.stream,
+                          side_x.ptr<__nv_bfloat16>(), cuda::const_view(x),
+                          r ? cuda::const_view(*epilogue.lora_h) : none, side, N, K);
+    FT_CUDA_CHECK_LAUNCH();
+    launch<side_w_kernel>(cuda::elementwise_blocks(O * side.width, kBlock), kBlock, 0, context.stream,
+                          side_w.ptr<__nv_bfloat16>(), weight.ptr<const int8_t>(), weight_scales.ptr<const float>(),
+                          r ? cuda::const_view(*epilogue.lora_B) : none, epilogue.lora_scaling, side, O, K);
+    FT_CUDA_CHECK_LAUNCH();
+    context.passed("side operands");
+    side_product(out, side_x, side_w, context);
+    context.passed("side GEMM");
+  }
+  if (columns > 0 && columns < K) {
+    launch<outlier_overflow_kernel>(cuda::elementwise_blocks(N * O, kBlock), kBlock, 0, context.stream,
+                                    out.ptr<__nv_bfloat16>(), cuda::const_view(x), weight.ptr<const int8_t>(),
+                                    weight_scales.ptr<const float>(), list, columns, N, O, K);
+    FT_CUDA_CHECK_LAUNCH();
+    context.passed("outlier overflow");
+  }
+}
+
 }  // namespace
 
 namespace cuda {
 
+bool int8_forward_runs_fused(const Tensor& out, const Tensor& x, const Tensor& weight, const Int8Epilogue& epilogue,
+                             const Int8Context& context) {
+  const Int8Input* given = epilogue.input;
+  return context.int8_gemm && int8_forward_fuses(out, x, epilogue) &&
+         context.int8_gemm->takes(x.cols(), weight.dim(0)) && aligned16(out.data) && aligned16(weight.data) &&
+         (!given || aligned16(given->codes.data));
+}
+
 void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
                          float threshold, const Int8Epilogue& epilogue, int64_t chunk_rows, int64_t gather_columns,
-                         const Int8Context& context) {
+                         int64_t fused_columns, const Int8Context& context) {
   const char* op = "int8_linear_forward";
   const int64_t N = x.rows(), K = x.cols(), O = weight.dim(0);
   FT_CHECK(chunk_rows >= 1, op, ": chunk_rows must be >= 1, got ", chunk_rows);
   FT_CHECK(N < (int64_t(1) << 31), op, ": too many rows (", N, ")");
+  if (int8_forward_runs_fused(out, x, weight, epilogue, context)) {
+    if (N > 0) fused_forward(out, x, weight, weight_scales, threshold, epilogue, fused_columns, context);
+    return;
+  }
   // The caller's block as given (int8_forward_chunk_rows for the backend,
   // already balanced): the planner charges exactly [chunk_rows, O].
   const int64_t chunk = std::min(chunk_rows, std::max<int64_t>(1, N));
@@ -622,7 +770,8 @@ void CudaBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const T
                                            const Tensor& weight_scales, float threshold, const Int8Epilogue& epilogue) {
   cuda::int8_linear_forward(out, x, weight, weight_scales, threshold, epilogue,
                             int8_forward_chunk_rows(x.rows(), weight.dim(0)),
-                            int8_outlier_gather_columns(x.cols(), weight.dim(0)), {*gemm_, allocator_, stream_});
+                            int8_outlier_gather_columns(x.cols(), weight.dim(0)), kInt8FusedOutlierColumns,
+                            {*gemm_, allocator_, stream_, int8_gemm_.get()});
 }
 
 void CudaBackend::int8_quantize_input_impl(Int8Input& input, const Tensor& x, float threshold,

@@ -10,6 +10,7 @@
 #include "kernels/allocator.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/int8_gemm_engine.h"
 #include "kernels/tensor.h"
 
 namespace ft::cuda {
@@ -22,6 +23,9 @@ struct Int8Context {
   Gemm& gemm;
   Allocator& allocator;
   CUstream_st* stream;
+  // The library int8 GEMM (int8_gemm_engine.h) the forward runs fused on
+  // where it takes the operands; null: the int32 product and our epilogue.
+  Int8GemmEngine* int8_gemm = nullptr;
   std::function<void(const char* pass)> after_pass = {};
   void passed(const char* pass) const {
     if (after_pass) after_pass(pass);
@@ -30,10 +34,17 @@ struct Int8Context {
 
 // Backend::int8_linear_forward holding the int32 product of at most
 // chunk_rows rows of x at a time (balanced chunks), and gathering the codes of
-// at most gather_columns outlier columns (more are read in place).
+// at most gather_columns outlier columns (more are read in place); run fused
+// (int8_forward_runs_fused), the small GEMM takes at most fused_columns
+// outlier columns (more are added in place) and neither of the others applies.
 void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
                          float threshold, const Int8Epilogue& epilogue, int64_t chunk_rows, int64_t gather_columns,
-                         const Int8Context& context);
+                         int64_t fused_columns, const Int8Context& context);
+// Whether that forward runs fused: context's engine takes the sizes, x, out
+// and h are bf16 (int8_forward_fuses) and out, the weight and given codes
+// start 16-byte aligned.
+bool int8_forward_runs_fused(const Tensor& out, const Tensor& x, const Tensor& weight, const Int8Epilogue& epilogue,
+                             const Int8Context& context);
 
 // Backend::int8_quantize_input (input.threshold is the caller's to set);
 // given_scales (f32 [N], may be null) replace the row scales' absmax, as

@@ -155,6 +155,41 @@ inline Int8ForwardScratch int8_forward_scratch(int64_t N, int64_t K, int64_t O, 
           {{chunk_rows, O}, DType::i32}};
 }
 
+// The fused forward (int8_linear.cu, a library int8 GEMM: int8_gemm_engine.h)
+// runs where the backend has the engine, the engine takes K -> O and x, out
+// and LoRA's h are bf16. CUTLASS's Hopper kernel reads rows of codes and
+// writes rows of out through TMA, which needs 16-byte rows: K % 16 == 0 (i8)
+// and O % 8 == 0 (bf16). Operands must start 16-byte aligned too, as every
+// tensor an allocator hands out does; the planner assumes they do.
+inline bool int8_scaled_gemm_takes(int64_t K, int64_t O) {
+  return K > 0 && O > 0 && K % 16 == 0 && O % 8 == 0 && K < (int64_t(1) << 31) && O < (int64_t(1) << 31);
+}
+inline bool int8_forward_fuses(const Tensor& out, const Tensor& x, const Int8Epilogue& epilogue) {
+  return out.dtype == DType::bf16 && x.dtype == DType::bf16 &&
+         (!epilogue.lora_h || epilogue.lora_h->dtype == DType::bf16);
+}
+// Its scratch: the input side as Int8ForwardScratch, the bias widened to f32
+// where it is not f32, and the small GEMM's operands [x's outlier columns
+// (the first `columns`, zero past the count) | h] and [their dequantised
+// weight columns | scaling * B], bf16, rows padded to 8 elements (16 bytes).
+struct Int8FusedScratch {
+  ScratchTensor outlier_columns, codes, row_scales;
+  ScratchTensor bias;    // f32 [O] or [0]
+  ScratchTensor side_x;  // bf16 [N, width]
+  ScratchTensor side_w;  // bf16 [O, width]
+};
+inline int64_t int8_fused_side_width(int64_t columns, int64_t lora_r) { return (columns + lora_r + 7) / 8 * 8; }
+inline Int8FusedScratch int8_fused_scratch(int64_t N, int64_t K, int64_t O, int64_t columns, int64_t lora_r,
+                                           bool widens_bias, bool quantizes_input) {
+  const int64_t rows = quantizes_input ? N : 0, width = int8_fused_side_width(columns, lora_r);
+  return {quantizes_input ? int8_outlier_columns_scratch(K) : ScratchTensor{{0}, DType::i32},
+          {{rows, K}, DType::i8},
+          {{rows}, DType::f32},
+          {{widens_bias ? O : 0}, DType::f32},
+          {{N, width}, DType::bf16},
+          {{O, width}, DType::bf16}};
+}
+
 // int8_linear_backward's dequantised weight tile [O, tile_columns] in dout's
 // dtype (int8_backward_tile_columns with kInt8DequantTileElementsGpu for the
 // backend); dx is written in place.

@@ -33,8 +33,9 @@ void CachingModelAllocator::deallocate(void*, size_t bytes, MemCategory category
 }
 
 MetaBackend::MetaBackend(Allocator& allocator, MemoryPolicy policy, size_t gemm_workspace_bytes,
-                         bool library_attention)
-    : allocator_(allocator), policy_(policy), library_attention_(library_attention) {
+                         bool library_attention, bool library_int8_gemm)
+    : allocator_(allocator), policy_(policy), library_attention_(library_attention),
+      library_int8_gemm_(library_int8_gemm) {
   FT_CHECK(allocator.device() == Device::meta, "MetaBackend needs a meta allocator");
   // CudaBackend's constructor builds cuBLASLt, which allocates its workspace first.
   if (policy == MemoryPolicy::cuda && gemm_workspace_bytes > 0)
@@ -250,11 +251,22 @@ void MetaBackend::int8_row_absmax_impl(Tensor&, const Tensor& x, float, const Te
   Tensor columns = cuda_scratch(cuda::int8_outlier_columns_scratch(x.cols()));
 }
 
-void MetaBackend::int8_linear_forward_impl(Tensor&, const Tensor& x, const Tensor& weight, const Tensor&, float,
-                                           const Int8Epilogue& epilogue) {
+void MetaBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor&,
+                                           float threshold, const Int8Epilogue& epilogue) {
   enter("int8_linear_forward", {&weight});
   // CpuBackend's scratch is host vectors, outside the allocator.
   const int64_t N = x.rows(), K = weight.dim(1), O = weight.dim(0);
+  if (policy_ == MemoryPolicy::cuda && library_int8_gemm_ && cuda::int8_forward_fuses(out, x, epilogue) &&
+      cuda::int8_scaled_gemm_takes(K, O)) {
+    const int64_t columns = threshold > 0.0f ? std::min(kInt8FusedOutlierColumns, K) : 0;
+    const cuda::Int8FusedScratch sizes =
+        cuda::int8_fused_scratch(N, K, O, columns, epilogue.lora_h ? epilogue.lora_B->cols() : 0,
+                                 epilogue.bias && epilogue.bias->dtype != DType::f32, !epilogue.input);
+    Tensor codes = cuda_scratch(sizes.codes), row_scales = cuda_scratch(sizes.row_scales);
+    Tensor columns_list = cuda_scratch(sizes.outlier_columns), bias = cuda_scratch(sizes.bias);
+    Tensor side_x = cuda_scratch(sizes.side_x), side_w = cuda_scratch(sizes.side_w);
+    return;
+  }
   const cuda::Int8ForwardScratch sizes = cuda::int8_forward_scratch(N, K, O, int8_forward_chunk_rows(N, O),
                                                                    int8_outlier_gather_columns(K, O), !epilogue.input);
   Tensor columns = cuda_scratch(sizes.outlier_columns);

@@ -69,9 +69,12 @@ class MetaBackend final : public Backend {
   // gemm_workspace_bytes: the cuda policy's GEMM workspace (cuBLASLt's; 0
   // models the tiled GEMM the emulator runs). library_attention: bf16
   // attention runs on cuDNN SDPA with its workspace budget (false models our
-  // kernels alone, as under the emulator).
+  // kernels alone, as under the emulator). library_int8_gemm: the INT8
+  // forward runs fused on CUTLASS's int8 GEMM where it takes the operands
+  // (an sm_90 GPU in a build with CUTLASS); false models the unfused forward.
   MetaBackend(Allocator& allocator, MemoryPolicy policy,
-              size_t gemm_workspace_bytes = cuda::kCublasLtWorkspaceBytes, bool library_attention = true);
+              size_t gemm_workspace_bytes = cuda::kCublasLtWorkspaceBytes, bool library_attention = true,
+              bool library_int8_gemm = false);
   const char* name() const override { return "meta"; }
   Allocator& allocator() override { return allocator_; }
   // Counted pinned host memory (tensors without data).
@@ -92,6 +95,7 @@ class MetaBackend final : public Backend {
   Allocator& allocator_;
   MemoryPolicy policy_;
   bool library_attention_;
+  bool library_int8_gemm_;
   Tensor cublaslt_workspace_;  // cuda policy only
   MetaCursor cursor_;
   MetaHostAllocator pinned_backing_;

@@ -34,7 +34,11 @@ inline DeviceAllocator device_allocator;
 inline CpuBackend cpu(host_allocator);
 // Before `gpu`, which allocates cuBLASLt's workspace on a real device.
 inline const bool cuda_device_present = exit_skipped_without_cuda_device();
-inline CudaBackend gpu(device_allocator, cuda::default_gemm_kind());
+// The INT8 forward unfused, as the CPU's arithmetic bit for bit: the fused
+// one (a library int8 GEMM on an sm_90 GPU) rounds twice and has its own
+// tests (test_cuda_int8.cpp).
+inline CudaBackend gpu(device_allocator, cuda::default_gemm_kind(), /*library_attention=*/true,
+                       /*library_int8_gemm=*/false);
 
 struct Tolerance {
   double atol, rtol;

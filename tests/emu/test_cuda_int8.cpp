@@ -14,6 +14,12 @@
 //     bit-identical);
 //   - forward, bf16 out: 2^-7 relative (one bf16 ulp: both sides round the
 //     same f32 value, so in practice identical);
+//   - forward fused on an int8 GEMM engine (bf16 x, out, h): |got - want| <=
+//     4 u (|want| + sum over outlier columns |x w| + |scaling| sum_j |h B| +
+//     |bias|), u = 2^-8, want the CPU's f32 value: the fused forward rounds
+//     the int8 part plus bias, each dequantised outlier weight and scaled B
+//     element, the output, and past the small GEMM's columns once more
+//     (kernels/backend.h); f32 sums add ~1e-6 relative;
 //   - backward: |got - want| <= rtol |want| + arel * sum_o |dout w| (plus |dx|
 //     when accumulating): rtol 1e-5 for f32 dx, 2^-7 (one bf16 ulp) for bf16
 //     dx; arel 1e-6 for f32 dout (the tile equals the CPU's f32 tile, only the
@@ -31,6 +37,7 @@
 #include <set>
 
 #include "kernels/cuda/int8_linear.h"
+#include "kernels/meta/meta_backend.h"
 #include "tests/emu/cuda_test_util.h"
 
 using namespace cuda_test;
@@ -72,6 +79,10 @@ double worst_relative(const std::vector<float>& got, const std::vector<float>& w
 
 std::unique_ptr<cuda::Gemm> tiled = cuda::make_gemm(cuda::GemmKind::tiled, device_allocator);
 cuda::Int8Context context() { return {*tiled, device_allocator, nullptr}; }
+// Our int8 GEMM engine with its own allocator, so a tracking allocator in the
+// context sees only what the fused forward itself allocates.
+DeviceAllocator substitute_allocator;
+std::unique_ptr<cuda::Int8GemmEngine> substitute = cuda::make_substitute_int8_gemm(*tiled, substitute_allocator);
 
 }  // namespace
 
@@ -213,7 +224,7 @@ TEST_CASE("cuda: int8_linear_forward over several row chunks, gathering some or 
     std::vector<float> got = emu_test::same_under_schedules([&] {
       Tensor out = device_empty({N, O}, DType::f32);
       cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f, {}, chunk, gather,
-                                context());
+                                kInt8FusedOutlierColumns, context());
       return values(out);
     });
     CHECK(got == values(want));  // bit-identical: the gathered codes are the same bytes
@@ -258,7 +269,7 @@ TEST_CASE("cuda: int8_linear_forward with more outlier columns and LoRA ranks th
   std::vector<float> got = emu_test::same_under_schedules([&] {
     Tensor out = device_empty({N, O}, DType::f32), dbias = to_device(bias), dh = to_device(h), dB = to_device(B);
     cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f, {&dbias, &dh, &dB, 0.25f},
-                              16, 40, context());
+                              16, 40, kInt8FusedOutlierColumns, context());
     return values(out);
   });
   CHECK(got == values(want));
@@ -297,7 +308,7 @@ TEST_CASE("cuda: int8_linear_forward at the kernels' vector widths is bit-identi
         Tensor out = device_empty({s.N, O}, out_dtype), dbias = to_device(bias), dh = to_device(h);
         Tensor dB = to_device(B);
         cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f,
-                                  {&dbias, &dh, &dB, 0.5f}, chunk, 30, context());
+                                  {&dbias, &dh, &dB, 0.5f}, chunk, 30, kInt8FusedOutlierColumns, context());
         CHECK(values(out) == values(want));
       }
     }
@@ -386,7 +397,7 @@ TEST_CASE("cuda: int8_linear_forward with given row scales is the CPU's, bit for
         device_epilogue.bias = &dbias;
         device_epilogue.row_absmax = &dgiven;
         cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), 6.0f, device_epilogue,
-                                  chunk, 2, context());
+                                  chunk, 2, kInt8FusedOutlierColumns, context());
         return values(out);
       });
       CHECK(got == values(want));
@@ -450,7 +461,8 @@ TEST_CASE("cuda: int8_quantize_input is the CPU's, and the forward given it is t
           Tensor dB = to_device(B);
           Int8Epilogue given{&dbias, &dh, &dB, 0.5f};
           given.input = &got;
-          cuda::int8_linear_forward(out, dx, to_device(w.q), to_device(w.scales), 6.0f, given, chunk, 2, context());
+          cuda::int8_linear_forward(out, dx, to_device(w.q), to_device(w.scales), 6.0f, given, chunk, 2,
+                                    kInt8FusedOutlierColumns, context());
           CHECK(values(out) == values(out_want));
         }
         // The op reads the given codes: with them zeroed only the outlier part is left.
@@ -716,7 +728,7 @@ TEST_CASE("cuda: int8_linear_forward's epilogue (bias, LoRA update) matches the 
                 gpu.int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), threshold, e);
               else
                 cuda::int8_linear_forward(out, to_device(x), to_device(w.q), to_device(w.scales), threshold, e, chunk,
-                                          2, context());
+                                          2, kInt8FusedOutlierColumns, context());
               return values(out);
             });
             const std::vector<float> want_v = values(want);
@@ -831,4 +843,165 @@ TEST_CASE("cuda: int8 linear argument checks") {
   CHECK_THROWS_WITH_AS(gpu.int8_row_absmax(wrong_rows, x, 6.0f), doctest::Contains("absmax has shape"), Error);
   CHECK_THROWS_WITH_AS(gpu.int8_row_absmax(absmax, x, -1.0f), doctest::Contains("threshold"), Error);
   CHECK_NOTHROW(gpu.int8_row_absmax(absmax, x, 6.0f));
+}
+
+namespace {
+
+// The fused forward's operands on the host, x [N, K] bf16 with `outliers`
+// columns over the threshold of 6 (spread over the row, in different rows).
+struct FusedCase {
+  int64_t N, K, O, r, outliers;
+  bool bias, bias_f32, given_input;
+};
+
+// Elements of got outside the fused bound (the header's) around want.
+size_t outside_fused_bound(const std::vector<float>& got, const Tensor& want, const Tensor& x, const Int8Weight& w,
+                           const Tensor* bias, const Tensor* h, const Tensor* B, float scaling, double* worst) {
+  const int64_t N = x.rows(), K = x.cols(), O = w.q.rows();
+  std::vector<int64_t> columns;
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n)
+      if (std::abs(load_as_f32(x.data, x.dtype, n * K + k)) >= 6.0f) {
+        columns.push_back(k);
+        break;
+      }
+  const std::vector<float> want_values = values(want);
+  size_t outside = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o) {
+      double scale = std::abs(double(want_values[size_t(n * O + o)]));
+      for (int64_t k : columns)
+        scale += std::abs(load_as_f32(x.data, x.dtype, n * K + k) * w.q.ptr<int8_t>()[o * K + k] *
+                          double(w.scales.ptr<float>()[o]) / 127.0);
+      if (bias) scale += std::abs(load_as_f32(bias->data, bias->dtype, o));
+      for (int64_t j = 0; h && j < h->cols(); ++j)
+        scale += std::abs(double(scaling) * load_as_f32(h->data, h->dtype, n * h->cols() + j) *
+                          load_as_f32(B->data, B->dtype, o * h->cols() + j));
+      const double error = std::abs(double(got[size_t(n * O + o)]) - want_values[size_t(n * O + o)]);
+      *worst = std::max(*worst, error / scale);
+      outside += !(error <= 4.0 / 256.0 * scale + 1e-30);
+    }
+  return outside;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: int8_linear_forward fused on an int8 GEMM engine is the CPU's within its roundings") {
+  // Ragged N, K a multiple of 16 and O of 8 (the library kernel's rows),
+  // outlier columns none, within the small GEMM's 3 columns here and past
+  // them (added in place), LoRA ranks 0, 5 and 16, a bf16 or f32 bias, and
+  // the input quantised by the forward or given to it. Under the emulator
+  // the engine is ours; on an sm_90 GPU with CUTLASS built, CUTLASS's too.
+  const FusedCase cases[] = {{37, 64, 40, 0, 0, false, false, false},  {37, 64, 40, 5, 2, true, false, false},
+                             {19, 96, 24, 16, 7, true, true, false},   {5, 32, 8, 5, 3, false, false, true},
+                             {64, 128, 136, 16, 11, true, false, true}};
+  std::vector<cuda::Int8GemmEngine*> engines = {substitute.get()};
+  std::unique_ptr<cuda::Int8GemmEngine> library = cuda::make_library_int8_gemm(device_allocator);
+  if (library) engines.push_back(library.get());
+  MESSAGE((std::string("engines: ours") + (library ? " and CUTLASS's" : "")));
+  unsigned seed = 900;
+  double worst = 0.0;
+  for (cuda::Int8GemmEngine* engine : engines)
+    for (const FusedCase& c : cases) {
+      CAPTURE(engine == library.get());
+      CAPTURE(c.N);
+      CAPTURE(c.K);
+      CAPTURE(c.outliers);
+      CAPTURE(c.r);
+      Tensor x = host_random({c.N, c.K}, DType::bf16, seed++, -2.0f, 2.0f);
+      for (int64_t i = 0; i < c.outliers; ++i)
+        store_from_f32(x.data, DType::bf16, (i * 5 % c.N) * c.K + (i * 13 + 3) % c.K, i % 2 ? -6.5f - i : 7.0f + i);
+      Int8Weight w = host_weight(c.O, c.K, seed++);
+      Tensor bias = host_random({c.O}, c.bias_f32 ? DType::f32 : DType::bf16, seed++);
+      Tensor h = host_random({c.N, c.r}, DType::bf16, seed++, -2.0f, 2.0f);
+      Tensor B = host_random({c.O, c.r}, DType::bf16, seed++, -0.3f, 0.3f);
+      const float scaling = 0.75f;
+      const Int8Epilogue host_epilogue{c.bias ? &bias : nullptr, c.r ? &h : nullptr, c.r ? &B : nullptr, scaling};
+      Tensor want = cpu.empty({c.N, c.O}, DType::f32, MemCategory::activations);
+      cpu.int8_linear_forward(want, x, w.q, w.scales, 6.0f, host_epilogue);
+
+      Tensor dx = to_device(x), dq = to_device(w.q), dscales = to_device(w.scales);
+      Tensor dbias = to_device(bias), dh = to_device(h), dB = to_device(B);
+      Int8Epilogue e{c.bias ? &dbias : nullptr, c.r ? &dh : nullptr, c.r ? &dB : nullptr, scaling};
+      Int8Input input{device_empty({c.N, c.K}, DType::i8), device_empty({c.N}, DType::f32),
+                      device_empty({int8_outlier_list_elements(c.K)}, DType::i32)};
+      if (c.given_input) {
+        gpu.int8_quantize_input(input, dx, 6.0f);
+        e.input = &input;
+      }
+      cuda::Int8Context fused = context();
+      fused.int8_gemm = engine;
+      Tensor out = device_empty({c.N, c.O}, DType::bf16);
+      REQUIRE(cuda::int8_forward_runs_fused(out, dx, dq, e, fused));
+      cuda::int8_linear_forward(out, dx, dq, dscales, 6.0f, e, c.N, c.K, /*fused_columns=*/3, fused);
+      CHECK(outside_fused_bound(values(out), want, x, w, c.bias ? &bias : nullptr, c.r ? &h : nullptr,
+                                c.r ? &B : nullptr, scaling, &worst) == 0);
+      // The bound is tight enough to see a lost term: without LoRA, or with
+      // the columns past the small GEMM's missed, it fails.
+      if (c.r > 0 || c.outliers > 3) {
+        Tensor missing = cpu.empty({c.N, c.O}, DType::f32, MemCategory::activations);
+        const Int8Epilogue no_lora{c.bias ? &bias : nullptr};
+        cpu.int8_linear_forward(missing, x, w.q, w.scales, c.r > 0 ? 6.0f : 0.0f, c.r > 0 ? no_lora : host_epilogue);
+        double ignored = 0.0;
+        CHECK(outside_fused_bound(values(missing), want, x, w, c.bias ? &bias : nullptr, c.r ? &h : nullptr,
+                                  c.r ? &B : nullptr, scaling, &ignored) > 0);
+      }
+    }
+  MESSAGE("fused forward: worst |got - want| / (|want| + |terms|) ", worst, " (bound 4 u = 0.0156)");
+}
+
+TEST_CASE("cuda: the fused forward runs only on bf16 x, out and h, and allocates what the planner charges") {
+  const int64_t N = 21, K = 48, O = 32, r = 4;
+  Tensor x = to_device(host_random({N, K}, DType::bf16, 950, -2.0f, 2.0f));
+  Tensor q = to_device(host_codes({O, K}, 951)), scales = to_device(host_random({O}, DType::f32, 952, 0.2f, 0.8f));
+  Tensor bias = to_device(host_random({O}, DType::bf16, 953)), h = to_device(host_random({N, r}, DType::bf16, 954));
+  Tensor B = to_device(host_random({O, r}, DType::bf16, 955)), h32 = to_device(host_random({N, r}, DType::f32, 956));
+  Tensor out = device_empty({N, O}, DType::bf16), out32 = device_empty({N, O}, DType::f32);
+  cuda::Int8Context fused = context();
+  fused.int8_gemm = substitute.get();
+  CHECK(cuda::int8_forward_runs_fused(out, x, q, {&bias, &h, &B, 1.0f}, fused));
+  CHECK_FALSE(cuda::int8_forward_runs_fused(out32, x, q, {}, fused));
+  CHECK_FALSE(cuda::int8_forward_runs_fused(out, to_device(host_random({N, K}, DType::f32, 957)), q, {}, fused));
+  CHECK_FALSE(cuda::int8_forward_runs_fused(out, x, q, {&bias, &h32, &B, 1.0f}, fused));
+  CHECK_FALSE(cuda::int8_forward_runs_fused(out, x, q, {}, context()));
+  // The library kernel's rows must be 16 bytes: K % 16, O % 8.
+  CHECK(cuda::int8_scaled_gemm_takes(48, 32));
+  CHECK_FALSE(cuda::int8_scaled_gemm_takes(40, 32));
+  CHECK_FALSE(cuda::int8_scaled_gemm_takes(48, 36));
+
+  // The fused forward's device memory at its peak is the meta backend's
+  // charge for the call: with and without the input quantised, LoRA and bias.
+  for (bool given : {false, true})
+    for (bool lora : {false, true}) {
+      CAPTURE(given);
+      CAPTURE(lora);
+      Int8Input input{device_empty({N, K}, DType::i8), device_empty({N}, DType::f32),
+                      device_empty({int8_outlier_list_elements(K)}, DType::i32)};
+      gpu.int8_quantize_input(input, x, 6.0f);
+      Int8Epilogue e{&bias, lora ? &h : nullptr, lora ? &B : nullptr, 1.0f};
+      if (given) e.input = &input;
+      TrackingAllocator tracker(device_allocator);
+      cuda::Int8Context tracked{*tiled, tracker, nullptr, substitute.get()};
+      cuda::int8_linear_forward(out, x, q, scales, 6.0f, e, N, K, kInt8FusedOutlierColumns, tracked);
+
+      MetaAllocator meta_allocator;
+      TrackingAllocator meta_tracker(meta_allocator);
+      MetaBackend meta(meta_tracker, MemoryPolicy::cuda, 0, false, /*library_int8_gemm=*/true);
+      auto meta_tensor = [&](const Shape& shape, DType dtype) {
+        return meta.empty(shape, dtype, MemCategory::activations);
+      };
+      Tensor mx = meta_tensor({N, K}, DType::bf16), mq = meta_tensor({O, K}, DType::i8);
+      Tensor ms = meta_tensor({O}, DType::f32), mbias = meta_tensor({O}, DType::bf16);
+      Tensor mh = meta_tensor({N, r}, DType::bf16), mB = meta_tensor({O, r}, DType::bf16);
+      Tensor mout = meta_tensor({N, O}, DType::bf16);
+      Int8Input minput{meta_tensor({N, K}, DType::i8), meta_tensor({N}, DType::f32),
+                       meta_tensor({int8_outlier_list_elements(K)}, DType::i32), 6.0f};
+      Int8Epilogue me{&mbias, lora ? &mh : nullptr, lora ? &mB : nullptr, 1.0f};
+      if (given) me.input = &minput;
+      meta_tracker.reset_peaks();
+      const size_t before = meta_tracker.stats().total_current_bytes;
+      meta.int8_linear_forward(mout, mx, mq, ms, 6.0f, me);
+      CHECK(tracker.stats().total_peak_bytes > 0);
+      CHECK(meta_tracker.stats().total_peak_bytes - before == tracker.stats().total_peak_bytes);
+    }
 }

@@ -47,6 +47,7 @@ PlanOptions cuda_plan_options() {
   options.gemm_workspace_bytes = cuda::default_gemm_kind() == cuda::GemmKind::cublaslt
                                      ? cuda::kCublasLtWorkspaceBytes : 0;
   options.library_attention = cuda::library_attention_built() && cuda::library_attention_wanted();
+  options.library_int8_gemm = cuda::library_int8_gemm_available();
   return options;
 }
 

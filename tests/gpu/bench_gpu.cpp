@@ -269,13 +269,14 @@ struct PassTimes {
 };
 
 // Runs op(context) twice to warm up, then `reps` times, each run bracketed by
-// events and with an event after every pass (Int8Context::after_pass).
+// events and with an event after every pass (Int8Context::after_pass). With
+// int8_gemm the forward runs fused on it.
 PassTimes time_passes(const std::function<void(const cuda::Int8Context&)>& op, cuda::Gemm& gemm,
-                      Allocator& allocator, int reps = 10) {
+                      Allocator& allocator, cuda::Int8GemmEngine* int8_gemm = nullptr, int reps = 10) {
   std::vector<cudaEvent_t> pool(256);
   for (cudaEvent_t& event : pool) check(cudaEventCreate(&event), "cudaEventCreate");
   std::vector<std::string> names;
-  cuda::Int8Context context{gemm, allocator, nullptr, [&](const char* pass) {
+  cuda::Int8Context context{gemm, allocator, nullptr, int8_gemm, [&](const char* pass) {
                               FT_CHECK(names.size() + 1 < pool.size(), "bench_gpu: too many passes");
                               check(cudaEventRecord(pool[names.size() + 1], nullptr), "cudaEventRecord");
                               names.emplace_back(pass);
@@ -315,8 +316,8 @@ json pass_row(const std::string& op, double flops, const PassTimes& times, const
   return row;
 }
 
-json measure_int8_shape(CudaBackend& backend, Allocator& allocator, cuda::Gemm& gemm, int64_t N, int64_t K,
-                        int64_t O, const Ceilings& ceilings) {
+json measure_int8_shape(CudaBackend& backend, Allocator& allocator, cuda::Gemm& gemm,
+                        cuda::Int8GemmEngine* int8_gemm, int64_t N, int64_t K, int64_t O, const Ceilings& ceilings) {
   const int64_t r = 16;
   const double flops = 2.0 * double(N) * double(K) * double(O);
   char shape_text[64];
@@ -355,15 +356,32 @@ json measure_int8_shape(CudaBackend& backend, Allocator& allocator, cuda::Gemm& 
                  ceilings));
   add(pass_row("int8_linear_forward " + shape, flops,
                time_passes([&](const cuda::Int8Context& c) {
-                 cuda::int8_linear_forward(out, x, wq, w_scales, 6.0f, {}, chunk, gather, c);
+                 cuda::int8_linear_forward(out, x, wq, w_scales, 6.0f, {}, chunk, gather, kInt8FusedOutlierColumns, c);
                }, gemm, allocator),
                ceilings));
   const Int8Epilogue epilogue{&bias, &h, &B, 2.0f};
   add(pass_row("int8_linear_forward + bias + LoRA r16 " + shape, flops,
                time_passes([&](const cuda::Int8Context& c) {
-                 cuda::int8_linear_forward(out, x, wq, w_scales, 6.0f, epilogue, chunk, gather, c);
+                 cuda::int8_linear_forward(out, x, wq, w_scales, 6.0f, epilogue, chunk, gather, kInt8FusedOutlierColumns,
+                                           c);
                }, gemm, allocator),
                ceilings));
+  // The same two forwards fused on CUTLASS's int8 GEMM (its epilogue
+  // dequantises; outliers and LoRA as one small GEMM), where this GPU runs it.
+  if (int8_gemm) {
+    add(pass_row("int8_linear_forward fused (CUTLASS) " + shape, flops,
+                 time_passes([&](const cuda::Int8Context& c) {
+                   cuda::int8_linear_forward(out, x, wq, w_scales, 6.0f, {}, chunk, gather, kInt8FusedOutlierColumns,
+                                             c);
+                 }, gemm, allocator, int8_gemm),
+                 ceilings));
+    add(pass_row("int8_linear_forward fused (CUTLASS) + bias + LoRA r16 " + shape, flops,
+                 time_passes([&](const cuda::Int8Context& c) {
+                   cuda::int8_linear_forward(out, x, wq, w_scales, 6.0f, epilogue, chunk, gather,
+                                             kInt8FusedOutlierColumns, c);
+                 }, gemm, allocator, int8_gemm),
+                 ceilings));
+  }
   add(measure_op({"bf16 GEMM (cuBLASLt) dout W " + shape, 0, flops, [&] { backend.matmul(dx, dout, w, false, false); }},
                  ceilings));
   add(pass_row("int8_linear_backward " + shape, flops,
@@ -379,11 +397,13 @@ json measure_int8_shape(CudaBackend& backend, Allocator& allocator, cuda::Gemm& 
 // 18432 ... -> 6144 as the second 20B shape).
 json measure_int8(CudaBackend& backend, Allocator& allocator, const Ceilings& ceilings) {
   std::unique_ptr<cuda::Gemm> gemm = cuda::make_gemm(cuda::GemmKind::cublaslt, allocator);
+  std::unique_ptr<cuda::Int8GemmEngine> int8_gemm = cuda::make_library_int8_gemm(allocator);
+  std::cout << "int8 GEMM engine: " << (int8_gemm ? "CUTLASS (sm_90a) beside cuBLASLt" : "cuBLASLt only") << std::endl;
   const int64_t shapes[][3] = {{8192, 2048, 2048}, {8192, 2048, 8192}, {2048, 6144, 18432}, {2048, 18432, 6144}};
   json rows = json::array();
   for (const auto& s : shapes) {
     try {
-      for (json& row : measure_int8_shape(backend, allocator, *gemm, s[0], s[1], s[2], ceilings)) rows.push_back(row);
+      for (json& row : measure_int8_shape(backend, allocator, *gemm, int8_gemm.get(), s[0], s[1], s[2], ceilings)) rows.push_back(row);
     } catch (const Error& error) {
       rows.push_back({{"shape", {s[0], s[1], s[2]}}, {"error", error.what()}});
       std::cout << rows.back().dump() << std::endl;

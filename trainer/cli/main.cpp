@@ -44,6 +44,7 @@ namespace {
 std::string version_text() {
   const std::pair<const char*, bool> backends[] = {{"CUDA", FT_BUILT_CUDA},
                                                    {"cuDNN SDPA", FT_BUILT_CUDNN_SDPA},
+                                                   {"CUTLASS int8 GEMM (sm_90)", FT_BUILT_CUTLASS},
                                                    {"oneDNN", FT_BUILT_ONEDNN},
                                                    {"MPI", FT_BUILT_MPI},
                                                    {"NCCL", FT_BUILT_NCCL}};
