@@ -792,8 +792,7 @@ CausalLM::StepTokens CausalLM::upload_step_tokens(const Tensor& input_ids, const
                                                   const Tensor* position_ids) {
   StepTokens tokens = upload_ids_and_targets(input_ids, targets);
   const std::string& type = config_.model_type;
-  // Dynamic NTK rope exists to run past max_position_embeddings.
-  FT_CHECK(tokens.seq <= config_.max_position_embeddings || config_.rope_scaling.type == "dynamic", type,
+  FT_CHECK(tokens.seq <= config_.position_limit(), type,
            ": sequence of ", tokens.seq, " tokens exceeds max_position_embeddings ",
            config_.max_position_embeddings);
   tokens.layout = upload_layout(position_ids, tokens.batch, tokens.seq);

@@ -67,6 +67,12 @@ struct ModelConfig {
 
   // Rotated features per head: int(head_dim * rotary_pct), as HF computes it.
   int64_t rotary_dim() const { return int64_t(double(head_dim) * rotary_pct); }
+  // The longest sequence the model takes: max_position_embeddings, except
+  // under dynamic NTK rope, which rescales its base for each longer sequence
+  // (as transformers runs it): then only positions' i32 range bounds it.
+  int64_t position_limit() const {
+    return rope_scaling.type == "dynamic" ? int64_t(INT32_MAX) : max_position_embeddings;
+  }
 };
 
 // config.json's fields, each checked for its type and range (an Error names

@@ -5,7 +5,10 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <fstream>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/causal_lm.h"
@@ -108,7 +111,7 @@ TEST_CASE("the key/value cache generates the same tokens as rerunning the batch"
     bool adapter;
   };
   // GQA, tied embeddings, q/k/v biases + LoRA, a sliding window of 4 + LoRA,
-  // GPT-NeoX both residual forms, dynamic rope (8 positions: the cap binds).
+  // GPT-NeoX both residual forms, dynamic rope (up to its 8 positions).
   const Fixture fixtures[] = {{"llama_gqa", false},         {"llama_tied", false},
                               {"qwen2", true},              {"mistral", true},
                               {"gpt_neox_parallel", false}, {"gpt_neox_sequential", false},
@@ -121,10 +124,16 @@ TEST_CASE("the key/value cache generates the same tokens as rerunning the batch"
     // Ragged prompts; the longest reaches the position cap before 40 new tokens.
     std::vector<std::vector<int32_t>> prompts = {{1, 17 % V, 59 % V, 25 % V}, {1, 5}, {1}};
     for (int32_t i = 0; i < std::min<int32_t>(26, int32_t(cap) - 3); ++i) prompts[2].push_back((7 * i + 3) % V);
+    // Dynamic NTK rope runs past the positions, where the cache keeps keys
+    // rotated with the base of the length they were made at (as transformers'
+    // cache does) and a rerun rotates them all anew: the two agree up to
+    // max_position_embeddings, so that fixture generates up to it.
+    const bool dynamic = model->config().rope_scaling.type == "dynamic";
+    const int64_t new_tokens = dynamic ? cap - int64_t(prompts[2].size()) : 40;
     for (double temperature : {0.0, 0.8}) {
       CAPTURE(temperature);
       SamplingOptions options;
-      options.max_new_tokens = 40;
+      options.max_new_tokens = new_tokens;
       options.temperature = temperature;
       options.top_k = 20;
       options.top_p = 0.95;
@@ -139,7 +148,7 @@ TEST_CASE("the key/value cache generates the same tokens as rerunning the batch"
       CHECK(cached == uncached);
       CHECK(streamed == cached);
       for (size_t i = 0; i < prompts.size(); ++i)
-        CHECK(int64_t(cached[i].size()) == std::min<int64_t>(40, cap - int64_t(prompts[i].size())));
+        CHECK(int64_t(cached[i].size()) == std::min<int64_t>(new_tokens, cap - int64_t(prompts[i].size())));
     }
   }
 }
@@ -215,5 +224,28 @@ TEST_CASE("a prompt longer than the model's positions continues its last tokens;
     CHECK(together[0] == generate(*model, {tail}, greedy, StopCondition{})[0]);
     CHECK(together[1].size() == 4);
     CHECK(together[1] == generate(*model, {short_prompt}, greedy, StopCondition{})[0]);
+  }
+}
+
+TEST_CASE("dynamic NTK rope continues prompts past max_position_embeddings as transformers does") {
+  // tests/fixtures/llama_dynamic_rope/generate.json
+  // (scripts/make_dynamic_rope_generate_fixture.py): transformers' greedy
+  // tokens for prompts of 11 and 13 tokens on a model of 8 positions, with
+  // and without the cache.
+  std::ifstream file(std::string(FT_FIXTURES_DIR) + "/llama_dynamic_rope/generate.json");
+  const nlohmann::json reference = nlohmann::json::parse(file);
+  HostAllocator host;
+  CpuBackend backend(host);
+  auto model = fixture_model(backend, "llama_dynamic_rope", false);
+  REQUIRE(model->config().max_position_embeddings == 8);
+  for (const nlohmann::json& c : reference["cases"]) {
+    const std::vector<int32_t> prompt = c["prompt"];
+    CAPTURE(prompt.size());
+    SamplingOptions greedy;
+    greedy.max_new_tokens = int64_t(c["new_tokens"].size());
+    greedy.kv_cache = c["kv_cache"];
+    CAPTURE(greedy.kv_cache);
+    CHECK(prompt_token_limit(*model) > int64_t(prompt.size()));
+    CHECK(generate(*model, {prompt}, greedy, StopCondition{})[0] == c["new_tokens"].get<std::vector<int32_t>>());
   }
 }

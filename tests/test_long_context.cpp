@@ -19,6 +19,7 @@
 #include "model/safetensors.h"
 #include "tests/parity.h"
 #include "trainer/plan.h"
+#include "trainer/setup.h"
 #include "trainer/train_config.h"
 
 using namespace ft;
@@ -105,4 +106,23 @@ TEST_CASE("plan: a step whose activations pass 2^31 elements counts them without
   MESSAGE("Llama-3.1-8B NF4 at ", T, " tokens: peak ", plan.total_bytes(), " bytes, checkpoints in host memory ",
           plan.host_activation_bytes);
   fs::remove_all(dir);
+}
+
+TEST_CASE("seq_len past max_position_embeddings: refused with fixed rope, taken with dynamic NTK rope") {
+  // Dynamic NTK rope rescales its base for each longer sequence, so
+  // transformers trains and generates past the model's positions with it.
+  for (const std::string fixture : {"llama_gqa", "llama_dynamic_rope"}) {
+    CAPTURE(fixture);
+    const std::string dir = std::string(FT_FIXTURES_DIR) + "/" + fixture;
+    const ModelConfig model = read_model_config(dir + "/config.json");
+    const TrainConfig config = parse_train_config(
+        "model: " + dir + "\ndata: {train: unused.jsonl}\nseq_len: " + std::to_string(4 * model.max_position_embeddings),
+        "long.yaml");
+    if (model.rope_scaling.type == "dynamic") {
+      CHECK_NOTHROW(check_seq_len(config, model));
+    } else {
+      CHECK_THROWS_WITH_AS(check_seq_len(config, model),
+                           doctest::Contains("is larger than the model's max_position_embeddings"), Error);
+    }
+  }
 }

@@ -66,7 +66,7 @@ void advance_rows(Rows& rows, LogitsOf logits_of, int64_t vocab_size, int64_t ma
 void generate_uncached(CausalLM& model, Rows& rows, const SamplingOptions& options, const StopCondition& stop,
                        const TokenCallback& on_token) {
   const int64_t B = int64_t(rows.tokens.size()), V = model.config().vocab_size;
-  const int64_t max_positions = model.config().max_position_embeddings;
+  const int64_t max_positions = model.config().position_limit();
   SamplerRng rng{options.seed};
   HostAllocator host;
   for (int64_t new_tokens = 0; new_tokens < options.max_new_tokens; ++new_tokens) {
@@ -94,7 +94,7 @@ void generate_uncached(CausalLM& model, Rows& rows, const SamplingOptions& optio
 void generate_cached(CausalLM& model, Rows& rows, const SamplingOptions& options, const StopCondition& stop,
                      const TokenCallback& on_token) {
   const int64_t B = int64_t(rows.tokens.size()), V = model.config().vocab_size;
-  const int64_t max_positions = model.config().max_position_embeddings;
+  const int64_t max_positions = model.config().position_limit();
   int64_t longest_prompt = 0;
   for (const auto& row : rows.tokens) longest_prompt = std::max<int64_t>(longest_prompt, int64_t(row.size()));
   if (longest_prompt > max_positions || options.max_new_tokens <= 0) return;
@@ -156,7 +156,7 @@ int32_t sample_token(const float* logits, int64_t vocab_size, const SamplingOpti
 }
 
 int64_t prompt_token_limit(const CausalLM& model) {
-  return std::max<int64_t>(model.config().max_position_embeddings - 1, 1);
+  return std::max<int64_t>(model.config().position_limit() - 1, 1);
 }
 
 std::vector<std::vector<int32_t>> generate(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,

@@ -44,7 +44,7 @@ struct StopCondition {
 // Called with (row, token) for each token as it is generated: streaming.
 using TokenCallback = std::function<void(size_t, int32_t)>;
 
-// The most prompt tokens generate() keeps: max_position_embeddings - 1, room
+// The most prompt tokens generate() keeps: the model's position_limit() - 1, room
 // for one new token.
 int64_t prompt_token_limit(const CausalLM& model);
 

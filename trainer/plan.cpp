@@ -184,7 +184,7 @@ void model_activation_offload(StepPlan& plan, const LanguageModel& model, const 
 void replay_generation(CausalLM& model, int64_t rows, int64_t prompt_tokens, int64_t new_tokens) {
   HostAllocator host;
   const ModelConfig& model_config = model.config();
-  const int64_t capacity = std::min(prompt_tokens + new_tokens, model_config.max_position_embeddings);
+  const int64_t capacity = std::min(prompt_tokens + new_tokens, model_config.position_limit());
   KvCache cache = model.make_kv_cache(rows, capacity);
   Tensor prompt = Tensor::empty({rows, prompt_tokens}, DType::i32, host, MemCategory::activations);
   std::fill_n(prompt.ptr<int32_t>(), prompt.numel(), 0);
@@ -547,7 +547,7 @@ StepPlan plan_ppo_step(const TrainConfig& config, const PlanOptions& options, co
            config.source, ": a PPO plan needs at least one row of one prompt and one response token, got ", ppo.rows,
            " rows of ", ppo.prompt_tokens, " + ", ppo.response_tokens);
   const int64_t length = ppo.prompt_tokens + ppo.response_tokens;
-  FT_CHECK(length <= model_config.max_position_embeddings, config.source, ": a rollout of ", ppo.prompt_tokens,
+  FT_CHECK(length <= model_config.position_limit(), config.source, ": a rollout of ", ppo.prompt_tokens,
            " prompt + ", ppo.response_tokens, " response tokens exceeds the model's max_position_embeddings (",
            model_config.max_position_embeddings, ")");
   RlReplay rl;
@@ -1013,7 +1013,7 @@ std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& opt
     }
   std::vector<ModeFit> fits;
   for (const PlanMode& mode : modes)
-    fits.push_back(fit_mode(config, options, mode, longest_seq_len(config, model_config)));
+    fits.push_back(fit_mode(config, options, mode, std::min(longest_seq_len(config, model_config), kLongestFitSeqLen)));
   return fits;
 }
 

@@ -53,6 +53,9 @@ struct PlanOptions {
 };
 
 inline constexpr int64_t kSeqLenStep = 256;
+// The mode table searches seq_len up to this where the model's positions
+// do not bound it (dynamic NTK rope): 1M tokens, beyond any single card.
+inline constexpr int64_t kLongestFitSeqLen = int64_t(1) << 20;
 
 // offload.base: host: what the streamed layers cost, and a time model of
 // one micro-batch (forward and backward) in which each streamed layer's copy
@@ -240,7 +243,7 @@ int64_t fit_resident_layers(const TrainConfig& config, const PlanOptions& option
 
 // How one mode fits options.gpu_mem_bytes: its plan at the config's
 // micro_batch_size x seq_len, and the largest powers of two that fit (0:
-// none) for seq_len at micro_batch 1 (up to max_position_embeddings) and
+// none) for seq_len at micro_batch 1 (up to the model's position limit) and
 // for micro_batch at the config's seq_len (up to 1024). A streamed mode is
 // planned with the most resident layers that fit at the config's size
 // (fit_resident_layers; every layer streamed when none fits), and searched

@@ -11,7 +11,7 @@
 namespace ft {
 
 int64_t longest_seq_len(const TrainConfig& config, const ModelConfig& model_config) {
-  return model_config.max_position_embeddings - (config.objective == Objective::reward ? 1 : 0);
+  return model_config.position_limit() - (config.objective == Objective::reward ? 1 : 0);
 }
 
 void check_seq_len(const TrainConfig& config, const ModelConfig& model_config) {

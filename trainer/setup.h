@@ -25,8 +25,8 @@ ModelOptions model_options(const TrainConfig& config);
 // rewards.model_adapter) or none.
 ModelOptions reward_model_options(ModelOptions policy, const std::string& adapter);
 
-// The largest seq_len the model's positions hold: max_position_embeddings,
-// one less for objective: reward, whose scored sequence is a row's seq_len
+// The largest seq_len the model's positions hold: its position_limit()
+// (max_position_embeddings but for dynamic NTK rope), one less for objective: reward, whose scored sequence is a row's seq_len
 // inputs and its last target (trainer/rl/reward.h's scored_rows).
 int64_t longest_seq_len(const TrainConfig& config, const ModelConfig& model_config);
 // Refuses a seq_len above that, naming the config and the model's config.json.

@@ -712,7 +712,7 @@ EvalFigures evaluate(Run& run, int64_t step, Progress& progress, const char* lab
          << " examples";
     if (metric.cut_prompts > 0)
       line << "; " << metric.cut_prompts << " prompts longer than the model's "
-           << run.model->as_causal_lm()->config().max_position_embeddings << " positions lost their first tokens";
+           << run.model->as_causal_lm()->config().position_limit() << " positions lost their first tokens";
     line << ")";
   }
   progress.on_eval(step, row);

@@ -165,14 +165,14 @@ Completion stream_completion(Session& session, const std::string& prompt, const 
   FT_CHECK(!tokens.empty(), "generate: the prompt is empty and the tokenizer adds no BOS token: nothing to continue");
   if (causal && int64_t(tokens.size()) > prompt_token_limit(*causal))
     std::cerr << "generate: the prompt is " << tokens.size() << " tokens; the model takes "
-              << causal->config().max_position_embeddings << " positions, so it continues the last "
+              << causal->config().position_limit() << " positions, so it continues the last "
               << prompt_token_limit(*causal) << " and its first tokens were cut\n";
   const auto generated = t5 ? generate_seq2seq(*t5, {tokens}, sampling, session.stop, on_token)
                             : generate(*causal, {tokens}, sampling, session.stop, on_token);
   printer.finish();
   const int64_t new_tokens = int64_t(generated[0].size());
   if (causal) {
-    const int64_t positions = causal->config().max_position_embeddings;
+    const int64_t positions = causal->config().position_limit();
     const int64_t prompt_length = std::min<int64_t>(int64_t(tokens.size()), prompt_token_limit(*causal));
     if (new_tokens < sampling.max_new_tokens && prompt_length + new_tokens >= positions)
       std::cerr << "generate: stopped after " << new_tokens << " of " << sampling.max_new_tokens
@@ -309,7 +309,7 @@ int run_generate(const GenerateCommand& command) {
                                                                   session_form(session), &cut);
     if (cut > 0)
       std::cerr << "generate: " << cut << " of " << loaded.prompts.size() << " prompts are longer than the model's "
-                << session.model->as_causal_lm()->config().max_position_embeddings
+                << session.model->as_causal_lm()->config().position_limit()
                 << " positions: each continues its last " << prompt_token_limit(*session.model->as_causal_lm())
                 << " tokens\n";
     for (size_t i = 0; i < loaded.prompts.size(); ++i) {

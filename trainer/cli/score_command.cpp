@@ -74,7 +74,7 @@ int run_score(const ScoreCommand& command) {
            ": not a reward model");
   const int32_t pad_id = padding_id(*loaded.tokenizer);
   const int32_t eos_id = loaded.special.example_eos_id;
-  const int64_t max_tokens = model.config().max_position_embeddings;
+  const int64_t max_tokens = model.config().position_limit();
   int64_t truncated = 0;
   for (size_t first = 0; first < input.rows.size(); first += size_t(command.batch_size)) {
     const size_t end = std::min(input.rows.size(), first + size_t(command.batch_size));

@@ -174,7 +174,7 @@ std::vector<double> RewardModel::scores(const std::vector<Rollout>& completions)
     TokenSequence sequence;
     if (tokenizer_) {
       bool truncated = false;
-      sequence = tokenize_example({c.prompt, c.text}, *tokenizer_, model_->config().max_position_embeddings - 1,
+      sequence = tokenize_example({c.prompt, c.text}, *tokenizer_, model_->config().position_limit() - 1,
                                   eos_id_, truncated);
     } else {
       sequence.tokens = c.prompt_tokens;
