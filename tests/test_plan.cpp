@@ -1024,6 +1024,13 @@ TEST_CASE("plan: a bare config.json plans as a bf16 LoRA run at seq 2048") {
                        doctest::Contains("nothing.json"), Error);
 }
 
+TEST_CASE("plan: a T5's config.json (the course's FLAN-T5) plans without checkpointing, which T5 has not") {
+  const PlanRun run = run_plan(std::string(FT_SOURCE_DIR) + "/configs/flan-t5-base");
+  CHECK_MESSAGE(run.exit_status == 0, run.output);
+  CHECK(plan_config_for_model(std::string(FT_SOURCE_DIR) + "/configs/flan-t5-base", {}).activation_checkpointing ==
+        ActivationCheckpointing::none);
+}
+
 // Long context: Llama-3.1-8B (configs/llama-3.1-8b, its published
 // config.json), NF4 + LoRA r16 on q/v, bf16, per-layer checkpointing, at
 // micro_batch 1 on a 24 GiB card (context reserve included). The exact search

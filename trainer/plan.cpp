@@ -1103,9 +1103,11 @@ TrainConfig plan_config_for_model(const std::string& path, const std::vector<std
   const fs::path json = fs::is_directory(path) ? fs::path(path) / "config.json" : fs::path(path);
   const ModelConfig model_config = read_model_config(json.string());
   const int64_t seq_len = std::min<int64_t>(2048, model_config.max_position_embeddings);
+  // A T5 keeps every activation of a step (model/t5.h): no checkpointing.
+  const bool seq2seq = model_family(model_config.model_type).kind == ModelKind::seq2seq;
   const std::string yaml = "model: " + fs::absolute(json.parent_path()).string() +
-                           "\ndata: {train: unused.jsonl}\nprecision: bf16\nactivation_checkpointing: per_layer\n"
-                           "loss_chunk_tokens: 512\nmicro_batch_size: 1\nseq_len: " +
+                           "\ndata: {train: unused.jsonl}\nprecision: bf16\nactivation_checkpointing: " +
+                           (seq2seq ? "none" : "per_layer") + "\nloss_chunk_tokens: 512\nmicro_batch_size: 1\nseq_len: " +
                            std::to_string(seq_len) + "\n";
   return parse_train_config(yaml, json.string(), overrides);
 }

@@ -276,7 +276,8 @@ void print_plan(const TrainConfig& config, const PlanOptions& options);
 
 // `finetune plan path/config.json` (or a model folder holding one): a LoRA
 // run on that model with the architecture's default targets, as a 24 GB
-// card would run it: bf16, per-layer checkpointing, 512-token loss chunks,
+// card would run it: bf16, per-layer checkpointing (none for a T5, which
+// keeps every activation of a step), 512-token loss chunks,
 // micro_batch 1 at min(2048, max_position_embeddings) tokens. overrides as
 // --set gives them.
 TrainConfig plan_config_for_model(const std::string& path, const std::vector<std::string>& overrides);

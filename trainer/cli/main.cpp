@@ -95,7 +95,8 @@ CLI::App* add_plan_command(CLI::App& app, PlanCommand& c) {
       "Prints where one training step's memory goes on the meta device, its peak, and for each mode (bf16 / int8 /\n"
       "nf4 base, resident or streamed from host memory, optimizer state on the device or the host) the largest\n"
       "seq_len and micro_batch that fit in --gpu-mem, and the best mode. A config.json is planned as a bf16 LoRA\n"
-      "run with per-layer checkpointing at micro_batch 1 x seq_len 2048.");
+      "run with per-layer checkpointing (none for a T5, which keeps every activation) at micro_batch 1 x seq_len\n"
+      "2048.");
   plan->add_option("CONFIG", c.config_path, "a training config (.yaml) or a model's config.json (or its folder)")
       ->required();
   auto size = [](const std::string& text) { return ft::parse_byte_size(text); };
