@@ -200,7 +200,6 @@ void make_model(Run& run) {
   std::string base_weights = run.model->base_fingerprint();
   if (run.pipeline_stages > 1) base_weights = staged_base_fingerprint(run.stages(), base_weights);
   run.identity = run_identity(config, *run.model, base_weights);
-  std::cout << trainable_parameters_line(count_job_parameters(run)) << "\n";
 }
 
 std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const char* what, Dataset* keep) {
@@ -1030,6 +1029,10 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   check_same_device(collectives, *run.backend);
   StepOpProfile op_profile(*run.backend, std::cout);  // FT_PROFILE_OPS, read before the model loads
   make_model(run);
+  // An evaluate-only run (a comparison's original model) trains nothing, as its table row says.
+  ParameterCount parameters = count_job_parameters(run);
+  if (options.evaluate_only) parameters.trainable = 0;
+  std::cout << trainable_parameters_line(parameters) << "\n";
   run.identity.push_back(data_parallel_identity(data_ranks));
   if (run.pipeline_stages > 1) run.identity.push_back(pipeline_identity(run.pipeline_stages));
   if (run.tensor_ranks > 1) run.identity.push_back(tensor_identity(run.tensor_ranks));
@@ -1090,7 +1093,9 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
               << format_bytes(stream->host_bytes()) << ") through " << stream->slot_count()
               << " device slots";
   std::cout << "\n";
-  if (config.objective == Objective::ppo) {  // a step is ppo.batch_size rollouts, not micro_batch_size
+  if (options.evaluate_only) {
+    std::cout << "evaluating the model as loaded: no training steps";
+  } else if (config.objective == Objective::ppo) {  // a step is ppo.batch_size rollouts, not micro_batch_size
     std::cout << "training " << run.total_steps << " PPO steps of " << config.ppo.batch_size
               << " rollouts (ppo.batch_size), each trained " << config.ppo.ppo_epochs << " times in mini-batches of "
               << config.ppo.mini_batch_size << ", of up to " << config.seq_len << " tokens";
