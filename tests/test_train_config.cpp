@@ -247,6 +247,10 @@ TEST_CASE("unknown keys suggest the nearest valid key, at every level and in --s
   CHECK(error_of(kMinimal, {"dpo.loss=ipo"}).ends_with("unknown key \"dpo.loss\"; did you mean \"dpo.loss_type\"?"));
   CHECK(error_of(kMinimal, {"data.templat={}"}).ends_with("did you mean \"data.template\"?"));
   CHECK(error_of(kMinimal, {"lr_rate=1"}).ends_with("unknown key \"lr_rate\"; did you mean \"lr\"?"));
+  // A comparison's list of runs is not a run's field: said so, not "did you mean lora.r".
+  for (const char* set : {"compare.1.lr=1e-3", "compare=[]"})
+    CHECK(error_of(kMinimal, {set}).find("a comparison's runs (compare:) are written in its file") !=
+          std::string::npos);
   // Nothing near it in a known section: the section's keys.
   CHECK(error_of(kMinimal, {"dpo.label_smoothing=0.1"}).ends_with(
       "unknown key \"dpo.label_smoothing\"; dpo takes beta, loss_type"));

@@ -474,6 +474,10 @@ std::pair<size_t, size_t> key_distance(const std::string& key, const std::string
 // A key its section does not have lists the section's keys unless one is
 // close; elsewhere the closest key or section is suggested.
 [[noreturn]] void fail_unknown_key(const std::string& where, const std::string& key) {
+  // compare: is a comparison file's list of runs, not a field of one run.
+  FT_CHECK(key != "compare" && !key.starts_with("compare."), where, ": \"", key,
+           "\": a comparison's runs (compare:) are written in its file, each a run's fields; --set sets a field "
+           "of every run (e.g. --set lr=3e-4)");
   const size_t dot = key.rfind('.');
   const std::string section = dot == std::string::npos ? "" : key.substr(0, dot);
   const bool in_section = !section.empty() && is_section(section);
