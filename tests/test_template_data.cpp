@@ -89,7 +89,7 @@ TEST_CASE("bad CSV and templates are errors naming the file, line and field") {
                        "t.csv:2: column \"b\" (a CSV file is read as UTF-8: save it as \"CSV UTF-8\"): invalid UTF-8 "
                        "at byte 3",
                        Error);
-  const NamedRow row{7, {{"dialogue", "hi"}, {"summary", "s"}}};
+  const NamedRow row{7, {{"dialogue", "hi"}, {"summary", "s"}}, {}};
   CHECK(fill_template("{{{dialogue}}}", row, "f:7", "p") == "{hi}");
   CHECK_THROWS_WITH_AS(fill_template("{topic}", row, "f.csv:7", "data.template.prompt"),
                        "f.csv:7: data.template.prompt names the field \"topic\", which the row lacks (it has "
