@@ -656,12 +656,16 @@ void fused_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Ten
 
 namespace cuda {
 
-bool int8_forward_runs_fused(const Tensor& out, const Tensor& x, const Tensor& weight, const Int8Epilogue& epilogue,
-                             const Int8Context& context) {
+bool int8_forward_runs_fused(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
+                             const Int8Epilogue& epilogue, const Int8Context& context) {
+  // The library GEMM reads every operand it is handed in 16-byte vectors: a
+  // bias that is not f32 goes through an f32 copy of ours.
   const Int8Input* given = epilogue.input;
+  const bool f32_bias = epilogue.bias && epilogue.bias->dtype == DType::f32;
   return context.int8_gemm && int8_forward_fuses(out, x, epilogue) &&
          context.int8_gemm->takes(x.cols(), weight.dim(0)) && aligned16(out.data) && aligned16(weight.data) &&
-         (!given || aligned16(given->codes.data));
+         aligned16(weight_scales.data) && (!f32_bias || aligned16(epilogue.bias->data)) &&
+         (!given || (aligned16(given->codes.data) && aligned16(given->row_absmax.data)));
 }
 
 void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
@@ -671,7 +675,7 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
   const int64_t N = x.rows(), K = x.cols(), O = weight.dim(0);
   FT_CHECK(chunk_rows >= 1, op, ": chunk_rows must be >= 1, got ", chunk_rows);
   FT_CHECK(N < (int64_t(1) << 31), op, ": too many rows (", N, ")");
-  if (int8_forward_runs_fused(out, x, weight, epilogue, context)) {
+  if (int8_forward_runs_fused(out, x, weight, weight_scales, epilogue, context)) {
     if (N > 0) fused_forward(out, x, weight, weight_scales, threshold, epilogue, fused_columns, context);
     return;
   }

@@ -41,10 +41,10 @@ void int8_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, con
                          float threshold, const Int8Epilogue& epilogue, int64_t chunk_rows, int64_t gather_columns,
                          int64_t fused_columns, const Int8Context& context);
 // Whether that forward runs fused: context's engine takes the sizes, x, out
-// and h are bf16 (int8_forward_fuses) and out, the weight and given codes
-// start 16-byte aligned.
-bool int8_forward_runs_fused(const Tensor& out, const Tensor& x, const Tensor& weight, const Int8Epilogue& epilogue,
-                             const Int8Context& context);
+// and h are bf16 (int8_forward_fuses) and every operand the engine reads
+// starts 16-byte aligned (as every tensor an allocator hands out does).
+bool int8_forward_runs_fused(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& weight_scales,
+                             const Int8Epilogue& epilogue, const Int8Context& context);
 
 // Backend::int8_quantize_input (input.threshold is the caller's to set);
 // given_scales (f32 [N], may be null) replace the row scales' absmax, as

@@ -932,7 +932,7 @@ TEST_CASE("cuda: int8_linear_forward fused on an int8 GEMM engine is the CPU's w
       cuda::Int8Context fused = context();
       fused.int8_gemm = engine;
       Tensor out = device_empty({c.N, c.O}, DType::bf16);
-      REQUIRE(cuda::int8_forward_runs_fused(out, dx, dq, e, fused));
+      REQUIRE(cuda::int8_forward_runs_fused(out, dx, dq, dscales, e, fused));
       cuda::int8_linear_forward(out, dx, dq, dscales, 6.0f, e, c.N, c.K, /*fused_columns=*/3, fused);
       CHECK(outside_fused_bound(values(out), want, x, w, c.bias ? &bias : nullptr, c.r ? &h : nullptr,
                                 c.r ? &B : nullptr, scaling, &worst) == 0);
@@ -959,11 +959,12 @@ TEST_CASE("cuda: the fused forward runs only on bf16 x, out and h, and allocates
   Tensor out = device_empty({N, O}, DType::bf16), out32 = device_empty({N, O}, DType::f32);
   cuda::Int8Context fused = context();
   fused.int8_gemm = substitute.get();
-  CHECK(cuda::int8_forward_runs_fused(out, x, q, {&bias, &h, &B, 1.0f}, fused));
-  CHECK_FALSE(cuda::int8_forward_runs_fused(out32, x, q, {}, fused));
-  CHECK_FALSE(cuda::int8_forward_runs_fused(out, to_device(host_random({N, K}, DType::f32, 957)), q, {}, fused));
-  CHECK_FALSE(cuda::int8_forward_runs_fused(out, x, q, {&bias, &h32, &B, 1.0f}, fused));
-  CHECK_FALSE(cuda::int8_forward_runs_fused(out, x, q, {}, context()));
+  CHECK(cuda::int8_forward_runs_fused(out, x, q, scales, {&bias, &h, &B, 1.0f}, fused));
+  CHECK_FALSE(cuda::int8_forward_runs_fused(out32, x, q, scales, {}, fused));
+  const Tensor x32 = to_device(host_random({N, K}, DType::f32, 957));
+  CHECK_FALSE(cuda::int8_forward_runs_fused(out, x32, q, scales, {}, fused));
+  CHECK_FALSE(cuda::int8_forward_runs_fused(out, x, q, scales, {&bias, &h32, &B, 1.0f}, fused));
+  CHECK_FALSE(cuda::int8_forward_runs_fused(out, x, q, scales, {}, context()));
   // The library kernel's rows must be 16 bytes: K % 16, O % 8.
   CHECK(cuda::int8_scaled_gemm_takes(48, 32));
   CHECK_FALSE(cuda::int8_scaled_gemm_takes(40, 32));
