@@ -155,10 +155,13 @@ std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, in
   if (dim == 1) in_features /= ranks;
   std::unique_ptr<Linear> base;
   const int64_t layer = decoder_layer_of(module);
-  Allocator& quantized = layer >= 0 && layer < streamed_layers() ? backend_.pinned_host_allocator()
-                                                                 : backend_.allocator();
+  Allocator& codes_allocator = layer >= 0 && layer < streamed_layers() ? backend_.pinned_host_allocator()
+                                                                       : backend_.allocator();
   Parameter* weight = nullptr;
-  if (options_.quantized_base != QuantizedBase::none) {
+  const bool quantized = options_.quantized_base != QuantizedBase::none &&
+                         std::none_of(unquantized_modules_.begin(), unquantized_modules_.end(),
+                                      [&](const std::string& suffix) { return module.ends_with(suffix); });
+  if (quantized) {
     const QuantizedFormat& format = quantized_format(options_.quantized_base);
     weight = &parameters_.emplace_back();
     weight->name = module + ".weight";
@@ -168,7 +171,7 @@ std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, in
       options.nf4_double_quant = false;
       format.check_slice(weight->name, whole, slice, full / shares);
     }
-    format.allocate(*weight, {out_features, in_features}, quantized, options);
+    format.allocate(*weight, {out_features, in_features}, codes_allocator, options);
   } else {
     weight = &add_parameter(module + ".weight", {out_features, in_features}, options_.weight_dtype);
     weight->slice = slice;
@@ -176,7 +179,7 @@ std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, in
   Parameter* b = bias ? &add_parameter(module + ".bias", {out_features}, options_.weight_dtype) : nullptr;
   if (b && dim == 0) b->slice = slice;
   Parameter* added = dim == 1 && rank != 0 ? nullptr : b;
-  if (options_.quantized_base != QuantizedBase::none)
+  if (quantized)
     base = quantized_format(options_.quantized_base).make_linear(*weight, added, options_);
   else
     base = std::make_unique<DenseLinear>(*weight, added);

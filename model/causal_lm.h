@@ -255,6 +255,11 @@ class LanguageModel {
   Parameter* lm_head_ = nullptr;
   std::string untied_head_name_;  // set by the architecture's constructor (untied_head_name())
   float logits_scale_ = 1.0f;  // T5 with tied embeddings: d_model^-0.5
+  // Linears (by module-name suffix) that stay in weight_dtype under a
+  // quantized base, set by the architecture's constructor before it builds
+  // them: transformers' _keep_in_fp32_modules, which bitsandbytes leaves
+  // unconverted (T5's feed-forward output wo).
+  std::vector<std::string> unquantized_modules_;
 
  private:
   std::deque<Parameter> parameters_;  // deque: stable addresses for the layers' references

@@ -107,6 +107,10 @@ T5Model::T5Model(const ModelConfig& config, Backend& backend, const ModelOptions
   FT_CHECK(options.mlp_chunk_tokens == 0,
            "t5: mlp_chunk_tokens is not supported (the decoder-only families' MLP runs chunked)");
   const int64_t C = config.hidden_size;
+  // As transformers + bitsandbytes quantise a T5 (_keep_in_fp32_modules): the
+  // feed-forward output, whose activations are the range-sensitive ones,
+  // stays 16/32-bit.
+  unquantized_modules_ = {".DenseReluDense.wo"};
   embedding_ = &add_parameter("shared.weight", {config.vocab_size, C}, options.weight_dtype);
   add_stack(*encoder_, "encoder.", config.num_hidden_layers, false);
   add_stack(*decoder_, "decoder.", config.num_decoder_layers, true);
