@@ -1,5 +1,7 @@
 #include "model/quant/int8.h"
 
+#include <nlohmann/json.hpp>
+
 #include "kernels/allocator.h"
 #include "kernels/error.h"
 
@@ -99,6 +101,11 @@ class Int8Format final : public QuantizedFormat {
     Tensor format = Tensor::empty({}, DType::u8, host, MemCategory::workspace);
     *format.ptr<uint8_t>() = kInt8RowFormat;
     tensors.emplace_back(module + ".weight_format", format);
+  }
+
+  void describe(nlohmann::json& quantization_config, const ModelOptions& options) const override {
+    quantization_config["load_in_8bit"] = quantization_config["_load_in_8bit"] = true;
+    quantization_config["llm_int8_threshold"] = double(options.int8_threshold);
   }
 };
 
