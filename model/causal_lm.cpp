@@ -286,6 +286,7 @@ Parameter& LanguageModel::untie_head() {
 // Each tensor is hashed just before it loads: its pages are read from disk
 // once, for both.
 void LanguageModel::load(const Checkpoint& checkpoint) {
+  check_stored_quantization(config_.stored_quantization, options_);
   check_tied_head(checkpoint);
   XXH64_hash_t fingerprint = 0;
   output_head_loaded_ = output_head_.defined() && checkpoint.contains(output_head_.weight->name);

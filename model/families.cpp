@@ -87,6 +87,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
   ModelConfig result;
   result.model_type = config["model_type"].get<std::string>();
   model_family(result.model_type, source).read_config(config, result, source);
+  read_quantization_config(config, result, source);
   return result;
 }
 

@@ -142,6 +142,38 @@ void check_decoder_fields(const ModelConfig& result, const std::string& source) 
            ": rope_type \"dynamic\" needs more than 2 rotary features per head, got ", result.rotary_dim());
 }
 
+void read_quantization_config(const json& config, ModelConfig& result, const std::string& source) {
+  if (!config.contains("quantization_config") || config["quantization_config"].is_null()) return;
+  const json& q = config["quantization_config"];
+  const std::string where = source + ": quantization_config";
+  FT_CHECK(q.is_object(), where, " must be an object, got ", q.dump());
+  const std::string method = optional_value<std::string>(q, "quant_method", "", where);
+  FT_CHECK(method == "bitsandbytes", where, ".quant_method ", method.empty() ? "is missing" : "\"" + method + "\"",
+           ": only \"bitsandbytes\" checkpoints (8-bit, or 4-bit nf4) load quantised; give the 16-bit checkpoint "
+           "and set quantization.mode");
+  const bool int8 = optional_value<bool>(q, "load_in_8bit", false, where);
+  const bool nf4 = optional_value<bool>(q, "load_in_4bit", false, where);
+  FT_CHECK(int8 != nf4, where, " has load_in_8bit ", int8 ? "true" : "false", " and load_in_4bit ",
+           nf4 ? "true" : "false", ": exactly one must be true");
+  StoredQuantization& stored = result.stored_quantization;
+  stored.source = source;
+  if (int8) {
+    // true keeps 16-bit weights beside the codes (bitsandbytes' training mode), which it does not save as codes.
+    FT_CHECK(!optional_value<bool>(q, "llm_int8_has_fp16_weight", false, where), where,
+             ".llm_int8_has_fp16_weight: true is not supported (supported: false, int8 codes with row scales)");
+    stored.format = QuantizedBase::int8;
+    return;
+  }
+  // Absent fields take BitsAndBytesConfig's defaults, as transformers reads them.
+  const std::string type = optional_value<std::string>(q, "bnb_4bit_quant_type", "fp4", where);
+  FT_CHECK(type == "nf4", where, ".bnb_4bit_quant_type \"", type, "\" is not supported (supported: \"nf4\")");
+  const std::string storage = optional_value<std::string>(q, "bnb_4bit_quant_storage", "uint8", where);
+  FT_CHECK(storage == "uint8", where, ".bnb_4bit_quant_storage \"", storage,
+           "\" is not supported (supported: \"uint8\", two 4-bit codes a byte)");
+  stored.format = QuantizedBase::nf4;
+  stored.double_quant = optional_value<bool>(q, "bnb_4bit_use_double_quant", false, where);
+}
+
 json config_saved_as(const std::string& path, DType dtype) {
   json config = read_json_object(path, "a Hugging Face config.json");
   bool named = false;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/dtype.h"
+#include "model/model_options.h"
 
 namespace ft {
 
@@ -30,6 +31,16 @@ struct RopeScaling {
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
   int64_t original_max_position_embeddings = 0;          // llama3
+};
+
+// How config.json says the checkpoint's decoder linears are stored: its
+// quantization_config, which transformers writes for a model saved quantised
+// by bitsandbytes (and quantization.save_base writes too). none: it has none,
+// and each tensor's dtype tells (load_parameter).
+struct StoredQuantization {
+  QuantizedBase format = QuantizedBase::none;
+  bool double_quant = false;  // nf4: bnb_4bit_use_double_quant
+  std::string source;         // the config.json, for messages
 };
 
 struct ModelConfig {
@@ -64,6 +75,7 @@ struct ModelConfig {
   int64_t relative_attention_max_distance = 128;
   bool gated_ffn = false;                    // feed_forward_proj "gated-gelu" (v1.1, FLAN-T5) vs "relu" (v1.0)
   int64_t decoder_start_token_id = 0;        // the decoder's first input token
+  StoredQuantization stored_quantization;
 
   // Rotated features per head: int(head_dim * rotary_pct), as HF computes it.
   int64_t rotary_dim() const { return int64_t(double(head_dim) * rotary_pct); }
@@ -85,6 +97,13 @@ T optional_value(const nlohmann::json& config, const char* field, T fallback, co
 // Rotary settings (rope_theta, partial_rotary_factor, rope_scaling /
 // rope_parameters) in every spelling a released config.json uses.
 void read_rope(const nlohmann::json& config, ModelConfig& result, const std::string& source);
+
+// config.json's quantization_config, read into result.stored_quantization:
+// bitsandbytes' LLM.int8 (load_in_8bit) or 4-bit NF4 (load_in_4bit,
+// bnb_4bit_quant_type "nf4", bnb_4bit_quant_storage "uint8"); anything else
+// (another quant_method, FP4, another storage dtype, fp16 int8 weights) is an
+// Error naming source, the field and the supported values.
+void read_quantization_config(const nlohmann::json& config, ModelConfig& result, const std::string& source);
 
 // A decoder-only model's shared fields: hidden_size, intermediate_size,
 // num_hidden_layers, num_attention_heads, vocab_size (required),

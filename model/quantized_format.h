@@ -11,6 +11,7 @@
 // (docs/extending.md).
 #pragma once
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,6 +68,10 @@ class QuantizedFormat {
   // weights'.
   virtual void save(Backend& backend, const Parameter& p, DType weight_dtype, Allocator& host,
                     NamedTensors& tensors) const = 0;
+  // Sets its fields of the quantization_config transformers writes in
+  // config.json for a model bitsandbytes quantised this way (load_in_8bit or
+  // load_in_4bit and their settings), over BitsAndBytesConfig's defaults.
+  virtual void describe(nlohmann::json& quantization_config, const ModelOptions& options) const = 0;
 };
 
 // A checkpoint tensor's shape must be the one config.json implies.

@@ -652,13 +652,17 @@ TEST_CASE("a failed metrics write warns once, keeps the rows for a retry, and th
   CHECK(fs::exists(dir + "/out/adapter/adapter_model.safetensors"));
 }
 
-TEST_CASE("a saved INT8 base loads directly and trains to the same losses") {
+TEST_CASE("a saved INT8 base has transformers' layout, loads directly and trains to the same losses") {
   const std::string dir = make_run_dir("save_base");
   CommandResult first = run_command("cd " + dir + " && " + kBinary +
                                     " config.yaml --set max_steps=3 --set quantization.save_base=base");
   INFO(first.output);
   REQUIRE(first.exit_code == 0);
   REQUIRE(fs::exists(dir + "/base/model.safetensors"));
+  // Saved as transformers + bitsandbytes save an 8-bit model (every key and tensor: test_bnb_checkpoint).
+  const nlohmann::json saved_config = nlohmann::json::parse(std::ifstream(dir + "/base/config.json"));
+  CHECK(saved_config["quantization_config"]["load_in_8bit"] == true);
+  CHECK(Checkpoint(dir + "/base").contains("model.layers.0.self_attn.q_proj.SCB"));
   CommandResult second = run_command("cd " + dir + " && " + kBinary +
                                      " config.yaml --set max_steps=3 --set model=base --set output_dir=out2");
   INFO(second.output);

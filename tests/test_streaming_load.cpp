@@ -230,7 +230,10 @@ TEST_CASE("a saved quantised base loads back to the same codes, scales and logit
   reloaded->load(file);
   CHECK(SafetensorsFile(saved).metadata().at(kQuantizationMetadataKey) == kQuantizationInt8);
   CHECK(file.entry("model.layers.0.self_attn.q_proj.weight").dtype == DType::i8);
-  CHECK(file.entry("model.layers.0.self_attn.q_proj.weight.SCB").dtype == DType::f32);
+  // bitsandbytes' names: the row scales and layout code under the module's name.
+  CHECK(file.entry("model.layers.0.self_attn.q_proj.SCB").dtype == DType::f32);
+  CHECK(file.entry("model.layers.0.self_attn.q_proj.weight_format").dtype == DType::u8);
+  CHECK(!file.contains("model.layers.0.self_attn.q_proj.weight.SCB"));
 
   size_t int8_parameters = 0;
   for (const Parameter& p : quantised->parameters()) {

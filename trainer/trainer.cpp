@@ -122,13 +122,15 @@ void make_backend(Run& run) {
   run.backend = std::move(device.backend);
 }
 
-// The INT8 base as a loadable model folder: later runs read the codes and
-// scales directly instead of quantising the 16-bit checkpoint again.
+// The quantised base as a loadable model folder: later runs read the codes
+// and constants directly instead of quantising the 16-bit checkpoint again,
+// and transformers + bitsandbytes load it as the quantised model.
 void save_base(const Run& run, LanguageModel& model) {
   const std::string& folder = run.config.quantization.save_base;
   create_folder(folder, run.config.source + ": quantization.save_base");
   save_quantized_base(model, path_in(folder, "model.safetensors"));
-  copy_file_atomically(path_in(run.config.model, "config.json"), path_in(folder, "config.json"));
+  const nlohmann::json config = quantized_base_config(path_in(run.config.model, "config.json"), model.options());
+  write_file_atomically(path_in(folder, "config.json"), config.dump(2) + "\n");
   copy_file_atomically(run.config.tokenizer, path_in(folder, run.tokenizer->file_name()));
   std::cout << "quantized base: " << folder << "\n";
 }

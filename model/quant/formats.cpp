@@ -40,4 +40,20 @@ void load_parameter(Backend& backend, const Checkpoint& checkpoint, Parameter& p
   checkpoint.release(p.name);
 }
 
+void check_stored_quantization(const StoredQuantization& stored, const ModelOptions& options) {
+  if (stored.format == QuantizedBase::none) return;
+  const QuantizedFormat& format = quantized_format(stored.format);
+  const char* field = stored.format == QuantizedBase::int8 ? "load_in_8bit" : "load_in_4bit";
+  const char* run_mode =
+      options.quantized_base == QuantizedBase::none ? "none" : quantized_format(options.quantized_base).names.mode;
+  FT_CHECK(options.quantized_base == stored.format, stored.source, ": quantization_config.", field,
+           " is true: its decoder linears are stored ", format.names.format, " and load only with quantization.mode ",
+           format.names.mode, " (this run has ", run_mode, ")");
+  const auto on_off = [](bool on) { return on ? "true" : "false"; };
+  FT_CHECK(stored.format != QuantizedBase::nf4 || stored.double_quant == options.nf4_double_quant, stored.source,
+           ": quantization_config.bnb_4bit_use_double_quant is ", on_off(stored.double_quant),
+           " but quantization.double_quant is ", on_off(options.nf4_double_quant), "; set it to ",
+           on_off(stored.double_quant));
+}
+
 }  // namespace ft

@@ -2,6 +2,7 @@
 // format for it: assigning its weight from full precision, loading it from a
 // checkpoint in whichever layout it is stored.
 #pragma once
+#include "model/model_config.h"
 #include "model/quantized_format.h"
 
 namespace ft {
@@ -18,5 +19,11 @@ void assign_weight(Backend& backend, Parameter& p, const Tensor& full_precision)
 // another format, or of another shape, is an Error naming the file and
 // the tensor.
 void load_parameter(Backend& backend, const Checkpoint& checkpoint, Parameter& p);
+
+// A checkpoint whose config.json says how it is quantised (its
+// quantization_config) loads only into a model quantised the same way:
+// otherwise an Error naming the config.json, its field and the
+// quantization setting it needs.
+void check_stored_quantization(const StoredQuantization& stored, const ModelOptions& options);
 
 }  // namespace ft

@@ -1,11 +1,26 @@
 #include "model/quant/int8.h"
 
+#include <nlohmann/json.hpp>
+
 #include "kernels/allocator.h"
 #include "kernels/error.h"
 
 namespace ft {
 
 namespace {
+
+// bitsandbytes' weight_format code for row-major int8 codes
+// (LINEAR_8BIT_WEIGHTS_FORMAT_MAPPING["row"]), the only layout it saves.
+constexpr uint8_t kInt8RowFormat = 0;
+
+// The module a weight belongs to ("...q_proj" of "...q_proj.weight"), whose
+// name bitsandbytes gives the row scales.
+std::string int8_module_name(const std::string& weight_name) {
+  const std::string suffix = ".weight";
+  const bool weight = weight_name.size() > suffix.size() &&
+                      weight_name.compare(weight_name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return weight ? weight_name.substr(0, weight_name.size() - suffix.size()) : weight_name;
+}
 
 // p's codes [out, in] and row scales [out], from allocator.
 void allocate_int8(Parameter& p, const Shape& shape, Allocator& allocator) {
@@ -36,16 +51,32 @@ class Int8Format final : public QuantizedFormat {
 
   bool holds(const SafetensorsEntry& entry) const override { return entry.dtype == DType::i8; }
 
-  // A saved base (save_quantized_base): codes plus bitsandbytes' row scales
-  // "<name>.SCB", taken as they are instead of requantising.
+  // Codes plus their row scales as bitsandbytes saves a Linear8bitLt (and
+  // save_quantized_base does): "<module>.SCB", and "<module>.weight_format"
+  // 0, its row-major layout. Bases saved by earlier versions of this program
+  // name the scales "<module>.weight.SCB" and have no weight_format.
   void load(Backend& backend, const Checkpoint& checkpoint, Parameter& p) const override {
-    require_shape(checkpoint.entry(p.name), p.name, p.value.shape);
-    const std::string scb = p.name + ".SCB";
+    const SafetensorsEntry& codes = checkpoint.entry(p.name);
+    require_shape(codes, p.name, p.value.shape);
+    const std::string module = int8_module_name(p.name);
+    const std::string scb = checkpoint.contains(module + ".SCB") ? module + ".SCB" : p.name + ".SCB";
+    FT_CHECK(checkpoint.contains(scb), codes.file, ": int8 tensor \"", p.name, "\" has no row scales: expected \"",
+             module, ".SCB\" (bitsandbytes' name) or \"", p.name, ".SCB\"");
     Tensor& scales = p.quantized.constants.at(0);
     const SafetensorsEntry& stored = checkpoint.entry(scb);
     FT_CHECK(stored.dtype == DType::f32 && stored.shape == scales.shape, stored.file, ": tensor \"", scb,
              "\" must be F32 ", shape_string(scales.shape), ", got ", dtype_name(stored.dtype), " ",
              shape_string(stored.shape));
+    const std::string format = module + ".weight_format";
+    if (checkpoint.contains(format)) {
+      const SafetensorsEntry& entry = checkpoint.entry(format);
+      FT_CHECK(entry.dtype == DType::u8 && shape_numel(entry.shape) == 1, entry.file, ": tensor \"", format,
+               "\" must be one U8 (bitsandbytes' layout code), got ", dtype_name(entry.dtype), " ",
+               shape_string(entry.shape));
+      const int layout = *static_cast<const uint8_t*>(checkpoint.view(format).data);
+      FT_CHECK(layout == kInt8RowFormat, entry.file, ": tensor \"", format, "\" is ", layout,
+               ": only bitsandbytes' row-major layout (0, \"row\") is supported");
+    }
     backend.copy(p.value, checkpoint.view(p.name));
     backend.copy(scales, checkpoint.view(scb));
     checkpoint.release(scb);
@@ -65,7 +96,16 @@ class Int8Format final : public QuantizedFormat {
 
   void save(Backend& backend, const Parameter& p, DType, Allocator& host, NamedTensors& tensors) const override {
     tensors.emplace_back(p.name, host_tensor(backend, p.value, host));
-    tensors.emplace_back(p.name + ".SCB", host_tensor(backend, int8_scales(p), host));
+    const std::string module = int8_module_name(p.name);
+    tensors.emplace_back(module + ".SCB", host_tensor(backend, int8_scales(p), host));
+    Tensor format = Tensor::empty({}, DType::u8, host, MemCategory::workspace);
+    *format.ptr<uint8_t>() = kInt8RowFormat;
+    tensors.emplace_back(module + ".weight_format", format);
+  }
+
+  void describe(nlohmann::json& quantization_config, const ModelOptions& options) const override {
+    quantization_config["load_in_8bit"] = quantization_config["_load_in_8bit"] = true;
+    quantization_config["llm_int8_threshold"] = double(options.int8_threshold);
   }
 };
 

@@ -1,7 +1,8 @@
 // LLM.int8(), the int8 quantized base: a frozen weight stored as i8 codes
 // [out, in] in weight.value plus its one constant, the f32 row scales [out]
-// (W ~ value * scales / 127), saved as bitsandbytes names them: the codes
-// under the weight's name, the scales under "<name>.SCB".
+// (W ~ value * scales / 127), saved as bitsandbytes saves a Linear8bitLt:
+// the codes under the weight's name "<module>.weight", the scales under
+// "<module>.SCB", and "<module>.weight_format", a U8 0 (row-major).
 //
 // Int8Linear's forward routes the outlier input columns (any |x| >=
 // threshold) through an f32 product and the rest through int8 x int8 ->

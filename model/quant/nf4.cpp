@@ -169,6 +169,14 @@ class Nf4Format final : public QuantizedFormat {
     std::copy(text.begin(), text.end(), bytes.ptr<char>());
     tensors.emplace_back(p.name + ".quant_state.bitsandbytes__nf4", bytes);
   }
+
+  // The compute dtype: the one each tile is dequantised in for its GEMM.
+  void describe(nlohmann::json& quantization_config, const ModelOptions& options) const override {
+    quantization_config["load_in_4bit"] = quantization_config["_load_in_4bit"] = true;
+    quantization_config["bnb_4bit_quant_type"] = "nf4";
+    quantization_config["bnb_4bit_use_double_quant"] = options.nf4_double_quant;
+    quantization_config["bnb_4bit_compute_dtype"] = torch_dtype_name(options.activation_dtype);
+  }
 };
 
 }  // namespace
