@@ -20,9 +20,9 @@
 // charge (kernels/meta/) is what a step holds.
 #include "kernels/cuda/attention_engine.h"
 
-#include <cstdlib>
 #include <string>
 
+#include "kernels/cuda/library_choice.h"
 #include "kernels/error.h"
 
 namespace ft::cuda {
@@ -32,11 +32,7 @@ namespace ft::cuda {
 // they report hazards and overflow their barrier table inside cuDNN's own
 // code), so scripts/gpu_check checks our kernels with it.
 bool library_attention_wanted() {
-  const char* engine = std::getenv("FT_ATTENTION_ENGINE");
-  if (engine == nullptr || std::string(engine) == "auto") return true;
-  FT_CHECK(std::string(engine) == "ours", "FT_ATTENTION_ENGINE is '", engine,
-           "'; expected 'auto' (cuDNN SDPA where built, else ours) or 'ours'");
-  return false;
+  return library_engine_wanted("FT_ATTENTION_ENGINE", "cuDNN SDPA where built, else ours");
 }
 
 }  // namespace ft::cuda

@@ -2,11 +2,9 @@
 // headers) and our substitute (everywhere, the emulator included).
 #include "kernels/cuda/int8_gemm_engine.h"
 
-#include <cstdlib>
-#include <string>
-
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/library_choice.h"
 #include "kernels/cuda/scratch.h"
 #include "kernels/error.h"
 #if defined(FT_HAVE_CUTLASS)
@@ -104,11 +102,7 @@ bool sm90_device() {
 }  // namespace
 
 bool library_int8_gemm_wanted() {
-  const char* engine = std::getenv("FT_INT8_GEMM_ENGINE");
-  if (engine == nullptr || std::string(engine) == "auto") return true;
-  FT_CHECK(std::string(engine) == "ours", "FT_INT8_GEMM_ENGINE is '", engine,
-           "'; expected 'auto' (CUTLASS's int8 GEMM where built and the GPU is sm_90, else ours) or 'ours'");
-  return false;
+  return library_engine_wanted("FT_INT8_GEMM_ENGINE", "CUTLASS's int8 GEMM where built and the GPU is sm_90, else ours");
 }
 
 bool library_int8_gemm_available() {

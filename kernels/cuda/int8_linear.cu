@@ -383,33 +383,29 @@ struct SideOperand {
   const int32_t* columns;  // the outlier list: count, then the columns
   int64_t outlier_columns, r, width;
 };
+// Where a side operand's rows come from: x [rows, K] (wq null), or W's codes
+// wq [rows, K] with scales sw; lora (h or B [rows, r]) times lora_scaling.
+struct SideRows {
+  cuda::ConstView x;
+  const int8_t* wq;
+  const float* sw;
+  cuda::ConstView lora;
+  float lora_scaling;
+};
 
-__global__ void __launch_bounds__(kBlock) side_x_kernel(__nv_bfloat16* side, cuda::ConstView x, cuda::ConstView h,
-                                                         SideOperand s, int64_t rows, int64_t K) {
+__global__ void __launch_bounds__(kBlock) side_operand_kernel(__nv_bfloat16* side, SideRows from, SideOperand s,
+                                                               int64_t rows, int64_t K) {
   const int64_t count = s.columns[0];
   for (int64_t i = grid_index(); i < rows * s.width; i += grid_stride()) {
-    const int64_t n = i / s.width, c = i % s.width;
+    const int64_t row = i / s.width, c = i % s.width;
     float v = 0.0f;
     if (c < s.outlier_columns) {
-      if (c < count) v = cuda::load(x, n * K + s.columns[1 + c]);
+      if (c < count) {
+        const int64_t k = s.columns[1 + c];
+        v = from.wq ? float(from.wq[row * K + k]) * from.sw[row] / 127.0f : cuda::load(from.x, row * K + k);
+      }
     } else if (c < s.outlier_columns + s.r) {
-      v = cuda::load(h, n * s.r + c - s.outlier_columns);
-    }
-    side[i] = __float2bfloat16(v);
-  }
-}
-
-__global__ void __launch_bounds__(kBlock)
-    side_w_kernel(__nv_bfloat16* side, const int8_t* wq, const float* sw, cuda::ConstView lora_B, float lora_scaling,
-                  SideOperand s, int64_t O, int64_t K) {
-  const int64_t count = s.columns[0];
-  for (int64_t i = grid_index(); i < O * s.width; i += grid_stride()) {
-    const int64_t o = i / s.width, c = i % s.width;
-    float v = 0.0f;
-    if (c < s.outlier_columns) {
-      if (c < count) v = float(wq[o * K + s.columns[1 + c]]) * sw[o] / 127.0f;
-    } else if (c < s.outlier_columns + s.r) {
-      v = lora_scaling * cuda::load(lora_B, o * s.r + c - s.outlier_columns);
+      v = from.lora_scaling * cuda::load(from.lora, row * s.r + c - s.outlier_columns);
     }
     side[i] = __float2bfloat16(v);
   }
@@ -631,13 +627,14 @@ void fused_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Ten
   if (side_x.cols() > 0) {
     const SideOperand side{list, columns, r, side_x.cols()};
     const cuda::ConstView none{nullptr, DType::bf16};
-    launch<side_x_kernel>(cuda::elementwise_blocks(N * side.width, kBlock), kBlock, 0, context.stream,
-                          side_x.ptr<__nv_bfloat16>(), cuda::const_view(x),
-                          r ? cuda::const_view(*epilogue.lora_h) : none, side, N, K);
+    const SideRows x_rows{cuda::const_view(x), nullptr, nullptr, r ? cuda::const_view(*epilogue.lora_h) : none, 1.0f};
+    const SideRows w_rows{none, weight.ptr<const int8_t>(), weight_scales.ptr<const float>(),
+                          r ? cuda::const_view(*epilogue.lora_B) : none, epilogue.lora_scaling};
+    launch<side_operand_kernel>(cuda::elementwise_blocks(N * side.width, kBlock), kBlock, 0, context.stream,
+                                side_x.ptr<__nv_bfloat16>(), x_rows, side, N, K);
     FT_CUDA_CHECK_LAUNCH();
-    launch<side_w_kernel>(cuda::elementwise_blocks(O * side.width, kBlock), kBlock, 0, context.stream,
-                          side_w.ptr<__nv_bfloat16>(), weight.ptr<const int8_t>(), weight_scales.ptr<const float>(),
-                          r ? cuda::const_view(*epilogue.lora_B) : none, epilogue.lora_scaling, side, O, K);
+    launch<side_operand_kernel>(cuda::elementwise_blocks(O * side.width, kBlock), kBlock, 0, context.stream,
+                                side_w.ptr<__nv_bfloat16>(), w_rows, side, O, K);
     FT_CUDA_CHECK_LAUNCH();
     context.passed("side operands");
     side_product(out, side_x, side_w, context);
