@@ -2700,3 +2700,33 @@ TEST_CASE("configs/grpo-tiny.yaml as shipped raises the held-out reward over six
   CHECK(read_file((killed / "adapter/adapter_model.safetensors").string()) ==
         read_file((runs / "grpo_full" / "adapter/adapter_model.safetensors").string()));
 }
+
+TEST_CASE("generate streams a character split across byte-level tokens once it is whole: the stream is --file's text") {
+  // The tiny Qwen2 (byte-level BPE) answers greedily with the lone bytes 0xAE
+  // and 0xDD alternating (an invalid byte decodes to U+FFFD, a pair to one
+  // character), and under a repetition penalty with an "î" split over two
+  // tokens: streamed, each character waits for its last byte, so the stream
+  // is valid UTF-8 and equals the batched --file text (transformers' text).
+  const fs::path dir = fs::path(FT_BINARY_DIR) / "cli_runs" / "generate_split_characters";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  struct Case {
+    std::string prompt, flags;
+  };
+  for (const Case& c : {Case{"Hello there", "--system 'Be brief.' --max-new-tokens 10"},
+                        Case{"x", "--max-new-tokens 12 --repetition-penalty 1.5"}}) {
+    CAPTURE(c.prompt);
+    std::ofstream(dir / "rows.jsonl") << nlohmann::json{{"prompt", c.prompt}}.dump() << "\n";
+    const std::string generate = kBinary + " generate " + kFixtures + "/qwen2_tiny --chat --chat-template chatml " +
+                                 c.flags;
+    const CommandResult streamed = run_command(generate + " --prompt '" + c.prompt + "' 2>/dev/null");
+    const CommandResult batched = run_command(generate + " --file " + (dir / "rows.jsonl").string() + " 2>/dev/null");
+    REQUIRE(streamed.exit_code == 0);
+    REQUIRE(batched.exit_code == 0);
+    const std::string completion = nlohmann::json::parse(batched.output)["completion"];
+    const bool split_character =
+        completion.find("\xEF\xBF\xBD") != std::string::npos || completion.find("\xC3\xAE") != std::string::npos;
+    CHECK(split_character);
+    CHECK(streamed.output == completion + "\n");
+  }
+}

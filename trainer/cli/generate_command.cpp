@@ -28,9 +28,24 @@ namespace ft {
 
 namespace {
 
+// The bytes of text before its trailing run of U+FFFD: what decode gives for
+// a character whose bytes have not all arrived (a byte-level BPE or byte
+// fallback token can end mid-character), which the next token may turn into
+// that character. Before it the text no longer changes: UTF-8 decodes left to
+// right, so only an incomplete tail depends on bytes to come.
+size_t settled_bytes(const std::string& text) {
+  static const std::string replacement = "\xEF\xBF\xBD";
+  size_t end = text.size();
+  while (end >= replacement.size() && text.compare(end - replacement.size(), replacement.size(), replacement) == 0)
+    end -= replacement.size();
+  return end;
+}
+
 // Prints a row's completion as its tokens arrive: the decoded text grows, and
 // only what is new is written. Text that could still become the start of a
-// stop string is held back until it cannot (or the row ends).
+// stop string, or a character still missing bytes, is held back until it
+// cannot change (or the row ends), as transformers' TextStreamer holds back
+// an incomplete character.
 class StreamPrinter {
  public:
   StreamPrinter(const Tokenizer& tokenizer, const std::vector<std::string>& stop_strings)
@@ -40,7 +55,7 @@ class StreamPrinter {
   void on_token(int32_t token) {
     tokens_.push_back(token);
     const std::string text = visible_text();
-    write(text, text.size() - std::min(text.size(), held_bytes_ ? held_bytes_ - 1 : 0));
+    write(text, std::min(settled_bytes(text), text.size() - std::min(text.size(), held_bytes_ ? held_bytes_ - 1 : 0)));
   }
   // The row's text so far (stop strings cut).
   std::string text() const { return visible_text(); }
