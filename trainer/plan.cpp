@@ -1013,7 +1013,8 @@ std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& opt
     }
   std::vector<ModeFit> fits;
   for (const PlanMode& mode : modes)
-    fits.push_back(fit_mode(config, options, mode, std::min(longest_seq_len(config, model_config), kLongestFitSeqLen)));
+    fits.push_back(
+        fit_mode(config, options, mode, std::min(longest_seq_len(config, model_config), kLongestFitSeqLen)));
   return fits;
 }
 

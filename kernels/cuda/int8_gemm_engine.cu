@@ -79,9 +79,12 @@ class CutlassInt8Gemm final : public Int8GemmEngine {
     const cutlass_kernels::Int8ScaledGemm g = cutlass_operands(out, codes, weight, row_scales, weight_scales, bias);
     FT_CHECK(cutlass_kernels::int8_scaled_gemm_supported(g), "int8_linear_forward: CUTLASS's int8 GEMM does not take [",
              g.rows, ", ", g.in_features, "] -> ", g.out_features, " at these addresses");
+    // None for this kernel (its persistent scheduler and broadcast epilogue keep no state), which the planner assumes.
     const size_t workspace_bytes = cutlass_kernels::int8_scaled_gemm_workspace_bytes(g);
-    Tensor workspace = Tensor::empty({int64_t(workspace_bytes)}, DType::u8, allocator_, MemCategory::workspace);
-    const char* failure = cutlass_kernels::int8_scaled_gemm(g, workspace_bytes ? workspace.data : nullptr, stream);
+    Tensor workspace;
+    if (workspace_bytes > 0)
+      workspace = Tensor::empty({int64_t(workspace_bytes)}, DType::u8, allocator_, MemCategory::workspace);
+    const char* failure = cutlass_kernels::int8_scaled_gemm(g, workspace.data, stream);
     FT_CHECK(failure == nullptr, "int8_linear_forward: CUTLASS's int8 GEMM failed: ", failure);
     FT_CUDA_CHECK_LAUNCH();
   }

@@ -1,5 +1,7 @@
 #include "model/quant/int8.h"
 
+#include <string_view>
+
 #include <nlohmann/json.hpp>
 
 #include "kernels/allocator.h"
@@ -16,10 +18,8 @@ constexpr uint8_t kInt8RowFormat = 0;
 // The module a weight belongs to ("...q_proj" of "...q_proj.weight"), whose
 // name bitsandbytes gives the row scales.
 std::string int8_module_name(const std::string& weight_name) {
-  const std::string suffix = ".weight";
-  const bool weight = weight_name.size() > suffix.size() &&
-                      weight_name.compare(weight_name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  return weight ? weight_name.substr(0, weight_name.size() - suffix.size()) : weight_name;
+  const std::string_view suffix = ".weight";
+  return weight_name.ends_with(suffix) ? weight_name.substr(0, weight_name.size() - suffix.size()) : weight_name;
 }
 
 // p's codes [out, in] and row scales [out], from allocator.
