@@ -1892,6 +1892,11 @@ TEST_CASE("configs/course-lab2.yaml runs its four-way comparison (short) and wri
   // LoRA r=32 on q and v: 9 attentions x 2 x 32 x (128 + 128); the original trains nothing.
   CHECK(result.output.find("147,456 / 1,886,592 (7.82%)", table) != std::string::npos);
   CHECK(result.output.find("0 / 1,739,136 (0.00%)", table) != std::string::npos);
+  // The original model is evaluated as built: no gradient or AdamW buffers (full fine-tuning's 6.6 MiB and 13.3).
+  const size_t original = result.output.find("=== original model (evaluated, not trained)");
+  REQUIRE(original != std::string::npos);
+  CHECK(result.output.find("trainable params: 0 ||", original) < result.output.find("=== full", original));
+  CHECK(result.output.find("gradients 0 B, optimizer 0 B", original) < result.output.find("=== full", original));
   std::istringstream csv(read_file((out / "comparison.csv").string()));
   std::string line;
   std::vector<std::string> lines;

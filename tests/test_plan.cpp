@@ -1174,6 +1174,12 @@ TEST_CASE("plan: every shipped kind of config plans: reward, FLAN-T5 LoRA and th
   CHECK(lab2.exit_status == 0);
   for (const char* name : {"original model", "full fine-tuning", "LoRA"})
     CHECK(lab2.output.find(std::string("== compare run \"") + name + "\"") != std::string::npos);
+  // Its original model (train: false) holds no gradients or AdamW state; full fine-tuning does.
+  const size_t full = lab2.output.find("== compare run \"full fine-tuning\"");
+  CHECK(lab2.output.find("train: false: nothing trainable") < full);
+  const std::string no_gradients = "  gradients (f32)                                                     0 B\n";
+  CHECK(lab2.output.find(no_gradients) < full);
+  CHECK(lab2.output.find(no_gradients, full) == std::string::npos);
   // Lab 3's PPO trains a T5 policy, which the planner does not replay: said after the reward model's plan.
   const PlanRun lab3 = run_plan(configs + "course-lab3.yaml");
   CHECK(lab3.exit_status == 1);

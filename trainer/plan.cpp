@@ -1038,6 +1038,9 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
                   ? " (PPO: micro_batch rollouts generated and scored at once, ppo.mini_batch_size trained; the "
                     "rollout, its values, the reference and the reward model as phases)"
                   : "");
+  if (config.evaluate_only)
+    std::printf("  train: false: nothing trainable, no gradients or AdamW state; the step planned below (the frozen "
+                "model's forward and backward) holds more than its evaluation\n");
   // First: a layout the model or the ranks cannot take is the one error.
   const PipelinePlan pipeline = config.parallel.pipeline > 1 ? plan_pipeline(config, options) : PipelinePlan{};
   const ParallelLayout layout = config.parallel.tensor > 1 ? parallel_layout(config, options.ranks, "--ranks " +

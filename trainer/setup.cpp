@@ -95,6 +95,7 @@ TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model
     return (head.weight && name == head.weight->name) || (head.bias && name == head.bias->name);
   };
   setup.model->set_trainable([&](const std::string& name) {
+    if (config.evaluate_only) return false;
     return train_all || name.find(".lora_") != std::string::npos || is_head(name);
   });
   for (std::deque<Parameter>* list : {&setup.model->parameters(), &setup.model->adapters()})

@@ -52,7 +52,7 @@ struct OptimizerShard {
 // when trainable is lora, checkpointing, loss chunking); fill_base then fills
 // its base weights (load, init_random, or nothing when planning); adapters
 // are initialised from the config's seed, the config's trainable set (the
-// adapters, or everything) gets gradient buffers, and AdamW takes the config's
+// adapters, or everything; nothing when evaluate_only) gets gradient buffers, and AdamW takes the config's
 // weight decay and clipping. With offload.optimizer: host its state is
 // allocated from host_state (required then; a run's host memory, the
 // planner's host-side tracker). A pipeline stage builds its layers only;

@@ -119,6 +119,9 @@ struct TrainConfig {
   std::vector<std::pair<std::string, std::string>> objective_keys;
   Trainable trainable = Trainable::lora;
   LoraOptions lora;  // used when trainable is lora
+  // A comparison's `train: false` run (no key of its own): the model as built
+  // is evaluated, nothing is trainable, so no gradient or AdamW buffers.
+  bool evaluate_only = false;
   QuantizationConfig quantization;
   Precision precision = Precision::fp32;
   DeviceChoice device = DeviceChoice::automatic;

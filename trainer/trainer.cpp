@@ -1031,10 +1031,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   check_same_device(collectives, *run.backend);
   StepOpProfile op_profile(*run.backend, std::cout);  // FT_PROFILE_OPS, read before the model loads
   make_model(run);
-  // An evaluate-only run (a comparison's original model) trains nothing, as its table row says.
-  ParameterCount parameters = count_job_parameters(run);
-  if (options.evaluate_only) parameters.trainable = 0;
-  std::cout << trainable_parameters_line(parameters) << "\n";
+  std::cout << trainable_parameters_line(count_job_parameters(run)) << "\n";
   run.identity.push_back(data_parallel_identity(data_ranks));
   if (run.pipeline_stages > 1) run.identity.push_back(pipeline_identity(run.pipeline_stages));
   if (run.tensor_ranks > 1) run.identity.push_back(tensor_identity(run.tensor_ranks));
@@ -1095,7 +1092,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
               << format_bytes(stream->host_bytes()) << ") through " << stream->slot_count()
               << " device slots";
   std::cout << "\n";
-  if (options.evaluate_only) {
+  if (config.evaluate_only) {
     std::cout << "evaluating the model as loaded: no training steps";
   } else if (config.objective == Objective::ppo) {  // a step is ppo.batch_size rollouts, not micro_batch_size
     std::cout << "training " << run.total_steps << " PPO steps of " << config.ppo.batch_size
@@ -1116,9 +1113,8 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
 
   // Rank 0 alone writes metrics.jsonl and loss.svg.
   Progress progress(run.leader ? metrics_path : "", run.total_steps, resumed.step, config.log_every);
-  if (options.evaluate_only) {
+  if (config.evaluate_only) {  // evaluated as built, and stops: nothing written but metrics.jsonl
     fill_summary(run, evaluate(run, 0, progress, "model as loaded, no training"), options.summary);
-    if (options.summary) options.summary->parameters.trainable = 0;  // nothing trained
     return 0;
   }
   EvalFigures before;

@@ -47,9 +47,6 @@ struct RunOptions {
   // The job's ranks (collectives.h); null: a single process. Rank 0 prints,
   // evaluates and writes every file; the others train their share.
   Collectives* collectives = nullptr;
-  // Evaluate the model as built (the base, adapters untouched) and stop: no
-  // training, nothing written but metrics.jsonl.
-  bool evaluate_only = false;
   // Evaluate before training too and print the change (a comparison's
   // original-model run evaluates that once for all).
   bool evaluate_before = true;

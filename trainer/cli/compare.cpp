@@ -54,13 +54,15 @@ ComparedRun load_entry(const std::string& path, const YAML::Node& root, const YA
            ".output_dir: runs write to the file's output_dir/<name>; set output_dir at the top level");
   ComparedRun run;
   run.name = name.Scalar();
-  if (const YAML::Node train = entry["train"]) {
-    FT_CHECK(train.IsScalar() && YAML::convert<bool>::decode(train, run.train), where(path, train), ": ", field,
+  bool train = true;
+  if (const YAML::Node node = entry["train"]) {
+    FT_CHECK(node.IsScalar() && YAML::convert<bool>::decode(node, train), where(path, node), ": ", field,
              ".train: expected true or false");
   }
   std::vector<std::string> skipped = kEntryKeys;
   skipped.push_back("compare");  // the root layer's list
   run.config = train_config_from_layers({root, entry}, skipped, path, overrides);
+  run.config.evaluate_only = !train;
   run.config.output_dir = (fs::path(run.config.output_dir) / folder_name(run.name)).string();
   // A reward model and PPO report their own held-out figures (lab 3's table); the others are compared by ROUGE.
   const Objective objective = run.config.objective;
@@ -227,11 +229,10 @@ BarChart rouge_chart(const std::vector<ComparedResult>& results) {
 int run_comparison(const Comparison& comparison, std::ostream& out) {
   std::vector<ComparedResult> results;
   for (const ComparedRun& run : comparison.runs) {
-    out << "=== " << run.name << (run.train ? "" : " (evaluated, not trained)") << " -> " << run.config.output_dir
+    out << "=== " << run.name << (run.config.evaluate_only ? " (evaluated, not trained)" : "") << " -> " << run.config.output_dir
         << " ===\n";
     ComparedResult result{run.name, {}, 0.0};
     RunOptions options;
-    options.evaluate_only = !run.train;
     options.overwrite = true;  // a comparison starts its runs afresh
     // The untrained model is a run of its own (train: false); PPO's table compares the policy before and after.
     options.evaluate_before = run.config.objective == Objective::ppo;

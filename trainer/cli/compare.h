@@ -31,8 +31,7 @@ namespace ft {
 
 struct ComparedRun {
   std::string name;
-  bool train = true;
-  TrainConfig config;  // output_dir already the run's own folder
+  TrainConfig config;  // output_dir already the run's own folder; evaluate_only for `train: false`
 };
 
 struct Comparison {
