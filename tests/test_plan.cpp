@@ -1141,6 +1141,30 @@ TEST_CASE("plan: finetune plan MODEL_FOLDER --gpu-mem prints the mode table and 
   CHECK(run.output.find("best mode: unquantised base (") != std::string::npos);
 }
 
+// A folder saved quantised (config.json's quantization_config, as
+// transformers + bitsandbytes write it) loads in its own format only: its
+// plan takes that format and lists no other, and a config asking for another
+// is refused as the run refuses it.
+TEST_CASE("plan: a bitsandbytes-saved checkpoint is planned in its stored format") {
+  const std::string fixtures = std::string(FT_SOURCE_DIR) + "/tests/fixtures/bnb_checkpoint/";
+  const PlanRun nf4 = run_plan(fixtures + "llama_nf4");
+  CHECK(nf4.exit_status == 0);
+  CHECK(nf4.output.find("frozen NF4 linear weights") != std::string::npos);
+  CHECK(nf4.output.find("(double-quantised") != std::string::npos);  // bnb_4bit_use_double_quant: true
+  CHECK(nf4.output.find("best mode: nf4 (") != std::string::npos);
+  for (const char* other : {"\n  int8", "\n  unquantised base"}) CHECK(nf4.output.find(other) == std::string::npos);
+  const PlanRun int8 = run_plan(fixtures + "llama_int8");
+  CHECK(int8.exit_status == 0);
+  CHECK(int8.output.find("frozen int8 linear weights") != std::string::npos);
+  CHECK(int8.output.find("best mode: int8 (") != std::string::npos);
+  for (const char* other : {"\n  nf4", "\n  unquantised base"}) CHECK(int8.output.find(other) == std::string::npos);
+  const PlanRun mismatch = run_plan(fixtures + "llama_nf4 --set quantization.mode=int8");
+  CHECK(mismatch.exit_status == 1);
+  CHECK(mismatch.output.find("llama_nf4/config.json: quantization_config.load_in_4bit is true: its decoder linears "
+                             "are stored NF4 and load only with quantization.mode nf4 (this run has int8)") !=
+        std::string::npos);
+}
+
 // A run with device: cpu trains on the CPU, so its plan is the CPU's unless
 // --device says otherwise; device: auto plans the GPU it is meant for.
 TEST_CASE("plan: follows the config's device unless --device overrides it") {

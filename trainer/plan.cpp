@@ -1003,9 +1003,11 @@ std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& opt
   // its base on the device (setup_training): nothing to stream.
   const bool streams =
       config.parallel.tensor == 1 && model_family(model_config.model_type).kind != ModelKind::seq2seq;
+  // A checkpoint saved quantised (config.json's quantization_config) loads in its own format only.
+  const QuantizedBase stored = model_config.stored_quantization.format;
   for (OffloadTarget base : {OffloadTarget::device, OffloadTarget::host})
     for (QuantizedBase quantization : kQuantizedBases) {
-      if ((!lora && quantization != QuantizedBase::none) ||
+      if ((!lora && quantization != QuantizedBase::none) || (stored != QuantizedBase::none && quantization != stored) ||
           (base == OffloadTarget::host && (quantization == QuantizedBase::none || !streams)))
         continue;
       for (OffloadTarget optimizer : {OffloadTarget::device, OffloadTarget::host})
@@ -1023,6 +1025,7 @@ void print_plan(const TrainConfig& config, const PlanOptions& options) {
   const ModelConfig model_config =
       read_model_config((std::filesystem::path(config.model) / "config.json").string());
   check_seq_len(config, model_config);  // as a run refuses it
+  check_stored_quantization(model_config.stored_quantization, model_options(config));  // as its load refuses it
   FT_CHECK(config.objective != Objective::ppo || model_family(model_config.model_type).kind == ModelKind::causal,
            config.source, ": objective: ppo on a ", model_config.model_type, " (encoder-decoder) policy is not "
            "planned: the planner replays decoder-only rollouts (the run itself trains)");
@@ -1109,10 +1112,15 @@ TrainConfig plan_config_for_model(const std::string& path, const std::vector<std
   const int64_t seq_len = std::min<int64_t>(2048, model_config.max_position_embeddings);
   // A T5 keeps every activation of a step (model/t5.h): no checkpointing.
   const bool seq2seq = model_family(model_config.model_type).kind == ModelKind::seq2seq;
-  const std::string yaml = "model: " + fs::absolute(json.parent_path()).string() +
-                           "\ndata: {train: unused.jsonl}\nprecision: bf16\nactivation_checkpointing: " +
-                           (seq2seq ? "none" : "per_layer") + "\nloss_chunk_tokens: 512\nmicro_batch_size: 1\nseq_len: " +
-                           std::to_string(seq_len) + "\n";
+  std::string yaml = "model: " + fs::absolute(json.parent_path()).string() +
+                     "\ndata: {train: unused.jsonl}\nprecision: bf16\nactivation_checkpointing: " +
+                     (seq2seq ? "none" : "per_layer") + "\nloss_chunk_tokens: 512\nmicro_batch_size: 1\nseq_len: " +
+                     std::to_string(seq_len) + "\n";
+  // A checkpoint saved quantised (bitsandbytes, or our quantization.save_base) trains in its own format.
+  const StoredQuantization& stored = model_config.stored_quantization;
+  if (stored.format != QuantizedBase::none)
+    yaml += std::string("quantization: {mode: ") + quantized_format(stored.format).names.mode +
+            (stored.double_quant ? ", double_quant: true" : "") + "}\n";
   return parse_train_config(yaml, json.string(), overrides);
 }
 
