@@ -2022,6 +2022,39 @@ void check_samples_again(const std::string& dir, const std::string& run_output, 
 
 }  // namespace
 
+// A base saved quantised (quantization.save_base writes what transformers +
+// bitsandbytes write: config.json's quantization_config) loads in its own
+// format, as transformers' from_pretrained loads it: generate takes that
+// format without --quantization and refuses another, naming the option. The
+// adapter's record keeps NF4's double_quant, so generate over the original
+// base quantises it as training did.
+TEST_CASE("generate takes a saved quantised base's format; the adapter record keeps NF4's double_quant") {
+  const std::string dir = make_run_dir("stored_nf4", "quantization: {mode: nf4, double_quant: false, save_base: base}\n");
+  const CommandResult trained = run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=1");
+  INFO(trained.output);
+  REQUIRE(trained.exit_code == 0);
+  const nlohmann::json record = nlohmann::json::parse(std::ifstream(dir + "/out/adapter/finetune_run.json"));
+  CHECK(record["base_quantization"] == "nf4");
+  CHECK(record["double_quant"] == false);
+  const std::string generate = "cd " + dir + " && " + kBinary + " generate ";
+  const std::string prompt = " --device cpu --max-new-tokens 2 --prompt 'The weather'";
+  const CommandResult stored = run_command(generate + "base" + prompt);
+  INFO(stored.output);
+  CHECK(stored.exit_code == 0);
+  CHECK(stored.output.find("base: nf4, double_quant false, precision fp32 (the base as stored: base/config.json's "
+                           "quantization_config)") != std::string::npos);
+  const CommandResult other = run_command(generate + "base" + prompt + " --quantization int8");
+  CHECK(other.exit_code == 1);
+  CHECK(other.output.find("error: base/config.json: quantization_config: the base's decoder linears are stored NF4 "
+                          "and load only with --quantization nf4, not int8\n") != std::string::npos);
+  const CommandResult adapter = run_command(generate + kFixtures + "/llama_gqa --adapter out/adapter --tokenizer " +
+                                            kFixtures + "/tokenizer/tokenizer.model" + prompt);
+  INFO(adapter.output);
+  CHECK(adapter.exit_code == 0);
+  CHECK(adapter.output.find("base: nf4, double_quant false, precision fp32 (as the adapter was trained") !=
+        std::string::npos);
+}
+
 // A user's chat path: conversations whose assistant always replies
 // "Sure, here it is." train an adapter (Llama-2's template over the fixture
 // tokenizer); the adapter folder records how (finetune_run.json), so

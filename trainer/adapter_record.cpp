@@ -11,6 +11,7 @@ namespace ft {
 
 void write_adapter_record(const std::string& adapter_dir, const AdapterRecord& record) {
   nlohmann::json json = {{"base_quantization", enum_name(record.quantization)},
+                         {"double_quant", record.double_quant},
                          {"precision", enum_name(record.precision)},
                          {"chat_template", record.chat_template ? nlohmann::json(enum_name(*record.chat_template))
                                                                 : nlohmann::json(nullptr)},
@@ -40,6 +41,10 @@ std::optional<AdapterRecord> read_adapter_record(const std::string& adapter_dir)
   const nlohmann::json json = read_json_object(path, "finetune's record of how the adapter was trained");
   AdapterRecord record;
   record.quantization = spelled<QuantizedBase>(json, "base_quantization", path);
+  if (json.contains("double_quant")) {
+    FT_CHECK(json["double_quant"].is_boolean(), path, ": double_quant must be true or false");
+    record.double_quant = json["double_quant"];
+  }
   record.precision = spelled<Precision>(json, "precision", path);
   if (json.contains("chat_template") && !json["chat_template"].is_null())
     record.chat_template = spelled<ChatTemplateKind>(json, "chat_template", path);

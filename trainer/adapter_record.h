@@ -19,6 +19,7 @@ inline constexpr const char* kAdapterRecordFile = "finetune_run.json";
 
 struct AdapterRecord {
   QuantizedBase quantization = QuantizedBase::none;
+  bool double_quant = true;  // nf4: the absmax constants double-quantised (a record without it: the default)
   Precision precision = Precision::fp32;
   std::optional<ChatTemplateKind> chat_template;  // chatml, llama2, ...: the run's rows were chat
   std::string config;                             // the run's config file, and its fingerprint

@@ -908,7 +908,7 @@ void save_outputs(Run& run) {
   save_peft_adapter(path_in(config.output_dir, "adapter"), adapters, run.model->options().lora, adapter);
   const bool config_file = fs::exists(config.source);
   write_adapter_record(path_in(config.output_dir, "adapter"),
-                       {config.quantization.mode, config.precision,
+                       {config.quantization.mode, config.quantization.double_quant, config.precision,
                         run.chat ? std::optional(run.chat->kind) : std::nullopt, config.source,
                         config_file ? file_fingerprint(config.source) : ""});
   std::cout << "adapter (PEFT format): " << path_in(config.output_dir, "adapter") << "\n";
