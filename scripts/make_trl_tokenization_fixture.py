@@ -13,7 +13,10 @@ a prompt ending in a space (it merges into the completion's first token in
 the joined text), completions already ending with the eos text (trl adds
 none then), a pair whose two sides split the prompt differently; conversational rows and
 pairs (trl's lists of messages, a pair's prompt left implicit too) rendered
-with tests/fixtures/chat/<family>'s real template (chat_template).
+with tests/fixtures/chat/<family>'s real template (chat_template). The
+prompt/completion rows again with completion_only_loss=False, and rows of
+messages with trl's default assistant_only_loss=False (every token trains),
+carry the SFTConfig arguments they were prepared with (sft_args).
 tests/test_data.cpp checks tokenize_example and tokenize_pairs against these.
 """
 import json
@@ -52,6 +55,12 @@ def conversational_rows():
             {"prompt": [{"role": "user", "content": "2+2?"}], "completion": [{"role": "assistant", "content": " 4"}]}]
 
 
+def message_rows():
+    return [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+                          {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "2+2?"},
+                          {"role": "assistant", "content": " 4"}]}]
+
+
 def conversational_pairs(implicit_prompt):
     question = [{"role": "user", "content": "Who met whom?"}]
     if implicit_prompt:  # trl extracts it: the messages both sides share
@@ -61,8 +70,8 @@ def conversational_pairs(implicit_prompt):
              "rejected": [{"role": "assistant", "content": "Bob met Alice."}]}]
 
 
-def prepared(trainer_class, config_class, model, tokenizer, rows, folder):
-    config = config_class(output_dir=folder, report_to="none", bf16=False, use_cpu=True)
+def prepared(trainer_class, config_class, model, tokenizer, rows, folder, **args):
+    config = config_class(output_dir=folder, report_to="none", bf16=False, use_cpu=True, **args)
     trainer = trainer_class(model=model, args=config, train_dataset=Dataset.from_list(rows),
                             processing_class=tokenizer)
     return list(trainer.train_dataset)
@@ -79,10 +88,14 @@ def main():
         model = AutoModelForCausalLM.from_pretrained(folder)
         eos = tokenizer.eos_token
         with tempfile.TemporaryDirectory() as scratch:
-            for rows in [prompt_completion_rows(eos), text_rows(eos), conversational_rows()]:
-                for row, out in zip(rows, prepared(SFTTrainer, SFTConfig, model, tokenizer, rows, scratch)):
+            sft_runs = [(prompt_completion_rows(eos), {}), (text_rows(eos), {}), (conversational_rows(), {}),
+                        (prompt_completion_rows(eos), {"completion_only_loss": False}),
+                        (conversational_rows(), {"completion_only_loss": False}),
+                        (message_rows(), {"assistant_only_loss": False})]
+            for rows, args in sft_runs:
+                for row, out in zip(rows, prepared(SFTTrainer, SFTConfig, model, tokenizer, rows, scratch, **args)):
                     cases.append({"checkpoint": name, "chat_template": family, "trainer": "SFTTrainer", "row": row,
-                                  "input_ids": out["input_ids"],
+                                  "sft_args": args, "input_ids": out["input_ids"],
                                   "loss_mask": [int(label != -100) for label in out["labels"]]})
             for rows in [pair_rows(eos), conversational_pairs(False), conversational_pairs(True)]:
                 for row, out in zip(rows, prepared(DPOTrainer, DPOConfig, model, tokenizer, rows, scratch)):

@@ -166,12 +166,15 @@ TEST_CASE("tokenisation: bos + prompt + completion + eos, loss on completion and
 // the completion, a completion already ending with the eos text gets no
 // second eos, a pair's two sides share the shorter prompt, and
 // conversational rows and pairs (lists of messages) are rendered with the
-// chat template and train on everything after the prompt.
+// chat template and train on everything after the prompt. With trl's
+// completion_only_loss=False (prompt/completion rows) and
+// assistant_only_loss=False (rows of messages: trl's default, not ours) every
+// token trains.
 TEST_CASE("rows and preference pairs load and tokenize as trl's SFTTrainer and DPOTrainer prepare them") {
   std::ifstream file(std::string(FT_FIXTURES_DIR) + "/trl_tokenization.json");
   REQUIRE(file.good());
   const nlohmann::json fixture = nlohmann::json::parse(file);
-  int sft = 0, dpo = 0, conversational = 0;
+  int sft = 0, dpo = 0, conversational = 0, every_token = 0;
   for (const nlohmann::json& c : fixture["cases"]) {
     const nlohmann::json& row = c["row"];
     CAPTURE(row.dump());
@@ -182,7 +185,11 @@ TEST_CASE("rows and preference pairs load and tokenize as trl's SFTTrainer and D
     conversational += row.contains("chosen") ? row["chosen"].is_array() : row.contains("prompt") && row["prompt"].is_array();
     if (c["trainer"] == "SFTTrainer") {
       const Dataset data = load_jsonl(path, DataFormat::automatic);
-      const TokenizedDataset tokens = tokenize_dataset(data, tokenizer, 4096, tokenizer.eos_id(), &chat);
+      const nlohmann::json& args = c["sft_args"];
+      const LossScope scope{args.value("completion_only_loss", true), args.value("assistant_only_loss", true)};
+      every_token += !args.empty();
+      const TokenizedDataset tokens =
+          tokenize_dataset(data, tokenizer, 4096, tokenizer.eos_id(), &chat, RowLayout::causal, Packing::none, scope);
       REQUIRE(tokens.examples.size() == 1);
       const TokenSequence& seq = tokens.examples[0];
       CHECK(seq.tokens == c["input_ids"].get<std::vector<int32_t>>());
@@ -206,9 +213,10 @@ TEST_CASE("rows and preference pairs load and tokenize as trl's SFTTrainer and D
     }
     dpo++;
   }
-  CHECK(sft == 16);
+  CHECK(sft == 30);
+  CHECK(every_token == 14);
   CHECK(dpo == 8);
-  CHECK(conversational == 8);
+  CHECK(conversational == 12);
 }
 
 TEST_CASE("truncation keeps the first seq_len + 1 tokens; prompt-only windows are dropped") {

@@ -2022,6 +2022,33 @@ void check_samples_again(const std::string& dir, const std::string& run_output, 
 
 }  // namespace
 
+// data.completion_only_loss: false reaches the run's rows: the default
+// config's summaries then train on their prompts too (tests/test_data.cpp
+// checks the tokens against trl's), and a T5, whose encoder reads the
+// prompt, refuses it.
+TEST_CASE("data.completion_only_loss: false trains a run on the prompts too; a T5 refuses it") {
+  const std::string run = kBinary + " " + FT_SOURCE_DIR + "/configs/default.yaml --set max_steps=1 --set eval_batches=1" +
+                          " --set generate.num_samples=0 --set task_metric=none --overwrite --set output_dir=" +
+                          FT_BINARY_DIR + "/cli_runs/completion_only_loss";
+  const CommandResult completion = run_command(run);
+  const CommandResult every = run_command(run + " --set data.completion_only_loss=false");
+  INFO(completion.output, every.output);
+  REQUIRE(completion.exit_code == 0);
+  REQUIRE(every.exit_code == 0);
+  const auto loss_tokens = [](const std::string& output) {
+    const size_t at = output.find("train: 4000 examples, ");
+    return at == std::string::npos ? int64_t(-1) : std::stoll(output.substr(at + 22));
+  };
+  CHECK(loss_tokens(completion.output) > 0);
+  CHECK(loss_tokens(every.output) > 3 * loss_tokens(completion.output));  // the prompts are the longer part
+  const CommandResult t5 = run_command(kBinary + " " + FT_SOURCE_DIR + "/configs/course-lab2.yaml --set " +
+                                       "data.completion_only_loss=false --set output_dir=" + FT_BINARY_DIR +
+                                       "/cli_runs/completion_only_loss_t5");
+  CHECK(t5.exit_code == 1);
+  CHECK(t5.output.find("course-lab2.yaml: data.completion_only_loss: false trains on the prompt's tokens too, which "
+                       "a t5 model's encoder reads") != std::string::npos);
+}
+
 // A base saved quantised (quantization.save_base writes what transformers +
 // bitsandbytes write: config.json's quantization_config) loads in its own
 // format, as transformers' from_pretrained loads it: generate takes that

@@ -96,6 +96,8 @@ data:
   eval: eval.jsonl
   format: prompt_completion
   packing: yes
+  completion_only_loss: false
+  assistant_only_loss: false
 seq_len: 512
 micro_batch_size: 2
 grad_accum_steps: 8
@@ -133,6 +135,8 @@ metric_examples: 20
   CHECK(c.data.train == "configs/train.jsonl");
   CHECK(c.data.eval == "configs/eval.jsonl");
   CHECK(c.data.format == DataFormat::prompt_completion);
+  CHECK(!c.data.loss_scope.completion_only);
+  CHECK(!c.data.loss_scope.assistant_only);
   CHECK(c.data.packing == Packing::padding_free);
   CHECK(c.seq_len == 512);
   CHECK(c.micro_batch_size == 2);
@@ -390,6 +394,12 @@ TEST_CASE("checked_mul refuses products that leave int64_t and negative factors"
 
 TEST_CASE("rules across fields, required fields, and malformed input") {
   std::string base = std::string(kMinimal);
+  // trl's DPO trains on completions only: the loss scope is SFT's.
+  CHECK(error_of(base + "objective: dpo\n", {"data.completion_only_loss=false"}) ==
+        "configs/x.yaml: data.completion_only_loss: false applies to objective: sft, and this run's objective is dpo");
+  CHECK(error_of(base + "objective: reward\n", {"data.assistant_only_loss=false"}) ==
+        "configs/x.yaml: data.assistant_only_loss: false applies to objective: sft, and this run's objective is "
+        "reward");
   // A reward model's adapter or tokenizer without the model, and rewards in a run that generates nothing.
   CHECK(error_of(base + "objective: grpo\nrewards: {length: 12, model_adapter: rm/adapter}\n") ==
         "configs/x.yaml: rewards.model_adapter belongs to a reward model: set rewards.model (its checkpoint folder) "
@@ -437,7 +447,7 @@ TEST_CASE("the key list matches the fields configs/README.md documents") {
   REQUIRE(readme.good());
   std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
   std::vector<std::string> keys = train_config_keys();
-  CHECK(keys.size() == 109);
+  CHECK(keys.size() == 111);
   for (const std::string& key : keys) {
     CAPTURE(key);
     CHECK(text.find("`" + key + "`") != std::string::npos);

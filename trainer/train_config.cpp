@@ -339,6 +339,10 @@ const Field kFields[] = {
     {"data.template.prompt", [](TrainConfig& c, const Value& v) { c.data.row_template.prompt = v.string(); }},
     {"data.template.completion", [](TrainConfig& c, const Value& v) { c.data.row_template.completion = v.string(); }},
     {"data.text_split", [](TrainConfig& c, const Value& v) { c.data.text_split = v.string(); }},
+    {"data.completion_only_loss",
+     [](TrainConfig& c, const Value& v) { c.data.loss_scope.completion_only = v.boolean(); }},
+    {"data.assistant_only_loss",
+     [](TrainConfig& c, const Value& v) { c.data.loss_scope.assistant_only = v.boolean(); }},
     {"data.add_eos",
      [](TrainConfig& c, const Value& v) {
        bool flag = false;
@@ -644,6 +648,10 @@ void check_consistency(const TrainConfig& c) {
   FT_CHECK(c.rewards.names().empty() || c.objective == Objective::grpo || c.objective == Objective::ppo, f,
            ": rewards.", c.rewards.names().front(), " scores generated completions: rewards apply to objective: "
            "grpo and ppo, and this run's objective is ", enum_name(c.objective));
+  const LossScope& scope = c.data.loss_scope;
+  FT_CHECK(c.objective == Objective::sft || (scope.completion_only && scope.assistant_only), f, ": data.",
+           scope.completion_only ? "assistant_only_loss" : "completion_only_loss", ": false applies to objective: "
+           "sft, and this run's objective is ", enum_name(c.objective));
   for (const auto& [key, where] : c.objective_keys) {
     const std::string section = key.substr(0, key.find('.'));
     FT_CHECK(section == enum_name(c.objective), where, ": ", key, " applies to objective: ", section,

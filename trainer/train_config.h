@@ -74,6 +74,8 @@ struct DataConfig {
   RowTemplate row_template;
   // An encoder-decoder model's text rows: encoder input up to the last occurrence (split_text_row).
   std::string text_split;
+  // data.completion_only_loss and data.assistant_only_loss (trl's SFTConfig names).
+  LossScope loss_scope;
 };
 
 struct GenerateConfig {

@@ -159,6 +159,9 @@ void make_model(Run& run) {
   FT_CHECK(!seq2seq || config.data.packing == Packing::none, config.source, ": data.packing: ",
            enum_name(config.data.packing), " packs examples into causal rows; a ", run.model_config.model_type,
            " model reads one example per row (set data.packing: false)");
+  FT_CHECK(!seq2seq || config.data.loss_scope.completion_only, config.source, ": data.completion_only_loss: false "
+           "trains on the prompt's tokens too, which a ", run.model_config.model_type, " model's encoder reads: its "
+           "loss is on the decoder's labels only");
   check_seq_len(config, run.model_config);
   check_pipeline_run(config, run.model_config.model_type);
   check_tensor_parallel_run(config, run.model_config);
@@ -224,7 +227,7 @@ std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const
   TokenizedDataset tokens = tokenize_dataset(data, *run.tokenizer, run.config.seq_len,
                                              run.special_tokens.example_eos_id, &chat,
                                              run.kind == ModelKind::seq2seq ? RowLayout::seq2seq : RowLayout::causal,
-                                             run.config.data.packing);
+                                             run.config.data.packing, run.config.data.loss_scope);
   std::cout << what << ": " << data.examples.size() << " examples, " << tokens.loss_token_count
             << " loss tokens, " << tokens.truncated_count << " truncated to seq_len " << run.config.seq_len << ", "
             << tokens.dropped_count << " dropped (no completion token within seq_len)\n";

@@ -517,7 +517,7 @@ int64_t loss_token_count(const TokenSequence& sequence) {
 }
 
 TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
-                                  const ChatTemplate* chat, RowLayout layout, Packing packing) {
+                                  const ChatTemplate* chat, RowLayout layout, Packing packing, LossScope scope) {
   FT_CHECK(seq_len > 0, "tokenize_dataset: seq_len must be > 0, got ", seq_len);
   FT_CHECK(packing != Packing::concatenate || layout == RowLayout::causal, data.path,
            ": packing: concatenate joins decoder-only rows");
@@ -530,22 +530,27 @@ TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenize
   for (const Example& example : data.examples) {
     bool truncated = false;
     TokenSequence seq;
+    bool every_token = false;  // the scope's flag for this row is off
     if (data.format == DataFormat::chat) {
       const std::string where = data.path + ":" + std::to_string(example.line);
       const nlohmann::ordered_json& written = example.conversation;
       if (written.contains("prompt_messages")) {
         seq = tokenize_chat_completion(*chat, written, tokenizer, cut_tokens, where, truncated);
+        every_token = !scope.completion_only;
       } else {
         seq = tokenize_chat(written.is_null() ? render_chat(*chat, example.messages, where)
                                               : render_chat(*chat, written["messages"], written["tools"], false, where),
                             tokenizer);
         truncated = truncate_to(seq, cut_tokens);
+        every_token = !scope.assistant_only;
       }
     } else if (layout == RowLayout::seq2seq) {
       seq = tokenize_seq2seq_example(example, tokenizer, seq_len, eos_id, truncated);
     } else {
       seq = tokenize_example(example, tokenizer, cut_tokens, eos_id, truncated);
+      every_token = !scope.completion_only;
     }
+    if (every_token) std::fill(seq.loss_mask.begin(), seq.loss_mask.end(), uint8_t(1));
     out.truncated_count += truncated;
     int64_t loss_tokens = loss_token_count(seq);
     if (loss_tokens == 0) {

@@ -150,11 +150,20 @@ int64_t loss_token_count(const TokenSequence& sequence);
 // With layout seq2seq each row is tokenize_seq2seq_example's (above)
 // instead: the encoder's tokens, then the labels. With packing concatenate
 // (below) no example is cut: the windows cut the joined stream.
+// With scope's flags off (trl's SFTConfig completion_only_loss and
+// assistant_only_loss false) a decoder-only row trains on every token after
+// its first: a prompt/completion row (alpaca and conversational
+// prompt/completion rows too) with completion_only off, a chat row of
+// messages with assistant_only off.
 enum class RowLayout { causal, seq2seq };
 enum class Packing;
+struct LossScope {
+  bool completion_only = true;
+  bool assistant_only = true;
+};
 TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
                                   const ChatTemplate* chat = nullptr, RowLayout layout = RowLayout::causal,
-                                  Packing packing = Packing{});  // Packing::none
+                                  Packing packing = Packing{}, LossScope scope = {});  // Packing::none
 
 // What a chat model is given to reply to `messages`: them rendered with
 // add_generation_prompt (and the tools, null for none), exactly as
