@@ -2022,6 +2022,21 @@ void check_samples_again(const std::string& dir, const std::string& run_output, 
 
 }  // namespace
 
+// warmup_steps below 1 is transformers 5's ratio of the run's steps,
+// rounded up: 0.3 of 5 steps warms up over 2 (lr / 2, then lr).
+TEST_CASE("warmup_steps: 0.3 warms up over ceil(0.3 x the run's steps)") {
+  const std::string dir = make_run_dir("warmup_ratio");
+  const CommandResult run = run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=5" +
+                                        " --set grad_accum_steps=1 --set warmup_steps=0.3 --set schedule=constant");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  const std::map<int64_t, double> lr = step_metric(dir + "/out/metrics.jsonl", "lr");
+  REQUIRE(lr.size() == 5);
+  CHECK(lr.at(1) == doctest::Approx(0.5e-3));
+  CHECK(lr.at(2) == doctest::Approx(1.0e-3));
+  CHECK(lr.at(5) == doctest::Approx(1.0e-3));
+}
+
 // data.completion_only_loss: false reaches the run's rows: the default
 // config's summaries then train on their prompts too (tests/test_data.cpp
 // checks the tokens against trl's), and a T5, whose encoder reads the

@@ -320,6 +320,15 @@ TEST_CASE("out-of-range values") {
         "configs/x.yaml:3: lora.target_modules: expected a non-empty list of module names such as [q_proj, "
         "v_proj], or all-linear, got a list");
   CHECK(error_of(base + "lr: 0\n") == "configs/x.yaml:3: lr: expected a number in (0, 10], got \"0\"");
+  // warmup_steps: whole steps, or (transformers 5) a ratio of the run's steps below 1.
+  const TrainConfig ratio = parse(base + "warmup_steps: 0.03\n");
+  CHECK(ratio.warmup_fraction == 0.03);
+  CHECK(ratio.warmup_steps == 0);
+  CHECK(parse(base + "warmup_steps: 12\n").warmup_fraction == 0.0);
+  for (const char* bad : {"1.5", "-0.1", "1000000001"})
+    CHECK(error_of(base + "warmup_steps: " + bad + "\n") ==
+          std::string("configs/x.yaml:3: warmup_steps: expected an integer in [0, 1000000000] or a ratio of the "
+                      "run's steps in (0, 1), got \"") + bad + "\"");
   CHECK(error_of(base + "seq_len: 0\n") == "configs/x.yaml:3: seq_len: expected an integer in [1, 1048576], got \"0\"");
   CHECK(error_of(base + "micro_batch_size: 0\n") ==
         "configs/x.yaml:3: micro_batch_size: expected an integer in [1, 65536], got \"0\"");

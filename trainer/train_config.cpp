@@ -376,7 +376,15 @@ const Field kFields[] = {
     {"parallel.tensor", [](TrainConfig& c, const Value& v) { c.parallel.tensor = v.integer_in(1, kMaxRanks); }},
     {"parallel.timeout_s", [](TrainConfig& c, const Value& v) { c.parallel.timeout_s = v.integer_in(0, kMaxTimeoutS); }},
     {"parallel.shard_optimizer", [](TrainConfig& c, const Value& v) { c.parallel.shard_optimizer = v.boolean(); }},
-    {"warmup_steps", [](TrainConfig& c, const Value& v) { c.warmup_steps = v.integer_in(0, kMaxSteps); }},
+    {"warmup_steps",
+     [](TrainConfig& c, const Value& v) {
+       // transformers 5's rule: a number in (0, 1) is a ratio of the total steps (its warmup_ratio before).
+       const double value = v.number();
+       v.require(value >= 0 && (value < 1 || value == std::floor(value)) && value <= double(kMaxSteps),
+                 "an integer in [0, " + std::to_string(kMaxSteps) + "] or a ratio of the run's steps in (0, 1)");
+       c.warmup_fraction = value < 1 ? value : 0.0;
+       c.warmup_steps = value < 1 ? 0 : int64_t(value);
+     }},
     {"schedule", [](TrainConfig& c, const Value& v) { c.schedule = v.choice<Schedule>(); }},
     {"min_lr_ratio",
      [](TrainConfig& c, const Value& v) {

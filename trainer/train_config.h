@@ -150,6 +150,7 @@ struct TrainConfig {
   ParallelConfig parallel;
   double lr = 2.0e-4;
   int64_t warmup_steps = 0;
+  double warmup_fraction = 0.0;  // warmup_steps written as a number in (0, 1): that share of the run's steps
   Schedule schedule = Schedule::cosine;
   double min_lr_ratio = 0.0;
   double weight_decay = 0.0;

@@ -342,8 +342,11 @@ void make_data(Run& run) {
   const int64_t per_step = checked_mul(config.grad_accum_steps, int64_t(run.replicas().world_size()));
   const int64_t steps_per_epoch = (train_batches_per_epoch(run) + per_step - 1) / per_step;
   run.total_steps = config.max_steps > 0 ? config.max_steps : checked_mul(config.epochs, steps_per_epoch);
-  run.schedule = LrSchedule{config.schedule, config.lr, config.warmup_steps, run.total_steps,
-                            config.min_lr_ratio};
+  // A ratio's steps as transformers' get_warmup_steps rounds them: up.
+  const int64_t warmup_steps = config.warmup_fraction > 0
+                                   ? int64_t(std::ceil(double(run.total_steps) * config.warmup_fraction))
+                                   : config.warmup_steps;
+  run.schedule = LrSchedule{config.schedule, config.lr, warmup_steps, run.total_steps, config.min_lr_ratio};
 }
 
 }  // namespace
