@@ -1,17 +1,22 @@
 // AdamW against PyTorch's formula written out in double and a worked example
 // by hand; sum_squares, which feeds global-norm clipping; the _many forms
-// against the single-tensor ops.
+// against the single-tensor ops; the learning-rate schedules against
+// transformers'.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/host_tensors.h"
+#include "trainer/lr_schedule.h"
 
 using namespace ft;
 using ft::testing::same_bytes;
@@ -181,4 +186,34 @@ TEST_CASE("sum_squares_many adds sum_squares per tensor in order") {
   for (const Tensor* x : tensors) want += backend.sum_squares(*x);
   CHECK(backend.sum_squares_many(tensors) == want);
   CHECK(backend.sum_squares_many({}) == 0.0);
+}
+
+// transformers' schedules as its Trainer applies them, step by step
+// (scripts/make_lr_schedule_fixture.py). After warmup the same; during it
+// ours is one step ahead: step s uses lr (s + 1) / W where transformers'
+// uses s / W (its first step runs at lr 0, and the lr its Trainer logs after
+// step s is the next step's, (s + 1) / W: ours logs the one step s used).
+TEST_CASE("the learning-rate schedules are transformers', warmup one step ahead") {
+  std::ifstream file(std::string(FT_FIXTURES_DIR) + "/lr_schedule.json");
+  REQUIRE(file.good());
+  const nlohmann::json fixture = nlohmann::json::parse(file);
+  const std::map<std::string, std::pair<Schedule, double>> kinds = {{"constant", {Schedule::constant, 0.0}},
+                                                                    {"linear", {Schedule::linear, 0.0}},
+                                                                    {"cosine", {Schedule::cosine, 0.0}},
+                                                                    {"cosine_min_lr_0.1", {Schedule::cosine, 0.1}}};
+  int cases = 0;
+  for (const nlohmann::json& c : fixture["cases"]) {
+    CAPTURE(c.dump());
+    const auto [kind, floor] = kinds.at(c["schedule"]);
+    const LrSchedule schedule{kind, c["peak_lr"], c["warmup_steps"], c["total_steps"], floor};
+    const std::vector<double> applied = c["applied"];
+    REQUIRE(schedule.warmup_steps < schedule.total_steps);
+    for (int64_t s = 0; s < schedule.total_steps; ++s) {
+      CAPTURE(s);
+      const double theirs = applied[size_t(s < schedule.warmup_steps ? s + 1 : s)];
+      CHECK(schedule.lr_at(s) == doctest::Approx(theirs).epsilon(1e-12));
+    }
+    cases++;
+  }
+  CHECK(cases == 12);
 }

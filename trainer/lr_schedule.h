@@ -1,5 +1,9 @@
 // Learning-rate schedules with linear warmup, as transformers'
-// get_{constant,linear,cosine}_schedule_with_warmup (plus an optional floor).
+// get_{constant,linear,cosine}_schedule_with_warmup (the floor as its
+// cosine_with_min_lr), but for one step of warmup: step s < W runs at
+// lr (s + 1) / W (llm.c's), where transformers' Trainer runs its first step
+// at lr 0 and reaches lr at step W. From W on they are the same
+// (tests/test_adamw.cpp against scripts/make_lr_schedule_fixture.py).
 #pragma once
 #include <cstdint>
 
