@@ -2487,10 +2487,11 @@ TEST_CASE("configs/course-lab3.yaml as shipped trains the reward classifier, the
   CHECK(!fs::exists(out / "comparison.csv"));  // no ROUGE run
 }
 
-TEST_CASE("objective: ppo on a seq2seq policy refuses rows without prompts, another tokenizer's reward model and a "
-          "rollout past seq_len; grpo stays decoder-only") {
+TEST_CASE("objective: ppo on a seq2seq policy refuses rows without prompts, conversational prompts, another "
+          "tokenizer's reward model and a rollout past seq_len; grpo stays decoder-only") {
   const fs::path dir = fresh_run_dir("ppo_t5_bad", "summarize_train.jsonl", 8, 4);
   std::ofstream(dir / "text.jsonl") << "{\"prompt\": \"Hello\"}\n{\"text\": \"no prompt here\"}\n";
+  std::ofstream(dir / "conv.jsonl") << "{\"prompt\": [{\"role\": \"user\", \"content\": \"Hello\"}]}\n";
   const std::string configs = std::string(FT_SOURCE_DIR) + "/configs";
   std::ofstream(dir / "config.yaml") << "model: " << configs << "/tiny-t5\ntokenizer: " << configs
                                      << "/tiny-base/tokenizer.model\nobjective: ppo\nquantization: {mode: none}\n"
@@ -2502,6 +2503,10 @@ TEST_CASE("objective: ppo on a seq2seq policy refuses rows without prompts, anot
       {"--set data.train=text.jsonl",
        "text.jsonl:2: row lacks \"prompt\": expected a \"prompt\" string or list of messages (objective: grpo and "
        "ppo generate from prompts), got keys \"text\""},
+      {"--set data.train=conv.jsonl --set data.chat_template=chatml",
+       "conv.jsonl:1: \"prompt\" is a list of messages (trl's conversational prompt), which a decoder-only policy's "
+       "chat template renders; this policy is an encoder-decoder (seq2seq) model without one: give \"prompt\" "
+       "strings"},
       {"--set rewards.model=" + kFixtures + "/reward/model",
        "rewards.model: " + kFixtures + "/reward/model's tokenizer (" + kFixtures +
            "/reward/model/tokenizer.model) is not the policy's (" + configs + "/tiny-base/tokenizer.model): set "
