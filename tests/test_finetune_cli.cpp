@@ -2567,10 +2567,11 @@ TEST_CASE("configs/course-lab3.yaml as shipped trains the reward classifier, the
   CHECK(!fs::exists(out / "comparison.csv"));  // no ROUGE run
 }
 
-TEST_CASE("objective: ppo on a seq2seq policy refuses rows without prompts, another tokenizer's reward model and a "
-          "rollout past seq_len; grpo stays decoder-only") {
+TEST_CASE("objective: ppo on a seq2seq policy refuses rows without prompts, conversational prompts, another "
+          "tokenizer's reward model and a rollout past seq_len; grpo stays decoder-only") {
   const fs::path dir = fresh_run_dir("ppo_t5_bad", "summarize_train.jsonl", 8, 4);
   std::ofstream(dir / "text.jsonl") << "{\"prompt\": \"Hello\"}\n{\"text\": \"no prompt here\"}\n";
+  std::ofstream(dir / "conv.jsonl") << "{\"prompt\": [{\"role\": \"user\", \"content\": \"Hello\"}]}\n";
   const std::string configs = std::string(FT_SOURCE_DIR) + "/configs";
   std::ofstream(dir / "config.yaml") << "model: " << configs << "/tiny-t5\ntokenizer: " << configs
                                      << "/tiny-base/tokenizer.model\nobjective: ppo\nquantization: {mode: none}\n"
@@ -2580,8 +2581,12 @@ TEST_CASE("objective: ppo on a seq2seq policy refuses rows without prompts, anot
                                      << "seq_len: 64\nmicro_batch_size: 2\nmax_steps: 1\noutput_dir: out\n";
   const std::vector<RefusedRun> cases = {
       {"--set data.train=text.jsonl",
-       "text.jsonl:2: row lacks \"prompt\": expected a \"prompt\" string (objective: grpo and ppo generate from "
-       "prompts), got keys \"text\""},
+       "text.jsonl:2: row lacks \"prompt\": expected a \"prompt\" string or list of messages (objective: grpo and "
+       "ppo generate from prompts), got keys \"text\""},
+      {"--set data.train=conv.jsonl --set data.chat_template=chatml",
+       "conv.jsonl:1: \"prompt\" is a list of messages (trl's conversational prompt), which a decoder-only policy's "
+       "chat template renders; this policy is an encoder-decoder (seq2seq) model without one: give \"prompt\" "
+       "strings"},
       {"--set rewards.model=" + kFixtures + "/reward/model",
        "rewards.model: " + kFixtures + "/reward/model's tokenizer (" + kFixtures +
            "/reward/model/tokenizer.model) is not the policy's (" + configs + "/tiny-base/tokenizer.model): set "
@@ -2677,6 +2682,8 @@ TEST_CASE("objective: grpo refuses rows without prompts, a reward model without 
           "tokenizer, and a bad regex") {
   const fs::path dir = fresh_run_dir("grpo_bad", "summarize_train.jsonl", 8, 4);
   std::ofstream(dir / "text.jsonl") << "{\"prompt\": \"Hello\"}\n{\"text\": \"no prompt here\"}\n";
+  std::ofstream(dir / "conv.jsonl") << "{\"prompt\": [{\"role\": \"user\", \"content\": \"Hello\"}]}\n";
+  std::ofstream(dir / "conv_tool.jsonl") << "{\"prompt\": [{\"role\": \"tool\", \"content\": \"4\"}]}\n";
   std::ofstream(dir / "config.yaml") << "model: " << kFixtures << "/llama_gqa\n"
                                      << "tokenizer: " << kFixtures << "/tokenizer/tokenizer.model\n"
                                      << "objective: grpo\ngrpo: {num_generations: 2, max_completion_length: 8}\n"
@@ -2686,8 +2693,21 @@ TEST_CASE("objective: grpo refuses rows without prompts, a reward model without 
   const std::string tiny_base = std::string(FT_SOURCE_DIR) + "/configs/tiny-base";
   const std::vector<RefusedRun> cases = {
       {"--set data.train=text.jsonl",
-       "text.jsonl:2: row lacks \"prompt\": expected a \"prompt\" string (objective: grpo and ppo generate from "
-       "prompts), got keys \"text\""},
+       "text.jsonl:2: row lacks \"prompt\": expected a \"prompt\" string or list of messages (objective: grpo and "
+       "ppo generate from prompts), got keys \"text\""},
+      {"--set data.train=conv.jsonl",
+       "conv.jsonl:1: \"prompt\" is a list of messages (trl's conversational prompt), which the policy's chat "
+       "template renders: " + kFixtures + "/tokenizer/tokenizer_config.json: no chat_template to render chat rows "
+       "with; set data.chat_template to one of chatml, llama2, llama3, zephyr"},
+      {"--set data.train=conv_tool.jsonl --set data.chat_template=chatml",
+       "conv_tool.jsonl:1: \"prompt\": messages[0].role is \"tool\" (expected system, user or assistant)"},
+      {"--set data.train=conv.jsonl --set data.chat_template=chatml",
+       "eval.jsonl: its prompts are strings and data.train's (conv.jsonl) are not: give both files in one form"},
+      {"--set data.train=conv.jsonl --set data.eval= --set data.chat_template=chatml --set rewards.model=" +
+           kFixtures + "/llama_gqa --set rewards.model_tokenizer=" + kFixtures + "/tokenizer/tokenizer.model",
+       "rewards.model: the prompts are lists of messages, so the reward model reads each prompt and completion "
+       "rendered with its own tokenizer's chat template (as trl's GRPOTrainer): " + kFixtures +
+           "/tokenizer/tokenizer_config.json: no chat_template to render chat rows with"},
       {"--set rewards.model=" + tiny_base,
        "rewards.model: " + tiny_base + "'s tokenizer (" + tiny_base + "/tokenizer.model) is not the policy's (" +
            kFixtures + "/tokenizer/tokenizer.model): set rewards.model_tokenizer to the reward model's tokenizer "
@@ -2700,6 +2720,47 @@ TEST_CASE("objective: grpo refuses rows without prompts, a reward model without 
        "rewards.regex: \"(ab\" is not a valid pattern at offset 3: missing closing parenthesis"},
   };
   check_refused(dir, cases);
+}
+
+// trl's conversational prompts: configs/grpo-tiny.yaml's dialogues as a
+// system and a user message each, rendered with the built-in chatml template.
+TEST_CASE("objective: grpo trains from conversational prompts; the samples show them rendered and keep their messages") {
+  const fs::path dir = fs::path(FT_BINARY_DIR) / "cli_runs" / "grpo_conversational";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const nlohmann::json system = {{"role", "system"}, {"content", "Summarise the dialogue."}};
+  auto convert = [&](const std::string& from, const fs::path& to, int rows) {
+    std::ifstream in(std::string(FT_SOURCE_DIR) + "/configs/data/" + from);
+    std::ofstream out(to);
+    std::string line;
+    for (int i = 0; i < rows && std::getline(in, line); ++i) {
+      nlohmann::json row = nlohmann::json::parse(line);
+      row["prompt"] = nlohmann::json::array({system, {{"role", "user"}, {"content", row["prompt"]}}});
+      out << row.dump() << "\n";
+    }
+  };
+  convert("summarize_train.jsonl", dir / "train.jsonl", 8);
+  convert("summarize_eval.jsonl", dir / "eval.jsonl", 2);
+  const std::string config = std::string(FT_SOURCE_DIR) + "/configs/grpo-tiny.yaml";
+  const CommandResult run = run_command(
+      kBinary + " " + config + " --set data.train=" + (dir / "train.jsonl").string() + " --set data.eval=" +
+      (dir / "eval.jsonl").string() + " --set data.chat_template=chatml --set max_steps=2 --set metric_examples=2" +
+      " --set generate.num_samples=1 --set generate.max_new_tokens=8 --set output_dir=" + (dir / "out").string());
+  REQUIRE_MESSAGE(run.exit_code == 0, run.output);
+  CHECK(run.output.find("chat template: chatml (data.chat_template)") != std::string::npos);
+  CHECK(step_metric((dir / "out" / "metrics.jsonl").string(), "reward").size() == 2);
+  CHECK(eval_rewards((dir / "out" / "metrics.jsonl").string()).size() == 2);
+  CHECK_MESSAGE(run.output.find("--- sample 1 ---\n<|im_start|>system\nSummarise the dialogue.<|im_end|>\n"
+                                "<|im_start|>user\nSummarize the following conversation.") != std::string::npos,
+                run.output);
+  CHECK(run.output.find(" --chat --chat-template chatml --file ") != std::string::npos);
+  std::ifstream samples(dir / "out" / "sample_prompts.jsonl"), eval(dir / "eval.jsonl");
+  std::string sample_line, eval_line;
+  REQUIRE(std::getline(samples, sample_line));
+  REQUIRE(std::getline(eval, eval_line));
+  const nlohmann::json sample = nlohmann::json::parse(sample_line), row = nlohmann::json::parse(eval_line);
+  CHECK(sample["messages"] == row["prompt"]);
+  CHECK(sample["reference"] == row["completion"]);
 }
 
 TEST_CASE("configs/grpo-tiny.yaml as shipped raises the held-out reward over six seeds, KL bounded, and resumes "

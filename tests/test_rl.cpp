@@ -1,7 +1,10 @@
 // Online RL's parts around the loss (trainer/rl/): the reward rules on
 // hand-made rollouts, against values worked out by hand or from the tested
 // ROUGE (test_rouge's worked example), their weighted sum and trl's figures;
-// the prompt rows (a row without "prompt", left truncation) and the prompt
+// the prompt rows (a row without "prompt", left truncation), trl's
+// conversational prompts and their reward-model inputs against trl's
+// GRPOTrainer (tests/fixtures/rl/conversational.json, written by
+// scripts/make_rl_conversational_fixture.py) and their errors, the prompt
 // loader's order, epoch after epoch, and its resume position; and the
 // policy gradient's path, token_logps_backward, against the training step's
 // own cross-entropy backward.
@@ -23,9 +26,11 @@
 #include "model/safetensors.h"
 #include "tests/host_tensors.h"
 #include "tokenizer/load_tokenizer.h"
+#include "trainer/data/chat_template.h"
 #include "trainer/data/data.h"
 #include "trainer/evaluate.h"
 #include "trainer/report/rouge.h"
+#include "trainer/rl/reward.h"
 #include "trainer/rl/prompts.h"
 #include "trainer/rl/rewards.h"
 
@@ -164,8 +169,8 @@ TEST_CASE("prompt rows: a row without \"prompt\" names its line; long prompts ke
   CHECK(rows[1].tokens == prompt_tokens(*tokenizer, "Hi"));
   const std::string bad = write_rows("no_prompt.jsonl", "{\"prompt\": \"a\"}\n{\"text\": \"b\"}\n");
   CHECK_THROWS_WITH_AS(load_prompt_rows(bad, *tokenizer, 64),
-                       (bad + ":2: row lacks \"prompt\": expected a \"prompt\" string (objective: grpo and ppo "
-                              "generate from prompts), got keys \"text\"").c_str(),
+                       (bad + ":2: row lacks \"prompt\": expected a \"prompt\" string or list of messages "
+                              "(objective: grpo and ppo generate from prompts), got keys \"text\"").c_str(),
                        Error);
   // The rule rewards' fields are checked as the rows load, each failure naming the row's line.
   RewardRules rules;
@@ -186,6 +191,158 @@ TEST_CASE("prompt rows: a row without \"prompt\" names its line; long prompts ke
                        (number + ":1: rewards.rouge reads the field \"answer\", which this row holds as a number "
                                  "(expected a string; the row has keys \"answer\", \"prompt\")").c_str(),
                        Error);
+}
+
+// GRPOTrainer._tokenize_prompts renders every conversational prompt with
+// add_generation_prompt (a prompt ending with the assistant's message too: a
+// new assistant turn follows it, where trl's maybe_apply_chat_template would
+// continue it) and adds no special token of its own; its _calculate_rewards
+// gives a reward model the prompt and the completion as the assistant's
+// message, rendered with the reward tokenizer's template, no special token added.
+TEST_CASE("conversational prompts: the policy's prompt tokens and the reward model's inputs are trl's GRPOTrainer's") {
+  std::ifstream file(kFixtures + "/rl/conversational.json");
+  REQUIRE(file.good());
+  const nlohmann::json fixture = nlohmann::json::parse(file);
+  REQUIRE(fixture["prompts"].size() == 8);
+  REQUIRE(fixture["rewards"].size() == 8);
+  auto chat_of = [&](const nlohmann::json& family) {
+    return resolve_chat_template(ChatTemplateKind::automatic, kFixtures + "/chat/" + family.get<std::string>());
+  };
+  auto tokenizer_of = [&](const nlohmann::json& checkpoint) {
+    return load_tokenizer(kFixtures + "/" + checkpoint.get<std::string>() + "/tokenizer.json", 700);
+  };
+  int continued = 0;
+  for (const nlohmann::json& c : fixture["prompts"]) {
+    CAPTURE(c["prompt"].dump());
+    const std::unique_ptr<Tokenizer> tokenizer = tokenizer_of(c["checkpoint"]);
+    const ChatTemplate chat = chat_of(c["chat_template"]);
+    const std::string path = write_rows("conversational.jsonl", nlohmann::json{{"prompt", c["prompt"]}}.dump() + "\n");
+    const std::vector<PromptRow> rows = load_prompt_rows(path, *tokenizer, 4096, ModelKind::causal, nullptr, &chat);
+    REQUIRE(rows.size() == 1);
+    const std::vector<int32_t> want = c["prompt_ids"];
+    CHECK(rows[0].tokens == want);
+    CHECK(rows[0].messages == nlohmann::ordered_json(c["prompt"]));
+    if (c["prompt"].back()["role"] == "assistant") continued++;
+    else CHECK(rows[0].prompt == c["maybe_apply_chat_template_prompt"].get<std::string>());
+    // Cut to the prompt budget as a string prompt is: its end kept.
+    const std::vector<PromptRow> cut = load_prompt_rows(path, *tokenizer, 5, ModelKind::causal, nullptr, &chat);
+    CHECK(cut[0].tokens == std::vector<int32_t>(want.end() - 5, want.end()));
+  }
+  CHECK(continued == 2);
+  for (const nlohmann::json& c : fixture["rewards"]) {
+    CAPTURE(c["prompt"].dump());
+    const std::unique_ptr<Tokenizer> tokenizer = tokenizer_of(c["reward_checkpoint"]);
+    const nlohmann::ordered_json messages = c["prompt"];
+    Rollout rollout;
+    rollout.messages = &messages;
+    rollout.text = c["completion"];
+    CHECK(conversation_reward_tokens(rollout, *tokenizer, chat_of(c["reward_chat_template"])) ==
+          c["reward_ids"].get<std::vector<int32_t>>());
+  }
+}
+
+TEST_CASE("conversational prompts: bad rows, mixed forms, a seq2seq policy and a missing template are refused by line") {
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(kFixtures + "/qwen2_tiny/tokenizer.json", 700);
+  const ChatTemplate chat = resolve_chat_template(ChatTemplateKind::chatml, kFixtures + "/qwen2_tiny");
+  const std::string user = R"({"role": "user", "content": "Hi"})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"prompt": 5})", ":1: \"prompt\" must be a string or a list of {\"role\", \"content\"} messages (trl's "
+                           "conversational prompt), got number"},
+      {R"({"prompt": []})", ":1: \"prompt\" is an empty list (expected a \"prompt\" string or list of messages)"},
+      {R"({"prompt": ["Hi"]})", ":1: \"prompt\": messages[0] must be a {\"role\", \"content\"} object, got string"},
+      {R"({"prompt": [{"role": "user"}]})", ":1: \"prompt\": messages[0] lacks \"content\""},
+      {R"({"prompt": [{"role": "user", "content": 3}]})",
+       ":1: \"prompt\": messages[0].content must be a string, got number"},
+      {"{\"prompt\": [" + user + R"(, {"role": "tool", "content": "4"}]})",
+       ":1: \"prompt\": messages[1].role is \"tool\" (expected system, user or assistant)"},
+      {"{\"prompt\": [" + user + "]}\n{\"prompt\": \"Hi\"}",
+       ":2: \"prompt\" is a string and the first row's is not: give every row's prompt in one form"},
+      {"{\"prompt\": \"Hi\"}\n\n{\"prompt\": [" + user + "]}",
+       ":3: \"prompt\" is a list of messages and the first row's is not: give every row's prompt in one form"},
+  };
+  for (const auto& [rows, error] : cases) {
+    CAPTURE(rows);
+    const std::string path = write_rows("bad_conversational.jsonl", rows + "\n");
+    CHECK_THROWS_WITH_AS(load_prompt_rows(path, *tokenizer, 64, ModelKind::causal, nullptr, &chat),
+                         (path + error).c_str(), Error);
+  }
+  const std::string good = write_rows("good_conversational.jsonl", "\n{\"prompt\": [" + user + "]}\n");
+  const std::string seq2seq = good + ":2: \"prompt\" is a list of messages (trl's conversational prompt), which a "
+                              "decoder-only policy's chat template renders; this policy is an encoder-decoder "
+                              "(seq2seq) model without one: give \"prompt\" strings";
+  CHECK_THROWS_WITH_AS(load_prompt_rows(good, *tokenizer, 64, ModelKind::seq2seq, nullptr, &chat), seq2seq.c_str(),
+                       Error);
+  CHECK_THROWS_WITH_AS(
+      prompt_chat_template({"", good}, ChatTemplateKind::chatml, kFixtures + "/qwen2_tiny", ModelKind::seq2seq),
+      seq2seq.c_str(), Error);
+  CHECK(load_prompt_rows(good, *tokenizer, 64, ModelKind::causal, nullptr, &chat)[0].prompt ==
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+
+  // The template is found before the weights load, from the first conversational row of either file.
+  const std::string strings = write_rows("string_prompts.jsonl", "{\"prompt\": \"Hi\"}\n");
+  CHECK(!prompt_chat_template({strings, ""}, ChatTemplateKind::automatic, kFixtures + "/qwen2_tiny", ModelKind::causal));
+  const std::optional<ChatTemplate> found =
+      prompt_chat_template({strings, good}, ChatTemplateKind::automatic, kFixtures + "/chat/qwen2", ModelKind::causal);
+  REQUIRE(found);
+  CHECK(found->source == kFixtures + "/chat/qwen2/tokenizer_config.json");
+  CHECK_THROWS_WITH_AS(
+      prompt_chat_template({strings, good}, ChatTemplateKind::automatic, kFixtures + "/qwen2_tiny", ModelKind::causal),
+      (good + ":2: \"prompt\" is a list of messages (trl's conversational prompt), which the policy's chat template "
+              "renders: " + kFixtures + "/qwen2_tiny/tokenizer_config.json: no chat_template to render chat rows "
+              "with; set data.chat_template to one of chatml, llama2, llama3, zephyr").c_str(),
+      Error);
+  // A reward model reads conversational prompts with its own tokenizer's template.
+  CHECK_THROWS_WITH_AS(reward_chat_template(kFixtures + "/qwen2_tiny/tokenizer.json"),
+                       ("rewards.model: the prompts are lists of messages, so the reward model reads each prompt and "
+                        "completion rendered with its own tokenizer's chat template (as trl's GRPOTrainer): " +
+                        kFixtures + "/qwen2_tiny/tokenizer_config.json: no chat_template to render chat rows with")
+                           .c_str(),
+                       Error);
+  CHECK(reward_chat_template(kFixtures + "/chat/llama3/tokenizer.json").name ==
+        kFixtures + "/chat/llama3/tokenizer_config.json: chat_template");
+}
+
+// The reward fixture's classifier, its tokenizer in a folder whose
+// tokenizer_config.json holds a ChatML template: a conversational rollout is
+// scored as that template renders prompt + completion, encoded alone.
+TEST_CASE("rewards.model: a conversational rollout is scored on the reward tokenizer's chat template's text") {
+  const fs::path folder = fs::path(FT_BINARY_DIR) / "test_rl" / "chat_reward_tokenizer";
+  fs::create_directories(folder);
+  fs::copy_file(kFixtures + "/tokenizer/tokenizer.model", folder / "tokenizer.model",
+                fs::copy_options::overwrite_existing);
+  std::ofstream(folder / "tokenizer_config.json")
+      << R"({"chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"})";
+  RewardRules rules;
+  rules.model = kFixtures + "/reward/model";
+  rules.model_tokenizer = (folder / "tokenizer.model").string();
+  HostAllocator host;
+  CpuBackend backend(host);
+  ModelOptions options;
+  options.output_head = OutputHead::score;
+  const std::string policy_tokenizer = kFixtures + "/tokenizer/tokenizer.model";
+  const RewardModel conversational(rules, backend, options, policy_tokenizer, false, 2, true);
+  const RewardModel plain(rules, backend, options, policy_tokenizer, false, 2, false);
+
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(policy_tokenizer, 320);
+  const nlohmann::json row = {{"prompt", "ignored"}};
+  const nlohmann::ordered_json messages = {{{"role", "user"}, {"content", "Hello there"}}};
+  Rollout rollout;
+  rollout.row = &row;
+  rollout.prompt = "Hello there";
+  rollout.prompt_tokens = prompt_tokens(*tokenizer, rollout.prompt);
+  rollout.text = "General Kenobi";
+  rollout.tokens = tokenizer->encode(rollout.text);
+  rollout.messages = &messages;
+
+  std::unique_ptr<CausalLM> model = make_causal_lm(read_model_config(rules.model + "/config.json"), backend, options);
+  model->load(Checkpoint(rules.model));
+  TokenSequence rendered;
+  rendered.tokens = tokenizer->encode("<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\nGeneral Kenobi"
+                                      "<|im_end|>\n");
+  const double want = sequence_scores(*model, scored_sequences({rendered}, padding_id(*tokenizer), host))[0];
+  const double got = conversational.scores({rollout})[0];
+  CHECK(got == doctest::Approx(want).epsilon(1e-6));
+  CHECK(plain.scores({rollout})[0] != doctest::Approx(got).epsilon(1e-6));
 }
 
 TEST_CASE("the prompt loader draws each epoch in shuffled_order and resumes from its position") {

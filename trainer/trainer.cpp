@@ -147,6 +147,8 @@ ParameterCount count_job_parameters(Run& run) {
   return count;
 }
 
+bool generates_rows(Objective objective) { return objective == Objective::grpo || objective == Objective::ppo; }
+
 void make_model(Run& run) {
   const TrainConfig& config = run.config;
   run.model_config = read_model_config(path_in(config.model, "config.json"));
@@ -177,11 +179,14 @@ void make_model(Run& run) {
   std::cout << "special tokens: " << describe(run.special_tokens, *run.tokenizer) << "\n";
   // Chat rows need a template: found (or refused) before the weights load.
   const bool pairs = config.objective == Objective::dpo || config.objective == Objective::reward;
+  const std::string tokenizer_dir = fs::path(config.tokenizer).parent_path().string();
   if ((config.objective == Objective::sft || pairs) && config.data.row_template.empty() &&
-      holds_chat_rows(config.data.train, pairs ? DataFormat::automatic : config.data.format)) {
-    run.chat = resolve_chat_template(config.data.chat_template, fs::path(config.tokenizer).parent_path().string());
-    std::cout << "chat template: " << enum_name(run.chat->kind) << " (" << run.chat->source << ")\n";
-  }
+      holds_chat_rows(config.data.train, pairs ? DataFormat::automatic : config.data.format))
+    run.chat = resolve_chat_template(config.data.chat_template, tokenizer_dir);
+  if (generates_rows(config.objective))  // conversational prompts
+    run.chat = prompt_chat_template({config.data.train, config.data.eval}, config.data.chat_template, tokenizer_dir,
+                                    run.kind);
+  if (run.chat) std::cout << "chat template: " << enum_name(run.chat->kind) << " (" << run.chat->source << ")\n";
   const auto fill = [&](LanguageModel& model) {
     if (config.init == InitMode::random) model.init_random(config.seed);
     else model.load(Checkpoint(config.model));
@@ -268,8 +273,6 @@ int64_t prompts_per_step(const TrainConfig& config) {
   return config.micro_batch_size * config.grad_accum_steps / config.grpo.num_generations;
 }
 
-bool generates_rows(Objective objective) { return objective == Objective::grpo || objective == Objective::ppo; }
-
 int64_t train_batches_per_epoch(const Run& run) {
   if (run.train_prompts) {  // a step's prompts as grad_accum_steps micro-batches, grpo.num_iterations times
     const int64_t per_step = prompts_per_step(run.config);
@@ -296,33 +299,52 @@ int64_t max_completion_tokens(const TrainConfig& config) {
   return config.objective == Objective::ppo ? config.ppo_max_new_tokens : config.grpo.max_completion_length;
 }
 
+// A held-out prompt row as the end-of-run samples show it: its prompt text
+// (rendered, for a conversational one) and its "completion" string, when it
+// has one, as the reference; a conversational row's messages then the
+// reference as the assistant's, so the samples file holds its messages.
+Example sample_example(const PromptRow& row) {
+  Example example;
+  example.prompt = row.prompt;
+  if (row.row.contains("completion") && row.row["completion"].is_string())
+    example.completion = row.row["completion"].get<std::string>();
+  if (row.messages.is_null()) return example;
+  for (const nlohmann::ordered_json& m : row.messages)
+    example.messages.push_back({m["role"].get<std::string>(), message_text(m)});
+  example.messages.push_back({"assistant", example.completion});
+  return example;
+}
+
 // objective: grpo or ppo: the prompt rows, cut to leave room for the completion, and the reward model.
 void make_prompts(Run& run) {
   const TrainConfig& config = run.config;
   FT_CHECK(run.collectives.world_size() == 1, config.source, ": objective: ", enum_name(config.objective),
            " runs in one process (its rollouts are not split across ranks yet); run it without mpirun");
   const int64_t max_prompt_tokens = config.seq_len - max_completion_tokens(config);
+  const ChatTemplate* chat = run.chat ? &*run.chat : nullptr;
   run.train_prompts = std::make_unique<PromptLoader>(
-      load_prompt_rows(config.data.train, *run.tokenizer, max_prompt_tokens, run.kind, &config.rewards), config.seed);
+      load_prompt_rows(config.data.train, *run.tokenizer, max_prompt_tokens, run.kind, &config.rewards, chat),
+      config.seed);
+  const bool conversational = !run.train_prompts->rows()[0].messages.is_null();
   const int64_t completions = config.objective == Objective::ppo ? 1 : config.grpo.num_generations;
   std::cout << "train: " << run.train_prompts->rows().size() << " prompts, " << prompts_per_step(config)
             << " a step, " << completions << " completion" << (completions > 1 ? "s" : "") << " each\n";
   run.kl_controller = make_kl_controller(config.ppo);
   if (!config.data.eval.empty()) {
-    run.eval_prompts = load_prompt_rows(config.data.eval, *run.tokenizer, max_prompt_tokens, run.kind, &config.rewards);
+    run.eval_prompts =
+        load_prompt_rows(config.data.eval, *run.tokenizer, max_prompt_tokens, run.kind, &config.rewards, chat);
+    FT_CHECK(run.eval_prompts[0].messages.is_null() != conversational, config.data.eval, ": its prompts are ",
+             conversational ? "strings" : "lists of messages", " and data.train's (", config.data.train,
+             ") are not: give both files in one form");
     run.eval_examples.path = config.data.eval;
-    // The end-of-run samples show a row's "completion" as their reference when it has one.
-    for (const PromptRow& row : run.eval_prompts)
-      run.eval_examples.examples.push_back(
-          {row.prompt, row.row.contains("completion") && row.row["completion"].is_string()
-                           ? row.row["completion"].get<std::string>()
-                           : ""});
+    if (conversational) run.eval_examples.format = DataFormat::chat;  // the samples render as training did
+    for (const PromptRow& row : run.eval_prompts) run.eval_examples.examples.push_back(sample_example(row));
     std::cout << "eval: " << run.eval_prompts.size() << " prompts\n";
   }
   if (!config.rewards.model.empty())
     run.reward_model = std::make_unique<RewardModel>(
         config.rewards, *run.backend, reward_model_options(model_options(config), config.rewards.model_adapter),
-        config.tokenizer, run.kind == ModelKind::seq2seq, config.micro_batch_size);
+        config.tokenizer, run.kind == ModelKind::seq2seq, config.micro_batch_size, conversational);
 }
 
 void make_data(Run& run) {

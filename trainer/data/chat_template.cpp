@@ -222,11 +222,15 @@ std::string message_text(const Json& message) {
   return text;
 }
 
-void check_chat_roles(const std::vector<ChatMessage>& messages, const std::string& where) {
-  FT_CHECK(!messages.empty(), where, ": \"messages\" is empty (expected at least one user and one assistant turn)");
+void check_message_roles(const std::vector<ChatMessage>& messages, const std::string& where) {
   for (size_t i = 0; i < messages.size(); i++)
     FT_CHECK(messages[i].role == "system" || messages[i].role == "user" || messages[i].role == "assistant", where,
              ": messages[", i, "].role is \"", messages[i].role, "\" (expected system, user or assistant)");
+}
+
+void check_chat_roles(const std::vector<ChatMessage>& messages, const std::string& where) {
+  FT_CHECK(!messages.empty(), where, ": \"messages\" is empty (expected at least one user and one assistant turn)");
+  check_message_roles(messages, where);
   FT_CHECK(messages.back().role == "assistant", where, ": the last message is the ", messages.back().role,
            "'s (expected an assistant turn to train on)");
 }
@@ -250,8 +254,10 @@ ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::strin
     source = built_in(configured);
     where = std::string("the built-in ") + enum_name(configured) + " chat template";
   }
-  FT_CHECK(!source.empty(), file, ": no chat_template to render chat rows with; set ", setting, " to one of ",
-           enum_spellings(enum_names(ChatTemplateKind{}), ", ", ChatTemplateKind::automatic));
+  FT_CHECK(!source.empty(), file, ": no chat_template to render chat rows with",
+           setting ? std::string("; set ") + setting + " to one of " +
+                         enum_spellings(enum_names(ChatTemplateKind{}), ", ", ChatTemplateKind::automatic)
+                   : std::string());
   chat.jinja = jinja::compile(source, where);
   for (const std::string& fault : chat.jinja->deferred_faults)
     std::cerr << "warning: " << where << " " << fault << ": a row whose rendering reaches it is refused\n";

@@ -69,7 +69,8 @@ struct RenderedPiece {
 // chat_template.jinja). Special-token strings come from that
 // tokenizer_config.json when present. A missing template is an Error naming
 // the file and `setting`, the option that names one (data.chat_template, or
-// generate's --chat-template); a template using what the interpreter does not
+// generate's --chat-template; nullptr where none does, as for a reward
+// model's template); a template using what the interpreter does not
 // run is one naming the file, line and construct.
 ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::string& tokenizer_dir,
                                    const char* setting = "data.chat_template");
@@ -78,6 +79,9 @@ ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::strin
 // assistant messages ending with an assistant turn (training needs one to
 // learn from). Errors name `where` (file:line) and the message index.
 void check_chat_roles(const std::vector<ChatMessage>& messages, const std::string& where);
+// Each message's role one of system, user and assistant (a prompt to reply to
+// may end with any of them); errors name `where` and the message index.
+void check_message_roles(const std::vector<ChatMessage>& messages, const std::string& where);
 
 // A message's content as text: the string, or its text parts joined (content
 // as a list of {"type": "text", "text"} parts); "" for none.

@@ -121,7 +121,7 @@ GrpoGeneration grpo_generation_from_json(const nlohmann::json& state, const std:
       FT_CHECK(prompts[i] < rows.size(), where, ": prompt index ", prompts[i], " past the ", rows.size(),
                " train prompts");
       const PromptRow& row = rows[prompts[i]];
-      out.completions.push_back({&row.row, row.prompt, row.tokens, tokens[i], ""});
+      out.completions.push_back({&row.row, row.prompt, row.tokens, tokens[i], "", &row.messages});
     }
     out.reward_figures = state.at("reward_figures");
     out.advantages = state.at("advantages").get<std::vector<double>>();

@@ -135,8 +135,28 @@ void check_reward_fields(const RewardRules& rules, const nlohmann::json& row, co
              rules.answer, "\" holds no number: \"", excerpt(row[rules.answer].get<std::string>()), "\"");
 }
 
+ChatTemplate reward_chat_template(const std::string& tokenizer_file) {
+  try {
+    return resolve_chat_template(ChatTemplateKind::automatic,
+                                 std::filesystem::path(tokenizer_file).parent_path().string(), nullptr);
+  } catch (const Error& e) {
+    fail("rewards.model: the prompts are lists of messages, so the reward model reads each prompt and completion "
+         "rendered with its own tokenizer's chat template (as trl's GRPOTrainer): ", e.what());
+  }
+}
+
+std::vector<int32_t> conversation_reward_tokens(const Rollout& rollout, const Tokenizer& tokenizer,
+                                                const ChatTemplate& chat) {
+  FT_CHECK(rollout.messages && rollout.messages->is_array(), "rewards.model: a rollout's prompt is not a list of "
+           "messages");
+  nlohmann::ordered_json messages = *rollout.messages;
+  messages.push_back({{"role", "assistant"}, {"content", rollout.text}});
+  return tokenizer.encode(render_chat_text(chat, messages, nullptr, false, "rewards.model"));
+}
+
 RewardModel::RewardModel(const RewardRules& rules, Backend& backend, const ModelOptions& options,
-                         const std::string& policy_tokenizer_file, bool policy_seq2seq, int64_t rows_per_forward)
+                         const std::string& policy_tokenizer_file, bool policy_seq2seq, int64_t rows_per_forward,
+                         bool conversational_prompts)
     : rows_per_forward_(std::max<int64_t>(rows_per_forward, 1)) {
   const std::string config_json = (std::filesystem::path(rules.model) / "config.json").string();
   const ModelConfig config = read_model_config(config_json);
@@ -150,6 +170,10 @@ RewardModel::RewardModel(const RewardRules& rules, Backend& backend, const Model
              policy_tokenizer_file, "): set rewards.model_tokenizer to the reward model's tokenizer file, and "
              "prompts and completions are encoded anew with it");
     if (policy_seq2seq) tokenizer_ = load_tokenizer(own_tokenizer, config.vocab_size);
+  }
+  if (conversational_prompts) {  // rendered anew, with the reward tokenizer's own template
+    if (!tokenizer_) tokenizer_ = load_tokenizer(own_tokenizer, config.vocab_size);
+    chat_ = reward_chat_template(rules.model_tokenizer.empty() ? own_tokenizer : rules.model_tokenizer);
   }
   const std::unique_ptr<Tokenizer> own = tokenizer_ ? nullptr : load_tokenizer(own_tokenizer, config.vocab_size);
   const Tokenizer& tokenizer = tokenizer_ ? *tokenizer_ : *own;
@@ -167,12 +191,17 @@ RewardModel::~RewardModel() = default;
 
 // Scored as `finetune score` scores a row: the tokens the policy saw (or
 // with the reward model's tokenizer, prompt and completion encoded as
-// tokenize_example encodes them), ending with eos.
+// tokenize_example encodes them), ending with eos; a conversational one as
+// trl's GRPOTrainer scores it (conversation_reward_tokens), cut to the
+// model's positions as tokenize_example cuts (the start kept).
 std::vector<double> RewardModel::scores(const std::vector<Rollout>& completions) const {
   std::vector<TokenSequence> sequences;
   for (const Rollout& c : completions) {
     TokenSequence sequence;
-    if (tokenizer_) {
+    if (chat_) {
+      sequence.tokens = conversation_reward_tokens(c, *tokenizer_, *chat_);
+      sequence.tokens.resize(std::min<size_t>(sequence.tokens.size(), size_t(model_->config().position_limit())));
+    } else if (tokenizer_) {
       bool truncated = false;
       sequence = tokenize_example({c.prompt, c.text}, *tokenizer_, model_->config().position_limit() - 1,
                                   eos_id_, truncated);

@@ -7,10 +7,14 @@
 //   answer: 1 when the last number in the completion equals the row's
 //           field read as a number (a final answer, GSM8K-style), else 0;
 //   length: -|completion tokens - target| / target;
-//   model:  a reward model's score of prompt + completion (reward.h).
+//   model:  a reward model's score of prompt + completion (reward.h); with
+//           conversational prompts, of the prompt's messages and the
+//           completion as an assistant message, rendered with the reward
+//           tokenizer's chat template (trl's GRPOTrainer).
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +22,7 @@
 
 #include "model/causal_lm.h"
 #include "tokenizer/tokenizer.h"
+#include "trainer/data/chat_template.h"
 
 namespace ft {
 
@@ -52,25 +57,42 @@ struct Rollout {
   std::string prompt;                          // the row's prompt text
   std::vector<int32_t> prompt_tokens, tokens;  // tokens: the completion's, its eos included when it ended so
   std::string text;                            // decoded completion, eos excluded
+  const nlohmann::ordered_json* messages = nullptr;  // PromptRow::messages: a conversational prompt's, else null
 };
+
+// The reward model's chat template for conversational prompts: its
+// tokenizer's own (tokenizer_file's folder), as trl's GRPOTrainer renders
+// them with the reward processing class; none is an Error saying why one is needed.
+ChatTemplate reward_chat_template(const std::string& tokenizer_file);
+// What a reward model reads for a conversational rollout (trl's
+// _calculate_rewards): the prompt's messages then {"role": "assistant",
+// "content": text}, rendered by `chat` without a generation prompt and
+// encoded alone (add_special_tokens=False: the template writes its own).
+std::vector<int32_t> conversation_reward_tokens(const Rollout& rollout, const Tokenizer& tokenizer,
+                                                const ChatTemplate& chat);
 
 // rules.model as a reward model on backend, built with options
 // (setup.h's reward_model_options: the policy's quantisation and precision,
 // the score head and the adapter). policy_tokenizer_file: the file the
 // policy's tokens come from. A seq2seq policy's prompt tokens are its
 // encoder's (no bos, an eos after the prompt): with policy_seq2seq the
-// text is encoded anew, as with rules.model_tokenizer. scores() runs
+// text is encoded anew, as with rules.model_tokenizer. With
+// conversational_prompts every rollout is scored as
+// conversation_reward_tokens with the reward tokenizer (rules.model_tokenizer,
+// else the model folder's) and its reward_chat_template. scores() runs
 // rows_per_forward rows a forward.
 class RewardModel {
  public:
   RewardModel(const RewardRules& rules, Backend& backend, const ModelOptions& options,
-              const std::string& policy_tokenizer_file, bool policy_seq2seq, int64_t rows_per_forward);
+              const std::string& policy_tokenizer_file, bool policy_seq2seq, int64_t rows_per_forward,
+              bool conversational_prompts = false);
   ~RewardModel();
   std::vector<double> scores(const std::vector<Rollout>& completions) const;
 
  private:
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<Tokenizer> tokenizer_;  // set: prompts and completions encoded anew (rules.model_tokenizer, seq2seq)
+  std::optional<ChatTemplate> chat_;      // set with conversational prompts: they are rendered with it
   int32_t pad_id_ = 0, eos_id_ = 0;
   int64_t rows_per_forward_ = 1;
 };

@@ -17,7 +17,8 @@ std::vector<Rollout> generate_completions(const RolloutSampler& s, const std::ve
                                           int64_t repeats, int64_t step) {
   std::vector<Rollout> rollouts;
   for (const PromptRow* prompt : prompts)
-    for (int64_t g = 0; g < repeats; ++g) rollouts.push_back({&prompt->row, prompt->prompt, prompt->tokens, {}, ""});
+    for (int64_t g = 0; g < repeats; ++g)
+      rollouts.push_back({&prompt->row, prompt->prompt, prompt->tokens, {}, "", &prompt->messages});
   const size_t chunk = size_t(std::max<int64_t>(s.rows_per_batch, 1));
   for (size_t first = 0; first < rollouts.size(); first += chunk) {
     const size_t end = std::min(rollouts.size(), first + chunk);
