@@ -107,6 +107,8 @@ namespace ft {
       SUFFIX;                                                                                                       \
   PREFIX void int8_linear_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& weight,                       \
                                         const Tensor& weight_scales, bool accumulate) SUFFIX;                       \
+  PREFIX void int8_dequantize_impl(Tensor& tile, const Tensor& weight, const Tensor& weight_scales, int64_t col0)  \
+      SUFFIX;                                                                                                       \
   PREFIX void nf4_dequantize_impl(Tensor& tile, const Nf4Weight& weight, int64_t row0, int64_t col0) SUFFIX;       \
   PREFIX void dropout_forward_impl(Tensor& out, const Tensor& x, float p, uint64_t seed, int64_t row_stride) SUFFIX; \
   PREFIX void dropout_backward_impl(Tensor& dx, const Tensor& dout, float p, uint64_t seed, int64_t row_stride)   \
@@ -584,6 +586,15 @@ class Backend {
     checks::check_int8_linear_backward(device(), dx, dout, weight, weight_scales);
     const OpTimer timer(profile_, __func__);
     int8_linear_backward_impl(dx, dout, weight, weight_scales, accumulate);
+  }
+  // tile [O, C] = every row of the int8 weight [O, K], columns [col0, col0 +
+  // C), dequantised as int8_linear_backward's tiles are: code * scale / 127
+  // in f32, rounded once to the tile's dtype (merging an adapter into a
+  // saved INT8 base).
+  void int8_dequantize(Tensor& tile, const Tensor& weight, const Tensor& weight_scales, int64_t col0) {
+    checks::check_int8_dequantize(device(), tile, weight, weight_scales, col0);
+    const OpTimer timer(profile_, __func__);
+    int8_dequantize_impl(tile, weight, weight_scales, col0);
   }
 
   // ---- NF4 (QLoRA) ------------------------------------------------------

@@ -572,6 +572,16 @@ inline void check_int8_linear_backward(Device device, const Tensor& dx, const Te
            K, "]");
 }
 
+inline void check_int8_dequantize(Device device, const Tensor& tile, const Tensor& weight, const Tensor& weight_scales,
+                                  int64_t col0) {
+  const char* op = "int8_dequantize";
+  check_float(tile, device, op, "tile");
+  check_int8_weight(device, op, weight, weight_scales);
+  FT_CHECK(tile.ndim() == 2 && tile.rows() == weight.dim(0) && col0 >= 0 && col0 + tile.cols() <= weight.dim(1), op,
+           ": tile ", shape_string(tile.shape), " at column ", col0, " does not fit the rows of weight ",
+           shape_string(weight.shape));
+}
+
 // A frozen NF4 weight (op_operands.h's Nf4Weight) with consistent sizes.
 inline void check_nf4_weight(Device device, const char* op, const Nf4Weight& w) {
   FT_CHECK(w.codes && w.absmax, op, ": the NF4 weight needs codes and absmax");

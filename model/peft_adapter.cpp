@@ -131,6 +131,20 @@ std::vector<std::string> read_modules_to_save(const json& config, const std::str
 
 }  // namespace
 
+namespace {
+
+// A config.json's model: its fields but how the weights are stored (a saved
+// quantised base's quantization_config and dtype, a merged folder's dtype)
+// and the writer's version.
+json model_fields(const std::string& path) {
+  json config = read_json_object(path, "a model's config.json");
+  for (const char* storage : {"quantization_config", "torch_dtype", "dtype", "transformers_version"})
+    config.erase(storage);
+  return config;
+}
+
+}  // namespace
+
 std::string other_base_warning(const PeftAdapterConfig& adapter, const std::string& adapter_folder,
                                const std::string& model_dir) {
   namespace fs = std::filesystem;
@@ -138,7 +152,8 @@ std::string other_base_warning(const PeftAdapterConfig& adapter, const std::stri
   const fs::path own_config = fs::path(own) / "config.json", model_config = fs::path(model_dir) / "config.json";
   std::error_code error;
   if (own.empty() || !fs::is_regular_file(own_config, error) || !fs::is_regular_file(model_config, error) ||
-      fs::equivalent(own, model_dir, error) || file_fingerprint(own_config) == file_fingerprint(model_config))
+      fs::equivalent(own, model_dir, error) ||
+      model_fields(own_config.string()) == model_fields(model_config.string()))
     return "";
   return adapter_folder + ": trained on " + own + " (its base_model_name_or_path), whose config.json differs from " +
          model_config.string() + ": the adapter may not belong to this base";

@@ -40,7 +40,8 @@ struct PeftAdapterConfig {
 PeftAdapterConfig read_peft_adapter_config(const std::string& folder);
 
 // "" unless the adapter's base_model_name_or_path is a local model folder
-// other than model_dir whose config.json differs from model_dir's: then a
+// other than model_dir whose config.json differs from model_dir's in more
+// than how the weights are stored (quantization_config, dtype): then a
 // warning naming both (an adapter applied to another base than its own,
 // which PEFT loads silently when the shapes fit). A hub id or a path that
 // does not resolve from here says nothing.

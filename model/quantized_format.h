@@ -49,6 +49,9 @@ class QuantizedFormat {
   // Quantises a full-precision weight of p's shape (any floating dtype, host
   // or device) into p's tensors.
   virtual void quantize(Backend& backend, Parameter& p, const Tensor& full_precision) const = 0;
+  // out [out, in] (any floating dtype) = p dequantised as the format's
+  // kernels dequantise it (an adapter merged into a saved quantised base).
+  virtual void dequantize(Backend& backend, const Parameter& p, Tensor& out) const = 0;
   // Whether a checkpoint tensor is saved in this format (its codes).
   virtual bool holds(const SafetensorsEntry& entry) const = 0;
   // Loads p from its tensors saved in this format (holds() its entry), taken

@@ -127,13 +127,81 @@ TEST_CASE("merged checkpoints give PEFT's merge_and_unload logits, f32 and bf16"
   }
 }
 
+// A base bitsandbytes saved quantised (NF4 with double quantisation, and
+// LLM.int8()) merges into floating weights: each decoder weight dequantised
+// as bitsandbytes dequantises it, the adapter's scaling * B A added in f32
+// (scripts/make_quantized_merge_fixture.py: bitsandbytes' dequantize_4bit
+// and int8_vectorwise_dequant). Within 1e-6 of the largest |w| (the sums'
+// order; the int8 scale is divided by 127 here and multiplied by its
+// reciprocal there). The folder holds the model's tensors alone, floating,
+// and its config.json no quantization_config.
+TEST_CASE("merge dequantises a base bitsandbytes saved in NF4 or INT8, as bitsandbytes does") {
+  const Checkpoint reference(kFixtures + "/merge/quantized_reference.safetensors");
+  for (const auto& [format, base] : {std::pair{"nf4", "nf4/llama_nf4"}, std::pair{"int8", "bnb_checkpoint/llama_int8"}}) {
+    CAPTURE(format);
+    const std::string out = fresh_dir(std::string("quantized_") + format);
+    std::ostringstream log;
+    merge_adapter(command_for(base, "llama_lora", out), log);
+    CHECK(log.str().find("(the base's INT8 or NF4 weights dequantised)") != std::string::npos);
+    const Checkpoint merged(out);
+    std::vector<std::string> names = merged.names(), want = Checkpoint(kFixtures + "/llama_gqa").names();
+    std::sort(names.begin(), names.end());
+    std::sort(want.begin(), want.end());
+    CHECK(names == want);
+    int compared = 0;
+    for (const std::string& key : reference.names()) {
+      if (!key.starts_with(std::string(format) + ".")) continue;
+      const std::string name = key.substr(key.find('.') + 1);
+      CAPTURE(name);
+      const Tensor got = merged.view(name), expected = reference.view(key);
+      REQUIRE(got.dtype == DType::f32);
+      REQUIRE(got.shape == expected.shape);
+      double largest = 0.0, worst = 0.0;
+      for (int64_t i = 0; i < got.numel(); ++i) {
+        largest = std::max(largest, double(std::abs(expected.ptr<float>()[i])));
+        worst = std::max(worst, double(std::abs(got.ptr<float>()[i] - expected.ptr<float>()[i])));
+      }
+      CAPTURE(worst);
+      CHECK(worst <= 1e-6 * largest);
+      compared++;
+    }
+    CHECK(compared == 5);
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(out + "/config.json"));
+    CHECK(!config.contains("quantization_config"));
+    CHECK(merged_logits(out).size() > 0);  // loads as a plain floating checkpoint
+  }
+}
+
+// The adapter names its base (base_model_name_or_path): a base whose
+// config.json says another model gets a warning; one that differs only in
+// how its weights are stored (bitsandbytes' quantization_config and dtype)
+// does not.
+TEST_CASE("merge warns of an adapter over another model's base, not over its own base saved quantised") {
+  const std::string adapter = fresh_dir("own_base_adapter");
+  fs::copy(kFixtures + "/llama_lora/adapter", adapter);
+  nlohmann::json adapter_config = nlohmann::json::parse(std::ifstream(adapter + "/adapter_config.json"));
+  adapter_config["base_model_name_or_path"] = kFixtures + "/llama_gqa";
+  std::ofstream(adapter + "/adapter_config.json") << adapter_config.dump(2);
+  const std::string other = fresh_dir("other_base");
+  fs::copy(kFixtures + "/llama_gqa", other);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(other + "/config.json"));
+  config["rms_norm_eps"] = 1e-3;
+  std::ofstream(other + "/config.json") << config.dump(2);
+  for (const auto& [base, warned] : {std::pair{kFixtures + "/bnb_checkpoint/llama_int8", false}, {other, true}}) {
+    CAPTURE(base);
+    MergeCommand command;
+    command.model = base, command.adapter = adapter, command.out = fresh_dir("warned");
+    std::ostringstream log;
+    merge_adapter(command, log);
+    CHECK((log.str().find("the adapter may not belong to this base") != std::string::npos) == warned);
+  }
+}
+
 TEST_CASE("merge refuses bad input with one error naming the file, before writing anything") {
   const std::string out = fresh_dir("refused");
   // The adapter of another architecture: its modules are not in this checkpoint.
   CHECK(error_of(command_for("llama_gqa", "gpt_neox_lora", out))
             .find("module \"gpt_neox.layers.0.attention.query_key_value\" has no weight") != std::string::npos);
-  // A saved NF4 base is not the original weights.
-  CHECK(error_of(command_for("nf4/llama_nf4", "llama_lora", out)).find("a quantised base") != std::string::npos);
   // A config.json that says 3 layers over 2 layers' weights: a merged folder transformers cannot load.
   const fs::path three = fs::path(FT_BINARY_DIR) / "merge_config_mismatch";
   fs::create_directories(three);

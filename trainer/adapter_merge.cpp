@@ -7,6 +7,7 @@
 #include "kernels/meta/meta_backend.h"
 #include "model/families.h"
 #include "model/lora_linear.h"
+#include "model/quant/formats.h"
 #include "model/quantized_format.h"
 
 namespace ft {
@@ -14,18 +15,19 @@ namespace {
 
 bool is_float(DType dtype) { return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16; }
 
-void check_targets(const Checkpoint& base, const std::map<std::string, LoraPair>& pairs,
-                   const std::string& adapter_file) {
-  check_float_base(base, "merge needs the original F32, BF16 or F16 weights the adapter was trained over");
-  for (const auto& [module, pair] : pairs) {
-    const std::string weight = module + ".weight";
-    FT_CHECK(base.contains(weight), adapter_file, ": module \"", module, "\" has no weight \"", weight, "\" in ",
-             base.path(), " (is this the adapter's base model?)");
-    const SafetensorsEntry& entry = base.entry(weight);
-    FT_CHECK(entry.shape == Shape({pair.B->shape[0], pair.A->shape[1]}), adapter_file, ": module \"", module,
-             "\": lora_B ", shape_string(pair.B->shape), " x lora_A ", shape_string(pair.A->shape),
-             " does not fit \"", weight, "\" ", shape_string(entry.shape), " of ", entry.file);
-  }
+// The quantised format a checkpoint tensor is saved in, or null for a floating one.
+const QuantizedFormat* stored_format(const SafetensorsEntry& entry) {
+  for (QuantizedBase base : kQuantizedBases)
+    if (base != QuantizedBase::none && quantized_format(base).holds(entry)) return &quantized_format(base);
+  return nullptr;
+}
+
+// Whether `name` is one of a quantised weight's constants: "<weight>.absmax",
+// "<weight>.quant_state...", or bitsandbytes' "<module>.SCB" and
+// "<module>.weight_format".
+bool constant_of(const std::string& name, const std::string& weight) {
+  const std::string module = weight.substr(0, weight.size() - std::string(".weight").size());
+  return name.starts_with(weight + ".") || name == module + ".SCB" || name == module + ".weight_format";
 }
 
 // The adapter pair of a base tensor: name is <module>.weight for an adapted module.
@@ -58,7 +60,8 @@ std::set<std::string> check_base_matches_config(const Checkpoint& base, const st
     for (const Parameter& p : model.parameters()) {
       FT_CHECK(base.contains(p.name), base.path(), ": missing tensor \"", p.name, "\", which ", config_path,
                " implies (does it describe these weights?)");
-      require_shape(base.entry(p.name), p.name, whole_shape(p));
+      // A weight saved quantised: its format's load checks its layout (NF4's codes are packed).
+      if (!stored_format(base.entry(p.name))) require_shape(base.entry(p.name), p.name, whole_shape(p));
       names.insert(p.name);
     }
     return names;
@@ -85,13 +88,49 @@ void check_float_base(const Checkpoint& base, const std::string& needs) {
   }
 }
 
-AdapterMerge::AdapterMerge(const std::string& folder, const Checkpoint& base)
+void AdapterMerge::read_base_layout(const std::string& config_path) {
+  read_meta_model(config_path, [&](LanguageModel& model) {
+    bool first_float = true;
+    for (const Parameter& p : model.parameters()) {
+      if (!base_.contains(p.name)) continue;  // check_base_matches_config names it
+      const SafetensorsEntry& entry = base_.entry(p.name);
+      if (const QuantizedFormat* format = stored_format(entry)) {
+        quantized_[p.name] = {format, whole_shape(p)};
+      } else if (first_float) {
+        float_dtype_ = entry.dtype;
+        first_float = false;
+      }
+    }
+    return 0;
+  });
+  for (const std::string& name : base_.names()) {
+    const bool constant = std::any_of(quantized_.begin(), quantized_.end(),
+                                      [&](const auto& weight) { return constant_of(name, weight.first); });
+    if (constant) constants_.insert(name);
+    const SafetensorsEntry& entry = base_.entry(name);
+    FT_CHECK(constant || quantized_.count(name) || is_float(entry.dtype), entry.file, ": tensor \"", name, "\" is ",
+             dtype_name(entry.dtype), ", neither a floating weight nor a decoder weight saved INT8 or NF4 (with ",
+             "its constants beside it) of the model ", config_path, " describes");
+  }
+}
+
+AdapterMerge::AdapterMerge(const std::string& folder, const Checkpoint& base, const std::string& config_path)
     : base_(base),
       config_(read_peft_adapter_config(folder)),
       file_(adapter_weights(folder)) {
   verify_checksum(file_);
   pairs_ = read_lora_pairs(file_, config_);
-  check_targets(base, pairs_, file_.path());
+  read_base_layout(config_path);
+  for (const auto& [module, pair] : pairs_) {
+    const std::string weight = module + ".weight";
+    FT_CHECK(base.contains(weight), file_.path(), ": module \"", module, "\" has no weight \"", weight, "\" in ",
+             base.path(), " (is this the adapter's base model?)");
+    const auto stored = quantized_.find(weight);
+    const Shape shape = stored != quantized_.end() ? stored->second.shape : base.entry(weight).shape;
+    FT_CHECK(shape == Shape({pair.B->shape[0], pair.A->shape[1]}), file_.path(), ": module \"", module,
+             "\": lora_B ", shape_string(pair.B->shape), " x lora_A ", shape_string(pair.A->shape),
+             " does not fit \"", weight, "\" ", shape_string(shape), " of ", base.entry(weight).file);
+  }
   scaling_ = lora_scaling(config_.lora.lora_alpha, config_.lora.r, config_.lora.use_rslora);
   saved_ = saved_modules(file_, config_);
   for (const auto& [name, entry] : saved_) {
@@ -105,6 +144,37 @@ AdapterMerge::AdapterMerge(const std::string& folder, const Checkpoint& base)
   }
 }
 
+std::vector<std::string> AdapterMerge::base_names() const {
+  std::vector<std::string> names;
+  for (const std::string& name : base_.names())
+    if (!constants_.count(name)) names.push_back(name);
+  return names;
+}
+
+Shape AdapterMerge::base_shape(const std::string& name) const {
+  const auto stored = quantized_.find(name);
+  return stored != quantized_.end() ? stored->second.shape : base_.entry(name).shape;
+}
+
+Tensor AdapterMerge::base_weight(CpuBackend& be, const std::string& name) const {
+  const auto stored = quantized_.find(name);
+  if (stored == quantized_.end()) {
+    Tensor weight = be.empty(base_.entry(name).shape, DType::f32, MemCategory::workspace);
+    be.copy(weight, base_.view(name));
+    return weight;
+  }
+  const StoredWeight& s = stored->second;
+  Parameter p;
+  p.name = name;
+  ModelOptions options;
+  options.nf4_double_quant = base_.contains(name + ".nested_absmax");
+  s.format->allocate(p, s.shape, be.allocator(), options);
+  s.format->load(be, base_, p);
+  Tensor weight = be.empty(s.shape, DType::f32, MemCategory::workspace);
+  s.format->dequantize(be, p, weight);
+  return weight;
+}
+
 Tensor AdapterMerge::tensor(CpuBackend& be, const std::string& name, DType dtype) const {
   auto whole = saved_.find(name);
   if (whole != saved_.end()) {
@@ -112,16 +182,20 @@ Tensor AdapterMerge::tensor(CpuBackend& be, const std::string& name, DType dtype
     be.copy(out, view_of(*whole->second));
     return out;
   }
-  Tensor out = be.empty(base_.entry(name).shape, dtype, MemCategory::weights);
   const LoraPair* pair = pair_of(pairs_, name);
-  if (!pair) {
+  if (!pair && !quantized_.count(name)) {
+    Tensor out = be.empty(base_.entry(name).shape, dtype, MemCategory::weights);
     be.copy(out, base_.view(name));
     return out;
   }
-  Tensor weight = be.empty(out.shape, DType::f32, MemCategory::workspace);
+  Tensor weight = base_weight(be, name);
+  Tensor out = be.empty(weight.shape, dtype, MemCategory::weights);
+  if (!pair) {
+    be.copy(out, weight);
+    return out;
+  }
   Tensor A = be.empty(pair->A->shape, DType::f32, MemCategory::workspace);
   Tensor B = be.empty(pair->B->shape, DType::f32, MemCategory::workspace);
-  be.copy(weight, base_.view(name));
   be.copy(A, view_of(*pair->A));
   be.copy(B, view_of(*pair->B));
   be.matmul(weight, B, A, false, false, scaling_, 1.0f);

@@ -186,12 +186,13 @@ void export_gguf(const GgufExportCommand& command, std::ostream& log) {
   add_gguf_vocab(tokenizer, config.vocab_size, metadata);
 
   const Checkpoint base(command.model);
-  check_float_base(base, "export needs the original F32, BF16 or F16 weights the base was quantised from");
+  check_float_base(base, "export needs the original F32, BF16 or F16 weights the base was quantised from (or "
+                   "the folder `finetune merge` writes from a quantised base and an adapter: its weights dequantised)");
   FT_CHECK(!base.contains("score.weight"), command.model, ": holds \"score.weight\", a sequence classifier's score "
            "head (a reward model merged by finetune merge); export --gguf writes language models");
   const std::set<std::string> model_tensors = check_base_matches_config(base, config_path);
   std::unique_ptr<AdapterMerge> adapter;
-  if (!command.adapter.empty()) adapter = std::make_unique<AdapterMerge>(command.adapter, base);
+  if (!command.adapter.empty()) adapter = std::make_unique<AdapterMerge>(command.adapter, base, config_path);
   const std::string other_base = adapter ? other_base_warning(adapter->config(), command.adapter, command.model) : "";
   if (!other_base.empty()) log << "warning: " << other_base << "\n";
   FT_CHECK(!adapter || adapter->saved().empty(), command.adapter, ": the adapter saves whole modules (",

@@ -408,6 +408,19 @@ void CpuBackend::int8_linear_forward_impl(Tensor& out, const Tensor& x, const Te
   note_path("oneDNN s8 ", onednn_->last_kernel(), ", epilogue ", cpu::avx512_versions_isa());
 }
 
+void CpuBackend::int8_dequantize_impl(Tensor& tile, const Tensor& weight, const Tensor& weight_scales, int64_t col0) {
+  const int64_t O = tile.rows(), C = tile.cols(), K = weight.dim(1);
+  const int8_t* wq = weight.ptr<const int8_t>();
+  const float* sw = weight_scales.ptr<const float>();
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < O; ++o) dequantise_row(tile, o, wq + o * K + col0, sw[o], C, row.data());
+  }
+  note_path(cpu::avx512_versions_isa());
+}
+
 // dx is computed one block of input-feature columns at a time (tiles from
 // kernels/int8_tiles.h): dx[:, k0:k1] = dout @ dequant(W[:, k0:k1]), the tile
 // dequantised into f32, or into bf16 for bf16 dout (the GPU's tile, value for

@@ -649,6 +649,23 @@ void fused_forward(Tensor& out, const Tensor& x, const Tensor& weight, const Ten
   }
 }
 
+// tile [O, kb] (packed) = columns [k0, k0 + kb) of every row of W, dequantised.
+void dequantize_tile(Tensor& tile, const Tensor& weight, const Tensor& weight_scales, int64_t k0, int64_t kb,
+                     CUstream_st* stream) {
+  const int64_t O = weight.dim(0), K = weight.dim(1);
+  const unsigned blocks = unsigned(std::min<int64_t>((O + kTileRowsPerBlock - 1) / kTileRowsPerBlock, 1 << 20));
+  const bool vector = tile.dtype == DType::bf16 && K % kTileRun == 0 && k0 % kTileRun == 0 && kb % kTileRun == 0 &&
+                      reinterpret_cast<uintptr_t>(weight.data) % sizeof(int4) == 0 &&
+                      reinterpret_cast<uintptr_t>(tile.data) % sizeof(uint4) == 0;
+  if (vector)
+    launch<dequantize_tile_kernel<true>>(blocks, kBlock, 0, stream, cuda::view(tile), weight.ptr<const int8_t>(),
+                                         weight_scales.ptr<const float>(), O, K, k0, kb);
+  else
+    launch<dequantize_tile_kernel<false>>(blocks, kBlock, 0, stream, cuda::view(tile), weight.ptr<const int8_t>(),
+                                          weight_scales.ptr<const float>(), O, K, k0, kb);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 namespace cuda {
@@ -748,17 +765,7 @@ void int8_linear_backward(Tensor& dx, const Tensor& dout, const Tensor& weight, 
   Tensor w_tile = scratch(context, int8_backward_scratch(O, tile_columns, dout.dtype));
   for (int64_t k0 = 0; k0 < K; k0 += tile_columns) {
     const int64_t kb = std::min(tile_columns, K - k0);
-    const unsigned blocks = unsigned(std::min<int64_t>((O + kTileRowsPerBlock - 1) / kTileRowsPerBlock, 1 << 20));
-    const bool vector = w_tile.dtype == DType::bf16 && K % kTileRun == 0 && k0 % kTileRun == 0 &&
-                        kb % kTileRun == 0 && reinterpret_cast<uintptr_t>(weight.data) % sizeof(int4) == 0 &&
-                        reinterpret_cast<uintptr_t>(w_tile.data) % sizeof(uint4) == 0;
-    if (vector)
-      launch<dequantize_tile_kernel<true>>(blocks, kBlock, 0, context.stream, view(w_tile),
-                                           weight.ptr<const int8_t>(), weight_scales.ptr<const float>(), O, K, k0, kb);
-    else
-      launch<dequantize_tile_kernel<false>>(blocks, kBlock, 0, context.stream, view(w_tile),
-                                            weight.ptr<const int8_t>(), weight_scales.ptr<const float>(), O, K, k0, kb);
-    FT_CUDA_CHECK_LAUNCH();
+    dequantize_tile(w_tile, weight, weight_scales, k0, kb, context.stream);
     context.passed("dequantize tile");
     backward_block(dx, dout, w_tile, k0, kb, accumulate, context);
     context.passed("dx GEMM");
@@ -787,6 +794,11 @@ void CudaBackend::int8_outlier_columns_impl(Tensor& flags, const Tensor& x, floa
 void CudaBackend::int8_row_absmax_impl(Tensor& absmax, const Tensor& x, float threshold,
                                        const Tensor* outlier_flags) {
   cuda::int8_row_absmax(absmax, x, threshold, outlier_flags, {*gemm_, allocator_, stream_});
+}
+
+void CudaBackend::int8_dequantize_impl(Tensor& tile, const Tensor& weight, const Tensor& weight_scales,
+                                       int64_t col0) {
+  dequantize_tile(tile, weight, weight_scales, col0, tile.cols(), stream_);
 }
 
 void CudaBackend::int8_linear_backward_impl(Tensor& dx, const Tensor& dout, const Tensor& weight,

@@ -295,6 +295,11 @@ void MetaBackend::int8_linear_backward_impl(Tensor&, const Tensor& dout, const T
   Tensor dx_block = columns < K ? empty({N, columns}, DType::f32, MemCategory::workspace) : Tensor{};
 }
 
+// Scratch-free: it fills the caller's tile.
+void MetaBackend::int8_dequantize_impl(Tensor&, const Tensor& weight, const Tensor&, int64_t) {
+  enter("int8_dequantize", {&weight});
+}
+
 // Scratch-free: the tiles it fills are nf4_linear_*'s, allocated by them.
 void MetaBackend::nf4_dequantize_impl(Tensor&, const Nf4Weight& weight, int64_t, int64_t) {
   enter("nf4_dequantize", {weight.codes});

@@ -49,6 +49,10 @@ class Int8Format final : public QuantizedFormat {
     quantize_parameter(backend, p, full_precision);
   }
 
+  void dequantize(Backend& backend, const Parameter& p, Tensor& out) const override {
+    backend.int8_dequantize(out, p.value, int8_scales(p), 0);
+  }
+
   bool holds(const SafetensorsEntry& entry) const override { return entry.dtype == DType::i8; }
 
   // Codes plus their row scales as bitsandbytes saves a Linear8bitLt (and

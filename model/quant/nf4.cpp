@@ -74,6 +74,10 @@ class Nf4Format final : public QuantizedFormat {
     quantize_nf4_parameter(backend, p, full_precision);
   }
 
+  void dequantize(Backend& backend, const Parameter& p, Tensor& out) const override {
+    backend.nf4_dequantize(out, nf4_weight(p), 0, 0);
+  }
+
   bool holds(const SafetensorsEntry& entry) const override { return entry.dtype == DType::u8; }
 
   void load(Backend& backend, const Checkpoint& checkpoint, Parameter& p) const override {

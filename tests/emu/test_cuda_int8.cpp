@@ -31,6 +31,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -765,6 +766,27 @@ std::vector<float> magnitudes(const Tensor& dout, const Int8Weight& w, const Ten
 }
 
 }  // namespace
+
+// The backward's tile kernel as an op of its own: every row, a column range;
+// bf16 tiles at K, col0 and C multiples of 16 take its vector path.
+TEST_CASE("cuda: int8_dequantize is bit-identical to the CPU's") {
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (const auto& at : {std::array<int64_t, 4>{37, 301, 0, 301}, {37, 301, 45, 100}, {9, 64, 16, 32}}) {
+      const int64_t O = at[0], K = at[1], col0 = at[2], C = at[3];
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(K);
+      CAPTURE(col0);
+      const Int8Weight w = host_weight(O, K, unsigned(80 + K + col0));
+      Tensor want = cpu.empty({O, C}, dtype, MemCategory::activations);
+      cpu.int8_dequantize(want, w.q, w.scales, col0);
+      std::vector<float> got = emu_test::same_under_schedules([&] {
+        Tensor tile = device_empty({O, C}, dtype);
+        gpu.int8_dequantize(tile, to_device(w.q), to_device(w.scales), col0);
+        return values(tile);
+      });
+      CHECK(emu_test::bit_identical(got, values(want)));
+    }
+}
 
 TEST_CASE("cuda: int8_linear_backward matches the CPU over ragged weight tiles") {
   // 301 columns in tiles of 64 (four whole, one of 45); 7 in tiles of 3 (3, 3, 1); one tile.

@@ -48,16 +48,16 @@ void check_output_folder(const MergeCommand& command) {
 }
 
 // Tensor names in shards of at most max_bytes in dtype (a larger tensor alone), in checkpoint order.
-std::vector<std::vector<std::string>> plan_shards(const Checkpoint& base, DType dtype, size_t max_bytes,
+std::vector<std::vector<std::string>> plan_shards(const AdapterMerge& adapter, DType dtype, size_t max_bytes,
                                                  bool sequence_classifier) {
   // transformers' *ForSequenceClassification has a score head instead of the
   // language-model head (Llama's lm_head, GPT-NeoX's embed_out): not written.
   static const std::set<std::string> kLanguageModelHeads = {"lm_head.weight", "embed_out.weight"};
   std::vector<std::vector<std::string>> shards(1);
   size_t shard_bytes = 0;
-  for (const std::string& name : base.names()) {
+  for (const std::string& name : adapter.base_names()) {
     if (sequence_classifier && kLanguageModelHeads.count(name)) continue;
-    const size_t bytes = size_t(shape_numel(base.entry(name).shape)) * dtype_size_bytes(dtype);
+    const size_t bytes = size_t(shape_numel(adapter.base_shape(name))) * dtype_size_bytes(dtype);
     if (shard_bytes > 0 && shard_bytes + bytes > max_bytes) shards.emplace_back(), shard_bytes = 0;
     shards.back().push_back(name);
     shard_bytes += bytes;
@@ -90,10 +90,13 @@ void make_sequence_classifier(json& config, const std::string& source, std::ostr
   }
 }
 
-// config.json with its dtype fields naming the output dtype, untied where the adapter saves its own lm_head.
+// config.json with its dtype fields naming the output dtype, untied where
+// the adapter saves its own lm_head, without the quantization_config of a
+// base saved quantised (the merged weights are floating).
 void write_config(const MergeCommand& command, DType dtype, bool sequence_classifier, bool untie, std::ostream& log) {
   const std::string source = (fs::path(command.model) / "config.json").string();
   json config = config_saved_as(source, dtype);
+  config.erase("quantization_config");
   if (untie) config["tie_word_embeddings"] = false;
   if (sequence_classifier) make_sequence_classifier(config, source, log);
   write_file_atomically((fs::path(command.out) / "config.json").string(), config.dump(2) + "\n");
@@ -114,7 +117,8 @@ CLI::App* add_merge_command(CLI::App& app, MergeCommand& c) {
   merge->footer(
       "W + scaling * B A in f32, rounded once to --dtype (PEFT's merge_and_unload), written to --out (a folder\n"
       "without a checkpoint in it; other files stay) in safetensors shards of at most --max-shard-size, with\n"
-      "config.json and the tokenizer files.");
+      "config.json and the tokenizer files. A base saved INT8 or NF4 (bitsandbytes) merges into its weights\n"
+      "dequantised as bitsandbytes dequantises them, written floating.");
   merge->add_option("MODEL", c.model, "the Hugging Face checkpoint the adapter was trained over")->required();
   merge->add_option("--adapter", c.adapter, "a PEFT LoRA adapter folder")->type_name("DIR")->required();
   merge->add_option("--out", c.out, "the merged checkpoint's folder")->type_name("DIR")->required();
@@ -134,16 +138,20 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
            ": MODEL must be a Hugging Face checkpoint folder with a config.json");
   check_output_folder(command);
   const Checkpoint base(command.model);
-  const AdapterMerge adapter(command.adapter, base);
+  const std::string config_path = (fs::path(command.model) / "config.json").string();
+  const AdapterMerge adapter(command.adapter, base, config_path);
   const std::string other_base = other_base_warning(adapter.config(), command.adapter, command.model);
   if (!other_base.empty()) log << "warning: " << other_base << "\n";
-  check_base_matches_config(base, (fs::path(command.model) / "config.json").string());
-  const bool untie = adds_untied_head(adapter, (fs::path(command.model) / "config.json").string());
-  const DType dtype = command.dtype.value_or(base.entry(adapter.pairs().begin()->first + ".weight").dtype);
+  check_base_matches_config(base, config_path);
+  const bool untie = adds_untied_head(adapter, config_path);
+  // A quantised base's merged weights take its floating weights' dtype (the model's).
+  const DType dtype = command.dtype.value_or(adapter.dequantises() ? adapter.float_dtype()
+                                                                  : base.entry(adapter.pairs().begin()->first + ".weight").dtype);
 
   create_folder(command.out, "merge --out");
   const bool sequence_classifier = adapter.config().task_type == "SEQ_CLS";
-  std::vector<std::vector<std::string>> shards = plan_shards(base, dtype, command.max_shard_bytes, sequence_classifier);
+  std::vector<std::vector<std::string>> shards =
+      plan_shards(adapter, dtype, command.max_shard_bytes, sequence_classifier);
   // Added tensors (a score head over a causal LM's checkpoint) after the base's, in the last shard.
   shards.back().insert(shards.back().end(), adapter.added_names().begin(), adapter.added_names().end());
   json weight_map = json::object();
@@ -170,8 +178,8 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
       copy_file_atomically((fs::path(command.model) / file).string(), (fs::path(command.out) / file).string());
   log << "merged " << adapter.pairs().size() << " LoRA modules (scaling " << adapter.scaling() << ")"
       << (adapter.saved().empty() ? "" : " and " + std::to_string(adapter.saved().size()) + " modules_to_save tensors")
-      << " into " << weight_map.size()
-      << " " << dtype_name(dtype) << " tensors, " << shards.size() << " shard" << (shards.size() > 1 ? "s" : "")
+      << " into " << weight_map.size() << " " << dtype_name(dtype) << " tensors"
+      << (adapter.dequantises() ? " (the base's INT8 or NF4 weights dequantised)" : "") << ", " << shards.size() << " shard" << (shards.size() > 1 ? "s" : "")
       << ": " << command.out << "\n";
 }
 
