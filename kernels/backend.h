@@ -113,6 +113,7 @@ namespace ft {
   PREFIX void dropout_forward_impl(Tensor& out, const Tensor& x, float p, uint64_t seed, int64_t row_stride) SUFFIX; \
   PREFIX void dropout_backward_impl(Tensor& dx, const Tensor& dout, float p, uint64_t seed, int64_t row_stride)   \
       SUFFIX;                                                                                                       \
+  PREFIX void add_uniform_noise_impl(Tensor& x, float magnitude, uint64_t seed) SUFFIX;                             \
   PREFIX void adamw_update_impl(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& step)     \
       SUFFIX;                                                                                                       \
   PREFIX double sum_squares_impl(const Tensor& x) SUFFIX;                                                           \
@@ -637,6 +638,16 @@ class Backend {
     checks::check_dropout(device(), "dropout_backward", dx, "dx", dout, "dout", p, row_stride);
     const OpTimer timer(profile_, __func__);
     dropout_backward_impl(dx, dout, p, seed, row_stride ? row_stride : dout.cols());
+  }
+  // x += (2 u_i - 1) * magnitude in place, u_i = hash_uniform(seed, i) with
+  // i the flat element index: uniform noise in [-magnitude, magnitude), the
+  // same draws as dropout's (kernels/dropout_hash.h), so every backend adds
+  // the same noise; each element is x + noise rounded once to f32
+  // (add_uniform_noise_value), then to x's dtype. NEFTune's embedding noise.
+  void add_uniform_noise(Tensor& x, float magnitude, uint64_t seed) {
+    checks::check_uniform_noise(device(), x, magnitude);
+    const OpTimer timer(profile_, __func__);
+    add_uniform_noise_impl(x, magnitude, seed);
   }
 
   // ---- optimizer ---------------------------------------------------------

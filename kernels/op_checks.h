@@ -648,6 +648,14 @@ inline void check_dropout(Device device, const char* op, const Tensor& out, cons
            " needs a 2-D ", x_name, " of at most that many columns, got ", shape_string(x.shape));
 }
 
+// Uniform noise on a float tensor: a finite magnitude >= 0.
+inline void check_uniform_noise(Device device, const Tensor& x, float magnitude) {
+  const char* op = "add_uniform_noise";
+  check_float(x, device, op, "x");
+  FT_CHECK(std::isfinite(magnitude) && magnitude >= 0.0f, op, ": magnitude must be finite and >= 0, got ",
+           magnitude);
+}
+
 // AdamW's f32 param, grad, m and v of equal size; steps count from 1.
 inline void check_adamw(Device device, const char* op, const Tensor& param, const Tensor& grad, const Tensor& m,
                         const Tensor& v, const AdamWStep& step) {

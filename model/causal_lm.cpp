@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "kernels/checked_mul.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/dropout_hash.h"
 #include "kernels/error.h"
@@ -369,9 +370,28 @@ void LanguageModel::init_adapters(uint64_t seed) {
     init_lora_parameters(backend_, adapters_[i], adapters_[i + 1], splitmix64(seed, first + i));
 }
 
+float neftune_noise_magnitude(double alpha, int64_t length, int64_t hidden_size) {
+  // The hook's torch.sqrt(torch.tensor(L * d)) is an f32 square root of the
+  // product converted to f32, and alpha / it is torch's Tensor.__rtruediv__:
+  // the f32 reciprocal times alpha, which can differ from the quotient by an ulp.
+  const float root = std::sqrt(float(checked_mul(length, hidden_size)));
+  return float(alpha) * (1.0f / root);
+}
+
+// "noise" in ASCII: far from the LoRA layers' indices (splitmix64(seed, i)
+// for small i), so the noise and the masks are independent draws.
+uint64_t embedding_noise_seed(uint64_t dropout_seed) { return splitmix64(dropout_seed, 0x6e6f697365ULL); }
+
 void LanguageModel::set_dropout_seed(uint64_t seed) {
   const size_t first = stage_offset(options_.layers, lora_layers_.size());
   for (size_t i = 0; i < lora_layers_.size(); ++i) lora_layers_[i]->set_dropout_seed(splitmix64(seed, first + i));
+  embedding_noise_seed_ = embedding_noise_seed(seed);
+}
+
+void LanguageModel::add_embedding_noise(Tensor& embedded, int64_t length) {
+  if (options_.neftune_noise_alpha <= 0) return;
+  const float magnitude = neftune_noise_magnitude(options_.neftune_noise_alpha, length, config_.hidden_size);
+  backend_.add_uniform_noise(embedded, magnitude, embedding_noise_seed_);
 }
 
 void LanguageModel::set_adapters_enabled(bool enabled) {
@@ -857,6 +877,10 @@ void CausalLM::forward_decoder(DecoderStep& step, const Tensor& input_ids, const
     step.residuals.push_back(be.empty({B, T, C}, act, MemCategory::activations));
     Tensor embedded = step.residuals[0].reshaped({B * T, C});
     be.embedding_forward(embedded, step.tokens.ids, embedding_->value);
+    // transformers embeds each row's last token too (its labels are shifted
+    // inside the model), so its L is T + 1. The noisy embedding is the first
+    // layer's kept input, which a checkpointed layer's recomputation reads.
+    if (training) add_embedding_noise(embedded, T + 1);
   } else {
     FT_CHECK(input.shape == Shape({B, T, C}) && input.dtype == act, config_.model_type, ": a stage's input must be ",
              dtype_name(act), " ", shape_string({B, T, C}), ", got ", dtype_name(input.dtype), " ",

@@ -75,6 +75,14 @@ using TokenLogpsGradient = std::function<std::vector<float>(const std::vector<fl
 // own. Null in an eval step.
 using HiddenHead = std::function<void(const Tensor& hidden, Tensor* dhidden)>;
 
+// NEFTune as transformers' neftune_post_forward_hook computes its noise's
+// bound: alpha / sqrt(length * hidden_size) in f32 with torch's roundings,
+// length the embedding output's sequence dimension (size(1)).
+float neftune_noise_magnitude(double alpha, int64_t length, int64_t hidden_size);
+// The seed of a micro-batch's embedding noise from the one set_dropout_seed
+// takes: a stream apart from its LoRA dropout masks'.
+uint64_t embedding_noise_seed(uint64_t dropout_seed);
+
 class LanguageModel {
  public:
   virtual ~LanguageModel();
@@ -94,7 +102,8 @@ class LanguageModel {
   void init_random(uint64_t seed);
   // Adapters as PEFT's init_lora_weights=True: A kaiming-uniform, B zeros.
   void init_adapters(uint64_t seed);
-  // Seeds this step's LoRA dropout masks (each adapter gets its own).
+  // Seeds this step's LoRA dropout masks (each adapter gets its own) and
+  // its NEFTune embedding noise (embedding_noise_seed).
   void set_dropout_seed(uint64_t seed);
   // Every LoRA layer on (the default) or off: off, the model is its base
   // alone, as under PEFT's disable_adapter().
@@ -243,6 +252,10 @@ class LanguageModel {
   void lm_head_backward_chunk(Tensor& logits, const Tensor& hidden_rows, Tensor& dhidden_rows);
   // Dropout in the adapters is on while training only.
   void set_training(bool training);
+  // NEFTune (options_.neftune_noise_alpha > 0): embedded [B*T, C], the
+  // embedding's output in a training step, gets its uniform noise, the bound
+  // from length (transformers' L), drawn from the step's seed.
+  void add_embedding_noise(Tensor& embedded, int64_t length);
   // A tied model's checkpoint holding an untied head of other values than the embedding is an Error.
   void check_tied_head(const Checkpoint& checkpoint) const;
 
@@ -265,6 +278,7 @@ class LanguageModel {
   std::deque<Parameter> parameters_;  // deque: stable addresses for the layers' references
   std::deque<Parameter> adapters_;
   std::vector<LoraLinear*> lora_layers_;
+  uint64_t embedding_noise_seed_ = 0;  // set_dropout_seed's
   Tensor last_logits_;
   std::string base_fingerprint_;
   HeadParameters output_head_;

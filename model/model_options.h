@@ -89,6 +89,11 @@ struct ModelOptions {
   // only; the layer then keeps only the MLP's input for the backward, which
   // recomputes the rest chunk by chunk. 0: all tokens at once.
   int64_t mlp_chunk_tokens = 0;
+  // NEFTune (transformers' neftune_noise_alpha): a training step adds
+  // uniform noise in [-m, m] to the token embeddings' output, m = alpha /
+  // sqrt(L * hidden_size) (neftune_noise_magnitude in causal_lm.h); eval
+  // and generation add none. 0: off.
+  double neftune_noise_alpha = 0.0;
   // A one-output head beside the LM head (model/output_head.h): a reward
   // model's score, PPO's value head. Held by the last stage.
   OutputHead output_head = OutputHead::none;

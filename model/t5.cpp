@@ -106,6 +106,13 @@ T5Model::T5Model(const ModelConfig& config, Backend& backend, const ModelOptions
            "t5: activation checkpointing is not supported (every activation of a step is kept)");
   FT_CHECK(options.mlp_chunk_tokens == 0,
            "t5: mlp_chunk_tokens is not supported (the decoder-only families' MLP runs chunked)");
+  // transformers 5 hooks NEFTune on get_input_embeddings(), T5's `shared`,
+  // which its forward never calls: each stack embeds through its own
+  // embed_tokens module, tied to `shared` by weight only
+  // (scripts/make_neftune_fixture.py records it), so there NEFTune adds nothing.
+  FT_CHECK(options.neftune_noise_alpha == 0.0,
+           "t5: neftune_noise_alpha applies to decoder-only models: transformers' NEFTune hook sits on T5's shared "
+           "embedding module, which its encoder and decoder never call, so it adds no noise to a T5");
   const int64_t C = config.hidden_size;
   // As transformers + bitsandbytes quantise a T5 (_keep_in_fp32_modules): the
   // feed-forward output, whose activations are the range-sensitive ones,

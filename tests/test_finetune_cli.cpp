@@ -215,6 +215,40 @@ TEST_CASE("a run killed with SIGKILL after a checkpoint resumes to identical los
   }
 }
 
+// NEFTune (unpacked rows: padding_free is refused with it): the noise moves
+// every training loss but not the evaluation before training, and it is
+// drawn from the micro-batches' seeds (as dropout's masks), so a run killed
+// with SIGKILL resumes to the uninterrupted run's losses.
+TEST_CASE("neftune_noise_alpha: training losses move, step 0's eval loss does not, and a killed run resumes") {
+  const std::vector<std::string> args = {"config.yaml", "--set", "data.packing=false"};
+  const std::string unpacked = " config.yaml --set data.packing=false";
+  const std::string noise = "neftune_noise_alpha: 5\n";
+  const std::string plain_dir = make_run_dir("neftune_off"), noisy_dir = make_run_dir("neftune_on", noise);
+  REQUIRE(run_command("cd " + plain_dir + " && " + kBinary + unpacked).exit_code == 0);
+  REQUIRE(run_command("cd " + noisy_dir + " && " + kBinary + unpacked).exit_code == 0);
+  const auto plain = train_losses(plain_dir + "/out/metrics.jsonl");
+  const auto noisy = train_losses(noisy_dir + "/out/metrics.jsonl");
+  REQUIRE(plain.size() == 20);
+  REQUIRE(noisy.size() == 20);
+  CHECK(noisy.at(1) != plain.at(1));
+  CHECK(step_metric(noisy_dir + "/out/metrics.jsonl", "eval_loss").at(0) ==
+        step_metric(plain_dir + "/out/metrics.jsonl", "eval_loss").at(0));
+
+  const std::string dir = make_run_dir("neftune_killed", noise);
+  pid_t child = start_finetune(dir, args, "/dev/null");
+  const std::string state = dir + "/out/train_state.safetensors";
+  CHECK(WIFSIGNALED(signal_when(child, [&] { return fs::exists(state); }, SIGKILL, "saving step 10")));
+  CommandResult resumed = run_command("cd " + dir + " && " + kBinary + unpacked + " --resume");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const auto after = train_losses(dir + "/out/metrics.jsonl");
+  REQUIRE(after.size() == 20);
+  for (const auto& step_loss : noisy) {
+    CAPTURE(step_loss.first);
+    CHECK(after.at(step_loss.first) == step_loss.second);
+  }
+}
+
 // mlp_chunk_tokens 100 (the 16 x 64-token micro-batch's last chunk has 24)
 // under per-layer checkpointing, over the unquantised base with LoRA on q and v
 // (dropout 0.1): the MLP trains nothing, so the losses are the unchunked

@@ -18,6 +18,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/onednn_gemm.h"
+#include "kernels/dropout_hash.h"
 #include "kernels/error.h"
 #include "model/rope.h"
 #include "tests/host_tensors.h"
@@ -441,6 +442,48 @@ TEST_CASE("add, in place") {
   check_close(values_of(ta), want, kF32Tol, "add");
 }
 
+// The contract's draws (kernels/dropout_hash.h) in double: x + (2u - 1) m,
+// then statistics of the noise alone, which no hash detail can fake.
+TEST_CASE("add_uniform_noise: x + (2u - 1) m in place, uniform in [-m, m), f32 and bf16") {
+  const int64_t R = 37, C = 301;
+  const float m = 0.0125f;
+  std::mt19937 rng(17);
+  const Vec x = random_vec(size_t(R * C), rng);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    Tensor t = make({R, C}, dtype, x);
+    const Vec before = values_of(t);
+    backend.add_uniform_noise(t, m, 99);
+    Vec want(before.size()), noise(before.size());
+    for (size_t i = 0; i < before.size(); ++i) want[i] = before[i] + (2.0 * hash_uniform(99, i) - 1.0) * m;
+    check_close(values_of(t), rounded(want, dtype), dtype == DType::f32 ? 1e-7 : kBf16Tol, "add_uniform_noise");
+    if (dtype == DType::bf16) continue;
+    const Vec got = values_of(t);
+    double max_abs = 0.0, sum = 0.0, inner_half = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      noise[i] = got[i] - before[i];
+      max_abs = std::max(max_abs, std::abs(noise[i]));
+      sum += noise[i];
+      inner_half += std::abs(noise[i]) < m / 2;
+    }
+    const double n = double(noise.size());
+    CHECK(max_abs <= m * (1 + 1e-6));  // f32 rounding of x + noise at |x| <= 1
+    CHECK(max_abs >= 0.999 * m);       // 11137 draws: P(all inside 0.999 m) = 0.999^11137 < 2e-5
+    CHECK(std::abs(sum / n) < 4 * m / std::sqrt(3 * n));  // the mean: 0 within 4 standard errors
+    CHECK(std::abs(inner_half / n - 0.5) < 0.02);         // half the draws in [-m/2, m/2]
+  }
+  // Magnitude 0 changes nothing; another seed draws other noise.
+  Tensor t = make({R, C}, DType::f32, x), other = make({R, C}, DType::f32, x);
+  backend.add_uniform_noise(t, 0.0f, 99);
+  CHECK(values_of(t) == rounded(x, DType::f32));
+  backend.add_uniform_noise(t, m, 99);
+  backend.add_uniform_noise(other, m, 100);
+  CHECK(values_of(t) != values_of(other));
+  Tensor negative = make({2}, DType::f32);
+  CHECK_THROWS_WITH_AS(backend.add_uniform_noise(negative, -1.0f, 1),
+                       "add_uniform_noise: magnitude must be finite and >= 0, got -1", Error);
+}
+
 TEST_CASE("swiglu forward and backward") {
   std::mt19937 rng(6);
   const int n = 7 * 13;
@@ -710,6 +753,8 @@ TEST_CASE("AVX-512 and baseline versions of the CPU kernels give the same bits" 
       backend.dropout_forward(out, x, 0.1f, 99);
       all.push_back(values_of(out));
       backend.dropout_backward(dx, y, 0.1f, 99);
+      all.push_back(values_of(dx));
+      backend.add_uniform_noise(dx, 0.25f, 7);
       all.push_back(values_of(dx));
       Tensor sums = make({K, O}, DType::f32, Vec(size_t(K * O), 0.5));
       backend.accumulate_outer_products(sums, x, make({N, O}, DType::f32, outer_b), 0.375f);

@@ -186,6 +186,9 @@ TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to th
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", "objective: dpo\nloss_chunk_tokens: 12\n" + kNeoxLora, 2, 16);
   check_plan_matches_real_step(kFixtures + "/llama_gqa", "objective: reward\n" + kLlamaLora, 2, 16);
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", "objective: reward\n" + kNeoxLora, 2, 16);
+  // NEFTune's noise is added in place: nothing more is held.
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", "neftune_noise_alpha: 5\n" + kLlamaLora, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", "neftune_noise_alpha: 5\n" + kFullFp32, 2, 16);
 }
 
 // mlp_chunk_tokens: the MLP's tensors for 5 of the 32 tokens at a time (the

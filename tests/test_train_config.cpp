@@ -456,11 +456,26 @@ TEST_CASE("the key list matches the fields configs/README.md documents") {
   REQUIRE(readme.good());
   std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
   std::vector<std::string> keys = train_config_keys();
-  CHECK(keys.size() == 111);
+  CHECK(keys.size() == 112);
   for (const std::string& key : keys) {
     CAPTURE(key);
     CHECK(text.find("`" + key + "`") != std::string::npos);
   }
+}
+
+TEST_CASE("neftune_noise_alpha: off by default, a number >= 0, for objective: sft without padding_free") {
+  const std::string base = kMinimal;
+  CHECK(parse(base).neftune_noise_alpha == 0.0);
+  CHECK(parse(base + "neftune_noise_alpha: 5\n").neftune_noise_alpha == 5.0);
+  CHECK(parse(base + "neftune_noise_alpha: 5\n", {"data.packing=concatenate"}).neftune_noise_alpha == 5.0);
+  CHECK(error_of(base + "neftune_noise_alpha: -1\n") ==
+        "configs/x.yaml:3: neftune_noise_alpha: expected a number in [0, 1e6] (0 = off), got \"-1\"");
+  CHECK(error_of(base + "objective: dpo\nneftune_noise_alpha: 5\n") ==
+        "configs/x.yaml: neftune_noise_alpha applies to objective: sft, and this run's objective is dpo");
+  CHECK(error_of(base + "objective: dpo\nneftune_noise_alpha: 0\n").empty());
+  CHECK(error_of(kMinimal, {"neftune_noise_alpha=5", "data.packing=true"}) ==
+        "configs/x.yaml: neftune_noise_alpha with data.packing: padding_free is not supported (trl flattens such a "
+        "micro-batch into one row, whose length is NEFTune's L); use data.packing: false or concatenate");
 }
 
 TEST_CASE("data.format chat and alpaca; data.chat_template names a template or auto") {

@@ -31,6 +31,7 @@ ModelOptions model_options(const TrainConfig& config) {
   options.activation_checkpointing = config.activation_checkpointing;
   options.loss_chunk_tokens = config.loss_chunk_tokens;
   options.mlp_chunk_tokens = config.mlp_chunk_tokens;
+  options.neftune_noise_alpha = config.neftune_noise_alpha;
   if (config.trainable == Trainable::lora) options.lora = config.lora;
   // With the f32 masters on the host the device keeps only the copy the adapters compute with.
   if (config.offload_optimizer == OffloadTarget::host) options.adapter_dtype = options.weight_dtype;

@@ -371,6 +371,11 @@ const Field kFields[] = {
     {"offload.resident_layers",
      [](TrainConfig& c, const Value& v) { c.resident_layers = v.integer_in(0, kMaxLayers); }},
     {"offload.stream_slots", [](TrainConfig& c, const Value& v) { c.stream_slots = v.integer_in(1, kMaxLayers); }},
+    {"neftune_noise_alpha",
+     [](TrainConfig& c, const Value& v) {
+       c.neftune_noise_alpha = v.number();
+       v.require(c.neftune_noise_alpha >= 0 && c.neftune_noise_alpha <= kMaxScale, "a number in [0, 1e6] (0 = off)");
+     }},
     {"parallel.data", [](TrainConfig& c, const Value& v) { c.parallel.data = v.integer_in(0, kMaxRanks); }},
     {"parallel.pipeline", [](TrainConfig& c, const Value& v) { c.parallel.pipeline = v.integer_in(1, kMaxRanks); }},
     {"parallel.tensor", [](TrainConfig& c, const Value& v) { c.parallel.tensor = v.integer_in(1, kMaxRanks); }},
@@ -665,6 +670,16 @@ void check_consistency(const TrainConfig& c) {
     FT_CHECK(section == enum_name(c.objective), where, ": ", key, " applies to objective: ", section,
              ", and this run's objective is ", enum_name(c.objective));
   }
+  // transformers' Trainer gives every trainer the key; it is implemented
+  // here for SFT on padded or concatenated rows, where L is the one
+  // transformers sees. trl's padding-free batch is one flattened row (L its
+  // token count), and the other objectives' extra forwards (reference,
+  // rollouts, scoring) are not matched against the hook.
+  FT_CHECK(c.neftune_noise_alpha == 0 || c.objective == Objective::sft, f, ": neftune_noise_alpha applies to "
+           "objective: sft, and this run's objective is ", enum_name(c.objective));
+  FT_CHECK(c.neftune_noise_alpha == 0 || c.data.packing != Packing::padding_free, f, ": neftune_noise_alpha with "
+           "data.packing: padding_free is not supported (trl flattens such a micro-batch into one row, whose length "
+           "is NEFTune's L); use data.packing: false or concatenate");
   if (c.objective == Objective::grpo) check_grpo(c);
   if (c.objective == Objective::ppo) check_ppo(c);
   FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode != QuantizedBase::none, f,

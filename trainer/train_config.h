@@ -147,6 +147,9 @@ struct TrainConfig {
   int64_t resident_layers = 0;
   int64_t stream_slots = 2;
   int64_t grad_accum_steps = 1;
+  // NEFTune (transformers' TrainingArguments.neftune_noise_alpha): uniform
+  // noise on the token embeddings in training steps (ModelOptions); 0 = off.
+  double neftune_noise_alpha = 0.0;
   ParallelConfig parallel;
   double lr = 2.0e-4;
   int64_t warmup_steps = 0;

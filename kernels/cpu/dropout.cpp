@@ -1,6 +1,7 @@
 // Dropout with a counter-based mask (kernels/dropout_hash.h): keep[i] depends
 // only on (seed, i), so backward redraws it and nothing is saved. Chunks are
-// loaded before they are stored, so out may alias x.
+// loaded before they are stored, so out may alias x. add_uniform_noise draws
+// from the same hash.
 #include <algorithm>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -46,6 +47,23 @@ void CpuBackend::dropout_forward_impl(Tensor& out, const Tensor& x, float p, uin
 // The derivative of x * keep / (1 - p) is the same mask and scale.
 void CpuBackend::dropout_backward_impl(Tensor& dx, const Tensor& dout, float p, uint64_t seed, int64_t row_stride) {
   apply_dropout_mask(dx, dout, p, seed, row_stride);
+  note_path(cpu::avx512_versions_isa());
+}
+
+// buf[i] += element (first + i)'s noise for i < count; as mask_run, the
+// AVX-512 version only vectorises the hash's 64-bit multiplies.
+FT_AVX512_VERSIONS(void, noise_run, (float* buf, int64_t count, uint64_t first, uint64_t seed, float magnitude),
+                   (buf, count, first, seed, magnitude)) {
+  for (int64_t i = 0; i < count; ++i) buf[i] = add_uniform_noise_value(buf[i], seed, first + uint64_t(i), magnitude);
+}
+
+void CpuBackend::add_uniform_noise_impl(Tensor& x, float magnitude, uint64_t seed) {
+  cpu::for_each_chunk(x.numel(), [&](int64_t start, int64_t count) {
+    float buf[cpu::kChunk];
+    cpu::load_row(buf, x, start, count);
+    noise_run(buf, count, uint64_t(start), seed, magnitude);
+    cpu::store_row(x, start, buf, count);
+  });
   note_path(cpu::avx512_versions_isa());
 }
 

@@ -1,7 +1,7 @@
 // Dropout with the counter-based mask of kernels/dropout_hash.h: keep[i]
 // depends only on (seed, i), so every backend draws the same mask and
 // backward redraws it. Each element is loaded before it is stored, so the
-// output may alias the input.
+// output may alias the input. add_uniform_noise draws from the same hash.
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -24,6 +24,12 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
+__global__ void __launch_bounds__(kBlock)
+    uniform_noise_kernel(cuda::View x, float magnitude, uint64_t seed, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(kBlock) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kBlock)
+    cuda::store(x, i, add_uniform_noise_value(cuda::load(x, i), seed, uint64_t(i), magnitude));
+}
+
 void apply_dropout_mask(Tensor& out, const Tensor& x, float p, uint64_t seed, int64_t row_stride,
                         cudaStream_t stream) {
   int64_t n = out.numel();
@@ -43,6 +49,14 @@ void CudaBackend::dropout_forward_impl(Tensor& out, const Tensor& x, float p, ui
 // The derivative of x * keep / (1 - p) is the same mask and scale.
 void CudaBackend::dropout_backward_impl(Tensor& dx, const Tensor& dout, float p, uint64_t seed, int64_t row_stride) {
   apply_dropout_mask(dx, dout, p, seed, row_stride, stream_);
+}
+
+void CudaBackend::add_uniform_noise_impl(Tensor& x, float magnitude, uint64_t seed) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  launch<uniform_noise_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(x), magnitude,
+                               seed, n);
+  FT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace ft

@@ -311,6 +311,8 @@ void MetaBackend::dropout_backward_impl(Tensor&, const Tensor&, float, uint64_t,
   enter("dropout_backward", {});
 }
 
+void MetaBackend::add_uniform_noise_impl(Tensor&, float, uint64_t) { enter("add_uniform_noise", {}); }
+
 void MetaBackend::adamw_update_impl(Tensor& param, const Tensor&, Tensor&, Tensor&, const AdamWStep&) {
   enter("adamw_update", {&param});
 }

@@ -147,6 +147,12 @@ const BadCall kBadCalls[] = {
        be.dropout_forward(out, x, 1.5f, 7);
      },
      "dropout_forward: p must be in [0, 1], got 1.5"},
+    {"add_uniform_noise with a negative magnitude",
+     [](Backend& be) {
+       Tensor x = make(be, {4});
+       be.add_uniform_noise(x, -0.5f, 7);
+     },
+     "add_uniform_noise: magnitude must be finite and >= 0, got -0.5"},
     {"rope_forward with more frequencies than head_dim holds",
      [](Backend& be) {
        Tensor x = make(be, {3, 2, 4}), positions = make(be, {3}, DType::i32);

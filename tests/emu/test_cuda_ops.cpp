@@ -366,6 +366,21 @@ TEST_CASE("cuda: dropout forward and backward, in place, p = 0 and p = 1") {
   CHECK(values({&out, &back}) == values({&want, &want_back}));
 }
 
+TEST_CASE("cuda: add_uniform_noise equals the CPU's bit for bit, f32 and bf16") {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    Tensor x = host_random({13, 301}, dtype, 31), want = host_copy(x);
+    cpu.add_uniform_noise(want, 0.0125f, 1234);
+    std::vector<float> got = emu_test::same_under_schedules([&] {
+      Tensor noisy = to_device(x);
+      gpu.add_uniform_noise(noisy, 0.0125f, 1234);
+      return values({&noisy});
+    });
+    CHECK(got == values({&want}));  // the same draw and one fused rounding: exact
+    CHECK(got != values({&x}));
+  }
+}
+
 TEST_CASE("cuda: AdamW over several steps") {
   const int64_t n = 1001;
   Tensor param = host_random({n}, DType::f32, 24), m = host_random({n}, DType::f32, 25, 0.0f, 0.0f);
