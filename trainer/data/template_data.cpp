@@ -71,7 +71,7 @@ std::vector<NamedRow> read_csv(std::istream& input, const std::string& path) {
     if (fields.size() == 1 && fields[0].empty()) continue;  // a blank line
     FT_CHECK(fields.size() == header.size(), path, ":", start, ": ", fields.size(), " fields, but the header has ",
              header.size(), " columns");
-    NamedRow row{start, {}};
+    NamedRow row{start, {}, {}};
     for (size_t i = 0; i < header.size(); ++i) {
       // As JSONL rows are: strict UTF-8 (a Latin-1 export would train on bytes the tokenizer never meant).
       unicode::decode_utf8(fields[i], path + ":" + std::to_string(start) + ": column \"" + header[i] +
@@ -123,7 +123,7 @@ Dataset load_templated(const std::string& path, const RowTemplate& row_template)
   } else {
     read_jsonl_rows(path, "data file", "the fields data.template names",
                     [&](const nlohmann::json& object, const std::string& where) {
-                      NamedRow row{std::stoll(where.substr(where.rfind(':') + 1)), {}};
+                      NamedRow row{std::stoll(where.substr(where.rfind(':') + 1)), {}, {}};
                       for (const auto& [key, value] : object.items())
                         // Numbers and booleans as their JSON text ("id": 5 -> "5"), as a CSV cell reads.
                         if (value.is_string()) row.fields[key] = value.get<std::string>();
