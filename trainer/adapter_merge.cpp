@@ -22,12 +22,15 @@ const QuantizedFormat* stored_format(const SafetensorsEntry& entry) {
   return nullptr;
 }
 
-// Whether `name` is one of a quantised weight's constants: "<weight>.absmax",
-// "<weight>.quant_state...", or bitsandbytes' "<module>.SCB" and
-// "<module>.weight_format".
-bool constant_of(const std::string& name, const std::string& weight) {
-  const std::string module = weight.substr(0, weight.size() - std::string(".weight").size());
-  return name.starts_with(weight + ".") || name == module + ".SCB" || name == module + ".weight_format";
+// The weight a quantised weight's constant would belong to: "<module>.weight"
+// of "<module>.weight.absmax" (".quant_state...", ".SCB" of earlier saves) or
+// of bitsandbytes' "<module>.SCB" and "<module>.weight_format"; "" for any other name.
+std::string constant_owner(const std::string& name) {
+  const size_t weight = name.rfind(".weight.");
+  if (weight != std::string::npos) return name.substr(0, weight + std::string(".weight").size());
+  for (const std::string suffix : {".SCB", ".weight_format"})
+    if (name.ends_with(suffix)) return name.substr(0, name.size() - suffix.size()) + ".weight";
+  return "";
 }
 
 // The adapter pair of a base tensor: name is <module>.weight for an adapted module.
@@ -104,8 +107,7 @@ void AdapterMerge::read_base_layout(const std::string& config_path) {
     return 0;
   });
   for (const std::string& name : base_.names()) {
-    const bool constant = std::any_of(quantized_.begin(), quantized_.end(),
-                                      [&](const auto& weight) { return constant_of(name, weight.first); });
+    const bool constant = quantized_.count(constant_owner(name)) > 0;
     if (constant) constants_.insert(name);
     const SafetensorsEntry& entry = base_.entry(name);
     FT_CHECK(constant || quantized_.count(name) || is_float(entry.dtype), entry.file, ": tensor \"", name, "\" is ",
