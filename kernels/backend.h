@@ -45,6 +45,12 @@ namespace ft {
   PREFIX void add_impl(Tensor& out, const Tensor& a, const Tensor& b) SUFFIX;                                       \
   PREFIX void add_bias_impl(Tensor& out, const Tensor& bias) SUFFIX;                                                \
   PREFIX void bias_backward_impl(Tensor& dbias, const Tensor& dout) SUFFIX;                                         \
+  PREFIX void row_sum_squares_impl(Tensor& sums, const Tensor& x, bool accumulate) SUFFIX;                          \
+  PREFIX void dora_scale_forward_impl(Tensor& out, const Tensor& magnitude, const Tensor& weight_sum_squares,       \
+                                      const Tensor* bias) SUFFIX;                                                   \
+  PREFIX void dora_scale_backward_impl(Tensor& dz, Tensor* dmagnitude, const Tensor& dout, const Tensor& z,         \
+                                       const Tensor& magnitude, const Tensor& weight_sum_squares,                   \
+                                       const Tensor* bias) SUFFIX;                                                  \
   PREFIX void embedding_forward_impl(Tensor& out, const Tensor& ids, const Tensor& table) SUFFIX;                   \
   PREFIX void embedding_backward_impl(Tensor& dtable, const Tensor& ids, const Tensor& dout) SUFFIX;                \
   PREFIX void rmsnorm_forward_impl(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps)     \
@@ -225,6 +231,46 @@ class Backend {
     checks::check_bias(device(), "bias_backward", dbias, "dbias", dout, "dout");
     const OpTimer timer(profile_, __func__);
     bias_backward_impl(dbias, dout);
+  }
+
+  // ---- DoRA --------------------------------------------------------------
+  // A DoRA linear (PEFT's use_dora) is y = g * (x W^T + s h B^T) + bias with
+  // g = magnitude / ||W + s B A|| per output row, the norm treated as a
+  // constant in backward (DoRA paper section 4.3; PEFT detaches it).
+  //
+  // sums[i] = (accumulate ? sums[i] : 0) + sum over j of x[i, j]^2, summed in
+  // f32 in a fixed order per backend. x [R, C] (R the product of the leading
+  // dimensions), sums f32 [R]: the squared row norms of W + s B A, one column
+  // tile at a time.
+  void row_sum_squares(Tensor& sums, const Tensor& x, bool accumulate) {
+    checks::check_row_sum_squares(device(), sums, x);
+    const OpTimer timer(profile_, __func__);
+    row_sum_squares_impl(sums, x, accumulate);
+  }
+  // In place on out [N, O] (x W^T + s h B^T + bias): with g[j] =
+  // magnitude[j] / sqrt(weight_sum_squares[j]) and b[j] = bias[j] (0 when
+  // bias is null), out[n, j] = (out[n, j] - b[j]) * g[j] + b[j] in f32 (one
+  // fma), rounded once to out's dtype: the same bits on every backend.
+  // magnitude and bias [O] floating, weight_sum_squares f32 [O]
+  // (row_sum_squares of W + s B A).
+  void dora_scale_forward(Tensor& out, const Tensor& magnitude, const Tensor& weight_sum_squares,
+                          const Tensor* bias) {
+    checks::check_dora_scale(device(), "dora_scale_forward", out, "out", magnitude, weight_sum_squares, bias);
+    const OpTimer timer(profile_, __func__);
+    dora_scale_forward_impl(out, magnitude, weight_sum_squares, bias);
+  }
+  // dz[n, j] = dout[n, j] * g[j] (overwritten; dz may alias dout) and, unless
+  // dmagnitude is null (a frozen magnitude), dmagnitude[j] += (sum over n of
+  // dout[n, j] * (z[n, j] - b[j])) / sqrt(weight_sum_squares[j]), summed in
+  // f32 in fixed row groups (cuda::partial_rows), the same bits on every
+  // backend. z [N, O] is the recomputed pre-scale output with
+  // the bias added; dz shaped and typed as dout; dmagnitude f32 [O]; the
+  // rest as in dora_scale_forward.
+  void dora_scale_backward(Tensor& dz, Tensor* dmagnitude, const Tensor& dout, const Tensor& z,
+                           const Tensor& magnitude, const Tensor& weight_sum_squares, const Tensor* bias) {
+    checks::check_dora_scale_backward(device(), dz, dmagnitude, dout, z, magnitude, weight_sum_squares, bias);
+    const OpTimer timer(profile_, __func__);
+    dora_scale_backward_impl(dz, dmagnitude, dout, z, magnitude, weight_sum_squares, bias);
   }
 
   // ---- embedding ---------------------------------------------------------

@@ -418,6 +418,53 @@ inline void check_bias(Device device, const char* op, const Tensor& bias, const 
   check_shape(bias, {rows.cols()}, op, bias_name);
 }
 
+// row_sum_squares: x [R, C] floating, sums f32 with R elements.
+inline void check_row_sum_squares(Device device, const Tensor& sums, const Tensor& x) {
+  const char* op = "row_sum_squares";
+  check_float(x, device, op, "x");
+  check_dtype(sums, DType::f32, device, op, "sums");
+  check_numel(sums, x.rows(), op, "sums");
+}
+
+// DoRA's per-column vectors over rows [N, O]: magnitude and bias floating
+// [O], weight_sum_squares f32 [O].
+inline void check_dora_vectors(Device device, const char* op, const Tensor& rows, const Tensor& magnitude,
+                               const Tensor& weight_sum_squares, const Tensor* bias) {
+  const Shape columns = {rows.cols()};
+  check_float(magnitude, device, op, "magnitude");
+  check_shape(magnitude, columns, op, "magnitude");
+  check_dtype(weight_sum_squares, DType::f32, device, op, "weight_sum_squares");
+  check_shape(weight_sum_squares, columns, op, "weight_sum_squares");
+  if (bias) {
+    check_float(*bias, device, op, "bias");
+    check_shape(*bias, columns, op, "bias");
+  }
+}
+
+// dora_scale_forward: out [N, O] floating, scaled in place.
+inline void check_dora_scale(Device device, const char* op, const Tensor& out, const char* out_name,
+                             const Tensor& magnitude, const Tensor& weight_sum_squares, const Tensor* bias) {
+  check_float(out, device, op, out_name);
+  check_dora_vectors(device, op, out, magnitude, weight_sum_squares, bias);
+}
+
+// dora_scale_backward: dout [N, O] floating, z like dout, dz like dout in
+// shape and dtype (it may alias dout), dmagnitude f32 [O] or null.
+inline void check_dora_scale_backward(Device device, const Tensor& dz, const Tensor* dmagnitude, const Tensor& dout,
+                                      const Tensor& z, const Tensor& magnitude, const Tensor& weight_sum_squares,
+                                      const Tensor* bias) {
+  const char* op = "dora_scale_backward";
+  check_dora_scale(device, op, dout, "dout", magnitude, weight_sum_squares, bias);
+  check_float_like(z, dout, device, op, "z");
+  check_float_like(dz, dout, device, op, "dz");
+  FT_CHECK(dz.dtype == dout.dtype, op, ": dz must be ", dtype_name(dout.dtype), " as dout, got ",
+           dtype_name(dz.dtype));
+  if (dmagnitude) {
+    check_dtype(*dmagnitude, DType::f32, device, op, "dmagnitude");
+    check_shape(*dmagnitude, {dout.cols()}, op, "dmagnitude");
+  }
+}
+
 inline void check_rmsnorm_forward(Device device, const char* op, const Tensor& out, const Tensor& rstd,
                                   const Tensor& x, const Tensor& weight) {
   check_norm(device, op, x, weight, nullptr, rstd);
