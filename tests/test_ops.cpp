@@ -1666,3 +1666,132 @@ TEST_CASE("biased attention and activation reject mismatched operands") {
   CHECK_THROWS_WITH_AS(backend.activation_backward(x, &x, x, x, nullptr, Activation::relu),
                        doctest::Contains("dup needs up"), Error);
 }
+
+// ---- DoRA ---------------------------------------------------------------
+
+namespace {
+
+// y = (z - b) * m / sqrt(ss) + b over z [N, O], in double (b null: no bias).
+Vec dora_scale_ref(const Vec& z, const Vec& m, const Vec& ss, const Vec* b, int N, int O) {
+  Vec out(z.size());
+  for (int n = 0; n < N; ++n)
+    for (int j = 0; j < O; ++j) {
+      const double bias = b ? (*b)[j] : 0.0;
+      out[size_t(n) * O + j] = (z[size_t(n) * O + j] - bias) * m[j] / std::sqrt(ss[j]) + bias;
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("row_sum_squares: per-row sums of squares, overwritten or accumulated, f32 and bf16") {
+  std::mt19937 rng(40);
+  const int C = 53;
+  for (const Shape& shape : {Shape{37, C}, Shape{3, 5, C}}) {
+    const int R = int(shape[0] * (shape.size() == 3 ? shape[1] : 1));
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (bool accumulate : {false, true}) {
+        CAPTURE(shape_string(shape));
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(accumulate);
+        Vec x = rounded(random_vec(size_t(R) * C, rng), dtype), prior = random_vec(R, rng, 0.0, 2.0);
+        Tensor tx = make(shape, dtype, x), sums = make({R}, DType::f32, prior);
+        backend.row_sum_squares(sums, tx, accumulate);
+        Vec want(R);
+        for (int i = 0; i < R; ++i) {
+          want[i] = accumulate ? double(float(prior[i])) : 0.0;
+          for (int j = 0; j < C; ++j) want[i] += x[size_t(i) * C + j] * x[size_t(i) * C + j];
+        }
+        check_close(values_of(sums), want, kF32Tol, "row_sum_squares");
+      }
+  }
+}
+
+TEST_CASE("dora_scale_forward: (out - b) * m / sqrt(ss) + b in place, f32 and bf16, with and without bias") {
+  std::mt19937 rng(41);
+  const int N = 37, O = 29;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (bool with_bias : {false, true}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(with_bias);
+      // magnitude and bias in the other dtype than out: mixed operands.
+      const DType vectors = dtype == DType::f32 ? DType::bf16 : DType::f32;
+      Vec z = rounded(random_vec(size_t(N) * O, rng), dtype), m = rounded(random_vec(O, rng, 0.5, 2.0), vectors);
+      Vec ss = rounded(random_vec(O, rng, 0.25, 4.0), DType::f32), b = rounded(random_vec(O, rng), vectors);
+      Tensor out = make({N, O}, dtype, z), tm = make({O}, vectors, m), tss = make({O}, DType::f32, ss);
+      Tensor tb = make({O}, vectors, b);
+      backend.dora_scale_forward(out, tm, tss, with_bias ? &tb : nullptr);
+      const Vec want = dora_scale_ref(z, m, ss, with_bias ? &b : nullptr, N, O);
+      check_close(values_of(out), want, dtype == DType::bf16 ? kBf16Tol : kF32Tol, "dora_scale_forward");
+    }
+}
+
+TEST_CASE("dora_scale_backward: dz = dout * g (in place too), dmagnitude accumulates d/dm of sum(dout * y)") {
+  std::mt19937 rng(42);
+  const int N = 37, O = 29;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (bool with_bias : {false, true})
+      for (bool in_place : {false, true})
+        for (bool frozen : {false, true}) {
+          CAPTURE(dtype_name(dtype));
+          CAPTURE(with_bias);
+          CAPTURE(in_place);
+          CAPTURE(frozen);
+          Vec dout = rounded(random_vec(size_t(N) * O, rng), dtype), z = rounded(random_vec(size_t(N) * O, rng), dtype);
+          Vec m = random_vec(O, rng, 0.5, 2.0), ss = rounded(random_vec(O, rng, 0.25, 4.0), DType::f32);
+          Vec b = random_vec(O, rng), prior = rounded(random_vec(O, rng), DType::f32);
+          Tensor tdout = make({N, O}, dtype, dout), tz = make({N, O}, dtype, z), tm = make({O}, DType::f32, m);
+          Tensor tss = make({O}, DType::f32, ss), tb = make({O}, DType::f32, b);
+          Tensor dm = make({O}, DType::f32, prior), separate = make({N, O}, dtype);
+          Tensor& dz = in_place ? tdout : separate;
+          const Vec* bias = with_bias ? &b : nullptr;
+          backend.dora_scale_backward(dz, frozen ? nullptr : &dm, tdout, tz, tm, tss, with_bias ? &tb : nullptr);
+
+          Vec want_dz(dout.size());
+          for (int n = 0; n < N; ++n)
+            for (int j = 0; j < O; ++j) want_dz[size_t(n) * O + j] = dout[size_t(n) * O + j] * m[j] / std::sqrt(ss[j]);
+          check_close(values_of(dz), want_dz, dtype == DType::bf16 ? kBf16Tol : kF32Tol, "dz");
+          if (frozen) {
+            CHECK(values_of(dm) == prior);  // untouched
+            continue;
+          }
+          // The probe loss sum(dout * y) with y the reference forward; its
+          // magnitude gradient by central differences, plus the prior.
+          Vec want_dm = numeric_grad(
+              [&](const Vec& ms) { return dot(dout, dora_scale_ref(z, ms, ss, bias, N, O)); }, m);
+          for (int j = 0; j < O; ++j) want_dm[j] += prior[j];
+          check_close(values_of(dm), want_dm, kGradTol, "dmagnitude (+= prior)");
+        }
+}
+
+TEST_CASE("DoRA ops reject mismatched operands, naming the op and operand") {
+  Tensor x = make({4, 6}, DType::f32), sums = make({4}, DType::f32), sums_bf16 = make({4}, DType::bf16);
+  CHECK_THROWS_WITH_AS(backend.row_sum_squares(sums_bf16, x, false),
+                       doctest::Contains("row_sum_squares: sums must be f32"), Error);
+  Tensor sums5 = make({5}, DType::f32);
+  CHECK_THROWS_WITH_AS(backend.row_sum_squares(sums5, x, false),
+                       doctest::Contains("row_sum_squares: sums has shape [5]"), Error);
+  Tensor ids = make_i32({1, 2, 3, 4});
+  CHECK_THROWS_WITH_AS(backend.row_sum_squares(sums, ids, false),
+                       doctest::Contains("row_sum_squares: x must be f32 or bf16"), Error);
+
+  Tensor m = make({6}, DType::f32), ss = make({6}, DType::f32), ss_bf16 = make({6}, DType::bf16);
+  Tensor m5 = make({5}, DType::f32), b5 = make({5}, DType::f32);
+  CHECK_THROWS_WITH_AS(backend.dora_scale_forward(x, m5, ss, nullptr),
+                       doctest::Contains("dora_scale_forward: magnitude has shape [5], expected [6]"), Error);
+  CHECK_THROWS_WITH_AS(backend.dora_scale_forward(x, m, ss_bf16, nullptr),
+                       doctest::Contains("dora_scale_forward: weight_sum_squares must be f32"), Error);
+  CHECK_THROWS_WITH_AS(backend.dora_scale_forward(x, m, ss, &b5),
+                       doctest::Contains("dora_scale_forward: bias has shape [5], expected [6]"), Error);
+
+  Tensor dout = make({4, 6}, DType::f32), z = make({4, 6}, DType::f32), dm = make({6}, DType::f32);
+  Tensor z_wide = make({4, 7}, DType::f32), dz_bf16 = make({4, 6}, DType::bf16), dm_bf16 = make({6}, DType::bf16);
+  CHECK_THROWS_WITH_AS(backend.dora_scale_backward(x, &dm, dout, z_wide, m, ss, nullptr),
+                       doctest::Contains("dora_scale_backward: z has shape [4, 7], expected [4, 6]"), Error);
+  CHECK_THROWS_WITH_AS(backend.dora_scale_backward(dz_bf16, &dm, dout, z, m, ss, nullptr),
+                       doctest::Contains("dora_scale_backward: dz must be f32 as dout, got bf16"), Error);
+  CHECK_THROWS_WITH_AS(backend.dora_scale_backward(x, &dm_bf16, dout, z, m, ss, nullptr),
+                       doctest::Contains("dora_scale_backward: dmagnitude must be f32"), Error);
+  CHECK_THROWS_WITH_AS(backend.dora_scale_backward(x, &dm, dout, z, m5, ss, nullptr),
+                       doctest::Contains("dora_scale_backward: magnitude has shape [5], expected [6]"), Error);
+}
