@@ -153,6 +153,25 @@ const BadCall kBadCalls[] = {
        be.add_uniform_noise(x, -0.5f, 7);
      },
      "add_uniform_noise: magnitude must be finite and >= 0, got -0.5"},
+    {"row_sum_squares with sums for another row count",
+     [](Backend& be) {
+       Tensor x = make(be, {2, 3, 5}), sums = make(be, {5});
+       be.row_sum_squares(sums, x, false);
+     },
+     "row_sum_squares: sums has shape [5] (5 elements), expected 6 elements"},
+    {"dora_scale_forward with bf16 weight_sum_squares",
+     [](Backend& be) {
+       Tensor out = make(be, {4, 6}), m = make(be, {6}), ss = make(be, {6}, DType::bf16);
+       be.dora_scale_forward(out, m, ss, nullptr);
+     },
+     "dora_scale_forward: weight_sum_squares must be f32, got bf16"},
+    {"dora_scale_backward with dz of another dtype than dout",
+     [](Backend& be) {
+       Tensor dout = make(be, {4, 6}), z = make(be, {4, 6}), dz = make(be, {4, 6}, DType::bf16);
+       Tensor m = make(be, {6}), ss = make(be, {6}), dm = make(be, {6});
+       be.dora_scale_backward(dz, &dm, dout, z, m, ss, nullptr);
+     },
+     "dora_scale_backward: dz must be f32 as dout, got bf16"},
     {"rope_forward with more frequencies than head_dim holds",
      [](Backend& be) {
        Tensor x = make(be, {3, 2, 4}), positions = make(be, {3}, DType::i32);
