@@ -60,6 +60,11 @@ LanguageModel::LanguageModel(const ModelConfig& config, Backend& backend, const 
            lora.lora_dropout);
   FT_CHECK(!lora.target_modules.empty(), config.model_type,
            ": lora.target_modules is empty (make_language_model fills in the family's default)");
+  FT_CHECK(!lora.use_dora || !options.tensor_parallel || options.tensor_parallel->ranks() == 1,
+           "lora.use_dora: true is not supported with parallel.tensor above 1 (a row-parallel weight's row norms "
+           "span the ranks)");
+  FT_CHECK(!lora.use_dora || !options.stream_base, "lora.use_dora: true is not supported with offload.base: host "
+           "(the magnitude starts as the base weight's row norms, which a streamed base does not hold at start)");
 }
 
 LanguageModel::~LanguageModel() = default;
@@ -206,9 +211,10 @@ std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, in
   if (dim == 1) A.slice = slice;
   A.partial_grad = dim == 0;
   B.partial_grad = dim == 1;
+  Parameter* magnitude = lora.use_dora ? &add_adapter(module + ".lora_magnitude_vector", {out_features}) : nullptr;
   auto adapted = std::make_unique<LoraLinear>(std::move(base), A, B,
                                               lora_scaling(lora.lora_alpha, lora.r, lora.use_rslora),
-                                              float(lora.lora_dropout));
+                                              float(lora.lora_dropout), magnitude, added);
   if (dim == 1) adapted->set_input_columns(slice.offset, slice.full);
   lora_layers_.push_back(adapted.get());
   return adapted;
@@ -364,10 +370,19 @@ static size_t stage_offset(const LayerRange& layers, size_t count) {
   return size_t(layers.first_layer) * (count / size_t(layers.end_layer - layers.first_layer));
 }
 
+// Adapted linear k draws A from splitmix64(seed, 2k) (2k: its A's index
+// among the adapters before DoRA added a magnitude to each).
 void LanguageModel::init_adapters(uint64_t seed) {
-  const size_t first = stage_offset(options_.layers, adapters_.size());
-  for (size_t i = 0; i + 1 < adapters_.size(); i += 2)
-    init_lora_parameters(backend_, adapters_[i], adapters_[i + 1], splitmix64(seed, first + i));
+  const size_t first = stage_offset(options_.layers, 2 * lora_layers_.size());
+  for (size_t k = 0; k < lora_layers_.size(); ++k) {
+    init_lora_parameters(backend_, lora_layers_[k]->lora_A(), lora_layers_[k]->lora_B(),
+                         splitmix64(seed, first + 2 * k));
+    lora_layers_[k]->init_magnitude(backend_);
+  }
+}
+
+void LanguageModel::adapters_changed() {
+  for (LoraLinear* layer : lora_layers_) layer->adapters_changed();
 }
 
 float neftune_noise_magnitude(double alpha, int64_t length, int64_t hidden_size) {

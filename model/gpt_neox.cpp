@@ -229,7 +229,8 @@ std::unique_ptr<CausalLM::SavedActivations> GptNeoxModel::forward_layer(size_t i
 void GptNeoxModel::backward_mlp(Layer& layer, LayerActivations& saved, const Tensor& dout, Tensor* dnorm) {
   const int64_t N = dout.rows();
   if (!mlp_chunked()) backward_mlp_rows(layer, saved.h, saved.norm2.out, dout, dnorm, 0);
-  if (mlp_chunked()) scan_mlp_inputs(layer, saved.norm2.out, false);  // dense_4h_to_h's backward reads no outliers
+  // dense_4h_to_h's backward reads outliers only to recompute DoRA's forward.
+  if (mlp_chunked()) scan_mlp_inputs(layer, saved.norm2.out, uses_dora());
   for (int64_t first = 0, rows = mlp_chunk_rows(N); mlp_chunked() && first < N; first += rows) {
     rows = std::min(rows, N - first);
     backward_mlp_rows(layer, mlp_hidden(layer, saved.norm2.out, first, rows), saved.norm2.out, dout, dnorm, first);

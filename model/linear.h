@@ -47,6 +47,9 @@ class Linear {
   // parameters' gradients += their share of dout. dx null: no input gradient
   // is wanted (the first layer's, under a frozen embedding), only those.
   virtual void backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) = 0;
+  // tile [out_features, C] = columns [col0, col0 + C) of W in tile's dtype,
+  // dequantised as the layer's own backward reads them (DoRA's weight norm).
+  virtual void weight_columns(Backend& backend, Tensor& tile, int64_t col0) = 0;
   // The following calls' x is rows [row, row + x.rows()) of the step's
   // tokens (a layer run over chunks of tokens): LoRA dropout draws those
   // rows' share of the whole batch's mask, so chunking leaves it unchanged.
@@ -87,6 +90,9 @@ class DenseLinear final : public Linear {
   explicit DenseLinear(Parameter& weight, Parameter* bias = nullptr) : weight_(weight), bias_(bias) {}
   void forward(Backend& backend, Tensor& out, const Tensor& x) override;
   void backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
+  void weight_columns(Backend& backend, Tensor& tile, int64_t col0) override {
+    backend.copy_columns(tile, 0, weight_.value, col0, tile.cols());
+  }
 
  private:
   Parameter& weight_;

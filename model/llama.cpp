@@ -294,7 +294,8 @@ void LlamaModel::backward_layer(size_t index, SavedActivations& kept, Tensor& dr
 
   // MLP block: out = residual_mid + down(silu(gate(n2)) * up(n2)).
   if (!mlp_chunked()) mlp_backward_rows(layer, {saved.gate, saved.up, saved.act}, saved.norm2.out, dres, dnorm, 0);
-  if (mlp_chunked()) scan_mlp_inputs(layer, saved.norm2.out, false);  // down_proj's backward reads no outliers
+  // down_proj's backward reads outliers only to recompute DoRA's forward.
+  if (mlp_chunked()) scan_mlp_inputs(layer, saved.norm2.out, uses_dora());
   for (int64_t first = 0, rows = mlp_chunk_rows(N); mlp_chunked() && first < N; first += rows) {
     rows = std::min(rows, N - first);
     mlp_backward_rows(layer, mlp_rows(layer, saved.norm2.out, first, rows), saved.norm2.out, dres, dnorm, first);

@@ -1,5 +1,6 @@
 #include "model/lora_linear.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -8,12 +9,20 @@
 namespace ft {
 
 LoraLinear::LoraLinear(std::unique_ptr<Linear> base, Parameter& lora_A, Parameter& lora_B, float scaling,
-                       float dropout)
-    : base_(std::move(base)), A_(lora_A), B_(lora_B), scaling_(scaling), dropout_(dropout) {
+                       float dropout, Parameter* magnitude, const Parameter* base_bias)
+    : base_(std::move(base)),
+      A_(lora_A),
+      B_(lora_B),
+      scaling_(scaling),
+      dropout_(dropout),
+      magnitude_(magnitude),
+      base_bias_(base_bias) {
   FT_CHECK(lora_A.value.ndim() == 2 && lora_B.value.ndim() == 2 && lora_B.value.dim(1) == lora_A.value.dim(0),
            "LoraLinear: lora_A ", shape_string(lora_A.value.shape), " and lora_B ", shape_string(lora_B.value.shape),
            " are not [r, in] and [out, r]");
   FT_CHECK(dropout >= 0.0f && dropout < 1.0f, "LoraLinear: dropout must be in [0, 1), got ", dropout);
+  FT_CHECK(!magnitude || magnitude->value.shape == Shape{lora_B.value.dim(0)}, "LoraLinear: DoRA's magnitude is ",
+           shape_string(magnitude->value.shape), ", expected [out] = [", lora_B.value.dim(0), "]");
 }
 
 // The adapter computes in x's dtype, as PEFT under bf16 autocast: with bf16
@@ -44,21 +53,84 @@ Tensor LoraLinear::adapter_hidden(Backend& backend, const Tensor& x) {
   return h;
 }
 
+// weight_sum_squares_ = ||W + scaling B A||^2 per row, in f32 (PEFT's
+// dequantised weight plus lora_B @ lora_A), from column tiles of at most
+// kNormTileElements values so no [out, in] copy of W is ever held.
+void LoraLinear::update_weight_norms(Backend& backend) {
+  if (norms_current_) return;
+  constexpr int64_t kNormTileElements = int64_t(1) << 22;  // 16 MiB of f32
+  const int64_t out = B_.value.dim(0), in = A_.value.dim(1), r = A_.value.dim(0);
+  if (!weight_sum_squares_.defined()) weight_sum_squares_ = backend.empty({out}, DType::f32, MemCategory::adapters);
+  const Tensor A = compute_copy(backend, A_, DType::f32), B = compute_copy(backend, B_, DType::f32);
+  const int64_t width = std::clamp<int64_t>(kNormTileElements / out / 64 * 64, 64, in);
+  for (int64_t col0 = 0; col0 < in; col0 += width) {
+    const int64_t columns = std::min(width, in - col0);
+    Tensor tile = backend.empty({out, columns}, DType::f32, MemCategory::workspace);
+    Tensor A_columns = backend.empty({r, columns}, DType::f32, MemCategory::workspace);
+    base_->weight_columns(backend, tile, col0);
+    backend.copy_columns(A_columns, 0, A, col0, columns);
+    backend.matmul(tile, B, A_columns, false, false, scaling_, 1.0f);
+    backend.row_sum_squares(weight_sum_squares_, tile, col0 > 0);
+  }
+  norms_current_ = true;
+}
+
+void LoraLinear::init_magnitude(Backend& backend) {
+  if (!magnitude_) return;
+  norms_current_ = false;
+  update_weight_norms(backend);
+  std::vector<float> norms(size_t(weight_sum_squares_.numel()));
+  Tensor host = Tensor::view_of(norms.data(), weight_sum_squares_.shape, DType::f32);
+  backend.copy(host, weight_sum_squares_);
+  for (float& norm : norms) norm = std::sqrt(norm);
+  backend.copy(magnitude_->value, host);
+}
+
 // h first, so the base can add scaling * h B^T in its own output pass
 // (Int8Linear's epilogue) rather than out being re-read by a second matmul.
+// DoRA then scales out's rows' x W^T + scaling h B^T part in place.
 void LoraLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
   if (!enabled_) return base_->forward(backend, out, x);
+  // PEFT's DoRA with dropout runs the base a second time over the dropped
+  // input (its base_result = None branch): not implemented.
+  FT_CHECK(!magnitude_ || !dropout_active(), "lora.use_dora: true trains with lora.lora_dropout: 0 only, got ",
+           dropout_);
+  if (magnitude_) update_weight_norms(backend);
   Tensor h = adapter_hidden(backend, x);
   Tensor B = compute_copy(backend, B_, x.dtype);
   base_->forward_with_lora(backend, out, x, h, B, scaling_);
+  if (magnitude_) backend.dora_scale_forward(out, magnitude_->value, weight_sum_squares_, base_bias());
+}
+
+// DoRA's y = g * (z - bias) + bias with z the plain LoRA output: z is
+// recomputed, dz = g * dout is the plain layer's output gradient, and m's
+// gradient += column sums of dout * (z - bias) / ||W + scaling B A||.
+void LoraLinear::dora_backward(Backend& backend, Tensor& dz, const Tensor& dout, const Tensor& x) {
+  Tensor z = backend.empty(dout.shape, dout.dtype, MemCategory::activations);
+  {
+    Tensor h = adapter_hidden(backend, x);
+    Tensor B = compute_copy(backend, B_, x.dtype);
+    base_->forward_with_lora(backend, z, x, h, B, scaling_);
+  }
+  backend.dora_scale_backward(dz, magnitude_->trainable() ? &magnitude_->grad : nullptr, dout, z,
+                              magnitude_->value, weight_sum_squares_, base_bias());
 }
 
 // With xd = dropout(x), h = xd A^T and y += scaling * h B^T:
 //   dB += scaling * dout^T h,  g = scaling * dout B (the gradient at h),
 //   dA += g^T xd,              dx += dropout_backward(g A).
-void LoraLinear::backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) {
+// Under DoRA the same with dout = dz.
+void LoraLinear::backward(Backend& backend, Tensor* dx, const Tensor& dout_in, const Tensor& x,
+                          bool accumulate_dx) {
+  if (!enabled_) return base_->backward(backend, dx, dout_in, x, accumulate_dx);
+  Tensor dz;
+  if (magnitude_) {
+    dz = backend.empty(dout_in.shape, dout_in.dtype, MemCategory::activations);
+    dora_backward(backend, dz, dout_in, x);
+  }
+  const Tensor& dout = magnitude_ ? dz : dout_in;
+  norms_current_ = false;  // an optimizer step may change A and B before the next forward
   base_->backward(backend, dx, dout, x, accumulate_dx);
-  if (!enabled_) return;
   int64_t N = x.rows(), r = A_.value.dim(0);
   Tensor A = compute_copy(backend, A_, x.dtype), B = compute_copy(backend, B_, x.dtype);
   Tensor xd = adapter_input(backend, x);

@@ -9,6 +9,16 @@
 // Backward recomputes the dropped input and h from the seed instead of
 // saving them: at rank r that costs little and frees [N, in] + [N, r] per
 // layer.
+//
+// DoRA (PEFT's use_dora, without dropout) adds a trainable magnitude m [out]:
+//   y = g * (x W^T + scaling h B^T) + bias,  g = m / ||W + scaling B A||_row
+// with the norm a constant of the step (DoRA's section 4.3, PEFT's
+// detach()): no gradient flows through it. It is computed a column tile of W
+// at a time (the base dequantises its own tiles), never as a full copy,
+// once per forward after a backward or an adapter change (so a step's
+// recomputed forwards and every decoding step reuse it). Backward
+// recomputes z = x W^T + scaling h B^T for m's gradient rather than keeping
+// [N, out] per layer: one more base forward per adapted linear.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -20,7 +30,10 @@ namespace ft {
 
 class LoraLinear final : public Linear {
  public:
-  LoraLinear(std::unique_ptr<Linear> base, Parameter& lora_A, Parameter& lora_B, float scaling, float dropout);
+  // magnitude: DoRA's m [out] (null: plain LoRA); base_bias: the bias the base
+  // adds (null: none), which DoRA leaves unscaled.
+  LoraLinear(std::unique_ptr<Linear> base, Parameter& lora_A, Parameter& lora_B, float scaling, float dropout,
+             Parameter* magnitude = nullptr, const Parameter* base_bias = nullptr);
   // The dropout mask is a function of (seed, element index): give every
   // layer a distinct seed each step, and keep it for the backward (and any
   // recomputed forward) of that step.
@@ -41,14 +54,29 @@ class LoraLinear final : public Linear {
   // Disabled, the layer is its base alone (PEFT's disable_adapter()): how DPO
   // gets its reference model from the same weights.
   void set_enabled(bool enabled) { enabled_ = enabled; }
+  // A, B or m were written other than by a step after backward (an adapter
+  // loaded, a state resumed): DoRA's weight norms are recomputed at the next
+  // forward.
+  void adapters_changed() { norms_current_ = false; }
+  // DoRA's initial magnitude, as PEFT's: m = ||W + scaling B A||_row (with B
+  // zero, the base weight's row norms). No-op without DoRA.
+  void init_magnitude(Backend& backend);
   void forward(Backend& backend, Tensor& out, const Tensor& x) override;
   void backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
+  void weight_columns(Backend& backend, Tensor& tile, int64_t col0) override {
+    base_->weight_columns(backend, tile, col0);
+  }
   Linear& base() { return *base_; }
+  Parameter& lora_A() { return A_; }
+  Parameter& lora_B() { return B_; }
 
  private:
   static Tensor compute_copy(Backend& backend, const Parameter& p, DType dtype);
   Tensor adapter_input(Backend& backend, const Tensor& x);
   Tensor adapter_hidden(Backend& backend, const Tensor& x);
+  void update_weight_norms(Backend& backend);
+  const Tensor* base_bias() const { return base_bias_ ? &base_bias_->value : nullptr; }
+  void dora_backward(Backend& backend, Tensor& dz, const Tensor& dout, const Tensor& x);
   bool dropout_active() const { return training_ && dropout_ > 0.0f; }
   // The dropout op's row_stride: 0 (x's own rows) unless x is a column shard.
   int64_t row_stride() const { return full_columns_; }
@@ -66,6 +94,12 @@ class LoraLinear final : public Linear {
   int64_t first_column_ = 0, full_columns_ = 0;  // 0: x is whole rows
   bool training_ = true;
   bool enabled_ = true;
+  Parameter* magnitude_ = nullptr;
+  const Parameter* base_bias_ = nullptr;
+  Tensor weight_sum_squares_;   // f32 [out]: ||W + scaling B A||^2 per row
+  // weight_sum_squares_ holds for A and B's values: set by a forward, reset
+  // by a backward (an optimizer step may follow) and by adapters_changed.
+  bool norms_current_ = false;
 };
 
 // PEFT's adapter shapes for a weight [out, in] at rank r: lora_A [r, in]

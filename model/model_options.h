@@ -30,6 +30,10 @@ struct LoraOptions {
   // architecture (Llama: q_proj, v_proj; GPT-NeoX: query_key_value).
   std::vector<std::string> target_modules;
   bool use_rslora = false;
+  // DoRA (PEFT's use_dora): each adapted linear also trains a magnitude m
+  // [out], and y = m / ||W + scaling B A||_row * (x W^T + scaling x A^T B^T)
+  // + bias (model/lora_linear.h).
+  bool use_dora = false;
 };
 
 // What a training step keeps of each decoder layer between forward and backward.

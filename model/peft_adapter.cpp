@@ -73,8 +73,11 @@ void check_matches_model(const LoraOptions& config, const std::optional<LoraOpti
   FT_CHECK(config.r == lora.r, source, ": field \"r\" is ", config.r, " but the model's adapters have r = ", lora.r);
   FT_CHECK(config.lora_alpha == lora.lora_alpha, source, ": field \"lora_alpha\" is ", config.lora_alpha,
            " but the model's adapters have lora_alpha = ", lora.lora_alpha);
-  FT_CHECK(config.use_rslora == lora.use_rslora, source, ": field \"use_rslora\" is ", config.use_rslora,
-           " but the model's adapters have use_rslora = ", lora.use_rslora);
+  auto name = [](bool value) { return value ? "true" : "false"; };
+  FT_CHECK(config.use_rslora == lora.use_rslora, source, ": field \"use_rslora\" is ", name(config.use_rslora),
+           " but the model's adapters have use_rslora = ", name(lora.use_rslora));
+  FT_CHECK(config.use_dora == lora.use_dora, source, ": field \"use_dora\" is ", name(config.use_dora),
+           " but the model's adapters have use_dora = ", name(lora.use_dora));
   std::vector<std::string> want = config.target_modules, have = lora.target_modules;
   std::sort(want.begin(), want.end());
   std::sort(have.begin(), have.end());
@@ -84,10 +87,20 @@ void check_matches_model(const LoraOptions& config, const std::optional<LoraOpti
 
 // Our adapter name for a saved key, or "" when the key is no LoRA weight:
 // base_model.model.X.lora_A.weight and base_model.model.X.lora_A.<adapter>.weight
-// both give X.lora_A.weight.
+// both give X.lora_A.weight; DoRA's base_model.model.X.lora_magnitude_vector
+// (PEFT's saved key), or with .weight or .<adapter>.weight (the module's own
+// parameter name), gives X.lora_magnitude_vector.
 std::string adapter_name_of(const std::string& key) {
   if (key.rfind(kKeyPrefix, 0) != 0) return "";
   const std::string name = key.substr(kKeyPrefix.size());
+  const std::string magnitude = ".lora_magnitude_vector";
+  if (const size_t at = name.rfind(magnitude); at != std::string::npos) {
+    const std::string tail = name.substr(at + magnitude.size());
+    const size_t dot = tail.find('.', 1);
+    if (tail.empty() || tail == ".weight" || (dot != std::string::npos && dot > 1 && tail.substr(dot) == ".weight"))
+      return name.substr(0, at + magnitude.size());
+    return "";
+  }
   for (const std::string part : {".lora_A.", ".lora_B."}) {
     const size_t at = name.rfind(part);
     if (at == std::string::npos) continue;
@@ -185,14 +198,15 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
              ": field \"lora_dropout\" must be a number in [0, 1), got ", p.dump());
     result.lora_dropout = p.get<double>();
   }
-  if (is_set(config, "use_rslora")) {
-    FT_CHECK(config["use_rslora"].is_boolean(), source, ": field \"use_rslora\" must be a boolean, got ",
-             config["use_rslora"].dump());
-    result.use_rslora = config["use_rslora"].get<bool>();
+  for (auto [field, value] : {std::pair{"use_rslora", &result.use_rslora}, std::pair{"use_dora", &result.use_dora}}) {
+    if (!is_set(config, field)) continue;
+    FT_CHECK(config[field].is_boolean(), source, ": field \"", field, "\" must be a boolean, got ",
+             config[field].dump());
+    *value = config[field].get<bool>();
   }
   const std::string bias = optional_string(config, "bias", "none", source);
   FT_CHECK(bias == "none", source, ": field \"bias\" is \"", bias, "\" but only \"none\" is supported");
-  for (const char* field : {"fan_in_fan_out", "use_dora", "lora_bias", "rank_pattern", "alpha_pattern",
+  for (const char* field : {"fan_in_fan_out", "lora_bias", "rank_pattern", "alpha_pattern",
                             "layers_to_transform", "layer_replication", "exclude_modules",
                             "target_parameters", "trainable_token_indices"})
     require_peft_default(config, field, source);
@@ -253,7 +267,7 @@ void save_peft_adapter(const std::string& folder, const std::vector<std::pair<st
   out["use_rslora"] = config.use_rslora;
   out["init_lora_weights"] = true;
   out["inference_mode"] = true;
-  out["use_dora"] = false;
+  out["use_dora"] = config.use_dora;
   out["modules_to_save"] = peft.modules_to_save.empty() ? json() : json(peft.modules_to_save);
   out["layers_to_transform"] = nullptr;
   out["layers_pattern"] = nullptr;
@@ -335,6 +349,7 @@ void load_peft_adapter(const std::string& folder, LanguageModel& model) {
     model.backend().copy(parameter ? parameter->value : model.untie_head().value,
                          Tensor::view_of(const_cast<void*>(entry->data), entry->shape, entry->dtype));
   if (!saved.empty()) model.set_output_head_loaded();
+  model.adapters_changed();
 }
 
 std::map<std::string, const SafetensorsEntry*> saved_modules(const SafetensorsFile& file,
@@ -359,9 +374,21 @@ std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, con
              kKeyPrefix, "model.layers.0.self_attn.q_proj.lora_A.weight\")");
     FT_CHECK(entry.dtype == DType::f32 || entry.dtype == DType::bf16 || entry.dtype == DType::f16, path,
              ": tensor \"", entry.name, "\" must be F32, BF16 or F16, got ", dtype_name(entry.dtype));
+    require_finite(entry);
+    const std::string magnitude = ".lora_magnitude_vector";
+    if (name.ends_with(magnitude)) {
+      FT_CHECK(config.lora.use_dora, path, ": tensor \"", entry.name, "\" is DoRA's magnitude but adapter_config.json ",
+               "has no \"use_dora\": true");
+      FT_CHECK(entry.shape.size() == 1, path, ": tensor \"", entry.name, "\" must be 1-D, got ",
+               shape_string(entry.shape));
+      LoraPair& pair = pairs[name.substr(0, name.size() - magnitude.size())];
+      FT_CHECK(!pair.magnitude, path, ": tensors \"", pair.magnitude ? pair.magnitude->name : "", "\" and \"",
+               entry.name, "\" are the same adapter");
+      pair.magnitude = &entry;
+      continue;
+    }
     FT_CHECK(entry.shape.size() == 2, path, ": tensor \"", entry.name, "\" must be 2-D, got ",
              shape_string(entry.shape));
-    require_finite(entry);
     // name is <module>.lora_A.weight or <module>.lora_B.weight.
     const size_t suffix = std::string(".lora_A.weight").size();
     const bool is_a = name.compare(name.size() - suffix, suffix, ".lora_A.weight") == 0;
@@ -372,8 +399,14 @@ std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, con
   }
   FT_CHECK(!pairs.empty(), path, ": holds no LoRA weights");
   for (const auto& [module, pair] : pairs) {
+    FT_CHECK(pair.A || pair.B, path, ": module \"", module, "\" has DoRA's magnitude but no lora_A or lora_B");
     FT_CHECK(pair.A && pair.B, path, ": module \"", module, "\" has a lora_", pair.A ? "A" : "B",
              " tensor but no lora_", pair.A ? "B" : "A");
+    FT_CHECK(!config.lora.use_dora || pair.magnitude, path, ": module \"", module, "\" has no ",
+             "lora_magnitude_vector, which adapter_config.json's \"use_dora\": true needs");
+    FT_CHECK(!pair.magnitude || pair.magnitude->shape[0] == pair.B->shape[0], path, ": module \"", module,
+             "\" has lora_magnitude_vector ", shape_string(pair.magnitude ? pair.magnitude->shape : Shape{}),
+             " but lora_B ", shape_string(pair.B->shape), " (expected [out])");
     FT_CHECK(pair.A->shape[0] == config.lora.r && pair.B->shape[1] == config.lora.r, path, ": module \"", module,
              "\" has lora_A ", shape_string(pair.A->shape), " and lora_B ", shape_string(pair.B->shape),
              " but adapter_config.json says r = ", config.lora.r);

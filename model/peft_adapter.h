@@ -33,7 +33,7 @@ struct PeftAdapterConfig {
 // Reads folder/adapter_config.json. Requires peft_type "LORA" and
 // target_modules as a list of names; r, lora_alpha, lora_dropout and
 // use_rslora, when absent, keep LoraOptions' defaults (PEFT's). Settings that would
-// change the adapter's math and that we do not implement (bias, DoRA,
+// change the adapter's math and that we do not implement (bias,
 // per-module rank/alpha patterns, fan_in_fan_out, ...) are Errors rather
 // than silently ignored; fields we do not know are ignored (PEFT writes
 // many). Errors name the file and the field.
@@ -77,10 +77,12 @@ void save_peft_adapter(const std::string& folder, const std::vector<std::pair<st
 // copied, so a refused adapter leaves the model as it was.
 void load_peft_adapter(const std::string& folder, LanguageModel& model);
 
-// One adapted module's A [r, in] and B [out, r], views into the adapter file.
+// One adapted module's A [r, in] and B [out, r] (and DoRA's magnitude
+// [out]), views into the adapter file.
 struct LoraPair {
   const SafetensorsEntry* A = nullptr;
   const SafetensorsEntry* B = nullptr;
+  const SafetensorsEntry* magnitude = nullptr;  // DoRA's [out], with use_dora
 };
 
 // The LoRA pairs of an adapter_model.safetensors by module name (the base

@@ -507,7 +507,8 @@ def make_peft_model(base, lora, base_name, seed):
     return model, trainable
 
 
-def save_adapter(model, trainable, adapter_dir):
+def save_pretrained_fixture(model, adapter_dir):
+    """model.save_pretrained(adapter_dir), reproducible: no model card, target_modules sorted."""
     model.save_pretrained(adapter_dir, safe_serialization=True)
     card = os.path.join(adapter_dir, "README.md")  # PEFT's boilerplate model card: not a fixture
     if os.path.exists(card):
@@ -520,6 +521,10 @@ def save_adapter(model, trainable, adapter_dir):
     adapter_config["target_modules"] = sorted(adapter_config["target_modules"])
     with open(config_path, "w") as f:
         f.write(json.dumps(adapter_config, indent=2, sort_keys=True))
+
+
+def save_adapter(model, trainable, adapter_dir):
+    save_pretrained_fixture(model, adapter_dir)
     saved = load_file(os.path.join(adapter_dir, "adapter_model.safetensors"))
     names = {saved_lora_name(n): p for n, p in trainable}
     assert set(saved) == set(names), (sorted(saved), sorted(names))

@@ -9,6 +9,7 @@
 #include "kernels/allocator.h"
 #include "kernels/tensor.h"
 #include "model/causal_lm.h"
+#include "model/safetensors.h"
 #include "trainer/optimizer.h"
 
 namespace ft::parity {
@@ -51,6 +52,23 @@ inline void set_lora_B(LanguageModel& model) {
     for (size_t i = 0; i < values.size(); ++i) values[i] = 0.05f * std::sin(float(i) + 1.0f);
     model.backend().copy(adapter.value, Tensor::view_of(values.data(), adapter.value.shape, DType::f32));
   }
+}
+
+// Every adapter of model trains and its gradient is reference's
+// "grad." + key_prefix + its name (PEFT's saved key) within tolerance; the
+// adapters, for an optimizer step.
+inline std::vector<Parameter*> check_adapter_gradients(LanguageModel& model, const Checkpoint& reference,
+                                                       const std::string& key_prefix, double tolerance) {
+  std::vector<Parameter*> trainable;
+  for (Parameter& adapter : model.adapters()) {
+    CAPTURE(adapter.name);
+    REQUIRE(adapter.trainable());
+    const double error = relative_error(adapter.grad, reference.view("grad." + key_prefix + adapter.name));
+    MESSAGE("gradient relative error ", error, " ", adapter.name);
+    CHECK(error <= tolerance);
+    trainable.push_back(&adapter);
+  }
+  return trainable;
 }
 
 // The fixtures' optimizer step (scripts/make_fixtures.py's ADAMW): one

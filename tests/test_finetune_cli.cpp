@@ -249,6 +249,49 @@ TEST_CASE("neftune_noise_alpha: training losses move, step 0's eval loss does no
   }
 }
 
+// DoRA over the default INT8 base: the run trains (its loss falls), saves
+// PEFT's magnitude tensors, a killed run resumes to the same losses, and the
+// merged folder generates what the adapter over the unquantised base does.
+TEST_CASE("lora.use_dora: a DoRA run trains, resumes after kill -9 to the same losses, and merges") {
+  const std::vector<std::string> args = {"config.yaml", "--set", "lora.use_dora=true", "--set", "lora.lora_dropout=0"};
+  const std::string dora = " config.yaml --set lora.use_dora=true --set lora.lora_dropout=0";
+  const std::string full_dir = make_run_dir("dora_full");
+  const CommandResult full = run_command("cd " + full_dir + " && " + kBinary + dora);
+  INFO(full.output);
+  REQUIRE(full.exit_code == 0);
+  const auto losses = train_losses(full_dir + "/out/metrics.jsonl");
+  REQUIRE(losses.size() == 20);
+  CHECK(losses.at(20) < losses.at(1));
+  const SafetensorsFile adapter(full_dir + "/out/adapter/adapter_model.safetensors");
+  int64_t magnitudes = 0;
+  for (const SafetensorsEntry& entry : adapter.entries()) magnitudes += entry.name.ends_with(".lora_magnitude_vector");
+  CHECK(magnitudes == 4);  // q_proj and v_proj of 2 layers
+  CHECK(read_file(full_dir + "/out/adapter/adapter_config.json").find("\"use_dora\": true") != std::string::npos);
+
+  const std::string dir = make_run_dir("dora_killed");
+  pid_t child = start_finetune(dir, args, "/dev/null");
+  const std::string state = dir + "/out/train_state.safetensors";
+  CHECK(WIFSIGNALED(signal_when(child, [&] { return fs::exists(state); }, SIGKILL, "saving step 10")));
+  const CommandResult resumed = run_command("cd " + dir + " && " + kBinary + dora + " --resume");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const auto after = train_losses(dir + "/out/metrics.jsonl");
+  for (const auto& [step, loss] : losses) {
+    CAPTURE(step);
+    CHECK(after.at(step) == loss);
+  }
+
+  const std::string model = kFixtures + "/llama_gqa", tokenizer = kFixtures + "/tokenizer/tokenizer.model";
+  REQUIRE(run_command(kBinary + " merge " + model + " --adapter " + full_dir + "/out/adapter --out " + full_dir +
+                      "/merged").exit_code == 0);
+  const std::string prompt = " --tokenizer " + tokenizer + " --device cpu --prompt 'The cat' --max-new-tokens 12 "
+                             "--ignore-eos 2>/dev/null";
+  const CommandResult over_base = run_command(kBinary + " generate " + model + " --adapter " + full_dir +
+                                              "/out/adapter --quantization none" + prompt);
+  REQUIRE(over_base.exit_code == 0);
+  CHECK(run_command(kBinary + " generate " + full_dir + "/merged" + prompt).output == over_base.output);
+}
+
 // mlp_chunk_tokens 100 (the 16 x 64-token micro-batch's last chunk has 24)
 // under per-layer checkpointing, over the unquantised base with LoRA on q and v
 // (dropout 0.1): the MLP trains nothing, so the losses are the unchunked

@@ -118,13 +118,7 @@ TEST_CASE("gpt_neox + PEFT LoRA on query_key_value matches peft: logits, loss, a
   model.set_trainable([](const std::string& name) { return name.find(".lora_") != std::string::npos; });
   model.forward_backward(input_ids, targets);
   for (Parameter& p : model.parameters()) CHECK(!p.trainable());
-  for (Parameter& adapter : model.adapters()) {
-    CAPTURE(adapter.name);
-    REQUIRE(adapter.trainable());
-    const double error = relative_error(adapter.grad, reference.view("grad." + key_prefix + adapter.name));
-    MESSAGE("gpt_neox_lora gradient relative error ", error, " ", adapter.name);
-    CHECK(error <= kGradientTolerance);
-  }
+  ft::parity::check_adapter_gradients(model, reference, key_prefix, kGradientTolerance);
 }
 
 TEST_CASE("gpt_neox over an INT8 base: quantised query_key_value keeps its f32 bias, LoRA trains on top") {

@@ -111,18 +111,10 @@ TEST_CASE("llama + PEFT adapter matches peft: logits, loss, adapter gradients, o
   // Only the adapters train; the base gets no gradient buffer at all.
   model->set_trainable([](const std::string& name) { return name.find("lora_") != std::string::npos; });
   model->forward_backward(input_ids, targets);
-  std::vector<Parameter*> trainable;
-  int64_t trainable_count = 0;
   for (Parameter& p : model->parameters()) CHECK(!p.trainable());
-  for (Parameter& adapter : model->adapters()) {
-    CAPTURE(adapter.name);
-    REQUIRE(adapter.trainable());
-    const double error = relative_error(adapter.grad, reference.view("grad." + kKeyPrefix + adapter.name));
-    MESSAGE("gradient relative error ", error, " ", adapter.name);
-    CHECK(error <= kTolerance);
-    trainable.push_back(&adapter);
-    trainable_count += adapter.value.numel();
-  }
+  const std::vector<Parameter*> trainable = ft::parity::check_adapter_gradients(*model, reference, kKeyPrefix, kTolerance);
+  int64_t trainable_count = 0;
+  for (const Parameter* adapter : trainable) trainable_count += adapter->value.numel();
   // 2 layers x (q: A [4, 64] + B [64, 4], v: A [4, 64] + B [32, 4]).
   CHECK(trainable_count == 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4));
 
@@ -238,9 +230,10 @@ TEST_CASE("adapter configs PEFT would not give us, or that do not fit the model,
   CHECK_THROWS_WITH_AS(read_peft_adapter_config(regex_targets.write("regex_targets")),
                        doctest::Contains("regular expression"), Error);
 
-  AdapterFiles dora;
-  dora.config["use_dora"] = true;
-  CHECK_THROWS_WITH_AS(read_peft_adapter_config(dora.write("dora")), doctest::Contains("field \"use_dora\""), Error);
+  AdapterFiles lora_bias;
+  lora_bias.config["lora_bias"] = true;
+  CHECK_THROWS_WITH_AS(read_peft_adapter_config(lora_bias.write("lora_bias")),
+                       doctest::Contains("field \"lora_bias\" = true is not supported"), Error);
 
   HostAllocator host;
   CpuBackend backend(host);

@@ -189,6 +189,13 @@ TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to th
   // NEFTune's noise is added in place: nothing more is held.
   check_plan_matches_real_step(kFixtures + "/llama_gqa", "neftune_noise_alpha: 5\n" + kLlamaLora, 2, 16);
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", "neftune_noise_alpha: 5\n" + kFullFp32, 2, 16);
+  // DoRA: the magnitudes, their weight norms, the norm's column tiles and the backward's recomputed output.
+  const std::string dora = "quantization: {mode: int8}\nlora: {r: 8, use_dora: true, target_modules: all-linear}\n";
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", dora, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", dora, 2, 16);
+  check_plan_matches_real_step(kFixtures + "/llama_gqa",
+                               "quantization: {mode: nf4}\nlora: {r: 4, use_dora: true, target_modules: all-linear}\n",
+                               2, 16);
 }
 
 // mlp_chunk_tokens: the MLP's tensors for 5 of the 32 tokens at a time (the
@@ -201,6 +208,8 @@ TEST_CASE("plan: with the MLP run over chunks of tokens the planned peak equals 
   check_plan_matches_real_step(kFixtures + "/llama_gqa", kFullFp32 + chunked, 2, 16);
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", kNeoxLora + chunked + checkpointed, 2, 16);
   check_plan_matches_real_step(kFixtures + "/gpt_neox_sequential", kNf4AllLinear + chunked, 2, 16);
+  const std::string dora = "quantization: {mode: int8}\nlora: {r: 8, use_dora: true, target_modules: all-linear}\n";
+  check_plan_matches_real_step(kFixtures + "/llama_gqa", dora + chunked + checkpointed, 2, 16);
 }
 
 // With an eval set, the plan replays the run's evaluation and generation

@@ -456,7 +456,7 @@ TEST_CASE("the key list matches the fields configs/README.md documents") {
   REQUIRE(readme.good());
   std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
   std::vector<std::string> keys = train_config_keys();
-  CHECK(keys.size() == 112);
+  CHECK(keys.size() == 113);
   for (const std::string& key : keys) {
     CAPTURE(key);
     CHECK(text.find("`" + key + "`") != std::string::npos);
@@ -476,6 +476,23 @@ TEST_CASE("neftune_noise_alpha: off by default, a number >= 0, for objective: sf
   CHECK(error_of(kMinimal, {"neftune_noise_alpha=5", "data.packing=true"}) ==
         "configs/x.yaml: neftune_noise_alpha with data.packing: padding_free is not supported (trl flattens such a "
         "micro-batch into one row, whose length is NEFTune's L); use data.packing: false or concatenate");
+}
+
+TEST_CASE("lora.use_dora: off by default; needs lora_dropout 0, no tensor parallel, no streamed base") {
+  const std::string base = kMinimal;
+  CHECK(!parse(base).lora.use_dora);
+  CHECK(parse(base + "lora: {use_dora: true}\n").lora.use_dora);
+  CHECK(error_of(base + "lora: {use_dora: true, lora_dropout: 0.05}\n") ==
+        "configs/x.yaml: lora.use_dora: true needs lora.lora_dropout: 0 (got 0.05; DoRA with dropout is not "
+        "implemented here)");
+  CHECK(error_of(base + "lora: {use_dora: true}\nparallel: {tensor: 2}\n") ==
+        "configs/x.yaml: lora.use_dora: true with parallel.tensor above 1 is not supported (a row-parallel "
+        "weight's row norms span the ranks)");
+  CHECK(error_of(base + "lora: {use_dora: true}\nquantization: {mode: nf4}\noffload: {base: host}\n") ==
+        "configs/x.yaml: lora.use_dora: true with offload.base: host is not supported (the magnitude starts as the "
+        "base weights' row norms)");
+  CHECK(error_of(base + "lora: {use_dora: true}\ntrainable: all\nquantization: {mode: none}\n") ==
+        "configs/x.yaml: lora.use_dora applies to trainable: lora");
 }
 
 TEST_CASE("data.format chat and alpaca; data.chat_template names a template or auto") {

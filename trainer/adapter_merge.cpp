@@ -1,6 +1,7 @@
 #include "trainer/adapter_merge.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/error.h"
 #include "kernels/allocator.h"
@@ -201,8 +202,22 @@ Tensor AdapterMerge::tensor(CpuBackend& be, const std::string& name, DType dtype
   be.copy(A, view_of(*pair->A));
   be.copy(B, view_of(*pair->B));
   be.matmul(weight, B, A, false, false, scaling_, 1.0f);
+  if (pair->magnitude) apply_dora_magnitude(be, weight, *pair->magnitude);
   be.copy(out, weight);
   return out;
+}
+
+// PEFT's DoRA merge: each row of W' = W + scaling B A times m / ||W'||_row.
+void AdapterMerge::apply_dora_magnitude(CpuBackend& be, Tensor& weight, const SafetensorsEntry& magnitude) const {
+  Tensor m = be.empty(magnitude.shape, DType::f32, MemCategory::workspace);
+  be.copy(m, view_of(magnitude));
+  Tensor sum_squares = be.empty({weight.rows()}, DType::f32, MemCategory::workspace);
+  be.row_sum_squares(sum_squares, weight, false);
+  const int64_t in = weight.cols();
+  for (int64_t o = 0; o < weight.rows(); ++o) {
+    const float scale = m.ptr<float>()[o] / std::sqrt(sum_squares.ptr<float>()[o]);
+    for (float* w = weight.ptr<float>() + o * in; w < weight.ptr<float>() + (o + 1) * in; ++w) *w *= scale;
+  }
 }
 
 }  // namespace ft

@@ -37,7 +37,8 @@ class AdapterMerge {
   // checksum verified) and checks them against base, whose model config_path
   // describes: every adapted module must be an [out, in] weight of base that
   // A [r, in] and B [out, r] fit, and every tensor of base floating or a
-  // weight of the model saved INT8 or NF4 (with its constants beside it).
+  // weight of the model saved INT8 or NF4 (with its constants beside it);
+  // a DoRA magnitude must be [out].
   // Each failure is an Error naming the file.
   AdapterMerge(const std::string& folder, const Checkpoint& base, const std::string& config_path);
 
@@ -50,7 +51,8 @@ class AdapterMerge {
   const std::vector<std::string>& added_names() const { return added_; }
   // Tensor `name` (the base's or an added one) in dtype: the saved module's,
   // or the base's (dequantised where saved quantised) with scaling * B A
-  // added where the adapter targets it.
+  // added where the adapter targets it (and, for DoRA, each row rescaled to
+  // its magnitude: PEFT's merge).
   Tensor tensor(CpuBackend& be, const std::string& name, DType dtype) const;
   // The base's tensors a merged checkpoint holds, in its order: all but the
   // constants of its quantised weights (their absmax, scales, quant state).
@@ -71,6 +73,8 @@ class AdapterMerge {
   void read_base_layout(const std::string& config_path);
   // The weight `name` of the base as f32 [out, in].
   Tensor base_weight(CpuBackend& be, const std::string& name) const;
+  // DoRA: weight's rows scaled to the norms magnitude [out] gives them.
+  void apply_dora_magnitude(CpuBackend& be, Tensor& weight, const SafetensorsEntry& magnitude) const;
 
   const Checkpoint& base_;
   std::map<std::string, StoredWeight> quantized_;

@@ -8,6 +8,12 @@
 
 namespace ft {
 
+// transformers' Trainer decays every parameter but biases and norms (by
+// name); here the 1-D ones, except DoRA's magnitude, which is neither.
+static bool decayed(const Parameter& p) {
+  return p.value.ndim() >= 2 || p.name.ends_with(".lora_magnitude_vector");
+}
+
 AdamW::AdamW(Backend& backend, std::vector<Parameter*> parameters, AdamWOptions options)
     : backend_(backend), parameters_(std::move(parameters)), options_(options) {
   for (Parameter* p : parameters_)
@@ -131,7 +137,7 @@ void AdamW::step_offloaded(const AdamWStep& update) {
       views.push_back(staged[1].slice_rows(o.in_chunk, o.count));
       views.push_back(staged[2].slice_rows(o.in_chunk, o.count));
       Tensor* v = &views[views.size() - 4];
-      tensors.push_back({&v[0], &v[1], &v[2], &v[3], p.value.ndim() >= 2});
+      tensors.push_back({&v[0], &v[1], &v[2], &v[3], decayed(p)});
     }
     backend_.adamw_update_many(tensors, update);
     for (int k = 0; k < 3; ++k) backend_.copy(host[k], staged[k]);
@@ -187,8 +193,7 @@ double AdamW::step(double lr, double squared_grad_norm) {
   std::vector<AdamWTensors> tensors;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     Parameter* p = parameters_[i];
-    const bool decayed = p->value.ndim() >= 2;
-    tensors.push_back({&master(i), &p->grad, &first_moments_[i], &second_moments_[i], decayed});
+    tensors.push_back({&master(i), &p->grad, &first_moments_[i], &second_moments_[i], decayed(*p)});
   }
   backend_.adamw_update_many(tensors, update);
   sync_compute_copies();

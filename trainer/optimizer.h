@@ -15,7 +15,9 @@ struct AdamWOptions {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0.0;  // applied to matrices only; norms and biases (1-D) are not decayed
+  // Applied to matrices and DoRA's magnitudes; norms and biases (the other
+  // 1-D parameters) are not decayed, as in transformers' Trainer.
+  double weight_decay = 0.0;
   double max_grad_norm = 1.0;  // global-norm clipping; 0 disables
   // Where m, v and the f32 masters live. Null: on the backend's device. A
   // host allocator: there, as ZeRO-Offload splits it (the device keeps only

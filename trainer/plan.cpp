@@ -1000,9 +1000,11 @@ std::vector<ModeFit> fit_modes(const TrainConfig& config, const PlanOptions& opt
   std::vector<PlanMode> modes;
   const bool lora = config.trainable == Trainable::lora;
   // Tensor-parallel ranks each hold their share of every layer, and a T5 keeps
-  // its base on the device (setup_training): nothing to stream.
-  const bool streams =
-      config.parallel.tensor == 1 && model_family(model_config.model_type).kind != ModelKind::seq2seq;
+  // its base on the device (setup_training): nothing to stream. DoRA's
+  // magnitudes start from the base's row norms, which a streamed base does
+  // not hold at start.
+  const bool streams = config.parallel.tensor == 1 && !config.lora.use_dora &&
+                       model_family(model_config.model_type).kind != ModelKind::seq2seq;
   // A checkpoint saved quantised (config.json's quantization_config) loads in its own format only.
   const QuantizedBase stored = model_config.stored_quantization.format;
   for (OffloadTarget base : {OffloadTarget::device, OffloadTarget::host})

@@ -41,11 +41,12 @@ std::string adapter_config(const TrainConfig& config, const LanguageModel& model
   const LoraOptions& lora = *model.options().lora;
   std::vector<std::string> targets = lora.target_modules;
   std::sort(targets.begin(), targets.end());
-  const nlohmann::json described = {{"r", lora.r},
-                                    {"lora_alpha", lora.lora_alpha},
-                                    {"lora_dropout", lora.lora_dropout},
-                                    {"target_modules", targets},
-                                    {"use_rslora", lora.use_rslora}};
+  nlohmann::json described = {{"r", lora.r},
+                              {"lora_alpha", lora.lora_alpha},
+                              {"lora_dropout", lora.lora_dropout},
+                              {"target_modules", targets},
+                              {"use_rslora", lora.use_rslora}};
+  if (lora.use_dora) described["use_dora"] = true;  // absent otherwise: earlier runs' identities unchanged
   return described.dump();
 }
 

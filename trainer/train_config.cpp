@@ -320,6 +320,7 @@ const Field kFields[] = {
                  "a non-empty list of module names such as [q_proj, v_proj], or all-linear");
      }},
     {"lora.use_rslora", [](TrainConfig& c, const Value& v) { c.lora.use_rslora = v.boolean(); }},
+    {"lora.use_dora", [](TrainConfig& c, const Value& v) { c.lora.use_dora = v.boolean(); }},
     {"quantization.mode", [](TrainConfig& c, const Value& v) { c.quantization.mode = v.choice<QuantizedBase>(); }},
     {"quantization.threshold",
      [](TrainConfig& c, const Value& v) {
@@ -682,6 +683,15 @@ void check_consistency(const TrainConfig& c) {
            "is NEFTune's L); use data.packing: false or concatenate");
   if (c.objective == Objective::grpo) check_grpo(c);
   if (c.objective == Objective::ppo) check_ppo(c);
+  // PEFT's DoRA with dropout runs the base a second time over the dropped
+  // input (its base_result = None branch), which is not implemented.
+  FT_CHECK(!c.lora.use_dora || c.lora.lora_dropout == 0, f, ": lora.use_dora: true needs lora.lora_dropout: 0 "
+           "(got ", c.lora.lora_dropout, "; DoRA with dropout is not implemented here)");
+  FT_CHECK(!c.lora.use_dora || c.trainable == Trainable::lora, f, ": lora.use_dora applies to trainable: lora");
+  FT_CHECK(!c.lora.use_dora || c.parallel.tensor == 1, f, ": lora.use_dora: true with parallel.tensor above 1 is "
+           "not supported (a row-parallel weight's row norms span the ranks)");
+  FT_CHECK(!c.lora.use_dora || c.offload_base == OffloadTarget::device, f, ": lora.use_dora: true with "
+           "offload.base: host is not supported (the magnitude starts as the base weights' row norms)");
   FT_CHECK(c.quantization.save_base.empty() || c.quantization.mode != QuantizedBase::none, f,
            ": quantization.save_base needs quantization.mode: int8 or nf4 (it saves the quantised base)");
   FT_CHECK(c.offload_base == OffloadTarget::device || c.quantization.mode != QuantizedBase::none, f,

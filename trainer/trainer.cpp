@@ -1082,6 +1082,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
              ", past the ", run.total_steps, " steps this config trains (max_steps, epochs): raise max_steps to "
              "continue");
     share_updated_parameters(run);  // a sharded state restored each rank's share only
+    run.model->adapters_changed();
     for (const std::string& change : resumed.data_changes)
       std::cout << "warning: resuming with changed data (--allow-data-change): " << change << "\n";
     set_train_position(run, resumed.data_position);

@@ -44,6 +44,9 @@ class Int8Linear final : public Linear {
   void forward_with_lora(Backend& backend, Tensor& out, const Tensor& x, const Tensor& h, const Tensor& B,
                          float scaling) override;
   void backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
+  void weight_columns(Backend& backend, Tensor& tile, int64_t col0) override {
+    backend.int8_dequantize(tile, weight_.value, int8_scales(weight_), col0);
+  }
   // Outlier columns over the scanned rows (Backend::int8_outlier_columns),
   // used by every forward until end_scan.
   bool scans_rows() const override { return threshold_ > 0.0f; }

@@ -216,6 +216,10 @@ void Nf4Linear::forward(Backend& backend, Tensor& out, const Tensor& x) {
   add_linear_bias(backend, out, bias_);
 }
 
+void Nf4Linear::weight_columns(Backend& backend, Tensor& tile, int64_t col0) {
+  backend.nf4_dequantize(tile, nf4_weight(weight_), 0, col0);
+}
+
 void Nf4Linear::backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor&, bool accumulate_dx) {
   if (dx) backend.nf4_linear_backward(*dx, dout, nf4_weight(weight_), accumulate_dx);
   linear_bias_backward(backend, bias_, dout);

@@ -30,6 +30,7 @@ class Nf4Linear final : public Linear {
   Nf4Linear(Parameter& weight, Parameter* bias = nullptr);
   void forward(Backend& backend, Tensor& out, const Tensor& x) override;
   void backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) override;
+  void weight_columns(Backend& backend, Tensor& tile, int64_t col0) override;
 
  private:
   Parameter& weight_;
