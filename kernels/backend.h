@@ -46,9 +46,10 @@ namespace ft {
   PREFIX void add_bias_impl(Tensor& out, const Tensor& bias) SUFFIX;                                                \
   PREFIX void bias_backward_impl(Tensor& dbias, const Tensor& dout) SUFFIX;                                         \
   PREFIX void row_sum_squares_impl(Tensor& sums, const Tensor& x, bool accumulate) SUFFIX;                          \
-  PREFIX void dora_scale_forward_impl(Tensor& out, const Tensor& magnitude, const Tensor& weight_sum_squares,       \
-                                      const Tensor* bias) SUFFIX;                                                   \
-  PREFIX void dora_scale_backward_impl(Tensor& dz, Tensor* dmagnitude, const Tensor& dout, const Tensor& z,         \
+  PREFIX void dora_scale_forward_impl(Tensor& out, const Tensor& z, const Tensor& magnitude,                       \
+                                      const Tensor& weight_sum_squares, const Tensor* bias) SUFFIX;                 \
+  PREFIX void dora_scale_backward_impl(Tensor& dz, Tensor* dbase, Tensor* dmagnitude, const Tensor& dout,           \
+                                       const Tensor& z,                                                             \
                                        const Tensor& magnitude, const Tensor& weight_sum_squares,                   \
                                        const Tensor* bias) SUFFIX;                                                  \
   PREFIX void embedding_forward_impl(Tensor& out, const Tensor& ids, const Tensor& table) SUFFIX;                   \
@@ -234,9 +235,11 @@ class Backend {
   }
 
   // ---- DoRA --------------------------------------------------------------
-  // A DoRA linear (PEFT's use_dora) is y = g * (x W^T + s h B^T) + bias with
-  // g = magnitude / ||W + s B A|| per output row, the norm treated as a
-  // constant in backward (DoRA paper section 4.3; PEFT detaches it).
+  // A DoRA linear (PEFT's use_dora) is y = x W^T + bias + (g - 1) xd W^T +
+  // g s h B^T with xd = dropout(x), h = xd A^T and g = magnitude / ||W + s B
+  // A|| per output row, the norm treated as a constant in backward (DoRA
+  // paper section 4.3; PEFT detaches it). Without dropout (xd = x) that is
+  // y = g (x W^T + s h B^T) + bias.
   //
   // sums[i] = (accumulate ? sums[i] : 0) + sum over j of x[i, j]^2, summed in
   // f32 in a fixed order per backend. x [R, C] (R the product of the leading
@@ -247,30 +250,34 @@ class Backend {
     const OpTimer timer(profile_, __func__);
     row_sum_squares_impl(sums, x, accumulate);
   }
-  // In place on out [N, O] (x W^T + s h B^T + bias): with g[j] =
-  // magnitude[j] / sqrt(weight_sum_squares[j]) and b[j] = bias[j] (0 when
-  // bias is null), out[n, j] = (out[n, j] - b[j]) * g[j] + b[j] in f32 (one
-  // fma), rounded once to out's dtype: the same bits on every backend.
-  // magnitude and bias [O] floating, weight_sum_squares f32 [O]
-  // (row_sum_squares of W + s B A).
-  void dora_scale_forward(Tensor& out, const Tensor& magnitude, const Tensor& weight_sum_squares,
+  // PEFT's DoRA output: with g[j] = magnitude[j] / sqrt(weight_sum_squares[j])
+  // and b[j] = bias[j] (0 when bias is null), out[n, j] += (g[j] - 1) *
+  // (z[n, j] - b[j]) in f32 (one fma), rounded once to out's dtype. out
+  // [N, O] is the base's output plus the LoRA term (x W^T + b + s h B^T), z
+  // the same over the dropped input (xd W^T + b + s h B^T, h = xd A^T); z
+  // may alias out (no dropout: out becomes g * (out - b) + b). magnitude and
+  // bias [O] floating, weight_sum_squares f32 [O] (row_sum_squares of W + s
+  // B A), z shaped as out.
+  void dora_scale_forward(Tensor& out, const Tensor& z, const Tensor& magnitude, const Tensor& weight_sum_squares,
                           const Tensor* bias) {
-    checks::check_dora_scale(device(), "dora_scale_forward", out, "out", magnitude, weight_sum_squares, bias);
+    checks::check_dora_scale_forward(device(), out, z, magnitude, weight_sum_squares, bias);
     const OpTimer timer(profile_, __func__);
-    dora_scale_forward_impl(out, magnitude, weight_sum_squares, bias);
+    dora_scale_forward_impl(out, z, magnitude, weight_sum_squares, bias);
   }
-  // dz[n, j] = dout[n, j] * g[j] (overwritten; dz may alias dout) and, unless
+  // dz[n, j] = dout[n, j] * g[j] (the gradient at the adapted branch's
+  // output; may alias dout), dbase[n, j] = dout[n, j] * (g[j] - 1) unless
+  // null (at the base's output over the dropped input), and unless
   // dmagnitude is null (a frozen magnitude), dmagnitude[j] += (sum over n of
   // dout[n, j] * (z[n, j] - b[j])) / sqrt(weight_sum_squares[j]), summed in
   // f32 in fixed row groups (cuda::partial_rows), the same bits on every
-  // backend. z [N, O] is the recomputed pre-scale output with
-  // the bias added; dz shaped and typed as dout; dmagnitude f32 [O]; the
-  // rest as in dora_scale_forward.
-  void dora_scale_backward(Tensor& dz, Tensor* dmagnitude, const Tensor& dout, const Tensor& z,
+  // backend. z [N, O] is dora_scale_forward's z; dz and dbase
+  // shaped and typed as dout (dbase aliasing neither); dmagnitude f32 [O];
+  // the rest as in dora_scale_forward.
+  void dora_scale_backward(Tensor& dz, Tensor* dbase, Tensor* dmagnitude, const Tensor& dout, const Tensor& z,
                            const Tensor& magnitude, const Tensor& weight_sum_squares, const Tensor* bias) {
-    checks::check_dora_scale_backward(device(), dz, dmagnitude, dout, z, magnitude, weight_sum_squares, bias);
+    checks::check_dora_scale_backward(device(), dz, dbase, dmagnitude, dout, z, magnitude, weight_sum_squares, bias);
     const OpTimer timer(profile_, __func__);
-    dora_scale_backward_impl(dz, dmagnitude, dout, z, magnitude, weight_sum_squares, bias);
+    dora_scale_backward_impl(dz, dbase, dmagnitude, dout, z, magnitude, weight_sum_squares, bias);
   }
 
   // ---- embedding ---------------------------------------------------------

@@ -441,24 +441,32 @@ inline void check_dora_vectors(Device device, const char* op, const Tensor& rows
   }
 }
 
-// dora_scale_forward: out [N, O] floating, scaled in place.
-inline void check_dora_scale(Device device, const char* op, const Tensor& out, const char* out_name,
-                             const Tensor& magnitude, const Tensor& weight_sum_squares, const Tensor* bias) {
-  check_float(out, device, op, out_name);
+// dora_scale_forward: out [N, O] floating, z like out (it may be out).
+inline void check_dora_scale_forward(Device device, const Tensor& out, const Tensor& z, const Tensor& magnitude,
+                                     const Tensor& weight_sum_squares, const Tensor* bias) {
+  const char* op = "dora_scale_forward";
+  check_float(out, device, op, "out");
+  check_float_like(z, out, device, op, "z");
   check_dora_vectors(device, op, out, magnitude, weight_sum_squares, bias);
 }
 
-// dora_scale_backward: dout [N, O] floating, z like dout, dz like dout in
-// shape and dtype (it may alias dout), dmagnitude f32 [O] or null.
-inline void check_dora_scale_backward(Device device, const Tensor& dz, const Tensor* dmagnitude, const Tensor& dout,
-                                      const Tensor& z, const Tensor& magnitude, const Tensor& weight_sum_squares,
-                                      const Tensor* bias) {
+// dora_scale_backward: dout [N, O] floating, z like dout, dz and dbase like
+// dout in shape and dtype (dz may alias dout, dbase neither), dmagnitude f32
+// [O] or null.
+inline void check_dora_scale_backward(Device device, const Tensor& dz, const Tensor* dbase, const Tensor* dmagnitude,
+                                      const Tensor& dout, const Tensor& z, const Tensor& magnitude,
+                                      const Tensor& weight_sum_squares, const Tensor* bias) {
   const char* op = "dora_scale_backward";
-  check_dora_scale(device, op, dout, "dout", magnitude, weight_sum_squares, bias);
+  check_float(dout, device, op, "dout");
+  check_dora_vectors(device, op, dout, magnitude, weight_sum_squares, bias);
   check_float_like(z, dout, device, op, "z");
-  check_float_like(dz, dout, device, op, "dz");
-  FT_CHECK(dz.dtype == dout.dtype, op, ": dz must be ", dtype_name(dout.dtype), " as dout, got ",
-           dtype_name(dz.dtype));
+  for (auto [t, name] : {std::pair{&dz, "dz"}, std::pair<const Tensor*, const char*>{dbase, "dbase"}}) {
+    if (!t) continue;
+    check_float_like(*t, dout, device, op, name);
+    FT_CHECK(t->dtype == dout.dtype, op, ": ", name, " must be ", dtype_name(dout.dtype), " as dout, got ",
+             dtype_name(t->dtype));
+  }
+  FT_CHECK(!dbase || (!overlaps(*dbase, dout) && !overlaps(*dbase, dz)), op, ": dbase must not alias dout or dz");
   if (dmagnitude) {
     check_dtype(*dmagnitude, DType::f32, device, op, "dmagnitude");
     check_shape(*dmagnitude, {dout.cols()}, op, "dmagnitude");

@@ -53,16 +53,22 @@ Tensor LoraLinear::adapter_hidden(Backend& backend, const Tensor& x) {
   return h;
 }
 
+// Columns of W per tile when W is read a tile at a time: at most
+// kTileElements values (16 MiB in f32), a multiple of 64 (NF4's block).
+static int64_t weight_tile_columns(int64_t out, int64_t in) {
+  constexpr int64_t kTileElements = int64_t(1) << 22;
+  return std::clamp<int64_t>(kTileElements / out / 64 * 64, 64, in);
+}
+
 // weight_sum_squares_ = ||W + scaling B A||^2 per row, in f32 (PEFT's
-// dequantised weight plus lora_B @ lora_A), from column tiles of at most
-// kNormTileElements values so no [out, in] copy of W is ever held.
+// dequantised weight plus lora_B @ lora_A), from column tiles of W so no
+// [out, in] copy of it is ever held.
 void LoraLinear::update_weight_norms(Backend& backend) {
   if (norms_current_) return;
-  constexpr int64_t kNormTileElements = int64_t(1) << 22;  // 16 MiB of f32
   const int64_t out = B_.value.dim(0), in = A_.value.dim(1), r = A_.value.dim(0);
   if (!weight_sum_squares_.defined()) weight_sum_squares_ = backend.empty({out}, DType::f32, MemCategory::adapters);
   const Tensor A = compute_copy(backend, A_, DType::f32), B = compute_copy(backend, B_, DType::f32);
-  const int64_t width = std::clamp<int64_t>(kNormTileElements / out / 64 * 64, 64, in);
+  const int64_t width = weight_tile_columns(out, in);
   for (int64_t col0 = 0; col0 < in; col0 += width) {
     const int64_t columns = std::min(width, in - col0);
     Tensor tile = backend.empty({out, columns}, DType::f32, MemCategory::workspace);
@@ -86,52 +92,83 @@ void LoraLinear::init_magnitude(Backend& backend) {
   backend.copy(magnitude_->value, host);
 }
 
+// z [shape] = dropout(x) W^T + scaling h B^T, no bias: PEFT's DoRA branch
+// under dropout, F.linear(dropout(x), dequantised W) + lora_B(lora_A(...)),
+// W read a column tile at a time as its own backward reads it (so over
+// LLM.int8() the activations are not quantised, as in PEFT).
+Tensor LoraLinear::dropped_branch(Backend& backend, const Shape& shape, const Tensor& x, const Tensor& h,
+                                  const Tensor& B) {
+  const Tensor xd = adapter_input(backend, x);
+  const int64_t out = B.dim(0), in = x.cols(), width = weight_tile_columns(out, in);
+  Tensor z = backend.empty(shape, x.dtype, MemCategory::activations);
+  for (int64_t col0 = 0; col0 < in; col0 += width) {
+    const int64_t columns = std::min(width, in - col0);
+    Tensor tile = backend.empty({out, columns}, x.dtype, MemCategory::workspace);
+    Tensor x_columns = backend.empty({x.rows(), columns}, x.dtype, MemCategory::workspace);
+    base_->weight_columns(backend, tile, col0);
+    backend.copy_columns(x_columns, 0, xd, col0, columns);
+    backend.matmul(z, x_columns, tile, false, true, 1.0f, col0 > 0 ? 1.0f : 0.0f);
+  }
+  backend.matmul(z, h, B, false, true, scaling_, 1.0f);
+  return z;
+}
+
 // h first, so the base can add scaling * h B^T in its own output pass
 // (Int8Linear's epilogue) rather than out being re-read by a second matmul.
-// DoRA then scales out's rows' x W^T + scaling h B^T part in place.
+// DoRA then adds (g - 1) times its branch: out itself without dropout.
 void LoraLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
   if (!enabled_) return base_->forward(backend, out, x);
-  // PEFT's DoRA with dropout runs the base a second time over the dropped
-  // input (its base_result = None branch): not implemented.
-  FT_CHECK(!magnitude_ || !dropout_active(), "lora.use_dora: true trains with lora.lora_dropout: 0 only, got ",
-           dropout_);
   if (magnitude_) update_weight_norms(backend);
   Tensor h = adapter_hidden(backend, x);
   Tensor B = compute_copy(backend, B_, x.dtype);
   base_->forward_with_lora(backend, out, x, h, B, scaling_);
-  if (magnitude_) backend.dora_scale_forward(out, magnitude_->value, weight_sum_squares_, base_bias());
+  if (!magnitude_) return;
+  if (!dropout_active()) return backend.dora_scale_forward(out, out, magnitude_->value, weight_sum_squares_, base_bias());
+  const Tensor z = dropped_branch(backend, out.shape, x, h, B);
+  backend.dora_scale_forward(out, z, magnitude_->value, weight_sum_squares_, nullptr);
 }
 
-// DoRA's y = g * (z - bias) + bias with z the plain LoRA output: z is
-// recomputed, dz = g * dout is the plain layer's output gradient, and m's
-// gradient += column sums of dout * (z - bias) / ||W + scaling B A||.
-void LoraLinear::dora_backward(Backend& backend, Tensor& dz, const Tensor& dout, const Tensor& x) {
-  Tensor z = backend.empty(dout.shape, dout.dtype, MemCategory::activations);
-  {
-    Tensor h = adapter_hidden(backend, x);
-    Tensor B = compute_copy(backend, B_, x.dtype);
+// DoRA's branch z recomputed (forward's), then dz = g dout (the gradient at
+// the adapter's output), dbase = (g - 1) dout (at the base's product over
+// the dropped input; with dropout only) and m's gradient += column sums of
+// dout * (z - bias) / ||W + scaling B A||.
+void LoraLinear::dora_gradients(Backend& backend, Tensor& dz, Tensor* dbase, const Tensor& dout, const Tensor& x) {
+  const Tensor h = adapter_hidden(backend, x);
+  const Tensor B = compute_copy(backend, B_, x.dtype);
+  Tensor z;
+  if (dropout_active()) {
+    z = dropped_branch(backend, dout.shape, x, h, B);
+  } else {
+    z = backend.empty(dout.shape, dout.dtype, MemCategory::activations);
     base_->forward_with_lora(backend, z, x, h, B, scaling_);
   }
-  backend.dora_scale_backward(dz, magnitude_->trainable() ? &magnitude_->grad : nullptr, dout, z,
-                              magnitude_->value, weight_sum_squares_, base_bias());
+  backend.dora_scale_backward(dz, dbase, magnitude_->trainable() ? &magnitude_->grad : nullptr, dout, z,
+                              magnitude_->value, weight_sum_squares_, dropout_active() ? nullptr : base_bias());
+}
+
+// Plain LoRA: the base's backward of dout, then the adapter's. DoRA without
+// dropout is the same with dz = g dout; with dropout, x's own product takes
+// dout and the dropped input's takes dz (adapter) and dbase (base).
+void LoraLinear::backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor& x, bool accumulate_dx) {
+  if (!enabled_) return base_->backward(backend, dx, dout, x, accumulate_dx);
+  norms_current_ = false;  // an optimizer step may change A and B before the next forward
+  if (!magnitude_) {
+    base_->backward(backend, dx, dout, x, accumulate_dx);
+    return adapter_backward(backend, dx, dout, nullptr, x);
+  }
+  Tensor dz = backend.empty(dout.shape, dout.dtype, MemCategory::activations);
+  Tensor dbase = dropout_active() && dx ? backend.empty(dout.shape, dout.dtype, MemCategory::activations) : Tensor{};
+  dora_gradients(backend, dz, dbase.defined() ? &dbase : nullptr, dout, x);
+  base_->backward(backend, dx, dropout_active() ? dout : dz, x, accumulate_dx);
+  adapter_backward(backend, dx, dz, dbase.defined() ? &dbase : nullptr, x);
 }
 
 // With xd = dropout(x), h = xd A^T and y += scaling * h B^T:
 //   dB += scaling * dout^T h,  g = scaling * dout B (the gradient at h),
-//   dA += g^T xd,              dx += dropout_backward(g A).
-// Under DoRA the same with dout = dz.
-void LoraLinear::backward(Backend& backend, Tensor* dx, const Tensor& dout_in, const Tensor& x,
-                          bool accumulate_dx) {
-  if (!enabled_) return base_->backward(backend, dx, dout_in, x, accumulate_dx);
-  Tensor dz;
-  if (magnitude_) {
-    dz = backend.empty(dout_in.shape, dout_in.dtype, MemCategory::activations);
-    dora_backward(backend, dz, dout_in, x);
-  }
-  const Tensor& dout = magnitude_ ? dz : dout_in;
-  norms_current_ = false;  // an optimizer step may change A and B before the next forward
-  base_->backward(backend, dx, dout, x, accumulate_dx);
-  int64_t N = x.rows(), r = A_.value.dim(0);
+//   dA += g^T xd,              dx += dropout_backward(g A [+ dbase W]).
+void LoraLinear::adapter_backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor* dbase,
+                                  const Tensor& x) {
+  const int64_t N = x.rows(), r = A_.value.dim(0);
   Tensor A = compute_copy(backend, A_, x.dtype), B = compute_copy(backend, B_, x.dtype);
   Tensor xd = adapter_input(backend, x);
   if (B_.trainable()) {
@@ -148,7 +185,8 @@ void LoraLinear::backward(Backend& backend, Tensor* dx, const Tensor& dout_in, c
     return;
   }
   Tensor dxd = backend.empty(x.shape, x.dtype, MemCategory::activations);
-  backend.matmul(dxd, g, A, false, false);
+  if (dbase) base_->backward(backend, &dxd, *dbase, xd, false);
+  backend.matmul(dxd, g, A, false, false, 1.0f, dbase ? 1.0f : 0.0f);
   backend.dropout_backward(dxd, dxd, dropout_, rows_seed(x), row_stride());
   backend.add(*dx, *dx, dxd);
 }

@@ -10,15 +10,19 @@
 // saving them: at rank r that costs little and frees [N, in] + [N, r] per
 // layer.
 //
-// DoRA (PEFT's use_dora, without dropout) adds a trainable magnitude m [out]:
-//   y = g * (x W^T + scaling h B^T) + bias,  g = m / ||W + scaling B A||_row
-// with the norm a constant of the step (DoRA's section 4.3, PEFT's
-// detach()): no gradient flows through it. It is computed a column tile of W
-// at a time (the base dequantises its own tiles), never as a full copy,
-// once per forward after a backward or an adapter change (so a step's
-// recomputed forwards and every decoding step reuse it). Backward
-// recomputes z = x W^T + scaling h B^T for m's gradient rather than keeping
-// [N, out] per layer: one more base forward per adapted linear.
+// DoRA (PEFT's use_dora) adds a trainable magnitude m [out], and with
+// g = m / ||W + scaling B A||_row, PEFT's
+//   y = x W^T + bias + (g - 1) xd W^T + g scaling h B^T,  xd = dropout(x)
+// which without dropout is g * (x W^T + scaling h B^T) + bias. The norm is
+// a constant of the step (DoRA's section 4.3, PEFT's detach()): no
+// gradient flows through it. It is computed a column tile of W at a time
+// (the base dequantises its own tiles), never as a full copy, once per
+// forward after a backward or an adapter change (so a step's recomputed
+// forwards and every decoding step reuse it). Backward recomputes the
+// branch z = xd W^T + scaling h B^T for m's gradient rather than keeping
+// [N, out] per layer: one more product over W per adapted linear. Under
+// dropout xd W^T reads W's dequantised tiles as PEFT's F.linear does, and
+// the base runs twice in forward and backward (x's product and xd's).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -76,7 +80,9 @@ class LoraLinear final : public Linear {
   Tensor adapter_hidden(Backend& backend, const Tensor& x);
   void update_weight_norms(Backend& backend);
   const Tensor* base_bias() const { return base_bias_ ? &base_bias_->value : nullptr; }
-  void dora_backward(Backend& backend, Tensor& dz, const Tensor& dout, const Tensor& x);
+  Tensor dropped_branch(Backend& backend, const Shape& shape, const Tensor& x, const Tensor& h, const Tensor& B);
+  void dora_gradients(Backend& backend, Tensor& dz, Tensor* dbase, const Tensor& dout, const Tensor& x);
+  void adapter_backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor* dbase, const Tensor& x);
   bool dropout_active() const { return training_ && dropout_ > 0.0f; }
   // The dropout op's row_stride: 0 (x's own rows) unless x is a column shard.
   int64_t row_stride() const { return full_columns_; }

@@ -1671,15 +1671,17 @@ TEST_CASE("biased attention and activation reject mismatched operands") {
 
 namespace {
 
-// y = (z - b) * m / sqrt(ss) + b over z [N, O], in double (b null: no bias).
-Vec dora_scale_ref(const Vec& z, const Vec& m, const Vec& ss, const Vec* b, int N, int O) {
-  Vec out(z.size());
+// y = out + (m / sqrt(ss) - 1) (z - b) over [N, O], in double (b null: no
+// bias): PEFT's result + (mag_norm_scale - 1) * base_result with the LoRA
+// term already in out and z.
+Vec dora_scale_ref(const Vec& out, const Vec& z, const Vec& m, const Vec& ss, const Vec* b, int N, int O) {
+  Vec y(z.size());
   for (int n = 0; n < N; ++n)
     for (int j = 0; j < O; ++j) {
-      const double bias = b ? (*b)[j] : 0.0;
-      out[size_t(n) * O + j] = (z[size_t(n) * O + j] - bias) * m[j] / std::sqrt(ss[j]) + bias;
+      const size_t i = size_t(n) * O + j;
+      y[i] = out[i] + (m[j] / std::sqrt(ss[j]) - 1.0) * (z[i] - (b ? (*b)[j] : 0.0));
     }
-  return out;
+  return y;
 }
 
 }  // namespace
@@ -1707,26 +1709,31 @@ TEST_CASE("row_sum_squares: per-row sums of squares, overwritten or accumulated,
   }
 }
 
-TEST_CASE("dora_scale_forward: (out - b) * m / sqrt(ss) + b in place, f32 and bf16, with and without bias") {
+TEST_CASE("dora_scale_forward: out += (m / sqrt(ss) - 1) (z - b), z apart or out itself, f32 and bf16, bias or none") {
   std::mt19937 rng(41);
   const int N = 37, O = 29;
   for (DType dtype : {DType::f32, DType::bf16})
-    for (bool with_bias : {false, true}) {
-      CAPTURE(dtype_name(dtype));
-      CAPTURE(with_bias);
-      // magnitude and bias in the other dtype than out: mixed operands.
-      const DType vectors = dtype == DType::f32 ? DType::bf16 : DType::f32;
-      Vec z = rounded(random_vec(size_t(N) * O, rng), dtype), m = rounded(random_vec(O, rng, 0.5, 2.0), vectors);
-      Vec ss = rounded(random_vec(O, rng, 0.25, 4.0), DType::f32), b = rounded(random_vec(O, rng), vectors);
-      Tensor out = make({N, O}, dtype, z), tm = make({O}, vectors, m), tss = make({O}, DType::f32, ss);
-      Tensor tb = make({O}, vectors, b);
-      backend.dora_scale_forward(out, tm, tss, with_bias ? &tb : nullptr);
-      const Vec want = dora_scale_ref(z, m, ss, with_bias ? &b : nullptr, N, O);
-      check_close(values_of(out), want, dtype == DType::bf16 ? kBf16Tol : kF32Tol, "dora_scale_forward");
-    }
+    for (bool with_bias : {false, true})
+      for (bool in_place : {false, true}) {
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(with_bias);
+        CAPTURE(in_place);
+        // magnitude and bias in the other dtype than out: mixed operands.
+        const DType vectors = dtype == DType::f32 ? DType::bf16 : DType::f32;
+        Vec o = rounded(random_vec(size_t(N) * O, rng), dtype), z = rounded(random_vec(size_t(N) * O, rng), dtype);
+        Vec m = rounded(random_vec(O, rng, 0.5, 2.0), vectors);
+        Vec ss = rounded(random_vec(O, rng, 0.25, 4.0), DType::f32), b = rounded(random_vec(O, rng), vectors);
+        Tensor out = make({N, O}, dtype, o), tz = make({N, O}, dtype, z), tm = make({O}, vectors, m);
+        Tensor tss = make({O}, DType::f32, ss), tb = make({O}, vectors, b);
+        backend.dora_scale_forward(out, in_place ? out : tz, tm, tss, with_bias ? &tb : nullptr);
+        // In place, out = g (out - b) + b: PEFT's form without dropout.
+        const Vec want = dora_scale_ref(o, in_place ? o : z, m, ss, with_bias ? &b : nullptr, N, O);
+        check_close(values_of(out), want, dtype == DType::bf16 ? kBf16Tol : kF32Tol, "dora_scale_forward");
+      }
 }
 
-TEST_CASE("dora_scale_backward: dz = dout * g (in place too), dmagnitude accumulates d/dm of sum(dout * y)") {
+TEST_CASE("dora_scale_backward: dz = dout * g (in place too), dbase = dout * (g - 1), dmagnitude accumulates "
+          "d/dm of sum(dout * y)") {
   std::mt19937 rng(42);
   const int N = 37, O = 29;
   for (DType dtype : {DType::f32, DType::bf16})
@@ -1742,15 +1749,22 @@ TEST_CASE("dora_scale_backward: dz = dout * g (in place too), dmagnitude accumul
           Vec b = random_vec(O, rng), prior = rounded(random_vec(O, rng), DType::f32);
           Tensor tdout = make({N, O}, dtype, dout), tz = make({N, O}, dtype, z), tm = make({O}, DType::f32, m);
           Tensor tss = make({O}, DType::f32, ss), tb = make({O}, DType::f32, b);
-          Tensor dm = make({O}, DType::f32, prior), separate = make({N, O}, dtype);
+          Tensor dm = make({O}, DType::f32, prior), separate = make({N, O}, dtype), dbase = make({N, O}, dtype);
           Tensor& dz = in_place ? tdout : separate;
           const Vec* bias = with_bias ? &b : nullptr;
-          backend.dora_scale_backward(dz, frozen ? nullptr : &dm, tdout, tz, tm, tss, with_bias ? &tb : nullptr);
+          // dbase only beside a separate dz (in place, dout is gone once dz is written: both come from it).
+          backend.dora_scale_backward(dz, in_place ? nullptr : &dbase, frozen ? nullptr : &dm, tdout, tz, tm, tss,
+                                      with_bias ? &tb : nullptr);
 
-          Vec want_dz(dout.size());
+          Vec want_dz(dout.size()), want_dbase(dout.size());
           for (int n = 0; n < N; ++n)
-            for (int j = 0; j < O; ++j) want_dz[size_t(n) * O + j] = dout[size_t(n) * O + j] * m[j] / std::sqrt(ss[j]);
+            for (int j = 0; j < O; ++j) {
+              const size_t i = size_t(n) * O + j;
+              want_dz[i] = dout[i] * m[j] / std::sqrt(ss[j]);
+              want_dbase[i] = dout[i] * (m[j] / std::sqrt(ss[j]) - 1.0);
+            }
           check_close(values_of(dz), want_dz, dtype == DType::bf16 ? kBf16Tol : kF32Tol, "dz");
+          if (!in_place) check_close(values_of(dbase), want_dbase, dtype == DType::bf16 ? kBf16Tol : kF32Tol, "dbase");
           if (frozen) {
             CHECK(values_of(dm) == prior);  // untouched
             continue;
@@ -1758,7 +1772,7 @@ TEST_CASE("dora_scale_backward: dz = dout * g (in place too), dmagnitude accumul
           // The probe loss sum(dout * y) with y the reference forward; its
           // magnitude gradient by central differences, plus the prior.
           Vec want_dm = numeric_grad(
-              [&](const Vec& ms) { return dot(dout, dora_scale_ref(z, ms, ss, bias, N, O)); }, m);
+              [&](const Vec& ms) { return dot(dout, dora_scale_ref(z, z, ms, ss, bias, N, O)); }, m);
           for (int j = 0; j < O; ++j) want_dm[j] += prior[j];
           check_close(values_of(dm), want_dm, kGradTol, "dmagnitude (+= prior)");
         }
@@ -1777,21 +1791,28 @@ TEST_CASE("DoRA ops reject mismatched operands, naming the op and operand") {
 
   Tensor m = make({6}, DType::f32), ss = make({6}, DType::f32), ss_bf16 = make({6}, DType::bf16);
   Tensor m5 = make({5}, DType::f32), b5 = make({5}, DType::f32);
-  CHECK_THROWS_WITH_AS(backend.dora_scale_forward(x, m5, ss, nullptr),
+  CHECK_THROWS_WITH_AS(backend.dora_scale_forward(x, x, m5, ss, nullptr),
                        doctest::Contains("dora_scale_forward: magnitude has shape [5], expected [6]"), Error);
-  CHECK_THROWS_WITH_AS(backend.dora_scale_forward(x, m, ss_bf16, nullptr),
+  CHECK_THROWS_WITH_AS(backend.dora_scale_forward(x, x, m, ss_bf16, nullptr),
                        doctest::Contains("dora_scale_forward: weight_sum_squares must be f32"), Error);
-  CHECK_THROWS_WITH_AS(backend.dora_scale_forward(x, m, ss, &b5),
+  CHECK_THROWS_WITH_AS(backend.dora_scale_forward(x, x, m, ss, &b5),
                        doctest::Contains("dora_scale_forward: bias has shape [5], expected [6]"), Error);
+  Tensor x_wide = make({4, 7}, DType::f32);
+  CHECK_THROWS_WITH_AS(backend.dora_scale_forward(x, x_wide, m, ss, nullptr),
+                       doctest::Contains("dora_scale_forward: z has shape [4, 7], expected [4, 6]"), Error);
 
   Tensor dout = make({4, 6}, DType::f32), z = make({4, 6}, DType::f32), dm = make({6}, DType::f32);
   Tensor z_wide = make({4, 7}, DType::f32), dz_bf16 = make({4, 6}, DType::bf16), dm_bf16 = make({6}, DType::bf16);
-  CHECK_THROWS_WITH_AS(backend.dora_scale_backward(x, &dm, dout, z_wide, m, ss, nullptr),
+  CHECK_THROWS_WITH_AS(backend.dora_scale_backward(x, nullptr, &dm, dout, z_wide, m, ss, nullptr),
                        doctest::Contains("dora_scale_backward: z has shape [4, 7], expected [4, 6]"), Error);
-  CHECK_THROWS_WITH_AS(backend.dora_scale_backward(dz_bf16, &dm, dout, z, m, ss, nullptr),
+  CHECK_THROWS_WITH_AS(backend.dora_scale_backward(dz_bf16, nullptr, &dm, dout, z, m, ss, nullptr),
                        doctest::Contains("dora_scale_backward: dz must be f32 as dout, got bf16"), Error);
-  CHECK_THROWS_WITH_AS(backend.dora_scale_backward(x, &dm_bf16, dout, z, m, ss, nullptr),
+  CHECK_THROWS_WITH_AS(backend.dora_scale_backward(x, &dz_bf16, &dm, dout, z, m, ss, nullptr),
+                       doctest::Contains("dora_scale_backward: dbase must be f32 as dout, got bf16"), Error);
+  CHECK_THROWS_WITH_AS(backend.dora_scale_backward(x, &dout, &dm, dout, z, m, ss, nullptr),
+                       doctest::Contains("dora_scale_backward: dbase must not alias dout or dz"), Error);
+  CHECK_THROWS_WITH_AS(backend.dora_scale_backward(x, nullptr, &dm_bf16, dout, z, m, ss, nullptr),
                        doctest::Contains("dora_scale_backward: dmagnitude must be f32"), Error);
-  CHECK_THROWS_WITH_AS(backend.dora_scale_backward(x, &dm, dout, z, m5, ss, nullptr),
+  CHECK_THROWS_WITH_AS(backend.dora_scale_backward(x, nullptr, &dm, dout, z, m5, ss, nullptr),
                        doctest::Contains("dora_scale_backward: magnitude has shape [5], expected [6]"), Error);
 }

@@ -193,6 +193,11 @@ TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to th
   const std::string dora = "quantization: {mode: int8}\nlora: {r: 8, use_dora: true, target_modules: all-linear}\n";
   check_plan_matches_real_step(kFixtures + "/llama_gqa", dora, 2, 16);
   check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel", dora, 2, 16);
+  // With dropout: the base's second product, over the dropped input, a column tile of W at a time.
+  check_plan_matches_real_step(kFixtures + "/gpt_neox_parallel",
+                               "quantization: {mode: int8}\nlora: {r: 8, lora_dropout: 0.1, use_dora: true, "
+                               "target_modules: all-linear}\n",
+                               2, 16);
   check_plan_matches_real_step(kFixtures + "/llama_gqa",
                                "quantization: {mode: nf4}\nlora: {r: 4, use_dora: true, target_modules: all-linear}\n",
                                2, 16);

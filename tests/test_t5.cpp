@@ -98,25 +98,6 @@ void check_against_transformers(const std::string& fixture, bool tied) {
   MESSAGE(fixture, " worst gradient relative error ", worst, " over ", model.parameters().size(), " tensors");
 }
 
-// The first AdamW step moves each value by lr * g / (|g| + eps): where the
-// gradient is within a few eps (1e-8) of zero, its f32 rounding (ours or
-// torch's) changes the step itself. Those values (sensitive counts them)
-// are left out of the relative error of the others: max |got - want| /
-// max |want| over the tensor.
-double after_step_error(const Parameter& p, const Tensor& want, const Tensor& want_grad, int64_t& sensitive) {
-  double max_diff = 0.0, max_want = 0.0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double w = want.ptr<float>()[i];
-    max_want = std::max(max_want, std::abs(w));
-    if (std::abs(want_grad.ptr<float>()[i]) < 1e-6) {
-      ++sensitive;
-      continue;
-    }
-    max_diff = std::max(max_diff, std::abs(double(p.value.ptr<float>()[i]) - w));
-  }
-  return max_diff / std::max(max_want, 1e-30);
-}
-
 void check_lora_against_peft(const std::string& fixture) {
   const std::string dir = fixture_dir(fixture), adapter = dir + "/adapter";
   Checkpoint reference(dir + "/lora_reference.safetensors");
@@ -160,7 +141,7 @@ void check_lora_against_peft(const std::string& fixture) {
   int64_t sensitive = 0;
   for (Parameter* p : trainable) {
     CAPTURE(p->name);
-    const double error = after_step_error(*p, reference.view("after_step." + kKeyPrefix + p->name),
+    const double error = ft::parity::after_step_error(*p, reference.view("after_step." + kKeyPrefix + p->name),
                                           reference.view("grad." + kKeyPrefix + p->name), sensitive);
     worst = std::max(worst, error);
     CHECK(error <= kGradientTolerance);

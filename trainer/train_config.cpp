@@ -683,10 +683,6 @@ void check_consistency(const TrainConfig& c) {
            "is NEFTune's L); use data.packing: false or concatenate");
   if (c.objective == Objective::grpo) check_grpo(c);
   if (c.objective == Objective::ppo) check_ppo(c);
-  // PEFT's DoRA with dropout runs the base a second time over the dropped
-  // input (its base_result = None branch), which is not implemented.
-  FT_CHECK(!c.lora.use_dora || c.lora.lora_dropout == 0, f, ": lora.use_dora: true needs lora.lora_dropout: 0 "
-           "(got ", c.lora.lora_dropout, "; DoRA with dropout is not implemented here)");
   FT_CHECK(!c.lora.use_dora || c.trainable == Trainable::lora, f, ": lora.use_dora applies to trainable: lora");
   FT_CHECK(!c.lora.use_dora || c.parallel.tensor == 1, f, ": lora.use_dora: true with parallel.tensor above 1 is "
            "not supported (a row-parallel weight's row norms span the ranks)");

@@ -1,8 +1,9 @@
-// DoRA (PEFT's use_dora): y = g * (x W^T + s h B^T) + bias with
-// g = magnitude / ||W + s B A|| per output row, the norm a constant in
-// backward (DoRA paper section 4.3; PEFT detaches it). row_sum_squares gives
-// the squared norms one column tile of W + s B A at a time; dora_scale_*
-// apply g to a linear's output and take its gradient.
+// DoRA (PEFT's use_dora): y = x W^T + bias + (g - 1) xd W^T + g s h B^T
+// (xd the dropped input, h = xd A^T) with g = magnitude / ||W + s B A|| per
+// output row, the norm a constant in backward (DoRA paper section 4.3; PEFT
+// detaches it). row_sum_squares gives the squared norms one column tile of
+// W + s B A at a time; dora_scale_* add g's part to a linear's output and
+// take its gradients.
 //
 // The magnitude gradient is reduced in the CUDA backend's order
 // (kernels/cuda/dora.cu): row group k sums rows k, k + G, ... (G =
@@ -57,26 +58,28 @@ void CpuBackend::row_sum_squares_impl(Tensor& sums, const Tensor& x, bool accumu
   }
 }
 
-void CpuBackend::dora_scale_forward_impl(Tensor& out, const Tensor& magnitude, const Tensor& weight_sum_squares,
-                                         const Tensor* bias) {
+// z's row is loaded before out's is stored, so z may be out.
+void CpuBackend::dora_scale_forward_impl(Tensor& out, const Tensor& z, const Tensor& magnitude,
+                                         const Tensor& weight_sum_squares, const Tensor* bias) {
   const DoraColumns c = dora_columns(magnitude, weight_sum_squares, bias);
   const int64_t rows = out.rows(), columns = out.cols();
 #pragma omp parallel
   {
-    std::vector<float> row(columns);
+    std::vector<float> row(columns), dropped(columns);
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
+      cpu::load_row(dropped.data(), z, n * columns, columns);
       cpu::load_row(row.data(), out, n * columns, columns);
-      for (int64_t j = 0; j < columns; ++j) row[j] = std::fma(row[j] - c.bias[j], c.scale[j], c.bias[j]);
+      for (int64_t j = 0; j < columns; ++j) row[j] = std::fma(dropped[j] - c.bias[j], c.scale[j] - 1.0f, row[j]);
       cpu::store_row(out, n * columns, row.data(), columns);
     }
   }
 }
 
 // dout's row is loaded before dz's is stored, so dz may alias dout.
-void CpuBackend::dora_scale_backward_impl(Tensor& dz, Tensor* dmagnitude, const Tensor& dout, const Tensor& z,
-                                          const Tensor& magnitude, const Tensor& weight_sum_squares,
-                                          const Tensor* bias) {
+void CpuBackend::dora_scale_backward_impl(Tensor& dz, Tensor* dbase, Tensor* dmagnitude, const Tensor& dout,
+                                          const Tensor& z, const Tensor& magnitude,
+                                          const Tensor& weight_sum_squares, const Tensor* bias) {
   const int64_t rows = dout.rows(), columns = dout.cols();
   if (rows == 0) return;
   const DoraColumns c = dora_columns(magnitude, weight_sum_squares, bias);
@@ -84,7 +87,7 @@ void CpuBackend::dora_scale_backward_impl(Tensor& dz, Tensor* dmagnitude, const 
   std::vector<float> partials(dmagnitude ? groups * columns : 0, 0.0f);
 #pragma omp parallel
   {
-    std::vector<float> grad(columns), pre_scale(columns);
+    std::vector<float> grad(columns), pre_scale(columns), base_grad(dbase ? columns : 0);
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < groups; ++k) {
       for (int64_t n = k; n < rows; n += groups) {
@@ -93,6 +96,10 @@ void CpuBackend::dora_scale_backward_impl(Tensor& dz, Tensor* dmagnitude, const 
           float* sum = partials.data() + k * columns;
           cpu::load_row(pre_scale.data(), z, n * columns, columns);
           for (int64_t j = 0; j < columns; ++j) sum[j] = std::fma(grad[j], pre_scale[j] - c.bias[j], sum[j]);
+        }
+        if (dbase) {
+          for (int64_t j = 0; j < columns; ++j) base_grad[j] = grad[j] * (c.scale[j] - 1.0f);
+          cpu::store_row(*dbase, n * columns, base_grad.data(), columns);
         }
         for (int64_t j = 0; j < columns; ++j) grad[j] *= c.scale[j];
         cpu::store_row(dz, n * columns, grad.data(), columns);

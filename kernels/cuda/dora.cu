@@ -1,6 +1,6 @@
-// DoRA (PEFT's use_dora): y = g * (x W^T + s h B^T) + bias with
-// g = magnitude / ||W + s B A|| per output row, the norm a constant in
-// backward (DoRA paper section 4.3; PEFT detaches it). The magnitude gradient
+// DoRA (PEFT's use_dora): y = x W^T + bias + (g - 1) xd W^T + g s h B^T
+// (xd the dropped input) with g = magnitude / ||W + s B A|| per output row,
+// the norm a constant in backward (DoRA paper section 4.3; PEFT detaches it). The magnitude gradient
 // is a column reduction in bias_backward's fixed order (per-group partials,
 // then their sum in group order), deterministic without float atomics; the
 // CPU backend reduces in the same order, with the same fmas, so the two agree
@@ -35,24 +35,24 @@ __global__ void __launch_bounds__(kBlock)
 __device__ inline float bias_at(cuda::ConstView bias, int64_t j) { return bias.data ? cuda::load(bias, j) : 0.0f; }
 
 __global__ void __launch_bounds__(kBlock)
-    dora_scale_forward_kernel(cuda::View out, cuda::ConstView magnitude, const float* weight_sum_squares,
-                              cuda::ConstView bias, int64_t columns, int64_t n) {
+    dora_scale_forward_kernel(cuda::View out, cuda::ConstView z, cuda::ConstView magnitude,
+                              const float* weight_sum_squares, cuda::ConstView bias, int64_t columns, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(kBlock) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kBlock) {
     const int64_t j = i % columns;
     const float scale = cuda::load(magnitude, j) / sqrtf(weight_sum_squares[j]);
-    const float b = bias_at(bias, j);
-    cuda::store(out, i, fmaf(cuda::load(out, i) - b, scale, b));
+    const float dropped = cuda::load(z, i), value = cuda::load(out, i);  // z may be out
+    cuda::store(out, i, fmaf(dropped - bias_at(bias, j), scale - 1.0f, value));
   }
 }
 
-// Grid (column tiles, row groups): each thread writes dz for rows k, k +
-// gridDim.y, ... of its column (dout read before dz written, so they may
-// alias) and, when partials is set, sums dout * (z - b) over those rows into
-// partials[k, c].
+// Grid (column tiles, row groups): each thread writes dz (and dbase, when
+// set) for rows k, k + gridDim.y, ... of its column (dout read before dz
+// written, so they may alias) and, when partials is set, sums dout * (z - b)
+// over those rows into partials[k, c].
 __global__ void __launch_bounds__(kBlock)
-    dora_scale_backward_kernel(cuda::View dz, float* partials, cuda::ConstView dout, cuda::ConstView z,
-                               cuda::ConstView magnitude, const float* weight_sum_squares, cuda::ConstView bias,
-                               int64_t rows, int64_t columns) {
+    dora_scale_backward_kernel(cuda::View dz, cuda::View dbase, float* partials, cuda::ConstView dout,
+                               cuda::ConstView z, cuda::ConstView magnitude, const float* weight_sum_squares,
+                               cuda::ConstView bias, int64_t rows, int64_t columns) {
   const int64_t c = blockIdx.x * int64_t(kBlock) + threadIdx.x;
   if (c >= columns) return;
   const float scale = cuda::load(magnitude, c) / sqrtf(weight_sum_squares[c]);
@@ -62,6 +62,7 @@ __global__ void __launch_bounds__(kBlock)
     const int64_t i = n * columns + c;
     const float grad = cuda::load(dout, i);
     if (partials) sum = fmaf(grad, cuda::load(z, i) - b, sum);
+    if (dbase.data) cuda::store(dbase, i, grad * (scale - 1.0f));
     cuda::store(dz, i, grad * scale);
   }
   if (partials) partials[blockIdx.y * columns + c] = sum;
@@ -93,25 +94,26 @@ void CudaBackend::row_sum_squares_impl(Tensor& sums, const Tensor& x, bool accum
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::dora_scale_forward_impl(Tensor& out, const Tensor& magnitude, const Tensor& weight_sum_squares,
-                                          const Tensor* bias) {
+void CudaBackend::dora_scale_forward_impl(Tensor& out, const Tensor& z, const Tensor& magnitude,
+                                          const Tensor& weight_sum_squares, const Tensor* bias) {
   const int64_t n = out.numel();
   if (n == 0) return;
   launch<dora_scale_forward_kernel>(cuda::elementwise_blocks(n, kBlock), kBlock, 0, stream_, cuda::view(out),
-                                    cuda::const_view(magnitude), weight_sum_squares.ptr<const float>(),
-                                    optional_view(bias), out.cols(), n);
+                                    cuda::const_view(z), cuda::const_view(magnitude),
+                                    weight_sum_squares.ptr<const float>(), optional_view(bias), out.cols(), n);
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::dora_scale_backward_impl(Tensor& dz, Tensor* dmagnitude, const Tensor& dout, const Tensor& z,
-                                           const Tensor& magnitude, const Tensor& weight_sum_squares,
-                                           const Tensor* bias) {
+void CudaBackend::dora_scale_backward_impl(Tensor& dz, Tensor* dbase, Tensor* dmagnitude, const Tensor& dout,
+                                           const Tensor& z, const Tensor& magnitude,
+                                           const Tensor& weight_sum_squares, const Tensor* bias) {
   const int64_t rows = dout.rows(), columns = dout.cols();
   if (rows == 0 || columns == 0) return;
   const int64_t groups = cuda::partial_rows(rows);
   const unsigned tiles = unsigned((columns + kBlock - 1) / kBlock);
   Tensor partials = dmagnitude ? scratch(cuda::column_partials_scratch(rows, columns)) : Tensor{};
   launch<dora_scale_backward_kernel>(dim3(tiles, unsigned(groups)), kBlock, 0, stream_, cuda::view(dz),
+                                     dbase ? cuda::view(*dbase) : cuda::View{nullptr, dz.dtype},
                                      dmagnitude ? partials.ptr<float>() : nullptr, cuda::const_view(dout),
                                      cuda::const_view(z), cuda::const_view(magnitude),
                                      weight_sum_squares.ptr<const float>(), optional_view(bias), rows, columns);

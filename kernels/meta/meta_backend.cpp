@@ -107,11 +107,12 @@ void MetaBackend::bias_backward_impl(Tensor& dbias, const Tensor& dout) {
 
 void MetaBackend::row_sum_squares_impl(Tensor&, const Tensor& x, bool) { enter("row_sum_squares", {&x}); }
 
-void MetaBackend::dora_scale_forward_impl(Tensor&, const Tensor& magnitude, const Tensor&, const Tensor*) {
+void MetaBackend::dora_scale_forward_impl(Tensor&, const Tensor&, const Tensor& magnitude, const Tensor&,
+                                          const Tensor*) {
   enter("dora_scale_forward", {&magnitude});
 }
 
-void MetaBackend::dora_scale_backward_impl(Tensor&, Tensor* dmagnitude, const Tensor& dout, const Tensor&,
+void MetaBackend::dora_scale_backward_impl(Tensor&, Tensor*, Tensor* dmagnitude, const Tensor& dout, const Tensor&,
                                            const Tensor& magnitude, const Tensor&, const Tensor*) {
   enter("dora_scale_backward", {&magnitude});
   Tensor partials = column_partials(dmagnitude, dout.rows(), dout.cols());

@@ -162,14 +162,14 @@ const BadCall kBadCalls[] = {
     {"dora_scale_forward with bf16 weight_sum_squares",
      [](Backend& be) {
        Tensor out = make(be, {4, 6}), m = make(be, {6}), ss = make(be, {6}, DType::bf16);
-       be.dora_scale_forward(out, m, ss, nullptr);
+       be.dora_scale_forward(out, out, m, ss, nullptr);
      },
      "dora_scale_forward: weight_sum_squares must be f32, got bf16"},
     {"dora_scale_backward with dz of another dtype than dout",
      [](Backend& be) {
        Tensor dout = make(be, {4, 6}), z = make(be, {4, 6}), dz = make(be, {4, 6}, DType::bf16);
        Tensor m = make(be, {6}), ss = make(be, {6}), dm = make(be, {6});
-       be.dora_scale_backward(dz, &dm, dout, z, m, ss, nullptr);
+       be.dora_scale_backward(dz, nullptr, &dm, dout, z, m, ss, nullptr);
      },
      "dora_scale_backward: dz must be f32 as dout, got bf16"},
     {"rope_forward with more frequencies than head_dim holds",

@@ -54,28 +54,32 @@ TEST_CASE("cuda: row_sum_squares, 2-D and 3-D, f32 and bf16, overwritten and acc
       }
 }
 
-TEST_CASE("cuda: dora_scale_forward equals the CPU's bit for bit, mixed dtypes, with and without bias") {
+TEST_CASE("cuda: dora_scale_forward equals the CPU's bit for bit, mixed dtypes, bias or none, z apart or out") {
   for (const Case& c : kCases)
-    for (bool with_bias : {false, true}) {
-      CAPTURE(c.rows);
-      CAPTURE(c.columns);
-      CAPTURE(dtype_name(c.out));
-      CAPTURE(with_bias);
-      Tensor out0 = host_random({c.rows, c.columns}, c.out, 52);
-      Tensor magnitude = host_random({c.columns}, c.vectors, 53, 0.5f, 2.0f);
-      Tensor bias = host_random({c.columns}, c.vectors, 54), sum_squares = host_sum_squares(c.columns, 55);
-      Tensor want = host_copy(out0);
-      cpu.dora_scale_forward(want, magnitude, sum_squares, with_bias ? &bias : nullptr);
-      std::vector<float> got = emu_test::same_under_schedules([&] {
-        Tensor out = to_device(out0), device_bias = to_device(bias);
-        gpu.dora_scale_forward(out, to_device(magnitude), to_device(sum_squares), with_bias ? &device_bias : nullptr);
-        return values({&out});
-      });
-      CHECK(got == values(want));
-    }
+    for (bool with_bias : {false, true})
+      for (bool in_place : {false, true}) {
+        CAPTURE(c.rows);
+        CAPTURE(c.columns);
+        CAPTURE(dtype_name(c.out));
+        CAPTURE(with_bias);
+        CAPTURE(in_place);
+        Tensor out0 = host_random({c.rows, c.columns}, c.out, 52), z = host_random({c.rows, c.columns}, c.out, 62);
+        Tensor magnitude = host_random({c.columns}, c.vectors, 53, 0.5f, 2.0f);
+        Tensor bias = host_random({c.columns}, c.vectors, 54), sum_squares = host_sum_squares(c.columns, 55);
+        Tensor want = host_copy(out0);
+        cpu.dora_scale_forward(want, in_place ? want : z, magnitude, sum_squares, with_bias ? &bias : nullptr);
+        std::vector<float> got = emu_test::same_under_schedules([&] {
+          Tensor out = to_device(out0), device_z = to_device(z), device_bias = to_device(bias);
+          gpu.dora_scale_forward(out, in_place ? out : device_z, to_device(magnitude), to_device(sum_squares),
+                                 with_bias ? &device_bias : nullptr);
+          return values({&out});
+        });
+        CHECK(got == values(want));
+      }
 }
 
-TEST_CASE("cuda: dora_scale_backward equals the CPU's bit for bit, dz in place, dmagnitude accumulated or frozen") {
+TEST_CASE("cuda: dora_scale_backward equals the CPU's bit for bit, dz in place or with dbase, dmagnitude accumulated "
+          "or frozen") {
   for (const Case& c : kCases)
     for (bool with_bias : {false, true})
       for (bool in_place : {false, true})
@@ -91,17 +95,20 @@ TEST_CASE("cuda: dora_scale_backward equals the CPU's bit for bit, dz in place, 
           Tensor magnitude = host_random({c.columns}, c.vectors, 58, 0.5f, 2.0f);
           Tensor bias = host_random({c.columns}, c.vectors, 59), sum_squares = host_sum_squares(c.columns, 60);
           Tensor dmagnitude0 = host_random({c.columns}, DType::f32, 61);
-          Tensor want_dz = host_copy(dout), want_dm = host_copy(dmagnitude0);
-          cpu.dora_scale_backward(want_dz, frozen ? nullptr : &want_dm, dout, z, magnitude, sum_squares,
-                                  with_bias ? &bias : nullptr);
+          Tensor want_dz = host_copy(dout), want_dm = host_copy(dmagnitude0), want_dbase = host_copy(dout);
+          // dbase beside a separate dz only (in place, dz overwrites the dout both come from).
+          cpu.dora_scale_backward(want_dz, in_place ? nullptr : &want_dbase, frozen ? nullptr : &want_dm, dout, z,
+                                  magnitude, sum_squares, with_bias ? &bias : nullptr);
           std::vector<float> got = emu_test::same_under_schedules([&] {
             Tensor device_dout = to_device(dout), separate = device_empty(shape, c.out);
+            Tensor dbase = device_empty(shape, c.out);
             Tensor dm = to_device(dmagnitude0), device_bias = to_device(bias);
             Tensor& dz = in_place ? device_dout : separate;
-            gpu.dora_scale_backward(dz, frozen ? nullptr : &dm, device_dout, to_device(z), to_device(magnitude),
-                                    to_device(sum_squares), with_bias ? &device_bias : nullptr);
-            return values({&dz, &dm});
+            gpu.dora_scale_backward(dz, in_place ? nullptr : &dbase, frozen ? nullptr : &dm, device_dout,
+                                    to_device(z), to_device(magnitude), to_device(sum_squares),
+                                    with_bias ? &device_bias : nullptr);
+            return in_place ? values({&dz, &dm}) : values({&dz, &dbase, &dm});
           });
-          CHECK(got == values({&want_dz, &want_dm}));
+          CHECK(got == (in_place ? values({&want_dz, &want_dm}) : values({&want_dz, &want_dbase, &want_dm})));
         }
 }

@@ -84,18 +84,19 @@ constexpr Tolerance kBf16NeoX{2e-3, 1.5e-2, 0.1 * kLr, 1e-2, 0.02};
 constexpr double kBf16Unit = 1.0 / 256;  // 2^-8: bf16's unit roundoff (8 significant bits)
 constexpr double kBf16ErrorRatio = 2.0;   // the CUDA bf16 step's error against f32 over the CPU's
 
-// A fixture model with LoRA (dropout 0.1) or DoRA (no dropout) on `targets` over an INT8 base.
+// A fixture model with LoRA or DoRA on `targets` over an INT8 base.
 struct TrainingCase {
   std::string model, targets, precision;
   bool dora = false;
+  double dropout = 0.1;
 };
 TrainConfig model_config(const TrainingCase& c) {
   return parse_train_config("model: " + kFixtures + "/" + c.model + "\n" + "tokenizer: " + kFixtures +
                                 "/tokenizer/tokenizer.model\n" +
                                 "data: {train: unused.jsonl}\n"
                                 "quantization: {mode: int8}\n"
-                                "lora: {r: 4, lora_alpha: 8, target_modules: [" + c.targets + "], " +
-                                (c.dora ? "use_dora: true, lora_dropout: 0" : "lora_dropout: 0.1") + "}\n"
+                                "lora: {r: 4, lora_alpha: 8, target_modules: [" + c.targets + "], use_dora: " +
+                                (c.dora ? "true" : "false") + ", lora_dropout: " + std::to_string(c.dropout) + "}\n"
                                 "precision: " + c.precision + "\n",
                             "test_cuda_training.yaml");
 }
@@ -244,7 +245,7 @@ TEST_CASE("cuda: three LoRA (and DoRA) training steps over an INT8 base match th
                                 {"llama_gqa", "q_proj, v_proj", "bf16"},
                                 {"gpt_neox_parallel", "query_key_value", "bf16"},
                                 {"llama_gqa", "q_proj, v_proj, down_proj", "fp32", true},
-                                {"gpt_neox_parallel", "query_key_value, dense", "bf16", true}};
+                                {"gpt_neox_parallel", "query_key_value, dense", "bf16", true, 0.0}};
   for (const TrainingCase& c : cases) {
     CAPTURE(c.model);
     CAPTURE(c.precision);
@@ -275,7 +276,7 @@ TEST_CASE("cuda: three LoRA (and DoRA) training steps over an INT8 base match th
     check_gradients(got.first_gradients, want.first_gradients, tol.gradient_rel);
     check_adapters(got.adapters, want.adapters, tol);
     if (bf16) {
-      const TrainingResult want_f32 = train(model_config({c.model, c.targets, "fp32", c.dora}), cpu, nullptr);
+      const TrainingResult want_f32 = train(model_config({c.model, c.targets, "fp32", c.dora, c.dropout}), cpu, nullptr);
       check_bf16_gradients_against_f32(got.first_gradients, want.first_gradients, want_f32.first_gradients);
     }
     // After the first step every allocation is served from the cache.
