@@ -13,6 +13,7 @@
 #include "kernels/error.h"
 #include "model/layer_stream.h"
 #include "model/lora_linear.h"
+#include "model/lora_pattern.h"
 #include "model/quant/formats.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
@@ -56,6 +57,7 @@ LanguageModel::LanguageModel(const ModelConfig& config, Backend& backend, const 
   if (!options_.lora) return;
   LoraOptions& lora = *options_.lora;
   FT_CHECK(lora.r > 0, "lora.r must be > 0, got ", lora.r);
+  check_lora_patterns(lora, config.model_type + ": lora.");
   FT_CHECK(lora.lora_dropout >= 0.0 && lora.lora_dropout < 1.0, "lora.lora_dropout must be in [0, 1), got ",
            lora.lora_dropout);
   FT_CHECK(!lora.target_modules.empty(), config.model_type,
@@ -202,7 +204,10 @@ std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, in
     adapters_.push_back(std::move(adapter));
     return adapters_.back();
   };
-  const LoraShapes shapes = lora_shapes(out_features, in_features, lora.r);
+  // r and scaling are the module's own (rank_pattern, alpha_pattern); a
+  // tensor-parallel slice splits out or in, never r.
+  const ModuleLora own = module_lora(lora, module);
+  const LoraShapes shapes = lora_shapes(out_features, in_features, own.r);
   Parameter& A = add_adapter(module + ".lora_A.weight", shapes.a);
   Parameter& B = add_adapter(module + ".lora_B.weight", shapes.b);
   // Column-parallel: B splits as the output rows, A is whole; row-parallel:
@@ -213,7 +218,7 @@ std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, in
   B.partial_grad = dim == 1;
   Parameter* magnitude = lora.use_dora ? &add_adapter(module + ".lora_magnitude_vector", {out_features}) : nullptr;
   auto adapted = std::make_unique<LoraLinear>(std::move(base), A, B,
-                                              lora_scaling(lora.lora_alpha, lora.r, lora.use_rslora),
+                                              own.scaling,
                                               float(lora.lora_dropout), magnitude, added);
   if (dim == 1) adapted->set_input_columns(slice.offset, slice.full);
   lora_layers_.push_back(adapted.get());

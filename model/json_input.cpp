@@ -50,34 +50,51 @@ std::string position(std::string_view text, size_t byte) {
 
 }  // namespace
 
-nlohmann::json parse_json(std::string_view text, const std::string& where) {
-  using nlohmann::json;
+namespace {
+
+template <class Json>
+Json parse_as(std::string_view text, const std::string& where) {
   // The parser reports only a byte position; remembering the last key it
   // passed lets an out-of-range number be named by its field.
   std::string last_key;
-  json::parser_callback_t remember_key = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::key && parsed.is_string()) last_key = parsed.get<std::string>();
+  typename Json::parser_callback_t remember_key = [&](int, typename Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::key && parsed.is_string()) last_key = parsed.template get<std::string>();
     return true;
   };
   try {
-    return json::parse(text.begin(), text.end(), remember_key);
-  } catch (const json::out_of_range& error) {
+    return Json::parse(text.begin(), text.end(), remember_key);
+  } catch (const typename Json::out_of_range& error) {
     fail(where, ": number out of range", last_key.empty() ? std::string() : " in field \"" + last_key + "\"",
          " (expected a finite number within double's range): ", error.what());
-  } catch (const json::parse_error& error) {
+  } catch (const typename Json::parse_error& error) {
     fail(where, ": not valid JSON ", position(text, error.byte), ": ", printable(reason(error.what())));
-  } catch (const json::exception& error) {
+  } catch (const typename Json::exception& error) {
     fail(where, ": not valid JSON: ", printable(reason(error.what())));
   }
 }
 
-nlohmann::json read_json_object(const std::string& path, const std::string& expected) {
+template <class Json>
+Json read_object(const std::string& path, const std::string& expected) {
   std::ifstream file = open_input_file(path, expected);
   std::stringstream text;
   text << file.rdbuf();
-  nlohmann::json value = parse_json(text.str(), path);
+  Json value = parse_as<Json>(text.str(), path);
   FT_CHECK(value.is_object(), path, ": expected a JSON object");
   return value;
+}
+
+}  // namespace
+
+nlohmann::json parse_json(std::string_view text, const std::string& where) {
+  return parse_as<nlohmann::json>(text, where);
+}
+
+nlohmann::json read_json_object(const std::string& path, const std::string& expected) {
+  return read_object<nlohmann::json>(path, expected);
+}
+
+nlohmann::ordered_json read_ordered_json_object(const std::string& path, const std::string& expected) {
+  return read_object<nlohmann::ordered_json>(path, expected);
 }
 
 }  // namespace ft

@@ -16,5 +16,8 @@ nlohmann::json parse_json(std::string_view text, const std::string& where);
 // The JSON object in the file at path; `expected` names the file the user
 // should have given (e.g. "a PEFT adapter_config.json") when it cannot be opened.
 nlohmann::json read_json_object(const std::string& path, const std::string& expected);
+// The same with its objects' keys in the file's order (nlohmann::json sorts
+// them): for a field whose order means something, as PEFT's rank_pattern.
+nlohmann::ordered_json read_ordered_json_object(const std::string& path, const std::string& expected);
 
 }  // namespace ft

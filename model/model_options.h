@@ -3,7 +3,9 @@
 // the trainer from its config; the model knows nothing of YAML.
 #pragma once
 #include <optional>
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/dtype.h"
@@ -34,6 +36,12 @@ struct LoraOptions {
   // [out], and y = m / ||W + scaling B A||_row * (x W^T + scaling x A^T B^T)
   // + bias (model/lora_linear.h).
   bool use_dora = false;
+  // PEFT's rank_pattern and alpha_pattern: regular expressions over full
+  // module names (model.layers.0.self_attn.q_proj) giving a module its own r
+  // or lora_alpha. Kept in the order read, as PEFT tries a dict's keys in
+  // insertion order and the first match wins (module_lora, model/lora_pattern.h).
+  std::vector<std::pair<std::string, int64_t>> rank_pattern;
+  std::vector<std::pair<std::string, double>> alpha_pattern;
 };
 
 // What a training step keeps of each decoder layer between forward and backward.

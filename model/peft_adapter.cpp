@@ -9,26 +9,31 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "kernels/error.h"
 #include "model/atomic_file.h"
 #include "model/checksum.h"
 #include "model/json_input.h"
+#include "model/lora_pattern.h"
 #include "model/safetensors.h"
 
 namespace ft {
 namespace {
 
 using nlohmann::json;
+// adapter_config.json as read: its keys in the file's order, which
+// rank_pattern and alpha_pattern need (PEFT tries their keys in that order).
+using Config = nlohmann::ordered_json;
 namespace fs = std::filesystem;
 
 // PEFT saves the adapted model's state dict, whose names start with the
 // PeftModel wrapper ("base_model") and the LoraModel's wrapped model ("model").
 const std::string kKeyPrefix = "base_model.model.";
 
-bool is_set(const json& config, const char* field) { return config.contains(field) && !config[field].is_null(); }
+bool is_set(const Config& config, const char* field) { return config.contains(field) && !config[field].is_null(); }
 
-std::string optional_string(const json& config, const char* field, const std::string& fallback,
+std::string optional_string(const Config& config, const char* field, const std::string& fallback,
                             const std::string& source) {
   if (!is_set(config, field)) return fallback;
   FT_CHECK(config[field].is_string(), source, ": field \"", field, "\" must be a string, got ", config[field].dump());
@@ -39,29 +44,64 @@ std::string optional_string(const json& config, const char* field, const std::st
 // it, and that this trainer does not implement: each must be absent or hold
 // PEFT's default (null, false or empty), or the loaded adapter would compute
 // something else than it did in PEFT.
-void require_peft_default(const json& config, const char* field, const std::string& source) {
+void require_peft_default(const Config& config, const char* field, const std::string& source) {
   if (!config.contains(field)) return;
-  const json& value = config[field];
+  const Config& value = config[field];
   const bool is_default = value.is_null() || (value.is_boolean() && !value.get<bool>()) ||
                           ((value.is_object() || value.is_array()) && value.empty());
   FT_CHECK(is_default, source, ": field \"", field, "\" = ", value.dump(),
            " is not supported (only PEFT's default, null/false/empty, is)");
 }
 
-std::vector<std::string> read_target_modules(const json& config, const std::string& source) {
+std::vector<std::string> read_target_modules(const Config& config, const std::string& source) {
   FT_CHECK(config.contains("target_modules"), source, ": missing required field \"target_modules\"");
-  const json& targets = config["target_modules"];
+  const Config& targets = config["target_modules"];
   FT_CHECK(!targets.is_string(), source, ": field \"target_modules\" is the single string ", targets.dump(),
            ", which PEFT treats as a regular expression over full module names; only a list of module names "
            "(e.g. [\"q_proj\", \"v_proj\"]) is supported");
   FT_CHECK(targets.is_array() && !targets.empty(), source,
            ": field \"target_modules\" must be a non-empty list of module names, got ", targets.dump());
   std::vector<std::string> names;
-  for (const json& target : targets) {
+  for (const Config& target : targets) {
     FT_CHECK(target.is_string(), source, ": field \"target_modules\" must hold strings, got ", target.dump());
     names.push_back(target.get<std::string>());
   }
   return names;
+}
+
+// PEFT's rank_pattern (pattern -> positive integer) and alpha_pattern
+// (pattern -> positive number), in the file's order; absent or null is empty.
+void read_patterns(const Config& config, LoraOptions& lora, const std::string& source) {
+  for (const char* field : {"rank_pattern", "alpha_pattern"}) {
+    if (!is_set(config, field)) continue;
+    FT_CHECK(config[field].is_object(), source, ": field \"", field,
+             "\" must be an object from module pattern to value, got ", config[field].dump());
+    for (const auto& [key, value] : config[field].items()) {
+      const bool rank = field == std::string("rank_pattern");
+      const bool fits = rank ? value.is_number_integer() && value.get<int64_t>() > 0
+                             : value.is_number() && value.get<double>() > 0;
+      FT_CHECK(fits, source, ": field \"", field, "\" \"", key, "\" must be a positive ",
+               rank ? "integer" : "number", ", got ", value.dump());
+      if (rank) lora.rank_pattern.emplace_back(key, value.get<int64_t>());
+      else lora.alpha_pattern.emplace_back(key, value.get<double>());
+    }
+  }
+  check_lora_patterns(lora, source + ": field ");
+}
+
+// A number as Python's json writes it: an integral alpha as 8, not 8.0.
+json peft_number(double value) {
+  if (value == std::floor(value) && std::fabs(value) < 9.0e15) return int64_t(value);
+  return value;
+}
+
+// A pattern as PEFT saves it: a JSON object, its keys sorted (json.dumps'
+// sort_keys, as nlohmann::json keeps them).
+template <class T>
+json pattern_json(const std::vector<std::pair<std::string, T>>& pattern) {
+  json out = json::object();
+  for (const auto& [key, value] : pattern) out[key] = peft_number(double(value));
+  return out;
 }
 
 // The adapter the model holds must be the one described: same rank, same
@@ -83,6 +123,14 @@ void check_matches_model(const LoraOptions& config, const std::optional<LoraOpti
   std::sort(have.begin(), have.end());
   FT_CHECK(want == have, source, ": field \"target_modules\" is ", json(config.target_modules).dump(),
            " but the model's adapters target ", json(lora.target_modules).dump());
+  // As objects, keys sorted: PEFT's save sorts them, so a saved adapter's
+  // order is not the one trained with.
+  for (auto [field, mine, model] : {std::tuple{"rank_pattern", pattern_json(config.rank_pattern),
+                                               pattern_json(lora.rank_pattern)},
+                                    std::tuple{"alpha_pattern", pattern_json(config.alpha_pattern),
+                                               pattern_json(lora.alpha_pattern)}})
+    FT_CHECK(mine == model, source, ": field \"", field, "\" is ", mine.dump(), " but the model's adapters have ",
+             model.dump());
 }
 
 // Our adapter name for a saved key, or "" when the key is no LoRA weight:
@@ -129,13 +177,13 @@ std::string saved_module_tensor(const std::string& key, const std::vector<std::s
   return "";
 }
 
-std::vector<std::string> read_modules_to_save(const json& config, const std::string& source) {
+std::vector<std::string> read_modules_to_save(const Config& config, const std::string& source) {
   if (!is_set(config, "modules_to_save")) return {};
-  const json& modules = config["modules_to_save"];
+  const Config& modules = config["modules_to_save"];
   FT_CHECK(modules.is_array(), source, ": field \"modules_to_save\" must be a list of module names, got ",
            modules.dump());
   std::vector<std::string> names;
-  for (const json& module : modules) {
+  for (const Config& module : modules) {
     FT_CHECK(module.is_string(), source, ": field \"modules_to_save\" must hold strings, got ", module.dump());
     names.push_back(module.get<std::string>());
   }
@@ -174,7 +222,7 @@ std::string other_base_warning(const PeftAdapterConfig& adapter, const std::stri
 
 PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
   const std::string source = (fs::path(folder) / "adapter_config.json").string();
-  const json config = read_json_object(source, "a PEFT adapter_config.json");
+  const Config config = read_ordered_json_object(source, "a PEFT adapter_config.json");
   FT_CHECK(config.contains("peft_type"), source, ": missing required field \"peft_type\" (expected \"LORA\")");
   FT_CHECK(config["peft_type"] == "LORA", source, ": field \"peft_type\" is ", config["peft_type"].dump(),
            " but only \"LORA\" adapters are supported");
@@ -206,9 +254,9 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
   }
   const std::string bias = optional_string(config, "bias", "none", source);
   FT_CHECK(bias == "none", source, ": field \"bias\" is \"", bias, "\" but only \"none\" is supported");
-  for (const char* field : {"fan_in_fan_out", "lora_bias", "rank_pattern", "alpha_pattern",
-                            "layers_to_transform", "layer_replication", "exclude_modules",
-                            "target_parameters", "trainable_token_indices"})
+  read_patterns(config, result, source);
+  for (const char* field : {"fan_in_fan_out", "lora_bias", "layers_to_transform", "layer_replication",
+                            "exclude_modules", "target_parameters", "trainable_token_indices"})
     require_peft_default(config, field, source);
   adapter.base_model_name_or_path = optional_string(config, "base_model_name_or_path", "", source);
   adapter.task_type = optional_string(config, "task_type", "", source);
@@ -254,9 +302,7 @@ void save_peft_adapter(const std::string& folder, const std::vector<std::pair<st
   json out;
   out["peft_type"] = "LORA";
   out["r"] = config.r;
-  // An integral alpha is written as PEFT writes it (8, not 8.0).
-  if (config.lora_alpha == std::floor(config.lora_alpha)) out["lora_alpha"] = int64_t(config.lora_alpha);
-  else out["lora_alpha"] = config.lora_alpha;
+  out["lora_alpha"] = peft_number(config.lora_alpha);
   out["lora_dropout"] = config.lora_dropout;
   out["target_modules"] = config.target_modules;
   out["base_model_name_or_path"] =
@@ -271,8 +317,8 @@ void save_peft_adapter(const std::string& folder, const std::vector<std::pair<st
   out["modules_to_save"] = peft.modules_to_save.empty() ? json() : json(peft.modules_to_save);
   out["layers_to_transform"] = nullptr;
   out["layers_pattern"] = nullptr;
-  out["rank_pattern"] = json::object();
-  out["alpha_pattern"] = json::object();
+  out["rank_pattern"] = pattern_json(config.rank_pattern);
+  out["alpha_pattern"] = pattern_json(config.alpha_pattern);
   write_file_atomically((fs::path(folder) / "adapter_config.json").string(), out.dump(2));
 }
 
@@ -398,7 +444,7 @@ std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, con
     slot = &entry;
   }
   FT_CHECK(!pairs.empty(), path, ": holds no LoRA weights");
-  for (const auto& [module, pair] : pairs) {
+  for (auto& [module, pair] : pairs) {
     FT_CHECK(pair.A || pair.B, path, ": module \"", module, "\" has DoRA's magnitude but no lora_A or lora_B");
     FT_CHECK(pair.A && pair.B, path, ": module \"", module, "\" has a lora_", pair.A ? "A" : "B",
              " tensor but no lora_", pair.A ? "B" : "A");
@@ -407,9 +453,11 @@ std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, con
     FT_CHECK(!pair.magnitude || pair.magnitude->shape[0] == pair.B->shape[0], path, ": module \"", module,
              "\" has lora_magnitude_vector ", shape_string(pair.magnitude ? pair.magnitude->shape : Shape{}),
              " but lora_B ", shape_string(pair.B->shape), " (expected [out])");
-    FT_CHECK(pair.A->shape[0] == config.lora.r && pair.B->shape[1] == config.lora.r, path, ": module \"", module,
-             "\" has lora_A ", shape_string(pair.A->shape), " and lora_B ", shape_string(pair.B->shape),
-             " but adapter_config.json says r = ", config.lora.r);
+    const ModuleLora own = module_lora(config.lora, module);
+    FT_CHECK(pair.A->shape[0] == own.r && pair.B->shape[1] == own.r, path, ": module \"", module, "\" has lora_A ",
+             shape_string(pair.A->shape), " and lora_B ", shape_string(pair.B->shape),
+             " but adapter_config.json says r = ", own.r, config.lora.rank_pattern.empty() ? "" : " for it");
+    pair.scaling = own.scaling;
   }
   return pairs;
 }

@@ -32,9 +32,10 @@ struct PeftAdapterConfig {
 
 // Reads folder/adapter_config.json. Requires peft_type "LORA" and
 // target_modules as a list of names; r, lora_alpha, lora_dropout and
-// use_rslora, when absent, keep LoraOptions' defaults (PEFT's). Settings that would
+// use_rslora, when absent, keep LoraOptions' defaults (PEFT's); rank_pattern
+// and alpha_pattern keep the file's order. Settings that would
 // change the adapter's math and that we do not implement (bias,
-// per-module rank/alpha patterns, fan_in_fan_out, ...) are Errors rather
+// fan_in_fan_out, ...) are Errors rather
 // than silently ignored; fields we do not know are ignored (PEFT writes
 // many). Errors name the file and the field.
 PeftAdapterConfig read_peft_adapter_config(const std::string& folder);
@@ -58,7 +59,7 @@ std::string adapter_weights(const std::string& folder);
 // Creates folder (and parents) and writes adapter_model.safetensors (f32,
 // with a "checksum" in its metadata that PEFT ignores) and
 // adapter_config.json, each atomically. config.lora must describe the model's
-// adapters (r, alpha, rslora, targets): a mismatch is an Error.
+// adapters (r, alpha, rslora, targets, rank and alpha patterns): a mismatch is an Error.
 void save_peft_adapter(const std::string& folder, LanguageModel& model, const PeftAdapterConfig& config);
 // The model's adapters as f32 host tensors under PEFT's keys, in the model's
 // order, then its score head when it trains (modules_to_save; PPO's value
@@ -72,7 +73,7 @@ void save_peft_adapter(const std::string& folder, const std::vector<std::pair<st
 // Copies every adapter tensor of folder into model.adapters(), and each
 // modules_to_save tensor into the model's parameter of that name (a reward
 // model's score.weight). The model must have been built with the folder's r,
-// lora_alpha, use_rslora and target_modules; every adapter needs exactly one
+// lora_alpha, use_rslora, target_modules, rank_pattern and alpha_pattern; every adapter needs exactly one
 // tensor of its shape, and the file may hold nothing else. Everything is checked before any value is
 // copied, so a refused adapter leaves the model as it was.
 void load_peft_adapter(const std::string& folder, LanguageModel& model);
@@ -83,6 +84,7 @@ struct LoraPair {
   const SafetensorsEntry* A = nullptr;
   const SafetensorsEntry* B = nullptr;
   const SafetensorsEntry* magnitude = nullptr;  // DoRA's [out], with use_dora
+  float scaling = 0;  // the module's own (module_lora: rank_pattern, alpha_pattern)
 };
 
 // The LoRA pairs of an adapter_model.safetensors by module name (the base
@@ -90,7 +92,8 @@ struct LoraPair {
 // merging adapters into a checkpoint's weights. Every tensor but
 // config.modules_to_save's (saved_modules) must be a LoRA
 // weight of floating dtype (checked finite), every module must have both A
-// and B with matching rank, and the rank must be config.lora.r; each failure
+// and B with matching rank, and the rank must be the module's (config.lora.r
+// or its rank_pattern's, module_lora); each failure
 // is an Error naming the file and the tensor.
 std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, const PeftAdapterConfig& config);
 // config.modules_to_save's tensors by the base model's name (score.weight),

@@ -5,12 +5,23 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
 
 #include "kernels/allocator.h"
 #include "kernels/tensor.h"
 #include "model/causal_lm.h"
+#include "model/peft_adapter.h"
 #include "model/safetensors.h"
+#include "trainer/cli/merge.h"
 #include "trainer/optimizer.h"
+#include "tests/host_tensors.h"
 
 namespace ft::parity {
 
@@ -99,6 +110,63 @@ inline void fixture_adamw_step(Backend& backend, const std::vector<Parameter*>& 
   options.max_grad_norm = 0.0;
   AdamW adamw(backend, trainable, options);
   adamw.step(1e-2);
+}
+
+inline nlohmann::json read_json(const std::string& path) {
+  std::ifstream file(path);
+  REQUIRE(file);
+  return nlohmann::json::parse(file);
+}
+
+// The tensor shapes of an adapter folder's adapter_model.safetensors, by key.
+inline std::map<std::string, Shape> adapter_file_shapes(const std::string& adapter_folder) {
+  const SafetensorsFile file(adapter_folder + "/adapter_model.safetensors");
+  std::map<std::string, Shape> shapes;
+  for (const SafetensorsEntry& e : file.entries()) shapes[e.name] = e.shape;
+  return shapes;
+}
+
+// `finetune merge` of adapter_folder into model_dir, written to a temporary
+// folder `out_name`, against reference's "merged.<weight>" tensors (PEFT's
+// merge_and_unload()): each within tolerance. Returns the merge's log and
+// sets *checked to how many weights were compared.
+inline std::string check_merged_weights(const std::string& model_dir, const std::string& adapter_folder,
+                                        const Checkpoint& reference, const std::string& out_name,
+                                        int64_t* checked) {
+  MergeCommand command;
+  command.model = model_dir;
+  command.adapter = adapter_folder;
+  command.out = (std::filesystem::temp_directory_path() / out_name).string();
+  std::filesystem::remove_all(command.out);
+  std::ostringstream log;
+  merge_adapter(command, log);
+  const Checkpoint merged(command.out);
+  *checked = 0;
+  for (const std::string& name : reference.names()) {
+    if (!name.starts_with("merged.")) continue;
+    CAPTURE(name);
+    CHECK(relative_error(merged.view(name.substr(7)), reference.view(name)) <= 1e-6);
+    ++*checked;
+  }
+  return log.str();
+}
+
+// Saves model's adapters, with adapter_folder's config, to a temporary
+// folder `name` and returns its path: the file must hold adapter_folder's
+// keys and shapes, and a model `build` makes for the saved folder, loaded
+// from it, must give model's last logits on (input_ids, targets) bit for bit.
+inline std::string check_save_and_reload(CausalLM& model, const std::string& adapter_folder,
+                                         const std::function<std::unique_ptr<CausalLM>(const std::string&)>& build,
+                                         const std::string& name, const Tensor& input_ids, const Tensor& targets) {
+  const std::string folder = (std::filesystem::temp_directory_path() / name).string();
+  std::filesystem::remove_all(folder);
+  save_peft_adapter(folder, model, read_peft_adapter_config(adapter_folder));
+  CHECK(adapter_file_shapes(folder) == adapter_file_shapes(adapter_folder));
+  auto reloaded = build(folder);
+  load_peft_adapter(folder, *reloaded);
+  reloaded->forward(input_ids, targets);
+  CHECK(testing::same_bytes(reloaded->last_logits(), model.last_logits()));
+  return folder;
 }
 
 }  // namespace ft::parity

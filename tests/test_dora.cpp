@@ -15,7 +15,6 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -29,7 +28,6 @@
 #include "model/safetensors.h"
 #include "tests/host_tensors.h"
 #include "tests/parity.h"
-#include "trainer/cli/merge.h"
 
 using namespace ft;
 using ft::parity::relative_error;
@@ -153,21 +151,10 @@ TEST_CASE("a DoRA adapter saves PEFT's keys and config and loads back to the sam
   const Tensor targets = shifted_targets(reference.view("labels"), host);
   model->forward(input_ids, targets);
 
-  const std::string folder = (fs::temp_directory_path() / "test_dora_saved").string();
-  fs::remove_all(folder);
-  save_peft_adapter(folder, *model, read_peft_adapter_config(adapter));
-  SafetensorsFile ours(folder + "/adapter_model.safetensors"), peft(adapter + "/adapter_model.safetensors");
-  std::map<std::string, Shape> our_shapes, peft_shapes;
-  for (const SafetensorsEntry& e : ours.entries()) our_shapes[e.name] = e.shape;
-  for (const SafetensorsEntry& e : peft.entries()) peft_shapes[e.name] = e.shape;
-  CHECK(our_shapes == peft_shapes);
-  std::ifstream config_file(folder + "/adapter_config.json");
-  CHECK(nlohmann::json::parse(config_file)["use_dora"] == true);
-
-  auto reloaded = dora_model(backend, kLlama.base, folder);
-  load_peft_adapter(folder, *reloaded);
-  reloaded->forward(input_ids, targets);
-  CHECK(testing::same_bytes(reloaded->last_logits(), model->last_logits()));
+  const std::string folder = parity::check_save_and_reload(
+      *model, adapter, [&](const std::string& saved) { return dora_model(backend, kLlama.base, saved); },
+      "test_dora_saved", input_ids, targets);
+  CHECK(parity::read_json(folder + "/adapter_config.json")["use_dora"] == true);
 
   // Into a model built without DoRA: refused naming the field.
   ModelOptions plain;
@@ -182,21 +169,8 @@ TEST_CASE("finetune merge of a DoRA adapter gives PEFT's merge_and_unload weight
   for (const Case& c : {kLlama, kNeox}) {
     CAPTURE(c.folder);
     const Checkpoint reference(c.folder + "/reference.safetensors");
-    MergeCommand command;
-    command.model = c.base;
-    command.adapter = c.folder + "/adapter";
-    command.out = (fs::temp_directory_path() / "test_dora_merged").string();
-    fs::remove_all(command.out);
-    std::ostringstream log;
-    merge_adapter(command, log);
-    const Checkpoint merged(command.out);
     int64_t checked = 0;
-    for (const std::string& name : reference.names()) {
-      if (!name.starts_with("merged.")) continue;
-      CAPTURE(name);
-      CHECK(relative_error(merged.view(name.substr(7)), reference.view(name)) <= 1e-6);
-      ++checked;
-    }
+    parity::check_merged_weights(c.base, c.folder + "/adapter", reference, "test_dora_merged", &checked);
     CHECK(checked == (c.folder == kLlama.folder ? 14 : 8));
   }
 }

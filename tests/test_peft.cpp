@@ -28,6 +28,7 @@
 
 using namespace ft;
 using ft::testing::same_bytes;
+using ft::parity::read_json;
 using ft::parity::relative_error;
 using ft::parity::shifted_targets;
 using nlohmann::json;
@@ -44,12 +45,6 @@ const std::string kKeyPrefix = "base_model.model.";
 // room for summation order without hiding a wrong formula.
 constexpr double kTolerance = 1e-4;
 
-json read_json(const std::string& path) {
-  std::ifstream file(path);
-  REQUIRE(file);
-  return json::parse(file);
-}
-
 // The f32 llama_gqa base with the LoRA layout adapter_folder's config asks for.
 std::unique_ptr<LlamaModel> make_lora_model(Backend& backend, const std::string& adapter_folder) {
   ModelOptions options;
@@ -64,12 +59,9 @@ std::unique_ptr<LlamaModel> make_lora_model(Backend& backend, const std::string&
 // Our saved folder against PEFT's: same keys and shapes, and the config
 // fields that decide what PEFT builds.
 void check_saved_like_peft(const std::string& folder) {
-  SafetensorsFile ours(folder + "/adapter_model.safetensors"), peft(kAdapterFolder + "/adapter_model.safetensors");
-  std::map<std::string, Shape> our_shapes, peft_shapes;
-  for (const SafetensorsEntry& e : ours.entries()) our_shapes[e.name] = e.shape;
-  for (const SafetensorsEntry& e : peft.entries()) peft_shapes[e.name] = e.shape;
-  CHECK(our_shapes == peft_shapes);
-  for (const SafetensorsEntry& e : ours.entries()) CHECK(e.dtype == DType::f32);
+  CHECK(parity::adapter_file_shapes(folder) == parity::adapter_file_shapes(kAdapterFolder));
+  for (const SafetensorsEntry& e : SafetensorsFile(folder + "/adapter_model.safetensors").entries())
+    CHECK(e.dtype == DType::f32);
 
   json our_config = read_json(folder + "/adapter_config.json");
   json peft_config = read_json(kAdapterFolder + "/adapter_config.json");

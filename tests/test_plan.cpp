@@ -201,6 +201,11 @@ TEST_CASE("plan: the tiny fixtures' planned peak equals a real CPU step's, to th
   check_plan_matches_real_step(kFixtures + "/llama_gqa",
                                "quantization: {mode: nf4}\nlora: {r: 4, use_dora: true, target_modules: all-linear}\n",
                                2, 16);
+  // rank_pattern: adapters of several ranks (their tiles, the optimizer's state, the saved copies).
+  check_plan_matches_real_step(kFixtures + "/llama_gqa",
+                               "quantization: {mode: nf4}\nlora: {r: 4, target_modules: all-linear, "
+                               "rank_pattern: {q_proj: 16, layers.1.mlp.down_proj: 2}, alpha_pattern: {v_proj: 32}}\n",
+                               2, 16);
 }
 
 // mlp_chunk_tokens: the MLP's tensors for 5 of the 32 tokens at a time (the

@@ -71,6 +71,7 @@ struct Case {
   float int8_threshold = 6.0f;
   int64_t tokens = 12;             // per row of the batch's 2
   bool perturb_embedding = false;  // every embedding value moved by one ulp (up)
+  bool rank_pattern = false;       // modules of their own r and alpha (PEFT's rank_pattern, alpha_pattern)
 };
 
 ModelOptions case_options(const Case& c) {
@@ -82,6 +83,10 @@ ModelOptions case_options(const Case& c) {
   lora.lora_alpha = 8.0;
   lora.lora_dropout = 0.1;
   lora.target_modules = {kAllLinear};
+  if (c.rank_pattern) {
+    lora.rank_pattern = {{"q_proj", 8}, {"layers.1.mlp.down_proj", 2}};
+    lora.alpha_pattern = {{"o_proj", 32}};
+  }
   options.lora = lora;
   return options;
 }
@@ -197,6 +202,10 @@ std::string fixture(const char* name) { return std::string(FT_FIXTURES_DIR) + "/
 
 TEST_CASE("tensor parallel llama (GQA) on 2 ranks equals one process, dense base") {
   check_case({fixture("llama_gqa"), QuantizedBase::none, false, 6.0f, 12, false}, 2, 1e-5);
+}
+
+TEST_CASE("tensor parallel llama with rank_pattern and alpha_pattern on 2 ranks: r is never split") {
+  check_case({fixture("llama_gqa"), QuantizedBase::none, false, 6.0f, 12, false, true}, 2, 1e-5);
 }
 
 TEST_CASE("tensor parallel llama (GQA) on 4 ranks, dense and nf4 bases") {

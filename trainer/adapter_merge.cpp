@@ -7,7 +7,6 @@
 #include "kernels/allocator.h"
 #include "kernels/meta/meta_backend.h"
 #include "model/families.h"
-#include "model/lora_linear.h"
 #include "model/quant/formats.h"
 #include "model/quantized_format.h"
 
@@ -134,7 +133,6 @@ AdapterMerge::AdapterMerge(const std::string& folder, const Checkpoint& base, co
              "\": lora_B ", shape_string(pair.B->shape), " x lora_A ", shape_string(pair.A->shape),
              " does not fit \"", weight, "\" ", shape_string(shape), " of ", base.entry(weight).file);
   }
-  scaling_ = lora_scaling(config_.lora.lora_alpha, config_.lora.r, config_.lora.use_rslora);
   saved_ = saved_modules(file_, config_);
   for (const auto& [name, entry] : saved_) {
     if (!base.contains(name)) {
@@ -201,7 +199,7 @@ Tensor AdapterMerge::tensor(CpuBackend& be, const std::string& name, DType dtype
   Tensor B = be.empty(pair->B->shape, DType::f32, MemCategory::workspace);
   be.copy(A, view_of(*pair->A));
   be.copy(B, view_of(*pair->B));
-  be.matmul(weight, B, A, false, false, scaling_, 1.0f);
+  be.matmul(weight, B, A, false, false, pair->scaling, 1.0f);
   if (pair->magnitude) apply_dora_magnitude(be, weight, *pair->magnitude);
   be.copy(out, weight);
   return out;

@@ -44,7 +44,6 @@ class AdapterMerge {
 
   const PeftAdapterConfig& config() const { return config_; }
   const std::map<std::string, LoraPair>& pairs() const { return pairs_; }
-  float scaling() const { return scaling_; }
   // modules_to_save's tensors (a reward model's score.weight), saved whole:
   // each replaces the base's tensor of that name, or adds one (added_names).
   const std::map<std::string, const SafetensorsEntry*>& saved() const { return saved_; }
@@ -85,7 +84,6 @@ class AdapterMerge {
   std::map<std::string, LoraPair> pairs_;
   std::map<std::string, const SafetensorsEntry*> saved_;
   std::vector<std::string> added_;
-  float scaling_;
 };
 
 // Whether config_path ties lm_head to the embedding and adapter's

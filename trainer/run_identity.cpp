@@ -47,6 +47,9 @@ std::string adapter_config(const TrainConfig& config, const LanguageModel& model
                               {"target_modules", targets},
                               {"use_rslora", lora.use_rslora}};
   if (lora.use_dora) described["use_dora"] = true;  // absent otherwise: earlier runs' identities unchanged
+  // Lists of [pattern, value] in order (the first match wins), absent when empty as above.
+  if (!lora.rank_pattern.empty()) described["rank_pattern"] = lora.rank_pattern;
+  if (!lora.alpha_pattern.empty()) described["alpha_pattern"] = lora.alpha_pattern;
   return described.dump();
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/checked_mul.h"
 #include "kernels/error.h"
 #include "kernels/input_file.h"
+#include "model/lora_pattern.h"
 #include "tokenizer/load_tokenizer.h"
 
 namespace ft {
@@ -121,6 +122,21 @@ struct Value {
       items.push_back(item.Scalar());
     }
     return items;
+  }
+  // A map from PEFT module pattern to value (lora.rank_pattern), in the
+  // file's order (the first matching pattern wins); each value is read by
+  // `read` as a Value whose key names the pattern.
+  template <class Read>
+  void each_pattern(Read read) const {
+    if (node.IsNull()) return;
+    if (!node.IsMap()) wrong("a map from module pattern to value, e.g. {q_proj: 16}");
+    std::set<std::string> seen;
+    for (const auto& entry : node) {
+      require(entry.first.IsScalar() && !entry.first.Scalar().empty(), "a map whose keys are module patterns");
+      const std::string& pattern = entry.first.Scalar();
+      require(seen.insert(pattern).second, "each module pattern once (\"" + pattern + "\" twice)");
+      read(pattern, Value{entry.second, key + " \"" + pattern + "\"", where, ""});
+    }
   }
   // An id in [0, 2^31) or the text of a token (checked against the
   // vocabulary once the tokenizer is loaded).
@@ -318,6 +334,24 @@ const Field kFields[] = {
        c.lora.target_modules = all_linear ? std::vector<std::string>{kAllLinear} : v.strings();
        v.require(!c.lora.target_modules.empty(),
                  "a non-empty list of module names such as [q_proj, v_proj], or all-linear");
+     }},
+    {"lora.rank_pattern",
+     [](TrainConfig& c, const Value& v) {
+       c.lora.rank_pattern.clear();
+       v.each_pattern([&](const std::string& pattern, const Value& r) {
+         c.lora.rank_pattern.emplace_back(pattern, r.integer_in(1, kMaxLoraRank));
+       });
+       check_lora_patterns(c.lora, v.where + ": lora.");  // each pattern a regular expression
+     }},
+    {"lora.alpha_pattern",
+     [](TrainConfig& c, const Value& v) {
+       c.lora.alpha_pattern.clear();
+       v.each_pattern([&](const std::string& pattern, const Value& alpha) {
+         const double value = alpha.number();
+         alpha.require(value > 0 && value <= kMaxScale, "a number in (0, 1e6]");
+         c.lora.alpha_pattern.emplace_back(pattern, value);
+       });
+       check_lora_patterns(c.lora, v.where + ": lora.");
      }},
     {"lora.use_rslora", [](TrainConfig& c, const Value& v) { c.lora.use_rslora = v.boolean(); }},
     {"lora.use_dora", [](TrainConfig& c, const Value& v) { c.lora.use_dora = v.boolean(); }},

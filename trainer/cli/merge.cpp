@@ -1,11 +1,13 @@
 #include "trainer/cli/merge.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -109,6 +111,17 @@ std::string shard_name(size_t index, size_t count) {
   return name;
 }
 
+// "scaling 2", or "scalings 0.5 to 8" where rank_pattern or alpha_pattern
+// gives modules their own.
+std::string scalings(const std::map<std::string, LoraPair>& pairs) {
+  float low = pairs.begin()->second.scaling, high = low;
+  for (const auto& [module, pair] : pairs) low = std::min(low, pair.scaling), high = std::max(high, pair.scaling);
+  std::ostringstream text;
+  if (low == high) text << "scaling " << low;
+  else text << "scalings " << low << " to " << high;
+  return text.str();
+}
+
 }  // namespace
 
 CLI::App* add_merge_command(CLI::App& app, MergeCommand& c) {
@@ -176,7 +189,7 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
   for (const char* file : kCopiedFiles)
     if (fs::exists(fs::path(command.model) / file))
       copy_file_atomically((fs::path(command.model) / file).string(), (fs::path(command.out) / file).string());
-  log << "merged " << adapter.pairs().size() << " LoRA modules (scaling " << adapter.scaling() << ")"
+  log << "merged " << adapter.pairs().size() << " LoRA modules (" << scalings(adapter.pairs()) << ")"
       << (adapter.saved().empty() ? "" : " and " + std::to_string(adapter.saved().size()) + " modules_to_save tensors")
       << " into " << weight_map.size() << " " << dtype_name(dtype) << " tensors"
       << (adapter.dequantises() ? " (the base's INT8 or NF4 weights dequantised)" : "") << ", " << shards.size() << " shard" << (shards.size() > 1 ? "s" : "")
