@@ -40,8 +40,8 @@ struct LoraOptions {
   // module names (model.layers.0.self_attn.q_proj) giving a module its own r
   // or lora_alpha. Kept in the order read, as PEFT tries a dict's keys in
   // insertion order and the first match wins (module_lora, model/lora_pattern.h).
-  std::vector<std::pair<std::string, int64_t>> rank_pattern;
-  std::vector<std::pair<std::string, double>> alpha_pattern;
+  std::vector<std::pair<std::string, int64_t>> rank_pattern = {};
+  std::vector<std::pair<std::string, double>> alpha_pattern = {};
 };
 
 // What a training step keeps of each decoder layer between forward and backward.

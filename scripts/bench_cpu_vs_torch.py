@@ -1,8 +1,8 @@
 """Our CPU trainer against PyTorch on the same machine (scripts/bench_cpu --vs-torch runs it).
 
 Model: Llama, hidden 768, 12 layers, 12 heads, MLP 2048, vocab 32000 (134.4M parameters, lm_head untied),
-frozen; LoRA r 8 (alpha 16, dropout 0.05) on q_proj and v_proj; batch 4 x 256 tokens of random ids (or
-BENCH_CPU_SHAPE=BxT, e.g. 1x1024); AdamW on the adapters; the same thread count everywhere. Every trainer runs
+frozen; LoRA r 8 (alpha 16, dropout 0.05) on q_proj and v_proj (DoRA under BENCH_CPU_DORA=1, in ours and
+peft); batch 4 x 256 tokens of random ids (or BENCH_CPU_SHAPE=BxT, e.g. 1x1024); AdamW on the adapters; the same thread count everywhere. Every trainer runs
 in its own process, alternately, ROUNDS times; each reports the median step time of its timed steps (after
 WARMUP steps) and its peak resident memory (ru_maxrss). tokens/s = the positions a step computes over its time:
 B * T for PyTorch; for ours each step's own count (its batch is cut after the last loss token; the data is
@@ -16,7 +16,7 @@ kernel) runs its GEMM of each dtype. Then per-op GEMM GFLOP/s of ours (bench_cpu
              (DOCS_PAGE: also write the tokens/s and RSS table into that page's section for this CPU and
              shape, bench_cpu_vs_torch_avx512 or bench_cpu_vs_torch_avx2, then _as_avx2 under
              BENCH_CPU_AS_AVX2=1 (scripts/bench_cpu --avx2 sets it with the libraries' caps), then _1x1024
-             for another shape than 4x256; scripts/docs_table.py)
+             for another shape than 4x256, then _dora under BENCH_CPU_DORA=1; scripts/docs_table.py)
   one torch: bench_cpu_vs_torch.py --torch {plain|peft} {fp32|bf16} THREADS WARMUP STEPS
   its paths: bench_cpu_vs_torch.py --torch-isa THREADS
 """
@@ -34,6 +34,7 @@ import time
 VOCAB, HIDDEN, LAYERS, HEADS, FFN, RANK, ALPHA, DROPOUT = 32000, 768, 12, 12, 2048, 8, 16, 0.05
 DEFAULT_SHAPE = "4x256"
 AS_AVX2 = os.environ.get("BENCH_CPU_AS_AVX2") == "1"  # scripts/bench_cpu --avx2: the caps are in the environment
+DORA = os.environ.get("BENCH_CPU_DORA") == "1"  # scripts/bench_cpu --dora: DoRA in ours and in peft
 SHAPE = os.environ.get("BENCH_CPU_SHAPE", DEFAULT_SHAPE)  # batch x sequence length; children inherit it
 try:
     BATCH, SEQ = (int(n) for n in SHAPE.split("x"))
@@ -116,7 +117,8 @@ def peft_llama(torch, dtype):
                          tie_word_embeddings=False)
     config._attn_implementation = "sdpa"
     model = LlamaForCausalLM(config).to(dtype)
-    lora = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=DROPOUT, target_modules=["q_proj", "v_proj"])
+    lora = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=DROPOUT, target_modules=["q_proj", "v_proj"],
+                      use_dora=DORA)
     model = get_peft_model(model, lora)
 
     def step_loss(ids, targets):
@@ -255,6 +257,7 @@ def run_ours(finetune, config, model_dir, work_dir, quant, precision, threads, w
     command = [finetune, config, "--set", f"model={model_dir}", "--set", "init=random",
                "--set", f"tokenizer={model_dir}/tokenizer.json", "--set", f"lora.r={RANK}",
                "--set", f"lora.lora_alpha={ALPHA}", "--set", f"lora.lora_dropout={DROPOUT}",
+               "--set", f"lora.use_dora={'true' if DORA else 'false'}",
                "--set", f"micro_batch_size={BATCH}", "--set", f"seq_len={SEQ}", "--set", "data.packing=concatenate",
                "--set", f"quantization.mode={quant}", "--set", f"precision={precision}", "--set", "device=cpu",
                "--set", f"max_steps={warmup + steps}", "--set", "log_every=1", "--set", "save_every=0",
@@ -312,7 +315,7 @@ def main(finetune, gemm_bench, work_dir, output, threads, rounds, warmup, steps,
     trainers = [("ours int8 fp32", "ours", "int8", "fp32"), ("ours int8 bf16", "ours", "int8", "bf16")]
     if not quick:
         trainers += [("ours none fp32", "ours", "none", "fp32"), ("ours none bf16", "ours", "none", "bf16")]
-    if have_torch and (not quick or not have_peft):
+    if have_torch and (not quick or not have_peft) and not DORA:  # plain PyTorch has no adapters
         trainers += [("torch plain fp32", "plain", None, "fp32"), ("torch plain bf16", "plain", None, "bf16")]
     if have_peft:
         trainers += [("transformers+peft fp32", "peft", None, "fp32"), ("transformers+peft bf16", "peft", None, "bf16")]
@@ -444,7 +447,8 @@ def docs_markdown(report, versions, one_step_bf16, quick):
     if one_step_bf16 and any(name.endswith("bf16") and not name.startswith("ours") for name in report["trainers"]):
         method += "; PyTorch's bf16 peers ran one step, once"
     peers = ", ".join(f"{name} {version}" for name, version in versions.items())
-    lines = [f"Measured with `scripts/bench_cpu --vs-torch` ({method}) on {report['machine']}"
+    command = "scripts/bench_cpu --vs-torch" + (" --dora" if DORA else "")
+    lines = [f"Measured with `{command}` ({method}) on {report['machine']}"
              + (f" ({peers})" if peers else "") + ":", "",
              "| trainer | tokens/s | peak RSS |", "|---|---:|---:|"]
     for name, label in DOCS_LABELS.items():
@@ -477,6 +481,8 @@ def write_docs(page, report, versions, one_step_bf16, quick):
     name = "bench_cpu_vs_torch_" + ("avx512" if "avx512f" in cpu_flags() else "avx2") + ("_as_avx2" if AS_AVX2 else "")
     if SHAPE != DEFAULT_SHAPE:
         name += "_" + SHAPE
+    if DORA:
+        name += "_dora"
     replace_section(page, name, docs_markdown(report, versions, one_step_bf16, quick))
     print(f"written: {page} ({name})")
 

@@ -60,8 +60,8 @@ std::unique_ptr<LlamaModel> make_lora_model(Backend& backend, const std::string&
 // fields that decide what PEFT builds.
 void check_saved_like_peft(const std::string& folder) {
   CHECK(parity::adapter_file_shapes(folder) == parity::adapter_file_shapes(kAdapterFolder));
-  for (const SafetensorsEntry& e : SafetensorsFile(folder + "/adapter_model.safetensors").entries())
-    CHECK(e.dtype == DType::f32);
+  const SafetensorsFile ours(folder + "/adapter_model.safetensors");  // named: entries() points into it
+  for (const SafetensorsEntry& e : ours.entries()) CHECK(e.dtype == DType::f32);
 
   json our_config = read_json(folder + "/adapter_config.json");
   json peft_config = read_json(kAdapterFolder + "/adapter_config.json");
