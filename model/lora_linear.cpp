@@ -57,7 +57,7 @@ Tensor LoraLinear::adapter_hidden(Backend& backend, const Tensor& x) {
 // kTileElements values (16 MiB in f32), a multiple of 64 (NF4's block).
 static int64_t weight_tile_columns(int64_t out, int64_t in) {
   constexpr int64_t kTileElements = int64_t(1) << 22;
-  return std::clamp<int64_t>(kTileElements / out / 64 * 64, 64, in);
+  return std::min(in, std::max<int64_t>(kTileElements / out / 64 * 64, 64));  // in < 64: one tile
 }
 
 // weight_sum_squares_ = ||W + scaling B A||^2 per row, in f32 (PEFT's

@@ -299,14 +299,11 @@ void check_close(const std::vector<float>& got, const std::vector<double>& want)
   for (size_t i = 0; i < got.size(); ++i) CHECK(std::abs(got[i] - want[i]) <= 2e-5 * largest);
 }
 
-}  // namespace
-
 // The layer against the float64 formula, with and without LoRA dropout (the
 // base then runs twice: over x, and PEFT's F.linear over the dropped input).
-TEST_CASE("a DoRA layer matches PEFT's formula in float64, with and without dropout, bias included") {
+void check_dora_layer(int64_t N, int64_t in, int64_t out, int64_t r) {
   HostAllocator host;
   CpuBackend backend(host);
-  const int64_t N = 10, in = 37, out = 23, r = 4;
   const double s = lora_scaling(8.0, r, false);
   const std::vector<float> w = testing::gaussian(out * in, 0.1f, 1), x = testing::gaussian(N * in, 1.0f, 2);
   const std::vector<float> A = testing::gaussian(r * in, 0.15f, 3), B = testing::gaussian(out * r, 0.2f, 4);
@@ -345,6 +342,21 @@ TEST_CASE("a DoRA layer matches PEFT's formula in float64, with and without drop
       check_close(testing::read(lora_B.grad), plus(ref.dB, 0.5));
       check_close(testing::read(magnitude.grad), plus(ref.dm, 0.5));
     }
+}
+
+}  // namespace
+
+// in < 64 (one tile narrower than NF4's block), and a weight of 1,100 x
+// 4,133 whose norm and dropped branch take two column tiles (the second
+// partial): the tiles' sums and products must add up as one.
+TEST_CASE("a DoRA layer matches PEFT's formula in float64, with and without dropout, bias included") {
+  struct Sizes {
+    int64_t N, in, out, r;
+  };
+  for (const Sizes& size : {Sizes{10, 37, 23, 4}, Sizes{3, 4133, 1100, 2}}) {
+    CAPTURE(size.in);
+    check_dora_layer(size.N, size.in, size.out, size.r);
+  }
 }
 
 TEST_CASE("a DoRA magnitude the adapter config does not ask for is refused naming the tensor") {
