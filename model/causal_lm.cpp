@@ -216,7 +216,7 @@ std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, in
   if (dim == 1) A.slice = slice;
   A.partial_grad = dim == 0;
   B.partial_grad = dim == 1;
-  Parameter* magnitude = lora.use_dora ? &add_adapter(module + ".lora_magnitude_vector", {out_features}) : nullptr;
+  Parameter* magnitude = lora.use_dora ? &add_adapter(module + kDoraMagnitudeSuffix, {out_features}) : nullptr;
   auto adapted = std::make_unique<LoraLinear>(std::move(base), A, B,
                                               own.scaling,
                                               float(lora.lora_dropout), magnitude, added);

@@ -44,11 +44,10 @@ Tensor LoraLinear::adapter_input(Backend& backend, const Tensor& x) {
   return xd;
 }
 
-// h = dropout(x) A^T; A's compute copy and the dropped input are freed on return.
-Tensor LoraLinear::adapter_hidden(Backend& backend, const Tensor& x) {
-  Tensor A = compute_copy(backend, A_, x.dtype);
-  Tensor xd = adapter_input(backend, x);
-  Tensor h = backend.empty({x.rows(), A.dim(0)}, x.dtype, MemCategory::activations);
+// h = xd A^T over the dropped input xd; A's compute copy is freed on return.
+Tensor LoraLinear::adapter_hidden(Backend& backend, const Tensor& xd) {
+  Tensor A = compute_copy(backend, A_, xd.dtype);
+  Tensor h = backend.empty({xd.rows(), A.dim(0)}, xd.dtype, MemCategory::activations);
   backend.matmul(h, xd, A, false, true);
   return h;
 }
@@ -92,19 +91,18 @@ void LoraLinear::init_magnitude(Backend& backend) {
   backend.copy(magnitude_->value, host);
 }
 
-// z [shape] = dropout(x) W^T + scaling h B^T, no bias: PEFT's DoRA branch
-// under dropout, F.linear(dropout(x), dequantised W) + lora_B(lora_A(...)),
-// W read a column tile at a time as its own backward reads it (so over
-// LLM.int8() the activations are not quantised, as in PEFT).
-Tensor LoraLinear::dropped_branch(Backend& backend, const Shape& shape, const Tensor& x, const Tensor& h,
+// z [shape] = xd W^T + scaling h B^T, no bias: PEFT's DoRA branch under
+// dropout, F.linear(dropout(x), dequantised W) + lora_B(lora_A(...)), W read
+// a column tile at a time as its own backward reads it (so over LLM.int8()
+// the activations are not quantised, as in PEFT).
+Tensor LoraLinear::dropped_branch(Backend& backend, const Shape& shape, const Tensor& xd, const Tensor& h,
                                   const Tensor& B) {
-  const Tensor xd = adapter_input(backend, x);
-  const int64_t out = B.dim(0), in = x.cols(), width = weight_tile_columns(out, in);
-  Tensor z = backend.empty(shape, x.dtype, MemCategory::activations);
+  const int64_t out = B.dim(0), in = xd.cols(), width = weight_tile_columns(out, in);
+  Tensor z = backend.empty(shape, xd.dtype, MemCategory::activations);
   for (int64_t col0 = 0; col0 < in; col0 += width) {
     const int64_t columns = std::min(width, in - col0);
-    Tensor tile = backend.empty({out, columns}, x.dtype, MemCategory::workspace);
-    Tensor x_columns = backend.empty({x.rows(), columns}, x.dtype, MemCategory::workspace);
+    Tensor tile = backend.empty({out, columns}, xd.dtype, MemCategory::workspace);
+    Tensor x_columns = backend.empty({xd.rows(), columns}, xd.dtype, MemCategory::workspace);
     base_->weight_columns(backend, tile, col0);
     backend.copy_columns(x_columns, 0, xd, col0, columns);
     backend.matmul(z, x_columns, tile, false, true, 1.0f, col0 > 0 ? 1.0f : 0.0f);
@@ -119,12 +117,15 @@ Tensor LoraLinear::dropped_branch(Backend& backend, const Shape& shape, const Te
 void LoraLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
   if (!enabled_) return base_->forward(backend, out, x);
   if (magnitude_) update_weight_norms(backend);
-  Tensor h = adapter_hidden(backend, x);
+  Tensor xd = adapter_input(backend, x);
+  const Tensor h = adapter_hidden(backend, xd);
+  // The dropped input is freed before the base's pass unless DoRA's branch reads it too.
+  if (!magnitude_ || !dropout_active()) xd = Tensor{};
   Tensor B = compute_copy(backend, B_, x.dtype);
   base_->forward_with_lora(backend, out, x, h, B, scaling_);
   if (!magnitude_) return;
   if (!dropout_active()) return backend.dora_scale_forward(out, out, magnitude_->value, weight_sum_squares_, base_bias());
-  const Tensor z = dropped_branch(backend, out.shape, x, h, B);
+  const Tensor z = dropped_branch(backend, out.shape, xd, h, B);
   backend.dora_scale_forward(out, z, magnitude_->value, weight_sum_squares_, nullptr);
 }
 
@@ -133,11 +134,12 @@ void LoraLinear::forward(Backend& backend, Tensor& out, const Tensor& x) {
 // the dropped input; with dropout only) and m's gradient += column sums of
 // dout * (z - bias) / ||W + scaling B A||.
 void LoraLinear::dora_gradients(Backend& backend, Tensor& dz, Tensor* dbase, const Tensor& dout, const Tensor& x) {
-  const Tensor h = adapter_hidden(backend, x);
+  const Tensor xd = adapter_input(backend, x);
+  const Tensor h = adapter_hidden(backend, xd);
   const Tensor B = compute_copy(backend, B_, x.dtype);
   Tensor z;
   if (dropout_active()) {
-    z = dropped_branch(backend, dout.shape, x, h, B);
+    z = dropped_branch(backend, dout.shape, xd, h, B);
   } else {
     z = backend.empty(dout.shape, dout.dtype, MemCategory::activations);
     base_->forward_with_lora(backend, z, x, h, B, scaling_);

@@ -77,10 +77,10 @@ class LoraLinear final : public Linear {
  private:
   static Tensor compute_copy(Backend& backend, const Parameter& p, DType dtype);
   Tensor adapter_input(Backend& backend, const Tensor& x);
-  Tensor adapter_hidden(Backend& backend, const Tensor& x);
+  Tensor adapter_hidden(Backend& backend, const Tensor& xd);
   void update_weight_norms(Backend& backend);
   const Tensor* base_bias() const { return base_bias_ ? &base_bias_->value : nullptr; }
-  Tensor dropped_branch(Backend& backend, const Shape& shape, const Tensor& x, const Tensor& h, const Tensor& B);
+  Tensor dropped_branch(Backend& backend, const Shape& shape, const Tensor& xd, const Tensor& h, const Tensor& B);
   void dora_gradients(Backend& backend, Tensor& dz, Tensor* dbase, const Tensor& dout, const Tensor& x);
   void adapter_backward(Backend& backend, Tensor* dx, const Tensor& dout, const Tensor* dbase, const Tensor& x);
   bool dropout_active() const { return training_ && dropout_ > 0.0f; }
@@ -107,6 +107,10 @@ class LoraLinear final : public Linear {
   // by a backward (an optimizer step may follow) and by adapters_changed.
   bool norms_current_ = false;
 };
+
+// The name DoRA's magnitude takes after its module's (PEFT's parameter and
+// saved key: model.layers.0.self_attn.q_proj.lora_magnitude_vector).
+inline constexpr char kDoraMagnitudeSuffix[] = ".lora_magnitude_vector";
 
 // PEFT's adapter shapes for a weight [out, in] at rank r: lora_A [r, in]
 // (Linear(in, r)), lora_B [out, r] (Linear(r, out)).

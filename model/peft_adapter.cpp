@@ -15,6 +15,7 @@
 #include "model/atomic_file.h"
 #include "model/checksum.h"
 #include "model/json_input.h"
+#include "model/lora_linear.h"
 #include "model/lora_pattern.h"
 #include "model/safetensors.h"
 
@@ -141,7 +142,7 @@ void check_matches_model(const LoraOptions& config, const std::optional<LoraOpti
 std::string adapter_name_of(const std::string& key) {
   if (key.rfind(kKeyPrefix, 0) != 0) return "";
   const std::string name = key.substr(kKeyPrefix.size());
-  const std::string magnitude = ".lora_magnitude_vector";
+  const std::string magnitude = kDoraMagnitudeSuffix;
   if (const size_t at = name.rfind(magnitude); at != std::string::npos) {
     const std::string tail = name.substr(at + magnitude.size());
     const size_t dot = tail.find('.', 1);
@@ -189,10 +190,6 @@ std::vector<std::string> read_modules_to_save(const Config& config, const std::s
   }
   return names;
 }
-
-}  // namespace
-
-namespace {
 
 // A config.json's model: its fields but how the weights are stored (a saved
 // quantised base's quantization_config and dtype, a merged folder's dtype)
@@ -421,7 +418,7 @@ std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, con
     FT_CHECK(entry.dtype == DType::f32 || entry.dtype == DType::bf16 || entry.dtype == DType::f16, path,
              ": tensor \"", entry.name, "\" must be F32, BF16 or F16, got ", dtype_name(entry.dtype));
     require_finite(entry);
-    const std::string magnitude = ".lora_magnitude_vector";
+    const std::string magnitude = kDoraMagnitudeSuffix;
     if (name.ends_with(magnitude)) {
       FT_CHECK(config.lora.use_dora, path, ": tensor \"", entry.name, "\" is DoRA's magnitude but adapter_config.json ",
                "has no \"use_dora\": true");

@@ -32,6 +32,7 @@
 #include "kernels/cuda/cuda_device.h"
 #include "model/causal_lm.h"
 #include "model/families.h"
+#include "model/lora_linear.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
 #include "parity.h"
@@ -150,6 +151,20 @@ int signal_when(pid_t child, const std::function<bool()>& ready, int signal, con
   return status;
 }
 
+// The run of `args` in dir killed (SIGKILL) once its first checkpoint is
+// saved, then `finetune<command> --resume` there (command: " config.yaml
+// ..."): the resumed run's training losses by step.
+std::map<int64_t, double> killed_and_resumed(const std::string& dir, const std::vector<std::string>& args,
+                                             const std::string& command) {
+  pid_t child = start_finetune(dir, args, "/dev/null");
+  const std::string state = dir + "/out/train_state.safetensors";
+  CHECK(WIFSIGNALED(signal_when(child, [&] { return fs::exists(state); }, SIGKILL, "saving step 10")));
+  const CommandResult resumed = run_command("cd " + dir + " && " + kBinary + command + " --resume");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  return train_losses(dir + "/out/metrics.jsonl");
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -234,14 +249,7 @@ TEST_CASE("neftune_noise_alpha: training losses move, step 0's eval loss does no
   CHECK(step_metric(noisy_dir + "/out/metrics.jsonl", "eval_loss").at(0) ==
         step_metric(plain_dir + "/out/metrics.jsonl", "eval_loss").at(0));
 
-  const std::string dir = make_run_dir("neftune_killed", noise);
-  pid_t child = start_finetune(dir, args, "/dev/null");
-  const std::string state = dir + "/out/train_state.safetensors";
-  CHECK(WIFSIGNALED(signal_when(child, [&] { return fs::exists(state); }, SIGKILL, "saving step 10")));
-  CommandResult resumed = run_command("cd " + dir + " && " + kBinary + unpacked + " --resume");
-  INFO(resumed.output);
-  REQUIRE(resumed.exit_code == 0);
-  const auto after = train_losses(dir + "/out/metrics.jsonl");
+  const auto after = killed_and_resumed(make_run_dir("neftune_killed", noise), args, unpacked);
   REQUIRE(after.size() == 20);
   for (const auto& step_loss : noisy) {
     CAPTURE(step_loss.first);
@@ -265,18 +273,11 @@ TEST_CASE("lora.use_dora: a DoRA run trains, resumes after kill -9 to the same l
   CHECK(losses.at(20) < losses.at(1));
   const SafetensorsFile adapter(full_dir + "/out/adapter/adapter_model.safetensors");
   int64_t magnitudes = 0;
-  for (const SafetensorsEntry& entry : adapter.entries()) magnitudes += entry.name.ends_with(".lora_magnitude_vector");
+  for (const SafetensorsEntry& entry : adapter.entries()) magnitudes += entry.name.ends_with(kDoraMagnitudeSuffix);
   CHECK(magnitudes == 4);  // q_proj and v_proj of 2 layers
   CHECK(read_file(full_dir + "/out/adapter/adapter_config.json").find("\"use_dora\": true") != std::string::npos);
 
-  const std::string dir = make_run_dir("dora_killed");
-  pid_t child = start_finetune(dir, args, "/dev/null");
-  const std::string state = dir + "/out/train_state.safetensors";
-  CHECK(WIFSIGNALED(signal_when(child, [&] { return fs::exists(state); }, SIGKILL, "saving step 10")));
-  const CommandResult resumed = run_command("cd " + dir + " && " + kBinary + dora + " --resume");
-  INFO(resumed.output);
-  REQUIRE(resumed.exit_code == 0);
-  const auto after = train_losses(dir + "/out/metrics.jsonl");
+  const auto after = killed_and_resumed(make_run_dir("dora_killed"), args, dora);
   for (const auto& [step, loss] : losses) {
     CAPTURE(step);
     CHECK(after.at(step) == loss);

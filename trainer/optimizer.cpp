@@ -5,13 +5,14 @@
 #include <cstring>
 
 #include "kernels/error.h"
+#include "model/lora_linear.h"
 
 namespace ft {
 
 // transformers' Trainer decays every parameter but biases and norms (by
 // name); here the 1-D ones, except DoRA's magnitude, which is neither.
 static bool decayed(const Parameter& p) {
-  return p.value.ndim() >= 2 || p.name.ends_with(".lora_magnitude_vector");
+  return p.value.ndim() >= 2 || p.name.ends_with(kDoraMagnitudeSuffix);
 }
 
 AdamW::AdamW(Backend& backend, std::vector<Parameter*> parameters, AdamWOptions options)
