@@ -13,10 +13,10 @@ ft::AdamW& optimizer() {
   static ft::CpuBackend backend(host);
   static ft::Parameter w, b;
   static std::unique_ptr<ft::AdamW> adamw = [] {
-    w.name = "w";
+    w.name = std::string("w");  // not operator=(const char*): GCC 12 warns falsely (-Wrestrict) in it
     w.value = backend.empty({2, 3}, ft::DType::f32, ft::MemCategory::weights);
     w.grad = backend.empty({2, 3}, ft::DType::f32, ft::MemCategory::gradients);
-    b.name = "b";
+    b.name = std::string("b");
     b.value = backend.empty({3}, ft::DType::bf16, ft::MemCategory::weights);
     b.grad = backend.empty({3}, ft::DType::f32, ft::MemCategory::gradients);
     backend.fill(b.value, 0.0f);
