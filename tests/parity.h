@@ -48,6 +48,30 @@ inline Tensor shifted_targets(const Tensor& labels, HostAllocator& host) {
   return targets;
 }
 
+// A forward of model on (input_ids, targets) gives reference's logits and
+// loss within tolerance (relative: max |diff| / max |ref|, and of the loss).
+inline void check_reference_forward(CausalLM& model, const Checkpoint& reference, const Tensor& input_ids,
+                                    const Tensor& targets, double tolerance) {
+  const float loss = model.forward(input_ids, targets);
+  CHECK(relative_error(model.last_logits(), reference.view("logits")) <= tolerance);
+  const float want_loss = reference.view("loss").ptr<float>()[0];
+  CHECK(std::abs(loss - want_loss) <= tolerance * std::abs(want_loss));
+}
+
+// Four optimizer steps of model on one batch lower its loss.
+inline void check_loss_falls(CausalLM& model, AdamW& optimizer, double lr, const Tensor& input_ids,
+                             const Tensor& targets) {
+  float first = 0, last = 0;
+  for (int step = 0; step < 4; ++step) {
+    model.zero_grads();
+    last = model.forward_backward(input_ids, targets, 1.0f);
+    if (step == 0) first = last;
+    optimizer.step(lr);
+  }
+  MESSAGE("loss ", first, " -> ", last);
+  CHECK(last < first);
+}
+
 // Every linear module of the architecture: LoRA targets that touch each path.
 inline std::vector<std::string> all_linear_modules(const ModelConfig& config) {
   if (config.model_type == "gpt_neox") return {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"};

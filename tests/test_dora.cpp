@@ -91,10 +91,7 @@ void check_parity(const Case& c) {
   load_peft_adapter(c.folder + "/adapter", *model);
   const Tensor input_ids = reference.view("input_ids");
   const Tensor targets = shifted_targets(reference.view("labels"), host);
-  const float loss = model->forward(input_ids, targets);
-  CHECK(relative_error(model->last_logits(), reference.view("logits")) <= kTolerance);
-  const float want_loss = reference.view("loss").ptr<float>()[0];
-  CHECK(std::abs(loss - want_loss) <= kTolerance * std::abs(want_loss));
+  parity::check_reference_forward(*model, reference, input_ids, targets, kTolerance);
 
   train_adapters(*model);
   model->forward_backward(input_ids, targets);

@@ -34,7 +34,6 @@
 
 using namespace ft;
 using ft::parity::read_json;
-using ft::parity::relative_error;
 using ft::parity::shifted_targets;
 using nlohmann::json;
 namespace fs = std::filesystem;
@@ -144,10 +143,7 @@ TEST_CASE("rank_pattern and alpha_pattern on llama match PEFT: shapes, logits, l
   load_peft_adapter(kAdapter, *model);
   const Tensor input_ids = reference.view("input_ids");
   const Tensor targets = shifted_targets(reference.view("labels"), host);
-  const float loss = model->forward(input_ids, targets);
-  CHECK(relative_error(model->last_logits(), reference.view("logits")) <= kTolerance);
-  const float want_loss = reference.view("loss").ptr<float>()[0];
-  CHECK(std::abs(loss - want_loss) <= kTolerance * std::abs(want_loss));
+  parity::check_reference_forward(*model, reference, input_ids, targets, kTolerance);
 
   model->set_trainable([](const std::string& name) { return name.find(".lora_") != std::string::npos; });
   model->forward_backward(input_ids, targets);
@@ -222,15 +218,7 @@ TEST_CASE("a run config's lora.rank_pattern and lora.alpha_pattern build, train 
   const Checkpoint reference(kFolder + "/reference.safetensors");
   const Tensor input_ids = reference.view("input_ids");
   const Tensor targets = shifted_targets(reference.view("labels"), host);
-  float first = 0, last = 0;
-  for (int step = 0; step < 4; ++step) {
-    model.zero_grads();
-    last = model.forward_backward(input_ids, targets, 1.0f);
-    if (step == 0) first = last;
-    setup.optimizer->step(config.lr);
-  }
-  MESSAGE("loss ", first, " -> ", last);
-  CHECK(last < first);
+  parity::check_loss_falls(model, *setup.optimizer, config.lr, input_ids, targets);
 
   PeftAdapterConfig adapter;
   adapter.lora = *model.options().lora;
