@@ -60,8 +60,9 @@ LanguageModel::LanguageModel(const ModelConfig& config, Backend& backend, const 
   check_lora_patterns(lora, config.model_type + ": lora.");
   FT_CHECK(lora.lora_dropout >= 0.0 && lora.lora_dropout < 1.0, "lora.lora_dropout must be in [0, 1), got ",
            lora.lora_dropout);
-  FT_CHECK(!lora.target_modules.empty(), config.model_type,
+  FT_CHECK(!lora.target_modules.empty() || !lora.target_modules_regex.empty(), config.model_type,
            ": lora.target_modules is empty (make_language_model fills in the family's default)");
+  check_lora_targets(lora, config.model_type + ": lora.");
   FT_CHECK(!lora.use_dora || !options.tensor_parallel || options.tensor_parallel->ranks() == 1,
            "lora.use_dora: true is not supported with parallel.tensor above 1 (a row-parallel weight's row norms "
            "span the ranks)");
@@ -92,6 +93,7 @@ void LanguageModel::check_built(const std::string& module_names) {
                                                   std::min(options_.stream_slots, streamed_layers()));
   }
   if (!options_.lora) return;
+  check_targets(module_names);
   std::vector<std::string>& targets = options_.lora->target_modules;
   if (targets == std::vector<std::string>{kAllLinear}) {
     // As PEFT: "all-linear" becomes the names of the adapted modules (every
@@ -102,20 +104,56 @@ void LanguageModel::check_built(const std::string& module_names) {
       const std::string leaf = module.substr(module.rfind('.') + 1);
       if (std::find(targets.begin(), targets.end(), leaf) == targets.end()) targets.push_back(leaf);
     }
-    return;
   }
-  for (const std::string& target : options_.lora->target_modules) {
+}
+
+// A list target names some linear module (before exclude_modules and
+// layers_to_transform take theirs away); a string one fully matches none of
+// the modules LoRA does not adapt here (PEFT would adapt an embedding or the
+// output head, and refuses a norm or a block); and something is adapted.
+void LanguageModel::check_targets(const std::string& module_names) {
+  const LoraOptions& lora = *options_.lora;
+  for (const std::string& target : lora.target_modules) {
+    if (target == kAllLinear) continue;
     // PEFT can put LoRA on the output head or an embedding; this trainer adapts the decoder's linear modules only.
     static const char* const kHeadsAndEmbeddings[] = {"lm_head", "embed_out", "embed_tokens", "embed_in", "shared"};
     for (const char* name : kHeadsAndEmbeddings)
       FT_CHECK(target != name, "lora.target_modules: \"", target, "\" is the output head or an embedding: LoRA on it "
                "is not supported here (PEFT's modules_to_save trains it whole; the linear modules are ", module_names, ")");
-    bool matched = false;
-    for (const Parameter& adapter : adapters_)
-      matched |= module_matches_target(adapter.name.substr(0, adapter.name.find(".lora_")), target);
+    const bool matched = std::any_of(linear_modules_.begin(), linear_modules_.end(),
+                                     [&](const std::string& module) { return module_matches_target(module, target); });
     FT_CHECK(matched, "lora.target_modules: \"", target, "\" matches no module of this ", config_.model_type,
              " model (its linear modules are ", module_names, ")");
   }
+  if (!lora.target_modules_regex.empty()) {
+    for (const Parameter& p : parameters_) {
+      // Every module above a parameter (model, model.layers, model.layers.0,
+      // ...) down to a linear one, which holds the parameter.
+      for (size_t dot = p.name.find('.'); dot != std::string::npos; dot = p.name.find('.', dot + 1)) {
+        const std::string module = p.name.substr(0, dot);
+        if (std::find(linear_modules_.begin(), linear_modules_.end(), module) != linear_modules_.end()) break;
+        FT_CHECK(!regex_fullmatch(lora.target_modules_regex, module, "lora.target_modules"),
+                 "lora.target_modules: \"", lora.target_modules_regex, "\" matches ", module,
+                 ", which is not a linear module: LoRA adapts the decoder's linear modules here (",
+                 module_names, ")");
+      }
+    }
+  }
+  // A pipeline stage may hold only layers left without adapters (and the
+  // planner builds stages of one or two layers to cost them).
+  if (!adapters_.empty() || !first_stage() || !last_stage()) return;
+  std::string targets = "\"" + lora.target_modules_regex + "\" (a string: a regular expression the whole module "
+                        "name must match, as in PEFT; module names go in a list, such as [q_proj, v_proj])";
+  if (lora.target_modules_regex.empty()) {
+    targets = "[";
+    for (const std::string& target : lora.target_modules) targets += (targets.size() > 1 ? ", " : "") + target;
+    targets += "]";
+  }
+  const bool excluded = !lora.exclude_modules.empty() || !lora.exclude_modules_regex.empty();
+  const bool layers = !lora.layers_to_transform.empty();
+  fail(config_.model_type, ": lora.target_modules ", targets, excluded ? " with lora.exclude_modules" : "",
+       excluded && layers ? " and" : layers ? " with" : "", layers ? " lora.layers_to_transform" : "",
+       " leaves no module to adapt (the linear modules are ", module_names, ")");
 }
 
 bool module_matches_target(const std::string& module_name, const std::string& target) {
@@ -191,12 +229,10 @@ std::unique_ptr<Linear> LanguageModel::make_linear(const std::string& module, in
     base = quantized_format(options_.quantized_base).make_linear(*weight, added, options_);
   else
     base = std::make_unique<DenseLinear>(*weight, added);
+  linear_modules_.push_back(module);
   if (!options_.lora) return base;
   const LoraOptions& lora = *options_.lora;
-  bool targeted = false;
-  for (const std::string& target : lora.target_modules)
-    targeted |= target == kAllLinear || module_matches_target(module, target);
-  if (!targeted) return base;
+  if (!lora_targets_module(lora, module)) return base;
   auto add_adapter = [&](const std::string& name, const Shape& shape) -> Parameter& {
     Parameter adapter;
     adapter.name = name;

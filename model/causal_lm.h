@@ -203,10 +203,11 @@ class LanguageModel {
   int64_t tensor_ranks() const;
   void tensor_sum(Tensor& t);
   // Call at the end of a constructor: embedding_, final_norm_ and lm_head_
-  // must be set, and a LoRA target that matched no module is an Error
-  // listing module_names, the architecture's linear modules. Starts the
-  // layer stream when options.stream_base.
+  // must be set, and a LoRA target that matched no module, or LoRA options
+  // that adapt none, an Error listing module_names, the architecture's
+  // linear modules. Starts the layer stream when options.stream_base.
   void check_built(const std::string& module_names);
+  void check_targets(const std::string& module_names);
   // Decoder layer `index` is about to run (direction +1 in a forward, -1 in
   // a backward) / has issued its last op: with a streamed base its weights
   // are bound to a device buffer in between (LayerStream).
@@ -282,6 +283,7 @@ class LanguageModel {
  private:
   std::deque<Parameter> parameters_;  // deque: stable addresses for the layers' references
   std::deque<Parameter> adapters_;
+  std::vector<std::string> linear_modules_;  // every make_linear's module, adapted or not
   std::vector<LoraLinear*> lora_layers_;
   uint64_t embedding_noise_seed_ = 0;  // set_dropout_seed's
   Tensor last_logits_;

@@ -102,7 +102,8 @@ std::unique_ptr<LanguageModel> make_language_model(const ModelConfig& config, Ba
                                                    const ModelOptions& options) {
   const ModelFamily& family = model_family(config.model_type);
   ModelOptions built = options;
-  if (built.lora && built.lora->target_modules.empty()) built.lora->target_modules = family.default_lora_targets;
+  if (built.lora && built.lora->target_modules.empty() && built.lora->target_modules_regex.empty())
+    built.lora->target_modules = family.default_lora_targets;
   return family.build(config, backend, built);
 }
 

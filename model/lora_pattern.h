@@ -1,5 +1,6 @@
-// PEFT's per-module rank and alpha (LoraConfig's rank_pattern and
-// alpha_pattern): which r and lora_alpha one adapted module gets.
+// PEFT's module patterns: which modules LoRA adapts (LoraConfig's
+// target_modules, exclude_modules, layers_to_transform and layers_pattern)
+// and which r and lora_alpha each gets (rank_pattern and alpha_pattern).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -28,6 +29,40 @@ ModuleLora module_lora(const LoraOptions& lora, const std::string& module);
 // Python's re does. An invalid key is an Error naming `what` (e.g.
 // "x.yaml:4: lora.rank_pattern") and the key.
 bool module_pattern_matches(const std::string& key, const std::string& module, const std::string& what);
+
+// Whether a string target_modules is PEFT's "all-linear", which PEFT reads
+// in any case.
+bool is_all_linear(const std::string& target_modules);
+
+// Python's re.fullmatch(pattern, subject), in PCRE2 (UTF, UCP) as above. An
+// invalid pattern is an Error naming `what` and the pattern.
+bool regex_fullmatch(const std::string& pattern, const std::string& subject, const std::string& what);
+
+// As PEFT's check_target_module_exists: whether module (a full name such as
+// model.layers.0.self_attn.q_proj) carries an adapter. Excluded first
+// (exclude_modules_regex fully matching it, or a name of exclude_modules
+// equal to it or ending it after a dot); then targeted by
+// target_modules_regex fully matching it, or by a name of target_modules
+// equal to it (which, as in PEFT, skips the layer filter), ending it after a
+// dot, or by kAllLinear; the two last kept only when layers_to_transform is
+// empty or holds the module's layer index (peft_layer_index).
+bool lora_targets_module(const LoraOptions& lora, const std::string& module);
+
+// PEFT's layer index of a module for layers_to_transform: the number after
+// the first "<name>." with a dot before it, where name is any dot-free name
+// when layers_pattern is empty (model.layers.3.mlp.up_proj: 3;
+// encoder.block.1.layer.0.SelfAttention.q: 1), else the first of
+// layers_pattern (regular expressions) that matches, as Python's
+// re.match(rf".*?\.{pattern}\.(\d+)\.", module); -1 when none does.
+int64_t peft_layer_index(const std::string& module, const std::vector<std::string>& layers_pattern);
+
+// Checks lora's module selection as PEFT's LoraConfig does: its regular
+// expressions compile; layers_to_transform (each index >= 0) and
+// layers_pattern only with target_modules a list of names (not all-linear,
+// which PEFT reads as a string too); layers_pattern only
+// with layers_to_transform. Errors name the field as `what` + the field
+// (what: "x.yaml: lora." or "adapter_config.json: field ").
+void check_lora_targets(const LoraOptions& lora, const std::string& what);
 
 // Checks that every key of lora's patterns compiles, each r is positive and
 // each alpha positive and finite; an Error names the field as `what` +

@@ -28,9 +28,23 @@ struct LoraOptions {
   int64_t r = 8;
   double lora_alpha = 8.0;  // scaling = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora)
   double lora_dropout = 0.0;
-  // Module names (module_matches_target); empty: PEFT's default for the
-  // architecture (Llama: q_proj, v_proj; GPT-NeoX: query_key_value).
+  // Which modules carry an adapter, PEFT's fields (lora_targets_module,
+  // model/lora_pattern.h). target_modules: names, each matching a module so
+  // called or ending in "." + it; empty: PEFT's default for the architecture
+  // (Llama: q_proj, v_proj; GPT-NeoX: query_key_value), unless
+  // target_modules_regex is set: PEFT's target_modules given as one string,
+  // a regular expression the whole module name must match. exclude_modules
+  // and exclude_modules_regex: the same two forms, for modules left out
+  // whatever the targets say. layers_to_transform: with target names, only
+  // the modules of these layer indexes (empty: every layer), the index read
+  // after one of layers_pattern's names (empty: the first dotted name
+  // followed by a number).
   std::vector<std::string> target_modules;
+  std::string target_modules_regex = {};
+  std::vector<std::string> exclude_modules = {};
+  std::string exclude_modules_regex = {};
+  std::vector<int64_t> layers_to_transform = {};
+  std::vector<std::string> layers_pattern = {};
   bool use_rslora = false;
   // DoRA (PEFT's use_dora): each adapted linear also trains a magnitude m
   // [out], and y = m / ||W + scaling B A||_row * (x W^T + scaling x A^T B^T)

@@ -54,20 +54,65 @@ void require_peft_default(const Config& config, const char* field, const std::st
            " is not supported (only PEFT's default, null/false/empty, is)");
 }
 
-std::vector<std::string> read_target_modules(const Config& config, const std::string& source) {
-  FT_CHECK(config.contains("target_modules"), source, ": missing required field \"target_modules\"");
-  const Config& targets = config["target_modules"];
-  FT_CHECK(!targets.is_string(), source, ": field \"target_modules\" is the single string ", targets.dump(),
-           ", which PEFT treats as a regular expression over full module names; only a list of module names "
-           "(e.g. [\"q_proj\", \"v_proj\"]) is supported");
-  FT_CHECK(targets.is_array() && !targets.empty(), source,
-           ": field \"target_modules\" must be a non-empty list of module names, got ", targets.dump());
+// A list of strings, or null/absent as empty; else an Error naming the field.
+std::vector<std::string> string_list(const Config& config, const char* field, const std::string& source) {
+  if (!is_set(config, field)) return {};
+  const Config& value = config[field];
+  FT_CHECK(value.is_array(), source, ": field \"", field, "\" must be a list of strings, got ", value.dump());
   std::vector<std::string> names;
-  for (const Config& target : targets) {
-    FT_CHECK(target.is_string(), source, ": field \"target_modules\" must hold strings, got ", target.dump());
-    names.push_back(target.get<std::string>());
+  for (const Config& name : value) {
+    FT_CHECK(name.is_string(), source, ": field \"", field, "\" must hold strings, got ", name.dump());
+    names.push_back(name.get<std::string>());
   }
   return names;
+}
+
+// PEFT's module selection: target_modules and exclude_modules each a list
+// of names or one string (a regular expression; "all-linear" for targets,
+// in any case, as PEFT lowercases it), layers_to_transform an index or a
+// list of them, layers_pattern a name or a list of them.
+void read_module_selection(const Config& config, LoraOptions& lora, const std::string& source) {
+  FT_CHECK(config.contains("target_modules"), source, ": missing required field \"target_modules\"");
+  const Config& targets = config["target_modules"];
+  if (targets.is_string()) {
+    const std::string text = targets.get<std::string>();
+    FT_CHECK(!text.empty(), source, ": field \"target_modules\" is an empty string (expected a list of module "
+             "names, or a regular expression over whole module names)");
+    if (is_all_linear(text)) lora.target_modules = {kAllLinear};
+    else lora.target_modules_regex = text;
+  } else {
+    lora.target_modules = string_list(config, "target_modules", source);
+    FT_CHECK(!lora.target_modules.empty(), source, ": field \"target_modules\" must be a non-empty list of module "
+             "names or a regular expression, got ", targets.dump());
+  }
+  if (is_set(config, "exclude_modules") && config["exclude_modules"].is_string())
+    lora.exclude_modules_regex = config["exclude_modules"].get<std::string>();  // "": none, as in PEFT
+  else
+    lora.exclude_modules = string_list(config, "exclude_modules", source);
+  if (is_set(config, "layers_to_transform")) {
+    const Config& layers = config["layers_to_transform"];
+    auto index = [&](const Config& value) {
+      FT_CHECK(value.is_number_integer() && value.get<int64_t>() >= 0, source,
+               ": field \"layers_to_transform\" must be a layer index or a list of them (integers >= 0), got ",
+               layers.dump());
+      lora.layers_to_transform.push_back(value.get<int64_t>());
+    };
+    if (layers.is_array()) {
+      for (const Config& layer : layers) index(layer);
+    } else {
+      index(layers);
+    }
+  }
+  // PEFT checks layers_pattern against a null layers_to_transform only: beside an empty list it does nothing.
+  const bool empty_layers = is_set(config, "layers_to_transform") && lora.layers_to_transform.empty();
+  if (is_set(config, "layers_pattern") && config["layers_pattern"].is_string()) {
+    const std::string pattern = config["layers_pattern"].get<std::string>();
+    if (!pattern.empty()) lora.layers_pattern = {pattern};  // "": the first dotted name's number, as in PEFT
+  } else {
+    lora.layers_pattern = string_list(config, "layers_pattern", source);
+  }
+  if (empty_layers) lora.layers_pattern.clear();
+  check_lora_targets(lora, source + ": field ");
 }
 
 // PEFT's rank_pattern (pattern -> positive integer) and alpha_pattern
@@ -105,6 +150,27 @@ json pattern_json(const std::vector<std::pair<std::string, T>>& pattern) {
   return out;
 }
 
+// A list field as saved: null when empty.
+template <class T>
+json list_or_null(const std::vector<T>& values) {
+  return values.empty() ? json() : json(values);
+}
+
+// target_modules or exclude_modules as PEFT saves them: the regular
+// expression when set, else the names sorted (PEFT saves a Python set), or
+// null.
+json names_json(std::vector<std::string> names, const std::string& regex) {
+  if (!regex.empty()) return regex;
+  std::sort(names.begin(), names.end());
+  return list_or_null(names);
+}
+
+// layers_to_transform sorted (membership is all it means), or null.
+json layers_json(std::vector<int64_t> layers) {
+  std::sort(layers.begin(), layers.end());
+  return list_or_null(layers);
+}
+
 // The adapter the model holds must be the one described: same rank, same
 // scaling and the same modules (as a set: PEFT saves a Python set).
 void check_matches_model(const LoraOptions& config, const std::optional<LoraOptions>& model_lora,
@@ -119,11 +185,18 @@ void check_matches_model(const LoraOptions& config, const std::optional<LoraOpti
            " but the model's adapters have use_rslora = ", name(lora.use_rslora));
   FT_CHECK(config.use_dora == lora.use_dora, source, ": field \"use_dora\" is ", name(config.use_dora),
            " but the model's adapters have use_dora = ", name(lora.use_dora));
-  std::vector<std::string> want = config.target_modules, have = lora.target_modules;
-  std::sort(want.begin(), want.end());
-  std::sort(have.begin(), have.end());
-  FT_CHECK(want == have, source, ": field \"target_modules\" is ", json(config.target_modules).dump(),
-           " but the model's adapters target ", json(lora.target_modules).dump());
+  for (auto [field, mine, model] : {std::tuple{"target_modules", names_json(config.target_modules,
+                                                                             config.target_modules_regex),
+                                               names_json(lora.target_modules, lora.target_modules_regex)},
+                                    std::tuple{"exclude_modules", names_json(config.exclude_modules,
+                                                                             config.exclude_modules_regex),
+                                               names_json(lora.exclude_modules, lora.exclude_modules_regex)},
+                                    std::tuple{"layers_to_transform", layers_json(config.layers_to_transform),
+                                               layers_json(lora.layers_to_transform)},
+                                    std::tuple{"layers_pattern", list_or_null(config.layers_pattern),
+                                               list_or_null(lora.layers_pattern)}})
+    FT_CHECK(mine == model, source, ": field \"", field, "\" is ", mine.dump(), " but the model's adapters have ",
+             model.dump());
   // As objects, keys sorted: PEFT's save sorts them, so a saved adapter's
   // order is not the one trained with.
   for (auto [field, mine, model] : {std::tuple{"rank_pattern", pattern_json(config.rank_pattern),
@@ -178,18 +251,6 @@ std::string saved_module_tensor(const std::string& key, const std::vector<std::s
   return "";
 }
 
-std::vector<std::string> read_modules_to_save(const Config& config, const std::string& source) {
-  if (!is_set(config, "modules_to_save")) return {};
-  const Config& modules = config["modules_to_save"];
-  FT_CHECK(modules.is_array(), source, ": field \"modules_to_save\" must be a list of module names, got ",
-           modules.dump());
-  std::vector<std::string> names;
-  for (const Config& module : modules) {
-    FT_CHECK(module.is_string(), source, ": field \"modules_to_save\" must hold strings, got ", module.dump());
-    names.push_back(module.get<std::string>());
-  }
-  return names;
-}
 
 // A config.json's model: its fields but how the weights are stored (a saved
 // quantised base's quantization_config and dtype, a merged folder's dtype)
@@ -236,7 +297,7 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
              ": field \"lora_alpha\" must be a positive number, got ", config["lora_alpha"].dump());
     result.lora_alpha = config["lora_alpha"].get<double>();
   }
-  result.target_modules = read_target_modules(config, source);
+  read_module_selection(config, result, source);
   if (is_set(config, "lora_dropout")) {
     const json& p = config["lora_dropout"];
     FT_CHECK(p.is_number() && p.get<double>() >= 0 && p.get<double>() < 1, source,
@@ -252,12 +313,12 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
   const std::string bias = optional_string(config, "bias", "none", source);
   FT_CHECK(bias == "none", source, ": field \"bias\" is \"", bias, "\" but only \"none\" is supported");
   read_patterns(config, result, source);
-  for (const char* field : {"fan_in_fan_out", "lora_bias", "layers_to_transform", "layer_replication",
-                            "exclude_modules", "target_parameters", "trainable_token_indices"})
+  for (const char* field : {"fan_in_fan_out", "lora_bias", "layer_replication", "target_parameters",
+                            "trainable_token_indices"})
     require_peft_default(config, field, source);
   adapter.base_model_name_or_path = optional_string(config, "base_model_name_or_path", "", source);
   adapter.task_type = optional_string(config, "task_type", "", source);
-  adapter.modules_to_save = read_modules_to_save(config, source);
+  adapter.modules_to_save = string_list(config, "modules_to_save", source);
   return adapter;
 }
 
@@ -301,7 +362,8 @@ void save_peft_adapter(const std::string& folder, const std::vector<std::pair<st
   out["r"] = config.r;
   out["lora_alpha"] = peft_number(config.lora_alpha);
   out["lora_dropout"] = config.lora_dropout;
-  out["target_modules"] = config.target_modules;
+  out["target_modules"] = names_json(config.target_modules, config.target_modules_regex);
+  out["exclude_modules"] = names_json(config.exclude_modules, config.exclude_modules_regex);
   out["base_model_name_or_path"] =
       peft.base_model_name_or_path.empty() ? json() : json(peft.base_model_name_or_path);
   out["task_type"] = peft.task_type.empty() ? json() : json(peft.task_type);
@@ -312,8 +374,8 @@ void save_peft_adapter(const std::string& folder, const std::vector<std::pair<st
   out["inference_mode"] = true;
   out["use_dora"] = config.use_dora;
   out["modules_to_save"] = peft.modules_to_save.empty() ? json() : json(peft.modules_to_save);
-  out["layers_to_transform"] = nullptr;
-  out["layers_pattern"] = nullptr;
+  out["layers_to_transform"] = layers_json(config.layers_to_transform);
+  out["layers_pattern"] = list_or_null(config.layers_pattern);
   out["rank_pattern"] = pattern_json(config.rank_pattern);
   out["alpha_pattern"] = pattern_json(config.alpha_pattern);
   write_file_atomically((fs::path(folder) / "adapter_config.json").string(), out.dump(2));

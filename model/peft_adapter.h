@@ -31,7 +31,9 @@ struct PeftAdapterConfig {
 };
 
 // Reads folder/adapter_config.json. Requires peft_type "LORA" and
-// target_modules as a list of names; r, lora_alpha, lora_dropout and
+// target_modules (names, all-linear or a regular expression; with
+// exclude_modules, layers_to_transform and layers_pattern as PEFT reads
+// them, model/lora_pattern.h); r, lora_alpha, lora_dropout and
 // use_rslora, when absent, keep LoraOptions' defaults (PEFT's); rank_pattern
 // and alpha_pattern keep the file's order. Settings that would
 // change the adapter's math and that we do not implement (bias,
@@ -73,7 +75,7 @@ void save_peft_adapter(const std::string& folder, const std::vector<std::pair<st
 // Copies every adapter tensor of folder into model.adapters(), and each
 // modules_to_save tensor into the model's parameter of that name (a reward
 // model's score.weight). The model must have been built with the folder's r,
-// lora_alpha, use_rslora, target_modules, rank_pattern and alpha_pattern; every adapter needs exactly one
+// lora_alpha, use_rslora, its module selection, rank_pattern and alpha_pattern; every adapter needs exactly one
 // tensor of its shape, and the file may hold nothing else. Everything is checked before any value is
 // copied, so a refused adapter leaves the model as it was.
 void load_peft_adapter(const std::string& folder, LanguageModel& model);

@@ -513,12 +513,15 @@ def save_pretrained_fixture(model, adapter_dir):
     card = os.path.join(adapter_dir, "README.md")  # PEFT's boilerplate model card: not a fixture
     if os.path.exists(card):
         os.remove(card)
-    # PEFT keeps target_modules as a Python set, so the saved list's order follows the string hash seed: sort it
-    # (written back exactly as PEFT writes the file: json.dumps(indent=2, sort_keys=True), no trailing newline).
+    # PEFT keeps a list target_modules or exclude_modules as a Python set, so the saved list's order follows the
+    # string hash seed: sort it (written back exactly as PEFT writes the file: json.dumps(indent=2,
+    # sort_keys=True), no trailing newline). A string (a regular expression) stays as it is.
     config_path = os.path.join(adapter_dir, "adapter_config.json")
     with open(config_path) as f:
         adapter_config = json.load(f)
-    adapter_config["target_modules"] = sorted(adapter_config["target_modules"])
+    for field in ("target_modules", "exclude_modules"):
+        if isinstance(adapter_config.get(field), list):
+            adapter_config[field] = sorted(adapter_config[field])
     with open(config_path, "w") as f:
         f.write(json.dumps(adapter_config, indent=2, sort_keys=True))
 

@@ -57,7 +57,7 @@ TEST_CASE("INT8 base + LoRA: optimizer state is 8 bytes per adapter parameter an
   CpuBackend backend(tracker);
   ModelOptions options;
   options.quantized_base = QuantizedBase::int8;
-  options.lora = LoraOptions{4, 8.0, 0.1, {"q_proj", "v_proj"}, false};
+  options.lora = LoraOptions{.r = 4, .lora_alpha = 8.0, .lora_dropout = 0.1, .target_modules = {"q_proj", "v_proj"}};
   auto model = make_causal_lm(read_model_config(kFixture + "/config.json"), backend, options);
   model->load(Checkpoint(kFixture));
   model->init_adapters(7);

@@ -1697,6 +1697,34 @@ TEST_CASE("pipeline: mpirun -np 2 with parallel.pipeline 2 trains as one process
   }
 }
 
+// lora.layers_to_transform can leave a stage's layers without adapters:
+// that stage trains nothing and still passes activations and gradients on.
+TEST_CASE("pipeline: mpirun -np 2 with stage 1's layers left without adapters trains as one process" *
+          doctest::skip()) {
+  const std::string dir = mpirun_test_dir("pipeline_layers");
+  std::vector<std::string> one_args = short_default_run(dir + "/one", 2, 2),
+                           two_args = short_default_run(dir + "/two", 2, 2);
+  for (std::vector<std::string>* args : {&one_args, &two_args})
+    args->insert(args->end(), {"--set", "lora.layers_to_transform=[0]"});
+  two_args.insert(two_args.end(), {"--set", "parallel.pipeline=2"});
+  const Ran one = run_ranks(0, one_args, dir, "one.txt");
+  REQUIRE_MESSAGE(one.exit_code == 0, one.output);
+  const Ran two = run_ranks(2, two_args, dir, "two.txt");
+  REQUIRE_MESSAGE(two.exit_code == 0, two.output);
+  CHECK(two.output.find("pipeline: stage 0: layers 0-1, stage 1: layers 2-3") != std::string::npos);
+  const SafetensorsFile adapter(dir + "/two/adapter/adapter_model.safetensors");
+  CHECK(adapter.entries().size() == 4);  // layer 0's q_proj and v_proj
+  for (const SafetensorsEntry& entry : adapter.entries()) CHECK(entry.name.find(".layers.0.") != std::string::npos);
+  if (test_device() != "cpu") {
+    float largest_lora_b = 0.0f;
+    CHECK(max_adapter_difference(dir + "/one/adapter", dir + "/two/adapter", &largest_lora_b) <= 1e-6f);
+    return;
+  }
+  CHECK(step_metric(dir + "/one/metrics.jsonl", "loss") == step_metric(dir + "/two/metrics.jsonl", "loss"));
+  CHECK(read_file(dir + "/two/adapter/adapter_model.safetensors") ==
+        read_file(dir + "/one/adapter/adapter_model.safetensors"));
+}
+
 TEST_CASE("pipeline: kill -9 of one stage ends the job; --resume on 2 ranks ends with the uninterrupted adapter" *
           doctest::skip()) {
   skip_without_mpirun();

@@ -217,10 +217,13 @@ TEST_CASE("adapter configs PEFT would not give us, or that do not fit the model,
   CHECK_THROWS_WITH_AS(read_peft_adapter_config(no_rank.write("zero_rank")),
                        doctest::Contains("field \"r\" must be a positive integer, got 0"), Error);
 
+  // A string target_modules is PEFT's regular expression (test_module_selection); a broken one is refused.
   AdapterFiles regex_targets;
-  regex_targets.config["target_modules"] = ".*\\.(q_proj|v_proj)";
+  regex_targets.config["target_modules"] = ".*\\.(q_proj|v_proj";
   CHECK_THROWS_WITH_AS(read_peft_adapter_config(regex_targets.write("regex_targets")),
-                       doctest::Contains("regular expression"), Error);
+                       doctest::Contains("adapter_config.json: field target_modules \".*\\.(q_proj|v_proj\": not a "
+                                         "valid regular expression"),
+                       Error);
 
   AdapterFiles lora_bias;
   lora_bias.config["lora_bias"] = true;

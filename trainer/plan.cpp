@@ -104,8 +104,9 @@ void split_weights(StepPlan& plan, LanguageModel& model) {
   }
 }
 
-// The frozen linear weights and LoRA parameters of the model's first decoder
-// layer (all layers are alike), for the time model.
+// The frozen linear weights of the model's first decoder layer (all layers
+// are alike) and the LoRA parameters of an average one (rank_pattern and
+// layers_to_transform make them differ), for the time model.
 struct LayerParameters {
   double linear = 0.0, lora = 0.0;
 };
@@ -115,7 +116,8 @@ LayerParameters layer_parameters(LanguageModel& model) {
   for (const Parameter& p : model.parameters())
     if (p.name.find(layer) != std::string::npos && p.is_quantized()) counts.linear += double(shape_numel(p.shape()));
   for (const Parameter& p : model.adapters())
-    if (p.name.find(layer) != std::string::npos) counts.lora += double(p.value.numel());
+    if (p.name.find(".layers.") != std::string::npos) counts.lora += double(p.value.numel());
+  counts.lora /= double(model.layers().end_layer - model.layers().first_layer);
   return counts;
 }
 

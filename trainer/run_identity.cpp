@@ -47,6 +47,12 @@ std::string adapter_config(const TrainConfig& config, const LanguageModel& model
                               {"target_modules", targets},
                               {"use_rslora", lora.use_rslora}};
   if (lora.use_dora) described["use_dora"] = true;  // absent otherwise: earlier runs' identities unchanged
+  if (!lora.target_modules_regex.empty()) described["target_modules"] = lora.target_modules_regex;
+  // Absent when unset, as above.
+  if (!lora.exclude_modules.empty()) described["exclude_modules"] = lora.exclude_modules;
+  if (!lora.exclude_modules_regex.empty()) described["exclude_modules"] = lora.exclude_modules_regex;
+  if (!lora.layers_to_transform.empty()) described["layers_to_transform"] = lora.layers_to_transform;
+  if (!lora.layers_pattern.empty()) described["layers_pattern"] = lora.layers_pattern;
   // Lists of [pattern, value] in order (the first match wins), absent when empty as above.
   if (!lora.rank_pattern.empty()) described["rank_pattern"] = lora.rank_pattern;
   if (!lora.alpha_pattern.empty()) described["alpha_pattern"] = lora.alpha_pattern;

@@ -16,6 +16,7 @@
 #include "kernels/error.h"
 #include "kernels/input_file.h"
 #include "model/lora_pattern.h"
+#include "model/model_config.h"
 #include "tokenizer/load_tokenizer.h"
 
 namespace ft {
@@ -329,11 +330,47 @@ const Field kFields[] = {
      }},
     {"lora.target_modules",
      [](TrainConfig& c, const Value& v) {
-       // PEFT's "all-linear" is a plain string, not a list.
-       const bool all_linear = v.node.IsScalar() && v.node.Scalar() == kAllLinear;
-       c.lora.target_modules = all_linear ? std::vector<std::string>{kAllLinear} : v.strings();
-       v.require(!c.lora.target_modules.empty(),
-                 "a non-empty list of module names such as [q_proj, v_proj], or all-linear");
+       // As PEFT: a list of module names, or one string: "all-linear" (in
+       // any case), else a regular expression the whole module name must match.
+       const std::string expected = "a non-empty list of module names such as [q_proj, v_proj], all-linear, or a "
+                                    "regular expression over whole module names";
+       c.lora.target_modules.clear();
+       c.lora.target_modules_regex.clear();
+       if (v.node.IsSequence()) c.lora.target_modules = v.strings();
+       else if (is_all_linear(v.scalar(expected.c_str()))) c.lora.target_modules = {kAllLinear};
+       else c.lora.target_modules_regex = v.node.Scalar();
+       v.require(!c.lora.target_modules.empty() || !c.lora.target_modules_regex.empty(), expected);
+       if (!c.lora.target_modules_regex.empty())  // compiled here, so an invalid one names its line
+         regex_fullmatch(c.lora.target_modules_regex, "", v.where + ": " + v.key);
+     }},
+    {"lora.exclude_modules",
+     [](TrainConfig& c, const Value& v) {
+       c.lora.exclude_modules.clear();
+       c.lora.exclude_modules_regex.clear();
+       if (v.node.IsNull()) return;
+       if (v.node.IsSequence()) c.lora.exclude_modules = v.strings();
+       else c.lora.exclude_modules_regex = v.scalar("a list of module names, or a regular expression over whole "
+                                                    "module names");
+       if (!c.lora.exclude_modules_regex.empty())
+         regex_fullmatch(c.lora.exclude_modules_regex, "", v.where + ": " + v.key);
+     }},
+    {"lora.layers_to_transform",
+     [](TrainConfig& c, const Value& v) {
+       c.lora.layers_to_transform.clear();
+       if (v.node.IsNull()) return;
+       if (!v.node.IsSequence()) {
+         c.lora.layers_to_transform = {v.integer_in(0, kMaxModelConfigInt)};
+         return;
+       }
+       for (const YAML::Node& layer : v.node)
+         c.lora.layers_to_transform.push_back(Value{layer, v.key, v.where, ""}.integer_in(0, kMaxModelConfigInt));
+     }},
+    {"lora.layers_pattern",
+     [](TrainConfig& c, const Value& v) {
+       c.lora.layers_pattern.clear();
+       if (v.node.IsNull()) return;
+       if (v.node.IsSequence()) c.lora.layers_pattern = v.strings();
+       else c.lora.layers_pattern = {v.scalar("a name such as layers, or a list of them")};
      }},
     {"lora.rank_pattern",
      [](TrainConfig& c, const Value& v) {
@@ -717,6 +754,7 @@ void check_consistency(const TrainConfig& c) {
            "is NEFTune's L); use data.packing: false or concatenate");
   if (c.objective == Objective::grpo) check_grpo(c);
   if (c.objective == Objective::ppo) check_ppo(c);
+  check_lora_targets(c.lora, f + ": lora.");
   FT_CHECK(!c.lora.use_dora || c.trainable == Trainable::lora, f, ": lora.use_dora applies to trainable: lora");
   FT_CHECK(!c.lora.use_dora || c.parallel.tensor == 1, f, ": lora.use_dora: true with parallel.tensor above 1 is "
            "not supported (a row-parallel weight's row norms span the ranks)");
