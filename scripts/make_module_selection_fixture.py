@@ -136,7 +136,9 @@ def adapted_modules(config, fields):
         lora = LoraConfig(r=4, lora_alpha=8, task_type="SEQ_2_SEQ_LM" if seq2seq else "CAUSAL_LM", **fields)
         model = get_peft_model(base, lora)
     except Exception as error:  # PEFT's ValueError (and subclasses): the case records it
-        return {"error": f"{type(error).__name__}: {error}"}
+        # A set in the message prints in the string hash's order: sorted, so each run writes the same bytes.
+        message = re.sub(r"\{([^{}]*)\}", lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", str(error))
+        return {"error": f"{type(error).__name__}: {message}"}
     inner = model.base_model.model
     return {"adapted": sorted(n for n, m in inner.named_modules() if isinstance(m, LoraLayer))}
 
