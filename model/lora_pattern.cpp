@@ -62,13 +62,21 @@ Code compile_layer(const std::string& pattern, const std::string& what) {
   return compile(kLayerPrefix + pattern + kLayerSuffix, pattern, kLayerPrefix.size(), PCRE2_ANCHORED, what);
 }
 
-// Whether code matches subject; with group, its first capture group (empty if unset).
-bool matches(const Code& code, const std::string& subject, std::string* group = nullptr) {
+// Whether code matches subject; with group, its first capture group (empty
+// if unset). A match PCRE2 gives up on (its backtracking limit, which a
+// pattern such as (a+)+b reaches) is an Error naming `what`, not a no.
+bool matches(const Code& code, const std::string& subject, const std::string& what, std::string* group = nullptr) {
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match(
       pcre2_match_data_create_from_pattern(code.get(), nullptr), &pcre2_match_data_free);
-  if (pcre2_match(code.get(), reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(), 0, 0, match.get(),
-                  nullptr) < 0)
-    return false;
+  const int result = pcre2_match(code.get(), reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(), 0, 0,
+                                 match.get(), nullptr);
+  if (result == PCRE2_ERROR_NOMATCH) return false;
+  if (result < 0) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(result, message, sizeof message);
+    fail(what, ": matching ", subject, " failed (", reinterpret_cast<const char*>(message),
+         "): simplify the regular expression");
+  }
   if (group) {
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
     const bool set = pcre2_get_ovector_count(match.get()) > 1 && ovector[2] != PCRE2_UNSET;
@@ -95,7 +103,7 @@ bool matches_a_name(const std::vector<std::string>& names, const std::string& mo
 }  // namespace
 
 bool module_pattern_matches(const std::string& key, const std::string& module, const std::string& what) {
-  return matches(compile_key(key, what), module);
+  return matches(compile_key(key, what), module, what);
 }
 
 bool is_all_linear(const std::string& target_modules) {
@@ -105,16 +113,16 @@ bool is_all_linear(const std::string& target_modules) {
 }
 
 bool regex_fullmatch(const std::string& pattern, const std::string& subject, const std::string& what) {
-  return matches(compile_full(pattern, what), subject);
+  return matches(compile_full(pattern, what), subject, what);
 }
 
 int64_t peft_layer_index(const std::string& module, const std::vector<std::string>& layers_pattern) {
   std::string digits;
   bool found = false;
   if (layers_pattern.empty())
-    found = matches(compile_layer("[^.]*", "lora.layers_pattern"), module, &digits);
+    found = matches(compile_layer("[^.]*", "lora.layers_pattern"), module, "lora.layers_pattern", &digits);
   for (size_t i = 0; i < layers_pattern.size() && !found; ++i)
-    found = matches(compile_layer(layers_pattern[i], "lora.layers_pattern"), module, &digits);
+    found = matches(compile_layer(layers_pattern[i], "lora.layers_pattern"), module, "lora.layers_pattern", &digits);
   if (!found) return -1;
   // Python takes int() of the match's first group: a pattern with its own
   // group puts that group first, whose text int() refuses.

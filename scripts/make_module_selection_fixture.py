@@ -6,10 +6,11 @@ matching a module so called or ending in "." + it; or one string, a regular
 expression the whole module name must match), exclude_modules (the same two
 forms, checked first), and layers_to_transform with layers_pattern (the layer
 index read from the module name). tests/fixtures/module_selection/ holds:
-  - cases.json: Python's re.fullmatch and PEFT's layer index on some names, and for a 12-layer Llama, a 12-layer GPT-NeoX and a T5 (3 encoder,
-    2 decoder layers), each model's config.json and, per LoraConfig tried, the
+  - cases.json: Python's re.fullmatch and PEFT's layer index on some names;
+    and for a 12-layer Llama, a 12-layer GPT-NeoX and a T5 (3 encoder, 2
+    decoder layers), each model's config.json and, per LoraConfig tried, the
     full names of the modules PEFT's get_peft_model adapted, or the error it
-    raised (its type and message);
+    raised (its type and message, sets sorted);
   - regex/ and layers/: two PEFT adapters on tests/fixtures/llama_gqa (a
     string target_modules; a list narrowed by layers_to_transform,
     layers_pattern and exclude_modules), lora_B set to seeded noise, each with

@@ -95,6 +95,10 @@ TEST_CASE("a string target_modules or exclude_modules fully matches as Python's 
     CAPTURE(module);
     CHECK(regex_fullmatch(pattern, module, "test") == c[2].get<bool>());
   }
+  // Backtracking past PCRE2's limit is an Error, not a no (Python's re tries every split of the name).
+  CHECK_THROWS_WITH_AS(regex_fullmatch("(\\w*\\.?)*_\\d", "model.layers.0.self_attn.q_proj", "lora.target_modules"),
+                       doctest::Contains("lora.target_modules: matching model.layers.0.self_attn.q_proj failed ("),
+                       Error);
   CHECK_THROWS_WITH_AS(regex_fullmatch("(q_proj", "q_proj", "x.yaml:3: lora.target_modules"),
                        doctest::Contains("x.yaml:3: lora.target_modules \"(q_proj\": not a valid regular expression"),
                        Error);

@@ -101,6 +101,10 @@ def main():
 
     for config in sorted(root.glob("configs/*.yaml")):
         seed("fuzz_train_config", config.stem, config.read_bytes())
+    # PEFT's module selection keys, which no shipped config sets.
+    seed("fuzz_train_config", "module_selection",
+         "model: m\ndata: {train: t.jsonl}\nlora:\n  target_modules: [q_proj, v_proj]\n"
+         "  exclude_modules: '.*\\.layers\\.0\\..*'\n  layers_to_transform: [1, 3]\n  layers_pattern: [h, layers]\n")
 
     for data in sorted(root.glob("configs/data/*.jsonl")):
         lines = data.read_text().splitlines(keepends=True)
@@ -139,10 +143,10 @@ def main():
     for model in ("bpe_rules", "unigram_bytes"):
         seed("fuzz_sentencepiece", model, (root / "tests/fixtures/sentencepiece" / model / "tokenizer.model").read_bytes())
 
-    for fixture in ("llama_lora", "gpt_neox_lora"):
+    for fixture in ("llama_lora", "gpt_neox_lora", "module_selection/regex", "module_selection/layers"):
         adapter = root / "tests/fixtures" / fixture / "adapter"
         config = (adapter / "adapter_config.json").read_bytes()
-        seed("fuzz_peft_adapter", fixture,
+        seed("fuzz_peft_adapter", fixture.replace("/", "_"),
              struct.pack("<I", len(config)) + config + (adapter / "adapter_model.safetensors").read_bytes())
 
     state = []
