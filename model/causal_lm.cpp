@@ -96,11 +96,12 @@ void LanguageModel::check_built(const std::string& module_names) {
   check_targets(module_names);
   std::vector<std::string>& targets = options_.lora->target_modules;
   if (targets == std::vector<std::string>{kAllLinear}) {
-    // As PEFT: "all-linear" becomes the names of the adapted modules (every
-    // decoder linear, not the output head), which adapter_config.json lists.
+    // As PEFT: "all-linear" becomes the names of the linear modules (every
+    // decoder linear, not the output head, exclude_modules or not: it stays
+    // beside them), which adapter_config.json lists. Every pipeline stage
+    // holds the same kinds, so each writes the same list.
     targets.clear();
-    for (const Parameter& adapter : adapters_) {
-      const std::string module = adapter.name.substr(0, adapter.name.find(".lora_"));
+    for (const std::string& module : linear_modules_) {
       const std::string leaf = module.substr(module.rfind('.') + 1);
       if (std::find(targets.begin(), targets.end(), leaf) == targets.end()) targets.push_back(leaf);
     }

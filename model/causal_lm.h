@@ -156,6 +156,8 @@ class LanguageModel {
   Backend& backend() { return backend_; }
   std::deque<Parameter>& parameters() { return parameters_; }  // base weights, HF names
   std::deque<Parameter>& adapters() { return adapters_; }      // e.g. model.layers.0.self_attn.q_proj.lora_A.weight
+  // Every linear module's name (model.layers.0.self_attn.q_proj), adapted or not, in the order built.
+  const std::vector<std::string>& linear_modules() const { return linear_modules_; }
   // options.output_head's parameters (last stage), else undefined.
   const HeadParameters& output_head() const { return output_head_; }
   // Whether load() found the output head in the checkpoint, or a PEFT

@@ -167,6 +167,34 @@ void check_lora_targets(const LoraOptions& lora, const std::string& what) {
     FT_CHECK(layer >= 0, what, "layers_to_transform: expected layer indexes >= 0, got ", layer);
 }
 
+std::vector<std::string> unmatched_lora_keys(const LoraOptions& lora, const std::vector<std::string>& linear_modules,
+                                             const std::vector<std::string>& adapted_modules) {
+  std::vector<std::string> unmatched;
+  auto note = [&](const char* field, const std::string& key, bool used) {
+    if (!used) unmatched.push_back(std::string("lora.") + field + " \"" + key + "\"");
+  };
+  auto any_module = [](const std::vector<std::string>& modules, const auto& matches) {
+    return std::any_of(modules.begin(), modules.end(), matches);
+  };
+  for (const auto& [key, r] : lora.rank_pattern)
+    note("rank_pattern", key, any_module(adapted_modules, [&](const std::string& m) {
+           return module_pattern_matches(key, m, "lora.rank_pattern");
+         }));
+  for (const auto& [key, alpha] : lora.alpha_pattern)
+    note("alpha_pattern", key, any_module(adapted_modules, [&](const std::string& m) {
+           return module_pattern_matches(key, m, "lora.alpha_pattern");
+         }));
+  for (const std::string& name : lora.exclude_modules)
+    note("exclude_modules", name, any_module(linear_modules, [&](const std::string& m) {
+           return module_matches_target(m, name);
+         }));
+  if (!lora.exclude_modules_regex.empty())
+    note("exclude_modules", lora.exclude_modules_regex, any_module(linear_modules, [&](const std::string& m) {
+           return regex_fullmatch(lora.exclude_modules_regex, m, "lora.exclude_modules");
+         }));
+  return unmatched;
+}
+
 ModuleLora module_lora(const LoraOptions& lora, const std::string& module) {
   ModuleLora out;
   out.r = first_match(lora.rank_pattern, module, lora.r, "lora.rank_pattern");

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/model_options.h"
 
@@ -63,6 +64,15 @@ int64_t peft_layer_index(const std::string& module, const std::vector<std::strin
 // with layers_to_transform. Errors name the field as `what` + the field
 // (what: "x.yaml: lora." or "adapter_config.json: field ").
 void check_lora_targets(const LoraOptions& lora, const std::string& what);
+
+// What of lora's module fields changes nothing on a model whose linear
+// modules are linear_modules and whose adapted ones adapted_modules: each
+// rank_pattern or alpha_pattern key that matches no adapted module, and
+// each exclude_modules name (or its regular expression) that matches no
+// linear module, as `lora.<field> "<key>"` (a typo, most likely; PEFT
+// passes them silently).
+std::vector<std::string> unmatched_lora_keys(const LoraOptions& lora, const std::vector<std::string>& linear_modules,
+                                             const std::vector<std::string>& adapted_modules);
 
 // Checks that every key of lora's patterns compiles, each r is positive and
 // each alpha positive and finite; an Error names the field as `what` +

@@ -294,6 +294,30 @@ TEST_CASE("lora.use_dora: a DoRA run trains, resumes after kill -9 to the same l
   CHECK(run_command(kBinary + " generate " + full_dir + "/merged" + prompt).output == over_base.output);
 }
 
+// PEFT's module selection from the run config: a pattern target, layers and
+// an exclusion reach the saved adapter, and a mistyped rank_pattern key is
+// warned about (it changes nothing, as in PEFT).
+TEST_CASE("lora.target_modules as a pattern with exclude_modules trains those modules and warns of an unused key") {
+  const std::string dir = make_run_dir("module_selection",
+                                       "lora.target_modules: 'model\\.layers\\.1\\..*_proj'\n"
+                                       "lora.exclude_modules: [mlp.up_proj]\nlora.rank_pattern: {q_projj: 8}\n");
+  const CommandResult run = run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=2");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("warning: lora.rank_pattern \"q_projj\" matches no module of this model: it changes "
+                        "nothing") != std::string::npos);
+  const SafetensorsFile adapter(dir + "/out/adapter/adapter_model.safetensors");
+  CHECK(adapter.entries().size() == 12);  // layer 1's six linears but up_proj, A and B each
+  for (const SafetensorsEntry& entry : adapter.entries()) {
+    CAPTURE(entry.name);
+    CHECK(entry.name.find(".layers.1.") != std::string::npos);
+    CHECK(entry.name.find("up_proj") == std::string::npos);
+  }
+  const std::string saved = read_file(dir + "/out/adapter/adapter_config.json");
+  CHECK(saved.find("\"target_modules\": \"model\\\\.layers\\\\.1\\\\..*_proj\"") != std::string::npos);
+  CHECK(saved.find("\"exclude_modules\": [\n    \"mlp.up_proj\"\n  ]") != std::string::npos);
+}
+
 // mlp_chunk_tokens 100 (the 16 x 64-token micro-batch's last chunk has 24)
 // under per-layer checkpointing, over the unquantised base with LoRA on q and v
 // (dropout 0.1): the MLP trains nothing, so the losses are the unchunked

@@ -216,6 +216,51 @@ TEST_CASE("PEFT adapters with a string target_modules, and with layers and exclu
   CHECK(layers.exclude_modules == std::vector<std::string>{"layers.1.self_attn.v_proj"});
 }
 
+TEST_CASE("all-linear with exclude_modules saves every linear kind beside the exclusions, which select the same") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  ModelOptions options;
+  options.weight_dtype = DType::f32;
+  options.lora = read_fields({{"target_modules", "all-linear"}, {"exclude_modules", {"o_proj"}}}, "all_linear");
+  auto model = make_causal_lm(read_model_config(kBase + "/config.json"), backend, options);
+  model->load(Checkpoint(kBase));
+  CHECK(adapted_modules(*model).size() == 12);  // 2 layers x 6 kinds
+  // As PEFT, which expands all-linear to every linear module before excluding any.
+  CHECK(model->options().lora->target_modules ==
+        std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});
+  PeftAdapterConfig adapter;
+  adapter.lora = *model->options().lora;
+  const std::string folder = (fs::temp_directory_path() / "test_module_selection_all_linear").string();
+  fs::remove_all(folder);
+  save_peft_adapter(folder, *model, adapter);
+  CHECK(read_json(folder + "/adapter_config.json")["exclude_modules"] == json{"o_proj"});
+  auto reloaded = adapter_model(backend, folder);
+  CHECK(adapted_modules(*reloaded) == adapted_modules(*model));
+}
+
+TEST_CASE("rank_pattern, alpha_pattern and exclude_modules entries that match nothing are named") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  ModelOptions options;
+  options.weight_dtype = DType::f32;
+  options.lora = read_fields({{"target_modules", {"q_proj", "v_proj"}},
+                              {"exclude_modules", {"o_prj", "layers.1.self_attn.v_proj"}},
+                              {"rank_pattern", {{"q_projj", 8}, {"v_proj", 2}, {"k_proj", 6}}},
+                              {"alpha_pattern", {{"layers.0.self_attn.q_proj", 16}}}},
+                             "unmatched");
+  auto model = make_causal_lm(read_model_config(kBase + "/config.json"), backend, options);
+  // k_proj is a linear module but not adapted: its rank changes nothing either.
+  CHECK(unmatched_lora_keys(*model->options().lora, model->linear_modules(), adapted_modules(*model)) ==
+        std::vector<std::string>{"lora.rank_pattern \"k_proj\"", "lora.rank_pattern \"q_projj\"",
+                                 "lora.exclude_modules \"o_prj\""});
+  LoraOptions regex = *model->options().lora;
+  regex.rank_pattern.clear();
+  regex.exclude_modules.clear();
+  regex.exclude_modules_regex = ".*\\.mlp\\.q_proj";
+  CHECK(unmatched_lora_keys(regex, model->linear_modules(), adapted_modules(*model)) ==
+        std::vector<std::string>{"lora.exclude_modules \".*\\.mlp\\.q_proj\""});
+}
+
 TEST_CASE("an adapter into a model built with other module selection is refused naming the field") {
   HostAllocator host;
   CpuBackend backend(host);

@@ -24,6 +24,7 @@
 #include "model/causal_lm.h"
 #include "model/families.h"
 #include "model/layer_stream.h"
+#include "model/lora_pattern.h"
 #include "model/peft_adapter.h"
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
@@ -148,6 +149,17 @@ ParameterCount count_job_parameters(Run& run) {
 }
 
 bool generates_rows(Objective objective) { return objective == Objective::grpo || objective == Objective::ppo; }
+
+// A rank_pattern, alpha_pattern or exclude_modules entry that matches
+// nothing is most likely a typo; a pipeline stage sees only its layers, so
+// only a model holding them all is asked.
+void warn_unmatched_lora_keys(LanguageModel& model) {
+  if (!model.options().lora || !model.first_stage() || !model.last_stage()) return;
+  std::vector<std::string> adapted;
+  for (const Parameter& adapter : model.adapters()) adapted.push_back(adapter.name.substr(0, adapter.name.find(".lora_")));
+  for (const std::string& key : unmatched_lora_keys(*model.options().lora, model.linear_modules(), adapted))
+    std::cout << "warning: " << key << " matches no module of this model: it changes nothing\n";
+}
 
 void make_model(Run& run) {
   const TrainConfig& config = run.config;
@@ -1060,6 +1072,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   StepOpProfile op_profile(*run.backend, std::cout);  // FT_PROFILE_OPS, read before the model loads
   make_model(run);
   std::cout << trainable_parameters_line(count_job_parameters(run)) << "\n";
+  warn_unmatched_lora_keys(*run.model);
   run.identity.push_back(data_parallel_identity(data_ranks));
   if (run.pipeline_stages > 1) run.identity.push_back(pipeline_identity(run.pipeline_stages));
   if (run.tensor_ranks > 1) run.identity.push_back(tensor_identity(run.tensor_ranks));
