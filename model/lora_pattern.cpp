@@ -176,13 +176,14 @@ std::vector<std::string> unmatched_lora_keys(const LoraOptions& lora, const std:
   auto any_module = [](const std::vector<std::string>& modules, const auto& matches) {
     return std::any_of(modules.begin(), modules.end(), matches);
   };
-  for (const auto& [key, r] : lora.rank_pattern)
-    note("rank_pattern", key, any_module(adapted_modules, [&](const std::string& m) {
-           return module_pattern_matches(key, m, "lora.rank_pattern");
+  // entry, not a structured binding: clang in OpenMP mode cannot capture one.
+  for (const auto& entry : lora.rank_pattern)
+    note("rank_pattern", entry.first, any_module(adapted_modules, [&](const std::string& m) {
+           return module_pattern_matches(entry.first, m, "lora.rank_pattern");
          }));
-  for (const auto& [key, alpha] : lora.alpha_pattern)
-    note("alpha_pattern", key, any_module(adapted_modules, [&](const std::string& m) {
-           return module_pattern_matches(key, m, "lora.alpha_pattern");
+  for (const auto& entry : lora.alpha_pattern)
+    note("alpha_pattern", entry.first, any_module(adapted_modules, [&](const std::string& m) {
+           return module_pattern_matches(entry.first, m, "lora.alpha_pattern");
          }));
   for (const std::string& name : lora.exclude_modules)
     note("exclude_modules", name, any_module(linear_modules, [&](const std::string& m) {

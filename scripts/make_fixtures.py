@@ -490,6 +490,22 @@ def lora_forward_backward(peft_model, input_ids, labels):
     return logits, loss.detach().clone(), grads
 
 
+def lora_reference(tag, peft_model):
+    """The reference of peft_model's LoRA step on make_inputs' batch, its float32 values checked against a float64
+    copy: input_ids, labels, logits, loss and grad.<saved name> of every adapter tensor."""
+    input_ids, labels = make_inputs(peft_model.config.vocab_size)
+    logits, loss, grads = lora_forward_backward(peft_model, input_ids, labels)
+    logits64, loss64, grads64 = lora_forward_backward(copy.deepcopy(peft_model).to(torch.float64), input_ids, labels)
+    print(f"{tag}: loss f32 {loss.item():.8f}  f64 {loss64.item():.8f}  ({len(grads)} LoRA tensors)")
+    worst = compare("logits+loss", {"logits": logits, "loss": loss}, {"logits": logits64, "loss": loss64})
+    worst = max(worst, compare("grads", grads, grads64))
+    assert worst < 1e-4, worst
+    ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32), "logits": logits,
+           "loss": loss.reshape(1)}
+    ref.update({f"grad.{k}": g for k, g in grads.items()})
+    return ref
+
+
 def make_peft_model(base, lora, base_name, seed):
     """PEFT's LoRA on base: lora_A from PEFT's seeded init, every lora_B set to seeded noise so A gets gradients."""
     base.eval()

@@ -20,7 +20,6 @@ index read from the module name). tests/fixtures/module_selection/ holds:
 Needs torch, transformers, peft and safetensors (CPU is enough);
 tests/test_module_selection.cpp reads the result.
 """
-import copy
 import json
 import os
 import re
@@ -33,7 +32,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import LORA, compare, lora_forward_backward, make_inputs, make_peft_model, save_adapter  # noqa: E402
+from make_fixtures import LORA, lora_reference, make_peft_model, save_adapter  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
 SEED = 47
@@ -164,16 +163,7 @@ def make_adapter(out_dir, name, fields):
     model, trainable = make_peft_model(base, dict(LORA, **fields), "llama_gqa", SEED)
     folder = os.path.join(out_dir, name)
     save_adapter(model, trainable, os.path.join(folder, "adapter"))
-    input_ids, labels = make_inputs(model.config.vocab_size)
-    logits, loss, grads = lora_forward_backward(model, input_ids, labels)
-    logits64, loss64, grads64 = lora_forward_backward(copy.deepcopy(model).to(torch.float64), input_ids, labels)
-    print(f"{name}: loss f32 {loss.item():.8f}  f64 {loss64.item():.8f}  ({len(grads)} LoRA tensors)")
-    worst = compare("logits+loss", {"logits": logits, "loss": loss}, {"logits": logits64, "loss": loss64})
-    worst = max(worst, compare("grads", grads, grads64))
-    assert worst < 1e-4, worst
-    ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32), "logits": logits,
-           "loss": loss.reshape(1)}
-    ref.update({f"grad.{k}": g for k, g in grads.items()})
+    ref = lora_reference(name, model)
     save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(folder, "reference.safetensors"))
 
 

@@ -21,6 +21,8 @@
 #include "model/safetensors.h"
 #include "trainer/cli/merge.h"
 #include "trainer/optimizer.h"
+#include "trainer/setup.h"
+#include "trainer/train_config.h"
 #include "tests/host_tensors.h"
 
 namespace ft::parity {
@@ -70,6 +72,29 @@ inline void check_loss_falls(CausalLM& model, AdamW& optimizer, double lr, const
   }
   MESSAGE("loss ", first, " -> ", last);
   CHECK(last < first);
+}
+
+// A run config's model (setup_training, its base loaded from config.model),
+// trained four steps on reference's batch (check_loss_falls) and saved as a
+// PEFT adapter to the temporary folder `name`.
+struct TrainedAdapter {
+  TrainingSetup setup;
+  std::string folder;
+};
+inline TrainedAdapter train_and_save(const TrainConfig& config, const Checkpoint& reference, Backend& backend,
+                                     HostAllocator& host, const std::string& name) {
+  TrainedAdapter trained;
+  trained.setup = setup_training(config, read_model_config(config.model + "/config.json"), backend,
+                                 [&](LanguageModel& model) { model.load(Checkpoint(config.model)); });
+  CausalLM& model = causal_lm(*trained.setup.model, "test");
+  check_loss_falls(model, *trained.setup.optimizer, config.lr, reference.view("input_ids"),
+                   shifted_targets(reference.view("labels"), host));
+  PeftAdapterConfig adapter;
+  adapter.lora = *model.options().lora;
+  trained.folder = (std::filesystem::temp_directory_path() / name).string();
+  std::filesystem::remove_all(trained.folder);
+  save_peft_adapter(trained.folder, model, adapter);
+  return trained;
 }
 
 // Every linear module of the architecture: LoRA targets that touch each path.

@@ -301,31 +301,19 @@ TEST_CASE("a run config's module selection builds, trains and saves PEFT's field
   CHECK(config.lora.layers_to_transform == std::vector<int64_t>{1});
   HostAllocator host;
   CpuBackend backend(host);
-  TrainingSetup setup = setup_training(config, read_model_config(kBase + "/config.json"), backend,
-                                       [](LanguageModel& model) { model.load(Checkpoint(kBase)); });
+  const parity::TrainedAdapter trained = parity::train_and_save(
+      config, Checkpoint(kFolder + "/layers/reference.safetensors"), backend, host, "test_module_selection_trained");
   const std::vector<std::string> want = {"model.layers.1.mlp.down_proj",      "model.layers.1.mlp.gate_proj",
                                          "model.layers.1.mlp.up_proj",        "model.layers.1.self_attn.k_proj",
                                          "model.layers.1.self_attn.q_proj",   "model.layers.1.self_attn.v_proj"};
-  CHECK(adapted_modules(*setup.model) == want);
-
-  CausalLM& model = causal_lm(*setup.model, "test");
-  const Checkpoint reference(kFolder + "/layers/reference.safetensors");
-  const Tensor input_ids = reference.view("input_ids");
-  const Tensor targets = shifted_targets(reference.view("labels"), host);
-  parity::check_loss_falls(model, *setup.optimizer, config.lr, input_ids, targets);
-
-  PeftAdapterConfig adapter;
-  adapter.lora = *model.options().lora;
-  const std::string folder = (fs::temp_directory_path() / "test_module_selection_trained").string();
-  fs::remove_all(folder);
-  save_peft_adapter(folder, model, adapter);
-  const json saved = read_json(folder + "/adapter_config.json");
+  CHECK(adapted_modules(*trained.setup.model) == want);
+  const json saved = read_json(trained.folder + "/adapter_config.json");
   CHECK(saved["target_modules"] ==
         json{"down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"});  // sorted, as PEFT's
   CHECK(saved["exclude_modules"] == ".*\\.o_proj");
   CHECK(saved["layers_to_transform"] == json{1});
   CHECK(saved["layers_pattern"] == json{"layers"});
-  auto reloaded = adapter_model(backend, folder);
+  auto reloaded = adapter_model(backend, trained.folder);
   CHECK(adapted_modules(*reloaded) == want);
 }
 

@@ -207,28 +207,16 @@ TEST_CASE("a run config's lora.rank_pattern and lora.alpha_pattern build, train 
   CHECK(config.lora.rank_pattern == Ranks{{"q_proj", 8}, {"layers.1.mlp.down_proj", 2}});  // the file's order
   HostAllocator host;
   CpuBackend backend(host);
-  TrainingSetup setup = setup_training(config, read_model_config(kBase + "/config.json"), backend,
-                                       [](LanguageModel& model) { model.load(Checkpoint(kBase)); });
-  const std::map<std::string, Shape> shapes = shapes_of(*setup.model);
+  const parity::TrainedAdapter trained = parity::train_and_save(
+      config, Checkpoint(kFolder + "/reference.safetensors"), backend, host, "test_rank_pattern_trained");
+  const std::map<std::string, Shape> shapes = shapes_of(*trained.setup.model);
   CHECK(shapes.at(kKeyPrefix + "model.layers.0.self_attn.q_proj.lora_A.weight") == Shape{8, 64});
   CHECK(shapes.at(kKeyPrefix + "model.layers.1.mlp.down_proj.lora_B.weight") == Shape{64, 2});
   CHECK(shapes.at(kKeyPrefix + "model.layers.0.mlp.down_proj.lora_A.weight") == Shape{4, 88});
-
-  CausalLM& model = causal_lm(*setup.model, "test");
-  const Checkpoint reference(kFolder + "/reference.safetensors");
-  const Tensor input_ids = reference.view("input_ids");
-  const Tensor targets = shifted_targets(reference.view("labels"), host);
-  parity::check_loss_falls(model, *setup.optimizer, config.lr, input_ids, targets);
-
-  PeftAdapterConfig adapter;
-  adapter.lora = *model.options().lora;
-  const std::string folder = (fs::temp_directory_path() / "test_rank_pattern_trained").string();
-  fs::remove_all(folder);
-  save_peft_adapter(folder, model, adapter);
-  const json saved = read_json(folder + "/adapter_config.json");
+  const json saved = read_json(trained.folder + "/adapter_config.json");
   CHECK(saved["rank_pattern"] == json{{"layers.1.mlp.down_proj", 2}, {"q_proj", 8}});
   CHECK(saved["alpha_pattern"] == json{{"v_proj", 32}});
-  CHECK(parity::adapter_file_shapes(folder) == shapes);
+  CHECK(parity::adapter_file_shapes(trained.folder) == shapes);
 }
 
 namespace {
