@@ -15,6 +15,17 @@ static bool decayed(const Parameter& p) {
   return p.value.ndim() >= 2 || p.name.ends_with(kDoraMagnitudeSuffix);
 }
 
+bool AdamW::faster(const Parameter& p) const {
+  // As create_loraplus_optimizer's group B: "lora_B" in the name, or 1-D.
+  return options_.loraplus_lr_ratio != 1.0 && (p.name.find(".lora_B.") != std::string::npos || p.value.ndim() == 1);
+}
+
+void AdamW::update_groups(const std::vector<AdamWTensors> (&groups)[2], const AdamWStep& update,
+                          const AdamWStep& faster) {
+  if (!groups[0].empty()) backend_.adamw_update_many(groups[0], update);
+  if (!groups[1].empty()) backend_.adamw_update_many(groups[1], faster);
+}
+
 AdamW::AdamW(Backend& backend, std::vector<Parameter*> parameters, AdamWOptions options)
     : backend_(backend), parameters_(std::move(parameters)), options_(options) {
   for (Parameter* p : parameters_)
@@ -119,7 +130,7 @@ void AdamW::sync_compute_copies() {
 
 // Each chunk: master, m and v to the device, the update on them and the
 // chunk's gradients, the three back, and the compute copies from the masters.
-void AdamW::step_offloaded(const AdamWStep& update) {
+void AdamW::step_offloaded(const AdamWStep& update, const AdamWStep& faster_update) {
   for_each_chunk([&](int64_t first, int64_t count) {
     Tensor staged[3], host[3] = {host_masters_.slice_rows(first, count), host_first_moments_.slice_rows(first, count),
                                  host_second_moments_.slice_rows(first, count)};
@@ -130,7 +141,7 @@ void AdamW::step_offloaded(const AdamWStep& update) {
     const std::vector<Overlap> parts = overlaps(first, count);
     std::vector<Tensor> views;  // master, grad, m, v per part; AdamWTensors points into it
     views.reserve(4 * parts.size());
-    std::vector<AdamWTensors> tensors;
+    std::vector<AdamWTensors> groups[2];
     for (const Overlap& o : parts) {
       const Parameter& p = *parameters_[o.index];
       views.push_back(staged[0].slice_rows(o.in_chunk, o.count));
@@ -138,9 +149,9 @@ void AdamW::step_offloaded(const AdamWStep& update) {
       views.push_back(staged[1].slice_rows(o.in_chunk, o.count));
       views.push_back(staged[2].slice_rows(o.in_chunk, o.count));
       Tensor* v = &views[views.size() - 4];
-      tensors.push_back({&v[0], &v[1], &v[2], &v[3], decayed(p)});
+      groups[faster(p)].push_back({&v[0], &v[1], &v[2], &v[3], decayed(p)});
     }
-    backend_.adamw_update_many(tensors, update);
+    update_groups(groups, update, faster_update);
     for (int k = 0; k < 3; ++k) backend_.copy(host[k], staged[k]);
     for (const Overlap& o : parts) {
       Parameter& p = *parameters_[o.index];
@@ -187,16 +198,18 @@ double AdamW::step(double lr, double squared_grad_norm) {
   if (parameters_.empty()) return grad_norm;  // a data-parallel rank whose share of a sharded state is empty
   AdamWStep update{float(lr), float(options_.beta1), float(options_.beta2), float(options_.eps),
                    float(options_.weight_decay), float(grad_scale), steps_taken_};
+  AdamWStep faster_update = update;
+  faster_update.lr = float(lr * options_.loraplus_lr_ratio);
   if (options_.host_state) {
-    step_offloaded(update);
+    step_offloaded(update, faster_update);
     return grad_norm;
   }
-  std::vector<AdamWTensors> tensors;
+  std::vector<AdamWTensors> groups[2];
   for (size_t i = 0; i < parameters_.size(); ++i) {
     Parameter* p = parameters_[i];
-    tensors.push_back({&master(i), &p->grad, &first_moments_[i], &second_moments_[i], decayed(*p)});
+    groups[faster(*p)].push_back({&master(i), &p->grad, &first_moments_[i], &second_moments_[i], decayed(*p)});
   }
-  backend_.adamw_update_many(tensors, update);
+  update_groups(groups, update, faster_update);
   sync_compute_copies();
   return grad_norm;
 }

@@ -19,6 +19,10 @@ struct AdamWOptions {
   // 1-D parameters) are not decayed, as in transformers' Trainer.
   double weight_decay = 0.0;
   double max_grad_norm = 1.0;  // global-norm clipping; 0 disables
+  // LoRA+ (PEFT's create_loraplus_optimizer): lora_B and the 1-D parameters
+  // (DoRA's magnitudes) step at loraplus_lr_ratio x lr, the rest (lora_A)
+  // at lr. 1: every parameter at lr.
+  double loraplus_lr_ratio = 1.0;
   // Where m, v and the f32 masters live. Null: on the backend's device. A
   // host allocator: there, as ZeRO-Offload splits it (the device keeps only
   // the compute copies and f32 gradients, every parameter gets an f32 master
@@ -86,7 +90,12 @@ class AdamW {
     int64_t in_parameter, in_chunk, count;
   };
   std::vector<Overlap> overlaps(int64_t first, int64_t count) const;
-  void step_offloaded(const AdamWStep& update);
+  void step_offloaded(const AdamWStep& update, const AdamWStep& faster);
+  // Whether parameter p steps at LoRA+'s faster rate.
+  bool faster(const Parameter& p) const;
+  // adamw_update_many over each group that holds a tensor: groups[0] with
+  // update, groups[1] (LoRA+'s faster one) with faster.
+  void update_groups(const std::vector<AdamWTensors> (&groups)[2], const AdamWStep& update, const AdamWStep& faster);
 
   Backend& backend_;
   std::vector<Parameter*> parameters_;

@@ -60,6 +60,7 @@ std::unique_ptr<AdamW> make_optimizer(Backend& backend, const std::vector<Parame
   AdamWOptions options;
   options.weight_decay = config.weight_decay;
   options.max_grad_norm = config.max_grad_norm;
+  options.loraplus_lr_ratio = config.loraplus_lr_ratio;
   if (config.offload_optimizer == OffloadTarget::host) {
     FT_CHECK(host_state, "setup_training: offload.optimizer: host needs a host allocator for the optimizer state");
     options.host_state = host_state;

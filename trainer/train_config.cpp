@@ -478,6 +478,11 @@ const Field kFields[] = {
        c.max_grad_norm = v.number();
        v.require(c.max_grad_norm >= 0 && c.max_grad_norm <= kMaxScale, "a number in [0, 1e6] (0 = no clipping)");
      }},
+    {"loraplus_lr_ratio",
+     [](TrainConfig& c, const Value& v) {
+       c.loraplus_lr_ratio = v.number();
+       v.require(c.loraplus_lr_ratio > 0 && c.loraplus_lr_ratio <= kMaxScale, "a number in (0, 1e6]");
+     }},
     {"max_steps", [](TrainConfig& c, const Value& v) { c.max_steps = v.integer_in(0, kMaxSteps); }},
     {"epochs", [](TrainConfig& c, const Value& v) { c.epochs = v.integer_in(0, kMaxEpochs); }},
     {"max_bad_steps",
@@ -755,6 +760,8 @@ void check_consistency(const TrainConfig& c) {
   if (c.objective == Objective::grpo) check_grpo(c);
   if (c.objective == Objective::ppo) check_ppo(c);
   check_lora_targets(c.lora, f + ": lora.");
+  FT_CHECK(c.loraplus_lr_ratio == 1.0 || c.trainable == Trainable::lora, f, ": loraplus_lr_ratio applies to "
+           "trainable: lora (it steps lora_B faster than lora_A)");
   FT_CHECK(!c.lora.use_dora || c.trainable == Trainable::lora, f, ": lora.use_dora applies to trainable: lora");
   FT_CHECK(!c.lora.use_dora || c.parallel.tensor == 1, f, ": lora.use_dora: true with parallel.tensor above 1 is "
            "not supported (a row-parallel weight's row norms span the ranks)");

@@ -158,6 +158,7 @@ struct TrainConfig {
   double min_lr_ratio = 0.0;
   double weight_decay = 0.0;
   double max_grad_norm = 1.0;  // 0 disables clipping
+  double loraplus_lr_ratio = 1.0;  // LoRA+: lora_B (and 1-D adapters) at this x lr; 1 = off
   int64_t max_steps = 0;       // optimizer steps; 0 = use epochs
   int64_t epochs = 1;
   int64_t max_bad_steps = 3;  // consecutive steps with a non-finite loss or gradient before the run stops
