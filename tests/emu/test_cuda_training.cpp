@@ -84,11 +84,13 @@ constexpr Tolerance kBf16NeoX{2e-3, 1.5e-2, 0.1 * kLr, 1e-2, 0.02};
 constexpr double kBf16Unit = 1.0 / 256;  // 2^-8: bf16's unit roundoff (8 significant bits)
 constexpr double kBf16ErrorRatio = 2.0;   // the CUDA bf16 step's error against f32 over the CPU's
 
-// A fixture model with LoRA or DoRA on `targets` over an INT8 base.
+// A fixture model with LoRA or DoRA on `targets` over an INT8 base, with
+// LoRA+'s faster lora_B when loraplus_lr_ratio is not 1.
 struct TrainingCase {
   std::string model, targets, precision;
   bool dora = false;
   double dropout = 0.1;
+  double loraplus_lr_ratio = 1.0;
 };
 TrainConfig model_config(const TrainingCase& c) {
   return parse_train_config("model: " + kFixtures + "/" + c.model + "\n" + "tokenizer: " + kFixtures +
@@ -97,7 +99,8 @@ TrainConfig model_config(const TrainingCase& c) {
                                 "quantization: {mode: int8}\n"
                                 "lora: {r: 4, lora_alpha: 8, target_modules: [" + c.targets + "], use_dora: " +
                                 (c.dora ? "true" : "false") + ", lora_dropout: " + std::to_string(c.dropout) + "}\n"
-                                "precision: " + c.precision + "\n",
+                                "precision: " + c.precision + "\n" +
+                                "loraplus_lr_ratio: " + std::to_string(c.loraplus_lr_ratio) + "\n",
                             "test_cuda_training.yaml");
 }
 
@@ -238,14 +241,15 @@ void check_adapters(const std::vector<float>& got, const std::vector<float>& wan
 
 }  // namespace
 
-TEST_CASE("cuda: three LoRA (and DoRA) training steps over an INT8 base match the CPU, with no allocation after "
-          "step 1") {
+TEST_CASE("cuda: three LoRA (and DoRA, and LoRA+) training steps over an INT8 base match the CPU, with no "
+          "allocation after step 1") {
   REQUIRE(cuda_device_present);
   const TrainingCase cases[] = {{"llama_gqa", "q_proj, v_proj", "fp32"},
                                 {"llama_gqa", "q_proj, v_proj", "bf16"},
                                 {"gpt_neox_parallel", "query_key_value", "bf16"},
                                 {"llama_gqa", "q_proj, v_proj, down_proj", "fp32", true},
-                                {"gpt_neox_parallel", "query_key_value, dense", "bf16", true, 0.0}};
+                                {"gpt_neox_parallel", "query_key_value, dense", "bf16", true, 0.0},
+                                {"llama_gqa", "q_proj, v_proj", "fp32", true, 0.1, 16.0}};
   for (const TrainingCase& c : cases) {
     CAPTURE(c.model);
     CAPTURE(c.precision);
@@ -276,7 +280,8 @@ TEST_CASE("cuda: three LoRA (and DoRA) training steps over an INT8 base match th
     check_gradients(got.first_gradients, want.first_gradients, tol.gradient_rel);
     check_adapters(got.adapters, want.adapters, tol);
     if (bf16) {
-      const TrainingResult want_f32 = train(model_config({c.model, c.targets, "fp32", c.dora, c.dropout}), cpu, nullptr);
+      const TrainingResult want_f32 =
+          train(model_config({c.model, c.targets, "fp32", c.dora, c.dropout, c.loraplus_lr_ratio}), cpu, nullptr);
       check_bf16_gradients_against_f32(got.first_gradients, want.first_gradients, want_f32.first_gradients);
     }
     // After the first step every allocation is served from the cache.
@@ -326,7 +331,8 @@ TEST_CASE("cuda: a packed micro-batch has the loss and LoRA gradients of its exa
 // the staging comes from the cache after the first step.
 TEST_CASE("cuda: LoRA training with AdamW's state on the host equals resident training bit for bit") {
   REQUIRE(cuda_device_present);
-  const TrainConfig resident = model_config({"llama_gqa", "q_proj, v_proj", "fp32"});
+  // DoRA with LoRA+: the offloaded chunks hold lora_A, lora_B and magnitudes, two learning rates.
+  const TrainConfig resident = model_config({"llama_gqa", "q_proj, v_proj", "fp32", true, 0.1, 16.0});
   TrainConfig offloaded = resident;
   offloaded.offload_optimizer = OffloadTarget::host;
   const TrainingResult results[2] = {train_on_cuda(resident), train_on_cuda(offloaded)};
