@@ -170,27 +170,28 @@ void check_lora_targets(const LoraOptions& lora, const std::string& what) {
 std::vector<std::string> unmatched_lora_keys(const LoraOptions& lora, const std::vector<std::string>& linear_modules,
                                              const std::vector<std::string>& adapted_modules) {
   std::vector<std::string> unmatched;
-  auto note = [&](const char* field, const std::string& key, bool used) {
-    if (!used) unmatched.push_back(std::string("lora.") + field + " \"" + key + "\"");
+  // kind: the modules the entry acts on, "adapted" or "linear".
+  auto note = [&](const char* field, const std::string& key, const char* kind, bool used) {
+    if (!used) unmatched.push_back(std::string("lora.") + field + " \"" + key + "\" matches no " + kind + " module");
   };
   auto any_module = [](const std::vector<std::string>& modules, const auto& matches) {
     return std::any_of(modules.begin(), modules.end(), matches);
   };
   // entry, not a structured binding: clang in OpenMP mode cannot capture one.
   for (const auto& entry : lora.rank_pattern)
-    note("rank_pattern", entry.first, any_module(adapted_modules, [&](const std::string& m) {
+    note("rank_pattern", entry.first, "adapted", any_module(adapted_modules, [&](const std::string& m) {
            return module_pattern_matches(entry.first, m, "lora.rank_pattern");
          }));
   for (const auto& entry : lora.alpha_pattern)
-    note("alpha_pattern", entry.first, any_module(adapted_modules, [&](const std::string& m) {
+    note("alpha_pattern", entry.first, "adapted", any_module(adapted_modules, [&](const std::string& m) {
            return module_pattern_matches(entry.first, m, "lora.alpha_pattern");
          }));
   for (const std::string& name : lora.exclude_modules)
-    note("exclude_modules", name, any_module(linear_modules, [&](const std::string& m) {
+    note("exclude_modules", name, "linear", any_module(linear_modules, [&](const std::string& m) {
            return module_matches_target(m, name);
          }));
   if (!lora.exclude_modules_regex.empty())
-    note("exclude_modules", lora.exclude_modules_regex, any_module(linear_modules, [&](const std::string& m) {
+    note("exclude_modules", lora.exclude_modules_regex, "linear", any_module(linear_modules, [&](const std::string& m) {
            return regex_fullmatch(lora.exclude_modules_regex, m, "lora.exclude_modules");
          }));
   return unmatched;

@@ -69,8 +69,8 @@ void check_lora_targets(const LoraOptions& lora, const std::string& what);
 // modules are linear_modules and whose adapted ones adapted_modules: each
 // rank_pattern or alpha_pattern key that matches no adapted module, and
 // each exclude_modules name (or its regular expression) that matches no
-// linear module, as `lora.<field> "<key>"` (a typo, most likely; PEFT
-// passes them silently).
+// linear module, as `lora.<field> "<key>" matches no adapted module` (or
+// "linear module"): a typo, most likely; PEFT passes them silently.
 std::vector<std::string> unmatched_lora_keys(const LoraOptions& lora, const std::vector<std::string>& linear_modules,
                                              const std::vector<std::string>& adapted_modules);
 

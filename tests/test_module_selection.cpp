@@ -251,14 +251,15 @@ TEST_CASE("rank_pattern, alpha_pattern and exclude_modules entries that match no
   auto model = make_causal_lm(read_model_config(kBase + "/config.json"), backend, options);
   // k_proj is a linear module but not adapted: its rank changes nothing either.
   CHECK(unmatched_lora_keys(*model->options().lora, model->linear_modules(), adapted_modules(*model)) ==
-        std::vector<std::string>{"lora.rank_pattern \"k_proj\"", "lora.rank_pattern \"q_projj\"",
-                                 "lora.exclude_modules \"o_prj\""});
+        std::vector<std::string>{"lora.rank_pattern \"k_proj\" matches no adapted module",
+                                 "lora.rank_pattern \"q_projj\" matches no adapted module",
+                                 "lora.exclude_modules \"o_prj\" matches no linear module"});
   LoraOptions regex = *model->options().lora;
   regex.rank_pattern.clear();
   regex.exclude_modules.clear();
   regex.exclude_modules_regex = ".*\\.mlp\\.q_proj";
   CHECK(unmatched_lora_keys(regex, model->linear_modules(), adapted_modules(*model)) ==
-        std::vector<std::string>{"lora.exclude_modules \".*\\.mlp\\.q_proj\""});
+        std::vector<std::string>{"lora.exclude_modules \".*\\.mlp\\.q_proj\" matches no linear module"});
 }
 
 TEST_CASE("an adapter into a model built with other module selection is refused naming the field") {

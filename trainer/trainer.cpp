@@ -157,8 +157,8 @@ void warn_unmatched_lora_keys(LanguageModel& model) {
   if (!model.options().lora || !model.first_stage() || !model.last_stage()) return;
   std::vector<std::string> adapted;
   for (const Parameter& adapter : model.adapters()) adapted.push_back(adapter.name.substr(0, adapter.name.find(".lora_")));
-  for (const std::string& key : unmatched_lora_keys(*model.options().lora, model.linear_modules(), adapted))
-    std::cout << "warning: " << key << " matches no module of this model: it changes nothing\n";
+  for (const std::string& unmatched : unmatched_lora_keys(*model.options().lora, model.linear_modules(), adapted))
+    std::cout << "warning: " << unmatched << ": it changes nothing\n";
 }
 
 void make_model(Run& run) {
