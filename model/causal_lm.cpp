@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <set>
 
 #include "kernels/checked_mul.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -127,12 +128,14 @@ void LanguageModel::check_targets(const std::string& module_names) {
              " model (its linear modules are ", module_names, ")");
   }
   if (!lora.target_modules_regex.empty()) {
+    std::set<std::string> seen;
     for (const Parameter& p : parameters_) {
       // Every module above a parameter (model, model.layers, model.layers.0,
-      // ...) down to a linear one, which holds the parameter.
+      // ...) down to a linear one, which holds the parameter; each once.
       for (size_t dot = p.name.find('.'); dot != std::string::npos; dot = p.name.find('.', dot + 1)) {
         const std::string module = p.name.substr(0, dot);
         if (std::find(linear_modules_.begin(), linear_modules_.end(), module) != linear_modules_.end()) break;
+        if (!seen.insert(module).second) continue;
         FT_CHECK(!regex_fullmatch(lora.target_modules_regex, module, "lora.target_modules"),
                  "lora.target_modules: \"", lora.target_modules_regex, "\" matches ", module,
                  ", which is not a linear module: LoRA adapts the decoder's linear modules here (",

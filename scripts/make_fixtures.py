@@ -558,16 +558,9 @@ def make_lora(out_dir, base_dir, seed):
     adapter_dir = os.path.join(out_dir, "adapter")
     save_adapter(model, trainable, adapter_dir)
 
-    input_ids, labels = make_inputs()
-    logits, loss, grads = lora_forward_backward(model, input_ids, labels)
-
-    # float64 cross-check
-    model64 = copy.deepcopy(model).to(torch.float64)
-    logits64, loss64, grads64 = lora_forward_backward(model64, input_ids, labels)
-    print(f"llama_lora: loss f32 {loss.item():.8f}  f64 {loss64.item():.8f}  ({len(grads)} LoRA tensors)")
-    worst = compare("logits+loss", {"logits": logits, "loss": loss}, {"logits": logits64, "loss": loss64})
-    worst = max(worst, compare("grads", grads, grads64))
-    assert worst < 1e-4, worst
+    ref = lora_reference("llama_lora", model)  # with its float64 cross-check
+    input_ids, labels = ref["input_ids"].long(), ref["labels"].long()
+    grads = {k[len("grad."):]: g for k, g in ref.items() if k.startswith("grad.")}
 
     # One AdamW step over the LoRA parameters only (grads from the float32 backward above are still in .grad).
     before = {saved_lora_name(n): p.detach().clone() for n, p in trainable}
@@ -592,10 +585,7 @@ def make_lora(out_dir, base_dir, seed):
         loss_after = model(input_ids=input_ids, labels=labels).loss.detach().clone()
     print(f"  loss after one AdamW step: {loss_after.item():.8f}")
 
-    ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32), "logits": logits,
-           "loss": loss.reshape(1), "loss_after_step": loss_after.reshape(1)}
-    for k, g in grads.items():
-        ref["grad." + k] = g
+    ref["loss_after_step"] = loss_after.reshape(1)
     for k, p in after.items():
         ref["after_step." + k] = p
     save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out_dir, "reference.safetensors"))
@@ -657,19 +647,7 @@ def make_gpt_neox_lora(out_dir, base_dir, seed):
     model, trainable = make_peft_model(base, NEOX_LORA, "gpt_neox_parallel", seed)
     save_adapter(model, trainable, os.path.join(out_dir, "adapter"))
 
-    input_ids, labels = make_inputs()
-    logits, loss, grads = lora_forward_backward(model, input_ids, labels)
-    model64 = copy.deepcopy(model).to(torch.float64)
-    logits64, loss64, grads64 = lora_forward_backward(model64, input_ids, labels)
-    print(f"gpt_neox_lora: loss f32 {loss.item():.8f}  f64 {loss64.item():.8f}  ({len(grads)} LoRA tensors)")
-    worst = compare("logits+loss", {"logits": logits, "loss": loss}, {"logits": logits64, "loss": loss64})
-    worst = max(worst, compare("grads", grads, grads64))
-    assert worst < 1e-4, worst
-
-    ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32), "logits": logits,
-           "loss": loss.reshape(1)}
-    for k, g in grads.items():
-        ref["grad." + k] = g
+    ref = lora_reference("gpt_neox_lora", model)
     save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out_dir, "reference.safetensors"))
 
 

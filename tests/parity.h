@@ -17,6 +17,7 @@
 #include "kernels/allocator.h"
 #include "kernels/tensor.h"
 #include "model/causal_lm.h"
+#include "model/families.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
 #include "trainer/cli/merge.h"
@@ -72,6 +73,19 @@ inline void check_loss_falls(CausalLM& model, AdamW& optimizer, double lr, const
   }
   MESSAGE("loss ", first, " -> ", last);
   CHECK(last < first);
+}
+
+// A decoder-only model over model_dir's f32 weights, built for the PEFT
+// adapter in adapter_folder (its module selection, ranks and alphas), the
+// adapter itself not loaded.
+inline std::unique_ptr<CausalLM> adapter_model(Backend& backend, const std::string& model_dir,
+                                               const std::string& adapter_folder) {
+  ModelOptions options;
+  options.weight_dtype = DType::f32;
+  options.lora = read_peft_adapter_config(adapter_folder).lora;
+  auto model = make_causal_lm(read_model_config(model_dir + "/config.json"), backend, options);
+  model->load(Checkpoint(model_dir));
+  return model;
 }
 
 // A run config's model (setup_training, its base loaded from config.model),

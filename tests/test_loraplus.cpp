@@ -37,11 +37,7 @@ constexpr double kTolerance = 1e-4;  // f32 against f32 PyTorch, as test_dora
 // The DoRA fixture's adapter over llama_gqa, its gradients taken on the
 // fixture's batch.
 std::unique_ptr<CausalLM> stepped_model(Backend& backend, HostAllocator& host) {
-  ModelOptions options;
-  options.weight_dtype = DType::f32;
-  options.lora = read_peft_adapter_config(kDora + "/adapter").lora;
-  auto model = make_causal_lm(read_model_config(kBase + "/config.json"), backend, options);
-  model->load(Checkpoint(kBase));
+  auto model = parity::adapter_model(backend, kBase, kDora + "/adapter");
   load_peft_adapter(kDora + "/adapter", *model);
   model->set_trainable([](const std::string& name) { return name.find(".lora_") != std::string::npos; });
   const Checkpoint batch(kDora + "/reference.safetensors");

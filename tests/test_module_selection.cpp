@@ -75,15 +75,6 @@ std::unique_ptr<LanguageModel> build(const ModelConfig& config, Backend& backend
   return make_language_model(config, backend, options);
 }
 
-std::unique_ptr<CausalLM> adapter_model(Backend& backend, const std::string& adapter_folder) {
-  ModelOptions options;
-  options.weight_dtype = DType::f32;
-  options.lora = read_peft_adapter_config(adapter_folder).lora;
-  auto model = make_causal_lm(read_model_config(kBase + "/config.json"), backend, options);
-  model->load(Checkpoint(kBase));
-  return model;
-}
-
 }  // namespace
 
 TEST_CASE("a string target_modules or exclude_modules fully matches as Python's re.fullmatch") {
@@ -183,7 +174,7 @@ TEST_CASE("PEFT adapters with a string target_modules, and with layers and exclu
     CAPTURE(name);
     const std::string folder = kFolder + "/" + name, adapter = folder + "/adapter";
     const Checkpoint reference(folder + "/reference.safetensors");
-    auto model = adapter_model(backend, adapter);
+    auto model = parity::adapter_model(backend, kBase, adapter);
     CHECK(parity::adapter_file_shapes(adapter).size() == 2 * adapted_modules(*model).size());
     load_peft_adapter(adapter, *model);
     const Tensor input_ids = reference.view("input_ids");
@@ -196,7 +187,7 @@ TEST_CASE("PEFT adapters with a string target_modules, and with layers and exclu
 
     model->forward(input_ids, targets);
     const std::string saved = parity::check_save_and_reload(
-        *model, adapter, [&](const std::string& f) { return adapter_model(backend, f); },
+        *model, adapter, [&](const std::string& f) { return parity::adapter_model(backend, kBase, f); },
         std::string("test_module_selection_") + name, input_ids, targets);
     const json ours = read_json(saved + "/adapter_config.json"), peft = read_json(adapter + "/adapter_config.json");
     for (const char* field : {"target_modules", "exclude_modules", "layers_to_transform"}) {
@@ -234,7 +225,7 @@ TEST_CASE("all-linear with exclude_modules saves every linear kind beside the ex
   fs::remove_all(folder);
   save_peft_adapter(folder, *model, adapter);
   CHECK(read_json(folder + "/adapter_config.json")["exclude_modules"] == json{"o_proj"});
-  auto reloaded = adapter_model(backend, folder);
+  auto reloaded = parity::adapter_model(backend, kBase, folder);
   CHECK(adapted_modules(*reloaded) == adapted_modules(*model));
 }
 
@@ -314,7 +305,7 @@ TEST_CASE("a run config's module selection builds, trains and saves PEFT's field
   CHECK(saved["exclude_modules"] == ".*\\.o_proj");
   CHECK(saved["layers_to_transform"] == json{1});
   CHECK(saved["layers_pattern"] == json{"layers"});
-  auto reloaded = adapter_model(backend, trained.folder);
+  auto reloaded = parity::adapter_model(backend, kBase, trained.folder);
   CHECK(adapted_modules(*reloaded) == want);
 }
 

@@ -56,15 +56,6 @@ std::map<std::string, Shape> shapes_of(LanguageModel& model) {
   return shapes;
 }
 
-std::unique_ptr<CausalLM> pattern_model(Backend& backend, const std::string& adapter_folder) {
-  ModelOptions options;
-  options.weight_dtype = DType::f32;
-  options.lora = read_peft_adapter_config(adapter_folder).lora;
-  auto model = make_causal_lm(read_model_config(kBase + "/config.json"), backend, options);
-  model->load(Checkpoint(kBase));
-  return model;
-}
-
 LoraOptions options_with(std::vector<std::pair<std::string, int64_t>> ranks,
                          std::vector<std::pair<std::string, double>> alphas = {}) {
   LoraOptions lora;
@@ -138,7 +129,7 @@ TEST_CASE("rank_pattern and alpha_pattern on llama match PEFT: shapes, logits, l
         Ranks{{"layers.1.mlp.down_proj", 2}, {"layers\\.0\\.mlp\\.(gate|up)_proj", 6}, {"q_proj", 8}});
   CHECK(config.lora.alpha_pattern == std::vector<std::pair<std::string, double>>{{"o_proj", 4}, {"v_proj", 32}});
 
-  auto model = pattern_model(backend, kAdapter);
+  auto model = parity::adapter_model(backend, kBase, kAdapter);
   CHECK(shapes_of(*model) == parity::adapter_file_shapes(kAdapter));
   load_peft_adapter(kAdapter, *model);
   const Tensor input_ids = reference.view("input_ids");
@@ -154,14 +145,14 @@ TEST_CASE("an adapter with patterns saves PEFT's config and keys and loads back 
   const Checkpoint reference(kFolder + "/reference.safetensors");
   HostAllocator host;
   CpuBackend backend(host);
-  auto model = pattern_model(backend, kAdapter);
+  auto model = parity::adapter_model(backend, kBase, kAdapter);
   load_peft_adapter(kAdapter, *model);
   const Tensor input_ids = reference.view("input_ids");
   const Tensor targets = shifted_targets(reference.view("labels"), host);
   model->forward(input_ids, targets);
 
   const std::string folder = parity::check_save_and_reload(
-      *model, kAdapter, [&](const std::string& saved) { return pattern_model(backend, saved); },
+      *model, kAdapter, [&](const std::string& saved) { return parity::adapter_model(backend, kBase, saved); },
       "test_rank_pattern_saved", input_ids, targets);
   const json ours = read_json(folder + "/adapter_config.json"), peft = read_json(kAdapter + "/adapter_config.json");
   for (const char* field : {"r", "lora_alpha", "rank_pattern", "alpha_pattern", "use_rslora"}) {
