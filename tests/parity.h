@@ -15,6 +15,7 @@
 #include <string>
 
 #include "kernels/allocator.h"
+#include "kernels/error.h"
 #include "kernels/tensor.h"
 #include "model/causal_lm.h"
 #include "model/families.h"
@@ -86,6 +87,23 @@ inline std::unique_ptr<CausalLM> adapter_model(Backend& backend, const std::stri
   auto model = make_causal_lm(read_model_config(model_dir + "/config.json"), backend, options);
   model->load(Checkpoint(model_dir));
   return model;
+}
+
+// parse_train_config's Error message for yaml (read as configs/x.yaml), ""
+// when it parses.
+inline std::string config_error(const std::string& yaml) {
+  try {
+    parse_train_config(yaml, "configs/x.yaml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The same for a minimal config whose lora: section is lora_yaml (its
+// fields on line 4 on).
+inline std::string lora_config_error(const std::string& lora_yaml) {
+  return config_error("model: m\ndata: {train: t.jsonl}\nlora:\n" + lora_yaml);
 }
 
 // A run config's model (setup_training, its base loaded from config.model),

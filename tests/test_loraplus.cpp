@@ -107,16 +107,8 @@ TEST_CASE("loraplus_lr_ratio in a run config: read, and refused without adapters
   const std::string base = "model: m\ndata: {train: t.jsonl}\n";
   CHECK(parse_train_config(base + "loraplus_lr_ratio: 16\n", "configs/x.yaml").loraplus_lr_ratio == 16.0);
   CHECK(parse_train_config(base, "configs/x.yaml").loraplus_lr_ratio == 1.0);
-  auto error_of = [&](const std::string& yaml) {
-    try {
-      parse_train_config(yaml, "configs/x.yaml");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
-  CHECK(error_of(base + "loraplus_lr_ratio: 0\n") ==
+  CHECK(parity::config_error(base + "loraplus_lr_ratio: 0\n") ==
         "configs/x.yaml:3: loraplus_lr_ratio: expected a number in (0, 1e6], got \"0\"");
-  CHECK(error_of(base + "trainable: all\nquantization: {mode: none}\nloraplus_lr_ratio: 16\n") ==
+  CHECK(parity::config_error(base + "trainable: all\nquantization: {mode: none}\nloraplus_lr_ratio: 16\n") ==
         "configs/x.yaml: loraplus_lr_ratio applies to trainable: lora (it steps lora_B faster than lora_A)");
 }

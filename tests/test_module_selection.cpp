@@ -276,15 +276,6 @@ const std::string kRunYaml = "model: " + kBase + "\ndata: {train: unused.jsonl}\
                              "  exclude_modules: '.*\\.o_proj'\n"
                              "  layers_to_transform: 1\n  layers_pattern: layers\n";
 
-std::string yaml_error(const std::string& lora_yaml) {
-  try {
-    parse_train_config("model: m\ndata: {train: t.jsonl}\nlora:\n" + lora_yaml, "configs/x.yaml");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("a run config's module selection builds, trains and saves PEFT's fields") {
@@ -310,27 +301,27 @@ TEST_CASE("a run config's module selection builds, trains and saves PEFT's field
 }
 
 TEST_CASE("bad module selection in a run config is one error naming the file, line and field") {
-  CHECK(yaml_error("  target_modules: '(q_proj'\n")
+  CHECK(parity::lora_config_error("  target_modules: '(q_proj'\n")
             .starts_with("configs/x.yaml:4: lora.target_modules \"(q_proj\": not a valid regular expression"));
-  CHECK(yaml_error("  target_modules: []\n") ==
+  CHECK(parity::lora_config_error("  target_modules: []\n") ==
         "configs/x.yaml:4: lora.target_modules: expected a non-empty list of module names such as [q_proj, v_proj], "
         "all-linear, or a regular expression over whole module names, got a list");
-  CHECK(yaml_error("  target_modules: {q: 1}\n") ==
+  CHECK(parity::lora_config_error("  target_modules: {q: 1}\n") ==
         "configs/x.yaml:4: lora.target_modules: expected a non-empty list of module names such as [q_proj, v_proj], "
         "all-linear, or a regular expression over whole module names, got a map");
-  CHECK(yaml_error("  exclude_modules: '[o_proj'\n")
+  CHECK(parity::lora_config_error("  exclude_modules: '[o_proj'\n")
             .starts_with("configs/x.yaml:4: lora.exclude_modules \"[o_proj\": not a valid regular expression"));
-  CHECK(yaml_error("  layers_to_transform: [0, -1]\n") ==
+  CHECK(parity::lora_config_error("  layers_to_transform: [0, -1]\n") ==
         "configs/x.yaml:4: lora.layers_to_transform: expected an integer in [0, 16777216], got \"-1\"");
-  CHECK(yaml_error("  layers_to_transform: first\n") ==
+  CHECK(parity::lora_config_error("  layers_to_transform: first\n") ==
         "configs/x.yaml:4: lora.layers_to_transform: expected an integer in [0, 16777216], got \"first\"");
-  CHECK(yaml_error("  target_modules: '.*q_proj'\n  layers_to_transform: [1]\n") ==
+  CHECK(parity::lora_config_error("  target_modules: '.*q_proj'\n  layers_to_transform: [1]\n") ==
         "configs/x.yaml: lora.layers_to_transform and layers_pattern need target_modules as a list of names (PEFT "
         "refuses them with a string target_modules, all-linear included; a regular expression can name the layers "
         "itself)");
-  CHECK(yaml_error("  target_modules: all-linear\n  layers_to_transform: [1]\n")
+  CHECK(parity::lora_config_error("  target_modules: all-linear\n  layers_to_transform: [1]\n")
             .starts_with("configs/x.yaml: lora.layers_to_transform and layers_pattern need target_modules as a list"));
-  CHECK(yaml_error("  layers_pattern: layers\n") ==
+  CHECK(parity::lora_config_error("  layers_pattern: layers\n") ==
         "configs/x.yaml: lora.layers_pattern is set without layers_to_transform (as in PEFT, it only says where the "
         "layer index of layers_to_transform is read)");
   CHECK(is_all_linear("ALL-LINEAR"));

@@ -212,16 +212,6 @@ TEST_CASE("a run config's lora.rank_pattern and lora.alpha_pattern build, train 
 
 namespace {
 
-std::string yaml_error(const std::string& lora_yaml) {
-  const std::string yaml = "model: m\ndata: {train: t.jsonl}\nlora:\n" + lora_yaml;
-  try {
-    parse_train_config(yaml, "configs/x.yaml");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // An adapter folder with the fixture's weights and its config edited.
 std::string edited_adapter(const std::string& name, const std::function<void(json&)>& edit) {
   const fs::path folder = fs::path(FT_BINARY_DIR) / "test_rank_pattern" / name;
@@ -237,18 +227,18 @@ std::string edited_adapter(const std::string& name, const std::function<void(jso
 }  // namespace
 
 TEST_CASE("bad patterns are one error naming the file, line and field") {
-  CHECK(yaml_error("  rank_pattern: {q_proj: 0}\n") ==
+  CHECK(parity::lora_config_error("  rank_pattern: {q_proj: 0}\n") ==
         "configs/x.yaml:4: lora.rank_pattern \"q_proj\": expected an integer in [1, 65536], got \"0\"");
-  CHECK(yaml_error("  rank_pattern: {q_proj: 1.5}\n") ==
+  CHECK(parity::lora_config_error("  rank_pattern: {q_proj: 1.5}\n") ==
         "configs/x.yaml:4: lora.rank_pattern \"q_proj\": expected an integer in [1, 65536], got \"1.5\"");
-  CHECK(yaml_error("  rank_pattern: {q_proj: eight}\n") ==
+  CHECK(parity::lora_config_error("  rank_pattern: {q_proj: eight}\n") ==
         "configs/x.yaml:4: lora.rank_pattern \"q_proj\": expected an integer in [1, 65536], got \"eight\"");
-  CHECK(yaml_error("  rank_pattern: [q_proj]\n") ==
+  CHECK(parity::lora_config_error("  rank_pattern: [q_proj]\n") ==
         "configs/x.yaml:4: lora.rank_pattern: expected a map from module pattern to value, e.g. {q_proj: 16}, got a "
         "list");
-  CHECK(yaml_error("  alpha_pattern: {v_proj: -1}\n") ==
+  CHECK(parity::lora_config_error("  alpha_pattern: {v_proj: -1}\n") ==
         "configs/x.yaml:4: lora.alpha_pattern \"v_proj\": expected a number in (0, 1e6], got \"-1\"");
-  CHECK(yaml_error("  rank_pattern:\n    q_proj: 8\n    \"(k_proj\": 2\n").starts_with(
+  CHECK(parity::lora_config_error("  rank_pattern:\n    q_proj: 8\n    \"(k_proj\": 2\n").starts_with(
       "configs/x.yaml:4: lora.rank_pattern \"(k_proj\": not a valid regular expression (at offset 7: "));
   CHECK(parse_train_config("model: m\ndata: {train: t.jsonl}\n", "configs/x.yaml").lora.rank_pattern.empty());
 
