@@ -143,8 +143,8 @@ void bench_peaks() {
 }
 
 // Causal attention forward and backward, [4, 256, 12, 64] (the bench shape)
-// in f32 and in bf16 (its bf16 tile products: AVX512-BF16 where the CPU has
-// it): FLOPs of the causal half, 4 T^2 H D / 2 forward and 2.5x that backward.
+// in f32 and in bf16 (its bf16 tile products: AMX or AVX512-BF16 where the
+// CPU has them): FLOPs of the causal half, 4 T^2 H D / 2 forward and 2.5x that backward.
 void bench_attention(CpuBackend& backend, DType dtype, int repeats) {
   std::mt19937 rng(3);
   const int64_t B = 4, T = 256, H = 12, D = 64;

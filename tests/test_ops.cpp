@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/amx_tile.h"
 #include "kernels/cpu/bf16_tile.h"
 #include "kernels/cpu/vec_exp.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -20,6 +21,7 @@
 #include "kernels/cpu/onednn_gemm.h"
 #include "kernels/dropout_hash.h"
 #include "kernels/error.h"
+#include "kernels/op_profile.h"
 #include "model/rope.h"
 #include "tests/host_tensors.h"
 #include "tests/wide_cross_entropy.h"
@@ -642,19 +644,25 @@ TEST_CASE("rope backward is the transpose rotation (finite differences)") {
 // ---- attention ----------------------------------------------------------
 
 // The attention's bf16 tile GEMM (kernels/cpu/bf16_tile.h), as dispatched
-// (vdpbf16ps on a CPU with AVX512-BF16) and as its portable loop, against
+// (AMX or vdpbf16ps where the CPU has them), as its portable loop and as the
+// AMX kernel on its modelled instructions (kernels/cpu/amx_tile.h), against
 // float64 sums of the same bf16 values: products of two bf16 are exact in
-// f32, so only the f32 sums of at most 64 O(1) terms round, well within kF32Tol.
-TEST_CASE("bf16 tile GEMM, dispatched and portable, against float64") {
+// f32, so only the f32 sums of at most 70 O(1) terms round, well within
+// kF32Tol. The shapes take AMX's 16 x 16 blocks whole (loaded in place) and
+// cut at each edge (padded copies).
+TEST_CASE("bf16 tile GEMM, dispatched, portable and on emulated AMX, against float64") {
   std::mt19937 rng(21);
   struct GemmShape {
     int64_t M, N, pairs;
   };
-  for (GemmShape g : {GemmShape{1, 1, 1}, GemmShape{5, 37, 3}, GemmShape{33, 64, 19}, GemmShape{4, 16, 32}})
-    for (bool portable : {false, true}) {
+  enum class Kernel { dispatched, portable, amx_emulated };
+  for (GemmShape g : {GemmShape{1, 1, 1}, GemmShape{5, 37, 3}, GemmShape{33, 64, 19}, GemmShape{4, 16, 32},
+                      GemmShape{32, 48, 35}, GemmShape{16, 16, 16}, GemmShape{17, 15, 16}})
+    for (Kernel kernel : {Kernel::dispatched, Kernel::portable, Kernel::amx_emulated}) {
       CAPTURE(g.M);
       CAPTURE(g.N);
-      CAPTURE(portable);
+      CAPTURE(g.pairs);
+      CAPTURE(int(kernel));
       const int64_t K = 2 * g.pairs, lda = g.pairs + 1, ldb = g.N + 3, ldc = g.N + 2;  // padded rows
       const Vec a = rounded(random_vec(size_t(g.M * K), rng), DType::bf16);
       const Vec b = rounded(random_vec(size_t(K * g.N), rng), DType::bf16);
@@ -672,8 +680,10 @@ TEST_CASE("bf16 tile GEMM, dispatched and portable, against float64") {
       for (int64_t m = 0; m < g.M; ++m)
         for (int64_t n = 0; n < g.N; ++n)
           for (int64_t k = 0; k < K; ++k) want[size_t(m * ldc + n)] += a[size_t(m * K + k)] * b[size_t(k * g.N + n)];
-      if (portable)
+      if (kernel == Kernel::portable)
         cpu::bf16_tile_gemm_portable(c.data(), ldc, a_pairs.data(), lda, b_pairs.data(), ldb, g.M, g.N, g.pairs);
+      else if (kernel == Kernel::amx_emulated)
+        cpu::amx_tile_gemm_emulated(c.data(), ldc, a_pairs.data(), lda, b_pairs.data(), ldb, g.M, g.N, g.pairs);
       else
         cpu::bf16_tile_gemm(c.data(), ldc, a_pairs.data(), lda, b_pairs.data(), ldb, g.M, g.N, g.pairs);
       check_close(Vec(c.begin(), c.end()), want, kF32Tol, "bf16 tile GEMM");  // columns past N untouched too
@@ -812,14 +822,47 @@ TEST_CASE("ONEDNN_MAX_CPU_ISA caps the CPU kernels' versions as it caps oneDNN's
   if (cap == "AVX2") {
     CHECK_FALSE(cpu::avx512_enabled());
     CHECK_FALSE(cpu::avx512_bf16_enabled());
+    CHECK_FALSE(cpu::amx_bf16_enabled());
   } else if (cap == "AVX512_CORE") {
     CHECK(cpu::avx512_enabled() == v4);
     CHECK_FALSE(cpu::avx512_bf16_enabled());
+    CHECK_FALSE(cpu::amx_bf16_enabled());
   } else {
     REQUIRE(cap.empty());  // a cap this test does not know
     CHECK(cpu::avx512_enabled() == v4);
     CHECK(cpu::avx512_bf16_enabled() == bf16);
+    if (!bf16) CHECK_FALSE(cpu::amx_bf16_enabled());  // every AMX CPU has AVX512-BF16
   }
+  // FT_BF16_TILES=amx-emulated (tests/CMakeLists.txt's _amx_emulated runs)
+  // puts the bf16 tiles on the modelled AMX whatever the CPU and the cap.
+  const char* tiles = std::getenv("FT_BF16_TILES");
+  CHECK(cpu::amx_emulated() == (tiles != nullptr));
+  const std::string tiles_isa = cpu::bf16_tiles_isa();
+  if (tiles)
+    CHECK(tiles_isa == "AMX (emulated)");
+  else
+    CHECK(tiles_isa == (cpu::amx_bf16_enabled() ? "AMX" : cpu::avx512_bf16_enabled() ? "AVX512-BF16" : build_isa()));
+}
+
+// The modelled TDPBF16PS keeps the two rules of Intel's definition that
+// make AMX's sums differ from plain f32 arithmetic near zero: a denormal bf16
+// input reads as zero, and a sum that lands below the smallest normal f32 is
+// flushed to zero (the f32 results here are exact otherwise).
+TEST_CASE("emulated AMX reads denormal inputs as zero and flushes denormal sums") {
+  const float min_normal = std::ldexp(1.0f, -126);
+  const auto pair = [](float even, float odd) { return cpu::bf16_pair(even, odd); };
+  const uint32_t denormal_pair = 0x0001u;  // (the smallest denormal bf16, 0)
+  const uint32_t big = pair(std::ldexp(1.0f, 100), 0.0f);
+  float c = 0.0f;
+  cpu::amx_tile_gemm_emulated(&c, 1, &denormal_pair, 1, &big, 1, 1, 1, 1);
+  CHECK(c == 0.0f);  // 2^-133 x 2^100 = 2^-33 without the rule
+  c = 1.5f * min_normal;
+  const uint32_t minus_min = pair(-min_normal, 0.0f), one = pair(1.0f, 0.0f);
+  cpu::amx_tile_gemm_emulated(&c, 1, &minus_min, 1, &one, 1, 1, 1, 1);
+  CHECK(c == 0.0f);  // 0.5 x 2^-126 without the rule
+  c = 2.0f * min_normal;
+  cpu::amx_tile_gemm_emulated(&c, 1, &minus_min, 1, &one, 1, 1, 1, 1);
+  CHECK(c == min_normal);  // a normal sum is kept
 }
 
 // T = 70 spans three query tiles and two key tiles of the CPU kernel.

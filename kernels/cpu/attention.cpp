@@ -324,10 +324,10 @@ void round_columns(uint32_t* dst, int64_t ld_dst, const float* x, int64_t rows, 
 }
 
 // bf16 operands (precision: bf16), products on bf16 pairs with f32 sums
-// (bf16_tile.h: vdpbf16ps where the CPU has it), as FlashAttention runs them
-// on a GPU: scores and dP sum exact products of the bf16 inputs in f32, the
-// online softmax, lse and dS stay f32, and P and dS are rounded to bf16 only
-// as operands of the products after them. Rows paired ([T, pairs]): q, dout;
+// (bf16_tile.h: AMX or vdpbf16ps where the CPU has them), as FlashAttention
+// runs them on a GPU: scores and dP sum exact products of the bf16 inputs in
+// f32, the online softmax, lse and dS stay f32, and P and dS are rounded to
+// bf16 only as operands of the products after them. Rows paired ([T, pairs]): q, dout;
 // columns paired ([T / 2, D]): v_cols, k_cols, q_cols, dout_cols; kt, vt
 // [pairs, .] (rows ldk apart).
 struct Bf16Operands {
@@ -655,13 +655,10 @@ void cached_rows(float* o, const Operands& x, const int32_t* row_positions, int6
   }
 }
 
-// The ISA the tiles run on, for the op profile: vdpbf16ps for bf16 where the
-// CPU has it, else the build's (the portable bf16 loop); f32 tiles in their
-// AVX-512 version where enabled.
-const char* tiles_isa(bool bf16) {
-  if (bf16) return cpu::avx512_bf16_enabled() ? "AVX512-BF16" : build_isa();
-  return cpu::avx512_versions_isa();
-}
+// The ISA the tiles run on, for the op profile: the bf16 tiles' (AMX,
+// vdpbf16ps, or the portable loop's build ISA); f32 tiles in their AVX-512
+// version where enabled.
+const char* tiles_isa(bool bf16) { return bf16 ? cpu::bf16_tiles_isa() : cpu::avx512_versions_isa(); }
 
 }  // namespace
 

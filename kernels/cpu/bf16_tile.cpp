@@ -1,6 +1,7 @@
 // bf16 tile GEMMs (see bf16_tile.h). The kernels are built for x86-64-v3;
 // the AVX512-BF16 block is compiled for its ISA alone (a target attribute)
-// and runs only where the CPU reports it (kernels/cpu/isa.h), so one binary serves every CPU.
+// and runs only where the CPU reports it, AMX's likewise (amx_tile.h), picked
+// once per process (kernels/cpu/isa.h), so one binary serves every CPU.
 #include "kernels/cpu/bf16_tile.h"
 
 #include <immintrin.h>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/amx_tile.h"
 #include "kernels/cpu/isa.h"
 
 namespace ft::cpu {
@@ -110,6 +112,8 @@ void portable_block(float* c, int64_t ldc, const uint32_t* const a_rows[kBlockRo
 
 void bf16_tile_gemm(float* c, int64_t ldc, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t M,
                     int64_t N, int64_t pairs) {
+  if (amx_emulated()) return amx_tile_gemm_emulated(c, ldc, a, lda, b, ldb, M, N, pairs);
+  if (amx_bf16_enabled()) return amx_tile_gemm(c, ldc, a, lda, b, ldb, M, N, pairs);
   if (avx512_bf16_enabled()) return native_tile(c, ldc, a, lda, b, ldb, M, N, pairs);
   bf16_tile_gemm_portable(c, ldc, a, lda, b, ldb, M, N, pairs);
 }

@@ -1,6 +1,7 @@
 // Small bf16 GEMMs with f32 accumulation for the CPU attention's tiles: on
-// AVX512-BF16's dot-product instruction (vdpbf16ps) where the CPU has it,
-// chosen at run time, and a portable loop elsewhere. Operands hold bf16 in
+// AMX's tiles (amx_tile.h) where the CPU has AMX-BF16, else on AVX512-BF16's
+// dot-product instruction (vdpbf16ps), chosen at run time, and a portable
+// loop elsewhere. Operands hold bf16 in
 // pairs along the summed dimension k, one pair per uint32 (the even k in the
 // low half), as vdpbf16ps reads them:
 //   a, rows paired:    a[m * lda + p] = (A[m, 2p], A[m, 2p + 1]), which is a

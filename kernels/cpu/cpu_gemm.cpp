@@ -3,6 +3,7 @@
 #include <string>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/onednn_gemm.h"
 #include "kernels/error.h"
 
@@ -18,6 +19,7 @@ CpuGemm default_cpu_gemm() {
 }
 
 CpuBackend::CpuBackend(Allocator& allocator, CpuGemm gemm) : allocator_(allocator) {
+  cpu::amx_emulated();  // reads FT_BF16_TILES here: a bad value fails now, not inside the attention's parallel loop
   if (gemm == CpuGemm::reference) return;
   FT_CHECK(onednn_built(),
            "CPU GEMM 'onednn' asked for, but this build has no oneDNN (install libdnnl-dev and rebuild)");

@@ -18,6 +18,20 @@ bool avx512_enabled();
 // avx512_core_bf16 or above.
 bool avx512_bf16_enabled();
 
+// The bf16 tiles use AMX (amx_tile.h): the CPU has AMX-TILE and AMX-BF16, the
+// OS saves their state and lets this process use it (Linux 5.16 and later),
+// and the cap is avx512_core_amx or above.
+bool amx_bf16_enabled();
+
+// FT_BF16_TILES=amx-emulated: the bf16 tiles run the AMX kernel on its
+// modelled instructions whatever the CPU has, for tests (any other value is
+// an error).
+bool amx_emulated();
+
+// The ISA the bf16 tiles run on, for the op profile: "AMX", "AMX
+// (emulated)", "AVX512-BF16", or the build's (the portable loop).
+const char* bf16_tiles_isa();
+
 // Which version FT_AVX512_VERSIONS functions run, for the op profile.
 const char* avx512_versions_isa();
 
