@@ -680,12 +680,17 @@ TEST_CASE("bf16 tile GEMM, dispatched, portable and on emulated AMX, against flo
       for (int64_t m = 0; m < g.M; ++m)
         for (int64_t n = 0; n < g.N; ++n)
           for (int64_t k = 0; k < K; ++k) want[size_t(m * ldc + n)] += a[size_t(m * K + k)] * b[size_t(k * g.N + n)];
-      if (kernel == Kernel::portable)
+      if (kernel == Kernel::portable) {
         cpu::bf16_tile_gemm_portable(c.data(), ldc, a_pairs.data(), lda, b_pairs.data(), ldb, g.M, g.N, g.pairs);
-      else if (kernel == Kernel::amx_emulated)
-        cpu::amx_tile_gemm_emulated(c.data(), ldc, a_pairs.data(), lda, b_pairs.data(), ldb, g.M, g.N, g.pairs);
-      else
+      } else if (kernel == Kernel::amx_emulated) {
+        cpu::amx_configure(cpu::AmxTiles::emulated);
+        cpu::amx_tile_gemm(cpu::AmxTiles::emulated, c.data(), ldc, a_pairs.data(), lda, b_pairs.data(), ldb, g.M,
+                           g.N, g.pairs);
+        cpu::amx_release(cpu::AmxTiles::emulated);
+      } else {
+        const cpu::Bf16TileScope tiles;
         cpu::bf16_tile_gemm(c.data(), ldc, a_pairs.data(), lda, b_pairs.data(), ldb, g.M, g.N, g.pairs);
+      }
       check_close(Vec(c.begin(), c.end()), want, kF32Tol, "bf16 tile GEMM");  // columns past N untouched too
     }
 }
@@ -847,22 +852,27 @@ TEST_CASE("ONEDNN_MAX_CPU_ISA caps the CPU kernels' versions as it caps oneDNN's
 // The modelled TDPBF16PS keeps the two rules of Intel's definition that
 // make AMX's sums differ from plain f32 arithmetic near zero: a denormal bf16
 // input reads as zero, and a sum that lands below the smallest normal f32 is
-// flushed to zero (the f32 results here are exact otherwise).
-TEST_CASE("emulated AMX reads denormal inputs as zero and flushes denormal sums") {
+// flushed to zero (the f32 results here are exact otherwise). And like the
+// hardware it refuses tile instructions before LDTILECFG or after
+// TILERELEASE, which the kernel leaves to its caller.
+TEST_CASE("emulated AMX: denormal inputs read as zero, denormal sums flushed, no product unconfigured") {
+  const cpu::AmxTiles emulated = cpu::AmxTiles::emulated;
   const float min_normal = std::ldexp(1.0f, -126);
-  const auto pair = [](float even, float odd) { return cpu::bf16_pair(even, odd); };
   const uint32_t denormal_pair = 0x0001u;  // (the smallest denormal bf16, 0)
-  const uint32_t big = pair(std::ldexp(1.0f, 100), 0.0f);
+  const uint32_t big = cpu::bf16_pair(std::ldexp(1.0f, 100), 0.0f);
+  const uint32_t minus_min = cpu::bf16_pair(-min_normal, 0.0f), one = cpu::bf16_pair(1.0f, 0.0f);
   float c = 0.0f;
-  cpu::amx_tile_gemm_emulated(&c, 1, &denormal_pair, 1, &big, 1, 1, 1, 1);
+  cpu::amx_configure(emulated);
+  cpu::amx_tile_gemm(emulated, &c, 1, &denormal_pair, 1, &big, 1, 1, 1, 1);
   CHECK(c == 0.0f);  // 2^-133 x 2^100 = 2^-33 without the rule
   c = 1.5f * min_normal;
-  const uint32_t minus_min = pair(-min_normal, 0.0f), one = pair(1.0f, 0.0f);
-  cpu::amx_tile_gemm_emulated(&c, 1, &minus_min, 1, &one, 1, 1, 1, 1);
+  cpu::amx_tile_gemm(emulated, &c, 1, &minus_min, 1, &one, 1, 1, 1, 1);
   CHECK(c == 0.0f);  // 0.5 x 2^-126 without the rule
   c = 2.0f * min_normal;
-  cpu::amx_tile_gemm_emulated(&c, 1, &minus_min, 1, &one, 1, 1, 1, 1);
+  cpu::amx_tile_gemm(emulated, &c, 1, &minus_min, 1, &one, 1, 1, 1, 1);
   CHECK(c == min_normal);  // a normal sum is kept
+  cpu::amx_release(emulated);
+  CHECK_THROWS_AS(cpu::amx_tile_gemm(emulated, &c, 1, &one, 1, &one, 1, 1, 1, 1), Error);
 }
 
 // T = 70 spans three query tiles and two key tiles of the CPU kernel.

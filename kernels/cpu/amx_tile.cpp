@@ -4,7 +4,7 @@
 // wholly inside the operands load straight from them (strides in bytes);
 // blocks at an edge (M, N or pairs not a multiple of 16) are copied into
 // zero-padded 16 x 16 buffers first, so every tile keeps its full shape, one
-// configuration serves the whole call, and no load reads past an operand.
+// configuration serves every call, and no load reads past an operand.
 // A row of c is summed over the same k blocks by the same instructions
 // whatever M and the other rows are (bf16_tile.h's promise): a padded row is
 // zero and its sums are dropped.
@@ -149,7 +149,6 @@ FT_AMX void tile_gemm(float* c, int64_t ldc, const uint32_t* a, int64_t lda, con
                       int64_t N, int64_t pairs) {
   alignas(64) float c_buf[kTileRows * kTileWords];
   alignas(64) uint32_t a_buf[kTileRows * kTileWords], b_buf[kTileRows * kTileWords];
-  Tiles::configure(full_tiles());
   for (int64_t m0 = 0; m0 < M; m0 += kTileRows) {
     const int64_t rows = std::min(kTileRows, M - m0);
     for (int64_t n0 = 0; n0 < N; n0 += kTileWords) {
@@ -182,19 +181,32 @@ FT_AMX void tile_gemm(float* c, int64_t ldc, const uint32_t* a, int64_t lda, con
       }
     }
   }
-  Tiles::release();  // the tile state back to init: cheaper context switches, and oneDNN configures its own
 }
 
 }  // namespace
 
-void amx_tile_gemm(float* c, int64_t ldc, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t M,
-                   int64_t N, int64_t pairs) {
-  tile_gemm<HardwareTiles>(c, ldc, a, lda, b, ldb, M, N, pairs);
+void amx_configure(AmxTiles tiles) {
+  if (tiles == AmxTiles::hardware)
+    HardwareTiles::configure(full_tiles());
+  else
+    EmulatedTiles::configure(full_tiles());
 }
 
-void amx_tile_gemm_emulated(float* c, int64_t ldc, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
-                            int64_t M, int64_t N, int64_t pairs) {
-  tile_gemm<EmulatedTiles>(c, ldc, a, lda, b, ldb, M, N, pairs);
+// Back to the init state: a thread holding no tile data saves and restores
+// less on a context switch, and oneDNN loads its own configuration anyway.
+void amx_release(AmxTiles tiles) {
+  if (tiles == AmxTiles::hardware)
+    HardwareTiles::release();
+  else
+    EmulatedTiles::release();
+}
+
+void amx_tile_gemm(AmxTiles tiles, float* c, int64_t ldc, const uint32_t* a, int64_t lda, const uint32_t* b,
+                   int64_t ldb, int64_t M, int64_t N, int64_t pairs) {
+  if (tiles == AmxTiles::hardware)
+    tile_gemm<HardwareTiles>(c, ldc, a, lda, b, ldb, M, N, pairs);
+  else
+    tile_gemm<EmulatedTiles>(c, ldc, a, lda, b, ldb, M, N, pairs);
 }
 
 }  // namespace ft::cpu

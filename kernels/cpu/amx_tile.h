@@ -11,16 +11,22 @@
 
 namespace ft::cpu {
 
-// c[M, N] += A @ B on the CPU's AMX-BF16: call only where amx_bf16_enabled().
-void amx_tile_gemm(float* c, int64_t ldc, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t M,
-                   int64_t N, int64_t pairs);
+// Where the tile instructions run: the CPU's AMX-BF16 (only where
+// amx_bf16_enabled()), or the modelled ones. The model sums TDPBF16PS's
+// products as its definition orders them (the even element of a pair, then
+// the odd), rounding to nearest even after each, reads denormal inputs as
+// zero and flushes denormal sums; a tile shape or state the hardware would
+// fault on throws ft::Error.
+enum class AmxTiles { hardware, emulated };
 
-// The same kernel on the modelled tile instructions: TDPBF16PS's products
-// summed as its definition orders them (the even element of a pair, then the
-// odd), rounding to nearest even after each, denormal inputs read as zero and
-// denormal sums flushed. A tile shape or state the hardware would fault on
-// throws ft::Error.
-void amx_tile_gemm_emulated(float* c, int64_t ldc, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
-                            int64_t M, int64_t N, int64_t pairs);
+// LDTILECFG of the kernel's three tiles on this thread, and TILERELEASE.
+// The configuration costs more than a small product, so a caller loads it
+// once around a run of amx_tile_gemm calls (Bf16TileScope, bf16_tile.h).
+void amx_configure(AmxTiles tiles);
+void amx_release(AmxTiles tiles);
+
+// c[M, N] += A @ B, with this thread's tiles configured by amx_configure.
+void amx_tile_gemm(AmxTiles tiles, float* c, int64_t ldc, const uint32_t* a, int64_t lda, const uint32_t* b,
+                   int64_t ldb, int64_t M, int64_t N, int64_t pairs);
 
 }  // namespace ft::cpu

@@ -537,6 +537,7 @@ void forward_f32(float* o, float* lse_row, const AttentionCall& c, const Sequenc
 void forward_bf16(float* o, float* lse_row, const AttentionCall& c, const Sequences& sequences, int64_t b,
                   int64_t h) {
   AttentionScratch& s = tls;
+  const cpu::Bf16TileScope tiles;  // on AMX: one tile configuration for this head's products
   const int64_t T = c.d.seq, D = c.d.head_dim, pairs = head_pairs(D), hk = h / (c.d.q_heads / c.d.kv_heads);
   uint32_t *q = scratch(s.q16, T * pairs), *k = scratch(s.k16, T * pairs), *v = scratch(s.v16, T * pairs);
   gather_pairs(q, c.q, c.d, b, h, T);
@@ -602,6 +603,7 @@ void backward_f32(const BackwardCall& c, const Sequences& sequences, int64_t b, 
 // backward_f32 on bf16 pairs.
 void backward_bf16(const BackwardCall& c, const Sequences& sequences, int64_t b, int64_t hk) {
   AttentionScratch& s = tls;
+  const cpu::Bf16TileScope tiles;  // on AMX: one tile configuration for this head's products
   const AttentionShape& d = c.forward.d;
   const int64_t T = d.seq, D = d.head_dim, pairs = head_pairs(D), group = d.q_heads / d.kv_heads;
   uint32_t *k = scratch(s.k16, T * pairs), *v = scratch(s.v16, T * pairs);
@@ -727,6 +729,7 @@ void CpuBackend::attention_cached_impl(Tensor& out, const Tensor& q, const Tenso
       const int64_t keys = *std::max_element(row_positions, row_positions + Tq) + 1;
       float* o = scratch(s.o, Tq * D);
       if (bf16) {
+        const cpu::Bf16TileScope tiles;
         uint32_t *qh = scratch(s.q16, Tq * pairs), *kh = scratch(s.k16, keys * pairs), *vh = scratch(s.v16, keys * pairs);
         gather_pairs(qh, q, queries, b, h, Tq);
         gather_pairs(kh, k_cache, cache, b, h / group, keys);

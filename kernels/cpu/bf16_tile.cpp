@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "kernels/cpu/amx_tile.h"
@@ -108,12 +109,26 @@ void portable_block(float* c, int64_t ldc, const uint32_t* const a_rows[kBlockRo
     for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] += acc[r][j];
 }
 
+// The AMX the bf16 tiles run on, if any.
+std::optional<AmxTiles> amx_tiles() {
+  if (amx_emulated()) return AmxTiles::emulated;
+  if (amx_bf16_enabled()) return AmxTiles::hardware;
+  return std::nullopt;
+}
+
 }  // namespace
+
+Bf16TileScope::Bf16TileScope() {
+  if (const auto tiles = amx_tiles()) amx_configure(*tiles);
+}
+
+Bf16TileScope::~Bf16TileScope() {
+  if (const auto tiles = amx_tiles()) amx_release(*tiles);
+}
 
 void bf16_tile_gemm(float* c, int64_t ldc, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t M,
                     int64_t N, int64_t pairs) {
-  if (amx_emulated()) return amx_tile_gemm_emulated(c, ldc, a, lda, b, ldb, M, N, pairs);
-  if (amx_bf16_enabled()) return amx_tile_gemm(c, ldc, a, lda, b, ldb, M, N, pairs);
+  if (const auto tiles = amx_tiles()) return amx_tile_gemm(*tiles, c, ldc, a, lda, b, ldb, M, N, pairs);
   if (avx512_bf16_enabled()) return native_tile(c, ldc, a, lda, b, ldb, M, N, pairs);
   bf16_tile_gemm_portable(c, ldc, a, lda, b, ldb, M, N, pairs);
 }

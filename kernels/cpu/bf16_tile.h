@@ -16,10 +16,24 @@
 namespace ft::cpu {
 
 
+// The tiles' state on this thread for the bf16_tile_gemm calls made while it
+// lives: on AMX it loads the tile configuration once and releases it at the
+// end (elsewhere it does nothing). Hold one around each run of calls, with
+// no other library's code in between (oneDNN configures the tiles its own
+// way).
+class Bf16TileScope {
+ public:
+  Bf16TileScope();
+  ~Bf16TileScope();
+  Bf16TileScope(const Bf16TileScope&) = delete;
+  Bf16TileScope& operator=(const Bf16TileScope&) = delete;
+};
+
 // c[M, N] += A[M, 2 * pairs] @ B[2 * pairs, N], c row-major f32 (ldc), a and
-// b paired as above (lda, ldb in pairs). Every row of c is summed over k in
-// the same order by the same instructions whatever M and the other rows are,
-// so a row's result does not depend on the rows computed with it.
+// b paired as above (lda, ldb in pairs), inside a Bf16TileScope. Every row of
+// c is summed over k in the same order by the same instructions whatever M
+// and the other rows are, so a row's result does not depend on the rows
+// computed with it.
 void bf16_tile_gemm(float* c, int64_t ldc, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
                     int64_t M, int64_t N, int64_t pairs);
 // The portable loop bf16_tile_gemm runs without AVX512-BF16.
