@@ -421,7 +421,7 @@ void LanguageModel::init_adapters(uint64_t seed) {
   const size_t first = stage_offset(options_.layers, 2 * lora_layers_.size());
   for (size_t k = 0; k < lora_layers_.size(); ++k) {
     init_lora_parameters(backend_, lora_layers_[k]->lora_A(), lora_layers_[k]->lora_B(),
-                         splitmix64(seed, first + 2 * k));
+                         options_.lora->init_lora_weights, splitmix64(seed, first + 2 * k));
     lora_layers_[k]->init_magnitude(backend_);
   }
 }

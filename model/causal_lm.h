@@ -100,8 +100,9 @@ class LanguageModel {
   // std = initializer_range, norms 1), from a seed: for pretraining, or a
   // quantized base (quantised from those values) to benchmark without weights.
   void init_random(uint64_t seed);
-  // Adapters as PEFT's init_lora_weights=True: A kaiming-uniform, B zeros,
-  // and DoRA's magnitudes the base weights' row norms (needs the base loaded).
+  // Adapters as PEFT's init_lora_weights says (lora.init_lora_weights; by
+  // default A kaiming-uniform, B zeros), and DoRA's magnitudes the row norms
+  // of W + scaling B A (needs the base loaded).
   void init_adapters(uint64_t seed);
   // Adapter values were written other than by a training step (an adapter
   // loaded): DoRA's weight norms are recomputed at the next forward.

@@ -201,21 +201,52 @@ float lora_scaling(double lora_alpha, int64_t r, bool use_rslora) {
   return float(use_rslora ? lora_alpha / std::sqrt(double(r)) : lora_alpha / double(r));
 }
 
-// kaiming_uniform_(A, a) with fan_in = in: gain = sqrt(2 / (1 + a^2)),
-// std = gain / sqrt(fan_in), bound = sqrt(3) * std. With a = sqrt(5) the gain
-// is sqrt(1/3), so bound = sqrt(3) * sqrt(1/3) / sqrt(in) = 1 / sqrt(in).
-// A tensor-parallel shard of A's columns draws the whole A's values there.
-void init_lora_parameters(Backend& backend, Parameter& A, Parameter& B, uint64_t seed) {
-  const int64_t rows = A.value.rows(), cols = A.value.cols(), whole_cols = whole_shape(A).at(1);
-  const int64_t first_col = A.slice.dim == 1 ? A.slice.offset : 0;
-  const double bound = 1.0 / std::sqrt(double(whole_cols));
-  std::vector<float> values(size_t(A.value.numel()));
+namespace {
+
+// p's elements set to value(i), i the element's index in the whole tensor: a
+// tensor-parallel shard (of A's columns, B's rows) draws the whole tensor's
+// values at its place.
+template <class Value>
+void fill_by_whole_index(Backend& backend, Parameter& p, Value value) {
+  const int64_t rows = p.value.rows(), cols = p.value.cols(), whole_cols = whole_shape(p).at(1);
+  const int64_t first_row = p.slice.dim == 0 ? p.slice.offset : 0, first_col = p.slice.dim == 1 ? p.slice.offset : 0;
+  std::vector<float> values(size_t(p.value.numel()));
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c)  // in [-bound, bound)
-      values[size_t(r * cols + c)] =
-          float(bound * (2.0 * double(hash_uniform(seed, uint64_t(r * whole_cols + first_col + c))) - 1.0));
-  backend.copy(A.value, Tensor::view_of(values.data(), A.value.shape, DType::f32));
-  backend.fill(B.value, 0.0f);
+    for (int64_t c = 0; c < cols; ++c)
+      values[size_t(r * cols + c)] = value(uint64_t((first_row + r) * whole_cols + first_col + c));
+  backend.copy(p.value, Tensor::view_of(values.data(), p.value.shape, DType::f32));
+}
+
+// kaiming_uniform_(W, a = sqrt(5)), nn.Linear's default, with fan_in = W's
+// columns: gain = sqrt(2 / (1 + a^2)) = sqrt(1/3), std = gain / sqrt(fan_in),
+// bound = sqrt(3) * std = 1 / sqrt(fan_in).
+void fill_kaiming_uniform(Backend& backend, Parameter& p, uint64_t seed) {
+  const double bound = 1.0 / std::sqrt(double(whole_shape(p).at(1)));
+  fill_by_whole_index(backend, p, [&](uint64_t i) {  // in [-bound, bound)
+    return float(bound * (2.0 * double(hash_uniform(seed, i)) - 1.0));
+  });
+}
+
+// normal_(W, std): Box-Muller on two uniforms of element i's own (2i, 2i + 1).
+void fill_normal(Backend& backend, Parameter& p, uint64_t seed, double std) {
+  fill_by_whole_index(backend, p, [&](uint64_t i) {
+    const double u1 = 1.0 - double(hash_uniform(seed, 2 * i));  // in (0, 1]: its log is finite
+    const double u2 = double(hash_uniform(seed, 2 * i + 1));
+    return float(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+  });
+}
+
+}  // namespace
+
+void init_lora_parameters(Backend& backend, Parameter& A, Parameter& B, LoraInit init, uint64_t seed) {
+  if (init == LoraInit::gaussian)
+    fill_normal(backend, A, seed, 1.0 / double(A.value.rows()));  // std 1 / r
+  else
+    fill_kaiming_uniform(backend, A, seed);
+  if (init == LoraInit::random)
+    fill_kaiming_uniform(backend, B, splitmix64(seed, 1));  // fan_in r
+  else
+    backend.fill(B.value, 0.0f);
 }
 
 }  // namespace ft

@@ -123,9 +123,11 @@ LoraShapes lora_shapes(int64_t out_features, int64_t in_features, int64_t r);
 // PEFT's scaling: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora.
 float lora_scaling(double lora_alpha, int64_t r, bool use_rslora);
 
-// PEFT's init_lora_weights=True: A ~ kaiming_uniform_(a = sqrt(5)), B = 0, so
-// the adapted layer starts out equal to its base. A's values come from
-// hash_uniform(seed, i): the same distribution as PyTorch, not its numbers.
-void init_lora_parameters(Backend& backend, Parameter& A, Parameter& B, uint64_t seed);
+// PEFT's init_lora_weights (LoraInit, model/model_options.h): true, A ~
+// kaiming_uniform_(a = sqrt(5)) and B = 0, so the adapted layer starts out
+// equal to its base; "gaussian", A ~ normal_(std = 1 / r) and B = 0; false,
+// A and B both kaiming-uniform. The values come from hash_uniform(seed, .):
+// the same distributions as PyTorch, not its numbers.
+void init_lora_parameters(Backend& backend, Parameter& A, Parameter& B, LoraInit init, uint64_t seed);
 
 }  // namespace ft

@@ -106,10 +106,11 @@ bool module_pattern_matches(const std::string& key, const std::string& module, c
   return matches(compile_key(key, what), module, what);
 }
 
-bool is_all_linear(const std::string& target_modules) {
-  std::string lower = target_modules;
-  for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return lower == kAllLinear;
+bool is_all_linear(const std::string& target_modules) { return ascii_lowercase(target_modules) == kAllLinear; }
+
+std::string ascii_lowercase(std::string text) {
+  for (char& c : text) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return text;
 }
 
 bool regex_fullmatch(const std::string& pattern, const std::string& subject, const std::string& what) {

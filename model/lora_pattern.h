@@ -35,6 +35,10 @@ bool module_pattern_matches(const std::string& key, const std::string& module, c
 // in any case.
 bool is_all_linear(const std::string& target_modules);
 
+// text in ASCII lower case: PEFT compares some spellings after str.lower()
+// (all-linear, init_lora_weights' "gaussian" and "olora").
+std::string ascii_lowercase(std::string text);
+
 // Python's re.fullmatch(pattern, subject), in PCRE2 (UTF, UCP) as above. An
 // invalid pattern is an Error naming `what` and the pattern.
 bool regex_fullmatch(const std::string& pattern, const std::string& subject, const std::string& what);

@@ -24,6 +24,12 @@ inline constexpr QuantizedBase kQuantizedBases[] = {QuantizedBase::none, Quantiz
 
 // LoRA adapters with PEFT's LoraConfig names and defaults, the one description
 // used by the YAML config (lora:), the model and PEFT adapter files.
+// How new adapters start, PEFT's init_lora_weights: true (A kaiming-uniform
+// as nn.Linear's default, B zero), "gaussian" (A normal with std 1 / r, B
+// zero), false (A and B both as nn.Linear's default: the adapter is not a
+// no-op at the first step; PEFT keeps it for debugging).
+enum class LoraInit { kaiming_uniform, gaussian, random };
+
 struct LoraOptions {
   int64_t r = 8;
   double lora_alpha = 8.0;  // scaling = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora)
@@ -46,6 +52,7 @@ struct LoraOptions {
   std::vector<int64_t> layers_to_transform = {};
   std::vector<std::string> layers_pattern = {};
   bool use_rslora = false;
+  LoraInit init_lora_weights = LoraInit::kaiming_uniform;
   // DoRA (PEFT's use_dora): each adapted linear also trains a magnitude m
   // [out], and y = m / ||W + scaling B A||_row * (x W^T + scaling x A^T B^T)
   // + bias (model/lora_linear.h).

@@ -264,9 +264,22 @@ json model_fields(const std::string& path) {
 
 }  // namespace
 
+// PEFT's initialisations that also rewrite the base layer's weight (PiSSA,
+// CorDA, OLoRA, LoRA-GA: W - scaling B A; LoftQ: its quantised residual), as
+// PEFT's LoraLayer.update_layer tells them apart.
+static bool init_rewrites_base(const std::string& init) {
+  return init.starts_with("pissa") || init.starts_with("corda") || ascii_lowercase(init) == "olora" ||
+         init == "loftq" || init == "lora_ga";
+}
+
 std::string other_base_warning(const PeftAdapterConfig& adapter, const std::string& adapter_folder,
                                const std::string& model_dir) {
   namespace fs = std::filesystem;
+  if (init_rewrites_base(adapter.init_lora_weights))
+    return adapter_folder + ": init_lora_weights \"" + adapter.init_lora_weights +
+           "\" rewrote the base's weights when PEFT made the adapter, so it applies to the base PEFT saved then, "
+           "not to " + model_dir + "'s original weights (unless that is it); PEFT's save_pretrained(..., "
+           "path_initial_model_for_weight_conversion=...) converts it into an adapter of the original base";
   const std::string& own = adapter.base_model_name_or_path;
   const fs::path own_config = fs::path(own) / "config.json", model_config = fs::path(model_dir) / "config.json";
   std::error_code error;
@@ -276,6 +289,24 @@ std::string other_base_warning(const PeftAdapterConfig& adapter, const std::stri
     return "";
   return adapter_folder + ": trained on " + own + " (its base_model_name_or_path), whose config.json differs from " +
          model_config.string() + ": the adapter may not belong to this base";
+}
+
+// init_lora_weights: true, false or "gaussian" into the LoRA options (how a
+// run continuing this adapter would start new ones); another string (PEFT's
+// pissa, olora, eva, ...) is kept as written for other_base_warning.
+static void read_init_lora_weights(const Config& config, PeftAdapterConfig& adapter, const std::string& source) {
+  if (!is_set(config, "init_lora_weights")) return;
+  const json& init = config["init_lora_weights"];
+  FT_CHECK(init.is_boolean() || init.is_string(), source,
+           ": field \"init_lora_weights\" must be a boolean or a string, got ", init.dump());
+  if (init.is_boolean()) {
+    adapter.lora.init_lora_weights = init.get<bool>() ? LoraInit::kaiming_uniform : LoraInit::random;
+    return;
+  }
+  if (ascii_lowercase(init.get<std::string>()) == "gaussian")
+    adapter.lora.init_lora_weights = LoraInit::gaussian;
+  else
+    adapter.init_lora_weights = init.get<std::string>();
 }
 
 PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
@@ -310,6 +341,7 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
              config[field].dump());
     *value = config[field].get<bool>();
   }
+  read_init_lora_weights(config, adapter, source);
   const std::string bias = optional_string(config, "bias", "none", source);
   FT_CHECK(bias == "none", source, ": field \"bias\" is \"", bias, "\" but only \"none\" is supported");
   read_patterns(config, result, source);
@@ -347,6 +379,15 @@ void save_peft_adapter(const std::string& folder, LanguageModel& model, const Pe
   save_peft_adapter(folder, peft_adapter_tensors(model, host), model.options().lora, peft);
 }
 
+// init_lora_weights as PEFT writes it: true, false, "gaussian", or the
+// string read from an adapter PEFT made otherwise (a PiSSA adapter trained
+// further still needs PiSSA's base).
+static json init_lora_weights_json(const PeftAdapterConfig& peft) {
+  if (!peft.init_lora_weights.empty()) return peft.init_lora_weights;
+  if (peft.lora.init_lora_weights == LoraInit::gaussian) return "gaussian";
+  return peft.lora.init_lora_weights == LoraInit::kaiming_uniform;
+}
+
 void save_peft_adapter(const std::string& folder, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::optional<LoraOptions>& model_lora, const PeftAdapterConfig& peft) {
   const LoraOptions& config = peft.lora;
@@ -370,7 +411,7 @@ void save_peft_adapter(const std::string& folder, const std::vector<std::pair<st
   out["bias"] = "none";
   out["fan_in_fan_out"] = false;
   out["use_rslora"] = config.use_rslora;
-  out["init_lora_weights"] = true;
+  out["init_lora_weights"] = init_lora_weights_json(peft);
   out["inference_mode"] = true;
   out["use_dora"] = config.use_dora;
   out["modules_to_save"] = peft.modules_to_save.empty() ? json() : json(peft.modules_to_save);

@@ -28,6 +28,9 @@ struct PeftAdapterConfig {
   // model's "score" (task_type SEQ_CLS, for which PEFT adds "classifier"
   // and "score").
   std::vector<std::string> modules_to_save;
+  // init_lora_weights when the file gives a string other than "gaussian"
+  // (PEFT's pissa, olora, eva, ...), as written; else "" (lora holds it).
+  std::string init_lora_weights = {};
 };
 
 // Reads folder/adapter_config.json. Requires peft_type "LORA" and
@@ -42,12 +45,15 @@ struct PeftAdapterConfig {
 // many). Errors name the file and the field.
 PeftAdapterConfig read_peft_adapter_config(const std::string& folder);
 
-// "" unless the adapter's base_model_name_or_path is a local model folder
-// other than model_dir whose config.json differs from model_dir's in more
-// than how the weights are stored (quantization_config, dtype): then a
-// warning naming both (an adapter applied to another base than its own,
-// which PEFT loads silently when the shapes fit). A hub id or a path that
-// does not resolve from here says nothing.
+// "" unless the adapter belongs to another base than model_dir's weights,
+// which PEFT loads silently when the shapes fit: then a warning saying why.
+// Either PEFT made it with an initialisation that rewrote the base's
+// weights (init_lora_weights pissa, corda, olora, loftq or lora_ga: it
+// applies to the base PEFT saved after that), or its base_model_name_or_path
+// is a local model folder other than model_dir whose config.json differs
+// from model_dir's in more than how the weights are stored
+// (quantization_config, dtype). A hub id or a path that does not resolve
+// from here says nothing.
 std::string other_base_warning(const PeftAdapterConfig& adapter, const std::string& adapter_folder,
                                const std::string& model_dir);
 

@@ -290,7 +290,7 @@ TEST_CASE("init_lora_parameters: A kaiming-uniform within 1/sqrt(in), B zero, so
   Parameter lora_B;
   lora_B.name = "lora_B.weight";
   lora_B.value = make(backend, {out, r}, gaussian(out * r, 1.0f, 21));
-  init_lora_parameters(backend, lora_A, lora_B, 7);
+  init_lora_parameters(backend, lora_A, lora_B, LoraInit::kaiming_uniform, 7);
   std::vector<float> A = read(lora_A.value);
   const float bound = 1.0f / std::sqrt(float(in));
   double sum = 0.0, sum_sq = 0.0;
@@ -304,7 +304,7 @@ TEST_CASE("init_lora_parameters: A kaiming-uniform within 1/sqrt(in), B zero, so
   CHECK(std::fabs(sum / A.size()) < 0.06 * bound);
   CHECK(sum_sq / A.size() == doctest::Approx(bound * bound / 3.0).epsilon(0.1));
   for (float b : read(lora_B.value)) CHECK(b == 0.0f);
-  init_lora_parameters(backend, lora_A, lora_B, 8);
+  init_lora_parameters(backend, lora_A, lora_B, LoraInit::kaiming_uniform, 8);
   CHECK(read(lora_A.value) != A);  // another seed, other values
 
   Parameter w;
@@ -319,6 +319,63 @@ TEST_CASE("init_lora_parameters: A kaiming-uniform within 1/sqrt(in), B zero, so
   LoraLinear(std::make_unique<DenseLinear>(w), lora_A, lora_B, lora_scaling(16.0, r, false), 0.1f)
       .forward(backend, y, x);
   CHECK(read(y) == read(base_y));
+}
+
+// Moments of a sample against a distribution's mean 0 and variance: the
+// mean within 5 standard errors, the variance within 10%.
+static void check_moments(const std::vector<float>& values, double variance) {
+  double sum = 0.0, sum_sq = 0.0;
+  for (float v : values) sum += v, sum_sq += double(v) * v;
+  const double n = double(values.size());
+  CHECK(std::fabs(sum / n) < 5.0 * std::sqrt(variance / n));
+  CHECK(sum_sq / n == doctest::Approx(variance).epsilon(0.1));
+}
+
+// PEFT's init_lora_weights="gaussian" (nn.init.normal_(A, std=1/r), B zero)
+// and False (A and B as nn.Linear leaves them: kaiming-uniform, bound
+// 1/sqrt(fan_in)); a tensor-parallel shard (A's columns, B's rows) draws the
+// whole tensor's values at its place.
+TEST_CASE("init_lora_parameters: gaussian A with std 1/r, false leaves B kaiming-uniform, shards draw the whole") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  const int64_t in = 300, out = 40, r = 8;
+  auto adapter = [&](const char* name, Shape shape) {
+    Parameter p = named(name);
+    p.value = backend.empty(shape, DType::f32, MemCategory::adapters);
+    return p;
+  };
+  Parameter A = adapter("lora_A.weight", {r, in}), B = adapter("lora_B.weight", {out, r});
+  init_lora_parameters(backend, A, B, LoraInit::gaussian, 7);
+  const std::vector<float> gaussian_A = read(A.value);
+  check_moments(gaussian_A, 1.0 / double(r * r));
+  // Normal, not uniform: 68.3% within one sd (a uniform of that variance: 57.7%).
+  const double within = double(std::count_if(gaussian_A.begin(), gaussian_A.end(),
+                                             [&](float a) { return std::fabs(a) < 1.0 / double(r); }));
+  CHECK(within / double(gaussian_A.size()) == doctest::Approx(0.683).epsilon(0.05));
+  for (float b : read(B.value)) CHECK(b == 0.0f);
+
+  init_lora_parameters(backend, A, B, LoraInit::random, 7);
+  std::vector<float> random_B = read(B.value);
+  for (float b : random_B) CHECK(std::fabs(b) <= 1.0f / std::sqrt(float(r)));
+  check_moments(random_B, 1.0 / (3.0 * double(r)));
+  std::vector<float> random_A = read(A.value);
+  check_moments(random_A, 1.0 / (3.0 * double(in)));
+
+  // Ranks holding columns [100, 200) of A and rows [10, 30) of B.
+  Parameter A_shard = adapter("lora_A.weight", {r, 100}), B_shard = adapter("lora_B.weight", {20, r});
+  A_shard.slice = TensorSlice{1, 100, in};
+  B_shard.slice = TensorSlice{0, 10, out};
+  for (LoraInit init : {LoraInit::gaussian, LoraInit::random}) {
+    CAPTURE(int(init));
+    init_lora_parameters(backend, A, B, init, 9);
+    init_lora_parameters(backend, A_shard, B_shard, init, 9);
+    const std::vector<float> whole_A = read(A.value), whole_B = read(B.value);
+    const std::vector<float> shard_A = read(A_shard.value), shard_B = read(B_shard.value);
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < 100; ++j) CHECK(shard_A[size_t(i * 100 + j)] == whole_A[size_t(i * in + 100 + j)]);
+    for (int64_t i = 0; i < 20; ++i)
+      for (int64_t j = 0; j < r; ++j) CHECK(shard_B[size_t(i * r + j)] == whole_B[size_t((10 + i) * r + j)]);
+  }
 }
 
 TEST_CASE("lora_scaling: alpha / r, or alpha / sqrt(r) with rslora") {

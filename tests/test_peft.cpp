@@ -244,6 +244,88 @@ TEST_CASE("adapter configs PEFT would not give us, or that do not fit the model,
                        doctest::Contains("field \"target_modules\""), Error);
 }
 
+// PEFT's init_lora_weights: true, false and "gaussian" (any case) read into
+// the LoRA options and written back as PEFT writes them; another string is
+// kept as written, and one whose initialisation rewrote the base's weights
+// (PiSSA, CorDA, OLoRA, LoftQ, LoRA-GA) makes the adapter warn that it
+// belongs to that rewritten base.
+TEST_CASE("init_lora_weights: read, saved as PEFT writes it, and a warning for an adapter of a rewritten base") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  std::unique_ptr<LlamaModel> model = make_lora_model(backend, kAdapterFolder);
+  AdapterFiles files;
+  files.config.erase("base_model_name_or_path");  // no other-base warning from the folder it names
+  struct Case {
+    json value;
+    LoraInit init;
+    std::string kept, saved;
+    bool warns;
+  };
+  for (const Case& c : {Case{true, LoraInit::kaiming_uniform, "", "true", false},
+                        Case{false, LoraInit::random, "", "false", false},
+                        Case{"Gaussian", LoraInit::gaussian, "", "\"gaussian\"", false},
+                        Case{"eva", LoraInit::kaiming_uniform, "eva", "\"eva\"", false},
+                        Case{"pissa_niter_4", LoraInit::kaiming_uniform, "pissa_niter_4", "\"pissa_niter_4\"", true},
+                        Case{"OLoRA", LoraInit::kaiming_uniform, "OLoRA", "\"OLoRA\"", true},
+                        Case{"loftq", LoraInit::kaiming_uniform, "loftq", "\"loftq\"", true}}) {
+    CAPTURE(c.value.dump());
+    files.config["init_lora_weights"] = c.value;
+    const std::string folder = files.write("init_lora_weights");
+    const PeftAdapterConfig adapter = read_peft_adapter_config(folder);
+    CHECK(adapter.lora.init_lora_weights == c.init);
+    CHECK(adapter.init_lora_weights == c.kept);
+    const std::string warning = other_base_warning(adapter, folder, kBaseFolder);
+    CHECK(warning.empty() == !c.warns);
+    if (c.warns)
+      CHECK(warning == folder + ": init_lora_weights \"" + c.kept + "\" rewrote the base's weights when PEFT made the "
+                      "adapter, so it applies to the base PEFT saved then, not to " + kBaseFolder + "'s original "
+                      "weights (unless that is it); PEFT's save_pretrained(..., path_initial_model_for_weight_"
+                      "conversion=...) converts it into an adapter of the original base");
+    const std::string saved = std::string(FT_BINARY_DIR) + "/test_peft/init_lora_weights_saved";
+    std::filesystem::remove_all(saved);
+    save_peft_adapter(saved, *model, adapter);
+    CHECK(read_json(saved + "/adapter_config.json")["init_lora_weights"].dump() == c.saved);
+  }
+  files.config["init_lora_weights"] = 1;
+  CHECK_THROWS_WITH_AS(read_peft_adapter_config(files.write("init_lora_weights")),
+                       doctest::Contains("field \"init_lora_weights\" must be a boolean or a string, got 1"), Error);
+}
+
+// A model's new adapters start as lora.init_lora_weights says (the
+// distributions themselves: test_lora): gaussian's A with std 1 / r and B
+// zero, false's B drawn as well.
+TEST_CASE("init_adapters starts the adapters as init_lora_weights says") {
+  HostAllocator host;
+  CpuBackend backend(host);
+  for (LoraInit init : {LoraInit::gaussian, LoraInit::random}) {
+    CAPTURE(int(init));
+    ModelOptions options;
+    options.weight_dtype = DType::f32;
+    options.quantized_base = QuantizedBase::none;
+    options.lora = read_peft_adapter_config(kAdapterFolder).lora;
+    options.lora->init_lora_weights = init;
+    LlamaModel model(read_model_config(kBaseFolder + "/config.json"), backend, options);
+    model.load(Checkpoint(kBaseFolder));
+    model.init_adapters(5);
+    double sum_sq_A = 0.0, count_A = 0.0, nonzero_B = 0.0;
+    for (const Parameter& p : model.adapters()) {
+      const std::vector<float> values = ft::testing::read(p.value);
+      if (p.name.find("lora_A") != std::string::npos)
+        for (float a : values) sum_sq_A += double(a) * a, count_A += 1.0;
+      else
+        nonzero_B += double(std::count_if(values.begin(), values.end(), [](float b) { return b != 0.0f; }));
+    }
+    REQUIRE(count_A > 0.0);
+    if (init == LoraInit::gaussian) {
+      const double r = double(options.lora->r);
+      CHECK(sum_sq_A / count_A == doctest::Approx(1.0 / (r * r)).epsilon(0.15));
+      CHECK(nonzero_B == 0.0);
+    } else {
+      CHECK(nonzero_B > 0.0);
+    }
+  }
+}
+
 TEST_CASE("adapter weights: a missing, extra or misshapen tensor is refused naming it; adapter-named keys load") {
   HostAllocator host;
   CpuBackend backend(host);

@@ -456,7 +456,7 @@ TEST_CASE("the key list matches the fields configs/README.md documents") {
   REQUIRE(readme.good());
   std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
   std::vector<std::string> keys = train_config_keys();
-  CHECK(keys.size() == 119);
+  CHECK(keys.size() == 120);
   for (const std::string& key : keys) {
     CAPTURE(key);
     CHECK(text.find("`" + key + "`") != std::string::npos);
@@ -476,6 +476,21 @@ TEST_CASE("neftune_noise_alpha: off by default, a number >= 0, for objective: sf
   CHECK(error_of(kMinimal, {"neftune_noise_alpha=5", "data.packing=true"}) ==
         "configs/x.yaml: neftune_noise_alpha with data.packing: padding_free is not supported (trl flattens such a "
         "micro-batch into one row, whose length is NEFTune's L); use data.packing: false or concatenate");
+}
+
+TEST_CASE("lora.init_lora_weights: PEFT's true, false and gaussian; its weight- and data-driven ones refused") {
+  const std::string base = kMinimal;
+  CHECK(parse(base).lora.init_lora_weights == LoraInit::kaiming_uniform);
+  CHECK(parse(base + "lora: {init_lora_weights: true}\n").lora.init_lora_weights == LoraInit::kaiming_uniform);
+  CHECK(parse(base + "lora: {init_lora_weights: false}\n").lora.init_lora_weights == LoraInit::random);
+  CHECK(parse(base + "lora: {init_lora_weights: gaussian}\n").lora.init_lora_weights == LoraInit::gaussian);
+  CHECK(parse(base + "lora: {init_lora_weights: Gaussian}\n").lora.init_lora_weights == LoraInit::gaussian);
+  const std::string refused = "expected true, false or gaussian (PEFT's initialisations from the weights or the "
+                              "data, such as pissa, olora, loftq, corda or eva, are not supported), got ";
+  CHECK(error_of(base + "lora: {init_lora_weights: pissa_niter_4}\n") ==
+        "configs/x.yaml:3: lora.init_lora_weights: " + refused + "\"pissa_niter_4\"");
+  CHECK(error_of(base + "lora: {init_lora_weights: [true]}\n").find("lora.init_lora_weights: " + refused) !=
+        std::string::npos);
 }
 
 TEST_CASE("lora.use_dora: off by default; not with tensor parallel or a streamed base") {

@@ -47,6 +47,8 @@ std::string adapter_config(const TrainConfig& config, const LanguageModel& model
                               {"target_modules", targets},
                               {"use_rslora", lora.use_rslora}};
   if (lora.use_dora) described["use_dora"] = true;  // absent otherwise: earlier runs' identities unchanged
+  if (lora.init_lora_weights == LoraInit::gaussian) described["init_lora_weights"] = "gaussian";  // likewise
+  if (lora.init_lora_weights == LoraInit::random) described["init_lora_weights"] = false;
   if (!lora.target_modules_regex.empty()) described["target_modules"] = lora.target_modules_regex;
   // Absent when unset, as above.
   if (!lora.exclude_modules.empty()) described["exclude_modules"] = lora.exclude_modules;

@@ -160,6 +160,17 @@ struct Value {
     if (!value) wrong("true, false, " + enum_spellings(enum_names(Packing{})));
     return *value;
   }
+  // PEFT's init_lora_weights: true, false, or "gaussian" (any case, as PEFT
+  // lowers it).
+  LoraInit lora_init() const {
+    bool flag = false;
+    if (node.IsScalar() && YAML::convert<bool>::decode(node, flag))
+      return flag ? LoraInit::kaiming_uniform : LoraInit::random;
+    if (!node.IsScalar() || ascii_lowercase(node.Scalar()) != "gaussian")
+      wrong("true, false or gaussian (PEFT's initialisations from the weights or the data, such as pissa, olora, "
+            "loftq, corda or eva, are not supported)");
+    return LoraInit::gaussian;
+  }
   template <class E>
   E choice() const {
     const std::optional<E> value = node.IsScalar() ? enum_value(node.Scalar(), enum_names(E{})) : std::nullopt;
@@ -391,6 +402,7 @@ const Field kFields[] = {
        check_lora_patterns(c.lora, v.where + ": lora.");
      }},
     {"lora.use_rslora", [](TrainConfig& c, const Value& v) { c.lora.use_rslora = v.boolean(); }},
+    {"lora.init_lora_weights", [](TrainConfig& c, const Value& v) { c.lora.init_lora_weights = v.lora_init(); }},
     {"lora.use_dora", [](TrainConfig& c, const Value& v) { c.lora.use_dora = v.boolean(); }},
     {"quantization.mode", [](TrainConfig& c, const Value& v) { c.quantization.mode = v.choice<QuantizedBase>(); }},
     {"quantization.threshold",
