@@ -128,6 +128,11 @@ void LanguageModel::check_targets(const std::string& module_names) {
              " model (its linear modules are ", module_names, ")");
   }
   if (!lora.target_modules_regex.empty()) {
+    auto refuse_match = [&](const std::string& module) {
+      FT_CHECK(!regex_fullmatch(lora.target_modules_regex, module, "lora.target_modules"),
+               "lora.target_modules: \"", lora.target_modules_regex, "\" matches ", module,
+               ", which is not a linear module: LoRA adapts the decoder's linear modules here (", module_names, ")");
+    };
     std::set<std::string> seen;
     for (const Parameter& p : parameters_) {
       // Every module above a parameter (model, model.layers, model.layers.0,
@@ -135,13 +140,13 @@ void LanguageModel::check_targets(const std::string& module_names) {
       for (size_t dot = p.name.find('.'); dot != std::string::npos; dot = p.name.find('.', dot + 1)) {
         const std::string module = p.name.substr(0, dot);
         if (std::find(linear_modules_.begin(), linear_modules_.end(), module) != linear_modules_.end()) break;
-        if (!seen.insert(module).second) continue;
-        FT_CHECK(!regex_fullmatch(lora.target_modules_regex, module, "lora.target_modules"),
-                 "lora.target_modules: \"", lora.target_modules_regex, "\" matches ", module,
-                 ", which is not a linear module: LoRA adapts the decoder's linear modules here (",
-                 module_names, ")");
+        if (seen.insert(module).second) refuse_match(module);
       }
     }
+    // A head tied to the embedding holds no parameter of its own, but PEFT
+    // sees its module (lm_head) and adapts it when the pattern matches.
+    if (lm_head_ && lm_head_ == embedding_ && !untied_head_name_.empty())
+      refuse_match(untied_head_name_.substr(0, untied_head_name_.rfind('.')));
   }
   // A pipeline stage may hold only layers left without adapters (and the
   // planner builds stages of one or two layers to cost them).

@@ -165,6 +165,14 @@ TEST_CASE("the refusals say what leaves no module and how to name modules") {
   CHECK(error_of({{"target_modules", ".*"}}).find("\" matches model, which is not a linear module") !=
         std::string::npos);
   CHECK(error_of({{"target_modules", {"q_proj", "w1"}}}).starts_with("lora.target_modules: \"w1\" matches no module"));
+  // A head tied to the embedding has no parameter of its own; PEFT 0.21 still
+  // adapts its lm_head module when a pattern matches it (get_peft_model on
+  // tests/fixtures/llama_tied with ".*\.q_proj|lm_head" adapts lm_head).
+  const ModelConfig tied = read_model_config(std::string(FT_FIXTURES_DIR) + "/llama_tied/config.json");
+  REQUIRE(tied.tie_word_embeddings);
+  CHECK_THROWS_WITH_AS(build(tied, backend, read_fields({{"target_modules", ".*\\.q_proj|lm_head"}}, "tied")),
+                       doctest::Contains("matches lm_head, which is not a linear module"), Error);
+  CHECK(adapted_modules(*build(tied, backend, read_fields({{"target_modules", ".*\\.q_proj"}}, "tied"))).size() == 2);
 }
 
 TEST_CASE("PEFT adapters with a string target_modules, and with layers and exclusions, load to PEFT's values") {
