@@ -227,12 +227,13 @@ void fill_kaiming_uniform(Backend& backend, Parameter& p, uint64_t seed) {
   });
 }
 
-// normal_(W, std): Box-Muller on two uniforms of element i's own (2i, 2i + 1).
-void fill_normal(Backend& backend, Parameter& p, uint64_t seed, double std) {
+// normal_(W, std = stddev): Box-Muller on two uniforms of element i's own
+// (2i, 2i + 1).
+void fill_normal(Backend& backend, Parameter& p, uint64_t seed, double stddev) {
   fill_by_whole_index(backend, p, [&](uint64_t i) {
     const double u1 = 1.0 - double(hash_uniform(seed, 2 * i));  // in (0, 1]: its log is finite
     const double u2 = double(hash_uniform(seed, 2 * i + 1));
-    return float(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+    return float(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
   });
 }
 
