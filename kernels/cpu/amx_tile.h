@@ -19,9 +19,9 @@ namespace ft::cpu {
 // fault on throws ft::Error.
 enum class AmxTiles { hardware, emulated };
 
-// LDTILECFG of the kernel's three tiles on this thread, and TILERELEASE.
-// The configuration costs more than a small product, so a caller loads it
-// once around a run of amx_tile_gemm calls (Bf16TileScope, bf16_tile.h).
+// LDTILECFG of the kernel's three tiles on this thread, and TILERELEASE. A
+// caller loads the configuration once around a run of amx_tile_gemm calls
+// (Bf16TileScope, bf16_tile.h), not once a call.
 void amx_configure(AmxTiles tiles);
 void amx_release(AmxTiles tiles);
 
