@@ -45,12 +45,15 @@ const std::string kKeyPrefix = "base_model.model.";
 // room for summation order without hiding a wrong formula.
 constexpr double kTolerance = 1e-4;
 
-// The f32 llama_gqa base with the LoRA layout adapter_folder's config asks for.
-std::unique_ptr<LlamaModel> make_lora_model(Backend& backend, const std::string& adapter_folder) {
+// The f32 llama_gqa base with the LoRA layout adapter_folder's config asks
+// for, new adapters to start as init says.
+std::unique_ptr<LlamaModel> make_lora_model(Backend& backend, const std::string& adapter_folder,
+                                            LoraInit init = LoraInit::kaiming_uniform) {
   ModelOptions options;
   options.weight_dtype = DType::f32;
   options.quantized_base = QuantizedBase::none;
   options.lora = read_peft_adapter_config(adapter_folder).lora;
+  options.lora->init_lora_weights = init;
   auto model = std::make_unique<LlamaModel>(read_model_config(kBaseFolder + "/config.json"), backend, options);
   model->load(Checkpoint(kBaseFolder));
   return model;
@@ -299,16 +302,10 @@ TEST_CASE("init_adapters starts the adapters as init_lora_weights says") {
   CpuBackend backend(host);
   for (LoraInit init : {LoraInit::gaussian, LoraInit::random}) {
     CAPTURE(int(init));
-    ModelOptions options;
-    options.weight_dtype = DType::f32;
-    options.quantized_base = QuantizedBase::none;
-    options.lora = read_peft_adapter_config(kAdapterFolder).lora;
-    options.lora->init_lora_weights = init;
-    LlamaModel model(read_model_config(kBaseFolder + "/config.json"), backend, options);
-    model.load(Checkpoint(kBaseFolder));
-    model.init_adapters(5);
+    std::unique_ptr<LlamaModel> model = make_lora_model(backend, kAdapterFolder, init);
+    model->init_adapters(5);
     double sum_sq_A = 0.0, count_A = 0.0, nonzero_B = 0.0;
-    for (const Parameter& p : model.adapters()) {
+    for (const Parameter& p : model->adapters()) {
       const std::vector<float> values = ft::testing::read(p.value);
       if (p.name.find("lora_A") != std::string::npos)
         for (float a : values) sum_sq_A += double(a) * a, count_A += 1.0;
@@ -317,7 +314,7 @@ TEST_CASE("init_adapters starts the adapters as init_lora_weights says") {
     }
     REQUIRE(count_A > 0.0);
     if (init == LoraInit::gaussian) {
-      const double r = double(options.lora->r);
+      const double r = double(model->options().lora->r);
       CHECK(sum_sq_A / count_A == doctest::Approx(1.0 / (r * r)).epsilon(0.15));
       CHECK(nonzero_B == 0.0);
     } else {
