@@ -143,10 +143,7 @@ void LanguageModel::check_targets(const std::string& module_names) {
         if (seen.insert(module).second) refuse_match(module);
       }
     }
-    // A head tied to the embedding holds no parameter of its own, but PEFT
-    // sees its module (lm_head) and adapts it when the pattern matches.
-    if (lm_head_ && lm_head_ == embedding_ && !untied_head_name_.empty())
-      refuse_match(untied_head_name_.substr(0, untied_head_name_.rfind('.')));
+    for (const std::string& module : weightless_modules_) refuse_match(module);
   }
   // A pipeline stage may hold only layers left without adapters (and the
   // planner builds stages of one or two layers to cost them).

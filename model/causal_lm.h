@@ -276,6 +276,11 @@ class LanguageModel {
   NormParameters final_norm_;
   Parameter* lm_head_ = nullptr;
   std::string untied_head_name_;  // set by the architecture's constructor (untied_head_name())
+  // transformers' modules of this model that hold no weight here (rotary
+  // embeddings, activations, dropout, a tied head, T5's embed_tokens), set
+  // by the architecture's constructor: PEFT adapts or refuses each when a
+  // target_modules pattern matches it, so a pattern matching one is refused.
+  std::vector<std::string> weightless_modules_;
   float logits_scale_ = 1.0f;  // T5 with tied embeddings: d_model^-0.5
   // Linears (by module-name suffix) that stay in weight_dtype under a
   // quantized base, set by the architecture's constructor before it builds

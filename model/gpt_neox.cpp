@@ -80,13 +80,19 @@ GptNeoxModel::GptNeoxModel(const ModelConfig& config, Backend& backend, const Mo
     layer->dense = make_linear(prefix + "attention.dense", C, C, config.attention_bias, row);
     layer->dense_h_to_4h = make_linear(prefix + "mlp.dense_h_to_4h", I, C, true, column);
     layer->dense_4h_to_h = make_linear(prefix + "mlp.dense_4h_to_h", C, I, true, row);
+    for (const char* module : {"mlp.act", "post_attention_dropout", "post_mlp_dropout"})
+      weightless_modules_.push_back(prefix + module);
     layers_.push_back(std::move(layer));
   }
   if (last_stage()) {
     final_norm_ = add_norm("gpt_neox.final_layer_norm", true, eps);
     untied_head_name_ = "embed_out.weight";
     lm_head_ = tied ? embedding_ : &add_parameter(untied_head_name_, {V, C}, dtype);
+    // transformers 5 calls the head lm_head (embed_out in checkpoints and transformers 4): refused under both.
+    weightless_modules_.push_back("lm_head");
+    if (tied) weightless_modules_.push_back("embed_out");
   }
+  weightless_modules_.insert(weightless_modules_.end(), {"gpt_neox.rotary_emb", "gpt_neox.emb_dropout"});
   check_built("query_key_value, dense, dense_h_to_4h, dense_4h_to_h");
 }
 

@@ -131,13 +131,16 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, const ModelO
     layer->gate_proj = make_linear(prefix + "mlp.gate_proj", I, C, mlp_bias, column);
     layer->up_proj = make_linear(prefix + "mlp.up_proj", I, C, mlp_bias, column);
     layer->down_proj = make_linear(prefix + "mlp.down_proj", C, I, mlp_bias, row);
+    weightless_modules_.push_back(prefix + "mlp.act_fn");
     layers_.push_back(std::move(layer));
   }
   if (last_stage()) {
     final_norm_ = add_norm("model.norm", false, eps);
     untied_head_name_ = "lm_head.weight";
     lm_head_ = tied ? embedding_ : &add_parameter(untied_head_name_, {config.vocab_size, C}, dtype);
+    if (tied) weightless_modules_.push_back("lm_head");
   }
+  weightless_modules_.push_back("model.rotary_emb");
   check_built("q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
 }
 

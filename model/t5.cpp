@@ -125,6 +125,7 @@ T5Model::T5Model(const ModelConfig& config, Backend& backend, const ModelOptions
   if (config.tie_word_embeddings) {
     lm_head_ = embedding_;
     logits_scale_ = 1.0f / std::sqrt(float(C));
+    weightless_modules_.push_back("lm_head");
   } else {
     lm_head_ = &add_parameter("lm_head.weight", {config.vocab_size, C}, options.weight_dtype);
   }
@@ -139,6 +140,9 @@ void T5Model::add_stack(Stack& stack, const std::string& prefix, int64_t layers,
   const float eps = config_.rms_norm_eps;
   stack.decoder = decoder;
   stack.blocks.resize(size_t(layers));
+  // Each stack embeds through an embed_tokens module of its own (tied to
+  // `shared` by weight), which PEFT adapts as an embedding.
+  weightless_modules_.insert(weightless_modules_.end(), {prefix + "embed_tokens", prefix + "dropout"});
   auto add_attention = [&](Attention& attention, const std::string& module) {
     attention.q = make_linear(module + ".q", inner, C);
     attention.k = make_linear(module + ".k", inner, C);
@@ -168,6 +172,10 @@ void T5Model::add_stack(Stack& stack, const std::string& prefix, int64_t layers,
     }
     feed_forward.wo = make_linear(ff + ".DenseReluDense.wo", C, F);
     feed_forward.norm = add_norm(ff + ".layer_norm", false, eps);
+    // transformers' modules without weights: each sublayer's dropout, the feed-forward's activation and dropout.
+    weightless_modules_.insert(weightless_modules_.end(), {layer + "0.dropout", ff + ".dropout",
+                                                           ff + ".DenseReluDense.act", ff + ".DenseReluDense.dropout"});
+    if (decoder) weightless_modules_.push_back(layer + "1.dropout");
   }
   stack.final_norm = add_norm(prefix + "final_layer_norm", false, eps);
 }

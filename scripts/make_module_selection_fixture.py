@@ -10,7 +10,10 @@ index read from the module name). tests/fixtures/module_selection/ holds:
     and for a 12-layer Llama, a 12-layer GPT-NeoX and a T5 (3 encoder, 2
     decoder layers), each model's config.json and, per LoraConfig tried, the
     full names of the modules PEFT's get_peft_model adapted, or the error it
-    raised (its type and message, sets sorted);
+    raised (its type and message, sets sorted); and for those models, a
+    2-layer Llama with a tied head and a T5 v1.0 (tied), every module's name,
+    its type and what get_peft_model does given that name alone as the
+    pattern (layers and blocks past the second left out: they repeat);
   - regex/ and layers/: two PEFT adapters on tests/fixtures/llama_gqa (a
     string target_modules; a list narrowed by layers_to_transform,
     layers_pattern and exclude_modules), lora_B set to seeded noise, each with
@@ -73,6 +76,16 @@ CASES = [
              exclude_modules=["EncDecAttention.q", "EncDecAttention.k"]),
         dict(target_modules="all-linear", layers_to_transform=[0]),
     ]),
+]
+
+# Models whose every module (past their second layer or block, which repeat) is tried alone as the
+# pattern: target_modules=re.escape(name).
+SINGLE_MODULES = [
+    ("llama", "llama_gqa", 12),
+    ("llama_tied", "llama_tied", None),
+    ("gpt_neox", "gpt_neox_sequential", 12),
+    ("t5_v1_0", "t5_v1_0", None),
+    ("t5_v1_1", "t5_v1_1", None),
 ]
 
 # The two adapters with reference values, on the 2-layer llama_gqa.
@@ -143,6 +156,18 @@ def adapted_modules(config, fields):
     return {"adapted": sorted(n for n, m in inner.named_modules() if isinstance(m, LoraLayer))}
 
 
+def single_modules(config):
+    """[name, type, outcome] of each module: what get_peft_model does when the pattern is its name alone."""
+    hf_config = AutoConfig.for_model(**config)
+    auto = AutoModelForSeq2SeqLM if config["model_type"] == "t5" else AutoModelForCausalLM
+    modules = [(n, type(m).__name__) for n, m in auto.from_config(hf_config).named_modules(remove_duplicate=False)
+               if n and all(int(i) < 2 for i in re.findall(r"\.(\d+)(?=\.|$)", n))]
+    outcomes = [adapted_modules(config, dict(target_modules=re.escape(n))) for n, _ in modules]
+    # PEFT's refusal quotes the module's repr, many lines for a block: its first line says enough.
+    outcomes = [{"error": o["error"].split("\n")[0][:120]} if "error" in o else o for o in outcomes]
+    return [[n, t, o] for (n, t), o in zip(modules, outcomes)]
+
+
 def make_cases(out_dir):
     models = []
     for name, fixture, layers, cases in CASES:
@@ -151,10 +176,15 @@ def make_cases(out_dir):
         for r in results:
             print(name, json.dumps(r["fields"]), "->", r.get("error") or f"{len(r['adapted'])} modules")
         models.append(dict(name=name, config=config, cases=results))
+    singles = []
+    for name, fixture, layers in SINGLE_MODULES:
+        config = model_config(fixture, layers)
+        singles.append(dict(name=name, config=config, modules=single_modules(config)))
+        print(name, len(singles[-1]["modules"]), "single-module patterns")
     regexes = dict(fullmatch=[[p, m, re.fullmatch(p, m) is not None] for p, m in FULLMATCH],
                    layer_index=[[m, p, peft_layer_index(m, p)] for m, p in LAYER_INDEX])
     with open(os.path.join(out_dir, "cases.json"), "w") as f:
-        f.write(json.dumps(dict(models=models, **regexes), indent=1) + "\n")
+        f.write(json.dumps(dict(models=models, single_modules=singles, **regexes), indent=1) + "\n")
 
 
 def make_adapter(out_dir, name, fields):

@@ -137,6 +137,41 @@ TEST_CASE("every LoraConfig of the fixture adapts PEFT's modules, or is refused 
   CHECK(refused >= 5);
 }
 
+TEST_CASE("a pattern naming any one module of transformers' model adapts it as PEFT does, or is refused") {
+  // PEFT adapts a module the pattern matches when it is a linear layer or an
+  // embedding and refuses any other kind (a norm, a block, an activation,
+  // dropout, a rotary embedding). Here LoRA adapts the decoder's linear
+  // layers: every other module PEFT adapts or refuses must be refused, a
+  // weightless one (a tied head, T5's embed_tokens) included.
+  const json cases = read_json(kFolder + "/cases.json");
+  HostAllocator host;
+  CpuBackend backend(host);
+  int64_t adapted = 0, refused = 0;
+  for (const json& model_cases : cases["single_modules"]) {
+    const ModelConfig config = parse_model_config(model_cases["config"].dump(), "cases.json");
+    for (const json& c : model_cases["modules"]) {
+      const std::string module = c[0], type = c[1];
+      std::string pattern;  // Python's re.escape of a module name: its dots
+      for (char ch : module) pattern += ch == '.' ? std::string("\\.") : std::string(1, ch);
+      CAPTURE(module);
+      CAPTURE(c[2].dump());
+      const LoraOptions lora = read_fields({{"target_modules", pattern}}, model_cases["name"].get<std::string>());
+      const bool head = module == "lm_head" || module == "embed_out";
+      if (c[2].contains("adapted") && type == "Linear" && !head) {
+        REQUIRE(c[2]["adapted"] == json::array({module}));
+        CHECK(adapted_modules(*build(config, backend, lora)) == std::vector<std::string>{module});
+        ++adapted;
+      } else {
+        const std::string refusal = "matches " + module + ", which is not a linear module";
+        CHECK_THROWS_WITH_AS(build(config, backend, lora), doctest::Contains(refusal.c_str()), Error);
+        ++refused;
+      }
+    }
+  }
+  CHECK(adapted >= 50);
+  CHECK(refused >= 150);
+}
+
 TEST_CASE("the refusals say what leaves no module and how to name modules") {
   HostAllocator host;
   CpuBackend backend(host);
@@ -165,14 +200,6 @@ TEST_CASE("the refusals say what leaves no module and how to name modules") {
   CHECK(error_of({{"target_modules", ".*"}}).find("\" matches model, which is not a linear module") !=
         std::string::npos);
   CHECK(error_of({{"target_modules", {"q_proj", "w1"}}}).starts_with("lora.target_modules: \"w1\" matches no module"));
-  // A head tied to the embedding has no parameter of its own; PEFT 0.21 still
-  // adapts its lm_head module when a pattern matches it (get_peft_model on
-  // tests/fixtures/llama_tied with ".*\.q_proj|lm_head" adapts lm_head).
-  const ModelConfig tied = read_model_config(std::string(FT_FIXTURES_DIR) + "/llama_tied/config.json");
-  REQUIRE(tied.tie_word_embeddings);
-  CHECK_THROWS_WITH_AS(build(tied, backend, read_fields({{"target_modules", ".*\\.q_proj|lm_head"}}, "tied")),
-                       doctest::Contains("matches lm_head, which is not a linear module"), Error);
-  CHECK(adapted_modules(*build(tied, backend, read_fields({{"target_modules", ".*\\.q_proj"}}, "tied"))).size() == 2);
 }
 
 TEST_CASE("PEFT adapters with a string target_modules, and with layers and exclusions, load to PEFT's values") {
