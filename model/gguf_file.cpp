@@ -252,6 +252,12 @@ void write_gguf(const std::string& path, const GgufMetadata& metadata, const std
   write_file_atomically(path, pieces);
 }
 
+bool starts_as_gguf(const std::string& path) {
+  char magic[4] = {};
+  std::ifstream in(path, std::ios::binary);
+  return in.read(magic, 4) && std::equal(magic, magic + 4, kMagic);
+}
+
 GgufFile::GgufFile(const std::string& path) : path_(path) {
   std::ifstream in(path, std::ios::binary);
   FT_CHECK(in, path, ": cannot open (", std::strerror(errno), ")");

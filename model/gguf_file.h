@@ -85,6 +85,10 @@ struct GgufTensor {
 // do not match shape and type, are Errors naming path (nothing is written).
 void write_gguf(const std::string& path, const GgufMetadata& metadata, const std::vector<GgufTensor>& tensors);
 
+// Whether path's first four bytes are GGUF's magic ("GGUF"): false for a
+// shorter or unreadable file.
+bool starts_as_gguf(const std::string& path);
+
 // A GGUF file read and validated whole: every malformed part is an Error
 // naming the file and what was expected.
 class GgufFile {

@@ -163,6 +163,27 @@ TEST_CASE("export --gguf refuses what llama.cpp cannot read with one error, leav
   refuses(mismatched("wider_mlp", "intermediate_size", 8), "has shape [88, 64] but config.json implies [96, 64]");
 }
 
+TEST_CASE("export --gguf replaces an existing file only with --overwrite, and only a GGUF file") {
+  const std::string out = fresh_file("existing");
+  GgufExportCommand command = command_for("llama_gqa", "tokenizer/tokenizer.model", "", GgmlType::f16, out);
+  std::ostringstream log;
+  std::ofstream(out) << "{\"prompt\": \"a data file\"}\n";
+  for (bool overwrite : {false, true}) {
+    command.overwrite = overwrite;
+    CHECK_THROWS_WITH_AS(export_gguf(command, log), doctest::Contains("names an existing file that is not a GGUF"),
+                         Error);
+    CHECK(std::ifstream(out).get() == '{');
+  }
+  fs::copy_file(kFixtures + "/gguf/llama3_tiny_q8_0.gguf", out, fs::copy_options::overwrite_existing);
+  command.overwrite = false;
+  CHECK_THROWS_WITH_AS(export_gguf(command, log), doctest::Contains("give --overwrite to replace it"), Error);
+  CHECK(fs::file_size(out) == fs::file_size(kFixtures + "/gguf/llama3_tiny_q8_0.gguf"));
+  command.overwrite = true;
+  export_gguf(command, log);
+  CHECK(GgufFile(out).value("general.name").strings.at(0) == "llama_gqa");
+  fs::remove(out);
+}
+
 TEST_CASE("our GGUF reader refuses a truncated file naming it") {
   const std::string path = fresh_file("truncated");
   const std::string reference = kFixtures + "/gguf/llama3_tiny_q8_0.gguf";

@@ -175,6 +175,14 @@ void export_gguf(const GgufExportCommand& command, std::ostream& log) {
            ": MODEL must be a Hugging Face checkpoint folder with a config.json");
   FT_CHECK(!command.out.empty(), "export: --gguf is empty; give the .gguf file to write");
   FT_CHECK(!fs::is_directory(command.out), command.out, ": --gguf names a folder; give the .gguf file to write");
+  // An existing file is replaced only when asked, and only when it is a GGUF:
+  // a --gguf that names the checkpoint's own weights or a data file never
+  // destroys it.
+  if (fs::exists(command.out)) {
+    FT_CHECK(starts_as_gguf(command.out), command.out, ": --gguf names an existing file that is not a GGUF file; "
+             "give a new path (export replaces only a GGUF file, with --overwrite)");
+    FT_CHECK(command.overwrite, command.out, ": --gguf names an existing GGUF file; give --overwrite to replace it");
+  }
   const ModelConfig config = read_model_config(config_path);
   const ModelFamily& family = model_family(config.model_type, config_path);
   check_supported(config, family, config_path);

@@ -26,6 +26,7 @@ struct GgufExportCommand {
   std::string tokenizer;  // "": the model folder's own (default_tokenizer_path)
   std::string out;        // the .gguf file
   GgmlType type = GgmlType::f16;
+  bool overwrite = false;  // replace an existing GGUF file at out
 };
 
 void export_gguf(const GgufExportCommand& command, std::ostream& log);

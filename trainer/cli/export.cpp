@@ -23,6 +23,7 @@ CLI::App* add_export_command(CLI::App& app, GgufExportCommand& c) {
   command->add_option("MODEL", c.model, "a Hugging Face checkpoint folder (llama, mistral, qwen2, gpt_neox)")
       ->required();
   command->add_option("--gguf", c.out, "the GGUF file to write")->type_name("OUT.gguf")->required();
+  command->add_flag("--overwrite", c.overwrite, "replace OUT.gguf when it exists (only a GGUF file is replaced)");
   command->add_option("--adapter", c.adapter, "a PEFT LoRA adapter folder to merge first")->type_name("DIR");
   command->add_option("--tokenizer", c.tokenizer, "tokenizer.model or tokenizer.json (default: MODEL's own)")
       ->type_name("PATH");
