@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "kernels/error.h"
@@ -244,6 +245,19 @@ std::map<std::string, std::string> read_weight_map(const std::string& index_path
 }
 
 }  // namespace
+
+std::string model_file_in(const std::string& folder) {
+  std::error_code error;
+  if (!fs::is_directory(folder, error)) return "";
+  static const std::set<std::string> kWeightExtensions = {".safetensors", ".bin", ".pt", ".pth", ".gguf"};
+  std::vector<std::string> found;
+  for (const fs::directory_entry& entry : fs::directory_iterator(folder, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "config.json" || kWeightExtensions.contains(entry.path().extension().string())) found.push_back(name);
+  }
+  std::sort(found.begin(), found.end());
+  return found.empty() ? "" : found.front();
+}
 
 Checkpoint::Checkpoint(const std::string& path) : path_(path) {
   std::error_code error;

@@ -87,6 +87,12 @@ class Checkpoint {
   std::map<std::string, const SafetensorsEntry*> by_name_;
 };
 
+// The first file in folder (by name) that makes it a model's folder:
+// config.json or weights (*.safetensors, PyTorch's *.bin / *.pt / *.pth, a
+// *.gguf); "" when it holds none or does not exist. A command that writes a
+// model refuses such a folder rather than write over the model in it.
+std::string model_file_in(const std::string& folder);
+
 // The checksum a file may carry in its metadata "checksum" (training states
 // always do, our adapters too): over every other metadata entry and every
 // tensor's name, dtype, shape and bytes, so a flipped byte anywhere in the

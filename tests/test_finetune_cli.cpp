@@ -443,6 +443,16 @@ TEST_CASE("--resume past max_steps refuses and leaves the run as it was; at max_
                                                                     "one afresh: give one") != std::string::npos);
   CHECK(run_command(finetune + " --set max_steps=1 --overwrite").exit_code == 0);
   CHECK(read_file(dir + "/out/adapter/adapter_model.safetensors") != adapter);
+
+  // Without its training state, the adapter still belongs to an earlier run.
+  fs::remove(dir + "/out/train_state.safetensors");
+  const std::string kept = read_file(dir + "/out/adapter/adapter_model.safetensors");
+  CommandResult stateless = run_command(finetune + " --set max_steps=1");
+  CHECK(stateless.exit_code == 1);
+  CHECK(stateless.output.find("error: config.yaml: output_dir out holds an earlier run's "
+                              "adapter/adapter_model.safetensors (and no training state to resume from)") !=
+        std::string::npos);
+  CHECK(read_file(dir + "/out/adapter/adapter_model.safetensors") == kept);
 }
 
 TEST_CASE("device: auto says which backend it picked and why; device: cuda without a GPU is an error") {
@@ -771,6 +781,19 @@ TEST_CASE("a saved INT8 base has transformers' layout, loads directly and trains
   INFO(second.output);
   REQUIRE(second.exit_code == 0);
   CHECK(train_losses(dir + "/out/metrics.jsonl") == train_losses(dir + "/out2/metrics.jsonl"));
+
+  // A saved base is not written over by a later run without --overwrite, nor the model's own folder ever.
+  const std::string saved = read_file(dir + "/base/model.safetensors");
+  CommandResult again = run_command("cd " + dir + " && " + kBinary +
+                                    " config.yaml --set max_steps=1 --set quantization.save_base=base --set output_dir=out3");
+  CHECK(again.exit_code == 1);
+  CHECK(again.output.find("error: config.yaml: quantization.save_base base already holds a model (config.json): give "
+                          "a new folder, or --overwrite to replace it") != std::string::npos);
+  CommandResult itself = run_command("cd " + dir + " && " + kBinary + " config.yaml --set max_steps=1 --set model=base "
+                                     "--set quantization.save_base=base --set output_dir=out4 --overwrite");
+  CHECK(itself.exit_code == 1);
+  CHECK(itself.output.find("quantization.save_base base is the model's own folder") != std::string::npos);
+  CHECK(read_file(dir + "/base/model.safetensors") == saved);
 }
 
 TEST_CASE("GPT-NeoX trains with a tokenizer.json (byte-level BPE); one larger than the embedding is refused") {

@@ -226,8 +226,20 @@ TEST_CASE("merge refuses bad input with one error naming the file, before writin
   const std::string taken = fresh_dir("taken");
   std::ostringstream log;
   merge_adapter(command_for("llama_gqa", "llama_lora", taken), log);
-  CHECK(error_of(command_for("llama_gqa", "llama_lora", taken)).find("already holds a checkpoint") !=
+  CHECK(error_of(command_for("llama_gqa", "llama_lora", taken)).find("already holds a model (config.json)") !=
         std::string::npos);
+  // Another model's folder, however its weights are stored, and a tokenizer merge would write over.
+  const std::string pickled = fresh_dir("pickled");
+  fs::create_directories(pickled);
+  std::ofstream(fs::path(pickled) / "pytorch_model.bin") << "weights";
+  CHECK(error_of(command_for("llama_gqa", "llama_lora", pickled)).find("already holds a model (pytorch_model.bin)") !=
+        std::string::npos);
+  const std::string tokenized = fresh_dir("tokenized");
+  fs::create_directories(tokenized);
+  std::ofstream(fs::path(tokenized) / "tokenizer.model") << "another tokenizer";
+  CHECK(error_of(command_for("llama_gqa", "llama_lora", tokenized)).find("already holds tokenizer.model, which merge "
+                                                                         "would replace") != std::string::npos);
+  for (const std::string& folder : {pickled, tokenized}) CHECK(!fs::exists(fs::path(folder) / "model.safetensors"));
 }
 
 namespace {

@@ -123,6 +123,32 @@ void make_backend(Run& run) {
   run.backend = std::move(device.backend);
 }
 
+// A new run writes over no earlier run's outputs and no model folder:
+// output_dir's training state, adapter, full model or value head, and a
+// quantization.save_base folder holding a model, need --overwrite (or
+// --resume, which continues that run); the model's own folder is never a
+// save_base.
+void check_outputs_free(const TrainConfig& config, const RunOptions& options) {
+  const std::string state_path = path_in(config.output_dir, "train_state.safetensors");
+  const bool fresh = !options.resume && !options.overwrite;
+  FT_CHECK(!fresh || !fs::exists(state_path), state_path,
+           ": output_dir holds an earlier run's checkpoint (its adapter and metrics beside it): continue that run "
+           "with --resume, start afresh over it with --overwrite, or set another output_dir");
+  for (const char* output : {"adapter/adapter_model.safetensors", "model/model.safetensors",
+                                   "model/model.safetensors.index.json", "value_head.safetensors"})
+    FT_CHECK(!fresh || !fs::exists(path_in(config.output_dir, output)), config.source, ": output_dir ",
+             config.output_dir, " holds an earlier run's ", output, " (and no training state to resume from): start "
+             "afresh over it with --overwrite, or set another output_dir");
+  const std::string& save_base = config.quantization.save_base;
+  if (save_base.empty() || !fs::exists(save_base)) return;
+  std::error_code error;
+  FT_CHECK(!fs::equivalent(save_base, config.model, error), config.source, ": quantization.save_base ", save_base,
+           " is the model's own folder; give a new folder for the quantised base");
+  const std::string model_file = model_file_in(save_base);
+  FT_CHECK(!fresh || model_file.empty(), config.source, ": quantization.save_base ", save_base,
+           " already holds a model (", model_file, "): give a new folder, or --overwrite to replace it");
+}
+
 // The quantised base as a loadable model folder: later runs read the codes
 // and constants directly instead of quantising the 16-bit checkpoint again,
 // and transformers + bitsandbytes load it as the quantised model.
@@ -202,7 +228,6 @@ void make_model(Run& run) {
   const auto fill = [&](LanguageModel& model) {
     if (config.init == InitMode::random) model.init_random(config.seed);
     else model.load(Checkpoint(config.model));
-    if (!config.quantization.save_base.empty() && run.leader) save_base(run, model);
   };
   TrainingSetup setup;
   try {
@@ -1080,9 +1105,8 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   const std::string state_path = path_in(config.output_dir, "train_state.safetensors");
   const std::string metrics_path = path_in(config.output_dir, "metrics.jsonl");
   // Before anything of this run is written (after the config's own errors).
-  FT_CHECK(options.resume || options.overwrite || !fs::exists(state_path), state_path,
-           ": output_dir holds an earlier run's checkpoint (its adapter and metrics beside it): continue that run "
-           "with --resume, start afresh over it with --overwrite, or set another output_dir");
+  check_outputs_free(config, options);
+  if (!config.quantization.save_base.empty() && run.leader) save_base(run, *run.model);
   TrainProgress resumed;
   if (options.resume) {
     FT_CHECK(fs::exists(state_path), state_path, ": no training state to resume from");

@@ -42,11 +42,11 @@ void check_output_folder(const MergeCommand& command) {
            ": --out is MODEL itself; merge writes a new folder");
   if (!fs::exists(command.out)) return;
   FT_CHECK(fs::is_directory(command.out), command.out, ": --out must be a folder");
-  for (const fs::directory_entry& entry : fs::directory_iterator(command.out)) {
-    const std::string name = entry.path().filename().string();
-    FT_CHECK(!(name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos), command.out,
-             ": already holds a checkpoint (", name, "); give a folder without one");
-  }
+  const std::string model_file = model_file_in(command.out);
+  FT_CHECK(model_file.empty(), command.out, ": already holds a model (", model_file, "); give a folder without one");
+  for (const char* file : kCopiedFiles)
+    FT_CHECK(!fs::exists(fs::path(command.out) / file), command.out, ": already holds ", file,
+             ", which merge would replace; give a folder without one");
 }
 
 // Tensor names in shards of at most max_bytes in dtype (a larger tensor alone), in checkpoint order.
