@@ -655,9 +655,14 @@ void apply(TrainConfig& c, const std::string& key, const YAML::Node& node, const
     if (key.starts_with(section)) c.objective_keys.emplace_back(key, where);
 }
 
+// One YAML document: a second (after a "---") would otherwise be dropped unread.
 YAML::Node parse_yaml(const std::string& text, const std::string& where) {
   try {
-    return YAML::Load(text);
+    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
+    if (documents.empty()) return YAML::Node();
+    FT_CHECK(documents.size() == 1, where, ":", documents[1].Mark().line + 1, ": a second YAML document (after "
+             "\"---\"): a config is one document; put every key in the first");
+    return documents[0];
   } catch (const YAML::Exception& e) {
     fail(where, ":", e.mark.line + 1, ":", e.mark.column + 1, ": invalid YAML: ", e.msg);
   }
