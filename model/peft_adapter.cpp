@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <tuple>
@@ -485,6 +486,9 @@ void load_peft_adapter(const std::string& folder, LanguageModel& model) {
   for (const auto& [name, entry] : by_adapter)
     FT_CHECK(adapters.count(name), path, ": unexpected tensor \"", entry->name, "\": the model has no adapter \"",
              name, "\"");
+  std::set<std::string> saved_names;
+  for (const auto& [parameter, entry] : saved) saved_names.insert(saved_module_tensor(entry->name, config.modules_to_save));
+  check_saved_modules_complete(model, config, saved_names, path);
 
   for (const auto& [name, entry] : by_adapter)
     model.backend().copy(adapters[name]->value,
@@ -506,6 +510,22 @@ std::map<std::string, const SafetensorsEntry*> saved_modules(const SafetensorsFi
     tensors[name] = &entry;
   }
   return tensors;
+}
+
+void check_saved_modules_complete(LanguageModel& model, const PeftAdapterConfig& config,
+                                  const std::set<std::string>& saved, const std::string& path) {
+  const auto module_of = [](const std::string& tensor) { return tensor.substr(0, tensor.rfind('.')); };
+  std::vector<std::string> model_modules;
+  for (const Parameter& p : model.parameters()) model_modules.push_back(module_of(p.name));
+  if (model.config().tie_word_embeddings && !model.untied_head_name().empty())
+    model_modules.push_back(module_of(model.untied_head_name()));
+  for (const std::string& listed : config.modules_to_save) {
+    const auto matches = [&](const std::string& module) { return module_matches_target(module, listed); };
+    if (std::none_of(model_modules.begin(), model_modules.end(), matches)) continue;
+    FT_CHECK(std::any_of(saved.begin(), saved.end(), [&](const std::string& t) { return matches(module_of(t)); }),
+             path, ": adapter_config.json's modules_to_save lists \"", listed, "\" but the file holds no tensor of "
+             "it (expected \"", kKeyPrefix, listed, ".weight\")");
+  }
 }
 
 std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, const PeftAdapterConfig& config) {

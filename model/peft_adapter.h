@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -108,5 +109,13 @@ std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, con
 // views into the adapter file.
 std::map<std::string, const SafetensorsEntry*> saved_modules(const SafetensorsFile& file,
                                                               const PeftAdapterConfig& config);
+// Each config.modules_to_save entry naming a module the model has (a
+// weight's module, or a tied head) needs a tensor in the file (saved: the
+// base names of those it holds): without one PEFT would keep the base's
+// module, which an adapter that lists it does not mean. An Error naming path.
+// Entries the model lacks are skipped (PEFT's SEQ_CLS adapters list both
+// "classifier" and "score").
+void check_saved_modules_complete(LanguageModel& model, const PeftAdapterConfig& config,
+                                  const std::set<std::string>& saved, const std::string& path);
 
 }  // namespace ft

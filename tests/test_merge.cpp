@@ -354,3 +354,25 @@ TEST_CASE("modules_to_save embed_tokens over a tied base is refused by merge and
   CHECK(!fs::exists(out));
   CHECK_THROWS_WITH_AS(merged_logits(kFixtures + "/llama_tied", adapter), doctest::Contains(expected.c_str()), Error);
 }
+
+TEST_CASE("a modules_to_save module the model has but the file lacks is refused by merge and by a load") {
+  // Untied (llama_gqa) and tied (llama_tied) heads: the base's head would stand in for the one the adapter lists.
+  // A listed module the model lacks is skipped (PEFT's sequence classifiers list "classifier" and "score").
+  for (const char* base : {"llama_gqa", "llama_tied"}) {
+    CAPTURE(base);
+    const std::string adapter = write_adapter(std::string("unsaved_head_") + base, {"classifier", "lm_head"}, {});
+    const std::string expected = adapter + "/adapter_model.safetensors: adapter_config.json's modules_to_save lists "
+                                 "\"lm_head\" but the file holds no tensor of it (expected "
+                                 "\"base_model.model.lm_head.weight\")";
+    const std::string out = fresh_dir(std::string("unsaved_head_out_") + base);
+    MergeCommand command = command_for(base, "llama_lora", out);
+    command.adapter = adapter;
+    CHECK(error_of(command) == expected);
+    CHECK(!fs::exists(out));
+    CHECK_THROWS_WITH_AS(merged_logits(kFixtures + "/" + base, adapter), expected.c_str(), Error);
+  }
+  const std::string classifier = write_adapter("unsaved_classifier", {"classifier"}, {});
+  MergeCommand command = command_for("llama_gqa", "llama_lora", fresh_dir("unsaved_classifier_out"));
+  command.adapter = classifier;
+  CHECK(error_of(command).empty());
+}

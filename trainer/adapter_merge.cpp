@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "kernels/error.h"
 #include "kernels/allocator.h"
@@ -134,6 +135,12 @@ AdapterMerge::AdapterMerge(const std::string& folder, const Checkpoint& base, co
              " does not fit \"", weight, "\" ", shape_string(shape), " of ", base.entry(weight).file);
   }
   saved_ = saved_modules(file_, config_);
+  std::set<std::string> saved_names;
+  for (const auto& [name, entry] : saved_) saved_names.insert(name);
+  read_meta_model(config_path, [&](LanguageModel& model) {
+    check_saved_modules_complete(model, config_, saved_names, file_.path());
+    return 0;
+  });
   for (const auto& [name, entry] : saved_) {
     if (!base.contains(name)) {
       added_.push_back(name);
