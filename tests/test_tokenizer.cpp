@@ -47,10 +47,17 @@ TEST_CASE("special pieces' strings in the text become their ids, the text betwee
   CHECK(partial.size() > 1);
 }
 
-TEST_CASE("a tokenizer whose vocabulary differs from the model's is refused") {
-  CHECK_THROWS_WITH_AS(SentencePieceTokenizer(kTokenizerPath, 32000),
-                       doctest::Contains("tokenizer vocabulary has 320 pieces but the model's vocab_size is 32000"),
+TEST_CASE("a tokenizer with more pieces than the model's vocab_size is refused; a padded embedding is fine") {
+  CHECK_THROWS_WITH_AS(SentencePieceTokenizer(kTokenizerPath, 300),
+                       doctest::Contains("tokenizer vocabulary has 320 pieces but the model's vocab_size is 300"),
                        Error);
+  // vocab_size rounded up past the pieces: the extra rows decode to nothing.
+  const SentencePieceTokenizer padded(kTokenizerPath, 384);
+  const std::vector<int32_t> ids = padded.encode("Hello world");
+  std::vector<int32_t> with_padding = ids;
+  with_padding.insert(with_padding.begin() + 1, {320, 383});
+  CHECK(padded.decode(with_padding) == padded.decode(ids));
+  CHECK_THROWS_WITH_AS(padded.decode({-1}), doctest::Contains("cannot decode negative id -1"), Error);
 }
 
 TEST_CASE("a missing or corrupt tokenizer file is an error naming it") {

@@ -27,8 +27,11 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& path, int64_t 
   check_sentencepiece_model(model, path);
   auto status = processor_->LoadFromSerializedProto(model);
   FT_CHECK(status.ok(), path, ": cannot load SentencePiece model: ", status.ToString());
-  FT_CHECK(expected_vocab_size <= 0 || vocab_size() == expected_vocab_size, path, ": tokenizer vocabulary has ",
-           vocab_size(), " pieces but the model's vocab_size is ", expected_vocab_size);
+  // An embedding padded past the pieces (vocab_size rounded up, as many
+  // checkpoints are) is fine: those rows are never a token's.
+  FT_CHECK(expected_vocab_size <= 0 || vocab_size() <= expected_vocab_size, path, ": tokenizer vocabulary has ",
+           vocab_size(), " pieces but the model's vocab_size is ", expected_vocab_size,
+           " (the embedding needs a row for every piece)");
   for (int id = 0; id < processor_->GetPieceSize(); id++)
     if (processor_->IsControl(id) || processor_->IsUnknown(id))
       special_pieces_.push_back({processor_->IdToPiece(id), int32_t(id)});
@@ -64,8 +67,15 @@ std::vector<int32_t> SentencePieceTokenizer::encode(const std::string& text) con
 }
 
 std::string SentencePieceTokenizer::decode(const std::vector<int32_t>& ids) const {
+  // An id past the pieces (a padded embedding's row) decodes to nothing, as
+  // transformers' fast tokenizers skip it.
+  std::vector<int> pieces;
+  for (int32_t id : ids) {
+    FT_CHECK(id >= 0, path_, ": cannot decode negative id ", id);
+    if (id < processor_->GetPieceSize()) pieces.push_back(id);
+  }
   std::string text;
-  auto status = processor_->Decode(std::vector<int>(ids.begin(), ids.end()), &text);
+  auto status = processor_->Decode(pieces, &text);
   FT_CHECK(status.ok(), path_, ": decode failed: ", status.ToString());
   return text;
 }
