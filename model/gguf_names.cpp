@@ -74,10 +74,4 @@ std::string gguf_tensor_name(GgufLayout layout, const std::string& hf_name) {
   return "";
 }
 
-bool gguf_skips_tensor(const std::string& hf_name) {
-  for (const char* suffix : {"rotary_emb.inv_freq", "attention.bias", "attention.masked_bias"})
-    if (ends_with(hf_name, suffix)) return true;
-  return false;
-}
-
 }  // namespace ft

@@ -40,8 +40,5 @@ extern const GgufPreTokenizer kGgufSplitPreTokenizers[2];
 // The GGUF name of a Hugging Face tensor name ("model.layers.3.mlp.up_proj.weight"
 // -> "blk.3.ffn_up.weight"); "" when layout has none.
 std::string gguf_tensor_name(GgufLayout layout, const std::string& hf_name);
-// Tensors a checkpoint may hold that llama.cpp recomputes (rotary inv_freq,
-// GPT-NeoX's causal-mask buffers): export leaves them out.
-bool gguf_skips_tensor(const std::string& hf_name);
 
 }  // namespace ft

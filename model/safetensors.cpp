@@ -246,6 +246,12 @@ std::map<std::string, std::string> read_weight_map(const std::string& index_path
 
 }  // namespace
 
+bool is_recomputed_buffer(const std::string& name) {
+  for (const std::string suffix : {"rotary_emb.inv_freq", "attention.bias", "attention.masked_bias"})
+    if (name.ends_with(suffix)) return true;
+  return false;
+}
+
 std::string model_file_in(const std::string& folder) {
   std::error_code error;
   if (!fs::is_directory(folder, error)) return "";

@@ -23,6 +23,7 @@
 #include "model/families.h"
 #include "model/peft_adapter.h"
 #include "model/safetensors.h"
+#include "trainer/adapter_merge.h"
 #include "trainer/cli/merge.h"
 
 using namespace ft;
@@ -375,4 +376,38 @@ TEST_CASE("a modules_to_save module the model has but the file lacks is refused 
   MergeCommand command = command_for("llama_gqa", "llama_lora", fresh_dir("unsaved_classifier_out"));
   command.adapter = classifier;
   CHECK(error_of(command).empty());
+}
+
+TEST_CASE("unused_tensors names what a checkpoint holds beyond the model its config describes, and nothing else") {
+  // Every fixture checkpoint is read whole: float, bitsandbytes' INT8 and NF4 (their constants), a tied head,
+  // GPT-NeoX, Qwen2, Mistral, T5 v1.0 and v1.1.
+  for (const char* fixture : {"llama_gqa", "llama_tied", "bnb_checkpoint/llama_int8", "nf4/llama_nf4",
+                              "gpt_neox_parallel", "qwen2", "mistral", "t5_v1_0", "t5_v1_1"}) {
+    CAPTURE(fixture);
+    const std::string folder = kFixtures + "/" + fixture;
+    CHECK(unused_tensors(Checkpoint(folder), read_model_config(folder + "/config.json"), OutputHead::none).empty());
+  }
+  // A config cut to one of llama_gqa's two layers reads none of the second's nine tensors.
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(kFixtures + "/llama_gqa/config.json"));
+  config["num_hidden_layers"] = 1;
+  const std::vector<std::string> unused = unused_tensors(Checkpoint(kFixtures + "/llama_gqa"),
+                                                         parse_model_config(config.dump(), "cut"), OutputHead::none);
+  CHECK(unused.size() == 9);
+  for (const std::string& name : unused) CHECK(name.starts_with("model.layers.1."));
+  // A score head is read by a reward model, not by a language model; a saved rotary buffer by neither, silently.
+  const std::string scored = fresh_dir("scored");
+  fs::create_directories(scored);
+  fs::copy_file(kFixtures + "/llama_gqa/config.json", scored + "/config.json");
+  HostAllocator host;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  const Checkpoint base(kFixtures + "/llama_gqa");
+  for (const std::string& name : base.names()) tensors.emplace_back(name, base.view(name));
+  Tensor score = Tensor::empty({1, 64}, DType::f32, host, MemCategory::weights);
+  for (int64_t i = 0; i < score.numel(); ++i) score.ptr<float>()[i] = 0.5f;
+  tensors.emplace_back("score.weight", score);
+  tensors.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", score);  // a buffer older transformers saved
+  save_safetensors(scored + "/model.safetensors", tensors);
+  const ModelConfig llama = read_model_config(scored + "/config.json");
+  CHECK(unused_tensors(Checkpoint(scored), llama, OutputHead::none) == std::vector<std::string>{"score.weight"});
+  CHECK(unused_tensors(Checkpoint(scored), llama, OutputHead::score).empty());
 }

@@ -47,13 +47,17 @@ Tensor view_of(const SafetensorsEntry& entry) {
   return Tensor::view_of(const_cast<void*>(entry.data), entry.shape, entry.dtype);
 }
 
-// read(model) of config_path's model, built on the meta device (no bytes).
+// read(model) of config's model, built on the meta device (no bytes).
 template <typename Read>
-auto read_meta_model(const std::string& config_path, Read read) {
+auto read_meta_model(const ModelConfig& config, Read read, const ModelOptions& options = {}) {
   MetaAllocator no_bytes;
   MetaBackend meta(no_bytes, MemoryPolicy::cpu);
-  const std::unique_ptr<LanguageModel> model = make_language_model(read_model_config(config_path), meta, ModelOptions{});
+  const std::unique_ptr<LanguageModel> model = make_language_model(config, meta, options);
   return read(*model);
+}
+template <typename Read>
+auto read_meta_model(const std::string& config_path, Read read) {
+  return read_meta_model(read_model_config(config_path), read);
 }
 
 }  // namespace
@@ -70,6 +74,22 @@ std::set<std::string> check_base_matches_config(const Checkpoint& base, const st
     }
     return names;
   });
+}
+
+std::vector<std::string> unused_tensors(const Checkpoint& base, const ModelConfig& config, OutputHead head) {
+  ModelOptions options;
+  options.output_head = head;
+  std::set<std::string> used = read_meta_model(config, [&](LanguageModel& model) {
+    std::set<std::string> names;
+    for (const Parameter& p : model.parameters()) names.insert(p.name);
+    if (model.config().tie_word_embeddings) names.insert(model.untied_head_name());  // check_tied_head's
+    return names;
+  }, options);
+  std::vector<std::string> unused;
+  for (const std::string& name : base.names())
+    if (!used.contains(name) && !used.contains(constant_owner(name)) && !is_recomputed_buffer(name))
+      unused.push_back(name);
+  return unused;
 }
 
 bool adds_untied_head(const AdapterMerge& adapter, const std::string& config_path) {

@@ -29,6 +29,7 @@
 #include "model/quantized_base.h"
 #include "model/safetensors.h"
 #include "tokenizer/load_tokenizer.h"
+#include "trainer/adapter_merge.h"
 #include "trainer/adapter_record.h"
 #include "trainer/data/preference_data.h"
 #include "trainer/data/special_tokens.h"
@@ -121,6 +122,21 @@ void make_backend(Run& run) {
   run.device_memory = std::move(device.device_memory);
   run.tracker = std::move(device.tracker);
   run.backend = std::move(device.backend);
+}
+
+// A checkpoint holding tensors the model does not read (more layers than
+// config.json's, another model's head) is most likely not the model the
+// config describes, or a deliberate cut of it: said, as transformers says it.
+void warn_unused_tensors(const TrainConfig& config, const ModelConfig& model_config) {
+  const Checkpoint base(config.model);
+  const std::vector<std::string> unused =
+      unused_tensors(base, model_config, model_options(config).output_head);
+  if (unused.empty()) return;
+  std::cout << "warning: " << config.model << ": " << unused.size() << " tensor" << (unused.size() > 1 ? "s" : "")
+            << " of the checkpoint " << (unused.size() > 1 ? "are" : "is") << " not used by the model its config.json "
+            << "describes (" << model_config.num_hidden_layers << " layers):";
+  for (size_t i = 0; i < std::min<size_t>(unused.size(), 4); ++i) std::cout << (i ? ", " : " ") << unused[i];
+  std::cout << (unused.size() > 4 ? ", ..." : "") << "\n";
 }
 
 // A new run writes over no earlier run's outputs and no model folder:
@@ -229,6 +245,7 @@ void make_model(Run& run) {
     if (config.init == InitMode::random) model.init_random(config.seed);
     else model.load(Checkpoint(config.model));
   };
+  if (config.init == InitMode::pretrained && run.leader) warn_unused_tensors(config, run.model_config);
   TrainingSetup setup;
   try {
     setup = setup_training(config, run.model_config, *run.backend, fill, &run.host_state, stage,
