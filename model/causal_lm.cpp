@@ -101,18 +101,24 @@ void LanguageModel::check_built(const std::string& module_names) {
     // decoder linear, not the output head, exclude_modules or not: it stays
     // beside them), which adapter_config.json lists. Every pipeline stage
     // holds the same kinds, so each writes the same list.
-    targets.clear();
-    for (const std::string& module : linear_modules_) {
-      const std::string leaf = module.substr(module.rfind('.') + 1);
-      if (std::find(targets.begin(), targets.end(), leaf) == targets.end()) targets.push_back(leaf);
-    }
+    targets = linear_module_leaves();
   }
 }
 
-// A list target names some linear module (before exclude_modules and
-// layers_to_transform take theirs away); a string one fully matches none of
-// the modules LoRA does not adapt here (PEFT would adapt an embedding or the
-// output head, and refuses a norm or a block); and something is adapted.
+std::vector<std::string> LanguageModel::linear_module_leaves() const {
+  std::vector<std::string> leaves;
+  for (const std::string& module : linear_modules_) {
+    const std::string leaf = module.substr(module.rfind('.') + 1);
+    if (std::find(leaves.begin(), leaves.end(), leaf) == leaves.end()) leaves.push_back(leaf);
+  }
+  return leaves;
+}
+
+// A list target is not the output head or an embedding (a name that matches
+// no module is skipped, as PEFT skips it: a run's config refuses it,
+// check_target_names in trainer/setup.cpp); a string one fully matches none
+// of the modules LoRA does not adapt here (PEFT would adapt an embedding or
+// the output head, and refuses a norm or a block); and something is adapted.
 void LanguageModel::check_targets(const std::string& module_names) {
   const LoraOptions& lora = *options_.lora;
   for (const std::string& target : lora.target_modules) {
@@ -122,10 +128,6 @@ void LanguageModel::check_targets(const std::string& module_names) {
     for (const char* name : kHeadsAndEmbeddings)
       FT_CHECK(target != name, "lora.target_modules: \"", target, "\" is the output head or an embedding: LoRA on it "
                "is not supported here (PEFT's modules_to_save trains it whole; the linear modules are ", module_names, ")");
-    const bool matched = std::any_of(linear_modules_.begin(), linear_modules_.end(),
-                                     [&](const std::string& module) { return module_matches_target(module, target); });
-    FT_CHECK(matched, "lora.target_modules: \"", target, "\" matches no module of this ", config_.model_type,
-             " model (its linear modules are ", module_names, ")");
   }
   if (!lora.target_modules_regex.empty()) {
     auto refuse_match = [&](const std::string& module) {
@@ -157,9 +159,10 @@ void LanguageModel::check_targets(const std::string& module_names) {
   }
   const bool excluded = !lora.exclude_modules.empty() || !lora.exclude_modules_regex.empty();
   const bool layers = !lora.layers_to_transform.empty();
-  fail(config_.model_type, ": lora.target_modules ", targets, excluded ? " with lora.exclude_modules" : "",
+  // Starts "lora.", as the model's other LoRA errors: a run names its config before it.
+  fail("lora.target_modules ", targets, excluded ? " with lora.exclude_modules" : "",
        excluded && layers ? " and" : layers ? " with" : "", layers ? " lora.layers_to_transform" : "",
-       " leaves no module to adapt (the linear modules are ", module_names, ")");
+       " leaves no module of this ", config_.model_type, " model to adapt (its linear modules are ", module_names, ")");
 }
 
 bool module_matches_target(const std::string& module_name, const std::string& target) {

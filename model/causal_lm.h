@@ -157,6 +157,8 @@ class LanguageModel {
   Backend& backend() { return backend_; }
   std::deque<Parameter>& parameters() { return parameters_; }  // base weights, HF names
   std::deque<Parameter>& adapters() { return adapters_; }      // e.g. model.layers.0.self_attn.q_proj.lora_A.weight
+  // The linear modules' last names (q_proj, v_proj, ...), each once, in the order built.
+  std::vector<std::string> linear_module_leaves() const;
   // Every linear module's name (model.layers.0.self_attn.q_proj), adapted or not, in the order built.
   const std::vector<std::string>& linear_modules() const { return linear_modules_; }
   // options.output_head's parameters (last stage), else undefined.

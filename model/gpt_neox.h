@@ -21,8 +21,8 @@ void read_gpt_neox_config(const nlohmann::json& config, ModelConfig& result, con
 
 class GptNeoxModel final : public CausalLM {
  public:
-  // Allocates every weight (uninitialised) and adapter on the backend. A LoRA
-  // target that matches no module is an Error.
+  // Allocates every weight (uninitialised) and adapter on the backend. LoRA
+  // targets that leave no module to adapt are an Error.
   GptNeoxModel(const ModelConfig& config, Backend& backend, const ModelOptions& options = {});
   ~GptNeoxModel() override;
 

@@ -21,8 +21,8 @@ void read_mistral_config(const nlohmann::json& config, ModelConfig& result, cons
 
 class LlamaModel final : public CausalLM {
  public:
-  // Allocates every weight (uninitialised) and adapter on the backend. A LoRA
-  // target that matches no module is an Error.
+  // Allocates every weight (uninitialised) and adapter on the backend. LoRA
+  // targets that leave no module to adapt are an Error.
   LlamaModel(const ModelConfig& config, Backend& backend, const ModelOptions& options = {});
   ~LlamaModel() override;
 

@@ -39,8 +39,8 @@ struct T5DecoderCache {
 
 class T5Model final : public LanguageModel {
  public:
-  // Allocates every weight (uninitialised) and adapter on the backend. A LoRA
-  // target that matches no module, or activation checkpointing, is an Error.
+  // Allocates every weight (uninitialised) and adapter on the backend. LoRA
+  // targets that leave no module to adapt, or activation checkpointing, are an Error.
   T5Model(const ModelConfig& config, Backend& backend, const ModelOptions& options = {});
   ~T5Model() override;
 

@@ -59,6 +59,7 @@ CASES = [
         dict(target_modules=["q_proj"], exclude_modules=["q_proj"]),
         dict(target_modules=r".*q_proj", layers_to_transform=[1]),
         dict(target_modules=ATTN, layers_pattern="layers"),
+        dict(target_modules=["q_proj", "w1"]),  # a name that matches no module is skipped
         dict(target_modules="all-linear", layers_to_transform=[5, 6]),
         dict(target_modules=["model.layers.0.self_attn.q_proj", "v_proj"], layers_to_transform=[1]),  # a full name
     ]),

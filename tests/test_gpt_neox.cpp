@@ -153,15 +153,15 @@ TEST_CASE("gpt_neox over an INT8 base: quantised query_key_value keeps its f32 b
   CHECK(backend.sum_squares(model.parameter(qkv + ".lora_B.weight").grad) > 0.0);
 }
 
-TEST_CASE("gpt_neox: a LoRA target that matches nothing lists the NeoX module names") {
+TEST_CASE("gpt_neox: LoRA targets that match nothing list the NeoX module names") {
   HostAllocator host;
   CpuBackend backend(host);
   ModelOptions options;
   options.lora = LoraOptions{.r = 4, .target_modules = {"q_proj", "v_proj"}};
   CHECK_THROWS_WITH_AS(
       GptNeoxModel(read_model_config(kParallelFolder + "/config.json"), backend, options),
-      doctest::Contains("\"q_proj\" matches no module of this gpt_neox model (its linear modules are "
-                        "query_key_value, dense, dense_h_to_4h, dense_4h_to_h)"),
+      doctest::Contains("lora.target_modules [q_proj, v_proj] leaves no module of this gpt_neox model to adapt (its "
+                        "linear modules are query_key_value, dense, dense_h_to_4h, dense_4h_to_h)"),
       Error);
 }
 

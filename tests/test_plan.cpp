@@ -523,13 +523,21 @@ TEST_CASE("plan: bad model_type or LoRA target is a clear error") {
   CHECK_THROWS_WITH_AS(plan_step(make_config(bad, ""), options, 1, 16), doctest::Contains("not supported"), Error);
   CHECK_THROWS_WITH_AS(plan_step(make_config(kFixtures + "/gpt_neox_parallel", "lora: {target_modules: [q_proj]}\n"),
                                options, 1, 16),
-                       doctest::Contains("\"q_proj\" matches no module"), Error);
+                       doctest::Contains("lora.target_modules [q_proj] leaves no module of this gpt_neox model"),
+                       Error);
 
   // Through the binary: the message reaches the user with exit status 1.
   const PlanRun run = run_plan(std::string(FT_SOURCE_DIR) +
                                "/configs/gpt-neox-20b-int8-lora.yaml --set lora.target_modules=[q_proj]");
   CHECK(run.exit_status == 1);
-  CHECK(run.output.find("error: lora.target_modules: \"q_proj\" matches no module") != std::string::npos);
+  CHECK(run.output.find("error: lora.target_modules [q_proj] leaves no module of this gpt_neox model") !=
+        std::string::npos);
+  // One name that matches nothing beside one that does: PEFT skips it, a run's config refuses it.
+  const PlanRun typo = run_plan(std::string(FT_SOURCE_DIR) +
+                                "/configs/gpt-neox-20b-int8-lora.yaml --set lora.target_modules=[query_key_value,q_proj]");
+  CHECK(typo.exit_status == 1);
+  CHECK(typo.output.find("error: lora.target_modules: \"q_proj\" matches no module of this gpt_neox model (its "
+                         "linear modules are query_key_value, dense, dense_h_to_4h, dense_4h_to_h)") != std::string::npos);
   const PlanRun missing = run_plan(std::string(FT_SOURCE_DIR) + "/configs/nothing/config.json");
   CHECK(missing.exit_status == 1);
   CHECK(missing.output.find("nothing/config.json") != std::string::npos);

@@ -1,5 +1,6 @@
 #include "trainer/setup.h"
 
+#include <algorithm>
 #include <deque>
 #include <filesystem>
 #include <string>
@@ -70,6 +71,21 @@ std::unique_ptr<AdamW> make_optimizer(Backend& backend, const std::vector<Parame
 
 }  // namespace
 
+// PEFT skips a target name that matches no module; a run's config that
+// names one most likely mistyped it, so a run (and its plan) refuses it. An
+// adapter's file loads as PEFT loads it.
+void check_target_names(LanguageModel& model) {
+  if (!model.options().lora) return;
+  std::string names;
+  for (const std::string& leaf : model.linear_module_leaves()) names += (names.empty() ? "" : ", ") + leaf;
+  for (const std::string& target : model.options().lora->target_modules) {
+    const auto matches = [&](const std::string& module) { return module_matches_target(module, target); };
+    FT_CHECK(std::any_of(model.linear_modules().begin(), model.linear_modules().end(), matches),
+             "lora.target_modules: \"", target, "\" matches no module of this ", model.config().model_type,
+             " model (its linear modules are ", names, ")");
+  }
+}
+
 TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model_config, Backend& backend,
                              const std::function<void(LanguageModel&)>& fill_base, Allocator* host_state,
                              const LayerRange& stage, const OptimizerShard& shard,
@@ -87,6 +103,7 @@ TrainingSetup setup_training(const TrainConfig& config, const ModelConfig& model
   options.tensor_parallel = tensor;
   if (output_head) options.output_head = *output_head;
   setup.model = make_language_model(model_config, backend, options);
+  check_target_names(*setup.model);
   fill_base(*setup.model);
   setup.model->init_adapters(config.seed);
   setup.model->init_output_head(config.seed);

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <string_view>
 
 #include "kernels/error.h"
 #include "model/families.h"
@@ -74,8 +75,15 @@ void load_inference_model(InferenceModel& out, const InferenceRequest& request,
     if (!other_base.empty()) std::cerr << "warning: " << other_base << "\n";
   }
   out.device = make_device_backend(request.device, config.source, out.host, std::cerr);
-  out.model = request.encoder_decoder ? make_language_model(model_config, *out.device.backend, options)
-                                      : make_causal_lm(model_config, *out.device.backend, options);
+  try {
+    out.model = request.encoder_decoder ? make_language_model(model_config, *out.device.backend, options)
+                                        : make_causal_lm(model_config, *out.device.backend, options);
+  } catch (const Error& error) {
+    // The model names the adapter's LoRA field it cannot take, not the file that set it.
+    const std::string adapter_config = (std::filesystem::path(request.adapter) / "adapter_config.json").string();
+    if (options.lora && std::string_view(error.what()).starts_with("lora.")) fail(adapter_config, ": ", error.what());
+    throw;
+  }
   out.model->load(checkpoint);
   if (!request.adapter.empty()) load_peft_adapter(request.adapter, *out.model);
 }
