@@ -499,6 +499,10 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"config.yaml --set data.train=empty.jsonl", "empty.jsonl"},
       {"config.yaml --set data.eval=evl.jsonl", "config.yaml: data.eval: evl.jsonl: no such file"},
       {"config.yaml --set tokenizer=tok.model", "config.yaml: tokenizer: tok.model: no such file"},
+      {"config.yaml --set data.train=bad_eos_model", "config.yaml: data.train: bad_eos_model: is a folder; expected a "
+                                                     "JSONL file"},
+      {"config.yaml --set tokenizer=bad_eos_model", "config.yaml: tokenizer: bad_eos_model: is a folder; expected a "
+                                                    "tokenizer.model or tokenizer.json file"},
       {"config.yaml --set model=bad_eos_model --set tokenizer=", "config.yaml: tokenizer: bad_eos_model/tokenizer.model: "
        "no such file (the model folder has no tokenizer.model, tokenizer.json or spiece.model: set tokenizer)"},
       {"config.yaml --set data.train=broken.jsonl", "broken.jsonl:2"},
@@ -506,6 +510,7 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"config.yaml --set task_metric=rouge", "eval.jsonl: task_metric: rouge scores the completion generated for each "
                                               "row's prompt, and these are text rows (no prompt)"},
       {"missing.yaml", "missing.yaml"},
+      {"train.jsonl", "train.jsonl: a JSONL data file where a YAML training config (CONFIG.yaml) was expected"},
       {"bad_lr.yaml", "bad_lr.yaml:3: lr: expected a finite number, got \".inf\""},
       {"config.yaml --set data.add_eos=320", "data.add_eos: token id 320 is outside the vocabulary [0, 320)"},
       {"config.yaml --set generate.stop=[2,-1]", "generate.stop: expected a token id in [0, 2147483647]"},
@@ -2328,6 +2333,13 @@ TEST_CASE("generate --chat replies in the chat-trained format; without --chat it
   const CommandResult answered = run_command(file + "chats.jsonl 2>/dev/null");
   CHECK(answered.exit_code == 0);
   CHECK(nlohmann::json::parse(answered.output)["completion"] == "Sure, here it is.");
+
+  // A record that lost a field says which.
+  std::ofstream(dir + "/out/adapter/finetune_run.json", std::ios::trunc) << "{}\n";
+  const CommandResult no_record = run_command(generate);
+  CHECK(no_record.exit_code == 1);
+  CHECK(no_record.output.find("out/adapter/finetune_run.json: missing \"base_quantization\" (one of ") !=
+        std::string::npos);
 }
 
 TEST_CASE("the end-of-run samples are reproduced by the generate command the run prints") {

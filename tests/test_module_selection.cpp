@@ -339,7 +339,7 @@ TEST_CASE("bad module selection in a run config is one error naming the file, li
             .starts_with("configs/x.yaml:4: lora.target_modules \"(q_proj\": not a valid regular expression"));
   CHECK(parity::lora_config_error("  target_modules: []\n") ==
         "configs/x.yaml:4: lora.target_modules: expected a non-empty list of module names such as [q_proj, v_proj], "
-        "all-linear, or a regular expression over whole module names, got a list");
+        "all-linear, or a regular expression over whole module names, got an empty list");
   CHECK(parity::lora_config_error("  target_modules: {q: 1}\n") ==
         "configs/x.yaml:4: lora.target_modules: expected a non-empty list of module names such as [q_proj, v_proj], "
         "all-linear, or a regular expression over whole module names, got a map");

@@ -318,7 +318,7 @@ TEST_CASE("out-of-range values") {
         "configs/x.yaml:3: lora.lora_dropout: expected a number in [0, 1), got \"-0.1\"");
   CHECK(error_of(base + "lora: {target_modules: []}\n") ==
         "configs/x.yaml:3: lora.target_modules: expected a non-empty list of module names such as [q_proj, "
-        "v_proj], all-linear, or a regular expression over whole module names, got a list");
+        "v_proj], all-linear, or a regular expression over whole module names, got an empty list");
   CHECK(error_of(base + "lr: 0\n") == "configs/x.yaml:3: lr: expected a number in (0, 10], got \"0\"");
   // warmup_steps: whole steps, or (transformers 5) a ratio of the run's steps below 1.
   const TrainConfig ratio = parse(base + "warmup_steps: 0.03\n");

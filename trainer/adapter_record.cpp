@@ -25,8 +25,8 @@ namespace {
 // json[key], one of E's spellings.
 template <class E>
 E spelled(const nlohmann::json& json, const char* key, const std::string& path) {
-  FT_CHECK(json.contains(key) && json[key].is_string(), path, ": ", key, " must be a string (one of ",
-           enum_spellings(enum_names(E{})), ")");
+  FT_CHECK(json.contains(key), path, ": missing \"", key, "\" (one of ", enum_spellings(enum_names(E{})), ")");
+  FT_CHECK(json[key].is_string(), path, ": ", key, " must be a string (one of ", enum_spellings(enum_names(E{})), ")");
   const std::optional<E> value = enum_value(json[key].get<std::string>(), enum_names(E{}));
   FT_CHECK(value.has_value(), path, ": ", key, " is \"", json[key].get<std::string>(), "\", expected one of ",
            enum_spellings(enum_names(E{})));

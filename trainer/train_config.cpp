@@ -47,8 +47,8 @@ const EnumName<OffloadTarget> kOffloadTargets[] = {{"device", OffloadTarget::dev
 
 std::string describe(const YAML::Node& node) {
   if (!node.IsDefined() || node.IsNull()) return "nothing";
-  if (node.IsSequence()) return "a list";
-  if (node.IsMap()) return "a map";
+  if (node.IsSequence()) return node.size() == 0 ? "an empty list" : "a list";
+  if (node.IsMap()) return node.size() == 0 ? "an empty map" : "a map";
   return "\"" + node.Scalar() + "\"";
 }
 
@@ -857,6 +857,9 @@ TrainConfig train_config_from_layers(const std::vector<YAML::Node>& layers, cons
 }
 
 YAML::Node load_yaml_file(const std::string& path) {
+  // A JSONL row reads as YAML too (a map of its keys): name the mistake instead.
+  FT_CHECK(!path.ends_with(".jsonl"), path, ": a JSONL data file where a YAML training config (CONFIG.yaml) was "
+           "expected; a config names its data as data.train and data.eval");
   std::ifstream file = open_input_file(path, "config file");
   std::stringstream text;
   text << file.rdbuf();

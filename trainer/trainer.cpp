@@ -1094,6 +1094,9 @@ void check_input_files(const TrainConfig& config) {
     const bool own = path == &config.tokenizer && *path == default_tokenizer_path(config.model);
     FT_CHECK(path->empty() || fs::exists(*path, error), config.source, ": ", field, ": ", *path, ": no such file",
              own ? " (the model folder has no tokenizer.model, tokenizer.json or spiece.model: set tokenizer)" : "");
+    FT_CHECK(path->empty() || !fs::is_directory(*path, error), config.source, ": ", field, ": ", *path,
+             ": is a folder; expected ", path == &config.tokenizer ? "a tokenizer.model or tokenizer.json file"
+                                                                   : "a JSONL file");
   }
 }
 
