@@ -157,6 +157,8 @@ class LanguageModel {
   Backend& backend() { return backend_; }
   std::deque<Parameter>& parameters() { return parameters_; }  // base weights, HF names
   std::deque<Parameter>& adapters() { return adapters_; }      // e.g. model.layers.0.self_attn.q_proj.lora_A.weight
+  // transformers' modules of this model that hold no weight here (weightless_modules_).
+  const std::vector<std::string>& weightless_modules() const { return weightless_modules_; }
   // The linear modules' last names (q_proj, v_proj, ...), each once, in the order built.
   std::vector<std::string> linear_module_leaves() const;
   // Every linear module's name (model.layers.0.self_attn.q_proj), adapted or not, in the order built.

@@ -394,6 +394,17 @@ TEST_CASE("unused_tensors names what a checkpoint holds beyond the model its con
                                                          parse_model_config(config.dump(), "cut"), OutputHead::none);
   CHECK(unused.size() == 9);
   for (const std::string& name : unused) CHECK(name.starts_with("model.layers.1."));
+  // T5's tied copies, as older transformers saved them, are the shared embedding's.
+  const std::string t5 = fresh_dir("t5_tied_copies");
+  fs::create_directories(t5);
+  fs::copy_file(kFixtures + "/t5_v1_0/config.json", t5 + "/config.json");
+  const Checkpoint t5_base(kFixtures + "/t5_v1_0");
+  std::vector<std::pair<std::string, Tensor>> t5_tensors;
+  for (const std::string& name : t5_base.names()) t5_tensors.emplace_back(name, t5_base.view(name));
+  for (const char* copy : {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"})
+    t5_tensors.emplace_back(copy, t5_base.view("shared.weight"));
+  save_safetensors(t5 + "/model.safetensors", t5_tensors);
+  CHECK(unused_tensors(Checkpoint(t5), read_model_config(t5 + "/config.json"), OutputHead::none).empty());
   // A score head is read by a reward model, not by a language model; a saved rotary buffer by neither, silently.
   const std::string scored = fresh_dir("scored");
   fs::create_directories(scored);

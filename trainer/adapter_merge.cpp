@@ -82,7 +82,8 @@ std::vector<std::string> unused_tensors(const Checkpoint& base, const ModelConfi
   std::set<std::string> used = read_meta_model(config, [&](LanguageModel& model) {
     std::set<std::string> names;
     for (const Parameter& p : model.parameters()) names.insert(p.name);
-    if (model.config().tie_word_embeddings) names.insert(model.untied_head_name());  // check_tied_head's
+    // A tied copy's tensor (a tied lm_head, T5's embed_tokens), which older transformers saved beside the original.
+    for (const std::string& module : model.weightless_modules()) names.insert(module + ".weight");
     return names;
   }, options);
   std::vector<std::string> unused;

@@ -32,9 +32,9 @@ void check_float_base(const Checkpoint& base, const std::string& needs);
 std::set<std::string> check_base_matches_config(const Checkpoint& base, const std::string& config_path);
 
 // The tensors of base that the model config describes (with the output head
-// head) does not read: neither its parameters, a tied model's lm_head (its
-// equality with the embedding is checked on load), a quantised weight's
-// constants, nor a recomputed buffer. transformers warns about them
+// head) does not read: neither its parameters, a tied copy of one (a tied
+// lm_head, T5's embed_tokens: LanguageModel::weightless_modules), a quantised
+// weight's constants, nor a recomputed buffer. transformers warns about them
 // ("Some weights of the model checkpoint were not used").
 std::vector<std::string> unused_tensors(const Checkpoint& base, const ModelConfig& config, OutputHead head);
 
