@@ -315,20 +315,25 @@ void LanguageModel::fill_parameter(Parameter& p, const std::function<void(Parame
   p.quantized.offset = staged.quantized.offset;
 }
 
-// transformers 5 unties a tied config's lm_head when the checkpoint holds one
-// with other values than the embedding, and uses both; a tied model here
-// cannot, and reading the embedding in its place would be silently another
-// model.
-void LanguageModel::check_tied_head(const Checkpoint& checkpoint) const {
-  if (!lm_head_ || lm_head_ != embedding_ || untied_head_name_.empty() || !checkpoint.contains(untied_head_name_))
-    return;
-  const SafetensorsEntry& head = checkpoint.entry(untied_head_name_);
+// transformers 5 unties a tied module (a tied config's lm_head, T5's
+// embed_tokens) when the checkpoint holds its tensor with other values than
+// the embedding, and uses both; a tied model here cannot, and reading the
+// embedding in its place would be silently another model.
+void LanguageModel::check_tied_copies(const Checkpoint& checkpoint) const {
+  if (!embedding_ || !checkpoint.contains(embedding_->name)) return;
   const SafetensorsEntry& embedding = checkpoint.entry(embedding_->name);
-  const bool same = head.dtype == embedding.dtype && head.shape == embedding.shape &&
-                    std::memcmp(head.data, embedding.data, head.size_bytes) == 0;
-  FT_CHECK(same, head.file, ": tensor \"", untied_head_name_, "\" differs from \"", embedding_->name,
-           "\", but config.json ties them (tie_word_embeddings: true); transformers then unties them and uses both, "
-           "which this model cannot: set \"tie_word_embeddings\": false in config.json");
+  for (const std::string& module : weightless_modules_) {
+    const std::string name = module + ".weight";
+    if (!checkpoint.contains(name)) continue;
+    const SafetensorsEntry& copy = checkpoint.entry(name);
+    const bool same = copy.dtype == embedding.dtype && copy.shape == embedding.shape &&
+                      std::memcmp(copy.data, embedding.data, copy.size_bytes) == 0;
+    const bool head = lm_head_ == embedding_ && name == untied_head_name_;
+    FT_CHECK(same, copy.file, ": tensor \"", name, "\" differs from \"", embedding_->name, "\", but ",
+             head ? "config.json ties them (tie_word_embeddings: true)" : "the model ties them",
+             "; transformers then unties them and uses both, which this model cannot",
+             head ? ": set \"tie_word_embeddings\": false in config.json" : "");
+  }
 }
 
 Parameter& LanguageModel::untie_head() {
@@ -344,7 +349,7 @@ Parameter& LanguageModel::untie_head() {
 // once, for both.
 void LanguageModel::load(const Checkpoint& checkpoint) {
   check_stored_quantization(config_.stored_quantization, options_);
-  check_tied_head(checkpoint);
+  check_tied_copies(checkpoint);
   XXH64_hash_t fingerprint = 0;
   output_head_loaded_ = output_head_.defined() && checkpoint.contains(output_head_.weight->name);
   for (Parameter& parameter : parameters_) {

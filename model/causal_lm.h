@@ -269,8 +269,9 @@ class LanguageModel {
   // embedding's output in a training step, gets its uniform noise, the bound
   // from length (transformers' L), drawn from the step's seed.
   void add_embedding_noise(Tensor& embedded, int64_t length);
-  // A tied model's checkpoint holding an untied head of other values than the embedding is an Error.
-  void check_tied_head(const Checkpoint& checkpoint) const;
+  // A checkpoint holding a tied copy's tensor (weightless_modules_: a tied
+  // lm_head, T5's embed_tokens) of other values than the embedding is an Error.
+  void check_tied_copies(const Checkpoint& checkpoint) const;
 
   ModelConfig config_;
   Backend& backend_;

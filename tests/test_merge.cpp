@@ -394,17 +394,6 @@ TEST_CASE("unused_tensors names what a checkpoint holds beyond the model its con
                                                          parse_model_config(config.dump(), "cut"), OutputHead::none);
   CHECK(unused.size() == 9);
   for (const std::string& name : unused) CHECK(name.starts_with("model.layers.1."));
-  // T5's tied copies, as older transformers saved them, are the shared embedding's.
-  const std::string t5 = fresh_dir("t5_tied_copies");
-  fs::create_directories(t5);
-  fs::copy_file(kFixtures + "/t5_v1_0/config.json", t5 + "/config.json");
-  const Checkpoint t5_base(kFixtures + "/t5_v1_0");
-  std::vector<std::pair<std::string, Tensor>> t5_tensors;
-  for (const std::string& name : t5_base.names()) t5_tensors.emplace_back(name, t5_base.view(name));
-  for (const char* copy : {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"})
-    t5_tensors.emplace_back(copy, t5_base.view("shared.weight"));
-  save_safetensors(t5 + "/model.safetensors", t5_tensors);
-  CHECK(unused_tensors(Checkpoint(t5), read_model_config(t5 + "/config.json"), OutputHead::none).empty());
   // A score head is read by a reward model, not by a language model; a saved rotary buffer by neither, silently.
   const std::string scored = fresh_dir("scored");
   fs::create_directories(scored);
@@ -421,4 +410,31 @@ TEST_CASE("unused_tensors names what a checkpoint holds beyond the model its con
   const ModelConfig llama = read_model_config(scored + "/config.json");
   CHECK(unused_tensors(Checkpoint(scored), llama, OutputHead::none) == std::vector<std::string>{"score.weight"});
   CHECK(unused_tensors(Checkpoint(scored), llama, OutputHead::score).empty());
+}
+
+TEST_CASE("T5's tied copies in a checkpoint are the shared embedding's when equal, and refused when not") {
+  // Older transformers saved encoder/decoder embed_tokens and a tied lm_head beside shared.weight.
+  HostAllocator host;
+  CpuBackend backend(host);
+  const std::string t5 = fresh_dir("t5_tied_copies");
+  fs::create_directories(t5);
+  fs::copy_file(kFixtures + "/t5_v1_0/config.json", t5 + "/config.json");
+  const Checkpoint t5_base(kFixtures + "/t5_v1_0");
+  std::vector<std::pair<std::string, Tensor>> t5_tensors;
+  for (const std::string& name : t5_base.names()) t5_tensors.emplace_back(name, t5_base.view(name));
+  for (const char* copy : {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"})
+    t5_tensors.emplace_back(copy, t5_base.view("shared.weight"));
+  save_safetensors(t5 + "/model.safetensors", t5_tensors);
+  CHECK(unused_tensors(Checkpoint(t5), read_model_config(t5 + "/config.json"), OutputHead::none).empty());
+  make_language_model(read_model_config(t5 + "/config.json"), backend, ModelOptions{})->load(Checkpoint(t5));
+  // A copy of other values is another model (transformers unties it), which a tied model here cannot be.
+  Tensor other = Tensor::empty(t5_base.entry("shared.weight").shape, DType::f32, host, MemCategory::weights);
+  for (int64_t i = 0; i < other.numel(); ++i) other.ptr<float>()[i] = 0.25f;
+  t5_tensors[t5_tensors.size() - 3].second = other;  // encoder.embed_tokens.weight
+  save_safetensors(t5 + "/model.safetensors", t5_tensors);
+  CHECK_THROWS_WITH_AS(
+      make_language_model(read_model_config(t5 + "/config.json"), backend, ModelOptions{})->load(Checkpoint(t5)),
+      (t5 + "/model.safetensors: tensor \"encoder.embed_tokens.weight\" differs from \"shared.weight\", but the model "
+            "ties them; transformers then unties them and uses both, which this model cannot").c_str(),
+      Error);
 }
