@@ -24,7 +24,7 @@ The mask (1 = the token carries loss):
   the whole text, the trained span starts after render(M[:k], add_generation_prompt=True)
   (or, where T does not start with that, after render(M[:k]); where neither is a prefix of T,
   as Mistral's templates move the system message to the last user turn, at the content's first
-  occurrence after the previous span). It ends where the next message begins, render(M[:k+1]),
+  occurrence after the previous span and after the previous message's content). It ends where the next message begins, render(M[:k+1]),
   when T starts with that; else after the content (stripped) and the text the template writes
   after it in render(M[:k+1]), when T has both there; for a message without content (a tool
   call), after the longest end of render(M[:k+1]) that T continues with at the span's start
@@ -191,6 +191,12 @@ CONVERSATIONS = [
     ([{"role": "user", "content": "Name a prime number."},
       {"role": "assistant", "content": "7"},
       {"role": "user", "content": "Another one?"}], True, None),
+    # The replies' words in the question before them, with a system message Mistral moves.
+    ([{"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Answer Yes or No: is the sky blue?"},
+      {"role": "assistant", "content": "Yes"},
+      {"role": "user", "content": "Sure?"},
+      {"role": "assistant", "content": "Yes"}], False, None),
 ]
 # Content as a list of parts (transformers' multimodal layout): Gemma 3's template takes a
 # system message only so, and reads text parts from any message.
@@ -272,7 +278,10 @@ def prefix_spans(tokenizer, messages, text, tools):
                 start = len(before)
                 break
         if start is None:  # the template moves text around (Mistral puts the system message last): find the content
-            start = text.find(content, cursor) if content else -1
+            # after the message before it (the user's turn, a tool's result), whose text may hold the reply's words
+            previous = message_text(messages[k - 1]).strip() if k else ""
+            previous_at = text.find(previous, cursor) if previous else -1
+            start = text.find(content, previous_at + len(previous) if previous_at >= 0 else cursor) if content else -1
             if start < 0:
                 raise ValueError(f"assistant message {k}: its content is not in the rendered text")
         through = render(tokenizer, messages[:k + 1], False, tools)

@@ -118,8 +118,8 @@ TEST_CASE("released chat templates render, tokenize and mask as apply_chat_templ
       prompts += add_generation_prompt;
     }
   }
-  CHECK(rendered == 110);
-  CHECK(refused == 6);
+  CHECK(rendered == 128);
+  CHECK(refused == 9);
   CHECK(with_tools == 9);
   CHECK(prompts == 22);
 }

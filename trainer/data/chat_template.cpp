@@ -130,7 +130,12 @@ std::pair<size_t, size_t> prefix_span(const ChatTemplate& chat, const Json& mess
     if (before && text.starts_with(*before) && before->size() >= cursor) start = before->size();
   }
   if (!start) {  // the template moves text around (Mistral puts the system message last): find the content
-    size_t found = content.empty() ? std::string::npos : text.find(content, cursor);
+    // after the message before it (the user's turn, a tool's result), whose text may hold the reply's words.
+    size_t from = cursor;
+    const std::string previous = python_strip(message_text(messages[k - (k > 0 ? 1 : 0)]));
+    const size_t previous_at = k == 0 || previous.empty() ? std::string::npos : text.find(previous, cursor);
+    if (previous_at != std::string::npos) from = previous_at + previous.size();
+    size_t found = content.empty() ? std::string::npos : text.find(content, from);
     FT_CHECK(found != std::string::npos, where, ": messages[", k, "] (assistant): its content is not in the text ",
              chat.source, " renders, so its tokens cannot be found to train on");
     start = found;

@@ -14,7 +14,8 @@
 // else, for each assistant message k of the conversation M with rendering T,
 // the span found by rendering prefixes: it starts after render(M[:k],
 // add_generation_prompt) (else render(M[:k]); where neither begins T, at the
-// content's first occurrence after the previous span) and ends where the next
+// content's first occurrence after the previous span and after the previous
+// message's content, which may hold the reply's words) and ends where the next
 // message begins, render(M[:k+1]), when that begins T; else after the stripped
 // content and the text the template writes after it in render(M[:k+1]); for a
 // message without content (a tool call), after the longest end of
