@@ -304,6 +304,27 @@ TEST_CASE("chat row errors name the file, the line and what was expected") {
         "chat.jsonl:3: " + kChatDir + "/llama2/tokenizer_config.json: chat_template line 1: the template raised an "
         "exception: Conversation roles must alternate user/assistant/user/assistant/...");
   CHECK(error_of([&] { tokenize_dataset(data, tokenizer, 64, 2); }) == "chat.jsonl: chat rows need a chat template");
+
+  // A template that rewrites the reply (upper case) under a header that moves with the message count: its
+  // assistant text cannot be found to train alone, but assistant_only_loss: false trains every token anyway.
+  const std::filesystem::path dir = std::filesystem::path(FT_BINARY_DIR) / "test_chat_rewrites_reply";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer_config.json")
+      << nlohmann::json{{"chat_template", "{{ messages | length }}\n{% for m in messages %}{{ m.role }}: "
+                                          "{{ m.content | upper if m.role == 'assistant' else m.content }}\n"
+                                          "{% endfor %}"}}.dump();
+  const ChatTemplate rewrites = resolve_chat_template(ChatTemplateKind::automatic, dir.string());
+  Dataset row = load_string("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
+                            "\"content\": \"hello\"}]}");
+  CHECK(error_of([&] { tokenize_dataset(row, tokenizer, 64, 2, &rewrites); }) ==
+        "chat.jsonl:1: messages[1] (assistant): its content is not in the text " + (dir / "tokenizer_config.json").string() +
+            " renders, so its tokens cannot be found to train on (data.assistant_only_loss: false trains every token)");
+  const TokenizedDataset whole = tokenize_dataset(row, tokenizer, 64, 2, &rewrites, RowLayout::causal, Packing{},
+                                                  LossScope{.completion_only = true, .assistant_only = false});
+  REQUIRE(whole.examples.size() == 1);
+  CHECK(whole.examples[0].tokens == tokenizer.encode("2\nuser: hi\nassistant: HELLO\n"));
+  // Every token trains but the first, which no position predicts.
+  CHECK(whole.loss_token_count == int64_t(whole.examples[0].tokens.size()) - 1);
 }
 
 TEST_CASE("chat rows with content as a list of text parts train and prompt as apply_chat_template renders them") {

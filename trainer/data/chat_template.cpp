@@ -136,8 +136,12 @@ std::pair<size_t, size_t> prefix_span(const ChatTemplate& chat, const Json& mess
     const size_t previous_at = k == 0 || previous.empty() ? std::string::npos : text.find(previous, cursor);
     if (previous_at != std::string::npos) from = previous_at + previous.size();
     size_t found = content.empty() ? std::string::npos : text.find(content, from);
-    FT_CHECK(found != std::string::npos, where, ": messages[", k, "] (assistant): its content is not in the text ",
-             chat.source, " renders, so its tokens cannot be found to train on");
+    FT_CHECK(found != std::string::npos, where, ": messages[", k, "] (assistant): ",
+             content.empty() ? "it has no content (a tool call) and the conversation before it is not how the text "
+                               "begins in what "
+                             : "its content is not in the text ",
+             chat.source, " renders, so its tokens cannot be found to train on (data.assistant_only_loss: false "
+             "trains every token)");
     start = found;
   }
   const std::string through = render_chat_text(chat, first(messages, k + 1), tools, false, where);
@@ -284,10 +288,11 @@ std::string render_chat_text(const ChatTemplate& chat, const Json& messages, con
 }
 
 std::vector<RenderedPiece> render_chat(const ChatTemplate& chat, const Json& messages, const Json& tools,
-                                       bool add_generation_prompt, const std::string& where) {
+                                       bool add_generation_prompt, const std::string& where, bool assistant_only) {
   jinja::Rendered rendered = render_with_spans(chat, messages, tools, add_generation_prompt, where);
-  const Spans spans = chat.jinja->has_generation ? rendered.generation
-                                                 : prefix_spans(chat, messages, tools, rendered.text, where);
+  const Spans spans = !assistant_only ? Spans{{0, rendered.text.size()}}
+                      : chat.jinja->has_generation ? rendered.generation
+                                                   : prefix_spans(chat, messages, tools, rendered.text, where);
   std::vector<RenderedPiece> pieces;
   size_t at = 0;
   for (const auto& [start, end] : spans) {
@@ -301,11 +306,11 @@ std::vector<RenderedPiece> render_chat(const ChatTemplate& chat, const Json& mes
 }
 
 std::vector<RenderedPiece> render_chat(const ChatTemplate& chat, const std::vector<ChatMessage>& messages,
-                                       const std::string& where) {
+                                       const std::string& where, bool assistant_only) {
   check_chat_roles(messages, where);
   Json list = Json::array();
   for (const ChatMessage& message : messages) list.push_back({{"role", message.role}, {"content", message.content}});
-  return render_chat(chat, list, nullptr, false, where);
+  return render_chat(chat, list, nullptr, false, where, assistant_only);
 }
 
 }  // namespace ft

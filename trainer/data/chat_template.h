@@ -95,12 +95,13 @@ std::string render_chat_text(const ChatTemplate& chat, const nlohmann::ordered_j
                              const nlohmann::ordered_json& tools, bool add_generation_prompt, const std::string& where);
 
 // The rendered conversation in pieces, the assistant's trained text flagged
-// `loss` (see the top of this file).
+// `loss` (see the top of this file); with assistant_only false, the whole
+// text (no assistant span is looked for).
 std::vector<RenderedPiece> render_chat(const ChatTemplate& chat, const nlohmann::ordered_json& messages,
                                        const nlohmann::ordered_json& tools, bool add_generation_prompt,
-                                       const std::string& where);
+                                       const std::string& where, bool assistant_only = true);
 // A training row: its roles are checked, then rendered without tools or a generation prompt.
 std::vector<RenderedPiece> render_chat(const ChatTemplate& chat, const std::vector<ChatMessage>& messages,
-                                       const std::string& where);
+                                       const std::string& where, bool assistant_only = true);
 
 }  // namespace ft

@@ -538,8 +538,10 @@ TokenizedDataset tokenize_dataset(const Dataset& data, const Tokenizer& tokenize
         seq = tokenize_chat_completion(*chat, written, tokenizer, cut_tokens, where, truncated);
         every_token = !scope.completion_only;
       } else {
-        seq = tokenize_chat(written.is_null() ? render_chat(*chat, example.messages, where)
-                                              : render_chat(*chat, written["messages"], written["tools"], false, where),
+        // Every token trains without assistant_only: no assistant span is looked for.
+        seq = tokenize_chat(written.is_null() ? render_chat(*chat, example.messages, where, scope.assistant_only)
+                                              : render_chat(*chat, written["messages"], written["tools"], false, where,
+                                                            scope.assistant_only),
                             tokenizer);
         truncated = truncate_to(seq, cut_tokens);
         every_token = !scope.assistant_only;
