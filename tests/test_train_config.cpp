@@ -320,6 +320,10 @@ TEST_CASE("out-of-range values") {
         "configs/x.yaml:3: lora.target_modules: expected a non-empty list of module names such as [q_proj, "
         "v_proj], all-linear, or a regular expression over whole module names, got an empty list");
   CHECK(error_of(base + "lr: 0\n") == "configs/x.yaml:3: lr: expected a number in (0, 10], got \"0\"");
+  CHECK(error_of(base + "objective: ppo\nrewards: {length: 4}\nppo: {batch_size: 1, mini_batch_size: 1, "
+                        "max_new_tokens: 1}\n")
+            .ends_with(": ppo.batch_size 1 with ppo.max_new_tokens 1 gives each step one response token, over which the "
+                       "advantages cannot be whitened (an unbiased variance of one value): raise either"));
   // warmup_steps: whole steps, or (transformers 5) a ratio of the run's steps below 1.
   const TrainConfig ratio = parse(base + "warmup_steps: 0.03\n");
   CHECK(ratio.warmup_fraction == 0.03);

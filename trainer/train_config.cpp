@@ -708,6 +708,11 @@ void check_ppo(const TrainConfig& c) {
            "mini-batches (trl's name); leave grad_accum_steps at 1");
   FT_CHECK(c.ppo_max_new_tokens < c.seq_len, f, ": ppo.max_new_tokens (", c.ppo_max_new_tokens,
            ") must leave room for the query within seq_len (", c.seq_len, ")");
+  // trl whitens the advantages over the batch's response tokens with an unbiased variance: one token divides
+  // by zero (trl's loss is NaN too).
+  FT_CHECK(c.ppo.batch_size > 1 || c.ppo_max_new_tokens > 1, f, ": ppo.batch_size 1 with ppo.max_new_tokens 1 "
+           "gives each step one response token, over which the advantages cannot be whitened (an unbiased variance "
+           "of one value): raise either");
   FT_CHECK(!c.rewards.names().empty(), f, ": objective: ppo needs a reward: set rewards.model (a reward model, as "
            "trl's PPO uses) or a rule (rewards.regex, rouge, answer, length)");
   FT_CHECK(c.data.packing == Packing::none, f, ": objective: ppo generates its rows; data.packing applies to "
