@@ -2342,6 +2342,25 @@ TEST_CASE("generate --chat replies in the chat-trained format; without --chat it
         std::string::npos);
 }
 
+TEST_CASE("epochs: whole steps, and a run says when an epoch's last step reaches into the next epoch") {
+  const std::string dir = make_run_dir("epochs");
+  const std::string run = "cd " + dir + " && " + kBinary + " config.yaml --set max_steps=0 --set epochs=1 " +
+                          "--set data.packing=false --set micro_batch_size=40 --set generate.num_samples=0 " +
+                          "--set eval_batches=0 --set grad_accum_steps=";
+  // 240 rows are 6 micro-batches: 4 a step make 2 steps, the second with 2 of the next epoch's shuffle.
+  const CommandResult uneven = run_command(run + "4");
+  INFO(uneven.output);
+  REQUIRE(uneven.exit_code == 0);
+  CHECK(uneven.output.find("warning: an epoch is 6 micro-batches and a step takes 4: each epoch's last step also "
+                           "takes 2 from the next epoch's shuffle, so epochs: 1 trains 2 x 4 micro-batches") !=
+        std::string::npos);
+  const CommandResult even = run_command(run + "3 --overwrite");
+  INFO(even.output);
+  REQUIRE(even.exit_code == 0);
+  CHECK(even.output.find("warning: an epoch is") == std::string::npos);
+  CHECK(even.output.find("training 2 steps of 40 x 3 sequences") != std::string::npos);
+}
+
 TEST_CASE("the end-of-run samples are reproduced by the generate command the run prints") {
   const std::string dir = make_run_dir("samples_again");
   const CommandResult trained =

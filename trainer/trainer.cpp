@@ -416,8 +416,16 @@ void make_data(Run& run) {
   }
   // A step takes grad_accum_steps micro-batches on each data-parallel rank.
   const int64_t per_step = checked_mul(config.grad_accum_steps, int64_t(run.replicas().world_size()));
-  const int64_t steps_per_epoch = (train_batches_per_epoch(run) + per_step - 1) / per_step;
+  const int64_t batches_per_epoch = train_batches_per_epoch(run);
+  const int64_t steps_per_epoch = (batches_per_epoch + per_step - 1) / per_step;
   run.total_steps = config.max_steps > 0 ? config.max_steps : checked_mul(config.epochs, steps_per_epoch);
+  // Steps are whole: the data streams on into the next epoch's shuffle (transformers' Trainer instead ends an
+  // epoch with a shorter step).
+  if (config.max_steps == 0 && batches_per_epoch % per_step != 0)
+    std::cout << "warning: an epoch is " << batches_per_epoch << " micro-batches and a step takes " << per_step
+              << ": each epoch's last step also takes " << per_step - batches_per_epoch % per_step
+              << " from the next epoch's shuffle, so epochs: " << config.epochs << " trains " << run.total_steps
+              << " x " << per_step << " micro-batches\n";
   // A ratio's steps as transformers' get_warmup_steps rounds them: up.
   const int64_t warmup_steps = config.warmup_fraction > 0
                                    ? int64_t(std::ceil(double(run.total_steps) * config.warmup_fraction))
