@@ -818,6 +818,9 @@ TEST_CASE("GPT-NeoX trains with a tokenizer.json (byte-level BPE); one larger th
   REQUIRE(result.exit_code == 0);
   CHECK(train_losses(dir + "/out/metrics.jsonl").size() == 2);
   CHECK(fs::exists(dir + "/out/adapter/adapter_model.safetensors"));
+  // A random base is not saved beside the adapter: no command can give its samples again.
+  CHECK(result.output.find("the samples' prompts: out/sample_prompts.jsonl (init: random: the base's random weights "
+                           "are not saved, so no command gives these samples again)") != std::string::npos);
 
   // The fixture NeoX embeds 320 ids: the BPE tokenizer's 519 do not fit.
   CommandResult refused = run_command("cd " + dir + " && " + kBinary + " config.yaml --set model=" + kFixtures +

@@ -934,8 +934,14 @@ void print_samples(Run& run, Progress& progress) {
            << "): " << sampled_out[size_t(i)];
     progress.message(text.str());
   }
-  progress.message("the samples again, from what this run saves: " +
-                   write_sample_prompts(run, prompts, references, sampled));
+  const std::string command = write_sample_prompts(run, prompts, references, sampled);
+  // init: random's base is not saved with an adapter: nothing can run that model again.
+  if (run.config.init == InitMode::random && run.config.trainable != Trainable::all)
+    progress.message("the samples' prompts: " + path_in(run.config.output_dir, "sample_prompts.jsonl") +
+                     " (init: random: the base's random weights are not saved, so no command gives these samples "
+                     "again)");
+  else
+    progress.message("the samples again, from what this run saves: " + command);
 }
 
 // The full model in HF layout (config.json, model.safetensors, the tokenizer file),
