@@ -452,9 +452,11 @@ TEST_CASE("rules across fields, required fields, and malformed input") {
   CHECK(error_of(base + "lr: [1\n").find("invalid YAML") != std::string::npos);
   CHECK(error_of("- a\n- b\n") == "configs/x.yaml: the config: expected a map of keys, got a list");
   // A second document would be dropped unread; a leading "---" and a closing "..." are one document.
-  CHECK(error_of(base + "---\nlr: 2\nbogus: 1\n") == "configs/x.yaml:4: a second YAML document (after \"---\"): a "
+  CHECK(error_of(base + "---\nlr: 2\nbogus: 1\n") == "configs/x.yaml:3: a second YAML document (after \"---\"): a "
                                                    "config is one document; put every key in the first");
   CHECK(error_of("---\n" + base + "...\n").empty());
+  // Malformed text on which yaml-cpp's LoadAll runs without end (found by fuzz_train_config): one error.
+  CHECK(error_of(std::string("#ner\n,\xd0\x57\x20", 9)).find("configs/x.yaml") == 0);
   CHECK(error_of(kMinimal, {"lr"}) == "configs/x.yaml (--set lr): --set expects key=value");
   CHECK(error_of(kMinimal, {"lr=[1"}).find("configs/x.yaml (--set lr=[1)") == 0);
 }

@@ -1,5 +1,6 @@
 #include "trainer/train_config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -655,14 +656,32 @@ void apply(TrainConfig& c, const std::string& key, const YAML::Node& node, const
     if (key.starts_with(section)) c.objective_keys.emplace_back(key, where);
 }
 
-// One YAML document: a second (after a "---") would otherwise be dropped unread.
+// Where each document starts; nothing else of the events is kept.
+struct DocumentStarts : YAML::EventHandler {
+  std::vector<YAML::Mark> starts;
+  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// One YAML document: a second (after a "---") would otherwise be dropped
+// unread. Documents are counted up to two (yaml-cpp's LoadAll can run on
+// without end over some malformed text).
 YAML::Node parse_yaml(const std::string& text, const std::string& where) {
   try {
-    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
-    if (documents.empty()) return YAML::Node();
-    FT_CHECK(documents.size() == 1, where, ":", documents[1].Mark().line + 1, ": a second YAML document (after "
-             "\"---\"): a config is one document; put every key in the first");
-    return documents[0];
+    std::istringstream stream(text);
+    YAML::Parser parser(stream);
+    DocumentStarts documents;
+    while (documents.starts.size() < 2 && parser.HandleNextDocument(documents)) {}
+    FT_CHECK(documents.starts.size() < 2, where, ":", documents.starts.back().line + 1, ": a second YAML document "
+             "(after \"---\"): a config is one document; put every key in the first");
+    return YAML::Load(text);
   } catch (const YAML::Exception& e) {
     fail(where, ":", e.mark.line + 1, ":", e.mark.column + 1, ": invalid YAML: ", e.msg);
   }
