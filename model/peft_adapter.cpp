@@ -274,11 +274,6 @@ static bool init_rewrites_base(const std::string& init) {
 std::string other_base_warning(const PeftAdapterConfig& adapter, const std::string& adapter_folder,
                                const std::string& model_dir) {
   namespace fs = std::filesystem;
-  if (init_rewrites_base(adapter.init_lora_weights))
-    return adapter_folder + ": init_lora_weights \"" + adapter.init_lora_weights +
-           "\" rewrote the base's weights when PEFT made the adapter, so it applies to the base PEFT saved then, "
-           "not to " + model_dir + "'s original weights (unless that is it); PEFT's save_pretrained(..., "
-           "path_initial_model_for_weight_conversion=...) converts it into an adapter of the original base";
   const std::string& own = adapter.base_model_name_or_path;
   const fs::path own_config = fs::path(own) / "config.json", model_config = fs::path(model_dir) / "config.json";
   std::error_code error;
@@ -292,7 +287,10 @@ std::string other_base_warning(const PeftAdapterConfig& adapter, const std::stri
 
 // init_lora_weights: true, false or "gaussian" into the LoRA options (how a
 // run continuing this adapter would start new ones); another string (PEFT's
-// pissa, olora, eva, ...) is kept as written for other_base_warning.
+// eva, ...) is kept as written. One that rewrites the base is refused: PEFT's
+// from_pretrained runs it again over the base it loads (W - scaling B0 A0:
+// checked, an untrained PiSSA adapter over llama_gqa loads to the base's
+// logits), which adding B A to W here would not give.
 static void read_init_lora_weights(const Config& config, PeftAdapterConfig& adapter, const std::string& source) {
   if (!is_set(config, "init_lora_weights")) return;
   const json& init = config["init_lora_weights"];
@@ -302,10 +300,15 @@ static void read_init_lora_weights(const Config& config, PeftAdapterConfig& adap
     adapter.lora.init_lora_weights = init.get<bool>() ? LoraInit::kaiming_uniform : LoraInit::random;
     return;
   }
-  if (ascii_lowercase(init.get<std::string>()) == "gaussian")
+  const std::string value = init.get<std::string>();
+  FT_CHECK(!init_rewrites_base(value), source, ": init_lora_weights \"", value, "\": PEFT runs this initialisation "
+           "again over the base when it loads the adapter (the base weight becomes W - scaling B0 A0), which is not "
+           "supported here; PEFT's save_pretrained(..., path_initial_model_for_weight_conversion=...) converts it "
+           "into a plain LoRA adapter of the original base, which loads");
+  if (ascii_lowercase(value) == "gaussian")
     adapter.lora.init_lora_weights = LoraInit::gaussian;
   else
-    adapter.init_lora_weights = init.get<std::string>();
+    adapter.init_lora_weights = value;
 }
 
 PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {

@@ -48,13 +48,11 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder);
 
 // "" unless the adapter belongs to another base than model_dir's weights,
 // which PEFT loads silently when the shapes fit: then a warning saying why.
-// Either PEFT made it with an initialisation that rewrote the base's
-// weights (init_lora_weights pissa, corda, olora, loftq or lora_ga: it
-// applies to the base PEFT saved after that), or its base_model_name_or_path
-// is a local model folder other than model_dir whose config.json differs
-// from model_dir's in more than how the weights are stored
-// (quantization_config, dtype). A hub id or a path that does not resolve
-// from here says nothing.
+// Its base_model_name_or_path is a local model folder other than model_dir
+// whose config.json differs from model_dir's in more than how the weights
+// are stored (quantization_config, dtype). A hub id or a path that does not
+// resolve from here says nothing. (An adapter whose init_lora_weights
+// rewrites the base, PiSSA and the like, is refused when it is read.)
 std::string other_base_warning(const PeftAdapterConfig& adapter, const std::string& adapter_folder,
                                const std::string& model_dir);
 
