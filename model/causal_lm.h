@@ -152,6 +152,12 @@ class LanguageModel {
   // lm_head's checkpoint name when it is not tied to the embedding ("lm_head.weight"; GPT-NeoX's
   // "embed_out.weight"), "" for a family that always ties it.
   const std::string& untied_head_name() const { return untied_head_name_; }
+  // A tensor's name in this family's checkpoints for the name transformers 5
+  // and PEFT give it: transformers 5 calls every causal model's head lm_head
+  // (GPT-NeoX's embed_out.weight in its checkpoints); other names are kept.
+  std::string checkpoint_name(const std::string& name) const {
+    return name == "lm_head.weight" && !untied_head_name_.empty() ? untied_head_name_ : name;
+  }
   // The last stage's lm_head weight (the embedding's Parameter when tied), else null.
   const Parameter* lm_head() const { return lm_head_; }
   Backend& backend() { return backend_; }

@@ -450,7 +450,7 @@ void load_peft_adapter(const std::string& folder, LanguageModel& model) {
   // modules_to_save; a null parameter is the lm_head of a tied model, untied for it (as merge writes it).
   std::vector<std::pair<Parameter*, const SafetensorsEntry*>> saved;
   for (const SafetensorsEntry& entry : file.entries()) {
-    const std::string module_tensor = saved_module_tensor(entry.name, config.modules_to_save);
+    const std::string module_tensor = model.checkpoint_name(saved_module_tensor(entry.name, config.modules_to_save));
     if (!module_tensor.empty()) {
       Parameter* target = nullptr;
       for (Parameter& p : model.parameters())
@@ -490,7 +490,8 @@ void load_peft_adapter(const std::string& folder, LanguageModel& model) {
     FT_CHECK(adapters.count(name), path, ": unexpected tensor \"", entry->name, "\": the model has no adapter \"",
              name, "\"");
   std::set<std::string> saved_names;
-  for (const auto& [parameter, entry] : saved) saved_names.insert(saved_module_tensor(entry->name, config.modules_to_save));
+  for (const auto& [parameter, entry] : saved)
+    saved_names.insert(model.checkpoint_name(saved_module_tensor(entry->name, config.modules_to_save)));
   check_saved_modules_complete(model, config, saved_names, path);
 
   for (const auto& [name, entry] : by_adapter)
@@ -523,7 +524,8 @@ void check_saved_modules_complete(LanguageModel& model, const PeftAdapterConfig&
   if (model.config().tie_word_embeddings && !model.untied_head_name().empty())
     model_modules.push_back(module_of(model.untied_head_name()));
   for (const std::string& listed : config.modules_to_save) {
-    const auto matches = [&](const std::string& module) { return module_matches_target(module, listed); };
+    const std::string target = module_of(model.checkpoint_name(listed + ".weight"));
+    const auto matches = [&](const std::string& module) { return module_matches_target(module, target); };
     if (std::none_of(model_modules.begin(), model_modules.end(), matches)) continue;
     FT_CHECK(std::any_of(saved.begin(), saved.end(), [&](const std::string& t) { return matches(module_of(t)); }),
              path, ": adapter_config.json's modules_to_save lists \"", listed, "\" but the file holds no tensor of "

@@ -438,3 +438,43 @@ TEST_CASE("T5's tied copies in a checkpoint are the shared embedding's when equa
             "ties them; transformers then unties them and uses both, which this model cannot").c_str(),
       Error);
 }
+
+TEST_CASE("GPT-NeoX's head saved as PEFT over transformers 5 saves it (lm_head) replaces embed_out") {
+  // transformers 5 calls GPT-NeoX's head lm_head; its checkpoints keep embed_out.weight.
+  const std::string adapter = fresh_dir("neox_head");
+  fs::create_directories(adapter);
+  std::ofstream(adapter + "/adapter_config.json")
+      << nlohmann::json{{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"r", 2}, {"lora_alpha", 4},
+                        {"target_modules", {"query_key_value"}}, {"modules_to_save", {"lm_head"}}}
+             .dump();
+  HostAllocator host;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  const auto add = [&](const std::string& name, const Shape& shape, float scale) {
+    Tensor value = Tensor::empty(shape, DType::f32, host, MemCategory::weights);
+    for (int64_t i = 0; i < value.numel(); ++i) value.ptr<float>()[i] = scale * std::sin(float(3 * i + 1));
+    tensors.emplace_back(name, value);
+  };
+  for (int layer = 0; layer < 2; ++layer) {
+    const std::string module = "base_model.model.gpt_neox.layers." + std::to_string(layer) + ".attention.query_key_value.";
+    add(module + "lora_A.weight", {2, 64}, 0.05f);
+    add(module + "lora_B.weight", {192, 2}, 0.05f);
+  }
+  add("base_model.model.lm_head.weight", {320, 64}, 0.5f);
+  save_safetensors(adapter + "/adapter_model.safetensors", tensors);
+  const std::string out = fresh_dir("neox_head_out");
+  MergeCommand command = command_for("gpt_neox_parallel", "llama_lora", out);
+  command.adapter = adapter;
+  std::ostringstream log;
+  merge_adapter(command, log);
+  const Checkpoint merged(out);
+  CHECK(!merged.contains("lm_head.weight"));
+  const Tensor head = merged.view("embed_out.weight");
+  const Tensor& saved = tensors.back().second;
+  CHECK(std::equal(head.ptr<float>(), head.ptr<float>() + head.numel(), saved.ptr<float>()));
+  // A loaded adapter takes the same head: the merged folder's logits are the adapter's over the base.
+  const std::vector<float> from_merge = merged_logits(out), loaded = merged_logits(kFixtures + "/gpt_neox_parallel", adapter);
+  REQUIRE(from_merge.size() == loaded.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < loaded.size(); ++i) worst = std::max(worst, double(std::abs(from_merge[i] - loaded[i])));
+  CHECK(worst < 1e-4);
+}

@@ -155,10 +155,12 @@ AdapterMerge::AdapterMerge(const std::string& folder, const Checkpoint& base, co
              "\": lora_B ", shape_string(pair.B->shape), " x lora_A ", shape_string(pair.A->shape),
              " does not fit \"", weight, "\" ", shape_string(shape), " of ", base.entry(weight).file);
   }
-  saved_ = saved_modules(file_, config_);
-  std::set<std::string> saved_names;
-  for (const auto& [name, entry] : saved_) saved_names.insert(name);
   read_meta_model(config_path, [&](LanguageModel& model) {
+    std::set<std::string> saved_names;
+    for (const auto& [name, entry] : saved_modules(file_, config_)) {
+      saved_[model.checkpoint_name(name)] = entry;  // GPT-NeoX's lm_head (transformers 5) is embed_out
+      saved_names.insert(model.checkpoint_name(name));
+    }
     check_saved_modules_complete(model, config_, saved_names, file_.path());
     return 0;
   });
