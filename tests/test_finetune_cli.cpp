@@ -2121,8 +2121,12 @@ TEST_CASE("generate --chat gives the template tools: a --file row's own, or --to
   nlohmann::ordered_json config = nlohmann::ordered_json::parse(read_file((dir / "model/tokenizer_config.json").string()));
   config["chat_template"] = qwen25["chat_template"];
   std::ofstream(dir / "model/tokenizer_config.json") << config.dump();
-  const nlohmann::ordered_json c =
-      nlohmann::ordered_json::parse(read_file(kFixtures + "/chat/qwen2_5/cases.json"))["cases"][5];
+  // The fixture's first conversation with tools (a call, its result, the reply).
+  const nlohmann::ordered_json cases = nlohmann::ordered_json::parse(read_file(kFixtures + "/chat/qwen2_5/cases.json"));
+  nlohmann::ordered_json c;
+  for (const nlohmann::ordered_json& with : cases["cases"])
+    if (c.is_null() && with.contains("tools")) c = with;
+  REQUIRE(!c.is_null());
   nlohmann::ordered_json messages = c["messages"];
   messages.erase(messages.end() - 1);  // up to the tool's result
   std::ofstream(dir / "with_tools.jsonl") << nlohmann::ordered_json{{"messages", messages}, {"tools", c["tools"]}}.dump()

@@ -151,7 +151,7 @@ void check_outputs_free(const TrainConfig& config, const RunOptions& options) {
            ": output_dir holds an earlier run's checkpoint (its adapter and metrics beside it): continue that run "
            "with --resume, start afresh over it with --overwrite, or set another output_dir");
   for (const char* output : {"adapter/adapter_model.safetensors", "model/model.safetensors",
-                                   "model/model.safetensors.index.json", "value_head.safetensors"})
+                             "model/model.safetensors.index.json", "value_head.safetensors"})
     FT_CHECK(!fresh || !fs::exists(path_in(config.output_dir, output)), config.source, ": output_dir ",
              config.output_dir, " holds an earlier run's ", output, " (and no training state to resume from): start "
              "afresh over it with --overwrite, or set another output_dir");
