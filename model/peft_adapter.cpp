@@ -449,6 +449,7 @@ void load_peft_adapter(const std::string& folder, LanguageModel& model) {
   std::map<std::string, const SafetensorsEntry*> by_adapter;  // our adapter name -> saved tensor
   // modules_to_save; a null parameter is the lm_head of a tied model, untied for it (as merge writes it).
   std::vector<std::pair<Parameter*, const SafetensorsEntry*>> saved;
+  std::set<std::string> saved_names;  // their checkpoint names
   for (const SafetensorsEntry& entry : file.entries()) {
     const std::string module_tensor = model.checkpoint_name(saved_module_tensor(entry.name, config.modules_to_save));
     if (!module_tensor.empty()) {
@@ -466,6 +467,7 @@ void load_peft_adapter(const std::string& folder, LanguageModel& model) {
                " but the model's ", module_tensor, " has ", shape_string(shape));
       require_finite(entry);
       saved.emplace_back(target, &entry);
+      saved_names.insert(module_tensor);
       continue;
     }
     const std::string name = adapter_name_of(entry.name);
@@ -489,9 +491,6 @@ void load_peft_adapter(const std::string& folder, LanguageModel& model) {
   for (const auto& [name, entry] : by_adapter)
     FT_CHECK(adapters.count(name), path, ": unexpected tensor \"", entry->name, "\": the model has no adapter \"",
              name, "\"");
-  std::set<std::string> saved_names;
-  for (const auto& [parameter, entry] : saved)
-    saved_names.insert(model.checkpoint_name(saved_module_tensor(entry->name, config.modules_to_save)));
   check_saved_modules_complete(model, config, saved_names, path);
 
   for (const auto& [name, entry] : by_adapter)
