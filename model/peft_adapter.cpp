@@ -233,23 +233,66 @@ std::string adapter_name_of(const std::string& key) {
   return "";
 }
 
+// The modules PEFT saves whole: modules_to_save, and with ensure_weight_tying
+// the head too (PEFT lists the tied embedding and saves the head beside it).
+std::vector<std::string> saved_module_names(const PeftAdapterConfig& config) {
+  std::vector<std::string> names = config.modules_to_save;
+  if (config.ensure_weight_tying) names.push_back("lm_head");
+  return names;
+}
+
 // The base model's tensor name for a saved key of a modules_to_save module
 // (base_model.model.score.weight -> score.weight), else "". A module is
-// named by its last parts as PEFT matches it ("embed_tokens" saves
-// model.embed_tokens).
-std::string saved_module_tensor(const std::string& key, const std::vector<std::string>& modules) {
+// saved when its name ends with a listed string, as PEFT's _set_trainable
+// matches (not at a dot: "norm" saves every input_layernorm too).
+std::string saved_module_tensor(const std::string& key, const PeftAdapterConfig& config) {
   if (key.rfind(kKeyPrefix, 0) != 0) return "";
   const std::string name = key.substr(kKeyPrefix.size());
   for (const char* leaf : {".weight", ".bias"}) {
-    const size_t leaf_size = std::strlen(leaf);
-    if (name.size() <= leaf_size || name.compare(name.size() - leaf_size, leaf_size, leaf) != 0) continue;
-    const std::string module_name = name.substr(0, name.size() - leaf_size);
-    for (const std::string& module : modules)
-      if (module_matches_target(module_name, module)) return name;
+    if (!name.ends_with(leaf) || name.size() == std::strlen(leaf)) continue;
+    const std::string module_name = name.substr(0, name.size() - std::strlen(leaf));
+    for (const std::string& module : saved_module_names(config))
+      if (module_name.ends_with(module)) return name;
   }
   return "";
 }
 
+// "<module>.weight" of PEFT's copy of a LoRA module's base weight
+// (base_model.model.lm_head.base_layer.weight), which its default
+// save_embedding_layers saves for LoRA on an embedding or a head; else "".
+std::string base_layer_copy_of(const std::string& key) {
+  const std::string suffix = ".base_layer.weight";
+  if (key.rfind(kKeyPrefix, 0) != 0 || !key.ends_with(suffix)) return "";
+  return key.substr(kKeyPrefix.size(), key.size() - kKeyPrefix.size() - suffix.size()) + ".weight";
+}
+
+bool same_bytes(const SafetensorsEntry& a, const SafetensorsEntry& b) {
+  return a.shape == b.shape && a.dtype == b.dtype && a.size_bytes == b.size_bytes &&
+         std::memcmp(a.data, b.data, a.size_bytes) == 0;
+}
+
+// Each config.modules_to_save entry naming a module the model has (a
+// weight's module, or a tied head) needs a tensor in the file (saved: the
+// base names of those it holds): without one PEFT would keep the base's
+// module, which an adapter that lists it does not mean. Entries the model
+// lacks are skipped (PEFT's SEQ_CLS adapters list both "classifier" and "score").
+void check_saved_modules_complete(LanguageModel& model, const PeftAdapterConfig& config,
+                                  const std::map<std::string, const SafetensorsEntry*>& saved,
+                                  const std::string& path) {
+  const auto module_of = [](const std::string& tensor) { return tensor.substr(0, tensor.rfind('.')); };
+  std::vector<std::string> model_modules;
+  for (const Parameter& p : model.parameters()) model_modules.push_back(module_of(p.name));
+  if (model.config().tie_word_embeddings && !model.untied_head_name().empty())
+    model_modules.push_back(module_of(model.untied_head_name()));
+  for (const std::string& listed : config.modules_to_save) {
+    const std::string target = module_of(model.checkpoint_name(listed + ".weight"));
+    const auto matches = [&](const std::string& module) { return module.ends_with(target); };
+    if (std::none_of(model_modules.begin(), model_modules.end(), matches)) continue;
+    FT_CHECK(std::any_of(saved.begin(), saved.end(), [&](const auto& s) { return matches(module_of(s.first)); }),
+             path, ": adapter_config.json's modules_to_save lists \"", listed, "\" but the file holds no tensor of "
+             "it (expected \"", kKeyPrefix, listed, ".weight\")");
+  }
+}
 
 // A config.json's model: its fields but how the weights are stored (a saved
 // quantised base's quantization_config and dtype, a merged folder's dtype)
@@ -353,6 +396,11 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& folder) {
   adapter.base_model_name_or_path = optional_string(config, "base_model_name_or_path", "", source);
   adapter.task_type = optional_string(config, "task_type", "", source);
   adapter.modules_to_save = string_list(config, "modules_to_save", source);
+  if (is_set(config, "ensure_weight_tying")) {
+    FT_CHECK(config["ensure_weight_tying"].is_boolean(), source, ": field \"ensure_weight_tying\" must be a boolean, "
+             "got ", config["ensure_weight_tying"].dump());
+    adapter.ensure_weight_tying = config["ensure_weight_tying"].get<bool>();
+  }
   return adapter;
 }
 
@@ -446,30 +494,23 @@ void load_peft_adapter(const std::string& folder, LanguageModel& model) {
   verify_checksum(file);  // ours carry one; PEFT's do not
   const std::string& path = file.path();
 
-  std::map<std::string, const SafetensorsEntry*> by_adapter;  // our adapter name -> saved tensor
   // modules_to_save; a null parameter is the lm_head of a tied model, untied for it (as merge writes it).
   std::vector<std::pair<Parameter*, const SafetensorsEntry*>> saved;
-  std::set<std::string> saved_names;  // their checkpoint names
+  for (const auto& [module_tensor, entry] : saved_modules(file, config, model)) {
+    Parameter* target = nullptr;
+    for (Parameter& p : model.parameters())
+      if (p.name == module_tensor) target = &p;
+    const bool tied_head = !target && model.config().tie_word_embeddings && module_tensor == model.untied_head_name();
+    FT_CHECK(target || tied_head, path, ": tensor \"", entry->name, "\" (modules_to_save): the model has no \"",
+             module_tensor, "\", so it is not supported (a score head is a reward model's: objective: reward)");
+    const Shape shape = target ? target->value.shape : Shape{model.config().vocab_size, model.config().hidden_size};
+    FT_CHECK(entry->shape == shape, path, ": tensor \"", entry->name, "\" has shape ", shape_string(entry->shape),
+             " but the model's ", module_tensor, " has ", shape_string(shape));
+    saved.emplace_back(target, entry);
+  }
+  std::map<std::string, const SafetensorsEntry*> by_adapter;  // our adapter name -> saved tensor
   for (const SafetensorsEntry& entry : file.entries()) {
-    const std::string module_tensor = model.checkpoint_name(saved_module_tensor(entry.name, config.modules_to_save));
-    if (!module_tensor.empty()) {
-      Parameter* target = nullptr;
-      for (Parameter& p : model.parameters())
-        if (p.name == module_tensor) target = &p;
-      const bool tied_head = !target && model.config().tie_word_embeddings && module_tensor == model.untied_head_name();
-      FT_CHECK(target || tied_head, path, ": tensor \"", entry.name, "\" (modules_to_save): the model has no \"",
-               module_tensor, "\", so it is not supported (a score head is a reward model's: objective: reward)");
-      FT_CHECK(!target || target != model.lm_head() || !model.config().tie_word_embeddings, path, ": tensor \"",
-               entry.name, "\" (modules_to_save) replaces an embedding that config.json ties to lm_head, which is not "
-               "supported (PEFT keeps the tied lm_head on the original embedding)");
-      const Shape shape = target ? target->value.shape : Shape{model.config().vocab_size, model.config().hidden_size};
-      FT_CHECK(entry.shape == shape, path, ": tensor \"", entry.name, "\" has shape ", shape_string(entry.shape),
-               " but the model's ", module_tensor, " has ", shape_string(shape));
-      require_finite(entry);
-      saved.emplace_back(target, &entry);
-      saved_names.insert(module_tensor);
-      continue;
-    }
+    if (!saved_module_tensor(entry.name, config).empty()) continue;  // saved_modules()'
     const std::string name = adapter_name_of(entry.name);
     FT_CHECK(!name.empty(), path, ": tensor \"", entry.name, "\" is not a LoRA weight (expected names like \"",
              kKeyPrefix, "model.layers.0.self_attn.q_proj.lora_A.weight\")");
@@ -491,7 +532,6 @@ void load_peft_adapter(const std::string& folder, LanguageModel& model) {
   for (const auto& [name, entry] : by_adapter)
     FT_CHECK(adapters.count(name), path, ": unexpected tensor \"", entry->name, "\": the model has no adapter \"",
              name, "\"");
-  check_saved_modules_complete(model, config, saved_names, path);
 
   for (const auto& [name, entry] : by_adapter)
     model.backend().copy(adapters[name]->value,
@@ -504,39 +544,42 @@ void load_peft_adapter(const std::string& folder, LanguageModel& model) {
 }
 
 std::map<std::string, const SafetensorsEntry*> saved_modules(const SafetensorsFile& file,
-                                                              const PeftAdapterConfig& config) {
+                                                              const PeftAdapterConfig& config, LanguageModel& model) {
+  const std::string& path = file.path();
   std::map<std::string, const SafetensorsEntry*> tensors;
   for (const SafetensorsEntry& entry : file.entries()) {
-    const std::string name = saved_module_tensor(entry.name, config.modules_to_save);
+    const std::string name = saved_module_tensor(entry.name, config);
     if (name.empty()) continue;
     require_finite(entry);
-    tensors[name] = &entry;
+    tensors[model.checkpoint_name(name)] = &entry;  // GPT-NeoX's lm_head (transformers 5) is embed_out
   }
+  const bool tied = model.config().tie_word_embeddings;
+  const Parameter* embedding = model.lm_head();  // the embedding, when tied
+  const auto head = tensors.find(model.untied_head_name());
+  if (tied && config.ensure_weight_tying && head != tensors.end()) {
+    // PEFT kept the head tied to the embedding's copy and saved both.
+    const auto copy = tensors.find(embedding->name);
+    FT_CHECK(copy != tensors.end() && same_bytes(*head->second, *copy->second), path, ": tensor \"",
+             head->second->name, "\" differs from the embedding \"", kKeyPrefix, embedding->name,
+             "\" saved beside it, but adapter_config.json's ensure_weight_tying keeps them tied");
+    tensors.erase(head);
+  }
+  if (tied && embedding) {
+    const auto copy = tensors.find(embedding->name);
+    FT_CHECK(copy == tensors.end() || config.ensure_weight_tying, path, ": tensor \"", copy->second->name,
+             "\" (modules_to_save) replaces an embedding that config.json ties to lm_head, which is not supported "
+             "(PEFT keeps the tied lm_head on the original embedding unless ensure_weight_tying)");
+  }
+  check_saved_modules_complete(model, config, tensors, path);
   return tensors;
-}
-
-void check_saved_modules_complete(LanguageModel& model, const PeftAdapterConfig& config,
-                                  const std::set<std::string>& saved, const std::string& path) {
-  const auto module_of = [](const std::string& tensor) { return tensor.substr(0, tensor.rfind('.')); };
-  std::vector<std::string> model_modules;
-  for (const Parameter& p : model.parameters()) model_modules.push_back(module_of(p.name));
-  if (model.config().tie_word_embeddings && !model.untied_head_name().empty())
-    model_modules.push_back(module_of(model.untied_head_name()));
-  for (const std::string& listed : config.modules_to_save) {
-    const std::string target = module_of(model.checkpoint_name(listed + ".weight"));
-    const auto matches = [&](const std::string& module) { return module_matches_target(module, target); };
-    if (std::none_of(model_modules.begin(), model_modules.end(), matches)) continue;
-    FT_CHECK(std::any_of(saved.begin(), saved.end(), [&](const std::string& t) { return matches(module_of(t)); }),
-             path, ": adapter_config.json's modules_to_save lists \"", listed, "\" but the file holds no tensor of "
-             "it (expected \"", kKeyPrefix, listed, ".weight\")");
-  }
 }
 
 std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, const PeftAdapterConfig& config) {
   const std::string& path = file.path();
   std::map<std::string, LoraPair> pairs;
   for (const SafetensorsEntry& entry : file.entries()) {
-    if (!saved_module_tensor(entry.name, config.modules_to_save).empty()) continue;  // saved_modules()'
+    if (!saved_module_tensor(entry.name, config).empty() || !base_layer_copy_of(entry.name).empty())
+      continue;  // saved_modules()' and base_layer_copies()'
     const std::string name = adapter_name_of(entry.name);
     FT_CHECK(!name.empty(), path, ": tensor \"", entry.name, "\" is not a LoRA weight (expected names like \"",
              kKeyPrefix, "model.layers.0.self_attn.q_proj.lora_A.weight\")");
@@ -582,6 +625,17 @@ std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, con
     pair.scaling = own.scaling;
   }
   return pairs;
+}
+
+std::map<std::string, const SafetensorsEntry*> base_layer_copies(const SafetensorsFile& file) {
+  std::map<std::string, const SafetensorsEntry*> copies;
+  for (const SafetensorsEntry& entry : file.entries()) {
+    const std::string weight = base_layer_copy_of(entry.name);
+    if (weight.empty()) continue;
+    require_finite(entry);
+    copies[weight] = &entry;
+  }
+  return copies;
 }
 
 }  // namespace ft

@@ -29,6 +29,9 @@ struct PeftAdapterConfig {
   // model's "score" (task_type SEQ_CLS, for which PEFT adds "classifier"
   // and "score").
   std::vector<std::string> modules_to_save;
+  // PEFT's ensure_weight_tying: a modules_to_save copy of a tied embedding
+  // keeps the head tied to it.
+  bool ensure_weight_tying = false;
   // init_lora_weights when the file gives a string other than "gaussian"
   // (PEFT's pissa, olora, eva, ...), as written; else "" (lora holds it).
   std::string init_lora_weights = {};
@@ -97,23 +100,29 @@ struct LoraPair {
 // The LoRA pairs of an adapter_model.safetensors by module name (the base
 // model's, e.g. model.layers.0.self_attn.q_proj), with no model built: for
 // merging adapters into a checkpoint's weights. Every tensor but
-// config.modules_to_save's (saved_modules) must be a LoRA
+// config.modules_to_save's (saved_modules) and base layer copies
+// (base_layer_copies) must be a LoRA
 // weight of floating dtype (checked finite), every module must have both A
 // and B with matching rank, and the rank must be the module's (config.lora.r
 // or its rank_pattern's, module_lora); each failure
 // is an Error naming the file and the tensor.
 std::map<std::string, LoraPair> read_lora_pairs(const SafetensorsFile& file, const PeftAdapterConfig& config);
-// config.modules_to_save's tensors by the base model's name (score.weight),
-// views into the adapter file.
+// The modules PEFT saved whole, by the model's checkpoint name
+// (score.weight), views into the adapter file: modules_to_save, each module
+// whose name ends with a listed string (as PEFT matches them). Over a tied
+// embedding they are refused unless ensure_weight_tying, where PEFT keeps
+// the head tied to the embedding's copy and saves it too (the same values:
+// checked, then dropped). Each listed module the model has needs a tensor
+// (without one PEFT would keep the base's module, which an adapter that
+// lists it does not mean); listed modules the model lacks are skipped
+// (PEFT's SEQ_CLS adapters list both "classifier" and "score"). Errors name
+// the file and the tensor.
 std::map<std::string, const SafetensorsEntry*> saved_modules(const SafetensorsFile& file,
-                                                              const PeftAdapterConfig& config);
-// Each config.modules_to_save entry naming a module the model has (a
-// weight's module, or a tied head) needs a tensor in the file (saved: the
-// base names of those it holds): without one PEFT would keep the base's
-// module, which an adapter that lists it does not mean. An Error naming path.
-// Entries the model lacks are skipped (PEFT's SEQ_CLS adapters list both
-// "classifier" and "score").
-void check_saved_modules_complete(LanguageModel& model, const PeftAdapterConfig& config,
-                                  const std::set<std::string>& saved, const std::string& path);
+                                                              const PeftAdapterConfig& config, LanguageModel& model);
+// PEFT's copies of a LoRA module's base weight by its name (lm_head.weight),
+// views into the file: for LoRA on an embedding or a head, PEFT's default
+// save_embedding_layers saves base_model.model.<module>.base_layer.weight
+// too, and loads it over the base's.
+std::map<std::string, const SafetensorsEntry*> base_layer_copies(const SafetensorsFile& file);
 
 }  // namespace ft

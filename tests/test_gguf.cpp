@@ -9,6 +9,7 @@
 // and leaves no file.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "kernels/error.h"
 #include "model/gguf_file.h"
 #include "model/gguf_quant.h"
+#include "trainer/cli/merge.h"
 #include "trainer/gguf_export.h"
 
 using namespace ft;
@@ -191,4 +193,49 @@ TEST_CASE("our GGUF reader refuses a truncated file naming it") {
   fs::resize_file(path, fs::file_size(reference) - 10);
   CHECK_THROWS_WITH_AS(GgufFile{path}, doctest::Contains("runs past the end of the file"), Error);
   fs::remove(path);
+}
+
+TEST_CASE("export --gguf of an adapter with modules_to_save writes what exporting its merged folder writes") {
+  // The merge is checked against PEFT (test_merge); the adapters are PEFT's
+  // (tests/fixtures/merge/variants): norms by name, llama_tied's embedding
+  // kept tied by ensure_weight_tying or its head untied (output.weight
+  // added), a LayerNorm's weight and bias.
+  const std::pair<const char*, const char*> cases[] = {{"norms", "llama_gqa"},
+                                                       {"tied_head", "llama_tied"},
+                                                       {"untied_head", "llama_tied"},
+                                                       {"neox_norms", "gpt_neox_sequential"}};
+  for (const auto& [variant, base] : cases) {
+    INFO("variant ", variant);
+    const std::string adapter = std::string("merge/variants/") + variant + "/adapter";
+    // Named as the base, so that general.name agrees.
+    const fs::path merged = fs::path(FT_BINARY_DIR) / "gguf_merged" / variant / base;
+    fs::remove_all(merged);
+    MergeCommand merge;
+    merge.model = kFixtures + "/" + base;
+    merge.adapter = kFixtures + "/" + adapter;
+    merge.out = merged.string();
+    std::ostringstream log;
+    merge_adapter(merge, log);
+    const std::string direct = fresh_file(std::string("direct_") + variant);
+    const std::string from_merged = fresh_file(std::string("from_merged_") + variant);
+    export_gguf(command_for(base, "tokenizer/tokenizer.model", adapter, GgmlType::f16, direct), log);
+    GgufExportCommand command = command_for(base, "tokenizer/tokenizer.model", "", GgmlType::f16, from_merged);
+    command.model = merged.string();
+    export_gguf(command, log);
+    const GgufFile ours(direct);
+    check_equal_to_reference(ours, GgufFile(from_merged));
+    const auto& tensors = ours.tensors();
+    const bool has_output = std::any_of(tensors.begin(), tensors.end(), [](const auto& t) { return t.name == "output.weight"; });
+    // llama_tied's head stays the embedding unless PEFT untied it.
+    if (std::string(base) == "llama_tied") CHECK(has_output == (std::string(variant) == "untied_head"));
+  }
+  // A sequence classifier's score head has no place in a GGUF language model.
+  const std::string out = fresh_file("score");
+  std::ostringstream log;
+  CHECK_THROWS_WITH_AS(
+      export_gguf(command_for("llama_gqa", "tokenizer/tokenizer.model", "merge/variants/score/adapter", GgmlType::f16, out),
+                  log),
+      (kFixtures + "/merge/variants/score/adapter: the adapter saves \"score.weight\" whole (modules_to_save: a "
+                   "reward model's score head), which a GGUF language model has no place for").c_str(), Error);
+  CHECK(!fs::exists(out));
 }

@@ -478,3 +478,90 @@ TEST_CASE("GPT-NeoX's head saved as PEFT over transformers 5 saves it (lm_head) 
   for (size_t i = 0; i < loaded.size(); ++i) worst = std::max(worst, double(std::abs(from_merge[i] - loaded[i])));
   CHECK(worst < 1e-4);
 }
+
+namespace {
+
+// Largest |logit - PEFT's| over PEFT's largest |logit|, for a case of
+// tests/fixtures/merge/variants (scripts/make_merge_variants_fixture.py).
+double off_peft(const std::vector<float>& got, const std::string& variant) {
+  const Checkpoint reference(kFixtures + "/merge/variants/reference.safetensors");
+  const Tensor want = reference.view(variant + ".logits");
+  REQUIRE(int64_t(got.size()) == want.numel());
+  double largest = 0.0, worst = 0.0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    largest = std::max(largest, double(std::abs(want.ptr<float>()[i])));
+    worst = std::max(worst, double(std::abs(got[size_t(i)] - want.ptr<float>()[i])));
+  }
+  return worst / largest;
+}
+
+// A copy of a variant's adapter with tensor `key` scaled by 1.5.
+std::string changed_variant(const std::string& variant, const std::string& key) {
+  const std::string from = kFixtures + "/merge/variants/" + variant + "/adapter";
+  const std::string folder = fresh_dir("changed_" + variant);
+  fs::create_directories(folder);
+  fs::copy_file(from + "/adapter_config.json", folder + "/adapter_config.json");
+  HostAllocator host;
+  CpuBackend backend(host);
+  const SafetensorsFile file(from + "/adapter_model.safetensors");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const SafetensorsEntry& entry : file.entries()) {
+    Tensor value = Tensor::empty(entry.shape, DType::f32, host, MemCategory::weights);
+    backend.copy(value, Tensor::view_of(const_cast<void*>(entry.data), entry.shape, entry.dtype));
+    if (entry.name == key)
+      for (int64_t i = 0; i < value.numel(); ++i) value.ptr<float>()[i] *= 1.5f;
+    tensors.emplace_back(entry.name, value);
+  }
+  save_safetensors(folder + "/adapter_model.safetensors", tensors);
+  return folder;
+}
+
+}  // namespace
+
+TEST_CASE("modules PEFT saves beside LoRA give PEFT's logits, merged and loaded") {
+  // norms: modules_to_save ["norm"] saves every *norm (PEFT matches the name's end, not a dotted part);
+  // neox_norms: a LayerNorm's weight and bias; tied_head: ensure_weight_tying keeps llama_tied's head on the
+  // embedding's copy; untied_head: without it PEFT unties the head; head_lora: LoRA on lm_head with the base
+  // weight copy PEFT saves beside it.
+  const std::pair<const char*, const char*> cases[] = {
+      {"norms", "llama_gqa"},          {"neox_norms", "gpt_neox_sequential"}, {"tied_head", "llama_tied"},
+      {"untied_head", "llama_tied"}, {"head_lora", "llama_gqa"}};
+  for (const auto& [variant, base] : cases) {
+    CAPTURE(variant);
+    const std::string adapter = kFixtures + "/merge/variants/" + variant + "/adapter";
+    const std::string out = fresh_dir(std::string("variant_") + variant);
+    MergeCommand command = command_for(base, "llama_lora", out);
+    command.adapter = adapter;
+    std::ostringstream log;
+    merge_adapter(command, log);
+    CHECK(off_peft(merged_logits(out), variant) < 1e-5);  // measured <= 6.5e-7
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(out + "/config.json"));
+    CHECK(config.value("tie_word_embeddings", false) == (std::string(variant) == "tied_head"));
+    if (std::string(variant) == "head_lora") {
+      // LoRA on a head is merged only: a loaded model adapts linear modules of its layers.
+      CHECK_THROWS_AS(merged_logits(kFixtures + "/" + base, adapter), Error);
+      continue;
+    }
+    CHECK(off_peft(merged_logits(kFixtures + "/" + base, adapter), variant) < 1e-5);
+  }
+}
+
+TEST_CASE("a saved head or base layer copy that disagrees with what PEFT ties it to is refused, naming the tensor") {
+  const std::string tied = changed_variant("tied_head", "base_model.model.lm_head.weight");
+  const std::string tied_error = tied + "/adapter_model.safetensors: tensor \"base_model.model.lm_head.weight\" "
+                                 "differs from the embedding \"base_model.model.model.embed_tokens.weight\" saved "
+                                 "beside it, but adapter_config.json's ensure_weight_tying keeps them tied";
+  MergeCommand command = command_for("llama_tied", "llama_lora", fresh_dir("changed_tied_out"));
+  command.adapter = tied;
+  CHECK(error_of(command) == tied_error);
+  CHECK_THROWS_WITH_AS(merged_logits(kFixtures + "/llama_tied", tied), tied_error.c_str(), Error);
+
+  const std::string copy = changed_variant("head_lora", "base_model.model.lm_head.base_layer.weight");
+  command = command_for("llama_gqa", "llama_lora", fresh_dir("changed_copy_out"));
+  command.adapter = copy;
+  const std::string error = error_of(command);
+  CHECK(error.find(copy + "/adapter_model.safetensors: tensor \"base_model.model.lm_head.base_layer.weight\" (the "
+                   "base weight PEFT saves beside LoRA on an embedding or a head) differs from \"lm_head.weight\" of ") ==
+        0);
+  CHECK(!fs::exists(command.out));
+}

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "kernels/error.h"
@@ -96,10 +97,6 @@ std::vector<std::string> unused_tensors(const Checkpoint& base, const ModelConfi
 bool adds_untied_head(const AdapterMerge& adapter, const std::string& config_path) {
   return read_meta_model(config_path, [&](LanguageModel& model) {
     if (!model.config().tie_word_embeddings) return false;
-    const auto embedding = adapter.saved().find(model.lm_head()->name);
-    FT_CHECK(embedding == adapter.saved().end(), embedding->second->file, ": tensor \"", embedding->second->name,
-             "\" (modules_to_save) replaces an embedding that ", config_path,
-             " ties to lm_head, which is not supported (PEFT keeps the tied lm_head on the original embedding)");
     const std::vector<std::string>& added = adapter.added_names();
     return std::find(added.begin(), added.end(), model.untied_head_name()) != added.end();
   });
@@ -155,15 +152,8 @@ AdapterMerge::AdapterMerge(const std::string& folder, const Checkpoint& base, co
              "\": lora_B ", shape_string(pair.B->shape), " x lora_A ", shape_string(pair.A->shape),
              " does not fit \"", weight, "\" ", shape_string(shape), " of ", base.entry(weight).file);
   }
-  read_meta_model(config_path, [&](LanguageModel& model) {
-    std::set<std::string> saved_names;
-    for (const auto& [name, entry] : saved_modules(file_, config_)) {
-      saved_[model.checkpoint_name(name)] = entry;  // GPT-NeoX's lm_head (transformers 5) is embed_out
-      saved_names.insert(model.checkpoint_name(name));
-    }
-    check_saved_modules_complete(model, config_, saved_names, file_.path());
-    return 0;
-  });
+  saved_ = read_meta_model(config_path, [&](LanguageModel& model) { return saved_modules(file_, config_, model); });
+  check_base_layer_copies();
   for (const auto& [name, entry] : saved_) {
     if (!base.contains(name)) {
       added_.push_back(name);
@@ -172,6 +162,33 @@ AdapterMerge::AdapterMerge(const std::string& folder, const Checkpoint& base, co
     FT_CHECK(base.entry(name).shape == entry->shape, file_.path(), ": tensor \"", entry->name, "\" ",
              shape_string(entry->shape), " does not fit \"", name, "\" ", shape_string(base.entry(name).shape),
              " of ", base.entry(name).file);
+  }
+}
+
+// PEFT loads its copy of a LoRA module's base weight over the base's; a copy
+// of this base's own weight (as PEFT saved it, maybe in a narrower dtype)
+// changes nothing, and any other is refused rather than merged.
+void AdapterMerge::check_base_layer_copies() const {
+  HostAllocator host;
+  CpuBackend be(host);
+  for (const auto& [name, copy] : base_layer_copies(file_)) {
+    const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+    FT_CHECK(pairs_.contains(module), file_.path(), ": tensor \"", copy->name, "\" is a LoRA module's base weight, "
+             "but the file holds no LoRA of \"", module, "\"");
+    const Shape shape = base_shape(name);  // the constructor checked the pair's shape against it
+    FT_CHECK(copy->shape == shape, file_.path(), ": tensor \"", copy->name, "\" ", shape_string(copy->shape),
+             " does not fit \"", name, "\" ", shape_string(shape), " (was the adapter saved over a resized vocabulary?)");
+    const Tensor base = base_weight(be, name);
+    Tensor rounded = be.empty(shape, copy->dtype, MemCategory::workspace);
+    Tensor base_values = be.empty(shape, DType::f32, MemCategory::workspace);
+    Tensor copy_values = be.empty(shape, DType::f32, MemCategory::workspace);
+    be.copy(rounded, base);
+    be.copy(base_values, rounded);
+    be.copy(copy_values, view_of(*copy));
+    FT_CHECK(std::memcmp(base_values.ptr<float>(), copy_values.ptr<float>(), size_t(base.numel()) * sizeof(float)) == 0,
+             file_.path(), ": tensor \"", copy->name, "\" (the base weight PEFT saves beside LoRA on an embedding or "
+             "a head) differs from \"", name, "\" of ", base_.path(), "; PEFT would load it over the base's, which "
+             "merge does not: merge the adapter with PEFT, or save it with save_embedding_layers=False over this base");
   }
 }
 

@@ -77,6 +77,8 @@ class AdapterMerge {
   };
   // Reads which of base's weights are saved quantised and which tensors are their constants.
   void read_base_layout(const std::string& config_path);
+  // Each base_layer_copies() tensor must be a copy of the base's weight it names.
+  void check_base_layer_copies() const;
   // The weight `name` of the base as f32 [out, in].
   Tensor base_weight(CpuBackend& be, const std::string& name) const;
   // DoRA: weight's rows scaled to the norms magnitude [out] gives them.

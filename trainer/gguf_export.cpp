@@ -137,18 +137,19 @@ void check_supported(const ModelConfig& config, const ModelFamily& family, const
            "\" applies (it reads default and linear", family.gguf->rope_freqs ? ", and llama3" : "", ")");
 }
 
-// The values of a checkpoint tensor in f32, with the adapter folded in when there is one.
+// The values of a checkpoint tensor (or one the adapter adds) in f32, with
+// the adapter folded in when there is one.
 std::vector<float> tensor_values(const Checkpoint& base, const AdapterMerge* adapter, const std::string& name) {
-  const int64_t numel = shape_numel(base.entry(name).shape);
-  std::vector<float> values(static_cast<size_t>(numel));
   if (adapter) {
     HostAllocator host;
     CpuBackend be(host);
     const Tensor merged = adapter->tensor(be, name, DType::f32);
-    std::memcpy(values.data(), merged.ptr<float>(), values.size() * sizeof(float));
-  } else {
+    return std::vector<float>(merged.ptr<float>(), merged.ptr<float>() + merged.numel());
+  }
+  std::vector<float> values(static_cast<size_t>(shape_numel(base.entry(name).shape)));
+  {
     const Tensor view = base.view(name);
-    for (int64_t i = 0; i < numel; ++i) values[size_t(i)] = load_as_f32(view.data, view.dtype, i);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = load_as_f32(view.data, view.dtype, int64_t(i));
   }
   base.release(name);
   return values;
@@ -203,24 +204,29 @@ void export_gguf(const GgufExportCommand& command, std::ostream& log) {
   if (!command.adapter.empty()) adapter = std::make_unique<AdapterMerge>(command.adapter, base, config_path);
   const std::string other_base = adapter ? other_base_warning(adapter->config(), command.adapter, command.model) : "";
   if (!other_base.empty()) log << "warning: " << other_base << "\n";
-  FT_CHECK(!adapter || adapter->saved().empty(), command.adapter, ": the adapter saves whole modules (",
-           "modules_to_save: a reward model's score head), which a GGUF language model has no place for");
+  // modules_to_save replace base tensors or add one (the head of a tied base, untied): llama.cpp reads
+  // output.weight when the file has it. A score head has no GGUF name.
+  std::vector<std::string> names = base.names();
+  if (adapter) names.insert(names.end(), adapter->added_names().begin(), adapter->added_names().end());
+  for (const auto& [saved, entry] : adapter ? adapter->saved() : std::map<std::string, const SafetensorsEntry*>{})
+    FT_CHECK(!gguf_tensor_name(arch.layout, saved).empty(), command.adapter, ": the adapter saves \"", saved,
+             "\" whole (modules_to_save: a reward model's score head), which a GGUF language model has no place for");
 
   std::vector<GgufTensor> tensors;
   if (config.rope_scaling.type == "llama3") {
     const std::vector<float> freqs = llama3_rope_freqs(config);
     tensors.push_back(make_tensor("rope_freqs.weight", {int64_t(freqs.size())}, freqs, command.type));
   }
-  for (const std::string& hf_name : base.names()) {
+  for (const std::string& hf_name : names) {
     if (is_recomputed_buffer(hf_name)) continue;
     const std::string gguf_name = gguf_tensor_name(arch.layout, hf_name);
     FT_CHECK(!gguf_name.empty(), base.entry(hf_name).file, ": tensor \"", hf_name,
              "\" has no name in llama.cpp's \"", arch.name, "\" architecture");
     // A layer's tensor beyond the model's (more layers than num_hidden_layers) would not match block_count.
-    FT_CHECK(model_tensors.contains(hf_name) || !gguf_name.starts_with("blk."), base.entry(hf_name).file,
-             ": tensor \"", hf_name, "\" is not in the model ", config_path, " describes (",
+    FT_CHECK(!base.contains(hf_name) || model_tensors.contains(hf_name) || !gguf_name.starts_with("blk."),
+             base.entry(hf_name).file, ": tensor \"", hf_name, "\" is not in the model ", config_path, " describes (",
              config.num_hidden_layers, " layers)");
-    const Shape shape = base.entry(hf_name).shape;
+    const Shape shape = base.contains(hf_name) ? base.entry(hf_name).shape : adapter->saved().at(hf_name)->shape;
     std::vector<float> values = tensor_values(base, adapter.get(), hf_name);
     const bool q = ends_with(gguf_name, "attn_q.weight") || ends_with(gguf_name, "attn_q.bias");
     const bool k = ends_with(gguf_name, "attn_k.weight") || ends_with(gguf_name, "attn_k.bias");
