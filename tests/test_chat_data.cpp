@@ -476,3 +476,47 @@ TEST_CASE("chat examples get the conversation before the last assistant turn as 
   CHECK(data.examples[0].prompt == text.substr(0, text.rfind(" " + last + " </s>")));
   CHECK(data.examples[0].completion == last);
 }
+
+TEST_CASE("chat rows whose reply follows a system message, another reply or nothing train, as trl trains them") {
+  // trl's SFTTrainer prepares each of these rows (Qwen2.5's released template); the sample and ROUGE prompt
+  // is the conversation before the reply as apply_chat_template(add_generation_prompt=True) renders it, and
+  // none for a reply with nothing before it.
+  const nlohmann::json fixture = read_json(kChatDir + "/qwen2_5/cases.json");
+  BpeTokenizer tokenizer(std::string(FT_FIXTURES_DIR) + "/" + fixture["tokenizer"].get<std::string>() +
+                         "/tokenizer.json");
+  const ChatTemplate chat = resolve_chat_template(ChatTemplateKind::automatic, kChatDir + "/qwen2_5");
+  const auto message = [](const char* role, const char* content) {
+    return std::string("{\"role\": \"") + role + "\", \"content\": \"" + content + "\"}";
+  };
+  const std::string user = message("user", "Hi"), system = message("system", "Be brief.");
+  const std::string reply = message("assistant", "Hello"), again = message("assistant", "Again");
+  Dataset data = load_string("{\"messages\": [" + user + ", " + system + ", " + reply + "]}\n" +
+                             "{\"messages\": [" + user + ", " + reply + ", " + again + "]}\n" +
+                             "{\"messages\": [" + system + ", " + reply + "]}\n" +
+                             "{\"messages\": [" + reply + "]}\n" +
+                             "{\"prompt\": [" + user + ", " + system + "], \"completion\": [" + reply + "]}\n");
+  REQUIRE(data.examples.size() == 5);
+  const TokenizedDataset tokens = tokenize_dataset(data, tokenizer, 4096, /*eos_id=*/-1, &chat);
+  REQUIRE(tokens.examples.size() == 5);
+  set_chat_prompts(data, chat);
+  for (size_t i = 0; i < 5; ++i) {
+    CAPTURE(i);
+    const TokenSequence& row = tokens.examples[i];
+    std::vector<int32_t> trained;
+    for (size_t t = 0; t < row.tokens.size(); ++t)
+      if (row.loss_mask[t]) trained.push_back(row.tokens[t]);
+    // The last reply trains (decode drops the template's <|im_end|>), and every assistant turn before it.
+    const std::string last = data.examples[i].completion;
+    CHECK(tokenizer.decode(trained).starts_with(i == 1 ? "HelloAgain" : "Hello"));
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    for (const ChatMessage& m : data.examples[i].messages) messages.push_back({{"role", m.role}, {"content", m.content}});
+    const std::string whole = render_chat_text(chat, messages, nullptr, false, "chat.jsonl");
+    const std::string& prompt = data.examples[i].prompt;
+    if (i == 3) {
+      CHECK(prompt.empty());
+      continue;
+    }
+    CHECK(prompt.ends_with("<|im_start|>assistant\n"));
+    CHECK(whole.starts_with(prompt + last + "<|im_end|>"));
+  }
+}

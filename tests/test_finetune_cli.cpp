@@ -509,6 +509,11 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"config.yaml --resume --set output_dir=nothing_here", "no training state to resume from"},
       {"config.yaml --set task_metric=rouge", "eval.jsonl: task_metric: rouge scores the completion generated for each "
                                               "row's prompt, and these are text rows (no prompt)"},
+      // Qwen2's tokenizer adds no bos: an empty prompt leaves ROUGE's generation nothing to start from.
+      {"config.yaml --set model=" + kFixtures + "/qwen2_tiny --set tokenizer= --set data.eval=empty_prompt.jsonl "
+       "--set task_metric=rouge",
+       "empty_prompt.jsonl:2: the prompt has no token (it is empty, or no message comes before the reply, and no bos "
+       "token is added), and task_metric: rouge generates"},
       {"missing.yaml", "missing.yaml"},
       {"train.jsonl", "train.jsonl: a JSONL data file where a YAML training config (CONFIG.yaml) was expected"},
       {"bad_lr.yaml", "bad_lr.yaml:3: lr: expected a finite number, got \".inf\""},
@@ -593,6 +598,8 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
   std::ofstream(dir + "/afile") << "not a folder\n";
   std::ofstream(dir + "/broken.jsonl") << "{\"text\": \"fine\"}\n{\"text\": oops}\n";
   std::ofstream(dir + "/rows.jsonl") << "{\"prompt\": \"fine\"}\n{\"text\": \"no prompt\"}\n";
+  std::ofstream(dir + "/empty_prompt.jsonl") << "{\"prompt\": \"Q\", \"completion\": \"a\"}\n"
+                                                "{\"prompt\": \"\", \"completion\": \"b\"}\n";
   for (const Case& c : cases) {
     CAPTURE(c.arguments);
     CommandResult result = run_command("cd " + dir + " && " + kBinary + " " + c.arguments);

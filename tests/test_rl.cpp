@@ -186,6 +186,14 @@ TEST_CASE("prompt rows: a row without \"prompt\" names its line; long prompts ke
   RewardRules rouge;
   rouge.rouge = "answer";
   CHECK(load_prompt_rows(words, *tokenizer, 4, ModelKind::causal, &rouge).size() == 2);
+  // An empty prompt under a tokenizer that adds no bos (Qwen2's) leaves nothing to generate from.
+  const std::unique_ptr<Tokenizer> no_bos = load_tokenizer(kFixtures + "/tokenizers/qwen2/tokenizer.json", 1024);
+  const std::string empty = write_rows("empty.jsonl", "{\"prompt\": \"a\"}\n{\"prompt\": \"\"}\n");
+  CHECK(load_prompt_rows(empty, *tokenizer, 4).size() == 2);  // its bos
+  CHECK_THROWS_WITH_AS(load_prompt_rows(empty, *no_bos, 4),
+                       (empty + ":2: \"prompt\" is empty and the tokenizer adds no bos token, so the policy would "
+                                "have no token to generate from (give every prompt some text)").c_str(),
+                       Error);
   const std::string number = write_rows("number.jsonl", "{\"prompt\": \"p\", \"answer\": 4}\n");
   CHECK_THROWS_WITH_AS(load_prompt_rows(number, *tokenizer, 4, ModelKind::causal, &rouge),
                        (number + ":1: rewards.rouge reads the field \"answer\", which this row holds as a number "

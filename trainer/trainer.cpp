@@ -266,6 +266,18 @@ void make_model(Run& run) {
   run.identity = run_identity(config, *run.model, base_weights);
 }
 
+// task_metric: rouge generates from each scored eval row's prompt: one that
+// is empty under a tokenizer without bos gives the model no token to start
+// from, refused here rather than at the first evaluation.
+void check_rouge_prompts(const Run& run, const Dataset& data) {
+  if (run.config.task_metric != TaskMetric::rouge || run.kind == ModelKind::seq2seq) return;
+  for (size_t i = 0; i < std::min(size_t(run.config.metric_examples), data.examples.size()); ++i)
+    FT_CHECK(!prompt_tokens(*run.tokenizer, data.examples[i].prompt, prompt_form(data)).empty(), data.path, ":",
+             data.examples[i].line, ": the prompt has no token (it is empty, or no message comes before the reply, "
+             "and no bos token is added), and task_metric: rouge generates from each eval row's prompt (give it "
+             "some text, or set task_metric: none)");
+}
+
 std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const char* what, Dataset* keep) {
   const RowTemplate& row_template = run.config.data.row_template;
   Dataset data = row_template.empty() ? load_jsonl(path, run.config.data.format) : load_templated(path, row_template);
@@ -283,6 +295,7 @@ std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const
                                             std::filesystem::path(run.config.tokenizer).parent_path().string());
     set_chat_prompts(data, chat);
   }
+  if (keep) check_rouge_prompts(run, data);
   TokenizedDataset tokens = tokenize_dataset(data, *run.tokenizer, run.config.seq_len,
                                              run.special_tokens.example_eos_id, &chat,
                                              run.kind == ModelKind::seq2seq ? RowLayout::seq2seq : RowLayout::causal,

@@ -188,9 +188,6 @@ Example read_prompt_completion_conversation(const std::string& line, const std::
   FT_CHECK(!row["prompt"].empty(), where, ": \"prompt\" is an empty list (expected the messages before the completion)");
   Example example = read_written_example(
       prompt_and_reply(row["prompt"], row["completion"], row.value("tools", nlohmann::ordered_json())), where);
-  const std::string last = example.messages[row["prompt"].size() - 1].role;
-  FT_CHECK(last == "user" || last == "tool", where, ": the prompt's last message is the ", last,
-           "'s (expected a user message or a tool's result, which the completion answers)");
   example.conversation["prompt_messages"] = row["prompt"].size();
   return example;
 }
@@ -464,10 +461,18 @@ nlohmann::ordered_json messages_before_reply(const nlohmann::ordered_json& conve
 void set_chat_prompts(Dataset& data, const ChatTemplate& chat) {
   for (Example& example : data.examples) {
     const std::string where = data.path + ":" + std::to_string(example.line);
-    if (example.conversation.is_null()) {
-      const std::vector<ChatMessage> before_reply(example.messages.begin(), example.messages.end() - 1);
-      example.prompt = generation_prompt(chat, before_reply, where);
-    } else {  // the turn before the reply may be a tool's result
+    // The messages before the reply, whatever their roles (a system message,
+    // an earlier assistant turn): trl trains such rows, and the template, as
+    // apply_chat_template's, says whether it renders them. A reply with
+    // nothing before it has no prompt.
+    if (example.messages.size() == 1) {
+      example.prompt = "";
+    } else if (example.conversation.is_null()) {
+      nlohmann::ordered_json before_reply = nlohmann::ordered_json::array();
+      for (auto m = example.messages.begin(); m + 1 < example.messages.end(); ++m)
+        before_reply.push_back({{"role", m->role}, {"content", m->content}});
+      example.prompt = reply_prompt(chat, before_reply, nullptr, where);
+    } else {
       example.prompt = reply_prompt(chat, messages_before_reply(example.conversation),
                                     example.conversation.value("tools", nlohmann::ordered_json()), where);
     }

@@ -220,8 +220,8 @@ TokenSequence tokenize_chat_completion(const ChatTemplate& chat, const nlohmann:
                                        bool& truncated);
 
 // For samples and task_metric: each chat example's prompt becomes the
-// generation_prompt of its conversation before its last assistant turn (with
-// its tools; the turn before may be a tool's result), and its completion
+// reply_prompt of its conversation before its last assistant turn (with its
+// tools; any roles), "" when nothing comes before it, and its completion
 // that turn's content.
 void set_chat_prompts(Dataset& data, const ChatTemplate& chat);
 

@@ -44,6 +44,8 @@ std::vector<int32_t> policy_prompt_tokens(const PromptRow& row, const Tokenizer&
     return tokens;
   }
   tokens = prompt_tokens(tokenizer, row.prompt, row.messages.is_null() ? PromptForm::text : PromptForm::chat);
+  FT_CHECK(!tokens.empty(), where, ": \"prompt\" is empty and the tokenizer adds no bos token, so the policy would "
+           "have no token to generate from (give every prompt some text)");
   // The prompt's end is kept (as transformers' left truncation): it leads into the completion.
   if (int64_t(tokens.size()) > max_prompt_tokens) tokens.erase(tokens.begin(), tokens.end() - max_prompt_tokens);
   return tokens;
