@@ -1542,6 +1542,12 @@ TEST_CASE("data parallel: mpirun -np 2 trains as one process with twice the grad
   CHECK(refused.output.find("error (rank ") != std::string::npos);
   CHECK(refused.output.find("parallel.data 4 x parallel.pipeline 1 must equal the job's 2 ranks") !=
         std::string::npos);
+  // The other objectives run in one process: the refusal names the run's own.
+  std::vector<std::string> reward = short_default_run(dir + "/bad", 2, 4);
+  reward.insert(reward.end(), {"--set", "objective=reward"});
+  const Ran one_process = run_ranks(2, reward, dir, "reward.txt");
+  CHECK(one_process.exit_code != 0);
+  CHECK(one_process.output.find("objective: reward runs in one process; a job of 2 ranks") != std::string::npos);
 
   // An MPMD launch with another --set on rank 1 is refused before any work
   // (its ranks would train different step counts and hang in a sum).

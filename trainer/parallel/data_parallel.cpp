@@ -5,6 +5,7 @@
 #include "kernels/checked_mul.h"
 #include "kernels/error.h"
 #include "model/checksum.h"
+#include "trainer/enum_names.h"
 #include "trainer/evaluate.h"
 
 namespace ft {
@@ -32,8 +33,9 @@ std::string parallel_field(const TrainConfig& config, const char* key, int64_t v
 
 int64_t data_parallel_ranks(const TrainConfig& config, const Collectives& collectives) {
   const int64_t world = collectives.world_size();
-  FT_CHECK(world == 1 || config.objective == Objective::sft, config.source,
-           ": objective: dpo runs in one process; data parallelism (mpirun -np ", world, ") covers objective: sft");
+  FT_CHECK(world == 1 || config.objective == Objective::sft, config.source, ": objective: ",
+           enum_name(config.objective), " runs in one process; a job of ", world, " ranks (mpirun -np ", world,
+           ": data parallelism, parallel.pipeline, parallel.tensor) covers objective: sft");
   return parallel_layout(config, world, "mpirun -np " + std::to_string(world)).data;
 }
 
