@@ -141,6 +141,25 @@ TEST_CASE("export --gguf refuses what llama.cpp cannot read with one error, leav
           "is this the adapter's base model?");
   refuses(command_for("llama_gqa", "tokenizers/mistral/tokenizer.json", "", GgmlType::f16, out),
           "a SentencePiece-style BPE");
+  // A pre-tokenizer llama.cpp has no equal of: ByteLevel's add_prefix_space (llama.cpp never adds the space), a
+  // Whitespace split (not SentencePiece's: no tokenizer.model to point to).
+  const auto edited_tokenizer = [&](const std::string& name, const auto& edit) {
+    nlohmann::json tokenizer = nlohmann::json::parse(std::ifstream(kFixtures + "/llama3_tiny/tokenizer.json"));
+    edit(tokenizer["pre_tokenizer"]);
+    const fs::path folder = fs::path(FT_BINARY_DIR) / "gguf_tokenizers" / name;
+    fs::create_directories(folder);
+    std::ofstream(folder / "tokenizer.json") << tokenizer.dump();
+    GgufExportCommand command = command_for("llama3_tiny", "", "", GgmlType::f16, out);
+    command.tokenizer = (folder / "tokenizer.json").string();
+    return command;
+  };
+  refuses(edited_tokenizer("prefix_space", [](nlohmann::json& pre) {
+            pre["pretokenizers"][1]["add_prefix_space"] = true;
+          }),
+          "pre_tokenizer's ByteLevel has add_prefix_space: true (a space put before the text), which no llama.cpp "
+          "pre-tokenizer adds");
+  refuses(edited_tokenizer("whitespace", [](nlohmann::json& pre) { pre = {{"type", "Whitespace"}}; }),
+          "tokenizer.json: pre_tokenizer {\"type\":\"Whitespace\"} has no llama.cpp pre-tokenizer this export knows");
   // A base saved quantised by a run (quantization.save_base) is not the weights llama.cpp wants.
   refuses(command_for("nf4/llama_nf4", "tokenizer/tokenizer.model", "", GgmlType::f16, out),
           "(a quantised base, as quantization.save_base writes); export needs the original F32, BF16 or F16 weights");

@@ -91,6 +91,9 @@ Vocab sentencepiece_vocab(const SentencePieceTokenizer& tokenizer, const std::st
 
 // tokenizer.ggml.pre of a byte-level BPE's pre_tokenizer.
 std::string pre_tokenizer_name(const json& pre, const std::string& path) {
+  FT_CHECK(pre.dump().find("\"add_prefix_space\":true") == std::string::npos, path,
+           ": pre_tokenizer's ByteLevel has add_prefix_space: true (a space put before the text), which no llama.cpp "
+           "pre-tokenizer adds: llama.cpp would tokenize every prompt without it");
   const std::string type = pre.is_object() ? pre.value("type", "") : "";
   if (type == "ByteLevel" && pre.value("use_regex", true)) return "gpt-2";
   if (type == "Sequence" && pre.contains("pretokenizers") && pre["pretokenizers"].size() == 2) {
@@ -157,7 +160,10 @@ void add_gguf_vocab(const std::string& tokenizer_path, int64_t vocab_size, GgufM
   } else {
     const json file = read_json_object(tokenizer_path, "a tokenizer.json");
     const json pre = file.contains("pre_tokenizer") ? file["pre_tokenizer"] : json();
-    FT_CHECK(pre.dump().find("\"ByteLevel\"") != std::string::npos, tokenizer_path,
+    // SentencePiece's "\u2581" for a space, in the pre-tokenizer (Metaspace) or the normalizer.
+    const bool sentencepiece_style = (pre.dump() + (file.contains("normalizer") ? file["normalizer"].dump() : ""))
+                                         .find("\xe2\x96\x81") != std::string::npos;
+    FT_CHECK(!sentencepiece_style || pre.dump().find("\"ByteLevel\"") != std::string::npos, tokenizer_path,
              ": a SentencePiece-style BPE (no ByteLevel pre-tokenizer); llama.cpp scores its pieces from the "
              "SentencePiece model: give --tokenizer .../tokenizer.model");
     const std::string pre_name = pre_tokenizer_name(pre, tokenizer_path);
