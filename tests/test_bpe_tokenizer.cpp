@@ -122,6 +122,23 @@ TEST_CASE("special ids: GPT-NeoX's <|endoftext|> is eos, <|padding|> pad, no bos
   CHECK(edited([](json& c) { c["padding"] = {{"pad_id", 7}}; }).pad_id() == 7);
 }
 
+TEST_CASE("special tokens that only special_tokens_map.json names are read from it, as transformers reads them") {
+  // transformers reads special_tokens_map.json over a tokenizer_config.json without added_tokens_decoder.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "ft_special_tokens_map";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(std::string(FT_FIXTURES_DIR) + "/llama3_tiny/tokenizer.json", dir / "tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ofstream(dir / "tokenizer_config.json") << R"({"add_bos_token": true, "eos_token": "<|end_of_text|>"})";
+  std::ofstream(dir / "special_tokens_map.json") << R"({"bos_token": {"content": "<|begin_of_text|>"},
+                                                       "eos_token": "<|eot_id|>"})";
+  const BpeTokenizer legacy((dir / "tokenizer.json").string());
+  CHECK(legacy.bos_id() == 0);
+  CHECK(legacy.eos_id() == 4);  // the map's, over the config's
+  std::ofstream(dir / "tokenizer_config.json") << R"({"added_tokens_decoder": {}, "eos_token": "<|end_of_text|>"})";
+  CHECK(BpeTokenizer((dir / "tokenizer.json").string()).eos_id() == 1);  // a newer save: the map is not read
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("the model's vocab_size may pad the tokenizer's ids but not cut them") {
   CHECK(BpeTokenizer(kPath, 519).vocab_size() == 519);
   CHECK(BpeTokenizer(kPath, 640).vocab_size() == 519);

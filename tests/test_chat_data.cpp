@@ -160,6 +160,19 @@ TEST_CASE("data.chat_template names a built-in template; auto takes the checkpoi
   CHECK(render_chat_text(from_jinja, {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", "Yo"}}},
                          nullptr, false, "x") == "<|user|>Hi\n<|assistant|>Yo\n");  // as Jinja2 renders it
   CHECK(resolve_chat_template(ChatTemplateKind::zephyr, dir.string()).source == "data.chat_template");
+  // Beside a tokenizer_config.json template the file comes first, as transformers' from_pretrained takes it.
+  // Special tokens only special_tokens_map.json names (a config without added_tokens_decoder) are read from it,
+  // as transformers reads an older checkpoint's.
+  std::ofstream(dir / "tokenizer_config.json") << R"({"chat_template": "config's", "eos_token": "</s>"})";
+  std::ofstream(dir / "special_tokens_map.json") << R"({"bos_token": {"content": "<s>", "lstrip": false}})";
+  const ChatTemplate both = resolve_chat_template(ChatTemplateKind::automatic, dir.string());
+  CHECK(both.source == (dir / "chat_template.jinja").string());
+  CHECK(both.special_tokens == std::map<std::string, std::string>{{"bos_token", "<s>"}, {"eos_token", "</s>"}});
+  std::ofstream(dir / "tokenizer_config.json") << R"({"chat_template": "config's", "added_tokens_decoder": {}})";
+  CHECK(resolve_chat_template(ChatTemplateKind::automatic, dir.string()).special_tokens.empty());
+  std::filesystem::remove(dir / "chat_template.jinja");
+  CHECK(render_chat_text(resolve_chat_template(ChatTemplateKind::automatic, dir.string()), nlohmann::json::array(),
+                         nullptr, false, "x") == "config's");
   std::filesystem::remove_all(dir);
 }
 

@@ -43,24 +43,6 @@ std::pair<std::string, std::string> merge_pair(const json& entry, const std::str
 
 uint64_t pair_key(int32_t left, int32_t right) { return (uint64_t(uint32_t(left)) << 32) | uint32_t(right); }
 
-json read_json_file(const std::string& path) {
-  std::ifstream file = open_input_file(path, "tokenizer file");
-  try {
-    return json::parse(file);
-  } catch (const json::exception& e) {
-    fail(path, ": not valid JSON (", e.what(), ")");
-  }
-}
-
-std::string config_path_beside(const std::string& path) {
-  return (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
-}
-
-json read_config_beside(const std::string& path) {
-  std::string config = config_path_beside(path);
-  return std::filesystem::exists(config) ? read_json_file(config) : json();
-}
-
 size_t utf8_length(char lead) {
   uint8_t b = uint8_t(lead);
   return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
@@ -69,8 +51,9 @@ size_t utf8_length(char lead) {
 }  // namespace
 
 BpeTokenizer::BpeTokenizer(const std::string& path, int64_t expected_vocab_size)
-    : BpeTokenizer(read_json_file(path), path, expected_vocab_size, read_config_beside(path),
-                   config_path_beside(path)) {}
+    : BpeTokenizer(read_json_file(path), path, expected_vocab_size,
+                   read_tokenizer_config(std::filesystem::path(path).parent_path().string()),
+                   (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string()) {}
 
 BpeTokenizer::~BpeTokenizer() = default;
 

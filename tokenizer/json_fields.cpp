@@ -1,14 +1,39 @@
 #include "tokenizer/json_fields.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include "kernels/error.h"
+#include "kernels/input_file.h"
 #include "tokenizer/unicode.h"
 
 namespace ft::json_fields {
 
 void unsupported(const std::string& source, const std::string& field, const json& value, const std::string& expected) {
   fail(source, ": ", field, " is ", value.dump(), "; ", expected);
+}
+
+json read_json_file(const std::string& path) {
+  std::ifstream file = open_input_file(path, "tokenizer file");
+  try {
+    return json::parse(file);
+  } catch (const json::exception& e) {
+    fail(path, ": not valid JSON (", e.what(), ")");
+  }
+}
+
+json read_tokenizer_config(const std::string& folder) {
+  const std::filesystem::path config_path = std::filesystem::path(folder) / "tokenizer_config.json";
+  const std::filesystem::path map_path = std::filesystem::path(folder) / "special_tokens_map.json";
+  json config = std::filesystem::exists(config_path) ? read_json_file(config_path.string()) : json();
+  if ((config.is_object() && config.contains("added_tokens_decoder")) || !std::filesystem::exists(map_path))
+    return config;
+  const json map = read_json_file(map_path.string());
+  FT_CHECK(map.is_object(), map_path.string(), ": expected a JSON object of special tokens, got ", map.type_name());
+  if (!config.is_object()) config = json::object();
+  for (const auto& [key, value] : map.items()) config[key] = value;
+  return config;
 }
 
 const json& required(const json& object, const char* key, const std::string& source, const std::string& field) {

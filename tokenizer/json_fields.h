@@ -22,6 +22,13 @@ char32_t char_field(const json& object, const char* key, const std::string& sour
 // An optional non-negative integer below `limit`; `fallback` when absent.
 int64_t count_field(const json& object, const char* key, int64_t fallback, int64_t limit, const std::string& source,
                     const std::string& field);
+// The JSON in the file at path; an Error naming it when it cannot be opened or parsed.
+json read_json_file(const std::string& path);
+// A model folder's tokenizer_config.json (null when absent), with
+// special_tokens_map.json's entries over it when the config has no
+// added_tokens_decoder: how transformers' from_pretrained reads an older
+// checkpoint's special tokens (bos_token, eos_token, ...).
+json read_tokenizer_config(const std::string& folder);
 // The "type" of a pipeline stage (field names the stage), refused unless one of `allowed`.
 std::string stage_type(const json& stage, std::initializer_list<std::string_view> allowed, const std::string& source,
                        const std::string& field);

@@ -8,7 +8,7 @@
 
 #include "kernels/error.h"
 #include "kernels/input_file.h"
-#include "model/json_input.h"
+#include "tokenizer/json_fields.h"
 #include "trainer/data/jinja/render.h"
 
 namespace ft {
@@ -248,13 +248,14 @@ ChatTemplate resolve_chat_template(ChatTemplateKind configured, const std::strin
                                    const char* setting) {
   const std::filesystem::path config_path = std::filesystem::path(tokenizer_dir) / "tokenizer_config.json";
   const std::filesystem::path jinja_path = std::filesystem::path(tokenizer_dir) / "chat_template.jinja";
-  nlohmann::json config = nlohmann::json::object();
-  if (std::filesystem::exists(config_path))
-    config = read_json_object(config_path.string(), "a tokenizer_config.json");
-  std::string source = template_string(config), where = config_path.string() + ": chat_template";
-  std::string file = config_path.string();
-  if (source.empty() && std::filesystem::exists(jinja_path))
+  nlohmann::json config = json_fields::read_tokenizer_config(tokenizer_dir);
+  FT_CHECK(config.is_null() || config.is_object(), config_path.string(), ": expected a JSON object");
+  // chat_template.jinja comes first: transformers' from_pretrained lets it replace the config's template.
+  std::string source, where, file;
+  if (std::filesystem::exists(jinja_path))
     source = read_text(jinja_path), where = file = jinja_path.string();
+  else
+    source = template_string(config), where = config_path.string() + ": chat_template", file = config_path.string();
 
   ChatTemplate chat;
   chat.kind = configured;
