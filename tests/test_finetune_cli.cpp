@@ -114,6 +114,11 @@ std::map<int64_t, double> step_metric(const std::string& metrics_path, const std
 
 std::map<int64_t, double> train_losses(const std::string& metrics_path) { return step_metric(metrics_path, "loss"); }
 
+int64_t last_logged_step(const std::string& metrics_path) {
+  const auto losses = train_losses(metrics_path);
+  return losses.empty() ? 0 : losses.rbegin()->first;
+}
+
 // Starts program in dir with args, its stdout and stderr going to
 // output_path, and returns its pid. alarm is kept across exec: a hung run
 // dies of SIGALRM.
@@ -441,8 +446,28 @@ TEST_CASE("--resume past max_steps refuses and leaves the run as it was; at max_
   CHECK(read_file(dir + "/out/adapter/adapter_model.safetensors") == adapter);
   CHECK(run_command(finetune + " --resume --overwrite").output.find("--resume continues a run; --overwrite starts "
                                                                     "one afresh: give one") != std::string::npos);
+  // An earlier full fine-tune's model/ beside this run's adapter would not be this run's.
+  fs::create_directories(dir + "/out/model");
+  std::ofstream(dir + "/out/model/model.safetensors") << "an earlier run's";
   CHECK(run_command(finetune + " --set max_steps=1 --overwrite").exit_code == 0);
   CHECK(read_file(dir + "/out/adapter/adapter_model.safetensors") != adapter);
+  CHECK(!fs::exists(dir + "/out/model"));
+
+  // A run over it stopped before its first checkpoint leaves no earlier state for --resume to continue.
+  fs::remove(dir + "/out/metrics.jsonl");  // so that a logged step is the new run's
+  REQUIRE(fs::exists(dir + "/out/train_state.safetensors"));
+  const pid_t stopped = start_finetune(dir, {"config.yaml", "--set", "max_steps=1000", "--set", "save_every=0",
+                                             "--overwrite"}, dir + "/stopped.txt");
+  int status = 0;
+  while (waitpid(stopped, &status, WNOHANG) == 0 && last_logged_step(dir + "/out/metrics.jsonl") < 1)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  kill(stopped, SIGKILL);
+  waitpid(stopped, &status, 0);
+  REQUIRE_MESSAGE(WIFSIGNALED(status), read_file(dir + "/stopped.txt"));
+  CHECK(!fs::exists(dir + "/out/train_state.safetensors"));
+  CHECK(!fs::exists(dir + "/out/adapter"));
+  CHECK(run_command(finetune + " --resume").output.find("no training state to resume from") != std::string::npos);
+  REQUIRE(run_command(finetune + " --set max_steps=1 --overwrite").exit_code == 0);
 
   // Without its training state, the adapter still belongs to an earlier run.
   fs::remove(dir + "/out/train_state.safetensors");
@@ -983,12 +1008,31 @@ bool wait_for_a_save(const std::string& out, int timeout_ms) {
   return seen;
 }
 
-int64_t last_logged_step(const std::string& metrics_path) {
-  const auto losses = train_losses(metrics_path);
-  return losses.empty() ? 0 : losses.rbegin()->first;
-}
-
 }  // namespace
+
+TEST_CASE("a step's evaluation comes before its checkpoint: a kill as the checkpoint lands loses no evaluation") {
+  // transformers' Trainer evaluates, then saves. Saved first, a run killed between the two resumed after the
+  // step and never evaluated it.
+  const std::string dir = make_run_dir("eval_then_save"), out = dir + "/out";
+  const std::vector<std::string> args = {"config.yaml", "--set", "max_steps=10", "--set", "save_every=5", "--set",
+                                         "eval_every=5", "--set", "eval_batches=4"};
+  const pid_t child = start_finetune(dir, args, dir + "/log.txt");
+  int status = 0;
+  while (waitpid(child, &status, WNOHANG) == 0 && !fs::exists(out + "/train_state.safetensors"))
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  kill(child, SIGKILL);
+  waitpid(child, &status, 0);
+  REQUIRE_MESSAGE(WIFSIGNALED(status), read_file(dir + "/log.txt"));  // killed with step 5's checkpoint saved
+  CHECK(step_metric(out + "/metrics.jsonl", "eval_loss").contains(5));
+  std::vector<std::string> resume = args;
+  resume.push_back("--resume");
+  const pid_t resumed = start_finetune(dir, resume, dir + "/resumed.txt");
+  waitpid(resumed, &status, 0);
+  REQUIRE_MESSAGE((WIFEXITED(status) && WEXITSTATUS(status) == 0), read_file(dir + "/resumed.txt"));
+  std::vector<int64_t> evaluated;
+  for (const auto& [step, loss] : step_metric(out + "/metrics.jsonl", "eval_loss")) evaluated.push_back(step);
+  CHECK(evaluated == std::vector<int64_t>{0, 5, 10});
+}
 
 // A checkpoint every step; each kill lands at a seeded random moment of one of
 // three kinds: a random delay after start (startup, resume, anything), a random

@@ -165,6 +165,16 @@ void check_outputs_free(const TrainConfig& config, const RunOptions& options) {
            " already holds a model (", model_file, "): give a new folder, or --overwrite to replace it");
 }
 
+// A fresh run (--overwrite over an earlier one) first removes what runs write
+// to output_dir: stopped before its first checkpoint, it must leave no earlier
+// state for --resume to continue under its config, and no earlier adapter or
+// model beside its metrics.
+void remove_earlier_outputs(const std::string& output_dir) {
+  for (const char* output : {"train_state.safetensors", "adapter", "model", "value_head.safetensors", "loss.svg",
+                             "sample_prompts.jsonl", "op_profile.json"})
+    fs::remove_all(path_in(output_dir, output));
+}
+
 // The quantised base as a loadable model folder: later runs read the codes
 // and constants directly instead of quantising the 16-bit checkpoint again,
 // and transformers + bitsandbytes load it as the quantised model.
@@ -1188,6 +1198,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     if (run.leader) truncate_metrics(metrics_path, resumed.step, resumed.step == run.total_steps);
     std::cout << "resumed at step " << resumed.step << " from " << state_path << "\n";
   } else if (run.leader) {
+    remove_earlier_outputs(config.output_dir);
     std::ofstream(metrics_path, std::ios::trunc);
   }
   MemoryStats memory = run.tracker->stats();
@@ -1246,8 +1257,11 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     progress.on_step(report);
     bad_in_a_row = report.update_skipped ? on_bad_step(run, report, bad_in_a_row, progress) : 0;
     const bool last = step + 1 == run.total_steps;
-    if (config.save_every > 0 && (step + 1) % config.save_every == 0 && !last) save_state(run, state_path, step + 1);
+    // The step's evaluation before its checkpoint (as transformers' Trainer):
+    // a run stopped between the two resumes after the step, and would never
+    // evaluate it.
     if (config.eval_every > 0 && (step + 1) % config.eval_every == 0 && !last) evaluate(run, step + 1, progress, "during training");
+    if (config.save_every > 0 && (step + 1) % config.save_every == 0 && !last) save_state(run, state_path, step + 1);
     if (any_rank(collectives, stop_signal != 0) && !last) {
       save_state(run, state_path, step + 1);
       progress.finish();
