@@ -248,6 +248,25 @@ TEST_CASE("truncation keeps the first seq_len + 1 tokens; prompt-only windows ar
   CHECK(whole.examples[2].tokens.size() > 5);
 }
 
+TEST_CASE("a reward model's pairs longer than seq_len + 1 tokens are dropped whole, as trl's RewardTrainer filters them") {
+  SentencePieceTokenizer tokenizer(kTokenizerPath);
+  // The second pair's chosen side is longer than 16 + 1 tokens; everything else fits.
+  const std::string long_text = " Alice and Bob and Alice and Bob and Alice and Bob and Alice and Bob";
+  const std::vector<PreferencePair> pairs = {{"Hello", " world", " Bob"}, {"Hello", long_text, " world"}};
+  const TokenizedPairs cut = tokenize_pairs(pairs, "pairs.jsonl", tokenizer, 16, tokenizer.eos_id());
+  CHECK(cut.chosen.size() == 2);  // DPO cuts the long side, as trl's DPOTrainer
+  CHECK(cut.truncated_count == 1);
+  const TokenizedPairs reward = tokenize_pairs(pairs, "pairs.jsonl", tokenizer, 16, tokenizer.eos_id(), nullptr, true);
+  REQUIRE(reward.chosen.size() == 1);
+  CHECK(reward.too_long_count == 1);
+  CHECK(reward.truncated_count == 0);
+  CHECK(reward.chosen[0].tokens == cut.chosen[0].tokens);
+  CHECK_THROWS_WITH_AS(tokenize_pairs({pairs[1]}, "pairs.jsonl", tokenizer, 16, tokenizer.eos_id(), nullptr, true),
+                       "pairs.jsonl: no pair has a completion token on both sides within seq_len = 16 (0 prompts fill "
+                       "the window, 1 pairs are longer)",
+                       Error);
+}
+
 TEST_CASE("unpacked batches: one example a row, right-padded, targets shifted by one") {
   HostAllocator host;
   std::vector<TokenSequence> rows = {{{1, 10, 11, 12, 2}, {0, 0, 1, 1, 1}}, {{1, 20, 2}, {0, 1, 1}}};

@@ -539,6 +539,9 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
        "--set task_metric=rouge",
        "empty_prompt.jsonl:2: the prompt has no token (it is empty, or no message comes before the reply, and no bos "
        "token is added), and task_metric: rouge generates"},
+      {"config.yaml --set objective=reward --set data.train=margin.jsonl --set data.eval= --set data.packing=false --set seq_len=32",
+       "margin.jsonl:1: \"margin\": trl's RewardTrainer subtracts a pair's margin from its score difference, which "
+       "objective: reward here does not"},
       {"missing.yaml", "missing.yaml"},
       {"train.jsonl", "train.jsonl: a JSONL data file where a YAML training config (CONFIG.yaml) was expected"},
       {"bad_lr.yaml", "bad_lr.yaml:3: lr: expected a finite number, got \".inf\""},
@@ -623,6 +626,7 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
   std::ofstream(dir + "/afile") << "not a folder\n";
   std::ofstream(dir + "/broken.jsonl") << "{\"text\": \"fine\"}\n{\"text\": oops}\n";
   std::ofstream(dir + "/rows.jsonl") << "{\"prompt\": \"fine\"}\n{\"text\": \"no prompt\"}\n";
+  std::ofstream(dir + "/margin.jsonl") << "{\"prompt\": \"Q\", \"chosen\": \"a\", \"rejected\": \"b\", \"margin\": 1.5}\n";
   std::ofstream(dir + "/empty_prompt.jsonl") << "{\"prompt\": \"Q\", \"completion\": \"a\"}\n"
                                                 "{\"prompt\": \"\", \"completion\": \"b\"}\n";
   for (const Case& c : cases) {

@@ -319,6 +319,16 @@ std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const
                                       run.config.seed, run.host);
 }
 
+// trl's RewardTrainer subtracts a pair's "margin" from its score difference;
+// the loss here has no margin, so a file that gives one is refused, not
+// trained on another loss in silence.
+void check_no_margins(const std::string& path) {
+  read_jsonl_rows(path, "data file", "preference pairs", [&](const nlohmann::json& row, const std::string& where) {
+    FT_CHECK(!row.contains("margin"), where, ": \"margin\": trl's RewardTrainer subtracts a pair's margin from its "
+             "score difference, which objective: reward here does not; remove the field to train without it");
+  });
+}
+
 // objective: dpo: micro_batch_size pairs per micro-batch.
 std::unique_ptr<PreferenceLoader> make_pair_loader(Run& run, const std::string& path, const char* what,
                                                    Dataset* keep) {
@@ -328,11 +338,16 @@ std::unique_ptr<PreferenceLoader> make_pair_loader(Run& run, const std::string& 
   });
   FT_CHECK(!conversational || run.chat, path, ": conversational pairs, but the first row of data.train (",
            run.config.data.train, ") is not: give both files in one form");
+  const bool reward = run.config.objective == Objective::reward;
+  if (reward) check_no_margins(path);
   TokenizedPairs tokens = tokenize_pairs(pairs, path, *run.tokenizer, run.config.seq_len,
-                                         run.special_tokens.example_eos_id, run.chat ? &*run.chat : nullptr);
-  std::cout << what << ": " << tokens.chosen.size() << " preference pairs, " << tokens.truncated_count
-            << " completions truncated to seq_len " << run.config.seq_len << ", " << tokens.dropped_count
-            << " pairs dropped (a completion with no token left)\n";
+                                         run.special_tokens.example_eos_id, run.chat ? &*run.chat : nullptr, reward);
+  std::cout << what << ": " << tokens.chosen.size() << " preference pairs, ";
+  if (reward)
+    std::cout << tokens.too_long_count << " pairs dropped as longer than seq_len + 1 = " << run.config.seq_len + 1
+              << " tokens (trl's RewardTrainer filters them), ";
+  std::cout << tokens.truncated_count << " completions truncated to seq_len " << run.config.seq_len << ", "
+            << tokens.dropped_count << " pairs dropped (a completion with no token left)\n";
   if (keep) {
     keep->path = path;
     for (const PreferencePair& pair : pairs) keep->examples.push_back(chosen_example(pair));

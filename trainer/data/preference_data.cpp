@@ -36,7 +36,7 @@ PreferencePair conversational_pair(const std::string& line, const std::string& w
            ": \"prompt\" must be a non-empty list of messages in a conversational pair, got ",
            row["prompt"].dump().substr(0, 60));
   PreferencePair pair{"", "", "", {{"prompt", row["prompt"]}, {"chosen", row["chosen"]}, {"rejected", row["rejected"]},
-                                   {"tools", row.value("tools", nlohmann::ordered_json())}}};
+                                   {"tools", row_tools(row, where)}}};
   for (const char* side : {"chosen", "rejected"})  // each conversation checked as a training row
     written_conversation(side_conversation(pair.conversation, side), where + " (" + side + ")", false);
   pair.chosen = message_text(row["chosen"].back());
@@ -77,7 +77,8 @@ Example chosen_example(const PreferencePair& pair) {
 }
 
 TokenizedPairs tokenize_pairs(const std::vector<PreferencePair>& pairs, const std::string& path,
-                              const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id, const ChatTemplate* chat) {
+                              const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id, const ChatTemplate* chat,
+                              bool drop_too_long) {
   TokenizedPairs out;
   for (const PreferencePair& pair : pairs) {
     bool chosen_cut = false, rejected_cut = false;
@@ -103,6 +104,10 @@ TokenizedPairs tokenize_pairs(const std::vector<PreferencePair>& pairs, const st
     TokenSequence chosen = completion_sequence(std::move(whole_chosen), prompt_tokens, pair_eos_id, seq_len, chosen_cut);
     TokenSequence rejected =
         completion_sequence(std::move(whole_rejected), prompt_tokens, pair_eos_id, seq_len, rejected_cut);
+    if (drop_too_long && (chosen_cut || rejected_cut)) {
+      out.too_long_count++;
+      continue;
+    }
     out.truncated_count += chosen_cut + rejected_cut;
     if (loss_token_count(chosen) == 0 || loss_token_count(rejected) == 0) {
       out.dropped_count++;
@@ -112,7 +117,7 @@ TokenizedPairs tokenize_pairs(const std::vector<PreferencePair>& pairs, const st
     out.rejected.push_back(std::move(rejected));
   }
   FT_CHECK(!out.chosen.empty(), path, ": no pair has a completion token on both sides within seq_len = ", seq_len,
-           " (all ", out.dropped_count, " prompts fill the window)");
+           " (", out.dropped_count, " prompts fill the window, ", out.too_long_count, " pairs are longer)");
   return out;
 }
 

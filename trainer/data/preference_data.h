@@ -37,16 +37,20 @@ struct TokenizedPairs {
   std::vector<TokenSequence> chosen, rejected;  // pair i: chosen[i], rejected[i]
   int64_t truncated_count = 0;  // completions cut to seq_len + 1 tokens
   int64_t dropped_count = 0;    // pairs where a completion kept no loss token
+  int64_t too_long_count = 0;   // with drop_too_long: pairs with a side over seq_len + 1 tokens
 };
 
 // Each side as tokenize_example makes it (a conversational pair's as
 // tokenize_chat_completion, which `chat` renders), both completions starting
 // where the shorter of the two prompt prefixes ends (trl's DPOTrainer); a
 // pair is dropped when either side has no loss token left, an error if none
-// is left.
+// is left. drop_too_long (a reward model's pairs): a pair with a side longer
+// than seq_len + 1 tokens is dropped rather than cut, as trl's RewardTrainer
+// filters pairs over max_length (a score read at a cut token is not what
+// the model will score).
 TokenizedPairs tokenize_pairs(const std::vector<PreferencePair>& pairs, const std::string& path,
                               const Tokenizer& tokenizer, int64_t seq_len, int32_t eos_id,
-                              const ChatTemplate* chat = nullptr);
+                              const ChatTemplate* chat = nullptr, bool drop_too_long = false);
 
 // Padding-free packing of pairs: the pairs grouped by best-fit decreasing on
 // their longer side's inputs, group i's chosen completions joined into
