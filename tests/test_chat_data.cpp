@@ -372,6 +372,16 @@ TEST_CASE("chat rows with content as a list of text parts train and prompt as ap
   }
   CHECK(trained == 1);
   CHECK(asked == 1);
+  // Nesting past Python's recursion limit is refused (the template's tojson would recurse through it).
+  const std::string deep = std::string(1001, '[') + std::string(1001, ']');
+  CHECK(load_error(R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}],)"
+                   R"( "tools": [{"parameters": )" + deep + "}]}\n") ==
+        "chat.jsonl:1: the row nests lists and objects more than 1000 levels deep (Python's json and Jinja2 stop at "
+        "their recursion limit)");
+  CHECK(load_error(R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}],)"
+                   R"( "tools": "[{\"name\": "})" "\n") ==
+        "chat.jsonl:1: \"tools\" is a string that is not JSON (expected a list of tool schemas, or that list written "
+        "as a JSON string)");
   // Only text parts are read: an image part, or a part that is not a typed object, is one error naming it.
   CHECK(load_error(R"({"messages": [{"role": "user", "content": [{"type": "image", "url": "a.png"}]},)"
                    R"( {"role": "assistant", "content": "A cat."}]})" "\n") ==
@@ -408,6 +418,12 @@ TEST_CASE("chat rows with tools, tool calls and tool results train as apply_chat
       CHECK(tokens.examples[0].tokens == c["ids"].get<std::vector<int32_t>>());
       const std::vector<uint8_t>& mask = tokens.examples[0].loss_mask;
       CHECK(std::vector<int>(mask.begin(), mask.end()) == c["mask"].get<std::vector<int>>());
+      // The tools written as a JSON string (datasets store mixed schemas so): trl json.loads them.
+      nlohmann::ordered_json as_string = row;
+      as_string["tools"] = c["tools"].dump();
+      const TokenizedDataset from_string = tokenize_dataset(load_string(as_string.dump() + "\n"), tokenizer, 4096, 0, &chat);
+      REQUIRE(from_string.examples.size() == 1);
+      CHECK(from_string.examples[0].tokens == tokens.examples[0].tokens);
       // The sample prompt: the conversation up to the tool's result, with the tools, ready for the reply.
       set_chat_prompts(data, chat);
       const std::string answer = c["messages"].back()["content"];

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <vector>
 
 #include "kernels/error.h"
 #include "kernels/input_file.h"
@@ -116,7 +117,26 @@ void check_content_parts(const nlohmann::ordered_json& parts, const std::string&
 // tool_calls may have none), ending with an assistant turn to train on
 // (to_reply: with a user message or a tool's result to reply to); "tools" a
 // list of objects.
+// Python's json and Jinja2 stop at its recursion limit (1000); the template's
+// tojson here recurses too, so a deeper row is refused rather than crash it.
+constexpr size_t kMaxJsonDepth = 1000;
+
+size_t json_depth(const nlohmann::ordered_json& value) {
+  size_t deepest = 0;
+  std::vector<std::pair<const nlohmann::ordered_json*, size_t>> pending = {{&value, 1}};
+  while (!pending.empty()) {
+    const auto [node, depth] = pending.back();
+    pending.pop_back();
+    deepest = std::max(deepest, depth);
+    if (node->is_structured())
+      for (const nlohmann::ordered_json& child : *node) pending.push_back({&child, depth + 1});
+  }
+  return deepest;
+}
+
 void check_written_conversation(const nlohmann::ordered_json& row, const std::string& where, bool to_reply) {
+  FT_CHECK(json_depth(row) <= kMaxJsonDepth, where, ": the row nests lists and objects more than ", kMaxJsonDepth,
+           " levels deep (Python's json and Jinja2 stop at their recursion limit)");
   const nlohmann::ordered_json& list = row["messages"];
   FT_CHECK(list.is_array() && !list.empty(), where, ": \"messages\" must be a non-empty list, got ", list.dump());
   for (size_t i = 0; i < list.size(); i++) {
@@ -141,8 +161,6 @@ void check_written_conversation(const nlohmann::ordered_json& row, const std::st
     FT_CHECK(last == "user" || last == "tool", where, ": the last message is the ", last,
              "'s (expected a user message or a tool's result to reply to)");
   else FT_CHECK(last == "assistant", where, ": the last message is the ", last, "'s (expected an assistant turn to train on)");
-  if (!row.contains("tools")) return;
-  check_tool_schemas(row["tools"], where + ": \"tools\"");
 }
 
 }  // namespace
@@ -152,10 +170,22 @@ void check_tool_schemas(const nlohmann::ordered_json& tools, const std::string& 
            what, ": expected a JSON list of tool schemas (objects), got ", tools.dump().substr(0, 80));
 }
 
+nlohmann::ordered_json row_tools(const nlohmann::ordered_json& row, const std::string& where) {
+  if (!row.contains("tools") || row["tools"].is_null()) return nullptr;
+  nlohmann::ordered_json tools = row["tools"];
+  if (tools.is_string()) {  // trl json.loads it
+    tools = nlohmann::ordered_json::parse(tools.get<std::string>(), nullptr, false);
+    FT_CHECK(!tools.is_discarded(), where, ": \"tools\" is a string that is not JSON (expected a list of tool "
+             "schemas, or that list written as a JSON string)");
+  }
+  check_tool_schemas(tools, where + ": \"tools\"");
+  return tools;
+}
+
 nlohmann::ordered_json written_conversation(const nlohmann::ordered_json& row, const std::string& where,
                                             bool to_reply) {
   check_written_conversation(row, where, to_reply);
-  return {{"messages", row["messages"]}, {"tools", row.value("tools", nlohmann::ordered_json())}};
+  return {{"messages", row["messages"]}, {"tools", row_tools(row, where)}};
 }
 
 nlohmann::ordered_json prompt_and_reply(const nlohmann::ordered_json& prompt, const nlohmann::ordered_json& reply,
@@ -187,7 +217,7 @@ Example read_prompt_completion_conversation(const std::string& line, const std::
            "them too (trl's conversational prompt/completion), got ", row.value("completion", nlohmann::ordered_json()).dump().substr(0, 60));
   FT_CHECK(!row["prompt"].empty(), where, ": \"prompt\" is an empty list (expected the messages before the completion)");
   Example example = read_written_example(
-      prompt_and_reply(row["prompt"], row["completion"], row.value("tools", nlohmann::ordered_json())), where);
+      prompt_and_reply(row["prompt"], row["completion"], row_tools(row, where)), where);
   example.conversation["prompt_messages"] = row["prompt"].size();
   return example;
 }

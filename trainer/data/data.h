@@ -178,6 +178,10 @@ std::string generation_prompt(const ChatTemplate& chat, const std::vector<ChatMe
 // Refuses tools that are not a JSON list of objects (apply_chat_template's
 // tools), naming `what` (a row's "tools", or a --tools file).
 void check_tool_schemas(const nlohmann::ordered_json& tools, const std::string& what);
+// A row's "tools", checked: null when it has none (or null), the list, or
+// the list a JSON string holds (as trl's json.loads reads datasets that
+// store mixed schemas as strings).
+nlohmann::ordered_json row_tools(const nlohmann::ordered_json& row, const std::string& where);
 // Whether a chat row is kept as written (Example::conversation), beyond
 // {"role", "content"} strings: a "tools" list, tool calls, tool results, or
 // a message's content as a list of text parts.
