@@ -943,6 +943,40 @@ TEST_CASE("--resume refuses a checkpoint of another base model or adapter config
         std::string::npos);
 }
 
+TEST_CASE("--resume refuses settings that change which rows the saved position counts; shorter changed data resumes "
+          "at the next epoch") {
+  const std::string dir = make_run_dir("kept_rows");
+  // Prompt/completion rows with prompts of 1 to 48 words: seq_len decides which keep a completion token (the
+  // others are dropped).
+  std::ofstream train(dir + "/train.jsonl"), short_train(dir + "/short.jsonl");
+  std::string prompt;
+  for (int i = 0; i < 48; ++i) {
+    prompt += "word ";
+    const std::string row = "{\"prompt\": \"" + prompt + "\", \"completion\": \"done\"}\n";
+    train << row;
+    if (i < 4) short_train << row;
+  }
+  train.close();
+  short_train.close();
+  const std::string finetune = "cd " + dir + " && " + kBinary + " config.yaml --set data.packing=false --set "
+                               "micro_batch_size=4 --set grad_accum_steps=1 --set data.eval= --set save_every=3";
+  const CommandResult first = run_command(finetune + " --set max_steps=3 --set seq_len=64");
+  REQUIRE_MESSAGE(first.exit_code == 0, first.output);
+  const CommandResult shorter = run_command(finetune + " --set max_steps=6 --set seq_len=24 --resume");
+  INFO(shorter.output);
+  CHECK(shorter.exit_code == 1);
+  CHECK(shorter.output.find("  the train rows kept (the data, seq_len and data settings decide which fit: the saved "
+                            "position counts them): now ") != std::string::npos);
+  // Changed data with fewer micro-batches than the saved position: the next epoch, said so.
+  const CommandResult changed =
+      run_command(finetune + " --set max_steps=6 --set seq_len=64 --set data.train=short.jsonl --resume "
+                  "--allow-data-change");
+  INFO(changed.output);
+  CHECK(changed.exit_code == 0);
+  CHECK(changed.output.find("warning: the changed train data ends before the saved position (epoch 0, 3 in): resuming "
+                            "at the start of epoch 1") != std::string::npos);
+}
+
 TEST_CASE("an adapter on another local base than the one it names is warned about by generate and merge") {
   const std::string dir = make_run_dir("other_base");
   // The same shapes with another rope_theta: the adapter loads, and PEFT would say nothing.

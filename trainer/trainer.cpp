@@ -365,6 +365,13 @@ int64_t prompts_per_step(const TrainConfig& config) {
   return config.micro_batch_size * config.grad_accum_steps / config.grpo.num_generations;
 }
 
+// The train rows a saved data position indexes: those the data preparation
+// kept (seq_len, data.completion_only_loss and the like decide which fit).
+int64_t train_rows(const Run& run) {
+  if (run.train_prompts) return int64_t(run.train_prompts->rows().size());
+  return run.train_pairs ? run.train_pairs->row_count() : run.train->row_count();
+}
+
 int64_t train_batches_per_epoch(const Run& run) {
   if (run.train_prompts) {  // a step's prompts as grad_accum_steps micro-batches, grpo.num_iterations times
     const int64_t per_step = prompts_per_step(run.config);
@@ -1174,6 +1181,8 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
   if (run.pipeline_stages > 1) run.identity.push_back(pipeline_identity(run.pipeline_stages));
   if (run.tensor_ranks > 1) run.identity.push_back(tensor_identity(run.tensor_ranks));
   make_data(run);
+  run.identity.push_back({"data.rows", "the train rows kept (the data, seq_len and data settings decide which fit: "
+                          "the saved position counts them)", std::to_string(train_rows(run)), true});
   const std::string state_path = path_in(config.output_dir, "train_state.safetensors");
   const std::string metrics_path = path_in(config.output_dir, "metrics.jsonl");
   // Before anything of this run is written (after the config's own errors).
@@ -1194,7 +1203,15 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     run.model->adapters_changed();
     for (const std::string& change : resumed.data_changes)
       std::cout << "warning: resuming with changed data (--allow-data-change): " << change << "\n";
-    set_train_position(run, resumed.data_position);
+    // Shorter changed data may end before the saved position (a prompt position counts prompts drawn).
+    DataPosition position = resumed.data_position;
+    const int64_t epoch_end = run.train_prompts ? train_rows(run) + 1 : train_batches_per_epoch(run);
+    if (!resumed.data_changes.empty() && position.index >= epoch_end) {
+      std::cout << "warning: the changed train data ends before the saved position (epoch " << position.epoch
+                << ", " << position.index << " in): resuming at the start of epoch " << position.epoch + 1 << "\n";
+      position = {position.epoch + 1, 0};
+    }
+    set_train_position(run, position);
     if (config.objective == Objective::ppo) {
       FT_CHECK(!resumed.objective_state.empty(), state_path, ": has no PPO state (the KL controller): it was not "
                "saved by an objective: ppo run");

@@ -65,6 +65,7 @@ class PreferenceLoader {
   PreferenceLoader(const TokenizedPairs& pairs, int64_t pairs_per_batch, int64_t seq_len, int32_t pad_id,
                    uint64_t seed, Allocator& host_allocator);
   int64_t batches_per_epoch() const { return chosen_.batches_per_epoch(); }
+  int64_t row_count() const { return chosen_.row_count(); }
   Batch next();
   Batch batch_in_order(int64_t index) const;
   DataPosition position() const { return chosen_.position(); }
