@@ -1699,6 +1699,24 @@ TEST_CASE("data parallel: mpirun -np 2 trains as one process with twice the grad
   CHECK(read_file(dir + "/sharded/adapter/adapter_model.safetensors") ==
         read_file(dir + "/two/adapter/adapter_model.safetensors"));
   CHECK(read_file(dir + "/sharded/train_state.safetensors") == read_file(dir + "/two/train_state.safetensors"));
+
+  // SIGINT to rank 1 alone: every rank stops after the same step with a checkpoint, and each says SIGINT and
+  // exits 130, whichever rank mpirun hears from first.
+  const pid_t job = start_program(kMpirun, dir, with_mpirun(2, short_default_run(dir + "/interrupted", 2, 200)),
+                                  dir + "/interrupted.txt");
+  int status = 0;
+  while (waitpid(job, &status, WNOHANG) == 0 && last_logged_step(dir + "/interrupted/metrics.jsonl") < 2)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const std::vector<pid_t> ranks = ranks_of(job);
+  REQUIRE(ranks.size() == 2);
+  kill(ranks[1], SIGINT);
+  waitpid(job, &status, 0);
+  const std::string interrupted = read_file(dir + "/interrupted.txt");
+  INFO(interrupted);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 130));
+  CHECK(interrupted.find("SIGINT: stopped after step ") != std::string::npos);
+  CHECK(interrupted.find("SIGTERM") == std::string::npos);
+  CHECK(fs::exists(dir + "/interrupted/train_state.safetensors"));
 }
 
 namespace {

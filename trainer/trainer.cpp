@@ -1294,10 +1294,10 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     // evaluate it.
     if (config.eval_every > 0 && (step + 1) % config.eval_every == 0 && !last) evaluate(run, step + 1, progress, "during training");
     if (config.save_every > 0 && (step + 1) % config.save_every == 0 && !last) save_state(run, state_path, step + 1);
-    if (any_rank(collectives, stop_signal != 0) && !last) {
+    const int signal = job_stop_signal(collectives, int(stop_signal));  // this rank's or another's
+    if (signal != 0 && !last) {
       save_state(run, state_path, step + 1);
       progress.finish();
-      const int signal = stop_signal != 0 ? int(stop_signal) : SIGTERM;  // another rank's signal
       std::cout << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ": stopped after step " << step + 1
                 << "; checkpoint saved to " << state_path << "; continue with --resume\n";
       any_rank(collectives, false);  // the others wait until the checkpoint is written

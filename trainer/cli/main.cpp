@@ -303,7 +303,8 @@ int run(int argc, char** argv, std::unique_ptr<ft::Collectives>& world) {
 // others would otherwise wait for it in the next collective.
 int report_error(const std::exception& error, ft::Collectives* world) {
   const std::string rank = world ? ft::rank_label(*world) : "";
-  std::cerr << "error" << (rank.empty() ? "" : " (" + rank + ")") << ": " << error.what() << "\n" << std::flush;
+  // One write: ranks that fail at once must not cut into each other's lines.
+  std::cerr << "error" + (rank.empty() ? "" : " (" + rank + ")") + ": " + error.what() + "\n" << std::flush;
   if (!rank.empty()) world->abort(1);
   return 1;
 }

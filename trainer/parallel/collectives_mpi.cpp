@@ -193,8 +193,8 @@ class MpiCollectives final : public Collectives {
       if (done) return;
       const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (timeout_s_ > 0 && waited_s > double(timeout_s_)) {
-        std::cerr << "error (" << who_am_i_ << "): " << what << " waited " << timeout_s_
-                  << " s for the other ranks (parallel.timeout_s); ending the job\n";
+        std::cerr << "error (" + who_am_i_ + "): " + std::string(what) + " waited " + std::to_string(timeout_s_) +
+                         " s for the other ranks (parallel.timeout_s); ending the job\n";
         abort(1);
       }
       std::this_thread::sleep_for(pause);

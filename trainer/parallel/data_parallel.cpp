@@ -1,5 +1,6 @@
 #include "trainer/parallel/data_parallel.h"
 
+#include <csignal>
 #include <string>
 
 #include "kernels/checked_mul.h"
@@ -82,6 +83,12 @@ double sum_over_ranks(Collectives& collectives, Backend& backend, Allocator& hos
 }
 
 bool any_rank(Collectives& collectives, bool value) { return collectives.sum(value ? 1.0 : 0.0) > 0.0; }
+
+int job_stop_signal(Collectives& collectives, int signal) {
+  // Fewer than 1024 ranks: the sum counts the SIGTERMs in its 1024s, the SIGINTs below.
+  const double got = collectives.sum(signal == SIGTERM ? 1024.0 : signal == SIGINT ? 1.0 : 0.0);
+  return got >= 1024.0 ? SIGTERM : got > 0.0 ? SIGINT : 0;
+}
 
 IdentityField data_parallel_identity(int64_t ranks) {
   return {"parallel.data", "the data-parallel ranks (mpirun -np)", std::to_string(ranks), false};

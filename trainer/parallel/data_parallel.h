@@ -73,6 +73,9 @@ double sum_over_ranks(Collectives& collectives, Backend& backend, Allocator& hos
 // True on every rank when any rank says so (a stop signal reaches the ranks
 // at different steps; they must stop at the same one).
 bool any_rank(Collectives& collectives, bool value);
+// The signal that stops the job, the same on every rank: SIGTERM when any
+// rank got one, else SIGINT when any did, else 0.
+int job_stop_signal(Collectives& collectives, int signal);
 
 // What a checkpoint records of the layout: it resumes on as many ranks only
 // (the global batch and the data position depend on it).
