@@ -372,6 +372,11 @@ TEST_CASE("chat rows with content as a list of text parts train and prompt as ap
   }
   CHECK(trained == 1);
   CHECK(asked == 1);
+  // Per-row template arguments (trl passes them to the template) are refused, not dropped in silence.
+  CHECK(load_error(R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}],)"
+                   R"( "chat_template_kwargs": {"enable_thinking": false}})" "\n") ==
+        "chat.jsonl:1: \"chat_template_kwargs\": trl passes them to the chat template, which is not done here (the "
+        "row would render otherwise than trl renders it); remove the field");
   // Nesting past Python's recursion limit is refused (the template's tojson would recurse through it).
   const std::string deep = std::string(1001, '[') + std::string(1001, ']');
   CHECK(load_error(R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}],)"

@@ -318,6 +318,18 @@ Dataset load_jsonl(const std::string& path, DataFormat format) {
   return load_jsonl(file, path, format);
 }
 
+namespace {
+
+// trl passes a row's chat_template_kwargs to the chat template (enable_thinking:
+// false renders Qwen3's and SmolLM3's no-think prompt); they are not passed
+// here, so such a row is refused rather than rendered otherwise in silence.
+void check_no_template_kwargs(const nlohmann::json& row, const std::string& where) {
+  FT_CHECK(!row.contains("chat_template_kwargs"), where, ": \"chat_template_kwargs\": trl passes them to the chat "
+           "template, which is not done here (the row would render otherwise than trl renders it); remove the field");
+}
+
+}  // namespace
+
 Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat format) {
   Dataset data{path, format, {}};
   int64_t first_line = 0;  // the row that decided the format when format is auto
@@ -328,6 +340,7 @@ Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat form
     check_jsonl_line(line, where, line_number);
     nlohmann::json row = parse_json(line, where);
     FT_CHECK(row.is_object(), where, ": expected a JSON object, got ", row.type_name());
+    check_no_template_kwargs(row, where);
     DataFormat kind = row_format(row, where);
     if (data.format == DataFormat::automatic) data.format = kind, first_line = line_number;
     FT_CHECK(kind == data.format, where, ": a ", enum_name(kind), " row, but ",
@@ -361,6 +374,7 @@ void read_jsonl_lines(const std::string& path, const char* file_kind, const std:
     check_jsonl_line(line, where, line_number);
     nlohmann::json row = parse_json(line, where);
     FT_CHECK(row.is_object(), where, ": expected a JSON object with ", expected, ", got ", row.type_name());
+    check_no_template_kwargs(row, where);
     on_row(line, row, where);
     rows++;
   }
