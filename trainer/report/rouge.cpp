@@ -109,9 +109,16 @@ double rouge_lsum(const std::string& target, const std::string& prediction) {
 }  // namespace
 
 std::vector<std::string> rouge_tokenize(const std::string& text) {
+  // The two characters Python's str.lower() (rouge_score lowercases so) turns
+  // into ASCII letters: U+0130 into "i" and a combining dot (a separator),
+  // the Kelvin sign U+212A into "k".
+  std::string lowered = text;
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"\xC4\xB0", "i "}, {"\xE2\x84\xAA", "k"}})
+    for (size_t at = lowered.find(from); at != std::string::npos; at = lowered.find(from, at + to.size()))
+      lowered.replace(at, from.size(), to);
   std::vector<std::string> tokens;
   std::string token;
-  for (char raw : text) {
+  for (char raw : lowered) {
     char ch = (raw >= 'A' && raw <= 'Z') ? char(raw - 'A' + 'a') : raw;
     if ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9')) {
       token += ch;

@@ -1,7 +1,8 @@
 // ROUGE-1, ROUGE-2 and ROUGE-L F-measures, computed as Google's rouge_score
 // package does with use_stemmer=False (the setting HF `evaluate` uses):
-//   tokens  = lowercase, every character outside [a-z0-9] becomes a space,
-//             split on whitespace (non-ASCII bytes are separators too);
+//   tokens  = lowercase (Python's: U+0130 and the Kelvin sign become
+//             ASCII letters), every character outside [a-z0-9] becomes a
+//             space, split on whitespace (other non-ASCII bytes are separators);
 //   ROUGE-N = overlap of n-gram multisets (counts clipped to the smaller side),
 //             precision = overlap / prediction n-grams, recall = overlap /
 //             target n-grams, F = 2PR / (P + R), 0 when either side is empty;
