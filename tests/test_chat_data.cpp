@@ -303,9 +303,10 @@ TEST_CASE("chat row errors name the file, the line and what was expected") {
         "chat.jsonl:1: \"messages\" must be a list of {\"role\", \"content\"} objects, got object");
   CHECK(load_error("\n{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\"}, {\"role\": \"user\", \"content\": "
                    "\"b\"}]}") == "chat.jsonl:2: the last message is the user's (expected an assistant turn to train on)");
-  CHECK(load_error("{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\"}], \"text\": \"b\"}") ==
-        "chat.jsonl:1: a row has one of \"prompt\"/\"completion\", \"text\", \"messages\" or \"instruction\"/\"output\", "
-        "got keys \"messages\", \"text\"");
+  // A rendered "text" kept beside "messages" is an extra field, as trl reads the row.
+  const Dataset with_text = load_string("{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\"}], \"text\": \"b\"}");
+  CHECK(with_text.format == DataFormat::chat);
+  CHECK(with_text.examples[0].messages.size() == 1);
   CHECK(load_error("{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"messages\": [{\"role\": \"assistant\", \"content\": "
                    "\"a\"}]}") == "chat.jsonl:2: a chat row, but line 1 is a prompt_completion row and all rows must agree");
 

@@ -22,14 +22,15 @@ bool is_blank(const std::string& line) {
 }
 
 // Which kind of row this is, from the fields it has.
+// A row holding the keys of several formats is read as trl's SFTTrainer
+// reads it: prompt/completion, else messages, else (Alpaca's instruction and
+// output, then) text; the others are extra fields (a rendered "text" column
+// kept beside "messages" is common).
 DataFormat row_format(const nlohmann::json& row, const std::string& where) {
   const bool pair = row.contains("prompt") || row.contains("completion");
-  const bool text = row.contains("text");
-  const bool chat = row.contains("messages");
-  const bool alpaca = row.contains("instruction") || row.contains("output");
-  FT_CHECK(int(pair) + int(text) + int(chat) + int(alpaca) <= 1, where,
-           ": a row has one of \"prompt\"/\"completion\", \"text\", \"messages\" or \"instruction\"/\"output\", "
-           "got ", key_list(row));
+  const bool chat = !pair && row.contains("messages");
+  const bool alpaca = !pair && !chat && (row.contains("instruction") || row.contains("output"));
+  const bool text = !pair && !chat && !alpaca && row.contains("text");
   FT_CHECK(pair || text || chat || alpaca, where,
            ": expected \"prompt\" and \"completion\" strings, a \"text\" string, a \"messages\" list or "
            "\"instruction\" and \"output\" strings, got ",
@@ -52,7 +53,8 @@ bool holds_chat_rows(const std::string& path, DataFormat format) {
   }
   const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
   auto listed = [&](const char* key) { return row.contains(key) && row[key].is_array(); };
-  return row.is_object() && (row.contains("messages") || listed("prompt") || listed("chosen"));
+  const bool pair = row.is_object() && (row.contains("prompt") || row.contains("completion"));
+  return row.is_object() && ((!pair && row.contains("messages")) || listed("prompt") || listed("chosen"));
 }
 
 std::vector<ChatMessage> chat_messages(const nlohmann::json& row, const std::string& where) {

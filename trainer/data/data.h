@@ -64,7 +64,8 @@ inline constexpr size_t kMaxJsonlLineBytes = size_t(16) << 20;
 
 // Reads one JSON object a line; blank lines are skipped. With format automatic
 // the first row decides, and every row must agree with it. Extra fields in a
-// row are ignored. Errors name the file and the line.
+// row are ignored, the keys of another format too (row_format's order, trl's).
+// Errors name the file and the line.
 Dataset load_jsonl(const std::string& path, DataFormat format);
 // Same, from a stream; path names it in messages.
 Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat format);
