@@ -134,6 +134,15 @@ TEST_CASE("load_jsonl errors name the file and the line") {
   CHECK(load_error("number.jsonl", "{\"prompt\": \"a\", \"completion\": 4}\n") ==
         "number.jsonl:1: \"completion\" must be a string, got number");
   CHECK(load_error("null.jsonl", "{\"text\": null}\n") == "null.jsonl:1: \"text\" must be a string, got null");
+  // Other formats are named by their extension (any case), not parsed as JSON.
+  CHECK_THROWS_WITH_AS(load_jsonl("rows.parquet", DataFormat::automatic),
+                       "rows.parquet: a parquet file; data files are JSONL, one JSON object a line (datasets writes "
+                       "one with Dataset.to_json(path, lines=True))",
+                       Error);
+  CHECK_THROWS_WITH_AS(load_jsonl("rows.CSV", DataFormat::automatic),
+                       "rows.CSV: a CSV file, which data.template.prompt and .completion read (their {column} names); "
+                       "without them data files are JSONL, one JSON object a line",
+                       Error);
 
   CHECK(load_error("mixed.jsonl", "\n{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"text\": \"c\"}\n") ==
         "mixed.jsonl:3: a text row, but line 2 is a prompt_completion row and all rows must agree");

@@ -542,6 +542,12 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
       {"config.yaml --set objective=reward --set data.train=margin.jsonl --set data.eval= --set data.packing=false --set seq_len=32",
        "margin.jsonl:1: \"margin\": trl's RewardTrainer subtracts a pair's margin from its score difference, which "
        "objective: reward here does not"},
+      // Chat rows for a T5: that, not the missing chat template a T5 would not use.
+      {"config.yaml --set model=" + std::string(FT_SOURCE_DIR) + "/configs/tiny-t5 --set tokenizer=" +
+           std::string(FT_SOURCE_DIR) + "/configs/tiny-base/tokenizer.model --set data.train=chat.jsonl --set "
+           "data.eval= --set seq_len=32 --set data.packing=false",
+       "config.yaml: data.train (chat.jsonl) holds chat rows, which train decoder-only models; an encoder-decoder "
+       "model needs prompt/completion rows"},
       {"missing.yaml", "missing.yaml"},
       {"train.jsonl", "train.jsonl: a JSONL data file where a YAML training config (CONFIG.yaml) was expected"},
       {"bad_lr.yaml", "bad_lr.yaml:3: lr: expected a finite number, got \".inf\""},
@@ -626,6 +632,8 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
   std::ofstream(dir + "/afile") << "not a folder\n";
   std::ofstream(dir + "/broken.jsonl") << "{\"text\": \"fine\"}\n{\"text\": oops}\n";
   std::ofstream(dir + "/rows.jsonl") << "{\"prompt\": \"fine\"}\n{\"text\": \"no prompt\"}\n";
+  std::ofstream(dir + "/chat.jsonl") << "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, "
+                                        "{\"role\": \"assistant\", \"content\": \"Yo\"}]}\n";
   std::ofstream(dir + "/margin.jsonl") << "{\"prompt\": \"Q\", \"chosen\": \"a\", \"rejected\": \"b\", \"margin\": 1.5}\n";
   std::ofstream(dir + "/empty_prompt.jsonl") << "{\"prompt\": \"Q\", \"completion\": \"a\"}\n"
                                                 "{\"prompt\": \"\", \"completion\": \"b\"}\n";

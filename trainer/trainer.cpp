@@ -245,8 +245,12 @@ void make_model(Run& run) {
   const bool pairs = config.objective == Objective::dpo || config.objective == Objective::reward;
   const std::string tokenizer_dir = fs::path(config.tokenizer).parent_path().string();
   if ((config.objective == Objective::sft || pairs) && config.data.row_template.empty() &&
-      holds_chat_rows(config.data.train, pairs ? DataFormat::automatic : config.data.format))
+      holds_chat_rows(config.data.train, pairs ? DataFormat::automatic : config.data.format)) {
+    // Said before a missing template, which would not help an encoder-decoder.
+    FT_CHECK(run.kind != ModelKind::seq2seq, config.source, ": data.train (", config.data.train, ") holds chat rows, "
+             "which train decoder-only models; an encoder-decoder model needs prompt/completion rows");
     run.chat = resolve_chat_template(config.data.chat_template, tokenizer_dir);
+  }
   if (generates_rows(config.objective))  // conversational prompts
     run.chat = prompt_chat_template({config.data.train, config.data.eval}, config.data.chat_template, tokenizer_dir,
                                     run.kind);

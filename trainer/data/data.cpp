@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -315,7 +316,18 @@ std::string alpaca_prompt(const std::string& instruction, const std::string& inp
          instruction + "\n\n### Input:\n" + input + "\n\n### Response:";
 }
 
+std::string file_extension(const std::string& path) {
+  std::string extension = std::filesystem::path(path).extension().string();
+  for (char& c : extension) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return extension;
+}
+
 Dataset load_jsonl(const std::string& path, DataFormat format) {
+  const std::string extension = file_extension(path);
+  FT_CHECK(extension != ".parquet" && extension != ".arrow", path, ": a ", extension.substr(1), " file; data files "
+           "are JSONL, one JSON object a line (datasets writes one with Dataset.to_json(path, lines=True))");
+  FT_CHECK(extension != ".csv", path, ": a CSV file, which data.template.prompt and .completion read (their "
+           "{column} names); without them data files are JSONL, one JSON object a line");
   std::ifstream file = open_input_file(path, "data file");
   return load_jsonl(file, path, format);
 }

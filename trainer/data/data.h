@@ -62,10 +62,14 @@ std::string alpaca_prompt(const std::string& instruction, const std::string& inp
 // far beyond any seq_len). A longer line is refused before it is stored.
 inline constexpr size_t kMaxJsonlLineBytes = size_t(16) << 20;
 
+// path's extension in lowercase (".csv" of "rows.CSV"), "" for none.
+std::string file_extension(const std::string& path);
+
 // Reads one JSON object a line; blank lines are skipped. With format automatic
 // the first row decides, and every row must agree with it. Extra fields in a
 // row are ignored, the keys of another format too (row_format's order, trl's).
-// Errors name the file and the line.
+// A Parquet, Arrow or CSV file is refused by its extension, saying what reads
+// it. Errors name the file and the line.
 Dataset load_jsonl(const std::string& path, DataFormat format);
 // Same, from a stream; path names it in messages.
 Dataset load_jsonl(std::istream& input, const std::string& path, DataFormat format);

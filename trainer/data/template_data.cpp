@@ -10,9 +10,7 @@
 namespace ft {
 namespace {
 
-bool is_csv(const std::string& path) {
-  return path.size() >= 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
-}
+bool is_csv(const std::string& path) { return file_extension(path) == ".csv"; }
 
 // The next record's fields, reading on over line breaks inside quotes;
 // false at the end of the input. line: the line the record starts on, then
