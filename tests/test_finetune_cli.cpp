@@ -468,6 +468,10 @@ TEST_CASE("--resume past max_steps refuses and leaves the run as it was; at max_
   CHECK(!fs::exists(dir + "/out/adapter"));
   CHECK(run_command(finetune + " --resume").output.find("no training state to resume from") != std::string::npos);
   REQUIRE(run_command(finetune + " --set max_steps=1 --overwrite").exit_code == 0);
+  // A base model kept in output_dir/model is the run's input, not an earlier run's output: it stays.
+  fs::copy(kFixtures + "/llama_gqa", dir + "/out/model");
+  CHECK(run_command(finetune + " --set max_steps=1 --set model=out/model --overwrite").exit_code == 0);
+  CHECK(fs::exists(dir + "/out/model/model.safetensors"));
 
   // Without its training state, the adapter still belongs to an earlier run.
   fs::remove(dir + "/out/train_state.safetensors");

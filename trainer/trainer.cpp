@@ -165,14 +165,28 @@ void check_outputs_free(const TrainConfig& config, const RunOptions& options) {
            " already holds a model (", model_file, "): give a new folder, or --overwrite to replace it");
 }
 
+// Whether path is inside folder (or is it).
+bool is_within(const std::string& path, const fs::path& folder) {
+  std::error_code error;
+  const fs::path inner = fs::weakly_canonical(path, error), outer = fs::weakly_canonical(folder, error);
+  const auto [end, ignored] = std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end());
+  return !path.empty() && end == outer.end();
+}
+
 // A fresh run (--overwrite over an earlier one) first removes what runs write
 // to output_dir: stopped before its first checkpoint, it must leave no earlier
 // state for --resume to continue under its config, and no earlier adapter or
-// model beside its metrics.
-void remove_earlier_outputs(const std::string& output_dir) {
-  for (const char* output : {"train_state.safetensors", "adapter", "model", "value_head.safetensors", "loss.svg",
-                             "sample_prompts.jsonl", "op_profile.json"})
-    fs::remove_all(path_in(output_dir, output));
+// model beside its metrics. An output name that holds one of the run's inputs
+// (a base model kept in output_dir/model) is never removed.
+void remove_earlier_outputs(const TrainConfig& config) {
+  const std::string inputs[] = {config.model, config.tokenizer, config.data.train, config.data.eval,
+                                config.quantization.save_base, config.rewards.model, config.rewards.model_adapter};
+  for (const char* name : {"train_state.safetensors", "adapter", "model", "value_head.safetensors", "loss.svg",
+                           "sample_prompts.jsonl", "op_profile.json"}) {
+    const fs::path output = path_in(config.output_dir, name);
+    if (std::none_of(std::begin(inputs), std::end(inputs), [&](const std::string& in) { return is_within(in, output); }))
+      fs::remove_all(output);
+  }
 }
 
 // The quantised base as a loadable model folder: later runs read the codes
@@ -1234,7 +1248,7 @@ int run_training(const TrainConfig& config, const RunOptions& options) {
     if (run.leader) truncate_metrics(metrics_path, resumed.step, resumed.step == run.total_steps);
     std::cout << "resumed at step " << resumed.step << " from " << state_path << "\n";
   } else if (run.leader) {
-    remove_earlier_outputs(config.output_dir);
+    remove_earlier_outputs(config);
     std::ofstream(metrics_path, std::ios::trunc);
   }
   MemoryStats memory = run.tracker->stats();
