@@ -13,6 +13,7 @@
 #include "kernels/error.h"
 #include "kernels/input_file.h"
 #include "model/json_input.h"
+#include "model/lora_pattern.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ft {
@@ -317,9 +318,7 @@ std::string alpaca_prompt(const std::string& instruction, const std::string& inp
 }
 
 std::string file_extension(const std::string& path) {
-  std::string extension = std::filesystem::path(path).extension().string();
-  for (char& c : extension) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return extension;
+  return ascii_lowercase(std::filesystem::path(path).extension().string());
 }
 
 Dataset load_jsonl(const std::string& path, DataFormat format) {
