@@ -116,11 +116,6 @@ void check_content_parts(const nlohmann::ordered_json& parts, const std::string&
   }
 }
 
-// A chat row kept as written: system, user, assistant and tool messages, each
-// with "content" text or a list of text parts (an assistant message with
-// tool_calls may have none), ending with an assistant turn to train on
-// (to_reply: with a user message or a tool's result to reply to); "tools" a
-// list of objects.
 // Python's json and Jinja2 stop at its recursion limit (1000); the template's
 // tojson here recurses too, so a deeper row is refused rather than crash it.
 constexpr size_t kMaxJsonDepth = 1000;
@@ -138,6 +133,11 @@ size_t json_depth(const nlohmann::ordered_json& value) {
   return deepest;
 }
 
+// A chat row kept as written: no deeper than kMaxJsonDepth, system, user,
+// assistant and tool messages, each with "content" text or a list of text
+// parts (an assistant message with tool_calls may have none), ending with an
+// assistant turn to train on (to_reply: with a user message or a tool's result
+// to reply to). Its "tools" are row_tools'.
 void check_written_conversation(const nlohmann::ordered_json& row, const std::string& where, bool to_reply) {
   FT_CHECK(json_depth(row) <= kMaxJsonDepth, where, ": the row nests lists and objects more than ", kMaxJsonDepth,
            " levels deep (Python's json and Jinja2 stop at their recursion limit)");
