@@ -14,8 +14,13 @@ following convert_hf_to_gguf.py's rules: Llama's q/k rows permuted
 are not a multiple of 32, the vocabulary padded with [PADi] to vocab_size.
 The adapter case merges with PEFT's merge_and_unload() first.
 
+special_ids.json: what SpecialVocab picks as special ids for small folders
+(tokenizer.json, tokenizer_config.json, config.json) that exercise its rules;
+tests/test_gguf.cpp writes each folder and compares gguf_special_ids with it.
+
     python3 scripts/make_gguf_fixtures.py
 """
+import importlib.metadata
 import json
 import math
 import os
@@ -103,7 +108,30 @@ def looks_special(t):
         (t.startswith("<｜") and t.endswith("｜>")) or (t.startswith("<unused") and t.endswith(">"))
 
 
-def add_vocab(writer, tokenizer_path, vocab_size):
+def special_ids(tokenizer_folder, model_dir, vocab_size):
+    """SpecialVocab's ids, as GGUF keys in its order: the tokenizer files of tokenizer_folder, config.json of model_dir."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if os.path.exists(os.path.join(tokenizer_folder, name)):
+                os.symlink(os.path.join(tokenizer_folder, name), os.path.join(folder, name))
+        os.symlink(os.path.join(model_dir, "config.json"), os.path.join(folder, "config.json"))
+        found = gguf.SpecialVocab(folder, n_vocab=vocab_size).special_token_ids
+    return [(SPECIAL_KEYS[t], i) for t, i in found.items() if t in SPECIAL_KEYS]
+
+
+SPECIAL_KEYS = {"bos": gguf.Keys.Tokenizer.BOS_ID, "eos": gguf.Keys.Tokenizer.EOS_ID, "unk": gguf.Keys.Tokenizer.UNK_ID,
+                "sep": gguf.Keys.Tokenizer.SEP_ID, "pad": gguf.Keys.Tokenizer.PAD_ID,
+                "mask": gguf.Keys.Tokenizer.MASK_ID, "eot": gguf.Keys.Tokenizer.EOT_ID,
+                "eom": gguf.Keys.Tokenizer.EOM_ID}  # cls: GGUF has no key, SpecialVocab skips it
+
+
+def add_special_ids(writer, tokenizer_path, model_dir, vocab_size):
+    for key, value in special_ids(os.path.dirname(tokenizer_path), model_dir, vocab_size):
+        writer.add_uint32(key, value)
+
+
+def add_vocab(writer, tokenizer_path, model_dir, vocab_size):
     folder = os.path.dirname(tokenizer_path)
     if tokenizer_path.endswith(".model"):  # _create_vocab_sentencepiece
         from sentencepiece import SentencePieceProcessor
@@ -120,10 +148,7 @@ def add_vocab(writer, tokenizer_path, vocab_size):
         writer.add_token_list(tokens)
         writer.add_token_scores(scores)
         writer.add_token_types(types)
-        ids = {"bos": sp.bos_id(), "eos": sp.eos_id(), "unk": sp.unk_id(), "pad": sp.pad_id()}
-        for key, value in ids.items():
-            if value >= 0:
-                getattr(writer, f"add_{key}_token_id")(value)
+        add_special_ids(writer, tokenizer_path, model_dir, vocab_size)
         writer.add_add_bos_token(sp.bos_id() >= 0)
         writer.add_add_eos_token(False)
         return
@@ -147,11 +172,7 @@ def add_vocab(writer, tokenizer_path, vocab_size):
     writer.add_token_merges(gguf.SpecialVocab(folder, load_merges=True).merges)
     enc = tok("a", add_special_tokens=True)["input_ids"]
     plain = tok("a", add_special_tokens=False)["input_ids"]
-    if tok.bos_token_id is not None:
-        writer.add_bos_token_id(tok.bos_token_id)
-    writer.add_eos_token_id(tok.eos_token_id)
-    if tok.pad_token_id is not None:
-        writer.add_pad_token_id(tok.pad_token_id)
+    add_special_ids(writer, tokenizer_path, model_dir, vocab_size)
     writer.add_add_bos_token(len(enc) > len(plain) and enc[0] != plain[0])
     writer.add_add_eos_token(len(enc) > len(plain) and enc[-1] != plain[-1])
 
@@ -187,7 +208,7 @@ def write_case(name, model, tokenizer, adapter, outtype):
     if params.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(params["factor"])
-    add_vocab(writer, os.path.join(FIXTURES, tokenizer), config["vocab_size"])
+    add_vocab(writer, os.path.join(FIXTURES, tokenizer), model_dir, config["vocab_size"])
     if params.get("rope_type") == "llama3":
         add_tensor(writer, "rope_freqs.weight", llama3_rope_freqs(config, params, theta), outtype)
     state = weights(model_dir, os.path.join(FIXTURES, adapter) if adapter else None)
@@ -209,11 +230,72 @@ def write_case(name, model, tokenizer, adapter, outtype):
     print(f"{path}: {os.path.getsize(path)} bytes")
 
 
+ADDED = [{"id": i, "content": c} for i, c in enumerate(
+    ["<|endoftext|>", "<|padding|>", "<s>", "</s>", "<unk>", "[CLS]", "[SEP]", "[MASK]", "<|eot_id|>", "<pad>"])]
+
+
+def template(single, pair):
+    item = lambda t: {"Sequence": {"id": t, "type_id": 0}} if t in "AB" else {"SpecialToken": {"id": t, "type_id": 0}}
+    return {"type": "TemplateProcessing", "single": [item(t) for t in single], "pair": [item(t) for t in pair]}
+
+
+# name: (tokenizer file, tokenizer.json's post_processor or None for no tokenizer.json, tokenizer_config or None, config)
+SPECIAL_CASES = {
+    "gpt_neox: names a bos it does not add": ("tokenizer.json", {}, {"add_bos_token": False, "bos_token": "<|endoftext|>",
+        "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}, {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": None}),
+    "config.json only": ("tokenizer.json", {}, None, {"bos_token_id": 2, "eos_token_id": 3, "pad_token_id": 9}),
+    "sentencepiece: no tokenizer.json": ("tokenizer.model", None, {"bos_token": "<s>", "eos_token": "</s>"},
+        {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}),
+    "tokens as objects": ("tokenizer.json", {}, {"bos_token": {"content": "<s>", "lstrip": False},
+        "eos_token": {"content": "</s>"}, "pad_token": {"lstrip": False}}, {}),
+    "cls and sep stand in for bos and eos": ("tokenizer.json", {}, {"cls_token": "[CLS]", "sep_token": "[SEP]",
+        "mask_token": "[MASK]"}, {}),
+    "tokenizer_config first, config.json fills in": ("tokenizer.json", {}, {"eos_token": "</s>", "pad_token": "<nope>"},
+        {"bos_token_id": 2, "eos_token_id": 8, "pad_token_id": 9}),
+    "eos as a list, text_config": ("tokenizer.json", {}, None,
+        {"eos_token_id": [3, 8], "text_config": {"bos_token_id": 2, "eos_token_id": 3, "pad_token_id": 9}}),
+    "ids past the vocabulary skipped": ("tokenizer.model", None, None, {"bos_token_id": 2, "pad_token_id": 50}),
+    "template ends in another special token": ("tokenizer.json", template(["<s>", "A", "<|eot_id|>"],
+        ["<s>", "A", "<|eot_id|>", "B", "<|eot_id|>"]), {"bos_token": "<s>", "eos_token": "</s>"}, {}),
+    "template puts eos between A and B": ("tokenizer.json", template(["<s>", "A"], ["<s>", "A", "</s>", "B"]),
+        {"bos_token": "<s>", "eos_token": "</s>"}, {}),
+    "template puts bos between A and B (Llama-3)": ("tokenizer.json", {"type": "Sequence", "processors": [
+        {"type": "ByteLevel"}, template(["<s>", "A"], ["<s>", "A", "<s>", "B"])]},
+        {"bos_token": "<s>", "eos_token": "</s>"}, {"bos_token_id": 9}),
+    "roberta": ("tokenizer.json", {"type": "RobertaProcessing", "sep": ["</s>", 3], "cls": ["<s>", 2]},
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "mask_token": "[MASK]"}, {}),
+    "empty tokenizer_config": ("tokenizer.json", {}, {}, {"bos_token_id": 2}),
+}
+
+
+def write_special_ids():
+    import tempfile
+    cases = []
+    for name, (tokenizer_file, post, tokenizer_config, config) in SPECIAL_CASES.items():
+        files = {"config.json": config}
+        if post is not None:
+            files["tokenizer.json"] = {"added_tokens": ADDED, "post_processor": post or None}
+        if tokenizer_config is not None:
+            files["tokenizer_config.json"] = tokenizer_config
+        with tempfile.TemporaryDirectory() as folder:
+            for file, content in files.items():
+                json.dump(content, open(os.path.join(folder, file), "w"))
+            found = gguf.SpecialVocab(folder, n_vocab=len(ADDED)).special_token_ids
+        expected = [[SPECIAL_KEYS[t], i] for t, i in found.items() if t in SPECIAL_KEYS]
+        cases.append({"name": name, "tokenizer": tokenizer_file, "vocab_size": len(ADDED), "files": files,
+                      "expected": expected})
+    path = os.path.join(OUT, "special_ids.json")
+    json.dump({"gguf": importlib.metadata.version("gguf"), "cases": cases},
+              open(path, "w"), indent=1)
+    print(f"{path}: {len(cases)} cases")
+
+
 def main():
     torch.manual_seed(0)
     os.makedirs(OUT, exist_ok=True)
     for name, case in CASES.items():
         write_case(name, *case)
+    write_special_ids()
 
 
 if __name__ == "__main__":

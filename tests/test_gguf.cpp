@@ -23,6 +23,7 @@
 #include "model/gguf_quant.h"
 #include "trainer/cli/merge.h"
 #include "trainer/gguf_export.h"
+#include "trainer/gguf_special_ids.h"
 
 using namespace ft;
 namespace fs = std::filesystem;
@@ -48,12 +49,20 @@ GgufExportCommand command_for(const std::string& model, const std::string& token
   return command;
 }
 
+bool is_special_id_key(const std::string& key) {
+  return key.rfind("tokenizer.ggml.", 0) == 0 && key.size() > 3 && key.compare(key.size() - 3, 3, "_id") == 0;
+}
+
 void check_equal_to_reference(const GgufFile& ours, const GgufFile& reference) {
   CHECK(ours.version() == 3);
   for (const auto& [key, value] : reference.metadata()) {
     INFO("metadata ", key);
     REQUIRE(ours.contains(key));
     CHECK(ours.value(key) == value);
+  }
+  for (const auto& [key, value] : ours.metadata()) {
+    INFO("metadata ", key);
+    if (is_special_id_key(key)) CHECK(reference.contains(key));  // llama.cpp's defaults stand where the converter writes none
   }
   REQUIRE(ours.tensors().size() == reference.tensors().size());
   for (const GgufFile::TensorInfo& expected : reference.tensors()) {
@@ -100,6 +109,24 @@ TEST_CASE("export --gguf writes what llama.cpp's converter writes: metadata, tok
     export_gguf(command_for(c.model, c.tokenizer, c.adapter, c.type, out), log);
     check_equal_to_reference(GgufFile(out), GgufFile(kFixtures + "/gguf/" + c.reference + ".gguf"));
   }
+}
+
+TEST_CASE("special-token ids are the ones llama.cpp's converter picks (gguf-py's SpecialVocab)") {
+  const std::string path = kFixtures + "/gguf/special_ids.json";
+  std::ifstream file(path);
+  const nlohmann::json fixture = nlohmann::json::parse(file);
+  const fs::path folder = fs::temp_directory_path() / (std::string(FT_TEST_NAME) + "_special_ids");
+  for (const auto& c : fixture["cases"]) {
+    CAPTURE(c["name"].get<std::string>());
+    fs::remove_all(folder);
+    fs::create_directories(folder);
+    for (const auto& [name, content] : c["files"].items()) std::ofstream(folder / name) << content.dump();
+    std::vector<std::pair<std::string, int64_t>> expected;
+    for (const auto& entry : c["expected"]) expected.emplace_back(entry[0], entry[1]);
+    const std::string tokenizer = (folder / c["tokenizer"].get<std::string>()).string();
+    CHECK(gguf_special_ids(tokenizer, (folder / "config.json").string(), c["vocab_size"]) == expected);
+  }
+  fs::remove_all(folder);
 }
 
 TEST_CASE("Q8_0 blocks follow ggml's reference quantiser: d = max|x| / 127 as F16, codes round half away from 0") {

@@ -192,7 +192,7 @@ void export_gguf(const GgufExportCommand& command, std::ostream& log) {
   const std::string name = fs::path(command.model).lexically_normal().filename().string();
   GgufMetadata metadata = hyper_parameters(config, arch, command.type, name.empty() ? "model" : name);
   const std::string tokenizer = command_tokenizer_path(command.tokenizer, command.model);
-  add_gguf_vocab(tokenizer, config.vocab_size, metadata);
+  add_gguf_vocab(tokenizer, config_path, config.vocab_size, metadata);
 
   const Checkpoint base(command.model);
   check_float_base(base, "export needs the original F32, BF16 or F16 weights the base was quantised from (or "

@@ -7,6 +7,7 @@
 #include "kernels/error.h"
 #include "model/gguf_names.h"
 #include "model/json_input.h"
+#include "trainer/gguf_special_ids.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/load_tokenizer.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
@@ -119,13 +120,7 @@ std::string merge_text(const std::pair<std::string, std::string>& merge) {
   return encode(merge.first) + " " + encode(merge.second);
 }
 
-void add_special_ids(const Tokenizer& tokenizer, int32_t unk_id, GgufMetadata& metadata) {
-  const std::pair<const char*, int32_t> ids[] = {{"tokenizer.ggml.bos_token_id", tokenizer.bos_id()},
-                                                 {"tokenizer.ggml.eos_token_id", tokenizer.eos_id()},
-                                                 {"tokenizer.ggml.unknown_token_id", unk_id},
-                                                 {"tokenizer.ggml.padding_token_id", tokenizer.pad_id()}};
-  for (const auto& [key, id] : ids)
-    if (id >= 0) metadata.emplace_back(key, GgufValue::u32(uint32_t(id)));
+void add_tokenizer_flags(const Tokenizer& tokenizer, GgufMetadata& metadata) {
   metadata.emplace_back("tokenizer.ggml.add_bos_token", GgufValue::boolean(tokenizer.bos_id() >= 0));
   metadata.emplace_back("tokenizer.ggml.add_eos_token", GgufValue::boolean(tokenizer.appends_eos()));
 }
@@ -146,7 +141,8 @@ void add_chat_template(const std::string& tokenizer_path, GgufMetadata& metadata
 
 }  // namespace
 
-void add_gguf_vocab(const std::string& tokenizer_path, int64_t vocab_size, GgufMetadata& metadata) {
+void add_gguf_vocab(const std::string& tokenizer_path, const std::string& model_config_path, int64_t vocab_size,
+                    GgufMetadata& metadata) {
   Vocab vocab;
   if (!is_tokenizer_json(tokenizer_path)) {
     const SentencePieceTokenizer tokenizer(tokenizer_path, vocab_size);
@@ -156,7 +152,7 @@ void add_gguf_vocab(const std::string& tokenizer_path, int64_t vocab_size, GgufM
     metadata.emplace_back("tokenizer.ggml.tokens", GgufValue::strings_array(vocab.tokens));
     metadata.emplace_back("tokenizer.ggml.scores", GgufValue::f32_array(vocab.scores));
     metadata.emplace_back("tokenizer.ggml.token_type", GgufValue::i32_array(vocab.types));
-    add_special_ids(tokenizer, tokenizer.unk_id(), metadata);
+    add_tokenizer_flags(tokenizer, metadata);
   } else {
     const json file = read_json_object(tokenizer_path, "a tokenizer.json");
     const json pre = file.contains("pre_tokenizer") ? file["pre_tokenizer"] : json();
@@ -184,8 +180,10 @@ void add_gguf_vocab(const std::string& tokenizer_path, int64_t vocab_size, GgufM
     metadata.emplace_back("tokenizer.ggml.tokens", GgufValue::strings_array(vocab.tokens));
     metadata.emplace_back("tokenizer.ggml.token_type", GgufValue::i32_array(vocab.types));
     metadata.emplace_back("tokenizer.ggml.merges", GgufValue::strings_array(merges));
-    add_special_ids(tokenizer, tokenizer.unk_id(), metadata);
+    add_tokenizer_flags(tokenizer, metadata);
   }
+  for (const auto& [key, id] : gguf_special_ids(tokenizer_path, model_config_path, vocab_size))
+    metadata.emplace_back(key, GgufValue::u32(uint32_t(id)));
   add_chat_template(tokenizer_path, metadata);
 }
 
