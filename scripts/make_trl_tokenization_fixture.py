@@ -49,6 +49,13 @@ def pair_rows(eos):
             {"prompt": "Q: 2+2?\nA: ", "chosen": "4" + eos, "rejected": "five"}]
 
 
+def implicit_pair_rows():  # trl's extract_prompt: the text both share, a space before the difference left out
+    return [{"chosen": "Summary: Alice met Bob.", "rejected": "Summary: Bob met Alice."},
+            {"chosen": "Caf\u00e9 au lait", "rejected": "Caf\u00e9 noir"},
+            {"chosen": "Yes", "rejected": "Yes!"},
+            {"chosen": "Mood: \U0001F600", "rejected": "Mood: \U0001F622"}]
+
+
 def conversational_rows():
     return [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}],
              "completion": [{"role": "assistant", "content": "Hello!"}]},
@@ -97,7 +104,7 @@ def main():
                     cases.append({"checkpoint": name, "chat_template": family, "trainer": "SFTTrainer", "row": row,
                                   "sft_args": args, "input_ids": out["input_ids"],
                                   "loss_mask": [int(label != -100) for label in out["labels"]]})
-            for rows in [pair_rows(eos), conversational_pairs(False), conversational_pairs(True)]:
+            for rows in [pair_rows(eos), implicit_pair_rows(), conversational_pairs(False), conversational_pairs(True)]:
                 for row, out in zip(rows, prepared(DPOTrainer, DPOConfig, model, tokenizer, rows, scratch)):
                     cases.append({"checkpoint": name, "chat_template": family, "trainer": "DPOTrainer", "row": row,
                                   "prompt_ids": out["prompt_ids"], "chosen_ids": out["chosen_ids"],

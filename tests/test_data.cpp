@@ -229,7 +229,7 @@ TEST_CASE("rows and preference pairs load and tokenize as trl's SFTTrainer and D
   }
   CHECK(sft == 30);
   CHECK(every_token == 14);
-  CHECK(dpo == 8);
+  CHECK(dpo == 16);
   CHECK(conversational == 12);
 }
 

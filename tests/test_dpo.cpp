@@ -85,13 +85,13 @@ void check_against_trl(int64_t loss_chunk_tokens, DpoLoss loss_type, const char*
   CHECK(model->forward(batch.input_ids, batch.targets) == logits_before);
 }
 
-std::string preference_error(const std::string& name, const std::string& content) {
+std::string preference_error(const std::string& name, const std::string& content, bool read_margins = false) {
   const std::filesystem::path dir = std::filesystem::path(FT_BINARY_DIR) / "test_dpo_tmp";
   std::filesystem::create_directories(dir);
   const std::string path = (dir / name).string();
   std::ofstream(path) << content;
   try {
-    load_preference_jsonl(path);
+    load_preference_jsonl(path, read_margins);
   } catch (const Error& e) {
     const std::string message = e.what();
     return message.starts_with(path) ? name + message.substr(path.size()) : message;
@@ -115,19 +115,29 @@ TEST_CASE("DPO with the LM head in chunks that cut across rows gives the same lo
 TEST_CASE("preference rows must be {prompt, chosen, rejected} strings or lists of messages") {
   const std::string good = R"({"prompt": "a", "chosen": "b", "rejected": "c"})";
   CHECK(preference_error("ok.jsonl", good + "\n\n" + good + "\n") == "");
+  const std::string expected = "\"chosen\" and \"rejected\" strings or lists of messages, and the \"prompt\" they "
+                               "follow (preference pairs: objective: dpo and reward read them)";
   CHECK(preference_error("sft.jsonl", good + "\n" + R"({"prompt": "a", "completion": "b"})" + "\n") ==
-        "sft.jsonl:2: row lacks \"chosen\": expected \"prompt\", \"chosen\" and \"rejected\" strings or lists of "
-        "messages (preference pairs: objective: dpo and reward read them), "
-        "got keys \"completion\", \"prompt\"");
+        "sft.jsonl:2: row lacks \"chosen\": expected " + expected + ", got keys \"completion\", \"prompt\"");
   CHECK(preference_error("number.jsonl", R"({"prompt": "a", "chosen": "b", "rejected": 3})") ==
         "number.jsonl:1: \"rejected\" must be a string, got number");
-  CHECK(preference_error("list.jsonl", "7") ==
-        "list.jsonl:1: expected a JSON object with \"prompt\", \"chosen\" and \"rejected\" strings or lists of "
-        "messages (preference pairs: objective: dpo and reward read them), "
-        "got number");
-  CHECK(preference_error("empty.jsonl", "\n") ==
-        "empty.jsonl: no rows (expected JSON rows with \"prompt\", \"chosen\" and \"rejected\" strings or lists of "
-        "messages (preference pairs: objective: dpo and reward read them))");
+  CHECK(preference_error("list.jsonl", "7") == "list.jsonl:1: expected a JSON object with " + expected + ", got number");
+  CHECK(preference_error("empty.jsonl", "\n") == "empty.jsonl: no rows (expected JSON rows with " + expected + ")");
+  // No prompt: trl's extract_prompt (tests/fixtures/trl_tokenization.json holds its results), which needs text on both sides.
+  CHECK(preference_error("implicit.jsonl", R"({"chosen": "Q: yes", "rejected": "Q: no"})") == "");
+  CHECK(preference_error("blank.jsonl", R"({"chosen": "", "rejected": "no"})") ==
+        "blank.jsonl:1: the row has no \"prompt\", so it is the text \"chosen\" and \"rejected\" share (trl's "
+        "extract_prompt), which needs both non-empty");
+  // trl's RewardTrainer "margin": a finite number on every row or on none (objective: dpo ignores it).
+  const std::string margin = R"({"prompt": "a", "chosen": "b", "rejected": "c", "margin": 0.5})";
+  CHECK(preference_error("margins.jsonl", margin + "\n" + margin + "\n", true) == "");
+  CHECK(preference_error("some.jsonl", good + "\n" + margin + "\n", true) ==
+        "some.jsonl:1: no \"margin\", which line 2 gives: trl's RewardTrainer needs the column on every row or on "
+        "none");
+  CHECK(preference_error("some.jsonl", good + "\n" + margin + "\n") == "");
+  CHECK(preference_error("text.jsonl", R"({"prompt": "a", "chosen": "b", "rejected": "c", "margin": "1"})", true) ==
+        "text.jsonl:1: \"margin\" must be a finite number (trl's RewardTrainer subtracts it from the pair's score "
+        "difference), got \"1\"");
   // A conversational pair (trl's): both sides lists of messages, each conversation a training row.
   CHECK(preference_error("mixed.jsonl", R"({"prompt": [{"role": "user", "content": "a"}], "chosen": "b", "rejected": "c"})") ==
         "mixed.jsonl:1: \"chosen\" must be a non-empty list of messages in a conversational pair (trl's), got \"b\"");
@@ -135,6 +145,28 @@ TEST_CASE("preference rows must be {prompt, chosen, rejected} strings or lists o
                                         R"("chosen": [{"role": "user", "content": "b"}], "rejected": [{"role": "assistant", "content": "c"}]})") ==
         "roles.jsonl:1 (chosen): the last message is the user's (expected an assistant turn to train on)");
   std::filesystem::remove_all(std::filesystem::path(FT_BINARY_DIR) / "test_dpo_tmp");
+}
+
+TEST_CASE("each batch of pairs carries its pairs' margins, in the shuffled order and in file order") {
+  HostAllocator host;
+  TokenizedPairs pairs;
+  for (int32_t i = 0; i < 7; ++i) {  // pair i: the token 10 + i on both sides, margin i / 4
+    pairs.chosen.push_back({{1, 10 + i, 2}, {0, 1, 1}});
+    pairs.rejected.push_back({{1, 10 + i, 3}, {0, 1, 1}});
+    pairs.margins.push_back(double(i) / 4);
+  }
+  PreferenceLoader loader(pairs, 3, 4, 0, 99, host);
+  const auto check_batch = [](const Batch& batch) {
+    REQUIRE(batch.margins.size() == 3);
+    for (int64_t b = 0; b < 3; ++b) {
+      const int32_t token = batch.input_ids.ptr<int32_t>()[b * batch.input_ids.dim(1) + 1];
+      CHECK(batch.margins[size_t(b)] == (token == 0 ? 0.0 : double(token - 10) / 4));  // 0: an epoch's padding
+    }
+  };
+  for (int64_t i = 0; i < 2 * loader.batches_per_epoch(); ++i) check_batch(loader.next());
+  for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) check_batch(loader.batch_in_order(i));
+  pairs.margins.clear();
+  CHECK(PreferenceLoader(pairs, 3, 4, 0, 99, host).next().margins.empty());
 }
 
 // Padding-free packed pairs (packed_pairs: several pairs per row, chosen and

@@ -544,8 +544,8 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
        "empty_prompt.jsonl:2: the prompt has no token (it is empty, or no message comes before the reply, and no bos "
        "token is added), and task_metric: rouge generates"},
       {"config.yaml --set objective=reward --set data.train=margin.jsonl --set data.eval= --set data.packing=false --set seq_len=32",
-       "margin.jsonl:1: \"margin\": trl's RewardTrainer subtracts a pair's margin from its score difference, which "
-       "objective: reward here does not"},
+       "margin.jsonl:2: no \"margin\", which line 1 gives: trl's RewardTrainer needs the column on every row or "
+       "on none"},
       // Chat rows for a T5: that, not the missing chat template a T5 would not use.
       {"config.yaml --set model=" + std::string(FT_SOURCE_DIR) + "/configs/tiny-t5 --set tokenizer=" +
            std::string(FT_SOURCE_DIR) + "/configs/tiny-base/tokenizer.model --set data.train=chat.jsonl --set "
@@ -638,7 +638,8 @@ TEST_CASE("bad input exits non-zero with a message naming what is wrong (trainin
   std::ofstream(dir + "/rows.jsonl") << "{\"prompt\": \"fine\"}\n{\"text\": \"no prompt\"}\n";
   std::ofstream(dir + "/chat.jsonl") << "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, "
                                         "{\"role\": \"assistant\", \"content\": \"Yo\"}]}\n";
-  std::ofstream(dir + "/margin.jsonl") << "{\"prompt\": \"Q\", \"chosen\": \"a\", \"rejected\": \"b\", \"margin\": 1.5}\n";
+  std::ofstream(dir + "/margin.jsonl") << "{\"prompt\": \"Q\", \"chosen\": \"a\", \"rejected\": \"b\", \"margin\": 1.5}\n"
+                                          "{\"prompt\": \"Q\", \"chosen\": \"c\", \"rejected\": \"d\"}\n";
   std::ofstream(dir + "/empty_prompt.jsonl") << "{\"prompt\": \"Q\", \"completion\": \"a\"}\n"
                                                 "{\"prompt\": \"\", \"completion\": \"b\"}\n";
   for (const Case& c : cases) {
@@ -1425,8 +1426,9 @@ TEST_CASE("objective: dpo refuses rows that are not preference pairs, full fine-
     std::string arguments, expected;
   };
   const Case cases[] = {
-      {dpo, "train.jsonl:1: row lacks \"prompt\": expected \"prompt\", \"chosen\" and \"rejected\" strings "
-            "or lists of messages (preference pairs: objective: dpo and reward read them), got keys \"text\""},
+      {dpo, "train.jsonl:1: row lacks \"chosen\": expected \"chosen\" and \"rejected\" strings or lists of "
+            "messages, and the \"prompt\" they follow (preference pairs: objective: dpo and reward read them), got "
+            "keys \"text\""},
       {dpo + "--set trainable=all --set quantization.mode=none",
        "objective: dpo needs trainable: lora: its reference model is the base with the adapters disabled"},
       {dpo + "--set data.packing=concatenate", "data.packing: concatenate applies to objective: sft only"},

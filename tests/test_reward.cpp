@@ -83,6 +83,27 @@ TEST_CASE("reward model: scores, trl's loss and figures, LoRA and score gradient
   CHECK(relative_error(model->output_head().weight->grad, reference.view("grad.score.weight")) <= kTolerance);
 }
 
+TEST_CASE("reward model: trl's margin column is subtracted from each pair's score difference") {
+  Checkpoint reference(kFixtures + "/reward/reference.safetensors");
+  HostAllocator host;
+  CpuBackend backend(host);
+  std::unique_ptr<LlamaModel> model = make_reward_model(backend, kFixtures + "/reward/model");
+  Batch batch{reference.view("input_ids"), shifted_targets(reference.view("labels"), host), 0};
+  const int64_t pairs = batch.input_ids.dim(0) / 2;
+  const float* scores = reference.view("scores").ptr<float>();
+  double want_loss = 0.0;
+  for (int64_t i = 0; i < pairs; ++i) {
+    batch.margins.push_back(0.75 * double(i) - 0.5);
+    // RewardTrainer.compute_loss: -logsigmoid(chosen - rejected - margin), the mean over pairs.
+    const double z = double(scores[i]) - double(scores[pairs + i]) - batch.margins.back();
+    want_loss += std::log1p(std::exp(-z)) / double(pairs);
+  }
+  const nlohmann::json means = reward_micro_batch(*model, batch, kPad, false, 0.0).means();
+  CHECK(std::abs(means["loss"].get<double>() - want_loss) <= kTolerance * std::max(want_loss, 1.0));
+  // trl's logged margin stays the mean score difference, the margin column not subtracted.
+  CHECK(std::abs(means["margin"].get<double>() - reference.view("margin").ptr<float>()[0]) <= kTolerance);
+}
+
 TEST_CASE("reward model: the score is read at the last token that is not the pad token, as transformers reads it") {
   HostAllocator host;
   // Row 0: prompt 5 6, completion 7 then eos 2; row 1: completion ends in

@@ -26,7 +26,8 @@ Batch trim_padding(const Batch& batch, Allocator& host) {
     return columns;
   };
   // A prefix of packed position_ids still restarts at each example it keeps.
-  return Batch{trim(batch.input_ids), trim(batch.targets), batch.counted_tokens, trim(batch.position_ids)};
+  return Batch{trim(batch.input_ids), trim(batch.targets), batch.counted_tokens, trim(batch.position_ids),
+               batch.margins};
 }
 
 float micro_batch_loss(LanguageModel& model, const Batch& batch, const float* grad_scale) {

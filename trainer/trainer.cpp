@@ -337,27 +337,16 @@ std::unique_ptr<DataLoader> make_loader(Run& run, const std::string& path, const
                                       run.config.seed, run.host);
 }
 
-// trl's RewardTrainer subtracts a pair's "margin" from its score difference;
-// the loss here has no margin, so a file that gives one is refused, not
-// trained on another loss in silence.
-void check_no_margins(const std::string& path) {
-  read_jsonl_rows(path, "data file", "preference pairs", [&](const nlohmann::json& row, const std::string& where) {
-    FT_CHECK(!row.contains("margin"), where, ": \"margin\": trl's RewardTrainer subtracts a pair's margin from its "
-             "score difference, which objective: reward here does not; remove the field to train without it");
-  });
-}
-
 // objective: dpo: micro_batch_size pairs per micro-batch.
 std::unique_ptr<PreferenceLoader> make_pair_loader(Run& run, const std::string& path, const char* what,
                                                    Dataset* keep) {
-  const std::vector<PreferencePair> pairs = load_preference_jsonl(path);
+  const bool reward = run.config.objective == Objective::reward;
+  const std::vector<PreferencePair> pairs = load_preference_jsonl(path, reward);
   const bool conversational = std::any_of(pairs.begin(), pairs.end(), [](const PreferencePair& pair) {
     return !pair.conversation.is_null();
   });
   FT_CHECK(!conversational || run.chat, path, ": conversational pairs, but the first row of data.train (",
            run.config.data.train, ") is not: give both files in one form");
-  const bool reward = run.config.objective == Objective::reward;
-  if (reward) check_no_margins(path);
   TokenizedPairs tokens = tokenize_pairs(pairs, path, *run.tokenizer, run.config.seq_len,
                                          run.special_tokens.example_eos_id, run.chat ? &*run.chat : nullptr, reward);
   std::cout << what << ": " << tokens.chosen.size() << " preference pairs, ";

@@ -286,6 +286,9 @@ struct Batch {
   // position within its example (a row's padding tail counts as one more);
   // undefined otherwise.
   Tensor position_ids = {};
+  // Pairs (PreferenceLoader) whose data has trl's "margin" column: pair i's
+  // margin; empty otherwise.
+  std::vector<double> margins = {};
   // position_ids for LanguageModel::forward: null where undefined.
   const Tensor* positions() const { return position_ids.defined() ? &position_ids : nullptr; }
 };

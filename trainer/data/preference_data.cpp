@@ -1,10 +1,13 @@
 #include "trainer/data/preference_data.h"
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 #include "trainer/data/chat_template.h"
 
 namespace ft {
@@ -44,26 +47,61 @@ PreferencePair conversational_pair(const std::string& line, const std::string& w
   return pair;
 }
 
+// trl's extract_prompt on strings: the characters (code points) chosen and
+// rejected share up to the first that differs, less a space just before it;
+// when one is a prefix of the other, all but the shorter's last character.
+// (Where they differ from the first character, trl's chosen[idx - 1] reads
+// the last one; the prompt here is empty.)
+void extract_text_prompt(PreferencePair& pair, const std::string& where) {
+  const std::u32string chosen = unicode::decode_utf8(pair.chosen, where);
+  const std::u32string rejected = unicode::decode_utf8(pair.rejected, where);
+  FT_CHECK(!chosen.empty() && !rejected.empty(), where, ": the row has no \"prompt\", so it is the text \"chosen\" "
+           "and \"rejected\" share (trl's extract_prompt), which needs both non-empty");
+  size_t shared = 0;
+  while (shared + 1 < std::min(chosen.size(), rejected.size()) && chosen[shared] == rejected[shared]) shared++;
+  if (chosen[shared] != rejected[shared] && shared > 0 && chosen[shared - 1] == U' ') shared--;
+  pair.prompt = unicode::encode_utf8(chosen.substr(0, shared));
+  pair.chosen = unicode::encode_utf8(chosen.substr(shared));
+  pair.rejected = unicode::encode_utf8(rejected.substr(shared));
+}
+
+std::optional<double> margin_field(const nlohmann::json& row, const std::string& where) {
+  if (!row.contains("margin")) return std::nullopt;
+  const nlohmann::json& margin = row["margin"];
+  FT_CHECK(margin.is_number() && std::isfinite(margin.get<double>()), where, ": \"margin\" must be a finite number "
+           "(trl's RewardTrainer subtracts it from the pair's score difference), got ", margin.dump().substr(0, 60));
+  return margin.get<double>();
+}
+
 }  // namespace
 
-std::vector<PreferencePair> load_preference_jsonl(const std::string& path) {
+std::vector<PreferencePair> load_preference_jsonl(const std::string& path, bool read_margins) {
   const std::string expected =
-      "\"prompt\", \"chosen\" and \"rejected\" strings or lists of messages (preference pairs: objective: dpo and "
-      "reward read them)";
+      "\"chosen\" and \"rejected\" strings or lists of messages, and the \"prompt\" they follow (preference pairs: "
+      "objective: dpo and reward read them)";
   std::vector<PreferencePair> pairs;
+  std::string with_margin, without_margin;  // the first rows that have one, and that lack one
   read_jsonl_lines(path, "data file", expected,
                    [&](const std::string& line, const nlohmann::json& row, const std::string& where) {
     auto listed = [&](const char* key) { return row.contains(key) && row[key].is_array(); };
     if (listed("prompt") || listed("chosen") || listed("rejected")) {
       pairs.push_back(conversational_pair(line, where));
-      return;
+    } else {
+      for (const char* field : {"chosen", "rejected"})
+        FT_CHECK(row.contains(field), where, ": row lacks \"", field, "\": expected ", expected, ", got ",
+                 key_list(row));
+      pairs.push_back({row.contains("prompt") ? string_field(row, "prompt", where) : "",
+                       string_field(row, "chosen", where), string_field(row, "rejected", where)});
+      if (!row.contains("prompt")) extract_text_prompt(pairs.back(), where);
     }
-    for (const char* field : {"prompt", "chosen", "rejected"})
-      FT_CHECK(row.contains(field), where, ": row lacks \"", field, "\": expected ", expected, ", got ",
-               key_list(row));
-    pairs.push_back({string_field(row, "prompt", where), string_field(row, "chosen", where),
-                     string_field(row, "rejected", where)});
+    if (!read_margins) return;
+    pairs.back().margin = margin_field(row, where);
+    std::string& first = pairs.back().margin ? with_margin : without_margin;
+    if (first.empty()) first = where;
   });
+  FT_CHECK(with_margin.empty() || without_margin.empty(), without_margin, ": no \"margin\", which line ",
+           with_margin.substr(with_margin.rfind(':') + 1), " gives: trl's RewardTrainer needs the column on every row "
+           "or on none");
   return pairs;
 }
 
@@ -115,6 +153,7 @@ TokenizedPairs tokenize_pairs(const std::vector<PreferencePair>& pairs, const st
     }
     out.chosen.push_back(std::move(chosen));
     out.rejected.push_back(std::move(rejected));
+    if (pair.margin) out.margins.push_back(*pair.margin);
   }
   FT_CHECK(!out.chosen.empty(), path, ": no pair has a completion token on both sides within seq_len = ", seq_len,
            " (", out.dropped_count, " prompts fill the window, ", out.too_long_count, " pairs are longer)");
@@ -126,7 +165,7 @@ TokenizedPairs packed_pairs(const TokenizedPairs& pairs, int64_t seq_len) {
   for (size_t i = 0; i < pairs.chosen.size(); ++i)
     slots.push_back(std::max(input_slots(pairs.chosen[i]), input_slots(pairs.rejected[i])));
   const std::vector<std::vector<size_t>> groups = best_fit_decreasing(slots, seq_len);
-  return {join_examples(pairs.chosen, groups), join_examples(pairs.rejected, groups), pairs.truncated_count,
+  return {join_examples(pairs.chosen, groups), join_examples(pairs.rejected, groups), {}, pairs.truncated_count,
           pairs.dropped_count};
 }
 
@@ -134,15 +173,36 @@ PreferenceLoader::PreferenceLoader(const TokenizedPairs& pairs, int64_t pairs_pe
                                    int32_t pad_id, uint64_t seed, Allocator& host_allocator)
     : chosen_(pairs.chosen, pairs_per_batch, seq_len, pad_id, seed, host_allocator),
       rejected_(pairs.rejected, pairs_per_batch, seq_len, pad_id, seed, host_allocator),
-      allocator_(host_allocator) {}
+      margins_(pairs.margins),
+      pairs_per_batch_(pairs_per_batch),
+      allocator_(host_allocator) {
+  FT_CHECK(margins_.empty() || margins_.size() == pairs.chosen.size(), "PreferenceLoader: ", margins_.size(),
+           " margins for ", pairs.chosen.size(), " pairs");
+}
 
 Batch PreferenceLoader::next() {
+  const DataPosition at = chosen_.position();
   Batch chosen = chosen_.next();
-  return stacked(chosen, rejected_.next());
+  Batch batch = stacked(chosen, rejected_.next());
+  batch.margins = batch_margins(chosen_.epoch_order(at.epoch), at.index);
+  return batch;
 }
 
 Batch PreferenceLoader::batch_in_order(int64_t index) const {
-  return stacked(chosen_.batch_in_order(index), rejected_.batch_in_order(index));
+  Batch batch = stacked(chosen_.batch_in_order(index), rejected_.batch_in_order(index));
+  std::vector<int64_t> in_order(static_cast<size_t>(row_count()));
+  std::iota(in_order.begin(), in_order.end(), int64_t(0));
+  batch.margins = batch_margins(in_order, index);
+  return batch;
+}
+
+// The margins of micro-batch `index` in that order (DataLoader's rows), 0 for an epoch's padding pairs.
+std::vector<double> PreferenceLoader::batch_margins(const std::vector<int64_t>& order, int64_t index) const {
+  if (margins_.empty()) return {};
+  std::vector<double> margins(size_t(pairs_per_batch_), 0.0);
+  for (int64_t b = 0; b < pairs_per_batch_ && index * pairs_per_batch_ + b < row_count(); ++b)
+    margins[size_t(b)] = margins_[size_t(order[size_t(index * pairs_per_batch_ + b)])];
+  return margins;
 }
 
 void PreferenceLoader::set_position(DataPosition position) {

@@ -8,6 +8,7 @@
 // row P + i the same pairs' rejected ones, in the same order.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,13 +22,19 @@ struct PreferencePair {
   // "rejected"} lists of messages and "tools" (null when none); null for a
   // pair of strings.
   nlohmann::ordered_json conversation = nullptr;
+  // trl's RewardTrainer "margin" column, read for objective: reward.
+  std::optional<double> margin = std::nullopt;
 };
 
 // Every row must hold "prompt", "chosen" and "rejected" strings, or, as trl's
-// conversational pairs, lists of messages (the prompt may be left out: then
-// it is the messages chosen and rejected share, as trl's extract_prompt);
-// extra fields are ignored; errors name the file, the line and the field.
-std::vector<PreferencePair> load_preference_jsonl(const std::string& path);
+// conversational pairs, lists of messages. The prompt may be left out, as
+// trl's extract_prompt takes it: the messages chosen and rejected share, or
+// for strings the text they share up to the first character where they
+// differ, less a space just before it. With read_margins (objective:
+// reward) a "margin" number is read, on every row or none, as trl's
+// RewardTrainer needs it; other fields are ignored. Errors name the file,
+// the line and the field.
+std::vector<PreferencePair> load_preference_jsonl(const std::string& path, bool read_margins = false);
 
 // The pair's prompt and chosen completion as one example (a chat example of
 // its conversation for a conversational pair), for samples.
@@ -35,6 +42,7 @@ Example chosen_example(const PreferencePair& pair);
 
 struct TokenizedPairs {
   std::vector<TokenSequence> chosen, rejected;  // pair i: chosen[i], rejected[i]
+  std::vector<double> margins;                  // pair i's margin; empty when the pairs have none
   int64_t truncated_count = 0;  // completions cut to seq_len + 1 tokens
   int64_t dropped_count = 0;    // pairs where a completion kept no loss token
   int64_t too_long_count = 0;   // with drop_too_long: pairs with a side over seq_len + 1 tokens
@@ -55,11 +63,13 @@ TokenizedPairs tokenize_pairs(const std::vector<PreferencePair>& pairs, const st
 // Padding-free packing of pairs: the pairs grouped by best-fit decreasing on
 // their longer side's inputs, group i's chosen completions joined into
 // chosen row i and its rejected ones, in the same order, into rejected row i.
+// Margins are left out (objective: reward, which reads them, packs nothing).
 TokenizedPairs packed_pairs(const TokenizedPairs& pairs, int64_t seq_len);
 
 // Two DataLoaders over the chosen and the rejected rows (one pair each, or
 // packed_pairs') with the same seed, so they shuffle alike and stay in step:
-// pairs are never split.
+// pairs are never split. Each batch carries its pairs' margins (Batch::margins)
+// when the pairs have them.
 class PreferenceLoader {
  public:
   PreferenceLoader(const TokenizedPairs& pairs, int64_t pairs_per_batch, int64_t seq_len, int32_t pad_id,
@@ -73,8 +83,11 @@ class PreferenceLoader {
 
  private:
   Batch stacked(const Batch& chosen, const Batch& rejected) const;
+  std::vector<double> batch_margins(const std::vector<int64_t>& order, int64_t index) const;
 
   DataLoader chosen_, rejected_;
+  std::vector<double> margins_;
+  int64_t pairs_per_batch_;
   Allocator& allocator_;
 };
 
