@@ -45,6 +45,15 @@ const char* safetensors_name(DType dtype) {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// Buffers older transformers saved in checkpoints and every model recomputes
+// (rotary inv_freq, GPT-NeoX's causal-mask bias, BOOL or U8, and masked_bias):
+// transformers 5 ignores them, and so does this reader, whatever their dtype.
+bool is_recomputed_buffer(const std::string& name) {
+  for (const std::string suffix : {"rotary_emb.inv_freq", "attention.bias", "attention.masked_bias"})
+    if (name.ends_with(suffix)) return true;
+  return false;
+}
+
 DType parse_dtype(const json& info, const std::string& where) {
   FT_CHECK(info.contains("dtype"), where, "missing \"dtype\"");
   FT_CHECK(info["dtype"].is_string(), where, "\"dtype\" must be a string such as \"BF16\", got ", info["dtype"].dump());
@@ -134,7 +143,7 @@ std::vector<SafetensorsEntry> parse_file(const std::string& path, const uint8_t*
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__")
       metadata = parse_metadata(path, info);
-    else
+    else if (!is_recomputed_buffer(name))
       entries.push_back(parse_entry(path, name, info, data_block, data_bytes));
   }
   std::sort(entries.begin(), entries.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
@@ -239,18 +248,12 @@ std::map<std::string, std::string> read_weight_map(const std::string& index_path
   for (const auto& [name, shard] : index["weight_map"].items()) {
     FT_CHECK(shard.is_string(), index_path, ": weight_map entry for tensor \"", name,
              "\" must be a shard file name, got ", shard.dump());
-    weight_map[name] = shard.get<std::string>();
+    if (!is_recomputed_buffer(name)) weight_map[name] = shard.get<std::string>();
   }
   return weight_map;
 }
 
 }  // namespace
-
-bool is_recomputed_buffer(const std::string& name) {
-  for (const std::string suffix : {"rotary_emb.inv_freq", "attention.bias", "attention.masked_bias"})
-    if (name.ends_with(suffix)) return true;
-  return false;
-}
 
 std::string model_file_in(const std::string& folder) {
   std::error_code error;

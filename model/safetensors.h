@@ -93,11 +93,6 @@ class Checkpoint {
 // model refuses such a folder rather than write over the model in it.
 std::string model_file_in(const std::string& folder);
 
-// Buffers older transformers saved in checkpoints and every model recomputes
-// (rotary inv_freq, GPT-NeoX's causal-mask bias and masked_bias): loading
-// and export leave them out.
-bool is_recomputed_buffer(const std::string& name);
-
 // The checksum a file may carry in its metadata "checksum" (training states
 // always do, our adapters too): over every other metadata entry and every
 // tensor's name, dtype, shape and bytes, so a flipped byte anywhere in the

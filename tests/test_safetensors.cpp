@@ -229,6 +229,19 @@ TEST_CASE("unsupported dtype") {
   }
 }
 
+TEST_CASE("older transformers' saved buffers are ignored whatever their dtype, as transformers 5 ignores them") {
+  TempDir dir;
+  // GPT-NeoX's causal mask as BOOL (or U8), masked_bias as F16 -inf, a rotary inv_freq as F64, beside one weight.
+  const std::string header =
+      R"({"gpt_neox.layers.0.attention.bias": {"dtype":"BOOL","shape":[1,1,2,2],"data_offsets":[0,4]},)"
+      R"("gpt_neox.layers.0.attention.masked_bias": {"dtype":"F16","shape":[],"data_offsets":[4,6]},)"
+      R"("model.layers.0.self_attn.rotary_emb.inv_freq": {"dtype":"F64","shape":[1],"data_offsets":[6,14]},)"
+      R"("gpt_neox.layers.0.attention.dense.bias": {)" + kF32Pair + R"(,"data_offsets":[14,22]}})";
+  const SafetensorsFile file(write_raw(dir, header, std::string(22, '\0')));
+  REQUIRE(file.entries().size() == 1);
+  CHECK(file.entries()[0].name == "gpt_neox.layers.0.attention.dense.bias");
+}
+
 TEST_CASE("entries missing a field or holding the wrong type") {
   TempDir dir;
   std::string data(8, 'x');

@@ -89,7 +89,7 @@ std::vector<std::string> unused_tensors(const Checkpoint& base, const ModelConfi
   }, options);
   std::vector<std::string> unused;
   for (const std::string& name : base.names())
-    if (!used.contains(name) && !used.contains(constant_owner(name)) && !is_recomputed_buffer(name))
+    if (!used.contains(name) && !used.contains(constant_owner(name)))
       unused.push_back(name);
   return unused;
 }

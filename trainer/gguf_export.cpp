@@ -218,7 +218,6 @@ void export_gguf(const GgufExportCommand& command, std::ostream& log) {
     tensors.push_back(make_tensor("rope_freqs.weight", {int64_t(freqs.size())}, freqs, command.type));
   }
   for (const std::string& hf_name : names) {
-    if (is_recomputed_buffer(hf_name)) continue;
     const std::string gguf_name = gguf_tensor_name(arch.layout, hf_name);
     FT_CHECK(!gguf_name.empty(), base.entry(hf_name).file, ": tensor \"", hf_name,
              "\" has no name in llama.cpp's \"", arch.name, "\" architecture");
