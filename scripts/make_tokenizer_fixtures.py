@@ -169,6 +169,16 @@ def gpt_neox():
     return t, specials
 
 
+def duplicate_merges():
+    t, specials = gpt_neox()
+    data = json.loads(t.to_str())
+    # The first 40 merges given again at the end: tokenizers keeps a pair's last rank. The file is
+    # written as built here (to_str would write each pair once).
+    data["model"]["merges"] = data["model"]["merges"] + data["model"]["merges"][:40]
+    text = json.dumps(data, ensure_ascii=False)
+    return Tokenizer.from_str(text), specials, text
+
+
 def starcoder():
     specials = ["<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>"]
     t = byte_level_family(pre_tokenizers.Sequence([
@@ -276,6 +286,7 @@ FIXTURES = [
     split_behavior("split_merged_with_next", Regex(r"\s"), "merged_with_next", False),
     split_behavior("split_contiguous", Regex(r"\p{N}|\s"), "contiguous", False),
     split_behavior("split_invert", Regex(r"\p{L}+|\p{N}+"), "removed", True),
+    ("duplicate_merges", duplicate_merges),
 ]
 
 
@@ -283,11 +294,12 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     total = 0
     for index, (name, build) in enumerate(FIXTURES):
-        tokenizer, specials = build()
+        built = build()  # (tokenizer, specials[, the file's text])
+        tokenizer, specials = built[:2]
         directory = os.path.join(OUT, name)
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, "tokenizer.json"), "w", encoding="utf-8") as f:
-            f.write(tokenizer.to_str(pretty=False))
+            f.write(built[2] if len(built) > 2 else tokenizer.to_str(pretty=False))
         cases = []
         for text in test_strings(specials, 250, seed=100 + index):
             ids = tokenizer.encode(text, add_special_tokens=False).ids

@@ -167,6 +167,19 @@ TEST_CASE("default_tokenizer_path prefers tokenizer.model, then tokenizer.json")
   std::string sp_dir = std::string(FT_FIXTURES_DIR) + "/tokenizer";
   CHECK(default_tokenizer_path(sp_dir) == sp_dir + "/tokenizer.model");
   CHECK(default_tokenizer_path("/nonexistent") == "/nonexistent/tokenizer.model");
+  // Both files: tokenizer.model, unless the tokenizer.json adds tokens past its vocabulary (ChatML on a
+  // SentencePiece model), which transformers then tokenizes with.
+  const std::filesystem::path both = std::filesystem::temp_directory_path() / "test_bpe_tokenizer_both";
+  std::filesystem::create_directories(both);
+  std::filesystem::copy_file(sp_dir + "/tokenizer.model", both / "tokenizer.model",
+                             std::filesystem::copy_options::overwrite_existing);
+  nlohmann::json json = nlohmann::json::parse(std::ifstream(std::string(FT_FIXTURES_DIR) + "/tokenizers/mistral/tokenizer.json"));
+  std::ofstream(both / "tokenizer.json") << json.dump();
+  CHECK(default_tokenizer_path(both.string()) == (both / "tokenizer.model").string());
+  json["added_tokens"].push_back({{"id", json["model"]["vocab"].size()}, {"content", "<|im_start|>"}, {"special", true}});
+  std::ofstream(both / "tokenizer.json") << json.dump();
+  CHECK(default_tokenizer_path(both.string()) == (both / "tokenizer.json").string());
+  std::filesystem::remove_all(both);
 }
 
 TEST_CASE("invalid UTF-8 input is an error") {

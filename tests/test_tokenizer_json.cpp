@@ -63,6 +63,10 @@ TEST_CASE("Split behaviours and invert") {
     check_fixture(name);
 }
 
+TEST_CASE("a merge given twice keeps its last rank, as the tokenizers library's merge map") {
+  check_fixture("duplicate_merges");
+}
+
 static json fixture_json(const std::string& name) { return read_json(kDir + "/" + name + "/tokenizer.json"); }
 
 TEST_CASE("bos comes from the post-processor's template, eos and pad from tokenizer_config.json") {

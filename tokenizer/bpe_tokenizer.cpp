@@ -65,11 +65,12 @@ BpeTokenizer::BpeTokenizer(const json& config, const std::string& source, int64_
   FT_CHECK(config.contains("model"), source_, ": not a Hugging Face tokenizer.json (no \"model\" section",
            config.contains("model_type") ? "; it looks like a model's config.json" : "",
            "): give the checkpoint's tokenizer.json or tokenizer.model");
+  // The model first: a WordPiece or Unigram tokenizer.json is refused for that, not for a stage.
+  read_model(required(config, "model", source_, "model"));
   normalizer_ = std::make_unique<Normalizer>(member(config, "normalizer"), source_, "normalizer");
   const json& pre_tokenizer = member(config, "pre_tokenizer");
   pre_tokenizer_ = std::make_unique<PreTokenizer>(pre_tokenizer, source_, "pre_tokenizer");
   decoder_ = std::make_unique<Decoder>(member(config, "decoder"), source_, "decoder");
-  read_model(required(config, "model", source_, "model"));
   if (!member(config, "added_tokens").is_null()) read_added_tokens(config.at("added_tokens"));
   check_ids(expected_vocab_size);
   index_tokens();
@@ -87,9 +88,11 @@ void BpeTokenizer::read_model(const json& model) {
       unsupported(source_, std::string("model.") + key, value,
                   "only null is supported (affixes of BPE subwords, used by no supported model family)");
   }
-  const json& dropout = member(model, "dropout");  // ignored: encoding is deterministic
-  if (!dropout.is_null() && !dropout.is_number())
-    unsupported(source_, "model.dropout", dropout, "expected null or a number");
+  // Ignored within its range: training data is tokenized once, deterministically (BPE-dropout samples merges).
+  const json& dropout = member(model, "dropout");
+  if (!dropout.is_null() && !(dropout.is_number() && dropout.get<double>() >= 0.0 && dropout.get<double>() <= 1.0))
+    unsupported(source_, "model.dropout", dropout,
+                "expected null or a number in [0, 1], as the tokenizers library reads it");
   fuse_unk_ = flag(model, "fuse_unk", false, source_, "model.fuse_unk");
   ignore_merges_ = flag(model, "ignore_merges", false, source_, "model.ignore_merges");
   byte_fallback_ = flag(model, "byte_fallback", false, source_, "model.byte_fallback");
@@ -114,7 +117,8 @@ void BpeTokenizer::read_model(const json& model) {
     auto l = vocab_.find(left), r = vocab_.find(right), merged = vocab_.find(left + right);
     if (l == vocab_.end() || r == vocab_.end() || merged == vocab_.end())
       unsupported(source_, field, merges[rank], "expected both tokens and their concatenation in model.vocab");
-    merges_.emplace(pair_key(l->second, r->second), std::pair{int32_t(rank), merged->second});
+    // A pair given twice keeps its last rank, as the tokenizers library's merge map does.
+    merges_[pair_key(l->second, r->second)] = {int32_t(rank), merged->second};
   }
 
   const json& unk = member(model, "unk_token");

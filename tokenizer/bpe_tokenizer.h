@@ -4,8 +4,8 @@
 // byte_fallback).
 //
 //   model           type "BPE"; merges as "a b" strings or [a, b] pairs; unk_token, fuse_unk,
-//                   byte_fallback (<0xXX> tokens), ignore_merges; dropout is ignored (no
-//                   sampling); continuing_subword_prefix and end_of_word_suffix must be unset.
+//                   byte_fallback (<0xXX> tokens), ignore_merges; dropout (in [0, 1]) is ignored
+//                   (no sampling); continuing_subword_prefix and end_of_word_suffix must be unset.
 //   added_tokens    matched before pre-tokenization, leftmost then longest: those with
 //                   normalized false in the raw text, the others in the normalized text.
 //                   single_word, lstrip and rstrip must be false.
@@ -71,7 +71,8 @@ class BpeTokenizer final : public Tokenizer {
   // Whether id is one of added_tokens, and whether a special one (decode skips those).
   bool is_added(int32_t id) const;
   bool is_special(int32_t id) const { return id >= 0 && size_t(id) < special_.size() && special_[size_t(id)]; }
-  // model.merges in rank order, as pairs of token texts (a pair given twice counts once).
+  // model.merges in rank order, as pairs of token texts (a pair given twice counts once, at
+  // its last rank, as the tokenizers library builds its merge map).
   std::vector<std::pair<std::string, std::string>> merges() const;
 
  private:

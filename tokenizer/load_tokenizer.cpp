@@ -8,6 +8,7 @@
 #include "kernels/error.h"
 #include "kernels/input_file.h"
 #include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/json_fields.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
 
 namespace ft {
@@ -20,6 +21,24 @@ bool looks_like_json(const std::string& path) {
   char c;
   while (file.get(c))
     if (!std::isspace(static_cast<unsigned char>(c))) return c == '{';
+  return false;
+}
+
+// A tokenizer.json beside a tokenizer.model that adds tokens past its
+// model's vocabulary (a ChatML fine-tune's <|im_start|> at 32000): what
+// transformers tokenizes with, where the SentencePiece model alone would
+// spell those tokens out piece by piece.
+bool extends_its_vocabulary(const std::string& path) {
+  const nlohmann::json file = json_fields::read_json_file(path);
+  const nlohmann::json vocab = file.contains("model") && file["model"].is_object()
+                                   ? file["model"].value("vocab", nlohmann::json())
+                                   : nlohmann::json();
+  const nlohmann::json added = file.value("added_tokens", nlohmann::json::array());
+  if (!vocab.is_object() || !added.is_array()) return false;
+  for (const nlohmann::json& token : added)
+    if (token.is_object() && token.value("id", nlohmann::json()).is_number_integer() &&
+        token["id"].get<int64_t>() >= int64_t(vocab.size()))
+      return true;
   return false;
 }
 
@@ -45,7 +64,8 @@ std::string default_tokenizer_path(const std::string& model_dir) {
   // tokenizer's loader then names it in its own error instead of a
   // std::filesystem exception that names no field.
   std::error_code error;
-  if (fs::exists(sentencepiece, error)) return sentencepiece.string();
+  if (fs::exists(sentencepiece, error) && !(fs::is_regular_file(json, error) && extends_its_vocabulary(json.string())))
+    return sentencepiece.string();
   if (fs::exists(json, error)) return json.string();
   if (fs::exists(t5_sentencepiece, error)) return t5_sentencepiece.string();
   return sentencepiece.string();

@@ -191,7 +191,12 @@ void export_gguf(const GgufExportCommand& command, std::ostream& log) {
 
   const std::string name = fs::path(command.model).lexically_normal().filename().string();
   GgufMetadata metadata = hyper_parameters(config, arch, command.type, name.empty() ? "model" : name);
-  const std::string tokenizer = command_tokenizer_path(command.tokenizer, command.model);
+  // llama.cpp's converter reads a SentencePiece vocabulary from tokenizer.model (added tokens from
+  // tokenizer_config.json), also where a tokenizer.json beside it is the one transformers uses.
+  const fs::path sentencepiece = fs::path(command.model) / "tokenizer.model";
+  const std::string tokenizer = command.tokenizer.empty() && fs::is_regular_file(sentencepiece)
+                                    ? sentencepiece.string()
+                                    : command_tokenizer_path(command.tokenizer, command.model);
   add_gguf_vocab(tokenizer, config_path, config.vocab_size, metadata);
 
   const Checkpoint base(command.model);

@@ -22,7 +22,9 @@ bool truthy(const json& value) {
   return !value.empty();
 }
 
-json field(const json& object, const char* key) { return object.is_object() && object.contains(key) ? object[key] : json(); }
+json field(const json& object, const char* key) {
+  return object.is_object() && object.contains(key) ? object[key] : json();
+}
 
 // A post-processor template item's special-token id ({"SpecialToken": {"id": "<s>"}}), or null.
 json special_id(const json& item) { return field(field(item, "SpecialToken"), "id"); }
@@ -85,8 +87,9 @@ std::vector<std::pair<std::string, int64_t>> gguf_special_ids(const std::string&
                                                               const std::string& model_config_path,
                                                               int64_t vocab_size) {
   const fs::path folder = fs::path(tokenizer_path).parent_path();
-  const json tokenizer = is_tokenizer_json(tokenizer_path) ? read_json_object(tokenizer_path, "a tokenizer.json")
-                                                           : read_if_exists(folder / "tokenizer.json", "a tokenizer.json");
+  const json tokenizer = is_tokenizer_json(tokenizer_path)
+                             ? read_json_object(tokenizer_path, "a tokenizer.json")
+                             : read_if_exists(folder / "tokenizer.json", "a tokenizer.json");
   json config = read_if_exists(folder / "tokenizer_config.json", "a tokenizer_config.json");
   std::vector<std::string> types = {"bos", "eos", "unk", "sep", "pad", "cls", "mask"};
   Names names{config, types, truthy(config)};
@@ -125,9 +128,10 @@ std::vector<std::pair<std::string, int64_t>> gguf_special_ids(const std::string&
     add(type, id);
   }
   std::vector<std::pair<std::string, int64_t>> keyed;
-  const std::pair<const char*, const char*> keys[] = {
-      {"bos", "bos_token_id"},   {"eos", "eos_token_id"},     {"unk", "unknown_token_id"}, {"sep", "seperator_token_id"},
-      {"pad", "padding_token_id"}, {"mask", "mask_token_id"}, {"eot", "eot_token_id"},     {"eom", "eom_token_id"}};
+  const std::pair<const char*, const char*> keys[] = {{"bos", "bos_token_id"},     {"eos", "eos_token_id"},
+                                                      {"unk", "unknown_token_id"}, {"sep", "seperator_token_id"},
+                                                      {"pad", "padding_token_id"}, {"mask", "mask_token_id"},
+                                                      {"eot", "eot_token_id"},     {"eom", "eom_token_id"}};
   for (const auto& [type, id] : ids)
     for (const auto& [name, key] : keys)
       if (type == name) keyed.emplace_back(std::string("tokenizer.ggml.") + key, id);

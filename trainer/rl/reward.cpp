@@ -118,7 +118,8 @@ RewardFigures reward_micro_batch(CausalLM& model, const Batch& batch, int32_t pa
       const int64_t chosen_at = rows.score_positions[size_t(i)], rejected_at = rows.score_positions[size_t(P + i)];
       if (chosen_at < 0 || rejected_at < 0) continue;
       const double chosen = scores[size_t(i)], rejected = scores[size_t(P + i)];
-      const RewardPairLoss pair = reward_pair_loss(chosen, rejected, batch.margins.empty() ? 0.0 : batch.margins[size_t(i)]);
+      const RewardPairLoss pair =
+          reward_pair_loss(chosen, rejected, batch.margins.empty() ? 0.0 : batch.margins[size_t(i)]);
       doutputs[size_t(i * width + chosen_at)] = float(pair_weight * pair.dchosen);
       doutputs[size_t((P + i) * width + rejected_at)] = float(pair_weight * pair.drejected);
       figures.add({1, pair.loss, chosen > rejected ? 1.0 : 0.0, chosen - rejected, chosen + rejected,
