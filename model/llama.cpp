@@ -51,14 +51,18 @@ void read_qwen2_variant(const json& config, ModelConfig& result, const std::stri
   // layers as full attention (released Qwen2/2.5 checkpoints set it false).
   FT_CHECK(!optional_value<bool>(config, "use_sliding_window", false, source), source,
            ": use_sliding_window true is not supported for ", result.model_type, " (expected false)");
+  if (!config.contains("max_position_embeddings")) result.max_position_embeddings = 32768;  // Qwen2Config's default
 }
 
-// No biases, every layer in the window (null: none).
+// No biases, every layer in the window. As MistralConfig: an absent
+// sliding_window is 4096, null is none.
 void read_mistral_variant(const json& config, ModelConfig& result, const std::string& source) {
-  result.sliding_window = optional_value<int64_t>(config, "sliding_window", 0, source);
+  result.sliding_window = config.contains("sliding_window") ? optional_value<int64_t>(config, "sliding_window", 0, source)
+                                                             : 4096;
   const bool given = config.contains("sliding_window") && !config["sliding_window"].is_null();
   FT_CHECK(!given || result.sliding_window > 0, source, ": sliding_window must be a positive integer or null, got ",
            result.sliding_window);
+  if (!config.contains("max_position_embeddings")) result.max_position_embeddings = 131072;  // MistralConfig's
 }
 
 }  // namespace

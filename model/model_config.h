@@ -74,6 +74,7 @@ struct ModelConfig {
   int64_t relative_attention_num_buckets = 32;
   int64_t relative_attention_max_distance = 128;
   bool gated_ffn = false;                    // feed_forward_proj "gated-gelu" (v1.1, FLAN-T5) vs "relu" (v1.0)
+  bool scale_decoder_outputs = false;        // v1.0: decoder output times d_model^-0.5 before the head
   int64_t decoder_start_token_id = 0;        // the decoder's first input token
   StoredQuantization stored_quantization;
 

@@ -184,18 +184,18 @@ size_t first_non_finite(const unsigned char* values, size_t count, Bits exponent
 
 }  // namespace
 
+size_t first_non_finite_value(const void* data, DType dtype, size_t count) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  if (dtype == DType::f32) return first_non_finite<uint32_t>(bytes, count, 0x7f800000u);
+  if (dtype == DType::bf16 || dtype == DType::f16)
+    return first_non_finite<uint16_t>(bytes, count, dtype == DType::bf16 ? 0x7f80 : 0x7c00);
+  return count;
+}
+
 void require_finite(const SafetensorsEntry& entry) {
-  size_t count = entry.size_bytes / std::max<size_t>(1, dtype_size_bytes(entry.dtype));
-  size_t bad = count;
-  float value = 0;
-  const auto* bytes = static_cast<const unsigned char*>(entry.data);
-  if (entry.dtype == DType::f32) {
-    bad = first_non_finite<uint32_t>(bytes, count, 0x7f800000u);
-  } else if (entry.dtype == DType::bf16 || entry.dtype == DType::f16) {
-    const uint16_t mask = entry.dtype == DType::bf16 ? 0x7f80 : 0x7c00;
-    bad = first_non_finite<uint16_t>(bytes, count, mask);
-  }
-  if (bad < count) value = load_as_f32(entry.data, entry.dtype, int64_t(bad));
+  const size_t count = entry.size_bytes / std::max<size_t>(1, dtype_size_bytes(entry.dtype));
+  const size_t bad = first_non_finite_value(entry.data, entry.dtype, count);
+  const float value = bad < count ? load_as_f32(entry.data, entry.dtype, int64_t(bad)) : 0.0f;
   FT_CHECK(bad == count, entry.file, ": tensor \"", entry.name, "\" holds ", value, " at element ", bad,
            " (expected finite values; the checkpoint is corrupt or was saved after training diverged)");
 }

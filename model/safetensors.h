@@ -39,6 +39,9 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 // One read of the bytes, at memory bandwidth: loaders call it on every tensor
 // they take in, so a corrupt checkpoint never reaches training.
 void require_finite(const SafetensorsEntry& entry);
+// The index of the first Inf or NaN among count values of dtype at data
+// (count when there is none; integer dtypes have none).
+size_t first_non_finite_value(const void* data, DType dtype, size_t count);
 
 // One memory-mapped .safetensors file, validated at open.
 class SafetensorsFile {

@@ -2,19 +2,21 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
+#include "model/safetensors.h"
 
 namespace ft {
 
 using nlohmann::json;
 
-// T5 (transformers' T5Config) under its own field names. tie_word_embeddings
-// defaults to true as in T5Config, and when true the decoder output is scaled
-// by d_model^-0.5 before the shared lm_head (v1.0); v1.1 and FLAN-T5 write
-// false and carry their own lm_head. dropout_rate is not applied: no dropout
-// runs in the base model, only LoRA's.
+// T5 (transformers' T5Config) under its own field names. v1.0 scales the
+// decoder output by d_model^-0.5 before its head, the shared embedding
+// (tie_word_embeddings, default true); v1.1 and FLAN-T5 write false and carry
+// their own lm_head, unscaled. dropout_rate is not applied: no dropout runs
+// in the base model, only LoRA's.
 void read_t5_config(const json& config, ModelConfig& result, const std::string& source) {
   result.hidden_size = required_int(config, "d_model", source);
   result.intermediate_size = required_int(config, "d_ff", source);
@@ -40,12 +42,19 @@ void read_t5_config(const json& config, ModelConfig& result, const std::string& 
            "\" is not supported for ", result.model_type, " (expected \"relu\" or \"gated-gelu\")");
   result.gated_ffn = ffn == "gated-gelu";
   result.hidden_act = ffn == "relu" ? "relu" : "gelu_new";
-  // transformers 5 writes tie_word_embeddings true for every T5 (it ties a
-  // head only when the checkpoint has none of its own) and keeps v1.0's
-  // scaled, shared head as scale_decoder_outputs; v1.1 heads are untied.
-  result.tie_word_embeddings = optional_value<bool>(config, "tie_word_embeddings", true, source);
+  // transformers 5 writes tie_word_embeddings true for every T5 and keeps
+  // v1.0's scaling as scale_decoder_outputs; it ties an unscaled head only
+  // when the checkpoint beside config.json has no lm_head.weight of its own
+  // (a v1.1 it built from a config). Without a checkpoint (a config for
+  // `finetune plan`) an unscaled head is untied, as released v1.1 ones are.
+  const bool tie = optional_value<bool>(config, "tie_word_embeddings", true, source);
+  result.scale_decoder_outputs = optional_value<bool>(config, "scale_decoder_outputs", tie, source);
+  const std::filesystem::path folder = std::filesystem::path(source).parent_path();
+  std::error_code error;
+  const bool weights = std::filesystem::exists(folder / "model.safetensors", error) ||
+                       std::filesystem::exists(folder / "model.safetensors.index.json", error);
   result.tie_word_embeddings =
-      optional_value<bool>(config, "scale_decoder_outputs", result.tie_word_embeddings, source);
+      result.scale_decoder_outputs || (tie && weights && !Checkpoint(folder.string()).contains("lm_head.weight"));
   // T5's checkpoints set decoder_start_token_id to pad_token_id (0); an
   // absent one falls back to pad_token_id, as T5's documentation describes.
   const int64_t pad = optional_value<int64_t>(config, "pad_token_id", 0, source);
@@ -122,9 +131,9 @@ T5Model::T5Model(const ModelConfig& config, Backend& backend, const ModelOptions
   add_stack(*encoder_, "encoder.", config.num_hidden_layers, false);
   add_stack(*decoder_, "decoder.", config.num_decoder_layers, true);
   final_norm_ = decoder_->final_norm;
+  if (config.scale_decoder_outputs) logits_scale_ = 1.0f / std::sqrt(float(C));
   if (config.tie_word_embeddings) {
     lm_head_ = embedding_;
-    logits_scale_ = 1.0f / std::sqrt(float(C));
     weightless_modules_.push_back("lm_head");
   } else {
     lm_head_ = &add_parameter("lm_head.weight", {config.vocab_size, C}, options.weight_dtype);

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -126,6 +127,66 @@ TEST_CASE("merged checkpoints give PEFT's merge_and_unload logits, f32 and bf16"
     if (std::string(dtype) == "bf16") check_against_peft(neox, "neox.logits_bf16", 2e-5);
     else check_against_peft(neox, "neox.logits_f32", 1e-5);
   }
+}
+
+// llama_gqa rewritten with each tensor in dtype_of(name), and scaled (one element of `big` set to 1e5).
+static std::string rewritten_base(const std::string& name, DType (*dtype_of)(const std::string&), const std::string& big) {
+  const std::string folder = fresh_dir(name);
+  fs::create_directories(folder);
+  fs::copy_file(kFixtures + "/llama_gqa/config.json", folder + "/config.json");
+  const Checkpoint base(kFixtures + "/llama_gqa");
+  HostAllocator host;
+  CpuBackend backend(host);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& tensor : base.names()) {
+    Tensor f32 = backend.empty(base.view(tensor).shape, DType::f32, MemCategory::weights);
+    backend.copy(f32, base.view(tensor));
+    if (tensor == big) f32.ptr<float>()[0] = 1e5f;
+    Tensor stored = backend.empty(f32.shape, dtype_of(tensor), MemCategory::weights);
+    backend.copy(stored, f32);
+    tensors.emplace_back(tensor, stored);
+  }
+  save_safetensors(folder + "/model.safetensors", tensors, {{"format", "pt"}});
+  return folder;
+}
+
+static DType mixed_dtype(const std::string& name) {
+  if (name.find("self_attn") != std::string::npos) return DType::bf16;
+  return name.find("mlp") != std::string::npos ? DType::f16 : DType::f32;
+}
+
+static DType all_f32(const std::string&) { return DType::f32; }
+
+TEST_CASE("merge keeps each tensor's own dtype, as PEFT's merge_and_unload, and config.json's dtype with it") {
+  const std::string base = rewritten_base("mixed_base", mixed_dtype, "");
+  std::ostringstream log;
+  MergeCommand command = command_for("llama_gqa", "llama_lora", fresh_dir("mixed_out"));
+  command.model = base;
+  merge_adapter(command, log);
+  CHECK(log.str().find("into 21 bf16 and f16 and f32 tensors") != std::string::npos);
+  const Checkpoint input(base), merged(command.out);
+  REQUIRE(merged.names() == input.names());
+  for (const std::string& name : input.names()) {
+    CAPTURE(name);
+    CHECK(merged.entry(name).dtype == input.entry(name).dtype);
+    const bool adapted = name.find("q_proj") != std::string::npos || name.find("v_proj") != std::string::npos;
+    const SafetensorsEntry &a = input.entry(name), &b = merged.entry(name);
+    CHECK((std::memcmp(a.data, b.data, a.size_bytes) == 0) == !adapted);  // only the adapted weights change
+  }
+  const nlohmann::json config = nlohmann::json::parse(std::ifstream(command.out + "/config.json"));
+  CHECK(config["dtype"] == "float32");
+}
+
+TEST_CASE("merge refuses a weight that rounds to infinity in --dtype fp16, naming it and what to give") {
+  MergeCommand command = command_for("llama_gqa", "llama_lora", fresh_dir("overflow_out"));
+  command.model = rewritten_base("big_base", all_f32, "model.layers.1.mlp.down_proj.weight");
+  command.dtype = DType::f16;
+  CHECK(error_of(command) == command.out + ": tensor \"model.layers.1.mlp.down_proj.weight\" does not fit f16: element "
+                             "0 rounds to infinity (f16 holds |x| <= 65504); give --dtype bf16 or fp32");
+  CHECK(!fs::exists(command.out));  // nothing half-written left behind
+  command.dtype = DType::bf16;
+  command.out = fresh_dir("overflow_bf16");
+  CHECK(error_of(command) == "");
 }
 
 // A base bitsandbytes saved quantised (NF4 with double quantisation, and

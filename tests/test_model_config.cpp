@@ -207,6 +207,16 @@ TEST_CASE("qwen2 and mistral configure the llama layer") {
   config = parse_model_config(mistral.dump(), kSource);
   CHECK((config.sliding_window == 4096 && !config.attention_bias && !config.o_proj_bias));
   CHECK(parse_model_config(with(mistral, "sliding_window", nullptr).dump(), kSource).sliding_window == 0);
+  // Absent fields take MistralConfig's and Qwen2Config's defaults: a 4096 window, 131072 and 32768 positions.
+  json bare_mistral = mistral, bare_qwen = qwen;
+  bare_mistral.erase("sliding_window");
+  bare_mistral.erase("max_position_embeddings");
+  bare_qwen.erase("max_position_embeddings");
+  config = parse_model_config(bare_mistral.dump(), kSource);
+  CHECK((config.sliding_window == 4096 && config.max_position_embeddings == 131072));
+  CHECK(parse_model_config(bare_qwen.dump(), kSource).max_position_embeddings == 32768);
+  CHECK(parse_model_config(mistral.dump(), kSource).max_position_embeddings ==
+        mistral["max_position_embeddings"].get<int64_t>());
   json llama = with(with(gqa_config(), "attention_bias", true), "mlp_bias", true);
   config = parse_model_config(llama.dump(), kSource);
   CHECK((config.attention_bias && config.o_proj_bias && config.mlp_bias));

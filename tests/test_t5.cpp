@@ -270,6 +270,8 @@ TEST_CASE("t5 config: T5's field names, both feed-forward forms, transformers 5'
   ModelConfig v5 = parse_model_config(
       base + R"(, "tie_word_embeddings": true, "scale_decoder_outputs": false})", "v5");
   CHECK(!v5.tie_word_embeddings);
+  CHECK(!v5.scale_decoder_outputs);
+  CHECK(v10.scale_decoder_outputs);
   CHECK_THROWS_WITH_AS(parse_model_config(base + R"(, "feed_forward_proj": "gated-silu"})", "cfg"),
                        doctest::Contains("feed_forward_proj \"gated-silu\" is not supported for t5"), Error);
   CHECK_THROWS_WITH_AS(parse_model_config(R"({"model_type": "t5", "d_model": 20})", "cfg"),
@@ -280,6 +282,46 @@ TEST_CASE("t5 config: T5's field names, both feed-forward forms, transformers 5'
   ModelOptions checkpointed = f32_options();
   checkpointed.activation_checkpointing = ActivationCheckpointing::per_layer;
   CHECK_THROWS_WITH_AS(T5Model(v10, backend, checkpointed), doctest::Contains("activation checkpointing"), Error);
+}
+
+TEST_CASE("a v1.1 T5 that transformers 5 saved tied (no lm_head.weight, unscaled) runs as its untied twin") {
+  // t5_v1_1 twice: as released (own lm_head.weight, here a copy of shared) and as transformers 5 writes
+  // a v1.1 built from its config (tie_word_embeddings true, scale_decoder_outputs false, no lm_head.weight).
+  const std::string dir = fixture_dir("t5_v1_1");
+  const Checkpoint source(dir);
+  const auto write_twin = [&](const std::string& name, bool tied) {
+    const std::filesystem::path folder = std::filesystem::temp_directory_path() / ("test_t5_" + name);
+    std::filesystem::remove_all(folder);
+    std::filesystem::create_directories(folder);
+    nlohmann::json config = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+    config["tie_word_embeddings"] = tied;
+    if (tied) config["scale_decoder_outputs"] = false;
+    std::ofstream(folder / "config.json") << config.dump();
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const std::string& tensor : source.names())
+      if (tensor != "lm_head.weight") tensors.emplace_back(tensor, source.view(tensor));
+    if (!tied) tensors.emplace_back("lm_head.weight", source.view("shared.weight"));
+    save_safetensors((folder / "model.safetensors").string(), tensors);
+    return folder.string();
+  };
+  const std::string untied = write_twin("untied", false), tied = write_twin("tied", true);
+  const ModelConfig tied_config = read_model_config(tied + "/config.json");
+  CHECK((tied_config.tie_word_embeddings && !tied_config.scale_decoder_outputs));
+  Checkpoint reference(dir + "/reference.safetensors");
+  HostAllocator host;
+  CpuBackend backend(host);
+  const Tensor input_ids = reference.view("input_ids"), labels = reference.view("labels");
+  std::vector<float> losses;
+  for (const std::string& folder : {untied, tied}) {
+    const ModelConfig config = read_model_config(folder + "/config.json");
+    T5Model model(config, backend, f32_options());
+    model.load(Checkpoint(folder));
+    const Tensor decoder_ids = t5_decoder_inputs(labels, config.decoder_start_token_id, 0, host);
+    losses.push_back(model.forward(input_ids, decoder_ids, labels));
+  }
+  CHECK(losses[0] == losses[1]);
+  std::filesystem::remove_all(untied);
+  std::filesystem::remove_all(tied);
 }
 
 namespace {

@@ -578,9 +578,42 @@ std::pair<size_t, size_t> key_distance(const std::string& key, const std::string
   return {edit_distance(key, candidate), 0};
 }
 
+// transformers' TrainingArguments, trl's and PEFT's names for what this
+// config calls otherwise, or does not offer: told plainly, where the closest
+// spelling would point at an unrelated key.
+struct PeerName {
+  const char* key;
+  const char* answer;
+};
+constexpr PeerName kPeerNames[] = {
+    {"learning_rate", "this config's key is \"lr\""},
+    {"per_device_train_batch_size", "this config's key is \"micro_batch_size\" (sequences per forward pass)"},
+    {"gradient_accumulation_steps", "this config's key is \"grad_accum_steps\""},
+    {"num_train_epochs", "this config's key is \"epochs\""},
+    {"logging_steps", "this config's key is \"log_every\""},
+    {"eval_steps", "this config's key is \"eval_every\""},
+    {"save_steps", "this config's key is \"save_every\""},
+    {"max_seq_length", "this config's key is \"seq_len\""},
+    {"max_length", "this config's key is \"seq_len\""},
+    {"lr_scheduler_type", "this config's key is \"schedule\" (constant, linear or cosine)"},
+    {"warmup_ratio", "this config's key is \"warmup_steps\", which takes a ratio below 1 too"},
+    {"bf16", "this config says \"precision: bf16\""},
+    {"fp16", "this config says \"precision: bf16\" (or fp32); fp16 training is not offered"},
+    {"gradient_checkpointing", "this config's key is \"activation_checkpointing\""},
+    {"optim", "the optimizer is AdamW, with transformers' defaults (betas 0.9 and 0.999, eps 1e-8)"},
+    {"adam_beta1", "AdamW's betas are fixed at transformers' defaults, 0.9 and 0.999"},
+    {"adam_beta2", "AdamW's betas are fixed at transformers' defaults, 0.9 and 0.999"},
+    {"adam_epsilon", "AdamW's eps is fixed at transformers' default, 1e-8"},
+    {"lora.bias", "LoRA trains no biases here (PEFT's bias=\"none\")"},
+    {"lora.modules_to_save", "whole modules are not trained beside LoRA here (trainable: all trains every weight)"},
+    {"lora.lora_r", "this config's key is \"lora.r\""},
+};
+
 // A key its section does not have lists the section's keys unless one is
 // close; elsewhere the closest key or section is suggested.
 [[noreturn]] void fail_unknown_key(const std::string& where, const std::string& key) {
+  for (const PeerName& peer : kPeerNames)
+    FT_CHECK(key != peer.key, where, ": unknown key \"", key, "\"; ", peer.answer);
   // compare: is a comparison file's list of runs, not a field of one run.
   FT_CHECK(key != "compare" && !key.starts_with("compare."), where, ": \"", key,
            "\": a comparison's runs (compare:) are written in its file, each a run's fields; --set sets a field "

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -12,7 +14,9 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/error.h"
+#include "kernels/op_checks.h"
 #include "model/atomic_file.h"
+#include "model/json_input.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
 #include "trainer/adapter_merge.h"
@@ -49,9 +53,19 @@ void check_output_folder(const MergeCommand& command) {
              ", which merge would replace; give a folder without one");
 }
 
-// Tensor names in shards of at most max_bytes in dtype (a larger tensor alone), in checkpoint order.
-std::vector<std::vector<std::string>> plan_shards(const AdapterMerge& adapter, DType dtype, size_t max_bytes,
-                                                 bool sequence_classifier) {
+// A merged weight rounded to a narrower dtype must stay finite: f16 holds
+// |x| <= 65504, and an Inf written would make the folder unloadable.
+void check_representable(const Tensor& merged, const std::string& name, const std::string& out) {
+  const size_t count = size_t(merged.numel());
+  const size_t bad = first_non_finite_value(merged.data, merged.dtype, count);
+  FT_CHECK(bad == count, out, ": tensor \"", name, "\" does not fit ", dtype_name(merged.dtype), ": element ", bad,
+           " rounds to infinity (f16 holds |x| <= 65504); give --dtype bf16 or fp32");
+}
+
+// Tensor names in shards of at most max_bytes, each in its dtype_of (a larger tensor alone), in checkpoint order.
+std::vector<std::vector<std::string>> plan_shards(const AdapterMerge& adapter,
+                                                 const std::function<DType(const std::string&)>& dtype_of,
+                                                 size_t max_bytes, bool sequence_classifier) {
   // transformers' *ForSequenceClassification has a score head instead of the
   // language-model head (Llama's lm_head, GPT-NeoX's embed_out): not written.
   static const std::set<std::string> kLanguageModelHeads = {"lm_head.weight", "embed_out.weight"};
@@ -59,7 +73,7 @@ std::vector<std::vector<std::string>> plan_shards(const AdapterMerge& adapter, D
   size_t shard_bytes = 0;
   for (const std::string& name : adapter.base_names()) {
     if (sequence_classifier && kLanguageModelHeads.count(name)) continue;
-    const size_t bytes = size_t(shape_numel(adapter.base_shape(name))) * dtype_size_bytes(dtype);
+    const size_t bytes = size_t(shape_numel(adapter.base_shape(name))) * dtype_size_bytes(dtype_of(name));
     if (shard_bytes > 0 && shard_bytes + bytes > max_bytes) shards.emplace_back(), shard_bytes = 0;
     shards.back().push_back(name);
     shard_bytes += bytes;
@@ -92,12 +106,14 @@ void make_sequence_classifier(json& config, const std::string& source, std::ostr
   }
 }
 
-// config.json with its dtype fields naming the output dtype, untied where
-// the adapter saves its own lm_head, without the quantization_config of a
-// base saved quantised (the merged weights are floating).
-void write_config(const MergeCommand& command, DType dtype, bool sequence_classifier, bool untie, std::ostream& log) {
+// config.json with its dtype fields naming the output dtype (given with
+// --dtype, or the weights a quantised base dequantises to; otherwise kept),
+// untied where the adapter saves its own lm_head, without the
+// quantization_config of a base saved quantised (the merged weights are floating).
+void write_config(const MergeCommand& command, std::optional<DType> dtype, bool sequence_classifier, bool untie,
+                  std::ostream& log) {
   const std::string source = (fs::path(command.model) / "config.json").string();
-  json config = config_saved_as(source, dtype);
+  json config = dtype ? config_saved_as(source, *dtype) : read_json_object(source, "a Hugging Face config.json");
   config.erase("quantization_config");
   if (untie) config["tie_word_embeddings"] = false;
   if (sequence_classifier) make_sequence_classifier(config, source, log);
@@ -109,6 +125,13 @@ std::string shard_name(size_t index, size_t count) {
   char name[64];
   std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", index + 1, count);
   return name;
+}
+
+// "bf16", or "bf16 and f32" for a checkpoint of mixed dtypes.
+std::string dtype_list(const std::set<std::string>& names) {
+  std::string text;
+  for (const std::string& name : names) text += (text.empty() ? "" : " and ") + name;
+  return text;
 }
 
 // "scaling 2", or "scalings 0.5 to 8" where rank_pattern or alpha_pattern
@@ -136,7 +159,7 @@ CLI::App* add_merge_command(CLI::App& app, MergeCommand& c) {
   merge->add_option("--adapter", c.adapter, "a PEFT LoRA adapter folder")->type_name("DIR")->required();
   merge->add_option("--out", c.out, "the merged checkpoint's folder")->type_name("DIR")->required();
   add_choice_option(*merge, "--dtype", c.dtype, EnumNames<DType>(kOutputDtypes),
-                    "the merged weights' dtype (default: the base weights')");
+                    "the merged weights' dtype (default: each tensor's own)");
   auto shard_bytes = [](const std::string& text) {
     const size_t bytes = parse_byte_size(text);
     FT_CHECK(bytes > 0, "expected a size > 0, got \"", text, "\"");
@@ -157,41 +180,60 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
   if (!other_base.empty()) log << "warning: " << other_base << "\n";
   check_base_matches_config(base, config_path);
   const bool untie = adds_untied_head(adapter, config_path);
-  // A quantised base's merged weights take its floating weights' dtype (the model's).
-  const DType dtype = command.dtype.value_or(adapter.dequantises() ? adapter.float_dtype()
-                                                                  : base.entry(adapter.pairs().begin()->first + ".weight").dtype);
+  // Each tensor in --dtype, else its own, as PEFT's merge_and_unload keeps it: a quantised base's
+  // dequantised weights and tensors the base lacks (a score head) in the model's floating dtype.
+  const DType model_dtype =
+      adapter.dequantises() ? adapter.float_dtype() : base.entry(adapter.pairs().begin()->first + ".weight").dtype;
+  const auto dtype_of = [&](const std::string& name) {
+    const bool own = base.contains(name) && checks::is_floating(base.entry(name).dtype);
+    return command.dtype.value_or(own ? base.entry(name).dtype : model_dtype);
+  };
+  std::set<std::string> written_dtypes;
 
+  const bool new_folder = !fs::exists(command.out);
   create_folder(command.out, "merge --out");
   const bool sequence_classifier = adapter.config().task_type == "SEQ_CLS";
   std::vector<std::vector<std::string>> shards =
-      plan_shards(adapter, dtype, command.max_shard_bytes, sequence_classifier);
+      plan_shards(adapter, dtype_of, command.max_shard_bytes, sequence_classifier);
   // Added tensors (a score head over a causal LM's checkpoint) after the base's, in the last shard.
   shards.back().insert(shards.back().end(), adapter.added_names().begin(), adapter.added_names().end());
   json weight_map = json::object();
   size_t total_bytes = 0;
-  for (size_t s = 0; s < shards.size(); ++s) {
-    HostAllocator host;  // before the tensors it backs: one shard's worth
-    CpuBackend be(host);
-    std::vector<std::pair<std::string, Tensor>> tensors;
-    for (const std::string& name : shards[s]) {
-      tensors.emplace_back(name, adapter.tensor(be, name, dtype));
-      if (base.contains(name)) base.release(name);
-      weight_map[name] = shard_name(s, shards.size());
-      total_bytes += tensors.back().second.size_bytes();
+  try {
+    for (size_t s = 0; s < shards.size(); ++s) {
+      HostAllocator host;  // before the tensors it backs: one shard's worth
+      CpuBackend be(host);
+      std::vector<std::pair<std::string, Tensor>> tensors;
+      for (const std::string& name : shards[s]) {
+        tensors.emplace_back(name, adapter.tensor(be, name, dtype_of(name)));
+        check_representable(tensors.back().second, name, command.out);
+        written_dtypes.insert(dtype_name(dtype_of(name)));
+        if (base.contains(name)) base.release(name);
+        weight_map[name] = shard_name(s, shards.size());
+        total_bytes += tensors.back().second.size_bytes();
+      }
+      save_safetensors((fs::path(command.out) / shard_name(s, shards.size())).string(), tensors, {{"format", "pt"}});
     }
-    save_safetensors((fs::path(command.out) / shard_name(s, shards.size())).string(), tensors, {{"format", "pt"}});
+  } catch (const Error&) {
+    // A refused tensor leaves no half merge behind: the shards written (check_output_folder saw none
+    // before) and the folder merge made go.
+    std::error_code error;
+    for (size_t s = 0; s < shards.size(); ++s) fs::remove(fs::path(command.out) / shard_name(s, shards.size()), error);
+    if (new_folder) fs::remove(command.out, error);
+    throw;
   }
   if (shards.size() > 1) {
     const json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
     write_file_atomically((fs::path(command.out) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   }
-  write_config(command, dtype, sequence_classifier, untie, log);
+  write_config(command, command.dtype ? command.dtype : adapter.dequantises() ? std::optional(model_dtype) : std::nullopt,
+               sequence_classifier, untie, log);
   for (const char* file : kCopiedFiles)
     if (fs::exists(fs::path(command.model) / file))
       copy_file_atomically((fs::path(command.model) / file).string(), (fs::path(command.out) / file).string());
   log << "merged " << adapter.pairs().size() << " LoRA modules (" << scalings(adapter.pairs()) << ")"
       << (adapter.saved().empty() ? "" : " and " + std::to_string(adapter.saved().size()) + " modules_to_save tensors")
-      << " into " << weight_map.size() << " " << dtype_name(dtype) << " tensors"
+      << " into " << weight_map.size() << " " << dtype_list(written_dtypes) << " tensors"
       << (adapter.dequantises() ? " (the base's INT8 or NF4 weights dequantised)" : "") << ", " << shards.size() << " shard" << (shards.size() > 1 ? "s" : "")
       << ": " << command.out << "\n";
 }
