@@ -49,59 +49,60 @@ Tensor host_ints(HostAllocator& host, const Shape& shape, const std::vector<int3
   return t;
 }
 
+// The fixture's reward model (transformers' LlamaForSequenceClassification with the LoRA adapter)
+// and its batch of pairs.
+struct RewardFixture {
+  Checkpoint reference{kFixtures + "/reward/reference.safetensors"};
+  HostAllocator host;
+  CpuBackend backend{host};
+  std::unique_ptr<LlamaModel> model = make_reward_model(backend, kFixtures + "/reward/model");
+  Batch batch{reference.view("input_ids"), shifted_targets(reference.view("labels"), host), 0};
+  int64_t pairs = batch.input_ids.dim(0) / 2;
+};
+
 }  // namespace
 
 TEST_CASE("reward model: scores, trl's loss and figures, LoRA and score gradients equal transformers + PEFT") {
-  Checkpoint reference(kFixtures + "/reward/reference.safetensors");
-  HostAllocator host;
-  CpuBackend backend(host);
-  std::unique_ptr<LlamaModel> model = make_reward_model(backend, kFixtures + "/reward/model");
-  Batch batch{reference.view("input_ids"), shifted_targets(reference.view("labels"), host), 0};
-  const int64_t pairs = batch.input_ids.dim(0) / 2;
+  RewardFixture f;
 
   HostAllocator rows_host;
-  const std::vector<double> scores = sequence_scores(*model, scored_rows(batch, kPad, rows_host));
-  const Tensor want_scores = reference.view("scores");
+  const std::vector<double> scores = sequence_scores(*f.model, scored_rows(f.batch, kPad, rows_host));
+  const Tensor want_scores = f.reference.view("scores");
   REQUIRE(int64_t(scores.size()) == want_scores.numel());
   for (size_t r = 0; r < scores.size(); ++r) {
     CAPTURE(r);
     CHECK(std::abs(scores[r] - want_scores.ptr<float>()[r]) <= kTolerance * std::max(1.0, std::abs(scores[r])));
   }
 
-  const RewardFigures figures = reward_micro_batch(*model, batch, kPad, true, 1.0 / double(pairs));
-  CHECK(figures.pairs == pairs);
+  const RewardFigures figures = reward_micro_batch(*f.model, f.batch, kPad, true, 1.0 / double(f.pairs));
+  CHECK(figures.pairs == f.pairs);
   const nlohmann::json means = figures.means();
   for (const char* name : {"loss", "accuracy", "margin"}) {
     CAPTURE(name);
-    const double want = reference.view(name).ptr<float>()[0], got = means[name].get<double>();
+    const double want = f.reference.view(name).ptr<float>()[0], got = means[name].get<double>();
     CHECK(std::abs(got - want) <= kTolerance * std::max(std::abs(want), 1.0));
   }
-  for (Parameter& adapter : model->adapters()) {
+  for (Parameter& adapter : f.model->adapters()) {
     CAPTURE(adapter.name);
-    CHECK(relative_error(adapter.grad, reference.view("grad." + adapter.name)) <= kTolerance);
+    CHECK(relative_error(adapter.grad, f.reference.view("grad." + adapter.name)) <= kTolerance);
   }
-  CHECK(relative_error(model->output_head().weight->grad, reference.view("grad.score.weight")) <= kTolerance);
+  CHECK(relative_error(f.model->output_head().weight->grad, f.reference.view("grad.score.weight")) <= kTolerance);
 }
 
 TEST_CASE("reward model: trl's margin column is subtracted from each pair's score difference") {
-  Checkpoint reference(kFixtures + "/reward/reference.safetensors");
-  HostAllocator host;
-  CpuBackend backend(host);
-  std::unique_ptr<LlamaModel> model = make_reward_model(backend, kFixtures + "/reward/model");
-  Batch batch{reference.view("input_ids"), shifted_targets(reference.view("labels"), host), 0};
-  const int64_t pairs = batch.input_ids.dim(0) / 2;
-  const float* scores = reference.view("scores").ptr<float>();
+  RewardFixture f;
+  const float* scores = f.reference.view("scores").ptr<float>();
   double want_loss = 0.0;
-  for (int64_t i = 0; i < pairs; ++i) {
-    batch.margins.push_back(0.75 * double(i) - 0.5);
+  for (int64_t i = 0; i < f.pairs; ++i) {
+    f.batch.margins.push_back(0.75 * double(i) - 0.5);
     // RewardTrainer.compute_loss: -logsigmoid(chosen - rejected - margin), the mean over pairs.
-    const double z = double(scores[i]) - double(scores[pairs + i]) - batch.margins.back();
-    want_loss += std::log1p(std::exp(-z)) / double(pairs);
+    const double z = double(scores[i]) - double(scores[f.pairs + i]) - f.batch.margins.back();
+    want_loss += std::log1p(std::exp(-z)) / double(f.pairs);
   }
-  const nlohmann::json means = reward_micro_batch(*model, batch, kPad, false, 0.0).means();
+  const nlohmann::json means = reward_micro_batch(*f.model, f.batch, kPad, false, 0.0).means();
   CHECK(std::abs(means["loss"].get<double>() - want_loss) <= kTolerance * std::max(want_loss, 1.0));
   // trl's logged margin stays the mean score difference, the margin column not subtracted.
-  CHECK(std::abs(means["margin"].get<double>() - reference.view("margin").ptr<float>()[0]) <= kTolerance);
+  CHECK(std::abs(means["margin"].get<double>() - f.reference.view("margin").ptr<float>()[0]) <= kTolerance);
 }
 
 TEST_CASE("reward model: the score is read at the last token that is not the pad token, as transformers reads it") {

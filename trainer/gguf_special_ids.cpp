@@ -4,23 +4,17 @@
 #include <filesystem>
 
 #include "model/json_input.h"
+#include "trainer/data/jinja/value.h"
 #include "tokenizer/load_tokenizer.h"
 
 namespace ft {
 namespace fs = std::filesystem;
-using nlohmann::json;
+using json = jinja::Json;  // the chat templates' JSON, whose truthy() is Python's, as gguf-py tests values
 
 namespace {
 
 // The rules below are gguf-py's, written in Python: its truth value of a JSON value.
-bool truthy(const json& value) {
-  if (value.is_null()) return false;
-  if (value.is_boolean()) return value.get<bool>();
-  if (value.is_number_float()) return value.get<double>() != 0.0;
-  if (value.is_number()) return value.get<int64_t>() != 0;
-  if (value.is_string()) return !value.get_ref<const std::string&>().empty();
-  return !value.empty();
-}
+bool truthy(const json& value) { return jinja::truthy(jinja::Value(value)); }
 
 json field(const json& object, const char* key) {
   return object.is_object() && object.contains(key) ? object[key] : json();
@@ -31,7 +25,7 @@ json special_id(const json& item) { return field(field(item, "SpecialToken"), "i
 json sequence_id(const json& item) { return field(field(item, "Sequence"), "id"); }
 
 json read_if_exists(const fs::path& path, const char* expected) {
-  return fs::is_regular_file(path) ? read_json_object(path.string(), expected) : json();
+  return fs::is_regular_file(path) ? read_ordered_json_object(path.string(), expected) : json();
 }
 
 struct Names {
@@ -88,7 +82,7 @@ std::vector<std::pair<std::string, int64_t>> gguf_special_ids(const std::string&
                                                               int64_t vocab_size) {
   const fs::path folder = fs::path(tokenizer_path).parent_path();
   const json tokenizer = is_tokenizer_json(tokenizer_path)
-                             ? read_json_object(tokenizer_path, "a tokenizer.json")
+                             ? read_ordered_json_object(tokenizer_path, "a tokenizer.json")
                              : read_if_exists(folder / "tokenizer.json", "a tokenizer.json");
   json config = read_if_exists(folder / "tokenizer_config.json", "a tokenizer_config.json");
   std::vector<std::string> types = {"bos", "eos", "unk", "sep", "pad", "cls", "mask"};
@@ -121,7 +115,7 @@ std::vector<std::pair<std::string, int64_t>> gguf_special_ids(const std::string&
         break;
       }
   }
-  const json model_config = read_json_object(model_config_path, "the model's config.json");
+  const json model_config = read_ordered_json_object(model_config_path, "the model's config.json");
   for (const std::string& type : types) {
     json id = field(model_config, (type + "_token_id").c_str());
     if (id.is_null()) id = field(field(model_config, "text_config"), (type + "_token_id").c_str());
