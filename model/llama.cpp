@@ -57,8 +57,8 @@ void read_qwen2_variant(const json& config, ModelConfig& result, const std::stri
 // No biases, every layer in the window. As MistralConfig: an absent
 // sliding_window is 4096, null is none.
 void read_mistral_variant(const json& config, ModelConfig& result, const std::string& source) {
-  result.sliding_window = config.contains("sliding_window") ? optional_value<int64_t>(config, "sliding_window", 0, source)
-                                                             : 4096;
+  result.sliding_window =
+      config.contains("sliding_window") ? optional_value<int64_t>(config, "sliding_window", 0, source) : 4096;
   const bool given = config.contains("sliding_window") && !config["sliding_window"].is_null();
   FT_CHECK(!given || result.sliding_window > 0, source, ": sliding_window must be a positive integer or null, got ",
            result.sliding_window);

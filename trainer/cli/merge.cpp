@@ -226,8 +226,11 @@ void merge_adapter(const MergeCommand& command, std::ostream& log) {
     const json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
     write_file_atomically((fs::path(command.out) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   }
-  write_config(command, command.dtype ? command.dtype : adapter.dequantises() ? std::optional(model_dtype) : std::nullopt,
-               sequence_classifier, untie, log);
+  // config.json's dtype: --dtype's, or that of a quantised base's weights dequantised; else kept.
+  const std::optional<DType> config_dtype = command.dtype ? command.dtype
+                                            : adapter.dequantises() ? std::optional(model_dtype)
+                                                                    : std::nullopt;
+  write_config(command, config_dtype, sequence_classifier, untie, log);
   for (const char* file : kCopiedFiles)
     if (fs::exists(fs::path(command.model) / file))
       copy_file_atomically((fs::path(command.model) / file).string(), (fs::path(command.out) / file).string());
