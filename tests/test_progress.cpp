@@ -3,12 +3,16 @@
 // the next row that fits, in order. Without a metrics path (a data-parallel
 // rank other than 0) it writes no file at all.
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -62,4 +66,33 @@ TEST_CASE("a Progress without a metrics path writes no file, neither metrics nor
   }
   fs::current_path(previous);
   CHECK(fs::is_empty(folder));
+}
+
+TEST_CASE("under log_every, a printed line's loss is the mean over its steps, as transformers' logging_steps") {
+  const fs::path lines = fs::path(FT_BINARY_DIR) / "progress_lines.txt";
+  std::cout.flush();
+  std::fflush(stdout);
+  const int saved = dup(STDOUT_FILENO), file = open(lines.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  REQUIRE(dup2(file, STDOUT_FILENO) >= 0);  // not a terminal: the lines are printed, not a bar
+  {
+    ft::Progress progress("", 5, 0, 2);
+    progress.start();
+    for (int step = 1; step <= 5; ++step) {
+      ft::StepReport report;
+      report.step = step;
+      report.loss = step;
+      progress.on_step(report);
+    }
+    progress.finish();
+  }
+  std::cout.flush();
+  std::fflush(stdout);
+  dup2(saved, STDOUT_FILENO);
+  close(saved);
+  close(file);
+  std::stringstream text;
+  text << std::ifstream(lines).rdbuf();
+  std::vector<std::string> losses;
+  for (std::string line; std::getline(text, line);) losses.push_back(line.substr(line.find("loss "), 11));
+  CHECK(losses == std::vector<std::string>{"loss 1.5000", "loss 3.5000", "loss 5.0000"});  // steps 1-2, 3-4, 5
 }

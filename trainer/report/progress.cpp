@@ -117,8 +117,14 @@ void Progress::on_step(const StepReport& report) {
   if (is_terminal_) {
     std::cout << "\r\033[K" << format_bar(report, tokens_per_s, elapsed_s) << std::flush;
     bar_drawn_ = true;
-  } else if (report.step % log_every_ == 0 || last) {
-    std::cout << format_bar(report, tokens_per_s, elapsed_s) << "\n" << std::flush;
+  }
+  interval_loss_sum_ += report.loss;
+  interval_steps_++;
+  if (report.step % log_every_ == 0 || last) {
+    StepReport line = report;
+    line.loss = interval_loss_sum_ / double(interval_steps_);
+    if (!is_terminal_) std::cout << format_bar(line, tokens_per_s, elapsed_s) << "\n" << std::flush;
+    interval_loss_sum_ = 0.0, interval_steps_ = 0;
   }
 }
 

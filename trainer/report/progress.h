@@ -55,6 +55,10 @@ class Progress {
   int metrics_fd_ = -1;
   bool warned_write_failure_ = false, warned_plot_failure_ = false;
   int64_t total_steps_, first_step_, log_every_;
+  // The losses since the last printed line: a line shows their mean, as
+  // transformers' logging_steps logs it (the bar on a terminal shows the step's).
+  double interval_loss_sum_ = 0.0;
+  int64_t interval_steps_ = 0;
   bool is_terminal_;
   bool bar_drawn_ = false;
   std::chrono::steady_clock::time_point start_, last_step_;
