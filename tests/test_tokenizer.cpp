@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -45,6 +46,22 @@ TEST_CASE("special pieces' strings in the text become their ids, the text betwee
   std::vector<int32_t> partial = tokenizer.encode("</s");  // a partial string stays text
   CHECK(std::find(partial.begin(), partial.end(), 2) == partial.end());
   CHECK(partial.size() > 1);
+}
+
+TEST_CASE("tokenizer_config.json beside the model says whether bos is added and eos appended, as transformers reads it") {
+  const std::filesystem::path folder = std::filesystem::temp_directory_path() / "test_tokenizer_config_flags";
+  std::filesystem::remove_all(folder);
+  std::filesystem::create_directories(folder);
+  std::filesystem::copy_file(kTokenizerPath, folder / "tokenizer.model");
+  const std::string path = (folder / "tokenizer.model").string();
+  CHECK(SentencePieceTokenizer(path).bos_id() == 1);  // no tokenizer_config.json: LlamaTokenizer's defaults
+  CHECK(!SentencePieceTokenizer(path).appends_eos());
+  std::ofstream(folder / "tokenizer_config.json") << R"({"add_bos_token": false, "add_eos_token": true})";
+  CHECK(SentencePieceTokenizer(path).bos_id() == -1);
+  CHECK(SentencePieceTokenizer(path).appends_eos());
+  std::ofstream(folder / "tokenizer_config.json") << R"({"add_bos_token": "yes"})";
+  CHECK_THROWS_WITH_AS(SentencePieceTokenizer{path}, doctest::Contains("add_bos_token"), ft::Error);
+  std::filesystem::remove_all(folder);
 }
 
 TEST_CASE("a tokenizer with more pieces than the model's vocab_size is refused; a padded embedding is fine") {

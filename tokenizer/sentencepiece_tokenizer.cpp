@@ -3,9 +3,11 @@
 #include <sentencepiece_processor.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "kernels/error.h"
 #include "kernels/input_file.h"
+#include "tokenizer/json_fields.h"
 #include "tokenizer/sentencepiece_model_check.h"
 
 namespace ft {
@@ -37,6 +39,15 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& path, int64_t 
       special_pieces_.push_back({processor_->IdToPiece(id), int32_t(id)});
   std::stable_sort(special_pieces_.begin(), special_pieces_.end(),
                    [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  // transformers' LlamaTokenizer over a SentencePiece model: tokenizer_config.json beside it says
+  // whether encode adds bos (default) and appends eos.
+  const std::string folder = std::filesystem::path(path).parent_path().string();
+  const nlohmann::json config = json_fields::read_tokenizer_config(folder);
+  const std::string config_path = (std::filesystem::path(folder) / "tokenizer_config.json").string();
+  if (config.is_object()) {
+    adds_bos_ = json_fields::flag(config, "add_bos_token", true, config_path, "add_bos_token");
+    appends_eos_ = json_fields::flag(config, "add_eos_token", false, config_path, "add_eos_token");
+  }
 }
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
@@ -81,7 +92,7 @@ std::string SentencePieceTokenizer::decode(const std::vector<int32_t>& ids) cons
 }
 
 int64_t SentencePieceTokenizer::vocab_size() const { return processor_->GetPieceSize(); }
-int32_t SentencePieceTokenizer::bos_id() const { return processor_->bos_id(); }
+int32_t SentencePieceTokenizer::bos_id() const { return adds_bos_ ? processor_->bos_id() : -1; }
 int32_t SentencePieceTokenizer::eos_id() const { return processor_->eos_id(); }
 int32_t SentencePieceTokenizer::pad_id() const { return processor_->pad_id(); }
 int32_t SentencePieceTokenizer::unk_id() const { return processor_->unk_id(); }

@@ -3,7 +3,10 @@
 // first splits the text on the special pieces' strings (<s>, </s>, <unk>):
 // each becomes its id, and the text between them is encoded piece by piece
 // (each with SentencePiece's dummy prefix, as the legacy tokenizer does), so
-// rendered chat templates get single ids for their bos and eos.
+// rendered chat templates get single ids for their bos and eos. A
+// tokenizer_config.json beside the model can say that no bos is added
+// (add_bos_token: false) or that eos is (add_eos_token: true), as
+// transformers reads them.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -31,7 +34,8 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocab_size() const override;
   std::string token_text(int32_t id) const override;
-  int32_t bos_id() const override;  // -1 when the model defines none
+  int32_t bos_id() const override;  // -1 when the model defines none, or add_bos_token is false
+  bool appends_eos() const override { return appends_eos_; }  // add_eos_token
   int32_t eos_id() const override;
   int32_t pad_id() const override;
   std::string file_name() const override { return "tokenizer.model"; }
@@ -51,6 +55,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string path_;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
   std::vector<std::pair<std::string, int32_t>> special_pieces_;  // control and unknown pieces, longest first
+  bool adds_bos_ = true, appends_eos_ = false;  // tokenizer_config.json's add_bos_token / add_eos_token
 };
 
 }  // namespace ft
