@@ -46,11 +46,23 @@ void read_llama_variant(const json& config, ModelConfig& result, const std::stri
 void read_qwen2_variant(const json& config, ModelConfig& result, const std::string& source) {
   // Qwen2Attention: q/k/v always with bias, o_proj and the MLP without.
   result.attention_bias = true;
-  // With use_sliding_window, layers from max_window_layers on attend within
-  // a window of their own; we refuse such a config rather than run those
-  // layers as full attention (released Qwen2/2.5 checkpoints set it false).
-  FT_CHECK(!optional_value<bool>(config, "use_sliding_window", false, source), source,
-           ": use_sliding_window true is not supported for ", result.model_type, " (expected false)");
+  // As Qwen2Config: with use_sliding_window (and a sliding_window, 4096 when
+  // absent), layers from max_window_layers on attend within the window
+  // (layer_types says so where given). Such a layer is refused rather than run
+  // as full attention; released Qwen2/2.5 checkpoints attend fully everywhere.
+  const bool window = optional_value<bool>(config, "use_sliding_window", false, source) &&
+                      !(config.contains("sliding_window") && config["sliding_window"].is_null());
+  const int64_t full_layers = optional_value<int64_t>(config, "max_window_layers", 28, source);
+  const bool listed = config.contains("layer_types") && config["layer_types"].is_array();
+  const bool sliding =
+      listed ? std::count(config["layer_types"].begin(), config["layer_types"].end(), "sliding_attention") > 0
+             : window && full_layers < result.num_hidden_layers;
+  FT_CHECK(!sliding, source, ": ",
+           listed ? "layer_types holds \"sliding_attention\""
+                  : "use_sliding_window true with max_window_layers " + std::to_string(full_layers) +
+                        " below num_hidden_layers " + std::to_string(result.num_hidden_layers),
+           ": layers attending within sliding_window are not supported for ", result.model_type,
+           " (expected every layer attending fully)");
   if (!config.contains("max_position_embeddings")) result.max_position_embeddings = 32768;  // Qwen2Config's default
 }
 

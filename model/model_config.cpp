@@ -93,8 +93,9 @@ void read_rope(const json& config, ModelConfig& result, const std::string& sourc
   FT_CHECK(rope.is_object(), source, ": field \"", key, "\" must be an object, got ", rope.dump());
   std::string type = optional_value<std::string>(rope, "type", "default", source);
   type = optional_value<std::string>(rope, "rope_type", type, source);
-  FT_CHECK(type == "default" || type == "linear" || type == "dynamic" || type == "llama3", source, ": ", key,
-           ".rope_type \"", type, "\" is not supported (expected \"default\", \"linear\", \"dynamic\" or \"llama3\")");
+  const char* type_key = rope.contains("rope_type") ? "rope_type" : "type";  // the key the file spells
+  FT_CHECK(type == "default" || type == "linear" || type == "dynamic" || type == "llama3", source, ": ", key, ".",
+           type_key, " \"", type, "\" is not supported (expected \"default\", \"linear\", \"dynamic\" or \"llama3\")");
   result.rope_theta = optional_value<float>(rope, "rope_theta", result.rope_theta, source);
   result.rotary_pct = optional_value<double>(rope, "partial_rotary_factor", result.rotary_pct, source);
   RopeScaling& scaling = result.rope_scaling;

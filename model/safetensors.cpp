@@ -60,7 +60,7 @@ DType parse_dtype(const json& info, const std::string& where) {
   std::string name = info["dtype"].get<std::string>();
   for (const DTypeName& entry : kDTypeNames)
     if (name == entry.name) return entry.dtype;
-  fail(where, "unsupported dtype \"", name, "\" (supported: F32, F16, BF16, I8, I32)");
+  fail(where, "unsupported dtype \"", name, "\" (supported: F32, F16, BF16, I8, I32, U8)");
 }
 
 Shape parse_shape(const json& info, const std::string& where) {

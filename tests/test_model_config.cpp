@@ -151,14 +151,21 @@ TEST_CASE("unsupported settings are refused") {
   check_rejected(with(gqa_config(), "rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}),
                  "rope_scaling.rope_type \"yarn\" is not supported (expected \"default\", \"linear\", \"dynamic\" or "
                  "\"llama3\")");
-  check_rejected(with(gqa_config(), "rope_scaling", {{"type", "longrope"}}), "rope_scaling.rope_type \"longrope\"");
+  check_rejected(with(gqa_config(), "rope_scaling", {{"type", "longrope"}}), "rope_scaling.type \"longrope\"");
   check_rejected(with(gqa_config(), "rope_scaling", {{"type", "linear"}}), "rope_scaling.factor is required");
   check_rejected(with(gqa_config(), "rope_scaling", {{"rope_type", "linear"}, {"factor", -2.0}}),
                  "rope_scaling.factor must be positive");
   check_rejected(with(gqa_config(), "rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}}),
                  "rope_scaling.high_freq_factor is required");
-  check_rejected(with(with(gqa_config(), "model_type", "qwen2"), "use_sliding_window", true),
-                 "use_sliding_window true is not supported for qwen2");
+  // Qwen2's window applies from max_window_layers on (transformers' layer_types): refused where a layer slides.
+  const json sliding_qwen = with(with(gqa_config(), "model_type", "qwen2"), "use_sliding_window", true);
+  check_rejected(with(sliding_qwen, "max_window_layers", 1),
+                 "use_sliding_window true with max_window_layers 1 below num_hidden_layers 22: layers attending within "
+                 "sliding_window are not supported for qwen2");
+  CHECK(parse_model_config(sliding_qwen.dump(), kSource).sliding_window == 0);  // 28 >= 22 layers: all attend fully
+  check_rejected(with(with(gqa_config(), "model_type", "qwen2"), "layer_types",
+                      {"full_attention", "sliding_attention"}),
+                 "layer_types holds \"sliding_attention\": layers attending");
   check_rejected(with(with(gqa_config(), "model_type", "mistral"), "sliding_window", 0),
                  "sliding_window must be a positive integer or null");
 }
