@@ -184,21 +184,22 @@ Batch PreferenceLoader::next() {
   const DataPosition at = chosen_.position();
   Batch chosen = chosen_.next();
   Batch batch = stacked(chosen, rejected_.next());
-  batch.margins = batch_margins(chosen_.epoch_order(at.epoch), at.index);
+  if (!margins_.empty()) batch.margins = batch_margins(chosen_.epoch_order(at.epoch), at.index);
   return batch;
 }
 
 Batch PreferenceLoader::batch_in_order(int64_t index) const {
   Batch batch = stacked(chosen_.batch_in_order(index), rejected_.batch_in_order(index));
+  if (margins_.empty()) return batch;
   std::vector<int64_t> in_order(static_cast<size_t>(row_count()));
   std::iota(in_order.begin(), in_order.end(), int64_t(0));
   batch.margins = batch_margins(in_order, index);
   return batch;
 }
 
-// The margins of micro-batch `index` in that order (DataLoader's rows), 0 for an epoch's padding pairs.
+// The margins of micro-batch `index` in that order (DataLoader's rows), 0 for an epoch's padding pairs;
+// computed only for pairs that have margins (the order is a shuffle of every pair).
 std::vector<double> PreferenceLoader::batch_margins(const std::vector<int64_t>& order, int64_t index) const {
-  if (margins_.empty()) return {};
   std::vector<double> margins(size_t(pairs_per_batch_), 0.0);
   for (int64_t b = 0; b < pairs_per_batch_ && index * pairs_per_batch_ + b < row_count(); ++b)
     margins[size_t(b)] = margins_[size_t(order[size_t(index * pairs_per_batch_ + b)])];
