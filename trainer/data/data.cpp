@@ -756,6 +756,11 @@ int64_t DataLoader::batches_per_epoch() const { return (row_count() + micro_batc
 
 std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const { return shuffled_order(row_count(), seed_, epoch); }
 
+std::vector<int64_t> DataLoader::next_rows() const {
+  const int64_t begin = position_.index * micro_batch_size_, end = std::min(row_count(), begin + micro_batch_size_);
+  return std::vector<int64_t>(order_.begin() + begin, order_.begin() + std::max(begin, end));
+}
+
 std::vector<int64_t> shuffled_order(int64_t count, uint64_t seed, int64_t epoch) {
   std::vector<int64_t> order(static_cast<size_t>(count));
   std::iota(order.begin(), order.end(), int64_t(0));

@@ -328,6 +328,9 @@ class DataLoader {
 
   // The row order of an epoch: shuffled_order(row_count(), seed, epoch).
   std::vector<int64_t> epoch_order(int64_t epoch) const;
+  // The rows (indices into the loader's rows, in its epoch order) of the
+  // micro-batch next() returns; fewer than micro_batch_size in an epoch's last.
+  std::vector<int64_t> next_rows() const;
 
  private:
   Batch make_batch(const std::vector<int64_t>& order, int64_t index) const;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
@@ -181,28 +180,27 @@ PreferenceLoader::PreferenceLoader(const TokenizedPairs& pairs, int64_t pairs_pe
 }
 
 Batch PreferenceLoader::next() {
-  const DataPosition at = chosen_.position();
+  const std::vector<int64_t> rows = margins_.empty() ? std::vector<int64_t>{} : chosen_.next_rows();
   Batch chosen = chosen_.next();
   Batch batch = stacked(chosen, rejected_.next());
-  if (!margins_.empty()) batch.margins = batch_margins(chosen_.epoch_order(at.epoch), at.index);
+  batch.margins = batch_margins(rows);
   return batch;
 }
 
 Batch PreferenceLoader::batch_in_order(int64_t index) const {
   Batch batch = stacked(chosen_.batch_in_order(index), rejected_.batch_in_order(index));
-  if (margins_.empty()) return batch;
-  std::vector<int64_t> in_order(static_cast<size_t>(row_count()));
-  std::iota(in_order.begin(), in_order.end(), int64_t(0));
-  batch.margins = batch_margins(in_order, index);
+  std::vector<int64_t> rows;
+  for (int64_t row = index * pairs_per_batch_; row < std::min(row_count(), (index + 1) * pairs_per_batch_); ++row)
+    rows.push_back(row);
+  batch.margins = batch_margins(rows);
   return batch;
 }
 
-// The margins of micro-batch `index` in that order (DataLoader's rows), 0 for an epoch's padding pairs;
-// computed only for pairs that have margins (the order is a shuffle of every pair).
-std::vector<double> PreferenceLoader::batch_margins(const std::vector<int64_t>& order, int64_t index) const {
+// The margins of a micro-batch of those rows, 0 for an epoch's padding pairs; none when the pairs have none.
+std::vector<double> PreferenceLoader::batch_margins(const std::vector<int64_t>& rows) const {
+  if (margins_.empty()) return {};
   std::vector<double> margins(size_t(pairs_per_batch_), 0.0);
-  for (int64_t b = 0; b < pairs_per_batch_ && index * pairs_per_batch_ + b < row_count(); ++b)
-    margins[size_t(b)] = margins_[size_t(order[size_t(index * pairs_per_batch_ + b)])];
+  for (size_t b = 0; b < rows.size(); ++b) margins[b] = margins_[size_t(rows[b])];
   return margins;
 }
 

@@ -83,7 +83,7 @@ class PreferenceLoader {
 
  private:
   Batch stacked(const Batch& chosen, const Batch& rejected) const;
-  std::vector<double> batch_margins(const std::vector<int64_t>& order, int64_t index) const;
+  std::vector<double> batch_margins(const std::vector<int64_t>& rows) const;
 
   DataLoader chosen_, rejected_;
   std::vector<double> margins_;
