@@ -26,11 +26,8 @@ static json read_json(const std::string& path) {
   return json::parse(file);
 }
 
-static void check_fixture(const std::string& name) {
-  CAPTURE(name);
-  BpeTokenizer tokenizer(kDir + "/" + name + "/tokenizer.json");
-  const json cases = read_json(kDir + "/" + name + "/cases.json")["cases"];
-  REQUIRE(cases.size() >= 200);
+// Every case's ids without and with special tokens and its decoded text.
+static void check_cases(const BpeTokenizer& tokenizer, const json& cases) {
   size_t mismatches = 0;
   for (const json& c : cases) {
     const std::string text = c["text"];
@@ -46,6 +43,13 @@ static void check_fixture(const std::string& name) {
     }
   }
   CHECK(mismatches == 0);
+}
+
+static void check_fixture(const std::string& name) {
+  CAPTURE(name);
+  const json cases = read_json(kDir + "/" + name + "/cases.json")["cases"];
+  REQUIRE(cases.size() >= 200);
+  check_cases(BpeTokenizer(kDir + "/" + name + "/tokenizer.json"), cases);
 }
 
 TEST_CASE("model families: Llama-3, Qwen2, GPT-NeoX, StarCoder / SmolLM, Llama-2 and Mistral") {
@@ -121,6 +125,37 @@ TEST_CASE("tokenizer_config.json beside tokenizer.json is read") {
   std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "<nope>"})";
   const std::string message = (dir / "tokenizer_config.json").string() + ": eos_token is \"<nope>\"";
   CHECK_THROWS_WITH_AS(load_tokenizer((dir / "tokenizer.json").string(), 0), doctest::Contains(message.c_str()), Error);
+  fs::remove_all(dir);
+}
+
+// transformers 5 rebuilds a LlamaTokenizer's stages from the class (no
+// normalizer, Metaspace "first" unless legacy, "never" without
+// add_prefix_space): no \u2581 after a special token inside the text
+// ("<s>[INST]"), where the Llama-2 file's own Prepend normalizer adds one.
+TEST_CASE("a LlamaTokenizer folder's tokenizer.json runs under the class's stages, as transformers 5 builds them") {
+  namespace fs = std::filesystem;
+  const json file = fixture_json("llama2");
+  const json fixture = read_json(kDir + "/llama_class/cases.json");
+  REQUIRE(fixture["variants"].size() == 4);
+  for (const json& variant : fixture["variants"]) {
+    CAPTURE(variant["tokenizer_config"].dump());
+    REQUIRE(variant["cases"].size() >= 100);
+    check_cases(BpeTokenizer(file, "tokenizer.json", 0, variant["tokenizer_config"], "tokenizer_config.json"),
+                variant["cases"]);
+  }
+  // The file's own stages differ there: the fixture is not what the file alone gives.
+  const json& turn = fixture["variants"][0]["cases"][0];
+  CHECK(turn["text"] == "<s>[INST] Hi there [/INST] Hello</s><s>[INST] more [/INST]");
+  CHECK(BpeTokenizer(file, "tokenizer.json").encode(turn["text"]) != turn["ids"].get<std::vector<int32_t>>());
+  // A folder with both files: the class reads tokenizer.json, as transformers 5 does; other folders keep the model.
+  const fs::path dir = fs::temp_directory_path() / "ft_test_tokenizer_json_llama_class";
+  fs::create_directories(dir);
+  std::ofstream(dir / "tokenizer.model") << "model";
+  std::ofstream(dir / "tokenizer.json") << file.dump();
+  std::ofstream(dir / "tokenizer_config.json") << R"({"tokenizer_class": "PreTrainedTokenizerFast"})";
+  CHECK(default_tokenizer_path(dir.string()) == (dir / "tokenizer.model").string());
+  std::ofstream(dir / "tokenizer_config.json") << R"({"tokenizer_class": "LlamaTokenizer"})";
+  CHECK(default_tokenizer_path(dir.string()) == (dir / "tokenizer.json").string());
   fs::remove_all(dir);
 }
 

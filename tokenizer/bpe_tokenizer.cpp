@@ -43,6 +43,27 @@ std::pair<std::string, std::string> merge_pair(const json& entry, const std::str
 
 uint64_t pair_key(int32_t left, int32_t right) { return (uint64_t(uint32_t(left)) << 32) | uint32_t(right); }
 
+// transformers 5 builds a LlamaTokenizer's (Llama-2, Mistral) stages from
+// its class, not from the file (models/llama/tokenization_llama.py): no
+// normalizer, Metaspace with prepend_scheme "first" ("always" when legacy,
+// "never" without add_prefix_space) and SentencePiece's decoder, stripping
+// the first space only where one was prepended. Null for other classes.
+json llama_class_stages(const json& tokenizer_config, const std::string& config_source) {
+  const json& name = member(tokenizer_config, "tokenizer_class");
+  if (name != "LlamaTokenizer" && name != "LlamaTokenizerFast") return nullptr;
+  const bool add_prefix_space = flag(tokenizer_config, "add_prefix_space", true, config_source, "add_prefix_space");
+  const bool legacy = flag(tokenizer_config, "legacy", false, config_source, "legacy");
+  const char* scheme = !add_prefix_space ? "never" : legacy ? "always" : "first";
+  json decoders = json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+                               {{"type", "ByteFallback"}},
+                               {{"type", "Fuse"}}});
+  if (add_prefix_space) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  return {{"normalizer", nullptr},
+          {"pre_tokenizer", {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", scheme},
+                             {"split", false}}},
+          {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}}};
+}
+
 size_t utf8_length(char lead) {
   uint8_t b = uint8_t(lead);
   return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
@@ -67,10 +88,11 @@ BpeTokenizer::BpeTokenizer(const json& config, const std::string& source, int64_
            "): give the checkpoint's tokenizer.json or tokenizer.model");
   // The model first: a WordPiece or Unigram tokenizer.json is refused for that, not for a stage.
   read_model(required(config, "model", source_, "model"));
-  normalizer_ = std::make_unique<Normalizer>(member(config, "normalizer"), source_, "normalizer");
-  const json& pre_tokenizer = member(config, "pre_tokenizer");
-  pre_tokenizer_ = std::make_unique<PreTokenizer>(pre_tokenizer, source_, "pre_tokenizer");
-  decoder_ = std::make_unique<Decoder>(member(config, "decoder"), source_, "decoder");
+  const json class_stages = llama_class_stages(tokenizer_config, config_source);
+  const json& stages = class_stages.is_null() ? config : class_stages;
+  normalizer_ = std::make_unique<Normalizer>(member(stages, "normalizer"), source_, "normalizer");
+  pre_tokenizer_ = std::make_unique<PreTokenizer>(member(stages, "pre_tokenizer"), source_, "pre_tokenizer");
+  decoder_ = std::make_unique<Decoder>(member(stages, "decoder"), source_, "decoder");
   if (!member(config, "added_tokens").is_null()) read_added_tokens(config.at("added_tokens"));
   check_ids(expected_vocab_size);
   index_tokens();

@@ -42,6 +42,15 @@ bool extends_its_vocabulary(const std::string& path) {
   return false;
 }
 
+// transformers 5 tokenizes a LlamaTokenizer folder (Llama-2, Mistral) with
+// its tokenizer.json's vocabulary and merges under the class's own stages
+// (bpe_tokenizer.h), not with the SentencePiece model beside it.
+bool names_llama_class(const std::string& model_dir) {
+  const nlohmann::json config = json_fields::read_tokenizer_config(model_dir);
+  const nlohmann::json name = config.is_object() ? config.value("tokenizer_class", nlohmann::json()) : nullptr;
+  return name == "LlamaTokenizer" || name == "LlamaTokenizerFast";
+}
+
 }  // namespace
 
 bool is_tokenizer_json(const std::string& path) {
@@ -64,7 +73,8 @@ std::string default_tokenizer_path(const std::string& model_dir) {
   // tokenizer's loader then names it in its own error instead of a
   // std::filesystem exception that names no field.
   std::error_code error;
-  if (fs::exists(sentencepiece, error) && !(fs::is_regular_file(json, error) && extends_its_vocabulary(json.string())))
+  if (fs::exists(sentencepiece, error) && !(fs::is_regular_file(json, error) && (extends_its_vocabulary(json.string()) ||
+                                                                                 names_llama_class(model_dir))))
     return sentencepiece.string();
   if (fs::exists(json, error)) return json.string();
   if (fs::exists(t5_sentencepiece, error)) return t5_sentencepiece.string();
