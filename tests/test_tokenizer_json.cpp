@@ -128,27 +128,30 @@ TEST_CASE("tokenizer_config.json beside tokenizer.json is read") {
   fs::remove_all(dir);
 }
 
-// transformers 5 rebuilds a LlamaTokenizer's stages from the class (no
-// normalizer, Metaspace "first" unless legacy, "never" without
-// add_prefix_space): no \u2581 after a special token inside the text
-// ("<s>[INST]"), where the Llama-2 file's own Prepend normalizer adds one.
-TEST_CASE("a LlamaTokenizer folder's tokenizer.json runs under the class's stages, as transformers 5 builds them") {
+// transformers 5 rebuilds the stages of the LlamaTokenizer, GPT2Tokenizer,
+// GPTNeoXTokenizer and Qwen2Tokenizer classes from the class, whatever the
+// file says: a Llama-2 file under LlamaTokenizer adds no \u2581 after a
+// special token inside the text ("<s>[INST]"), where its own Prepend
+// normalizer adds one; add_prefix_space is the config's.
+TEST_CASE("tokenizer classes that transformers 5 rebuilds run the file's vocabulary under the class's stages") {
   namespace fs = std::filesystem;
-  const json file = fixture_json("llama2");
-  const json fixture = read_json(kDir + "/llama_class/cases.json");
-  REQUIRE(fixture["variants"].size() == 4);
+  const json fixture = read_json(kDir + "/classes/cases.json");
+  REQUIRE(fixture["variants"].size() == 9);
   for (const json& variant : fixture["variants"]) {
     CAPTURE(variant["tokenizer_config"].dump());
-    REQUIRE(variant["cases"].size() >= 100);
-    check_cases(BpeTokenizer(file, "tokenizer.json", 0, variant["tokenizer_config"], "tokenizer_config.json"),
+    REQUIRE(variant["cases"].size() >= 60);
+    check_cases(BpeTokenizer(fixture_json(variant["tokenizer_json"]), "tokenizer.json", 0, variant["tokenizer_config"],
+                             "tokenizer_config.json"),
                 variant["cases"]);
   }
+  const json file = fixture_json("llama2");
   // The file's own stages differ there: the fixture is not what the file alone gives.
   const json& turn = fixture["variants"][0]["cases"][0];
+  REQUIRE(fixture["variants"][0]["tokenizer_json"] == "llama2");
   CHECK(turn["text"] == "<s>[INST] Hi there [/INST] Hello</s><s>[INST] more [/INST]");
   CHECK(BpeTokenizer(file, "tokenizer.json").encode(turn["text"]) != turn["ids"].get<std::vector<int32_t>>());
   // A folder with both files: the class reads tokenizer.json, as transformers 5 does; other folders keep the model.
-  const fs::path dir = fs::temp_directory_path() / "ft_test_tokenizer_json_llama_class";
+  const fs::path dir = fs::temp_directory_path() / "ft_test_tokenizer_json_class";
   fs::create_directories(dir);
   std::ofstream(dir / "tokenizer.model") << "model";
   std::ofstream(dir / "tokenizer.json") << file.dump();

@@ -43,25 +43,45 @@ std::pair<std::string, std::string> merge_pair(const json& entry, const std::str
 
 uint64_t pair_key(int32_t left, int32_t right) { return (uint64_t(uint32_t(left)) << 32) | uint32_t(right); }
 
-// transformers 5 builds a LlamaTokenizer's (Llama-2, Mistral) stages from
-// its class, not from the file (models/llama/tokenization_llama.py): no
-// normalizer, Metaspace with prepend_scheme "first" ("always" when legacy,
-// "never" without add_prefix_space) and SentencePiece's decoder, stripping
-// the first space only where one was prepended. Null for other classes.
-json llama_class_stages(const json& tokenizer_config, const std::string& config_source) {
+// transformers 5 keeps the vocabulary, merges and post-processor of a
+// tokenizer.json whose tokenizer_config.json names one of these classes and
+// builds the other stages from the class (models/*/tokenization_*.py):
+// Llama-2 and Mistral's LlamaTokenizer has no normalizer, Metaspace with
+// prepend_scheme "first" ("always" when legacy, "never" without
+// add_prefix_space) and SentencePiece's decoder, stripping the first space
+// only where one was prepended; GPT2Tokenizer, GPTNeoXTokenizer and
+// Qwen2Tokenizer are byte-level with the config's add_prefix_space
+// (default false). Null for other classes: the file's own stages.
+json class_stages(const json& tokenizer_config, const std::string& config_source) {
   const json& name = member(tokenizer_config, "tokenizer_class");
-  if (name != "LlamaTokenizer" && name != "LlamaTokenizerFast") return nullptr;
-  const bool add_prefix_space = flag(tokenizer_config, "add_prefix_space", true, config_source, "add_prefix_space");
-  const bool legacy = flag(tokenizer_config, "legacy", false, config_source, "legacy");
-  const char* scheme = !add_prefix_space ? "never" : legacy ? "always" : "first";
-  json decoders = json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
-                               {{"type", "ByteFallback"}},
-                               {{"type", "Fuse"}}});
-  if (add_prefix_space) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
-  return {{"normalizer", nullptr},
-          {"pre_tokenizer", {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", scheme},
-                             {"split", false}}},
-          {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}}};
+  const auto is = [&](const char* base) { return name == base || name == std::string(base) + "Fast"; };
+  const json nfc = {{"type", "NFC"}}, byte_level_decoder = {{"type", "ByteLevel"}};
+  if (is("LlamaTokenizer")) {
+    const bool add_prefix_space = flag(tokenizer_config, "add_prefix_space", true, config_source, "add_prefix_space");
+    const bool legacy = flag(tokenizer_config, "legacy", false, config_source, "legacy");
+    json decoders = json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+                                 {{"type", "ByteFallback"}},
+                                 {{"type", "Fuse"}}});
+    if (add_prefix_space) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+    return {{"normalizer", nullptr},
+            {"pre_tokenizer", {{"type", "Metaspace"}, {"replacement", "\u2581"},
+                               {"prepend_scheme", !add_prefix_space ? "never" : legacy ? "always" : "first"},
+                               {"split", false}}},
+            {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}}};
+  }
+  if (!is("GPT2Tokenizer") && !is("GPTNeoXTokenizer") && !is("Qwen2Tokenizer")) return nullptr;
+  const bool add_prefix_space = flag(tokenizer_config, "add_prefix_space", false, config_source, "add_prefix_space");
+  if (is("Qwen2Tokenizer")) {
+    const char* pattern = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+    const json split = {{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}};
+    const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", add_prefix_space}, {"use_regex", false}};
+    return {{"normalizer", nfc},
+            {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", {split, byte_level}}}},
+            {"decoder", byte_level_decoder}};
+  }
+  return {{"normalizer", is("GPTNeoXTokenizer") ? nfc : json()},
+          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", add_prefix_space}, {"use_regex", true}}},
+          {"decoder", byte_level_decoder}};
 }
 
 size_t utf8_length(char lead) {
@@ -88,8 +108,8 @@ BpeTokenizer::BpeTokenizer(const json& config, const std::string& source, int64_
            "): give the checkpoint's tokenizer.json or tokenizer.model");
   // The model first: a WordPiece or Unigram tokenizer.json is refused for that, not for a stage.
   read_model(required(config, "model", source_, "model"));
-  const json class_stages = llama_class_stages(tokenizer_config, config_source);
-  const json& stages = class_stages.is_null() ? config : class_stages;
+  const json rebuilt = class_stages(tokenizer_config, config_source);
+  const json& stages = rebuilt.is_null() ? config : rebuilt;
   normalizer_ = std::make_unique<Normalizer>(member(stages, "normalizer"), source_, "normalizer");
   pre_tokenizer_ = std::make_unique<PreTokenizer>(member(stages, "pre_tokenizer"), source_, "pre_tokenizer");
   decoder_ = std::make_unique<Decoder>(member(stages, "decoder"), source_, "decoder");

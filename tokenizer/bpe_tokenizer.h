@@ -16,9 +16,10 @@
 //   truncation, padding  ignored (the trainer truncates and pads); padding.pad_id is pad_id.
 //
 // tokenizer_config.json beside the file (when read from a path) is read as transformers does:
-// tokenizer_class LlamaTokenizer[Fast] replaces the file's normalizer, pre-tokenizer and decoder
-// by the class's (no normalizer; Metaspace "first", "always" when legacy, "never" without
-// add_prefix_space; SentencePiece's decoder), as transformers 5 rebuilds that class;
+// tokenizer_class LlamaTokenizer, GPT2Tokenizer, GPTNeoXTokenizer or Qwen2Tokenizer (or its
+// Fast name) replaces the file's normalizer, pre-tokenizer and decoder by the class's, as
+// transformers 5 rebuilds them (Llama: no normalizer, Metaspace "first", "always" when legacy,
+// "never" without add_prefix_space; the others byte-level with the config's add_prefix_space);
 // add_bos_token / add_eos_token, when present, replace what the template puts before / after
 // the text by bos_token / eos_token; eos_token, bos_token and pad_token name the special ids.
 // Without it: eos is the template's token after the text, else the special added token
