@@ -162,6 +162,25 @@ TEST_CASE("tokenizer classes that transformers 5 rebuilds run the file's vocabul
   fs::remove_all(dir);
 }
 
+TEST_CASE("T5's Unigram tokenizer.json gives way to the spiece.model beside it (google/flan-t5-base ships both)") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "ft_test_tokenizer_json_t5";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "spiece.model") << "model";
+  std::ofstream(dir / "tokenizer.json") << R"({"model": {"type": "Unigram", "unk_id": 2, "vocab": [["<pad>", 0.0]]}})";
+  CHECK(default_tokenizer_path(dir.string()) == (dir / "spiece.model").string());
+  // A BPE tokenizer.json is still the folder's tokenizer; alone, a Unigram one is named (and refused on loading).
+  std::ofstream(dir / "tokenizer.json") << fixture_json("llama2").dump();
+  CHECK(default_tokenizer_path(dir.string()) == (dir / "tokenizer.json").string());
+  std::ofstream(dir / "tokenizer.json") << R"({"model": {"type": "Unigram", "unk_id": 2, "vocab": [["<pad>", 0.0]]}})";
+  fs::remove(dir / "spiece.model");
+  CHECK(default_tokenizer_path(dir.string()) == (dir / "tokenizer.json").string());
+  CHECK_THROWS_WITH_AS(load_tokenizer(default_tokenizer_path(dir.string()), 0),
+                       doctest::Contains("model.type is \"Unigram\"; only \"BPE\" is supported"), Error);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("huge, negative or sparse ids are refused before anything is sized by them") {
   const auto refused = [](const std::function<void(json&)>& edit, const std::string& message) {
     json config = fixture_json("qwen2");

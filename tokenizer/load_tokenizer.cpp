@@ -51,6 +51,14 @@ bool names_llama_class(const std::string& model_dir) {
   return name == "LlamaTokenizer" || name == "LlamaTokenizerFast";
 }
 
+// Whether a tokenizer.json holds a BPE model, the kind load_tokenizer reads
+// (T5's holds a Unigram one).
+bool holds_bpe(const std::string& path) {
+  const nlohmann::json file = json_fields::read_json_file(path);
+  const nlohmann::json model = file.is_object() ? file.value("model", nlohmann::json()) : nullptr;
+  return !model.is_object() || model.value("type", nlohmann::json("BPE")) == "BPE";
+}
+
 }  // namespace
 
 bool is_tokenizer_json(const std::string& path) {
@@ -76,7 +84,10 @@ std::string default_tokenizer_path(const std::string& model_dir) {
   if (fs::exists(sentencepiece, error) && !(fs::is_regular_file(json, error) && (extends_its_vocabulary(json.string()) ||
                                                                                  names_llama_class(model_dir))))
     return sentencepiece.string();
-  if (fs::exists(json, error)) return json.string();
+  // T5's Unigram tokenizer.json beside its spiece.model (google/flan-t5-base
+  // ships both): the SentencePiece model, which holds the same pieces.
+  if (fs::exists(json, error) && !(fs::exists(t5_sentencepiece, error) && !holds_bpe(json.string())))
+    return json.string();
   if (fs::exists(t5_sentencepiece, error)) return t5_sentencepiece.string();
   return sentencepiece.string();
 }

@@ -22,7 +22,8 @@ bool is_tokenizer_json(const std::string& path);
 // tokenizer.json, else T5's spiece.model, else the tokenizer.model path (so the error names it).
 // A tokenizer.json that adds tokens past its model's vocabulary (ids the SentencePiece
 // model lacks), or one of a LlamaTokenizer folder (tokenizer_config.json's tokenizer_class),
-// comes before tokenizer.model: transformers 5 tokenizes with it.
+// comes before tokenizer.model: transformers 5 tokenizes with it. T5's Unigram tokenizer.json
+// (which load_tokenizer does not read) gives way to the spiece.model beside it.
 std::string default_tokenizer_path(const std::string& model_dir);
 
 // A command's tokenizer: given when set (its --tokenizer), else the model
