@@ -59,21 +59,26 @@ json class_stages(const json& tokenizer_config, const std::string& config_source
   if (is("LlamaTokenizer")) {
     const bool add_prefix_space = flag(tokenizer_config, "add_prefix_space", true, config_source, "add_prefix_space");
     const bool legacy = flag(tokenizer_config, "legacy", false, config_source, "legacy");
+    const char* scheme = !add_prefix_space ? "never" : legacy ? "always" : "first";
     json decoders = json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
                                  {{"type", "ByteFallback"}},
                                  {{"type", "Fuse"}}});
     if (add_prefix_space) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
     return {{"normalizer", nullptr},
-            {"pre_tokenizer", {{"type", "Metaspace"}, {"replacement", "\u2581"},
-                               {"prepend_scheme", !add_prefix_space ? "never" : legacy ? "always" : "first"},
-                               {"split", false}}},
+            {"pre_tokenizer",
+             {{"type", "Metaspace"},
+              {"replacement", "\u2581"},
+              {"prepend_scheme", scheme},
+              {"split", false}}},
             {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}}};
   }
   if (!is("GPT2Tokenizer") && !is("GPTNeoXTokenizer") && !is("Qwen2Tokenizer")) return nullptr;
   const bool add_prefix_space = flag(tokenizer_config, "add_prefix_space", false, config_source, "add_prefix_space");
   if (is("Qwen2Tokenizer")) {
-    const char* pattern = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-    const json split = {{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}};
+    const char* pattern = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*)"
+                          R"(|\s*[\r\n]+|\s+(?!\S)|\s+)";  // PRETOKENIZE_REGEX
+    const json split = {
+        {"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}};
     const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", add_prefix_space}, {"use_regex", false}};
     return {{"normalizer", nfc},
             {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", {split, byte_level}}}},

@@ -81,8 +81,8 @@ std::string default_tokenizer_path(const std::string& model_dir) {
   // tokenizer's loader then names it in its own error instead of a
   // std::filesystem exception that names no field.
   std::error_code error;
-  if (fs::exists(sentencepiece, error) && !(fs::is_regular_file(json, error) && (extends_its_vocabulary(json.string()) ||
-                                                                                 names_llama_class(model_dir))))
+  if (fs::exists(sentencepiece, error) &&
+      !(fs::is_regular_file(json, error) && (extends_its_vocabulary(json.string()) || names_llama_class(model_dir))))
     return sentencepiece.string();
   // T5's Unigram tokenizer.json beside its spiece.model (google/flan-t5-base
   // ships both): the SentencePiece model, which holds the same pieces.
