@@ -56,7 +56,7 @@ json class_stages(const json& tokenizer_config, const std::string& config_source
   const json& name = member(tokenizer_config, "tokenizer_class");
   const auto is = [&](const char* base) { return name == base || name == std::string(base) + "Fast"; };
   const json nfc = {{"type", "NFC"}}, byte_level_decoder = {{"type", "ByteLevel"}};
-  if (is("LlamaTokenizer")) {
+  if (names_llama_class(tokenizer_config)) {
     const bool add_prefix_space = flag(tokenizer_config, "add_prefix_space", true, config_source, "add_prefix_space");
     const bool legacy = flag(tokenizer_config, "legacy", false, config_source, "legacy");
     const char* scheme = !add_prefix_space ? "never" : legacy ? "always" : "first";
@@ -95,6 +95,11 @@ size_t utf8_length(char lead) {
 }
 
 }  // namespace
+
+bool names_llama_class(const json& tokenizer_config) {
+  const json& name = member(tokenizer_config, "tokenizer_class");
+  return name == "LlamaTokenizer" || name == "LlamaTokenizerFast";
+}
 
 BpeTokenizer::BpeTokenizer(const std::string& path, int64_t expected_vocab_size)
     : BpeTokenizer(read_json_file(path), path, expected_vocab_size,

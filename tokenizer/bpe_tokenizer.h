@@ -44,6 +44,12 @@
 
 namespace ft {
 
+// Whether tokenizer_config.json names LlamaTokenizer or LlamaTokenizerFast,
+// whose folder transformers 5 tokenizes with its tokenizer.json under the
+// class's own stages (above).
+bool names_llama_class(const nlohmann::json& tokenizer_config);
+
+
 class BpeTokenizer final : public Tokenizer {
  public:
   // Reads path and the tokenizer_config.json beside it, if any; if expected_vocab_size > 0

@@ -42,15 +42,6 @@ bool extends_its_vocabulary(const std::string& path) {
   return false;
 }
 
-// transformers 5 tokenizes a LlamaTokenizer folder (Llama-2, Mistral) with
-// its tokenizer.json's vocabulary and merges under the class's own stages
-// (bpe_tokenizer.h), not with the SentencePiece model beside it.
-bool names_llama_class(const std::string& model_dir) {
-  const nlohmann::json config = json_fields::read_tokenizer_config(model_dir);
-  const nlohmann::json name = config.is_object() ? config.value("tokenizer_class", nlohmann::json()) : nullptr;
-  return name == "LlamaTokenizer" || name == "LlamaTokenizerFast";
-}
-
 // Whether a tokenizer.json holds a BPE model, the kind load_tokenizer reads
 // (T5's holds a Unigram one).
 bool holds_bpe(const std::string& path) {
@@ -82,7 +73,8 @@ std::string default_tokenizer_path(const std::string& model_dir) {
   // std::filesystem exception that names no field.
   std::error_code error;
   if (fs::exists(sentencepiece, error) &&
-      !(fs::is_regular_file(json, error) && (extends_its_vocabulary(json.string()) || names_llama_class(model_dir))))
+      !(fs::is_regular_file(json, error) &&
+        (names_llama_class(json_fields::read_tokenizer_config(model_dir)) || extends_its_vocabulary(json.string()))))
     return sentencepiece.string();
   // T5's Unigram tokenizer.json beside its spiece.model (google/flan-t5-base
   // ships both): the SentencePiece model, which holds the same pieces.
